@@ -1,0 +1,152 @@
+"""Events the backend exposes to whatever collector subscribes.
+
+The backend knows nothing of collectors: it calls the methods of the subscribed
+sinks. When nothing is subscribed, `hub.active` is False and the hot path pays one
+attribute test per op. All times are ns on the host clock's timeline
+(`neuron_explorer.backend.clock`), which the device clock shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class OpLaunch:
+    """One op sent to a `neuron` device (eager dispatch, or one launch of a compiled graph)."""
+
+    op_id: int  # correlation id, unique in the process; links op -> kernel
+    name: str  # "aten::addmm", or "graph:3" for a compiled graph launch
+    device: int
+    host_start_ns: int  # host clock when dispatch began
+    host_end_ns: int  # host clock when the launch returned to Python
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    flops: int  # model FLOPs (multiply-add = 2)
+    hbm_bytes: int  # bytes read + written in HBM
+    fallback: bool  # ran on the host (no device lowering)
+    kernel_ids: tuple[int, ...]  # kernels this op became; empty for view/metadata ops
+    thread_id: int
+    graph_id: int | None = None  # compiled graph this launch ran, if any
+
+
+@dataclass(slots=True)
+class Instruction:
+    """One instruction (or DMA transfer) executed by an engine or DMA queue."""
+
+    engine: str  # "tensor", "vector", "scalar", "gpsimd", or "dma.<queue>"
+    opcode: str  # "MultiplyMoving", "LoadStationary", "TensorTensor", "Activation", "DmaLoad", ...
+    start_ns: int  # device clock, absolute
+    dur_ns: int
+    bytes: int = 0
+    flops: int = 0
+
+
+@dataclass(slots=True)
+class KernelRun:
+    """A kernel placed on the device timeline by the simulator."""
+
+    kernel_id: int
+    op_id: int  # the OpLaunch that launched it
+    name: str  # e.g. "matmul_bf16_128x512x512" or "fused_add_gelu"
+    device: int
+    launch_ns: int  # host clock at launch
+    start_ns: int  # device clock
+    end_ns: int
+    flops: int  # FLOPs the hardware executed (padding included)
+    model_flops: int  # FLOPs the op needed
+    hbm_bytes: int
+    engine_busy_ns: dict[str, int]  # per engine ("tensor", "vector", "scalar", "gpsimd", "dma")
+    sbuf_bytes: int  # peak SBUF footprint of the kernel
+    psum_bytes: int  # peak PSUM footprint of the kernel
+    fallback: bool = False
+    # Filled only when `hub.want_instructions` is set (engine-level recording).
+    instructions: list[Instruction] | None = None
+
+
+@dataclass(slots=True)
+class MemoryChange:
+    """HBM allocation or release on a device."""
+
+    device: int
+    ts_ns: int
+    delta_bytes: int  # > 0 allocated, < 0 freed
+    in_use_bytes: int  # after the change
+    op_id: int | None  # op that caused it, if known
+
+
+@dataclass(slots=True)
+class SyncWait:
+    """The host waited for the device (`.item()`, `.cpu()`, printing, synchronize)."""
+
+    device: int
+    kind: str  # "item", "cpu", "tolist", "print", "synchronize", "copy_to_host"
+    host_start_ns: int
+    host_end_ns: int  # after the wait: host clock jumped to the device's finish
+
+
+@dataclass(slots=True)
+class CompileEvent:
+    """A torch.compile span or instant (dynamo, aot_autograd, neuron compiler, graph break,
+    recompile)."""
+
+    kind: str  # "dynamo", "aot_autograd", "neuron_compile", "graph_break", "recompile"
+    name: str
+    start_ns: int
+    end_ns: int  # == start_ns for instants (graph_break, recompile)
+    args: dict = field(default_factory=dict)  # reason, source, graph_id, op_count, kernels, guard
+
+
+class EventSink(Protocol):
+    """What a collector implements; every method is optional in practice (see EventHub)."""
+
+    def op_launched(self, ev: OpLaunch) -> None: ...
+    def kernel_scheduled(self, ev: KernelRun) -> None: ...
+    def memory_changed(self, ev: MemoryChange) -> None: ...
+    def sync_waited(self, ev: SyncWait) -> None: ...
+    def compile_event(self, ev: CompileEvent) -> None: ...
+
+
+class EventHub:
+    """Fans backend events out to subscribed sinks."""
+
+    def __init__(self) -> None:
+        self.sinks: list[EventSink] = []
+        self.active = False  # tested on the hot path before building any event
+        self.want_instructions = False  # build per-instruction records (engine level)
+
+    def subscribe(self, sink: EventSink, *, instructions: bool = False) -> None:
+        self.sinks.append(sink)
+        self.active = True
+        self.want_instructions = self.want_instructions or instructions
+
+    def unsubscribe(self, sink: EventSink) -> None:
+        if sink in self.sinks:
+            self.sinks.remove(sink)
+        self.active = bool(self.sinks)
+        if not self.sinks:
+            self.want_instructions = False
+
+    def op_launched(self, ev: OpLaunch) -> None:
+        for s in self.sinks:
+            s.op_launched(ev)
+
+    def kernel_scheduled(self, ev: KernelRun) -> None:
+        for s in self.sinks:
+            s.kernel_scheduled(ev)
+
+    def memory_changed(self, ev: MemoryChange) -> None:
+        for s in self.sinks:
+            s.memory_changed(ev)
+
+    def sync_waited(self, ev: SyncWait) -> None:
+        for s in self.sinks:
+            s.sync_waited(ev)
+
+    def compile_event(self, ev: CompileEvent) -> None:
+        for s in self.sinks:
+            s.compile_event(ev)
+
+
+hub = EventHub()

@@ -1,0 +1,40 @@
+"""Neuron Explorer: profile PyTorch on a simulated Trainium NeuronCore and explore the traces.
+
+The public API is imported lazily: `import torch` autoloads the `neuron` backend,
+which lives inside this package, and must not pay for pandas, DuckDB or Dash.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "load": "neuron_explorer.trace",
+    "Trace": "neuron_explorer.trace",
+    "TraceFormatError": "neuron_explorer.errors",
+    "diff": "neuron_explorer.diff",
+    "record": "neuron_explorer.collectors.session",
+    "step": "neuron_explorer.collectors.session",
+    "annotate": "neuron_explorer.collectors.session",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from neuron_explorer.collectors.session import annotate, record, step
+    from neuron_explorer.diff import diff
+    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.trace import Trace, load
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neuron_explorer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,75 @@
+"""Names shared by the trace writer (collectors) and the trace loader (explorer).
+
+This module is the trace layout's single source of truth (docs/trace-format.md
+explains it); it imports nothing, so the collectors may use it without pulling in
+the explorer's dependencies.
+"""
+
+FORMAT_VERSION = 1
+
+# Slice categories (TrackEvent.categories[0], Chrome-trace "cat").
+CAT_STEP = "step"
+CAT_MODULE = "module"  # forward of an nn.Module; args: module, phase
+CAT_BACKWARD = "backward"  # backward of an nn.Module; args: module, phase
+CAT_OPTIMIZER = "optimizer"  # optimizer.step / zero_grad
+CAT_OP = "op"  # one op dispatched to the device (host side)
+CAT_KERNEL = "kernel"  # device kernel
+CAT_INSTRUCTION = "instruction"  # one engine instruction
+CAT_DMA = "dma"  # one DMA transfer on a queue
+CAT_SYNC = "sync"  # host waiting on the device
+CAT_DATALOADER = "dataloader"  # host waiting on the next batch
+CAT_COMPILE = "compile"  # torch.compile spans (dynamo, aot_autograd, neuron_compile)
+CAT_GRAPH_BREAK = "graph_break"  # instant
+CAT_RECOMPILE = "recompile"  # instant
+CAT_ANNOTATION = "annotation"  # user ranges: neuron_explorer.annotate, record_function
+CAT_METADATA = "metadata"  # one instant holding the run's metadata as JSON
+
+# Debug-annotation (Chrome "args") keys.
+ARG_OP_ID = "op_id"
+ARG_KERNEL_ID = "kernel_id"
+ARG_STEP = "step"
+ARG_SHAPES = "shapes"  # str, e.g. "[[64, 512], [512, 512]]"
+ARG_DTYPES = "dtypes"  # str, e.g. "[float32, float32]"
+ARG_FLOPS = "flops"  # int, model FLOPs
+ARG_HW_FLOPS = "hw_flops"  # int, executed FLOPs (padding included)
+ARG_BYTES = "bytes"  # int, HBM bytes read + written
+ARG_MODULE = "module"  # str, module path like "model.layers.3.attn"
+ARG_PHASE = "phase"  # "forward" | "backward"
+ARG_SOURCE = "source"  # str, "train.py:42"
+ARG_FALLBACK = "fallback"  # bool, op ran on the host
+ARG_DEVICE = "device"  # int
+ARG_ENGINE = "engine"  # "tensor" | "vector" | "scalar" | "gpsimd" | "dma.<q>"
+ARG_OPCODE = "opcode"
+ARG_GRAPH_ID = "graph_id"
+ARG_REASON = "reason"  # graph break / recompile reason
+ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
+ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
+ARG_SBUF = "sbuf_bytes"
+ARG_PSUM = "psum_bytes"
+ARG_METADATA_JSON = "json"
+
+# Track names. Host threads are named by their thread; device tracks live in one
+# process per device named DEVICE_PROCESS.format(index=..., preset=...).
+DEVICE_PROCESS = "neuron:{index} ({preset})"
+TRACK_KERNELS = "Kernels"
+ENGINE_TRACKS = {
+    "tensor": "Tensor Engine",
+    "vector": "Vector Engine",
+    "scalar": "Scalar Engine",
+    "gpsimd": "GpSimd Engine",
+}
+DMA_TRACK = "DMA q{queue}"
+COUNTER_HBM = "HBM in use (bytes)"
+COUNTER_SBUF = "SBUF occupancy (bytes)"
+COUNTER_PSUM = "PSUM occupancy (bytes)"
+COUNTER_UTIL = "{engine} utilisation (%)"
+
+# Metadata keys (the JSON held by the CAT_METADATA instant).
+META_HARDWARE = "hardware"  # preset name: trn1 | trn2 | trn3
+META_HARDWARE_FIGURES = "hardware_figures"  # dict of the preset's peak figures
+META_COMMAND = "command"
+META_TORCH = "torch_version"
+META_VERSION = "neuron_explorer_version"
+META_START = "start_time_unix_ns"
+META_LEVEL = "level"
+META_PID = "pid"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets everything up from nothing and runs the whole test suite (browser tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/install_browser.sh
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""The dashboard: a Dash app over the explorer's tables (`neuron-explorer view`)."""
