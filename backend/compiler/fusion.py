@@ -1,0 +1,282 @@
+"""Fusion decisions: a pure function from an FX graph of aten ops to fusion groups.
+
+A group becomes one device kernel. Chains of elementwise and reduction ops share a
+group, so their intermediates stay in SBUF; a matmul (or convolution) takes the
+elementwise ops that consume its result as an epilogue (bias, activation,
+residual). Views cost nothing and belong to no group. Ops we cannot fuse (attention,
+embeddings, gathers, concatenation, ...) get a kernel of their own.
+
+Nothing here touches a device: the decisions depend on the graph alone (and the
+shapes in `node.meta["val"]` where present), so they can be tested on any graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+# A group holds at most this many compute ops: the kernel's instruction stream and
+# its SBUF working set stay bounded, as a real compiler's would.
+MAX_GROUP_OPS = 48
+
+
+class OpKind(enum.Enum):
+    """How an op takes part in fusion."""
+
+    VIEW = "view"  # metadata only: no kernel, no data movement
+    ELEMENTWISE = "elementwise"  # fuses with producers and consumers
+    REDUCTION = "reduction"  # fuses with elementwise producers and consumers
+    MATMUL = "matmul"  # anchors a group; takes an elementwise epilogue
+    OPAQUE = "opaque"  # a kernel of its own
+
+
+_MATMULS = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.convolution.default,
+    aten.convolution_backward.default,
+}
+
+# Ops without the `reduction` tag that a vector engine computes row by row, like a
+# reduction followed by elementwise work: they fuse the same way.
+_ROW_REDUCTIONS = {
+    aten.native_layer_norm.default,
+    aten.native_layer_norm_backward.default,
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten._softmax_backward_data.default,
+    aten._log_softmax_backward_data.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten.native_batch_norm_backward.default,
+    aten.var_mean.correction,
+}
+
+# Ops that are not pointwise by tag but move or create data elementwise.
+_ELEMENTWISE_EXTRA = {
+    aten._to_copy.default,
+    aten.copy_.default,
+    aten.copy.default,
+    aten.full.default,
+    aten.full_like.default,
+    aten.zeros.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.scalar_tensor.default,
+    aten.native_dropout.default,
+    aten.native_dropout_backward.default,
+    aten.lift_fresh_copy.default,
+    aten.select_backward.default,
+    aten.slice_backward.default,
+}
+
+# Not views by schema, but metadata-only when their input is contiguous, as it is
+# in the graphs AOTAutograd hands us.
+_VIEW_EXTRA = {aten._unsafe_view.default, aten.lift_fresh.default}
+
+
+def classify(node: fx.Node) -> OpKind:
+    """Say how `node` takes part in fusion."""
+    target = node.target
+    if target is operator.getitem:
+        return OpKind.VIEW
+    if not isinstance(target, torch._ops.OpOverload):
+        # Host-side arithmetic on sizes (SymInt math) does no device work.
+        return OpKind.OPAQUE if isinstance(node.meta.get("val"), torch.Tensor) else OpKind.VIEW
+    if target in _MATMULS:
+        return OpKind.MATMUL
+    if target.is_view or target in _VIEW_EXTRA:
+        return OpKind.VIEW
+    if target in _ROW_REDUCTIONS or torch.Tag.reduction in target.tags:
+        return OpKind.REDUCTION
+    if torch.Tag.pointwise in target.tags or target in _ELEMENTWISE_EXTRA:
+        return OpKind.ELEMENTWISE
+    return OpKind.OPAQUE
+
+
+@dataclass
+class FusionGroup:
+    """Ops that become one kernel, with the values it reads from and writes to HBM."""
+
+    group_id: int
+    kind: OpKind  # ELEMENTWISE (incl. reductions), MATMUL or OPAQUE
+    nodes: list[fx.Node] = field(default_factory=list)  # compute ops, in graph order
+    inputs: list[fx.Node] = field(default_factory=list)  # values loaded from HBM
+    outputs: list[fx.Node] = field(default_factory=list)  # values stored to HBM
+
+    @property
+    def anchor(self) -> fx.Node | None:
+        """The matmul of a MATMUL group."""
+        return self.nodes[0] if self.kind is OpKind.MATMUL else None
+
+    @property
+    def name(self) -> str:
+        """A kernel name that says what was fused, e.g. "fused_mm_add_gelu"."""
+        parts = [_short_name(n) for n in self.nodes]
+        if len(parts) == 1:
+            return parts[0]
+        shown = parts[:6] + ([f"{len(parts) - 6}more"] if len(parts) > 6 else [])
+        return "fused_" + "_".join(shown)
+
+
+def _short_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__.strip("_")
+    return getattr(target, "__name__", str(target))
+
+
+def _numel(node: fx.Node) -> int | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.numel()
+    return None
+
+
+class _Planner:
+    """Greedy fusion over the graph in topological order."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.kind = {n: classify(n) for n in graph.nodes if n.op == "call_function"}
+        self.group_of: dict[fx.Node, FusionGroup] = {}
+        self.groups: list[FusionGroup] = []
+        # Groups each group reads from (directly), to rule out cycles when merging.
+        self.reads: dict[int, set[int]] = {}
+
+    def sources(self, node: fx.Node) -> list[fx.Node]:
+        """The compute ops (or graph inputs) whose values `node` reads, through views."""
+        found: list[fx.Node] = []
+        for arg in node.all_input_nodes:
+            found.extend(self._through_views(arg))
+        return list(dict.fromkeys(found))
+
+    def _through_views(self, node: fx.Node) -> list[fx.Node]:
+        if self.kind.get(node) is OpKind.VIEW:
+            out: list[fx.Node] = []
+            for arg in node.all_input_nodes:
+                out.extend(self._through_views(arg))
+            return out
+        return [node]
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Whether group `target` is an ancestor of (or is) group `start`."""
+        stack, seen = [start], set()
+        while stack:
+            g = stack.pop()
+            if g == target:
+                return True
+            if g not in seen:
+                seen.add(g)
+                stack.extend(self.reads.get(g, ()))
+        return False
+
+    def _can_join(self, node: fx.Node, group: FusionGroup, producer_groups: set[int]) -> bool:
+        kind = self.kind[node]
+        if len(group.nodes) >= MAX_GROUP_OPS:
+            return False
+        if group.kind is OpKind.OPAQUE:
+            return False
+        if group.kind is OpKind.MATMUL:
+            # An epilogue: elementwise work on the matmul's result, no broadcast to
+            # a larger iteration space, and no reduction (it needs whole rows).
+            if kind is not OpKind.ELEMENTWISE:
+                return False
+            size, anchor_size = _numel(node), _numel(group.nodes[0])
+            if size is not None and anchor_size is not None and size > anchor_size:
+                return False
+        # Joining must not make the group read from a group that reads from it.
+        for other in producer_groups - {group.group_id}:
+            if self._reaches(other, group.group_id):
+                return False
+        return True
+
+    def plan(self) -> list[FusionGroup]:
+        for node in self.graph.nodes:
+            kind = self.kind.get(node)
+            if kind is None or kind is OpKind.VIEW:
+                continue
+            producers = [self.group_of[s] for s in self.sources(node) if s in self.group_of]
+            producer_ids = {g.group_id for g in producers}
+            target = None
+            if kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION):
+                for group in producers:
+                    if self._can_join(node, group, producer_ids):
+                        target = group
+                        break
+            if target is None:
+                group_kind = OpKind.ELEMENTWISE if kind is OpKind.REDUCTION else kind
+                target = FusionGroup(len(self.groups), group_kind)
+                self.groups.append(target)
+                self.reads[target.group_id] = set()
+            target.nodes.append(node)
+            self.group_of[node] = target
+            self.reads[target.group_id] |= producer_ids - {target.group_id}
+        self._sort_groups()
+        self._fill_boundaries()
+        return self.groups
+
+    def _sort_groups(self) -> None:
+        """Order groups so each runs after the groups it reads (a node that joined an
+        early group may read a later one), keeping creation order where free."""
+        pending = {g.group_id: set(self.reads[g.group_id]) for g in self.groups}
+        by_id = {g.group_id: g for g in self.groups}
+        ordered: list[FusionGroup] = []
+        while pending:
+            ready = min(gid for gid, deps in pending.items() if not deps)
+            del pending[ready]
+            for deps in pending.values():
+                deps.discard(ready)
+            ordered.append(by_id[ready])
+        new_id = {g.group_id: i for i, g in enumerate(ordered)}
+        self.reads = {new_id[old]: {new_id[r] for r in deps} for old, deps in self.reads.items()}
+        for new, group in enumerate(ordered):
+            group.group_id = new
+        self.groups = ordered
+
+    def _fill_boundaries(self) -> None:
+        """Inputs: values a group reads that it does not compute. Outputs: values it
+        computes that another group or the graph's output reads."""
+        for group in self.groups:
+            members = set(group.nodes)
+            inputs: dict[fx.Node, None] = {}
+            for node in group.nodes:
+                for src in self.sources(node):
+                    if src not in members:
+                        inputs[src] = None
+            group.inputs = list(inputs)
+        for node in self.graph.nodes:
+            if node.op == "call_function" and self.kind.get(node) is OpKind.VIEW:
+                continue
+            readers = self._readers(node)
+            group = self.group_of.get(node)
+            if group is None:
+                continue
+            if any(r.op == "output" or self.group_of.get(r) is not group for r in readers):
+                group.outputs.append(node)
+
+    def _readers(self, node: fx.Node) -> list[fx.Node]:
+        """Nodes that read `node`'s value, looking through views."""
+        out: list[fx.Node] = []
+        for user in node.users:
+            if self.kind.get(user) is OpKind.VIEW:
+                out.extend(self._readers(user))
+            else:
+                out.append(user)
+        return out
+
+
+def plan_fusion(gm: fx.GraphModule | fx.Graph) -> list[FusionGroup]:
+    """Split a graph's compute ops into fusion groups, in an order that respects
+    their dependencies (each group's inputs are computed by earlier groups)."""
+    graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
+    return _Planner(graph).plan()
