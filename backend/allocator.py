@@ -1,0 +1,142 @@
+"""Device memory: host buffers relabelled as `neuron` storages, counted against HBM.
+
+A neuron storage's data pointer is a host buffer's; the host buffer is kept alive by
+a `Block` hung on the storage's Python object (PyTorch preserves that object for
+the storage's whole life), and the Block's release is what frees the device bytes.
+Each device may hold at most its share of the chip's HBM; past that, allocation
+raises `torch.OutOfMemoryError` worded like CUDA's.
+"""
+
+from __future__ import annotations
+
+import torch
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.backend.events import MemoryChange, hub
+
+_construct_storage = torch._C._construct_storage_from_data_pointer
+_host_storage = torch.UntypedStorage
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class MemoryStats:
+    """Live and peak bytes of one device, with the counters `memory_stats` reports."""
+
+    __slots__ = (
+        "alloc_count",
+        "allocated_total",
+        "capacity",
+        "device",
+        "free_count",
+        "freed_total",
+        "in_use",
+        "oom_count",
+        "peak",
+    )
+
+    def __init__(self, device: int, capacity: int) -> None:
+        self.device = device
+        self.capacity = capacity
+        self.in_use = 0
+        self.peak = 0
+        self.alloc_count = 0
+        self.free_count = 0
+        self.allocated_total = 0
+        self.freed_total = 0
+        self.oom_count = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The subset of CUDA's `memory_stats` keys this device can answer."""
+        return {
+            "allocated_bytes.all.current": self.in_use,
+            "allocated_bytes.all.peak": self.peak,
+            "allocated_bytes.all.allocated": self.allocated_total,
+            "allocated_bytes.all.freed": self.freed_total,
+            "allocation.all.allocated": self.alloc_count,
+            "allocation.all.freed": self.free_count,
+            "allocation.all.current": self.alloc_count - self.free_count,
+            "num_ooms": self.oom_count,
+        }
+
+
+class Block:
+    """Owns the host buffer behind one neuron storage; releasing it frees device bytes."""
+
+    __slots__ = ("__weakref__", "host", "nbytes", "stats")
+
+    def __init__(self, host: torch.UntypedStorage, nbytes: int, stats: MemoryStats) -> None:
+        self.host = host
+        self.nbytes = nbytes
+        self.stats = stats
+
+    def __del__(self) -> None:
+        stats = self.stats
+        stats.in_use -= self.nbytes
+        stats.free_count += 1
+        stats.freed_total += self.nbytes
+        if hub.active:
+            hub.memory_changed(MemoryChange(stats.device, clock.now(), -self.nbytes,
+                                            stats.in_use, None))
+
+
+def _format_bytes(n: int) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if n >= MIB:
+        return f"{n / MIB:.2f} MiB"
+    return f"{n / 1024:.2f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def _out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
+    stats.oom_count += 1
+    free = stats.capacity - stats.in_use
+    return torch.OutOfMemoryError(
+        f"neuron out of memory. Tried to allocate {_format_bytes(nbytes)}. "
+        f"neuron:{stats.device} has a total capacity of {_format_bytes(stats.capacity)} "
+        f"of which {_format_bytes(free)} is free. Of the allocated memory "
+        f"{_format_bytes(stats.in_use)} is allocated by PyTorch. Try a smaller batch size "
+        "or model, free tensors you no longer need (del, then let them go out of scope), "
+        "or pick a preset with more HBM per core (NEURON_HARDWARE=trn3)."
+    )
+
+
+def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
+             op_id: int | None = None) -> torch.UntypedStorage:
+    """A new neuron storage of `nbytes` on `device` (uninitialised), counted in `stats`."""
+    in_use = stats.in_use + nbytes
+    if in_use > stats.capacity:
+        raise _out_of_memory(stats, nbytes)
+    host = _host_storage(nbytes)
+    storage = _construct_storage(host.data_ptr(), device, nbytes)
+    storage._neuron_block = Block(host, nbytes, stats)
+    stats.in_use = in_use
+    stats.alloc_count += 1
+    stats.allocated_total += nbytes
+    stats.peak = max(stats.peak, in_use)
+    if hub.active:
+        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use, op_id))
+    return storage
+
+
+def adopt(stats: MemoryStats, host: torch.UntypedStorage, device: torch.device,
+          op_id: int | None = None) -> torch.UntypedStorage:
+    """Relabel a host storage the emulation just filled as a neuron storage (no copy)."""
+    nbytes = host.nbytes()
+    in_use = stats.in_use + nbytes
+    if in_use > stats.capacity:
+        raise _out_of_memory(stats, nbytes)
+    storage = _construct_storage(host.data_ptr(), device, nbytes)
+    storage._neuron_block = Block(host, nbytes, stats)
+    stats.in_use = in_use
+    stats.alloc_count += 1
+    stats.allocated_total += nbytes
+    stats.peak = max(stats.peak, in_use)
+    if hub.active:
+        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use, op_id))
+    return storage
+
+
+def host_storage_of(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """The host buffer behind a neuron storage."""
+    return storage._neuron_block.host

@@ -1,0 +1,243 @@
+"""Eager dispatch: every aten op on `neuron` tensors runs on zero-copy host views.
+
+One boxed fallback handles the general case from the op's schema: view ops
+redispatch to their Meta kernel (the result shares the neuron storage), mutating ops
+(in-place and out=) run on host views of their arguments and return the neuron
+tensors they wrote, and functional ops run on the host and have their results
+relabelled as neuron storages (no copy). Each op then goes to the runtime, which
+launches its kernel on the simulated timeline. This module is the hottest path in
+the project: per op it builds one signature tuple and no other objects.
+"""
+
+from __future__ import annotations
+
+import torch
+from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.allocator import adopt
+from neuron_explorer.backend.clock import clock
+from torch._C import DispatchKey, DispatchKeySet
+
+_perf_ns = clock.real_ns
+_clock_now = clock.now
+_Tensor = torch.Tensor
+_CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
+_META_KEYS = DispatchKeySet(DispatchKey.Meta)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_create_empty = torch._C._acc.create_empty_tensor
+_host_empty = torch.empty
+_state = runtime.state
+_record = runtime.record_eager
+
+# Ops that accept host tensors next to neuron ones, as CUDA's do (indices are moved).
+_HOST_OPERANDS_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_",
+                               "aten::_index_put_impl_"})
+# Non-tensor arguments that do not change an op's device cost.
+_NOT_ATTRS = frozenset({"generator", "device", "pin_memory", "layout", "non_blocking"})
+
+FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
+
+
+class OpInfo:
+    """What the fallback needs to know about one op overload, from its schema."""
+
+    __slots__ = ("arg_names", "has_generator", "host_operands_ok", "kind", "name", "op")
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        self.op = op
+        self.name = schema.name
+        returns = schema.returns
+        if any(r.alias_info is not None and r.alias_info.is_write for r in returns) or (
+            schema.is_mutable and not returns
+        ):
+            self.kind = MUTATING
+        elif any(r.alias_info is not None for r in returns):
+            self.kind = VIEW
+        else:
+            self.kind = FUNCTIONAL
+        self.arg_names = tuple(a.name for a in schema.arguments)
+        self.has_generator = any(a.name == "generator" for a in schema.arguments)
+        self.host_operands_ok = self.name in _HOST_OPERANDS_OK
+
+
+_infos: dict[object, OpInfo] = {}
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the same memory as neuron tensor `t`."""
+    block = t.untyped_storage()._neuron_block
+    return _host_empty(0, dtype=t.dtype).set_(block.host, t.storage_offset(), t.size(),
+                                              t.stride())
+
+
+def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
+    """Relabel a CPU result as a neuron tensor on `device`, sharing its memory."""
+    storage = adopt(device.memory, cpu.untyped_storage(), device.torch_device)
+    out = _create_empty([0], cpu.dtype)
+    _set_storage.redispatch(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
+                            cpu.stride())
+    return out
+
+
+def _device_mismatch(a: torch.device, b: torch.device) -> RuntimeError:
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"{a} and {b}!"
+    )
+
+
+class _Converter:
+    """Turns an op's arguments into host views, noting the device and the input signature."""
+
+    __slots__ = ("index", "info", "originals", "sig")
+
+    def __init__(self, info: OpInfo) -> None:
+        self.info = info
+        self.index = -1
+        self.sig: list = []
+        self.originals: dict[int, torch.Tensor] | None = (
+            {} if info.kind == MUTATING else None
+        )
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        dev = t.device
+        if dev.type != "neuron":
+            if t.dim() == 0 or self.info.host_operands_ok:
+                return t  # host scalars are allowed next to device tensors, as on CUDA
+            raise _device_mismatch(torch.device("neuron", max(self.index, 0)), dev)
+        index = dev.index
+        if self.index != index:
+            if self.index >= 0:
+                raise _device_mismatch(torch.device("neuron", self.index), dev)
+            self.index = index
+        self.sig.append((t.shape, t.dtype))
+        host = host_view(t)
+        if self.originals is not None:
+            self.originals[id(host)] = t
+        return host
+
+    def value(self, v):
+        if isinstance(v, _Tensor):
+            return self.tensor(v)
+        if type(v) in (list, tuple) and v and isinstance(v[0], _Tensor | None):
+            return [self.tensor(x) if isinstance(x, _Tensor) else x for x in v]
+        return v
+
+
+def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
+    """The non-tensor arguments that can change an op's cost, hashable (floats dropped)."""
+    out = []
+    names = info.arg_names
+    for i, v in enumerate(args):
+        if isinstance(v, (int, bool, str)) or (type(v) in (list, tuple) and v
+                                               and type(v[0]) is int):
+            out.append((names[i], tuple(v) if type(v) is list else v))
+    for k, v in kwargs.items():
+        if k in _NOT_ATTRS or v is None or isinstance(v, (_Tensor, float)):
+            continue
+        out.append((k, tuple(v) if type(v) is list else v if isinstance(v, (int, str))
+                    else str(v)))
+    return tuple(out)
+
+
+def _out_sig(result) -> tuple:
+    if isinstance(result, _Tensor):
+        return ((result.shape, result.dtype),)
+    if isinstance(result, (list, tuple)):
+        return tuple((r.shape, r.dtype) for r in result if isinstance(r, _Tensor))
+    return ()
+
+
+def _wrap_results(result, device: devices.NeuronDevice):
+    if isinstance(result, _Tensor):
+        return to_device(result, device)
+    if isinstance(result, (list, tuple)):
+        wrapped = [to_device(r, device) if isinstance(r, _Tensor) else r for r in result]
+        return tuple(wrapped) if isinstance(result, tuple) else wrapped
+    return result
+
+
+def _map_back(result, conv: _Converter, device: devices.NeuronDevice):
+    """Mutating ops return host views of their written arguments: return the neuron ones."""
+    originals = conv.originals
+    if isinstance(result, _Tensor):
+        return _reclaim(result, originals, device)
+    if isinstance(result, (list, tuple)):
+        mapped = [_reclaim(r, originals, device) if isinstance(r, _Tensor) else r
+                  for r in result]
+        return tuple(mapped) if isinstance(result, tuple) else mapped
+    return result
+
+
+def _reclaim(host: torch.Tensor, originals: dict, device: devices.NeuronDevice):
+    neuron = originals.get(id(host))
+    if neuron is None:
+        return to_device(host, device)
+    if host.shape != neuron.shape or host.data_ptr() != neuron.data_ptr():
+        # The op resized its out= tensor, so the host view moved to new memory: adopt it.
+        storage = adopt(device.memory, host.untyped_storage(), device.torch_device)
+        _set_storage.redispatch(_CPU_KEYS, neuron, storage, host.storage_offset(), host.size(),
+                                host.stride())
+    return neuron
+
+
+def _device_from_kwargs(kwargs: dict) -> devices.NeuronDevice:
+    dev = kwargs.get("device")
+    return devices.get(dev.index if dev is not None else None)
+
+
+def run_op(op, args: tuple, kwargs: dict):
+    """Run one aten op on neuron tensors: the boxed fallback for PrivateUse1."""
+    real_start = _perf_ns()
+    host_start = _clock_now()
+    info = _infos.get(op)
+    if info is None:
+        info = _infos[op] = OpInfo(op)
+
+    if info.kind == VIEW:
+        try:
+            result = op.redispatch(_META_KEYS, *args, **kwargs)
+        except (NotImplementedError, RuntimeError):
+            result = op.redispatch(_CPU_KEYS, *args, **kwargs)
+        device = devices.get(result.device.index if isinstance(result, _Tensor) else None)
+        if _state.accounting:
+            key = (info.name, tuple((a.shape, a.dtype) for a in args if isinstance(a, _Tensor)),
+                   _out_sig(result), ())
+            _record(device, key, real_start, host_start)
+        else:
+            clock.exclude(_perf_ns() - real_start)
+        return result
+
+    conv = _Converter(info)
+    host_args = [conv.value(a) for a in args]
+    host_kwargs = {k: conv.value(v) for k, v in kwargs.items()} if kwargs else {}
+    if conv.index < 0:
+        device = _device_from_kwargs(kwargs)
+        if "device" in host_kwargs:
+            host_kwargs["device"] = None
+    else:
+        device = devices.get(conv.index)
+    if info.has_generator and host_kwargs.get("generator") is None:
+        host_kwargs["generator"] = device.generator
+
+    result = op(*host_args, **host_kwargs)
+    if info.kind == MUTATING:
+        result = _map_back(result, conv, device)
+        out_sig = tuple(conv.sig[:1])
+    else:
+        out_sig = _out_sig(result)
+        result = _wrap_results(result, device)
+
+    if _state.accounting:
+        key = (info.name, tuple(conv.sig), out_sig, _attrs(info, args, kwargs))
+        _record(device, key, real_start, host_start)
+        if not isinstance(result, (_Tensor, list, tuple)) and result is not None:
+            runtime.synchronize(device.index, "item")  # the host read device data
+    else:
+        clock.exclude(_perf_ns() - real_start)
+    return result
+
+
+def fallback(op, *args, **kwargs):
+    """Boxed PrivateUse1 fallback."""
+    return run_op(op, args, kwargs)

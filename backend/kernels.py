@@ -1,0 +1,274 @@
+"""The neuron kernels the boxed fallback cannot provide: allocation, copies, scalars,
+storage resets, convolution, and single-trip kernels for hot structured ops.
+
+PyTorch's own default kernels win over a backend fallback, so factories, `_copy_from`,
+`_to_copy`, `set_`, `resize_`, `convolution_overrideable` and the `_foreach_*` ops
+need explicit PrivateUse1 kernels; structured ops (add, mm, ...) would otherwise
+cost two trips (empty, then `.out`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from neuron_explorer.backend import devices, dispatch, runtime
+from neuron_explorer.backend.allocator import allocate
+from neuron_explorer.backend.clock import clock
+
+aten = torch.ops.aten
+_perf_ns = clock.real_ns
+_state = runtime.state
+_CPU_KEYS = dispatch._CPU_KEYS
+_set_storage = dispatch._set_storage
+_create_empty = dispatch._create_empty
+host_view = dispatch.host_view
+
+# Direction of a copy, as the op key's attribute the hardware lowers to DMA.
+TO_DEVICE = (("direction", "host_to_device"),)
+TO_HOST = (("direction", "device_to_host"),)
+ON_DEVICE = (("direction", "device_to_device"),)
+
+# Sync kind of the next device-to-host copy, set by the wrappers that know why the
+# host reads (printing, tolist, item); "copy_to_host" otherwise.
+sync_kind: list[str] = []
+
+
+def _contiguous_strides(size) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _account(device, name: str, inputs: tuple, outputs: tuple, attrs: tuple,
+             real_start: int, host_start: int) -> None:
+    if _state.accounting:
+        runtime.record_eager(device, (name, inputs, outputs, attrs), real_start, host_start)
+    else:
+        clock.exclude(_perf_ns() - real_start)
+
+
+def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -> torch.Tensor:
+    """An uninitialised neuron tensor with this geometry."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    storage = allocate(device.memory, extent * dtype.itemsize, device.torch_device)
+    out = _create_empty([0], dtype)
+    _set_storage.redispatch(_CPU_KEYS, out, storage, 0, size, stride)
+    return out
+
+
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    real_start, host_start = _perf_ns(), clock.now()
+    dev = devices.get(device.index if device is not None else None)
+    dtype = dtype or torch.get_default_dtype()
+    if memory_format is None or memory_format == torch.contiguous_format:
+        stride = _contiguous_strides(size)
+    else:
+        stride = torch.empty(size, dtype=dtype, device="meta", memory_format=memory_format).stride()
+    out = new_tensor(tuple(size), stride, dtype, dev)
+    _account(dev, "aten::empty", (), ((out.shape, dtype),), (), real_start, host_start)
+    return out
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    real_start, host_start = _perf_ns(), clock.now()
+    dev = devices.get(device.index if device is not None else None)
+    dtype = dtype or torch.get_default_dtype()
+    out = new_tensor(tuple(size), tuple(stride), dtype, dev)
+    _account(dev, "aten::empty_strided", (), ((out.shape, dtype),), (), real_start, host_start)
+    return out
+
+
+def _copy_to_host(src: torch.Tensor, dst_host: torch.Tensor, real_start: int,
+                  host_start: int) -> None:
+    dev = devices.get(src.device.index)
+    dst_host.copy_(host_view(src))
+    _account(dev, "aten::_copy_from", ((src.shape, src.dtype),),
+             ((dst_host.shape, dst_host.dtype),), TO_HOST, real_start, host_start)
+    if _state.accounting:
+        runtime.synchronize(dev.index, sync_kind[-1] if sync_kind else "copy_to_host")
+
+
+def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """`dst.copy_(self)` where either side is on a neuron device."""
+    real_start, host_start = _perf_ns(), clock.now()
+    if dst.device.type != "neuron":
+        _copy_to_host(self, dst, real_start, host_start)
+        return dst
+    dev = devices.get(dst.device.index)
+    if self.device.type == "neuron":
+        host_view(dst).copy_(host_view(self))
+        attrs = ON_DEVICE
+    else:
+        host_view(dst).copy_(self)
+        attrs = TO_DEVICE
+    _account(dev, "aten::_copy_from", ((self.shape, self.dtype),), ((dst.shape, dst.dtype),),
+             attrs, real_start, host_start)
+    return dst
+
+
+def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return copy_from(self, dst)
+
+
+def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    """`.to(...)` of a neuron tensor: to the host (a sync point), or to a neuron device."""
+    real_start, host_start = _perf_ns(), clock.now()
+    target = device if device is not None else self.device
+    from_host = self.device.type != "neuron"
+    host = (self if from_host else host_view(self)).to(
+        dtype=dtype or self.dtype, copy=True, memory_format=memory_format or torch.preserve_format)
+    if from_host:
+        dst_dev = devices.get(target.index)
+        out = dispatch.to_device(host, dst_dev)
+        _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),),
+                 ((out.shape, out.dtype),), TO_DEVICE, real_start, host_start)
+        return out
+    src_dev = devices.get(self.device.index)
+    if target.type != "neuron":
+        _account(src_dev, "aten::_to_copy", ((self.shape, self.dtype),),
+                 ((host.shape, host.dtype),), TO_HOST, real_start, host_start)
+        if _state.accounting:
+            runtime.synchronize(src_dev.index, sync_kind[-1] if sync_kind else "cpu")
+        return host
+    dst_dev = devices.get(target.index if target.index is not None else None)
+    out = dispatch.to_device(host, dst_dev)
+    _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),), ((out.shape, out.dtype),),
+             ON_DEVICE, real_start, host_start)
+    return out
+
+
+def local_scalar_dense(self: torch.Tensor):
+    """`.item()`: the host reads one value, so it waits for the device."""
+    real_start, host_start = _perf_ns(), clock.now()
+    dev = devices.get(self.device.index)
+    value = host_view(self).item()
+    _account(dev, "aten::_local_scalar_dense", ((self.shape, self.dtype),), (), TO_HOST,
+             real_start, host_start)
+    if _state.accounting:
+        runtime.synchronize(dev.index, sync_kind[-1] if sync_kind else "item")
+    return value
+
+
+def set_storage(self, source, storage_offset=0, size=(), stride=()):
+    return _set_storage.redispatch(_CPU_KEYS, self, source, storage_offset, size, stride)
+
+
+def set_whole_storage(self, source):
+    n = source.nbytes() // self.dtype.itemsize
+    return _set_storage.redispatch(_CPU_KEYS, self, source, 0, (n,), (1,))
+
+
+def set_empty(self):
+    dev = devices.get(self.device.index)
+    storage = allocate(dev.memory, 0, dev.torch_device)
+    return _set_storage.redispatch(_CPU_KEYS, self, storage, 0, (0,), (1,))
+
+
+def resize_(self, size, memory_format=None):
+    """Resize in place; grows the storage (copying what it held) when it is too small."""
+    size = tuple(size)
+    if memory_format is None or memory_format == torch.contiguous_format:
+        stride = _contiguous_strides(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    needed = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
+    storage = self.untyped_storage()
+    if needed > storage.nbytes():
+        dev = devices.get(self.device.index)
+        new = allocate(dev.memory, needed, dev.torch_device)
+        old_host = storage._neuron_block.host
+        if old_host.nbytes():
+            new._neuron_block.host[: old_host.nbytes()].copy_(old_host)
+        storage = new
+    _set_storage.redispatch(_CPU_KEYS, self, storage, self.storage_offset(), size, stride)
+    return self
+
+
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups):
+    return dispatch.run_op(aten.convolution.default, (input, weight, bias, stride, padding,
+                                                      dilation, transposed, output_padding,
+                                                      groups), {})
+
+
+def convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return dispatch.run_op(aten.convolution_backward.default,
+                           (grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                            transposed, output_padding, groups, output_mask), {})
+
+
+# Structured ops that would otherwise take two trips (empty, then .out).
+HOT_STRUCTURED = (
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "addmm.default", "mm.default",
+    "bmm.default", "baddbmm.default", "threshold_backward.default", "gelu.default",
+    "gelu_backward.default", "tanh.default", "tanh_backward.default", "exp.default",
+    "sqrt.default", "rsqrt.default", "neg.default", "pow.Tensor_Scalar", "sum.dim_IntList",
+    "mean.dim", "_log_softmax.default", "_log_softmax_backward_data.default",
+    "_softmax.default", "_softmax_backward_data.default", "nll_loss_forward.default",
+    "nll_loss_backward.default", "addcmul.default", "addcdiv.default", "maximum.default",
+    "lerp.Scalar", "sigmoid.default", "sigmoid_backward.default", "silu.default",
+    "silu_backward.default", "mse_loss.default", "eq.Scalar", "ne.Scalar", "gt.Scalar",
+    "lt.Scalar", "ge.Scalar", "le.Scalar", "clamp.default", "where.self", "sum.default",
+    "max.dim", "argmax.default", "lt.Tensor", "norm.ScalarOpt_dim", "linalg_vector_norm.default",
+    "add_.Tensor", "mul_.Tensor", "sub_.Tensor", "div_.Tensor", "addcmul_.default",
+    "addcdiv_.default", "lerp_.Scalar", "mul_.Scalar", "add_.Scalar", "clamp_.default",
+    "sqrt_.default",
+)
+
+# _foreach_* ops the optimizers and clip_grad_norm_ use; PyTorch's per-tensor default
+# would win over the fallback and launch one op per tensor.
+FOREACH = (
+    "_foreach_add", "_foreach_add_", "_foreach_sub", "_foreach_sub_", "_foreach_mul",
+    "_foreach_mul_", "_foreach_div", "_foreach_div_", "_foreach_addcmul", "_foreach_addcmul_",
+    "_foreach_addcdiv", "_foreach_addcdiv_", "_foreach_lerp", "_foreach_lerp_",
+    "_foreach_sqrt", "_foreach_sqrt_", "_foreach_neg", "_foreach_neg_", "_foreach_maximum",
+    "_foreach_maximum_", "_foreach_norm", "_foreach_copy_", "_foreach_zero_",
+    "_foreach_reciprocal_", "_foreach_pow", "_foreach_pow_", "_foreach_abs", "_foreach_abs_",
+    "_foreach_clamp_max_", "_foreach_clamp_min_", "_foreach_sign", "_foreach_exp",
+    "_foreach_exp_", "_foreach_max",
+)
+
+
+def _boxed(op):
+    def kernel(*args, **kwargs):
+        return dispatch.run_op(op, args, kwargs)
+
+    return kernel
+
+
+def register(lib: torch.library.Library) -> None:
+    """Register every explicit PrivateUse1 kernel on `lib` (an aten IMPL library)."""
+    key = "PrivateUse1"
+    lib.impl("empty.memory_format", empty, key)
+    lib.impl("empty_strided", empty_strided, key)
+    lib.impl("_copy_from", copy_from, key)
+    lib.impl("_copy_from_and_resize", copy_from_and_resize, key)
+    lib.impl("_to_copy", to_copy, key)
+    lib.impl("_local_scalar_dense", local_scalar_dense, key)
+    lib.impl("set_.source_Storage_storage_offset", set_storage, key)
+    lib.impl("set_.source_Storage", set_whole_storage, key)
+    lib.impl("set_", set_empty, key)
+    lib.impl("resize_", resize_, key)
+    lib.impl("convolution_overrideable", convolution, key)
+    lib.impl("convolution_backward_overrideable", convolution_backward, key)
+    for name in HOT_STRUCTURED:
+        packet, overload = name.split(".")
+        op = getattr(getattr(aten, packet), overload)
+        lib.impl(name if overload != "default" else packet, _boxed(op), key)
+    for packet_name in FOREACH:
+        packet = getattr(aten, packet_name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            lib.impl(packet_name if overload == "default" else f"{packet_name}.{overload}",
+                     _boxed(op), key)

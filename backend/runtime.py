@@ -1,0 +1,263 @@
+"""The device runtime: launches kernels on the simulated timeline and keeps the two clocks.
+
+Eager ops and compiled graphs both go through here. The API the compile path uses:
+
+- ``launch_kernels(device_index, kernels, op_name, input_shapes, input_dtypes, flops,
+  hbm_bytes, graph_id=None) -> op_id``: one launch of a compiled graph. Emits one
+  ``OpLaunch`` and one ``KernelRun`` per kernel, schedules the kernels back to back
+  on the device timeline from the launch time, and advances the host clock by the
+  preset's host launch overhead (the real time spent in the call is excluded).
+- ``device_accounting_suspended()``: a context manager inside which `neuron` ops
+  compute their numbers but launch no kernels and emit no op events (a compiled
+  graph runs its ops for the numbers and is charged as its fused kernels). The
+  real time spent inside is excluded from the host clock.
+- ``set_eager_policy(policy)``: every eager op's device work goes through
+  ``policy.submit(device, key, op_id, launch_ns) -> Launched``. The default,
+  ``ImmediatePolicy``, lowers (cached by ``key``) and schedules at once. A policy
+  that queues ops must schedule them in ``flush()``, which every sync point calls.
+  ``key`` is an ``OpKey`` tuple ``(op_name, inputs, outputs, attrs)`` (inputs and
+  outputs are ``((shape, dtype), ...)``); ``spec_for(key)`` turns it into the
+  hardware's ``OpSpec``; ``lower(device, key)`` gives the cached ``Lowered``;
+  ``schedule(device, kernel, op_id, launch_ns, fallback)`` places one kernel and
+  returns its kernel id. ``set_eager_policy(None)`` restores the default.
+- ``synchronize(device_index, kind)``: a sync point (flushes the policy, the host
+  waits for the device, a ``SyncWait`` is emitted). ``new_op_id()`` hands out
+  correlation ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NamedTuple, Protocol
+
+from neuron_explorer.backend import devices
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.backend.events import Instruction, KernelRun, OpLaunch, SyncWait, hub
+
+_perf_ns = clock.real_ns
+
+OpKey = tuple  # (op_name, ((shape, dtype), ...) inputs, ((shape, dtype), ...) outputs, attrs)
+
+_op_ids = itertools.count(1)
+_kernel_ids = itertools.count(1)
+new_op_id = _op_ids.__next__
+
+
+class Lowered(NamedTuple):
+    """What one op becomes on the device: a kernel (None: no device work) and whether it
+    runs on the host."""
+
+    kernel: object | None
+    fallback: bool
+    flops: int
+    hbm_bytes: int
+
+
+class Launched(NamedTuple):
+    """What a policy reports for one submitted op."""
+
+    kernel_ids: tuple[int, ...]
+    flops: int
+    hbm_bytes: int
+    fallback: bool
+
+
+NO_LAUNCH = Launched((), 0, 0, False)
+
+
+class EagerPolicy(Protocol):
+    """Decides when and as what the device runs eager ops."""
+
+    def submit(self, device: devices.NeuronDevice, key: OpKey, op_id: int,
+               launch_ns: int) -> Launched: ...
+
+    def flush(self) -> None: ...
+
+
+class _State:
+    """Mutable runtime switches read on the hot path."""
+
+    __slots__ = ("accounting", "policy", "suspended_depth")
+
+    def __init__(self) -> None:
+        self.accounting = True  # False inside device_accounting_suspended()
+        self.suspended_depth = 0
+        self.policy: EagerPolicy = ImmediatePolicy()
+
+
+_lowered: dict[OpKey, Lowered] = {}
+_warned_fallback: set[str] = set()
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def spec_for(key: OpKey):
+    """The hardware's OpSpec for an op key."""
+    from neuron_explorer.backend.hardware import OpSpec, TensorSpec
+
+    name, inputs, outputs, attrs = key
+    return OpSpec(
+        name=name,
+        inputs=tuple(TensorSpec(tuple(s), _dtype_name(d)) for s, d in inputs),
+        outputs=tuple(TensorSpec(tuple(s), _dtype_name(d)) for s, d in outputs),
+        attrs=dict(attrs),
+    )
+
+
+def lower(device: devices.NeuronDevice, key: OpKey) -> Lowered:
+    """Lower an op to a kernel for this device's preset, once per signature."""
+    found = _lowered.get(key)
+    if found is not None:
+        return found
+    from neuron_explorer.backend.hardware import NoLowering, lower_host_fallback, lower_op
+
+    spec = spec_for(key)
+    try:
+        kernel = lower_op(spec, device.preset)
+        fallback = False
+    except NoLowering:
+        kernel = lower_host_fallback(spec, device.preset)
+        fallback = True
+        if key[0] not in _warned_fallback:
+            _warned_fallback.add(key[0])
+            warnings.warn(
+                f"{key[0]} has no neuron device lowering: it runs on the host, and the "
+                "copies to and from the host are charged on the device timeline",
+                stacklevel=2,
+            )
+    if kernel is None:
+        found = Lowered(None, fallback, 0, 0)
+    else:
+        found = Lowered(kernel, fallback, kernel.model_flops, kernel.hbm_bytes)
+    _lowered[key] = found
+    return found
+
+
+def schedule(device: devices.NeuronDevice, kernel, op_id: int, launch_ns: int,
+             fallback: bool = False) -> int:
+    """Place one kernel on the device timeline; emit its KernelRun; return its id."""
+    kernel_id = next(_kernel_ids)
+    start, end = device.timeline.schedule(kernel, launch_ns)
+    if hub.active:
+        instructions = None
+        if hub.want_instructions:
+            instructions = [
+                Instruction(engine, opcode, start + rel, dur, nbytes, flops)
+                for engine, opcode, rel, dur, nbytes, flops in kernel.instructions()
+            ]
+        hub.kernel_scheduled(KernelRun(
+            kernel_id, op_id, kernel.name, device.index, launch_ns, start, end,
+            kernel.flops, kernel.model_flops, kernel.hbm_bytes, dict(kernel.engine_busy_ns),
+            kernel.sbuf_bytes, kernel.psum_bytes, fallback, instructions,
+        ))
+    return kernel_id
+
+
+class ImmediatePolicy:
+    """The default eager policy: lower each op (cached) and launch it at once."""
+
+    def submit(self, device: devices.NeuronDevice, key: OpKey, op_id: int,
+               launch_ns: int) -> Launched:
+        lowered = _lowered.get(key) or lower(device, key)
+        if lowered.kernel is None:
+            return NO_LAUNCH if not lowered.fallback else Launched((), 0, 0, True)
+        kernel_id = schedule(device, lowered.kernel, op_id, launch_ns, lowered.fallback)
+        return Launched((kernel_id,), lowered.flops, lowered.hbm_bytes, lowered.fallback)
+
+    def flush(self) -> None:
+        """Nothing is ever queued."""
+
+
+state = _State()
+
+
+def set_eager_policy(policy: EagerPolicy | None) -> None:
+    """Route every eager op's device work through `policy` (None: launch immediately)."""
+    state.policy.flush()
+    state.policy = policy if policy is not None else ImmediatePolicy()
+
+
+def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
+                 host_start_ns: int) -> int:
+    """Account one dispatched eager op: submit it, emit its OpLaunch, settle the host clock.
+
+    Called at the end of the op's emulation; `real_start_ns`/`host_start_ns` are the real
+    and host clocks when dispatch began. Returns the op id.
+    """
+    op_id = next(_op_ids)
+    overhead = device.preset.host_launch_overhead_ns
+    host_end = host_start_ns + overhead
+    launched = state.policy.submit(device, key, op_id, host_end)
+    if hub.active:
+        inputs = key[1]
+        hub.op_launched(OpLaunch(
+            op_id, key[0], device.index, host_start_ns, host_end,
+            tuple(tuple(s) for s, _ in inputs), tuple(_dtype_name(d) for _, d in inputs),
+            launched.flops, launched.hbm_bytes, launched.fallback, launched.kernel_ids,
+            threading.get_ident(),
+        ))
+    # The host clock moves by the modelled launch overhead, not by the emulation time.
+    clock.exclude(_perf_ns() - real_start_ns - overhead)
+    return op_id
+
+
+def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
+                   input_shapes: Sequence[Sequence[int]], input_dtypes: Sequence[str],
+                   flops: int, hbm_bytes: int, graph_id: int | None = None) -> int:
+    """Launch a compiled graph's kernels as one op; return its op id (see module doc)."""
+    real_start = _perf_ns()
+    host_start = clock.now()
+    device = devices.get(device_index)
+    op_id = next(_op_ids)
+    overhead = device.preset.host_launch_overhead_ns
+    host_end = host_start + overhead
+    kernel_ids = tuple(schedule(device, k, op_id, host_end) for k in kernels)
+    if hub.active:
+        hub.op_launched(OpLaunch(
+            op_id, op_name, device.index, host_start, host_end,
+            tuple(tuple(s) for s in input_shapes), tuple(str(d) for d in input_dtypes),
+            int(flops), int(hbm_bytes), False, kernel_ids, threading.get_ident(), graph_id,
+        ))
+    clock.exclude(_perf_ns() - real_start - overhead)
+    return op_id
+
+
+@contextmanager
+def device_accounting_suspended() -> Iterator[None]:
+    """Ops inside compute their numbers but launch nothing and emit no op events."""
+    real_start = _perf_ns()
+    state.suspended_depth += 1
+    state.accounting = False
+    try:
+        yield
+    finally:
+        state.suspended_depth -= 1
+        state.accounting = state.suspended_depth == 0
+        if state.accounting:
+            clock.exclude(_perf_ns() - real_start)
+
+
+def synchronize(device_index: int | None, kind: str) -> None:
+    """A sync point: flush queued work, then the host waits for the device to finish."""
+    real_start = _perf_ns()
+    state.policy.flush()
+    targets = devices.devices() if device_index == -1 else [devices.get(device_index)]
+    clock.exclude(_perf_ns() - real_start)
+    for device in targets:
+        host_start = clock.now()
+        clock.advance_to(device.timeline.finish_ns)
+        if hub.active:
+            record_start = _perf_ns()
+            hub.sync_waited(SyncWait(device.index, kind, host_start, clock.now()))
+            clock.exclude(_perf_ns() - record_start)
+
+
+def reset_lowering_cache() -> None:
+    """Forget cached lowerings (tests that swap presets or lowerings)."""
+    _lowered.clear()
