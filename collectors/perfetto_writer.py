@@ -1,0 +1,443 @@
+"""Streams a Perfetto protobuf trace (`.pftrace`) to disk, encoding wire bytes by hand.
+
+Interface (shared with `JsonWriter`; see `trace_writer` for an example):
+`process(pid, name, cmdline)`, `thread(pid, tid, name)`, `track(name, process)`,
+`counter_track(name, process, unit)` register tracks and return handles (track
+uuids); `slice`, `begin`/`end`, `instant`, `counter` write one event; `slices` and
+`counters` write numpy batches; `metadata` writes the run's metadata instant;
+`flush`, `close`, `discard`.
+
+Encoding, as Perfetto's TrackEvent docs require: one packet sequence
+(`trusted_packet_sequence_id`), the first packet flagged
+SEQ_INCREMENTAL_STATE_CLEARED and every later one SEQ_NEEDS_INCREMENTAL_STATE;
+event names, categories and debug-annotation names are interned (their
+`InternedData` rides on the packet that first uses them, or on a packet of its
+own before a batch); slices are SLICE_BEGIN/SLICE_END pairs, written in time order
+per track, so at equal timestamps file order says which slice encloses which;
+flows use `flow_ids` / `terminating_flow_ids`. Packets are buffered and written in
+chunks of whole packets, so a killed run leaves a readable prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from neuron_explorer.collectors import wire
+from neuron_explorer.collectors.trace_writer import open_output, write_failed
+from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+# TracePacket fields
+_P_TIMESTAMP = 8
+_P_SEQ_ID = 10
+_P_TRACK_EVENT = 11
+_P_INTERNED = 12
+_P_FLAGS = 13
+_P_TRACK_DESCRIPTOR = 60
+_P_FIRST_ON_SEQUENCE = 87
+# TrackEvent fields
+_E_CATEGORY_IIDS = 3
+_E_DEBUG = 4
+_E_TYPE = 9
+_E_NAME_IID = 10
+_E_TRACK = 11
+_E_COUNTER = 30
+_E_DOUBLE_COUNTER = 44
+_E_FLOW_IDS = 47
+_E_TERMINATING_FLOW_IDS = 48
+# InternedData fields
+_I_CATEGORIES = 1
+_I_NAMES = 2
+_I_ANNOTATION_NAMES = 3
+
+_TRACE_PACKET = 1  # Trace.packet
+_BEGIN, _END, _INSTANT, _COUNTER = 1, 2, 3, 4
+_CLEARED, _NEEDS = 1, 2
+_CACHE_LIMIT = 100_000  # encoded (key, value) annotations kept for reuse
+_SMALL = [bytes((i,)) for i in range(128)]
+_SMALL_LEN = _SMALL
+
+
+def _annotation_value(value: Any) -> bytes:
+    """The value part of a DebugAnnotation."""
+    if isinstance(value, bool):
+        return wire.field_varint(2, int(value))
+    if isinstance(value, int):
+        return wire.field_varint(4, value)
+    if isinstance(value, float):
+        return wire.field_double(5, value)
+    return wire.field_bytes(6, str(value).encode())
+
+
+class PerfettoWriter:
+    """Writes TrackEvent packets to `path`, buffered in chunks of about `chunk_bytes`."""
+
+    def __init__(
+        self, path: str, *, chunk_bytes: int = 1 << 20, sequence_id: int = 1, uuid_base: int = 1
+    ) -> None:
+        self.path = str(path)
+        self._file = open_output(self.path)
+        self._chunk_bytes = chunk_bytes
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self.bytes_written = 0
+        self.events = 0
+        self.counts: dict[str, int] = {}
+        self.closed = False
+        self._seq = wire.field_varint(_P_SEQ_ID, sequence_id)
+        self._seq_needs = self._seq + wire.field_varint(_P_FLAGS, _NEEDS)
+        self._first = True
+        self._next_uuid = uuid_base
+        self._interned: dict[tuple[int, str], int] = {}
+        self._next_iid = {_I_CATEGORIES: 1, _I_NAMES: 1, _I_ANNOTATION_NAMES: 1}
+        self._pending_interned: list[bytes] = []
+        self._headers: dict[tuple[int, int, str, str], bytes] = {}
+        self._end_headers: dict[int, bytes] = {}
+        self._annotations: dict[tuple[str, Any, type], bytes] = {}
+        self._annotation_names: dict[str, bytes] = {}
+        self._counter_headers: dict[int, bytes] = {}
+
+    # -- tracks ---------------------------------------------------------------
+
+    def _descriptor(self, desc: pb.TrackDescriptor) -> int:
+        uuid = self._next_uuid
+        self._next_uuid += 1
+        desc.uuid = uuid
+        self._packet(wire.field_bytes(_P_TRACK_DESCRIPTOR, desc.SerializeToString()))
+        return uuid
+
+    def process(self, pid: int, name: str, cmdline: Sequence[str] = ()) -> int:
+        desc = pb.TrackDescriptor()
+        desc.process.pid = pid
+        desc.process.process_name = name
+        desc.process.cmdline.extend(cmdline)
+        return self._descriptor(desc)
+
+    def thread(self, pid: int, tid: int, name: str) -> int:
+        desc = pb.TrackDescriptor()
+        desc.thread.pid = pid
+        desc.thread.tid = tid
+        desc.thread.thread_name = name
+        return self._descriptor(desc)
+
+    def track(self, name: str, process: int) -> int:
+        desc = pb.TrackDescriptor(name=name, parent_uuid=process)
+        return self._descriptor(desc)
+
+    def counter_track(self, name: str, process: int, unit: str | None = None) -> int:
+        desc = pb.TrackDescriptor(name=name, parent_uuid=process)
+        desc.counter.SetInParent()
+        if unit == "bytes":
+            desc.counter.unit = pb.CounterDescriptor.UNIT_SIZE_BYTES
+        elif unit:
+            desc.counter.unit_name = unit
+        return self._descriptor(desc)
+
+    # -- interning --------------------------------------------------------------
+
+    def _iid(self, kind: int, text: str) -> int:
+        key = (kind, text)
+        iid = self._interned.get(key)
+        if iid is None:
+            iid = self._next_iid[kind]
+            self._next_iid[kind] = iid + 1
+            self._interned[key] = iid
+            entry = wire.field_varint(1, iid) + wire.field_bytes(2, text.encode())
+            self._pending_interned.append(wire.field_bytes(kind, entry))
+        return iid
+
+    def _take_interned(self) -> bytes:
+        if not self._pending_interned:
+            return b""
+        data = b"".join(self._pending_interned)
+        self._pending_interned.clear()
+        return wire.field_bytes(_P_INTERNED, data)
+
+    # -- packets --------------------------------------------------------------
+
+    def _packet(self, body: bytes) -> None:
+        if self._first:
+            self._first = False
+            body += self._seq + wire.field_varint(_P_FLAGS, _CLEARED)
+            body += wire.field_varint(_P_FIRST_ON_SEQUENCE, 1)
+        else:
+            body += self._seq_needs
+        self._emit(b"\x0a" + wire.varint(len(body)) + body)
+
+    def _start_sequence(self) -> None:
+        """Batches carry the NEEDS flag: make sure a CLEARED packet came first."""
+        if self._first:
+            self._packet(b"")
+
+    def _emit(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if self._buffered >= self._chunk_bytes:
+            self.flush()
+
+    def _event(self, ts: int, event: bytes) -> None:
+        """One TrackEvent packet; the hot path, so the packet is assembled inline."""
+        if self._pending_interned or self._first:
+            self._packet(b"\x40" + wire.varint(ts) + b"\x5a" + wire.varint(len(event)) + event
+                         + self._take_interned())
+            return
+        body = b"\x40" + wire.varint(ts) + b"\x5a" + wire.varint(len(event)) + event
+        body += self._seq_needs
+        data = b"\x0a" + wire.varint(len(body)) + body
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if self._buffered >= self._chunk_bytes:
+            self.flush()
+
+    def _header(self, kind: int, track: int, name: str, category: str) -> bytes:
+        key = (kind, track, name, category)
+        head = self._headers.get(key)
+        if head is None:
+            head = (
+                wire.field_varint(_E_TYPE, kind)
+                + wire.field_varint(_E_TRACK, track)
+                + wire.field_varint(_E_CATEGORY_IIDS, self._iid(_I_CATEGORIES, category))
+                + wire.field_varint(_E_NAME_IID, self._iid(_I_NAMES, name))
+            )
+            self._headers[key] = head
+        return head
+
+    def _args(self, args: Mapping[str, Any]) -> bytes:
+        cache = self._annotations
+        names = self._annotation_names
+        parts = []
+        for key, value in args.items():
+            if type(value) is int:  # unique ids: encode directly, do not fill the cache
+                name = names.get(key)
+                if name is None:
+                    name = names[key] = b"\x08" + wire.varint(
+                        self._iid(_I_ANNOTATION_NAMES, key)) + b"\x20"
+                if 0 <= value < 0x80:
+                    parts.append(b"\x22" + _SMALL_LEN[len(name) + 1] + name + _SMALL[value])
+                else:
+                    enc = wire.varint(value)
+                    parts.append(b"\x22" + wire.varint(len(name) + len(enc)) + name + enc)
+                continue
+            ck = (key, value, type(value))
+            enc = cache.get(ck)
+            if enc is None:
+                if len(cache) > _CACHE_LIMIT:
+                    cache.clear()
+                inner = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
+                enc = wire.field_bytes(_E_DEBUG, inner + _annotation_value(value))
+                cache[ck] = enc
+            parts.append(enc)
+        return b"".join(parts)
+
+    @staticmethod
+    def _flows(flow_out: Sequence[int], flow_in: Sequence[int]) -> bytes:
+        out = b""
+        for fid in flow_out:
+            out += wire.field_fixed64(_E_FLOW_IDS, fid)
+        for fid in flow_in:
+            out += wire.field_fixed64(_E_TERMINATING_FLOW_IDS, fid)
+        return out
+
+    def _count(self, category: str) -> None:
+        self.events += 1
+        self.counts[category] = self.counts.get(category, 0) + 1
+
+    # -- events -------------------------------------------------------------------
+
+    def begin(
+        self,
+        track: int,
+        ts: int,
+        name: str,
+        category: str,
+        args: Mapping[str, Any] | None = None,
+        flow_out: Sequence[int] = (),
+        flow_in: Sequence[int] = (),
+    ) -> None:
+        event = self._header(_BEGIN, track, name, category)
+        if args:
+            event += self._args(args)
+        if flow_out or flow_in:
+            event += self._flows(flow_out, flow_in)
+        self._event(ts, event)
+        self._count(category)
+
+    def end(self, track: int, ts: int) -> None:
+        head = self._end_headers.get(track)
+        if head is None:
+            head = wire.field_varint(_E_TYPE, _END) + wire.field_varint(_E_TRACK, track)
+            self._end_headers[track] = head
+        self._event(ts, head)
+
+    def slice(
+        self,
+        track: int,
+        ts: int,
+        dur: int,
+        name: str,
+        category: str,
+        args: Mapping[str, Any] | None = None,
+        flow_out: Sequence[int] = (),
+        flow_in: Sequence[int] = (),
+    ) -> None:
+        self.begin(track, ts, name, category, args, flow_out, flow_in)
+        self.end(track, ts + max(dur, 0))
+
+    def instant(
+        self, track: int, ts: int, name: str, category: str, args: Mapping[str, Any] | None = None
+    ) -> None:
+        event = self._header(_INSTANT, track, name, category)
+        if args:
+            event += self._args(args)
+        self._event(ts, event)
+        self._count(category)
+
+    def counter(self, track: int, ts: int, value: float) -> None:
+        head = self._counter_headers.get(track)
+        if head is None:
+            head = wire.field_varint(_E_TYPE, _COUNTER) + wire.field_varint(_E_TRACK, track)
+            self._counter_headers[track] = head
+        if isinstance(value, float):
+            event = head + wire.field_double(_E_DOUBLE_COUNTER, value)
+        else:
+            event = head + wire.field_varint(_E_COUNTER, int(value))
+        self._event(ts, event)
+        self._count("counter")
+
+    def metadata(self, track: int, ts: int, meta: Mapping[str, Any]) -> None:
+        self.instant(track, ts, CAT_METADATA, CAT_METADATA,
+                     {ARG_METADATA_JSON: json.dumps(meta, sort_keys=True, default=str)})
+
+    # -- batches ------------------------------------------------------------------
+
+    def slices(
+        self,
+        tracks: np.ndarray,
+        ts: np.ndarray,
+        dur: np.ndarray,
+        names: Sequence[str],
+        name_index: np.ndarray,
+        category: str,
+        int_args: Mapping[str, np.ndarray] | None = None,
+        str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
+        flow_out: np.ndarray | None = None,
+        flow_in: np.ndarray | None = None,
+    ) -> None:
+        """Write N complete slices at once; flow ids of 0 mean "no flow" in that row."""
+        n = len(ts)
+        if n == 0:
+            return
+        ts = np.asarray(ts, np.int64)
+        name_iids = np.array([self._iid(_I_NAMES, s) for s in names], np.int64)
+        head = wire.field_varint(_E_CATEGORY_IIDS, self._iid(_I_CATEGORIES, category))
+        track_seg = [wire.const(wire.tag(_E_TRACK, wire.VARINT), n),
+                     wire.varints(np.asarray(tracks, np.int64))]
+        body = [
+            wire.const(wire.field_varint(_E_TYPE, _BEGIN), n),
+            *track_seg,
+            wire.const(head + wire.tag(_E_NAME_IID, wire.VARINT), n),
+            wire.varints(name_iids[np.asarray(name_index, np.int64)]),
+        ]
+        for key, values in (int_args or {}).items():
+            name_part = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
+            body += wire.message(_E_DEBUG, [
+                wire.const(name_part + wire.tag(4, wire.VARINT), n),
+                wire.varints(np.asarray(values, np.int64)),
+            ])
+        for key, (choices, index) in (str_args or {}).items():
+            name_part = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
+            encoded = [wire.field_bytes(_E_DEBUG, name_part + wire.field_bytes(6, c.encode()))
+                       for c in choices]
+            body.append(wire.table(encoded, index))
+        for field, ids in ((_E_FLOW_IDS, flow_out), (_E_TERMINATING_FLOW_IDS, flow_in)):
+            if ids is not None:
+                ids = np.asarray(ids, np.uint64)
+                body += wire.optional([wire.const(wire.tag(field, wire.FIXED64), n),
+                                       wire.fixed64s(ids)], ids != 0)
+        interned = self._take_interned()
+        if interned or self._first:
+            self._packet(interned)
+        trailer = wire.const(self._seq_needs, n)
+        stamp = wire.const(wire.tag(_P_TIMESTAMP, wire.VARINT), n)
+        begin = wire.message(_TRACE_PACKET, [
+            stamp, wire.varints(ts), *wire.message(_P_TRACK_EVENT, body), trailer,
+        ])
+        end_event = [wire.const(wire.field_varint(_E_TYPE, _END), n), *track_seg]
+        end = wire.message(_TRACE_PACKET, [
+            stamp, wire.varints(ts + np.maximum(np.asarray(dur, np.int64), 0)),
+            *wire.message(_P_TRACK_EVENT, end_event), trailer,
+        ])
+        self._emit(wire.to_bytes(begin + end))
+        self.events += n
+        self.counts[category] = self.counts.get(category, 0) + n
+
+    def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
+        """Write N counter values at once (float values as doubles, ints as int64)."""
+        n = len(ts)
+        if n == 0:
+            return
+        values = np.asarray(values)
+        if values.dtype.kind == "f":
+            value_seg = [wire.const(wire.tag(_E_DOUBLE_COUNTER, wire.FIXED64), n),
+                         wire.fixed64s(values.astype(np.float64))]
+        else:
+            value_seg = [wire.const(wire.tag(_E_COUNTER, wire.VARINT), n),
+                         wire.varints(values.astype(np.int64))]
+        event = [
+            wire.const(wire.field_varint(_E_TYPE, _COUNTER) + wire.tag(_E_TRACK, wire.VARINT), n),
+            wire.varints(np.asarray(tracks, np.int64)),
+            *value_seg,
+        ]
+        packet = wire.message(_TRACE_PACKET, [
+            wire.const(wire.tag(_P_TIMESTAMP, wire.VARINT), n),
+            wire.varints(np.asarray(ts, np.int64)),
+            *wire.message(_P_TRACK_EVENT, event),
+            wire.const(self._seq_needs, n),
+        ])
+        self._start_sequence()
+        self._emit(wire.to_bytes(packet))
+        self.events += n
+        self.counts["counter"] = self.counts.get("counter", 0) + n
+
+    # -- output ---------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write the buffered packets to the file (whole packets only)."""
+        if not self._buffer or self.closed:
+            return
+        data = b"".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            self._abandon()
+            raise write_failed(self.path, exc) from None
+        self.bytes_written += len(data)
+
+    def close(self) -> None:
+        """Flush what is buffered and close the file (idempotent)."""
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._abandon()
+
+    def discard(self) -> None:
+        """Forget buffered packets and close without writing them (a forked child's copy)."""
+        self._buffer.clear()
+        self._buffered = 0
+        self._abandon()
+
+    def _abandon(self) -> None:
+        self.closed = True
+        self._buffer.clear()
+        try:
+            self._file.close()
+        except OSError:
+            pass
