@@ -1,1 +1,53 @@
-"""loaders."""
+"""Trace loaders: find a file's format from its content and read it into columns."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.loaders.raw import RawTrace
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _gunzip(path: str, data: bytes) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except EOFError:
+        raise TraceFormatError(path, "the gzip stream ends early: the file is truncated",
+                               len(data)) from None
+    except (OSError, zlib.error) as exc:
+        raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
+
+
+def read_trace(path: str | os.PathLike) -> RawTrace:
+    """Read any supported trace: our .pftrace, Chrome JSON or PyTorch-profiler JSON(.gz)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise TraceFormatError(path, "no such file; check the path")
+    if os.path.isdir(path):
+        raise TraceFormatError(path, "is a folder; give the path of a trace file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        raise TraceFormatError(path, "the file is empty (was the recording stopped before "
+                               "anything was written?)", 0)
+    if data[:2] == GZIP_MAGIC:
+        data = _gunzip(path, data)
+        if not data:
+            raise TraceFormatError(path, "the compressed file is empty", 0)
+    head = data[:64].lstrip()
+    if head[:1] in (b"{", b"["):
+        from neuron_explorer.loaders.chrome_json import load_chrome_json
+
+        return load_chrome_json(path, data)
+    if data[:1] == b"\x0a":
+        from neuron_explorer.loaders.pftrace import load_pftrace
+
+        return load_pftrace(path, data)
+    raise TraceFormatError(
+        path, "not a trace this tool reads (expected a Perfetto .pftrace, Chrome-trace JSON "
+        "or PyTorch-profiler JSON, optionally gzipped)", 0
+    )

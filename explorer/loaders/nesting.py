@@ -1,0 +1,110 @@
+"""Slice nesting, vectorised: depth and parent of each slice on its track.
+
+Both loaders end here. Complete slices (ts, dur) are turned into a stream of
+begin/end events per track; a running depth per track then gives each slice its
+depth, and the parent of a slice at depth d is the latest slice at depth d-1
+begun before it on the same track. Begin/end pairs from a Perfetto trace are
+matched the same way (an end closes the latest open begin at its depth).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _running_depth(track: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """Depth after each event of a stream sorted by track (resets at each new track)."""
+    depth = np.cumsum(delta)
+    if len(track):
+        first = np.r_[True, track[1:] != track[:-1]]
+        base = (depth - delta)[first]  # depth before the track's first event
+        depth = depth - np.repeat(base, np.diff(np.r_[np.flatnonzero(first), len(track)]))
+    return depth
+
+
+def _parents(order_pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """For begins given by stream position and depth, the index of each one's parent (-1)."""
+    parent = np.full(len(depth), -1, dtype=np.int64)
+    if not len(depth):
+        return parent
+    by_depth: dict[int, np.ndarray] = {}
+    for d in np.unique(depth):
+        idx = np.flatnonzero(depth == d)
+        by_depth[int(d)] = idx[np.argsort(order_pos[idx], kind="stable")]
+    for d, idx in by_depth.items():
+        if d <= 0 or d - 1 not in by_depth:
+            continue
+        cand = by_depth[d - 1]
+        j = np.searchsorted(order_pos[cand], order_pos[idx]) - 1
+        ok = j >= 0
+        parent[idx[ok]] = cand[j[ok]]
+    return parent
+
+
+def nest_complete(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth and parent index of complete slices (parent -1 at the top of a track)."""
+    n = len(ts)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = np.arange(n, dtype=np.int64)
+    end = ts + dur
+    zero = dur <= 0
+    # Ends come before begins at the same time, except the end of an empty slice,
+    # which follows every begin at its time so the slice nests where it starts.
+    kind = np.r_[np.ones(n, np.int8), np.where(zero, 2, 0).astype(np.int8)]
+    time = np.r_[ts, end]
+    tie = np.r_[-dur, -ts]  # longer begins first; later-begun ends first
+    trk = np.r_[track, track]
+    who_key = np.r_[idx, -idx]  # equal begins keep file order; their ends reverse it
+    order = np.lexsort((who_key, tie, kind, time, trk))
+    is_begin = np.r_[np.ones(n, bool), np.zeros(n, bool)][order]
+    delta = np.where(is_begin, 1, -1)
+    depth_after = _running_depth(trk[order], delta)
+    pos = np.empty(2 * n, np.int64)
+    pos[order] = np.arange(2 * n)
+    begin_pos = pos[:n]
+    depth = depth_after[begin_pos] - 1
+    depth = np.maximum(depth, 0)
+    parent = _parents(begin_pos, depth)
+    return depth.astype(np.int64), parent
+
+
+def match_begin_end(
+    track: np.ndarray, is_begin: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pair begin and end events given in file order.
+
+    Returns (begin_index, end_index or -1 when never closed, depth, parent begin
+    position in the begin list or -1); ends closing nothing are dropped.
+    """
+    order = np.argsort(track, kind="stable")
+    trk = track[order]
+    beg = is_begin[order]
+    delta = np.where(beg, 1, -1)
+    depth_after = _running_depth(trk, delta)
+    # An end that would take a track below zero closes nothing: drop it and redo.
+    stray = (~beg) & (depth_after < 0)
+    while stray.any():
+        first_bad = np.flatnonzero(stray)
+        keep = np.ones(len(trk), bool)
+        # drop the first stray end of each track, then recount
+        firsts = first_bad[np.r_[True, trk[first_bad][1:] != trk[first_bad][:-1]]]
+        keep[firsts] = False
+        order, trk, beg = order[keep], trk[keep], beg[keep]
+        delta = np.where(beg, 1, -1)
+        depth_after = _running_depth(trk, delta)
+        stray = (~beg) & (depth_after < 0)
+    stream_pos = np.arange(len(order))
+    b_pos = stream_pos[beg]
+    b_depth = depth_after[beg] - 1
+    e_pos = stream_pos[~beg]
+    e_depth = depth_after[~beg]  # an end at depth d closes the latest begin at depth d
+    end_of = np.full(len(b_pos), -1, np.int64)
+    for d in np.unique(e_depth):
+        bi = np.flatnonzero(b_depth == d)
+        ei = np.flatnonzero(e_depth == d)
+        j = np.searchsorted(b_pos[bi], e_pos[ei]) - 1
+        ok = j >= 0
+        end_of[bi[j[ok]]] = order[e_pos[ei[ok]]]
+    parent = _parents(b_pos, b_depth)
+    return order[b_pos], end_of, b_depth.astype(np.int64), parent

@@ -1,0 +1,84 @@
+"""What every loader produces: columnar slices, counters, flows and tracks.
+
+A loader collects events into plain columns; `build_slices` nests them, orders
+them by time and gives each slice its id (its row). `Trace` wraps the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.loaders.args import SliceArgs
+from neuron_explorer.loaders.nesting import nest_complete
+
+SLICE_COLUMNS = ["id", "ts", "dur", "name", "category", "kind", "track_id", "depth", "parent_id"]
+TRACK_COLUMNS = ["track_id", "name", "kind", "process", "pid", "tid", "device"]
+COUNTER_COLUMNS = ["ts", "value", "track_id", "name"]
+FLOW_COLUMNS = ["flow_id", "src_id", "dst_id"]
+
+
+@dataclass
+class RawTrace:
+    """A loaded trace before derived tables: the loader's whole output."""
+
+    path: str
+    source_format: str  # "pftrace" | "chrome_json" | "kineto_json"
+    slices: pd.DataFrame  # SLICE_COLUMNS, id == row
+    args: SliceArgs  # per slice id: dict or None
+    tracks: pd.DataFrame
+    counters: pd.DataFrame
+    flows: pd.DataFrame
+    metadata: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_slices(
+    track_id: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    name: np.ndarray,
+    category: np.ndarray,
+    kind: np.ndarray,
+    depth: np.ndarray | None = None,
+    parent: np.ndarray | None = None,
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Slices sorted by (ts, depth) with ids = rows; returns the frame and the permutation.
+
+    `parent` holds input positions (-1: none); when depth/parent are not given they
+    are computed from the intervals.
+    """
+    track_id = np.asarray(track_id, np.int64)
+    ts = np.asarray(ts, np.int64)
+    dur = np.asarray(dur, np.int64)
+    if depth is None or parent is None:
+        depth, parent = nest_complete(track_id, ts, dur)
+    order = np.lexsort((depth, track_id, ts))
+    new_id = np.empty(len(order), np.int64)
+    new_id[order] = np.arange(len(order))
+    parent = np.asarray(parent, np.int64)[order]
+    parent_id = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
+    frame = pd.DataFrame(
+        {
+            "id": np.arange(len(order), dtype=np.int64),
+            "ts": ts[order],
+            "dur": dur[order],
+            "name": np.asarray(name, object)[order],
+            "category": np.asarray(category, object)[order],
+            "kind": np.asarray(kind, object)[order],
+            "track_id": track_id[order],
+            "depth": np.asarray(depth, np.int64)[order],
+            "parent_id": parent_id,
+        }
+    )
+    return frame, order
+
+
+def empty_frame(columns: list[str]) -> pd.DataFrame:
+    """An empty frame with int64 columns where the name says a number."""
+    numeric = {"id", "ts", "dur", "track_id", "depth", "parent_id", "pid", "tid", "device",
+               "flow_id", "src_id", "dst_id"}
+    return pd.DataFrame({c: pd.Series(dtype="int64" if c in numeric else object) for c in columns})
