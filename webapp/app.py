@@ -1,0 +1,197 @@
+"""The Dash application: the page shell (navigation, trace picker, upload, error banner) and routing.
+
+Everything the browser needs (scripts, styles, fonts) is served by the app itself:
+no CDN, no web fonts, so it works offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import dash
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.webapp.components import notice
+from neuron_explorer.webapp.pages import (
+    compare,
+    compile_page,
+    engines,
+    memory,
+    overview,
+    roofline,
+    tables,
+    timeline,
+)
+from neuron_explorer.webapp.trace_store import TraceStore
+
+log = logging.getLogger("neuron_explorer.webapp")
+
+PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare]
+PAGE_BY_PATH = {page.PATH: page for page in PAGES}
+
+
+def default_differ(a: Any, b: Any) -> Any:
+    import neuron_explorer
+
+    return neuron_explorer.diff(a, b)
+
+
+@dataclass
+class AppContext:
+    """What page callbacks need: the traces and how to compare two of them."""
+
+    store: TraceStore
+    differ: Callable[[Any, Any], Any] = default_differ
+    default_trace: str | None = None
+
+
+def query_params(search: str | None) -> dict[str, str]:
+    """'?trace=a.json&select=3' -> {'trace': 'a.json', 'select': '3'}."""
+    parsed = parse_qs((search or "").lstrip("?"), keep_blank_values=False)
+    return {k: v[0] for k, v in parsed.items() if v}
+
+
+def create_app(ctx: AppContext) -> dash.Dash:
+    """Builds the dashboard for the traces in `ctx.store`."""
+    app = dash.Dash(
+        "neuron_explorer.webapp",
+        title="Neuron Explorer",
+        assets_folder=str(_assets_folder()),
+        serve_locally=True,
+        suppress_callback_exceptions=True,
+        update_title=None,
+        external_stylesheets=[],
+        external_scripts=[],
+    )
+    # No version check against plotly's servers, no dev-tools UI: the app works offline.
+    app.enable_dev_tools(debug=False, dev_tools_ui=False, dev_tools_props_check=False,
+                         dev_tools_serve_dev_bundles=False, dev_tools_hot_reload=False,
+                         dev_tools_disable_version_check=True)
+    # Uploads travel base64 encoded inside the callback request.
+    app.server.config["MAX_CONTENT_LENGTH"] = int(ctx.store.max_upload_bytes * 1.4) + 2**20
+    app.layout = _shell(ctx)
+    _register_shell_callbacks(app, ctx)
+    for page in PAGES:
+        page.register(app, ctx)
+    return app
+
+
+def _assets_folder():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "assets"
+
+
+def _shell(ctx: AppContext) -> html.Div:
+    nav = [
+        dcc.Link(page.TITLE, href=page.PATH, id=f"nav-{page.PATH.strip('/') or 'overview'}", className="nav-link")
+        for page in PAGES
+    ]
+    return html.Div([
+        dcc.Location(id="url", refresh="callback-nav"),
+        html.Header([
+            html.Div([html.Span("◆", className="brand-mark"), "Neuron Explorer"], className="brand"),
+            html.Nav(nav, className="nav"),
+            html.Div([
+                dcc.Dropdown(id="trace-picker", placeholder="Open a trace…", clearable=False,
+                             className="trace-picker"),
+                dcc.Upload(
+                    html.Button("Upload", className="button"),
+                    id="trace-upload",
+                    max_size=ctx.store.max_upload_bytes,
+                    multiple=False,
+                ),
+            ], className="trace-controls"),
+        ], className="topbar"),
+        html.Div(id="error-banner"),
+        dcc.Loading(html.Main(id="page", className="page"), type="dot", delay_show=300),
+    ])
+
+
+def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
+    @app.callback(
+        Output("url", "search"),
+        Output("trace-picker", "value"),
+        Output("trace-picker", "options"),
+        Input("url", "search"),
+        Input("trace-picker", "value"),
+    )
+    def sync_trace_choice(search, picked):
+        """The URL names the open trace; the picker mirrors it and changes it."""
+        params = query_params(search)
+        options = [{"label": name, "value": name} for name in ctx.store.list_traces()]
+        if dash.ctx.triggered_id == "trace-picker" and picked and picked != params.get("trace"):
+            params["trace"] = picked
+            return "?" + urlencode(params_for_new_trace(params)), picked, options
+        current = params.get("trace") or ctx.default_trace
+        if current and current not in {o["value"] for o in options}:
+            options.append({"label": current, "value": current})
+        if not params.get("trace") and current:
+            return "?" + urlencode({"trace": current}), current, options
+        return dash.no_update, current, options
+
+    @app.callback(
+        Output("page", "children"),
+        Output("error-banner", "children"),
+        *[Output(f"nav-{page.PATH.strip('/') or 'overview'}", "href") for page in PAGES],
+        *[Output(f"nav-{page.PATH.strip('/') or 'overview'}", "className") for page in PAGES],
+        Input("url", "pathname"),
+        Input("url", "search"),
+    )
+    def route(pathname, search):
+        params = query_params(search)
+        name = params.get("trace") or ctx.default_trace
+        page = PAGE_BY_PATH.get(pathname or "/", None)
+        hrefs = [p.PATH + (f"?{urlencode({'trace': name})}" if name else "") for p in PAGES]
+        classes = ["nav-link active" if p is page else "nav-link" for p in PAGES]
+        if page is None:
+            return notice(f"No page at {pathname}; use the links above.", "warning"), None, *hrefs, *classes
+        if not name:
+            body = notice("No trace open: pick one from the list above or upload one.", "info")
+            return body, None, *hrefs, *classes
+        try:
+            trace = ctx.store.get(name)
+            body = page.layout(trace, name, params, ctx)
+        except NeuronExplorerError as exc:
+            banner = error_banner(f"Cannot open {name}: {exc}")
+            return notice("Pick another trace from the list above.", "info"), banner, *hrefs, *classes
+        return body, None, *hrefs, *classes
+
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Output("error-banner", "children", allow_duplicate=True),
+        Input("trace-upload", "contents"),
+        State("trace-upload", "filename"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def upload(contents, filename, search):
+        if not contents:
+            raise PreventUpdate
+        try:
+            data = base64.b64decode(contents.split(",", 1)[1])
+            name = ctx.store.save_upload(filename, data)
+            ctx.store.get(name)  # load now, so a bad file is reported here
+        except NeuronExplorerError as exc:
+            return dash.no_update, error_banner(f"Cannot open the upload {filename}: {exc}")
+        except (ValueError, IndexError):
+            return dash.no_update, error_banner(f"Cannot read the upload {filename}; try again")
+        params = params_for_new_trace(query_params(search))
+        params["trace"] = name
+        return "?" + urlencode(params), None
+
+
+def params_for_new_trace(params: dict[str, str]) -> dict[str, str]:
+    """Query parameters that still make sense once another trace is opened."""
+    return {k: v for k, v in params.items() if k in ("trace", "other")}
+
+
+def error_banner(message: str) -> html.Div:
+    """The red bar at the top of the page; the app keeps working under it."""
+    return html.Div([html.Strong("Error: "), message], className="error-banner", role="alert")

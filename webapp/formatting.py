@@ -1,0 +1,49 @@
+"""How numbers read on the page: durations, bytes, rates and shares with sensible units."""
+
+from __future__ import annotations
+
+import math
+
+
+def _is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def duration(ns) -> str:
+    """1234567 -> '1.23 ms'."""
+    if _is_missing(ns):
+        return "–"
+    ns = float(ns)
+    for unit, size in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= size:
+            return f"{ns / size:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def size(n) -> str:
+    """Bytes with binary units: 1536 -> '1.5 KiB'."""
+    if _is_missing(n):
+        return "–"
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def share(x) -> str:
+    """0.1234 -> '12.3%'."""
+    if _is_missing(x):
+        return "–"
+    return f"{100 * float(x):.1f}%"
+
+
+def count(n) -> str:
+    """Large counts with SI prefixes: 1.2e12 -> '1.2 T'."""
+    if _is_missing(n):
+        return "–"
+    n = float(n)
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g}"

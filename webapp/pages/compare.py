@@ -1,0 +1,129 @@
+"""Compare: two traces side by side (summary figures, breakdowns) and the explorer's diff."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dash
+import pandas as pd
+from dash import Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp.components import data_table, graph, notice, page_title, section
+from neuron_explorer.webapp.page_data import fetch
+from neuron_explorer.webapp.theme import breakdown_colour
+
+log = logging.getLogger("neuron_explorer.webapp")
+PATH = "/compare"
+TITLE = "Compare"
+SUMMARY_ROWS = [
+    ("step time", "step_time_ns", fmt.duration), ("steps", "n_steps", fmt.count),
+    ("trace length", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
+    ("MBU", "mbu", fmt.share), ("device busy", "device_busy_share", fmt.share),
+    ("hardware", "hardware", str), ("source", "source_format", str),
+]
+
+
+def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
+    others = [n for n in ctx.store.list_traces() if n != name]
+    other = params.get("other") if params.get("other") in others else None
+    return html.Div([
+        page_title(TITLE, name),
+        dcc.Store(id="compare-base", data=name),
+        html.Div([
+            html.Span("Compare ", className="label"), html.Strong(name, className="trace-a"),
+            html.Span(" with ", className="label"),
+            dcc.Dropdown(id="compare-other", options=[{"label": n, "value": n} for n in others],
+                         value=other, placeholder="pick a second trace…", clearable=False,
+                         className="compare-picker"),
+        ], className="toolbar"),
+        html.Div(comparison(ctx, name, other) if other else notice(
+            "Pick a second trace to compare with." if others else
+            "There is no other trace in the served folder: upload one or serve a folder of traces."),
+            id="compare-body"),
+    ])
+
+
+def comparison(ctx, name_a: str, name_b: str) -> list:
+    """The side-by-side summary, both breakdowns and the diff tables."""
+    try:
+        a, b = ctx.store.get(name_a), ctx.store.get(name_b)
+    except NeuronExplorerError as exc:
+        return [notice(f"Cannot open {name_b}: {exc}", "error")]
+    sa, sb = fetch(a, "summary", "summary"), fetch(b, "summary", "summary")
+    sa, sb = (sa.value if sa.ok else {}), (sb.value if sb.ok else {})
+    header = html.Tr([html.Th(""), html.Th(name_a), html.Th(name_b)])
+    rows = [html.Tr([html.Th(label), html.Td(_show(sa.get(key), f)), html.Td(_show(sb.get(key), f))])
+            for label, key, f in SUMMARY_ROWS]
+    parts = [section("Summary", html.Table([html.Thead(header), html.Tbody(rows)], className="compare-table"))]
+    parts.append(section("Time per step", _breakdowns(a, b, name_a, name_b)))
+    try:
+        result = ctx.differ(a, b)
+    except NeuronExplorerError as exc:
+        parts.append(section("Differences", notice(str(exc), "warning")))
+        return parts
+    except Exception as exc:  # the rest of the page stays useful
+        log.exception("comparing %s with %s failed", name_a, name_b)
+        parts.append(section("Differences", notice(f"Could not compare these traces: {exc}", "error")))
+        return parts
+    text = getattr(result, "to_text", None)
+    if callable(text):
+        parts.append(section("Differences", html.Pre(text(), className="diff-text")))
+    for attr, df in _frames(result):
+        parts.append(section(attr.replace("_", " ").capitalize(), data_table(df, f"diff-{attr}", page_size=15)))
+    return parts
+
+
+def _show(value, f) -> str:
+    return "–" if value is None else f(value)
+
+
+def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
+    """The diff's public DataFrame attributes, in a stable order."""
+    out = []
+    for attr in sorted(dir(result)):
+        if attr.startswith("_"):
+            continue
+        value = getattr(result, attr, None)
+        if isinstance(value, pd.DataFrame) and not value.empty:
+            out.append((attr, value))
+    return out
+
+
+def _breakdowns(a, b, name_a: str, name_b: str):
+    frames = []
+    for trace, label in ((a, name_a), (b, name_b)):
+        data = fetch(trace, "breakdown", "time breakdown")
+        if data.ok:
+            df = data.value
+            n = max(int(df["step"].nunique()), 1)
+            agg = df.groupby(["side", "category"], sort=False)["ns"].sum().div(n).reset_index()
+            frames.append(agg.assign(trace=label))
+    if not frames:
+        return notice("Neither trace has a time breakdown.")
+    df = pd.concat(frames)
+    df["bar"] = df["trace"] + " · " + df["side"]
+    data = []
+    for category, group in df.groupby("category", sort=False):
+        data.append({"type": "bar", "orientation": "h", "name": str(category), "y": group["bar"].tolist(),
+                     "marker": {"color": breakdown_colour(category)},
+                     "x": (group["ns"] / 1e6).tolist(), "hovertemplate": f"{category}: " + "%{x:.3f} ms<extra></extra>"})
+    figure = {"data": data, "layout": {"barmode": "stack", "xaxis": {"title": {"text": "ms per step"}},
+                                       "legend": {"orientation": "h", "y": -0.3},
+                                       "margin": {"l": 260, "r": 20, "t": 10, "b": 40}}}
+    return graph(figure, "compare-breakdown", height=320)
+
+
+def register(app: dash.Dash, ctx) -> None:
+    @app.callback(
+        Output("compare-body", "children"),
+        Input("compare-other", "value"),
+        State("compare-base", "data"),
+        prevent_initial_call=True,
+    )
+    def compare(other, base):
+        if not other or not base:
+            raise PreventUpdate
+        return comparison(ctx, base, other)

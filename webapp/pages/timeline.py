@@ -1,0 +1,227 @@
+"""Timeline: every track of the trace, zoomable, with the details and flows of a clicked slice.
+
+The browser never holds the whole trace: each zoom or pan asks the server for the
+visible window, which the timeline index answers with pixel-merged bars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import numpy as np
+import pandas as pd
+from dash import ALL, Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
+from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp.components import GRAPH_CONFIG, notice, page_title
+from neuron_explorer.webapp.page_data import table
+from neuron_explorer.webapp.timeline_figure import NS_PER_US, timeline_figure
+from neuron_explorer.webapp.timeline_index import SUMMARY_ID, TimelineIndex
+
+PATH = "/timeline"
+TITLE = "Timeline"
+WIDTH_PX = 1600  # pixel buckets per window: about the plot's width on a large screen
+MAX_LINKS = 24
+ARG_ORDER = ["shapes", "dtypes", "flops", "hw_flops", "bytes", "module", "source", "phase", "step",
+             "op_id", "kernel_id", "engine", "opcode", "device", "fallback", "graph_id", "kind", "reason"]
+
+
+def timeline_index(store, name: str) -> TimelineIndex:
+    """The trace's timeline index, built on first use and kept with the trace."""
+    return store.derived(name, "timeline-index", lambda trace: TimelineIndex(
+        table(trace, "slices"), table(trace, "tracks"), table(trace, "counters")))
+
+
+def window_answer(store, name: str, t0: int, t1: int, selected: int | None) -> tuple[dict, str]:
+    """The figure for a window and the status line saying what it shows."""
+    index = timeline_index(store, name)
+    window = index.query(t0, t1, WIDTH_PX)
+    partners = flow_partners(store.get(name), selected) if selected is not None else []
+    figure = timeline_figure(index, window, selected, [p for p, _ in partners])
+    merged = int(window.count[window.ids == SUMMARY_ID].sum())
+    status = (f"{fmt.duration(t1 - t0)} window · {window.n_bars:,} bars"
+              + (f" ({merged:,} small slices merged)" if merged else "")
+              + f" · {index.n_events:,} events in trace")
+    return figure, status
+
+
+def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
+    index = timeline_index(ctx.store, name)
+    if not index.slice_rows and not index.counter_rows:
+        return html.Div([page_title(TITLE, name), notice("This trace has no slices or counters to draw.")])
+    t0 = _int(params.get("start"), index.start_ns)
+    t1 = _int(params.get("end"), index.end_ns)
+    selected = _int(params.get("select"), None)
+    figure, status = window_answer(ctx.store, name, t0, t1, selected)
+    details = slice_details(trace, index, selected) if selected is not None else _hint()
+    return html.Div([
+        page_title(TITLE, name),
+        html.Div([
+            html.Button("Zoom in", id="timeline-zoom-in", className="button"),
+            html.Button("Zoom out", id="timeline-zoom-out", className="button"),
+            html.Button("Whole trace", id="timeline-reset", className="button"),
+            html.Span(status, id="timeline-status", className="timeline-status"),
+        ], className="toolbar"),
+        dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1, "selected": selected}),
+        html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
+                 className="panel timeline-panel"),
+        html.Div(details, id="timeline-details", className="panel details"),
+    ])
+
+
+def _hint():
+    return html.P("Drag to pan, scroll to zoom, click a slice for its details and flows. "
+                  "Grey bars merge slices narrower than a pixel: click one to zoom into it.",
+                  className="hint")
+
+
+def _int(value, default):
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> tuple[int, int, int | None]:
+    """The window and selection after one user action."""
+    t0, t1, selected = int(state["t0"]), int(state["t1"]), state.get("selected")
+    origin = index.start_ns
+    span = t1 - t0
+    if trigger == "timeline-zoom-in":
+        return t0 + span // 4, t1 - span // 4, selected
+    if trigger == "timeline-zoom-out":
+        return t0 - span // 2, t1 + span // 2, selected
+    if trigger == "timeline-reset":
+        return index.start_ns, index.end_ns, selected
+    if trigger == "timeline-graph.relayoutData" and relayout:
+        if relayout.get("xaxis.autorange"):
+            return index.start_ns, index.end_ns, selected
+        lo = relayout.get("xaxis.range[0]", (relayout.get("xaxis.range") or [None, None])[0])
+        hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
+        if lo is None or hi is None:
+            raise PreventUpdate
+        return origin + int(float(lo) * NS_PER_US), origin + int(float(hi) * NS_PER_US), selected
+    if trigger == "timeline-graph.clickData" and click:
+        point = click["points"][0]
+        slice_id = int(point.get("customdata", SUMMARY_ID))
+        if slice_id == SUMMARY_ID and "base" in point:
+            start = origin + int(float(point["base"]) * NS_PER_US)
+            length = int(float(point["x"]) * NS_PER_US)
+            pad = max(length // 10, 1)
+            return start - pad, start + length + pad, selected
+        return t0, t1, slice_id
+    if isinstance(trigger, dict) and trigger.get("type") == "timeline-link":
+        slice_id = int(trigger["slice"])
+        row = index.row_of(slice_id)
+        if row is None:
+            return t0, t1, slice_id
+        r = index.slice_rows[row]
+        i = int(np.flatnonzero(r.ids == slice_id)[0])
+        ts, end = int(r.ts[i]), int(r.end[i])
+        if ts < t0 or end > t1:  # bring the target into view, keeping the zoom where it fits
+            width = max(span, (end - ts) * 3)
+            t0 = (ts + end) // 2 - width // 2
+            t1 = t0 + width
+        return t0, t1, slice_id
+    raise PreventUpdate
+
+
+def register(app: dash.Dash, ctx) -> None:
+    @app.callback(
+        Output("timeline-graph", "figure"),
+        Output("timeline-state", "data"),
+        Output("timeline-details", "children"),
+        Output("timeline-status", "children"),
+        Input("timeline-graph", "relayoutData"),
+        Input("timeline-graph", "clickData"),
+        Input("timeline-zoom-in", "n_clicks"),
+        Input("timeline-zoom-out", "n_clicks"),
+        Input("timeline-reset", "n_clicks"),
+        Input({"type": "timeline-link", "slice": ALL}, "n_clicks"),
+        State("timeline-state", "data"),
+        prevent_initial_call=True,
+    )
+    def update(relayout, click, _zin, _zout, _reset, _links, state):
+        triggered = dash.ctx.triggered
+        if not state or not triggered or triggered[0].get("value") in (None, 0, []):
+            raise PreventUpdate
+        trigger = dash.ctx.triggered_id
+        if trigger == "timeline-graph":
+            trigger = "timeline-graph." + triggered[0]["prop_id"].rsplit(".", 1)[1]
+        name = state["trace"]
+        index = timeline_index(ctx.store, name)
+        old_selected = state.get("selected")
+        t0, t1, selected = new_window(state, index, trigger, relayout, click)
+        t1 = max(t1, t0 + 1)
+        figure, status = window_answer(ctx.store, name, t0, t1, selected)
+        details = dash.no_update
+        if selected != old_selected and selected is not None:
+            details = slice_details(ctx.store.get(name), index, selected)
+        return figure, {"trace": name, "t0": t0, "t1": t1, "selected": selected}, details, status
+
+
+def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:
+    """Slices linked to this one: flows out and in, and a kernel's instructions."""
+    flows = table(trace, "flows")
+    out: list[tuple[int, str]] = []
+    if not flows.empty:
+        out += [(int(i), "leads to") for i in flows.loc[flows["src_id"] == slice_id, "dst_id"]]
+        out += [(int(i), "comes from") for i in flows.loc[flows["dst_id"] == slice_id, "src_id"]]
+    return out
+
+
+def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
+    """The details panel of one slice: its fields, arguments and linked slices."""
+    slices = table(trace, "slices")
+    pos = index.table_position(slice_id)
+    if pos is None:
+        return [notice(f"No slice with id {slice_id} in this trace.", "warning")]
+    s = slices.iloc[pos]
+    row = index.row_of(slice_id)
+    track = index.slice_rows[row].label if row is not None else ""
+    fields = [
+        ("name", str(s["name"])), ("category", str(s["category"])), ("track", track),
+        ("start", f"{(int(s['ts']) - index.start_ns) / NS_PER_US:,.3f} µs since trace start"),
+        ("duration", fmt.duration(int(s["dur"]))),
+    ]
+    args = s.get("args")
+    args = args if isinstance(args, dict) else {}
+    for key in ARG_ORDER + sorted(k for k in args if k not in ARG_ORDER):
+        if key in args and args[key] is not None:
+            fields.append((key, _format_arg(key, args[key])))
+    rows = [html.Tr([html.Th(k), html.Td(v)]) for k, v in fields]
+    parts = [html.H2(str(s["name"])), html.Table(html.Tbody(rows), className="kv", id="slice-fields")]
+    links = _linked(trace, slices, index, slice_id, s)
+    if links:
+        parts.append(html.H3("Linked slices"))
+        parts.append(html.Div(links, className="links"))
+    return parts
+
+
+def _linked(trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: int, s) -> list:
+    partners = flow_partners(trace, slice_id)
+    parent = s.get("parent_id")
+    if parent is not None and not pd.isna(parent) and int(parent) >= 0:
+        partners.append((int(parent), "inside"))
+    seen, buttons = set(), []
+    for other, relation in partners:
+        if other in seen or len(buttons) >= MAX_LINKS:
+            continue
+        seen.add(other)
+        pos = index.table_position(other)
+        if pos is None:
+            continue
+        o = slices.iloc[pos]
+        label = f"{relation} {o['category']}: {o['name']} ({fmt.duration(int(o['dur']))})"
+        buttons.append(html.Button(label, id={"type": "timeline-link", "slice": int(other)},
+                                   className="link-button"))
+    return buttons
+
+
+def _format_arg(key: str, value) -> str:
+    if key in ("flops", "hw_flops") and isinstance(value, (int, float)):
+        return f"{fmt.count(value)}FLOP ({int(value):,})"
+    if key == "bytes" and isinstance(value, (int, float)):
+        return f"{fmt.size(value)} ({int(value):,})"
+    return str(value)
