@@ -55,6 +55,7 @@ class TraceStore:
         self.max_upload_bytes = max_upload_bytes
         self._uploads = Path(tempfile.mkdtemp(prefix="neuron-explorer-uploads-"))
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
         self._extras: dict[str, Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
 
@@ -70,7 +71,7 @@ class TraceStore:
                     if len(names) >= MAX_LISTED:
                         return names
         names += [UPLOAD_PREFIX + p.name for p in sorted(self._uploads.iterdir())]
-        return names
+        return names + sorted(n for n in self._pinned if n not in names)
 
     def resolve(self, name: str) -> Path:
         """The file a trace name stands for; refuses anything outside the served folder."""
@@ -93,6 +94,8 @@ class TraceStore:
     def get(self, name: str) -> Any:
         """The loaded trace for a name (loaded on first use; TraceFormatError if it is bad)."""
         with self._lock:
+            if name in self._pinned:
+                return self._pinned[name]
             if name in self._cache:
                 self._cache.move_to_end(name)
                 return self._cache[name]
@@ -104,6 +107,13 @@ class TraceStore:
                 old, _ = self._cache.popitem(last=False)
                 self._extras = {k: v for k, v in self._extras.items() if k[0] != old}
         return trace
+
+    def add(self, name: str, trace: Any) -> str:
+        """Serves a trace already loaded in this process (a notebook's, say) under a name."""
+        with self._lock:
+            self._pinned[name] = trace
+            self._extras = {k: v for k, v in self._extras.items() if k[0] != name}
+        return name
 
     def derived(self, name: str, key: str, build: Callable[[Any], Any]) -> Any:
         """An object derived from a trace (such as its timeline index), built once and kept."""

@@ -25,28 +25,38 @@ def run(args: argparse.Namespace) -> int:
                  max_upload_bytes=int(args.max_upload_mb * 2**20))
 
 
+def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
+                    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, loader=None):
+    """Starts serving a trace or a folder of traces; returns the running server and its store."""
+    from neuron_explorer.webapp.app import AppContext, create_app
+    from neuron_explorer.webapp.server import DashboardServer
+    from neuron_explorer.webapp.trace_store import TraceStore, default_loader
+
+    if not target.exists():
+        raise NeuronExplorerError(f"{target} does not exist; pass a trace file or a folder of traces")
+    folder = target.parent if target.is_file() else target
+    store = TraceStore(folder, loader=loader or default_loader, max_upload_bytes=max_upload_bytes)
+    try:
+        if target.is_file():
+            default = target.resolve().relative_to(store.root).as_posix()
+            store.get(default)  # a bad file is reported now, as one line
+        else:
+            default = newest_trace(store)
+        server = DashboardServer(create_app(AppContext(store, default_trace=default)).server, host, port)
+    except BaseException:
+        store.close()
+        raise
+    return server.start(), store
+
+
 def serve(target: Path, host: str = "127.0.0.1", port: int = 8050, open_browser: bool = True,
           max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> int:
     """Serves a trace or a folder of traces until Ctrl-C."""
     import webbrowser
 
-    from neuron_explorer.webapp.app import AppContext, create_app
-    from neuron_explorer.webapp.server import DashboardServer
-    from neuron_explorer.webapp.trace_store import TraceStore
-
-    if not target.exists():
-        raise NeuronExplorerError(f"{target} does not exist; pass a trace file or a folder of traces")
-    if target.is_file():
-        store = TraceStore(target.parent, max_upload_bytes=max_upload_bytes)
-        default = target.resolve().relative_to(store.root).as_posix()
-        store.get(default)  # a bad file is reported now, as one line
-    else:
-        store = TraceStore(target, max_upload_bytes=max_upload_bytes)
-        default = newest_trace(store)
-    server = DashboardServer(create_app(AppContext(store, default_trace=default)).server, host, port)
-    server.start()
+    server, store = start_dashboard(target, host, port, max_upload_bytes)
     print(f"Neuron Explorer is serving {store.root} at {server.url}  (Ctrl-C to stop)", flush=True)
-    if default is None:
+    if not store.list_traces():
         print("No trace in that folder yet: upload one from the page.", flush=True)
     if open_browser:
         webbrowser.open(server.url)

@@ -1,0 +1,82 @@
+"""Every page renders for a full trace, and says what is missing for a trace that lacks data."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.io.json as pio_json
+import pytest
+from neuron_explorer.webapp.app import PAGES
+from neuron_explorer.webapp.timeline_figure import timeline_figure
+from neuron_explorer.webapp.timeline_index import TimelineIndex
+from synthetic_trace import make_trace
+
+
+def rendered(component) -> str:
+    """The JSON the browser would receive for a layout."""
+    return json.dumps(json.loads(pio_json.to_json_plotly(component)))
+
+
+class SparseTrace:
+    """What a CPU-only PyTorch-profiler trace gives: slices and threads, no device analyses."""
+
+    def __init__(self) -> None:
+        full = make_trace(n_steps=1, ops_per_step=8)
+        self.slices = full.slices[full.slices["track_id"] == 1].reset_index(drop=True)
+        self.tracks = full.tracks[full.tracks["track_id"] == 1]
+        self.counters = pd.DataFrame()
+        self.flows = pd.DataFrame()
+
+    def summary(self):
+        return {"hardware": None, "source_format": "kineto", "n_steps": 0}
+
+    def breakdown(self):
+        return pd.DataFrame(columns=["step", "side", "category", "ns", "share"])
+
+    def engine_utilisation(self, bin_ns=None):
+        raise KeyError("engine")  # an analysis failing must not break its page
+
+    def bottlenecks(self):
+        return []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.TITLE)
+def test_each_page_renders_a_full_trace(page, app_context):
+    trace = app_context.store.get("run_a.json")
+    text = rendered(page.layout(trace, "run_a.json", {"other": "run_b.json"}, app_context))
+    assert page.TITLE in text
+    assert "Could not" not in text and "has no" not in text or page.TITLE == "Compile"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.TITLE)
+def test_each_page_says_what_a_sparse_trace_lacks(page, app_context):
+    sparse = SparseTrace()
+    app_context.store.add("cpu.json", sparse)
+    text = rendered(page.layout(sparse, "cpu.json", {}, app_context))
+    assert page.TITLE in text
+    if page.TITLE in ("Engines", "Roofline", "Memory", "Compile"):
+        assert "notice" in text
+
+
+def test_overview_ranks_findings_and_links_them_to_the_timeline(app_context):
+    from neuron_explorer.webapp.pages import overview
+
+    text = rendered(overview.layout(app_context.store.get("run_a.json"), "run_a.json", {}, app_context))
+    first, second = text.index("The device waits on kernel launches"), text.index("loss.item()")
+    assert first < second
+    assert "/timeline?trace=run_a.json&start=" in text and "select=" in text
+
+
+def test_timeline_figure_payload_is_compact_typed_arrays():
+    trace = make_trace(n_steps=4, ops_per_step=2000)
+    index = TimelineIndex(trace.slices, trace.tracks, trace.counters)
+    window = index.query(index.start_ns, index.end_ns, 1600)
+    figure = timeline_figure(index, window, selected=int(trace.ops["id"].iloc[0]),
+                             flow_partners=[int(trace.kernels["id"].iloc[0])])
+    payload = json.loads(pio_json.to_json_plotly(figure))
+    bars = [t for t in payload["data"] if t["type"] == "bar"]
+    assert bars and all("bdata" in t["base"] for t in bars)
+    assert sum(len(t["text"]) for t in bars) == window.n_bars
+    assert len(payload["layout"]["shapes"]) == 2  # the selection outline and one flow line
+    assert len(json.dumps(payload)) < 2_000_000

@@ -1,0 +1,77 @@
+"""The trace store serves only files inside its folder, and uploads within a size limit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import synthetic_loader, write_synthetic
+from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, UploadError
+
+
+@pytest.fixture
+def store(trace_folder):
+    s = TraceStore(trace_folder, loader=synthetic_loader, max_loaded=2, max_upload_bytes=1000)
+    yield s
+    s.close()
+
+
+def test_lists_trace_files_in_the_folder(store, trace_folder):
+    (trace_folder / "notes.txt").write_text("not a trace")
+    (trace_folder / "sub").mkdir()
+    write_synthetic(trace_folder / "sub" / "c.pftrace")
+    assert store.list_traces() == ["corrupt.json", "run_a.json", "run_b.json", "sub/c.pftrace"]
+
+
+@pytest.mark.parametrize("name", [
+    "../outside.json", "sub/../../outside.json", "/etc/passwd", "..", "upload:../x.json",
+    "upload:/etc/passwd", "run_a.json\x00.png", "", "%2e%2e/outside.json",
+])
+def test_names_outside_the_folder_are_refused(store, trace_folder, name):
+    (trace_folder.parent / "outside.json").write_text("secret")
+    with pytest.raises(TraceNotFoundError):
+        store.get(name)
+
+
+def test_a_link_leading_out_of_the_folder_is_refused(store, trace_folder, tmp_path_factory):
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
+    write_synthetic(secret)
+    os.symlink(secret, trace_folder / "link.json")
+    with pytest.raises(TraceNotFoundError, match="outside the served folder"):
+        store.get("link.json")
+
+
+def test_a_corrupt_trace_raises_a_one_line_format_error(store):
+    with pytest.raises(TraceFormatError, match="corrupt.json"):
+        store.get("corrupt.json")
+
+
+def test_traces_are_loaded_once_and_the_oldest_is_dropped(store):
+    a = store.get("run_a.json")
+    assert store.get("run_a.json") is a
+    index = store.derived("run_a.json", "x", lambda t: object())
+    assert store.derived("run_a.json", "x", lambda t: object()) is index
+    store.get("run_b.json")
+    store.get("run_b.json")
+    write_synthetic(store.root / "run_c.json")
+    store.get("run_c.json")
+    assert store.get("run_a.json") is not a  # evicted with max_loaded=2, then reloaded
+
+
+def test_uploads_are_kept_outside_the_folder_and_size_limited(store, trace_folder):
+    data = write_synthetic(trace_folder / "tmp.json").read_bytes()
+    name = store.save_upload("../../evil name.json", data)
+    assert name == "upload:evilname.json"
+    assert store.get(name).steps.shape[0] == 3
+    assert not (trace_folder / "evilname.json").exists()
+    assert name in store.list_traces()
+    with pytest.raises(UploadError, match="upload limit"):
+        store.save_upload("big.json", b"x" * 1001)
+    with pytest.raises(UploadError):
+        store.save_upload("..", data)
+
+
+def test_a_missing_folder_is_a_user_error(tmp_path):
+    with pytest.raises(NeuronExplorerError, match="not a folder"):
+        TraceStore(tmp_path / "nope")
