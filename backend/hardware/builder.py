@@ -1,0 +1,287 @@
+"""Build a kernel from instructions with dependencies, then list-schedule it.
+
+Instructions are added in program order and may depend only on earlier ones. Each
+engine (and each DMA queue) runs its stream in order, so one pass in program order
+gives the exact schedule: an instruction starts when its engine is free and its
+dependencies are done. DMA transfers also share the 16 DMA engines and the core's
+HBM bandwidth; Tensor Engine work is slowed by the throttle ramp; a LoadStationary
+overlaps the matmul before it when it fits inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+from neuron_explorer.backend.hardware import costs
+from neuron_explorer.backend.hardware.kernel import DMA_QUEUES, FIRST_DMA, Kernel
+from neuron_explorer.backend.hardware.presets import HardwarePreset
+
+TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
+
+# scheduling kinds
+_PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA = range(5)
+
+MIN_DMA_CHUNK = 64 * 1024  # a load is split over several queues only in pieces this large
+
+
+class KernelBuilder:
+    """Collects a kernel's instructions; `build()` schedules them and returns a Kernel.
+
+    Every add method returns the instruction id (or, for DMA, the ids of its
+    transfers) to pass as `deps` to later instructions."""
+
+    def __init__(self, preset: HardwarePreset, name: str) -> None:
+        self.preset = preset
+        self.name = name
+        self._engine: list[int] = []
+        self._opcode: list[int] = []
+        self._cost: list[float] = []  # ns; for DMA: bytes per descriptor row
+        self._kind: list[int] = []
+        self._deps: list[tuple[int, ...]] = []
+        self._bytes: list[int] = []
+        self._flops: list[int] = []
+        self._gap: dict[int, float] = {}  # extra wait after deps (host compute in fallbacks)
+        self._opcodes: dict[str, int] = {}
+        self._next_queue = 0
+        self.model_flops = 0
+        self.hbm_read_bytes = 0
+        self.hbm_write_bytes = 0
+        self.spill_bytes = 0
+        self.sbuf_peak = 0
+        self.psum_peak = 0
+
+    def __len__(self) -> int:
+        return len(self._engine)
+
+    # --- low level -----------------------------------------------------------------
+    def add(self, engine: int, opcode: str, cost: float, deps: Iterable[int] = (),
+            nbytes: int = 0, flops: int = 0, kind: int = _PLAIN) -> int:
+        """Append one instruction; `cost` is its duration in ns (plain engines)."""
+        code = self._opcodes.get(opcode)
+        if code is None:
+            code = self._opcodes[opcode] = len(self._opcodes)
+        self._engine.append(engine)
+        self._opcode.append(code)
+        self._cost.append(cost)
+        self._kind.append(kind)
+        self._deps.append(tuple(deps))
+        self._bytes.append(int(nbytes))
+        self._flops.append(int(flops))
+        return len(self._engine) - 1
+
+    def add_model_flops(self, flops: int) -> None:
+        """FLOPs the op needs (without padding), multiply-add = 2."""
+        self.model_flops += int(flops)
+
+    def note_sbuf(self, nbytes: int) -> None:
+        """Record a working set held in SBUF at one time (the kernel keeps the peak)."""
+        self.sbuf_peak = max(self.sbuf_peak, int(nbytes))
+
+    def note_psum(self, nbytes: int) -> None:
+        self.psum_peak = max(self.psum_peak, int(nbytes))
+
+    def sbuf_fits(self, nbytes: int) -> bool:
+        return nbytes <= self.preset.sbuf_bytes
+
+    # --- DMA -----------------------------------------------------------------------
+    def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
+             kind: int, row_bytes: float | None = None) -> tuple[int, ...]:
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return ()
+        partitions = max(1, min(int(partitions), self.preset.partitions))
+        if row_bytes is None:  # one descriptor row per partition
+            row_bytes = nbytes / partitions
+        pieces = max(1, min(self.preset.dma_engines, nbytes // MIN_DMA_CHUNK, partitions))
+        deps = tuple(deps)
+        ids = []
+        done = 0
+        for i in range(pieces):
+            size = nbytes * (i + 1) // pieces - done
+            done += size
+            queue = self._next_queue
+            self._next_queue = (queue + 1) % DMA_QUEUES
+            ids.append(self.add(FIRST_DMA + queue, opcode, row_bytes, deps, nbytes=size,
+                                kind=kind))
+        return tuple(ids)
+
+    def dma_load(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+                 spill: bool = False, row_bytes: float | None = None) -> tuple[int, ...]:
+        """HBM -> SBUF; large loads are spread over several DMA queues and engines.
+        `spill=True` marks a reload of data that did not fit in SBUF; `row_bytes` is the
+        contiguous run per descriptor (default: the bytes per partition)."""
+        if spill:
+            self.spill_bytes += int(nbytes)
+        self.hbm_read_bytes += max(int(nbytes), 0)
+        opcode = "DmaReload" if spill else "DmaLoad"
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes)
+
+    def dma_store(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+                  spill: bool = False, row_bytes: float | None = None) -> tuple[int, ...]:
+        """SBUF -> HBM (`spill=True`: an intermediate written out because SBUF was full)."""
+        self.hbm_write_bytes += max(int(nbytes), 0)
+        opcode = "DmaSpill" if spill else "DmaStore"
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes)
+
+    def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
+                 ) -> tuple[int, ...]:
+        """HBM -> HBM, no engine involved (same-dtype copies)."""
+        self.hbm_read_bytes += max(int(nbytes), 0)
+        self.hbm_write_bytes += max(int(nbytes), 0)
+        return self._dma("DmaCopy", nbytes, partitions, deps, _DMA)
+
+    def host_transfer(self, opcode: str, nbytes: int, deps: Iterable[int] = (),
+                      wait_ns: float = 0.0) -> int:
+        """A transfer over the host link (host fallback), starting `wait_ns` after deps."""
+        queue = self._next_queue
+        self._next_queue = (queue + 1) % DMA_QUEUES
+        i = self.add(FIRST_DMA + queue, opcode, 1, deps, nbytes=max(int(nbytes), 0),
+                     kind=_HOST_DMA)
+        if wait_ns:
+            self._gap[i] = wait_ns
+        return i
+
+    # --- Tensor Engine -------------------------------------------------------------
+    def matmul(self, k: int, m: int, n: int, dtype: str, deps: Iterable[int] = (),
+               weight_deps: Iterable[int] = (), repeat: int = 1) -> int:
+        """LoadStationary [k<=128, m<=128] then MultiplyMoving [k, n<=512] into PSUM.
+
+        The array runs all 128x128 cells whatever k and m are, so executed FLOPs count
+        the padding. `repeat` folds that many consecutive k tiles into one instruction
+        pair (same time, fewer records) for very large matmuls."""
+        p = self.preset
+        ls = costs.load_stationary_ns(p, m, dtype) * repeat
+        self.add(TENSOR, "LoadStationary", ls, weight_deps, kind=_LOAD_STATIONARY)
+        mm = costs.matmul_ns(p, n, dtype) * repeat
+        hw_flops = 2 * p.te_rows * p.te_cols * n * repeat
+        return self.add(TENSOR, "MultiplyMoving", mm, deps, flops=hw_flops, kind=_MATMUL)
+
+    # --- Vector, Scalar, GpSimd ----------------------------------------------------
+    def vector(self, opcode: str, free: int, dtype: str, n_inputs: int = 1,
+               deps: Iterable[int] = (), flops: int = 0) -> int:
+        """One Vector Engine instruction over a [partitions, free] tile."""
+        return self.add(VECTOR, opcode, costs.vector_ns(self.preset, free, dtype, n_inputs),
+                        deps, flops=flops)
+
+    def scalar(self, opcode: str, free: int, dtype: str, n_inputs: int = 1,
+               deps: Iterable[int] = (), flops: int = 0) -> int:
+        """One Scalar (activation) Engine instruction over a [partitions, free] tile."""
+        return self.add(SCALAR, opcode, costs.scalar_ns(self.preset, free, dtype, n_inputs),
+                        deps, flops=flops)
+
+    def gpsimd(self, opcode: str, elements: int, dtype: str, deps: Iterable[int] = (),
+               cycles_per_element: float = 1.0, flops: int = 0) -> int:
+        """One GpSimd instruction over `elements` elements."""
+        ns = costs.gpsimd_ns(self.preset, elements, dtype, cycles_per_element)
+        return self.add(GPSIMD, opcode, ns, deps, flops=flops)
+
+    # --- scheduling ------------------------------------------------------------------
+    def build(self, fallback: bool = False) -> Kernel:
+        """List-schedule the instructions and return the Kernel (times relative to 0)."""
+        start, end = self._schedule()
+        n = len(start)
+        s = np.rint(np.asarray(start, dtype=np.float64)).astype(np.int64)
+        e = np.rint(np.asarray(end, dtype=np.float64)).astype(np.int64)
+        opcodes = tuple(sorted(self._opcodes, key=self._opcodes.__getitem__))
+        return Kernel(
+            self.name,
+            flops=sum(self._flops),
+            model_flops=self.model_flops,
+            hbm_read_bytes=self.hbm_read_bytes,
+            hbm_write_bytes=self.hbm_write_bytes,
+            spill_bytes=self.spill_bytes,
+            sbuf_bytes=self.sbuf_peak,
+            psum_bytes=self.psum_peak,
+            opcodes=opcodes,
+            engine=np.asarray(self._engine, dtype=np.int16).reshape(n),
+            opcode=np.asarray(self._opcode, dtype=np.int16).reshape(n),
+            start=s,
+            dur=e - s,
+            nbytes=np.asarray(self._bytes, dtype=np.int64).reshape(n),
+            iflops=np.asarray(self._flops, dtype=np.int64).reshape(n),
+            fallback=fallback,
+        )
+
+    def _schedule(self) -> tuple[list[float], list[float]]:
+        p = self.preset
+        n = len(self._engine)
+        start = [0.0] * n
+        end = [0.0] * n
+        free = [0.0] * (FIRST_DMA + DMA_QUEUES)  # in-order streams
+        dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
+        hbm_free = 0.0  # the core's HBM channel, served in issue order
+        host_free = 0.0  # the host link
+        te_active = 0.0  # Tensor Engine activity so far (throttle ramp)
+        mm_start = mm_end = 0.0  # the last MultiplyMoving
+        ls_end = 0.0
+        fixed = p.dma_fixed_ns
+        hbm_rate = p.hbm_bytes_per_ns
+        engines = self._engine
+        kinds = self._kind
+        costs_ = self._cost
+        deps_ = self._deps
+        nbytes = self._bytes
+        gaps = self._gap
+        for i in range(n):
+            deps = deps_[i]
+            ready = max([end[d] for d in deps]) if deps else 0.0
+            if gaps:
+                ready += gaps.get(i, 0.0)
+            kind = kinds[i]
+            e = engines[i]
+            if kind == _PLAIN:
+                s = max(free[e], ready)
+                f = s + costs_[i]
+            elif kind == _MATMUL:
+                s = max(ready, free[TENSOR], ls_end)
+                d = costs.throttled_ns(p, costs_[i], te_active)
+                te_active += d
+                f = s + d
+                mm_start, mm_end = s, f
+            elif kind == _LOAD_STATIONARY:
+                d = costs_[i] if te_active >= p.te_throttle_ramp_ns else \
+                    costs.throttled_ns(p, costs_[i], te_active)
+                # overlap the previous matmul when the load fits inside it
+                s = max(ready, ls_end, mm_start)
+                if s + d > mm_end:
+                    s = max(ready, free[TENSOR])
+                    te_active += d
+                f = s + d
+                ls_end = f
+            elif kind == _DMA:
+                s = max(free[e], ready)
+                q = e - FIRST_DMA
+                eng = q % p.dma_engines
+                size = nbytes[i]
+                data_start = max(s + fixed, dma_engine_free[eng])
+                dma_engine_free[eng] = data_start + costs.dma_data_ns(p, size, costs_[i])
+                hbm_start = max(data_start, hbm_free)
+                hbm_free = hbm_start + size / hbm_rate
+                f = max(dma_engine_free[eng], hbm_free)
+            else:  # _HOST_DMA
+                s = max(free[e], ready)
+                link_start = max(s + fixed, host_free)
+                host_free = link_start + nbytes[i] / p.host_link_bytes_per_ns
+                f = host_free
+            start[i] = s
+            end[i] = f
+            free[e] = max(free[e], f)
+        return start, end
+
+
+def tiles(total: int, size: int) -> list[int]:
+    """Split `total` into pieces of at most `size` (the last may be smaller)."""
+    if total <= 0:
+        return []
+    full, rest = divmod(total, size)
+    return [size] * full + ([rest] if rest else [])
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pad_to(x: int, multiple: int) -> int:
+    return math.ceil(x / multiple) * multiple

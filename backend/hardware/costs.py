@@ -1,0 +1,110 @@
+"""The timing rules of one instruction on one engine, in ns (HARDWARE.md "Timing rules").
+
+Pure functions of the preset and the instruction's size; the builder combines them
+with dependencies, in-order engines, shared DMA engines and HBM into a schedule.
+"""
+
+from __future__ import annotations
+
+import math
+
+from neuron_explorer.backend.hardware.presets import (
+    FP8_DTYPES,
+    HALF_DTYPES,
+    HardwarePreset,
+    te_rate_factor,
+)
+from neuron_explorer.backend.hardware.specs import dtype_bytes
+
+
+def matmul_ns(p: HardwarePreset, moving_free: int, dtype: str) -> float:
+    """MultiplyMoving: issue interval max(N, 64) cycles; FP32 about 4x, FP8 faster."""
+    cycles = max(moving_free, p.te_min_issue_cycles)
+    return cycles / te_rate_factor(p, dtype) / p.te_clock_ghz
+
+
+def load_stationary_ns(p: HardwarePreset, stationary_free: int, dtype: str) -> float:
+    """LoadStationary: up to 4x faster than a matmul of the same size."""
+    return matmul_ns(p, stationary_free, dtype) / p.te_load_speedup
+
+
+def _lanes(p: HardwarePreset, dtype: str, lanes: int, lanes_16bit: int) -> int:
+    if dtype in HALF_DTYPES or dtype in FP8_DTYPES:
+        return lanes_16bit
+    return lanes
+
+
+def vector_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1,
+              accesses: int | None = None) -> float:
+    """Vector Engine: N cycles per input operand (N = free size per partition, scaled by
+    lanes beyond 128), plus a fixed cost and a cost per SBUF/PSUM access."""
+    lanes = _lanes(p, dtype, p.vector_lanes, p.vector_lanes_16bit)
+    cycles = free * max(n_inputs, 1) * p.partitions / lanes
+    if accesses is None:
+        accesses = max(n_inputs, 1) + 1
+    cycles += p.engine_fixed_cycles + p.engine_access_cycles * accesses
+    return cycles / p.vector_clock_ghz
+
+
+def scalar_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> float:
+    """Scalar (activation) Engine: one pass over the free size per input, same overheads."""
+    lanes = _lanes(p, dtype, p.scalar_lanes, p.scalar_lanes_16bit)
+    cycles = free * max(n_inputs, 1) * p.partitions / lanes
+    cycles += p.engine_fixed_cycles + p.engine_access_cycles * (max(n_inputs, 1) + 1)
+    return cycles / p.scalar_clock_ghz
+
+
+def gpsimd_ns(p: HardwarePreset, elements: int, dtype: str, cycles_per_element: float = 1.0
+              ) -> float:
+    """GpSimd: 8 general-purpose cores with 512-bit SIMD; `cycles_per_element` per lane."""
+    lanes = p.gpsimd_cores * p.gpsimd_simd_bits // (8 * _bytes(dtype))
+    cycles = math.ceil(elements / lanes) * cycles_per_element
+    cycles += p.engine_fixed_cycles + p.engine_access_cycles * 2
+    return cycles / p.gpsimd_clock_ghz
+
+
+def _bytes(dtype: str) -> int:
+    return max(1, min(dtype_bytes(dtype), 4))
+
+
+def dma_efficiency(p: HardwarePreset, bytes_per_partition: float) -> float:
+    """Fraction of an engine's bandwidth a transfer reaches: each partition row is one
+    descriptor element with a fixed cost, so rows under a few KiB waste time; full rate
+    from `dma_saturation_bytes` per partition on."""
+    if bytes_per_partition >= p.dma_saturation_bytes:
+        return 1.0
+    per_row_overhead = 256.0  # bytes' worth of time per descriptor element
+    sat = p.dma_saturation_bytes
+    eff = (bytes_per_partition / (bytes_per_partition + per_row_overhead)) * (
+        (sat + per_row_overhead) / sat
+    )
+    return max(eff, 0.02)
+
+
+def dma_data_ns(p: HardwarePreset, nbytes: int, row_bytes: float) -> float:
+    """Time one DMA engine spends moving `nbytes` in contiguous rows of `row_bytes`."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / (p.dma_engine_bytes_per_ns * dma_efficiency(p, row_bytes))
+
+
+def throttled_ns(p: HardwarePreset, nominal_ns: float, active_ns: float) -> float:
+    """Wall time of `nominal_ns` of Tensor Engine work starting after `active_ns` of
+    activity, while the rate ramps linearly from `te_throttle_start` to 1 over
+    `te_throttle_ramp_ns` (trn2/trn3 throttling)."""
+    s = p.te_throttle_start
+    ramp = p.te_throttle_ramp_ns
+    if s >= 1.0 or active_ns >= ramp:
+        return nominal_ns
+    c = (1.0 - s) / (2.0 * ramp)
+
+    def work(a: float) -> float:  # nominal work done after `a` ns of activity
+        return s * a + c * a * a
+
+    done = work(active_ns)
+    left_in_ramp = work(ramp) - done
+    if nominal_ns >= left_in_ramp:
+        return (ramp - active_ns) + (nominal_ns - left_in_ramp)
+    target = done + nominal_ns
+    end = (-s + math.sqrt(s * s + 4.0 * c * target)) / (2.0 * c)
+    return end - active_ns

@@ -1,0 +1,152 @@
+"""A lowered kernel: its totals and its instruction schedule, relative to kernel start.
+
+The schedule is stored as parallel numpy arrays (compact for kernels with thousands
+of instructions); per-instruction tuples are built only when `instructions()` is
+called, i.e. when engine-level recording wants them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+DMA_QUEUES = 32  # queues a kernel spreads its transfers over: 2 on each of the 16 engines
+ENGINE_NAMES: tuple[str, ...] = ENGINES + tuple(f"dma.{q}" for q in range(DMA_QUEUES))
+FIRST_DMA = len(ENGINES)
+BUSY_KEYS = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+
+class Kernel:
+    """One kernel: what it costs and, per instruction, when each engine runs what."""
+
+    __slots__ = (
+        "_bytes",
+        "_dur",
+        "_engine",
+        "_flops",
+        "_opcode",
+        "_opcodes",
+        "_start",
+        "duration_ns",
+        "engine_busy_ns",
+        "fallback",
+        "flops",
+        "hbm_bytes",
+        "hbm_read_bytes",
+        "hbm_write_bytes",
+        "model_flops",
+        "name",
+        "psum_bytes",
+        "sbuf_bytes",
+        "spill_bytes",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        flops: int,
+        model_flops: int,
+        hbm_read_bytes: int,
+        hbm_write_bytes: int,
+        spill_bytes: int,
+        sbuf_bytes: int,
+        psum_bytes: int,
+        opcodes: tuple[str, ...],
+        engine: np.ndarray,
+        opcode: np.ndarray,
+        start: np.ndarray,
+        dur: np.ndarray,
+        nbytes: np.ndarray,
+        iflops: np.ndarray,
+        fallback: bool = False,
+    ) -> None:
+        self.name = name
+        self.flops = int(flops)
+        self.model_flops = int(model_flops)
+        self.hbm_read_bytes = int(hbm_read_bytes)
+        self.hbm_write_bytes = int(hbm_write_bytes)
+        self.hbm_bytes = self.hbm_read_bytes + self.hbm_write_bytes
+        self.spill_bytes = int(spill_bytes)  # HBM bytes re-read because SBUF was full
+        self.sbuf_bytes = int(sbuf_bytes)
+        self.psum_bytes = int(psum_bytes)
+        self.fallback = fallback
+        self._opcodes = opcodes
+        self._engine = engine
+        self._opcode = opcode
+        self._start = start
+        self._dur = dur
+        self._bytes = nbytes
+        self._flops = iflops
+        end = start + dur
+        self.duration_ns = int(end.max()) if len(end) else 0
+        self.engine_busy_ns = _busy(engine, start, end)
+
+    def __len__(self) -> int:
+        return len(self._start)
+
+    def __repr__(self) -> str:
+        return (
+            f"Kernel({self.name!r}, {self.duration_ns} ns, {len(self)} instructions, "
+            f"flops={self.flops}, hbm_bytes={self.hbm_bytes})"
+        )
+
+    def instructions(self) -> list[tuple[str, str, int, int, int, int]]:
+        """(engine, opcode, rel_start_ns, dur_ns, bytes, flops) per instruction, in issue order.
+
+        On the tensor engine a LoadStationary may nest inside the MultiplyMoving it
+        overlaps (weights load while the previous matmul runs)."""
+        names = ENGINE_NAMES
+        ops = self._opcodes
+        return [
+            (names[e], ops[o], s, d, b, f)
+            for e, o, s, d, b, f in zip(
+                self._engine.tolist(),
+                self._opcode.tolist(),
+                self._start.tolist(),
+                self._dur.tolist(),
+                self._bytes.tolist(),
+                self._flops.tolist(),
+            )
+        ]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The schedule as numpy arrays: engine (index into ENGINE_NAMES), opcode (index
+        into `opcodes`), start, dur, bytes, flops; for bulk consumers."""
+        return {
+            "engine": self._engine,
+            "opcode": self._opcode,
+            "start": self._start,
+            "dur": self._dur,
+            "bytes": self._bytes,
+            "flops": self._flops,
+        }
+
+    @property
+    def opcodes(self) -> tuple[str, ...]:
+        return self._opcodes
+
+
+def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of [start, end) intervals."""
+    if len(start) == 0:
+        return 0
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    e = np.maximum.accumulate(end[order])
+    # a new run begins where the start passes every earlier end
+    prev_end = np.concatenate(([s[0]], e[:-1]))
+    gaps = np.maximum(s - prev_end, 0)
+    return int(e[-1] - s[0] - gaps.sum())
+
+
+def _busy(engine: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict[str, int]:
+    busy = dict.fromkeys(BUSY_KEYS, 0)
+    for idx, key in enumerate(ENGINES):
+        mask = engine == idx
+        if mask.any():
+            busy[key] = _union_ns(start[mask], end[mask])
+    mask = engine >= FIRST_DMA
+    if mask.any():
+        busy["dma"] = _union_ns(start[mask], end[mask])
+    return busy

@@ -1,0 +1,170 @@
+"""Lowerings of matmul-like ops onto GEMMs: mm/addmm/bmm/baddbmm/matmul/linear/mv/dot,
+convolutions (implicit GEMM) and scaled dot product attention (two GEMMs around a
+softmax that stays in SBUF)."""
+
+from __future__ import annotations
+
+import math
+
+from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
+from neuron_explorer.backend.hardware.gemm import Gemm, emit_gemm
+from neuron_explorer.backend.hardware.lower_pointwise import outputs_of
+from neuron_explorer.backend.hardware.specs import OpSpec, TensorSpec
+from neuron_explorer.backend.hardware.streaming import act, stream, vec
+
+MAX_ATTENTION_ITERATIONS = 64  # batch*heads iterations emitted; more are folded together
+
+
+def _out_dtype(spec: OpSpec, default: str) -> str:
+    outs = outputs_of(spec)
+    return outs[0].dtype if spec.outputs else default
+
+
+def _mat(t: TensorSpec) -> tuple[int, int]:
+    """Rows and columns of the last two dims (a vector is one row)."""
+    if len(t.shape) >= 2:
+        return t.shape[-2], t.shape[-1]
+    return 1, (t.shape[0] if t.shape else 1)
+
+
+def lower_mm(b: KernelBuilder, spec: OpSpec, bias_first: bool = False) -> None:
+    """mm / addmm / bmm / baddbmm / matmul: batch = leading dims of the result."""
+    ins = spec.inputs[1:] if bias_first else spec.inputs
+    bias = spec.inputs[0] if bias_first and spec.inputs else None
+    a, w = ins[0], ins[1]
+    m, k = _mat(a)
+    if len(w.shape) >= 2:
+        n = w.shape[-1]
+    else:  # matmul(A, v): one output column
+        n = 1
+    if len(a.shape) == 1:
+        m = 1
+    batch = max(a.numel // max(m * k, 1), w.numel // max(k * n, 1), 1)
+    dtype = a.dtype
+    g = Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=_out_dtype(spec, dtype), batch=batch,
+             a_bytes=a.nbytes // batch, b_bytes=w.nbytes // max(w.numel // max(k * n, 1), 1),
+             bias_bytes=(bias.nbytes // batch if bias is not None else 0))
+    emit_gemm(b, g)
+
+
+def lower_linear(b: KernelBuilder, spec: OpSpec) -> None:
+    """linear(x [*, K], W [N, K], bias [N]) = x @ W^T + bias."""
+    x, w = spec.inputs[0], spec.inputs[1]
+    bias = spec.inputs[2] if len(spec.inputs) > 2 else None
+    k = x.shape[-1] if x.shape else 1
+    n = w.shape[0] if len(w.shape) == 2 else 1
+    m = max(x.numel // max(k, 1), 1)
+    emit_gemm(b, Gemm(m=m, k=k, n=n, dtype=x.dtype, out_dtype=_out_dtype(spec, x.dtype),
+                      a_bytes=x.nbytes, b_bytes=w.nbytes,
+                      bias_bytes=bias.nbytes if bias is not None else 0))
+
+
+def lower_dot(b: KernelBuilder, spec: OpSpec) -> None:
+    """dot/vdot: a 1 x K x 1 product (the Tensor Engine runs it, mostly idle)."""
+    x = spec.inputs[0]
+    k = x.numel
+    emit_gemm(b, Gemm(m=1, k=k, n=1, dtype=x.dtype, out_dtype=_out_dtype(spec, x.dtype)))
+
+
+def _conv_dims(inp: TensorSpec, weight: TensorSpec, out: TensorSpec | None, groups: int
+               ) -> tuple[int, int, int, int]:
+    """(batch=groups, M = N*out_spatial, K = C/g * kernel, Nout = O/g) of the implicit GEMM."""
+    o = weight.shape[0]
+    c_per_group = weight.shape[1] if len(weight.shape) > 1 else 1
+    kernel = math.prod(weight.shape[2:])
+    if out is not None and len(out.shape) >= 2:
+        rows = out.numel // max(out.shape[1], 1)
+    else:
+        rows = inp.numel // max(inp.shape[1] if len(inp.shape) > 1 else 1, 1)
+    return groups, rows, c_per_group * kernel, max(o // groups, 1)
+
+
+def lower_convolution(b: KernelBuilder, spec: OpSpec) -> None:
+    """convolution as an implicit GEMM: the input is read once from HBM and unfolded
+    into K = C*kh*kw rows in SBUF by the DMA access pattern."""
+    inp, weight = spec.inputs[0], spec.inputs[1]
+    bias = spec.inputs[2] if len(spec.inputs) > 2 and len(spec.inputs[2].shape) == 1 else None
+    groups = int(spec.attr("groups", 1) or 1)
+    out = spec.outputs[0] if spec.outputs else None
+    batch, m, k, n = _conv_dims(inp, weight, out, groups)
+    emit_gemm(b, Gemm(m=m, k=k, n=n, dtype=inp.dtype, out_dtype=_out_dtype(spec, inp.dtype),
+                      batch=batch, a_bytes=inp.nbytes // batch, b_bytes=weight.nbytes // batch,
+                      bias_bytes=(bias.nbytes // batch if bias is not None else 0)))
+
+
+def lower_convolution_backward(b: KernelBuilder, spec: OpSpec) -> None:
+    """convolution_backward(grad_out, input, weight): grad_input and grad_weight GEMMs
+    (each as large as the forward) and a reduction for grad_bias, per output_mask."""
+    grad, inp, weight = spec.inputs[0], spec.inputs[1], spec.inputs[2]
+    groups = int(spec.attr("groups", 1) or 1)
+    mask = tuple(spec.attr("output_mask", (True, True, True)))
+    batch, m, k, n = _conv_dims(inp, weight, grad, groups)
+    if mask[0]:  # grad_input = grad_out (M x O) @ W (O x C*kk)
+        emit_gemm(b, Gemm(m=m, k=n, n=k, dtype=grad.dtype, out_dtype=inp.dtype, batch=batch,
+                          a_bytes=grad.nbytes // batch, b_bytes=weight.nbytes // batch,
+                          bias_bytes=0))
+    if len(mask) > 1 and mask[1]:  # grad_weight = grad_out^T (O x M) @ unfold(input)
+        emit_gemm(b, Gemm(m=n, k=m, n=k, dtype=grad.dtype, out_dtype=weight.dtype,
+                          batch=batch, a_bytes=grad.nbytes // batch,
+                          b_bytes=inp.nbytes // batch))
+    if len(mask) > 2 and mask[2]:
+        stream(b, grad.numel, grad.dtype, [vec("TensorReduce", 1, 1.0)], inputs=[grad.nbytes],
+               small_outputs=[weight.shape[0] * grad.itemsize])
+
+
+def _attention_dims(spec: OpSpec) -> tuple[int, int, int, int, int, str]:
+    """(batch*heads, L, S, E, Ev, dtype) from q [.., L, E], k [.., S, E], v [.., S, Ev]."""
+    q, k, v = spec.inputs[0], spec.inputs[1], spec.inputs[2]
+    lq, e = _mat(q)
+    s = k.shape[-2] if len(k.shape) >= 2 else 1
+    ev = v.shape[-1] if v.shape else 1
+    heads = max(q.numel // max(lq * e, 1), 1)
+    return heads, lq, s, e, ev, q.dtype
+
+
+def lower_attention(b: KernelBuilder, spec: OpSpec) -> None:
+    """SDPA forward, flash style: per (batch, head) scores = q k^T stay in PSUM/SBUF, the
+    softmax runs on Vector+Scalar, then P v; only q, k, v and the output touch HBM."""
+    heads, lq, s, e, ev, dtype = _attention_dims(spec)
+    q, k, v = spec.inputs[0], spec.inputs[1], spec.inputs[2]
+    out_dtype = _out_dtype(spec, dtype)
+    fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
+    for nb in tiles(heads, fold):
+        scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
+                                   a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
+                                   store=False))
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
+        emit_gemm(b, Gemm(m=lq, k=s, n=ev, dtype=dtype, out_dtype=out_dtype, batch=nb,
+                          a_bytes=0, b_bytes=v.nbytes // heads, load_a=False), deps=probs)
+    for extra in spec.outputs[1:2]:  # logsumexp, when the op returns it
+        b.dma_store(extra.nbytes, min(128, max(extra.numel, 1)))
+
+
+def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
+    """SDPA backward (flash style): recompute scores, then dV = P^T dO, dP = dO V^T,
+    dS = softmax backward, dQ = dS K, dK = dS^T Q: five GEMMs per head."""
+    grad_out = spec.inputs[0]
+    sub = spec.replace(inputs=spec.inputs[1:4])
+    heads, lq, s, e, ev, dtype = _attention_dims(sub)
+    q, k, v = spec.inputs[1], spec.inputs[2], spec.inputs[3]
+    fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
+    for nb in tiles(heads, fold):
+        per = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
+        scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, a_bytes=q.nbytes // heads,
+                                   b_bytes=k.nbytes // heads, store=False, **per))
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
+        dv = emit_gemm(b, Gemm(m=s, k=lq, n=ev, a_bytes=0, load_a=False,
+                               b_bytes=grad_out.nbytes // heads, **per), deps=probs)
+        dp = emit_gemm(b, Gemm(m=lq, k=ev, n=s, a_bytes=0, load_a=False,
+                               b_bytes=v.nbytes // heads, store=False, **per), deps=probs)
+        ds = stream(b, lq * s * nb, dtype, _SOFTMAX_BACKWARD_STEPS, deps=dp,
+                    resident_inputs=2)
+        emit_gemm(b, Gemm(m=lq, k=s, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
+                          **per), deps=ds)
+        emit_gemm(b, Gemm(m=s, k=lq, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
+                          **per), deps=ds + dv)
+
+
+_SOFTMAX_STEPS = [vec("TensorReduce", 1, 1.0), act("Activation", 1, 3.0),
+                  vec("TensorScalar", 1, 1.0)]
+_SOFTMAX_BACKWARD_STEPS = [vec("TensorTensorReduce", 2, 2.0), vec("TensorTensor", 2, 2.0)]

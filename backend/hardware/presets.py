@@ -1,0 +1,276 @@
+"""Hardware presets: the published figures of one NeuronCore of trn1, trn2 and trn3.
+
+Every figure the cost model uses lives here and nowhere else. Sources: the AWS
+Neuron SDK architecture guides (NKI `trainium*_arch`, `neuron-core-v2/v3/v4`),
+the NKI performance and DMA guides. Where two sources disagree the choice is
+noted next to the field. Peak rates are built from array size x clock, never
+copied from chip totals (chip TFLOPS are not exactly cores x per-core TFLOPS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_explorer.errors import NeuronExplorerError
+
+GiB = 1 << 30
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+class UnknownPresetError(NeuronExplorerError, ValueError):
+    """A hardware preset name that is not one of PRESETS."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        valid = ", ".join(sorted(PRESETS))
+        super().__init__(f"unknown hardware preset {name!r}: choose one of {valid}")
+
+
+@dataclass(frozen=True)
+class HardwarePreset:
+    """The figures of one NeuronCore (one `neuron` device) and of the chip it sits on."""
+
+    name: str  # "trn2"
+    chip_name: str  # "Trainium2"
+    core_name: str  # "NeuronCore-v3"
+    cores_per_chip: int
+    partitions: int  # SBUF/PSUM rows = engine lanes of the Tensor Engine array
+    te_rows: int  # systolic array (contraction dim, on partitions)
+    te_cols: int  # systolic array (stationary free dim = output partitions)
+    te_clock_ghz: float
+    te_fp32_slowdown: float  # FP32 matmuls cost this many times a BF16 one
+    te_fp8_speedup: float  # FP8 matmuls run this many times a BF16 one
+    te_min_issue_cycles: int  # issue interval = max(N, this) cycles
+    te_moving_free_max: int  # moving tile free size (columns) per MultiplyMoving
+    te_load_speedup: float  # LoadStationary is this many times faster than a matmul
+    te_throttle_start: float  # Tensor Engine rate at the start of activity (1.0: no ramp)
+    te_throttle_ramp_ns: float  # activity time to reach full rate
+    vector_clock_ghz: float
+    vector_lanes: int  # for 32-bit and other dtypes
+    vector_lanes_16bit: int  # for BF16/FP16 (and FP8 where supported)
+    scalar_clock_ghz: float
+    scalar_lanes: int
+    scalar_lanes_16bit: int
+    gpsimd_clock_ghz: float
+    gpsimd_cores: int
+    gpsimd_simd_bits: int
+    engine_fixed_cycles: int  # fixed cost of a Vector/Scalar/GpSimd instruction
+    engine_access_cycles: int  # cost of each SBUF/PSUM operand access
+    sbuf_bytes: int
+    psum_bytes: int
+    psum_banks: int
+    dma_engines: int
+    dma_queues_per_engine: int
+    dma_engine_bytes_per_ns: float  # per DMA engine; x engines = the core's DMA bandwidth
+    dma_fixed_ns: float  # fixed cost of one transfer
+    dma_saturation_bytes: int  # bytes per partition at which a transfer reaches full rate
+    hbm_bytes: int  # this core's share of the chip's HBM
+    hbm_bytes_per_ns: float  # this core's share of the chip's HBM bandwidth (GB/s == B/ns)
+    sbuf_to_hbm_bandwidth_ratio: float
+    chip_hbm_bytes: int
+    chip_hbm_bytes_per_ns: float
+    neuronlink_bytes_per_ns: float
+    launch_latency_ns: int  # device-side delay from a launch to the earliest kernel start
+    host_launch_overhead_ns: int  # host time the runtime spends per kernel launch
+    host_link_bytes_per_ns: float  # host <-> device transfers (host fallback)
+    host_fallback_fixed_ns: int  # host round trip per fallback op (sync, runtime)
+    host_compute_bytes_per_ns: float  # host memory rate assumed for fallback compute
+
+    # --- derived figures -------------------------------------------------------------
+    @property
+    def sbuf_partition_bytes(self) -> int:
+        return self.sbuf_bytes // self.partitions
+
+    @property
+    def psum_partition_bytes(self) -> int:
+        return self.psum_bytes // self.partitions
+
+    @property
+    def psum_bank_fp32(self) -> int:
+        """FP32 accumulators per partition in one PSUM bank (512)."""
+        return self.psum_partition_bytes // self.psum_banks // 4
+
+    @property
+    def dma_bytes_per_ns(self) -> float:
+        return self.dma_engine_bytes_per_ns * self.dma_engines
+
+    @property
+    def memory_bytes_per_ns(self) -> float:
+        """What a streaming kernel can reach: the lower of HBM and DMA bandwidth."""
+        return min(self.hbm_bytes_per_ns, self.dma_bytes_per_ns)
+
+    def te_peak_flops(self, dtype: str = "bfloat16") -> float:
+        """Dense Tensor Engine peak in FLOP/s for `dtype` (multiply-add = 2)."""
+        base = 2.0 * self.te_rows * self.te_cols * self.te_clock_ghz * 1e9
+        return base * te_rate_factor(self, dtype)
+
+    def figures(self) -> dict:
+        """JSON-able peak figures, for trace metadata and the explorer's roofline."""
+        return {
+            "preset": self.name,
+            "chip": self.chip_name,
+            "core": self.core_name,
+            "cores_per_chip": self.cores_per_chip,
+            "tensor_peak_flops": {
+                dt: self.te_peak_flops(dt)
+                for dt in ("bfloat16", "float16", "float8_e4m3fn", "float32")
+            },
+            "hbm_bytes_per_s": self.hbm_bytes_per_ns * 1e9,
+            "hbm_bytes": self.hbm_bytes,
+            "dma_bytes_per_s": self.dma_bytes_per_ns * 1e9,
+            "memory_bytes_per_s": self.memory_bytes_per_ns * 1e9,
+            "sbuf_bytes": self.sbuf_bytes,
+            "psum_bytes": self.psum_bytes,
+            "psum_banks": self.psum_banks,
+            "partitions": self.partitions,
+            "dma_engines": self.dma_engines,
+            "dma_queues_per_engine": self.dma_queues_per_engine,
+            "clocks_ghz": {
+                "tensor": self.te_clock_ghz,
+                "vector": self.vector_clock_ghz,
+                "scalar": self.scalar_clock_ghz,
+                "gpsimd": self.gpsimd_clock_ghz,
+            },
+            "vector_lanes": {"16bit": self.vector_lanes_16bit, "other": self.vector_lanes},
+            "scalar_lanes": {"16bit": self.scalar_lanes_16bit, "other": self.scalar_lanes},
+            "launch_latency_ns": self.launch_latency_ns,
+            "host_launch_overhead_ns": self.host_launch_overhead_ns,
+            "chip_hbm_bytes": self.chip_hbm_bytes,
+            "chip_hbm_bytes_per_s": self.chip_hbm_bytes_per_ns * 1e9,
+            "neuronlink_bytes_per_s": self.neuronlink_bytes_per_ns * 1e9,
+        }
+
+
+FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+HALF_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+def te_rate_factor(preset: HardwarePreset, dtype: str) -> float:
+    """Tensor Engine throughput for `dtype` relative to BF16."""
+    if dtype in HALF_DTYPES:
+        return 1.0
+    if dtype in FP8_DTYPES:
+        return preset.te_fp8_speedup
+    return 1.0 / preset.te_fp32_slowdown  # FP32 and anything else runs on the FP32 path
+
+
+# Figures shared by all three generations (HARDWARE.md: "same" across the row).
+_COMMON = {
+    "partitions": 128,
+    "te_rows": 128,
+    "te_cols": 128,
+    "te_fp32_slowdown": 4.0,
+    "te_min_issue_cycles": 64,
+    "te_moving_free_max": 512,
+    "te_load_speedup": 4.0,
+    "te_throttle_ramp_ns": 3000.0,
+    "engine_fixed_cycles": 100,
+    "engine_access_cycles": 60,
+    "gpsimd_cores": 8,
+    "gpsimd_simd_bits": 512,
+    "psum_bytes": 2 * MiB,
+    "psum_banks": 8,
+    "dma_engines": 16,
+    "dma_queues_per_engine": 16,
+    "dma_fixed_ns": 1300.0,
+    "dma_saturation_bytes": 4 * KiB,
+    "sbuf_to_hbm_bandwidth_ratio": 20.0,
+    # A kernel's descriptors reach the engines a couple of microseconds after the
+    # runtime call returns; no published figure, a modelling choice.
+    "launch_latency_ns": 2_000,
+    # Published traces of single NKI kernels on trn1 show 40-60 us of host overhead per
+    # launch; 50 us is used for every generation (no later figure is published).
+    "host_launch_overhead_ns": 50_000,
+    # Host fallback: PCIe Gen4/5 x16 class link and a host memory rate; modelling choices.
+    "host_link_bytes_per_ns": 25.0,
+    "host_fallback_fixed_ns": 20_000,
+    "host_compute_bytes_per_ns": 10.0,
+}
+
+
+def _preset(**kw) -> HardwarePreset:
+    fields = dict(_COMMON)
+    fields.update(kw)
+    cores = fields["cores_per_chip"]
+    fields["hbm_bytes"] = fields["chip_hbm_bytes"] // cores
+    fields["hbm_bytes_per_ns"] = fields["chip_hbm_bytes_per_ns"] / cores
+    return HardwarePreset(**fields)
+
+
+PRESETS: dict[str, HardwarePreset] = {
+    "trn1": _preset(
+        name="trn1",
+        chip_name="Trainium",
+        core_name="NeuronCore-v2",
+        cores_per_chip=2,
+        te_clock_ghz=2.8,  # 2 * 128 * 128 * 2.8 GHz = 91.8 TFLOPS BF16
+        te_fp8_speedup=1.0,  # FP8 runs at the BF16 rate on NeuronCore-v2
+        te_throttle_start=1.0,  # throttling is documented for trn2/trn3 only
+        vector_clock_ghz=1.12,
+        vector_lanes=128,
+        vector_lanes_16bit=128,
+        scalar_clock_ghz=1.4,
+        scalar_lanes=128,
+        scalar_lanes_16bit=128,
+        gpsimd_clock_ghz=1.4,
+        sbuf_bytes=24 * MiB,
+        dma_engine_bytes_per_ns=17.0,  # 272 GB/s per core
+        chip_hbm_bytes=32 * GiB,
+        chip_hbm_bytes_per_ns=820.0,
+        neuronlink_bytes_per_ns=384.0,
+    ),
+    "trn2": _preset(
+        name="trn2",
+        chip_name="Trainium2",
+        core_name="NeuronCore-v3",
+        cores_per_chip=8,
+        te_clock_ghz=2.4,  # 2 * 128 * 128 * 2.4 GHz = 78.6 TFLOPS BF16
+        te_fp8_speedup=2.0,  # 158 TFLOPS FP8
+        te_throttle_start=0.5,
+        vector_clock_ghz=0.96,
+        vector_lanes=256,
+        vector_lanes_16bit=512,
+        scalar_clock_ghz=1.2,
+        scalar_lanes=128,
+        scalar_lanes_16bit=128,
+        gpsimd_clock_ghz=1.2,
+        sbuf_bytes=28 * MiB,
+        dma_engine_bytes_per_ns=23.0,  # 368 GB/s per core
+        chip_hbm_bytes=96 * GiB,
+        # The Trainium2 guide says 2.9 TB/s, another guide 3 TB/s: 2.9 TB/s is used
+        # (362.5 GB/s per core).
+        chip_hbm_bytes_per_ns=2900.0,
+        neuronlink_bytes_per_ns=1280.0,
+    ),
+    "trn3": _preset(
+        name="trn3",
+        chip_name="Trainium3",
+        core_name="NeuronCore-v4",
+        cores_per_chip=8,
+        te_clock_ghz=2.4,
+        te_fp8_speedup=4.0,  # 315 TFLOPS MXFP8
+        te_throttle_start=0.5,
+        vector_clock_ghz=1.2,
+        vector_lanes=256,
+        vector_lanes_16bit=512,
+        scalar_clock_ghz=1.2,
+        scalar_lanes=128,
+        scalar_lanes_16bit=256,
+        gpsimd_clock_ghz=1.2,
+        sbuf_bytes=32 * MiB,
+        dma_engine_bytes_per_ns=33.0,  # 528 GB/s per core
+        chip_hbm_bytes=144 * GiB,
+        # The Trainium3 guide says 4.9 TB/s, another guide 4.7 TB/s: 4.9 TB/s is used.
+        chip_hbm_bytes_per_ns=4900.0,
+        neuronlink_bytes_per_ns=2560.0,
+    ),
+}
+
+
+def get_preset(name: str) -> HardwarePreset:
+    """The preset called `name` ("trn1", "trn2", "trn3"); UnknownPresetError otherwise."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise UnknownPresetError(str(name)) from None

@@ -1,0 +1,131 @@
+"""What an op asks of the device: tensor shapes, dtypes and attributes, hashable.
+
+An `OpSpec` is the cache key of a lowered kernel, so it hashes once at
+construction and compares cheaply; attribute dicts are frozen into sorted tuples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+# bytes per element; names as torch prints them without the "torch." prefix
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
+_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32"}
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """'torch.float32', torch.float32 or 'float' -> 'float32'."""
+    name = str(dtype)
+    name = name.removeprefix("torch.")
+    return _ALIASES.get(name, name)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Element size of `dtype` in bytes (4 for names this table does not know)."""
+    size = DTYPE_BYTES.get(dtype)
+    if size is None:
+        size = DTYPE_BYTES.get(normalize_dtype(dtype), 4)
+    return size
+
+
+class TensorSpec(NamedTuple):
+    """Shape and dtype of one tensor an op reads or writes."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype_bytes(self.dtype)
+
+
+def _freeze(value: Any) -> Any:
+    """Make an attribute value hashable: lists become tuples, dicts sorted item tuples."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(value))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class OpSpec:
+    """One aten op on the device: name ("aten::mm"), input and output tensors, attributes."""
+
+    __slots__ = ("_hash", "_key", "attrs", "inputs", "name", "outputs")
+
+    def __init__(
+        self,
+        name: str,
+        inputs: tuple[TensorSpec, ...] = (),
+        outputs: tuple[TensorSpec, ...] = (),
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in attrs.items())) if attrs else ()
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "outputs", tuple(outputs))
+        object.__setattr__(self, "attrs", dict(frozen))
+        key = (name, self.inputs, self.outputs, frozen)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("OpSpec is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, OpSpec) and self._hash == other._hash and self._key == other._key
+
+    def __repr__(self) -> str:
+        return (
+            f"OpSpec(name={self.name!r}, inputs={self.inputs!r}, outputs={self.outputs!r}, "
+            f"attrs={self.attrs!r})"
+        )
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        """Attribute `key`, or `default` when the op did not set it."""
+        return self.attrs.get(key, default)
+
+    def replace(self, **changes: Any) -> OpSpec:
+        """A copy with some fields changed (used to split `_foreach_*` ops per tensor)."""
+        fields = {"name": self.name, "inputs": self.inputs, "outputs": self.outputs,
+                  "attrs": self.attrs}
+        fields.update(changes)
+        return OpSpec(**fields)
