@@ -1,0 +1,49 @@
+"""MFU, HFU and MBU per step, as Neuron's profiler defines them.
+
+MFU = model FLOPs / (peak FLOP/s x step time); HFU counts the FLOPs the hardware
+executed (padding included); MBU = HBM bytes moved / (peak bandwidth x step time).
+The peak is the Tensor Engine's BF16 dense rate of the trace's hardware. Without
+hardware figures (a PyTorch-profiler trace) the ratios are NaN.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.step_breakdown import step_windows
+from neuron_explorer.peaks import hbm_bandwidth, peak_flops
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["step", "dur", "flops", "hw_flops", "bytes", "mfu", "hfu", "mbu"]
+
+
+def efficiency(trace: Trace) -> pd.DataFrame:
+    """One row per step (or one for the whole trace when it has no steps)."""
+    win = step_windows(trace)
+    if not len(win):
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in COLUMNS})
+    k = trace.kernels
+    steps = win["step"].to_numpy()
+    if len(k) and len(trace.steps):
+        g = k.groupby("step")[["flops", "hw_flops", "bytes"]].sum()
+        sums = g.reindex(steps, fill_value=0)
+    elif len(k):
+        sums = pd.DataFrame([k[["flops", "hw_flops", "bytes"]].sum()], index=steps)
+    else:
+        sums = pd.DataFrame(0, index=steps, columns=["flops", "hw_flops", "bytes"])
+    dur_s = win["dur"].to_numpy(np.float64) / 1e9
+    peak = peak_flops(trace.hardware_figures)
+    bw = hbm_bandwidth(trace.hardware_figures)
+    frame = pd.DataFrame({"step": steps, "dur": win["dur"].to_numpy(np.int64),
+                          "flops": sums["flops"].to_numpy(np.int64),
+                          "hw_flops": sums["hw_flops"].to_numpy(np.int64),
+                          "bytes": sums["bytes"].to_numpy(np.int64)})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["mfu"] = frame["flops"] / (peak * dur_s) if peak else np.nan
+        frame["hfu"] = frame["hw_flops"] / (peak * dur_s) if peak else np.nan
+        frame["mbu"] = frame["bytes"] / (bw * dur_s) if bw else np.nan
+    return frame[COLUMNS]

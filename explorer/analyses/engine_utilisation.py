@@ -1,0 +1,98 @@
+"""How busy each engine is over time, in bins: utilisation = busy time / bin width.
+
+Engine-level traces use the instructions on each engine and DMA queue. Without
+instructions, a kernel's per-engine busy time is spread evenly over the kernel.
+A trace with no engine data at all (PyTorch profiler) reports one pseudo-engine,
+`device`: the time any kernel runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.tables import ENGINES
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["ts", "device", "engine", "utilisation"]
+DEFAULT_BINS = 200
+
+
+def _bins(lo: int, hi: int, bin_ns: int | None) -> np.ndarray:
+    span = max(hi - lo, 1)
+    width = int(bin_ns) if bin_ns else max(span // DEFAULT_BINS, 1)
+    return np.arange(lo, hi, width, dtype=np.int64), width
+
+
+def engine_utilisation(trace: Trace, bin_ns: int | None = None) -> pd.DataFrame:
+    """Utilisation per device, engine and time bin (0..1)."""
+    k = trace.kernels
+    ins = trace.instructions
+    if not len(k) and not len(ins):
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+    source = ins if len(ins) else k
+    lo = int(source["ts"].min())
+    hi = int((source["ts"] + source["dur"]).max())
+    starts, width = _bins(lo, hi, bin_ns)
+    ends = starts + width
+    frames = []
+    devices = sorted(set(source["device"].tolist()))
+    for device in devices:
+        if len(ins):
+            di = ins[ins["device"] == device]
+            engines = di["engine"].map(lambda e: "dma" if str(e).startswith("dma") else e)
+            for engine, part in di.groupby(engines.to_numpy()):
+                u = Union(part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy())
+                frames.append((device, engine, u.covered(starts, ends) / width))
+            continue
+        dk = k[k["device"] == device]
+        k0 = dk["ts"].to_numpy(np.int64)
+        k1 = k0 + dk["dur"].to_numpy(np.int64)
+        has_engines = any(dk[f"busy_{e}"].sum() > 0 for e in (*ENGINES, "dma"))
+        if not has_engines:
+            u = Union(k0, k1)
+            frames.append((device, "device", u.covered(starts, ends) / width))
+            continue
+        for engine in (*ENGINES, "dma"):
+            busy = dk[f"busy_{engine}"].to_numpy(np.float64)
+            rate = np.divide(busy, k1 - k0, out=np.zeros(len(busy)), where=k1 > k0)
+            # busy(bin) = sum over kernels of rate * overlap(kernel, bin)
+            util = np.zeros(len(starts))
+            for a, b, r in zip(k0[busy > 0], k1[busy > 0], rate[busy > 0], strict=True):
+                first = max(int((a - lo) // width), 0)
+                last = min(int((b - 1 - lo) // width), len(starts) - 1)
+                seg0 = np.maximum(starts[first:last + 1], a)
+                seg1 = np.minimum(ends[first:last + 1], b)
+                util[first:last + 1] += r * np.clip(seg1 - seg0, 0, None)
+            frames.append((device, engine, np.minimum(util / width, 1.0)))
+    rows = [pd.DataFrame({"ts": starts, "device": device, "engine": engine, "utilisation": util})
+            for device, engine, util in frames]
+    return pd.concat(rows, ignore_index=True)[COLUMNS]
+
+
+def engine_busy_totals(trace: Trace) -> pd.DataFrame:
+    """Total busy ns per device and engine over the whole trace (for diffs and rules)."""
+    ins = trace.instructions
+    rows = []
+    if len(ins):
+        engines = ins["engine"].map(lambda e: "dma" if str(e).startswith("dma") else e)
+        for (device, engine), part in ins.groupby([ins["device"], engines.to_numpy()]):
+            u = Union(part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy())
+            rows.append((int(device), str(engine), u.total))
+    elif len(trace.kernels):
+        k = trace.kernels
+        for device, dk in k.groupby("device"):
+            total = 0
+            for engine in (*ENGINES, "dma"):
+                ns = int(dk[f"busy_{engine}"].sum())
+                total += ns
+                if ns:
+                    rows.append((int(device), engine, ns))
+            if not total:
+                u = Union(dk["ts"].to_numpy(), (dk["ts"] + dk["dur"]).to_numpy())
+                rows.append((int(device), "device", u.total))
+    return pd.DataFrame(rows, columns=["device", "engine", "busy_ns"])

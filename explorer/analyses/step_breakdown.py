@@ -1,0 +1,132 @@
+"""Where each step's time goes, on the device and on the host.
+
+Device side (partitions the step): compute time split by engine in proportion to
+each kernel's engine busy time (`kernel` when the trace has no engine data),
+`dma_only` (only copies or DMA running), and `idle`.
+Host side (partitions the step, by priority): `sync` (waiting on the device),
+`dataloader`, `compile`, `op_dispatch` (inside op calls), `python` (the rest).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.tables import ENGINES
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["step", "side", "category", "ns", "share"]
+HOST_CATEGORIES = ("sync", "dataloader", "compile", "op_dispatch", "python")
+HOST_KINDS = {"sync": ("sync",), "dataloader": ("dataloader",), "compile": ("compile",),
+              "op_dispatch": ("op", "runtime")}
+
+
+def step_windows(trace: Trace) -> pd.DataFrame:
+    """Steps to analyse; a trace without steps is one window over its whole span."""
+    if len(trace.steps):
+        return trace.steps[["step", "ts", "dur"]]
+    s = trace.base_slices
+    if not len(s):
+        return pd.DataFrame({"step": [], "ts": [], "dur": []}, dtype="int64")
+    lo = int(s["ts"].min())
+    hi = int((s["ts"] + s["dur"]).max())
+    return pd.DataFrame({"step": [-1], "ts": [lo], "dur": [hi - lo]})
+
+
+def _spans(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    ts = frame["ts"].to_numpy(np.int64)
+    return ts, ts + frame["dur"].to_numpy(np.int64)
+
+
+def is_dma_kernel(k: pd.DataFrame) -> np.ndarray:
+    """Kernels that only move data: copies/memsets, or busy only on DMA queues."""
+    compute = sum(k[f"busy_{e}"].to_numpy() for e in ENGINES)
+    return (k["kind"].to_numpy() != "kernel") | ((compute == 0) & (k["busy_dma"].to_numpy() > 0))
+
+
+def host_slices(trace: Trace) -> pd.DataFrame:
+    """Slices on host tracks."""
+    host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"]
+    s = trace.base_slices
+    return s[s["track_id"].isin(host_tracks)]
+
+
+def _device_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
+    a = win["ts"].to_numpy(np.int64)
+    b = a + win["dur"].to_numpy(np.int64)
+    k = trace.kernels
+    rows: list[tuple] = []
+    steps = win["step"].to_numpy()
+    if not len(k):
+        for st, d in zip(steps, b - a, strict=True):
+            rows.append((st, "device", "idle", int(d)))
+        return rows
+    dma = is_dma_kernel(k)
+    comp_u = Union(*_spans(k[~dma]))
+    all_u = Union(*_spans(k))
+    compute = comp_u.covered(a, b)
+    dma_only = all_u.covered(a, b) - compute
+    idle = (b - a) - all_u.covered(a, b)
+    ck = k[~dma]
+    engine_cols = [f"busy_{e}" for e in ENGINES]
+    busy = ck[engine_cols].to_numpy(np.float64)
+    has_engines = busy.sum() > 0
+    k0, k1 = _spans(ck)
+    for i, st in enumerate(steps):
+        if has_engines and compute[i] > 0:
+            overlap = np.clip(np.minimum(k1, b[i]) - np.maximum(k0, a[i]), 0, None)
+            frac = np.divide(overlap, k1 - k0, out=np.zeros(len(k0)), where=(k1 > k0))
+            weights = (busy * frac[:, None]).sum(axis=0)
+            split = weights / weights.sum() * compute[i] if weights.sum() else weights
+            parts = np.floor(split).astype(np.int64)
+            parts[int(np.argmax(split))] += int(compute[i] - parts.sum())  # keep the sum exact
+            for e, ns in zip(ENGINES, parts.tolist(), strict=True):
+                rows.append((st, "device", e, ns))
+        else:
+            rows.append((st, "device", "kernel", int(compute[i])))
+        rows.append((st, "device", "dma_only", int(dma_only[i])))
+        rows.append((st, "device", "idle", int(idle[i])))
+    return rows
+
+
+def _host_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
+    a = win["ts"].to_numpy(np.int64)
+    b = a + win["dur"].to_numpy(np.int64)
+    hs = host_slices(trace)
+    kinds = hs["kind"].to_numpy()
+    spans: list[tuple[np.ndarray, np.ndarray]] = []
+    previous = np.zeros(len(a), np.int64)
+    rows: list[tuple] = []
+    per_cat: dict[str, np.ndarray] = {}
+    for cat in HOST_CATEGORIES[:-1]:
+        spans.append(_spans(hs[np.isin(kinds, HOST_KINDS[cat])]))
+        cov = Union.of(*spans).covered(a, b)
+        per_cat[cat] = cov - previous
+        previous = cov
+    per_cat["python"] = (b - a) - previous
+    for i, st in enumerate(win["step"].to_numpy()):
+        for cat in HOST_CATEGORIES:
+            rows.append((st, "host", cat, int(per_cat[cat][i])))
+    return rows
+
+
+def breakdown(trace: Trace) -> pd.DataFrame:
+    """Long-form breakdown of every step: step, side, category, ns, share of the step."""
+    win = step_windows(trace)
+    if not len(win):
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c == "share" else
+                                          ("int64" if c in ("step", "ns") else object))
+                             for c in COLUMNS})
+    rows = _device_rows(trace, win) + _host_rows(trace, win)
+    frame = pd.DataFrame(rows, columns=COLUMNS[:4])
+    frame["step"] = frame["step"].astype("int64")
+    frame["ns"] = frame["ns"].astype("int64")
+    dur = win.set_index("step")["dur"]
+    denom = dur.reindex(frame["step"]).to_numpy(np.float64)
+    frame["share"] = np.divide(frame["ns"].to_numpy(np.float64), denom,
+                               out=np.zeros(len(frame)), where=denom > 0)
+    return frame

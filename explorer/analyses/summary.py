@@ -1,0 +1,50 @@
+"""The headline numbers of a trace, as one flat dict."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from neuron_explorer.analyses.step_breakdown import step_windows
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+
+def _median(values: Any) -> float | None:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.median(values)) if values else None
+
+
+def summary(trace: Trace) -> dict[str, Any]:
+    """hardware, source_format, n_steps, step_time_ns (median), total_ns, mfu, hfu, mbu,
+    device_busy_share, n_ops, n_kernels, and counts of slices by kind."""
+    s = trace.base_slices
+    win = step_windows(trace)
+    eff = trace.efficiency()
+    bd = trace.breakdown()
+    dev = bd[bd["side"] == "device"]
+    busy = dev.loc[dev["category"] != "idle", "ns"].sum()
+    total = int(win["dur"].sum()) if len(win) else 0
+    span = int((s["ts"] + s["dur"]).max() - s["ts"].min()) if len(s) else 0
+    return {
+        "path": trace.path,
+        "hardware": trace.hardware,
+        "source_format": trace.source_format,
+        "n_steps": len(trace.steps),
+        "step_time_ns": _median(trace.steps["dur"].tolist()) if len(trace.steps) else None,
+        "total_ns": total,
+        "span_ns": span,
+        "mfu": _median(eff["mfu"].tolist()),
+        "hfu": _median(eff["hfu"].tolist()),
+        "mbu": _median(eff["mbu"].tolist()),
+        "device_busy_share": float(busy / total) if total and len(trace.kernels) else 0.0,
+        "n_ops": len(trace.ops),
+        "n_kernels": int((trace.kernels["kind"] == "kernel").sum()) if len(trace.kernels) else 0,
+        "n_instructions": len(trace.instructions),
+        "n_slices": len(s),
+        "devices": sorted(int(d) for d in trace.tracks["device"].unique() if d >= 0),
+        "counts": {str(k): int(v) for k, v in s["kind"].value_counts().items()},
+        "skipped": dict(trace.skipped),
+    }

@@ -1,0 +1,299 @@
+"""Derived tables: steps, ops, kernels, instructions and modules from the loaded slices.
+
+Our traces carry the details in slice args (docs/trace-format.md). PyTorch-profiler
+traces fill the same tables from what they hold: outermost `cpu_op`s become ops,
+device kernels and copies become kernels, linked to the op whose runtime call
+launched them through the `correlation` id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import trace_format as tf
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+STEP_COLUMNS = ["step", "ts", "dur", "id", "track_id"]
+OP_COLUMNS = ["id", "ts", "dur", "name", "op_id", "kernel_id", "device_dur", "flops", "bytes",
+              "shapes", "dtypes", "module", "source", "fallback", "step", "device", "graph_id",
+              "kernel_count", "track_id"]
+KERNEL_COLUMNS = ["id", "ts", "dur", "name", "kernel_id", "op_id", "device", "flops", "hw_flops",
+                  "bytes", "step", "kind", "fallback", "sbuf_bytes", "psum_bytes", "busy_tensor",
+                  "busy_vector", "busy_scalar", "busy_gpsimd", "busy_dma", "op_slice_id"]
+INSTRUCTION_COLUMNS = ["id", "ts", "dur", "engine", "opcode", "bytes", "flops", "kernel_id",
+                       "device", "kind"]
+MODULE_COLUMNS = ["id", "ts", "dur", "module", "phase", "depth", "step"]
+ENGINES = ("tensor", "vector", "scalar", "gpsimd")
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+_STEP_IN_NAME = re.compile(r"(\d+)\s*$")
+
+
+def empty(columns: list[str]) -> pd.DataFrame:
+    """An empty table with the given columns."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def num(values: np.ndarray, default: float = 0, dtype: str = "int64") -> np.ndarray:
+    """Object values to numbers (default where missing or not a number)."""
+    out = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").fillna(default)
+    return out.to_numpy().astype(dtype)
+
+
+def text(values: np.ndarray) -> np.ndarray:
+    """Object values to strings ('' where missing)."""
+    return np.asarray(["" if v is None else str(v) for v in values.tolist()], dtype=object)
+
+
+def flag(values: np.ndarray) -> np.ndarray:
+    """Object values to bools (true, 1, 'true')."""
+    return np.asarray([v is True or v == 1 or str(v).lower() == "true" for v in values.tolist()],
+                      dtype=bool)
+
+
+def of_kind(trace: Trace, *kinds: str) -> pd.DataFrame:
+    """Slices (without args) of the given kinds."""
+    s = trace.base_slices
+    return s[s["kind"].isin(kinds)]
+
+
+def assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Step number whose host range holds each time (-1: outside every step)."""
+    if not len(steps) or not len(ts):
+        return np.full(len(ts), -1, np.int64)
+    st = steps.sort_values("ts")
+    starts = st["ts"].to_numpy(np.int64)
+    ends = starts + st["dur"].to_numpy(np.int64)
+    i = np.searchsorted(starts, ts, side="right") - 1
+    ok = (i >= 0) & (ts < ends[np.maximum(i, 0)])
+    return np.where(ok, st["step"].to_numpy(np.int64)[np.maximum(i, 0)], -1)
+
+
+def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
+                     outermost: bool = False) -> np.ndarray:
+    """Nearest (or outermost) ancestor of each slice whose kind is in `kinds` (-1: none)."""
+    s = trace.base_slices
+    parent = s["parent_id"].to_numpy()
+    match = s["kind"].isin(kinds).to_numpy()
+    found = np.full(len(ids), -1, np.int64)
+    cur = parent[ids] if len(ids) else np.zeros(0, np.int64)
+    for _ in range(256):
+        live = cur >= 0
+        if not live.any():
+            break
+        hit = live & match[np.maximum(cur, 0)]
+        if outermost:
+            found = np.where(hit, cur, found)
+        else:
+            found = np.where(hit & (found < 0), cur, found)
+        cur = np.where(live, parent[np.maximum(cur, 0)], -1)
+    return found
+
+
+def derive_steps(trace: Trace) -> pd.DataFrame:
+    s = of_kind(trace, "step")
+    if not len(s):
+        return empty(STEP_COLUMNS).astype("int64")
+    ids = s["id"].to_numpy()
+    step = num(trace.args.column(tf.ARG_STEP, ids), default=-1)
+    missing = step < 0
+    if missing.any():
+        names = s["name"].to_numpy()[missing]
+        parsed = [int(m.group(1)) if (m := _STEP_IN_NAME.search(str(n))) else -1 for n in names]
+        step[missing] = parsed
+    if (step < 0).any():  # numbers nowhere to be found: count in time order
+        step = np.arange(len(s))
+    frame = pd.DataFrame({"step": step, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
+                          "id": ids, "track_id": s["track_id"].to_numpy()})
+    return frame.sort_values("ts", ignore_index=True)
+
+
+def _device_of_tracks(trace: Trace, track_ids: np.ndarray) -> np.ndarray:
+    dev = trace.tracks.set_index("track_id")["device"]
+    return dev.reindex(track_ids).fillna(-1).to_numpy().astype(np.int64)
+
+
+def derive_kernels(trace: Trace) -> pd.DataFrame:
+    s = of_kind(trace, *DEVICE_KINDS)
+    if not len(s):
+        return empty(KERNEL_COLUMNS)
+    ids = s["id"].to_numpy()
+    col = trace.args.column
+    out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
+                        "name": s["name"].to_numpy()})
+    device = num(col(tf.ARG_DEVICE, ids), default=-1)
+    track_dev = _device_of_tracks(trace, s["track_id"].to_numpy())
+    out["device"] = np.where(track_dev >= 0, track_dev, device)
+    out["kind"] = s["kind"].to_numpy()
+    out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
+    out["sbuf_bytes"] = num(col(tf.ARG_SBUF, ids))
+    out["psum_bytes"] = num(col(tf.ARG_PSUM, ids))
+    busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
+    for i, raw in enumerate(col(tf.ARG_ENGINE_BUSY, ids).tolist()):
+        if raw:
+            try:
+                parsed = raw if isinstance(raw, dict) else json.loads(raw)
+            except ValueError:
+                continue
+            for engine, ns in parsed.items():
+                key = "dma" if str(engine).startswith("dma") else str(engine)
+                if key in busy:
+                    busy[key][i] += int(ns)
+    for e, v in busy.items():
+        out[f"busy_{e}"] = v
+    if trace.source_format == "kineto_json":
+        _kineto_kernel_links(trace, s, out)
+    else:
+        out["kernel_id"] = num(col(tf.ARG_KERNEL_ID, ids), default=-1)
+        out["op_id"] = num(col(tf.ARG_OP_ID, ids), default=-1)
+        out["flops"] = num(col(tf.ARG_FLOPS, ids))
+        hw = num(col(tf.ARG_HW_FLOPS, ids), default=-1)
+        out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
+        out["bytes"] = num(col(tf.ARG_BYTES, ids))
+        out["step"] = num(col(tf.ARG_STEP, ids), default=-1)
+        op_s = of_kind(trace, "op")["id"].to_numpy()
+        by_op = pd.Series(op_s, index=num(col(tf.ARG_OP_ID, op_s), default=-1))
+        by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
+        out["op_slice_id"] = by_op.reindex(out["op_id"].to_numpy()).fillna(-1).to_numpy(np.int64)
+    no_step = out["step"].to_numpy() < 0
+    if no_step.any():
+        out.loc[no_step, "step"] = assign_steps(out["ts"].to_numpy()[no_step], trace.steps)
+    return out[KERNEL_COLUMNS].sort_values("ts", ignore_index=True)
+
+
+def _kineto_kernel_links(trace: Trace, s: pd.DataFrame, out: pd.DataFrame) -> None:
+    """Kernel -> runtime call (same correlation) -> outermost cpu_op that made the call."""
+    col = trace.args.column
+    ids = s["id"].to_numpy()
+    corr = num(col("correlation", ids), default=-1)
+    out["kernel_id"] = corr
+    out["flops"] = 0
+    out["hw_flops"] = 0
+    out["bytes"] = num(col("bytes", ids))
+    rt = of_kind(trace, "runtime", "sync")
+    rt_corr = num(col("correlation", rt["id"].to_numpy()), default=-1)
+    by_corr = pd.Series(rt["id"].to_numpy(), index=rt_corr)
+    by_corr = by_corr[(by_corr.index >= 0) & ~by_corr.index.duplicated()]
+    runtime = by_corr.reindex(corr).fillna(-1).to_numpy(np.int64)
+    op_slice = np.full(len(ids), -1, np.int64)
+    has = runtime >= 0
+    op_slice[has] = ancestor_of_kind(trace, runtime[has], ("op",), outermost=True)
+    out["op_slice_id"] = op_slice
+    ext = num(col("External id", np.maximum(op_slice, 0)), default=-1)
+    out["op_id"] = np.where(op_slice >= 0, np.where(ext >= 0, ext, op_slice), -1)
+    launch_ts = trace.base_slices["ts"].to_numpy()[np.maximum(runtime, 0)]
+    step = assign_steps(np.where(has, launch_ts, out["ts"].to_numpy()), trace.steps)
+    out["step"] = step
+
+
+def derive_ops(trace: Trace) -> pd.DataFrame:
+    s = of_kind(trace, "op")
+    if trace.source_format == "kineto_json" and len(s):
+        nested = ancestor_of_kind(trace, s["id"].to_numpy(), ("op",)) >= 0
+        s = s[~nested]
+    if not len(s):
+        return empty(OP_COLUMNS)
+    ids = s["id"].to_numpy()
+    col = trace.args.column
+    out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
+                        "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
+    if trace.source_format == "kineto_json":
+        ext = num(col("External id", ids), default=-1)
+        out["op_id"] = np.where(ext >= 0, ext, ids)
+        out["kernel_id"] = -1
+        out["flops"] = num(col("flops", ids))
+        out["bytes"] = 0
+        out["shapes"] = text(col("Input Dims", ids))
+        out["dtypes"] = text(col("Input type", ids))
+        out["module"] = ""
+        out["source"] = ""
+        out["fallback"] = False
+        out["step"] = -1
+        out["device"] = -1
+        out["graph_id"] = -1
+    else:
+        out["op_id"] = num(col(tf.ARG_OP_ID, ids), default=-1)
+        out["kernel_id"] = num(col(tf.ARG_KERNEL_ID, ids), default=-1)
+        out["flops"] = num(col(tf.ARG_FLOPS, ids))
+        out["bytes"] = num(col(tf.ARG_BYTES, ids))
+        for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
+            out[key] = text(col(key, ids))
+        out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
+        out["step"] = num(col(tf.ARG_STEP, ids), default=-1)
+        out["device"] = num(col(tf.ARG_DEVICE, ids), default=-1)
+        out["graph_id"] = num(col(tf.ARG_GRAPH_ID, ids), default=-1)
+    no_step = out["step"].to_numpy() < 0
+    if no_step.any():
+        out.loc[no_step, "step"] = assign_steps(out["ts"].to_numpy()[no_step], trace.steps)
+    out["device_dur"] = 0
+    out["kernel_count"] = 0
+    k = trace.kernels
+    if len(k):
+        linked = k[k["op_slice_id"] >= 0]
+        agg = linked.groupby("op_slice_id").agg(device_dur=("dur", "sum"), n=("dur", "size"))
+        out["device_dur"] = agg["device_dur"].reindex(ids).fillna(0).to_numpy(np.int64)
+        out["kernel_count"] = agg["n"].reindex(ids).fillna(0).to_numpy(np.int64)
+        if trace.source_format == "kineto_json":
+            first = linked.sort_values("ts").groupby("op_slice_id")["kernel_id"].first()
+            out["kernel_id"] = first.reindex(ids).fillna(-1).to_numpy(np.int64)
+    return out[OP_COLUMNS].sort_values("ts", ignore_index=True)
+
+
+def derive_instructions(trace: Trace) -> pd.DataFrame:
+    s = of_kind(trace, tf.CAT_INSTRUCTION, tf.CAT_DMA)
+    if not len(s):
+        return empty(INSTRUCTION_COLUMNS)
+    ids = s["id"].to_numpy()
+    col = trace.args.column
+    engine = text(col(tf.ARG_ENGINE, ids))
+    tracks = trace.tracks.set_index("track_id")["name"]
+    by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
+    track_names = tracks.reindex(s["track_id"].to_numpy()).fillna("").to_numpy()
+    kind = s["kind"].to_numpy()
+    for i in np.flatnonzero(engine == "").tolist():
+        engine[i] = by_track.get(track_names[i], "dma" if kind[i] == tf.CAT_DMA else "")
+    out = pd.DataFrame({
+        "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
+        "opcode": np.where(text(col(tf.ARG_OPCODE, ids)) == "", s["name"].to_numpy(),
+                           text(col(tf.ARG_OPCODE, ids))),
+        "bytes": num(col(tf.ARG_BYTES, ids)), "flops": num(col(tf.ARG_FLOPS, ids)),
+        "kernel_id": num(col(tf.ARG_KERNEL_ID, ids), default=-1),
+        "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,
+    })
+    return out.sort_values("ts", ignore_index=True)
+
+
+def derive_modules(trace: Trace) -> pd.DataFrame:
+    s = of_kind(trace, tf.CAT_MODULE, tf.CAT_BACKWARD)
+    if not len(s):
+        return empty(MODULE_COLUMNS)
+    ids = s["id"].to_numpy()
+    col = trace.args.column
+    module = text(col(tf.ARG_MODULE, ids))
+    names = s["name"].to_numpy()
+    module = np.where(module == "", [str(n).removeprefix("nn.Module: ") for n in names], module)
+    phase = text(col(tf.ARG_PHASE, ids))
+    phase = np.where(phase == "", np.where(s["category"].to_numpy() == tf.CAT_BACKWARD,
+                                           "backward", "forward"), phase)
+    out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
+                        "module": module, "phase": phase})
+    # depth among modules: how many module slices enclose this one
+    depth = np.zeros(len(ids), np.int64)
+    cur = ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD))
+    while (cur >= 0).any():
+        depth += cur >= 0
+        nxt = np.full(len(cur), -1, np.int64)
+        live = cur >= 0
+        nxt[live] = ancestor_of_kind(trace, cur[live], (tf.CAT_MODULE, tf.CAT_BACKWARD))
+        cur = nxt
+    out["depth"] = depth
+    step = num(col(tf.ARG_STEP, ids), default=-1)
+    missing = step < 0
+    step[missing] = assign_steps(out["ts"].to_numpy()[missing], trace.steps)
+    out["step"] = step
+    return out[MODULE_COLUMNS].sort_values("ts", ignore_index=True)
