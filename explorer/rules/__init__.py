@@ -1,1 +1,47 @@
-"""rules."""
+"""Bottleneck rules: one module per rule, each `check(trace) -> list[Finding]`.
+
+Thresholds live in `thresholds.py`. A rule that needs data the trace lacks (no
+engines in a PyTorch-profiler trace, no hardware figures) returns no findings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.rules import (
+    compile_dominates,
+    dataloader_stall,
+    engine_imbalance,
+    fp32_matmul,
+    host_bound,
+    host_device_copies,
+    host_fallback,
+    memory_bound_ops,
+    memory_capacity,
+    recompilation,
+    small_dma,
+    sync_in_step,
+    tensor_engine_padding,
+)
+from neuron_explorer.rules.finding import Finding
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
+         memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
+         recompilation, compile_dominates, memory_capacity)
+RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
+SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def run_rules(trace: Trace) -> list[Finding]:
+    """Every rule's findings, ranked by time lost (then severity)."""
+    findings: list[Finding] = []
+    for rule in RULES:
+        findings.extend(rule.check(trace))
+    findings.sort(key=lambda f: (-f.time_lost_ns, SEVERITY_RANK[f.severity]))
+    return findings
+
+
+__all__ = ["RULES", "RULE_IDS", "Finding", "run_rules"]

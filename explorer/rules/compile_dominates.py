@@ -1,0 +1,30 @@
+"""Compile time dominating the recorded run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "compile_dominates"
+
+
+def check(trace: Trace) -> list[Finding]:
+    cs = trace.compile_summary()
+    total = int(cs["totals"]["compile_ns"].iloc[0])
+    span = trace.summary()["span_ns"]
+    if not total or not span or total < th.COMPILE_DOMINANT_SHARE * span:
+        return []
+    graphs = cs["graphs"].sort_values("dur", ascending=False)
+    items = [evidence(r.ts, r.dur, [], f"graph {r.graph_id} ({r.name}) compiled in "
+                      f"{r.dur / 1e6:.3g} ms") for r in graphs.itertuples()]
+    return [make(
+        trace, RULE_ID, f"Compilation takes {total / span:.0%} of the run", total, items,
+        f"{len(graphs)} graphs took {total / 1e6:.3g} ms to compile out of a "
+        f"{span / 1e6:.3g} ms run: the steps recorded are too few to pay it back.",
+        "Compile once and run many steps (profile after warm-up), cache compiled graphs "
+        "between runs, and remove the recompiles and graph breaks that multiply compile work.")]

@@ -1,0 +1,73 @@
+"""A bottleneck finding, and the helpers every rule uses to build one."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from neuron_explorer.rules import thresholds as th
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+
+@dataclass
+class Finding:
+    """One bottleneck: what, how much time it costs, where (evidence), and what to change."""
+
+    rule_id: str
+    title: str
+    severity: str  # "high" | "medium" | "low"
+    time_lost_ns: int
+    share_of_step: float  # 0..1
+    evidence: list[dict[str, Any]] = field(default_factory=list)  # ts, dur, slice_ids, description
+    explanation: str = ""
+    recommendation: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field."""
+        return asdict(self)
+
+
+def evidence(ts: int, dur: int, slice_ids: list[int], description: str) -> dict[str, Any]:
+    """One evidence item: a time range, the slices in it and what they show."""
+    return {"ts": int(ts), "dur": int(dur), "slice_ids": [int(i) for i in slice_ids],
+            "description": description}
+
+
+def severity(share: float) -> str:
+    """Severity from the share of step time lost."""
+    if share >= th.SEVERITY_HIGH_SHARE:
+        return "high"
+    if share >= th.SEVERITY_MEDIUM_SHARE:
+        return "medium"
+    return "low"
+
+
+def step_time(trace: Trace) -> float:
+    """The total analysed step time in ns (the trace's span without steps)."""
+    from neuron_explorer.analyses.statistics import total_step_ns
+
+    return total_step_ns(trace)
+
+
+def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
+         evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
+         severity_override: str | None = None) -> Finding:
+    """A finding with its share of step time and severity filled in."""
+    total = step_time(trace)
+    share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
+    return Finding(rule_id=rule_id, title=title,
+                   severity=severity_override or severity(share),
+                   time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),
+                   evidence=evidence_items[: th.MAX_EVIDENCE], explanation=explanation,
+                   recommendation=recommendation)
+
+
+def us(ns: float) -> str:
+    """A duration for messages: '1.2 ms', '35 us'."""
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.3g} us"
+    return f"{int(ns)} ns"

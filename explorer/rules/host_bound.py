@@ -1,0 +1,34 @@
+"""Host-bound device: the device idles between kernels because the host launches too slowly."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "host_bound"
+
+
+def check(trace: Trace) -> list[Finding]:
+    gaps = trace.idle_reasons()
+    host = gaps[gaps["reason"] == "host_launch"]
+    lost = float(host["dur"].sum())
+    if not len(host) or lost < th.HOST_BOUND_MIN_SHARE * step_time(trace):
+        return []
+    names = trace.base_slices["name"]
+    items = [evidence(r.ts, r.dur, [r.next_slice_id],
+                      f"device idle {us(r.dur)} until the host launched {names[r.next_slice_id]}")
+             for r in host.sort_values("dur", ascending=False).itertuples()]
+    median = float(host["dur"].median())
+    return [make(
+        trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", lost, items,
+        f"In {len(host)} gaps (median {us(median)}) the next kernel was launched only after the "
+        "device had gone idle: the host spends longer issuing each op than the device spends "
+        "running it, so the device is starved.",
+        "Launch fewer, larger kernels: wrap the model or the training step in torch.compile so "
+        "ops fuse into a few kernels per graph, or increase the batch size so each launch does "
+        "more work; keep Python work (logging, metric math) out of the hot loop.")]

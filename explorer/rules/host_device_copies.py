@@ -1,0 +1,65 @@
+"""Host<->device copies in every step (inputs re-uploaded, results pulled back)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.tables import text
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "host_device_copies"
+COPY_OPS = {"aten::_copy_from", "aten::_to_copy", "aten::copy_", "aten::to"}
+CROSSING = re.compile(r"htod|dtoh|h2d|d2h|host_to_device|device_to_host|to_host|to_device",
+                      re.IGNORECASE)
+
+
+def copies(trace: Trace) -> pd.DataFrame:
+    """Copies between host and device: ts, dur, id, step, name."""
+    parts = []
+    k = trace.kernels
+    if len(k):
+        kc = k[(k["kind"] == "memcpy") | k["name"].str.contains(CROSSING)]
+        kc = kc[~kc["name"].str.contains("DtoD", case=False)]
+        parts.append(kc[["ts", "dur", "id", "step", "name"]])
+    ops = trace.ops
+    if len(ops) and trace.source_format != "kineto_json":
+        oc = ops[ops["name"].isin(COPY_OPS)]
+        direction = text(trace.args.column("direction", oc["id"].to_numpy()))
+        oc = oc[direction != "device_to_device"]
+        dur = np.maximum(oc["dur"].to_numpy(), oc["device_dur"].to_numpy())
+        parts.append(pd.DataFrame({"ts": oc["ts"].to_numpy(), "dur": dur, "id": oc["id"].to_numpy(),
+                                   "step": oc["step"].to_numpy(), "name": oc["name"].to_numpy()}))
+    if not parts:
+        return pd.DataFrame(columns=["ts", "dur", "id", "step", "name"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def check(trace: Trace) -> list[Finding]:
+    steps = trace.steps
+    c = copies(trace)
+    if not len(c) or not len(steps):
+        return []
+    c = c[c["step"] >= 0]
+    steps_with = c["step"].nunique()
+    lost = float(c["dur"].sum())
+    if (steps_with < th.COPY_MIN_STEP_FRACTION * len(steps)
+            or lost < th.COPY_MIN_SHARE * step_time(trace)):
+        return []
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
+             for r in c.sort_values("dur", ascending=False).itertuples()]
+    return [make(
+        trace, RULE_ID,
+        f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", lost,
+        items,
+        "Data crosses between host and device inside the training step. Each copy costs "
+        "transfer time over the host link and usually a sync that stalls the host.",
+        "Create tensors directly on the device (torch.zeros(..., device='neuron')), move the "
+        "model and constant tensors to the device once before the loop, prefetch batches to "
+        "the device asynchronously, and keep metrics on the device instead of calling .cpu().")]

@@ -1,0 +1,53 @@
+"""Sync points inside the step: the host waits for the device (`.item()`, `.cpu()`, print)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from neuron_explorer import trace_format as tf
+from neuron_explorer.analyses.step_breakdown import host_slices
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.tables import ancestor_of_kind, assign_steps, text
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "sync_in_step"
+
+
+def check(trace: Trace) -> list[Finding]:
+    hs = host_slices(trace)
+    syncs = hs[hs["kind"] == "sync"]
+    if len(trace.steps):
+        syncs = syncs[assign_steps(syncs["ts"].to_numpy(), trace.steps) >= 0]
+    lost = float(syncs["dur"].sum())
+    if not len(syncs) or lost < th.SYNC_MIN_SHARE * step_time(trace):
+        return []
+    ids = syncs["id"].to_numpy()
+    source = text(trace.args.column(tf.ARG_SOURCE, ids))
+    kind = text(trace.args.column(tf.ARG_SYNC_KIND, ids))
+    op = ancestor_of_kind(trace, ids, ("op",), outermost=True)
+    names = trace.base_slices["name"].to_numpy()
+    where = np.array([s or (names[o] if o >= 0 else n)
+                      for s, o, n in zip(source, op, syncs["name"].to_numpy(), strict=True)],
+                     dtype=object)
+    per_site = syncs.assign(site=where, what=[k or n for k, n in zip(
+        kind, syncs["name"].to_numpy(), strict=True)]).groupby(["site", "what"])["dur"].agg(
+        ["sum", "size"]).sort_values("sum", ascending=False)
+    sites = [f"{what} at {site} ({n}x, {us(total)})"
+             for (site, what), (total, n) in per_site.iterrows()]
+    items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")
+             for r, w in zip(syncs.itertuples(), where, strict=True)]
+    items.sort(key=lambda e: -e["dur"])
+    top_site = per_site.index[0][0]
+    return [make(
+        trace, RULE_ID, f"Host waits on the device inside the step ({len(syncs)} syncs)", lost,
+        items,
+        "Each sync makes the host wait until the device has finished everything queued, then "
+        "leaves the device idle while the host queues the next work. Sync sites: "
+        + "; ".join(sites[:5]) + ".",
+        f"Remove the sync at {top_site} from the step: keep losses and metrics on the device "
+        "and read them (.item(), .cpu(), print) every N steps or after the loop; avoid "
+        "data-dependent Python control flow on device values.")]

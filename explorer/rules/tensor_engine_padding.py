@@ -1,0 +1,65 @@
+"""Low Tensor Engine utilisation from matmul dims that are not multiples of 128."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "tensor_engine_padding"
+_INT = re.compile(r"\d+")
+
+
+def odd_dims(shapes: str) -> list[int]:
+    """Dims of a shapes string that are larger than 1 and not multiples of the 128 tile."""
+    return sorted({int(d) for d in _INT.findall(shapes or "")
+                   if int(d) > 1 and int(d) % th.TE_TILE})
+
+
+def check(trace: Trace) -> list[Finding]:
+    k = trace.kernels
+    if not len(k):
+        return []
+    flops = k["flops"].to_numpy(np.float64)
+    hw = k["hw_flops"].to_numpy(np.float64)
+    waste = np.divide(hw - flops, hw, out=np.zeros(len(k)), where=hw > 0)
+    padded = (flops > 0) & (waste >= th.TE_PADDING_MIN_WASTE)
+    if not padded.any():
+        return []
+    pk = k[padded]
+    w = waste[padded]
+    busy = np.where(pk["busy_tensor"].to_numpy() > 0, pk["busy_tensor"].to_numpy(),
+                    pk["dur"].to_numpy())
+    lost = float((busy * w).sum())
+    if lost < th.TE_PADDING_MIN_SHARE * step_time(trace):
+        return []
+    ops = trace.ops.set_index("id") if len(trace.ops) else None
+    items, shapes_seen = [], []
+    order = np.argsort(-(busy * w))
+    for i in order.tolist():
+        r = pk.iloc[i]
+        shapes = ""
+        if ops is not None and r["op_slice_id"] in ops.index:
+            shapes = str(ops.at[r["op_slice_id"], "shapes"])
+        if shapes and shapes not in shapes_seen:
+            shapes_seen.append(shapes)
+        items.append(evidence(r["ts"], r["dur"], [r["id"]],
+                              f"{r['name']}: {w[i]:.0%} of executed FLOPs are padding"
+                              + (f" (shapes {shapes}, odd dims {odd_dims(shapes)})" if shapes
+                                 else "")))
+    dims = sorted({d for s in shapes_seen for d in odd_dims(s)})
+    return [make(
+        trace, RULE_ID, "Tensor Engine runs padded tiles (dims not multiples of 128)", lost,
+        items,
+        f"{int(padded.sum())} matmul kernels execute at least {th.TE_PADDING_MIN_WASTE:.0%} more "
+        "FLOPs than the model needs: the 128x128 array pads partial tiles"
+        + (f"; dims {dims[:8]} are not multiples of 128" if dims else "") + ".",
+        "Choose hidden sizes, head dims and batch x sequence products that are multiples of 128 "
+        "(pad the vocabulary or features up to the next multiple of 128 once, in the model), so "
+        "every tile fills the array.")]

@@ -1,0 +1,61 @@
+"""Every threshold the bottleneck rules use, in one place, with the reason for its value.
+
+Shares are of the total analysed step time (the sum of step durations, or the
+trace's span when it has no steps).
+"""
+
+# Severity of a finding from the share of step time it costs.
+SEVERITY_HIGH_SHARE = 0.20  # a fifth of the step or more
+SEVERITY_MEDIUM_SHARE = 0.05  # a twentieth of the step or more
+MAX_EVIDENCE = 5  # time ranges shown per finding, largest first
+
+# host_bound: the device waits on the host to launch work.
+HOST_BOUND_MIN_SHARE = 0.10
+
+# sync_in_step: the host waits on the device (.item(), .cpu(), print, synchronize).
+SYNC_MIN_SHARE = 0.01
+
+# host_fallback: any op that ran on the host costs a round trip; report from one.
+FALLBACK_MIN_OPS = 1
+
+# host_device_copies: copies between host and device in most steps.
+COPY_MIN_STEP_FRACTION = 0.5  # in at least half of the steps
+COPY_MIN_SHARE = 0.01
+
+# dataloader_stall: the step waits for its next batch.
+DATALOADER_MIN_SHARE = 0.05
+
+# memory_bound_ops: below the roofline's ridge point, or kernels whose DMA time
+# is at least this many times their compute time.
+MEMORY_BOUND_MIN_SHARE = 0.05
+DMA_DOMINATED_RATIO = 2.0
+
+# tensor_engine_padding: the Tensor Engine is 128x128; dims that are not multiples
+# of 128 waste rows. Report when executed FLOPs exceed model FLOPs by this much.
+TE_TILE = 128
+TE_PADDING_MIN_WASTE = 0.10
+TE_PADDING_MIN_SHARE = 0.01
+
+# fp32_matmul: FP32 matmuls run at a quarter of the BF16 rate on the Tensor Engine.
+FP32_MATMUL_MIN_SHARE = 0.02
+FP32_SLOWDOWN_DEFAULT = 4.0  # used when the trace has no hardware figures
+
+# engine_imbalance: one engine saturated while the other compute engines idle.
+ENGINE_SATURATED = 0.80
+ENGINE_IDLE = 0.20
+
+# small_dma: DMA bandwidth saturates at 4 KiB per partition; below that the ~1.3 us
+# fixed cost dominates.
+SMALL_DMA_BYTES_PER_PARTITION = 4096
+SMALL_DMA_MIN_TRANSFERS = 8
+SMALL_DMA_MIN_SHARE = 0.01
+
+# recompilation: graph breaks or recompiles inside steps; a storm from this many.
+RECOMPILE_STORM = 3
+
+# compile_dominates: compilation takes this share of the recorded run.
+COMPILE_DOMINANT_SHARE = 0.50
+
+# memory_near_capacity: peak device memory over this share of capacity.
+MEMORY_NEAR_CAPACITY = 0.90
+MEMORY_CRITICAL = 0.97  # high severity from here
