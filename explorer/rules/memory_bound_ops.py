@@ -28,8 +28,9 @@ def check(trace: Trace) -> list[Finding]:
             ideal = r.flops / peak * 1e9 if peak else 0.0
             lost += max(r.dur - ideal, 0.0)
             intensity = r.flops / max(r.bytes, 1)
-            lines.append((r.dur, f"{r.name} ({r.dtype or 'dtype?'}): {intensity:.3g} FLOP/byte, "
-                          f"ridge {r.ridge:.3g}, {us(r.dur)} on the device"))
+            line = (f"{r.name} ({r.dtype or 'dtype?'}): {intensity:.3g} FLOP/byte, "
+                    f"ridge {r.ridge:.3g}, {us(r.dur)} on the device")
+            lines.append((r.dur, line))
     dma_heavy = np.zeros(len(k), bool)
     if len(k):
         compute = sum(k[f"busy_{e}"].to_numpy() for e in ENGINES)
