@@ -10,6 +10,7 @@ overlaps the matmul before it when it fits inside it.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable
 
@@ -44,7 +45,7 @@ class KernelBuilder:
         self._flops: list[int] = []
         self._gap: dict[int, float] = {}  # extra wait after deps (host compute in fallbacks)
         self._opcodes: dict[str, int] = {}
-        self._next_queue = 0
+        self._next_queue = [0, DMA_QUEUES // 2]  # next load queue, next store queue
         self.model_flops = 0
         self.hbm_read_bytes = 0
         self.hbm_write_bytes = 0
@@ -87,56 +88,63 @@ class KernelBuilder:
 
     # --- DMA -----------------------------------------------------------------------
     def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
-             kind: int, row_bytes: float | None = None) -> tuple[int, ...]:
+             kind: int, row_bytes: float | None = None, store: bool = False,
+             pieces: int | None = None) -> tuple[int, ...]:
         nbytes = int(nbytes)
         if nbytes <= 0:
             return ()
         partitions = max(1, min(int(partitions), self.preset.partitions))
         if row_bytes is None:  # one descriptor row per partition
             row_bytes = nbytes / partitions
-        pieces = max(1, min(self.preset.dma_engines, nbytes // MIN_DMA_CHUNK, partitions))
+        most = self.preset.dma_engines if pieces is None else max(1, pieces)
+        pieces = max(1, min(most, nbytes // MIN_DMA_CHUNK, partitions))
         deps = tuple(deps)
         ids = []
         done = 0
         for i in range(pieces):
             size = nbytes * (i + 1) // pieces - done
             done += size
-            queue = self._next_queue
-            self._next_queue = (queue + 1) % DMA_QUEUES
-            ids.append(self.add(FIRST_DMA + queue, opcode, row_bytes, deps, nbytes=size,
-                                kind=kind))
+            ids.append(self.add(FIRST_DMA + self._queue(store), opcode, row_bytes, deps,
+                                nbytes=size, kind=kind))
         return tuple(ids)
 
+    def _queue(self, store: bool) -> int:
+        """Next queue, round robin within the load half or the store half."""
+        half = DMA_QUEUES // 2
+        q = self._next_queue[store]
+        self._next_queue[store] = (q + 1) % half + (half if store else 0)
+        return q
+
     def dma_load(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
-                 spill: bool = False, row_bytes: float | None = None) -> tuple[int, ...]:
-        """HBM -> SBUF; large loads are spread over several DMA queues and engines.
-        `spill=True` marks a reload of data that did not fit in SBUF; `row_bytes` is the
-        contiguous run per descriptor (default: the bytes per partition)."""
+                 spill: bool = False, row_bytes: float | None = None,
+                 pieces: int | None = None) -> tuple[int, ...]:
+        """HBM -> SBUF; large loads are spread over up to `pieces` (default 16) DMA queues
+        and engines. `spill=True` marks a reload of data that did not fit in SBUF;
+        `row_bytes` is the contiguous run per descriptor (default: bytes per partition)."""
         if spill:
             self.spill_bytes += int(nbytes)
         self.hbm_read_bytes += max(int(nbytes), 0)
         opcode = "DmaReload" if spill else "DmaLoad"
-        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes)
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, pieces=pieces)
 
     def dma_store(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
                   spill: bool = False, row_bytes: float | None = None) -> tuple[int, ...]:
         """SBUF -> HBM (`spill=True`: an intermediate written out because SBUF was full)."""
         self.hbm_write_bytes += max(int(nbytes), 0)
         opcode = "DmaSpill" if spill else "DmaStore"
-        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes)
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, store=True)
 
     def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
                  ) -> tuple[int, ...]:
         """HBM -> HBM, no engine involved (same-dtype copies)."""
         self.hbm_read_bytes += max(int(nbytes), 0)
         self.hbm_write_bytes += max(int(nbytes), 0)
-        return self._dma("DmaCopy", nbytes, partitions, deps, _DMA)
+        return self._dma("DmaCopy", nbytes, partitions, deps, _DMA, store=True)
 
     def host_transfer(self, opcode: str, nbytes: int, deps: Iterable[int] = (),
                       wait_ns: float = 0.0) -> int:
         """A transfer over the host link (host fallback), starting `wait_ns` after deps."""
-        queue = self._next_queue
-        self._next_queue = (queue + 1) % DMA_QUEUES
+        queue = self._queue(store=opcode == "DmaToHost")
         i = self.add(FIRST_DMA + queue, opcode, 1, deps, nbytes=max(int(nbytes), 0),
                      kind=_HOST_DMA)
         if wait_ns:
@@ -205,70 +213,100 @@ class KernelBuilder:
         )
 
     def _schedule(self) -> tuple[list[float], list[float]]:
+        """Event-driven list scheduling: repeatedly start the stream head (the next
+        instruction of some engine or queue) that can start earliest. Shared resources
+        (DMA engines, HBM, host link) are thus granted in time order, first come first
+        served, whatever order the instructions were added in."""
         p = self.preset
         n = len(self._engine)
         start = [0.0] * n
         end = [0.0] * n
-        free = [0.0] * (FIRST_DMA + DMA_QUEUES)  # in-order streams
-        dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
-        hbm_free = 0.0  # the core's HBM channel, served in issue order
-        host_free = 0.0  # the host link
-        te_active = 0.0  # Tensor Engine activity so far (throttle ramp)
-        mm_start = mm_end = 0.0  # the last MultiplyMoving
-        ls_end = 0.0
-        fixed = p.dma_fixed_ns
-        hbm_rate = p.hbm_bytes_per_ns
         engines = self._engine
         kinds = self._kind
-        costs_ = self._cost
+        cost = self._cost
         deps_ = self._deps
         nbytes = self._bytes
         gaps = self._gap
-        for i in range(n):
-            deps = deps_[i]
-            ready = max([end[d] for d in deps]) if deps else 0.0
-            if gaps:
-                ready += gaps.get(i, 0.0)
-            kind = kinds[i]
+        n_streams = FIRST_DMA + DMA_QUEUES
+        streams: list[list[int]] = [[] for _ in range(n_streams)]
+        for i, e in enumerate(engines):
+            streams[e].append(i)
+        head = [0] * n_streams
+        waiting = [len(d) for d in deps_]
+        dependents: list[list[int]] = [[] for _ in range(n)]
+        for i, deps in enumerate(deps_):
+            for d in deps:
+                dependents[d].append(i)
+        ready = [0.0] * n  # when the last dependency ends (plus any host wait)
+        free = [0.0] * n_streams
+        heap: list[tuple[float, int]] = []
+        for e in range(n_streams):
+            if streams[e] and waiting[streams[e][0]] == 0:
+                i = streams[e][0]
+                heapq.heappush(heap, (gaps.get(i, 0.0), i))
+
+        dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
+        hbm_free = 0.0  # the core's HBM bandwidth, granted first come first served
+        host_free = 0.0  # the host link
+        te_active = 0.0  # Tensor Engine activity so far (throttle ramp)
+        mm_start = mm_end = ls_end = 0.0  # the last MultiplyMoving / LoadStationary
+        fixed = p.dma_fixed_ns
+        hbm_rate = p.hbm_bytes_per_ns
+        while heap:
+            s, i = heapq.heappop(heap)
             e = engines[i]
+            kind = kinds[i]
             if kind == _PLAIN:
-                s = max(free[e], ready)
-                f = s + costs_[i]
+                f = s + cost[i]
             elif kind == _MATMUL:
-                s = max(ready, free[TENSOR], ls_end)
-                d = costs.throttled_ns(p, costs_[i], te_active)
+                s = max(s, ls_end)
+                d = costs.throttled_ns(p, cost[i], te_active)
                 te_active += d
                 f = s + d
                 mm_start, mm_end = s, f
             elif kind == _LOAD_STATIONARY:
-                d = costs_[i] if te_active >= p.te_throttle_ramp_ns else \
-                    costs.throttled_ns(p, costs_[i], te_active)
-                # overlap the previous matmul when the load fits inside it
-                s = max(ready, ls_end, mm_start)
-                if s + d > mm_end:
-                    s = max(ready, free[TENSOR])
+                d = costs.throttled_ns(p, cost[i], te_active)
+                # hide the weight load under the previous matmul when it fits inside it
+                hidden = max(ready[i], ls_end, mm_start)
+                if hidden + d <= mm_end:
+                    s = hidden
+                else:
                     te_active += d
                 f = s + d
                 ls_end = f
             elif kind == _DMA:
-                s = max(free[e], ready)
-                q = e - FIRST_DMA
-                eng = q % p.dma_engines
+                eng = (e - FIRST_DMA) % p.dma_engines
                 size = nbytes[i]
                 data_start = max(s + fixed, dma_engine_free[eng])
-                dma_engine_free[eng] = data_start + costs.dma_data_ns(p, size, costs_[i])
+                dma_engine_free[eng] = data_start + costs.dma_data_ns(p, size, cost[i])
                 hbm_start = max(data_start, hbm_free)
                 hbm_free = hbm_start + size / hbm_rate
                 f = max(dma_engine_free[eng], hbm_free)
             else:  # _HOST_DMA
-                s = max(free[e], ready)
                 link_start = max(s + fixed, host_free)
                 host_free = link_start + nbytes[i] / p.host_link_bytes_per_ns
                 f = host_free
             start[i] = s
             end[i] = f
             free[e] = max(free[e], f)
+            for j in dependents[i]:
+                ready[j] = max(ready[j], f)
+                waiting[j] -= 1
+                if waiting[j] == 0 and streams[engines[j]][head[engines[j]]] == j:
+                    self._push(heap, j, ready, free, gaps)
+            head[e] += 1
+            if head[e] < len(streams[e]):
+                j = streams[e][head[e]]
+                if waiting[j] == 0:
+                    self._push(heap, j, ready, free, gaps)
         return start, end
+
+    def _push(self, heap: list, j: int, ready: list[float], free: list[float],
+              gaps: dict[int, float]) -> None:
+        """Queue instruction `j` (its stream's head, dependencies done) at its start time."""
+        r = ready[j] + gaps.get(j, 0.0) if gaps else ready[j]
+        f = free[self._engine[j]]
+        heapq.heappush(heap, (max(f, r), j))
 
 
 def tiles(total: int, size: int) -> list[int]:

@@ -3,10 +3,13 @@
 C[M, N] = A[M, K] @ B[K, N]. The contraction dim K sits on the 128 partitions; the
 stationary operand (<=128 columns) becomes the output partitions and the moving
 operand streams up to 512 columns per MultiplyMoving. Each output tile accumulates
-over the K tiles in one of 8 PSUM banks, then the Vector Engine copies it to SBUF
-(adding a bias if any) and DMA stores it. Operands are blocked so that what is kept
-in SBUF fits; when even one tile row does not fit, K is streamed in chunks and the
-re-reads are counted as spill.
+over K in one of 8 PSUM banks, then the Vector Engine copies it to SBUF (adding a
+bias if any) and DMA stores it.
+
+Blocking: the output is cut into blocks of xb x yb tiles and K into chunks of kc
+tiles, so that double-buffered operand chunks (and, when K is chunked, an FP32
+accumulator in SBUF) fit. The plan with the least estimated time (Tensor Engine,
+DMA and Vector Engine each bound) is chosen; operands that fit stay resident.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from neuron_explorer.backend.hardware import costs
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
+from neuron_explorer.backend.hardware.presets import HardwarePreset
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 
-SBUF_SHARE = 0.8  # of SBUF a GEMM may use (the rest: output and bias buffers, slack)
+SBUF_SHARE = 0.8  # of SBUF a GEMM may use (the rest: output staging, bias, slack)
 MAX_MATMULS = 4096  # instruction pairs per kernel; beyond, consecutive ones are folded
-MOVING_BUFFERS = 3
 ACC_DTYPE = "float32"  # PSUM accumulates in FP32
 
 
@@ -39,6 +43,15 @@ class Gemm:
     load_a: bool = True  # False: A is already in SBUF (fused kernels)
     load_b: bool = True
     store: bool = True  # False: the result stays in SBUF for the next step
+    evacuate: bool = True  # False: the next step reads PSUM directly (attention scores)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    xb: int  # stationary tiles per output block
+    yb: int  # moving tiles per output block
+    kc: int  # k tiles per chunk (all of them: no SBUF accumulation)
+    mov_resident: bool  # the whole moving operand stays in SBUF
 
 
 def _te_cycles(x: int, y: int, k: int) -> int:
@@ -47,9 +60,48 @@ def _te_cycles(x: int, y: int, k: int) -> int:
     return -(-k // 128) * -(-x // 128) * per_y
 
 
-def _fold(total: int, factor: int) -> list[int]:
-    """Split `total` items into runs of `factor` (each entry: items in the run)."""
-    return tiles(total, max(1, factor))
+def _pow2_upto(n: int) -> list[int]:
+    out = [1]
+    while out[-1] * 2 < n:
+        out.append(out[-1] * 2)
+    if n > out[-1]:
+        out.append(n)
+    return out
+
+
+def _plan(p: HardwarePreset, es: int, x_dim: int, y_dim: int, k: int, stat_total: int,
+          mov_total: int, te_ns: float) -> _Plan:
+    """Choose the blocking with the least estimated time among powers of two."""
+    nx = -(-x_dim // p.te_cols)
+    ny = -(-y_dim // p.te_moving_free_max)
+    nk = -(-k // p.te_rows)
+    budget = int(p.sbuf_bytes * SBUF_SHARE)
+    bandwidth = p.memory_bytes_per_ns
+    mov_resident = y_dim * k * es <= budget // 2
+    add_ns = costs.vector_ns(p, p.te_moving_free_max, ACC_DTYPE, 2)
+    best: tuple | None = None
+    for kc in sorted(_pow2_upto(nk), reverse=True):
+        krows = min(kc * p.te_rows, k)
+        for xb in _pow2_upto(nx):
+            stat_chunk = min(xb * p.te_cols, x_dim) * krows * es
+            for yb in _pow2_upto(ny):
+                mov_chunk = krows * min(yb * p.te_moving_free_max, y_dim) * es
+                acc = 0 if kc >= nk else (min(xb * p.te_cols, x_dim)
+                                          * min(yb * p.te_moving_free_max, y_dim) * 4)
+                held_mov = y_dim * k * es if mov_resident else 2 * mov_chunk
+                if 2 * stat_chunk + held_mov + acc > budget:
+                    continue
+                nxb, nyb = -(-nx // xb), -(-ny // yb)
+                traffic = stat_total * (1 if kc >= nk else nyb) + mov_total * (
+                    1 if mov_resident else nxb)
+                vec_ns = (0 if kc >= nk else -(-nk // kc)) * nx * ny * add_ns
+                est = max(te_ns, traffic / bandwidth, vec_ns)
+                key = (round(est), -kc, nxb * nyb)
+                if best is None or key < best[0]:
+                    best = (key, _Plan(xb, yb, kc, mov_resident))
+    if best is None:  # even single tiles do not fit: not reachable with real SBUF sizes
+        return _Plan(1, 1, 1, False)
+    return best[1]
 
 
 def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int, ...]:
@@ -69,121 +121,103 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
     x_tiles = tiles(x_dim, p.te_cols)
     y_tiles = tiles(y_dim, p.te_moving_free_max)
     k_tiles = tiles(k, p.te_rows)
+    te_ns = _te_cycles(x_dim, y_dim, k) / p.te_clock_ghz
+    plan = _plan(p, es, x_dim, y_dim, k, stat_total if load_stat else 0,
+                 mov_total if load_mov else 0, te_ns)
+    chunks = [k_tiles[i:i + plan.kc] for i in range(0, len(k_tiles), plan.kc)]
     units = g.batch * len(x_tiles) * len(y_tiles) * len(k_tiles)
-    fold = -(-units // MAX_MATMULS)
-    fold_k = min(fold, len(k_tiles))
-    fold_b = min(g.batch, -(-fold // fold_k))
-    k_runs = _fold(len(k_tiles), fold_k)  # consecutive k tiles per instruction pair
+    fold = -(-units // MAX_MATMULS)  # fold this many matmuls into one instruction pair
+    fold_k = min(fold, plan.kc)
+    fold_y = min(plan.yb, -(-fold // fold_k))
+    fold_x = min(plan.xb, -(-fold // (fold_k * fold_y)))
+    fold_b = min(g.batch, -(-fold // (fold_k * fold_y * fold_x)))
 
-    budget = int(p.sbuf_bytes * SBUF_SHARE)
-    mov_all = y_dim * k * es * fold_b
-    mov_tile = k * min(y_dim, p.te_moving_free_max) * es * fold_b
-    stat_tile = min(x_dim, p.te_cols) * k * es * fold_b
-    mov_resident = mov_all <= budget // 2
-    avail = budget - (mov_all if mov_resident else MOVING_BUFFERS * mov_tile)
-    if avail < stat_tile:
-        return _emit_streamed_k(b, g, swap, x_tiles, y_tiles, k_tiles, deps)
-    double = avail // (2 * stat_tile) >= 2
-    per_block = avail // ((2 if double else 1) * stat_tile)
-    b.note_sbuf(min(per_block, len(x_tiles)) * stat_tile * (2 if double else 1)
-                + (mov_all if mov_resident else MOVING_BUFFERS * mov_tile))
+    xblocks = [list(range(i, min(i + plan.xb, len(x_tiles))))
+               for i in range(0, len(x_tiles), plan.xb)]
+    yblocks = [list(range(i, min(i + plan.yb, len(y_tiles))))
+               for i in range(0, len(y_tiles), plan.yb)]
+    krows = min(plan.kc * p.te_rows, k)
+    b.note_sbuf(2 * min(plan.xb * p.te_cols, x_dim) * krows * es
+                + (y_dim * k * es if plan.mov_resident else
+                   2 * krows * min(plan.yb * p.te_moving_free_max, y_dim) * es)
+                + (0 if len(chunks) == 1 else min(plan.xb * p.te_cols, x_dim)
+                   * min(plan.yb * p.te_moving_free_max, y_dim) * 4))
     b.note_psum(min(p.psum_banks, len(x_tiles) * len(y_tiles)) * p.psum_bytes // p.psum_banks)
 
     deps = tuple(deps)
-    evacs: list[int] = []  # PSUM -> SBUF copies, one per output group (bank reuse)
+    evacs: list[int] = []  # PSUM -> SBUF copies, one per accumulation group (bank reuse)
+    stat_users: list[int] = []  # last matmul reading each stationary load (buffer reuse)
+    mov_users: list[int] = []
     tails: list[int] = []
-    for nb in _fold(g.batch, fold_b):
+    single = len(chunks) == 1
+    for nb in tiles(g.batch, fold_b):
         bias = b.dma_load(g.bias_bytes * nb, 1, deps) if g.bias_bytes else ()
-        mov_loaded: dict[int, tuple[int, ...]] = {}
-        mov_users: list[int] = []  # last matmul that used each moving load, in load order
-        blocks = [x_tiles[i:i + per_block] for i in range(0, len(x_tiles), per_block)]
-        block_last: list[int] = []
-        x0 = 0
-        for bi, block in enumerate(blocks):
-            slot_free = (block_last[bi - (2 if double else 1)],) if bi >= (
-                2 if double else 1) else ()
-            stat_ids = []
-            for xt in block:
-                nbytes = stat_total * xt // x_dim * nb if load_stat else 0
-                stat_ids.append(b.dma_load(nbytes, xt, deps + slot_free,
-                                           row_bytes=k * es) if nbytes else deps)
-            last_mm = 0
-            for yi, yt in enumerate(y_tiles):
-                if yi in mov_loaded and mov_resident:
-                    mov = mov_loaded[yi]
-                else:
-                    reuse = (mov_users[-MOVING_BUFFERS],) if (
-                        not mov_resident and len(mov_users) >= MOVING_BUFFERS) else ()
-                    nbytes = mov_total * yt // y_dim * nb if load_mov else 0
-                    mov = b.dma_load(nbytes, min(k, p.partitions), deps + reuse,
-                                     row_bytes=yt * es) if nbytes else deps
-                    mov_loaded[yi] = mov
-                    mov_users.append(-1)
-                for xi, xt in enumerate(block):
-                    bank = (evacs[-p.psum_banks],) if len(evacs) >= p.psum_banks else ()
-                    mm = -1
-                    for ki, run in enumerate(k_runs):
-                        kt = k_tiles[min(ki * fold_k, len(k_tiles) - 1)]
-                        first = bank if ki == 0 else ()
-                        mm = b.matmul(kt, xt, yt, g.dtype, mov + stat_ids[xi] + first,
-                                      weight_deps=stat_ids[xi], repeat=run * nb)
-                    if g.bias_bytes:
-                        ev = b.vector("TensorTensor", yt * nb, ACC_DTYPE, 2, (mm,) + bias,
-                                      flops=xt * yt * nb)
-                    else:
-                        ev = b.vector("TensorCopy", yt * nb, ACC_DTYPE, 1, (mm,))
-                    evacs.append(ev)
-                    if g.store:
-                        tails.extend(b.dma_store(xt * yt * oes * nb, xt, (ev,),
-                                                 row_bytes=yt * oes))
-                    else:
-                        tails.append(ev)
-                    last_mm = mm
-                mov_users[-1] = last_mm
-            block_last.append(last_mm)
-            x0 += sum(block)
+        mov_loaded: dict[tuple[int, int], tuple[int, ...]] = {}
+        for xblock in xblocks:
+            xrows = sum(x_tiles[i] for i in xblock)
+            stat_loaded: dict[int, tuple[int, ...]] = {}
+            for yblock in yblocks:
+                ycols = sum(y_tiles[j] for j in yblock)
+                for c, chunk in enumerate(chunks):
+                    kr = sum(chunk)
+                    # stationary chunk: kept across y blocks when K is not chunked
+                    stat = stat_loaded.get(c) if single else None
+                    if stat is None:
+                        wait = (stat_users[-2],) if len(stat_users) >= 2 else ()
+                        nbytes = stat_total * xrows * kr // (x_dim * k) * nb if load_stat else 0
+                        stat = b.dma_load(nbytes, min(kr, p.partitions), deps + wait) if nbytes else deps
+                        stat_loaded[c] = stat
+                        stat_users.append(-1)
+                    mov = mov_loaded.get((yblock[0], c)) if plan.mov_resident else None
+                    if mov is None:
+                        wait = (mov_users[-2],) if (
+                            len(mov_users) >= 2 and not plan.mov_resident) else ()
+                        nbytes = mov_total * ycols * kr // (y_dim * k) * nb if load_mov else 0
+                        mov = b.dma_load(nbytes, min(kr, p.partitions), deps + wait) if nbytes else deps
+                        mov_loaded[(yblock[0], c)] = mov
+                        mov_users.append(-1)
+                    last = -1
+                    for x0 in range(0, len(xblock), fold_x):
+                        xs = [x_tiles[i] for i in xblock[x0:x0 + fold_x]]
+                        xt, nx = xs[0], len(xs)
+                        for y0 in range(0, len(yblock), fold_y):
+                            ys = [y_tiles[j] for j in yblock[y0:y0 + fold_y]]
+                            yt, ny = ys[0], len(ys)
+                            bank = (evacs[-p.psum_banks],) if len(evacs) >= p.psum_banks else ()
+                            mm = -1
+                            for r0 in range(0, len(chunk), fold_k):
+                                run = len(chunk[r0:r0 + fold_k])
+                                mm = b.matmul(chunk[r0], xt, yt, g.dtype,
+                                              mov + stat + (bank if r0 == 0 else ()),
+                                              weight_deps=stat, repeat=run * nb * ny * nx)
+                            evacs.append(_evacuate(b, g, c, len(chunks), mm, sum(xs),
+                                                   sum(ys), nb, bias, oes, tails))
+                            last = mm
+                    stat_users[-1] = last
+                    mov_users[-1] = last
         if g.bias_bytes:
             b.add_model_flops(m * n * nb)
     return tuple(tails[-len(x_tiles) * len(y_tiles):])
 
 
-def _emit_streamed_k(b: KernelBuilder, g: Gemm, swap: bool, x_tiles: list[int],
-                     y_tiles: list[int], k_tiles: list[int], deps: Sequence[int]
-                     ) -> tuple[int, ...]:
-    """K too long for one tile row to fit in SBUF: stream both operands in K chunks per
-    output tile; every read after the first of the same bytes is a spill reload."""
-    p = b.preset
-    es = dtype_bytes(g.dtype)
-    oes = dtype_bytes(g.out_dtype)
-    budget = int(p.sbuf_bytes * SBUF_SHARE)
-    per_k = (p.te_cols + p.te_moving_free_max) * p.te_rows * es * 2  # double buffered
-    chunk = max(1, budget // per_k)
-    units = g.batch * len(x_tiles) * len(y_tiles) * -(-len(k_tiles) // chunk)
-    fold_b = min(g.batch, -(-units // MAX_MATMULS))
-    b.note_sbuf(min(budget, chunk * per_k))
-    b.note_psum(min(p.psum_banks, len(x_tiles) * len(y_tiles)) * p.psum_bytes // p.psum_banks)
-    deps = tuple(deps)
-    evacs: list[int] = []
-    tails: list[int] = []
-    for nb in _fold(g.batch, fold_b):
-        for xi, xt in enumerate(x_tiles):
-            for yi, yt in enumerate(y_tiles):
-                bank = (evacs[-p.psum_banks],) if len(evacs) >= p.psum_banks else ()
-                mm = -1
-                for c0 in range(0, len(k_tiles), chunk):
-                    run = k_tiles[c0:c0 + chunk]
-                    krows = sum(run)
-                    stat = b.dma_load(xt * krows * es * nb, xt, deps, spill=yi > 0,
-                                      row_bytes=krows * es)
-                    mov = b.dma_load(krows * yt * es * nb, min(krows, 128), deps,
-                                     spill=xi > 0, row_bytes=yt * es)
-                    mm = b.matmul(run[0], xt, yt, g.dtype, stat + mov + (bank if c0 == 0
-                                                                         else ()),
-                                  weight_deps=stat, repeat=len(run) * nb)
-                ev = b.vector("TensorCopy", yt * nb, ACC_DTYPE, 1, (mm,))
-                evacs.append(ev)
-                if g.store:
-                    tails.extend(b.dma_store(xt * yt * oes * nb, xt, (ev,), row_bytes=yt * oes))
-                else:
-                    tails.append(ev)
-    return tuple(tails[-len(x_tiles) * len(y_tiles):])
+def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: int, yt: int,
+              nb: int, bias: tuple[int, ...], oes: int, tails: list[int]) -> int:
+    """PSUM -> SBUF: copy (first chunk), accumulate (later chunks), add the bias and
+    store after the last chunk."""
+    last = chunk == chunks - 1
+    free = yt * nb * -(-xt // b.preset.partitions)  # folded row tiles add to the free size
+    if not g.evacuate and last and not g.bias_bytes:
+        tails.append(mm)
+        return mm
+    if chunk == 0 and not (last and g.bias_bytes):
+        ev = b.vector("TensorCopy", free, ACC_DTYPE, 1, (mm,))
+    else:
+        extra = bias if last else ()
+        ev = b.vector("TensorTensor", free, ACC_DTYPE, 2, (mm,) + extra, flops=xt * yt * nb)
+    if not last:
+        return ev
+    if g.store:
+        tails.extend(b.dma_store(xt * yt * oes * nb, xt, (ev,)))
+    else:
+        tails.append(ev)
+    return ev

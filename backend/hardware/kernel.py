@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd")
-DMA_QUEUES = 32  # queues a kernel spreads its transfers over: 2 on each of the 16 engines
+# Queues a kernel spreads its transfers over: 4 on each of the 16 DMA engines, the first
+# half for loads and the second for stores, so a store waiting for compute never holds
+# up the loads queued behind it (each queue is FIFO).
+DMA_QUEUES = 64
 ENGINE_NAMES: tuple[str, ...] = ENGINES + tuple(f"dma.{q}" for q in range(DMA_QUEUES))
 FIRST_DMA = len(ENGINES)
 BUSY_KEYS = ("tensor", "vector", "scalar", "gpsimd", "dma")

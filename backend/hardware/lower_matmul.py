@@ -132,7 +132,7 @@ def lower_attention(b: KernelBuilder, spec: OpSpec) -> None:
     for nb in tiles(heads, fold):
         scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
                                    a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
-                                   store=False))
+                                   store=False, evacuate=False))
         probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
         emit_gemm(b, Gemm(m=lq, k=s, n=ev, dtype=dtype, out_dtype=out_dtype, batch=nb,
                           a_bytes=0, b_bytes=v.nbytes // heads, load_a=False), deps=probs)
@@ -151,12 +151,14 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
     for nb in tiles(heads, fold):
         per = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
         scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, a_bytes=q.nbytes // heads,
-                                   b_bytes=k.nbytes // heads, store=False, **per))
+                                   b_bytes=k.nbytes // heads, store=False, evacuate=False,
+                                   **per))
         probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
         dv = emit_gemm(b, Gemm(m=s, k=lq, n=ev, a_bytes=0, load_a=False,
                                b_bytes=grad_out.nbytes // heads, **per), deps=probs)
         dp = emit_gemm(b, Gemm(m=lq, k=ev, n=s, a_bytes=0, load_a=False,
-                               b_bytes=v.nbytes // heads, store=False, **per), deps=probs)
+                               b_bytes=v.nbytes // heads, store=False, evacuate=False,
+                               **per), deps=probs)
         ds = stream(b, lq * s * nb, dtype, _SOFTMAX_BACKWARD_STEPS, deps=dp,
                     resident_inputs=2)
         emit_gemm(b, Gemm(m=lq, k=s, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
