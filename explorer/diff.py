@@ -1,0 +1,183 @@
+"""What changed between two traces: step time, breakdown, ops, modules, engines.
+
+Totals are per step (divided by each trace's step count, 1 without steps), so a
+run of 10 steps compares fairly with a run of 50. Typical uses: eager against
+torch.compile, trn1 against trn2, before and after a fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
+from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
+from neuron_explorer.report import mean_breakdown
+from neuron_explorer.trace import Trace, load
+
+SUMMARY_METRICS = ("step_time_ns", "n_steps", "mfu", "hfu", "mbu", "device_busy_share",
+                   "n_ops", "n_kernels")
+
+
+@dataclass
+class TraceDiff:
+    """Differences between trace a (before) and trace b (after); DataFrames per aspect."""
+
+    a: str
+    b: str
+    summary: pd.DataFrame  # metric, a, b, delta, ratio
+    breakdown: pd.DataFrame  # side, category, a_ns, b_ns, delta_ns
+    ops: pd.DataFrame  # name, status, a_count, b_count, a_device_ns, b_device_ns, delta_ns
+    modules: pd.DataFrame  # module, phase, status, a_ns, b_ns, delta_ns
+    engines: pd.DataFrame  # device, engine, a_busy_ns, b_busy_ns, delta_ns
+    hardware: tuple[str | None, str | None] = field(default=(None, None))
+
+    @property
+    def added_ops(self) -> list[str]:
+        return self.ops.loc[self.ops["status"] == "added", "name"].tolist()
+
+    @property
+    def removed_ops(self) -> list[str]:
+        return self.ops.loc[self.ops["status"] == "removed", "name"].tolist()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every table."""
+        def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+            return json.loads(frame.to_json(orient="records"))
+
+        return {"a": self.a, "b": self.b, "hardware": list(self.hardware),
+                "summary": records(self.summary), "breakdown": records(self.breakdown),
+                "ops": records(self.ops), "modules": records(self.modules),
+                "engines": records(self.engines), "added_ops": self.added_ops,
+                "removed_ops": self.removed_ops}
+
+    def sections(self, top: int = 15) -> list[Section]:
+        """Titled sections for the renderers."""
+        s = self.summary
+        summary = {"a": f"{self.a} ({self.hardware[0] or '-'})",
+                   "b": f"{self.b} ({self.hardware[1] or '-'})"}
+        for r in s.itertuples():
+            if r.metric == "step_time_ns":
+                summary["step time"] = (f"{fmt_ns(r.a)} -> {fmt_ns(r.b)} "
+                                        f"({_ratio_text(r.ratio)})")
+            elif r.metric in ("mfu", "hfu", "mbu", "device_busy_share"):
+                summary[r.metric] = f"{fmt_share(r.a)} -> {fmt_share(r.b)}"
+            else:
+                summary[r.metric] = f"{_plain(r.a)} -> {_plain(r.b)}"
+        bd = pd.DataFrame({"side": self.breakdown["side"], "category": self.breakdown["category"],
+                           "a": [fmt_ns(v) for v in self.breakdown["a_ns"]],
+                           "b": [fmt_ns(v) for v in self.breakdown["b_ns"]],
+                           "change": [fmt_ns(v) for v in self.breakdown["delta_ns"]]})
+        changed = self.ops.reindex(self.ops["delta_ns"].abs().sort_values(ascending=False).index)
+        ops = pd.DataFrame({"op": changed["name"], "status": changed["status"],
+                            "a": [fmt_ns(v) for v in changed["a_device_ns"]],
+                            "b": [fmt_ns(v) for v in changed["b_device_ns"]],
+                            "change": [fmt_ns(v) for v in changed["delta_ns"]]}).head(top)
+        mods = self.modules.reindex(
+            self.modules["delta_ns"].abs().sort_values(ascending=False).index).head(top)
+        mods_t = pd.DataFrame({"module": mods["module"], "phase": mods["phase"],
+                               "status": mods["status"], "a": [fmt_ns(v) for v in mods["a_ns"]],
+                               "b": [fmt_ns(v) for v in mods["b_ns"]],
+                               "change": [fmt_ns(v) for v in mods["delta_ns"]]})
+        eng = pd.DataFrame({"device": self.engines["device"], "engine": self.engines["engine"],
+                            "a": [fmt_ns(v) for v in self.engines["a_busy_ns"]],
+                            "b": [fmt_ns(v) for v in self.engines["b_busy_ns"]],
+                            "change": [fmt_ns(v) for v in self.engines["delta_ns"]]})
+        return [Section("Summary (per step)", summary), Section("Breakdown per step", bd),
+                Section("Ops that changed most (device time per step)", ops),
+                Section("Modules that changed most (time per step)", mods_t),
+                Section("Engine busy time per step", eng),
+                Section("Ops added / removed",
+                        [f"added: {', '.join(self.added_ops) or 'none'}",
+                         f"removed: {', '.join(self.removed_ops) or 'none'}"])]
+
+    def to_text(self) -> str:
+        """A plain-text comparison."""
+        return to_text(f"Neuron Explorer diff: {self.a} vs {self.b}", self.sections())
+
+    def render(self, fmt: str) -> str:
+        """text, json, md or html."""
+        if fmt == "json":
+            return json.dumps(self.to_dict(), indent=2)
+        return render(f"Neuron Explorer diff: {self.a} vs {self.b}", self.sections(), fmt)
+
+
+def _plain(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4g}"
+
+
+def _ratio_text(ratio: float) -> str:
+    if ratio is None or np.isnan(ratio):
+        return "-"
+    return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
+
+
+def _per_step(trace: Trace) -> int:
+    return max(len(trace.steps), 1)
+
+
+def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[str, str]
+           ) -> pd.DataFrame:
+    """Outer join on keys, with a_/b_ value columns, zero-filled, and a status column."""
+    ja = a.set_index(keys)[list(value_cols)].rename(columns=lambda c: "a_" + value_cols[c])
+    jb = b.set_index(keys)[list(value_cols)].rename(columns=lambda c: "b_" + value_cols[c])
+    j = ja.join(jb, how="outer")
+    in_a = j.index.isin(ja.index)
+    in_b = j.index.isin(jb.index)
+    j = j.fillna(0)
+    j["status"] = np.select([in_a & ~in_b, ~in_a & in_b], ["removed", "added"], "common")
+    return j.reset_index()
+
+
+def _summary(ta: Trace, tb: Trace) -> pd.DataFrame:
+    sa, sb = ta.summary(), tb.summary()
+    rows = []
+    for m in SUMMARY_METRICS:
+        va, vb = sa.get(m), sb.get(m)
+        fa = float(va) if va is not None else np.nan
+        fb = float(vb) if vb is not None else np.nan
+        ratio = fb / fa if fa and not np.isnan(fa) else np.nan
+        rows.append((m, fa, fb, fb - fa, ratio))
+    return pd.DataFrame(rows, columns=["metric", "a", "b", "delta", "ratio"])
+
+
+def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
+    """Compare two loaded traces."""
+    na, nb = _per_step(ta), _per_step(tb)
+    bda, bdb = mean_breakdown(ta), mean_breakdown(tb)
+    bd = _outer(bda, bdb, ["side", "category"], {"ns": "ns"})
+    bd["delta_ns"] = bd["b_ns"] - bd["a_ns"]
+    oa = ta.op_stats().assign(device_ns=lambda f: f["device_ns"] / na, count=lambda f: f["count"] / na) \
+        if len(ta.ops) else pd.DataFrame(columns=["name", "count", "device_ns"])
+    ob = tb.op_stats().assign(device_ns=lambda f: f["device_ns"] / nb, count=lambda f: f["count"] / nb) \
+        if len(tb.ops) else pd.DataFrame(columns=["name", "count", "device_ns"])
+    ops = _outer(oa, ob, ["name"], {"count": "count", "device_ns": "device_ns"})
+    ops["delta_ns"] = ops["b_device_ns"] - ops["a_device_ns"]
+    ops.loc[(ops["status"] == "common") & (ops["delta_ns"] != 0), "status"] = "changed"
+    ops = ops[["name", "status", "a_count", "b_count", "a_device_ns", "b_device_ns", "delta_ns"]]
+    ma = ta.module_stats().assign(ns=lambda f: f["total_ns"] / na) if len(ta.modules) else \
+        pd.DataFrame(columns=["module", "phase", "ns"])
+    mb = tb.module_stats().assign(ns=lambda f: f["total_ns"] / nb) if len(tb.modules) else \
+        pd.DataFrame(columns=["module", "phase", "ns"])
+    mods = _outer(ma, mb, ["module", "phase"], {"ns": "ns"})
+    mods["delta_ns"] = mods["b_ns"] - mods["a_ns"]
+    ea = engine_busy_totals(ta).assign(busy_ns=lambda f: f["busy_ns"] / na)
+    eb = engine_busy_totals(tb).assign(busy_ns=lambda f: f["busy_ns"] / nb)
+    eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
+    eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
+    return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
+                     summary=_summary(ta, tb), breakdown=bd, ops=ops,
+                     modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
+                     engines=eng[["device", "engine", "a_busy_ns", "b_busy_ns", "delta_ns"]],
+                     hardware=(ta.hardware, tb.hardware))
+
+
+def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:
+    """Compare two traces (loaded, or paths to load): what changed from a to b."""
+    ta = a if isinstance(a, Trace) else load(a)
+    tb = b if isinstance(b, Trace) else load(b)
+    return diff_traces(ta, tb)

@@ -1,0 +1,41 @@
+"""`neuron-explorer report TRACE`: summarise a trace (breakdown, top ops, ranked findings)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from neuron_explorer.errors import NeuronExplorerError
+
+FORMATS = ("text", "json", "md", "html")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="trace file: .pftrace, Chrome JSON or PyTorch-profiler "
+                        "JSON (.gz)")
+    parser.add_argument("--format", choices=FORMATS, default="text", help="output format")
+    parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Print, or write to a file with a clear error when that fails."""
+    if not output:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise NeuronExplorerError(f"cannot write {output}: {exc.strerror}; check the path "
+                                  "and that its folder exists") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from neuron_explorer.report import render_report
+    from neuron_explorer.trace import load
+
+    trace = load(args.trace)
+    write_output(render_report(trace, args.format), args.output)
+    for message in trace.warnings:
+        print(f"neuron-explorer report: warning: {message}", file=sys.stderr)
+    return 0
