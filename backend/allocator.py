@@ -122,11 +122,18 @@ def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
 def adopt(stats: MemoryStats, host: torch.UntypedStorage, device: torch.device,
           op_id: int | None = None) -> torch.UntypedStorage:
     """Relabel a host storage the emulation just filled as a neuron storage (no copy)."""
+    storage = _construct_storage(host.data_ptr(), device, host.nbytes())
+    attach(stats, storage, host, op_id)
+    return storage
+
+
+def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.UntypedStorage,
+           op_id: int | None = None) -> None:
+    """Make `host` the memory behind neuron `storage` (which already points at it)."""
     nbytes = host.nbytes()
     in_use = stats.in_use + nbytes
     if in_use > stats.capacity:
         raise _out_of_memory(stats, nbytes)
-    storage = _construct_storage(host.data_ptr(), device, nbytes)
     storage._neuron_block = Block(host, nbytes, stats)
     stats.in_use = in_use
     stats.alloc_count += 1
@@ -134,7 +141,6 @@ def adopt(stats: MemoryStats, host: torch.UntypedStorage, device: torch.device,
     stats.peak = max(stats.peak, in_use)
     if hub.active:
         hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use, op_id))
-    return storage
 
 
 def host_storage_of(storage: torch.UntypedStorage) -> torch.UntypedStorage:

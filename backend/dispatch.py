@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 from neuron_explorer.backend import devices, runtime
-from neuron_explorer.backend.allocator import adopt
+from neuron_explorer.backend.allocator import adopt, attach
 from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
 
@@ -23,7 +23,9 @@ _Tensor = torch.Tensor
 _CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _META_KEYS = DispatchKeySet(DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_redispatch_set = _set_storage._handle.redispatch_boxed
 _create_empty = torch._C._acc.create_empty_tensor
+_construct_storage = torch._C._construct_storage_from_data_pointer
 _host_empty = torch.empty
 _state = runtime.state
 _record = runtime.record_eager
@@ -40,11 +42,12 @@ FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
 class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
-    __slots__ = ("arg_names", "has_generator", "host_operands_ok", "kind", "name", "op")
+    __slots__ = ("arg_names", "call", "has_generator", "host_operands_ok", "kind", "name", "op")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
         self.op = op
+        self.call = op._op  # skips OpOverload.__call__'s Python frame
         self.name = schema.name
         returns = schema.returns
         if any(r.alias_info is not None and r.alias_info.is_write for r in returns) or (
@@ -64,18 +67,38 @@ _infos: dict[object, OpInfo] = {}
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor over the same memory as neuron tensor `t`."""
+    """A CPU tensor over the same memory as neuron tensor `t`.
+
+    The view is kept on the tensor and reused while its geometry still matches (an
+    in-place metadata change such as `t_()` or `set_` makes it rebuild).
+    """
+    host = getattr(t, "_neuron_host", None)
+    if host is not None and host.data_ptr() == t.data_ptr() and host.shape == t.shape \
+            and host.stride() == t.stride():
+        return host
     block = t.untyped_storage()._neuron_block
-    return _host_empty(0, dtype=t.dtype).set_(block.host, t.storage_offset(), t.size(),
+    host = _host_empty(0, dtype=t.dtype).set_(block.host, t.storage_offset(), t.size(),
                                               t.stride())
+    t._neuron_host = host
+    return host
 
 
 def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
     """Relabel a CPU result as a neuron tensor on `device`, sharing its memory."""
-    storage = adopt(device.memory, cpu.untyped_storage(), device.torch_device)
-    out = _create_empty([0], cpu.dtype)
-    _set_storage.redispatch(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
-                            cpu.stride())
+    host = cpu.untyped_storage()
+    if device.index == 0 and cpu.storage_offset() == 0 and cpu.is_contiguous():
+        # Fast path: a fresh neuron:0 tensor of the right geometry takes over the pointer.
+        out = _create_empty(cpu.shape, cpu.dtype)
+        storage = out.untyped_storage()
+        storage._swap_data_ptr_(_construct_storage(host.data_ptr(), device.torch_device,
+                                                   host.nbytes()))
+        attach(device.memory, storage, host)
+    else:
+        storage = adopt(device.memory, host, device.torch_device)
+        out = _create_empty([0], cpu.dtype)
+        _redispatch_set(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
+                        cpu.stride())
+    out._neuron_host = cpu
     return out
 
 
@@ -220,7 +243,7 @@ def run_op(op, args: tuple, kwargs: dict):
     if info.has_generator and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = device.generator
 
-    result = op(*host_args, **host_kwargs)
+    result = info.call(*host_args, **host_kwargs)
     if info.kind == MUTATING:
         result = _map_back(result, conv, device)
         out_sig = tuple(conv.sig[:1])
