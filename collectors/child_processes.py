@@ -1,0 +1,132 @@
+"""Recording the processes a recorded program starts: forks, spawns, torchrun workers.
+
+While a recording runs, `NEURON_EXPLORER_RECORD` (JSON: base output path, level,
+steps, format, root pid) is set and the `bootstrap` folder leads `PYTHONPATH`, so
+every Python child runs our `sitecustomize`, which starts a recording of its own
+as soon as the child imports torch. Forked children (DataLoader workers,
+`multiprocessing` with fork) inherit the recorder itself: after the fork they drop
+the parent's buffered events and write their own trace. Each child's trace is
+named after the parent's: `run.rank1.pftrace` under torchrun (RANK set), else
+`run.pid4242.pftrace`; a child that recorded nothing leaves no file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import json
+import os
+import sys
+from typing import Any
+
+from neuron_explorer.collectors.recorder import Recorder, RecordOptions
+
+CHILD_ENV = "NEURON_EXPLORER_RECORD"
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+
+_saved_env: dict[str, str | None] | None = None
+_fork_handler_installed = False
+
+
+def child_path(base: str, pid: int, rank: str | None) -> str:
+    """Trace path of a child process, next to the parent's trace."""
+    root, ext = os.path.splitext(base)
+    label = f"rank{rank}" if rank is not None else f"pid{pid}"
+    return f"{root}.{label}{ext}"
+
+
+def child_traces(base: str) -> list[str]:
+    """Child traces written next to `base` (for the summary)."""
+    root, ext = os.path.splitext(base)
+    pattern = glob.escape(root) + ".*" + glob.escape(ext)
+    return sorted(p for p in glob.glob(pattern)
+                  if p != base and os.path.basename(p)[len(os.path.basename(root)) + 1:]
+                  .startswith(("rank", "pid")))
+
+
+def _config(options: RecordOptions) -> dict[str, Any]:
+    return {
+        "output": os.path.abspath(options.path),
+        "level": options.level,
+        "steps": list(options.steps) if options.steps else None,
+        "format": options.fmt,
+        "root_pid": os.getpid(),
+        "root_rank": os.environ.get("RANK"),
+    }
+
+
+def export_to_children(options: RecordOptions) -> None:
+    """Make Python children of this process record themselves (until `stop_exporting`)."""
+    global _saved_env
+    if _saved_env is None:
+        _saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, "PYTHONPATH")}
+    os.environ[CHILD_ENV] = json.dumps(_config(options))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if BOOTSTRAP_DIR not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+
+
+def stop_exporting() -> None:
+    """Put back the environment `export_to_children` changed."""
+    global _saved_env
+    if _saved_env is None:
+        return
+    for key, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _saved_env = None
+
+
+def _child_rank(config: dict[str, Any]) -> str | None:
+    rank = os.environ.get("RANK")
+    return rank if rank is not None and rank != config.get("root_rank") else None
+
+
+def start_from_environment() -> Recorder | None:
+    """In a child process started while its parent recorded: record this one too."""
+    from neuron_explorer.collectors import session
+
+    raw = os.environ.get(CHILD_ENV)
+    if not raw or session.active() is not None:
+        return None
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        return None
+    if config.get("root_pid") == os.getpid():
+        return None
+    steps = tuple(config["steps"]) if config.get("steps") else None
+    path = child_path(config["output"], os.getpid(), _child_rank(config))
+    options = RecordOptions(path, config.get("level", "engine"), steps,
+                            config.get("format", "pftrace"), list(sys.argv), quiet=True,
+                            drop_if_empty=True)
+    recorder = session.start(options, record_children=False)
+    atexit.register(recorder.stop)
+    return recorder
+
+
+def _after_fork_in_child() -> None:
+    from neuron_explorer.collectors import session
+
+    recorder = session.active()
+    if recorder is None:
+        return
+    raw = os.environ.get(CHILD_ENV)
+    config = json.loads(raw) if raw else {"output": os.path.abspath(recorder.options.path)}
+    recorder.after_fork(child_path(config["output"], os.getpid(), None))
+    session.attach_sink_after_fork(recorder)
+    atexit.register(recorder.stop)
+    # multiprocessing's fork children leave through os._exit: its finalizers still run
+    from multiprocessing import util
+
+    util.Finalize(recorder, recorder.stop, exitpriority=100)
+
+
+def install_fork_handler() -> None:
+    """Register (once per process) what a forked child does with an active recording."""
+    global _fork_handler_installed
+    if not _fork_handler_installed and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_handler_installed = True

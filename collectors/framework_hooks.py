@@ -1,0 +1,288 @@
+"""Framework-level events from PyTorch's own hooks: modules, backward, optimizer, data, ranges.
+
+- forward: global module forward pre/post hooks give one `module` slice per call,
+  named by its path (`model.layers.3.attn`);
+- backward: module backward hooks would wrap every module's outputs in a custom
+  autograd Function, which breaks in-place ops after a module, so instead each
+  module's forward remembers the autograd sequence numbers of the nodes it created,
+  and during backward the node running each op (`torch._C._current_autograd_node`)
+  says which module's backward is running;
+- optimizer: global step pre/post hooks (a step ends a training step), zero_grad;
+- data: time in the DataLoader iterator's `__next__`;
+- `torch.profiler.record_function` ranges become annotations.
+
+Hooks do nothing while Dynamo traces (they would otherwise be compiled into graphs),
+and the time they spend is removed from the host clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.collectors.trace_writer import RecordingError
+from neuron_explorer.trace_format import (
+    ARG_MODULE,
+    ARG_PHASE,
+    ARG_STEP,
+    CAT_DATALOADER,
+    CAT_MODULE,
+    CAT_OPTIMIZER,
+)
+from torch._C._autograd import _get_sequence_nr
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optimizer_hooks
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.events import OpLaunch
+    from neuron_explorer.collectors.recorder import Recorder, _ThreadState
+
+_perf_ns = time.perf_counter_ns
+_is_compiling = torch.compiler.is_compiling
+_current_node = torch._C._current_autograd_node
+_SEQ_MAP_LIMIT = 2_000_000  # autograd sequence numbers remembered for backward attribution
+# record_function ranges that other events already show
+_SKIPPED_RANGES = ("Optimizer.", "enumerate(DataLoader)", "Optimizer.zero_grad")
+
+
+class FrameworkHooks:
+    """Installs the hooks for one recorder and removes them again."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.rec = recorder
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._roots: set[str] = set()
+        self._seq_module: dict[int, str] = {}
+        self._handles: list[Any] = []
+        self._patches: list[tuple[object, str, object]] = []
+
+    # -- install / uninstall -----------------------------------------------------
+
+    def install(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+            optimizer_hooks.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optimizer_hooks.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad)
+        self._patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad)
+        self._patch(torch.autograd, "backward", self._wrap_backward)
+        from torch.utils.data import dataloader
+
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
+        rf = torch.autograd.profiler.record_function
+        self._patch(rf, "__enter__", self._wrap_range_enter)
+        self._patch(rf, "__exit__", self._wrap_range_exit)
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._patches.clear()
+
+    def _patch(self, owner: object, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+        self._patches.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    # -- module paths ------------------------------------------------------------------
+
+    def path_of(self, module: torch.nn.Module, parent: str | None) -> str:
+        path = self._names.get(module)
+        if path is not None:
+            return path
+        if parent is None:
+            has_children = next(iter(module.children()), None) is not None
+            base = "model" if has_children and "model" not in self._roots else type(module).__name__
+            path = base
+            n = 2
+            while path in self._roots:
+                path = f"{base}{n}"
+                n += 1
+            self._roots.add(path)
+        else:
+            path = f"{parent}.{type(module).__name__}"
+        for name, sub in module.named_modules():
+            if sub not in self._names:
+                self._names[sub] = f"{path}.{name}" if name else path
+        return self._names.get(module, path)
+
+    def current_module(self, state: _ThreadState) -> str:
+        if state.forward:
+            return state.forward[-1][0]
+        if state.backward:
+            return state.backward[-1]
+        return ""
+
+    # -- forward -----------------------------------------------------------------------
+
+    def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        if _is_compiling() or not self.rec.recording:
+            return
+        t0 = _perf_ns()
+        ts = clock.now()  # read first: the hook's own time is taken off the clock below
+        try:
+            rec = self.rec
+            state = rec.thread()
+            parent = state.forward[-1][0] if state.forward else None
+            path = self.path_of(module, parent)
+            state.forward.append((path, _get_sequence_nr()))
+            rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
+                                         ARG_STEP: rec.step}, ts=ts, state=state)
+        except RecordingError as exc:
+            self.rec.fail(exc)
+        clock.exclude(_perf_ns() - t0)
+
+    def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if _is_compiling():
+            return
+        rec = self.rec
+        state = rec._threads.get(threading.get_ident())
+        if state is None or not state.forward:
+            return
+        t0 = _perf_ns()
+        ts = clock.now()
+        try:
+            path, seq_start = state.forward.pop()
+            seq_end = _get_sequence_nr()
+            if seq_end > seq_start and torch.is_grad_enabled():
+                seq_map = self._seq_module
+                if len(seq_map) > _SEQ_MAP_LIMIT:
+                    seq_map.clear()
+                for seq in range(seq_start, seq_end):
+                    seq_map.setdefault(seq, path)  # inner modules claimed theirs first
+            rec.end(CAT_MODULE, ts=ts, state=state)
+        except RecordingError as exc:
+            rec.fail(exc)
+        clock.exclude(_perf_ns() - t0)
+
+    # -- backward ----------------------------------------------------------------------
+
+    def before_op(self, ev: OpLaunch, state: _ThreadState) -> None:
+        """Called for every device op: follow the autograd node into module backward slices."""
+        node = _current_node()
+        if node is None:
+            if state.backward:
+                try:
+                    self.rec.close_backward(ev.host_start_ns, state)
+                except RecordingError as exc:
+                    self.rec.fail(exc)
+            return
+        path = self._seq_module.get(node._sequence_nr(), "")
+        try:
+            self.rec.backward_to(path, ev.host_start_ns, state)
+        except RecordingError as exc:
+            self.rec.fail(exc)
+
+    def _wrap_backward(self, original: Callable) -> Callable:
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if self.rec.recording:
+                    self._timed(self._close_backward)
+
+        return backward
+
+    def _close_backward(self, ts: int) -> None:
+        self.rec.close_backward(ts)
+        # sequence numbers of this step's forward are no longer needed
+        self._seq_module.clear()
+
+    # -- optimizer ----------------------------------------------------------------------
+
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, _args: Any, _kw: Any) -> None:
+        if _is_compiling() or not self.rec.recording:
+            return
+        self._timed(self._optimizer_begin, f"{type(optimizer).__name__}.step")
+
+    def _optimizer_begin(self, name: str, ts: int) -> None:
+        self.rec.close_backward(ts)
+        self.rec.begin(name, CAT_OPTIMIZER, {ARG_STEP: self.rec.step}, ts=ts)
+
+    def _optimizer_post(self, _optimizer: torch.optim.Optimizer, _args: Any, _kw: Any) -> None:
+        if _is_compiling() or self.rec.stopped:
+            return
+        self._timed(self._optimizer_end)
+
+    def _optimizer_end(self, ts: int) -> None:
+        self.rec.end(CAT_OPTIMIZER, ts=ts)
+        self.rec.end_step(explicit=False, ts=ts)
+
+    def _wrap_zero_grad(self, original: Callable) -> Callable:
+        hooks = self
+
+        def zero_grad(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            rec = hooks.rec
+            if _is_compiling() or not rec.recording:
+                return original(self_, *args, **kwargs)
+            name = f"{type(self_).__name__}.zero_grad"
+            hooks._timed(rec.begin, name, CAT_OPTIMIZER, {ARG_STEP: rec.step})
+            try:
+                return original(self_, *args, **kwargs)
+            finally:
+                hooks._timed(rec.end, CAT_OPTIMIZER)
+
+        return zero_grad
+
+    # -- data loading ----------------------------------------------------------------------
+
+    def _wrap_next(self, original: Callable) -> Callable:
+        hooks = self
+
+        def __next__(self_: Any) -> Any:
+            rec = hooks.rec
+            if not rec.recording:
+                return original(self_)
+            hooks._timed(rec.begin, "DataLoader.__next__", CAT_DATALOADER, {ARG_STEP: rec.step})
+            try:
+                return original(self_)
+            finally:
+                hooks._timed(rec.end, CAT_DATALOADER)
+
+        return __next__
+
+    # -- record_function ranges -----------------------------------------------------------
+
+    def _wrap_range_enter(self, original: Callable) -> Callable:
+        hooks = self
+
+        def __enter__(self_: Any) -> Any:
+            result = original(self_)
+            rec = hooks.rec
+            if not _is_compiling() and rec.recording and not self_.name.startswith(_SKIPPED_RANGES):
+                self_._neuron_explorer_open = True
+                hooks._timed(rec.annotation_begin, self_.name)
+            return result
+
+        return __enter__
+
+    def _wrap_range_exit(self, original: Callable) -> Callable:
+        hooks = self
+
+        def __exit__(self_: Any, *exc: Any) -> Any:
+            if getattr(self_, "_neuron_explorer_open", False):
+                self_._neuron_explorer_open = False
+                hooks._timed(hooks.rec.annotation_end)
+            return original(self_, *exc)
+
+        return __exit__
+
+    def _timed(self, fn: Callable, *args: Any) -> None:
+        """Run a recording call at the current host time (passed as `ts`), keeping its own
+        time off the host clock and its errors contained."""
+        t0 = _perf_ns()
+        ts = clock.now()
+        try:
+            fn(*args, ts=ts)
+        except RecordingError as exc:
+            self.rec.fail(exc)
+        clock.exclude(_perf_ns() - t0)

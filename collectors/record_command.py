@@ -1,0 +1,101 @@
+"""`neuron-explorer record [options] -- python train.py args...`: run a program, write its trace.
+
+Also `record train.py args...` and `record -m package.module args...`. Heavy
+imports (torch) happen inside `run`, after the options are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
+
+LEVELS = ("framework", "op", "engine")
+HARDWARE = ("trn1", "trn2", "trn3")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "%(prog)s [options] [--] [python] SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+    parser.add_argument("-o", "--output", metavar="PATH",
+                        help="trace file (default: a new SCRIPT.pftrace in the current folder)")
+    parser.add_argument("--hardware", choices=HARDWARE,
+                        help="simulated device preset (sets NEURON_HARDWARE)")
+    parser.add_argument("--level", choices=LEVELS, default="engine",
+                        help="framework: steps, modules, optimizer, data, syncs, compile; "
+                             "op: + every device op and kernel; engine (default): + instructions, "
+                             "DMA and counters")
+    parser.add_argument("--steps", metavar="START:STOP",
+                        help="record only steps START..STOP-1 (a step ends at optimizer.step() "
+                             "or neuron_explorer.step())")
+    parser.add_argument("--format", choices=FORMATS,
+                        help="pftrace (Perfetto protobuf, default) or json (Chrome trace)")
+    parser.add_argument("-m", dest="module", metavar="MODULE",
+                        help="run a library module as a script, like python -m")
+    parser.add_argument("program", nargs=argparse.REMAINDER,
+                        help="the program and its arguments")
+
+
+def default_output(stem: str, fmt: str) -> str:
+    """A new file name in the current folder: never an existing file."""
+    ext = ".json" if fmt == "json" else ".pftrace"
+    candidate = f"{stem}{ext}"
+    n = 1
+    while os.path.exists(candidate):
+        candidate = f"{stem}.{n}{ext}"
+        n += 1
+    return candidate
+
+
+def _check_writable(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise RecordingError(f"cannot write the trace to {path}: it is a folder; "
+                             "give a file name with -o/--output")
+    if not os.path.isdir(folder):
+        raise RecordingError(f"cannot write the trace to {path}: folder {folder} does not "
+                             "exist; create it or choose another -o/--output")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise RecordingError(f"cannot write the trace to {path}: permission denied; "
+                             "choose a writable path with -o/--output")
+
+
+def run(args: argparse.Namespace) -> int:
+    from neuron_explorer.collectors.program import parse_program
+    from neuron_explorer.collectors.recorder import RecordOptions, parse_steps
+    from neuron_explorer.collectors.session import format_for
+
+    words = list(args.program)
+    if words and words[0].startswith("-") and words[0] not in ("--", "-m"):
+        raise RecordingError(f"unknown option {words[0]}: see `neuron-explorer record --help`")
+    program = parse_program(words, args.module)
+    steps = parse_steps(args.steps)
+    fmt = format_for(args.output or "", args.format)
+    if args.output:
+        output = args.output
+        _check_writable(output)
+        if os.path.exists(output):
+            print(f"neuron-explorer: replacing existing {output}", file=sys.stderr)
+    else:
+        output = default_output(program.stem, fmt)
+        _check_writable(output)
+    if args.hardware:
+        os.environ["NEURON_HARDWARE"] = args.hardware
+    options = RecordOptions(output, args.level, steps, fmt, program.argv)
+    return _record(program, options)
+
+
+def _record(program, options) -> int:
+    from neuron_explorer.collectors import session
+    from neuron_explorer.collectors.program import COMMAND, end_like_python, run_program
+
+    recorder = session.start(options)
+    if program.kind == COMMAND:
+        # the launcher only starts other processes: its children hold the events
+        recorder.options.drop_if_empty = False
+    try:
+        outcome = run_program(program)
+    finally:
+        recorder.stop()
+    return end_like_python(outcome)

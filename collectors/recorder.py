@@ -1,0 +1,343 @@
+"""One recording: the writer, the host and device tracks, the step window, open slices.
+
+The framework hooks and the device sink call the recorder; the recorder decides
+what is inside the step window, keeps host slices properly nested per thread
+(steps, modules, backward, annotations), and writes through a `TraceWriter`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.collectors.trace_writer import RecordingError, TraceWriter, open_writer
+from neuron_explorer.trace_format import (
+    ARG_STEP,
+    CAT_ANNOTATION,
+    CAT_BACKWARD,
+    CAT_STEP,
+    FORMAT_VERSION,
+    META_COMMAND,
+    META_HARDWARE,
+    META_HARDWARE_FIGURES,
+    META_LEVEL,
+    META_PID,
+    META_START,
+    META_TORCH,
+    META_VERSION,
+)
+
+LEVELS = ("framework", "op", "engine")
+
+
+@dataclass
+class RecordOptions:
+    """What to record and where: the plain config object behind `record()` and the CLI."""
+
+    path: str
+    level: str = "engine"
+    steps: tuple[int, int | None] | None = None  # [start, stop) step window
+    fmt: str = "pftrace"
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    quiet: bool = False  # no summary on stderr
+    drop_if_empty: bool = False  # a child process that recorded nothing leaves no file
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise RecordingError(f"unknown level {self.level!r}: use one of {', '.join(LEVELS)}")
+
+
+@dataclass
+class _Open:
+    """A host slice begun on a thread's track and not yet ended."""
+
+    name: str
+    category: str
+    args: Mapping[str, Any] | None
+
+
+class _ThreadState:
+    __slots__ = ("backward", "forward", "open", "track")
+
+    def __init__(self, track: int) -> None:
+        self.track = track
+        self.open: list[_Open] = []  # host slices open on this track, outermost first
+        self.forward: list[tuple[str, int]] = []  # (module path, autograd seq at entry)
+        self.backward: list[str] = []  # module paths of the backward slices open
+
+
+def parse_steps(text: str | None) -> tuple[int, int | None] | None:
+    """"START:STOP" (either side may be empty) -> (start, stop); None -> None."""
+    if text is None:
+        return None
+    start_text, sep, stop_text = text.partition(":")
+    try:
+        start = int(start_text) if start_text.strip() else 0
+        stop = int(stop_text) if stop_text.strip() else None
+    except ValueError:
+        start = stop = -1
+    if not sep or start < 0 or (stop is not None and stop <= start):
+        raise RecordingError(
+            f"--steps {text!r} is not a step range: use START:STOP with 0 <= START < STOP, "
+            "e.g. --steps 2:5 records steps 2, 3 and 4"
+        )
+    return start, stop
+
+
+class Recorder:
+    """Writes one process's events into one trace file."""
+
+    def __init__(self, options: RecordOptions) -> None:
+        self.options = options
+        self.level = LEVELS.index(options.level)
+        self.ops = self.level >= 1  # op slices and kernels
+        self.engine = self.level >= 2  # instructions, DMA, counters
+        self.pid = os.getpid()
+        self.writer: TraceWriter = open_writer(options.path, options.fmt,
+                                               uuid_base=(self.pid << 24) + 1)
+        self.failed: RecordingError | None = None
+        self.stopped = False
+        self.step = 0
+        self.explicit_steps = False
+        self.step_open = False
+        self.step_start = clock.now()
+        self.steps_recorded: list[int] = []
+        self.window_start, self.window_stop = options.steps or (0, None)
+        self._threads: dict[int, _ThreadState] = {}
+        self._lock = threading.RLock()
+        self.main_ident = threading.main_thread().ident
+        self.children: list[str] = []
+        self.host = self.writer.process(self.pid, _process_name(options.command),
+                                        [str(a) for a in options.command])
+        self.main = self._thread_state_for(self.main_ident, threading.main_thread())
+        self.writer.metadata(self.main.track, clock.now(), self._metadata())
+
+    # -- state --------------------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        """True while events are to be written (inside the step window, not stopped)."""
+        return not self.stopped and self.step >= self.window_start
+
+    def _metadata(self) -> dict[str, Any]:
+        import neuron_explorer
+        import torch
+
+        hardware, figures = hardware_preset()
+        return {
+            META_HARDWARE: hardware,
+            META_HARDWARE_FIGURES: figures,
+            META_COMMAND: [str(a) for a in self.options.command],
+            META_TORCH: torch.__version__,
+            META_VERSION: neuron_explorer.__version__,
+            META_START: clock.origin_unix_ns(),
+            META_LEVEL: self.options.level,
+            META_PID: self.pid,
+            "steps": list(self.options.steps) if self.options.steps else None,
+            "format_version": FORMAT_VERSION,
+        }
+
+    def thread(self) -> _ThreadState:
+        """The calling thread's state, its track registered on first use."""
+        ident = threading.get_ident()
+        state = self._threads.get(ident)
+        if state is None:
+            state = self._thread_state_for(ident, threading.current_thread())
+        return state
+
+    def thread_for(self, ident: int) -> _ThreadState:
+        state = self._threads.get(ident)
+        if state is None:
+            return self.thread()  # events arrive on the thread that caused them
+        return state
+
+    def _thread_state_for(self, ident: int | None, thread: threading.Thread) -> _ThreadState:
+        with self._lock:
+            native = getattr(thread, "native_id", None) or threading.get_native_id()
+            name = thread.name if thread is not threading.main_thread() else "MainThread"
+            state = _ThreadState(self.writer.thread(self.pid, native, name))
+            self._threads[ident or 0] = state
+            return state
+
+    def step_args(self) -> dict[str, int]:
+        return {ARG_STEP: self.step}
+
+    # -- host slices, kept nested per thread -------------------------------------------
+
+    def ensure_step(self) -> None:
+        """Begin the current step's slice (lazily: at the first event inside it)."""
+        if not self.step_open and self.recording:
+            self.step_open = True
+            self.writer.begin(self.main.track, self.step_start, f"step {self.step}", CAT_STEP,
+                              {ARG_STEP: self.step})
+            self.steps_recorded.append(self.step)
+
+    def begin(self, name: str, category: str, args: Mapping[str, Any] | None = None,
+              ts: int | None = None, state: _ThreadState | None = None) -> None:
+        """Open a host slice on the calling thread's track."""
+        if not self.recording:
+            return
+        self.ensure_step()
+        state = state or self.thread()
+        state.open.append(_Open(name, category, args))
+        self.writer.begin(state.track, clock.now() if ts is None else ts, name, category, args)
+
+    def end(self, category: str, ts: int | None = None, state: _ThreadState | None = None) -> None:
+        """Close the innermost open slice of `category` (and any left open inside it)."""
+        state = state or self.thread()
+        for depth in range(len(state.open) - 1, -1, -1):
+            if state.open[depth].category == category:
+                now = clock.now() if ts is None else ts
+                while len(state.open) > depth:
+                    state.open.pop()
+                    self.writer.end(state.track, now)
+                return
+
+    def end_step(self, explicit: bool, ts: int | None = None) -> None:
+        """End the current step: by `neuron_explorer.step()` or an optimizer step."""
+        if explicit:
+            self.explicit_steps = True
+        elif self.explicit_steps:
+            return  # explicit step marks override optimizer steps
+        now = clock.now() if ts is None else ts
+        reopen: list[_Open] = []
+        if self.step_open:
+            # Slices still open on the main thread (a loop-wide annotation) are split at the
+            # step boundary so that every slice nests inside one step.
+            reopen = [o for o in self.main.open]
+            for _ in self.main.open:
+                self.writer.end(self.main.track, now)
+            self.main.open.clear()
+            self.writer.end(self.main.track, now)
+            self.step_open = False
+        self.step += 1
+        self.step_start = now
+        if self.window_stop is not None and self.step >= self.window_stop:
+            self.stop()
+            return
+        if reopen and self.recording:
+            for o in reopen:
+                self.begin(o.name, o.category, o.args, ts=now, state=self.main)
+
+    # -- backward module slices (from the autograd node running each op) -------------
+
+    def backward_to(self, path: str, ts: int, state: _ThreadState) -> None:
+        """Make the open backward module slices of this thread match `path`'s hierarchy."""
+        if not self.recording:
+            return
+        want = _path_levels(path)
+        have = state.backward
+        common = 0
+        while common < len(have) and common < len(want) and have[common] == want[common]:
+            common += 1
+        while len(have) > common:
+            have.pop()
+            self.end(CAT_BACKWARD, ts, state)
+        for level in want[common:]:
+            have.append(level)
+            self.begin(level, CAT_BACKWARD,
+                       {"module": level, "phase": "backward", ARG_STEP: self.step},
+                       ts=ts, state=state)
+
+    def close_backward(self, ts: int | None = None, state: _ThreadState | None = None) -> None:
+        """End the backward module slices open on `state` (default: on every thread)."""
+        for st in [state] if state is not None else list(self._threads.values()):
+            now = clock.now() if ts is None else ts
+            while st.backward:
+                st.backward.pop()
+                self.end(CAT_BACKWARD, now, st)
+
+    # -- annotations ----------------------------------------------------------------
+
+    def annotation_begin(self, name: str, ts: int | None = None) -> None:
+        self.begin(name, CAT_ANNOTATION, self.step_args(), ts=ts)
+
+    def annotation_end(self, ts: int | None = None) -> None:
+        self.end(CAT_ANNOTATION, ts=ts)
+
+    # -- end ------------------------------------------------------------------------
+
+    def fail(self, error: RecordingError) -> None:
+        """Writing failed (e.g. a full disk): stop recording, keep the program running."""
+        if self.failed is None:
+            self.failed = error
+            print(f"neuron-explorer: {error}", file=sys.stderr)
+        self.stopped = True
+
+    def stop(self) -> None:
+        """End open slices, flush and close the trace (idempotent)."""
+        if self.stopped and self.writer.closed:
+            return
+        was_failed = self.failed is not None
+        self.stopped = True
+        from neuron_explorer.collectors import session
+
+        session.detach(self)
+        if was_failed:
+            self.writer.discard()
+            return
+        now = clock.now()
+        try:
+            for state in self._threads.values():
+                while state.open:
+                    state.open.pop()
+                    self.writer.end(state.track, now)
+                state.backward.clear()
+            if self.step_open:
+                self.writer.end(self.main.track, now)
+                self.step_open = False
+            self.writer.close()
+        except RecordingError as exc:
+            self.fail(exc)
+            self.writer.discard()
+            return
+        if self.options.drop_if_empty and self.writer.events <= 1:
+            try:
+                os.unlink(self.writer.path)
+            except OSError:
+                pass
+            return
+        if not self.options.quiet:
+            from neuron_explorer.collectors.summary import summary
+
+            print(summary(self), file=sys.stderr)
+
+    def after_fork(self, path: str) -> None:
+        """In a forked child: drop the parent's buffered events, start a trace of our own."""
+        self.writer.discard()
+        self.__init__(RecordOptions(path, self.options.level, self.options.steps,
+                                    self.options.fmt, self.options.command, quiet=True,
+                                    drop_if_empty=True))
+
+
+def _path_levels(path: str) -> list[str]:
+    """"model.layers.3" -> ["model", "model.layers", "model.layers.3"] ("" -> [])."""
+    if not path:
+        return []
+    parts = path.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _process_name(command: list[str]) -> str:
+    shown = [os.path.basename(str(command[0]))] + [str(a) for a in command[1:3]] if command else []
+    return " ".join(shown) or "python"
+
+
+def hardware_preset() -> tuple[str, dict[str, Any]]:
+    """The device preset's name and peak figures (from the device when it is available)."""
+    name = os.environ.get("NEURON_HARDWARE", "trn2")
+    try:
+        from neuron_explorer.backend import devices
+
+        preset = devices.preset()
+        figures = preset.figures()
+        return preset.name, json.loads(json.dumps(figures, default=str))
+    except Exception:  # noqa: BLE001 - no device here: keep the name we know
+        return name, {}
+

@@ -1,0 +1,188 @@
+"""The Python API: `neuron_explorer.record(...)`, `neuron_explorer.step()`, `neuron_explorer.annotate(...)`.
+
+    with neuron_explorer.record("run.pftrace", level="op", steps="2:5"):
+        for batch in loader:
+            with neuron_explorer.annotate("forward+backward"):
+                loss = model(batch).sum()
+                loss.backward()
+            opt.step()              # ends a step, unless neuron_explorer.step() is used
+
+One recording runs at a time per process; child processes started while it runs
+are recorded into traces of their own (see `child_processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Self
+
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
+from neuron_explorer.collectors.trace_writer import RecordingError
+
+_perf_ns = time.perf_counter_ns
+
+_active: Recorder | None = None
+_attached: dict[int, tuple[Any, Any]] = {}  # id(recorder) -> (hooks, sink)
+
+
+def active() -> Recorder | None:
+    """The recording running in this process, if any."""
+    return _active if _active is not None and not _active.stopped else None
+
+
+def format_for(path: str, fmt: str | None) -> str:
+    """The format asked for, or the one the file name implies (.json -> json)."""
+    if fmt:
+        return fmt
+    return "json" if str(path).lower().endswith(".json") else "pftrace"
+
+
+def _steps(steps: str | Sequence[int] | range | None) -> tuple[int, int | None] | None:
+    if steps is None or isinstance(steps, str):
+        return parse_steps(steps)
+    if isinstance(steps, range):
+        return parse_steps(f"{steps.start}:{steps.stop}")
+    start, stop = steps
+    return parse_steps(f"{start}:{'' if stop is None else stop}")
+
+
+def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
+    """Start recording this process (the CLI and `record` both come here)."""
+    global _active
+    if active() is not None:
+        raise RecordingError(f"already recording to {_active.options.path}: "
+                             "stop that recording before starting another")
+    import torch  # noqa: F401 - loads the neuron device before its events are subscribed
+    from neuron_explorer.backend.events import hub
+    from neuron_explorer.collectors import child_processes
+    from neuron_explorer.collectors.device_sink import DeviceSink
+    from neuron_explorer.collectors.framework_hooks import FrameworkHooks
+
+    recorder = Recorder(options)
+    hooks = FrameworkHooks(recorder)
+    sink = DeviceSink(recorder, hooks)
+    hooks.install()
+    hub.subscribe(sink, instructions=recorder.engine)
+    _attached[id(recorder)] = (hooks, sink)
+    _active = recorder
+    child_processes.install_fork_handler()
+    if record_children:
+        child_processes.export_to_children(options)
+    return recorder
+
+
+def attach_sink_after_fork(recorder: Recorder) -> None:
+    """In a forked child: the inherited sink points at the parent's tracks; replace it."""
+    from neuron_explorer.backend.events import hub
+    from neuron_explorer.collectors.device_sink import DeviceSink
+
+    hooks, old_sink = _attached.pop(id(recorder), (None, None))
+    if old_sink is not None:
+        hub.unsubscribe(old_sink)
+    sink = DeviceSink(recorder, hooks)
+    hub.subscribe(sink, instructions=recorder.engine)
+    _attached[id(recorder)] = (hooks, sink)
+
+
+def detach(recorder: Recorder) -> None:
+    """Unsubscribe and unhook a recorder, writing what its sink still buffers."""
+    global _active
+    from neuron_explorer.backend.events import hub
+
+    hooks, sink = _attached.pop(id(recorder), (None, None))
+    if sink is not None:
+        hub.unsubscribe(sink)
+        if recorder.failed is None:
+            sink.flush()
+    if hooks is not None:
+        hooks.uninstall()
+    if _active is recorder:
+        _active = None
+        from neuron_explorer.collectors import child_processes
+
+        child_processes.stop_exporting()
+
+
+class record(contextlib.ContextDecorator):
+    """Record the enclosed code into a trace: `with neuron_explorer.record("run.pftrace"):`.
+
+    level: "framework", "op" or "engine" (default); steps: "START:STOP" (or a
+    (start, stop) pair or range) records only those steps; format: "pftrace" or
+    "json" (default: from the file name).
+    """
+
+    def __init__(self, path: str | os.PathLike = "trace.pftrace", *, level: str = "engine",
+                 steps: str | Sequence[int] | range | None = None, format: str | None = None,
+                 quiet: bool = False) -> None:
+        path = os.fspath(path)
+        self.options = RecordOptions(path, level, _steps(steps), format_for(path, format),
+                                     quiet=quiet)
+        self.recorder: Recorder | None = None
+
+    @property
+    def path(self) -> str:
+        return self.options.path
+
+    def start(self) -> record:
+        self.recorder = start(self.options)
+        return self
+
+    def stop(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def step() -> None:
+    """Mark the end of a training step (overrides the optimizer-step default)."""
+    recorder = active()
+    if recorder is None:
+        return
+    t0 = _perf_ns()
+    try:
+        recorder.end_step(explicit=True, ts=clock.now())
+    except RecordingError as exc:
+        recorder.fail(exc)
+    clock.exclude(_perf_ns() - t0)
+
+
+class annotate(contextlib.ContextDecorator):
+    """A named range in the trace: `with annotate("loss"):` or `@annotate("loss")`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+        self._recorder: Recorder | None = None
+
+    def _recreate_cm(self) -> annotate:
+        return annotate(self.name)  # each decorated call gets its own range
+
+    def __enter__(self) -> Self:
+        recorder = active()
+        if recorder is not None and recorder.recording:
+            t0 = _perf_ns()
+            try:
+                recorder.annotation_begin(self.name, ts=clock.now())
+                self._recorder = recorder
+            except RecordingError as exc:
+                recorder.fail(exc)
+            clock.exclude(_perf_ns() - t0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None and not recorder.stopped:
+            t0 = _perf_ns()
+            try:
+                recorder.annotation_end(ts=clock.now())
+            except RecordingError as err:
+                recorder.fail(err)
+            clock.exclude(_perf_ns() - t0)

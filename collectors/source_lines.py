@@ -1,0 +1,77 @@
+"""The user's source line behind an op or a sync: the first frame outside torch and us.
+
+Walking the stack on every op must be cheap: whether a code object belongs to
+torch, this project or the standard library is decided once per code object and
+cached, and the "file:line" strings are cached per (file, line).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import CodeType
+
+import neuron_explorer
+import torch
+
+
+def _internal_roots() -> tuple[str, ...]:
+    import neuron_explorer.backend
+    import neuron_explorer.collectors
+
+    roots = {
+        os.path.dirname(torch.__file__),
+        os.path.dirname(neuron_explorer.__file__),
+        os.path.dirname(neuron_explorer.backend.__file__),
+        os.path.dirname(neuron_explorer.collectors.__file__),
+        sysconfig.get_paths()["stdlib"],
+    }
+    return tuple(sorted(r + os.sep for r in roots if r))
+
+
+def _workloads_root() -> str:
+    """The reference workloads are user code as far as source lines go."""
+    return os.path.join(os.path.dirname(neuron_explorer.__file__), "workloads") + os.sep
+
+
+class SourceLocator:
+    """Finds "file:line" of the innermost user frame, caching per code object."""
+
+    def __init__(self, user_roots: tuple[str, ...] | None = None) -> None:
+        self._internal = _internal_roots()
+        self._user_roots = (_workloads_root(),) if user_roots is None else user_roots
+        self._is_internal: dict[CodeType, bool] = {}
+        self._text: dict[tuple[str, int], str] = {}
+        self._cwd = os.getcwd() + os.sep
+
+    def _classify(self, code: CodeType) -> bool:
+        filename = code.co_filename
+        if filename.startswith("<") and not filename.startswith("<stdin"):
+            internal = filename.startswith(("<frozen", "<string>"))
+        elif self._user_roots and filename.startswith(self._user_roots):
+            internal = False
+        else:
+            internal = filename.startswith(self._internal) or "/site-packages/torch/" in filename
+        self._is_internal[code] = internal
+        return internal
+
+    def locate(self, skip: int = 1) -> str:
+        """"file:line" of the first frame outside torch, this project and the stdlib."""
+        frame = sys._getframe(skip)
+        known = self._is_internal
+        while frame is not None:
+            code = frame.f_code
+            internal = known.get(code)
+            if internal is None:
+                internal = self._classify(code)
+            if not internal:
+                key = (code.co_filename, frame.f_lineno)
+                text = self._text.get(key)
+                if text is None:
+                    name = code.co_filename
+                    name = name.removeprefix(self._cwd)
+                    text = self._text[key] = f"{name}:{frame.f_lineno}"
+                return text
+            frame = frame.f_back
+        return ""

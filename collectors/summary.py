@@ -1,0 +1,64 @@
+"""The few lines printed on stderr when a recording ends: where, how big, what, how to open."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from neuron_explorer.trace_format import CAT_DMA, CAT_INSTRUCTION, CAT_KERNEL, CAT_OP
+
+if TYPE_CHECKING:
+    from neuron_explorer.collectors.recorder import Recorder
+
+_OP_LEVEL = {CAT_OP, CAT_KERNEL}
+_ENGINE_LEVEL = {CAT_INSTRUCTION, CAT_DMA, "counter"}
+
+
+def events_per_level(counts: dict[str, int]) -> dict[str, int]:
+    """Event counts by the level that records them (metadata not counted)."""
+    levels = {"framework": 0, "op": 0, "engine": 0}
+    for category, n in counts.items():
+        if category in _OP_LEVEL:
+            levels["op"] += n
+        elif category in _ENGINE_LEVEL:
+            levels["engine"] += n
+        elif category != "metadata":
+            levels["framework"] += n
+    return levels
+
+
+def human_size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{len(steps)} ({steps[0]}–{steps[-1]})" if len(steps) > 1 else f"1 ({steps[0]})"
+    return f"{len(steps)} ({', '.join(map(str, steps))})"
+
+
+def summary(recorder: Recorder) -> str:
+    from neuron_explorer.collectors.child_processes import child_traces
+
+    path = recorder.writer.path
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    levels = events_per_level(recorder.writer.counts)
+    shown = [f"{name} {levels[name]:,}" for name in ("framework", "op", "engine")]
+    lines = [
+        (f"neuron-explorer: trace written to {path} ({human_size(size)}, level "
+        f"{recorder.options.level})"),
+        f"  events: {', '.join(shown)}",
+        f"  steps recorded: {_steps_text(recorder.steps_recorded)}",
+    ]
+    children = child_traces(path)
+    if children:
+        lines.append(f"  child processes: {', '.join(children)}")
+    lines.append(f"  open it: neuron-explorer view {path}  |  neuron-explorer report {path}"
+                 "  |  https://ui.perfetto.dev")
+    return "\n".join(lines)
