@@ -134,6 +134,13 @@ class KernelBuilder:
         opcode = "DmaSpill" if spill else "DmaStore"
         return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, store=True)
 
+    def spill(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
+              ) -> tuple[int, ...]:
+        """An intermediate that does not fit in SBUF: store it to HBM and reload it.
+        Returns the reload's ids (the data is usable when they finish)."""
+        out = self.dma_store(nbytes, partitions, deps, spill=True)
+        return self.dma_load(nbytes, partitions, out, spill=True)
+
     def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
                  ) -> tuple[int, ...]:
         """HBM -> HBM, no engine involved (same-dtype copies)."""

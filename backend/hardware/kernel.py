@@ -94,22 +94,27 @@ class Kernel:
             f"flops={self.flops}, hbm_bytes={self.hbm_bytes})"
         )
 
-    def instructions(self) -> list[tuple[str, str, int, int, int, int]]:
-        """(engine, opcode, rel_start_ns, dur_ns, bytes, flops) per instruction, in issue order.
+    def instructions(self, offset_ns: int = 0) -> list[tuple[str, str, int, int, int, int]]:
+        """(engine, opcode, start_ns, dur_ns, bytes, flops) per instruction, in issue order;
+        start is relative to the kernel start, plus `offset_ns` (pass the kernel's device
+        start to get absolute times).
 
         On the tensor engine a LoadStationary may nest inside the MultiplyMoving it
-        overlaps (weights load while the previous matmul runs)."""
+        overlaps (weights load while the previous matmul runs); no other instructions
+        of one engine or DMA queue overlap."""
         names = ENGINE_NAMES
         ops = self._opcodes
+        starts = (self._start + offset_ns if offset_ns else self._start).tolist()
         return [
             (names[e], ops[o], s, d, b, f)
             for e, o, s, d, b, f in zip(
                 self._engine.tolist(),
                 self._opcode.tolist(),
-                self._start.tolist(),
+                starts,
                 self._dur.tolist(),
                 self._bytes.tolist(),
                 self._flops.tolist(),
+                strict=True,
             )
         ]
 

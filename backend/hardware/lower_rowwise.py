@@ -39,9 +39,14 @@ def lower_rows(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step]) -> None:
     outs = outputs_of(spec)
     big = [t.nbytes for t in outs if t.numel == elements]
     little = [t.nbytes for t in outs if t.numel != elements]
-    dtype = max(spec.inputs, key=lambda t: t.numel).dtype if spec.inputs else "float32"
+    widest = max(spec.inputs, key=lambda t: t.numel) if spec.inputs else None
+    dtype = widest.dtype if widest is not None else "float32"
+    # A row that does not fit in one partition's share of SBUF is read twice: once for
+    # its statistics, once more to normalise it (the second read is a spill reload).
+    row = widest.shape[-1] * widest.itemsize if widest is not None and widest.shape else 0
+    reload = full if row * 4 > b.preset.sbuf_partition_bytes else []
     stream(b, elements, dtype, steps, inputs=full, small_inputs=small, outputs=big,
-           small_outputs=little)
+           small_outputs=little, reload_inputs=reload)
 
 
 def lower_nll_loss(b: KernelBuilder, spec: OpSpec) -> None:

@@ -59,14 +59,16 @@ def stream(
     small_outputs: Sequence[int] = (),
     deps: Sequence[int] = (),
     resident_inputs: int = 0,
+    reload_inputs: Sequence[int] = (),
 ) -> tuple[int, ...]:
     """Emit a stream over `elements` elements of `dtype`.
 
     `inputs`/`outputs` are HBM byte totals of full-size operands, split over the
     tiles; `small_inputs` are loaded once before the first tile (biases, weights,
     indices), `small_outputs` stored once after the last (reductions, statistics).
-    `resident_inputs` counts operands already in SBUF (fused kernels). Returns the
-    ids of the last instructions, for later dependencies."""
+    `resident_inputs` counts operands already in SBUF (fused kernels);
+    `reload_inputs` are read a second time because a row did not fit in SBUF (spill
+    reloads). Returns the ids of the last instructions, for later dependencies."""
     p = b.preset
     steps = list(steps)
     elements = max(int(elements), 1)
@@ -95,6 +97,9 @@ def stream(
         loads: tuple[int, ...] = ()
         for nbytes in inputs:
             loads = loads + b.dma_load(_share(nbytes, lo, hi, per_part), parts, ready)
+        for nbytes in reload_inputs:
+            loads = loads + b.dma_load(_share(nbytes, lo, hi, per_part), parts, ready,
+                                       spill=True)
         prev = loads + pre if loads or pre else ready
         for st in steps:
             n_el = free * parts
