@@ -1,0 +1,164 @@
+"""Loading our formats and real PyTorch-profiler traces into the tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scenarios
+
+import neuron_explorer
+from neuron_explorer.tables import KERNEL_COLUMNS, OP_COLUMNS
+
+DOC_COLUMNS = {
+    "slices": ["id", "ts", "dur", "name", "category", "track_id", "depth", "parent_id"],
+    "tracks": ["track_id", "name", "kind", "process", "pid", "tid", "device"],
+    "counters": ["ts", "value", "track_id", "name"],
+    "flows": ["flow_id", "src_id", "dst_id"],
+    "steps": ["step", "ts", "dur"],
+    "ops": ["id", "ts", "dur", "name", "op_id", "kernel_id", "device_dur", "flops", "bytes",
+            "shapes", "dtypes", "module", "source", "fallback", "step"],
+    "kernels": ["id", "ts", "dur", "name", "kernel_id", "op_id", "device", "flops", "hw_flops",
+                "bytes", "step"],
+    "instructions": ["id", "ts", "dur", "engine", "opcode", "bytes", "flops", "kernel_id",
+                     "device"],
+    "modules": ["id", "ts", "dur", "module", "phase", "depth", "step"],
+}
+
+
+def test_tables_have_documented_columns(basic_trace: neuron_explorer.Trace) -> None:
+    for table, columns in DOC_COLUMNS.items():
+        frame = getattr(basic_trace, table)
+        assert set(columns) <= set(frame.columns), table
+    for col in ("ts", "dur"):
+        assert basic_trace.base_slices[col].dtype == np.int64
+        assert basic_trace.kernels[col].dtype == np.int64
+    assert "args" in basic_trace.slices.columns
+
+
+def test_basic_tables(basic_trace: neuron_explorer.Trace) -> None:
+    t = basic_trace
+    assert t.steps[["step", "ts", "dur"]].values.tolist() == [[0, 0, 10_000], [1, 10_000, 10_000]]
+    assert t.ops["name"].tolist() == ["aten::mm", "aten::relu", "aten::add"] * 2
+    assert t.ops["device_dur"].tolist() == [2000, 1000, 200] * 2
+    mm = t.ops.iloc[0]
+    assert (mm["op_id"], mm["flops"], mm["bytes"], mm["module"]) == (1, 2_000_000, 4000, "model.fc")
+    assert mm["dtypes"] == "[float32, float32]" and not mm["fallback"]
+    k = t.kernels
+    assert k["op_id"].tolist() == [1, 2, 3, 11, 12, 13]
+    assert k.iloc[0][["flops", "hw_flops", "busy_tensor", "busy_vector", "device"]].tolist() == \
+        [2_000_000, 2_500_000, 1500, 500, 0]
+    assert (k["op_slice_id"] >= 0).all()
+    assert t.modules[["module", "phase", "depth", "step"]].values.tolist() == \
+        [["model.fc", "forward", 0, 0], ["model.fc", "forward", 0, 1]]
+    ins = t.instructions
+    assert sorted(set(ins["engine"])) == ["tensor", "vector"]
+    assert int(ins.loc[ins["engine"] == "tensor", "dur"].sum()) == 3000
+    assert t.counters["value"].tolist() == [1000, 3000, 2500]
+    assert t.hardware == "trn2" and t.hardware_figures["hbm_bytes"] == 1_000_000_000
+
+
+def test_flows_link_ops_to_kernels(basic_trace: neuron_explorer.Trace) -> None:
+    s = basic_trace.base_slices.set_index("id")
+    f = basic_trace.flows
+    assert len(f) == 6
+    assert set(s.loc[f["src_id"], "kind"]) == {"op"}
+    assert set(s.loc[f["dst_id"], "kind"]) == {"kernel"}
+
+
+def test_nesting(basic_trace: neuron_explorer.Trace) -> None:
+    s = basic_trace.base_slices.set_index("id")
+    mm = s[(s["name"] == "aten::mm")].iloc[0]
+    parent = s.loc[mm["parent_id"]]
+    assert parent["name"] == "model.fc" and mm["depth"] == 2
+    assert s.loc[parent["parent_id"], "kind"] == "step"
+
+
+def test_formats_give_the_same_tables(traces_dir: Path) -> None:
+    sc = scenarios.basic()
+    paths = [sc.write(traces_dir, "same_pf"), sc.write(traces_dir, "same_js", "json"),
+             sc.b.write_json(traces_dir / "same.json.gz", gz=True),
+             sc.b.write_pftrace(traces_dir / "same_inline.pftrace", intern=False)]
+    loaded = [neuron_explorer.load(p) for p in paths]
+    cols = ["ts", "dur", "name", "category", "depth"]
+    ref = loaded[0].base_slices[cols].reset_index(drop=True)
+    for t in loaded[1:]:
+        pd.testing.assert_frame_equal(t.base_slices[cols].reset_index(drop=True), ref)
+        assert t.ops["flops"].tolist() == loaded[0].ops["flops"].tolist()
+        assert [t.args.get(i) for i in range(3)] == [loaded[0].args.get(i) for i in range(3)]
+
+
+def test_fast_reader_matches_perfetto_protos(traces_dir: Path) -> None:
+    """The vectorised wire reader agrees with Perfetto's own protobuf parsing."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    path = scenarios.basic(steps=5).write(traces_dir, "validate")
+    trace = pb.Trace.FromString(path.read_bytes())
+    names: dict[int, str] = {}
+    ann: dict[int, str] = {}
+    begins = []
+    for p in trace.packet:
+        for n in p.interned_data.event_names:
+            names[n.iid] = n.name
+        for n in p.interned_data.debug_annotation_names:
+            ann[n.iid] = n.name
+        e = p.track_event
+        if p.HasField("track_event") and e.type in (e.TYPE_SLICE_BEGIN, e.TYPE_INSTANT):
+            args = {}
+            for a in e.debug_annotations:
+                args[ann[a.name_iid]] = getattr(a, a.WhichOneof("value"))
+            begins.append((p.timestamp, names[e.name_iid], args))
+    loaded = neuron_explorer.load(path)
+    s = loaded.slices
+    ours = sorted(zip(s["ts"], s["name"], s["args"], strict=True), key=lambda r: (r[0], r[1]))
+    expected = sorted(begins, key=lambda r: (r[0], r[1]))
+    assert [(a, b) for a, b, _ in ours] == [(a, b) for a, b, _ in expected]
+    assert [c for _, _, c in ours] == [c for _, _, c in expected]
+
+
+def test_sql_and_html(basic_pf: neuron_explorer.Trace) -> None:
+    got = basic_pf.sql("select name, sum(device_dur) as d from ops group by name order by d desc")
+    assert got["name"].tolist() == ["aten::mm", "aten::relu", "aten::add"]
+    assert got["d"].tolist() == [4000, 2000, 400]
+    n = basic_pf.sql("select count(*) as n from slices where kind = 'kernel'")["n"].iloc[0]
+    assert n == 6
+    html = basic_pf._repr_html_()
+    assert "trn2" in html and "<table>" in html
+
+
+REAL = {
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz": dict(kernel=14, memcpy=2, runtime=20),
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz":
+        dict(kernel=79, memcpy=16, memset=3, runtime=340, sync=21),
+    "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": dict(op=4),
+    "trace_filter__sampled_rank-0.json.gz": dict(kernel=1154, memcpy=40, memset=10, runtime=1204),
+    "mtia_trace_single_rank__mtia_rank_0.json.gz": dict(kernel=3453, memcpy=22361, runtime=3453),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_traces(real_traces_dir: Path, name: str) -> None:
+    t = neuron_explorer.load(real_traces_dir / name)
+    assert t.source_format == "kineto_json"
+    counts = t.base_slices["kind"].value_counts()
+    for kind, n in REAL[name].items():
+        assert counts.get(kind, 0) == n, kind
+    assert counts.get("op", 0) > 0
+    assert set(KERNEL_COLUMNS) <= set(t.kernels.columns) or not len(t.kernels)
+    assert set(OP_COLUMNS) <= set(t.ops.columns)
+    if REAL[name].get("kernel"):
+        linked = t.kernels[(t.kernels["kind"] == "kernel")]
+        assert (linked["op_slice_id"] >= 0).mean() > 0.9  # kernels find the op that launched them
+        assert (t.tracks.loc[t.tracks["device"] >= 0, "kind"].isin(["gpu_stream", "dma"])).all()
+    assert t.summary()["n_ops"] == len(t.ops)
+
+
+def test_kineto_steps_and_flows(real_traces_dir: Path) -> None:
+    t = neuron_explorer.load(real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    assert t.steps["step"].tolist() == [1, 2]
+    s = t.base_slices.set_index("id")
+    ac2g = t.flows.merge(s[["kind"]], left_on="dst_id", right_index=True)
+    assert {"kernel", "memcpy"} <= set(ac2g["kind"])
+    assert t.hardware == "AMD Radeon Graphics" and t.hardware_figures is None
