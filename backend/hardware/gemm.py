@@ -211,9 +211,10 @@ def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: i
         return mm
     if chunk == 0 and not (last and g.bias_bytes):
         ev = b.vector("TensorCopy", free, ACC_DTYPE, 1, (mm,))
-    else:
-        extra = bias if last else ()
-        ev = b.vector("TensorTensor", free, ACC_DTYPE, 2, (mm,) + extra, flops=xt * yt * nb)
+    else:  # partial sums of K chunks are bookkeeping, not FLOPs; a bias add is
+        with_bias = last and g.bias_bytes > 0
+        ev = b.vector("TensorTensor", free, ACC_DTYPE, 2, (mm,) + (bias if with_bias else ()),
+                      flops=xt * yt * nb if with_bias else 0)
     if not last:
         return ev
     if g.store:

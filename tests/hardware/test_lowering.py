@@ -1,0 +1,212 @@
+"""Op lowering: the op table, views, host fallback, the kernel cache and determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from neuron_explorer.backend.hardware import (
+    ENGINE_NAMES,
+    HOST_ONLY,
+    LOWERINGS,
+    Kernel,
+    NoLowering,
+    OpSpec,
+    TensorSpec,
+    clear_cache,
+    get_preset,
+    lower_host_fallback,
+    lower_host_transfer,
+    lower_op,
+)
+from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.errors import NeuronExplorerError
+
+T = TensorSpec
+F = "float32"
+X = T((64, 128), F)
+ROWS = T((64, 1), F)
+IDX = T((64,), "int64")
+Q = T((2, 4, 128, 64), "bfloat16")
+IMG = T((2, 16, 14, 14), F)
+W3 = T((32, 16, 3, 3), F)
+OUT_IMG = T((2, 32, 12, 12), F)
+
+# Ops whose arguments are not "two same-shape tensors in, one out".
+SPECIAL: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {
+    "mm": ((X, T((128, 96), F)), (T((64, 96), F),)),
+    "bmm": ((T((4, 64, 128), F), T((4, 128, 32), F)), (T((4, 64, 32), F),)),
+    "matmul": ((T((4, 64, 128), F), T((128, 32), F)), (T((4, 64, 32), F),)),
+    "mv": ((X, T((128,), F)), (T((64,), F),)),
+    "addmm": ((T((96,), F), X, T((128, 96), F)), (T((64, 96), F),)),
+    "baddbmm": ((T((4, 64, 32), F), T((4, 64, 128), F), T((4, 128, 32), F)),
+                (T((4, 64, 32), F),)),
+    "addbmm": ((T((64, 32), F), T((4, 64, 128), F), T((4, 128, 32), F)), (T((64, 32), F),)),
+    "addmv": ((T((64,), F), X, T((128,), F)), (T((64,), F),)),
+    "linear": ((X, T((96, 128), F), T((96,), F)), (T((64, 96), F),)),
+    "dot": ((T((128,), F), T((128,), F)), (T((), F),)),
+    "vdot": ((T((128,), F), T((128,), F)), (T((), F),)),
+    "convolution_backward": ((OUT_IMG, IMG, W3), (IMG, W3, T((32,), F))),
+    "convolution_backward_overrideable": ((OUT_IMG, IMG, W3), (IMG, W3, T((32,), F))),
+    "embedding": ((T((1000, 128), F), IDX), (X,)),
+    "embedding_dense_backward": ((X, IDX), (T((1000, 128), F),)),
+    "embedding_backward": ((X, IDX), (T((1000, 128), F),)),
+    "index_select": ((T((1000, 128), F), IDX), (X,)),
+    "index": ((T((1000, 128), F), IDX), (X,)),
+    "gather": ((X, T((64, 1), "int64")), (ROWS,)),
+    "nll_loss": ((X, IDX), (T((), F), T((), F))),
+    "nll_loss_forward": ((X, IDX), (T((), F), T((), F))),
+    "nll_loss2d_forward": ((X, IDX), (T((), F), T((), F))),
+    "nll_loss_nd": ((X, IDX), (T((), F),)),
+    "nll_loss_backward": ((T((), F), X, IDX), (X,)),
+    "nll_loss2d_backward": ((T((), F), X, IDX), (X,)),
+    "_fused_adam": ((X, T((128,), F)) * 4 + (T((), F), T((), F)), ()),
+    "_fused_adamw": ((X, T((128,), F)) * 4 + (T((), F), T((), F)), ()),
+    "_fused_sgd": ((X, T((128,), F)) * 2, ()),
+    "native_dropout": ((X,), (X, T((64, 128), "bool"))),
+    "dropout": ((X,), (X,)),
+    "arange": ((), (T((1000,), "int64"),)),
+    "linspace": ((), (T((1000,), F),)),
+    "range": ((), (T((1000,), F),)),
+}
+for _name in ("convolution", "convolution_overrideable", "_convolution", "conv2d"):
+    SPECIAL[_name] = ((IMG, W3, T((32,), F)), (OUT_IMG,))
+SPECIAL["conv1d"] = ((T((2, 16, 50), F), T((32, 16, 3), F)), (T((2, 32, 48), F),))
+SPECIAL["conv3d"] = ((T((1, 4, 8, 8, 8), F), T((8, 4, 3, 3, 3), F)), (T((1, 8, 6, 6, 6), F),))
+for _name in ("index_put", "_index_put_impl", "index_add", "index_copy", "scatter",
+              "scatter_add", "scatter_reduce", "index_fill", "masked_scatter"):
+    SPECIAL[_name] = ((T((1000, 128), F), IDX, X), ())
+
+
+def _spec_for(name: str) -> OpSpec:
+    if name in SPECIAL:
+        ins, outs = SPECIAL[name]
+    elif "attention" in name and "backward" in name:
+        ins, outs = (Q, Q, Q, Q, Q), (Q, Q, Q)
+    elif "attention" in name:
+        ins, outs = (Q, Q, Q), (Q,)
+    else:
+        ins, outs = (X, X), (X,)
+    return OpSpec("aten::" + name, ins, outs)
+
+
+@pytest.fixture(scope="module")
+def trn2():
+    return get_preset("trn2")
+
+
+@pytest.mark.parametrize("name", sorted(LOWERINGS))
+def test_every_table_op_lowers_to_a_timed_kernel(name, trn2):
+    kernel = lower_op(_spec_for(name), trn2)
+    assert isinstance(kernel, Kernel)
+    assert kernel.duration_ns > 0 and len(kernel) > 0
+    assert kernel.hbm_bytes > 0
+    engines = {row[0] for row in kernel.instructions()}
+    assert engines <= set(ENGINE_NAMES)
+    assert kernel.flops >= 0 and kernel.model_flops >= 0
+
+
+def test_foreach_ops_use_their_base_op_per_tensor(trn2):
+    a, b = T((256, 256), F), T((1024,), F)
+    foreach = lower_op(OpSpec("aten::_foreach_mul_", (a, b, a, b), ()), trn2)
+    single = lower_op(OpSpec("aten::mul", (a, a), (a,)), trn2)
+    assert foreach.hbm_bytes == 3 * (a.nbytes + b.nbytes)
+    assert foreach.model_flops == a.numel + b.numel
+    assert foreach.duration_ns >= single.duration_ns
+    norms = lower_op(OpSpec("aten::_foreach_norm", (a, b), (T((), F), T((), F))), trn2)
+    assert norms.hbm_read_bytes == a.nbytes + b.nbytes
+
+
+def test_op_names_lose_namespace_overload_and_in_place_suffix(trn2):
+    assert base_name("aten::add_.Tensor") == "add"
+    assert base_name("aten::_foreach_add_.List") == "_foreach_add"
+    assert base_name("aten::__and__.Tensor") == "__and__"
+    out_of_place = lower_op(OpSpec("aten::add", (X, X), (X,)), trn2)
+    in_place = lower_op(OpSpec("aten::add_", (X, X), ()), trn2)
+    assert in_place.hbm_bytes == out_of_place.hbm_bytes  # self is read and written back
+
+
+def test_views_and_metadata_have_no_kernel(trn2):
+    for name in ("aten::view", "aten::t", "aten::as_strided", "aten::empty", "aten::detach"):
+        assert lower_op(OpSpec(name, (X,), (X,)), trn2) is None
+    empty = T((0, 128), F)
+    assert lower_op(OpSpec("aten::add", (empty, empty), (empty,)), trn2) is None
+
+
+def test_unsupported_ops_raise_no_lowering_and_cost_a_host_round_trip(trn2):
+    spec = OpSpec("aten::sort", (T((4096,), F),), (T((4096,), F), T((4096,), "int64")))
+    assert "sort" in HOST_ONLY
+    with pytest.raises(NoLowering) as info:
+        lower_op(spec, trn2)
+    assert isinstance(info.value, NeuronExplorerError)
+    assert "aten::sort" in str(info.value) and "host" in str(info.value)
+    with pytest.raises(NoLowering):  # cached, raised again
+        lower_op(spec, trn2)
+    with pytest.raises(NoLowering):
+        lower_op(OpSpec("aten::made_up_op", (X,), (X,)), trn2)
+    fallback = lower_host_fallback(spec, trn2)
+    assert fallback.fallback
+    opcodes = [row[1] for row in fallback.instructions()]
+    assert opcodes == ["DmaToHost", "DmaFromHost", "DmaFromHost"]
+    moved = 4096 * 4 + 4096 * 4 + 4096 * 8
+    link_ns = moved / trn2.host_link_bytes_per_ns
+    assert fallback.duration_ns > trn2.host_fallback_fixed_ns + link_ns
+    assert fallback.hbm_bytes == moved
+
+
+def test_host_transfers_use_the_host_link(trn2):
+    up = lower_host_transfer(1 << 20, trn2, to_device=True)
+    down = lower_host_transfer(1 << 20, trn2, to_device=False)
+    assert up.instructions()[0][1] == "DmaFromHost" and down.instructions()[0][1] == "DmaToHost"
+    expected = trn2.dma_fixed_ns + (1 << 20) / trn2.host_link_bytes_per_ns
+    assert up.duration_ns == pytest.approx(expected, abs=2)
+    assert up.hbm_write_bytes == 1 << 20 and down.hbm_read_bytes == 1 << 20
+
+
+def test_cache_returns_the_same_kernel_for_the_same_signature(trn2):
+    spec = OpSpec("aten::gelu", (X,), (X,), {"approximate": "tanh"})
+    same = OpSpec("aten::gelu", (T((64, 128), F),), (T((64, 128), F),), {"approximate": "tanh"})
+    assert spec == same and hash(spec) == hash(same)
+    assert lower_op(spec, trn2) is lower_op(same, trn2)
+    other = OpSpec("aten::gelu", (X,), (X,), {"approximate": "none"})
+    assert other != spec
+
+
+def test_attrs_are_frozen_and_hashable():
+    spec = OpSpec("aten::sum", (X,), (T((64,), F),), {"dim": [1], "keepdim": False})
+    assert spec.attr("dim") == (1,)
+    assert spec.attr("missing", 7) == 7
+    with pytest.raises(AttributeError):
+        spec.name = "aten::mean"  # type: ignore[misc]
+    assert hash(spec) == hash(OpSpec("aten::sum", (X,), (T((64,), F),),
+                                     {"keepdim": False, "dim": (1,)}))
+
+
+def test_same_spec_gives_an_identical_schedule_after_a_fresh_lowering(trn2):
+    spec = OpSpec("aten::addmm", (T((512,), F), T((300, 700), F), T((700, 512), F)),
+                  (T((300, 512), F),))
+    first = lower_op(spec, trn2)
+    clear_cache()
+    second = lower_op(spec, trn2)
+    assert first is not second
+    assert first.instructions() == second.instructions()
+    for key, array in first.arrays().items():
+        assert np.array_equal(array, second.arrays()[key]), key
+    assert (first.duration_ns, first.flops, first.hbm_bytes) == (
+        second.duration_ns, second.flops, second.hbm_bytes)
+
+
+def test_kernel_names_say_op_dtype_and_dims(trn2):
+    spec = OpSpec("aten::mm", (T((128, 512), "bfloat16"), T((512, 256), "bfloat16")),
+                  (T((128, 256), "bfloat16"),))
+    assert lower_op(spec, trn2).name == "mm_bf16_128x512x256"
+    assert lower_op(OpSpec("aten::add", (X, X), (X,)), trn2).name == "add_f32_64x128"
+
+
+def test_large_kernels_stay_compact(trn2):
+    spec = OpSpec("aten::mm", (T((8192, 8192), "bfloat16"), T((8192, 8192), "bfloat16")),
+                  (T((8192, 8192), "bfloat16"),))
+    kernel = lower_op(spec, trn2)
+    assert len(kernel) < 60_000  # matmuls are folded beyond 4096 instruction pairs
+    assert kernel.arrays()["start"].dtype == np.int64
+    assert kernel.model_flops == 2 * 8192**3
+    assert kernel.flops == kernel.model_flops  # every dim a multiple of 128 and 512

@@ -1,0 +1,159 @@
+"""List scheduling: in-order engines, dependencies, overlap, fused kernels, the device clock."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import pairwise
+
+import pytest
+from neuron_explorer.backend.hardware import (
+    DeviceTimeline,
+    Gemm,
+    KernelBuilder,
+    OpSpec,
+    TensorSpec,
+    emit_gemm,
+    get_preset,
+    lower_op,
+)
+from neuron_explorer.backend.hardware.streaming import act, stream, vec
+
+T = TensorSpec
+
+
+@pytest.fixture(scope="module")
+def trn2():
+    return get_preset("trn2")
+
+
+def _by_engine(kernel):
+    rows = defaultdict(list)
+    for engine, opcode, start, dur, _bytes, _flops in kernel.instructions():
+        rows[engine].append((start, start + dur, opcode))
+    return rows
+
+
+@pytest.mark.parametrize("spec", [
+    OpSpec("aten::mm", (T((1024, 768), "bfloat16"), T((768, 3072), "bfloat16")),
+           (T((1024, 3072), "bfloat16"),)),
+    OpSpec("aten::_softmax", (T((16, 512, 512), "float32"),), (T((16, 512, 512), "float32"),)),
+    OpSpec("aten::_scaled_dot_product_flash_attention", (T((1, 4, 512, 64), "bfloat16"),) * 3,
+           (T((1, 4, 512, 64), "bfloat16"),)),
+])
+def test_each_engine_runs_its_instructions_in_order(spec, trn2):
+    kernel = lower_op(spec, trn2)
+    for engine, rows in _by_engine(kernel).items():
+        starts = [s for s, _e, _o in rows]
+        assert starts == sorted(starts), engine
+        # nothing on one engine overlaps, except a weight load hidden inside the matmul
+        # it overlaps (it nests entirely within it)
+        outer_end = -1
+        for s, e, opcode in rows:
+            if s < outer_end:
+                assert opcode == "LoadStationary" and e <= outer_end, (engine, s, e)
+            else:
+                outer_end = e
+
+
+def test_dependencies_are_respected_and_engines_overlap(trn2):
+    b = KernelBuilder(trn2, "chain")
+    load = b.dma_load(1 << 20, 128)
+    first = b.vector("TensorTensor", 2048, "float32", 2, load)
+    second = b.scalar("Activation", 2048, "float32", 1, (first,))
+    independent = b.gpsimd("Iota", 128 * 2048, "int32")
+    store = b.dma_store(1 << 20, 128, (second,))
+    kernel = b.build()
+    rows = kernel.instructions()
+
+    def end(i):
+        return rows[i][2] + rows[i][3]
+
+    assert rows[first][2] >= max(end(i) for i in load)
+    assert rows[second][2] >= end(first)
+    assert all(rows[i][2] >= end(second) for i in store)
+    assert rows[independent][2] == 0  # GpSimd had nothing to wait for
+    assert kernel.duration_ns == max(end(i) for i in range(len(rows)))
+
+
+def test_weight_loads_hide_under_the_previous_matmul(trn2):
+    b = KernelBuilder(trn2, "weights")
+    ready = b.dma_load(1 << 16, 128)
+    for _ in range(8):
+        b.matmul(128, 128, 512, "bfloat16", ready, weight_deps=ready)
+    rows = [r for r in b.build().instructions() if r[0] == "tensor"]
+    loads = [r for r in rows if r[1] == "LoadStationary"]
+    matmuls = [r for r in rows if r[1] == "MultiplyMoving"]
+    for load, previous in zip(loads[1:], matmuls, strict=False):
+        assert previous[2] <= load[2] and load[2] + load[3] <= previous[2] + previous[3]
+    gaps = [b_[2] - (a[2] + a[3]) for a, b_ in pairwise(matmuls)]
+    assert max(gaps) <= 1  # matmuls issue back to back
+
+
+def test_psum_banks_limit_groups_in_flight(trn2):
+    b = KernelBuilder(trn2, "banks")
+    emit_gemm(b, Gemm(m=128 * 16, k=128, n=512, dtype="bfloat16", out_dtype="bfloat16"))
+    rows = b.build().instructions()
+    matmuls = [r for r in rows if r[1] == "MultiplyMoving"]
+    copies = [r for r in rows if r[1] == "TensorCopy"]
+    assert len(matmuls) == len(copies) == 16
+    for g in range(8, 16):  # group g reuses the bank of group g-8: waits for its copy
+        assert matmuls[g][2] >= copies[g - 8][2] + copies[g - 8][3]
+
+
+def test_fused_kernel_keeps_intermediates_in_sbuf(trn2):
+    x = T((512, 1024), "bfloat16")
+    w = T((1024, 1024), "bfloat16")
+    y = T((512, 1024), "bfloat16")
+    separate = [
+        lower_op(OpSpec("aten::mm", (x, w), (y,)), trn2),
+        lower_op(OpSpec("aten::gelu", (y,), (y,)), trn2),
+    ]
+    b = KernelBuilder(trn2, "fused_mm_gelu")
+    done = emit_gemm(b, Gemm(m=512, k=1024, n=1024, dtype="bfloat16", out_dtype="bfloat16",
+                             store=False))
+    stream(b, y.numel, "bfloat16", [act("Activation", 1, 1.0)], outputs=[y.nbytes], deps=done,
+           resident_inputs=1)
+    fused = b.build()
+    assert fused.hbm_bytes == x.nbytes + w.nbytes + y.nbytes
+    assert fused.hbm_bytes < sum(k.hbm_bytes for k in separate)
+    assert fused.duration_ns < sum(k.duration_ns for k in separate)
+    assert fused.model_flops == sum(k.model_flops for k in separate)
+
+
+def test_builder_spill_counts_the_reload(trn2):
+    b = KernelBuilder(trn2, "spilled")
+    made = b.vector("TensorTensor", 4096, "float32", 2)
+    back = b.spill(8 << 20, 128, (made,))
+    b.vector("TensorTensor", 4096, "float32", 2, back)
+    kernel = b.build()
+    assert kernel.spill_bytes == 8 << 20
+    assert kernel.hbm_read_bytes == kernel.hbm_write_bytes == 8 << 20
+    assert {"DmaSpill", "DmaReload"} <= {r[1] for r in kernel.instructions()}
+
+
+def test_device_timeline_queues_kernels_after_the_launch_latency(trn2):
+    kernel = lower_op(OpSpec("aten::add", (T((256, 256), "float32"),) * 2,
+                             (T((256, 256), "float32"),)), trn2)
+    timeline = DeviceTimeline(trn2)
+    start, end = timeline.schedule(kernel, 1_000)
+    assert start == 1_000 + trn2.launch_latency_ns and end == start + kernel.duration_ns
+    # launched while the first still runs: queued behind it
+    start2, end2 = timeline.schedule(kernel, 1_500)
+    assert start2 == end and end2 == end + kernel.duration_ns
+    # launched long after: the device was idle
+    start3, _ = timeline.schedule(kernel, end2 + 10_000)
+    assert start3 == end2 + 10_000 + trn2.launch_latency_ns
+    assert timeline.finish_ns == start3 + kernel.duration_ns
+    assert timeline.busy_ns == 3 * kernel.duration_ns and timeline.kernels == 3
+    absolute = kernel.instructions(offset_ns=start3)
+    assert min(r[2] for r in absolute) == start3
+
+
+def test_streams_overlap_dma_with_compute(trn2):
+    b = KernelBuilder(trn2, "stream")
+    nbytes = 64 << 20
+    stream(b, nbytes // 4, "float32", [vec("TensorTensor", 2, 1.0)], inputs=[nbytes, nbytes],
+           outputs=[nbytes])
+    kernel = b.build()
+    busy = kernel.engine_busy_ns
+    assert kernel.duration_ns < busy["dma"] + 0.2 * busy["vector"]
