@@ -156,6 +156,16 @@ def local_scalar_dense(self: torch.Tensor):
     return value
 
 
+def read_to_host(self: torch.Tensor, kind: str) -> None:
+    """Charge the host reading all of `self` (a transfer, then a sync point of `kind`)."""
+    real_start, host_start = _perf_ns(), clock.now()
+    dev = devices.get(self.device.index)
+    _account(dev, "aten::_to_copy", ((self.shape, self.dtype),), ((self.shape, self.dtype),),
+             TO_HOST, real_start, host_start)
+    if _state.accounting:
+        runtime.synchronize(dev.index, kind)
+
+
 def set_storage(self, source, storage_offset=0, size=(), stride=()):
     return _set_storage.redispatch(_CPU_KEYS, self, source, storage_offset, size, stride)
 

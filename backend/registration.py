@@ -55,7 +55,8 @@ def _wrap_storage_new() -> None:
 
 def _wrap_sync_kinds() -> None:
     """Name the sync point when printing or `tolist` makes the host read a neuron tensor."""
-    from neuron_explorer.backend.kernels import sync_kind
+    from neuron_explorer.backend.kernels import read_to_host, sync_kind
+    from neuron_explorer.backend.runtime import device_accounting_suspended
 
     tensor_str = torch._tensor_str
     base_str = tensor_str._str
@@ -64,11 +65,10 @@ def _wrap_sync_kinds() -> None:
     def _str(self, *, tensor_contents=None):
         if self.device.type != "neuron":
             return base_str(self, tensor_contents=tensor_contents)
-        sync_kind.append("print")
-        try:
+        # Printing reads the whole tensor once; the formatting ops are not the program's.
+        read_to_host(self, "print")
+        with device_accounting_suspended():
             return base_str(self, tensor_contents=tensor_contents)
-        finally:
-            sync_kind.pop()
 
     def tolist(self):
         if self.device.type != "neuron":

@@ -117,6 +117,11 @@ def lower(device: devices.NeuronDevice, key: OpKey) -> Lowered:
         return found
     from neuron_explorer.backend.hardware import NoLowering, lower_host_fallback, lower_op
 
+    direction = _transfer_direction(key)
+    if direction is not None:
+        found = _lower_transfer(device, key, direction)
+        _lowered[key] = found
+        return found
     spec = spec_for(key)
     try:
         kernel = lower_op(spec, device.preset)
@@ -137,6 +142,38 @@ def lower(device: devices.NeuronDevice, key: OpKey) -> Lowered:
         found = Lowered(kernel, fallback, kernel.model_flops, kernel.hbm_bytes)
     _lowered[key] = found
     return found
+
+
+HOST_TO_DEVICE = "host_to_device"
+DEVICE_TO_HOST = "device_to_host"
+
+
+def _transfer_direction(key: OpKey) -> str | None:
+    """"host_to_device" / "device_to_host" for copies across the host link, else None."""
+    for name, value in key[3]:
+        if name == "direction" and value in (HOST_TO_DEVICE, DEVICE_TO_HOST):
+            return value
+    return None
+
+
+def _nbytes(tensors) -> int:
+    total = 0
+    for shape, dtype in tensors:
+        n = dtype.itemsize if hasattr(dtype, "itemsize") else 4
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _lower_transfer(device: devices.NeuronDevice, key: OpKey, direction: str) -> Lowered:
+    """A copy between host memory and HBM: a DMA over the host link."""
+    from neuron_explorer.backend.hardware import lower_host_transfer
+
+    to_device = direction == HOST_TO_DEVICE
+    nbytes = _nbytes(key[2] if to_device else key[1])
+    kernel = lower_host_transfer(nbytes, device.preset, to_device=to_device)
+    return Lowered(kernel, False, 0, kernel.hbm_bytes)
 
 
 def schedule(device: devices.NeuronDevice, kernel, op_id: int, launch_ns: int,
