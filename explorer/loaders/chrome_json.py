@@ -47,8 +47,8 @@ def parse_json(path: str, text: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         reason = f"invalid JSON ({exc.msg})"
-        if exc.pos >= len(text.rstrip()) - 1:
-            reason = "the JSON ends early: the file is truncated"
+        if not text.rstrip().endswith((b"}", b"]")):
+            reason = f"the JSON ends early ({exc.msg}): the file is truncated"
         raise TraceFormatError(path, reason, exc.pos) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, "not text: the file is corrupt", exc.start) from None

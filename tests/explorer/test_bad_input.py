@@ -1,0 +1,131 @@
+"""Empty, truncated, corrupt, foreign and missing files: one clear error, or a partial load."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import scenarios
+
+import neuron_explorer
+from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.loaders.pftrace import TruncatedTraceWarning
+
+
+def _error(path: Path) -> TraceFormatError:
+    with pytest.raises(TraceFormatError) as info:
+        neuron_explorer.load(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    err = _error(tmp_path / "nope.pftrace")
+    assert "no such file" in err.reason
+
+
+def test_folder(tmp_path: Path) -> None:
+    assert "folder" in _error(tmp_path).reason
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.pftrace"
+    path.write_bytes(b"")
+    err = _error(path)
+    assert "empty" in err.reason and err.position == 0
+
+
+def test_foreign_file(tmp_path: Path) -> None:
+    path = tmp_path / "picture.pftrace"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    err = _error(path)
+    assert "not a trace" in err.reason and err.position == 0
+
+
+def test_json_that_is_not_a_trace(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"lr": 0.1}))
+    assert "traceEvents" in _error(path).reason
+
+
+def test_truncated_json(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    text = json.dumps({"traceEvents": scenarios.basic().b.chrome_events()})
+    path.write_text(text[: len(text) // 2])
+    err = _error(path)
+    assert "truncated" in err.reason and err.position is not None and err.position > 0
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json.gz"
+    data = gzip.compress(json.dumps({"traceEvents": []}).encode() * 50)
+    path.write_bytes(data[: len(data) // 2])
+    assert "truncated" in _error(path).reason
+
+
+def test_truncated_pftrace_loads_complete_packets(tmp_path: Path) -> None:
+    sc = scenarios.basic()
+    full = neuron_explorer.load(sc.write(tmp_path, "full"))
+    cut = sc.b.write_pftrace(tmp_path / "cut.pftrace", truncate=3)
+    with pytest.warns(TruncatedTraceWarning, match="ends inside a packet"):
+        t = neuron_explorer.load(cut)
+    assert t.warnings and "cut.pftrace" in t.warnings[0]
+    # the last packet (an end) is lost: every slice is still there, one closed at trace end
+    assert len(t.base_slices) == len(full.base_slices)
+    assert t.skipped.get("slice never ended (closed at trace end)") == 1
+    assert len(t.ops) == len(full.ops)
+
+
+def test_corrupt_pftrace_names_the_position(tmp_path: Path) -> None:
+    path = scenarios.basic().write(tmp_path, "bad")
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 40] = b"\xff" * 40
+    path.write_bytes(bytes(data))
+    err = _error(path)
+    assert err.position is not None and 0 < err.position <= len(data)
+    assert "corrupt" in err.reason
+
+
+def test_unknown_json_events_are_counted(tmp_path: Path) -> None:
+    events = scenarios.basic().b.chrome_events()
+    events += [{"ph": "P", "name": "sample", "pid": 1, "tid": 1, "ts": 5},
+               {"ph": "P", "name": "sample", "pid": 1, "tid": 1, "ts": 6}, "junk"]
+    path = tmp_path / "extra.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = neuron_explorer.load(path)
+    assert t.skipped == {"event phase 'P'": 2, "not an event object": 1}
+    assert len(t.ops) == 6
+
+
+def test_unknown_pftrace_events_are_counted(tmp_path: Path) -> None:
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    path = scenarios.basic().write(tmp_path, "plus")
+    extra = pb.Trace()
+    p = extra.packet.add()
+    p.timestamp = 5
+    p.trusted_packet_sequence_id = 7
+    p.track_event.type = pb.TrackEvent.TYPE_STATE if hasattr(pb.TrackEvent, "TYPE_STATE") else 5
+    q = extra.packet.add()
+    q.clock_snapshot.primary_trace_clock = 6
+    path.write_bytes(path.read_bytes() + extra.SerializeToString())
+    t = neuron_explorer.load(path)
+    assert t.skipped.get("track event type 5") == 1
+    assert t.skipped.get("packet field 6") == 1
+    assert len(t.ops) == 6
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from neuron_explorer import report_command
+
+    path = tmp_path / "empty.json"
+    path.write_text("")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    report_command.configure(parser)
+    with pytest.raises(TraceFormatError, match="empty"):
+        report_command.run(parser.parse_args([str(path)]))
