@@ -1,0 +1,142 @@
+"""Every analysis on the `basic` scenario, against answers worked out by hand (see
+scenarios.basic for the timeline)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neuron_explorer
+from neuron_explorer.analyses.idle import idle_summary
+
+
+def _bd(t: neuron_explorer.Trace, step: int, side: str) -> dict[str, int]:
+    bd = t.breakdown()
+    part = bd[(bd["step"] == step) & (bd["side"] == side)]
+    return dict(zip(part["category"], part["ns"], strict=True))
+
+
+@pytest.mark.parametrize("step", [0, 1])
+def test_breakdown(basic_trace: neuron_explorer.Trace, step: int) -> None:
+    device = _bd(basic_trace, step, "device")
+    # busy: mm 2000 + relu 1000 + add 200 = 3200; split by engine busy: tensor 1500,
+    # vector 500 + 1000 + 200
+    assert device == {"tensor": 1500, "vector": 1700, "scalar": 0, "gpsimd": 0, "dma_only": 0,
+                      "idle": 6800}
+    host = _bd(basic_trace, step, "host")
+    assert host == {"sync": 2000, "dataloader": 1000, "compile": 0, "op_dispatch": 2000,
+                    "python": 5000}
+    bd = basic_trace.breakdown()
+    shares = bd[(bd["step"] == step) & (bd["side"] == "host")]["share"]
+    assert shares.sum() == pytest.approx(1.0)
+
+
+def test_idle_reasons(basic_trace: neuron_explorer.Trace) -> None:
+    gaps = basic_trace.idle_reasons()
+    got = list(zip(gaps["ts"], gaps["dur"], gaps["reason"], strict=True))
+    assert got == [(4500, 500, "dependency"), (6000, 3200, "sync"), (9400, 3100, "host_launch"),
+                   (14500, 500, "dependency"), (16000, 3200, "sync")]
+    summary = idle_summary(basic_trace).set_index("reason")
+    assert summary.loc["sync", "ns"] == 6400 and summary.loc["host_launch", "gaps"] == 1
+    assert summary.loc["sync", "share"] == pytest.approx(6400 / 20000)
+
+
+def test_op_module_kernel_stats(basic_trace: neuron_explorer.Trace) -> None:
+    ops = basic_trace.op_stats().set_index("name")
+    assert ops.loc["aten::mm", ["count", "device_ns", "host_ns", "flops"]].tolist() == \
+        [2, 4000, 2000, 4_000_000]
+    assert ops.loc["aten::mm", "mean_device_ns"] == 2000
+    assert ops.loc["aten::mm", "share_of_step"] == pytest.approx(4000 / 20000)
+    assert list(ops.index) == ["aten::mm", "aten::relu", "aten::add"]
+    mods = basic_trace.module_stats().set_index(["module", "phase"])
+    row = mods.loc[("model.fc", "forward")]
+    assert (row["count"], row["total_ns"], row["device_ns"]) == (2, 8000, 6000)
+    assert row["flops"] == 2 * (2_000_000 + 1000)
+    ks = basic_trace.kernel_stats().set_index("name")
+    assert ks.loc["k_mm", ["count", "total_ns", "min_ns", "max_ns", "hw_flops"]].tolist() == \
+        [2, 4000, 2000, 2000, 5_000_000]
+
+
+def test_engine_utilisation(basic_trace: neuron_explorer.Trace) -> None:
+    util = basic_trace.engine_utilisation(bin_ns=1000)
+    assert set(util["engine"]) == {"tensor", "vector"}
+    assert ((util["utilisation"] >= 0) & (util["utilisation"] <= 1)).all()
+    busy = util.groupby("engine")["utilisation"].sum() * 1000
+    assert busy["tensor"] == pytest.approx(3000) and busy["vector"] == pytest.approx(3400)
+    first = util[(util["engine"] == "tensor")].iloc[0]
+    assert first["ts"] == 2500 and first["utilisation"] == 1.0
+
+
+def test_engine_utilisation_from_kernels(clean_trace: neuron_explorer.Trace) -> None:
+    util = clean_trace.engine_utilisation(bin_ns=100)
+    busy = util.groupby("engine")["utilisation"].sum() * 100
+    assert busy["tensor"] == pytest.approx(2 * 9300)
+    assert busy["scalar"] == pytest.approx(2 * 3000)
+
+
+def test_efficiency(basic_trace: neuron_explorer.Trace) -> None:
+    eff = basic_trace.efficiency().set_index("step")
+    # per step 2,002,000 model FLOPs, 2,502,000 executed, 116,000 bytes in 10 us
+    assert eff.loc[0, "mfu"] == pytest.approx(2_002_000 / (1e14 * 1e-5))
+    assert eff.loc[0, "hfu"] == pytest.approx(2_502_000 / (1e14 * 1e-5))
+    assert eff.loc[1, "mbu"] == pytest.approx(116_000 / (1e11 * 1e-5))
+    s = basic_trace.summary()
+    assert s["mfu"] == pytest.approx(0.002002) and s["n_steps"] == 2
+    assert s["step_time_ns"] == 10_000 and s["device_busy_share"] == pytest.approx(0.32)
+
+
+def test_roofline(basic_trace: neuron_explorer.Trace) -> None:
+    rf = basic_trace.roofline().set_index("name")
+    mm = rf.loc["aten::mm"]
+    assert mm["dtype"] == "float32" and mm["intensity"] == pytest.approx(500)
+    assert mm["ridge"] == pytest.approx(250) and mm["bound"] == "compute"
+    assert mm["achieved_flops_per_s"] == pytest.approx(4_000_000 / 4e-6)
+    relu = rf.loc["aten::relu"]
+    assert relu["ridge"] == pytest.approx(1000) and relu["bound"] == "memory"
+    assert relu["attainable_flops_per_s"] == pytest.approx(0.01 * 1e11)
+
+
+def test_memory(basic_trace: neuron_explorer.Trace) -> None:
+    tl = basic_trace.memory_timeline()
+    assert tl[["ts", "device", "in_use_bytes"]].values.tolist() == \
+        [[2500, 0, 1000], [5000, 0, 3000], [9300, 0, 2500]]
+    peak = basic_trace.memory_at_peak()
+    assert peak["op"].tolist() == ["aten::relu", "aten::mm"]
+    assert peak["bytes"].tolist() == [2000, 1000]
+    assert peak["share_of_peak"].tolist() == pytest.approx([2 / 3, 1 / 3])
+    assert set(peak["module"]) == {"model.fc"}
+
+
+def test_compile_summary(tmp_path) -> None:
+    import scenarios
+
+    sc = scenarios.basic()
+    for g, t0 in ((1, 5100), (2, 15_100)):
+        sc.b.slice(sc.host, t0, 300, "dynamo", "compile", {"graph_id": g})
+        sc.b.slice(sc.host, t0 + 50, 200, "neuron_compile", "compile", {"graph_id": g})
+    sc.b.instant(sc.host, 10_050, "graph_break", "graph_break",
+                 {"reason": "data-dependent branch", "source": "model.py:7"})
+    sc.b.instant(sc.host, 10_060, "recompile", "recompile", {"reason": "shape changed"})
+    t = neuron_explorer.load(sc.write(tmp_path, "compiled"))
+    cs = t.compile_summary()
+    assert cs["graphs"][["graph_id", "name", "dur", "spans", "step"]].values.tolist() == \
+        [[1, "dynamo", 300, 2, 0], [2, "dynamo", 300, 2, 1]]
+    assert cs["graph_breaks"][["reason", "source", "step"]].values.tolist() == \
+        [["data-dependent branch", "model.py:7", 1]]
+    assert cs["recompiles"]["reason"].tolist() == ["shape changed"]
+    assert cs["totals"].iloc[0].tolist() == [600, 2, 1, 1]
+    host = t.breakdown()
+    assert host[(host["side"] == "host") & (host["category"] == "compile")]["ns"].tolist() == \
+        [300, 300]
+
+
+def test_empty_frames_on_cpu_only_trace(real_traces_dir) -> None:
+    t = neuron_explorer.load(real_traces_dir / "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+    assert len(t.kernels) == 0 and len(t.idle_reasons()) == 0
+    assert list(t.engine_utilisation().columns) == ["ts", "device", "engine", "utilisation"]
+    assert len(t.memory_timeline()) == 0 and len(t.memory_at_peak()) == 0
+    assert np.isnan(t.efficiency()["mfu"]).all()
+    dev = t.breakdown()
+    assert dev[dev["side"] == "device"]["category"].tolist() == ["idle"]
+    assert t.bottlenecks() == []
+    assert t.summary()["n_kernels"] == 0
