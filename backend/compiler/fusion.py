@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,14 +37,9 @@ class OpKind(enum.Enum):
     OPAQUE = "opaque"  # a kernel of its own
 
 
-_MATMULS = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten.convolution.default,
-    aten.convolution_backward.default,
-}
+# Matmuls whose result can stay on chip for an elementwise epilogue.
+_EPILOGUE_ANCHORS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+_MATMULS = _EPILOGUE_ANCHORS | {aten.convolution.default, aten.convolution_backward.default}
 
 # Ops without the `reduction` tag that a vector engine computes row by row, like a
 # reduction followed by elementwise work: they fuse the same way.
@@ -112,6 +108,13 @@ class FusionGroup:
     nodes: list[fx.Node] = field(default_factory=list)  # compute ops, in graph order
     inputs: list[fx.Node] = field(default_factory=list)  # values loaded from HBM
     outputs: list[fx.Node] = field(default_factory=list)  # values stored to HBM
+    reads: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # member -> values it reads
+
+    def inputs_of(self, members: list[fx.Node]) -> list[fx.Node]:
+        """The values `members` read from outside the group (HBM loads)."""
+        inside = set(self.nodes)
+        found = [v for m in members for v in self.reads.get(m, ()) if v not in inside]
+        return list(dict.fromkeys(found))
 
     @property
     def anchor(self) -> fx.Node | None:
@@ -145,9 +148,13 @@ def _numel(node: fx.Node) -> int | None:
 class _Planner:
     """Greedy fusion over the graph in topological order."""
 
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, can_fuse: Callable[[fx.Node], bool] | None) -> None:
         self.graph = graph
         self.kind = {n: classify(n) for n in graph.nodes if n.op == "call_function"}
+        if can_fuse is not None:
+            for node, kind in self.kind.items():
+                if kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION) and not can_fuse(node):
+                    self.kind[node] = OpKind.OPAQUE
         self.group_of: dict[fx.Node, FusionGroup] = {}
         self.groups: list[FusionGroup] = []
         # Groups each group reads from (directly), to rule out cycles when merging.
@@ -189,7 +196,7 @@ class _Planner:
         if group.kind is OpKind.MATMUL:
             # An epilogue: elementwise work on the matmul's result, no broadcast to
             # a larger iteration space, and no reduction (it needs whole rows).
-            if kind is not OpKind.ELEMENTWISE:
+            if kind is not OpKind.ELEMENTWISE or group.nodes[0].target not in _EPILOGUE_ANCHORS:
                 return False
             size, anchor_size = _numel(node), _numel(group.nodes[0])
             if size is not None and anchor_size is not None and size > anchor_size:
@@ -248,12 +255,8 @@ class _Planner:
         computes that another group or the graph's output reads."""
         for group in self.groups:
             members = set(group.nodes)
-            inputs: dict[fx.Node, None] = {}
-            for node in group.nodes:
-                for src in self.sources(node):
-                    if src not in members:
-                        inputs[src] = None
-            group.inputs = list(inputs)
+            group.reads = {node: self.sources(node) for node in group.nodes}
+            group.inputs = [v for v in group.inputs_of(group.nodes) if v not in members]
         for node in self.graph.nodes:
             if node.op == "call_function" and self.kind.get(node) is OpKind.VIEW:
                 continue
@@ -275,8 +278,12 @@ class _Planner:
         return out
 
 
-def plan_fusion(gm: fx.GraphModule | fx.Graph) -> list[FusionGroup]:
+def plan_fusion(gm: fx.GraphModule | fx.Graph,
+                can_fuse: Callable[[fx.Node], bool] | None = None) -> list[FusionGroup]:
     """Split a graph's compute ops into fusion groups, in an order that respects
-    their dependencies (each group's inputs are computed by earlier groups)."""
+    their dependencies (each group's inputs are computed by earlier groups).
+
+    `can_fuse` lets the target veto sharing a kernel for elementwise or reduction ops
+    it cannot run as part of a stream; they then get a kernel of their own."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
-    return _Planner(graph).plan()
+    return _Planner(graph, can_fuse).plan()

@@ -1,0 +1,149 @@
+"""Compile events: Dynamo spans, graph breaks and recompiles, sent to the event hub.
+
+Dynamo calls our start/end callbacks around each frame it compiles; at the end we
+know which graph breaks the frame hit (Dynamo's list of graph-compile reasons, with
+the user's stack) and, for a recompile, which guard failed (Dynamo's compile
+metrics). The AOTAutograd and neuron-compiler spans are timed by the backend itself
+(`span`). All times are on the host clock's timeline.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from neuron_explorer.backend.clock import clock
+from neuron_explorer.backend.events import CompileEvent, hub
+
+# "Failed to trace builtin operator\n  Explanation: ...\n  Hint: ..." -> its parts.
+_EXPLANATION = re.compile(r"^\s*Explanation:\s*(.*)$", re.MULTILINE)
+_HINT = re.compile(r"^\s*Hint:\s*(.*)$", re.MULTILINE)
+# 'File "/path/train.py", line 42, in forward' in an FX node's stack trace.
+_STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def emit(kind: str, name: str, start_ns: int, end_ns: int | None = None, **args: object) -> None:
+    """Send one compile span (or an instant, when `end_ns` is None) to the hub."""
+    end = start_ns if end_ns is None else end_ns
+    hub.compile_event(CompileEvent(kind, name, start_ns, end, dict(args)))
+
+
+@contextmanager
+def span(kind: str, name: str, args: dict | None = None) -> Iterator[dict]:
+    """Time a block as a compile span; the block may add to the yielded args."""
+    collected: dict = dict(args or {})
+    start = clock.now()
+    try:
+        yield collected
+    finally:
+        emit(kind, name, start, clock.now(), **collected)
+
+
+def summarize_break_reason(text: str) -> tuple[str, str]:
+    """Dynamo's multi-line graph-break text -> (one-line reason, first hint)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    head = lines[0] if lines else "unknown"
+    explanation = _EXPLANATION.search(text)
+    reason = f"{head}: {explanation.group(1)}" if explanation else head
+    hint = _HINT.search(text)
+    return reason, hint.group(1) if hint else ""
+
+
+def source_of_graph(gm: object) -> str:
+    """The user code a traced graph came from, as "file:line in function"."""
+    graph = getattr(gm, "graph", None)
+    for node in getattr(graph, "nodes", ()):
+        trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
+        if trace:
+            frames = _STACK_LINE.findall(trace)
+            if frames:
+                path, line, func = frames[-1]
+                return f"{path}:{line} in {func}"
+    return ""
+
+
+def compiling_code_location() -> str:
+    """"file:line in function" of the frame Dynamo is compiling now, found on the call
+    stack (Dynamo's frame compiler holds it as `code`); "" when not compiling."""
+    frame = sys._getframe(1)
+    for _ in range(80):
+        if frame is None:
+            break
+        code = frame.f_code
+        if code.co_name == "_compile" and code.co_filename.endswith("convert_frame.py"):
+            target = frame.f_locals.get("code")
+            if isinstance(target, types.CodeType):
+                return f"{target.co_filename}:{target.co_firstlineno} in {target.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+class CompileEventRecorder:
+    """Turns Dynamo's compile callbacks into CompileEvents (installed once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[int, int]] = {}  # compile id -> (start ns, breaks seen)
+        self._sources: dict[str, str] = {}  # compile id -> user source of its graphs
+        self._installed = False
+
+    def install(self) -> None:
+        """Register the Dynamo callbacks (idempotent)."""
+        with self._lock:
+            if self._installed:
+                return
+            from torch._dynamo.callback import callback_handler
+
+            callback_handler.register_start_callback(self._on_start)
+            callback_handler.register_end_callback(self._on_end)
+            self._installed = True
+
+    def note_graph_source(self, compile_id: str, source: str) -> None:
+        """Remember where a frame's graph came from (for its recompile event)."""
+        if source:
+            self._sources[compile_id] = source
+
+    def _on_start(self, args: object) -> None:
+        from torch._dynamo.utils import graph_break_reasons
+
+        compile_id = str(getattr(args, "compile_id", ""))
+        self._open[compile_id] = (clock.now(), len(graph_break_reasons))
+
+    def _on_end(self, args: object) -> None:
+        compile_id = str(getattr(args, "compile_id", ""))
+        end = clock.now()
+        start, breaks_seen = self._open.pop(compile_id, (end, 0))
+        try:
+            self._emit_frame(compile_id, start, end, breaks_seen)
+        except (AttributeError, TypeError, IndexError) as exc:  # torch internals changed
+            emit("dynamo", f"dynamo {compile_id}", start, end, compile_id=compile_id,
+                 error=f"compile events incomplete: {exc}")
+
+    def _emit_frame(self, compile_id: str, start: int, end: int, breaks_seen: int) -> None:
+        from torch._dynamo.utils import get_metrics_context, graph_break_reasons
+
+        source = self._sources.pop(compile_id, "") or compiling_code_location()
+        metrics = get_metrics_context()
+        recorded = getattr(metrics, "_metrics", {}) if metrics.in_progress() else {}
+        guard = recorded.get("recompile_reason")
+        if breaks_seen > len(graph_break_reasons):  # torch._dynamo.reset() cleared the list
+            breaks_seen = 0
+        new_breaks = list(graph_break_reasons[breaks_seen:])
+        emit("dynamo", f"dynamo {compile_id}", start, end, compile_id=compile_id,
+             graph_breaks=len(new_breaks), recompile=bool(guard))
+        if guard:
+            emit("recompile", f"recompile {compile_id}", start, compile_id=compile_id,
+                 reason=str(guard), guard=str(guard), source=source)
+        for brk in new_breaks:
+            reason, hint = summarize_break_reason(brk.reason)
+            frame = brk.user_stack[-1] if brk.user_stack else None
+            where = f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else source
+            emit("graph_break", "graph break", end, compile_id=compile_id,
+                 reason=reason, hint=hint, source=where)
+
+
+recorder = CompileEventRecorder()

@@ -1,0 +1,67 @@
+"""`torch.compile(model, backend="neuron")`: Dynamo graph -> AOTAutograd -> neuron graphs.
+
+AOTAutograd splits each Dynamo graph into a forward and a backward aten graph (or one
+inference graph); each becomes a `CompiledGraph` that launches its fused kernels as
+one op. The AOTAutograd span and each graph's "neuron_compile" span are recorded
+here; Dynamo's own spans, graph breaks and recompiles by `compile_events.recorder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from neuron_explorer.backend.compiler import compile_events
+from neuron_explorer.backend.compiler.graph_compiler import compile_graph, device_index_of
+from torch import fx
+
+
+def _compiler(phase: str) -> Callable:
+    def compile_phase(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable:
+        return compile_graph(gm, example_inputs, phase)
+
+    compile_phase.__name__ = f"neuron_{phase}_compiler"
+    return compile_phase
+
+
+def _current_compile_id() -> str:
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    return str(compile_id) if compile_id is not None else ""
+
+
+def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[object], **kwargs: object
+                   ) -> Callable:
+    """The Dynamo backend registered as "neuron"."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    compile_events.recorder.install()
+    compile_id = _current_compile_id()
+    source = compile_events.source_of_graph(gm) or compile_events.compiling_code_location()
+    compile_events.recorder.note_graph_source(compile_id, source)
+    device_index_of(example_inputs)  # fail early, with a clear message, on mixed devices
+    ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method",
+                                                    "call_module"))
+    backend = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        # Input mutations (optimizer updates, running stats) stay inside the graph, so
+        # they run in its kernels rather than as extra eager copies.
+        keep_inference_input_mutations=True,
+    )
+    with compile_events.span("aot_autograd", f"aot_autograd {compile_id}",
+                             {"compile_id": compile_id, "dynamo_ops": ops, "source": source}):
+        return backend(gm, example_inputs)
+
+
+# Dynamo loads this module when a compile asks for backend="neuron", before tracing the
+# first frame: install the callbacks now so that frame's span has its start.
+compile_events.recorder.install()
+
+
+def register() -> None:
+    """Make "neuron" a Dynamo backend name (the entry point does this lazily too)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "neuron" not in _BACKENDS or _BACKENDS.get("neuron") is not neuron_backend:
+        register_backend(neuron_backend, name="neuron")

@@ -1,0 +1,159 @@
+"""One aten graph (forward, backward or inference) -> a callable that launches it once.
+
+Compiling plans the fusion groups and builds their kernels; calling computes the
+graph's numbers on the host (`HostRunner`) and launches all of its kernels as one
+op named "graph:<id>" on the device timeline. A graph traced with symbolic sizes
+builds its kernels at run time, once per distinct set of sizes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from neuron_explorer.backend.compiler import compile_events
+from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
+from neuron_explorer.backend.compiler.graph_kernels import build_kernels, can_fuse
+from neuron_explorer.backend.compiler.host_graph import HostRunner
+from neuron_explorer.backend.compiler.shapes import ShapeBinder, concrete_shape, is_symbolic
+from neuron_explorer.errors import NeuronExplorerError
+from torch import fx
+
+_graph_ids = itertools.count(1)
+
+
+class NeuronCompileError(NeuronExplorerError):
+    """A graph cannot be compiled for the neuron device as it stands."""
+
+
+@dataclass(frozen=True)
+class GraphLaunch:
+    """Everything one launch of a graph needs, for one set of input sizes."""
+
+    kernels: tuple
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    flops: int
+    hbm_bytes: int
+
+
+def device_index_of(example_inputs: Sequence[object]) -> int | None:
+    """The neuron device a graph's tensors live on (None: no neuron tensor at all)."""
+    found = {a.device.index or 0 for a in example_inputs
+             if isinstance(a, torch.Tensor) and a.device.type == "neuron"}
+    if len(found) > 1:
+        raise NeuronCompileError(
+            f"one compiled graph reads tensors on several neuron devices ({sorted(found)}); "
+            "keep a model's parameters and inputs on one device, or compile one model per device"
+        )
+    return found.pop() if found else None
+
+
+def op_count(gm: fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+class CompiledGraph:
+    """A compiled aten graph: boxed callable (AOTAutograd's calling convention)."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[object], phase: str,
+                 graph_id: int, device_index: int) -> None:
+        from neuron_explorer.backend import devices, runtime
+
+        self.graph_id = graph_id
+        self.phase = phase
+        self.name = f"graph:{graph_id}"
+        self.device_index = device_index
+        self.device = devices.get(device_index)
+        self.groups: list[FusionGroup] = plan_fusion(gm, can_fuse=can_fuse)
+        self.runner = HostRunner(gm, device_index)
+        self.op_count = op_count(gm)
+        self._tensor_inputs = [i for i, a in enumerate(example_inputs)
+                               if isinstance(a, torch.Tensor)]
+        self._binder = ShapeBinder(gm) if is_symbolic(gm) else None
+        self._launches: dict[tuple, GraphLaunch] = {}
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._launch = runtime.launch_kernels
+        self._suspended = runtime.device_accounting_suspended
+        if self._binder is None:
+            self.static_launch: GraphLaunch | None = self._plan_launch(None)
+        else:
+            self.static_launch = None
+
+    @property
+    def kernel_names(self) -> list[str]:
+        launch = self.static_launch or next(iter(self._launches.values()), None)
+        return [k.name for k in launch.kernels] if launch else []
+
+    def _plan_launch(self, binding: dict | None) -> GraphLaunch:
+        kernels = tuple(build_kernels(self.groups, self.device, binding))
+        shapes, dtypes = [], []
+        for i in self._tensor_inputs:
+            val = self._placeholders[i].meta.get("val")
+            if isinstance(val, torch.Tensor):
+                shapes.append(concrete_shape(val.shape, binding))
+                dtypes.append(str(val.dtype).removeprefix("torch."))
+        return GraphLaunch(kernels, tuple(shapes), tuple(dtypes),
+                           sum(k.model_flops for k in kernels),
+                           sum(k.hbm_bytes for k in kernels))
+
+    def _launch_for(self, args: Sequence[object]) -> GraphLaunch:
+        if self.static_launch is not None:
+            return self.static_launch
+        binding = self._binder.bind(args)
+        key = ShapeBinder.key(binding)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._launches[key] = self._plan_launch(binding)
+        return launch
+
+    def __call__(self, *call_args: object) -> list:
+        # Boxed (one list, which we empty so inputs die early) or, where a wrapper hid
+        # the boxed marker (AOTAutograd's backward), plain positional arguments.
+        boxed = len(call_args) == 1 and type(call_args[0]) is list
+        args = call_args[0] if boxed else list(call_args)
+        launch = self._launch_for(args)
+        with self._suspended():
+            outputs = self.runner(args)
+        if boxed:
+            args.clear()
+        self._launch(self.device_index, launch.kernels, self.name, launch.input_shapes,
+                     launch.input_dtypes, launch.flops, launch.hbm_bytes, self.graph_id)
+        return outputs
+
+
+class EagerGraph:
+    """A graph with no neuron tensors: runs as traced, with no device launch."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+
+    def __call__(self, *call_args: object) -> list:
+        boxed = len(call_args) == 1 and type(call_args[0]) is list
+        args = call_args[0] if boxed else list(call_args)
+        outputs = self.gm(*args)
+        if boxed:
+            args.clear()
+        return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object], phase: str
+                  ) -> CompiledGraph | EagerGraph:
+    """Compile one AOTAutograd graph; emits a "neuron_compile" span for it."""
+    device_index = device_index_of(example_inputs)
+    if device_index is None:
+        return EagerGraph(gm)
+    graph_id = next(_graph_ids)
+    with compile_events.span("neuron_compile", f"graph:{graph_id} {phase}",
+                             {"graph_id": graph_id, "phase": phase}) as args:
+        compiled = CompiledGraph(gm, example_inputs, phase, graph_id, device_index)
+        args.update(op_count=compiled.op_count, group_count=len(compiled.groups),
+                    kernel_count=len(compiled.kernel_names), kernels=compiled.kernel_names,
+                    dynamic_shapes=compiled.static_launch is None)
+    return compiled

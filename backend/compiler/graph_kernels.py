@@ -1,0 +1,244 @@
+"""Fusion groups -> device kernels, built with the simulator's own lowering pieces.
+
+A group of one op gets exactly the kernel the eager path lowers for it. A chain of
+elementwise and reduction ops becomes one stream (`hardware.streaming.stream`): its
+tiles load the group's inputs once, run every op's steps on the tile in SBUF, and
+store only the values other kernels read; triple buffering overlaps the next tile's
+loads with compute. A matmul group runs the GEMM (`hardware.emit_gemm`), keeps the
+result in SBUF and streams its epilogue over it. The steps of each op are the
+eager lowering table's, so instructions and costs are the eager path's; only the
+kernels' boundaries (and so their DMA traffic) differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
+from neuron_explorer.backend.compiler.op_keys import node_key, node_value, tensor_sig
+from neuron_explorer.backend.hardware import Gemm, Kernel, KernelBuilder, emit_gemm
+from neuron_explorer.backend.hardware import lower_pointwise as pointwise
+from neuron_explorer.backend.hardware import lower_rowwise as rowwise
+from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
+from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.backend.hardware.streaming import Step, stream, vec
+from torch import fx
+
+# Lowerings whose work is "the same steps on every tile": they can join a stream.
+_STREAMED = (pointwise.lower_pointwise, pointwise.lower_generate, rowwise.lower_reduction,
+             rowwise.lower_rows)
+_COPY_STEP = vec("TensorCopy", 1, 0.0)
+# Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
+_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+
+
+def op_steps(node: fx.Node) -> list[Step] | None:
+    """The per-tile steps of an op from the eager lowering table; None if the op's
+    kernel is not a plain stream (it then cannot share a kernel)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    base = base_name(node.target._schema.name)
+    if base in NO_DEVICE_WORK:
+        return []
+    fn = lowering_for(base)
+    if fn is pointwise.lower_copy:
+        return _copy_steps(node)
+    if isinstance(fn, partial) and fn.func in _STREAMED and "steps" in fn.keywords:
+        return _resolve_arith(fn.keywords["steps"], _tensor_inputs(node))
+    return None
+
+
+def can_fuse(node: fx.Node) -> bool:
+    """Whether `node` may share a kernel with its neighbours (fusion planner hook)."""
+    return op_steps(node) is not None
+
+
+def _copy_steps(node: fx.Node) -> list[Step]:
+    """A copy inside a fused kernel: free in SBUF unless it converts the dtype."""
+    out = node_value(node)
+    src = next((node_value(a) for a in node.all_input_nodes), None)
+    if isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out.dtype != src.dtype:
+        return [_COPY_STEP]
+    return []
+
+
+def _tensor_inputs(node: fx.Node) -> int:
+    return sum(isinstance(node_value(a), torch.Tensor) for a in node.all_input_nodes)
+
+
+def _resolve_arith(steps: Sequence[Step], n_tensor_inputs: int) -> list[Step]:
+    """The table's "Arith" placeholder is TensorTensor with two tensor operands, else
+    TensorScalar (as the eager pointwise lowering resolves it)."""
+    out = []
+    for st in steps:
+        if st.opcode == pointwise.ARITH:
+            n = max(1, min(n_tensor_inputs, 3))
+            st = Step(st.engine, "TensorTensor" if n >= 2 else "TensorScalar", n, st.flops,
+                      st.cycles_per_element, st.free_scale)
+        out.append(st)
+    return out
+
+
+def _numel(node: fx.Node, binding: dict | None) -> int:
+    sig = tensor_sig(node_value(node), binding)
+    if sig is None:
+        val = node_value(node)
+        if isinstance(val, (list, tuple)):
+            sigs = [tensor_sig(v, binding) for v in val]
+            return max([_prod(s[0]) for s in sigs if s is not None] + [0])
+        return 0
+    return _prod(sig[0])
+
+
+def _prod(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _nbytes(node: fx.Node, binding: dict | None) -> list[tuple[int, int]]:
+    """(numel, bytes) of each tensor a node produces."""
+    val = node_value(node)
+    values = val if isinstance(val, (list, tuple)) else [val]
+    out = []
+    for v in values:
+        sig = tensor_sig(v, binding)
+        if sig is not None:
+            n = _prod(sig[0])
+            out.append((n, n * dtype_bytes(str(sig[1]).removeprefix("torch."))))
+    return out
+
+
+def _dtype_of(node: fx.Node) -> str:
+    val = node_value(node)
+    if isinstance(val, (list, tuple)):
+        val = next((v for v in val if isinstance(v, torch.Tensor)), None)
+    if isinstance(val, torch.Tensor):
+        return str(val.dtype).removeprefix("torch.")
+    return "float32"
+
+
+def _scaled(steps: Sequence[Step], scale: float) -> list[Step]:
+    """Steps of an op that touches `scale` of the stream's elements per tile."""
+    if scale >= 1.0:
+        return list(steps)
+    return [Step(st.engine, st.opcode, st.n_inputs, st.flops * scale, st.cycles_per_element,
+                 st.free_scale * scale) for st in steps]
+
+
+class GroupKernels:
+    """Builds the kernel of each fusion group for one preset and one set of shapes."""
+
+    def __init__(self, device: object, binding: dict | None = None) -> None:
+        self.device = device
+        self.preset = device.preset
+        self.binding = binding
+
+    def build(self, group: FusionGroup) -> Kernel | None:
+        if len(group.nodes) == 1:
+            return self._eager(group.nodes[0])
+        if group.kind is OpKind.MATMUL:
+            return self._matmul_with_epilogue(group)
+        return self._stream(group, group.nodes)
+
+    def _eager(self, node: fx.Node) -> Kernel | None:
+        from neuron_explorer.backend import runtime
+
+        return runtime.lower(self.device, node_key(node, self.binding)).kernel
+
+    def _stream_io(self, group: FusionGroup, members: Sequence[fx.Node], elements: int,
+                   resident: set[fx.Node]) -> tuple[list[int], list[int], list[int], list[int]]:
+        full_in, small_in, full_out, small_out = [], [], [], []
+        for src in group.inputs_of(list(members)):
+            if src in resident:
+                continue
+            for numel, nbytes in _nbytes(src, self.binding):
+                (full_in if numel == elements else small_in).append(nbytes)
+        for out in group.outputs:
+            if out not in members:
+                continue
+            for numel, nbytes in _nbytes(out, self.binding):
+                (full_out if numel == elements else small_out).append(nbytes)
+        return full_in, small_in, full_out, small_out
+
+    def _steps(self, members: Sequence[fx.Node], elements: int) -> list[Step]:
+        steps: list[Step] = []
+        for node in members:
+            own = op_steps(node) or []
+            touched = max([_numel(node, self.binding)]
+                          + [_numel(a, self.binding) for a in node.all_input_nodes])
+            steps.extend(_scaled(own, touched / max(elements, 1)))
+        return steps
+
+    def _elements(self, group: FusionGroup, members: Sequence[fx.Node]) -> int:
+        sizes = [_numel(n, self.binding) for n in members]
+        sizes += [_numel(n, self.binding) for n in group.inputs_of(list(members))]
+        return max(sizes + [1])
+
+    def _stream(self, group: FusionGroup, members: Sequence[fx.Node]) -> Kernel | None:
+        elements = self._elements(group, members)
+        b = KernelBuilder(self.preset, group.name)
+        self._emit_stream(b, group, members, elements, resident=set(), deps=())
+        return b.build() if len(b) else None
+
+    def _emit_stream(self, b: KernelBuilder, group: FusionGroup, members: Sequence[fx.Node],
+                     elements: int, resident: set[fx.Node], deps: Sequence[int]) -> None:
+        full_in, small_in, full_out, small_out = self._stream_io(group, members, elements,
+                                                                 resident)
+        biggest = max(members, key=lambda n: _numel(n, self.binding))
+        stream(b, elements, _dtype_of(biggest), self._steps(members, elements),
+               inputs=full_in, outputs=full_out, small_inputs=small_in,
+               small_outputs=small_out, deps=tuple(deps), resident_inputs=len(resident))
+
+    def _matmul_with_epilogue(self, group: FusionGroup) -> Kernel | None:
+        anchor, epilogue = group.nodes[0], group.nodes[1:]
+        gemm = self._gemm(anchor, store=anchor in group.outputs)
+        if gemm is None:  # not a plain GEMM: the anchor's own kernel, then the stream
+            return self._stream(group, group.nodes)
+        b = KernelBuilder(self.preset, group.name)
+        tails = emit_gemm(b, gemm)
+        elements = max(self._elements(group, epilogue), gemm.batch * gemm.m * gemm.n)
+        # The GEMM's result is resident in SBUF; the epilogue never reloads it.
+        self._emit_stream(b, group, epilogue, elements, resident={anchor}, deps=tails)
+        return b.build()
+
+    def _gemm(self, node: fx.Node, store: bool) -> Gemm | None:
+        """The GEMM of an mm/addmm/bmm/baddbmm node (bias added on the PSUM copy)."""
+        base = base_name(node.target._schema.name)
+        if base not in _GEMM_OPS:
+            return None
+        key = node_key(node, self.binding)
+        inputs = key[1]
+        if base in ("addmm", "baddbmm"):
+            bias, a, w = inputs[0], inputs[1], inputs[2]
+        else:
+            bias, a, w = None, inputs[0], inputs[1]
+        (a_shape, a_dtype), (w_shape, _) = a, w
+        if len(a_shape) < 2 or len(w_shape) < 2:
+            return None
+        m, k, n = a_shape[-2], a_shape[-1], w_shape[-1]
+        batch = max(_prod(a_shape) // max(m * k, 1), 1)
+        dtype = str(a_dtype).removeprefix("torch.")
+        es = dtype_bytes(dtype)
+        out_dtype = str(key[2][0][1]).removeprefix("torch.") if key[2] else dtype
+        bias_bytes = _prod(bias[0]) * dtype_bytes(str(bias[1]).removeprefix("torch.")) \
+            if bias is not None else 0
+        return Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=out_dtype, batch=batch,
+                    a_bytes=m * k * es, b_bytes=k * n * es, bias_bytes=bias_bytes // batch,
+                    store=store)
+
+
+def build_kernels(groups: Sequence[FusionGroup], device: object,
+                  binding: dict | None = None) -> list[Kernel]:
+    """The kernels of a graph's fusion groups, in launch order (groups with no device
+    work, such as a lone view-like copy, make none)."""
+    builder = GroupKernels(device, binding)
+    kernels = []
+    for group in groups:
+        kernel = builder.build(group)
+        if kernel is not None:
+            kernels.append(kernel)
+    return kernels
