@@ -48,17 +48,23 @@ class _Caches:
 
     def __init__(self) -> None:
         self._by_preset: dict[int, tuple[HardwarePreset, dict]] = {}
+        self._last: tuple = (None, {})
 
     def get(self, preset: HardwarePreset, kind: str) -> dict:
+        last = self._last
+        if last[0] is preset:  # the common case: one preset in the whole process
+            return last[1][kind]
         key = id(preset)
         entry = self._by_preset.get(key)
         if entry is None or entry[0] is not preset:
             entry = (preset, {"op": {}, "fallback": {}, "transfer": {}})
             self._by_preset[key] = entry
+        self._last = entry
         return entry[1][kind]
 
     def clear(self) -> None:
         self._by_preset.clear()
+        self._last = (None, {})
 
 
 _caches = _Caches()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 # bytes per element; names as torch prints them without the "torch." prefix
 DTYPE_BYTES: dict[str, int] = {
@@ -66,8 +66,13 @@ class TensorSpec(NamedTuple):
         return math.prod(self.shape) * dtype_bytes(self.dtype)
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def _freeze(value: Any) -> Any:
     """Make an attribute value hashable: lists become tuples, dicts sorted item tuples."""
+    if value.__class__ in _PLAIN:
+        return value
     if isinstance(value, (list, tuple)):
         return tuple(_freeze(v) for v in value)
     if isinstance(value, Mapping):
@@ -81,37 +86,52 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-class OpSpec:
-    """One aten op on the device: name ("aten::mm"), input and output tensors, attributes."""
+class OpSpec(tuple):
+    """One aten op on the device: name ("aten::mm"), input and output tensors, attributes.
 
-    __slots__ = ("_hash", "_key", "attrs", "inputs", "name", "outputs")
+    A tuple underneath (name, inputs, outputs, frozen attrs), so building one and
+    hashing it as a cache key cost little on the eager path's hot loop."""
 
-    def __init__(
-        self,
+    __slots__ = ()
+
+    def __new__(
+        cls,
         name: str,
         inputs: tuple[TensorSpec, ...] = (),
         outputs: tuple[TensorSpec, ...] = (),
-        attrs: Mapping[str, Any] | None = None,
-    ) -> None:
-        frozen = tuple(sorted((k, _freeze(v)) for k, v in attrs.items())) if attrs else ()
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "inputs", tuple(inputs))
-        object.__setattr__(self, "outputs", tuple(outputs))
-        object.__setattr__(self, "attrs", dict(frozen))
-        key = (name, self.inputs, self.outputs, frozen)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_hash", hash(key))
+        attrs: Mapping[str, Any] | tuple | None = None,
+    ) -> Self:
+        if attrs:
+            items = attrs.items() if attrs.__class__ is dict or isinstance(attrs, Mapping) \
+                else attrs
+            frozen = tuple(sorted([(k, _freeze(v)) for k, v in items]))
+        else:
+            frozen = ()
+        if inputs.__class__ is not tuple:
+            inputs = tuple(inputs)
+        if outputs.__class__ is not tuple:
+            outputs = tuple(outputs)
+        return tuple.__new__(cls, (name, inputs, outputs, frozen))
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("OpSpec is immutable")
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
 
-    def __hash__(self) -> int:
-        return self._hash
+    @property
+    def name(self) -> str:
+        return self[0]
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        return isinstance(other, OpSpec) and self._hash == other._hash and self._key == other._key
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self[1]
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self[2]
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The attributes as a dict (values frozen: lists became tuples)."""
+        return dict(self[3])
 
     def __repr__(self) -> str:
         return (
@@ -121,11 +141,13 @@ class OpSpec:
 
     def attr(self, key: str, default: Any = None) -> Any:
         """Attribute `key`, or `default` when the op did not set it."""
-        return self.attrs.get(key, default)
+        for k, v in self[3]:
+            if k == key:
+                return v
+        return default
 
     def replace(self, **changes: Any) -> OpSpec:
         """A copy with some fields changed (used to split `_foreach_*` ops per tensor)."""
-        fields = {"name": self.name, "inputs": self.inputs, "outputs": self.outputs,
-                  "attrs": self.attrs}
+        fields = {"name": self[0], "inputs": self[1], "outputs": self[2], "attrs": self[3]}
         fields.update(changes)
         return OpSpec(**fields)
