@@ -223,7 +223,8 @@ class KernelBuilder:
         """Event-driven list scheduling: repeatedly start the stream head (the next
         instruction of some engine or queue) that can start earliest. Shared resources
         (DMA engines, HBM, host link) are thus granted in time order, first come first
-        served, whatever order the instructions were added in."""
+        served, whatever order the instructions were added in. HBM bandwidth caps each
+        DMA engine at its share of it (see costs.dma_data_ns)."""
         p = self.preset
         n = len(self._engine)
         start = [0.0] * n
@@ -253,12 +254,10 @@ class KernelBuilder:
                 heapq.heappush(heap, (gaps.get(i, 0.0), i))
 
         dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
-        hbm_free = 0.0  # the core's HBM bandwidth, granted first come first served
         host_free = 0.0  # the host link
         te_active = 0.0  # Tensor Engine activity so far (throttle ramp)
         mm_start = mm_end = ls_end = 0.0  # the last MultiplyMoving / LoadStationary
         fixed = p.dma_fixed_ns
-        hbm_rate = p.hbm_bytes_per_ns
         while heap:
             s, i = heapq.heappop(heap)
             e = engines[i]
@@ -286,9 +285,7 @@ class KernelBuilder:
                 size = nbytes[i]
                 data_start = max(s + fixed, dma_engine_free[eng])
                 dma_engine_free[eng] = data_start + costs.dma_data_ns(p, size, cost[i])
-                hbm_start = max(data_start, hbm_free)
-                hbm_free = hbm_start + size / hbm_rate
-                f = max(dma_engine_free[eng], hbm_free)
+                f = dma_engine_free[eng]
             else:  # _HOST_DMA
                 link_start = max(s + fixed, host_free)
                 host_free = link_start + nbytes[i] / p.host_link_bytes_per_ns

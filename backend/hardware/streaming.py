@@ -16,6 +16,7 @@ from neuron_explorer.backend.hardware.specs import dtype_bytes
 
 BUFFERS = 3  # tiles in flight per operand: load, compute, store overlap
 MAX_TILE_BYTES = 16 * 1024  # per partition and operand; >= 4 KiB keeps DMA at full rate
+MAX_TILES = 256  # tile records per stream; longer streams fold tiles together
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ def stream(
     tile_free = max(1, min(per_part, tile_bytes // itemsize))
     b.note_sbuf(parts * tile_free * itemsize * operands * BUFFERS
                 + sum(small_inputs) + sum(small_outputs))
+    # Very long streams: one record stands for several consecutive tiles (same time,
+    # fewer instructions), so that a kernel stays a few thousand instructions long.
+    tiles = -(-per_part // tile_free)
+    if tiles > MAX_TILES:
+        tile_free *= -(-tiles // MAX_TILES)
 
     pre: tuple[int, ...] = tuple(deps)
     for nbytes in small_inputs:
