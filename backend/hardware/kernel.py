@@ -74,6 +74,8 @@ class Kernel:
         self.sbuf_bytes = int(sbuf_bytes)
         self.psum_bytes = int(psum_bytes)
         self.fallback = fallback
+        for array in (engine, opcode, start, dur, nbytes, iflops):
+            array.flags.writeable = False  # kernels are cached and shared
         self._opcodes = opcodes
         self._engine = engine
         self._opcode = opcode

@@ -210,3 +210,23 @@ def test_large_kernels_stay_compact(trn2):
     assert kernel.arrays()["start"].dtype == np.int64
     assert kernel.model_flops == 2 * 8192**3
     assert kernel.flops == kernel.model_flops  # every dim a multiple of 128 and 512
+
+
+def test_stream_steps_expose_the_per_tile_chain_for_fusion():
+    from neuron_explorer.backend.hardware.optable import stream_steps
+
+    gelu = stream_steps("gelu")
+    assert [(st.engine, st.opcode) for st in gelu] == [(2, "Activation")]
+    assert len(stream_steps("native_layer_norm")) == 5
+    assert stream_steps("mm") is None and stream_steps("embedding") is None
+
+
+def test_long_streams_fold_tiles_but_keep_time_and_bytes(trn2):
+    big = T((16384, 16384), F)
+    kernel = lower_op(OpSpec("aten::add", (big, big), (big,)), trn2)
+    assert len(kernel) < 20_000
+    assert kernel.hbm_bytes == 3 * big.nbytes
+    bound = min(trn2.hbm_bytes_per_ns, trn2.dma_bytes_per_ns)
+    assert kernel.duration_ns == pytest.approx(kernel.hbm_bytes / bound, rel=0.1)
+    with pytest.raises(ValueError):
+        kernel.arrays()["start"][0] = 5  # cached kernels are read-only
