@@ -9,9 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import scenarios  # noqa: E402
-
-import neuron_explorer  # noqa: E402
+import neuron_explorer
+import scenarios
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +33,16 @@ def basic_pf(traces_dir: Path) -> neuron_explorer.Trace:
 @pytest.fixture(scope="session")
 def clean_trace(traces_dir: Path) -> neuron_explorer.Trace:
     return neuron_explorer.load(scenarios.clean().write(traces_dir, "clean"))
+
+
+@pytest.fixture(scope="session")
+def load_real(real_traces_dir: Path):
+    """Load a real trace once per session (the MTIA one takes seconds)."""
+    cache: dict[str, neuron_explorer.Trace] = {}
+
+    def get(name: str) -> neuron_explorer.Trace:
+        if name not in cache:
+            cache[name] = neuron_explorer.load(real_traces_dir / name)
+        return cache[name]
+
+    return get

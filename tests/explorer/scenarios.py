@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthetic import Track, TraceBuilder
+from synthetic import TraceBuilder, Track
 
 FIGURES = {
     "preset": "trn2",

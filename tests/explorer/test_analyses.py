@@ -3,10 +3,9 @@ scenarios.basic for the timeline)."""
 
 from __future__ import annotations
 
+import neuron_explorer
 import numpy as np
 import pytest
-
-import neuron_explorer
 from neuron_explorer.analyses.idle import idle_summary
 
 
@@ -130,8 +129,8 @@ def test_compile_summary(tmp_path) -> None:
         [300, 300]
 
 
-def test_empty_frames_on_cpu_only_trace(real_traces_dir) -> None:
-    t = neuron_explorer.load(real_traces_dir / "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+def test_empty_frames_on_cpu_only_trace(load_real) -> None:
+    t = load_real("cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
     assert len(t.kernels) == 0 and len(t.idle_reasons()) == 0
     assert list(t.engine_utilisation().columns) == ["ts", "device", "engine", "utilisation"]
     assert len(t.memory_timeline()) == 0 and len(t.memory_at_peak()) == 0

@@ -6,10 +6,9 @@ import gzip
 import json
 from pathlib import Path
 
+import neuron_explorer
 import pytest
 import scenarios
-
-import neuron_explorer
 from neuron_explorer.errors import TraceFormatError
 from neuron_explorer.loaders.pftrace import TruncatedTraceWarning
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import neuron_explorer
 import numpy as np
 import pandas as pd
 import pytest
 import scenarios
-
-import neuron_explorer
 from neuron_explorer.tables import KERNEL_COLUMNS, OP_COLUMNS
 
 DOC_COLUMNS = {
@@ -129,18 +128,18 @@ def test_sql_and_html(basic_pf: neuron_explorer.Trace) -> None:
 
 
 REAL = {
-    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz": dict(kernel=14, memcpy=2, runtime=20),
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz": {"kernel": 14, "memcpy": 2, "runtime": 20},
     "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz":
-        dict(kernel=79, memcpy=16, memset=3, runtime=340, sync=21),
-    "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": dict(op=4),
-    "trace_filter__sampled_rank-0.json.gz": dict(kernel=1154, memcpy=40, memset=10, runtime=1204),
-    "mtia_trace_single_rank__mtia_rank_0.json.gz": dict(kernel=3453, memcpy=22361, runtime=3453),
+        {"kernel": 79, "memcpy": 16, "memset": 3, "runtime": 340, "sync": 21},
+    "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": {"op": 4},
+    "trace_filter__sampled_rank-0.json.gz": {"kernel": 1154, "memcpy": 40, "memset": 10, "runtime": 1204},
+    "mtia_trace_single_rank__mtia_rank_0.json.gz": {"kernel": 3453, "memcpy": 22361, "runtime": 3453},
 }
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
-def test_real_traces(real_traces_dir: Path, name: str) -> None:
-    t = neuron_explorer.load(real_traces_dir / name)
+def test_real_traces(load_real, name: str) -> None:
+    t = load_real(name)
     assert t.source_format == "kineto_json"
     counts = t.base_slices["kind"].value_counts()
     for kind, n in REAL[name].items():
@@ -155,8 +154,8 @@ def test_real_traces(real_traces_dir: Path, name: str) -> None:
     assert t.summary()["n_ops"] == len(t.ops)
 
 
-def test_kineto_steps_and_flows(real_traces_dir: Path) -> None:
-    t = neuron_explorer.load(real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+def test_kineto_steps_and_flows(load_real) -> None:
+    t = load_real("amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     assert t.steps["step"].tolist() == [1, 2]
     s = t.base_slices.set_index("id")
     ac2g = t.flows.merge(s[["kind"]], left_on="dst_id", right_index=True)
