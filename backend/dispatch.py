@@ -11,6 +11,8 @@ the project: per op it builds one signature tuple and no other objects.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from neuron_explorer.backend import devices, runtime
 from neuron_explorer.backend.allocator import adopt, attach
@@ -27,6 +29,7 @@ _redispatch_set = _set_storage._handle.redispatch_boxed
 _create_empty = torch._C._acc.create_empty_tensor
 _construct_storage = torch._C._construct_storage_from_data_pointer
 _host_empty = torch.empty
+_alias = torch.ops.aten.alias.default
 _state = runtime.state
 _record = runtime.record_eager
 
@@ -83,6 +86,37 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
+_DLPACK_EXT_DEV = 12  # DLPack's kDLExtDev: PyTorch imports it as a PrivateUse1 tensor
+_seeds: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _seed(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor on neuron:`index`, the template for that device's tensors.
+
+    `create_empty_tensor` only makes neuron:0 tensors and `set_` refuses to move a
+    tensor across devices, so other devices' tensors start from a host buffer imported
+    through DLPack with its device rewritten to (kDLExtDev, index).
+    """
+    seed = _seeds.get((index, dtype))
+    if seed is None:
+        capsule = torch.zeros(1, dtype=dtype).__dlpack__()
+        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        get_pointer.restype = ctypes.c_void_p
+        get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        # DLManagedTensor starts with DLTensor {void* data; DLDevice {int32 type, int32 id}; ...}
+        device = (ctypes.c_int32 * 2).from_address(get_pointer(capsule, b"dltensor") + 8)
+        device[0], device[1] = _DLPACK_EXT_DEV, index
+        seed = _seeds[(index, dtype)] = torch.from_dlpack(capsule)
+    return seed
+
+
+def blank_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """A new neuron:`index` tensor whose storage is still to be set (with `set_`)."""
+    if index == 0:
+        return _create_empty([0], dtype)
+    return _alias.redispatch(_META_KEYS, _seed(index, dtype))
+
+
 def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
     """Relabel a CPU result as a neuron tensor on `device`, sharing its memory."""
     host = cpu.untyped_storage()
@@ -95,7 +129,7 @@ def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
         attach(device.memory, storage, host)
     else:
         storage = adopt(device.memory, host, device.torch_device)
-        out = _create_empty([0], cpu.dtype)
+        out = blank_tensor(device.index, cpu.dtype)
         _redispatch_set(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
                         cpu.stride())
     out._neuron_host = cpu

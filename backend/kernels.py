@@ -21,7 +21,6 @@ _perf_ns = clock.real_ns
 _state = runtime.state
 _CPU_KEYS = dispatch._CPU_KEYS
 _set_storage = dispatch._set_storage
-_create_empty = dispatch._create_empty
 host_view = dispatch.host_view
 
 # Direction of a copy, as the op key's attribute the hardware lowers to DMA.
@@ -55,7 +54,7 @@ def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -
     """An uninitialised neuron tensor with this geometry."""
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
     storage = allocate(device.memory, extent * dtype.itemsize, device.torch_device)
-    out = _create_empty([0], dtype)
+    out = dispatch.blank_tensor(device.index, dtype)
     _set_storage.redispatch(_CPU_KEYS, out, storage, 0, size, stride)
     return out
 
