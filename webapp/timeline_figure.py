@@ -46,7 +46,8 @@ def timeline_figure(
             "base": typed_array(to_us(window.start[pick], origin), "f8"),
             "x": typed_array((end[pick] - window.start[pick]) / NS_PER_US, "f8"),
             "y": typed_array(window.row[pick], "i4"),
-            "customdata": typed_array(window.ids[pick], "f8"),
+            # a plain list: Dash passes customdata of a clicked point only from plain arrays
+            "customdata": window.ids[pick].tolist(),
             "text": names[pick].tolist(),
             "textposition": "inside",
             "insidetextanchor": "start",

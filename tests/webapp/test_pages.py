@@ -76,7 +76,7 @@ def test_timeline_figure_payload_is_compact_typed_arrays():
                              flow_partners=[int(trace.kernels["id"].iloc[0])])
     payload = json.loads(pio_json.to_json_plotly(figure))
     bars = [t for t in payload["data"] if t["type"] == "bar"]
-    assert bars and all("bdata" in t["base"] for t in bars)
+    assert bars and all("bdata" in t["base"] and "bdata" in t["x"] for t in bars)
     assert sum(len(t["text"]) for t in bars) == window.n_bars
     assert len(payload["layout"]["shapes"]) == 2  # the selection outline and one flow line
     assert len(json.dumps(payload)) < 2_000_000

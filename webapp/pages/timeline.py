@@ -107,7 +107,7 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         slice_id = int(point.get("customdata", SUMMARY_ID))
         if slice_id == SUMMARY_ID and "base" in point:
             start = origin + int(float(point["base"]) * NS_PER_US)
-            length = int(float(point["x"]) * NS_PER_US)
+            length = int((float(point["x"]) - float(point["base"])) * NS_PER_US)  # x is the bar's end
             pad = max(length // 10, 1)
             return start - pad, start + length + pad, selected
         return t0, t1, slice_id

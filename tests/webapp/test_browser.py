@@ -1,0 +1,198 @@
+"""The dashboard in headless Chromium: every page, a finding to its evidence, zoom, select, follow
+flows, tables to timeline, compare, and bad input, all without a console error."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from browser import browser_available, chromium, console_errors
+from conftest import synthetic_loader, write_synthetic
+from synthetic_trace import synthetic_diff
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from neuron_explorer.webapp.app import AppContext, create_app
+    from neuron_explorer.webapp.server import DashboardServer
+    from neuron_explorer.webapp.trace_store import TraceStore
+
+    folder = tmp_path_factory.mktemp("traces")
+    write_synthetic(folder / "run_a.json")
+    write_synthetic(folder / "run_b.json", steps=4, ops=48, seed=1)
+    (folder / "corrupt.json").write_bytes(b"\x00\x01 not a trace")
+    store = TraceStore(folder, loader=synthetic_loader, max_upload_bytes=1 << 20)
+    server = DashboardServer(create_app(AppContext(store, differ=synthetic_diff)).server).start()
+    yield server.url.rstrip("/"), folder
+    server.stop()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    with chromium() as d:
+        yield d
+
+
+def wait_for(driver, css: str, timeout: float = 10.0, text: str | None = None):
+    """The first element matching `css` (and containing `text`) once it shows up."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for element in driver.find_elements(By.CSS_SELECTOR, css):
+            with contextlib.suppress(StaleElementReferenceException):  # re-rendered under us
+                if element.is_displayed() and (text is None or text in element.text):
+                    return element
+        time.sleep(0.1)
+    raise AssertionError(f"{css!r} {'with ' + repr(text) if text else ''} did not appear; page: "
+                         f"{driver.find_element(By.TAG_NAME, 'body').text[:500]}")
+
+
+def x_range(driver, timeout: float = 10.0) -> list[float]:
+    """The timeline's x range once the graph is drawn."""
+    script = ("const g = document.querySelector('#timeline-graph .js-plotly-plot');"
+              "return g && g.layout && g.layout.xaxis ? g.layout.xaxis.range : null;")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("the timeline graph was not drawn")
+
+
+def no_console_errors(driver) -> None:
+    errors = console_errors(driver)
+    assert not errors, errors
+
+
+def test_every_page_loads_without_console_errors(served, driver):
+    url, _ = served
+    pages = {"/": "Findings", "/timeline": "Zoom in", "/tables": "Ops (", "/engines": "Utilisation over time",
+             "/roofline": "Ops against the roofline", "/memory": "HBM in use", "/compile": "torch.compile",
+             "/compare": "Pick a second trace"}
+    for path, marker in pages.items():
+        driver.get(f"{url}{path}?trace=run_a.json")
+        wait_for(driver, "#page", text=marker)
+        no_console_errors(driver)
+
+
+def test_finding_opens_the_timeline_at_its_evidence(served, driver):
+    url, _ = served
+    driver.get(f"{url}/?trace=run_a.json")
+    card = wait_for(driver, ".finding", text="loss.item()")
+    card.find_element("css selector", ".finding-link").click()
+    details = wait_for(driver, "#slice-fields", text="sync")
+    assert "aten::item" in details.text and "train.py:50" in details.text
+    assert "/timeline" in driver.current_url
+    no_console_errors(driver)
+
+
+def test_zoom_select_and_follow_flows(served, driver):
+    from selenium.webdriver.common.by import By
+
+    url, _ = served
+    driver.get(f"{url}/timeline?trace=run_a.json")
+    status = wait_for(driver, "#timeline-status", text="window").text
+    before = x_range(driver)
+    wait_for(driver, "#timeline-graph g.trace.bars")
+    wait_for(driver, "#timeline-zoom-in").click()
+    wait_for(driver, "#timeline-status", text="window", timeout=10)
+    for _ in range(100):
+        after = x_range(driver)
+        if after != before:
+            break
+        time.sleep(0.1)
+    assert after != before, (status, driver.find_element(By.ID, "timeline-status").text, console_errors(driver))
+    assert (after[1] - after[0]) == pytest.approx((before[1] - before[0]) / 2, rel=0.01)
+    assert driver.find_elements(By.CSS_SELECTOR, "#timeline-graph g.trace.bars g.point path"), "no bars"
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    # Plotly listens on its drag layer: hover the bar's spot, then click there
+    target = _bar_of_category(driver, "op")
+    ActionChains(driver).move_to_element(target).pause(0.3).click().perform()
+    wait_for(driver, "#slice-fields", text="op_id")
+    # follow the flow op -> kernel, then kernel -> instruction, then back
+    wait_for(driver, ".link-button", text="leads to kernel").click()
+    wait_for(driver, "#slice-fields", text="kernel")
+    wait_for(driver, ".link-button", text="leads to instruction").click()
+    wait_for(driver, "#slice-fields", text="instruction")
+    wait_for(driver, ".link-button", text="comes from kernel").click()
+    wait_for(driver, "#slice-fields", text="kernel_")
+    no_console_errors(driver)
+
+
+def _bar_of_category(driver, category: str):
+    """A visible bar of the trace named `category` (Plotly draws one trace per category)."""
+    from selenium.webdriver.common.by import By
+
+    names = driver.execute_script(
+        "return document.querySelector('#timeline-graph .js-plotly-plot').data.map(t => t.name);")
+    index = names.index(category)
+    traces = driver.find_elements(By.CSS_SELECTOR, "#timeline-graph g.trace.bars")
+    points = traces[index].find_elements(By.CSS_SELECTOR, "g.point path")
+    return points[len(points) // 2]
+
+
+def test_table_row_opens_in_the_timeline(served, driver):
+    url, _ = served
+    driver.get(f"{url}/tables?trace=run_a.json")
+    wait_for(driver, "#stats-table input[type=radio]").click()
+    wait_for(driver, "#tables-open-timeline").click()
+    fields = wait_for(driver, "#slice-fields", text="op")
+    assert "aten::" in fields.text
+    no_console_errors(driver)
+
+
+def test_compare_two_traces(served, driver):
+    from selenium.webdriver.common.by import By
+
+    url, _ = served
+    driver.get(f"{url}/compare?trace=run_a.json")
+    wait_for(driver, "#compare-other").click()
+    option = wait_for(driver, ".dash-dropdown-options [role=option]", text="run_b.json")  # a portal
+    option.click()
+    table = wait_for(driver, ".compare-table", text="run_b.json")
+    assert "step time" in table.text
+    assert driver.find_elements(By.CSS_SELECTOR, "#diff-ops")
+    no_console_errors(driver)
+
+
+def test_bad_traces_show_a_banner_and_the_app_keeps_working(served, driver):
+    url, folder = served
+    driver.get(f"{url}/?trace=corrupt.json")
+    banner = wait_for(driver, ".error-banner", text="corrupt.json")
+    assert "cannot read trace" in banner.text
+    for evil in ("../../../../etc/passwd", "/etc/passwd", str(Path(folder).parent / "x.json")):
+        driver.get(f"{url}/timeline?trace={evil}")
+        banner = wait_for(driver, ".error-banner", text="served folder")
+        assert "root:x:0:0" not in driver.page_source
+    # an upload of a foreign file is refused the same way, and the page still works after it
+    bad = Path(folder).parent / "foreign.json"
+    bad.write_text('{"not": "a trace"}')
+    driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(bad))
+    wait_for(driver, ".error-banner", text="foreign.json")
+    driver.get(f"{url}/?trace=run_b.json")
+    wait_for(driver, ".finding")
+    assert not driver.find_elements("css selector", ".error-banner")
+    no_console_errors(driver)
+
+
+def test_upload_opens_the_trace(served, driver, tmp_path):
+    url, _ = served
+    good = write_synthetic(tmp_path / "uploaded_run.json", steps=2, ops=16)
+    driver.get(f"{url}/?trace=run_a.json")
+    wait_for(driver, ".finding")
+    driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(good))
+    wait_for(driver, ".page-subtitle", text="upload:uploaded_run.json")
+    wait_for(driver, ".finding")
+    no_console_errors(driver)
