@@ -25,6 +25,8 @@ TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
 _PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA = range(5)
 
 MIN_DMA_CHUNK = 64 * 1024  # a load is split over several queues only in pieces this large
+MAX_TRANSPOSE_RECORDS = 256  # per transpose call; more 128x128 blocks fold together
+BLOCKS_PER_BANK = 4  # 128x128 transposed blocks that fill one PSUM bank (512 columns)
 
 
 class KernelBuilder:
@@ -172,6 +174,30 @@ class KernelBuilder:
         mm = costs.matmul_ns(p, n, dtype) * repeat
         hw_flops = 2 * p.te_rows * p.te_cols * n * repeat
         return self.add(TENSOR, "MultiplyMoving", mm, deps, flops=hw_flops, kind=_MATMUL)
+
+    def transpose(self, rows: int, cols: int, dtype: str, deps: Iterable[int] = ()
+                  ) -> tuple[int, ...]:
+        """Transpose a [rows, cols] tile held in SBUF on the Tensor Engine: per 128x128
+        block, load it as weights and multiply by the identity, then copy the result out
+        of PSUM. The identity matmuls count as executed FLOPs, as on the real profiler."""
+        p = self.preset
+        blocks = -(-max(rows, 1) // p.te_rows) * -(-max(cols, 1) // p.te_cols)
+        fold = -(-blocks // MAX_TRANSPOSE_RECORDS)
+        deps = tuple(deps)
+        last = -1
+        pending = 0  # transposed blocks in PSUM not yet copied out
+        for first in range(0, blocks, fold):
+            n = min(fold, blocks - first)
+            self.add(TENSOR, "LoadStationary", costs.load_stationary_ns(p, p.te_cols, dtype) * n,
+                     deps, kind=_LOAD_STATIONARY)
+            t = self.add(TENSOR, "Transpose", costs.matmul_ns(p, p.te_rows, dtype) * n, deps,
+                         flops=2 * p.te_rows * p.te_cols * p.te_rows * n, kind=_MATMUL)
+            pending += n
+            # one copy empties a PSUM bank: 512 columns, i.e. four transposed blocks
+            if pending >= BLOCKS_PER_BANK or first + n >= blocks:
+                last = self.vector("TensorCopy", p.te_rows * pending, dtype, 1, (t,))
+                pending = 0
+        return (last,)
 
     # --- Vector, Scalar, GpSimd ----------------------------------------------------
     def vector(self, opcode: str, free: int, dtype: str, n_inputs: int = 1,

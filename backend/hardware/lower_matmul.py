@@ -128,14 +128,29 @@ def lower_attention(b: KernelBuilder, spec: OpSpec) -> None:
     heads, lq, s, e, ev, dtype = _attention_dims(spec)
     q, k, v = spec.inputs[0], spec.inputs[1], spec.inputs[2]
     out_dtype = _out_dtype(spec, dtype)
+    masks = _load_extras(b, spec.inputs[3:])  # attention mask / bias, when given
     fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
+
+    def finish(nb: int, probs: tuple[int, ...]) -> None:
+        # P v contracts over S, which must sit on the partitions: transpose P first
+        probs_t = b.transpose(lq * nb, s, dtype, probs)
+        emit_gemm(b, Gemm(m=lq, k=s, n=ev, dtype=dtype, out_dtype=out_dtype, batch=nb,
+                          a_bytes=0, b_bytes=v.nbytes // heads, load_a=False), deps=probs_t)
+
+    # Software pipelined as a real kernel is: the Tensor Engine computes the next head's
+    # scores while Vector and Scalar run this head's softmax.
+    waiting: tuple[int, tuple[int, ...]] | None = None
     for nb in tiles(heads, fold):
         scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
                                    a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
                                    store=False, evacuate=False))
-        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
-        emit_gemm(b, Gemm(m=lq, k=s, n=ev, dtype=dtype, out_dtype=out_dtype, batch=nb,
-                          a_bytes=0, b_bytes=v.nbytes // heads, load_a=False), deps=probs)
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + masks,
+                       resident_inputs=1)
+        if waiting is not None:
+            finish(*waiting)
+        waiting = (nb, probs)
+    if waiting is not None:
+        finish(*waiting)
     for extra in spec.outputs[1:2]:  # logsumexp, when the op returns it
         b.dma_store(extra.nbytes, min(128, max(extra.numel, 1)))
 
@@ -147,13 +162,15 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
     sub = spec.replace(inputs=spec.inputs[1:4])
     heads, lq, s, e, ev, dtype = _attention_dims(sub)
     q, k, v = spec.inputs[1], spec.inputs[2], spec.inputs[3]
+    saved = _load_extras(b, spec.inputs[4:])  # output, logsumexp (and any mask)
     fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
     for nb in tiles(heads, fold):
         per = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
         scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, a_bytes=q.nbytes // heads,
                                    b_bytes=k.nbytes // heads, store=False, evacuate=False,
                                    **per))
-        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores, resident_inputs=1)
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + saved,
+                       resident_inputs=1)
         dv = emit_gemm(b, Gemm(m=s, k=lq, n=ev, a_bytes=0, load_a=False,
                                b_bytes=grad_out.nbytes // heads, **per), deps=probs)
         dp = emit_gemm(b, Gemm(m=lq, k=ev, n=s, a_bytes=0, load_a=False,
@@ -161,12 +178,47 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
                                **per), deps=probs)
         ds = stream(b, lq * s * nb, dtype, _SOFTMAX_BACKWARD_STEPS, deps=dp,
                     resident_inputs=2)
+        ds_t = b.transpose(lq * nb, s, dtype, ds)  # dQ = dS K contracts over S
         emit_gemm(b, Gemm(m=lq, k=s, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
-                          **per), deps=ds)
+                          **per), deps=ds_t)
         emit_gemm(b, Gemm(m=s, k=lq, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
                           **per), deps=ds + dv)
 
 
-_SOFTMAX_STEPS = [vec("TensorReduce", 1, 1.0), act("Activation", 1, 3.0),
-                  vec("TensorScalar", 1, 1.0)]
+def _load_extras(b: KernelBuilder, extras: tuple[TensorSpec, ...]) -> tuple[int, ...]:
+    """Load the op's other tensor inputs once (masks, saved outputs, statistics)."""
+    ids: tuple[int, ...] = ()
+    for t in extras:
+        if t.numel > 1:
+            ids = ids + b.dma_load(t.nbytes, min(128, t.numel))
+    return ids
+
+
+def lower_transpose_copy(b: KernelBuilder, spec: OpSpec) -> None:
+    """A copy into a new layout. Keeping the last dim in place is only a DMA access
+    pattern; moving it needs Tensor Engine transposes between the load and the store."""
+    src = spec.inputs[0]
+    dims = spec.attr("dims")
+    if dims is None and spec.attr("dim0") is not None:
+        d0, d1 = spec.attr("dim0") % max(len(src.shape), 1), spec.attr("dim1") % max(
+            len(src.shape), 1)
+        dims = tuple(d1 if i == d0 else d0 if i == d1 else i for i in range(len(src.shape)))
+    last = len(src.shape) - 1
+    if len(src.shape) < 2 or (dims is not None and dims[-1] % len(src.shape) == last):
+        b.dma_copy(src.nbytes, 128)
+        return
+    cols = src.shape[-1]
+    rows = max(src.numel // max(cols, 1), 1)
+    pieces = max(1, min(64, -(-src.nbytes // (2 << 20))))
+    for i in range(pieces):
+        share = src.nbytes * (i + 1) // pieces - src.nbytes * i // pieces
+        loaded = b.dma_load(share, 128)
+        done = b.transpose(max(rows // pieces, 1), cols, src.dtype, loaded)
+        b.dma_store(share, 128, done)
+    b.note_sbuf(min(src.nbytes, 4 << 20))
+
+
+# Flash softmax on the scores: the row max on Vector, exp(x - max) with the row sum
+# accumulated on Scalar; dividing by the sum happens later on the small output.
+_SOFTMAX_STEPS = [vec("TensorReduce", 1, 1.0), act("Activation", 1, 3.0)]
 _SOFTMAX_BACKWARD_STEPS = [vec("TensorTensorReduce", 2, 2.0), vec("TensorTensor", 2, 2.0)]

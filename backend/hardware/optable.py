@@ -58,8 +58,8 @@ ACTIVATION_BACKWARDS = [
 MASKED_BACKWARDS = ["threshold_backward", "hardtanh_backward", "leaky_relu_backward"]
 COPIES = [
     "_to_copy", "copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize",
-    "lift_fresh_copy", "detach_copy", "alias_copy", "view_copy", "t_copy", "transpose_copy",
-    "permute_copy", "expand_copy", "_unsafe_view_copy",
+    "lift_fresh_copy", "detach_copy", "alias_copy", "view_copy",
+    "expand_copy", "_unsafe_view_copy",
 ]
 FILLS = [
     "fill", "zero", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
@@ -170,6 +170,9 @@ LOWERINGS.update({
     "conv2d": mmx.lower_convolution,
     "conv3d": mmx.lower_convolution,
     "convolution_backward": mmx.lower_convolution_backward,
+    "t_copy": mmx.lower_transpose_copy,
+    "transpose_copy": mmx.lower_transpose_copy,
+    "permute_copy": mmx.lower_transpose_copy,
     "convolution_backward_overrideable": mmx.lower_convolution_backward,
 })
 ATTENTION = [
