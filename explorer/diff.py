@@ -30,10 +30,10 @@ class TraceDiff:
     a: str
     b: str
     summary: pd.DataFrame  # metric, a, b, delta, ratio
-    breakdown: pd.DataFrame  # side, category, a_ns, b_ns, delta_ns
+    breakdown: pd.DataFrame  # side, category, status, a_ns, b_ns, delta_ns
     ops: pd.DataFrame  # name, status, a_count, b_count, a_device_ns, b_device_ns, delta_ns
     modules: pd.DataFrame  # module, phase, status, a_ns, b_ns, delta_ns
-    engines: pd.DataFrame  # device, engine, a_busy_ns, b_busy_ns, delta_ns
+    engines: pd.DataFrame  # device, engine, status, a_busy_ns, b_busy_ns, delta_ns
     hardware: tuple[str | None, str | None] = field(default=(None, None))
 
     @property
@@ -172,7 +172,7 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
     return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
                      summary=_summary(ta, tb), breakdown=bd, ops=ops,
                      modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
-                     engines=eng[["device", "engine", "a_busy_ns", "b_busy_ns", "delta_ns"]],
+                     engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
                      hardware=(ta.hardware, tb.hardware))
 
 

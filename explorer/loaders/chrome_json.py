@@ -101,6 +101,8 @@ class _Collector:
 
 def _read_events(events: list, col: _Collector) -> None:
     for e in events:
+        if not e and isinstance(e, dict):
+            continue  # streamed writers close the event list with an empty object
         if not isinstance(e, dict):
             col.skipped["not an event object"] += 1
             continue

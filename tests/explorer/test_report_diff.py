@@ -1,0 +1,106 @@
+"""report and diff: the API and the two commands through the CLI's entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+import scenarios
+from neuron_explorer import cli
+
+
+@pytest.fixture()
+def explorer_cli(monkeypatch: pytest.MonkeyPatch):
+    """The real `main`, routing only the explorer's subcommands (the others have their own
+    tests and may pull in heavy imports)."""
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {k: v for k, v in cli.SUBCOMMANDS.items()
+                                             if k in ("report", "diff")})
+    return cli.main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("diff")
+    before = scenarios.basic().write(tmp, "before")
+    after = scenarios.clean().write(tmp, "after")
+    return before, after
+
+
+def test_diff_api(pair: tuple[Path, Path]) -> None:
+    d = neuron_explorer.diff(*pair)
+    s = d.summary.set_index("metric")
+    assert s.loc["step_time_ns", "a"] == 10_000 and s.loc["step_time_ns", "ratio"] == 1.0
+    ops = d.ops.set_index("name")
+    assert ops.loc["aten::mm", "status"] == "changed"
+    # device time per step: 2000 ns before, 9300 ns after
+    assert ops.loc["aten::mm", "delta_ns"] == 7300
+    assert sorted(d.removed_ops) == ["aten::add", "aten::relu"] and d.added_ops == []
+    eng = d.engines.set_index("engine")
+    assert eng.loc["tensor", "a_busy_ns"] == 1500 and eng.loc["tensor", "b_busy_ns"] == 9300
+    assert eng.loc["scalar", "status"] == "added"
+    bd = d.breakdown.set_index(["side", "category"])
+    assert bd.loc[("host", "sync"), "delta_ns"] == -2000
+    mods = d.modules.set_index("module")
+    assert mods.loc["model.fc", "status"] == "removed"
+    as_dict = d.to_dict()
+    json.dumps(as_dict)
+    assert as_dict["removed_ops"] == d.removed_ops
+    text = d.to_text()
+    assert "aten::relu" in text and "step time" in text
+
+
+def test_diff_of_kineto_traces(load_real) -> None:
+    a = load_real("amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    b = load_real("trace_filter__sampled_rank-0.json.gz")
+    d = neuron_explorer.diff(a, b)
+    assert len(d.ops) > 0 and (d.ops["status"] == "added").any()
+    assert set(d.engines["engine"]) == {"device"}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "md", "html"])
+def test_report_command(explorer_cli, pair, fmt: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / f"report.{fmt}"
+    assert explorer_cli(["report", str(pair[0]), "--format", fmt, "-o", str(out)]) == 0
+    text = out.read_text()
+    if fmt == "json":
+        data = json.loads(text)
+        assert data["summary"]["n_steps"] == 2 and data["summary"]["hardware"] == "trn2"
+        ids = [f["rule_id"] for f in data["findings"]]
+        assert "sync_in_step" in ids and "fp32_matmul" in ids
+        assert data["top_ops"][0]["name"] == "aten::mm"
+    else:
+        for needle in ("trn2", "aten::mm", "model.fc", "train.py:42", "sync"):
+            assert needle in text
+    if fmt == "html":
+        assert text.startswith("<!DOCTYPE html>")
+    if fmt == "md":
+        assert "## Findings" in text
+
+
+def test_report_to_stdout(explorer_cli, pair, capsys) -> None:
+    assert explorer_cli(["report", str(pair[1])]) == 0
+    out = capsys.readouterr().out
+    assert "Summary" in out and "no bottleneck found" in out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "md", "html"])
+def test_diff_command(explorer_cli, pair, fmt: str, capsys) -> None:
+    assert explorer_cli(["diff", str(pair[0]), str(pair[1]), "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    assert "aten::relu" in out
+    if fmt == "json":
+        assert json.loads(out)["removed_ops"] == ["aten::add", "aten::relu"]
+
+
+def test_commands_report_errors_in_one_line(explorer_cli, tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "missing.pftrace"
+    assert explorer_cli(["report", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "missing.pftrace" in err and "no such file" in err
+    assert explorer_cli(["diff", str(missing), str(missing)]) == 2
+    bad_out = tmp_path / "no" / "such" / "dir" / "r.txt"
+    trace = scenarios.clean().write(tmp_path, "ok")
+    assert explorer_cli(["report", str(trace), "-o", str(bad_out)]) == 2
+    assert "cannot write" in capsys.readouterr().err
