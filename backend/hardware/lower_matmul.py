@@ -39,6 +39,8 @@ def lower_mm(b: KernelBuilder, spec: OpSpec, bias_first: bool = False) -> None:
         n = 1
     if len(a.shape) == 1:
         m = 1
+    if len(w.shape) <= 2 and len(a.shape) > 2:  # shared weights: fold the batch into M
+        m = a.numel // max(k, 1)
     batch = max(a.numel // max(m * k, 1), w.numel // max(k * n, 1), 1)
     dtype = a.dtype
     g = Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=_out_dtype(spec, dtype), batch=batch,

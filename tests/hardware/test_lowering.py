@@ -230,3 +230,35 @@ def test_long_streams_fold_tiles_but_keep_time_and_bytes(trn2):
     assert kernel.duration_ns == pytest.approx(kernel.hbm_bytes / bound, rel=0.1)
     with pytest.raises(ValueError):
         kernel.arrays()["start"][0] = 5  # cached kernels are read-only
+
+
+def test_layout_changes_use_tensor_engine_transposes(trn2):
+    x = T((8, 512, 256), "bfloat16")
+    moved_last = lower_op(OpSpec("aten::transpose_copy", (x,), (T((8, 256, 512), "bfloat16"),),
+                                 {"dim0": 1, "dim1": 2}), trn2)
+    opcodes = {row[1] for row in moved_last.instructions()}
+    assert "Transpose" in opcodes
+    assert moved_last.model_flops == 0 and moved_last.flops > 0  # identity matmuls
+    kept_last = lower_op(OpSpec("aten::permute_copy", (x,), (T((512, 8, 256), "bfloat16"),),
+                                {"dims": (1, 0, 2)}), trn2)
+    assert {row[1] for row in kept_last.instructions()} == {"DmaCopy"}
+    assert kept_last.hbm_bytes == moved_last.hbm_bytes == 2 * x.nbytes
+
+
+def test_attention_transposes_probabilities_and_keeps_scores_on_chip(trn2):
+    q = T((1, 4, 512, 64), "bfloat16")
+    kernel = lower_op(OpSpec("aten::_scaled_dot_product_flash_attention", (q, q, q), (q,)),
+                      trn2)
+    assert kernel.hbm_bytes == 4 * q.nbytes  # q, k, v in, output out: no scores in HBM
+    scores = 4 * 512 * 512
+    # two GEMMs of 2*L*S*E each, plus the softmax (max, exp, sum) per score
+    assert kernel.model_flops == 2 * 2 * scores * 64 + 4 * scores
+    assert "Transpose" in {row[1] for row in kernel.instructions()}
+    assert kernel.flops > kernel.model_flops
+
+
+def test_matmul_with_shared_weights_folds_the_batch_into_rows(trn2):
+    x = T((8, 128, 768), "bfloat16")
+    w = T((768, 3072), "bfloat16")
+    kernel = lower_op(OpSpec("aten::matmul", (x, w), (T((8, 128, 3072), "bfloat16"),)), trn2)
+    assert kernel.hbm_bytes == x.nbytes + w.nbytes + 8 * 128 * 3072 * 2  # weights read once
