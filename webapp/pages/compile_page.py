@@ -22,11 +22,15 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         parts.append(section("torch.compile", notice(data.missing)))
         return html.Div(parts)
     summary: dict = data.value
+    if not any(isinstance(summary.get(k), pd.DataFrame) and not summary[k].empty for k, _ in PARTS):
+        parts.append(section("torch.compile", notice(
+            "No torch.compile activity in this trace: the program ran in eager mode.")))
+        return html.Div(parts)
     parts.append(html.Div([
         metric("graphs", _count(summary.get("graphs"))),
         metric("graph breaks", _count(summary.get("graph_breaks"))),
         metric("recompiles", _count(summary.get("recompiles"))),
-        metric("compile time", fmt.duration(compile_time_ns(trace))),
+        metric("compile time", fmt.duration(compile_time_ns(trace, summary))),
     ], className="metrics"))
     for key, title in PARTS:
         df = summary.get(key)
@@ -41,9 +45,13 @@ def _count(df) -> str:
     return f"{len(df):,}" if isinstance(df, pd.DataFrame) else "–"
 
 
-def compile_time_ns(trace: Any) -> int:
-    """Total time of the outermost compile spans."""
-    slices = table(trace, "slices")
+def compile_time_ns(trace: Any, summary: dict) -> int:
+    """The explorer's compile total, or the time of the outermost compile spans."""
+    totals = summary.get("totals")
+    if isinstance(totals, pd.DataFrame) and "compile_ns" in totals.columns and not totals.empty:
+        return int(totals["compile_ns"].iloc[0])
+    slices = getattr(trace, "base_slices", None)
+    slices = slices if isinstance(slices, pd.DataFrame) else table(trace, "slices")
     if slices.empty:
         return 0
     spans = slices[slices["category"] == "compile"]

@@ -19,9 +19,12 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         return html.Div([page_title(TITLE, name), section("Utilisation over time", notice(data.missing))])
     df = data.value
     origin = int(df["ts"].min())
+    several = "device" in df.columns and df["device"].nunique() > 1
+    df = df.assign(_label=(df["device"].astype(str) + " · " + df["engine"].astype(str)) if several
+                   else df["engine"].astype(str))
     over_time, means = [], []
-    for engine, group in df.groupby("engine", sort=True):
-        colour = breakdown_colour(str(engine))
+    for engine, group in df.groupby("_label", sort=True):
+        colour = breakdown_colour(str(engine).rsplit(" · ", 1)[-1])
         over_time.append({
             "type": "scatter", "mode": "lines", "name": str(engine),
             "x": ((group["ts"] - origin) / 1e3).tolist(), "y": (group["utilisation"] * 100).tolist(),

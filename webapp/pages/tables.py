@@ -14,6 +14,7 @@ PATH = "/tables"
 TITLE = "Tables"
 
 # tab -> (stats method, label, instance table, column matching the stats' name)
+SORT_BY = ("share_of_step", "device_ns", "total_ns", "share", "count")
 TABLES = {
     "ops": ("op_stats", "ops", "ops", "name"),
     "modules": ("module_stats", "modules", "modules", "module"),
@@ -39,10 +40,10 @@ def _tab_body(trace: Any, tab: str) -> list:
     if not data.ok:
         return [section(label.capitalize(), notice(data.missing))]
     df = data.value
-    if "share" in df.columns:
-        df = df.sort_values("share", ascending=False)
-    elif "total_ns" in df.columns:
-        df = df.sort_values("total_ns", ascending=False)
+    for column in SORT_BY:
+        if column in df.columns:
+            df = df.sort_values(column, ascending=False)
+            break
     return [section(
         f"{label.capitalize()} ({len(df):,})",
         html.Div(id="tables-selection", className="selection-bar",

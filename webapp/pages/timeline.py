@@ -30,7 +30,23 @@ ARG_ORDER = ["shapes", "dtypes", "flops", "hw_flops", "bytes", "module", "source
 def timeline_index(store, name: str) -> TimelineIndex:
     """The trace's timeline index, built on first use and kept with the trace."""
     return store.derived(name, "timeline-index", lambda trace: TimelineIndex(
-        table(trace, "slices"), table(trace, "tracks"), table(trace, "counters")))
+        slice_table(trace), table(trace, "tracks"), table(trace, "counters")))
+
+
+def slice_table(trace: Any) -> pd.DataFrame:
+    """The slices without their args when the trace offers that (cheaper on large traces)."""
+    base = getattr(trace, "base_slices", None)
+    return base if isinstance(base, pd.DataFrame) else table(trace, "slices")
+
+
+def slice_args(trace: Any, slice_id: int, row: pd.Series) -> dict:
+    """One slice's args, read on their own when the trace keeps them apart."""
+    store = getattr(trace, "args", None)
+    if store is not None and hasattr(store, "get") and "args" not in row.index:
+        args = store.get(slice_id)
+    else:
+        args = row.get("args")
+    return args if isinstance(args, dict) else {}
 
 
 def window_answer(store, name: str, t0: int, t1: int, selected: int | None) -> tuple[dict, str]:
@@ -173,7 +189,7 @@ def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:
 
 def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
     """The details panel of one slice: its fields, arguments and linked slices."""
-    slices = table(trace, "slices")
+    slices = slice_table(trace)
     pos = index.table_position(slice_id)
     if pos is None:
         return [notice(f"No slice with id {slice_id} in this trace.", "warning")]
@@ -185,8 +201,7 @@ def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
         ("start", f"{(int(s['ts']) - index.start_ns) / NS_PER_US:,.3f} µs since trace start"),
         ("duration", fmt.duration(int(s["dur"]))),
     ]
-    args = s.get("args")
-    args = args if isinstance(args, dict) else {}
+    args = slice_args(trace, slice_id, s)
     for key in ARG_ORDER + sorted(k for k in args if k not in ARG_ORDER):
         if key in args and args[key] is not None:
             fields.append((key, _format_arg(key, args[key])))
