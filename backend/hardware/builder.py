@@ -62,6 +62,10 @@ class KernelBuilder:
     def add(self, engine: int, opcode: str, cost: float, deps: Iterable[int] = (),
             nbytes: int = 0, flops: int = 0, kind: int = _PLAIN) -> int:
         """Append one instruction; `cost` is its duration in ns (plain engines)."""
+        deps = tuple(deps)
+        if deps and max(deps) >= len(self._engine):
+            raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
+                             "yet added (dependencies must come first)")
         code = self._opcodes.get(opcode)
         if code is None:
             code = self._opcodes[opcode] = len(self._opcodes)
@@ -69,7 +73,7 @@ class KernelBuilder:
         self._opcode.append(code)
         self._cost.append(cost)
         self._kind.append(kind)
-        self._deps.append(tuple(deps))
+        self._deps.append(deps)
         self._bytes.append(int(nbytes))
         self._flops.append(int(flops))
         return len(self._engine) - 1
@@ -329,6 +333,8 @@ class KernelBuilder:
                 j = streams[e][head[e]]
                 if waiting[j] == 0:
                     self._push(heap, j, ready, free, gaps)
+        if head != [len(stream) for stream in streams]:  # a dependency on a later id
+            raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
         return start, end
 
     def _push(self, heap: list, j: int, ready: list[float], free: list[float],

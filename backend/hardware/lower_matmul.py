@@ -68,16 +68,22 @@ def lower_dot(b: KernelBuilder, spec: OpSpec) -> None:
     emit_gemm(b, Gemm(m=1, k=k, n=1, dtype=x.dtype, out_dtype=_out_dtype(spec, x.dtype)))
 
 
-def _conv_dims(inp: TensorSpec, weight: TensorSpec, out: TensorSpec | None, groups: int
-               ) -> tuple[int, int, int, int]:
-    """(batch=groups, M = N*out_spatial, K = C/g * kernel, Nout = O/g) of the implicit GEMM."""
+def _conv_dims(inp: TensorSpec, weight: TensorSpec, out: TensorSpec | None, groups: int,
+               transposed: bool = False) -> tuple[int, int, int, int]:
+    """(batch=groups, M, K, N) of the implicit GEMM: M = N*out_spatial rows, K = C/g *
+    kernel, N = O/g. A transposed convolution runs over the input positions instead:
+    M = N*in_spatial, K = C_in/g, N = C_out/g * kernel (results scatter-add)."""
+    kernel = math.prod(weight.shape[2:])
+    channels = inp.shape[1] if len(inp.shape) > 1 else 1
+    if transposed:
+        rows = inp.numel // max(channels, 1)
+        return groups, rows, max(weight.shape[0] // groups, 1), weight.shape[1] * kernel
     o = weight.shape[0]
     c_per_group = weight.shape[1] if len(weight.shape) > 1 else 1
-    kernel = math.prod(weight.shape[2:])
     if out is not None and len(out.shape) >= 2:
         rows = out.numel // max(out.shape[1], 1)
     else:
-        rows = inp.numel // max(inp.shape[1] if len(inp.shape) > 1 else 1, 1)
+        rows = inp.numel // max(channels, 1)
     return groups, rows, c_per_group * kernel, max(o // groups, 1)
 
 
@@ -88,7 +94,7 @@ def lower_convolution(b: KernelBuilder, spec: OpSpec) -> None:
     bias = spec.inputs[2] if len(spec.inputs) > 2 and len(spec.inputs[2].shape) == 1 else None
     groups = int(spec.attr("groups", 1) or 1)
     out = spec.outputs[0] if spec.outputs else None
-    batch, m, k, n = _conv_dims(inp, weight, out, groups)
+    batch, m, k, n = _conv_dims(inp, weight, out, groups, bool(spec.attr("transposed")))
     emit_gemm(b, Gemm(m=m, k=k, n=n, dtype=inp.dtype, out_dtype=_out_dtype(spec, inp.dtype),
                       batch=batch, a_bytes=inp.nbytes // batch, b_bytes=weight.nbytes // batch,
                       bias_bytes=(bias.nbytes // batch if bias is not None else 0)))
@@ -100,7 +106,7 @@ def lower_convolution_backward(b: KernelBuilder, spec: OpSpec) -> None:
     grad, inp, weight = spec.inputs[0], spec.inputs[1], spec.inputs[2]
     groups = int(spec.attr("groups", 1) or 1)
     mask = tuple(spec.attr("output_mask", (True, True, True)))
-    batch, m, k, n = _conv_dims(inp, weight, grad, groups)
+    batch, m, k, n = _conv_dims(inp, weight, grad, groups, bool(spec.attr("transposed")))
     if mask[0]:  # grad_input = grad_out (M x O) @ W (O x C*kk)
         emit_gemm(b, Gemm(m=m, k=n, n=k, dtype=grad.dtype, out_dtype=inp.dtype, batch=batch,
                           a_bytes=grad.nbytes // batch, b_bytes=weight.nbytes // batch,

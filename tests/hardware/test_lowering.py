@@ -262,3 +262,17 @@ def test_matmul_with_shared_weights_folds_the_batch_into_rows(trn2):
     w = T((768, 3072), "bfloat16")
     kernel = lower_op(OpSpec("aten::matmul", (x, w), (T((8, 128, 3072), "bfloat16"),)), trn2)
     assert kernel.hbm_bytes == x.nbytes + w.nbytes + 8 * 128 * 3072 * 2  # weights read once
+
+
+def test_convolution_flops_match_the_implicit_gemm(trn2):
+    x = T((4, 32, 28, 28), F)
+    w = T((64, 32, 3, 3), F)
+    out = T((4, 64, 26, 26), F)
+    conv = lower_op(OpSpec("aten::convolution", (x, w), (out,), {"groups": 1}), trn2)
+    assert conv.model_flops == 2 * (4 * 26 * 26) * (32 * 9) * 64
+    # inputs, weights and the result each cross HBM once (the unfold happens on chip)
+    assert conv.hbm_bytes == x.nbytes + w.nbytes + out.nbytes
+    up_w = T((64, 32, 2, 2), F)  # transposed: weight is [C_in, C_out, kh, kw]
+    up = lower_op(OpSpec("aten::convolution", (T((4, 64, 14, 14), F), up_w),
+                         (T((4, 32, 28, 28), F),), {"transposed": True, "groups": 1}), trn2)
+    assert up.model_flops == 2 * (4 * 14 * 14) * 64 * (32 * 4)

@@ -157,3 +157,9 @@ def test_streams_overlap_dma_with_compute(trn2):
     kernel = b.build()
     busy = kernel.engine_busy_ns
     assert kernel.duration_ns < busy["dma"] + 0.2 * busy["vector"]
+
+
+def test_dependencies_must_point_backwards(trn2):
+    b = KernelBuilder(trn2, "bad")
+    with pytest.raises(ValueError, match="depends on an instruction not yet added"):
+        b.vector("TensorCopy", 16, "float32", 1, (0,))
