@@ -128,7 +128,7 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from neuron_explorer.backend import device_module, dispatch, kernels
+    from neuron_explorer.backend import autocast, device_module, dispatch, kernels
 
     torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", device_module)
@@ -143,6 +143,7 @@ def register() -> None:
     fallbacks.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     kernels.register(aten)
+    autocast.register(aten)
     _libraries.extend((fallbacks, aten))
 
     # Backward on a Python device otherwise hands every node to a device thread.

@@ -28,12 +28,15 @@ Eager ops and compiled graphs both go through here. The API the compile path use
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 
+import torch
 from neuron_explorer.backend import devices
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import Instruction, KernelRun, OpLaunch, SyncWait, hub
@@ -97,6 +100,18 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_INTERNAL_PATHS = (os.path.dirname(os.path.abspath(__file__)),
+                   os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning at the first frame outside torch and the backend."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_PATHS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def spec_for(key: OpKey):
     """The hardware's OpSpec for an op key."""
     from neuron_explorer.backend.hardware import OpSpec, TensorSpec
@@ -134,7 +149,7 @@ def lower(device: devices.NeuronDevice, key: OpKey) -> Lowered:
             warnings.warn(
                 f"{key[0]} has no neuron device lowering: it runs on the host, and the "
                 "copies to and from the host are charged on the device timeline",
-                stacklevel=2,
+                stacklevel=_user_stacklevel(),
             )
     if kernel is None:
         found = Lowered(None, fallback, 0, 0)

@@ -1,0 +1,79 @@
+"""`torch.autocast("neuron", dtype=...)`: the cast rules PyTorch has for CUDA, for neuron.
+
+PyTorch registers no autocast kernels for PrivateUse1, so these Python kernels on the
+AutocastPrivateUse1 key cast floating-point neuron tensors to the autocast dtype for
+matmul-like ops, and to float32 for ops that need the range (softmax, losses, norms),
+then run the op below the autocast key. Every other op falls through.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+
+_AUTOCAST_KEYS = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
+_exclude = torch._C._ExcludeDispatchKeyGuard
+
+# Ops that run in the lower precision (the Tensor Engine's dtypes), as on CUDA.
+LOWER_PRECISION = (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "addr",
+    "einsum", "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input",
+    "scaled_dot_product_attention", "prelu",
+)
+# Ops that need float32 range or accuracy.
+FLOAT32 = (
+    "softmax.int", "log_softmax.int", "cross_entropy_loss", "nll_loss", "nll_loss_nd",
+    "layer_norm", "group_norm", "batch_norm", "mse_loss", "l1_loss", "smooth_l1_loss",
+    "binary_cross_entropy_with_logits", "kl_div", "exp", "log", "pow.Tensor_Scalar",
+    "sum", "sum.dim_IntList", "prod", "cumsum", "norm.Scalar", "norm.ScalarOpt_dim",
+    "rsqrt", "erfinv", "cosine_similarity",
+)
+
+
+def _cast(value, dtype: torch.dtype):
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.dtype != dtype and value.device.type == "neuron":
+            return value.to(dtype)
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _lower_precision_kernel(op):
+    def kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype("neuron")
+        with _exclude(_AUTOCAST_KEYS):
+            args = tuple(_cast(a, dtype) for a in args)
+            kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _float32_kernel(op):
+    def kernel(*args, **kwargs):
+        with _exclude(_AUTOCAST_KEYS):
+            args = tuple(_cast(a, torch.float32) for a in args)
+            kwargs = {k: _cast(v, torch.float32) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _overload(name: str):
+    packet, _, overload = name.partition(".")
+    packet_obj = getattr(torch.ops.aten, packet, None)
+    if packet_obj is None:
+        return None
+    return getattr(packet_obj, overload or "default", None)
+
+
+def register(lib: torch.library.Library) -> None:
+    """Register the autocast kernels on `lib` (an aten IMPL library)."""
+    for names, make in ((LOWER_PRECISION, _lower_precision_kernel), (FLOAT32, _float32_kernel)):
+        for name in names:
+            op = _overload(name)
+            if op is not None:
+                lib.impl(name, make(op), "AutocastPrivateUse1")
