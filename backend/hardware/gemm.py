@@ -96,7 +96,7 @@ def _plan(p: HardwarePreset, es: int, x_dim: int, y_dim: int, k: int, stat_total
                     1 if mov_resident else nxb)
                 vec_ns = (0 if kc >= nk else -(-nk // kc)) * nx * ny * add_ns
                 est = max(te_ns, traffic / bandwidth, vec_ns)
-                key = (round(est), -kc, nxb * nyb)
+                key = (round(est), traffic, -kc, nxb * nyb)
                 if best is None or key < best[0]:
                     best = (key, _Plan(xb, yb, kc, mov_resident))
     if best is None:  # even single tiles do not fit: not reachable with real SBUF sizes
@@ -152,37 +152,51 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
     single = len(chunks) == 1
     for nb in tiles(g.batch, fold_b):
         bias = b.dma_load(g.bias_bytes * nb, 1, deps) if g.bias_bytes else ()
-        mov_loaded: dict[tuple[int, int], tuple[int, ...]] = {}
+        mov_cache: dict[tuple[int, int], tuple[int, ...]] = {}
         for xblock in xblocks:
-            xrows = sum(x_tiles[i] for i in xblock)
-            stat_loaded: dict[int, tuple[int, ...]] = {}
-            for yblock in yblocks:
-                ycols = sum(y_tiles[j] for j in yblock)
+            stat_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+            for yi, yblock in enumerate(yblocks):
                 for c, chunk in enumerate(chunks):
                     kr = sum(chunk)
-                    # stationary chunk: kept across y blocks when K is not chunked
-                    stat = stat_loaded.get(c) if single else None
-                    if stat is None:
-                        wait = (stat_users[-2],) if len(stat_users) >= 2 else ()
-                        nbytes = stat_total * xrows * kr // (x_dim * k) * nb if load_stat else 0
-                        stat = b.dma_load(nbytes, min(kr, p.partitions), deps + wait) if nbytes else deps
-                        stat_loaded[c] = stat
+                    k_lo = c * plan.kc * p.te_rows
+                    # A new generation of operand buffers waits until the generation two
+                    # back (the other half of the double buffer) is no longer read.
+                    stat_wait: tuple[int, ...] = ()
+                    if not single or yi == 0:  # stationary kept across y blocks if K whole
+                        stat_wait = (stat_users[-2],) if len(stat_users) >= 2 else ()
                         stat_users.append(-1)
-                    mov = mov_loaded.get((yblock[0], c)) if plan.mov_resident else None
-                    if mov is None:
-                        wait = (mov_users[-2],) if (
-                            len(mov_users) >= 2 and not plan.mov_resident) else ()
-                        nbytes = mov_total * ycols * kr // (y_dim * k) * nb if load_mov else 0
-                        mov = b.dma_load(nbytes, min(kr, p.partitions), deps + wait) if nbytes else deps
-                        mov_loaded[(yblock[0], c)] = mov
+                        if not single:
+                            stat_cache = {}
+                    mov_wait: tuple[int, ...] = ()
+                    if not plan.mov_resident:
+                        mov_wait = (mov_users[-2],) if len(mov_users) >= 2 else ()
                         mov_users.append(-1)
+                        mov_cache = {}
                     last = -1
                     for x0 in range(0, len(xblock), fold_x):
                         xs = [x_tiles[i] for i in xblock[x0:x0 + fold_x]]
                         xt, nx = xs[0], len(xs)
+                        # operands load per tile, just before first use, so the first
+                        # matmul starts as soon as its own tiles arrive
+                        stat = stat_cache.get((x0, c))
+                        if stat is None:
+                            x_lo = xblock[x0] * p.te_cols
+                            nbytes = _share(stat_total, (x_lo, x_lo + sum(xs)), x_dim,
+                                            (k_lo, k_lo + kr), k) * nb
+                            stat = b.dma_load(nbytes, min(kr, p.partitions), deps + stat_wait
+                                              ) if load_stat and nbytes else deps
+                            stat_cache[(x0, c)] = stat
                         for y0 in range(0, len(yblock), fold_y):
                             ys = [y_tiles[j] for j in yblock[y0:y0 + fold_y]]
                             yt, ny = ys[0], len(ys)
+                            mov = mov_cache.get((yblock[y0], c))
+                            if mov is None:
+                                y_lo = yblock[y0] * p.te_moving_free_max
+                                nbytes = _share(mov_total, (y_lo, y_lo + sum(ys)), y_dim,
+                                                (k_lo, k_lo + kr), k) * nb
+                                mov = b.dma_load(nbytes, min(kr, p.partitions), deps + mov_wait
+                                                 ) if load_mov and nbytes else deps
+                                mov_cache[(yblock[y0], c)] = mov
                             bank = (evacs[-p.psum_banks],) if len(evacs) >= p.psum_banks else ()
                             mm = -1
                             for r0 in range(0, len(chunk), fold_k):
@@ -194,10 +208,22 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                                                    sum(ys), nb, bias, oes, tails))
                             last = mm
                     stat_users[-1] = last
-                    mov_users[-1] = last
+                    if not plan.mov_resident:
+                        mov_users[-1] = last
         if g.bias_bytes:
             b.add_model_flops(m * n * nb)
     return tuple(tails[-len(x_tiles) * len(y_tiles):])
+
+
+def _share(total: int, rows: tuple[int, int], n_rows: int, cols: tuple[int, int],
+           n_cols: int) -> int:
+    """Bytes of an operand of `total` bytes held by the block [rows) x [cols) of its
+    n_rows x n_cols elements; exact over any grid of blocks (the shares telescope)."""
+    def upto(r: int, c: int) -> int:
+        return total * r * c // (n_rows * n_cols)
+
+    (r0, r1), (c0, c1) = rows, cols
+    return upto(r1, c1) - upto(r0, c1) - upto(r1, c0) + upto(r0, c0)
 
 
 def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: int, yt: int,
