@@ -1,17 +1,17 @@
 """Build a kernel from instructions with dependencies, then list-schedule it.
 
 Instructions are added in program order and may depend only on earlier ones. Each
-engine (and each DMA queue) runs its stream in order, so one pass in program order
-gives the exact schedule: an instruction starts when its engine is free and its
-dependencies are done. DMA transfers also share the 16 DMA engines and the core's
-HBM bandwidth; Tensor Engine work is slowed by the throttle ramp; a LoadStationary
-overlaps the matmul before it when it fits inside it.
+engine and each DMA queue runs its own stream in order; an instruction starts when
+its stream is free and its dependencies are done. Scheduling is event driven (the
+stream head that can start earliest goes first), so the resources streams share
+(the 16 DMA engines, the host link) are granted first come, first served in time.
+Tensor Engine work is slowed by the throttle ramp; a LoadStationary overlaps the
+matmul before it when it fits inside it.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -351,11 +351,3 @@ def tiles(total: int, size: int) -> list[int]:
         return []
     full, rest = divmod(total, size)
     return [size] * full + ([rest] if rest else [])
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def pad_to(x: int, multiple: int) -> int:
-    return math.ceil(x / multiple) * multiple
