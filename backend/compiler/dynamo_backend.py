@@ -16,6 +16,12 @@ from neuron_explorer.backend.compiler.graph_compiler import compile_graph, devic
 from torch import fx
 
 
+def _hide_device_from_dynamo() -> None:
+    from neuron_explorer.backend.registration import hide_from_dynamo
+
+    hide_from_dynamo()
+
+
 def _compiler(phase: str) -> Callable:
     def compile_phase(gm: fx.GraphModule, example_inputs: Sequence[object]) -> Callable:
         return compile_graph(gm, example_inputs, phase)
@@ -55,8 +61,10 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[object], **kwarg
 
 
 # Dynamo loads this module when a compile asks for backend="neuron", before tracing the
-# first frame: install the callbacks now so that frame's span has its start.
+# first frame: install the callbacks now so that frame's span has its start, and keep
+# Dynamo out of the device's Python callbacks (it would break graphs on them).
 compile_events.recorder.install()
+_hide_device_from_dynamo()
 
 
 def register() -> None:

@@ -13,72 +13,35 @@ kernels' boundaries (and so their DMA traffic) differ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, tensor_sig
+from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Gemm, Kernel, KernelBuilder, emit_gemm
-from neuron_explorer.backend.hardware import lower_pointwise as pointwise
-from neuron_explorer.backend.hardware import lower_rowwise as rowwise
-from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
+from neuron_explorer.backend.hardware.optable import base_name
 from neuron_explorer.backend.hardware.specs import dtype_bytes
-from neuron_explorer.backend.hardware.streaming import Step, stream, vec
+from neuron_explorer.backend.hardware.streaming import Step, stream
 from torch import fx
 
-# Lowerings whose work is "the same steps on every tile": they can join a stream.
-_STREAMED = (pointwise.lower_pointwise, pointwise.lower_generate, rowwise.lower_reduction,
-             rowwise.lower_rows)
-_COPY_STEP = vec("TensorCopy", 1, 0.0)
 # Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
 
 
 def op_steps(node: fx.Node) -> list[Step] | None:
-    """The per-tile steps of an op from the eager lowering table; None if the op's
-    kernel is not a plain stream (it then cannot share a kernel)."""
+    """The per-tile steps of a node's op; None if it cannot share a stream."""
     if not isinstance(node.target, torch._ops.OpOverload):
         return None
-    base = base_name(node.target._schema.name)
-    if base in NO_DEVICE_WORK:
-        return []
-    fn = lowering_for(base)
-    if fn is pointwise.lower_copy:
-        return _copy_steps(node)
-    if isinstance(fn, partial) and fn.func in _STREAMED and "steps" in fn.keywords:
-        return _resolve_arith(fn.keywords["steps"], _tensor_inputs(node))
-    return None
+    tensors = [node_value(a) for a in node.all_input_nodes]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    out = node_value(node)
+    converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
+    return steps_for(node.target._schema.name, len(tensors), converts)
 
 
 def can_fuse(node: fx.Node) -> bool:
     """Whether `node` may share a kernel with its neighbours (fusion planner hook)."""
     return op_steps(node) is not None
-
-
-def _copy_steps(node: fx.Node) -> list[Step]:
-    """A copy inside a fused kernel: free in SBUF unless it converts the dtype."""
-    out = node_value(node)
-    src = next((node_value(a) for a in node.all_input_nodes), None)
-    if isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out.dtype != src.dtype:
-        return [_COPY_STEP]
-    return []
-
-
-def _tensor_inputs(node: fx.Node) -> int:
-    return sum(isinstance(node_value(a), torch.Tensor) for a in node.all_input_nodes)
-
-
-def _resolve_arith(steps: Sequence[Step], n_tensor_inputs: int) -> list[Step]:
-    """The table's "Arith" placeholder is TensorTensor with two tensor operands, else
-    TensorScalar (as the eager pointwise lowering resolves it)."""
-    out = []
-    for st in steps:
-        if st.opcode == pointwise.ARITH:
-            n = max(1, min(n_tensor_inputs, 3))
-            st = Step(st.engine, "TensorTensor" if n >= 2 else "TensorScalar", n, st.flops,
-                      st.cycles_per_element, st.free_scale)
-        out.append(st)
-    return out
 
 
 def _numel(node: fx.Node, binding: dict | None) -> int:
@@ -119,14 +82,6 @@ def _dtype_of(node: fx.Node) -> str:
     if isinstance(val, torch.Tensor):
         return str(val.dtype).removeprefix("torch.")
     return "float32"
-
-
-def _scaled(steps: Sequence[Step], scale: float) -> list[Step]:
-    """Steps of an op that touches `scale` of the stream's elements per tile."""
-    if scale >= 1.0:
-        return list(steps)
-    return [Step(st.engine, st.opcode, st.n_inputs, st.flops * scale, st.cycles_per_element,
-                 st.free_scale * scale) for st in steps]
 
 
 class GroupKernels:
@@ -170,7 +125,7 @@ class GroupKernels:
             own = op_steps(node) or []
             touched = max([_numel(node, self.binding)]
                           + [_numel(a, self.binding) for a in node.all_input_nodes])
-            steps.extend(_scaled(own, touched / max(elements, 1)))
+            steps.extend(scaled(own, touched / max(elements, 1)))
         return steps
 
     def _elements(self, group: FusionGroup, members: Sequence[fx.Node]) -> int:
