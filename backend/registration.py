@@ -151,3 +151,9 @@ def register() -> None:
     _wrap_storage_new()
     _wrap_sync_kinds()
     _wrap_dataloader_pin_memory()
+
+    # The compile path: the default torch.compile backend fails clearly on neuron
+    # tensors, and NEURON_EAGER_MODE picks the eager policy (immediate or adaptive).
+    from neuron_explorer.backend.compiler import on_device_registered
+
+    on_device_registered(device_module)
