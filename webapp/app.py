@@ -161,6 +161,11 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         except NeuronExplorerError as exc:
             banner = error_banner(f"Cannot open {name}: {exc}")
             return notice("Pick another trace from the list above.", "info"), banner, *hrefs, *classes
+        except Exception as exc:  # a bug must not take the app down: say so, log the traceback
+            log.exception("showing %s of %s failed", pathname, name)
+            banner = error_banner(f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} "
+                                  "(the server log has the details)")
+            return notice("Pick another trace or page.", "info"), banner, *hrefs, *classes
         return body, None, *hrefs, *classes
 
     @app.callback(
@@ -182,6 +187,10 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
             return dash.no_update, error_banner(f"Cannot open the upload {filename}: {exc}")
         except (ValueError, IndexError):
             return dash.no_update, error_banner(f"Cannot read the upload {filename}; try again")
+        except Exception as exc:  # an unexpected loader failure: report it, keep the app up
+            log.exception("opening the upload %s failed", filename)
+            return dash.no_update, error_banner(
+                f"Cannot open the upload {filename}: unexpected {type(exc).__name__}: {exc}")
         params = params_for_new_trace(query_params(search))
         params["trace"] = name
         return "?" + urlencode(params), None

@@ -8,6 +8,7 @@ so the answer stays a few thousand items whatever the trace size.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,7 +111,7 @@ class TimelineIndex:
         for a, b in zip(starts, stops):
             tid, d = int(track_id[a]), int(depth[a])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
-            sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), name, tid, d)
+            sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
             label = f"{name}" if d == 0 else f"{name} · {d}"
             row = SliceRow(
                 label=label, track_id=tid, kind=kind, ts=ts[a:b], end=end[a:b],
@@ -266,6 +267,11 @@ def _counter_window(c: CounterRow, t0: int, t1: int, bucket: float):
         ts = np.maximum(ts[starts], t0)
         values = np.maximum.reduceat(values, starts)
     return ts, values
+
+
+def _natural(text: str) -> tuple:
+    """Sort key that puts "DMA q2" before "DMA q10"."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))
 
 
 def _engine_rank(track_name: str) -> int:

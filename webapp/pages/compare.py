@@ -52,6 +52,9 @@ def comparison(ctx, name_a: str, name_b: str) -> list:
         a, b = ctx.store.get(name_a), ctx.store.get(name_b)
     except NeuronExplorerError as exc:
         return [notice(f"Cannot open {name_b}: {exc}", "error")]
+    except Exception as exc:  # an unexpected loader failure: report it, keep the page up
+        log.exception("opening %s failed", name_b)
+        return [notice(f"Cannot open {name_b}: unexpected {type(exc).__name__}: {exc}", "error")]
     sa, sb = fetch(a, "summary", "summary"), fetch(b, "summary", "summary")
     sa, sb = (sa.value if sa.ok else {}), (sb.value if sb.ok else {})
     header = html.Tr([html.Th(""), html.Th(name_a), html.Th(name_b)])

@@ -37,7 +37,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         }}
         parts.append(html.Div([
             metric("peak HBM in use", fmt.size(peak["in_use_bytes"])),
-            metric("at", f"{(int(peak['ts']) - origin) / 1e3:,.1f} µs"),
+            metric("reached at", fmt.duration(int(peak["ts"]) - origin), "after the first sample"),
         ], className="metrics"))
         parts.append(section("HBM in use", graph(figure, "memory-timeline", height=360)))
     holders = fetch(trace, "memory_at_peak", "record of what holds memory at the peak")
