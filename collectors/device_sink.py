@@ -10,6 +10,7 @@ batches, which is what keeps engine-level recording cheap.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,11 @@ if TYPE_CHECKING:
 ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _BATCH = 16384  # buffered instructions / counter values before a batch is written
 _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
+_SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
+
+
+_INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
+_ENGINE_OF = operator.attrgetter("engine")
 
 
 def op_flow_id(op_id: int, kernel_index: int) -> int:
@@ -70,15 +76,17 @@ def op_flow_id(op_id: int, kernel_index: int) -> int:
     return op_id | (kernel_index << 40)
 
 
-def engine_index(engine: str) -> int:
-    if engine in ENGINES:
-        return ENGINES.index(engine)
-    return 4 + (_dma_queue(engine) % 12)
+_FLOW_ENGINE_INDEX = {engine: i for i, engine in enumerate(ENGINES)}  # DMA queues: 4
+
+
+def engine_index_of(engine: str) -> int:
+    """Flow slot of an engine: tensor 0, vector 1, scalar 2, gpsimd 3, any DMA queue 4."""
+    return _FLOW_ENGINE_INDEX.get(engine, 4)
 
 
 def kernel_flow_id(kernel_id: int, engine: str) -> int:
-    """Flow from a kernel to its first instruction on `engine`."""
-    return _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4) | engine_index(engine)
+    """Flow from a kernel to its first instruction on `engine` (or its first DMA transfer)."""
+    return _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4) | engine_index_of(engine)
 
 
 def _dma_queue(engine: str) -> int:
@@ -143,9 +151,11 @@ class DeviceSink:
         self.source = SourceLocator()
         self._kernels_seen: dict[int, int] = {}  # op_id -> kernels scheduled so far
         self._pending_compile: list[tuple[int, int, str, dict]] = []
-        self._shape_text: dict[tuple, str] = {}
-        self._dtype_text: dict[tuple, str] = {}
-        self._instructions: list[tuple] = []  # (track, start, dur, opcode, bytes, flops, kid, flow, dma)
+        self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
+        self._kernel_args: dict[tuple, object] = {}
+        self._instructions: list[tuple] = []  # (engine, opcode, start, dur, bytes, flops)
+        self._instruction_kernels: list[tuple[int, int, DeviceTracks]] = []  # (id, count, dev)
+        self._buffered_instructions = 0
         self._counters: list[tuple[int, int, float]] = []  # (track, ts, value)
         self._int_counters: list[tuple[int, int, int]] = []
 
@@ -174,32 +184,38 @@ class DeviceSink:
             return
         try:
             rec.ensure_step()
-            shapes = self._shape_text.get(ev.input_shapes)
-            if shapes is None:
-                shapes = self._shape_text[ev.input_shapes] = str(
-                    [list(s) for s in ev.input_shapes])
-            dtypes = self._dtype_text.get(ev.input_dtypes)
-            if dtypes is None:
-                dtypes = self._dtype_text[ev.input_dtypes] = "[" + ", ".join(ev.input_dtypes) + "]"
-            args = {
-                ARG_OP_ID: ev.op_id,
-                ARG_KERNEL_ID: ev.kernel_ids[0] if ev.kernel_ids else -1,
-                ARG_SHAPES: shapes,
-                ARG_DTYPES: dtypes,
-                ARG_FLOPS: ev.flops,
-                ARG_BYTES: ev.hbm_bytes,
-                ARG_MODULE: modules.current_module(state) if modules is not None else "",
-                ARG_SOURCE: self.source.locate(),
-                ARG_FALLBACK: ev.fallback,
-                ARG_DEVICE: ev.device,
-                ARG_STEP: rec.step,
-            }
-            if ev.graph_id is not None:
-                args[ARG_GRAPH_ID] = ev.graph_id
-            flows = [op_flow_id(ev.op_id, i) for i in range(len(ev.kernel_ids))]
-            self._kernels_seen.pop(ev.op_id, None)
+            module = modules.current_module(state) if modules is not None else ""
+            source = self.source.locate()
+            # Everything but the ids and the step repeats from one step to the next: encode
+            # it once per op signature.
+            key = (ev.name, ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
+                   source, ev.fallback, ev.device, ev.graph_id)
+            prepared = self._op_args.get(key)
+            if prepared is None:
+                static = {
+                    ARG_SHAPES: str([list(s) for s in ev.input_shapes]),
+                    ARG_DTYPES: "[" + ", ".join(ev.input_dtypes) + "]",
+                    ARG_FLOPS: ev.flops,
+                    ARG_BYTES: ev.hbm_bytes,
+                    ARG_MODULE: module,
+                    ARG_SOURCE: source,
+                    ARG_FALLBACK: ev.fallback,
+                    ARG_DEVICE: ev.device,
+                }
+                if ev.graph_id is not None:
+                    static[ARG_GRAPH_ID] = ev.graph_id
+                prepared = self._op_args[key] = self.writer.prepare_args(static)
+                if len(self._op_args) > _SIGNATURE_LIMIT:
+                    self._op_args.clear()
+            kernel_ids = ev.kernel_ids
+            args = {ARG_OP_ID: ev.op_id, ARG_KERNEL_ID: kernel_ids[0] if kernel_ids else -1,
+                    ARG_STEP: rec.step}
+            op_id = ev.op_id
+            flows = [op_id] if len(kernel_ids) == 1 else [
+                op_flow_id(op_id, i) for i in range(len(kernel_ids))]
+            self._kernels_seen.pop(op_id, None)
             self.writer.slice(state.track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,
-                              ev.name, CAT_OP, args, flow_out=flows)
+                              ev.name, CAT_OP, args, flow_out=flows, prepared=prepared)
         except RecordingError as exc:
             rec.fail(exc)
 
@@ -212,24 +228,30 @@ class DeviceSink:
             self._kernels_seen[ev.op_id] = index + 1
             dev = self.device(ev.device)
             lane = dev.kernel_lane(ev.start_ns, ev.end_ns)
-            args = {
-                ARG_KERNEL_ID: ev.kernel_id,
-                ARG_OP_ID: ev.op_id,
-                ARG_FLOPS: ev.model_flops,
-                ARG_HW_FLOPS: ev.flops,
-                ARG_BYTES: ev.hbm_bytes,
-                ARG_ENGINE_BUSY: json.dumps(ev.engine_busy_ns, sort_keys=True),
-                ARG_SBUF: ev.sbuf_bytes,
-                ARG_PSUM: ev.psum_bytes,
-                ARG_FALLBACK: ev.fallback,
-                ARG_STEP: rec.step,
-            }
+            busy = ev.engine_busy_ns
+            key = (ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
+                   ev.fallback, tuple(busy.items()))
+            prepared = self._kernel_args.get(key)
+            if prepared is None:
+                prepared = self._kernel_args[key] = self.writer.prepare_args({
+                    ARG_FLOPS: ev.model_flops,
+                    ARG_HW_FLOPS: ev.flops,
+                    ARG_BYTES: ev.hbm_bytes,
+                    ARG_ENGINE_BUSY: json.dumps(busy, sort_keys=True),
+                    ARG_SBUF: ev.sbuf_bytes,
+                    ARG_PSUM: ev.psum_bytes,
+                    ARG_FALLBACK: ev.fallback,
+                })
+                if len(self._kernel_args) > _SIGNATURE_LIMIT:
+                    self._kernel_args.clear()
+            args = {ARG_KERNEL_ID: ev.kernel_id, ARG_OP_ID: ev.op_id, ARG_STEP: rec.step}
             instructions = ev.instructions if rec.engine else None
             flow_out = ()
             if instructions:
                 flow_out = self._buffer_instructions(dev, ev.kernel_id, instructions)
             self.writer.slice(lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name, CAT_KERNEL,
-                              args, flow_out=flow_out, flow_in=(op_flow_id(ev.op_id, index),))
+                              args, flow_out=flow_out, flow_in=(op_flow_id(ev.op_id, index),),
+                              prepared=prepared)
             if rec.engine:
                 self._kernel_counters(dev, ev)
         except RecordingError as exc:
@@ -298,19 +320,16 @@ class DeviceSink:
 
     def _buffer_instructions(self, dev: DeviceTracks, kernel_id: int,
                              instructions: Sequence) -> list[int]:
-        first: dict[str, int] = {}
-        buf = self._instructions
-        engine_track = dev.engine_track
-        for ins in instructions:
-            engine = ins.engine
-            flow = 0
-            if engine not in first:
-                flow = first[engine] = kernel_flow_id(kernel_id, engine)
-            buf.append((engine_track(engine), ins.start_ns, ins.dur_ns, ins.opcode, ins.bytes,
-                        ins.flops, kernel_id, flow, engine))
-        if len(buf) >= _BATCH:
+        """Keep a kernel's instructions for the next batch; return the kernel's flow ids."""
+        n = len(instructions)
+        self._instructions.extend(map(_INSTRUCTION_FIELDS, instructions))
+        self._instruction_kernels.append((kernel_id, n, dev))
+        self._buffered_instructions += n
+        slots = {_FLOW_ENGINE_INDEX.get(e, 4) for e in set(map(_ENGINE_OF, instructions))}
+        if self._buffered_instructions >= _BATCH:
             self._flush_instructions()
-        return list(first.values())
+        base = _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4)
+        return [base | slot for slot in sorted(slots)]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
         counters = self._counters
@@ -332,36 +351,61 @@ class DeviceSink:
             self._flush_counters()
 
     def _flush_instructions(self) -> None:
-        buf = self._instructions
-        if not buf:
+        rows = self._instructions
+        if not rows:
             return
-        buf.sort(key=lambda r: (r[0], r[1]))  # time order per track, as slices must be
-        tracks, starts, durs, opcodes, nbytes, flops, kids, flows, engines = zip(*buf)
-        buf.clear()
+        kernels = self._instruction_kernels
+        engines, opcodes, starts, durs, nbytes, flops = zip(*rows)
+        rows.clear()
+        self._instruction_kernels = []
+        self._buffered_instructions = 0
+        kernel_ids = np.repeat(np.array([k for k, _, _ in kernels], np.int64),
+                               [n for _, n, _ in kernels])
+        # engine -> (index, track); tracks are per device
+        counts = [n for _, n, _ in kernels]
+        devices = [d for _, _, d in kernels]
+        if all(d is devices[0] for d in devices):
+            keys: Sequence = engines  # one device (the usual case)
+            dev_of_key = dict.fromkeys(engines, devices[0])
+        else:
+            dev_rows = np.repeat(np.arange(len(kernels)), counts).tolist()
+            keys = [(e, id(devices[k])) for e, k in zip(engines, dev_rows)]
+            dev_of_key = {key: devices[k] for key, k in zip(keys, dev_rows)}
+        engine_index: dict = {}
+        eidx = np.fromiter((engine_index.setdefault(key, len(engine_index)) for key in keys),
+                           np.int64, len(keys))
+        engine_keys = [(key if isinstance(key, str) else key[0], dev_of_key[key])
+                       for key in engine_index]
+        tracks_of = np.array([dev.engine_track(e) for e, dev in engine_keys], np.int64)
+        slot_of = np.array([engine_index_of(e) for e, _ in engine_keys], np.int64)
         names: dict[str, int] = {}
         name_index = np.fromiter((names.setdefault(o, len(names)) for o in opcodes), np.int64,
                                  len(opcodes))
-        engine_names: dict[str, int] = {}
-        engine_index_ = np.fromiter((engine_names.setdefault(e, len(engine_names))
-                                     for e in engines), np.int64, len(engines))
-        is_dma = np.array([e not in ENGINE_TRACKS for e in engine_names], bool)[engine_index_]
+        ts = np.array(starts, np.int64)
+        dur = np.array(durs, np.int64)
+        # the first instruction of each kernel on each engine (any DMA queue for DMA) ends
+        # the kernel's flow there
+        slots = slot_of[eidx]
+        _, first = np.unique(kernel_ids * 8 + slots, return_index=True)
+        flow = np.zeros(len(ts), np.uint64)
+        flow[first] = (np.uint64(_FLOW_KERNEL_TO_INSTRUCTION)
+                       | (kernel_ids[first].astype(np.uint64) << np.uint64(4))
+                       | slots[first].astype(np.uint64))
+        # time order per track (an enclosing instruction before the one it encloses)
+        order = np.lexsort((-dur, ts, eidx))
         columns = {
-            "tracks": np.array(tracks, np.int64),
-            "ts": np.array(starts, np.int64),
-            "dur": np.array(durs, np.int64),
-            "name_index": name_index,
-            "kernel": np.array(kids, np.int64),
-            "bytes": np.array(nbytes, np.int64),
-            "flops": np.array(flops, np.int64),
-            "flow": np.array(flows, np.uint64),
-            "engine": engine_index_,
+            "tracks": tracks_of[eidx][order], "ts": ts[order], "dur": dur[order],
+            "name_index": name_index[order], "kernel": kernel_ids[order],
+            "bytes": np.array(nbytes, np.int64)[order], "flops": np.array(flops, np.int64)[order],
+            "flow": flow[order], "engine": eidx[order],
         }
+        is_dma = np.array([e not in ENGINE_TRACKS for e, _ in engine_keys], bool)[columns["engine"]]
         opcode_list = list(names)
-        engine_list = list(engine_names)
-        for category, rows in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
-            if not rows.any():
+        engine_list = [e for e, _ in engine_keys]
+        for category, keep in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
+            if not keep.any():
                 continue
-            c = {k: v[rows] for k, v in columns.items()}
+            c = {k: v[keep] for k, v in columns.items()}
             self.writer.slices(
                 c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
                 {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},

@@ -97,6 +97,10 @@ class JsonWriter:
             self._line({"ph": "s", "id": int(fid), "name": "flow", "cat": "flow",
                         "pid": pid, "tid": tid, "ts": ts})
 
+    def prepare_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Args to reuse with `prepared=` (kept as a dict here)."""
+        return dict(args)
+
     def slice(
         self,
         track: int,
@@ -107,12 +111,13 @@ class JsonWriter:
         args: Mapping[str, Any] | None = None,
         flow_out: Sequence[int] = (),
         flow_in: Sequence[int] = (),
+        prepared: Mapping[str, Any] | None = None,
     ) -> None:
         pid, tid = self._tracks[track]
         event = {"ph": "X", "cat": category, "name": name, "pid": pid, "tid": tid,
                  "ts": ts / 1000, "dur": max(dur, 0) / 1000}
-        if args:
-            event["args"] = dict(args)
+        if args or prepared:
+            event["args"] = {**(prepared or {}), **(args or {})}
         self._line(event)
         if flow_out or flow_in:
             self._flows(pid, tid, ts / 1000, flow_out, flow_in)
@@ -127,8 +132,11 @@ class JsonWriter:
         args: Mapping[str, Any] | None = None,
         flow_out: Sequence[int] = (),
         flow_in: Sequence[int] = (),
+        prepared: Mapping[str, Any] | None = None,
     ) -> None:
         # Written as one X event when it ends, so the duration is known.
+        if prepared:
+            args = {**prepared, **(args or {})}
         self._open.setdefault(track, []).append(
             {"ts": ts, "name": name, "category": category, "args": args,
              "flow_out": flow_out, "flow_in": flow_in})

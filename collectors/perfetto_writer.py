@@ -28,7 +28,6 @@ import numpy as np
 from neuron_explorer.collectors import wire
 from neuron_explorer.collectors.trace_writer import open_output, write_failed
 from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 # TracePacket fields
 _P_TIMESTAMP = 8
@@ -38,6 +37,14 @@ _P_INTERNED = 12
 _P_FLAGS = 13
 _P_TRACK_DESCRIPTOR = 60
 _P_FIRST_ON_SEQUENCE = 87
+# TrackDescriptor fields
+_D_UUID = 1
+_D_NAME = 2
+_D_PROCESS = 3
+_D_THREAD = 4
+_D_PARENT = 5
+_D_COUNTER = 8
+_UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
 # TrackEvent fields
 _E_CATEGORY_IIDS = 3
 _E_DEBUG = 4
@@ -102,39 +109,42 @@ class PerfettoWriter:
 
     # -- tracks ---------------------------------------------------------------
 
-    def _descriptor(self, desc: pb.TrackDescriptor) -> int:
+    # Descriptors are encoded by hand too: importing perfetto's generated protos costs
+    # about 0.2 s, which a short recorded run would notice.
+
+    def _descriptor(self, fields: bytes) -> int:
         uuid = self._next_uuid
         self._next_uuid += 1
-        desc.uuid = uuid
-        self._packet(wire.field_bytes(_P_TRACK_DESCRIPTOR, desc.SerializeToString()))
+        desc = wire.field_varint(_D_UUID, uuid) + fields
+        self._packet(wire.field_bytes(_P_TRACK_DESCRIPTOR, desc))
         return uuid
 
     def process(self, pid: int, name: str, cmdline: Sequence[str] = ()) -> int:
-        desc = pb.TrackDescriptor()
-        desc.process.pid = pid
-        desc.process.process_name = name
-        desc.process.cmdline.extend(cmdline)
-        return self._descriptor(desc)
+        body = wire.field_varint(1, pid)
+        for arg in cmdline:
+            body += wire.field_bytes(2, str(arg).encode())
+        body += wire.field_bytes(6, name.encode())
+        return self._descriptor(wire.field_bytes(_D_PROCESS, body))
 
     def thread(self, pid: int, tid: int, name: str) -> int:
-        desc = pb.TrackDescriptor()
-        desc.thread.pid = pid
-        desc.thread.tid = tid
-        desc.thread.thread_name = name
-        return self._descriptor(desc)
+        body = wire.field_varint(1, pid) + wire.field_varint(2, tid)
+        body += wire.field_bytes(5, name.encode())
+        return self._descriptor(wire.field_bytes(_D_THREAD, body))
 
     def track(self, name: str, process: int) -> int:
-        desc = pb.TrackDescriptor(name=name, parent_uuid=process)
-        return self._descriptor(desc)
+        return self._descriptor(wire.field_varint(_D_PARENT, process)
+                                + wire.field_bytes(_D_NAME, name.encode()))
 
     def counter_track(self, name: str, process: int, unit: str | None = None) -> int:
-        desc = pb.TrackDescriptor(name=name, parent_uuid=process)
-        desc.counter.SetInParent()
         if unit == "bytes":
-            desc.counter.unit = pb.CounterDescriptor.UNIT_SIZE_BYTES
+            counter = wire.field_varint(3, _UNIT_SIZE_BYTES)
         elif unit:
-            desc.counter.unit_name = unit
-        return self._descriptor(desc)
+            counter = wire.field_bytes(6, unit.encode())
+        else:
+            counter = b""
+        return self._descriptor(wire.field_varint(_D_PARENT, process)
+                                + wire.field_bytes(_D_NAME, name.encode())
+                                + wire.field_bytes(_D_COUNTER, counter))
 
     # -- interning --------------------------------------------------------------
 
@@ -247,6 +257,10 @@ class PerfettoWriter:
 
     # -- events -------------------------------------------------------------------
 
+    def prepare_args(self, args: Mapping[str, Any]) -> bytes:
+        """Encode args once for reuse with `prepared=` (ops of the same signature repeat)."""
+        return self._args(args)
+
     def begin(
         self,
         track: int,
@@ -256,8 +270,11 @@ class PerfettoWriter:
         args: Mapping[str, Any] | None = None,
         flow_out: Sequence[int] = (),
         flow_in: Sequence[int] = (),
+        prepared: bytes | None = None,
     ) -> None:
         event = self._header(_BEGIN, track, name, category)
+        if prepared:
+            event += prepared
         if args:
             event += self._args(args)
         if flow_out or flow_in:
@@ -282,8 +299,9 @@ class PerfettoWriter:
         args: Mapping[str, Any] | None = None,
         flow_out: Sequence[int] = (),
         flow_in: Sequence[int] = (),
+        prepared: bytes | None = None,
     ) -> None:
-        self.begin(track, ts, name, category, args, flow_out, flow_in)
+        self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
         self.end(track, ts + max(dur, 0))
 
     def instant(

@@ -99,3 +99,21 @@ def _record(program, options) -> int:
     finally:
         recorder.stop()
     return end_like_python(outcome)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m neuron_explorer.collectors.record_command ...`: the record command alone."""
+    from neuron_explorer.errors import NeuronExplorerError
+
+    parser = argparse.ArgumentParser(prog="neuron-explorer record")
+    configure(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except NeuronExplorerError as exc:
+        print(f"neuron-explorer record: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

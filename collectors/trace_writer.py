@@ -19,6 +19,8 @@ take the same calls, so the recorder never cares which one it feeds:
 
 Times are int ns on the host clock. Args values are int, float, bool or str.
 Flows: `flow_out` ids start (or continue) a flow at a slice, `flow_in` ids end it.
+`prepared = w.prepare_args({...})` encodes args once; `slice(..., prepared=prepared,
+args={...})` then adds only the args that change (ids, step): the hot path for ops.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class TraceWriter(Protocol):
     def thread(self, pid: int, tid: int, name: str) -> int: ...
     def track(self, name: str, process: int) -> int: ...
     def counter_track(self, name: str, process: int, unit: str | None = None) -> int: ...
+    def prepare_args(self, args: Mapping[str, Any]) -> Any: ...
     def slice(
         self,
         track: int,
@@ -57,6 +60,7 @@ class TraceWriter(Protocol):
         args: Mapping[str, Any] | None = None,
         flow_out: Sequence[int] = (),
         flow_in: Sequence[int] = (),
+        prepared: Any = None,
     ) -> None: ...
     def begin(
         self,
@@ -65,6 +69,9 @@ class TraceWriter(Protocol):
         name: str,
         category: str,
         args: Mapping[str, Any] | None = None,
+        flow_out: Sequence[int] = (),
+        flow_in: Sequence[int] = (),
+        prepared: Any = None,
     ) -> None: ...
     def end(self, track: int, ts: int) -> None: ...
     def instant(
