@@ -57,6 +57,14 @@ def lower_copy(b: KernelBuilder, spec: OpSpec) -> None:
            outputs=[dst.nbytes])
 
 
+def lower_concat(b: KernelBuilder, spec: OpSpec) -> None:
+    """cat/stack: each input is copied by DMA into its slice of the output."""
+    for t in spec.inputs:
+        if t.nbytes:
+            rows = max(1, min(128, t.numel // max(t.shape[-1] if t.shape else 1, 1)))
+            b.dma_copy(t.nbytes, rows)
+
+
 def lower_generate(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step]) -> None:
     """Ops that write new values with no full-size input: fill, iota, random numbers."""
     outs = outputs_of(spec)

@@ -34,6 +34,21 @@ ADAM = [vec("TensorTensor", 2, 2.0), vec("TensorTensor", 2, 3.0), act("Activatio
         vec("TensorScalar", 1, 2.0), vec("TensorTensor", 2, 2.0), vec("TensorTensor", 2, 2.0)]
 SGD = [vec("TensorTensor", 2, 2.0), vec("TensorTensor", 2, 2.0)]
 
+POOL = [vec("TensorReduce", 1, 1.0)]
+MOVE = [vec("TensorCopy", 1, 0.0)]
+COMPARE_ALL = [vec("TensorTensor", 2, 1.0), vec("TensorReduce", 1, 1.0)]
+POOLING = [
+    "max_pool2d", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool2d",
+    "avg_pool3d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d",
+    "max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d_backward",
+    "adaptive_max_pool2d_backward",
+]
+RESAMPLING = [
+    "upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest2d_backward",
+    "upsample_bilinear2d_backward", "tril", "triu",
+]
+LAYOUT_COPIES = ["constant_pad_nd", "pad", "repeat", "tile", "roll", "flip", "reflection_pad2d"]
+
 VECTOR_ARITHMETIC = [
     "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod",
     "maximum", "minimum", "fmax", "fmin", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
@@ -108,7 +123,20 @@ LOWERINGS.update({n: pw.lower_copy for n in COPIES})
 LOWERINGS.update({n: partial(pw.lower_generate, steps=MEMSET) for n in FILLS})
 LOWERINGS.update({n: partial(rw.lower_reduction, steps=s) for n, s in REDUCTIONS.items()})
 LOWERINGS.update({n: partial(rw.lower_rows, steps=s) for n, s in ROWS.items()})
+LOWERINGS.update({n: partial(rw.lower_reduction, steps=POOL) for n in POOLING})
+LOWERINGS.update({n: partial(pw.lower_pointwise, steps=ARITH) for n in RESAMPLING})
+LOWERINGS.update({n: partial(pw.lower_pointwise, steps=MOVE) for n in LAYOUT_COPIES})
 LOWERINGS.update({
+    "cat": pw.lower_concat,
+    "stack": pw.lower_concat,
+    "equal": partial(rw.lower_reduction, steps=COMPARE_ALL),
+    "glu": partial(pw.lower_pointwise, steps=ACTIVATION_BACKWARD),
+    "eye": partial(pw.lower_generate, steps=IOTA),
+    "_fused_dropout": pw.lower_dropout,
+    # AMP grad scaler: unscale every gradient and flag infinities, one kernel per list
+    "_amp_foreach_non_finite_check_and_unscale": partial(
+        pw.lower_foreach, base=partial(pw.lower_pointwise, steps=ARITH2)),
+    "_amp_update_scale": partial(pw.lower_pointwise, steps=ARITH2),
     "where": partial(pw.lower_pointwise, steps=SELECT),
     "masked_fill": partial(pw.lower_pointwise, steps=SELECT),
     "arange": partial(pw.lower_generate, steps=IOTA),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from neuron_explorer.backend.hardware import (
@@ -179,6 +181,7 @@ def test_attrs_are_frozen_and_hashable():
         spec.name = "aten::mean"  # type: ignore[misc]
     assert hash(spec) == hash(OpSpec("aten::sum", (X,), (T((64,), F),),
                                      {"keepdim": False, "dim": (1,)}))
+    assert pickle.loads(pickle.dumps(spec)) == spec
 
 
 def test_same_spec_gives_an_identical_schedule_after_a_fresh_lowering(trn2):
