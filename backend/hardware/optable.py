@@ -56,7 +56,7 @@ VECTOR_ARITHMETIC = [
     "bitwise_not", "__and__", "__or__", "__xor__", "__iand__", "__ior__", "__ixor__", "neg", "abs",
     "sign", "sgn", "reciprocal", "clamp", "clamp_min", "clamp_max", "clip", "floor", "ceil",
     "round", "trunc", "frac", "square", "pow", "isnan", "isinf", "isfinite", "nan_to_num",
-    "hardtanh", "threshold", "heaviside", "copysign", "signbit",
+    "hardtanh", "threshold", "heaviside", "copysign", "signbit", "isneginf", "isposinf",
 ]
 VECTOR_TWO_STEP = ["addcmul", "addcdiv", "lerp"]
 SCALAR_ACTIVATIONS = [
