@@ -172,13 +172,9 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
     q, k, v = spec.inputs[1], spec.inputs[2], spec.inputs[3]
     saved = _load_extras(b, spec.inputs[4:])  # output, logsumexp (and any mask)
     fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
-    for nb in tiles(heads, fold):
+
+    def finish(nb: int, probs: tuple[int, ...]) -> None:
         per = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
-        scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, a_bytes=q.nbytes // heads,
-                                   b_bytes=k.nbytes // heads, store=False, evacuate=False,
-                                   **per))
-        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + saved,
-                       resident_inputs=1)
         dv = emit_gemm(b, Gemm(m=s, k=lq, n=ev, a_bytes=0, load_a=False,
                                b_bytes=grad_out.nbytes // heads, **per), deps=probs)
         dp = emit_gemm(b, Gemm(m=lq, k=ev, n=s, a_bytes=0, load_a=False,
@@ -191,6 +187,21 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
                           **per), deps=ds_t)
         emit_gemm(b, Gemm(m=s, k=lq, n=e, a_bytes=0, b_bytes=0, load_a=False, load_b=False,
                           **per), deps=ds + dv)
+
+    # Software pipelined like the forward: the next head's scores and probabilities are
+    # computed while this head's gradients go through the engines.
+    waiting: tuple[int, tuple[int, ...]] | None = None
+    for nb in tiles(heads, fold):
+        scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
+                                   a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
+                                   store=False, evacuate=False))
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + saved,
+                       resident_inputs=1)
+        if waiting is not None:
+            finish(*waiting)
+        waiting = (nb, probs)
+    if waiting is not None:
+        finish(*waiting)
 
 
 def _load_extras(b: KernelBuilder, extras: tuple[TensorSpec, ...]) -> tuple[int, ...]:
