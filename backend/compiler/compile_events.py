@@ -89,23 +89,27 @@ class CompileEventRecorder:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[int, int]] = {}  # compile id -> (start ns, breaks seen)
         self._sources: dict[str, str] = {}  # compile id -> user source of its graphs
-        self._installed = False
 
     def install(self) -> None:
-        """Register the Dynamo callbacks (idempotent)."""
-        with self._lock:
-            if self._installed:
-                return
-            from torch._dynamo.callback import callback_handler
+        """Register the Dynamo callbacks (idempotent; again after `torch._dynamo.reset()`,
+        which drops every callback)."""
+        from torch._dynamo.callback import callback_handler
 
-            callback_handler.register_start_callback(self._on_start)
-            callback_handler.register_end_callback(self._on_end)
-            self._installed = True
+        with self._lock:
+            if self._on_start not in callback_handler.start_callbacks:
+                callback_handler.register_start_callback(self._on_start)
+            if self._on_end not in callback_handler.end_callbacks:
+                callback_handler.register_end_callback(self._on_end)
 
     def note_graph_source(self, compile_id: str, source: str) -> None:
-        """Remember where a frame's graph came from (for its recompile event)."""
+        """Remember where a frame's graph came from (for its recompile event); open the
+        frame's span now if its start was missed (callbacks installed mid-compile)."""
         if source:
             self._sources[compile_id] = source
+        if compile_id not in self._open:
+            from torch._dynamo.utils import graph_break_reasons
+
+            self._open[compile_id] = (clock.now(), len(graph_break_reasons))
 
     def _on_start(self, args: object) -> None:
         from torch._dynamo.utils import graph_break_reasons

@@ -64,6 +64,9 @@ class CompiledGraph:
                  graph_id: int, device_index: int) -> None:
         from neuron_explorer.backend import devices, runtime
 
+        # An instance attribute, so wrappers made with functools.wraps (AOTAutograd's
+        # backward `disable`) copy it and keep calling us boxed.
+        self._boxed_call = True
         self.graph_id = graph_id
         self.phase = phase
         self.name = f"graph:{graph_id}"
@@ -132,6 +135,7 @@ class EagerGraph:
     _boxed_call = True
 
     def __init__(self, gm: fx.GraphModule) -> None:
+        self._boxed_call = True
         self.gm = gm
 
     def __call__(self, *call_args: object) -> list:
