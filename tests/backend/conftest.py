@@ -72,3 +72,16 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def fresh_python():
     """`fresh_python(code, env) -> CompletedProcess`: run code in a new interpreter."""
     return run_python
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Small tensors on a shared 2-core machine: OpenMP threads only spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,146 @@
+"""What the device reports: op launches, kernels on the timeline, memory, sync waits."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import warnings
+
+import torch
+from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.clock import clock
+
+
+def _preset():
+    return devices.get(0).preset
+
+
+def test_each_op_launch_is_reported_with_its_kernel(recorder):
+    a = torch.randn(8, 16).to("neuron")
+    b = torch.randn(16, 4).to("neuron")
+    recorder.ops.clear()
+    recorder.kernels.clear()
+    out = a @ b
+    (op,) = [o for o in recorder.ops if o.name == "aten::mm"]
+    assert op.input_shapes == ((8, 16), (16, 4))
+    assert op.input_dtypes == ("float32", "float32")
+    assert op.flops == 2 * 8 * 16 * 4
+    assert op.hbm_bytes > 0 and not op.fallback and op.device == 0
+    assert op.host_end_ns - op.host_start_ns == _preset().host_launch_overhead_ns
+    (kernel,) = [k for k in recorder.kernels if k.op_id == op.op_id]
+    assert op.kernel_ids == (kernel.kernel_id,)
+    assert kernel.launch_ns == op.host_end_ns
+    assert kernel.start_ns >= kernel.launch_ns + _preset().launch_latency_ns
+    assert kernel.end_ns > kernel.start_ns
+    assert kernel.instructions is None  # only built when a sink asks for them
+    assert out.shape == (8, 4)
+
+
+def test_instructions_when_asked(instruction_recorder):
+    a = torch.randn(64, 64).to("neuron")
+    instruction_recorder.kernels.clear()
+    torch.relu(a)
+    (kernel,) = [k for k in instruction_recorder.kernels if k.name and k.instructions]
+    assert all(kernel.start_ns <= i.start_ns <= kernel.end_ns for i in kernel.instructions)
+    engines = {"tensor", "vector", "scalar", "gpsimd"}
+    assert all(i.engine in engines or i.engine.startswith("dma") for i in kernel.instructions)
+    assert any(i.engine in engines for i in kernel.instructions)
+
+
+def test_device_runs_kernels_in_launch_order_without_overlap(recorder):
+    x = torch.randn(128, 128).to("neuron")
+    recorder.kernels.clear()
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+    kernels = recorder.kernels
+    assert len(kernels) == 40
+    latency = _preset().launch_latency_ns
+    for before, after in itertools.pairwise(kernels):
+        assert after.start_ns == max(after.launch_ns + latency, before.end_ns)
+
+
+def test_host_clock_moves_by_the_modelled_launch_overhead(recorder):
+    x = torch.randn(32, 32).to("neuron")
+    torch.neuron.synchronize()
+    recorder.ops.clear()
+    for _ in range(30):
+        x = x * 1.0001
+    launched = [o for o in recorder.ops if o.kernel_ids]
+    assert len(launched) == 30
+    overhead = _preset().host_launch_overhead_ns
+    for before, after in itertools.pairwise(launched):
+        assert after.host_start_ns >= before.host_end_ns
+    # Host time between launches is the modelled overhead plus only the program's own
+    # Python time (the emulation is excluded): far less than the emulation itself costs.
+    span = launched[-1].host_end_ns - launched[0].host_start_ns
+    assert span >= 30 * overhead
+
+
+def test_sync_points_wait_for_the_device(recorder):
+    x = torch.randn(256, 256).to("neuron")
+    for _ in range(5):
+        x = x @ x / 256
+    recorder.syncs.clear()
+    x.sum().item()
+    finish = devices.get(0).timeline.finish_ns
+    assert clock.now() >= finish
+    x.cpu()
+    x[0, :3].tolist()
+    repr(x[0, :2])
+    torch.neuron.synchronize()
+    kinds = [s.kind for s in recorder.syncs]
+    assert kinds == ["item", "cpu", "tolist", "print", "synchronize"]
+    first = recorder.syncs[0]
+    assert first.host_end_ns >= first.host_start_ns and first.host_end_ns >= 0
+
+
+def test_memory_changes_follow_allocation_and_release(recorder):
+    gc.collect()
+    recorder.memory.clear()
+    t = torch.empty(256, device="neuron")
+    assert recorder.memory[-1].delta_bytes == 1024
+    in_use = recorder.memory[-1].in_use_bytes
+    assert in_use == torch.neuron.memory_allocated()
+    del t
+    gc.collect()
+    assert recorder.memory[-1].delta_bytes == -1024
+    assert recorder.memory[-1].in_use_bytes == in_use - 1024
+
+
+def test_host_fallback_warns_once_and_charges_transfers(recorder):
+    x = torch.randn(6, 5)
+    runtime._warned_fallback.discard("aten::kthvalue")  # earlier tests may have warned
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = torch.kthvalue(x.to("neuron"), 2, dim=1)
+        second = torch.kthvalue(x.to("neuron"), 3, dim=1)
+    messages = [str(w.message) for w in caught if "kthvalue" in str(w.message)]
+    assert len(messages) == 1  # once per op and process, naming the op
+    assert "no neuron device lowering" in messages[0]
+    assert torch.equal(first.values.cpu(), torch.kthvalue(x, 2, dim=1).values)
+    assert torch.equal(second.indices.cpu(), torch.kthvalue(x, 3, dim=1).indices)
+    fallback_ops = [o for o in recorder.ops if o.name == "aten::kthvalue"]
+    assert fallback_ops and all(o.fallback for o in fallback_ops)
+    ids = {k for o in fallback_ops for k in o.kernel_ids}
+    fallback_kernels = [k for k in recorder.kernels if k.kernel_id in ids]
+    assert fallback_kernels and all(k.fallback for k in fallback_kernels)
+    assert all(k.end_ns - k.start_ns > 0 for k in fallback_kernels)
+
+
+def test_kernel_durations_are_deterministic(recorder):
+    def run():
+        recorder.kernels.clear()
+        x = torch.ones(64, 96).to("neuron")
+        w = torch.ones(96, 32).to("neuron")
+        torch.softmax(torch.relu(x @ w), dim=-1).sum()
+        return [(k.name, k.end_ns - k.start_ns, k.flops, k.hbm_bytes) for k in recorder.kernels]
+
+    assert run() == run()
+
+
+def test_no_events_and_no_sinks_when_inactive():
+    from neuron_explorer.backend.events import hub
+
+    assert not hub.active
+    x = torch.randn(4, 4).to("neuron")
+    assert torch.allclose((x + x).cpu(), x.cpu() * 2)
