@@ -163,3 +163,14 @@ def test_dependencies_must_point_backwards(trn2):
     b = KernelBuilder(trn2, "bad")
     with pytest.raises(ValueError, match="depends on an instruction not yet added"):
         b.vector("TensorCopy", 16, "float32", 1, (0,))
+
+
+def test_transposes_are_identity_matmuls_copied_out_a_bank_at_a_time(trn2):
+    b = KernelBuilder(trn2, "transpose")
+    b.transpose(512, 512, "bfloat16")  # 16 blocks of 128x128
+    rows = b.build().instructions()
+    transposes = [r for r in rows if r[1] == "Transpose"]
+    copies = [r for r in rows if r[1] == "TensorCopy"]
+    assert len(transposes) == 16 and len(copies) == 4  # one PSUM bank holds four blocks
+    assert all(r[5] == 2 * 128 * 128 * 128 for r in transposes)
+    assert copies[-1][2] >= transposes[-1][2] + transposes[-1][3]
