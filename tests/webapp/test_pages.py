@@ -62,7 +62,7 @@ def test_each_page_says_what_a_sparse_trace_lacks(page, app_context):
 def test_overview_ranks_findings_and_links_them_to_the_timeline(app_context):
     from neuron_explorer.webapp.pages import overview
 
-    text = rendered(overview.layout(app_context.store.get("run_a.json"), "run_a.json", {}, app_context))
+    text = rendered(overview.findings(app_context.store.get("run_a.json"), "run_a.json"))
     first, second = text.index("The device waits on kernel launches"), text.index("loss.item()")
     assert first < second
     assert "/timeline?trace=run_a.json&start=" in text and "select=" in text

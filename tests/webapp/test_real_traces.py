@@ -7,7 +7,7 @@ import json
 import plotly.io.json as pio_json
 import pytest
 from neuron_explorer.webapp.app import PAGES, AppContext
-from neuron_explorer.webapp.pages import roofline, timeline
+from neuron_explorer.webapp.pages import overview, roofline, timeline
 from neuron_explorer.webapp.trace_store import TraceStore
 
 KINETO = [
@@ -31,6 +31,8 @@ def test_every_page_renders_a_pytorch_profiler_trace(context, name):
         text = json.dumps(json.loads(pio_json.to_json_plotly(page.layout(trace, name, {}, context))))
         assert page.TITLE in text
         assert "Could not compute" not in text, (page.TITLE, text[:2000])
+    found = json.dumps(json.loads(pio_json.to_json_plotly(overview.findings(trace, name))))
+    assert "Could not compute" not in found
     page = json.dumps(json.loads(pio_json.to_json_plotly(roofline.layout(trace, name, {}, context))))
     assert "no hardware figures" in page or "notice" in page  # a GPU trace has no Trainium roof
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from dash import dcc, html
+from dash import Input, Output, dcc, html
+from dash.exceptions import PreventUpdate
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
 from neuron_explorer.webapp.page_data import fetch
@@ -27,7 +28,10 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             section("Where the time goes", _breakdown(trace),
                     subtitle="Mean time per step on the device and on the host"),
         ], className="row"),
-        section("Findings", _findings(trace, name),
+        section("Findings",
+                dcc.Loading(html.Div(html.P("Looking for bottlenecks…", className="hint"),
+                                     id="overview-findings"), type="dot"),
+                dcc.Store(id="overview-trace", data=name),
                 subtitle="Bottlenecks ranked by the time they cost; each links to its evidence"),
     ])
 
@@ -74,7 +78,8 @@ def _breakdown(trace: Any):
     return graph(figure, "overview-breakdown", height=260)
 
 
-def _findings(trace: Any, name: str):
+def findings(trace: Any, name: str):
+    """The findings as cards, worst first (filled in after the rest of the page: rules take longest)."""
     data = fetch(trace, "bottlenecks", "findings")
     if not data.ok:
         return notice(data.missing if "Could not" in data.missing else "No bottlenecks found in this trace.")
@@ -116,4 +121,8 @@ def _finding_card(finding: Any, rank: int, name: str) -> html.Div:
 
 
 def register(app, ctx) -> None:
-    """The overview has no callbacks of its own: its links navigate."""
+    @app.callback(Output("overview-findings", "children"), Input("overview-trace", "data"))
+    def show_findings(name):
+        if not name:
+            raise PreventUpdate
+        return findings(ctx.store.get(name), name)

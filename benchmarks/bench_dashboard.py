@@ -1,0 +1,257 @@
+"""Dashboard speed on a 1-million-event trace: time to the overview, zoom/pan answers, payload size.
+
+Writes a synthetic eager-training trace with the project's Perfetto writer, loads it
+with the explorer, serves it, and measures:
+  * overview: opening the trace (load included) until the overview is built, in the
+    server and, when Chromium is installed, until it is on screen in a browser;
+  * timeline: server answers to zoom and pan requests over HTTP, and their size.
+Targets: overview <= 3 s, zoom/pan <= 300 ms, payload < 2 MB. Ratios compare each
+figure with its target and with a baseline measured in the same run: sending every
+visible event without level of detail.
+
+    .venv/bin/python benchmarks/bench_dashboard.py [--events 1000000] [--no-browser]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "webapp"))
+
+OVERVIEW_TARGET_S = 3.0
+ZOOM_TARGET_S = 0.300
+PAYLOAD_TARGET_B = 2_000_000
+
+
+def write_trace(path: Path, events: int) -> int:
+    """A Perfetto trace with about `events` events: steps > modules > ops, kernels, engines, DMA, HBM."""
+    from neuron_explorer.backend.hardware.presets import get_preset
+    from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
+    from neuron_explorer.trace_format import (
+        COUNTER_HBM,
+        DEVICE_PROCESS,
+        DMA_TRACK,
+        ENGINE_TRACKS,
+        TRACK_KERNELS,
+    )
+    from synthetic_trace import make_trace
+
+    k = 3  # instructions per kernel; each op gives op + kernel + k instructions + DMA + 2 counter samples
+    n_steps = 20
+    ops_per_step = max(events // (n_steps * (k + 5)), 1)
+    t = make_trace(n_steps=n_steps, ops_per_step=ops_per_step, instructions_per_kernel=k)
+    w = PerfettoWriter(str(path))
+    w.process(100, "python train.py", ["python", "train.py"])
+    main = w.thread(100, 100, "MainThread")
+    dev = w.process(1000, DEVICE_PROCESS.format(index=0, preset="trn2"))
+    kernels = w.track(TRACK_KERNELS, dev)
+    engines = {e: w.track(ENGINE_TRACKS[e], dev) for e in ENGINE_TRACKS}
+    dma = w.track(DMA_TRACK.format(queue=0), dev)
+    hbm = w.counter_track(COUNTER_HBM, dev, "bytes")
+    w.metadata(main, 0, {"hardware": "trn2", "hardware_figures": get_preset("trn2").figures(), "level": "engine"})
+
+    def batch(frame, track, category, **kw):
+        names = sorted(set(frame["name"]))
+        lookup = {n: i for i, n in enumerate(names)}
+        w.slices(np.full(len(frame), track) if np.isscalar(track) else track, frame["ts"].to_numpy(),
+                 frame["dur"].to_numpy(), names, frame["name"].map(lookup).to_numpy(), category, **kw)
+
+    s = t.slices
+    batch(s[s["category"] == "step"], main, "step", int_args={"step": t.steps["step"].to_numpy()})
+    mods = s[s["category"] == "module"]
+    batch(mods, main, "module", str_args={"module": (sorted(set(mods["name"])),
+                                                     mods["name"].map({n: i for i, n in enumerate(sorted(set(mods["name"])))}).to_numpy())})
+    ops = t.ops
+    op_flow = ops["op_id"].to_numpy() + 1
+    kernel_flow = op_flow + len(ops)
+    batch(s[s["category"] == "op"], main, "op",
+          int_args={"op_id": ops["op_id"].to_numpy(), "kernel_id": ops["kernel_id"].to_numpy(),
+                    "flops": ops["flops"].to_numpy(), "bytes": ops["bytes"].to_numpy(), "step": ops["step"].to_numpy()},
+          flow_out=op_flow)
+    batch(s[s["category"] == "sync"], main, "sync")
+    ks = t.kernels
+    batch(s[s["category"] == "kernel"], kernels, "kernel",
+          int_args={"kernel_id": ks["kernel_id"].to_numpy(), "op_id": ks["op_id"].to_numpy(),
+                    "bytes": np.full(len(ks), 1179648), "step": ks["step"].to_numpy()},
+          flow_in=op_flow, flow_out=kernel_flow)
+    ins = s[s["category"] == "instruction"]
+    engine_of = t.instructions["engine"].to_numpy()
+    first = np.zeros(len(ins), np.uint64)
+    first[::k] = kernel_flow
+    batch(ins, np.array([engines[e] for e in engine_of]), "instruction", flow_in=first)
+    batch(s[s["category"] == "dma"], dma, "dma")
+    c = t.counters
+    w.counters(np.full(len(c), hbm), c["ts"].to_numpy(), c["value"].to_numpy())
+    w.close()
+    return len(s) + len(c)
+
+
+def overview_in_server(path: Path) -> tuple[float, float, float]:
+    """Seconds to load the trace, to build and serialise the overview, then its findings."""
+    import neuron_explorer
+    import plotly.io.json as pio_json
+    from neuron_explorer.webapp.pages import overview
+
+    t0 = time.perf_counter()
+    trace = neuron_explorer.load(path)
+    t1 = time.perf_counter()
+    pio_json.to_json_plotly(overview.layout(trace, path.name, {}, None))
+    t2 = time.perf_counter()
+    pio_json.to_json_plotly(overview.findings(trace, path.name))
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def overview_in_browser(url: str) -> tuple[float, float] | None:
+    """Seconds from asking a browser for the overview until it shows, and until its findings do."""
+    from browser import browser_available, chromium
+
+    if not browser_available():
+        return None
+    from selenium.webdriver.common.by import By
+
+    with chromium() as driver:
+        driver.get(url + "_favicon.ico")  # start the browser before the clock does
+        start = time.perf_counter()
+        driver.get(url)
+        shown = None
+        while time.perf_counter() - start < 300:
+            if shown is None and driver.find_elements(By.CSS_SELECTOR, "#page .metrics"):
+                shown = time.perf_counter() - start
+            if driver.find_elements(By.CSS_SELECTOR, "#overview-findings .finding, #overview-findings .notice"):
+                return shown or time.perf_counter() - start, time.perf_counter() - start
+            time.sleep(0.02)
+    return None
+
+
+class TimelineClient:
+    """Sends the browser's zoom/pan requests for the timeline callback over HTTP."""
+
+    def __init__(self, url: str, trace: str) -> None:
+        self.url = url
+        self.trace = trace
+        deps = json.load(urllib.request.urlopen(url + "_dash-dependencies"))
+        self.spec = next(d for d in deps if "timeline-graph.figure" in d["output"])
+
+    def window(self, state: dict, t0_us: float, t1_us: float) -> tuple[float, int]:
+        """(seconds, response bytes) for a relayout to [t0_us, t1_us]."""
+        values = {
+            "timeline-graph.relayoutData": {"xaxis.range[0]": t0_us, "xaxis.range[1]": t1_us},
+        }
+        inputs = []
+        for item in self.spec["inputs"]:
+            if item["id"].startswith("{"):
+                inputs.append([])
+                continue
+            key = f"{item['id']}.{item['property']}"
+            inputs.append({"id": item["id"], "property": item["property"], "value": values.get(key)})
+        body = json.dumps({
+            "output": self.spec["output"],
+            "outputs": [{"id": o.split(".")[0], "property": o.split(".")[1]}
+                        for o in self.spec["output"].strip(".").split("...")],
+            "inputs": inputs,
+            "changedPropIds": ["timeline-graph.relayoutData"],
+            "state": [{"id": "timeline-state", "property": "data", "value": state}],
+        }).encode()
+        request = urllib.request.Request(self.url + "_dash-update-component", data=body,
+                                         headers={"Content-Type": "application/json"})
+        start = time.perf_counter()
+        payload = urllib.request.urlopen(request).read()
+        return time.perf_counter() - start, len(payload)
+
+
+def naive_window(index, t0: int, t1: int) -> tuple[float, int]:
+    """Baseline: every visible slice sent as JSON, no merging."""
+    start = time.perf_counter()
+    rows = []
+    for i, r in enumerate(index.slice_rows):
+        lo = int(np.searchsorted(r.end_max, t0, side="right"))
+        hi = int(np.searchsorted(r.ts, t1, side="left"))
+        rows.append({"row": i, "ts": r.ts[lo:hi].tolist(), "dur": (r.end[lo:hi] - r.ts[lo:hi]).tolist(),
+                     "id": r.ids[lo:hi].tolist(), "name": r.names[lo:hi].tolist()})
+    size = len(json.dumps(rows))
+    return time.perf_counter() - start, size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args()
+
+    from neuron_explorer.webapp.pages.timeline import timeline_index
+    from neuron_explorer.webapp.view_command import start_dashboard
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    path = folder / "million.pftrace"
+    start = time.perf_counter()
+    n = write_trace(path, args.events)
+    print(f"trace: {n:,} events, {path.stat().st_size / 2**20:.1f} MiB, written in {time.perf_counter() - start:.1f} s")
+
+    load_s, page_s, findings_s = overview_in_server(path)
+    server_s = load_s + page_s
+    print(f"overview in the server: load {load_s:.2f} s + page {page_s:.2f} s = {server_s:.2f} s "
+          f"(target {OVERVIEW_TARGET_S:.0f} s, ratio {server_s / OVERVIEW_TARGET_S:.2f}); "
+          f"findings follow in {findings_s:.2f} s")
+
+    start = time.perf_counter()
+    server, store = start_dashboard(path, port=0)  # `view TRACE` loads the trace before serving
+    startup_s = time.perf_counter() - start
+    try:
+        browser_s = None if args.no_browser else overview_in_browser(server.url)
+        if browser_s is not None:
+            shown_s = startup_s + browser_s[0]
+            print(f"`view TRACE` to overview on screen in Chromium: load {startup_s:.2f} s + page "
+                  f"{browser_s[0]:.2f} s = {shown_s:.2f} s (ratio to target {shown_s / OVERVIEW_TARGET_S:.2f}); "
+                  f"findings on screen after {startup_s + browser_s[1]:.2f} s")
+            browser_s = shown_s
+        start = time.perf_counter()
+        index = timeline_index(store, path.name)
+        print(f"timeline index built once per trace: {time.perf_counter() - start:.2f} s, "
+              f"{index.n_events:,} events, {len(index.labels)} rows")
+        client = TimelineClient(server.url, path.name)
+        span_us = (index.end_ns - index.start_ns) / 1e3
+        rng = np.random.default_rng(0)
+        windows = [(0.0, span_us)]
+        for zoom in (0.5, 0.1, 0.01, 1e-3, 1e-4, 1e-5):
+            width = span_us * zoom
+            for _ in range(3):  # a zoom, then two pans at that zoom
+                left = float(rng.uniform(0, span_us - width))
+                windows.append((left, left + width))
+        state = {"trace": path.name, "t0": index.start_ns, "t1": index.end_ns, "selected": None}
+        client.window(state, *windows[0])  # warm up the HTTP path
+        times, sizes = [], []
+        for lo, hi in windows:
+            seconds, size = client.window(state, lo, hi)
+            times.append(seconds)
+            sizes.append(size)
+        naive_s, naive_b = naive_window(index, index.start_ns, index.end_ns)
+    finally:
+        server.stop()
+        store.close()
+    worst, median = max(times), statistics.median(times)
+    print(f"zoom/pan over HTTP ({len(times)} windows from the whole trace down to {span_us * 1e-5:.1f} µs): "
+          f"median {median * 1e3:.0f} ms, worst {worst * 1e3:.0f} ms "
+          f"(target {ZOOM_TARGET_S * 1e3:.0f} ms, ratio {worst / ZOOM_TARGET_S:.2f})")
+    print(f"payload per update: median {statistics.median(sizes) / 1e3:.0f} kB, largest {max(sizes) / 1e3:.0f} kB "
+          f"(target {PAYLOAD_TARGET_B / 1e6:.0f} MB, ratio {max(sizes) / PAYLOAD_TARGET_B:.3f})")
+    print(f"baseline without level of detail, whole trace: {naive_s * 1e3:.0f} ms to build, "
+          f"{naive_b / 1e6:.1f} MB; whole-trace update with it: {times[0] * 1e3:.0f} ms, {sizes[0] / 1e3:.0f} kB "
+          f"(size ratio {sizes[0] / naive_b:.4f})")
+    ok = (server_s <= OVERVIEW_TARGET_S and (browser_s or 0) <= OVERVIEW_TARGET_S
+          and worst <= ZOOM_TARGET_S and max(sizes) < PAYLOAD_TARGET_B)
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
