@@ -167,8 +167,13 @@ class _Converter:
             if self.index >= 0:
                 raise _device_mismatch(torch.device("neuron", self.index), dev)
             self.index = index
-        self.sig.append((t.shape, t.dtype))
-        host = host_view(t)
+        shape = t.shape
+        self.sig.append((shape, t.dtype))
+        # host_view, inlined: reuse the cached view while its geometry still matches.
+        host = getattr(t, "_neuron_host", None)
+        if host is None or host.data_ptr() != t.data_ptr() or host.shape != shape \
+                or host.stride() != t.stride():
+            host = host_view(t)
         if self.originals is not None:
             self.originals[id(host)] = t
         return host
@@ -266,7 +271,8 @@ def run_op(op, args: tuple, kwargs: dict):
         return result
 
     conv = _Converter(info)
-    host_args = [conv.value(a) for a in args]
+    tensor = conv.tensor
+    host_args = [tensor(a) if isinstance(a, _Tensor) else conv.value(a) for a in args]
     host_kwargs = {k: conv.value(v) for k, v in kwargs.items()} if kwargs else {}
     if conv.index < 0:
         device = _device_from_kwargs(kwargs)
