@@ -118,7 +118,14 @@ def _after_fork_in_child() -> None:
     recorder.after_fork(child_path(config["output"], os.getpid(), None))
     session.attach_sink_after_fork(recorder)
     atexit.register(recorder.stop)
-    # multiprocessing's fork children leave through os._exit: its finalizers still run
+    # multiprocessing's fork children leave through os._exit, running only its finalizers,
+    # and clear those right after the fork: register ours from its after-fork callbacks.
+    from multiprocessing import util
+
+    util.register_after_fork(recorder, _finalize_at_exit)
+
+
+def _finalize_at_exit(recorder: Recorder) -> None:
     from multiprocessing import util
 
     util.Finalize(recorder, recorder.stop, exitpriority=100)

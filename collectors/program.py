@@ -170,9 +170,10 @@ def _print_traceback(exc: BaseException) -> None:
     """The traceback Python would print: our own and runpy's frames left out."""
     tb: TracebackType | None = exc.__traceback__
     ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in ours):
         tb = tb.tb_next
-    sys.excepthook(type(exc), exc, tb)
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
 def end_like_python(outcome: Outcome) -> int:

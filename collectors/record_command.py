@@ -35,6 +35,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run a library module as a script, like python -m")
     parser.add_argument("program", nargs=argparse.REMAINDER,
                         help="the program and its arguments")
+    _one_line_errors(parser)
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad options give one clear line (no usage dump), before anything runs."""
+
+    def error(message: str) -> None:
+        parser.exit(2, f"neuron-explorer record: error: {message} "
+                       "(see `neuron-explorer record --help`)\n")
+
+    parse_known_args = parser.parse_known_args
+
+    def parse_known_args_strict(args=None, namespace=None):
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unknown option {extras[0]}")
+        return namespace, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args_strict  # type: ignore[method-assign]
 
 
 def default_output(stem: str, fmt: str) -> str:

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,12 +107,13 @@ class Recorder:
         self.explicit_steps = False
         self.step_open = False
         self.step_start = clock.now()
-        self.steps_recorded: list[int] = []
+        self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
+        self.steps_completed: list[int] = []  # ended by a step mark
         self.window_start, self.window_stop = options.steps or (0, None)
         self._threads: dict[int, _ThreadState] = {}
         self._lock = threading.RLock()
         self.main_ident = threading.main_thread().ident
-        self.children: list[str] = []
+        self.flush_buffers: Callable[[], None] | None = None  # the device sink's batches
         self.host = self.writer.process(self.pid, _process_name(options.command),
                                         [str(a) for a in options.command])
         self.main = self._thread_state_for(self.main_ident, threading.main_thread())
@@ -216,6 +217,8 @@ class Recorder:
             self.main.open.clear()
             self.writer.end(self.main.track, now)
             self.step_open = False
+            self.steps_completed.append(self.step)
+            self.flush()  # a killed run keeps every completed step
         self.step += 1
         self.step_start = now
         if self.window_stop is not None and self.step >= self.window_stop:
@@ -262,6 +265,12 @@ class Recorder:
         self.end(CAT_ANNOTATION, ts=ts)
 
     # -- end ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write everything buffered so far to the file."""
+        if self.flush_buffers is not None:
+            self.flush_buffers()
+        self.writer.flush()
 
     def fail(self, error: RecordingError) -> None:
         """Writing failed (e.g. a full disk): stop recording, keep the program running."""

@@ -65,6 +65,7 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     recorder = Recorder(options)
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
+    recorder.flush_buffers = sink.flush
     hooks.install()
     hub.subscribe(sink, instructions=recorder.engine)
     _attached[id(recorder)] = (hooks, sink)
@@ -84,6 +85,7 @@ def attach_sink_after_fork(recorder: Recorder) -> None:
     if old_sink is not None:
         hub.unsubscribe(old_sink)
     sink = DeviceSink(recorder, hooks)
+    recorder.flush_buffers = sink.flush
     hub.subscribe(sink, instructions=recorder.engine)
     _attached[id(recorder)] = (hooks, sink)
 

@@ -35,12 +35,20 @@ def human_size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _steps_text(steps: list[int]) -> str:
-    if not steps:
+def _steps_text(recorded: list[int], completed: list[int]) -> str:
+    if not completed:
+        if recorded:
+            return "1 (the whole run: no optimizer.step() or neuron_explorer.step() ended a step)"
         return "none"
-    if steps == list(range(steps[0], steps[-1] + 1)):
-        return f"{len(steps)} ({steps[0]}–{steps[-1]})" if len(steps) > 1 else f"1 ({steps[0]})"
-    return f"{len(steps)} ({', '.join(map(str, steps))})"
+    if completed == list(range(completed[0], completed[-1] + 1)):
+        text = (f"{len(completed)} ({completed[0]}–{completed[-1]})" if len(completed) > 1
+                else f"1 ({completed[0]})")
+    else:
+        text = f"{len(completed)} ({', '.join(map(str, completed))})"
+    unfinished = [s for s in recorded if s not in completed]
+    if unfinished:
+        text += f", then the code after the last step mark as step {unfinished[-1]}"
+    return text
 
 
 def summary(recorder: Recorder) -> str:
@@ -54,7 +62,7 @@ def summary(recorder: Recorder) -> str:
         (f"neuron-explorer: trace written to {path} ({human_size(size)}, level "
         f"{recorder.options.level})"),
         f"  events: {', '.join(shown)}",
-        f"  steps recorded: {_steps_text(recorder.steps_recorded)}",
+        f"  steps recorded: {_steps_text(recorder.steps_recorded, recorder.steps_completed)}",
     ]
     children = child_traces(path)
     if children:

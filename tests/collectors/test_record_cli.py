@@ -1,0 +1,203 @@
+"""`neuron-explorer record` end to end: real programs on the neuron device, traces parsed back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from neuron_explorer.collectors.json_writer import read_events
+from neuron_explorer.trace_format import CAT_METADATA, ENGINE_TRACKS
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from .conftest import CLI, cli_env
+from .trace_reading import parse
+
+
+def test_records_a_training_script_into_a_complete_trace(record_cli, programs: Path) -> None:
+    (programs / "train_small.pftrace").write_bytes(b"keep me")  # never overwritten silently
+    proc = record_cli("train_small.py", "3")
+    assert proc.returncode == 0, proc.stderr
+    # the program ran as `python train_small.py 3` would
+    assert "argv ['3'] main __main__" in proc.stdout
+    assert proc.stdout.count("loss") == 3
+    assert (programs / "train_small.pftrace").read_bytes() == b"keep me"
+    out = programs / "train_small.1.pftrace"
+    assert "trace written to train_small.1.pftrace" in proc.stderr
+    assert "steps recorded: 3 (0–2)" in proc.stderr
+    assert "neuron-explorer view train_small.1.pftrace" in proc.stderr
+
+    trace = parse(out)
+    names = trace.track_names()
+    assert {"MainThread", "Kernels", "HBM in use (bytes)", *ENGINE_TRACKS.values()} <= names
+    assert any(n.startswith("neuron:0 (") for n in names)
+    assert any(n.startswith("DMA q") for n in names)
+
+    meta = json.loads(trace.instants[0].args["json"])
+    assert trace.instants[0].category == CAT_METADATA
+    assert meta["level"] == "engine" and meta["command"][-2:] == ["train_small.py", "3"]
+    assert meta["hardware"] in ("trn1", "trn2", "trn3") and meta["hardware_figures"]
+
+    steps = trace.by_category("step")
+    assert [s.args["step"] for s in steps][:3] == [0, 1, 2]
+    assert all(s.depth == 0 for s in steps)
+
+    ops = trace.by_category("op")
+    addmm = [o for o in ops if o.name == "aten::addmm"]
+    assert addmm, "forward matmuls are recorded"
+    first = addmm[0]
+    assert first.args["module"] == "model.0"
+    assert first.args["source"].startswith("train_small.py:")
+    assert first.args["shapes"].startswith("[[") and "float32" in first.args["dtypes"]
+    assert first.args["flops"] > 0 and first.args["bytes"] > 0
+    assert first.parent.name == "model.0" and first.parent.parent.name == "model"
+    # every op sits inside a step and says which
+    for op in ops:
+        top = op
+        while top.parent is not None:
+            top = top.parent
+        assert top.category == "step" and top.args["step"] == op.args["step"]
+
+    backward = trace.by_category("backward")
+    assert {"model", "model.0", "model.2"} <= {b.args["module"] for b in backward}
+    assert any(o.args["module"] == "model.0" and o.parent.category == "backward" for o in ops)
+
+    annotations = {a.name for a in trace.by_category("annotation")}
+    assert {"forward_backward", "loss_fn", "optimizer_phase"} <= annotations
+    assert {s.name for s in trace.by_category("optimizer")} >= {"SGD.step", "SGD.zero_grad"}
+    assert trace.by_category("dataloader")
+    syncs = trace.by_category("sync")
+    assert syncs and syncs[0].args["source"].startswith("train_small.py:")
+
+    # flows: op -> kernel -> first instruction on each engine
+    kernels = {k.args["kernel_id"]: k for k in trace.by_category("kernel")}
+    ops_by_flow = {f: o for o in ops for f in o.flow_out}
+    for kernel in kernels.values():
+        assert kernel.flow_in and ops_by_flow[kernel.flow_in[0]].args["op_id"] == kernel.args["op_id"]
+    assert ops_by_flow[first.flow_out[0]] is first
+    kernel_of_flow = {f: k for k in kernels.values() for f in k.flow_out}
+    instructions = trace.by_category("instruction") + trace.by_category("dma")
+    ended = [i for i in instructions if i.flow_in]
+    assert ended
+    for ins in ended:
+        assert kernel_of_flow[ins.flow_in[0]].args["kernel_id"] == ins.args["kernel_id"]
+    assert {"engine", "opcode", "bytes", "flops", "kernel_id"} <= set(instructions[0].args)
+    assert all(i.args["kernel_id"] in kernels for i in instructions)
+    counter_names = {trace.track_name(t) for t, _, _ in trace.counters}
+    assert {"HBM in use (bytes)", "SBUF occupancy (bytes)"} <= counter_names
+
+
+def test_module_json_and_step_window(record_cli, programs: Path) -> None:
+    proc = record_cli("--format", "json", "--level", "op", "--steps", "1:3", "-o", "w.json",
+                      "-m", "train_small", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("loss") == 5
+    doc = json.loads((programs / "w.json").read_text())
+    events = [e for e in doc["traceEvents"] if e]
+    assert {e["ph"] for e in events} <= {"X", "i", "C", "s", "f", "M"}
+    slices = [e for e in events if e["ph"] == "X"]
+    assert all(isinstance(e["ts"], float) and isinstance(e["dur"], float) for e in slices)
+    steps = sorted(e["args"]["step"] for e in slices if e["cat"] == "step")
+    assert steps == [1, 2]
+    ops = [e for e in slices if e["cat"] == "op"]
+    assert ops and {e["args"]["step"] for e in ops} == {1, 2}
+    assert not [e for e in slices if e["cat"] in ("instruction", "dma")]  # op level
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts and {e["id"] for e in events if e["ph"] == "f"} <= starts
+    # a file cut short (a killed run) still reads up to the cut
+    raw = (programs / "w.json").read_bytes()
+    (programs / "cut.json").write_bytes(raw[: len(raw) // 2])
+    partial = read_events(str(programs / "cut.json"))
+    assert 10 < len(partial) < len(events) and partial == events[: len(partial)]
+
+
+@pytest.mark.parametrize(("mode", "code", "message"), [
+    ("raise", 1, "ValueError: boom at step 2"),
+    ("exit3", 3, None),
+])
+def test_program_errors_keep_the_exit_code_and_the_trace(record_cli, programs: Path, mode: str,
+                                                         code: int, message: str | None) -> None:
+    proc = record_cli("-o", "t.pftrace", "--level", "framework", "train_small.py", "5", mode)
+    assert proc.returncode == code, proc.stderr
+    if message:
+        assert message in proc.stderr
+        assert 'train_small.py", line' in proc.stderr and "runpy" not in proc.stderr
+    trace = parse(programs / "t.pftrace")
+    assert [s.args["step"] for s in trace.by_category("step")][:2] == [0, 1]
+    assert not trace.by_category("op")  # framework level
+
+
+def _start_looping(programs: Path, out: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*CLI, "-o", out, "--level", "op", "train_small.py", "3", "loop"],
+                            cwd=programs, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=cli_env())
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if "READY" in line or time.monotonic() > deadline:
+            break
+    return proc
+
+
+@pytest.mark.parametrize(("signum", "trace_complete"), [
+    (signal.SIGTERM, True),
+    (signal.SIGINT, True),
+    (signal.SIGKILL, False),
+])
+def test_signals_complete_the_trace_or_leave_a_readable_prefix(
+        programs: Path, signum: int, trace_complete: bool) -> None:
+    proc = _start_looping(programs, "s.pftrace")
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == -signum  # as `python train_small.py` ends on that signal
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr
+    data = (programs / "s.pftrace").read_bytes()
+    packets = pb.Trace.FromString(data).packet  # whole packets only
+    trace = parse(programs / "s.pftrace") if trace_complete else None
+    if trace_complete:
+        assert "trace written to s.pftrace" in stderr
+        assert len(trace.by_category("step")) >= 3
+        assert trace.by_category("op")
+    else:
+        # completed steps were flushed before the kill
+        assert any(p.HasField("track_event") for p in packets)
+
+
+def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs: Path) -> None:
+    proc = record_cli("-o", "c.pftrace", "--level", "op", "children.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "fork child" in proc.stdout and "child 512.0" in proc.stdout
+    children = sorted(programs.glob("c.pid*.pftrace"))
+    assert len(children) == 2, proc.stderr
+    assert "child processes:" in proc.stderr
+    pids = set()
+    for path in children:
+        trace = parse(path)
+        assert {o.name for o in trace.by_category("op")} >= {"aten::mm"}
+        pids |= {d.process.pid for d in trace.tracks.values() if d.HasField("process")}
+    parent = parse(programs / "c.pftrace")
+    assert "aten::mm" not in {o.name for o in parent.by_category("op")}
+    assert int(children[0].name.split(".pid")[1].split(".")[0]) in pids
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.py"], "no such script: missing.py"),
+    (["-o", "nowhere/t.pftrace", "train_small.py"], "folder"),
+    (["--bogus", "train_small.py"], "unknown option --bogus"),
+    (["--steps", "3:1", "train_small.py"], "--steps"),
+    (["-m", "no_such_module_here"], "no module named"),
+])
+def test_bad_input_is_one_clear_line_before_anything_runs(record_cli, programs: Path,
+                                                          args: list[str], message: str) -> None:
+    before = set(os.listdir(programs))
+    proc = record_cli(*args, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert proc.stdout == ""
+    assert set(os.listdir(programs)) == before
