@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
-from neuron_explorer.backend.compiler.op_keys import node_key, node_value, tensor_sig
+from neuron_explorer.backend.compiler.op_keys import node_key, node_value, op_name, tensor_sig
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Gemm, Kernel, KernelBuilder, emit_gemm
 from neuron_explorer.backend.hardware.optable import base_name
@@ -36,7 +36,7 @@ def op_steps(node: fx.Node) -> list[Step] | None:
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     out = node_value(node)
     converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
-    return steps_for(node.target._schema.name, len(tensors), converts)
+    return steps_for(op_name(node), len(tensors), converts)
 
 
 def can_fuse(node: fx.Node) -> bool:
@@ -162,7 +162,7 @@ class GroupKernels:
 
     def _gemm(self, node: fx.Node, store: bool) -> Gemm | None:
         """The GEMM of an mm/addmm/bmm/baddbmm node (bias added on the PSUM copy)."""
-        base = base_name(node.target._schema.name)
+        base = base_name(op_name(node))
         if base not in _GEMM_OPS:
             return None
         key = node_key(node, self.binding)

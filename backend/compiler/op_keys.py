@@ -84,10 +84,18 @@ def node_attrs(node: fx.Node) -> tuple:
     return tuple(out)
 
 
+# Functionalized ops AOTAutograd emits, named as the eager op that does the same work.
+_EAGER_NAMES = {
+    "aten::_native_batch_norm_legit_functional": "aten::_native_batch_norm_legit",
+}
+
+
 def op_name(node: fx.Node) -> str:
+    """The aten name eager dispatch would record for this node's op."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name
+        name = target._schema.name
+        return _EAGER_NAMES.get(name, name)
     return getattr(target, "__name__", str(target))
 
 

@@ -1,0 +1,34 @@
+"""torch.compile(model) with the default backend (Inductor) on neuron tensors fails at
+Inductor's first device lookup, with a message that names backend="neuron"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from neuron_explorer.backend.compiler.inductor_guard import InductorUnsupportedError
+from neuron_explorer.errors import NeuronExplorerError
+
+
+def test_default_backend_names_the_neuron_backend():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("neuron")
+    x = torch.randn(4, 8).to("neuron")
+    with pytest.raises(Exception) as info:
+        torch.compile(model)(x)
+    message = str(info.value)
+    assert 'backend="neuron"' in message
+    assert "inductor" in message
+    # The cause is our own error (one clear line), not a KeyError deep in Inductor.
+    cause = info.value
+    while cause is not None and not isinstance(cause, InductorUnsupportedError):
+        cause = cause.__cause__ or cause.__context__
+    assert isinstance(cause, NeuronExplorerError)
+    assert "\n" not in str(cause)
+    # The model still runs eagerly afterwards, with the same numbers as on the CPU.
+    assert torch.allclose(model(x).cpu(), model.cpu()(x.cpu()), atol=1e-6)
+
+
+def test_device_module_offers_inductor_only_the_guards():
+    for name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"):
+        guard = getattr(torch.neuron, name)
+        with pytest.raises(InductorUnsupportedError):
+            guard()
