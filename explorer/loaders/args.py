@@ -2,16 +2,16 @@
 
 Derived tables need a few keys of many slices (op_id, flops, ...); users sometimes
 want one slice's whole dict. `DictArgs` holds the dicts a JSON trace already has;
-`ColumnArgs` holds a long table (slice, key, value) decoded from a .pftrace and
+`ColumnArgs` holds typed columns (slice, key, value) decoded from a .pftrace and
 builds dicts only when asked.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 
 class SliceArgs:
@@ -49,47 +49,81 @@ class DictArgs(SliceArgs):
         return self._items[slice_id]
 
 
-class ColumnArgs(SliceArgs):
-    """Args as a long table: columns slice_id, key, value (object), sorted by slice_id."""
+KIND_INT, KIND_FLOAT, KIND_STR, KIND_BOOL, KIND_OTHER = 0, 1, 2, 3, 4
 
-    def __init__(self, long: pd.DataFrame, n_slices: int) -> None:
-        self.long = long
+
+class ColumnArgs(SliceArgs):
+    """Args as typed columns, one row per (slice, key): ints, floats and strings apart."""
+
+    def __init__(self, slice_id: np.ndarray, key: np.ndarray, names: list[str],
+                 kind: np.ndarray, ival: np.ndarray, fval: np.ndarray, sval: np.ndarray,
+                 n_slices: int) -> None:
+        self.slice_id, self.key, self.names = slice_id, key, names
+        self.kind, self.ival, self.fval, self.sval = kind, ival, fval, sval
         self._n = n_slices
-        self._by_key: dict[str, pd.Series] | None = None
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._dicts: list[dict[str, Any] | None] | None = None
 
-    def _key_index(self) -> dict[str, pd.Series]:
-        if self._by_key is None:
-            self._by_key = {
-                str(k): pd.Series(g["value"].to_numpy(), index=g["slice_id"].to_numpy())
-                for k, g in self.long.groupby("key", sort=False)
-            }
-        return self._by_key
+    def _values(self, rows: np.ndarray) -> np.ndarray:
+        """Python values of the given rows."""
+        out = self.sval[rows].copy()
+        kind = self.kind[rows]
+        for code, column, cast in ((KIND_INT, self.ival, None), (KIND_FLOAT, self.fval, None),
+                                   (KIND_BOOL, self.ival, bool)):
+            m = kind == code
+            if m.any():
+                vals = column[rows[m]]
+                out[m] = vals.astype(bool).tolist() if cast is bool else vals.tolist()
+        return out
+
+    def _key_rows(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Rows holding `key`, sorted by slice id, and those slice ids."""
+        if self._rows is None:
+            order = np.argsort(self.key, kind="stable")
+            codes = self.key[order]
+            bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1], True])
+            self._rows = {}
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+                rows = order[a:b]
+                rows = rows[np.argsort(self.slice_id[rows], kind="stable")]
+                self._rows[int(codes[a])] = (rows, self.slice_id[rows])
+        try:
+            code = self.names.index(key)
+        except ValueError:
+            return None
+        return self._rows.get(code)
 
     def column(self, key: str, ids: np.ndarray) -> np.ndarray:
-        series = self._key_index().get(key)
         out = np.empty(len(ids), object)
-        if series is None:
+        found = self._key_rows(key)
+        if found is None or not len(ids):
             return out
-        series = series[~series.index.duplicated(keep="last")]
-        out[:] = series.reindex(ids).to_numpy(dtype=object)
-        out[pd.isna(out)] = None
+        rows, sids = found
+        pos = np.searchsorted(sids, ids)
+        pos_c = np.minimum(pos, len(sids) - 1)
+        hit = (pos < len(sids)) & (sids[pos_c] == ids)
+        out[hit] = self._values(rows[pos_c[hit]])
         return out
 
     def dicts(self) -> list[dict[str, Any] | None]:
         if self._dicts is None:
             items: list[dict[str, Any] | None] = [None] * self._n
-            ids = self.long["slice_id"].to_numpy()
-            keys = self.long["key"].to_numpy()
-            values = self.long["value"].to_numpy()
-            bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True])
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-                items[ids[a]] = dict(zip(keys[a:b].tolist(), values[a:b].tolist(), strict=True))
+            order = np.argsort(self.slice_id, kind="stable")
+            ids = self.slice_id[order]
+            keys = np.asarray(self.names, object)[self.key[order]].tolist()
+            values = self._values(order).tolist()
+            bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True]).tolist()
+            ids_list = ids.tolist()
+            for a, b in itertools.pairwise(bounds):
+                items[ids_list[a]] = dict(zip(keys[a:b], values[a:b], strict=True))
             self._dicts = items
         return self._dicts
 
     def get(self, slice_id: int) -> dict[str, Any] | None:
         if self._dicts is not None:
             return self._dicts[slice_id]
-        rows = self.long[self.long["slice_id"].to_numpy() == slice_id]
-        return dict(zip(rows["key"], rows["value"], strict=True)) or None
+        rows = np.flatnonzero(self.slice_id == slice_id)
+        if not len(rows):
+            return None
+        keys = [self.names[k] for k in self.key[rows].tolist()]
+        return dict(zip(keys, self._values(rows).tolist(), strict=True))

@@ -70,14 +70,15 @@ def nest_complete(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[n
 
 
 def match_begin_end(
-    track: np.ndarray, is_begin: np.ndarray
+    track: np.ndarray, is_begin: np.ndarray, ts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Pair begin and end events given in file order.
+    """Pair begin and end events, taken per track in time order (file order at equal times,
+    as Perfetto sorts them).
 
     Returns (begin_index, end_index or -1 when never closed, depth, parent begin
     position in the begin list or -1); ends closing nothing are dropped.
     """
-    order = np.argsort(track, kind="stable")
+    order = np.lexsort((np.arange(len(track)), ts, track))
     trk = track[order]
     beg = is_begin[order]
     delta = np.where(beg, 1, -1)

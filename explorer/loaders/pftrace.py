@@ -24,7 +24,7 @@ from neuron_explorer.loaders.nesting import match_begin_end
 from neuron_explorer.loaders.pftrace_annotations import decode_annotations
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import device_track_kind
-from neuron_explorer.loaders.wire_scan import WireError, packet_offsets, scan_fields
+from neuron_explorer.loaders.wire_scan import Scan, WireError, packet_offsets, read_message, scan
 
 # TracePacket fields
 P_TIMESTAMP, P_TRACK_EVENT, P_SEQ_ID, P_INTERNED, P_FLAGS = 8, 11, 10, 12, 13
@@ -35,25 +35,39 @@ E_CATEGORY_IIDS, E_ANNOTATION, E_TYPE, E_NAME_IID, E_TRACK = 3, 4, 9, 10, 11
 E_CATEGORIES, E_NAME, E_COUNTER_INT, E_COUNTER_DOUBLE = 22, 23, 30, 44
 E_FLOW_OLD, E_TERM_FLOW_OLD, E_FLOW, E_TERM_FLOW = 36, 42, 47, 48
 TYPE_BEGIN, TYPE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4
-KNOWN_PACKET_FIELDS = {P_TIMESTAMP, P_TRACK_EVENT, P_SEQ_ID, P_INTERNED, P_FLAGS, P_CLEARED,
-                       P_DEFAULTS, P_DESCRIPTOR, 58, 87, 42}
+EVENT_SLOTS = {E_TYPE: 0, E_NAME_IID: 1, E_TRACK: 2, E_NAME: 3, E_COUNTER_INT: 4,
+               E_COUNTER_DOUBLE: 4}
+EVENT_REPEATED = {E_CATEGORY_IIDS, E_CATEGORIES, E_ANNOTATION, E_FLOW_OLD, E_TERM_FLOW_OLD, E_FLOW,
+                  E_TERM_FLOW}
+# packet field -> slot; the three fields read one by one share slot 5
+PACKET_SLOTS = {P_TIMESTAMP: 0, P_SEQ_ID: 1, P_FLAGS: 2, P_CLEARED: 3, P_TRACK_EVENT: 4,
+                P_INTERNED: 5, P_DEFAULTS: 5, P_DESCRIPTOR: 5}
+# clock id, first packet on sequence, previous packet dropped: nothing to load
+IGNORED_PACKET_FIELDS = {58, 87, 42}
+
+
+# InternedData fields -> the table each fills
+INTERNED_KINDS = {1: "cat", 2: "name", 3: "ann", 29: "str"}
 
 
 class TruncatedTraceWarning(UserWarning):
     """The trace ends inside a packet (the recording was killed); the rest was loaded."""
 
 
-def _first(n: int, msg: np.ndarray, values: np.ndarray, fill: Any, dtype: Any) -> np.ndarray:
-    """Per message, the last value of a scalar field (fill where absent)."""
-    out = np.full(n, fill, dtype=dtype)
-    out[msg] = values
-    return out
+class Descriptor:
+    """The parts of a TrackDescriptor the loader uses."""
+
+    def __init__(self) -> None:
+        self.uuid = 0
+        self.parent_uuid = 0
+        self.name = ""
+        self.process: tuple[int, str] | None = None  # pid, process name
+        self.thread: tuple[int, int, str] | None = None  # pid, tid, thread name
+        self.counter = False
 
 
-def _pb2():
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2
-
-    return perfetto_trace_pb2
+def _text(data: bytes, offset: int, length: int) -> str:
+    return data[offset:offset + length].decode("utf-8", "replace")
 
 
 class _State:
@@ -61,33 +75,72 @@ class _State:
 
     def __init__(self) -> None:
         self.interned: dict[tuple[int, int, str], dict[int, str]] = {}
-        self.descriptors: dict[int, Any] = {}
+        self.descriptors: dict[int, Descriptor] = {}
         self.default_track: dict[int, int] = {}
+        self.pairs: list[tuple[int, int]] = []  # (sequence, generation) by id
 
-    def table(self, seq: int, gen: int, kind: str) -> dict[int, str]:
-        return self.interned.setdefault((seq, gen, kind), {})
+    def resolve_strings(self, seqgen: np.ndarray, iids: np.ndarray) -> np.ndarray:
+        """Interned debug-annotation string values."""
+        return _resolve(self, "str", seqgen, iids, self.pairs)
 
-    def read(self, packet: Any, seq: int, gen: int) -> None:
-        if packet.HasField("interned_data"):
-            data = packet.interned_data
-            for kind, items, attr in (
-                ("cat", data.event_categories, "name"),
-                ("name", data.event_names, "name"),
-                ("ann", data.debug_annotation_names, "name"),
-                ("str", data.debug_annotation_string_values, "str"),
-            ):
-                table = self.table(seq, gen, kind)
-                for item in items:
-                    value = getattr(item, attr)
-                    table[item.iid] = value.decode("utf-8", "replace") if isinstance(
-                        value, bytes) else value
-        if packet.HasField("track_descriptor"):
-            d = packet.track_descriptor
-            self.descriptors[d.uuid] = d
-        if packet.HasField("trace_packet_defaults"):
-            defaults = packet.trace_packet_defaults.track_event_defaults
-            if defaults.HasField("track_uuid"):
-                self.default_track[seq] = defaults.track_uuid
+    def read(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
+        """Take interned data, a track descriptor or defaults from one packet."""
+        for field, value, offset in read_message(data, start, end):
+            if field == P_INTERNED:
+                self._interned(data, offset, offset + value, seq, gen)
+            elif field == P_DESCRIPTOR:
+                self._descriptor(data, offset, offset + value)
+            elif field == P_DEFAULTS:
+                for f, v, o in read_message(data, offset, offset + value):
+                    if f == 11:  # track_event_defaults
+                        for f2, v2, _ in read_message(data, o, o + v):
+                            if f2 == 11:  # track_uuid
+                                self.default_track[seq] = v2
+
+    def _interned(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
+        for field, value, offset in read_message(data, start, end):
+            kind = INTERNED_KINDS.get(field)
+            if kind is None:
+                continue
+            iid, text = 0, ""
+            for f, v, o in read_message(data, offset, offset + value):
+                if f == 1:
+                    iid = v
+                elif f == 2:
+                    text = _text(data, o, v)
+            self.interned.setdefault((seq, gen, kind), {})[iid] = text
+
+    def _descriptor(self, data: bytes, start: int, end: int) -> None:
+        d = Descriptor()
+        for field, value, offset in read_message(data, start, end):
+            if field == 1:
+                d.uuid = value
+            elif field == 5:
+                d.parent_uuid = value
+            elif field in (2, 10) and not d.name:
+                d.name = _text(data, offset, value)
+            elif field == 3:
+                pid, pname = 0, ""
+                for f, v, o in read_message(data, offset, offset + value):
+                    if f == 1:
+                        pid = v
+                    elif f == 6:
+                        pname = _text(data, o, v)
+                d.process = (pid, pname)
+            elif field == 4:
+                pid = tid = 0
+                tname = ""
+                for f, v, o in read_message(data, offset, offset + value):
+                    if f == 1:
+                        pid = v
+                    elif f == 2:
+                        tid = v
+                    elif f == 5:
+                        tname = _text(data, o, v)
+                d.thread = (pid, tid, tname)
+            elif field == 8:
+                d.counter = True
+        self.descriptors[d.uuid] = d
 
 
 def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
@@ -107,6 +160,14 @@ def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
     return out
 
 
+def map_values(values: np.ndarray, fn: Any) -> np.ndarray:
+    """fn applied once per distinct value of an object array."""
+    if not len(values):
+        return np.zeros(0, object)
+    uniq, inverse = np.unique(values.astype(str), return_inverse=True)
+    return np.asarray([fn(u) for u in uniq.tolist()], object)[inverse]
+
+
 def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
     return [data[o:o + n].decode("utf-8", "replace")
             for o, n in zip(offsets.tolist(), lengths.tolist(), strict=True)]
@@ -119,14 +180,14 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
     track_of = {u: i for i, u in enumerate(uuids)}
     proc_by_pid: dict[int, str] = {}
     for d in desc.values():
-        if d.HasField("process"):
-            proc_by_pid[d.process.pid] = d.process.process_name or d.name or str(d.process.pid)
+        if d.process is not None:
+            proc_by_pid[d.process[0]] = d.process[1] or d.name or str(d.process[0])
 
-    def process_of(d: Any, depth: int = 0) -> tuple[str, int]:
-        if d.HasField("process"):
-            return proc_by_pid.get(d.process.pid, d.name), d.process.pid
-        if d.HasField("thread"):
-            return proc_by_pid.get(d.thread.pid, str(d.thread.pid)), d.thread.pid
+    def process_of(d: Descriptor, depth: int = 0) -> tuple[str, int]:
+        if d.process is not None:
+            return proc_by_pid.get(d.process[0], d.name), d.process[0]
+        if d.thread is not None:
+            return proc_by_pid.get(d.thread[0], str(d.thread[0])), d.thread[0]
         parent = desc.get(d.parent_uuid) if d.parent_uuid else None
         if parent is not None and depth < 8:
             return process_of(parent, depth + 1)
@@ -139,19 +200,19 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
             rows.append((track_of[u], f"track {u}", "thread", "", -1, -1, -1))
             continue
         pname, pid = process_of(d)
-        name = d.name or d.static_name
-        tid = d.thread.tid if d.HasField("thread") else -1
-        if d.HasField("thread"):
-            name = d.thread.thread_name or name or f"thread {tid}"
-        elif d.HasField("process"):
+        name = d.name
+        tid = d.thread[1] if d.thread is not None else -1
+        if d.thread is not None:
+            name = d.thread[2] or name or f"thread {tid}"
+        elif d.process is not None:
             name = name or pname
         ours = DEVICE_PROCESS_NAME.match(pname)
         device = int(ours.group(1)) if ours else -1
-        if d.HasField("counter"):
+        if d.counter:
             kind = "counter"
         elif ours:
             kind = device_track_kind(name)
-        elif d.HasField("process"):
+        elif d.process is not None:
             kind = "process"
         else:
             kind = "thread"
@@ -187,68 +248,58 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
             warn: list[str]) -> RawTrace:
     skipped: Counter[str] = Counter()
     n = len(starts)
-    pf = scan_fields(buf, starts, ends)
-    for number, count in Counter(pf.field[~np.isin(pf.field, list(KNOWN_PACKET_FIELDS))]
+    pk = scan(buf, starts, ends, PACKET_SLOTS, set())
+    for number, count in Counter(pk.others[~np.isin(pk.others, list(IGNORED_PACKET_FIELDS))]
                                  .tolist()).items():
         skipped[f"packet field {number}"] += count
-    m, _, v, _ = pf.select(P_TIMESTAMP)
-    p_ts = _first(n, m, v.astype(np.int64), 0, np.int64)
-    m, _, v, _ = pf.select(P_SEQ_ID)
-    p_seq = _first(n, m, v.astype(np.int64), 0, np.int64)
-    m, _, v, _ = pf.select(P_FLAGS)
-    cleared = np.zeros(n, bool)
-    cleared[m] = (v & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0
-    m, _, v, _ = pf.select(P_CLEARED)
-    cleared[m[v != 0]] = True
+    p_ts = pk.value[0].astype(np.int64)
+    p_seq = pk.value[1].astype(np.int64)
+    cleared = ((pk.value[2] & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0) | (pk.value[3] != 0)
     # generation of incremental state per packet, within its sequence
     p_gen = np.zeros(n, np.int64)
     for seq in np.unique(p_seq).tolist():
         idx = np.flatnonzero(p_seq == seq)
         p_gen[idx] = np.cumsum(cleared[idx])
-    pairs = sorted(set(zip(p_seq.tolist(), p_gen.tolist(), strict=True))) if n else []
-    pair_id = {p: i for i, p in enumerate(pairs)}
-    # packets with descriptors, interning or defaults: parse them fully, in order
-    special = np.unique(pf.msg[np.isin(pf.field, [P_INTERNED, P_DESCRIPTOR, P_DEFAULTS])])
+    combo = p_seq * (1 << 32) + p_gen
+    uniq_combo, p_pair = np.unique(combo, return_inverse=True)
+    pairs = [(int(c) >> 32, int(c) & 0xFFFFFFFF) for c in uniq_combo.tolist()]
+    # packets with descriptors, interning or defaults: parse them one by one, in order
     state = _State()
-    if len(special):
-        trace_packet = _pb2().TracePacket
-        for i in special.tolist():
-            packet = trace_packet.FromString(data[int(starts[i]):int(ends[i])])
-            state.read(packet, int(p_seq[i]), int(p_gen[i]))
+    for i in np.flatnonzero(pk.field[5] != 0).tolist():
+        state.read(data, int(starts[i]), int(ends[i]), int(p_seq[i]), int(p_gen[i]))
     # track events
-    ev_pkt, _, ev_len, ev_off = pf.select(P_TRACK_EVENT)
+    ev_pkt = np.flatnonzero(pk.field[4] != 0)
+    ev_off = pk.offset[4][ev_pkt]
+    ev_len = pk.value[4][ev_pkt].astype(np.int64)
+    del pk
     ne = len(ev_pkt)
-    ef = scan_fields(buf, ev_off, ev_off + ev_len.astype(np.int64))
+    es = scan(buf, ev_off, ev_off + ev_len, EVENT_SLOTS, EVENT_REPEATED)
+    ef = es.rows
     ev_ts = p_ts[ev_pkt]
-    ev_seqgen = np.asarray([pair_id[(s, g)] for s, g in zip(p_seq[ev_pkt].tolist(),
-                           p_gen[ev_pkt].tolist(), strict=True)], np.int64) if ne else \
-        np.zeros(0, np.int64)
-    m, _, v, _ = ef.select(E_TYPE)
-    ev_type = _first(ne, m, v.astype(np.int64), 0, np.int64)
-    m, _, v, _ = ef.select(E_TRACK)
-    ev_track_uuid = _first(ne, m, v, 0, np.uint64)
-    has_track = np.zeros(ne, bool)
-    has_track[m] = True
+    ev_seqgen = p_pair[ev_pkt].astype(np.int64)
+    ev_type = es.value[0].astype(np.int64)
+    ev_track_uuid = es.value[2].copy()
+    has_track = es.field[2] != 0
     if (~has_track).any():
         seq_default = np.array([state.default_track.get(int(s), 0)
                                 for s in p_seq[ev_pkt[~has_track]].tolist()], np.uint64)
         ev_track_uuid[~has_track] = seq_default
     # names: interned or inline
     ev_name = np.full(ne, "", object)
-    m, _, v, _ = ef.select(E_NAME_IID)
-    ev_name[m] = _resolve(state, "name", ev_seqgen[m], v, pairs)
-    m, _, v, o = ef.select(E_NAME)
-    ev_name[m] = _strings(data, o, v)
+    m = np.flatnonzero(es.field[1] == E_NAME_IID)
+    ev_name[m] = _resolve(state, "name", ev_seqgen[m], es.value[1][m], pairs)
+    m = np.flatnonzero(es.field[3] == E_NAME)
+    ev_name[m] = _strings(data, es.offset[3][m], es.value[3][m])
     # categories: the first one
     ev_cat = np.full(ne, "", object)
     m, _, v, _ = ef.select(E_CATEGORY_IIDS)
-    first = np.r_[True, m[1:] != m[:-1]] if len(m) else np.zeros(0, bool)
+    _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
     ev_cat[m[first]] = _resolve(state, "cat", ev_seqgen[m[first]], v[first], pairs)
     m, _, v, o = ef.select(E_CATEGORIES)
-    first = np.r_[True, m[1:] != m[:-1]] if len(m) else np.zeros(0, bool)
+    _, first = np.unique(m, return_index=True)
     ev_cat[m[first]] = _strings(data, o[first], v[first])
-    ev_name[pd.isna(ev_name)] = ""
-    ev_cat[pd.isna(ev_cat)] = ""
+    ev_name[np.equal(ev_name, None)] = ""
+    ev_cat[np.equal(ev_cat, None)] = ""
     for t, count in Counter(ev_type[~np.isin(ev_type, [1, 2, 3, 4])].tolist()).items():
         skipped[f"track event type {t}"] += count
     tracks, track_of = _tracks(state, np.unique(ev_track_uuid))
@@ -260,7 +311,8 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     # slices: begin/end pairs and instants
     is_be = np.isin(ev_type, [TYPE_BEGIN, TYPE_END])
     be_idx = np.flatnonzero(is_be)
-    b_local, e_local, depth, parent = match_begin_end(ev_track[be_idx], ev_type[be_idx] == 1)
+    b_local, e_local, depth, parent = match_begin_end(ev_track[be_idx], ev_type[be_idx] == 1,
+                                                     ev_ts[be_idx])
     b_ev = be_idx[b_local]
     e_ev = np.where(e_local >= 0, be_idx[np.maximum(e_local, 0)], -1)
     dropped_ends = int((ev_type == TYPE_END).sum()) - int((e_local >= 0).sum())
@@ -286,7 +338,7 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
         ok = host >= 0
         s_parent[len(b_ev):][ok] = pre_order[host[ok]]
         s_depth[len(b_ev):][ok] = pre["depth"].to_numpy()[host[ok]] + 1
-    kinds = np.asarray([our_kind(c) for c in ev_cat[slice_ev].tolist()], object)
+    kinds = map_values(ev_cat[slice_ev], our_kind)
     slices, order = build_slices(s_track, s_ts, s_dur, ev_name[slice_ev], ev_cat[slice_ev],
                                  kinds, s_depth, s_parent)
     slice_of_event = np.full(ne, -1, np.int64)
@@ -294,26 +346,24 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     new_id[order] = np.arange(len(order))
     slice_of_event[slice_ev] = new_id
     slice_of_event[e_ev[e_ev >= 0]] = new_id[: len(b_ev)][e_ev >= 0]
-    counters = _counters(ef, ne, ev_type, ev_ts, ev_track, tracks, buf)
+    counters = _counters(es, ev_type, ev_ts, ev_track, tracks)
     flows = _flows(ef, ev_ts, slice_of_event)
-    long = decode_annotations(data, buf, ef, slice_of_event, ev_seqgen, state, pairs, _resolve)
-    args = ColumnArgs(long, len(slices))
+    state.pairs = pairs
+    args = decode_annotations(data, buf, ef, slice_of_event, ev_seqgen, state, len(slices))
     metadata = _metadata(slices, args)
     return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
                     tracks=tracks, counters=counters, flows=flows, metadata=metadata,
                     skipped=dict(skipped), warnings=warn)
 
 
-def _counters(ef: Any, ne: int, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.ndarray,
-              tracks: pd.DataFrame, buf: np.ndarray) -> pd.DataFrame:
-    value = np.full(ne, np.nan)
-    m, _, v, _ = ef.select(E_COUNTER_INT)
-    value[m] = v.view(np.int64).astype(np.float64)
-    m, _, v, _ = ef.select(E_COUNTER_DOUBLE)
-    value[m] = v.view(np.float64)
+def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.ndarray,
+              tracks: pd.DataFrame) -> pd.DataFrame:
     idx = np.flatnonzero(ev_type == TYPE_COUNTER)
+    raw = es.value[4][idx]
+    value = np.where(es.field[4][idx] == E_COUNTER_DOUBLE, raw.view(np.float64),
+                     raw.view(np.int64).astype(np.float64))
     names = tracks.set_index("track_id")["name"]
-    frame = pd.DataFrame({"ts": ev_ts[idx], "value": value[idx], "track_id": ev_track[idx]},
+    frame = pd.DataFrame({"ts": ev_ts[idx], "value": value, "track_id": ev_track[idx]},
                          columns=COUNTER_COLUMNS[:3])
     frame["name"] = names.reindex(frame["track_id"]).to_numpy()
     return frame.sort_values(["track_id", "ts"], kind="stable", ignore_index=True)

@@ -1,17 +1,31 @@
-"""Debug annotations of a .pftrace, decoded column-wise into a long (slice, key, value) table."""
+"""Debug annotations of a .pftrace, decoded column-wise into typed columns (no boxing).
+
+Each annotation becomes one row: slice id, key code, value kind, and the value in
+the column of its kind. Python objects are only made for string values and when a
+caller asks for dicts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pandas as pd
-from neuron_explorer.loaders.wire_scan import Fields, scan_fields
+from neuron_explorer.loaders.args import (
+    KIND_BOOL,
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_OTHER,
+    KIND_STR,
+    ColumnArgs,
+)
+from neuron_explorer.loaders.wire_scan import Fields, Scan, scan
 
 E_ANNOTATION = 4
 A_NAME_IID, A_BOOL, A_UINT, A_INT, A_DOUBLE, A_STRING = 1, 2, 3, 4, 5, 6
 A_POINTER, A_NESTED, A_JSON, A_NAME, A_DICT, A_ARRAY, A_STRING_IID = 7, 8, 9, 10, 11, 12, 17
+# slots: 0 name iid, 1 inline name, 2 the scalar value (one field of the oneof), 3 nested
+SLOTS = {A_NAME_IID: 0, A_NAME: 1, A_BOOL: 2, A_UINT: 2, A_INT: 2, A_DOUBLE: 2, A_STRING: 2,
+         A_POINTER: 2, A_JSON: 2, A_STRING_IID: 2, A_NESTED: 3, A_DICT: 3, A_ARRAY: 3}
 
 
 def _nested_value(raw: bytes) -> Any:
@@ -31,49 +45,71 @@ def _nested_value(raw: bytes) -> Any:
     return value(ann)
 
 
-def decode_annotations(
-    data: bytes,
-    buf: np.ndarray,
-    ef: Fields,
-    slice_of_event: np.ndarray,
-    ev_seqgen: np.ndarray,
-    state: Any,
-    pairs: list[tuple[int, int]],
-    resolve: Callable[..., np.ndarray],
-) -> pd.DataFrame:
-    """Long table slice_id, key, value for every annotation on a slice event."""
+def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
+    return [data[a:a + b].decode("utf-8", "replace")
+            for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)]
+
+
+def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
+               ev: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Each annotation's key as a code into a list of distinct key names."""
+    names: list[str] = []
+    code_of: dict[str, int] = {}
+
+    def code(name: str) -> int:
+        if name not in code_of:
+            code_of[name] = len(names)
+            names.append(name)
+        return code_of[name]
+
+    codes = np.full(n, code("?"), np.int32)
+    m = np.flatnonzero(sc.field[0] == A_NAME_IID)
+    if len(m):
+        combo = ev_seqgen[ev[m]] * (1 << 40) + sc.value[0][m].astype(np.int64)
+        uniq, inverse = np.unique(combo, return_inverse=True)
+        mapped = []
+        for c in uniq.tolist():
+            seqgen, iid = divmod(c, 1 << 40)
+            seq, gen = state.pairs[seqgen]
+            mapped.append(code(state.interned.get((seq, gen, "ann"), {}).get(iid, "?")))
+        codes[m] = np.asarray(mapped, np.int32)[inverse]
+    m = np.flatnonzero(sc.field[1] == A_NAME)
+    if len(m):
+        codes[m] = [code(t) for t in _texts(data, sc.offset[1][m], sc.value[1][m])]
+    return codes, names
+
+
+def decode_annotations(data: bytes, buf: np.ndarray, ef: Fields, slice_of_event: np.ndarray,
+                       ev_seqgen: np.ndarray, state: Any, n_slices: int) -> ColumnArgs:
+    """Typed args of every annotation on a slice event."""
     ev, _, length, offset = ef.select(E_ANNOTATION)
     sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
     keep = sid >= 0
     ev, length, offset, sid = ev[keep], length[keep], offset[keep], sid[keep]
     n = len(ev)
-    af = scan_fields(buf, offset, offset + length.astype(np.int64))
-    key = np.empty(n, object)
-    m, _, v, _ = af.select(A_NAME_IID)
-    key[m] = resolve(state, "ann", ev_seqgen[ev[m]], v, pairs)
-    m, _, v, o = af.select(A_NAME)
-    key[m] = [data[a:a + b].decode("utf-8", "replace") for a, b in zip(o.tolist(), v.tolist(),
-                                                                          strict=True)]
-    value = np.empty(n, object)
-    m, _, v, _ = af.select(A_BOOL)
-    value[m] = (v != 0).tolist()
-    for field in (A_UINT, A_POINTER):
-        m, _, v, _ = af.select(field)
-        value[m] = v.tolist()
-    m, _, v, _ = af.select(A_INT)
-    value[m] = v.view(np.int64).tolist()
-    m, _, v, _ = af.select(A_DOUBLE)
-    value[m] = v.view(np.float64).tolist()
-    for field in (A_STRING, A_JSON):
-        m, _, v, o = af.select(field)
-        value[m] = [data[a:a + b].decode("utf-8", "replace")
-                    for a, b in zip(o.tolist(), v.tolist(), strict=True)]
-    m, _, v, _ = af.select(A_STRING_IID)
-    value[m] = resolve(state, "str", ev_seqgen[ev[m]], v, pairs)
-    nested = np.unique(af.msg[np.isin(af.field, [A_NESTED, A_DICT, A_ARRAY])])
-    for i in nested.tolist():
+    sc = scan(buf, offset, offset + length.astype(np.int64), SLOTS, set())
+    codes, names = _key_codes(state, data, sc, n, ev_seqgen, ev)
+    which = sc.field[2]
+    raw = sc.value[2]
+    kind = np.full(n, KIND_OTHER, np.int8)
+    ival = np.zeros(n, np.int64)
+    fval = np.zeros(n, np.float64)
+    sval = np.empty(n, object)
+    m = which == A_BOOL
+    kind[m], ival[m] = KIND_BOOL, raw[m] != 0
+    m = (which == A_UINT) | (which == A_POINTER) | (which == A_INT)
+    kind[m], ival[m] = KIND_INT, raw[m].view(np.int64)
+    m = which == A_DOUBLE
+    kind[m], fval[m] = KIND_FLOAT, raw[m].view(np.float64)
+    m = np.flatnonzero((which == A_STRING) | (which == A_JSON))
+    kind[m] = KIND_STR
+    sval[m] = _texts(data, sc.offset[2][m], raw[m])
+    m = np.flatnonzero(which == A_STRING_IID)
+    if len(m):
+        kind[m] = KIND_STR
+        sval[m] = state.resolve_strings(ev_seqgen[ev[m]], raw[m])
+    for i in np.flatnonzero(sc.field[3] != 0).tolist():
         start = int(offset[i])
-        value[i] = _nested_value(data[start:start + int(length[i])])
-    key[pd.isna(key)] = "?"
-    frame = pd.DataFrame({"slice_id": sid, "key": key, "value": value})
-    return frame.sort_values("slice_id", kind="stable", ignore_index=True)
+        kind[i] = KIND_OTHER
+        sval[i] = _nested_value(data[start:start + int(length[i])])
+    return ColumnArgs(sid, codes, names, kind, ival, fval, sval, n_slices)

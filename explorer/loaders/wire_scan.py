@@ -9,6 +9,7 @@ takes as many rounds as its longest message has fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -26,26 +27,28 @@ class WireError(ValueError):
 
 def varint_at(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decode the varint starting at each position: (values uint64, lengths; -1 if cut off)."""
-    n = len(pos)
-    value = np.zeros(n, np.uint64)
-    length = np.full(n, -1, np.int64)
-    active = np.arange(n)
     size = len(buf)
-    for k in range(10):
+    n = len(pos)
+    if not n:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    # Most varints (tags, small numbers) are one byte: decode those without fancy indexing.
+    b0 = buf[np.minimum(pos, size - 1)]
+    value = (b0 & 0x7F).astype(np.uint64)
+    length = np.where(b0 < 0x80, 1, -1).astype(np.int64)
+    length[pos >= size] = -1
+    active = np.flatnonzero((b0 >= 0x80) & (pos < size))
+    for k in range(1, 10):
+        if not len(active):
+            break
         at = pos[active] + k
         inside = at < size
         if not inside.all():
-            active = active[inside]
-            at = at[inside]
-        if not len(active):
-            break
+            active, at = active[inside], at[inside]
         b = buf[at]
         value[active] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
         done = b < 0x80
         length[active[done]] = k + 1
         active = active[~done]
-        if not len(active):
-            break
     return value, length
 
 
@@ -61,66 +64,146 @@ def fixed_at(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass
 class Fields:
-    """Every field of a batch of messages, in order within each message."""
+    """Every field of a batch of messages; each message's fields keep their file order."""
 
     msg: np.ndarray  # index of the message (into the batch) holding the field
     field: np.ndarray  # field number
     wire: np.ndarray  # wire type
     value: np.ndarray  # uint64: varint or fixed value; payload length for wire type 2
     offset: np.ndarray  # byte offset of the payload (wire type 2) or of the value
+    _groups: dict[int, slice] | None = None
+    _order: np.ndarray | None = None
+
+    def _index(self) -> None:
+        """Group rows by field number once (stable: message order kept within a field)."""
+        self._order = np.argsort(self.field, kind="stable")
+        numbers = self.field[self._order]
+        bounds = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1], True])
+        self._groups = {int(numbers[a]): slice(int(a), int(b))
+                        for a, b in pairwise(bounds.tolist())}
 
     def select(self, field: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(msg, wire, value, offset) of one field number."""
-        m = self.field == field
-        return self.msg[m], self.wire[m], self.value[m], self.offset[m]
+        """(msg, wire, value, offset) of one field number; a message's rows in file order."""
+        if self._groups is None:
+            self._index()
+        assert self._groups is not None and self._order is not None
+        part = self._groups.get(field)
+        rows = self._order[part] if part is not None else np.zeros(0, np.int64)
+        return self.msg[rows], self.wire[rows], self.value[rows], self.offset[rows]
+
+    def numbers(self) -> set[int]:
+        """Field numbers present."""
+        if self._groups is None:
+            self._index()
+        assert self._groups is not None
+        return set(self._groups)
 
 
-def scan_fields(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> Fields:
-    """Walk all fields of the messages buf[start[i]:end[i]] in lockstep."""
-    parts: list[tuple[np.ndarray, ...]] = []
-    msg = np.flatnonzero(end > start)
+def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Yield, round by round, (msg, field, wire, value, offset) of the next field of every
+    unfinished message; checks every field fits its message."""
+    msg = np.flatnonzero(end > start).astype(np.int32)
     cur = start[msg].astype(np.int64)
     stop = end[msg].astype(np.int64)
     while len(msg):
         tag, tag_len = varint_at(buf, cur)
-        if (tag_len < 0).any():
-            raise WireError("a field tag runs past the end of the data", int(cur[tag_len < 0][0]))
         p = cur + tag_len
         field = (tag >> np.uint64(3)).astype(np.int64)
-        wire = (tag & np.uint64(7)).astype(np.int64)
+        wire = (tag & np.uint64(7)).astype(np.int8)
         value, vlen = varint_at(buf, p)
-        offset = p.copy()
-        nxt = np.empty_like(cur)
-        is_var = wire == WT_VARINT
         is_len = wire == WT_LEN
-        is_f64 = wire == WT_FIXED64
-        is_f32 = wire == WT_FIXED32
-        bad = ~(is_var | is_len | is_f64 | is_f32) | ((is_var | is_len) & (vlen < 0))
+        fixed = (wire == WT_FIXED64) | (wire == WT_FIXED32)
+        # payload size: the varint's length, 8 or 4 bytes, or the length prefix + payload
+        size = np.where(fixed, np.where(wire == WT_FIXED64, 8, 4), vlen)
+        offset = np.where(is_len, p + vlen, p)
+        nxt = np.where(is_len, offset + value.astype(np.int64), p + size)
+        bad = (tag_len < 0) | (vlen < 0) & ~fixed | (wire > 2) & (wire != 5) | (nxt > stop)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise WireError(f"invalid field (number {field[i]}, wire type {wire[i]})", int(cur[i]))
-        nxt[is_var] = p[is_var] + vlen[is_var]
-        offset[is_len] = p[is_len] + vlen[is_len]
-        nxt[is_len] = offset[is_len] + value[is_len].astype(np.int64)
-        nxt[is_f64] = p[is_f64] + 8
-        nxt[is_f32] = p[is_f32] + 4
-        if is_f64.any():
-            value[is_f64] = fixed_at(buf, p[is_f64], 8)
-        if is_f32.any():
-            value[is_f32] = fixed_at(buf, p[is_f32], 4)
-        over = nxt > stop
-        if over.any():
-            i = int(np.flatnonzero(over)[0])
-            raise WireError(f"field {field[i]} runs past the end of its message", int(cur[i]))
-        parts.append((msg, field, wire, value, offset))
+            reason = (f"invalid field (number {field[i]}, wire type {wire[i]})"
+                      if tag_len[i] > 0 and (wire[i] <= 2 or wire[i] == 5) and vlen[i] >= 0
+                      else "a field runs past the end of its message")
+            if tag_len[i] > 0 and nxt[i] > stop[i] and (wire[i] <= 2 or wire[i] == 5):
+                reason = f"field {field[i]} runs past the end of its message"
+            raise WireError(reason, int(cur[i]))
+        if fixed.any():
+            f64 = np.flatnonzero(wire == WT_FIXED64)
+            f32 = np.flatnonzero(wire == WT_FIXED32)
+            value[f64] = fixed_at(buf, p[f64], 8)
+            value[f32] = fixed_at(buf, p[f32], 4)
+        yield msg, field, wire, value, offset
         more = nxt < stop
         msg, cur, stop = msg[more], nxt[more], stop[more]
+
+
+def scan_fields(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> Fields:
+    """Walk all fields of the messages buf[start[i]:end[i]] in lockstep, one row per field."""
+    parts = list(_rounds(buf, start, end))
     if not parts:
         empty = np.zeros(0, np.int64)
-        return Fields(empty, empty, empty, np.zeros(0, np.uint64), empty)
-    cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
-    order = np.argsort(cols[0], kind="stable")  # message order, fields in file order
-    return Fields(*(c[order] for c in cols))
+        return Fields(empty.astype(np.int32), empty, empty.astype(np.int8),
+                      np.zeros(0, np.uint64), empty)
+    # rows come round by round: a message's fields in file order, messages interleaved
+    return Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
+
+
+@dataclass
+class Scan:
+    """Fields of a batch of messages: scalar fields in per-message slots, repeated ones as rows.
+
+    `value[s, i]` / `offset[s, i]` hold slot s of message i and `field[s, i]` the number
+    of the field that filled it (0: absent); several field numbers may share a slot
+    (the alternatives of a oneof). `rows` holds the repeated fields, `others` the
+    numbers of fields neither asked for.
+    """
+
+    value: np.ndarray
+    offset: np.ndarray
+    field: np.ndarray
+    rows: Fields
+    others: np.ndarray
+
+
+def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, int],
+         repeated: set[int]) -> Scan:
+    """Walk the messages in lockstep, sorting each field into its slot, the rows, or others."""
+    n = len(start)
+    k = max(slots.values(), default=-1) + 1
+    top = max([*slots, *repeated, 0]) + 1
+    slot_of = np.full(top + 1, -1, np.int64)
+    for number, slot in slots.items():
+        slot_of[number] = slot
+    is_rep = np.zeros(top + 1, bool)
+    is_rep[list(repeated)] = True
+    value = np.zeros((k, n), np.uint64)
+    offset = np.zeros((k, n), np.int64)
+    which = np.zeros((k, n), np.int32)
+    value_1d, offset_1d, which_1d = value.reshape(-1), offset.reshape(-1), which.reshape(-1)
+    parts, others = [], []
+    for msg, field, wire, val, off in _rounds(buf, start, end):
+        f = np.minimum(field, top)
+        slot = np.where(field < top, slot_of[f], -1)
+        sc = np.flatnonzero(slot >= 0)
+        if len(sc):
+            flat = slot[sc] * n + msg[sc]
+            value_1d[flat] = val[sc]
+            offset_1d[flat] = off[sc]
+            which_1d[flat] = field[sc]
+        rep = (field < top) & is_rep[f]
+        if rep.any():
+            r = np.flatnonzero(rep)
+            parts.append((msg[r], field[r], wire[r], val[r], off[r]))
+        other = (slot < 0) & ~rep
+        if other.any():
+            others.append(field[other])
+    if parts:
+        rows = Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
+    else:
+        empty = np.zeros(0, np.int64)
+        rows = Fields(empty.astype(np.int32), empty, empty.astype(np.int8),
+                      np.zeros(0, np.uint64), empty)
+    return Scan(value, offset, which, rows,
+                np.concatenate(others) if others else np.zeros(0, np.int64))
 
 
 def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None, int]:
@@ -154,3 +237,48 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     problem = {-1: "corrupt", -2: None, -3: "truncated"}[i]
     position = int(nxt[idx[-1]]) if len(idx) else 0  # where the good packets stop
     return body[idx], nxt[idx], problem, position
+
+
+def read_message(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    """One message's fields as (field, value, offset), for the few messages read one by one.
+
+    `value` is the varint or fixed value, or the payload length for wire type 2;
+    `offset` is where the payload starts.
+    """
+    out = []
+    pos = start
+    while pos < end:
+        tag, pos = _varint(data, pos)
+        field, wire = tag >> 3, tag & 7
+        if wire == WT_VARINT:
+            value, nxt = _varint(data, pos)
+            out.append((field, value, pos))
+        elif wire == WT_LEN:
+            value, body = _varint(data, pos)
+            nxt = body + value
+            out.append((field, value, body))
+        elif wire == WT_FIXED64:
+            nxt = pos + 8
+            out.append((field, int.from_bytes(data[pos:nxt], "little"), pos))
+        elif wire == WT_FIXED32:
+            nxt = pos + 4
+            out.append((field, int.from_bytes(data[pos:nxt], "little"), pos))
+        else:
+            raise WireError(f"invalid wire type {wire} in field {field}", pos)
+        if nxt > end:
+            raise WireError(f"field {field} runs past the end of its message", pos)
+        pos = nxt
+    return out
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise WireError("a varint runs past the end of the data", pos)
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7

@@ -1,0 +1,213 @@
+"""Load speed and memory: a trace of 1 million slices, against Holistic Trace Analysis.
+
+Writes one synthetic training trace twice: as our .pftrace (with the collectors'
+trace writer) and as PyTorch-profiler (Kineto) JSON holding the same events. Each
+measurement runs in a fresh process (time and peak RSS of that process):
+
+- ours: `neuron_explorer.load(.pftrace)` and, separately, deriving ops and kernels;
+- ours on the JSON: `neuron_explorer.load(.json)`;
+- HTA: `hta.common.trace_parser.parse_trace_dataframe(.json)`, HTA's parser.
+
+Prints the times, the peak memory and the ratios HTA / ours. Targets: load in at
+most 5 s, under 2 GB, 10x faster than HTA. Run:
+    .venv/bin/python benchmarks/bench_load.py [--slices 1000000] [--keep DIR]
+(needs the `bench` extra: pip install -c constraints.txt -e .[bench])
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+STEPS = 100
+ENGINES = ("Tensor Engine", "Vector Engine", "Scalar Engine", "GpSimd Engine")
+
+
+def layout(n_slices: int) -> dict[str, int]:
+    """How the slices split: a tenth ops, a tenth kernels, the rest instructions."""
+    ops = n_slices // 10
+    return {"ops": ops, "kernels": ops, "instructions": n_slices - 2 * ops - STEPS,
+            "steps": STEPS}
+
+
+def events(n_slices: int) -> dict[str, dict[str, np.ndarray]]:
+    """Columns of every event: steps, ops, kernels, instructions (times in ns)."""
+    n = layout(n_slices)
+    rng = np.random.default_rng(0)
+    op_gap = 2000
+    op_ts = np.arange(n["ops"], dtype=np.int64) * op_gap
+    step_len = int(op_ts[-1] + op_gap) // STEPS + 1
+    k_ts = op_ts + 1500
+    k_dur = np.full(n["kernels"], 1800, np.int64)
+    per = n["instructions"] // n["kernels"] + 1
+    ins_k = np.repeat(np.arange(n["kernels"]), per)[: n["instructions"]]
+    slot = np.tile(np.arange(per), n["kernels"])[: n["instructions"]]
+    ins_ts = k_ts[ins_k] + slot * (1800 // per)
+    return {
+        "steps": {"ts": np.arange(STEPS, dtype=np.int64) * step_len,
+                  "dur": np.full(STEPS, step_len - 10, np.int64)},
+        "ops": {"ts": op_ts, "dur": np.full(n["ops"], 1200, np.int64),
+                "name": rng.integers(0, 8, n["ops"]), "op_id": np.arange(1, n["ops"] + 1),
+                "flops": rng.integers(1, 10**9, n["ops"]),
+                "bytes": rng.integers(1, 10**7, n["ops"]), "step": op_ts // step_len},
+        "kernels": {"ts": k_ts, "dur": k_dur, "kernel_id": np.arange(1, n["kernels"] + 1),
+                    "op_id": np.arange(1, n["kernels"] + 1)},
+        "instructions": {"ts": ins_ts, "dur": np.full(n["instructions"], 1800 // per - 5,
+                                                      np.int64),
+                         "engine": slot % 4, "kernel_id": ins_k + 1,
+                         "bytes": rng.integers(0, 1 << 20, n["instructions"])},
+    }
+
+
+OP_NAMES = ["aten::mm", "aten::add", "aten::relu", "aten::gelu", "aten::softmax",
+            "aten::layer_norm", "aten::addmm", "aten::mul"]
+
+
+def write_pftrace(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
+    from neuron_explorer.collectors.trace_writer import open_writer
+
+    w = open_writer(str(path), "pftrace")
+    w.process(100, "python train.py")
+    main = w.thread(100, 100, "MainThread")
+    dev = w.process(200, "neuron:0 (trn2)")
+    kernels = w.track("Kernels", dev)
+    engines = np.array([w.track(name, dev) for name in ENGINES])
+    w.metadata(main, 0, {"hardware": "trn2"})
+    st = ev["steps"]
+    w.slices(np.full(STEPS, main), st["ts"], st["dur"], ["step"], np.zeros(STEPS, int), "step",
+             int_args={"step": np.arange(STEPS)})
+    op = ev["ops"]
+    n_ops = len(op["ts"])
+    w.slices(np.full(n_ops, main), op["ts"], op["dur"], OP_NAMES, op["name"], "op",
+             int_args={k: op[k] for k in ("op_id", "flops", "bytes", "step")},
+             str_args={"shapes": (["[[1024, 1024], [1024, 1024]]"], np.zeros(n_ops, int)),
+                       "dtypes": (["[bfloat16, bfloat16]"], np.zeros(n_ops, int))},
+             flow_out=op["op_id"])
+    k = ev["kernels"]
+    w.slices(np.full(len(k["ts"]), kernels), k["ts"], k["dur"], ["kernel"],
+             np.zeros(len(k["ts"]), int), "kernel",
+             int_args={"kernel_id": k["kernel_id"], "op_id": k["op_id"]}, flow_in=k["op_id"])
+    ins = ev["instructions"]
+    for e in range(4):  # one batch per engine keeps each track in time order
+        m = ins["engine"] == e
+        w.slices(np.full(int(m.sum()), engines[e]), ins["ts"][m], ins["dur"][m], ["Inst"],
+                 np.zeros(int(m.sum()), int), "instruction",
+                 int_args={"kernel_id": ins["kernel_id"][m], "bytes": ins["bytes"][m]})
+    w.close()
+
+
+def write_kineto(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
+    """The same events as a PyTorch-profiler trace (µs times, Kineto categories)."""
+    import orjson
+
+    out = [{"ph": "M", "name": "process_name", "pid": 100, "tid": 0,
+            "args": {"name": "python train.py"}},
+           {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}}]
+    st = ev["steps"]
+    for i, (t, d) in enumerate(zip(st["ts"].tolist(), st["dur"].tolist(), strict=True)):
+        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 100,
+                    "tid": 100, "ts": t / 1000, "dur": d / 1000, "args": {"External id": i}})
+    op = ev["ops"]
+    for t, d, n, i, f in zip(op["ts"].tolist(), op["dur"].tolist(), op["name"].tolist(),
+                             op["op_id"].tolist(), op["flops"].tolist(), strict=True):
+        out.append({"ph": "X", "cat": "cpu_op", "name": OP_NAMES[n], "pid": 100, "tid": 100,
+                    "ts": t / 1000, "dur": d / 1000,
+                    "args": {"External id": i, "correlation": i, "flops": f,
+                             "Input Dims": [[1024, 1024], [1024, 1024]]}})
+    k = ev["kernels"]
+    for t, d, i in zip(k["ts"].tolist(), k["dur"].tolist(), k["kernel_id"].tolist(), strict=True):
+        out.append({"ph": "X", "cat": "kernel", "name": "kernel", "pid": 0, "tid": 7,
+                    "ts": t / 1000, "dur": d / 1000,
+                    "args": {"External id": i, "correlation": i, "device": 0, "stream": 7}})
+    ins = ev["instructions"]
+    for t, d, e, kid, b in zip(ins["ts"].tolist(), ins["dur"].tolist(), ins["engine"].tolist(),
+                               ins["kernel_id"].tolist(), ins["bytes"].tolist(), strict=True):
+        out.append({"ph": "X", "cat": "kernel", "name": "Inst", "pid": 0, "tid": 10 + e,
+                    "ts": t / 1000, "dur": d / 1000,
+                    "args": {"External id": kid, "correlation": kid, "device": 0, "bytes": b}})
+    doc = {"schemaVersion": 1, "deviceProperties": [], "traceEvents": out}
+    path.write_bytes(orjson.dumps(doc))
+
+
+MEASURE = {
+    "ours": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices)",
+    "ours_derived": "import neuron_explorer as ne; t = ne.load(PATH); "
+                    "n = len(t.ops) + len(t.kernels)",
+    "ours_json": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices)",
+    "hta": "from hta.common.trace_parser import parse_trace_dataframe\n"
+           "from hta.configs.parser_config import ParserConfig\n"
+           "meta, df, symbols = parse_trace_dataframe(PATH, ParserConfig())\nn = len(df)",
+}
+
+
+def measure(kind: str, path: str) -> dict[str, float]:
+    """Run one measurement in a fresh process: seconds (after imports), peak RSS, rows."""
+    code = f"""
+import json, resource, sys, time
+PATH = {path!r}
+import pandas, numpy
+t0, c0 = time.perf_counter(), time.process_time()
+{MEASURE[kind]}
+dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"seconds": dt, "cpu_seconds": cpu, "peak_bytes": rss, "rows": n}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slices", type=int, default=1_000_000)
+    parser.add_argument("--keep", help="write the traces into this folder and keep them")
+    parser.add_argument("--no-hta", action="store_true", help="skip the HTA baseline")
+    args = parser.parse_args()
+    folder = Path(args.keep or tempfile.mkdtemp(prefix="bench_load_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    pf, js = folder / "bench.pftrace", folder / "bench_kineto.json"
+    t0 = time.perf_counter()
+    ev = events(args.slices)
+    write_pftrace(pf, ev)
+    write_kineto(js, ev)
+    print(f"wrote {args.slices:,} slices in {time.perf_counter() - t0:.1f} s: "
+          f"{pf.stat().st_size / 2**20:.0f} MiB .pftrace, {js.stat().st_size / 2**20:.0f} MiB JSON")
+    results = {"ours": measure("ours", str(pf)), "ours_derived": measure("ours_derived", str(pf)),
+               "ours_json": measure("ours_json", str(js))}
+    if not args.no_hta:
+        results["hta"] = measure("hta", str(js))
+    for kind, r in results.items():
+        print(f"{kind:13s} {r['seconds']:7.2f} s wall {r['cpu_seconds']:7.2f} s cpu  "
+              f"peak {r['peak_bytes'] / 2**30:5.2f} GiB  rows {r['rows']:,}")
+    ours = results["ours"]
+    print("(cpu time is the fairer figure on a loaded machine: wall time counts other work)")
+    print(f"ours .pftrace load: {ours['seconds']:.2f} s wall (target <= 5 s: "
+          f"{'met' if ours['seconds'] <= 5 else 'MISSED'}), peak "
+          f"{ours['peak_bytes'] / 2**30:.2f} GiB (target < 2 GiB: "
+          f"{'met' if ours['peak_bytes'] < 2 * 2**30 else 'MISSED'})")
+    if "hta" in results:
+        for clock in ("seconds", "cpu_seconds"):
+            hta = results["hta"][clock]
+            label = "wall" if clock == "seconds" else "cpu"
+            print(f"ratio HTA / ours, {label}: .pftrace {hta / ours[clock]:.1f}x, "
+                  f".pftrace + ops/kernels {hta / results['ours_derived'][clock]:.1f}x, "
+                  f"same JSON {hta / results['ours_json'][clock]:.1f}x")
+    if not args.keep:
+        for p in (pf, js):
+            os.remove(p)
+        folder.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
