@@ -121,7 +121,9 @@ class AdaptivePolicy:
 
     @staticmethod
     def _steps(key: tuple) -> list[Step] | None:
-        inputs, outputs = key[1], key[2]
+        inputs, outputs, attrs = key[1], key[2], key[3]
+        if any(name == "direction" and value != "device_to_device" for name, value in attrs):
+            return None  # a copy over the host link, not a stream on the core
         converts = bool(inputs and outputs) and inputs[0][1] != outputs[0][1]
         return steps_for(key[0], len(inputs), converts)
 

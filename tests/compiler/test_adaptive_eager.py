@@ -1,0 +1,100 @@
+"""Adaptive eager: same numbers and op order as immediate mode, fewer kernels and less
+device time; queues flush at sync points and when full; NEURON_EAGER_MODE picks it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.compiler import adaptive_mode
+from neuron_explorer.backend.compiler.adaptive_eager import MAX_QUEUED_OPS, AdaptivePolicy
+
+
+@pytest.fixture
+def restore_mode():
+    yield
+    adaptive_mode.set_mode("immediate")
+
+
+def chain(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Elementwise work, each op reading the one before."""
+    for i in range(length):
+        x = torch.tanh(x * 0.5 + i)
+    return x
+
+
+def run_mlp_steps(mode: str) -> tuple[list[float], int]:
+    adaptive_mode.set_mode(mode)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.LayerNorm(64), torch.nn.Linear(64, 4)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(1)
+    busy_before = devices.get(0).timeline.busy_ns
+    losses = []
+    for _ in range(3):
+        x = torch.randn(16, 32, generator=data).to("neuron")
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, devices.get(0).timeline.busy_ns - busy_before
+
+
+def test_training_numbers_and_op_order_match_immediate_mode(recorder, restore_mode):
+    immediate, immediate_busy = run_mlp_steps("immediate")
+    immediate_ops = [op.name for op in recorder.ops]
+    immediate_kernels = len(recorder.kernels)
+    recorder.clear()
+    adaptive, adaptive_busy = run_mlp_steps("adaptive")
+    assert adaptive == immediate  # numbers are computed exactly as before
+    assert [op.name for op in recorder.ops] == immediate_ops
+    assert len(recorder.kernels) < 0.8 * immediate_kernels
+    assert adaptive_busy < immediate_busy
+    fused = [k for k in recorder.kernels if k.name.startswith("adaptive_")]
+    assert fused and all(k.op_id in {op.op_id for op in recorder.ops} for k in fused)
+
+
+def test_a_chain_becomes_one_kernel_at_the_sync_point(recorder, restore_mode):
+    x = torch.randn(64, 256).to("neuron")
+    chain(x, 2)  # warm the lowering caches
+    recorder.clear()
+    out = chain(x, 4)
+    eager_bytes = sum(k.hbm_bytes for k in recorder.kernels)
+    eager_count = len(recorder.kernels)
+
+    adaptive_mode.set_mode("adaptive")
+    recorder.clear()
+    out_adaptive = chain(x, 4)
+    assert recorder.kernels == []  # queued until the host needs the data
+    total = out_adaptive.sum().item()  # the sum joins the run; .item() is a sync point
+    (fused,) = [k for k in recorder.kernels if k.name.startswith("adaptive_")]
+    assert fused.name.startswith("adaptive_mul_add_tanh_mul_add_tanh")
+    assert eager_count == 12
+    # Each op's input produced earlier in the run is read from SBUF, not HBM.
+    assert fused.hbm_bytes < eager_bytes
+    assert total == pytest.approx(out.sum().item())
+
+
+def test_a_full_queue_launches_without_waiting_for_a_sync(recorder, restore_mode):
+    policy = AdaptivePolicy()
+    runtime.set_eager_policy(policy)
+    x = torch.randn(32, 32).to("neuron")
+    recorder.clear()
+    chain(x, MAX_QUEUED_OPS)  # 3 ops per link: the queue fills twice before any sync
+    assert (policy.fused_launches, policy.fused_ops) == (3, 3 * MAX_QUEUED_OPS)
+    assert [k.name.startswith("adaptive_") for k in recorder.kernels] == [True] * 3
+    torch.neuron.synchronize()  # nothing was left in the queue
+    assert len(recorder.kernels) == 3
+
+
+def test_environment_variable_selects_the_policy(monkeypatch, restore_mode):
+    monkeypatch.setenv("NEURON_EAGER_MODE", "adaptive")
+    assert adaptive_mode.install_from_environment() == "adaptive"
+    assert isinstance(runtime.state.policy, AdaptivePolicy)
+    monkeypatch.setenv("NEURON_EAGER_MODE", "lazy")
+    with pytest.warns(UserWarning, match="use one of immediate, adaptive"):
+        assert adaptive_mode.install_from_environment() == "immediate"
+    with pytest.raises(adaptive_mode.UnknownEagerModeError, match="lazy"):
+        adaptive_mode.set_mode("lazy")
