@@ -55,3 +55,11 @@ def live_server(app_context):
     server = DashboardServer(create_app(app_context).server).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def recorded_demo(tmp_path_factory) -> Path:
+    """The demo workload recorded once per session with `neuron-explorer record` (a real trace)."""
+    from neuron_explorer.webapp.demo_command import record_demo
+
+    return record_demo(tmp_path_factory.mktemp("demo"), train_steps=3)

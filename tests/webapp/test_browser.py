@@ -196,3 +196,27 @@ def test_upload_opens_the_trace(served, driver, tmp_path):
     wait_for(driver, ".page-subtitle", text="upload:uploaded_run.json")
     wait_for(driver, ".finding")
     no_console_errors(driver)
+
+
+def test_a_recorded_trace_from_finding_to_evidence(recorded_demo, driver):
+    """The real thing: the demo's trace, its first finding, the slice it points at, every page."""
+    from neuron_explorer.webapp.view_command import start_dashboard
+
+    server, store = start_dashboard(recorded_demo, port=0)
+    try:
+        url = server.url.rstrip("/")
+        driver.get(f"{url}/?trace={recorded_demo.name}")
+        wait_for(driver, "#overview-findings .finding", timeout=30).find_element(
+            "css selector", ".finding-link").click()
+        wait_for(driver, "#slice-fields", timeout=20, text="category kernel")  # an idle gap's kernel
+        assert "/timeline" in driver.current_url and "select=" in driver.current_url
+        wait_for(driver, ".link-button", text="comes from op").click()  # back to the op that launched it
+        wait_for(driver, "#slice-fields", text="category op")
+        for path in ("/tables", "/engines", "/roofline", "/memory", "/compile"):
+            driver.get(f"{url}{path}?trace={recorded_demo.name}")
+            wait_for(driver, ".panel", timeout=20)
+            assert not driver.find_elements("css selector", ".error-banner")
+        no_console_errors(driver)
+    finally:
+        server.stop()
+        store.close()

@@ -48,3 +48,11 @@ def test_clicked_kineto_op_shows_its_args_and_flows(context):
     kernel_id = int(flows["dst_id"].iloc[0])
     back = json.dumps(json.loads(pio_json.to_json_plotly(timeline.slice_details(trace, index, kernel_id))))
     assert "comes from" in back
+
+
+def test_compare_two_pytorch_profiler_traces_with_the_explorers_diff(context):
+    from neuron_explorer.webapp.pages import compare
+
+    text = json.dumps(json.loads(pio_json.to_json_plotly(compare.comparison(context, KINETO[0], KINETO[2]))))
+    assert "Change in time per step" in text and "Ops that changed" in text
+    assert "Could not compare" not in text

@@ -26,6 +26,12 @@ SUMMARY_ROWS = [
 ]
 
 
+DIFF_TITLES = {
+    "summary": "Change in the headline figures", "breakdown": "Change in time per step",
+    "ops": "Ops that changed", "modules": "Modules that changed", "engines": "Engine utilisation change",
+}
+
+
 def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     others = [n for n in ctx.store.list_traces() if n != name]
     other = params.get("other") if params.get("other") in others else None
@@ -71,11 +77,9 @@ def comparison(ctx, name_a: str, name_b: str) -> list:
         log.exception("comparing %s with %s failed", name_a, name_b)
         parts.append(section("Differences", notice(f"Could not compare these traces: {exc}", "error")))
         return parts
-    text = getattr(result, "to_text", None)
-    if callable(text):
-        parts.append(section("Differences", html.Pre(text(), className="diff-text")))
     for attr, df in _frames(result):
-        parts.append(section(attr.replace("_", " ").capitalize(), data_table(df, f"diff-{attr}", page_size=15)))
+        title = DIFF_TITLES.get(attr, attr.replace("_", " ").capitalize())
+        parts.append(section(title, data_table(df, f"diff-{attr}", page_size=15)))
     return parts
 
 
@@ -84,9 +88,10 @@ def _show(value, f) -> str:
 
 
 def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
-    """The diff's public DataFrame attributes, in a stable order."""
+    """The diff's public DataFrame attributes, the known ones first."""
     out = []
-    for attr in sorted(dir(result)):
+    known = list(DIFF_TITLES)
+    for attr in sorted(dir(result), key=lambda a: (known.index(a) if a in known else len(known), a)):
         if attr.startswith("_"):
             continue
         value = getattr(result, attr, None)
