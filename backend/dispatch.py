@@ -39,13 +39,24 @@ _HOST_OPERANDS_OK = frozenset({"aten::index", "aten::index_put", "aten::index_pu
 # Non-tensor arguments that do not change an op's device cost.
 _NOT_ATTRS = frozenset({"generator", "device", "pin_memory", "layout", "non_blocking"})
 
+# Schema types (as str(arg.type) spells them) of arguments that can change an op's cost;
+# ScalarType and MemoryFormat arguments spell as "int".
+_ATTR_TYPES = frozenset({"int", "SymInt", "List[int]", "List[SymInt]", "bool", "str",
+                         "List[bool]"})
+
+
+def _base_type(name: str) -> str:
+    return name[9:-1] if name.startswith("Optional[") else name
+
+
 FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
 
 
 class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
-    __slots__ = ("arg_names", "call", "has_generator", "host_operands_ok", "kind", "name", "op")
+    __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
+                 "name", "op")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -62,6 +73,11 @@ class OpInfo:
         else:
             self.kind = FUNCTIONAL
         self.arg_names = tuple(a.name for a in schema.arguments)
+        # Arguments whose values can change the op's cost (dims, sizes, flags, dtypes).
+        self.attr_args = tuple(
+            (i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
+            if _base_type(str(a.type)) in _ATTR_TYPES and a.name not in _NOT_ATTRS
+        )
         self.has_generator = any(a.name == "generator" for a in schema.arguments)
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
 
@@ -187,18 +203,23 @@ class _Converter:
 
 
 def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
-    """The non-tensor arguments that can change an op's cost, hashable (floats dropped)."""
+    """The non-tensor arguments that can change an op's cost, hashable."""
+    if not info.attr_args:
+        return ()
     out = []
-    names = info.arg_names
-    for i, v in enumerate(args):
-        if isinstance(v, (int, bool, str)) or (type(v) in (list, tuple) and v
-                                               and type(v[0]) is int):
-            out.append((names[i], tuple(v) if type(v) is list else v))
-    for k, v in kwargs.items():
-        if k in _NOT_ATTRS or v is None or isinstance(v, (_Tensor, float)):
+    n_args = len(args)
+    for i, name, kwarg_only in info.attr_args:
+        if i < n_args and not kwarg_only:
+            value = args[i]
+        else:
+            value = kwargs.get(name)
+        if value is None:
             continue
-        out.append((k, tuple(v) if type(v) is list else v if isinstance(v, (int, str))
-                    else str(v)))
+        if type(value) is list:
+            value = tuple(value)
+        elif not isinstance(value, (int, str, tuple)):
+            value = str(value)
+        out.append((name, value))
     return tuple(out)
 
 
