@@ -15,6 +15,8 @@ Eager ops and compiled graphs both go through here. The API the compile path use
   ``policy.submit(device, key, op_id, launch_ns) -> Launched``. The default,
   ``ImmediatePolicy``, lowers (cached by ``key``) and schedules at once. A policy
   that queues ops must schedule them in ``flush()``, which every sync point calls.
+  The host clock advances by the launch overhead only for ops that launched kernels
+  (a queueing policy charges its launches when it flushes).
   ``key`` is an ``OpKey`` tuple ``(op_name, inputs, outputs, attrs)`` (inputs and
   outputs are ``((shape, dtype), ...)``); ``spec_for(key)`` turns it into the
   hardware's ``OpSpec``; ``lower(device, key)`` gives the cached ``Lowered``;
@@ -244,8 +246,10 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
     """
     op_id = next(_op_ids)
     overhead = device.preset.host_launch_overhead_ns
+    launched = state.policy.submit(device, key, op_id, host_start_ns + overhead)
+    if not launched.kernel_ids:
+        overhead = 0  # views, allocations and queued ops launch nothing now
     host_end = host_start_ns + overhead
-    launched = state.policy.submit(device, key, op_id, host_end)
     if hub.active:
         inputs = key[1]
         hub.op_launched(OpLaunch(

@@ -144,3 +144,14 @@ def test_no_events_and_no_sinks_when_inactive():
     assert not hub.active
     x = torch.randn(4, 4).to("neuron")
     assert torch.allclose((x + x).cpu(), x.cpu() * 2)
+
+
+def test_views_launch_nothing_and_cost_no_launch_overhead(recorder):
+    x = torch.randn(4, 6).to("neuron")
+    recorder.ops.clear()
+    recorder.kernels.clear()
+    x.view(24)
+    (op,) = recorder.ops
+    assert op.name == "aten::view" and op.kernel_ids == ()
+    assert op.host_end_ns == op.host_start_ns
+    assert recorder.kernels == []
