@@ -101,12 +101,14 @@ def _shell(ctx: AppContext) -> html.Div:
             html.Div([
                 dcc.Dropdown(id="trace-picker", placeholder="Open a trace…", clearable=False,
                              className="trace-picker"),
-                dcc.Upload(
-                    html.Button("Upload", className="button"),
+                html.Div(dcc.Upload(
+                    html.Button("Upload", className="button",
+                                title=f"Open a trace from this computer (up to "
+                                      f"{ctx.store.max_upload_bytes / 2**20:.0f} MiB)"),
                     id="trace-upload",
                     max_size=ctx.store.max_upload_bytes,
                     multiple=False,
-                ),
+                ), **{"data-max-bytes": str(ctx.store.max_upload_bytes)}),  # read by upload_limit.js
             ], className="trace-controls"),
         ], className="topbar"),
         html.Div(id="error-banner"),

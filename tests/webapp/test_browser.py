@@ -187,6 +187,19 @@ def test_bad_traces_show_a_banner_and_the_app_keeps_working(served, driver):
     no_console_errors(driver)
 
 
+def test_an_upload_over_the_limit_is_refused_with_a_message(served, driver, tmp_path):
+    url, _ = served
+    big = tmp_path / "huge.json"
+    big.write_bytes(b" " * (3 << 20 >> 1))  # 1.5 MiB, over the 1 MiB limit of this server
+    driver.get(f"{url}/?trace=run_a.json")
+    wait_for(driver, "#page .metrics")
+    driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(big))
+    toast = wait_for(driver, "#upload-toast", text="upload limit")
+    assert "huge.json is 1.5 MiB" in toast.text
+    assert "upload:huge.json" not in driver.page_source
+    no_console_errors(driver)
+
+
 def test_upload_opens_the_trace(served, driver, tmp_path):
     url, _ = served
     good = write_synthetic(tmp_path / "uploaded_run.json", steps=2, ops=16)
