@@ -62,6 +62,10 @@ _I_ANNOTATION_NAMES = 3
 
 _TRACE_PACKET = 1  # Trace.packet
 _BEGIN, _END, _INSTANT, _COUNTER = 1, 2, 3, 4
+# `type = SLICE_BEGIN` again, as long as a flow id field (tag + fixed64): pads batch rows
+# that have no flow, leaving the parsed message unchanged
+_FLOW_WIDTH = len(wire.tag(_E_FLOW_IDS, wire.FIXED64)) + 8
+_NO_FLOW = wire.tag(_E_TYPE, wire.VARINT) + wire.padded_varint(_BEGIN, _FLOW_WIDTH - 1)
 _CLEARED, _NEEDS = 1, 2
 _CACHE_LIMIT = 100_000  # encoded (key, value) annotations kept for reuse
 _SMALL = [bytes((i,)) for i in range(128)]
@@ -366,15 +370,14 @@ class PerfettoWriter:
                 wire.varints(np.asarray(values, np.int64)),
             ])
         for key, (choices, index) in (str_args or {}).items():
-            name_part = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
-            encoded = [wire.field_bytes(_E_DEBUG, name_part + wire.field_bytes(6, c.encode()))
-                       for c in choices]
-            body.append(wire.table(encoded, index))
+            body.append(wire.table(self._string_annotations(key, choices), index))
         for field, ids in ((_E_FLOW_IDS, flow_out), (_E_TERMINATING_FLOW_IDS, flow_in)):
             if ids is not None:
                 ids = np.asarray(ids, np.uint64)
-                body += wire.optional([wire.const(wire.tag(field, wire.FIXED64), n),
-                                       wire.fixed64s(ids)], ids != 0)
+                flow = wire.concat_columns([wire.const(wire.tag(field, wire.FIXED64), n),
+                                            wire.fixed64s(ids)])
+                # rows without a flow repeat `type` instead (same width, same message)
+                body.append(wire.choose(ids != 0, flow, _NO_FLOW))
         interned = self._take_interned()
         if interned or self._first:
             self._packet(interned)
@@ -391,6 +394,21 @@ class PerfettoWriter:
         self._emit(wire.to_bytes(begin + end))
         self.events += n
         self.counts[category] = self.counts.get(category, 0) + n
+
+    def _string_annotations(self, key: str, choices: Sequence[str]) -> list[bytes]:
+        """Encoded string debug annotations, made equal in length where possible by padding
+        the name's iid varint, so batch rows stay the same width."""
+        iid = self._iid(_I_ANNOTATION_NAMES, key)
+        values = [wire.field_bytes(6, c.encode()) for c in choices]
+        longest = max(len(v) for v in values)
+        base = len(wire.varint(iid))
+        out = []
+        for v in values:
+            width = base + longest - len(v)
+            name = (b"\x08" + wire.padded_varint(iid, width)) if width <= 10 else \
+                wire.field_varint(1, iid)
+            out.append(wire.field_bytes(_E_DEBUG, name + v))
+        return out
 
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
         """Write N counter values at once (float values as doubles, ints as int64)."""

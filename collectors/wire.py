@@ -72,88 +72,128 @@ def field_fixed64(field: int, value: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------
-# Batch encoding: each segment is an (N, width) uint8 matrix plus a mask of the
-# bytes each row uses. Concatenating segments side by side and keeping the masked
-# bytes row by row gives the records back to back.
+# Batch encoding. A segment holds some bytes of each of N records, stored column by
+# column: `data` is (width, N), so record i's bytes are `data[:, i]` (where `mask`
+# allows; no mask: all of them). Segments are stacked and transposed once at the end,
+# which copies whole rows of memory instead of a few bytes per record.
 
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # 10 groups of 7 bits cover 64 bits
-_THRESHOLDS = (np.uint64(1) << _SHIFTS[1:])  # a value needs one more byte past each
+_TRANSPOSE_BLOCK = 2048  # records transposed at a time (a few hundred KiB: stays in cache)
 
 
 class Segment:
-    """Bytes for N rows: row i's encoding is `data[i][mask[i]]`."""
+    """Bytes for N records, column-major: record i is `data[:, i]` (masked by `mask`)."""
 
-    __slots__ = ("_lengths", "data", "mask")
+    __slots__ = ("_lengths", "constant", "data", "mask")
 
-    def __init__(self, data: np.ndarray, mask: np.ndarray, lengths: np.ndarray | None = None):
+    def __init__(self, data: np.ndarray, mask: np.ndarray | None = None,
+                 lengths: np.ndarray | None = None, constant: bytes | None = None) -> None:
         self.data = data
         self.mask = mask
         self._lengths = lengths
+        self.constant = constant  # the bytes every record holds, for const segments
+
+    @property
+    def width(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[1]
 
     @property
     def lengths(self) -> np.ndarray:
         if self._lengths is None:
-            self._lengths = self.mask.sum(axis=1)
+            if self.mask is None:
+                self._lengths = np.full(self.rows, self.width, np.int64)
+            else:
+                self._lengths = self.mask.sum(axis=0)
         return self._lengths
 
+    def full_mask(self) -> np.ndarray:
+        return np.ones(self.data.shape, bool) if self.mask is None else self.mask
 
-Parts = list  # a record under construction: segments side by side, concatenated once
+
+Parts = list  # a record under construction: segments in order, assembled once
 
 
 def const(payload: bytes, n: int) -> Segment:
-    """The same bytes in every row."""
-    row = np.frombuffer(payload, dtype=np.uint8)
-    return Segment(np.broadcast_to(row, (n, len(row))), np.ones((n, len(row)), bool),
-                   np.full(n, len(row), np.int64))
+    """The same bytes in every record."""
+    col = np.frombuffer(payload, dtype=np.uint8)
+    return Segment(np.broadcast_to(col[:, None], (len(col), n)), constant=payload)
 
 
 def varints(values: np.ndarray) -> Segment:
     """Varint encoding of each value, all padded to the widest one in the batch.
 
     Protobuf parsers accept varints with redundant continuation bytes (0x85 0x00
-    reads as 5), and equal widths keep every row's bytes contiguous, which makes
-    assembling the batch several times faster. int64 values are taken as uint64 bits.
+    reads as 5), and equal widths keep every record's bytes in the same columns,
+    which makes assembling the batch several times faster. int64 values are taken
+    as their uint64 bits.
     """
     v = np.asarray(values).astype(np.uint64, copy=False)
     n = len(v)
     top = int(v.max()) if n else 0
     if top < 0x80:  # one byte each: iids, small lengths, small ints
-        return Segment(v.astype(np.uint8).reshape(n, 1), np.ones((n, 1), bool),
-                       np.ones(n, np.int64))
+        return Segment(v.astype(np.uint8).reshape(1, n))
     width = (top.bit_length() + 6) // 7
-    groups = (v[:, None] >> _SHIFTS[None, :width]).astype(np.uint8) & np.uint8(0x7F)
-    groups[:, :-1] |= np.uint8(0x80)
-    return Segment(groups, np.ones((n, width), bool), np.full(n, width, np.int64))
+    groups = (v[None, :] >> _SHIFTS[:width, None]).astype(np.uint8) & np.uint8(0x7F)
+    groups[:-1] |= np.uint8(0x80)
+    return Segment(groups)
+
+
+def padded_varint(value: int, width: int) -> bytes:
+    """`value` as a varint of exactly `width` bytes (redundant continuation bytes)."""
+    if value >> (7 * width):
+        raise ValueError(f"{value} does not fit in {width} varint bytes")
+    return bytes(((value >> (7 * i)) & 0x7F) | (0x80 if i < width - 1 else 0)
+                 for i in range(width))
 
 
 def fixed64s(values: np.ndarray) -> Segment:
     """Little-endian 8-byte encoding of each value (uint64 or float64 by dtype)."""
     v = np.ascontiguousarray(values)
-    n = len(v)
-    data = v.astype(v.dtype.newbyteorder("<"), copy=False).view(np.uint8).reshape(n, 8)
-    return Segment(data, np.ones((n, 8), bool), np.full(n, 8, np.int64))
+    rows = v.astype(v.dtype.newbyteorder("<"), copy=False).view(np.uint8).reshape(len(v), 8)
+    return Segment(np.ascontiguousarray(rows.T))
 
 
 def table(choices: Sequence[bytes], index: np.ndarray) -> Segment:
-    """Row i holds `choices[index[i]]` (for strings or fields that take few values)."""
+    """Record i holds `choices[index[i]]` (for strings or fields that take few values)."""
     width = max((len(c) for c in choices), default=0) or 1
-    mat = np.zeros((len(choices), width), np.uint8)
-    used = np.zeros((len(choices), width), bool)
+    mat = np.zeros((width, len(choices)), np.uint8)
+    used = np.zeros((width, len(choices)), bool)
     for i, c in enumerate(choices):
-        mat[i, : len(c)] = np.frombuffer(c, np.uint8)
-        used[i, : len(c)] = True
+        mat[: len(c), i] = np.frombuffer(c, np.uint8)
+        used[: len(c), i] = True
     idx = np.asarray(index, dtype=np.int64)
-    return Segment(mat[idx], used[idx], used.sum(axis=1)[idx])
+    if used.all():
+        return Segment(mat[:, idx])
+    return Segment(mat[:, idx], used[:, idx], used.sum(axis=0)[idx])
+
+
+def choose(present: np.ndarray, if_present: Segment, otherwise: bytes) -> Segment:
+    """Per record, `if_present`'s bytes or the constant `otherwise` (of the same width)."""
+    filler = np.frombuffer(otherwise, np.uint8)
+    if len(filler) != if_present.width or if_present.mask is not None:
+        raise ValueError("choose() needs full-width segments of equal width")
+    data = np.where(np.asarray(present, bool)[None, :], if_present.data, filler[:, None])
+    return Segment(data.astype(np.uint8, copy=False))
+
+
+def concat_columns(parts: Sequence[Segment]) -> Segment:
+    """Full-width segments one after the other as one segment."""
+    return Segment(np.concatenate([s.data for s in parts], axis=0))
 
 
 def optional(parts: Sequence[Segment], present: np.ndarray) -> Parts:
-    """Keep the parts only in rows where `present` is true."""
+    """Keep the parts only in records where `present` is true."""
     keep = np.asarray(present, bool)
-    return [Segment(s.data, s.mask & keep[:, None], np.where(keep, s.lengths, 0)) for s in parts]
+    return [Segment(s.data, s.full_mask() & keep[None, :], np.where(keep, s.lengths, 0))
+            for s in parts]
 
 
 def length(parts: Sequence[Segment]) -> np.ndarray:
-    """Bytes per row of the parts together."""
+    """Bytes per record of the parts together."""
     total = parts[0].lengths
     for s in parts[1:]:
         total = total + s.lengths
@@ -161,13 +201,37 @@ def length(parts: Sequence[Segment]) -> np.ndarray:
 
 
 def message(field: int, body: Sequence[Segment]) -> Parts:
-    """A length-delimited field holding the concatenated `body` in each row."""
-    n = body[0].data.shape[0]
+    """A length-delimited field holding the concatenated `body` in each record."""
+    n = body[0].rows
+    if all(s.mask is None for s in body):  # every record the same length
+        return [const(tag(field, LEN) + varint(sum(s.width for s in body)), n), *body]
     return [const(tag(field, LEN), n), varints(length(body)), *body]
 
 
+def _merge_constants(parts: Sequence[Segment]) -> list[Segment]:
+    """Adjacent constant segments as one."""
+    merged: list[Segment] = []
+    for s in parts:
+        if s.constant is not None and merged and merged[-1].constant is not None:
+            merged[-1] = const(merged[-1].constant + s.constant, s.rows)
+        else:
+            merged.append(s)
+    return merged
+
+
 def to_bytes(parts: Sequence[Segment]) -> bytes:
-    """All rows' used bytes, row after row."""
-    data = np.concatenate([s.data for s in parts], axis=1)
-    mask = np.concatenate([s.mask for s in parts], axis=1)
-    return data[mask].tobytes()
+    """All records' used bytes, record after record."""
+    parts = _merge_constants(parts)
+    stacked = np.concatenate([s.data for s in parts], axis=0)  # (total width, N)
+    mask = None
+    if any(s.mask is not None for s in parts):
+        mask = np.concatenate([s.full_mask() for s in parts], axis=0)
+    out = []
+    # transpose in blocks that stay in cache: (N, total width) is one record per row
+    for start in range(0, stacked.shape[1], _TRANSPOSE_BLOCK):
+        block = stacked[:, start:start + _TRANSPOSE_BLOCK].T
+        if mask is None:
+            out.append(np.ascontiguousarray(block).tobytes())
+        else:
+            out.append(block[mask[:, start:start + _TRANSPOSE_BLOCK].T].tobytes())
+    return b"".join(out)
