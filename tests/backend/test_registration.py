@@ -7,9 +7,16 @@ import json
 
 def test_import_torch_alone_registers_the_device(fresh_python):
     result = fresh_python("""
-        import json, sys
+        import json, sys, warnings
         import torch
         x = torch.arange(6.0).to("neuron")
+        data = torch.utils.data.TensorDataset(torch.arange(8.0))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                batches = [b[0].to("neuron") for b in
+                           torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)]
+        pin_warnings = [str(w.message) for w in caught if "pin_memory" in str(w.message)]
         print(json.dumps({
             "device": str(torch.device("neuron")),
             "x_device": str(x.device),
@@ -19,6 +26,8 @@ def test_import_torch_alone_registers_the_device(fresh_python):
             "count": torch.accelerator.device_count(),
             "heavy": sorted(m for m in ("pandas", "dash", "duckdb") if m in sys.modules),
             "name": torch.neuron.get_device_name(),
+            "pin_warnings": pin_warnings,
+            "batches": [b.tolist() for b in batches],
         }))
     """)
     assert result.returncode == 0, result.stderr
@@ -31,6 +40,9 @@ def test_import_torch_alone_registers_the_device(fresh_python):
     assert info["count"] == 8  # trn2: 8 NeuronCores per chip
     assert info["heavy"] == []  # registration must not pull in pandas, Dash or DuckDB
     assert info["name"] == "Trainium2 NeuronCore-v3 (simulated)"
+    # DataLoader(pin_memory=True) warns once, then loads unpinned batches.
+    assert len(info["pin_warnings"]) == 1 and "neuron" in info["pin_warnings"][0]
+    assert info["batches"] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 
 
 def test_autoload_can_be_turned_off(fresh_python):
