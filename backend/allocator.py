@@ -20,6 +20,16 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
+class AllocationContext:
+    """The op being emulated, so that allocations it makes can name it (set only while a
+    sink listens)."""
+
+    op_id: int | None = None
+
+
+context = AllocationContext()
+
+
 class MemoryStats:
     """Live and peak bytes of one device, with the counters `memory_stats` reports."""
 
@@ -115,7 +125,8 @@ def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
     stats.allocated_total += nbytes
     stats.peak = max(stats.peak, in_use)
     if hub.active:
-        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use, op_id))
+        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use,
+                                        op_id if op_id is not None else context.op_id))
     return storage
 
 
@@ -140,7 +151,8 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     stats.allocated_total += nbytes
     stats.peak = max(stats.peak, in_use)
     if hub.active:
-        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use, op_id))
+        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use,
+                                        op_id if op_id is not None else context.op_id))
 
 
 def host_storage_of(storage: torch.UntypedStorage) -> torch.UntypedStorage:

@@ -32,6 +32,7 @@ _host_empty = torch.empty
 _alias = torch.ops.aten.alias.default
 _state = runtime.state
 _record = runtime.record_eager
+_begin_op = runtime.begin_op
 
 # Ops that accept host tensors next to neuron ones, as CUDA's do (indices are moved).
 _HOST_OPERANDS_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_",
@@ -273,6 +274,7 @@ def run_op(op, args: tuple, kwargs: dict):
     """Run one aten op on neuron tensors: the boxed fallback for PrivateUse1."""
     real_start = _perf_ns()
     host_start = _clock_now()
+    op_id = _begin_op()
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)
@@ -286,7 +288,7 @@ def run_op(op, args: tuple, kwargs: dict):
         if _state.accounting:
             key = (info.name, tuple((a.shape, a.dtype) for a in args if isinstance(a, _Tensor)),
                    _out_sig(result), ())
-            _record(device, key, real_start, host_start)
+            _record(device, key, real_start, host_start, op_id)
         else:
             clock.exclude(_perf_ns() - real_start)
         return result
@@ -314,7 +316,7 @@ def run_op(op, args: tuple, kwargs: dict):
 
     if _state.accounting:
         key = (info.name, tuple(conv.sig), out_sig, _attrs(info, args, kwargs))
-        _record(device, key, real_start, host_start)
+        _record(device, key, real_start, host_start, op_id)
         if not isinstance(result, (_Tensor, list, tuple)) and result is not None:
             runtime.synchronize(device.index, "item")  # the host read device data
     else:

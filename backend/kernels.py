@@ -43,9 +43,10 @@ def _contiguous_strides(size) -> tuple[int, ...]:
 
 
 def _account(device, name: str, inputs: tuple, outputs: tuple, attrs: tuple,
-             real_start: int, host_start: int) -> None:
+             real_start: int, host_start: int, op_id: int | None = None) -> None:
     if _state.accounting:
-        runtime.record_eager(device, (name, inputs, outputs, attrs), real_start, host_start)
+        runtime.record_eager(device, (name, inputs, outputs, attrs), real_start, host_start,
+                             op_id)
     else:
         clock.exclude(_perf_ns() - real_start)
 
@@ -61,6 +62,7 @@ def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -
 
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     real_start, host_start = _perf_ns(), clock.now()
+    op_id = runtime.begin_op()
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
     if memory_format is None or memory_format == torch.contiguous_format:
@@ -68,16 +70,18 @@ def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
     else:
         stride = torch.empty(size, dtype=dtype, device="meta", memory_format=memory_format).stride()
     out = new_tensor(tuple(size), stride, dtype, dev)
-    _account(dev, "aten::empty", (), ((out.shape, dtype),), (), real_start, host_start)
+    _account(dev, "aten::empty", (), ((out.shape, dtype),), (), real_start, host_start, op_id)
     return out
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     real_start, host_start = _perf_ns(), clock.now()
+    op_id = runtime.begin_op()
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
     out = new_tensor(tuple(size), tuple(stride), dtype, dev)
-    _account(dev, "aten::empty_strided", (), ((out.shape, dtype),), (), real_start, host_start)
+    _account(dev, "aten::empty_strided", (), ((out.shape, dtype),), (), real_start, host_start,
+             op_id)
     return out
 
 
@@ -119,6 +123,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
             memory_format=None):
     """`.to(...)` of a neuron tensor: to the host (a sync point), or to a neuron device."""
     real_start, host_start = _perf_ns(), clock.now()
+    op_id = runtime.begin_op()
     target = device if device is not None else self.device
     from_host = self.device.type != "neuron"
     host = (self if from_host else host_view(self)).to(
@@ -127,19 +132,19 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         dst_dev = devices.get(target.index)
         out = dispatch.to_device(host, dst_dev)
         _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),),
-                 ((out.shape, out.dtype),), TO_DEVICE, real_start, host_start)
+                 ((out.shape, out.dtype),), TO_DEVICE, real_start, host_start, op_id)
         return out
     src_dev = devices.get(self.device.index)
     if target.type != "neuron":
         _account(src_dev, "aten::_to_copy", ((self.shape, self.dtype),),
-                 ((host.shape, host.dtype),), TO_HOST, real_start, host_start)
+                 ((host.shape, host.dtype),), TO_HOST, real_start, host_start, op_id)
         if _state.accounting:
             runtime.synchronize(src_dev.index, sync_kind[-1] if sync_kind else "cpu")
         return host
     dst_dev = devices.get(target.index if target.index is not None else None)
     out = dispatch.to_device(host, dst_dev)
     _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),), ((out.shape, out.dtype),),
-             ON_DEVICE, real_start, host_start)
+             ON_DEVICE, real_start, host_start, op_id)
     return out
 
 

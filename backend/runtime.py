@@ -40,6 +40,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 from neuron_explorer.backend import devices
+from neuron_explorer.backend.allocator import context as allocation_context
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import Instruction, KernelRun, OpLaunch, SyncWait, hub
 
@@ -50,6 +51,14 @@ OpKey = tuple  # (op_name, ((shape, dtype), ...) inputs, ((shape, dtype), ...) o
 _op_ids = itertools.count(1)
 _kernel_ids = itertools.count(1)
 new_op_id = _op_ids.__next__
+
+
+def begin_op() -> int:
+    """A fresh op id for the op about to be emulated; its allocations will name it."""
+    op_id = next(_op_ids)
+    if hub.active and state.accounting:
+        allocation_context.op_id = op_id
+    return op_id
 
 
 class Lowered(NamedTuple):
@@ -238,13 +247,16 @@ def set_eager_policy(policy: EagerPolicy | None) -> None:
 
 
 def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
-                 host_start_ns: int) -> int:
+                 host_start_ns: int, op_id: int | None = None) -> int:
     """Account one dispatched eager op: submit it, emit its OpLaunch, settle the host clock.
 
     Called at the end of the op's emulation; `real_start_ns`/`host_start_ns` are the real
-    and host clocks when dispatch began. Returns the op id.
+    and host clocks when dispatch began; `op_id` is the one `begin_op` gave (a new one
+    if None). Returns the op id.
     """
-    op_id = next(_op_ids)
+    if op_id is None:
+        op_id = next(_op_ids)
+    allocation_context.op_id = None
     overhead = device.preset.host_launch_overhead_ns
     launched = state.policy.submit(device, key, op_id, host_start_ns + overhead)
     if not launched.kernel_ids:

@@ -155,3 +155,13 @@ def test_views_launch_nothing_and_cost_no_launch_overhead(recorder):
     assert op.name == "aten::view" and op.kernel_ids == ()
     assert op.host_end_ns == op.host_start_ns
     assert recorder.kernels == []
+
+
+def test_allocations_name_the_op_that_made_them(recorder):
+    x = torch.randn(16).to("neuron")
+    recorder.memory.clear()
+    y = x * 2
+    (op,) = [o for o in recorder.ops if o.name == "aten::mul"]
+    (alloc,) = [m for m in recorder.memory if m.delta_bytes > 0]
+    assert alloc.op_id == op.op_id and alloc.delta_bytes == 64
+    assert y.device == x.device
