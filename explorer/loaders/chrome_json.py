@@ -191,9 +191,15 @@ def _as_int(value: Any) -> int:
 
 
 def bind_flow_points(
-    slices: pd.DataFrame, track: np.ndarray, ts: np.ndarray, enclosing: np.ndarray
+    slices: pd.DataFrame, track: np.ndarray, ts: np.ndarray, enclosing: np.ndarray,
+    parent_of: np.ndarray | None = None, begin_ts: np.ndarray | None = None,
+    begin_end: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Slice id each flow end binds to: the deepest slice enclosing it, or the next one."""
+    """Slice id each point binds to: the deepest slice enclosing it, or the next one.
+
+    `slices` may be a subset of the slices; `parent_of`, `begin_ts`, `begin_end` (indexed
+    by id) then describe all of them (default: taken from `slices`, ids = rows).
+    """
     if not len(slices) or not len(track):
         return np.full(len(track), -1, np.int64)
     order = np.lexsort((slices["depth"].to_numpy(), slices["ts"].to_numpy(),
@@ -201,8 +207,12 @@ def bind_flow_points(
     s_track = slices["track_id"].to_numpy()[order]
     s_ts = slices["ts"].to_numpy()[order]
     s_end = s_ts + np.maximum(slices["dur"].to_numpy()[order], 0)
-    parent = slices["parent_id"].to_numpy()
     s_id = slices["id"].to_numpy()[order]
+    if parent_of is None:
+        parent_of = slices["parent_id"].to_numpy()
+        begin_ts = slices["ts"].to_numpy()
+        begin_end = begin_ts + np.maximum(slices["dur"].to_numpy(), 0)
+    assert begin_ts is not None and begin_end is not None
     # Search within each track: offset times by track so blocks never interleave.
     span = int(max(s_end.max(), ts.max()) - min(s_ts.min(), ts.min()) + 2)
     base = min(int(s_ts.min()), int(ts.min()))
@@ -215,16 +225,14 @@ def bind_flow_points(
     cand = np.where(right >= 0, right, 0)
     ok = (right >= 0) & (s_track[cand] == track)
     found = np.where(ok, s_id[cand], -1)
-    id_ts = slices["ts"].to_numpy()
-    id_end = id_ts + np.maximum(slices["dur"].to_numpy(), 0)
     for _ in range(64):
         live = found >= 0
         f = np.where(live, found, 0)
-        inside = live & (id_ts[f] <= ts) & ((ts < id_end[f]) | (id_ts[f] == ts))
+        inside = live & (begin_ts[f] <= ts) & ((ts < begin_end[f]) | (begin_ts[f] == ts))
         climb = live & ~inside
         if not climb.any():
             break
-        found = np.where(climb, parent[f], found)
+        found = np.where(climb, parent_of[f], found)
     out[enclosing] = found[enclosing]
     # next slice: first starting at or after ts on the same track
     nxt = np.minimum(left, len(skey) - 1)

@@ -164,8 +164,8 @@ def map_values(values: np.ndarray, fn: Any) -> np.ndarray:
     """fn applied once per distinct value of an object array."""
     if not len(values):
         return np.zeros(0, object)
-    uniq, inverse = np.unique(values.astype(str), return_inverse=True)
-    return np.asarray([fn(u) for u in uniq.tolist()], object)[inverse]
+    codes, uniques = pd.factorize(values)
+    return np.asarray([fn(u) for u in uniques.tolist()] + [fn("")], object)[codes]
 
 
 def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -331,13 +331,17 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     s_depth = np.r_[depth, np.zeros(len(inst_ev), np.int64)]
     s_parent = np.r_[parent, np.full(len(inst_ev), -1, np.int64)]
     if len(inst_ev) and len(b_ev):
-        pre, pre_order = build_slices(ev_track[b_ev], ev_ts[b_ev], b_dur, ev_name[b_ev],
-                                      ev_cat[b_ev], ev_cat[b_ev], depth, parent)
+        # an instant's parent: the deepest slice holding it, among its tracks' slices only
+        near = np.flatnonzero(np.isin(ev_track[b_ev], np.unique(ev_track[inst_ev])))
+        pre = pd.DataFrame({"id": np.arange(len(b_ev)), "ts": ev_ts[b_ev], "dur": b_dur,
+                            "track_id": ev_track[b_ev], "depth": depth, "parent_id": parent}
+                           ).iloc[near]
         host = bind_flow_points(pre, ev_track[inst_ev], ev_ts[inst_ev],
-                                np.ones(len(inst_ev), bool))
+                                np.ones(len(inst_ev), bool), parent_of=parent, begin_ts=ev_ts[b_ev],
+                                begin_end=ev_ts[b_ev] + b_dur)
         ok = host >= 0
-        s_parent[len(b_ev):][ok] = pre_order[host[ok]]
-        s_depth[len(b_ev):][ok] = pre["depth"].to_numpy()[host[ok]] + 1
+        s_parent[len(b_ev):][ok] = host[ok]
+        s_depth[len(b_ev):][ok] = depth[host[ok]] + 1
     kinds = map_values(ev_cat[slice_ev], our_kind)
     slices, order = build_slices(s_track, s_ts, s_dur, ev_name[slice_ev], ev_cat[slice_ev],
                                  kinds, s_depth, s_parent)

@@ -225,6 +225,38 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     next_idx = np.where((j < len(cand)) & (cand[jj] == nxt), j, -1)
     next_idx[(nxt == size) & (llen > 0)] = -2  # clean end
     next_idx[(nxt > size) | (llen < 0)] = -3  # cut off
+    idx, i = _chain_fast(next_idx)
+    if idx is None:
+        idx, i = _chain_walk(next_idx)
+    problem = {-1: "corrupt", -2: None, -3: "truncated"}[i]
+    position = int(nxt[idx[-1]]) if len(idx) else 0  # where the good packets stop
+    return body[idx], nxt[idx], problem, position
+
+
+def _chain_fast(next_idx: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """The chain of packets from candidate 0, without a Python loop when it is clean.
+
+    A 0x0A byte inside a packet is rarely pointed at by another candidate, so the
+    chain is candidate 0 plus the candidates some candidate points at; it is accepted
+    only if each of them points at the next one. Returns (None, 0) otherwise.
+    """
+    targets = next_idx[next_idx >= 0]
+    on = np.zeros(len(next_idx), bool)
+    on[0] = True
+    on[targets] = True
+    idx = np.flatnonzero(on)
+    if not (next_idx[idx[:-1]] == idx[1:]).all():
+        return None, 0
+    last = int(next_idx[idx[-1]])
+    if last >= 0:
+        return None, 0
+    if last == -3:
+        idx = idx[:-1]
+    return idx.astype(np.int64), last
+
+
+def _chain_walk(next_idx: np.ndarray) -> tuple[np.ndarray, int]:
+    """The chain of packets from candidate 0, followed one packet at a time."""
     chain = next_idx.tolist()
     picked = []
     i = 0
@@ -233,10 +265,7 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
         i = chain[i]
     if i == -3:
         picked.pop()
-    idx = np.asarray(picked, np.int64)
-    problem = {-1: "corrupt", -2: None, -3: "truncated"}[i]
-    position = int(nxt[idx[-1]]) if len(idx) else 0  # where the good packets stop
-    return body[idx], nxt[idx], problem, position
+    return np.asarray(picked, np.int64), i
 
 
 def read_message(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
