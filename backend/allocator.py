@@ -73,12 +73,15 @@ class MemoryStats:
 class Block:
     """Owns the host buffer behind one neuron storage; releasing it frees device bytes."""
 
-    __slots__ = ("__weakref__", "host", "nbytes", "stats")
+    __slots__ = ("__weakref__", "host", "nbytes", "stats", "views")
 
     def __init__(self, host: torch.UntypedStorage, nbytes: int, stats: MemoryStats) -> None:
         self.host = host
         self.nbytes = nbytes
         self.stats = stats
+        # CPU views of this memory by (offset, shape, stride, dtype): kept here, not on
+        # the tensors, so that pickling a tensor never carries a host copy along.
+        self.views: dict[tuple, torch.Tensor] = {}
 
     def __del__(self) -> None:
         stats = self.stats
@@ -139,13 +142,13 @@ def adopt(stats: MemoryStats, host: torch.UntypedStorage, device: torch.device,
 
 
 def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.UntypedStorage,
-           op_id: int | None = None) -> None:
+           op_id: int | None = None) -> Block:
     """Make `host` the memory behind neuron `storage` (which already points at it)."""
     nbytes = host.nbytes()
     in_use = stats.in_use + nbytes
     if in_use > stats.capacity:
         raise _out_of_memory(stats, nbytes)
-    storage._neuron_block = Block(host, nbytes, stats)
+    storage._neuron_block = block = Block(host, nbytes, stats)
     stats.in_use = in_use
     stats.alloc_count += 1
     stats.allocated_total += nbytes
@@ -153,6 +156,7 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     if hub.active:
         hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use,
                                         op_id if op_id is not None else context.op_id))
+    return block
 
 
 def host_storage_of(storage: torch.UntypedStorage) -> torch.UntypedStorage:

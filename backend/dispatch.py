@@ -86,20 +86,21 @@ class OpInfo:
 _infos: dict[object, OpInfo] = {}
 
 
-def host_view(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor over the same memory as neuron tensor `t`.
+_MAX_VIEWS_PER_STORAGE = 8  # slicing in a loop must not grow the cache without bound
 
-    The view is kept on the tensor and reused while its geometry still matches (an
-    in-place metadata change such as `t_()` or `set_` makes it rebuild).
-    """
-    host = getattr(t, "_neuron_host", None)
-    if host is not None and host.data_ptr() == t.data_ptr() and host.shape == t.shape \
-            and host.stride() == t.stride():
-        return host
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the same memory as neuron tensor `t` (cached per storage and
+    geometry, so an in-place metadata change such as `t_()` finds a different view)."""
     block = t.untyped_storage()._neuron_block
-    host = _host_empty(0, dtype=t.dtype).set_(block.host, t.storage_offset(), t.size(),
-                                              t.stride())
-    t._neuron_host = host
+    offset, shape, stride, dtype = t.storage_offset(), t.shape, t.stride(), t.dtype
+    views = block.views
+    host = views.get((offset, shape, stride, dtype))
+    if host is None:
+        if len(views) >= _MAX_VIEWS_PER_STORAGE:
+            views.clear()
+        host = _host_empty(0, dtype=dtype).set_(block.host, offset, shape, stride)
+        views[(offset, shape, stride, dtype)] = host
     return host
 
 
@@ -143,13 +144,14 @@ def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
         storage = out.untyped_storage()
         storage._swap_data_ptr_(_construct_storage(host.data_ptr(), device.torch_device,
                                                    host.nbytes()))
-        attach(device.memory, storage, host)
+        block = attach(device.memory, storage, host)
     else:
         storage = adopt(device.memory, host, device.torch_device)
+        block = storage._neuron_block
         out = blank_tensor(device.index, cpu.dtype)
         _redispatch_set(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
                         cpu.stride())
-    out._neuron_host = cpu
+    block.views[(cpu.storage_offset(), cpu.shape, cpu.stride(), cpu.dtype)] = cpu
     return out
 
 
@@ -184,15 +186,10 @@ class _Converter:
             if self.index >= 0:
                 raise _device_mismatch(torch.device("neuron", self.index), dev)
             self.index = index
-        shape = t.shape
-        self.sig.append((shape, t.dtype))
-        # host_view, inlined: reuse the cached view while its geometry still matches.
-        host = getattr(t, "_neuron_host", None)
-        if host is None or host.data_ptr() != t.data_ptr() or host.shape != shape \
-                or host.stride() != t.stride():
-            host = host_view(t)
+        self.sig.append((t.shape, t.dtype))
+        host = host_view(t)
         if self.originals is not None:
-            self.originals[id(host)] = t
+            self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
 
     def value(self, v):
@@ -258,7 +255,9 @@ def _reclaim(host: torch.Tensor, originals: dict, device: devices.NeuronDevice):
     if neuron is None:
         return to_device(host, device)
     if host.shape != neuron.shape or host.data_ptr() != neuron.data_ptr():
-        # The op resized its out= tensor, so the host view moved to new memory: adopt it.
+        # The op resized its out= tensor, so the host view moved to new memory: adopt it,
+        # and forget the old storage's views (the resized one no longer fits its key).
+        neuron.untyped_storage()._neuron_block.views.clear()
         storage = adopt(device.memory, host.untyped_storage(), device.torch_device)
         _set_storage.redispatch(_CPU_KEYS, neuron, storage, host.storage_offset(), host.size(),
                                 host.stride())

@@ -132,3 +132,25 @@ def test_conv_and_batchnorm_backward_match_cpu():
     twin(x.to("neuron")).square().mean().backward()
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.allclose(p.grad, q.grad.cpu(), atol=1e-5)
+
+
+def test_pickled_tensors_carry_no_host_copies():
+    import io
+    import pickle
+
+    x = torch.randn(64, 64, device="neuron") * 2
+    x.add_(1)  # uses (and caches) the host view of x
+    buffer = io.BytesIO()
+    torch.save(x, buffer)
+    assert len(buffer.getvalue()) < 2 * x.numel() * 4  # one copy of the data, not two
+    assert pickle.loads(pickle.dumps(x.cpu())).shape == (64, 64)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=True).cpu(), x.cpu())
+
+
+def test_in_place_op_on_an_alias_returns_self():
+    x = torch.ones(3, device="neuron")
+    alias = x.view_as(x)
+    result = x.add_(alias)
+    assert result is x
+    assert x.tolist() == [2.0, 2.0, 2.0]
