@@ -88,11 +88,17 @@ class Trace:
         value = self.metadata.get(tf.META_HARDWARE)
         return str(value) if value else None
 
-    @property
+    @cached_property
     def hardware_figures(self) -> dict[str, Any] | None:
-        """Peak figures of the hardware (from the trace's metadata), or None."""
+        """Peak figures of the hardware (from the trace's metadata), or None; `ridge` adds the
+        roofline's ridge point in FLOP/byte (BF16 peak / HBM bandwidth) when both are known."""
+        from neuron_explorer.peaks import ridge_point
+
         figures = self.metadata.get(tf.META_HARDWARE_FIGURES)
-        return figures if isinstance(figures, dict) and figures else None
+        if not isinstance(figures, dict) or not figures:
+            return None
+        ridge = ridge_point(figures)
+        return {**figures, "ridge": ridge} if ridge else dict(figures)
 
     def table(self, name: str) -> pd.DataFrame:
         """A table by name (the names `sql` knows)."""

@@ -139,3 +139,34 @@ def test_empty_frames_on_cpu_only_trace(load_real) -> None:
     assert dev[dev["side"] == "device"]["category"].tolist() == ["idle"]
     assert t.bottlenecks() == []
     assert t.summary()["n_kernels"] == 0
+
+
+FACADE = ("summary", "breakdown", "idle_reasons", "op_stats", "module_stats", "kernel_stats",
+          "engine_utilisation", "efficiency", "roofline", "memory_timeline", "memory_at_peak",
+          "compile_summary", "bottlenecks")
+
+
+@pytest.mark.parametrize("name", [
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+    "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "trace_filter__sampled_rank-0.json.gz",
+    "mtia_trace_single_rank__mtia_rank_0.json.gz",
+])
+def test_facade_on_real_traces(load_real, name: str) -> None:
+    """Every facade method answers on traces without engines or hardware figures."""
+    t = load_real(name)
+    for method in FACADE:
+        assert getattr(t, method)() is not None, method
+    bd = t.breakdown()
+    for _, part in bd.groupby(["step", "side"]):
+        assert part["share"].sum() == pytest.approx(1.0)
+    s = t.summary()
+    assert s["source_format"] == "kineto_json" and s["mfu"] is None
+    if len(t.kernels):
+        assert 0 < s["device_busy_share"] <= 1
+        assert t.kernel_stats()["count"].sum() == len(t.kernels)
+
+
+def test_ridge_in_hardware_figures(basic_pf: neuron_explorer.Trace) -> None:
+    assert basic_pf.hardware_figures["ridge"] == pytest.approx(1000)
