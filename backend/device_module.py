@@ -94,7 +94,13 @@ def manual_seed(seed: int) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
-    """Seed every device's random stream (`torch.manual_seed` calls this)."""
+    """Seed every device's random stream (`torch.manual_seed` calls this).
+
+    Before the devices exist the seed is kept for them, so that seeding never needs the
+    hardware preset (a CPU-only program with a bad NEURON_HARDWARE still seeds)."""
+    if not devices.initialized():
+        devices.pending_seed = int(seed)
+        return
     for dev in devices.devices():
         dev.generator.manual_seed(int(seed))
 

@@ -36,7 +36,8 @@ class NeuronDevice:
         self.memory = MemoryStats(index, _hbm_share(preset))
         # Random ops on this device draw from their own stream, as on CUDA.
         self.generator = torch.Generator()
-        self.generator.manual_seed(torch.initial_seed())
+        self.generator.manual_seed(pending_seed if pending_seed is not None
+                                   else torch.initial_seed())
 
 
 def _hbm_share(preset) -> int:
@@ -48,6 +49,12 @@ def _hbm_share(preset) -> int:
 _devices: list[NeuronDevice] = []
 _preset = None
 current_index = 0
+pending_seed: int | None = None  # seed given before the devices existed
+
+
+def initialized() -> bool:
+    """Whether the devices (and so the preset) have been set up."""
+    return bool(_devices)
 
 
 def preset_name() -> str:
