@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import math
 
 import numpy as np
+from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.theme import category_colour
 from neuron_explorer.webapp.timeline_index import SUMMARY_ID, TimelineIndex, WindowRows
 
@@ -49,10 +51,11 @@ def timeline_figure(
             # a plain list: Dash passes customdata of a clicked point only from plain arrays
             "customdata": window.ids[pick].tolist(),
             "text": names[pick].tolist(),
+            "hovertext": [f"{n} · {fmt.duration(d)}" for n, d in zip(names[pick], window.end[pick] - window.start[pick])],
             "textposition": "inside",
             "insidetextanchor": "start",
             "textfont": {"color": "#ffffff"},
-            "hovertemplate": "%{text}<br>%{base:.3f} µs + %{x:.3f} µs<extra>" + cat + "</extra>",
+            "hovertemplate": "%{hovertext}<extra>" + cat + "</extra>",
             "marker": {"color": category_colour(cat), "line": {"width": 0}},
             "width": 0.8,
             "showlegend": False,
@@ -80,7 +83,8 @@ def timeline_figure(
             "margin": {"l": 190, "r": 20, "t": 30, "b": 40},
             "xaxis": {
                 "range": [float(to_us(window.t0, origin)), float(to_us(window.t1, origin))],
-                "title": {"text": "time since trace start (µs)"},
+                "title": {"text": "time since trace start"},
+                **time_ticks(window.t0, window.t1, origin),
                 "showgrid": True,
                 "gridcolor": "#eceff3",
                 "zeroline": False,
@@ -105,6 +109,20 @@ def timeline_figure(
             "uirevision": "timeline",
         },
     }
+
+
+def time_ticks(t0: int, t1: int, origin: int, target: int = 8) -> dict:
+    """About `target` ticks at round times, labelled in the unit that reads best (2.221 s, 14.5 ms)."""
+    span = max(t1 - t0, 1)
+    raw = span / target
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil((t0 - origin) / step) * step
+    ticks = np.arange(first, t1 - origin + 1, step)
+    unit, size = next((u, z) for u, z in (("s", 1e9), ("ms", 1e6), ("µs", 1e3), ("ns", 1.0)) if step / z >= 1e-3)
+    decimals = max(0, math.ceil(-math.log10(step / size) - 1e-9))
+    labels = [f"{t / size:,.{decimals}f} {unit}" for t in ticks]
+    return {"tickmode": "array", "tickvals": (ticks / NS_PER_US).tolist(), "ticktext": labels}
 
 
 def _selection_shapes(index: TimelineIndex, window: WindowRows, selected, partners) -> list[dict]:

@@ -71,10 +71,12 @@ class WindowRows:
 class TimelineIndex:
     """Per-track, per-depth sorted arrays of a trace's slices, answering window queries."""
 
-    def __init__(self, slices: pd.DataFrame, tracks: pd.DataFrame, counters: pd.DataFrame) -> None:
+    def __init__(self, slices: pd.DataFrame, tracks: pd.DataFrame, counters: pd.DataFrame,
+                 fold_dma: bool = True) -> None:
         self.slice_rows: list[SliceRow] = []
         self.counter_rows: list[CounterRow] = []
-        self._build_slice_rows(slices, tracks)
+        self.folded_dma_queues = 0  # DMA queue tracks drawn as one row per device
+        self._build_slice_rows(slices, tracks, fold_dma)
         self._build_counter_rows(counters, tracks)
         self._build_lookup(slices)
         starts = [r.ts[0] for r in self.slice_rows if r.ts.size] + [
@@ -89,11 +91,19 @@ class TimelineIndex:
             self.end_ns = self.start_ns + 1
 
     # -- building ---------------------------------------------------------------
-    def _build_slice_rows(self, slices: pd.DataFrame, tracks: pd.DataFrame) -> None:
+    def _build_slice_rows(self, slices: pd.DataFrame, tracks: pd.DataFrame, fold_dma: bool) -> None:
         if slices is None or slices.empty:
             return
         track_id = slices["track_id"].to_numpy(dtype=np.int64)
         depth = np.minimum(slices["depth"].to_numpy(dtype=np.int64), MAX_DEPTH_ROWS - 1)
+        folded = _dma_groups(tracks) if fold_dma else {}
+        if folded:
+            # A device has up to 256 DMA queues: one row per device keeps the timeline readable.
+            group = pd.Series(track_id).map({t: g for g, members in folded.items() for t in members})
+            in_group = group.notna().to_numpy()
+            track_id = np.where(in_group, group.fillna(-1).to_numpy(dtype=np.int64), track_id)
+            depth = np.where(in_group, 0, depth)
+            self.folded_dma_queues = sum(len(m) for m in folded.values())
         ts = slices["ts"].to_numpy(dtype=np.int64)
         end = ts + slices["dur"].to_numpy(dtype=np.int64).clip(min=0)
         ids = slices["id"].to_numpy(dtype=np.int64)
@@ -113,6 +123,8 @@ class TimelineIndex:
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
             sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
             label = f"{name}" if d == 0 else f"{name} · {d}"
+            if tid in folded:
+                label = f"DMA ({len(folded[tid])} queues)"
             row = SliceRow(
                 label=label, track_id=tid, kind=kind, ts=ts[a:b], end=end[a:b],
                 end_max=np.maximum.accumulate(end[a:b]), ids=ids[a:b],
@@ -267,6 +279,19 @@ def _counter_window(c: CounterRow, t0: int, t1: int, bucket: float):
         ts = np.maximum(ts[starts], t0)
         values = np.maximum.reduceat(values, starts)
     return ts, values
+
+
+def _dma_groups(tracks: pd.DataFrame) -> dict[int, list[int]]:
+    """First DMA track of each process -> all its DMA tracks, for processes with several."""
+    if tracks is None or tracks.empty or "kind" not in tracks.columns:
+        return {}
+    dma = tracks[tracks["kind"] == "dma"]
+    groups = {}
+    for _, g in dma.groupby("process", sort=False):
+        members = sorted(int(t) for t in g["track_id"])
+        if len(members) > 1:
+            groups[members[0]] = members
+    return groups
 
 
 def _natural(text: str) -> tuple:

@@ -225,6 +225,15 @@ def test_a_recorded_trace_from_finding_to_evidence(recorded_demo, driver):
         assert "/timeline" in driver.current_url and "select=" in driver.current_url
         wait_for(driver, ".link-button", text="comes from op").click()  # back to the op that launched it
         wait_for(driver, "#slice-fields", text="category op")
+        rows = "return document.querySelector('#timeline-graph .js-plotly-plot').layout.yaxis.ticktext.length;"
+        folded = driver.execute_script(rows)
+        driver.execute_script("window.scrollTo(0, 0);")  # the sticky header must not cover the box
+        wait_for(driver, "#timeline-dma input").click()  # unfold the DMA queues
+        for _ in range(100):
+            if driver.execute_script(rows) > folded:
+                break
+            time.sleep(0.1)
+        assert driver.execute_script(rows) > folded + 1
         for path in ("/tables", "/engines", "/roofline", "/memory", "/compile"):
             driver.get(f"{url}{path}?trace={recorded_demo.name}")
             wait_for(driver, ".panel", timeout=20)

@@ -80,3 +80,13 @@ def test_timeline_figure_payload_is_compact_typed_arrays():
     assert sum(len(t["text"]) for t in bars) == window.n_bars
     assert len(payload["layout"]["shapes"]) == 2  # the selection outline and one flow line
     assert len(json.dumps(payload)) < 2_000_000
+
+
+def test_time_axis_ticks_are_round_and_read_in_a_fitting_unit():
+    from neuron_explorer.webapp.timeline_figure import time_ticks
+
+    ticks = time_ticks(2_221_000_000, 2_229_000_000, origin=0)
+    assert ticks["ticktext"][:2] == ["2.221 s", "2.222 s"]
+    assert ticks["tickvals"][0] == 2_221_000.0  # µs since the origin, the axis unit
+    assert time_ticks(5_000_000, 5_200_000, origin=0)["ticktext"][1] == "5.05 ms"
+    assert time_ticks(1_000, 1_050, origin=1_000)["ticktext"][0] == "0.00 µs"

@@ -88,3 +88,17 @@ def test_table_position_points_into_the_slices_table():
     some_id = int(trace.ops["id"].iloc[3])
     assert trace.slices.iloc[index.table_position(some_id)]["id"] == some_id
     assert index.table_position(-5) is None
+
+
+def test_dma_queues_fold_into_one_row_per_device_unless_asked():
+    tracks = pd.DataFrame({"track_id": [1, 5, 6, 7], "name": ["main", "DMA q0", "DMA q1", "DMA q10"],
+                           "kind": ["thread", "dma", "dma", "dma"],
+                           "process": ["host", "neuron:0 (trn2)", "neuron:0 (trn2)", "neuron:0 (trn2)"],
+                           "pid": [1, 2, 2, 2], "tid": [1, 5, 6, 7], "device": [-1, 0, 0, 0]})
+    df = _slices([(1, 0, 100, "op", "op", 1, 0), (2, 0, 50, "d", "dma", 5, 0), (3, 10, 50, "d", "dma", 6, 0),
+                  (4, 20, 50, "d", "dma", 7, 0)])
+    folded = TimelineIndex(df, tracks, pd.DataFrame())
+    assert folded.labels == ["main", "DMA (3 queues)"]
+    assert folded.row_of(4) == 1 and folded.query(0, 100, 1000).n_bars == 4
+    every = TimelineIndex(df, tracks, pd.DataFrame(), fold_dma=False)
+    assert every.labels == ["main", "DMA q0", "DMA q1", "DMA q10"]

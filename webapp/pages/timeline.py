@@ -27,10 +27,10 @@ ARG_ORDER = ["shapes", "dtypes", "flops", "hw_flops", "bytes", "module", "source
              "op_id", "kernel_id", "engine", "opcode", "device", "fallback", "graph_id", "kind", "reason"]
 
 
-def timeline_index(store, name: str) -> TimelineIndex:
+def timeline_index(store, name: str, fold_dma: bool = True) -> TimelineIndex:
     """The trace's timeline index, built on first use and kept with the trace."""
-    return store.derived(name, "timeline-index", lambda trace: TimelineIndex(
-        slice_table(trace), table(trace, "tracks"), table(trace, "counters")))
+    return store.derived(name, f"timeline-index-{fold_dma}", lambda trace: TimelineIndex(
+        slice_table(trace), table(trace, "tracks"), table(trace, "counters"), fold_dma=fold_dma))
 
 
 def slice_table(trace: Any) -> pd.DataFrame:
@@ -49,9 +49,10 @@ def slice_args(trace: Any, slice_id: int, row: pd.Series) -> dict:
     return args if isinstance(args, dict) else {}
 
 
-def window_answer(store, name: str, t0: int, t1: int, selected: int | None) -> tuple[dict, str]:
+def window_answer(store, name: str, t0: int, t1: int, selected: int | None,
+                  fold_dma: bool = True) -> tuple[dict, str]:
     """The figure for a window and the status line saying what it shows."""
-    index = timeline_index(store, name)
+    index = timeline_index(store, name, fold_dma)
     window = index.query(t0, t1, WIDTH_PX)
     partners = flow_partners(store.get(name), selected) if selected is not None else []
     figure = timeline_figure(index, window, selected, [p for p, _ in partners])
@@ -63,13 +64,18 @@ def window_answer(store, name: str, t0: int, t1: int, selected: int | None) -> t
 
 
 def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
-    index = timeline_index(ctx.store, name)
+    fold = params.get("dma") != "all"
+    index = timeline_index(ctx.store, name, fold)
     if not index.slice_rows and not index.counter_rows:
         return html.Div([page_title(TITLE, name), notice("This trace has no slices or counters to draw.")])
     t0 = _int(params.get("start"), index.start_ns)
     t1 = _int(params.get("end"), index.end_ns)
     selected = _int(params.get("select"), None)
-    figure, status = window_answer(ctx.store, name, t0, t1, selected)
+    figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
+    dma_toggle = dcc.Checklist(
+        id="timeline-dma", options=[{"label": " every DMA queue on its own row", "value": "all"}],
+        value=[] if fold else ["all"], className="dma-toggle",
+        style={} if (index.folded_dma_queues or not fold) else {"display": "none"})
     details = slice_details(trace, index, selected) if selected is not None else _hint()
     return html.Div([
         page_title(TITLE, name),
@@ -77,9 +83,11 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             html.Button("Zoom in", id="timeline-zoom-in", className="button"),
             html.Button("Zoom out", id="timeline-zoom-out", className="button"),
             html.Button("Whole trace", id="timeline-reset", className="button"),
+            dma_toggle,
             html.Span(status, id="timeline-status", className="timeline-status"),
         ], className="toolbar"),
-        dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1, "selected": selected}),
+        dcc.Store(id="timeline-state",
+                  data={"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold}),
         html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
                  className="panel timeline-panel"),
         html.Div(details, id="timeline-details", className="panel details"),
@@ -110,6 +118,8 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         return t0 - span // 2, t1 + span // 2, selected
     if trigger == "timeline-reset":
         return index.start_ns, index.end_ns, selected
+    if trigger == "timeline-dma":
+        return t0, t1, selected
     if trigger == "timeline-graph.relayoutData" and relayout:
         if relayout.get("xaxis.autorange"):
             return index.start_ns, index.end_ns, selected
@@ -154,27 +164,31 @@ def register(app: dash.Dash, ctx) -> None:
         Input("timeline-zoom-in", "n_clicks"),
         Input("timeline-zoom-out", "n_clicks"),
         Input("timeline-reset", "n_clicks"),
+        Input("timeline-dma", "value"),
         Input({"type": "timeline-link", "slice": ALL}, "n_clicks"),
         State("timeline-state", "data"),
         prevent_initial_call=True,
     )
-    def update(relayout, click, _zin, _zout, _reset, _links, state):
+    def update(relayout, click, _zin, _zout, _reset, dma, _links, state):
         triggered = dash.ctx.triggered
-        if not state or not triggered or triggered[0].get("value") in (None, 0, []):
-            raise PreventUpdate
         trigger = dash.ctx.triggered_id
+        if not state or not triggered or (trigger != "timeline-dma"
+                                          and triggered[0].get("value") in (None, 0, [])):
+            raise PreventUpdate
         if trigger == "timeline-graph":
             trigger = "timeline-graph." + triggered[0]["prop_id"].rsplit(".", 1)[1]
         name = state["trace"]
-        index = timeline_index(ctx.store, name)
+        fold = "all" not in (dma or [])
+        index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
         t0, t1, selected = new_window(state, index, trigger, relayout, click)
         t1 = max(t1, t0 + 1)
-        figure, status = window_answer(ctx.store, name, t0, t1, selected)
+        figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
         details = dash.no_update
         if selected != old_selected and selected is not None:
             details = slice_details(ctx.store.get(name), index, selected)
-        return figure, {"trace": name, "t0": t0, "t1": t1, "selected": selected}, details, status
+        new_state = {"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold}
+        return figure, new_state, details, status
 
 
 def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:
@@ -236,7 +250,8 @@ def _linked(trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: int, s)
 
 def _format_arg(key: str, value) -> str:
     if key in ("flops", "hw_flops") and isinstance(value, (int, float)):
-        return f"{fmt.count(value)}FLOP ({int(value):,})"
+        number, _, prefix = fmt.count(value).partition(" ")
+        return f"{number} {prefix}FLOP ({int(value):,})"
     if key == "bytes" and isinstance(value, (int, float)):
         return f"{fmt.size(value)} ({int(value):,})"
     return str(value)
