@@ -44,8 +44,12 @@ def _tab_body(trace: Any, tab: str) -> list:
         if column in df.columns:
             df = df.sort_values(column, ascending=False)
             break
+    name_column = "module" if "module" in df.columns and "name" not in df.columns else "name"
     return [section(
         f"{label.capitalize()} ({len(df):,})",
+        dcc.Input(id="tables-search", type="search", debounce=True, className="search",
+                  placeholder=f"Search {label} by name…"),
+        dcc.Store(id="tables-name-column", data=name_column),
         html.Div(id="tables-selection", className="selection-bar",
                  children=html.Span("Select a row to open its longest call in the timeline.", className="hint")),
         data_table(df.reset_index(drop=True), "stats-table", page_size=20, selectable=True),
@@ -77,6 +81,17 @@ def register(app: dash.Dash, ctx) -> None:
         if not name or tab not in TABLES:
             raise PreventUpdate
         return _tab_body(ctx.store.get(name), tab)
+
+    @app.callback(
+        Output("stats-table", "filter_query"),
+        Input("tables-search", "value"),
+        State("tables-name-column", "data"),
+        prevent_initial_call=True,
+    )
+    def search(text, column):
+        """The search box filters the name column (the per-column boxes stay available)."""
+        text = (text or "").strip().replace('"', "")
+        return f'{{{column}}} icontains "{text}"' if text else ""
 
     @app.callback(
         Output("tables-selection", "children"),
