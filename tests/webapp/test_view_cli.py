@@ -23,7 +23,7 @@ def test_view_serves_a_folder_on_loopback_and_stops_on_ctrl_c(real_traces_dir, t
         assert "Neuron Explorer" in page
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
 
@@ -32,6 +32,6 @@ def test_view_of_a_bad_trace_fails_in_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_bytes(b"\x00\x01garbage")
     proc = subprocess.run([sys.executable, "-m", "neuron_explorer", "view", str(bad), "--no-browser",
-                           "--port", "0"], capture_output=True, text=True, timeout=60)
+                           "--port", "0"], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "bad.json" in proc.stderr, proc.stderr
