@@ -232,14 +232,20 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
 def _chain_fast(next_idx: np.ndarray) -> tuple[np.ndarray | None, int]:
     """The chain of packets from candidate 0, without a Python loop when it is clean.
 
-    A 0x0A byte inside a packet is rarely pointed at by another candidate, so the
-    chain is candidate 0 plus the candidates some candidate points at; it is accepted
-    only if each of them points at the next one. Returns (None, 0) otherwise.
+    A 0x0A byte inside a packet is rarely pointed at by another candidate, so keeping
+    candidate 0 and the candidates that kept ones point at, a few times over, leaves
+    the chain; it is accepted only if each kept candidate points at the next one.
+    Returns (None, 0) otherwise.
     """
-    targets = next_idx[next_idx >= 0]
-    on = np.zeros(len(next_idx), bool)
-    on[0] = True
-    on[targets] = True
+    on = np.ones(len(next_idx), bool)
+    for _ in range(8):  # keep the candidates pointed at by kept ones, until nothing changes
+        sources = next_idx[on]
+        kept = np.zeros(len(next_idx), bool)
+        kept[0] = True
+        kept[sources[sources >= 0]] = True
+        if (kept == on).all():
+            break
+        on = kept
     idx = np.flatnonzero(on)
     if not (next_idx[idx[:-1]] == idx[1:]).all():
         return None, 0
