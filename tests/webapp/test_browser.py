@@ -84,6 +84,9 @@ def test_every_page_loads_without_console_errors(served, driver):
         driver.get(f"{url}{path}?trace=run_a.json")
         wait_for(driver, "#page", text=marker)
         no_console_errors(driver)
+        fetched = driver.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name);")
+        assert fetched and all(u.startswith(url) for u in fetched), fetched  # offline: nothing external
 
 
 def test_finding_opens_the_timeline_at_its_evidence(served, driver):
