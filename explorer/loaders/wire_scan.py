@@ -161,11 +161,12 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     n = len(start)
     k = max(slots.values(), default=-1) + 1
     top = max([*slots, *repeated, 0]) + 1
-    slot_of = np.full(top + 1, -1, np.int64)
+    # one lookup per field: its slot, REPEATED, or OTHER (numbers >= top count as OTHER)
+    repeated_code, other_code = k, k + 1
+    code_of = np.full(top + 1, other_code, np.int64)
     for number, slot in slots.items():
-        slot_of[number] = slot
-    is_rep = np.zeros(top + 1, bool)
-    is_rep[list(repeated)] = True
+        code_of[number] = slot
+    code_of[list(repeated)] = repeated_code
     value = np.zeros((k, n), np.uint64)
     offset = np.zeros((k, n), np.int64)
     which = np.zeros((k, n), np.int32)
@@ -175,23 +176,20 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi]):
-            msg = msg + np.int32(lo)
-            f = np.minimum(field, top)
-            slot = slot_of[f]
-            slot[field >= top] = -1
-            sc = np.flatnonzero(slot >= 0)
+            code = code_of[np.minimum(field, top)]
+            sc = np.flatnonzero(code < k)
             if len(sc):
-                flat = slot[sc] * n + msg[sc]
+                flat = code[sc] * n + (msg[sc] + lo)
                 value_1d[flat] = val[sc]
                 offset_1d[flat] = off[sc]
                 which_1d[flat] = field[sc]
-            rep = is_rep[f] & (field < top)
-            if rep.any():
-                r = np.flatnonzero(rep)
-                parts.append((msg[r], field[r], wire[r], val[r], off[r]))
-            other = (slot < 0) & ~rep
-            if other.any():
-                others.append(field[other])
+            if len(sc) < len(code):
+                r = np.flatnonzero(code == repeated_code)
+                if len(r):
+                    parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
+                o = code == other_code
+                if o.any():
+                    others.append(field[o])
     if parts:
         rows = Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
     else:
