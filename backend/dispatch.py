@@ -176,15 +176,14 @@ class _Converter:
         )
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        dev = t.device
-        if dev.type != "neuron":
+        index = t.get_device()  # an int: cheaper than building t.device
+        if index < 0:  # a host (or meta) tensor
             if t.dim() == 0 or self.info.host_operands_ok:
                 return t  # host scalars are allowed next to device tensors, as on CUDA
-            raise _device_mismatch(torch.device("neuron", max(self.index, 0)), dev)
-        index = dev.index
+            raise _device_mismatch(torch.device("neuron", max(self.index, 0)), t.device)
         if self.index != index:
             if self.index >= 0:
-                raise _device_mismatch(torch.device("neuron", self.index), dev)
+                raise _device_mismatch(torch.device("neuron", self.index), t.device)
             self.index = index
         self.sig.append((t.shape, t.dtype))
         host = host_view(t)
