@@ -150,6 +150,14 @@ class GroupKernels:
 
     def _matmul_with_epilogue(self, group: FusionGroup) -> Kernel | None:
         anchor, epilogue = group.nodes[0], group.nodes[1:]
+        if (not self._steps(epilogue, 1) and not group.inputs_of(epilogue)
+                and anchor not in group.outputs and len(group.outputs) == 1):
+            # Only copies and views follow: the GEMM stores straight to their result.
+            gemm = self._gemm(anchor, store=True)
+            if gemm is not None:
+                b = KernelBuilder(self.preset, group.name)
+                emit_gemm(b, gemm)
+                return b.build()
         gemm = self._gemm(anchor, store=anchor in group.outputs)
         if gemm is None:  # not a plain GEMM: the anchor's own kernel, then the stream
             return self._stream(group, group.nodes)
