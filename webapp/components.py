@@ -70,8 +70,10 @@ def data_table(df: pd.DataFrame, table_id, page_size: int = 20, selectable: bool
         spec = {"name": str(col), "id": str(col)}
         if pd.api.types.is_numeric_dtype(clean[col]):
             spec["type"] = "numeric"
-            if pd.api.types.is_float_dtype(clean[col]):
-                spec["format"] = {"specifier": ",.4~g"}
+            if "share" in str(col):
+                spec["format"] = {"specifier": ".2~%"}
+            elif pd.api.types.is_float_dtype(clean[col]):
+                spec["format"] = {"specifier": ",.4~r"}
             else:
                 spec["format"] = {"specifier": ","}
         columns.append(spec)

@@ -8,6 +8,7 @@ from dash import html
 from neuron_explorer.webapp.components import graph, notice, page_title, section
 from neuron_explorer.webapp.page_data import fetch
 from neuron_explorer.webapp.theme import breakdown_colour
+from neuron_explorer.webapp.timeline_figure import time_ticks
 
 PATH = "/engines"
 TITLE = "Engines"
@@ -33,7 +34,8 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         })
         means.append((str(engine), float(group["utilisation"].mean()) * 100, colour))
     timeline = {"data": over_time, "layout": {
-        "xaxis": {"title": {"text": "time since first sample (µs)"}, "gridcolor": "#eceff3"},
+        "xaxis": {"title": {"text": "time since first sample"}, "gridcolor": "#eceff3",
+                  **time_ticks(origin, int(df["ts"].max()), origin)},
         "yaxis": {"title": {"text": "busy (%)"}, "range": [0, 105], "gridcolor": "#eceff3"},
         "legend": {"orientation": "h", "y": 1.12},
     }}

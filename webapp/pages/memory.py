@@ -8,6 +8,7 @@ from dash import html
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import data_table, graph, metric, notice, page_title, section
 from neuron_explorer.webapp.page_data import fetch
+from neuron_explorer.webapp.timeline_figure import time_ticks
 
 PATH = "/memory"
 TITLE = "Memory"
@@ -31,7 +32,8 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             })
         peak = df.loc[df["in_use_bytes"].idxmax()]
         figure = {"data": lines, "layout": {
-            "xaxis": {"title": {"text": "time since first sample (µs)"}, "gridcolor": "#eceff3"},
+            "xaxis": {"title": {"text": "time since first sample"}, "gridcolor": "#eceff3",
+                  **time_ticks(origin, int(df["ts"].max()), origin)},
             "yaxis": {"title": {"text": "HBM in use (MiB)"}, "gridcolor": "#eceff3", "rangemode": "tozero"},
             "showlegend": len(lines) > 1,
         }}
