@@ -57,7 +57,7 @@ class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
     __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
-                 "name", "op")
+                 "name", "none_defaults", "op")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -80,6 +80,12 @@ class OpInfo:
             if _base_type(str(a.type)) in _ATTR_TYPES and a.name not in _NOT_ATTRS
         )
         self.has_generator = any(a.name == "generator" for a in schema.arguments)
+        # Keyword arguments whose default is None: passing None explicitly to the host op
+        # costs keyword parsing for nothing, so they are left out when None.
+        self.none_defaults = frozenset(
+            a.name for a in schema.arguments
+            if a.kwarg_only and a.has_default_value() and a.default_value is None
+        )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
 
 
@@ -294,7 +300,12 @@ def run_op(op, args: tuple, kwargs: dict):
     conv = _Converter(info)
     tensor = conv.tensor
     host_args = [tensor(a) if isinstance(a, _Tensor) else conv.value(a) for a in args]
-    host_kwargs = {k: conv.value(v) for k, v in kwargs.items()} if kwargs else {}
+    if kwargs:
+        skip = info.none_defaults
+        host_kwargs = {k: conv.value(v) for k, v in kwargs.items()
+                       if v is not None or k not in skip}
+    else:
+        host_kwargs = {}
     if conv.index < 0:
         device = _device_from_kwargs(kwargs)
         if "device" in host_kwargs:
