@@ -335,4 +335,21 @@ def run_op(op, args: tuple, kwargs: dict):
 
 def fallback(op, *args, **kwargs):
     """Boxed PrivateUse1 fallback."""
-    return run_op(op, args, kwargs)
+    try:
+        return run_op(op, args, kwargs)
+    except BaseException:
+        runtime.abandon_op()
+        raise
+
+
+def kernel_for(op):
+    """A PrivateUse1 kernel running `op` through `run_op` (for ops the fallback cannot reach)."""
+
+    def kernel(*args, **kwargs):
+        try:
+            return run_op(op, args, kwargs)
+        except BaseException:
+            runtime.abandon_op()
+            raise
+
+    return kernel

@@ -252,13 +252,6 @@ FOREACH = (
 )
 
 
-def _boxed(op):
-    def kernel(*args, **kwargs):
-        return dispatch.run_op(op, args, kwargs)
-
-    return kernel
-
-
 def register(lib: torch.library.Library) -> None:
     """Register every explicit PrivateUse1 kernel on `lib` (an aten IMPL library)."""
     key = "PrivateUse1"
@@ -277,7 +270,7 @@ def register(lib: torch.library.Library) -> None:
     for name in HOT_STRUCTURED:
         packet, overload = name.split(".")
         op = getattr(getattr(aten, packet), overload)
-        lib.impl(name if overload != "default" else packet, _boxed(op), key)
+        lib.impl(name if overload != "default" else packet, dispatch.kernel_for(op), key)
     for packet_name in FOREACH:
         packet = getattr(aten, packet_name, None)
         if packet is None:
@@ -285,4 +278,4 @@ def register(lib: torch.library.Library) -> None:
         for overload in packet.overloads():
             op = getattr(packet, overload)
             lib.impl(packet_name if overload == "default" else f"{packet_name}.{overload}",
-                     _boxed(op), key)
+                     dispatch.kernel_for(op), key)

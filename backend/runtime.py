@@ -246,6 +246,11 @@ def set_eager_policy(policy: EagerPolicy | None) -> None:
     state.policy = policy if policy is not None else ImmediatePolicy()
 
 
+def abandon_op() -> None:
+    """The op being emulated raised: later allocations are not its."""
+    allocation_context.op_id = None
+
+
 def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
                  host_start_ns: int, op_id: int | None = None) -> int:
     """Account one dispatched eager op: submit it, emit its OpLaunch, settle the host clock.
