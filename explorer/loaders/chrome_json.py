@@ -312,7 +312,7 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
             for i in idxs:
                 dur[i] = last - ts[i]
         col.skipped["slice never ended (closed at trace end)"] += n_open
-    device_pids = {pid for (pid, _), t in col.track_of.items()}
+    device_pids: set[Any] = set()
     if kineto:
         on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in DEVICE_CATEGORIES}
         device_pids = {pid for (pid, tid), t in col.track_of.items() if t in on_dev_tracks}
