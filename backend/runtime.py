@@ -210,10 +210,7 @@ def schedule(device: devices.NeuronDevice, kernel, op_id: int, launch_ns: int,
     if hub.active:
         instructions = None
         if hub.want_instructions:
-            instructions = [
-                Instruction(engine, opcode, start + rel, dur, nbytes, flops)
-                for engine, opcode, rel, dur, nbytes, flops in kernel.instructions()
-            ]
+            instructions = [Instruction(*row) for row in kernel.instructions(start)]
         hub.kernel_scheduled(KernelRun(
             kernel_id, op_id, kernel.name, device.index, launch_ns, start, end,
             kernel.flops, kernel.model_flops, kernel.hbm_bytes, dict(kernel.engine_busy_ns),
