@@ -12,19 +12,21 @@ Eager ops and compiled graphs both go through here. The API the compile path use
   graph runs its ops for the numbers and is charged as its fused kernels). The
   real time spent inside is excluded from the host clock.
 - ``set_eager_policy(policy)``: every eager op's device work goes through
-  ``policy.submit(device, key, op_id, launch_ns) -> Launched``. The default,
+  ``policy.submit(device, key, op_id, launch_ns) -> Launched(kernel_ids, flops,
+  hbm_bytes, fallback)`` (``NO_LAUNCH`` when nothing ran yet). The default,
   ``ImmediatePolicy``, lowers (cached by ``key``) and schedules at once. A policy
   that queues ops must schedule them in ``flush()``, which every sync point calls.
   The host clock advances by the launch overhead only for ops that launched kernels
   (a queueing policy charges its launches when it flushes).
   ``key`` is an ``OpKey`` tuple ``(op_name, inputs, outputs, attrs)`` (inputs and
   outputs are ``((shape, dtype), ...)``); ``spec_for(key)`` turns it into the
-  hardware's ``OpSpec``; ``lower(device, key)`` gives the cached ``Lowered``;
+  hardware's ``OpSpec``; ``lower(device, key)`` gives the cached ``Lowered(kernel,
+  fallback, flops, hbm_bytes)`` (host<->device copies become host-link transfers);
   ``schedule(device, kernel, op_id, launch_ns, fallback)`` places one kernel and
   returns its kernel id. ``set_eager_policy(None)`` restores the default.
 - ``synchronize(device_index, kind)``: a sync point (flushes the policy, the host
-  waits for the device, a ``SyncWait`` is emitted). ``new_op_id()`` hands out
-  correlation ids.
+  waits for the device, a ``SyncWait`` is emitted; index -1: every device).
+  ``new_op_id()`` hands out correlation ids.
 """
 
 from __future__ import annotations
