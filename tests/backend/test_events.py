@@ -143,7 +143,12 @@ def test_no_events_and_no_sinks_when_inactive():
 
     assert not hub.active
     x = torch.randn(4, 4).to("neuron")
-    assert torch.allclose((x + x).cpu(), x.cpu() * 2)
+    timeline = devices.get(0).timeline
+    before = (timeline.finish_ns, timeline.kernels)
+    y = x + x
+    assert timeline.kernels == before[1] + 1  # the device still runs the kernel
+    assert timeline.finish_ns > before[0]
+    assert torch.allclose(y.cpu(), x.cpu() * 2)
 
 
 def test_views_launch_nothing_and_cost_no_launch_overhead(recorder):
