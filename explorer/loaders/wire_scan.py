@@ -101,6 +101,10 @@ class Fields:
         return set(self._groups)
 
 
+# wire type -> class: 0 varint, 1 length-delimited, 3 fixed64, 4 fixed32, 5 invalid
+_WIRE_CLASS = np.array([0, 3, 1, 5, 5, 4, 5, 5], np.int8)
+
+
 def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
     """Yield, round by round, (msg, field, wire, value, offset) of the next field of every
     unfinished message; checks every field fits its message."""
@@ -110,27 +114,31 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
     while len(msg):
         tag, tag_len = varint_at(buf, cur)
         p = cur + tag_len
-        field = (tag >> np.uint64(3)).astype(np.int64)
+        field = (tag >> np.uint64(3)).view(np.int64)
         wire = (tag & np.uint64(7)).astype(np.int8)
         value, vlen = varint_at(buf, p)
-        is_len = wire == WT_LEN
-        fixed = (wire == WT_FIXED64) | (wire == WT_FIXED32)
-        # payload size: the varint's length, 8 or 4 bytes, or the length prefix + payload
-        size = np.where(fixed, np.where(wire == WT_FIXED64, 8, 4), vlen)
-        offset = np.where(is_len, p + vlen, p)
-        nxt = np.where(is_len, offset + value.astype(np.int64), p + size)
-        bad = (tag_len < 0) | (vlen < 0) & ~fixed | (wire > 2) & (wire != 5) | (nxt > stop)
+        cls = _WIRE_CLASS[wire]
+        offset = p + vlen  # a varint: the next field; a length: the payload
+        nxt = offset + np.where(cls == 1, value.view(np.int64), 0)
+        odd = np.flatnonzero(cls >= 3)
+        if len(odd):  # fixed-size values (flow ids, doubles), or an invalid wire type
+            width = np.where(cls[odd] == 3, 8, np.where(cls[odd] == 4, 4, 1 << 40))
+            offset[odd] = p[odd]
+            nxt[odd] = p[odd] + width
+            vlen[odd] = 0
+        bad = (nxt > stop) | (tag_len < 0) | (vlen < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            reason = (f"invalid field (number {field[i]}, wire type {wire[i]})"
-                      if tag_len[i] > 0 and (wire[i] <= 2 or wire[i] == 5) and vlen[i] >= 0
-                      else "a field runs past the end of its message")
-            if tag_len[i] > 0 and nxt[i] > stop[i] and (wire[i] <= 2 or wire[i] == 5):
+            if tag_len[i] > 0 and cls[i] == 5:  # flagged through its huge width
+                reason = f"invalid field (number {field[i]}, wire type {wire[i]})"
+            elif tag_len[i] > 0:
                 reason = f"field {field[i]} runs past the end of its message"
+            else:
+                reason = "a field tag runs past the end of the data"
             raise WireError(reason, int(cur[i]))
-        if fixed.any():
-            f64 = np.flatnonzero(wire == WT_FIXED64)
-            f32 = np.flatnonzero(wire == WT_FIXED32)
+        if len(odd):
+            f64 = odd[cls[odd] == 3]
+            f32 = odd[cls[odd] == 4]
             value[f64] = fixed_at(buf, p[f64], 8)
             value[f32] = fixed_at(buf, p[f32], 4)
         yield msg, field, wire, value, offset
