@@ -121,13 +121,17 @@ class CompileEventRecorder:
         compile_id = str(getattr(args, "compile_id", ""))
         end = clock.now()
         start, breaks_seen = self._open.pop(compile_id, (end, 0))
+        # Dynamo compiling a frame, or AOTAutograd compiling a backward on first use.
+        trigger = str(getattr(args, "callback_trigger", ""))
+        what = "lazy backward" if "LAZY_BACKWARD" in trigger else "dynamo"
         try:
-            self._emit_frame(compile_id, start, end, breaks_seen)
+            self._emit_frame(compile_id, start, end, breaks_seen, what)
         except (AttributeError, TypeError, IndexError) as exc:  # torch internals changed
             emit("dynamo", f"dynamo {compile_id}", start, end, compile_id=compile_id,
                  error=f"compile events incomplete: {exc}")
 
-    def _emit_frame(self, compile_id: str, start: int, end: int, breaks_seen: int) -> None:
+    def _emit_frame(self, compile_id: str, start: int, end: int, breaks_seen: int,
+                    what: str) -> None:
         from torch._dynamo.utils import get_metrics_context, graph_break_reasons
 
         source = self._sources.pop(compile_id, "") or compiling_code_location()
@@ -137,7 +141,7 @@ class CompileEventRecorder:
         if breaks_seen > len(graph_break_reasons):  # torch._dynamo.reset() cleared the list
             breaks_seen = 0
         new_breaks = list(graph_break_reasons[breaks_seen:])
-        emit("dynamo", f"dynamo {compile_id}", start, end, compile_id=compile_id,
+        emit("dynamo", f"{what} {compile_id}", start, end, compile_id=compile_id,
              graph_breaks=len(new_breaks), recompile=bool(guard))
         if guard:
             emit("recompile", f"recompile {compile_id}", start, compile_id=compile_id,
