@@ -57,12 +57,13 @@ class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
     __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
-                 "name", "none_defaults", "op")
+                 "name", "none_defaults", "op", "redispatch")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
         self.op = op
         self.call = op._op  # skips OpOverload.__call__'s Python frame
+        self.redispatch = op._handle.redispatch_boxed
         self.name = schema.name
         returns = schema.returns
         if any(r.alias_info is not None and r.alias_info.is_write for r in returns) or (
@@ -285,12 +286,12 @@ def run_op(op, args: tuple, kwargs: dict):
 
     if info.kind == VIEW:
         try:
-            result = op.redispatch(_META_KEYS, *args, **kwargs)
+            result = info.redispatch(_META_KEYS, *args, **kwargs)
         except (NotImplementedError, RuntimeError):
-            result = op.redispatch(_CPU_KEYS, *args, **kwargs)
-        device = devices.get(result.device.index if isinstance(result, _Tensor) else None)
+            result = info.redispatch(_CPU_KEYS, *args, **kwargs)
+        device = devices.get(result.get_device() if isinstance(result, _Tensor) else None)
         if _state.accounting:
-            key = (info.name, tuple((a.shape, a.dtype) for a in args if isinstance(a, _Tensor)),
+            key = (info.name, tuple([(a.shape, a.dtype) for a in args if isinstance(a, _Tensor)]),
                    _out_sig(result), ())
             _record(device, key, real_start, host_start, op_id)
         else:
