@@ -222,6 +222,7 @@ def test_upload_opens_the_trace(served, driver, tmp_path):
     no_console_errors(driver)
 
 
+@pytest.mark.slow
 def test_a_recorded_trace_from_finding_to_evidence(recorded_demo, driver):
     """The real thing: the demo's trace, its first finding, the slice it points at, every page."""
     from neuron_explorer.webapp.view_command import start_dashboard
@@ -249,6 +250,22 @@ def test_a_recorded_trace_from_finding_to_evidence(recorded_demo, driver):
             driver.get(f"{url}{path}?trace={recorded_demo.name}")
             wait_for(driver, ".panel", timeout=20)
             assert not driver.find_elements("css selector", ".error-banner")
+        no_console_errors(driver)
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_view_of_one_trace_opens_it_without_asking(served, driver):
+    from neuron_explorer.webapp.view_command import start_dashboard
+
+    _, folder = served
+    server, store = start_dashboard(Path(folder) / "run_b.json", port=0, loader=synthetic_loader)
+    try:
+        driver.get(server.url)
+        wait_for(driver, "#page .metrics")
+        assert "trace=run_b.json" in driver.current_url
+        wait_for(driver, ".trace-picker", text="run_b.json")
         no_console_errors(driver)
     finally:
         server.stop()
