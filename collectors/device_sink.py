@@ -71,6 +71,13 @@ _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_n
 _ENGINE_OF = operator.attrgetter("engine")
 
 
+def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
+    """(sorted distinct values, index of each value in them), looping in C, not Python."""
+    distinct = sorted(set(values), key=str)
+    index = {v: i for i, v in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+
+
 def op_flow_id(op_id: int, kernel_index: int) -> int:
     """Flow from an op to its kernel_index-th kernel (docs/trace-format.md)."""
     return op_id | (kernel_index << 40)
@@ -371,16 +378,12 @@ class DeviceSink:
             dev_rows = np.repeat(np.arange(len(kernels)), counts).tolist()
             keys = [(e, id(devices[k])) for e, k in zip(engines, dev_rows)]
             dev_of_key = {key: devices[k] for key, k in zip(keys, dev_rows)}
-        engine_index: dict = {}
-        eidx = np.fromiter((engine_index.setdefault(key, len(engine_index)) for key in keys),
-                           np.int64, len(keys))
+        engine_order, eidx = _factorize(keys)
         engine_keys = [(key if isinstance(key, str) else key[0], dev_of_key[key])
-                       for key in engine_index]
+                       for key in engine_order]
         tracks_of = np.array([dev.engine_track(e) for e, dev in engine_keys], np.int64)
         slot_of = np.array([engine_index_of(e) for e, _ in engine_keys], np.int64)
-        names: dict[str, int] = {}
-        name_index = np.fromiter((names.setdefault(o, len(names)) for o in opcodes), np.int64,
-                                 len(opcodes))
+        opcode_list, name_index = _factorize(opcodes)
         ts = np.array(starts, np.int64)
         dur = np.array(durs, np.int64)
         # the first instruction of each kernel on each engine (any DMA queue for DMA) ends
@@ -400,7 +403,6 @@ class DeviceSink:
             "flow": flow[order], "engine": eidx[order],
         }
         is_dma = np.array([e not in ENGINE_TRACKS for e, _ in engine_keys], bool)[columns["engine"]]
-        opcode_list = list(names)
         engine_list = [e for e, _ in engine_keys]
         for category, keep in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
             if not keep.any():

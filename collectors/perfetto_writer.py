@@ -21,6 +21,7 @@ chunks of whole packets, so a killed run leaves a readable prefix.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -69,6 +70,9 @@ _NO_FLOW = wire.tag(_E_TYPE, wire.VARINT) + wire.padded_varint(_BEGIN, _FLOW_WID
 _CLEARED, _NEEDS = 1, 2
 _CACHE_LIMIT = 100_000  # encoded (key, value) annotations kept for reuse
 _SMALL = [bytes((i,)) for i in range(128)]
+_pack_fixed64 = struct.Struct("<Q").pack
+_FLOW_OUT_TAG = wire.tag(_E_FLOW_IDS, wire.FIXED64)
+_FLOW_IN_TAG = wire.tag(_E_TERMINATING_FLOW_IDS, wire.FIXED64)
 _SMALL_LEN = _SMALL
 
 
@@ -107,6 +111,8 @@ class PerfettoWriter:
         self._pending_interned: list[bytes] = []
         self._headers: dict[tuple[int, int, str, str], bytes] = {}
         self._end_headers: dict[int, bytes] = {}
+        self._end_tails: dict[int, bytes] = {}
+        self._string_tables: dict[tuple, list[bytes]] = {}
         self._annotations: dict[tuple[str, Any, type], bytes] = {}
         self._annotation_names: dict[str, bytes] = {}
         self._counter_headers: dict[int, bytes] = {}
@@ -305,8 +311,46 @@ class PerfettoWriter:
         flow_in: Sequence[int] = (),
         prepared: bytes | None = None,
     ) -> None:
-        self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
-        self.end(track, ts + max(dur, 0))
+        """A complete slice: its BEGIN and END packets, assembled inline (the op hot path)."""
+        if self._pending_interned or self._first:
+            self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
+            self.end(track, ts + max(dur, 0))
+            return
+        head = self._headers.get((_BEGIN, track, name, category))
+        if head is None:
+            head = self._header(_BEGIN, track, name, category)
+            if self._pending_interned:  # a new name: let begin() carry its interned data
+                self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
+                self.end(track, ts + max(dur, 0))
+                return
+        event = head + prepared if prepared else head
+        if args:
+            event += self._args(args)
+        for fid in flow_out:
+            event += _FLOW_OUT_TAG + _pack_fixed64(fid)
+        for fid in flow_in:
+            event += _FLOW_IN_TAG + _pack_fixed64(fid)
+        if self._pending_interned:
+            self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
+            self.end(track, ts + max(dur, 0))
+            return
+        varint = wire.varint
+        body = b"\x40" + varint(ts) + b"\x5a" + varint(len(event)) + event + self._seq_needs
+        tail = self._end_tails.get(track)
+        if tail is None:
+            end_event = wire.field_varint(_E_TYPE, _END) + wire.field_varint(_E_TRACK, track)
+            tail = self._end_tails[track] = (wire.field_bytes(_P_TRACK_EVENT, end_event)
+                                             + self._seq_needs)
+        end_body = b"\x40" + varint(ts + (max(0, dur))) + tail
+        data = (b"\x0a" + varint(len(body)) + body + b"\x0a" + varint(len(end_body))
+                + end_body)
+        self._buffer.append(data)
+        self._buffered += len(data)
+        self.events += 1
+        counts = self.counts
+        counts[category] = counts.get(category, 0) + 1
+        if self._buffered >= self._chunk_bytes:
+            self.flush()
 
     def instant(
         self, track: int, ts: int, name: str, category: str, args: Mapping[str, Any] | None = None
@@ -398,6 +442,10 @@ class PerfettoWriter:
     def _string_annotations(self, key: str, choices: Sequence[str]) -> list[bytes]:
         """Encoded string debug annotations, made equal in length where possible by padding
         the name's iid varint, so batch rows stay the same width."""
+        cache_key = (key, tuple(choices))
+        cached = self._string_tables.get(cache_key)
+        if cached is not None:
+            return cached
         iid = self._iid(_I_ANNOTATION_NAMES, key)
         values = [wire.field_bytes(6, c.encode()) for c in choices]
         longest = max(len(v) for v in values)
@@ -408,6 +456,8 @@ class PerfettoWriter:
             name = (b"\x08" + wire.padded_varint(iid, width)) if width <= 10 else \
                 wire.field_varint(1, iid)
             out.append(wire.field_bytes(_E_DEBUG, name + v))
+        if len(self._string_tables) < 1000:
+            self._string_tables[cache_key] = out
         return out
 
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
