@@ -41,6 +41,17 @@ def _parents(order_pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
     return parent
 
 
+def _track_time_order(track: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Indices sorted by (track, ts), file order kept at equal keys."""
+    if not len(ts):
+        return np.zeros(0, np.int64)
+    lo = int(ts.min())
+    span = int(ts.max()) - lo + 1
+    if (int(track.max()) + 1) * span < (1 << 62):  # one int64 key: a single stable sort
+        return np.argsort(track.astype(np.int64) * span + (ts - lo), kind="stable")
+    return np.lexsort((np.arange(len(track)), ts, track))
+
+
 def nest_complete(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Depth and parent index of complete slices (parent -1 at the top of a track)."""
     n = len(ts)
@@ -78,7 +89,7 @@ def match_begin_end(
     Returns (begin_index, end_index or -1 when never closed, depth, parent begin
     position in the begin list or -1); ends closing nothing are dropped.
     """
-    order = np.lexsort((np.arange(len(track)), ts, track))
+    order = _track_time_order(track, ts)
     trk = track[order]
     beg = is_begin[order]
     delta = np.where(beg, 1, -1)

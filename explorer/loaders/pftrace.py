@@ -150,7 +150,7 @@ def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
     if not len(keys):
         return out
     combo = seqgen.astype(np.int64) * (1 << 40) + keys.astype(np.int64)
-    uniq, inverse = np.unique(combo, return_inverse=True)
+    inverse, uniq = pd.factorize(combo)
     names = []
     for c in uniq.tolist():
         sg, iid = divmod(c, 1 << 40)

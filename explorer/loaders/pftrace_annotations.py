@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -66,7 +67,7 @@ def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
     m = np.flatnonzero(sc.field[0] == A_NAME_IID)
     if len(m):
         combo = ev_seqgen[ev[m]] * (1 << 40) + sc.value[0][m].astype(np.int64)
-        uniq, inverse = np.unique(combo, return_inverse=True)
+        inverse, uniq = pd.factorize(combo)
         mapped = []
         for c in uniq.tolist():
             seqgen, iid = divmod(c, 1 << 40)
