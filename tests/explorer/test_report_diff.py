@@ -104,3 +104,21 @@ def test_commands_report_errors_in_one_line(explorer_cli, tmp_path: Path, capsys
     trace = scenarios.clean().write(tmp_path, "ok")
     assert explorer_cli(["report", str(trace), "-o", str(bad_out)]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_installed_command(pair, repo_root: Path) -> None:
+    """The `neuron-explorer` script itself, end to end."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).with_name("neuron-explorer")
+    proc = subprocess.run([str(script), "report", str(pair[0]), "--format", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=repo_root,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["summary"]["n_steps"] == 2
+    bad = subprocess.run([str(script), "diff", str(pair[0]), "nowhere.pftrace"],
+                         capture_output=True, text=True, timeout=120, cwd=repo_root,
+                         check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "nowhere.pftrace" in bad.stderr and "Traceback" not in bad.stderr
