@@ -115,13 +115,14 @@ def test_module_json_and_step_window(record_cli, programs: Path) -> None:
     assert 10 < len(partial) < len(events) and partial == events[: len(partial)]
 
 
-@pytest.mark.parametrize(("mode", "code", "message"), [
-    ("raise", 1, "ValueError: boom at step 2"),
-    ("exit3", 3, None),
+@pytest.mark.parametrize(("command", "mode", "code", "message"), [
+    (["train_small.py"], "raise", 1, "ValueError: boom at step 2"),
+    (["--", "python", "train_small.py"], "exit3", 3, None),
 ])
-def test_program_errors_keep_the_exit_code_and_the_trace(record_cli, programs: Path, mode: str,
-                                                         code: int, message: str | None) -> None:
-    proc = record_cli("-o", "t.pftrace", "--level", "framework", "train_small.py", "5", mode)
+def test_program_errors_keep_the_exit_code_and_the_trace(
+        record_cli, programs: Path, command: list[str], mode: str, code: int,
+        message: str | None) -> None:
+    proc = record_cli("-o", "t.pftrace", "--level", "framework", *command, "5", mode)
     assert proc.returncode == code, proc.stderr
     if message:
         assert message in proc.stderr
