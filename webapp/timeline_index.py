@@ -25,9 +25,10 @@ SUMMARY_ID = -1  # id given to merged bars
 class SliceRow:
     """The slices of one track at one nesting depth, sorted by start time."""
 
-    label: str
+    label: str  # the track's name
     track_id: int
     kind: str
+    depth: int
     ts: np.ndarray  # int64 ns
     end: np.ndarray  # int64 ns
     end_max: np.ndarray  # running max of end: lets searchsorted skip finished slices
@@ -122,11 +123,11 @@ class TimelineIndex:
             tid, d = int(track_id[a]), int(depth[a])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
             sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
-            label = f"{name}" if d == 0 else f"{name} · {d}"
+            label = name
             if tid in folded:
                 label = f"DMA ({len(folded[tid])} queues)"
             row = SliceRow(
-                label=label, track_id=tid, kind=kind, ts=ts[a:b], end=end[a:b],
+                label=label, track_id=tid, kind=kind, depth=d, ts=ts[a:b], end=end[a:b],
                 end_max=np.maximum.accumulate(end[a:b]), ids=ids[a:b],
                 names=names[a:b], categories=categories[a:b],
             )
@@ -174,7 +175,9 @@ class TimelineIndex:
     # -- lookups ----------------------------------------------------------------
     @property
     def labels(self) -> list[str]:
-        return [r.label for r in self.slice_rows] + [r.label for r in self.counter_rows]
+        """Row names for the axis: a track's name on its first row only, as in Perfetto."""
+        return ([_short(r.label) if r.depth == 0 else "" for r in self.slice_rows]
+                + [_short(r.label) for r in self.counter_rows])
 
     @property
     def n_events(self) -> int:
@@ -279,6 +282,14 @@ def _counter_window(c: CounterRow, t0: int, t1: int, bucket: float):
         ts = np.maximum(ts[starts], t0)
         values = np.maximum.reduceat(values, starts)
     return ts, values
+
+
+def _short(label: str, limit: int = 30) -> str:
+    """Long thread names keep their start and end: 'thread 3100453 (launc…test_m)'."""
+    if len(label) <= limit:
+        return label
+    head = limit * 2 // 3
+    return label[:head] + "…" + label[-(limit - head - 1):]
 
 
 def _dma_groups(tracks: pd.DataFrame) -> dict[int, list[int]]:

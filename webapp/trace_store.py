@@ -58,6 +58,7 @@ class TraceStore:
         self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
         self._extras: dict[str, Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
 
     # -- names ------------------------------------------------------------------
     def list_traces(self) -> list[str]:
@@ -93,20 +94,33 @@ class TraceStore:
     # -- loading ----------------------------------------------------------------
     def get(self, name: str) -> Any:
         """The loaded trace for a name (loaded on first use; TraceFormatError if it is bad)."""
+        cached = self._cached(name)
+        if cached is not None:
+            return cached
+        path = self.resolve(name)
+        with self._lock:
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:  # pages asking for the same trace at once share one load
+            cached = self._cached(name)
+            if cached is not None:
+                return cached
+            trace = self.loader(str(path))
+            with self._lock:
+                self._cache[name] = trace
+                self._loading.pop(name, None)
+                while len(self._cache) > self.max_loaded:
+                    old, _ = self._cache.popitem(last=False)
+                    self._extras = {k: v for k, v in self._extras.items() if k[0] != old}
+        return trace
+
+    def _cached(self, name: str) -> Any:
         with self._lock:
             if name in self._pinned:
                 return self._pinned[name]
             if name in self._cache:
                 self._cache.move_to_end(name)
                 return self._cache[name]
-        path = self.resolve(name)
-        trace = self.loader(str(path))
-        with self._lock:
-            self._cache[name] = trace
-            while len(self._cache) > self.max_loaded:
-                old, _ = self._cache.popitem(last=False)
-                self._extras = {k: v for k, v in self._extras.items() if k[0] != old}
-        return trace
+        return None
 
     def add(self, name: str, trace: Any) -> str:
         """Serves a trace already loaded in this process (a notebook's, say) under a name."""

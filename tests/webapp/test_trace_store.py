@@ -75,3 +75,25 @@ def test_uploads_are_kept_outside_the_folder_and_size_limited(store, trace_folde
 def test_a_missing_folder_is_a_user_error(tmp_path):
     with pytest.raises(NeuronExplorerError, match="not a folder"):
         TraceStore(tmp_path / "nope")
+
+
+def test_pages_asking_for_one_trace_at_once_share_a_single_load(trace_folder):
+    import threading
+    import time
+
+    calls = []
+
+    def slow_loader(path):
+        calls.append(path)
+        time.sleep(0.2)
+        return synthetic_loader(path)
+
+    store = TraceStore(trace_folder, loader=slow_loader)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(store.get("run_a.json"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    assert len(calls) == 1 and len(results) == 4 and all(r is results[0] for r in results)

@@ -209,7 +209,10 @@ def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
         return [notice(f"No slice with id {slice_id} in this trace.", "warning")]
     s = slices.iloc[pos]
     row = index.row_of(slice_id)
-    track = index.slice_rows[row].label if row is not None else ""
+    track = ""
+    if row is not None:
+        r = index.slice_rows[row]
+        track = r.label + (f" (depth {r.depth})" if r.depth else "")
     fields = [
         ("name", str(s["name"])), ("category", str(s["category"])), ("track", track),
         ("start", f"{(int(s['ts']) - index.start_ns) / NS_PER_US:,.3f} µs since trace start"),
