@@ -114,6 +114,7 @@ class DeviceTracks:
         self.lane_end: list[int] = [-1]
         self.engines: dict[str, int] = {}
         self.counters: dict[str, int] = {}
+        self._util: list[tuple[str, int]] | None = None
         if engine_level:
             for engine in ENGINES:
                 self.engine_track(engine)
@@ -139,6 +140,19 @@ class DeviceTracks:
                 name = DMA_TRACK.format(queue=_dma_queue(engine))
             track = self.engines[engine] = self.writer.track(name, self.process)
         return track
+
+    def util_tracks(self) -> list[tuple[str, int]]:
+        """(engine, its utilisation counter track) for the compute engines."""
+        if self._util is None:
+            self._util = [(e, self.counter(COUNTER_UTIL.format(engine=ENGINE_TRACKS[e]), "%"))
+                          for e in ENGINES]
+        return self._util
+
+    def sbuf_track(self) -> int:
+        return self.counter(COUNTER_SBUF, "bytes")
+
+    def psum_track(self) -> int:
+        return self.counter(COUNTER_PSUM, "bytes")
 
     def counter(self, name: str, unit: str | None = None) -> int:
         track = self.counters.get(name)
@@ -340,20 +354,23 @@ class DeviceSink:
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
         counters = self._counters
-        dur = max(ev.end_ns - ev.start_ns, 1)
-        for engine in ENGINES:
-            busy = ev.engine_busy_ns.get(engine, 0)
+        start, end = ev.start_ns, ev.end_ns
+        scale = 100.0 / max(end - start, 1)
+        busy_ns = ev.engine_busy_ns
+        for engine, track in dev.util_tracks():
+            busy = busy_ns.get(engine)
             if busy:
-                track = dev.counter(COUNTER_UTIL.format(engine=ENGINE_TRACKS[engine]), "%")
-                counters.append((track, ev.start_ns, min(100.0, 100.0 * busy / dur)))
-                counters.append((track, ev.end_ns, 0.0))
+                counters.append((track, start, min(100.0, busy * scale)))
+                counters.append((track, end, 0.0))
         ints = self._int_counters
         if ev.sbuf_bytes:
-            ints.append((dev.counter(COUNTER_SBUF, "bytes"), ev.start_ns, ev.sbuf_bytes))
-            ints.append((dev.counter(COUNTER_SBUF, "bytes"), ev.end_ns, 0))
+            track = dev.sbuf_track()
+            ints.append((track, start, ev.sbuf_bytes))
+            ints.append((track, end, 0))
         if ev.psum_bytes:
-            ints.append((dev.counter(COUNTER_PSUM, "bytes"), ev.start_ns, ev.psum_bytes))
-            ints.append((dev.counter(COUNTER_PSUM, "bytes"), ev.end_ns, 0))
+            track = dev.psum_track()
+            ints.append((track, start, ev.psum_bytes))
+            ints.append((track, end, 0))
         if len(counters) + len(ints) >= _BATCH:
             self._flush_counters()
 
