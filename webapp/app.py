@@ -10,6 +10,7 @@ import base64
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
@@ -32,6 +33,7 @@ from neuron_explorer.webapp.trace_store import TraceStore
 
 log = logging.getLogger("neuron_explorer.webapp")
 
+ASSETS = Path(__file__).resolve().parent / "assets"
 PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
 
@@ -62,7 +64,7 @@ def create_app(ctx: AppContext) -> dash.Dash:
     app = dash.Dash(
         "neuron_explorer.webapp",
         title="Neuron Explorer",
-        assets_folder=str(_assets_folder()),
+        assets_folder=str(ASSETS),
         serve_locally=True,
         suppress_callback_exceptions=True,
         update_title=None,
@@ -80,12 +82,6 @@ def create_app(ctx: AppContext) -> dash.Dash:
     for page in PAGES:
         page.register(app, ctx)
     return app
-
-
-def _assets_folder():
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent / "assets"
 
 
 def _shell(ctx: AppContext) -> html.Div:
