@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from neuron_explorer.report_command import FORMATS, write_output
+from neuron_explorer.report_command import FORMATS, load_quietly, write_output
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,5 +17,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from neuron_explorer.diff import diff
 
-    write_output(diff(args.a, args.b).render(args.format), args.output)
+    a, b = load_quietly(args.a, "diff"), load_quietly(args.b, "diff")
+    write_output(diff(a, b).render(args.format), args.output)
     return 0

@@ -30,12 +30,23 @@ def write_output(text: str, output: str | None) -> None:
                                   "and that its folder exists") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from neuron_explorer.report import render_report
+def load_quietly(path: str, command: str):
+    """Load a trace; its warnings (a truncated recording) become one line each on stderr."""
+    import warnings
+
     from neuron_explorer.trace import load
 
-    trace = load(args.trace)
-    write_output(render_report(trace, args.format), args.output)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = load(path)
     for message in trace.warnings:
-        print(f"neuron-explorer report: warning: {message}", file=sys.stderr)
+        print(f"neuron-explorer {command}: warning: {message}", file=sys.stderr)
+    return trace
+
+
+def run(args: argparse.Namespace) -> int:
+    from neuron_explorer.report import render_report
+
+    trace = load_quietly(args.trace, "report")
+    write_output(render_report(trace, args.format), args.output)
     return 0

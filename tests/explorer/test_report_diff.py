@@ -122,3 +122,13 @@ def test_installed_command(pair, repo_root: Path) -> None:
                          check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "nowhere.pftrace" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_report_of_truncated_trace_warns_in_one_line(explorer_cli, tmp_path: Path,
+                                                      capsys) -> None:
+    path = scenarios.basic().b.write_pftrace(tmp_path / "killed.pftrace", truncate=3)
+    assert explorer_cli(["report", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "Summary" in captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "warning" in lines[0] and "killed.pftrace" in lines[0]
