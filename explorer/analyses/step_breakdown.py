@@ -75,12 +75,18 @@ def _device_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
     engine_cols = [f"busy_{e}" for e in ENGINES]
     busy = ck[engine_cols].to_numpy(np.float64)
     has_engines = busy.sum() > 0
-    k0, k1 = _spans(ck)
+    by_start = np.argsort(ck["ts"].to_numpy(), kind="stable")
+    k0, k1 = (x[by_start] for x in _spans(ck))
+    busy = busy[by_start]
+    longest = int((k1 - k0).max()) if len(k0) else 0
     for i, st in enumerate(steps):
         if has_engines and compute[i] > 0:
-            overlap = np.clip(np.minimum(k1, b[i]) - np.maximum(k0, a[i]), 0, None)
-            frac = np.divide(overlap, k1 - k0, out=np.zeros(len(k0)), where=(k1 > k0))
-            weights = (busy * frac[:, None]).sum(axis=0)
+            # only kernels that can overlap the step: starting in [a - longest, b)
+            lo, hi = np.searchsorted(k0, [a[i] - longest, b[i]])
+            s0, s1 = k0[lo:hi], k1[lo:hi]
+            overlap = np.clip(np.minimum(s1, b[i]) - np.maximum(s0, a[i]), 0, None)
+            frac = np.divide(overlap, s1 - s0, out=np.zeros(len(s0)), where=(s1 > s0))
+            weights = (busy[lo:hi] * frac[:, None]).sum(axis=0)
             split = weights / weights.sum() * compute[i] if weights.sum() else weights
             parts = np.floor(split).astype(np.int64)
             parts[int(np.argmax(split))] += int(compute[i] - parts.sum())  # keep the sum exact
