@@ -148,10 +148,16 @@ def run_program(program: Program) -> Outcome:
 
 def _run_command(program: Program) -> Outcome:
     proc = subprocess.Popen([program.target, *program.args])
+
+    def forward(signum: int, frame: object) -> None:
+        proc.send_signal(signum)  # the command decides how to end; we wait for it
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = proc.wait()
-    except KeyboardInterrupt:
-        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if code < 0:
         return Outcome(128 - code, -code)
     return Outcome(code)

@@ -112,14 +112,19 @@ def detach(recorder: Recorder) -> None:
 class record(contextlib.ContextDecorator):
     """Record the enclosed code into a trace: `with neuron_explorer.record("run.pftrace"):`.
 
+    path: the trace file (default: a new trace.pftrace in the current folder);
     level: "framework", "op" or "engine" (default); steps: "START:STOP" (or a
     (start, stop) pair or range) records only those steps; format: "pftrace" or
     "json" (default: from the file name).
     """
 
-    def __init__(self, path: str | os.PathLike = "trace.pftrace", *, level: str = "engine",
+    def __init__(self, path: str | os.PathLike | None = None, *, level: str = "engine",
                  steps: str | Sequence[int] | range | None = None, format: str | None = None,
                  quiet: bool = False) -> None:
+        if path is None:  # a new file in the current folder, never an existing one
+            from neuron_explorer.collectors.record_command import default_output
+
+            path = default_output("trace", format or "pftrace")
         path = os.fspath(path)
         self.options = RecordOptions(path, level, _steps(steps), format_for(path, format),
                                      quiet=quiet)

@@ -173,8 +173,11 @@ def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs
     proc = record_cli("-o", "c.pftrace", "--level", "op", "children.py")
     assert proc.returncode == 0, proc.stderr
     assert "fork child" in proc.stdout and "child 512.0" in proc.stdout
-    children = sorted(programs.glob("c.pid*.pftrace"))
-    assert len(children) == 2, proc.stderr
+    forked = sorted(programs.glob("c.pid*.pftrace"))
+    assert len(forked) == 1, proc.stderr
+    ranked = programs / "c.rank1.pftrace"  # a torchrun-style worker is named by its rank
+    assert ranked.exists(), proc.stderr
+    children = [*forked, ranked]
     assert "child processes:" in proc.stderr
     pids = set()
     for path in children:

@@ -1,6 +1,8 @@
-"""Starts a forked child and a fresh Python child, each doing device work."""
+"""Starts a forked child and a fresh Python child (as torchrun would: RANK set), each
+doing device work."""
 
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 
@@ -20,5 +22,5 @@ if __name__ == "__main__":
     p = mp.get_context("fork").Process(target=work)
     p.start()
     p.join()
-    subprocess.run([sys.executable, "-c", CHILD_CODE], check=True)
+    subprocess.run([sys.executable, "-c", CHILD_CODE], check=True, env={**os.environ, "RANK": "1"})
     sys.exit(p.exitcode)
