@@ -92,6 +92,8 @@ def _device_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
             parts[int(np.argmax(split))] += int(compute[i] - parts.sum())  # keep the sum exact
             for e, ns in zip(ENGINES, parts.tolist(), strict=True):
                 rows.append((st, "device", e, ns))
+        elif has_engines:  # no compute in this step: zero for every engine
+            rows.extend((st, "device", e, 0) for e in ENGINES)
         else:
             rows.append((st, "device", "kernel", int(compute[i])))
         rows.append((st, "device", "dma_only", int(dma_only[i])))

@@ -161,3 +161,43 @@ def test_kineto_steps_and_flows(load_real) -> None:
     ac2g = t.flows.merge(s[["kind"]], left_on="dst_id", right_index=True)
     assert {"kernel", "memcpy"} <= set(ac2g["kind"])
     assert t.hardware == "AMD Radeon Graphics" and t.hardware_figures is None
+
+
+@pytest.mark.parametrize("fmt", ["pftrace", "json"])
+def test_collectors_writer_output(tmp_path: Path, fmt: str) -> None:
+    """Traces written by the collectors' own writers, batches included, load as written."""
+    from neuron_explorer.collectors.trace_writer import open_writer
+
+    path = tmp_path / f"written.{fmt}"
+    w = open_writer(str(path), fmt)
+    w.process(100, "python train.py")
+    main = w.thread(100, 100, "MainThread")
+    dev = w.process(200, "neuron:0 (trn2)")
+    kernels, te = w.track("Kernels", dev), w.track("Tensor Engine", dev)
+    hbm = w.counter_track("HBM in use (bytes)", dev, unit="bytes")
+    w.metadata(main, 0, {"hardware": "trn2", "hardware_figures": scenarios.FIGURES})
+    w.begin(main, 0, "step 0", "step", {"step": 0})
+    w.slice(main, 10, 100, "aten::mm", "op", {"op_id": 1, "flops": 2048, "fallback": False},
+            flow_out=[1])
+    w.slice(kernels, 200, 300, "mm", "kernel",
+            {"kernel_id": 1, "op_id": 1, "engine_busy_ns": '{"tensor": 250}'}, flow_in=[1])
+    n = 5
+    w.slices(np.full(n, te), np.arange(n) * 50 + 200, np.full(n, 40), ["MM", "LS"],
+             np.array([0, 1, 0, 1, 0]), "instruction",
+             int_args={"kernel_id": np.ones(n, int), "bytes": np.arange(n)},
+             str_args={"engine": (["tensor"], np.zeros(n, int))})
+    w.counters(np.full(3, hbm), np.array([1, 2, 3]), np.array([5.0, 7.0, 6.0]))
+    w.end(main, 1000)
+    w.close()
+    t = neuron_explorer.load(path)
+    assert t.skipped == {}
+    assert t.steps[["step", "ts", "dur"]].values.tolist() == [[0, 0, 1000]]
+    assert t.ops[["name", "device_dur", "flops", "step"]].values.tolist() == \
+        [["aten::mm", 300, 2048, 0]]
+    assert t.kernels["busy_tensor"].tolist() == [250]
+    assert t.instructions[["opcode", "bytes", "engine"]].values.tolist() == \
+        [["MM", 0, "tensor"], ["LS", 1, "tensor"], ["MM", 2, "tensor"], ["LS", 3, "tensor"],
+         ["MM", 4, "tensor"]]
+    assert t.counters["value"].tolist() == [5.0, 7.0, 6.0]
+    assert t.flows[["src_id", "dst_id"]].values.tolist() == [[2, 3]]
+    assert t.hardware_figures["hbm_bytes"] == scenarios.FIGURES["hbm_bytes"]
