@@ -165,3 +165,24 @@ def test_convnet_inference_and_training_with_batchnorm_state(recorder):
     assert pair.params_match()
     bn = pair.compiled_model[1]
     assert int(bn.num_batches_tracked.cpu()) == 1
+
+
+def test_compiled_optimizer_step_is_one_launch_and_matches_eager(recorder):
+    eager_model, compiled_model = (copy.deepcopy(mlp()).to("neuron") for _ in range(2))
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
+    compiled_opt = torch.optim.AdamW(compiled_model.parameters(), lr=1e-2)
+    compiled_step = torch.compile(compiled_opt.step, backend="neuron")
+    for step in range(3):
+        x = torch.randn(8, 16).to("neuron")
+        for model, opt in ((eager_model, eager_opt), (compiled_model, compiled_opt)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+        eager_opt.step()
+        recorder.clear()
+        compiled_step()
+        if step > 0:  # the first call also creates the optimizer state, eagerly
+            # Parameters and state are updated in place by the graph: one launch.
+            assert [op.name.startswith("graph:") for op in recorder.ops if op.kernel_ids] == [
+                True]
+    for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
+        assert close(a, b)
