@@ -204,7 +204,8 @@ class DeviceSink:
             self._kernels_seen.pop(ev.op_id, None)
             return
         try:
-            rec.ensure_step()
+            if not rec.step_open:
+                rec.ensure_step()
             module = modules.current_module(state) if modules is not None else ""
             source = self.source.locate()
             # Everything but the ids and the step repeats from one step to the next: encode
@@ -232,7 +233,7 @@ class DeviceSink:
             args = {ARG_OP_ID: ev.op_id, ARG_KERNEL_ID: kernel_ids[0] if kernel_ids else -1,
                     ARG_STEP: rec.step}
             op_id = ev.op_id
-            flows = [op_id] if len(kernel_ids) == 1 else [
+            flows = (op_id,) if len(kernel_ids) == 1 else [
                 op_flow_id(op_id, i) for i in range(len(kernel_ids))]
             self._kernels_seen.pop(op_id, None)
             self.writer.slice(state.track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,

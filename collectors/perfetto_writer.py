@@ -73,7 +73,6 @@ _SMALL = [bytes((i,)) for i in range(128)]
 _pack_fixed64 = struct.Struct("<Q").pack
 _FLOW_OUT_TAG = wire.tag(_E_FLOW_IDS, wire.FIXED64)
 _FLOW_IN_TAG = wire.tag(_E_TERMINATING_FLOW_IDS, wire.FIXED64)
-_SMALL_LEN = _SMALL
 
 
 def _annotation_value(value: Any) -> bytes:
@@ -228,18 +227,16 @@ class PerfettoWriter:
     def _args(self, args: Mapping[str, Any]) -> bytes:
         cache = self._annotations
         names = self._annotation_names
-        parts = []
+        varint = wire.varint
+        out = b""
         for key, value in args.items():
-            if type(value) is int:  # unique ids: encode directly, do not fill the cache
+            if type(value) is int:  # ids and steps: encoded directly, not cached
                 name = names.get(key)
                 if name is None:
-                    name = names[key] = b"\x08" + wire.varint(
+                    name = names[key] = b"\x08" + varint(
                         self._iid(_I_ANNOTATION_NAMES, key)) + b"\x20"
-                if 0 <= value < 0x80:
-                    parts.append(b"\x22" + _SMALL_LEN[len(name) + 1] + name + _SMALL[value])
-                else:
-                    enc = wire.varint(value)
-                    parts.append(b"\x22" + wire.varint(len(name) + len(enc)) + name + enc)
+                enc = _SMALL[value] if 0 <= value < 0x80 else varint(value)
+                out += b"\x22" + _SMALL[len(name) + len(enc)] + name + enc
                 continue
             ck = (key, value, type(value))
             enc = cache.get(ck)
@@ -249,8 +246,8 @@ class PerfettoWriter:
                 inner = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
                 enc = wire.field_bytes(_E_DEBUG, inner + _annotation_value(value))
                 cache[ck] = enc
-            parts.append(enc)
-        return b"".join(parts)
+            out += enc
+        return out
 
     @staticmethod
     def _flows(flow_out: Sequence[int], flow_in: Sequence[int]) -> bytes:
@@ -335,15 +332,18 @@ class PerfettoWriter:
             self.end(track, ts + max(dur, 0))
             return
         varint = wire.varint
-        body = b"\x40" + varint(ts) + b"\x5a" + varint(len(event)) + event + self._seq_needs
+        size = len(event)
+        body = (b"\x40" + varint(ts) + b"\x5a" + (_SMALL[size] if size < 0x80 else varint(size))
+                + event + self._seq_needs)
         tail = self._end_tails.get(track)
         if tail is None:
             end_event = wire.field_varint(_E_TYPE, _END) + wire.field_varint(_E_TRACK, track)
             tail = self._end_tails[track] = (wire.field_bytes(_P_TRACK_EVENT, end_event)
                                              + self._seq_needs)
         end_body = b"\x40" + varint(ts + (max(0, dur))) + tail
-        data = (b"\x0a" + varint(len(body)) + body + b"\x0a" + varint(len(end_body))
-                + end_body)
+        size = len(body)
+        data = (b"\x0a" + (_SMALL[size] if size < 0x80 else varint(size)) + body
+                + b"\x0a" + _SMALL[len(end_body)] + end_body)
         self._buffer.append(data)
         self._buffered += len(data)
         self.events += 1
