@@ -9,6 +9,7 @@ builds dicts only when asked.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -127,3 +128,27 @@ class ColumnArgs(SliceArgs):
             return None
         keys = [self.names[k] for k in self.key[rows].tolist()]
         return dict(zip(keys, self._values(rows).tolist(), strict=True))
+
+
+class LazyArgs(SliceArgs):
+    """Args decoded on first use (a large .pftrace loads its tables first)."""
+
+    def __init__(self, build: Callable[[], SliceArgs]) -> None:
+        self._build: Callable[[], SliceArgs] | None = build
+        self._args: SliceArgs | None = None
+
+    def _get(self) -> SliceArgs:
+        if self._args is None:
+            assert self._build is not None
+            self._args = self._build()
+            self._build = None  # let go of the raw bytes it held
+        return self._args
+
+    def column(self, key: str, ids: np.ndarray) -> np.ndarray:
+        return self._get().column(key, ids)
+
+    def dicts(self) -> list[dict[str, Any] | None]:
+        return self._get().dicts()
+
+    def get(self, slice_id: int) -> dict[str, Any] | None:
+        return self._get().get(slice_id)

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
 from neuron_explorer.errors import TraceFormatError
-from neuron_explorer.loaders.args import ColumnArgs
+from neuron_explorer.loaders.args import ColumnArgs, LazyArgs
 from neuron_explorer.loaders.chrome_json import bind_flow_points
 from neuron_explorer.loaders.kinds import DEVICE_PROCESS_NAME, our_kind
 from neuron_explorer.loaders.nesting import match_begin_end
-from neuron_explorer.loaders.pftrace_annotations import decode_annotations
+from neuron_explorer.loaders.pftrace_annotations import Annotations, decode_annotations
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import device_track_kind
 from neuron_explorer.loaders.wire_scan import Scan, WireError, packet_offsets, read_message, scan
@@ -353,8 +353,13 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     counters = _counters(es, ev_type, ev_ts, ev_track, tracks)
     flows = _flows(ef, ev_ts, slice_of_event)
     state.pairs = pairs
-    args = decode_annotations(data, buf, ef, slice_of_event, ev_seqgen, state, len(slices))
-    metadata = _metadata(slices, args)
+    ann = Annotations.of(ef, slice_of_event)
+    n_slices = len(slices)
+    # args are decoded on first use; the metadata instant's now (the hardware figures)
+    is_meta = (slices["category"].to_numpy() == tf.CAT_METADATA)[ann.sid]
+    metadata = _metadata(slices, decode_annotations(data, buf, ann.subset(is_meta), ev_seqgen,
+                                                    state, n_slices))
+    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev_seqgen, state, n_slices))
     return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
                     tracks=tracks, counters=counters, flows=flows, metadata=metadata,
                     skipped=dict(skipped), warnings=warn)

@@ -7,6 +7,7 @@ caller asks for dicts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,13 +81,30 @@ def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
     return codes, names
 
 
-def decode_annotations(data: bytes, buf: np.ndarray, ef: Fields, slice_of_event: np.ndarray,
-                       ev_seqgen: np.ndarray, state: Any, n_slices: int) -> ColumnArgs:
-    """Typed args of every annotation on a slice event."""
-    ev, _, length, offset = ef.select(E_ANNOTATION)
-    sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
-    keep = sid >= 0
-    ev, length, offset, sid = ev[keep], length[keep], offset[keep], sid[keep]
+@dataclass
+class Annotations:
+    """Where the debug annotations of slice events are: one row per annotation."""
+
+    ev: np.ndarray  # track event holding it
+    sid: np.ndarray  # its slice id
+    offset: np.ndarray  # annotation message bytes
+    length: np.ndarray
+
+    @classmethod
+    def of(cls, ef: Fields, slice_of_event: np.ndarray) -> Annotations:
+        ev, _, length, offset = ef.select(E_ANNOTATION)
+        sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
+        keep = sid >= 0
+        return cls(ev[keep], sid[keep], offset[keep], length[keep].astype(np.int64))
+
+    def subset(self, mask: np.ndarray) -> Annotations:
+        return Annotations(self.ev[mask], self.sid[mask], self.offset[mask], self.length[mask])
+
+
+def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen: np.ndarray,
+                       state: Any, n_slices: int) -> ColumnArgs:
+    """Typed args of the given annotations."""
+    ev, sid, offset, length = ann.ev, ann.sid, ann.offset, ann.length
     n = len(ev)
     sc = scan(buf, offset, offset + length.astype(np.int64), SLOTS, set())
     codes, names = _key_codes(state, data, sc, n, ev_seqgen, ev)
