@@ -4,7 +4,9 @@ Writes one synthetic training trace twice: as our .pftrace (with the collectors'
 trace writer) and as PyTorch-profiler (Kineto) JSON holding the same events. Each
 measurement runs in a fresh process (time and peak RSS of that process):
 
-- ours: `neuron_explorer.load(.pftrace)` and, separately, deriving ops and kernels;
+- ours: `neuron_explorer.load(.pftrace)` (slices, tracks, counters, flows; slice args
+  are decoded on first use), and, separately, load + the ops and kernels tables
+  (which decodes the args);
 - ours on the JSON: `neuron_explorer.load(.json)`;
 - HTA: `hta.common.trace_parser.parse_trace_dataframe(.json)`, HTA's parser.
 
@@ -209,7 +211,7 @@ def main() -> int:
             hta = results["hta"][clock]
             label = "wall" if clock == "seconds" else "cpu"
             print(f"ratio HTA / ours, {label}: .pftrace {hta / ours[clock]:.1f}x, "
-                  f".pftrace + ops/kernels {hta / results['ours_derived'][clock]:.1f}x, "
+                  f".pftrace + ops/kernels tables {hta / results['ours_derived'][clock]:.1f}x, "
                   f"same JSON {hta / results['ours_json'][clock]:.1f}x")
     if not args.keep:
         for p in (pf, js):
