@@ -98,3 +98,18 @@ def test_environment_variable_selects_the_policy(monkeypatch, restore_mode):
         assert adaptive_mode.install_from_environment() == "immediate"
     with pytest.raises(adaptive_mode.UnknownEagerModeError, match="lazy"):
         adaptive_mode.set_mode("lazy")
+
+
+def test_queued_eager_work_launches_before_a_compiled_graph(recorder, restore_mode):
+    compiled = torch.compile(lambda t: torch.tanh(t) * 3, backend="neuron")
+    x = torch.randn(16, 16).to("neuron")
+    compiled(x)  # compile outside the measured part
+    adaptive_mode.set_mode("adaptive")
+    recorder.clear()
+    y = chain(x, 2)  # queued
+    compiled(y)
+    kernels_by_op = [k.op_id for k in recorder.kernels]
+    graph = next(op for op in recorder.ops if op.graph_id is not None)
+    eager_ops = [op.op_id for op in recorder.ops if op.graph_id is None]
+    assert kernels_by_op[0] == eager_ops[0]  # the fused eager run comes first
+    assert kernels_by_op[-1] == graph.op_id
