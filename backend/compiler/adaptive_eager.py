@@ -89,7 +89,7 @@ class AdaptivePolicy:
 
     def __init__(self, max_queued: int = MAX_QUEUED_OPS) -> None:
         self.max_queued = max_queued
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a sink may sync (and flush) while we launch
         self._device = None
         self._queue: list[_Queued] = []
         self._kernels: dict[tuple, object] = {}

@@ -137,7 +137,7 @@ class CompileEventRecorder:
         source = self._sources.pop(compile_id, "") or compiling_code_location()
         metrics = get_metrics_context()
         recorded = getattr(metrics, "_metrics", {}) if metrics.in_progress() else {}
-        guard = recorded.get("recompile_reason")
+        guard = recorded.get("recompile_reason") if what == "dynamo" else None
         if breaks_seen > len(graph_break_reasons):  # torch._dynamo.reset() cleared the list
             breaks_seen = 0
         new_breaks = list(graph_break_reasons[breaks_seen:])
