@@ -1,7 +1,9 @@
 """Recording overhead on the reference workloads: recorded time / unrecorded time.
 
 For the MLP and the transformer (`neuron_explorer.workloads`), each run trains a
-few steps in a fresh process and times the training loop (plus closing the trace):
+few steps in a fresh process and times the training loop, from starting the
+recording to closing the trace, after one warm-up step in the same mode (so
+one-off costs such as lowering caches and imports are left out):
 - on the `neuron` device: unrecorded, `--level op`, `--level engine`
   (targets: at most 1.3x and 2x);
 - on the CPU: unrecorded and under torch.profiler (CPU activities, shapes), for
@@ -23,31 +25,42 @@ import tempfile
 RUNNER = r'''
 import json, sys, time
 import torch
+import neuron_explorer
+from neuron_explorer.collectors import session  # noqa: F401 - imported before timing, as the CLI does
 from neuron_explorer.workloads.training import make_model, train
 
 name, device, mode, steps, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 torch.autograd.set_multithreading_enabled(False)
-# one untimed step: lowering caches and first-use costs are not what is measured
-train(make_model(name), device, 1)
+torch.set_num_threads(1)  # steadier timings; the same for every mode
+
+
+def run(model, n, path):
+    if mode == "none":
+        train(model, device, n)
+    elif mode == "torch.profiler":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            train(model, device, n)
+        prof.export_chrome_trace(path)
+    else:
+        with neuron_explorer.record(path, level=mode, quiet=True):
+            train(model, device, n)
+
+
+# one untimed step in the same mode: first-use costs (lowering caches, imports) are
+# paid once per process and are not what is measured
+run(make_model(name), 1, out + ".warmup")
 model = make_model(name)
-start = time.perf_counter()
-if mode == "none":
-    train(model, device, steps)
-elif mode == "torch.profiler":
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        train(model, device, steps)
-    prof.export_chrome_trace(out)
-else:
-    import neuron_explorer
-    with neuron_explorer.record(out, level=mode, quiet=True):
-        train(model, device, steps)
-print(json.dumps({"seconds": time.perf_counter() - start}))
+start, cpu_start = time.perf_counter(), time.process_time()
+run(model, steps, out)
+print(json.dumps({"seconds": time.perf_counter() - start,
+                  "cpu_seconds": time.process_time() - cpu_start}))
 '''
 
 
-def measure(model: str, device: str, mode: str, steps: int, repeat: int, folder: str) -> float:
-    """Best of `repeat` fresh-process runs, in seconds."""
+def measure(model: str, device: str, mode: str, steps: int, repeat: int, folder: str,
+            clock: str) -> float:
+    """Best of `repeat` fresh-process runs, in seconds of `clock` (wall or cpu)."""
     script = os.path.join(folder, "runner.py")
     with open(script, "w") as f:
         f.write(RUNNER)
@@ -58,7 +71,8 @@ def measure(model: str, device: str, mode: str, steps: int, repeat: int, folder:
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"{model} {device} {mode} failed:\n{proc.stderr[-3000:]}")
-        best = min(best, json.loads(proc.stdout.strip().splitlines()[-1])["seconds"])
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        best = min(best, result["cpu_seconds" if clock == "cpu" else "seconds"])
     return best
 
 
@@ -67,15 +81,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or the process's CPU time (steadier on a busy machine)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models.split(","):
-            base = measure(model, "neuron", "none", args.steps, args.repeat, folder)
-            op = measure(model, "neuron", "op", args.steps, args.repeat, folder)
-            engine = measure(model, "neuron", "engine", args.steps, args.repeat, folder)
-            cpu = measure(model, "cpu", "none", args.steps, args.repeat, folder)
-            prof = measure(model, "cpu", "torch.profiler", args.steps, args.repeat, folder)
-            print(f"{model}: neuron unrecorded {base:.3f}s | record --level op {op / base:.2f}x "
+            def run(device: str, mode: str, model: str = model) -> float:
+                return measure(model, device, mode, args.steps, args.repeat, folder, args.clock)
+
+            base = run("neuron", "none")
+            op = run("neuron", "op")
+            engine = run("neuron", "engine")
+            cpu = run("cpu", "none")
+            prof = run("cpu", "torch.profiler")
+            print(f"{model} ({args.clock} time, best of {args.repeat}): "
+                  f"neuron unrecorded {base:.3f}s | record --level op {op / base:.2f}x "
                   f"(target <= 1.3x) | --level engine {engine / base:.2f}x (target <= 2x) | "
                   f"cpu unrecorded {cpu:.3f}s, torch.profiler {prof / cpu:.2f}x")
 
