@@ -80,6 +80,11 @@ FILLS = [
     "fill", "zero", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
     "new_ones", "new_full", "scalar_tensor",
 ]
+# Backward of indexing views: a zero-filled gradient with the incoming slice written in.
+SLICE_BACKWARDS = [
+    "select_backward", "slice_backward", "diagonal_backward", "as_strided_scatter",
+    "slice_scatter", "select_scatter", "diagonal_scatter",
+]
 REDUCTIONS = {
     "sum": rw.SUM, "mean": rw.SUM, "nansum": rw.SUM, "nanmean": rw.SUM, "prod": rw.SUM,
     "amax": rw.MINMAX, "amin": rw.MINMAX, "aminmax": rw.MINMAX, "max": rw.MINMAX,
@@ -92,7 +97,8 @@ REDUCTIONS = {
     "binary_cross_entropy": rw.BCE_LOGITS, "binary_cross_entropy_with_logits": rw.BCE_LOGITS,
 }
 ROWS = {
-    "softmax": rw.SOFTMAX, "_softmax": rw.SOFTMAX, "log_softmax": rw.LOG_SOFTMAX,
+    "softmax": rw.SOFTMAX, "_softmax": rw.SOFTMAX, "_safe_softmax": rw.SOFTMAX,
+    "log_softmax": rw.LOG_SOFTMAX,
     "_log_softmax": rw.LOG_SOFTMAX, "_softmax_backward_data": rw.SOFTMAX_BACKWARD,
     "_log_softmax_backward_data": rw.LOG_SOFTMAX_BACKWARD,
     "layer_norm": rw.LAYER_NORM, "native_layer_norm": rw.LAYER_NORM,
@@ -121,6 +127,7 @@ LOWERINGS.update({n: partial(pw.lower_pointwise, steps=ACTIVATION_BACKWARD)
 LOWERINGS.update({n: partial(pw.lower_pointwise, steps=MASK_BACKWARD) for n in MASKED_BACKWARDS})
 LOWERINGS.update({n: pw.lower_copy for n in COPIES})
 LOWERINGS.update({n: partial(pw.lower_generate, steps=MEMSET) for n in FILLS})
+LOWERINGS.update({n: partial(pw.lower_generate, steps=MEMSET) for n in SLICE_BACKWARDS})
 LOWERINGS.update({n: partial(rw.lower_reduction, steps=s) for n, s in REDUCTIONS.items()})
 LOWERINGS.update({n: partial(rw.lower_rows, steps=s) for n, s in ROWS.items()})
 LOWERINGS.update({n: partial(rw.lower_reduction, steps=POOL) for n in POOLING})
