@@ -248,7 +248,7 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
             warn: list[str]) -> RawTrace:
     skipped: Counter[str] = Counter()
     n = len(starts)
-    pk = scan(buf, starts, ends, PACKET_SLOTS, set())
+    pk = scan(buf, starts, ends, PACKET_SLOTS, set(), offsets={4})
     for number, count in Counter(pk.others[~np.isin(pk.others, list(IGNORED_PACKET_FIELDS))]
                                  .tolist()).items():
         skipped[f"packet field {number}"] += count
@@ -273,7 +273,7 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     ev_len = pk.value[4][ev_pkt].astype(np.int64)
     del pk
     ne = len(ev_pkt)
-    es = scan(buf, ev_off, ev_off + ev_len, EVENT_SLOTS, EVENT_REPEATED)
+    es = scan(buf, ev_off, ev_off + ev_len, EVENT_SLOTS, EVENT_REPEATED, offsets={3})
     ef = es.rows
     ev_ts = p_ts[ev_pkt]
     ev_seqgen = p_pair[ev_pkt].astype(np.int64)

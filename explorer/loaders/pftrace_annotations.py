@@ -106,7 +106,7 @@ def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen
     """Typed args of the given annotations."""
     ev, sid, offset, length = ann.ev, ann.sid, ann.offset, ann.length
     n = len(ev)
-    sc = scan(buf, offset, offset + length.astype(np.int64), SLOTS, set())
+    sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2})
     codes, names = _key_codes(state, data, sc, n, ev_seqgen, ev)
     which = sc.field[2]
     raw = sc.value[2]

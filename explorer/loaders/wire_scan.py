@@ -150,22 +150,24 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
 class Scan:
     """Fields of a batch of messages: scalar fields in per-message slots, repeated ones as rows.
 
-    `value[s, i]` / `offset[s, i]` hold slot s of message i and `field[s, i]` the number
-    of the field that filled it (0: absent); several field numbers may share a slot
-    (the alternatives of a oneof). `rows` holds the repeated fields, `others` the
-    numbers of fields neither asked for.
+    `value[s, i]` holds slot s of message i and `field[s, i]` the number of the field
+    that filled it (0: absent); several field numbers may share a slot (the
+    alternatives of a oneof). `offset[s][i]` is the payload offset, kept only for the
+    slots asked for (length-delimited ones). `rows` holds the repeated fields, `others`
+    the numbers of fields neither asked for.
     """
 
     value: np.ndarray
-    offset: np.ndarray
+    offset: dict[int, np.ndarray]
     field: np.ndarray
     rows: Fields
     others: np.ndarray
 
 
 def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, int],
-         repeated: set[int]) -> Scan:
-    """Walk the messages in lockstep, sorting each field into its slot, the rows, or others."""
+         repeated: set[int], offsets: set[int] = frozenset()) -> Scan:
+    """Walk the messages in lockstep, sorting each field into its slot, the rows, or others;
+    `offsets` names the slots whose payload offsets are kept."""
     n = len(start)
     k = max(slots.values(), default=-1) + 1
     top = max([*slots, *repeated, 0]) + 1
@@ -175,9 +177,14 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     for number, slot in slots.items():
         code_of[number] = slot
     code_of[list(repeated)] = repeated_code
+    if max(slots, default=0) >= 1 << 15:
+        raise ValueError("slotted field numbers must fit in int16")
+    off_slots = sorted(offsets)
+    off_row = np.full(k + 2, -1, np.int64)  # code -> row of `offset`
+    off_row[off_slots] = np.arange(len(off_slots))
     value = np.zeros((k, n), np.uint64)
-    offset = np.zeros((k, n), np.int64)
-    which = np.zeros((k, n), np.int32)
+    offset = np.zeros((len(off_slots), n), np.int64)
+    which = np.zeros((k, n), np.int16)
     value_1d, offset_1d, which_1d = value.reshape(-1), offset.reshape(-1), which.reshape(-1)
     parts, others = [], []
     # in chunks of messages, so the arrays of a round stay in the CPU caches
@@ -187,10 +194,14 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
             code = code_of[np.minimum(field, top)]
             sc = np.flatnonzero(code < k)
             if len(sc):
-                flat = code[sc] * n + (msg[sc] + lo)
+                where = msg[sc] + lo
+                flat = code[sc] * n + where
                 value_1d[flat] = val[sc]
-                offset_1d[flat] = off[sc]
                 which_1d[flat] = field[sc]
+                if off_slots:
+                    row = off_row[code[sc]]
+                    keep = np.flatnonzero(row >= 0)
+                    offset_1d[row[keep] * n + where[keep]] = off[sc[keep]]
             if len(sc) < len(code):
                 r = np.flatnonzero(code == repeated_code)
                 if len(r):
@@ -204,7 +215,7 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
         empty = np.zeros(0, np.int64)
         rows = Fields(empty.astype(np.int32), empty, empty.astype(np.int8),
                       np.zeros(0, np.uint64), empty)
-    return Scan(value, offset, which, rows,
+    return Scan(value, {slot: offset[i] for i, slot in enumerate(off_slots)}, which, rows,
                 np.concatenate(others) if others else np.zeros(0, np.int64))
 
 
