@@ -43,8 +43,18 @@ if TYPE_CHECKING:
     from neuron_explorer.collectors.recorder import Recorder, _ThreadState
 
 _perf_ns = time.perf_counter_ns
-_is_compiling = torch.compiler.is_compiling
+_dynamo_compiling = torch.compiler.is_compiling
+_get_mode = torch._C._get_dispatch_mode
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
+
+
+def _is_compiling() -> bool:
+    """True while torch.compile traces (Dynamo, or AOT tracing with fake/proxy tensors):
+    module calls then are not the program running."""
+    return _dynamo_compiling() or _get_mode(_FAKE) is not None or _get_mode(_PROXY) is not None
 _current_node = torch._C._current_autograd_node
+_GraphModule = torch.fx.GraphModule  # torch.compile's own graphs, not the user's modules
 _SEQ_MAP_LIMIT = 2_000_000  # autograd sequence numbers remembered for backward attribution
 # record_function ranges that other events already show
 _SKIPPED_RANGES = ("Optimizer.", "enumerate(DataLoader)", "Optimizer.zero_grad")
@@ -125,7 +135,7 @@ class FrameworkHooks:
     # -- forward -----------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
-        if _is_compiling() or not self.rec.recording:
+        if _is_compiling() or not self.rec.recording or isinstance(module, _GraphModule):
             return
         t0 = _perf_ns()
         ts = clock.now()  # read first: the hook's own time is taken off the clock below
@@ -134,7 +144,7 @@ class FrameworkHooks:
             state = rec.thread()
             parent = state.forward[-1][0] if state.forward else None
             path = self.path_of(module, parent)
-            state.forward.append((path, _get_sequence_nr()))
+            state.forward.append((path, _get_sequence_nr(), id(module)))
             rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
                                          ARG_STEP: rec.step}, ts=ts, state=state)
         except RecordingError as exc:
@@ -148,10 +158,18 @@ class FrameworkHooks:
         state = rec._threads.get(threading.get_ident())
         if state is None or not state.forward:
             return
+        key = id(module)
+        stack = state.forward
+        if stack[-1][2] != key:  # a call whose pre-hook we skipped (or never saw)
+            if not any(entry[2] == key for entry in stack):
+                return
+            while stack[-1][2] != key:  # calls that never returned through their hook
+                stack.pop()
+                rec.end(CAT_MODULE, state=state)
         t0 = _perf_ns()
         ts = clock.now()
         try:
-            path, seq_start = state.forward.pop()
+            path, seq_start, _ = stack.pop()
             seq_end = _get_sequence_nr()
             if seq_end > seq_start and torch.is_grad_enabled():
                 seq_map = self._seq_module

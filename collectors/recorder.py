@@ -68,7 +68,7 @@ class _ThreadState:
     def __init__(self, track: int) -> None:
         self.track = track
         self.open: list[_Open] = []  # host slices open on this track, outermost first
-        self.forward: list[tuple[str, int]] = []  # (module path, autograd seq at entry)
+        self.forward: list[tuple[str, int, int]] = []  # (path, autograd seq at entry, id)
         self.backward: list[str] = []  # module paths of the backward slices open
 
 

@@ -169,3 +169,22 @@ def test_overlapping_kernels_get_their_own_lanes(tmp_path) -> None:
     assert lanes["k1000001"] == "Kernels" and lanes["k1000003"] == "Kernels"
     assert lanes["k1000002"] == "Kernels 2"
     assert all(k.depth == 0 for k in kernels)
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile:UserWarning")
+def test_torch_compile_runs_are_recorded_without_compiler_internals(tmp_path) -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(8, 16, device="neuron")
+    path = tmp_path / "compiled.pftrace"
+    with neuron_explorer.record(path, level="op", quiet=True):
+        for _ in range(2):
+            compiled(x).sum().backward()
+    trace = parse(path)
+    modules = {m.args["module"] for m in trace.by_category("module")}
+    assert modules == {"model"}  # no fx GraphModules from the compiler
+    compile_spans = trace.by_category("compile")
+    assert compile_spans and all(s.parent is not None for s in compile_spans)
+    graph_ops = [o for o in trace.by_category("op") if "graph_id" in o.args]
+    assert len(graph_ops) >= 4  # forward and backward graphs, two iterations
+    assert all(o.parent.category in ("module", "backward", "step") for o in graph_ops)
