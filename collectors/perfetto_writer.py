@@ -26,53 +26,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from neuron_explorer.collectors import perfetto_fields as F
 from neuron_explorer.collectors import wire
 from neuron_explorer.collectors.trace_writer import open_output, write_failed
 from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
-
-# TracePacket fields
-_P_TIMESTAMP = 8
-_P_SEQ_ID = 10
-_P_TRACK_EVENT = 11
-_P_INTERNED = 12
-_P_FLAGS = 13
-_P_TRACK_DESCRIPTOR = 60
-_P_FIRST_ON_SEQUENCE = 87
-# TrackDescriptor fields
-_D_UUID = 1
-_D_NAME = 2
-_D_PROCESS = 3
-_D_THREAD = 4
-_D_PARENT = 5
-_D_COUNTER = 8
-_UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
-# TrackEvent fields
-_E_CATEGORY_IIDS = 3
-_E_DEBUG = 4
-_E_TYPE = 9
-_E_NAME_IID = 10
-_E_TRACK = 11
-_E_COUNTER = 30
-_E_DOUBLE_COUNTER = 44
-_E_FLOW_IDS = 47
-_E_TERMINATING_FLOW_IDS = 48
-# InternedData fields
-_I_CATEGORIES = 1
-_I_NAMES = 2
-_I_ANNOTATION_NAMES = 3
 
 _TRACE_PACKET = 1  # Trace.packet
 _BEGIN, _END, _INSTANT, _COUNTER = 1, 2, 3, 4
 # `type = SLICE_BEGIN` again, as long as a flow id field (tag + fixed64): pads batch rows
 # that have no flow, leaving the parsed message unchanged
-_FLOW_WIDTH = len(wire.tag(_E_FLOW_IDS, wire.FIXED64)) + 8
-_NO_FLOW = wire.tag(_E_TYPE, wire.VARINT) + wire.padded_varint(_BEGIN, _FLOW_WIDTH - 1)
+_FLOW_WIDTH = len(wire.tag(F.E_FLOW_IDS, wire.FIXED64)) + 8
+_NO_FLOW = wire.tag(F.E_TYPE, wire.VARINT) + wire.padded_varint(_BEGIN, _FLOW_WIDTH - 1)
 _CLEARED, _NEEDS = 1, 2
 _CACHE_LIMIT = 100_000  # encoded (key, value) annotations kept for reuse
 _SMALL = [bytes((i,)) for i in range(128)]
 _pack_fixed64 = struct.Struct("<Q").pack
-_FLOW_OUT_TAG = wire.tag(_E_FLOW_IDS, wire.FIXED64)
-_FLOW_IN_TAG = wire.tag(_E_TERMINATING_FLOW_IDS, wire.FIXED64)
+_FLOW_OUT_TAG = wire.tag(F.E_FLOW_IDS, wire.FIXED64)
+_FLOW_IN_TAG = wire.tag(F.E_TERMINATING_FLOW_IDS, wire.FIXED64)
 
 
 def _annotation_value(value: Any) -> bytes:
@@ -101,12 +71,12 @@ class PerfettoWriter:
         self.events = 0
         self.counts: dict[str, int] = {}
         self.closed = False
-        self._seq = wire.field_varint(_P_SEQ_ID, sequence_id)
-        self._seq_needs = self._seq + wire.field_varint(_P_FLAGS, _NEEDS)
+        self._seq = wire.field_varint(F.P_SEQ_ID, sequence_id)
+        self._seq_needs = self._seq + wire.field_varint(F.P_FLAGS, _NEEDS)
         self._first = True
         self._next_uuid = uuid_base
         self._interned: dict[tuple[int, str], int] = {}
-        self._next_iid = {_I_CATEGORIES: 1, _I_NAMES: 1, _I_ANNOTATION_NAMES: 1}
+        self._next_iid = {F.I_CATEGORIES: 1, F.I_NAMES: 1, F.I_ANNOTATION_NAMES: 1}
         self._pending_interned: list[bytes] = []
         self._headers: dict[tuple[int, int, str, str], bytes] = {}
         self._end_headers: dict[int, bytes] = {}
@@ -124,8 +94,8 @@ class PerfettoWriter:
     def _descriptor(self, fields: bytes) -> int:
         uuid = self._next_uuid
         self._next_uuid += 1
-        desc = wire.field_varint(_D_UUID, uuid) + fields
-        self._packet(wire.field_bytes(_P_TRACK_DESCRIPTOR, desc))
+        desc = wire.field_varint(F.D_UUID, uuid) + fields
+        self._packet(wire.field_bytes(F.P_TRACK_DESCRIPTOR, desc))
         return uuid
 
     def process(self, pid: int, name: str, cmdline: Sequence[str] = ()) -> int:
@@ -133,27 +103,27 @@ class PerfettoWriter:
         for arg in cmdline:
             body += wire.field_bytes(2, str(arg).encode())
         body += wire.field_bytes(6, name.encode())
-        return self._descriptor(wire.field_bytes(_D_PROCESS, body))
+        return self._descriptor(wire.field_bytes(F.D_PROCESS, body))
 
     def thread(self, pid: int, tid: int, name: str) -> int:
         body = wire.field_varint(1, pid) + wire.field_varint(2, tid)
         body += wire.field_bytes(5, name.encode())
-        return self._descriptor(wire.field_bytes(_D_THREAD, body))
+        return self._descriptor(wire.field_bytes(F.D_THREAD, body))
 
     def track(self, name: str, process: int) -> int:
-        return self._descriptor(wire.field_varint(_D_PARENT, process)
-                                + wire.field_bytes(_D_NAME, name.encode()))
+        return self._descriptor(wire.field_varint(F.D_PARENT, process)
+                                + wire.field_bytes(F.D_NAME, name.encode()))
 
     def counter_track(self, name: str, process: int, unit: str | None = None) -> int:
         if unit == "bytes":
-            counter = wire.field_varint(3, _UNIT_SIZE_BYTES)
+            counter = wire.field_varint(3, F.UNIT_SIZE_BYTES)
         elif unit:
             counter = wire.field_bytes(6, unit.encode())
         else:
             counter = b""
-        return self._descriptor(wire.field_varint(_D_PARENT, process)
-                                + wire.field_bytes(_D_NAME, name.encode())
-                                + wire.field_bytes(_D_COUNTER, counter))
+        return self._descriptor(wire.field_varint(F.D_PARENT, process)
+                                + wire.field_bytes(F.D_NAME, name.encode())
+                                + wire.field_bytes(F.D_COUNTER, counter))
 
     # -- interning --------------------------------------------------------------
 
@@ -173,15 +143,15 @@ class PerfettoWriter:
             return b""
         data = b"".join(self._pending_interned)
         self._pending_interned.clear()
-        return wire.field_bytes(_P_INTERNED, data)
+        return wire.field_bytes(F.P_INTERNED, data)
 
     # -- packets --------------------------------------------------------------
 
     def _packet(self, body: bytes) -> None:
         if self._first:
             self._first = False
-            body += self._seq + wire.field_varint(_P_FLAGS, _CLEARED)
-            body += wire.field_varint(_P_FIRST_ON_SEQUENCE, 1)
+            body += self._seq + wire.field_varint(F.P_FLAGS, _CLEARED)
+            body += wire.field_varint(F.P_FIRST_ON_SEQUENCE, 1)
         else:
             body += self._seq_needs
         self._emit(b"\x0a" + wire.varint(len(body)) + body)
@@ -216,10 +186,10 @@ class PerfettoWriter:
         head = self._headers.get(key)
         if head is None:
             head = (
-                wire.field_varint(_E_TYPE, kind)
-                + wire.field_varint(_E_TRACK, track)
-                + wire.field_varint(_E_CATEGORY_IIDS, self._iid(_I_CATEGORIES, category))
-                + wire.field_varint(_E_NAME_IID, self._iid(_I_NAMES, name))
+                wire.field_varint(F.E_TYPE, kind)
+                + wire.field_varint(F.E_TRACK, track)
+                + wire.field_varint(F.E_CATEGORY_IIDS, self._iid(F.I_CATEGORIES, category))
+                + wire.field_varint(F.E_NAME_IID, self._iid(F.I_NAMES, name))
             )
             self._headers[key] = head
         return head
@@ -234,7 +204,7 @@ class PerfettoWriter:
                 name = names.get(key)
                 if name is None:
                     name = names[key] = b"\x08" + varint(
-                        self._iid(_I_ANNOTATION_NAMES, key)) + b"\x20"
+                        self._iid(F.I_ANNOTATION_NAMES, key)) + b"\x20"
                 enc = _SMALL[value] if 0 <= value < 0x80 else varint(value)
                 out += b"\x22" + _SMALL[len(name) + len(enc)] + name + enc
                 continue
@@ -243,8 +213,8 @@ class PerfettoWriter:
             if enc is None:
                 if len(cache) > _CACHE_LIMIT:
                     cache.clear()
-                inner = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
-                enc = wire.field_bytes(_E_DEBUG, inner + _annotation_value(value))
+                inner = wire.field_varint(1, self._iid(F.I_ANNOTATION_NAMES, key))
+                enc = wire.field_bytes(F.E_DEBUG, inner + _annotation_value(value))
                 cache[ck] = enc
             out += enc
         return out
@@ -253,9 +223,9 @@ class PerfettoWriter:
     def _flows(flow_out: Sequence[int], flow_in: Sequence[int]) -> bytes:
         out = b""
         for fid in flow_out:
-            out += wire.field_fixed64(_E_FLOW_IDS, fid)
+            out += wire.field_fixed64(F.E_FLOW_IDS, fid)
         for fid in flow_in:
-            out += wire.field_fixed64(_E_TERMINATING_FLOW_IDS, fid)
+            out += wire.field_fixed64(F.E_TERMINATING_FLOW_IDS, fid)
         return out
 
     def _count(self, category: str) -> None:
@@ -292,7 +262,7 @@ class PerfettoWriter:
     def end(self, track: int, ts: int) -> None:
         head = self._end_headers.get(track)
         if head is None:
-            head = wire.field_varint(_E_TYPE, _END) + wire.field_varint(_E_TRACK, track)
+            head = wire.field_varint(F.E_TYPE, _END) + wire.field_varint(F.E_TRACK, track)
             self._end_headers[track] = head
         self._event(ts, head)
 
@@ -337,8 +307,8 @@ class PerfettoWriter:
                 + event + self._seq_needs)
         tail = self._end_tails.get(track)
         if tail is None:
-            end_event = wire.field_varint(_E_TYPE, _END) + wire.field_varint(_E_TRACK, track)
-            tail = self._end_tails[track] = (wire.field_bytes(_P_TRACK_EVENT, end_event)
+            end_event = wire.field_varint(F.E_TYPE, _END) + wire.field_varint(F.E_TRACK, track)
+            tail = self._end_tails[track] = (wire.field_bytes(F.P_TRACK_EVENT, end_event)
                                              + self._seq_needs)
         end_body = b"\x40" + varint(ts + (max(0, dur))) + tail
         size = len(body)
@@ -364,12 +334,12 @@ class PerfettoWriter:
     def counter(self, track: int, ts: int, value: float) -> None:
         head = self._counter_headers.get(track)
         if head is None:
-            head = wire.field_varint(_E_TYPE, _COUNTER) + wire.field_varint(_E_TRACK, track)
+            head = wire.field_varint(F.E_TYPE, _COUNTER) + wire.field_varint(F.E_TRACK, track)
             self._counter_headers[track] = head
         if isinstance(value, float):
-            event = head + wire.field_double(_E_DOUBLE_COUNTER, value)
+            event = head + wire.field_double(F.E_DOUBLE_COUNTER, value)
         else:
-            event = head + wire.field_varint(_E_COUNTER, int(value))
+            event = head + wire.field_varint(F.E_COUNTER, int(value))
         self._event(ts, event)
         self._count("counter")
 
@@ -397,25 +367,25 @@ class PerfettoWriter:
         if n == 0:
             return
         ts = np.asarray(ts, np.int64)
-        name_iids = np.array([self._iid(_I_NAMES, s) for s in names], np.int64)
-        head = wire.field_varint(_E_CATEGORY_IIDS, self._iid(_I_CATEGORIES, category))
-        track_seg = [wire.const(wire.tag(_E_TRACK, wire.VARINT), n),
+        name_iids = np.array([self._iid(F.I_NAMES, s) for s in names], np.int64)
+        head = wire.field_varint(F.E_CATEGORY_IIDS, self._iid(F.I_CATEGORIES, category))
+        track_seg = [wire.const(wire.tag(F.E_TRACK, wire.VARINT), n),
                      wire.varints(np.asarray(tracks, np.int64))]
         body = [
-            wire.const(wire.field_varint(_E_TYPE, _BEGIN), n),
+            wire.const(wire.field_varint(F.E_TYPE, _BEGIN), n),
             *track_seg,
-            wire.const(head + wire.tag(_E_NAME_IID, wire.VARINT), n),
+            wire.const(head + wire.tag(F.E_NAME_IID, wire.VARINT), n),
             wire.varints(name_iids[np.asarray(name_index, np.int64)]),
         ]
         for key, values in (int_args or {}).items():
-            name_part = wire.field_varint(1, self._iid(_I_ANNOTATION_NAMES, key))
-            body += wire.message(_E_DEBUG, [
+            name_part = wire.field_varint(1, self._iid(F.I_ANNOTATION_NAMES, key))
+            body += wire.message(F.E_DEBUG, [
                 wire.const(name_part + wire.tag(4, wire.VARINT), n),
                 wire.varints(np.asarray(values, np.int64)),
             ])
         for key, (choices, index) in (str_args or {}).items():
             body.append(wire.table(self._string_annotations(key, choices), index))
-        for field, ids in ((_E_FLOW_IDS, flow_out), (_E_TERMINATING_FLOW_IDS, flow_in)):
+        for field, ids in ((F.E_FLOW_IDS, flow_out), (F.E_TERMINATING_FLOW_IDS, flow_in)):
             if ids is not None:
                 ids = np.asarray(ids, np.uint64)
                 flow = wire.concat_columns([wire.const(wire.tag(field, wire.FIXED64), n),
@@ -426,14 +396,14 @@ class PerfettoWriter:
         if interned or self._first:
             self._packet(interned)
         trailer = wire.const(self._seq_needs, n)
-        stamp = wire.const(wire.tag(_P_TIMESTAMP, wire.VARINT), n)
+        stamp = wire.const(wire.tag(F.P_TIMESTAMP, wire.VARINT), n)
         begin = wire.message(_TRACE_PACKET, [
-            stamp, wire.varints(ts), *wire.message(_P_TRACK_EVENT, body), trailer,
+            stamp, wire.varints(ts), *wire.message(F.P_TRACK_EVENT, body), trailer,
         ])
-        end_event = [wire.const(wire.field_varint(_E_TYPE, _END), n), *track_seg]
+        end_event = [wire.const(wire.field_varint(F.E_TYPE, _END), n), *track_seg]
         end = wire.message(_TRACE_PACKET, [
             stamp, wire.varints(ts + np.maximum(np.asarray(dur, np.int64), 0)),
-            *wire.message(_P_TRACK_EVENT, end_event), trailer,
+            *wire.message(F.P_TRACK_EVENT, end_event), trailer,
         ])
         self._emit(wire.to_bytes(begin + end))
         self.events += n
@@ -446,7 +416,7 @@ class PerfettoWriter:
         cached = self._string_tables.get(cache_key)
         if cached is not None:
             return cached
-        iid = self._iid(_I_ANNOTATION_NAMES, key)
+        iid = self._iid(F.I_ANNOTATION_NAMES, key)
         values = [wire.field_bytes(6, c.encode()) for c in choices]
         longest = max(len(v) for v in values)
         base = len(wire.varint(iid))
@@ -455,7 +425,7 @@ class PerfettoWriter:
             width = base + longest - len(v)
             name = (b"\x08" + wire.padded_varint(iid, width)) if width <= 10 else \
                 wire.field_varint(1, iid)
-            out.append(wire.field_bytes(_E_DEBUG, name + v))
+            out.append(wire.field_bytes(F.E_DEBUG, name + v))
         if len(self._string_tables) < 1000:
             self._string_tables[cache_key] = out
         return out
@@ -467,20 +437,20 @@ class PerfettoWriter:
             return
         values = np.asarray(values)
         if values.dtype.kind == "f":
-            value_seg = [wire.const(wire.tag(_E_DOUBLE_COUNTER, wire.FIXED64), n),
+            value_seg = [wire.const(wire.tag(F.E_DOUBLE_COUNTER, wire.FIXED64), n),
                          wire.fixed64s(values.astype(np.float64))]
         else:
-            value_seg = [wire.const(wire.tag(_E_COUNTER, wire.VARINT), n),
+            value_seg = [wire.const(wire.tag(F.E_COUNTER, wire.VARINT), n),
                          wire.varints(values.astype(np.int64))]
         event = [
-            wire.const(wire.field_varint(_E_TYPE, _COUNTER) + wire.tag(_E_TRACK, wire.VARINT), n),
+            wire.const(wire.field_varint(F.E_TYPE, _COUNTER) + wire.tag(F.E_TRACK, wire.VARINT), n),
             wire.varints(np.asarray(tracks, np.int64)),
             *value_seg,
         ]
         packet = wire.message(_TRACE_PACKET, [
-            wire.const(wire.tag(_P_TIMESTAMP, wire.VARINT), n),
+            wire.const(wire.tag(F.P_TIMESTAMP, wire.VARINT), n),
             wire.varints(np.asarray(ts, np.int64)),
-            *wire.message(_P_TRACK_EVENT, event),
+            *wire.message(F.P_TRACK_EVENT, event),
             wire.const(self._seq_needs, n),
         ])
         self._start_sequence()
