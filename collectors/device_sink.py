@@ -65,6 +65,7 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _BATCH = 16384  # buffered instructions / counter values before a batch is written
 _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
 _SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
+_KERNEL_BATCH = 4096
 
 
 _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
@@ -172,6 +173,7 @@ class DeviceSink:
         self.source = SourceLocator()
         self._kernels_seen: dict[int, int] = {}  # op_id -> kernels scheduled so far
         self._pending_compile: list[tuple[int, int, str, dict]] = []
+        self._kernel_rows: list[tuple] = []  # kernel slices waiting for their batch
         self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
         self._kernel_args: dict[tuple, object] = {}
         self._instructions: list[tuple] = []  # (engine, opcode, start, dur, bytes, flops)
@@ -266,14 +268,16 @@ class DeviceSink:
                 })
                 if len(self._kernel_args) > _SIGNATURE_LIMIT:
                     self._kernel_args.clear()
-            args = {ARG_KERNEL_ID: ev.kernel_id, ARG_OP_ID: ev.op_id, ARG_STEP: rec.step}
             instructions = ev.instructions if rec.engine else None
-            flow_out = ()
+            flow_out: Sequence[int] = ()
             if instructions:
                 flow_out = self._buffer_instructions(dev, ev.kernel_id, instructions)
-            self.writer.slice(lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name, CAT_KERNEL,
-                              args, flow_out=flow_out, flow_in=(op_flow_id(ev.op_id, index),),
-                              prepared=prepared)
+            # kernel tracks hold nothing else, so kernels too are written in batches
+            self._kernel_rows.append((lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name,
+                                      prepared, ev.kernel_id, ev.op_id, rec.step,
+                                      op_flow_id(ev.op_id, index), flow_out))
+            if len(self._kernel_rows) >= _KERNEL_BATCH:
+                self._flush_kernels()
             if rec.engine:
                 self._kernel_counters(dev, ev)
         except RecordingError as exc:
@@ -433,6 +437,28 @@ class DeviceSink:
                 flow_in=c["flow"],
             )
 
+    def _flush_kernels(self) -> None:
+        rows = self._kernel_rows
+        if not rows:
+            return
+        self._kernel_rows = []
+        lanes, starts, durs, names, prepared, kernel_ids, op_ids, steps, flow_in, outs = zip(*rows)
+        name_list, name_index = _factorize(names)
+        handles = {id(p): p for p in prepared}
+        handle_ids, prepared_index = _factorize([id(p) for p in prepared])
+        flow_out = np.zeros((len(rows), max(1, max(map(len, outs)))), np.uint64)
+        for i, ids in enumerate(outs):
+            if ids:
+                flow_out[i, : len(ids)] = ids
+        self.writer.slices(
+            np.array(lanes, np.int64), np.array(starts, np.int64), np.array(durs, np.int64),
+            name_list, name_index, CAT_KERNEL,
+            {ARG_KERNEL_ID: np.array(kernel_ids, np.int64), ARG_OP_ID: np.array(op_ids, np.int64),
+             ARG_STEP: np.array(steps, np.int64)},
+            flow_out=flow_out, flow_in=np.array(flow_in, np.uint64),
+            prepared=([handles[h] for h in handle_ids], prepared_index),
+        )
+
     def _flush_counters(self) -> None:
         for buf in (self._counters, self._int_counters):
             if buf:
@@ -446,6 +472,7 @@ class DeviceSink:
         """Write everything buffered (at the end of the recording or its window)."""
         try:
             self._flush_compile(self.rec.main.track, force=True)
+            self._flush_kernels()
             self._flush_instructions()
             self._flush_counters()
         except RecordingError as exc:

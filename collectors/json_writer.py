@@ -182,20 +182,25 @@ class JsonWriter:
         str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
         flow_out: np.ndarray | None = None,
         flow_in: np.ndarray | None = None,
+        prepared: tuple[Sequence[Mapping[str, Any]], np.ndarray] | None = None,
     ) -> None:
+        n = len(ts)
         int_cols = {k: np.asarray(v).tolist() for k, v in (int_args or {}).items()}
         str_cols = {k: (c, np.asarray(i).tolist()) for k, (c, i) in (str_args or {}).items()}
-        outs = np.asarray(flow_out).tolist() if flow_out is not None else None
-        ins = np.asarray(flow_in).tolist() if flow_in is not None else None
+        outs = np.asarray(flow_out).reshape(n, -1).tolist() if flow_out is not None else None
+        ins = np.asarray(flow_in).reshape(n, -1).tolist() if flow_in is not None else None
+        pre = ([prepared[0][i] for i in np.asarray(prepared[1]).tolist()]
+               if prepared is not None else None)
         for row, (track, t, d, ni) in enumerate(zip(np.asarray(tracks).tolist(),
                                                     np.asarray(ts).tolist(),
                                                     np.asarray(dur).tolist(),
                                                     np.asarray(name_index).tolist())):
-            args: dict[str, Any] = {k: v[row] for k, v in int_cols.items()}
+            args: dict[str, Any] = dict(pre[row]) if pre is not None else {}
+            args.update({k: v[row] for k, v in int_cols.items()})
             for k, (choices, idx) in str_cols.items():
                 args[k] = choices[idx[row]]
-            fo = (outs[row],) if outs and outs[row] else ()
-            fi = (ins[row],) if ins and ins[row] else ()
+            fo = [f for f in outs[row] if f] if outs else ()
+            fi = [f for f in ins[row] if f] if ins else ()
             self.slice(track, t, d, names[ni], category, args, fo, fi)
 
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:

@@ -361,8 +361,10 @@ class PerfettoWriter:
         str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
         flow_out: np.ndarray | None = None,
         flow_in: np.ndarray | None = None,
+        prepared: tuple[Sequence[bytes], np.ndarray] | None = None,
     ) -> None:
-        """Write N complete slices at once; flow ids of 0 mean "no flow" in that row."""
+        """Write N complete slices at once. Flow ids: one per row (N,) or several (N, k),
+        0 meaning none; `prepared`: (args from `prepare_args`, the one each row uses)."""
         n = len(ts)
         if n == 0:
             return
@@ -385,13 +387,17 @@ class PerfettoWriter:
             ])
         for key, (choices, index) in (str_args or {}).items():
             body.append(wire.table(self._string_annotations(key, choices), index))
+        if prepared is not None:
+            body.append(wire.table(list(prepared[0]), prepared[1]))
         for field, ids in ((F.E_FLOW_IDS, flow_out), (F.E_TERMINATING_FLOW_IDS, flow_in)):
-            if ids is not None:
-                ids = np.asarray(ids, np.uint64)
+            if ids is None:
+                continue
+            ids = np.asarray(ids, np.uint64).reshape(n, -1)
+            for column in ids.T:
                 flow = wire.concat_columns([wire.const(wire.tag(field, wire.FIXED64), n),
-                                            wire.fixed64s(ids)])
+                                            wire.fixed64s(np.ascontiguousarray(column))])
                 # rows without a flow repeat `type` instead (same width, same message)
-                body.append(wire.choose(ids != 0, flow, _NO_FLOW))
+                body.append(wire.choose(column != 0, flow, _NO_FLOW))
         interned = self._take_interned()
         if interned or self._first:
             self._packet(interned)

@@ -195,3 +195,23 @@ def test_full_disk_stops_with_a_clear_error() -> None:
     with pytest.raises(RecordingError, match="No space left"):
         w.flush()
     w.close()  # closing after the failure is harmless
+
+
+def test_batched_slices_with_prepared_args_and_several_flows(tmp_path) -> None:
+    path = tmp_path / "k.pftrace"
+    w = PerfettoWriter(str(path))
+    dev = w.process(7, "neuron:0 (trn2)")
+    lane = w.track("Kernels", dev)
+    prepared = [w.prepare_args({"flops": 10, "engine_busy_ns": '{"tensor": 5}'}),
+                w.prepare_args({"flops": 2**40, "fallback": True})]
+    flow_out = np.array([[1 << 62 | 5, 0], [0, 0], [11, 12]], np.uint64)
+    w.slices(np.full(3, lane), np.array([0, 100, 200]), np.array([50, 50, 50]), ["a", "b"],
+             np.array([0, 1, 0]), "kernel", {"kernel_id": np.array([1, 2, 3])},
+             flow_out=flow_out, flow_in=np.array([4, 5, 6]), prepared=(prepared, np.array([0, 1, 1])))
+    w.close()
+    kernels = parse(path).by_category("kernel")
+    assert [k.name for k in kernels] == ["a", "b", "a"]
+    assert kernels[0].args == {"flops": 10, "engine_busy_ns": '{"tensor": 5}', "kernel_id": 1}
+    assert kernels[1].args == {"flops": 2**40, "fallback": True, "kernel_id": 2}
+    assert [k.flow_out for k in kernels] == [[1 << 62 | 5], [], [11, 12]]
+    assert [k.flow_in for k in kernels] == [[4], [5], [6]]
