@@ -170,3 +170,37 @@ def test_facade_on_real_traces(load_real, name: str) -> None:
 
 def test_ridge_in_hardware_figures(basic_pf: neuron_explorer.Trace) -> None:
     assert basic_pf.hardware_figures["ridge"] == pytest.approx(1000)
+
+
+def test_kineto_memory_and_sync(tmp_path) -> None:
+    """PyTorch-profiler memory instants and a synchronize call inside a step."""
+    import json
+
+    ev = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "pid": 1, "tid": 1,
+         "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 10,
+         "args": {"External id": 5}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+         "ts": 2, "dur": 5, "args": {"correlation": 9}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 20, "dur": 30,
+         "args": {"correlation": 9, "device": 0}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1, "tid": 1,
+         "ts": 20, "dur": 30},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3,
+         "s": "t", "args": {"Total Allocated": 4096, "Device Id": 0, "Bytes": 4096}},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1,
+         "ts": 60, "s": "t", "args": {"Total Allocated": 1024, "Device Id": 0, "Bytes": -3072}},
+    ]
+    path = tmp_path / "kineto.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    t = neuron_explorer.load(path)
+    assert t.steps["step"].tolist() == [7]
+    assert t.kernels[["name", "op_id", "step"]].values.tolist() == [["gemm", 5, 7]]
+    assert t.ops.loc[0, "device_dur"] == 30_000
+    assert t.memory_timeline()[["ts", "in_use_bytes"]].values.tolist() == \
+        [[3000, 4096], [60_000, 1024]]
+    sync = [f for f in t.bottlenecks() if f.rule_id == "sync_in_step"]
+    assert len(sync) == 1 and sync[0].time_lost_ns == 30_000
+    assert "cudaDeviceSynchronize" in sync[0].explanation
