@@ -89,8 +89,10 @@ class Block:
         stats.free_count += 1
         stats.freed_total += self.nbytes
         if hub.active:
+            # A release inside an op's emulation (an out= resize, a replaced storage)
+            # names that op; one between ops names none.
             hub.memory_changed(MemoryChange(stats.device, clock.now(), -self.nbytes,
-                                            stats.in_use, None))
+                                            stats.in_use, context.op_id))
 
 
 def _format_bytes(n: int) -> str:

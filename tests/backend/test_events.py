@@ -170,3 +170,20 @@ def test_allocations_name_the_op_that_made_them(recorder):
     (alloc,) = [m for m in recorder.memory if m.delta_bytes > 0]
     assert alloc.op_id == op.op_id and alloc.delta_bytes == 64
     assert y.device == x.device
+
+
+def test_releases_inside_an_op_name_it_and_releases_between_ops_do_not(recorder):
+    a = torch.randn(64).to("neuron")
+    out = torch.empty(4, device="neuron")  # too small: add(out=) resizes it, freeing the old
+    recorder.memory.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # resizing a non-empty out= is deprecated
+        torch.add(a, a, out=out)
+    (op,) = [o for o in recorder.ops if o.name == "aten::add"]
+    (release,) = [m for m in recorder.memory if m.delta_bytes < 0]
+    assert release.delta_bytes == -16 and release.op_id == op.op_id
+    recorder.memory.clear()
+    del out
+    gc.collect()
+    (release,) = [m for m in recorder.memory if m.delta_bytes < 0]
+    assert release.delta_bytes == -256 and release.op_id is None
