@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -22,7 +22,7 @@ def check(trace: Trace) -> list[Finding]:
     hs = host_slices(trace)
     dl = hs[hs["kind"] == "dataloader"].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [r.id], f"waited {us(r.dur)} for the next batch")
-             for r in dl.itertuples()]
+             for r in top(dl).itertuples()]
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", lost, items,
         f"The training loop spent {us(lost)} waiting for batches; the device has nothing to "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from neuron_explorer.rules import thresholds as th
 
 if TYPE_CHECKING:
@@ -33,6 +34,14 @@ def evidence(ts: int, dur: int, slice_ids: list[int], description: str) -> dict[
     """One evidence item: a time range, the slices in it and what they show."""
     return {"ts": int(ts), "dur": int(dur), "slice_ids": [int(i) for i in slice_ids],
             "description": description}
+
+
+def top(frame: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
+    """The rows a finding shows as evidence: the first `MAX_EVIDENCE`, largest `by` first
+    (sorting first keeps the choice the same as sorting every row)."""
+    if by is not None:
+        frame = frame.sort_values(by, ascending=False)
+    return frame.head(th.MAX_EVIDENCE)
 
 
 def severity(share: float) -> str:

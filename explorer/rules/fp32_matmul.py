@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -35,7 +35,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in float32, {us(r.device_dur)} on the "
                       f"device" + (f" ({r.module})" if r.module else ""))
-             for r in mm.sort_values("device_dur", ascending=False).itertuples()]
+             for r in top(mm, "device_dur").itertuples()]
     return [make(
         trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items,
         f"FP32 matmuls run {slowdown:g}x slower than BF16 on the Tensor Engine; the estimate "

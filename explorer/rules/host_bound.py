@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -19,10 +19,10 @@ def check(trace: Trace) -> list[Finding]:
     lost = float(host["dur"].sum())
     if not len(host) or lost < th.HOST_BOUND_MIN_SHARE * step_time(trace):
         return []
-    names = trace.base_slices["name"]
+    names = trace.base_slices["name"].to_numpy()
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
                       f"device idle {us(r.dur)} until the host launched {names[r.next_slice_id]}")
-             for r in host.sort_values("dur", ascending=False).itertuples()]
+             for r in top(host, "dur").itertuples()]
     median = float(host["dur"].median())
     return [make(
         trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", lost, items,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import text
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def check(trace: Trace) -> list[Finding]:
             or lost < th.COPY_MIN_SHARE * step_time(trace)):
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
-             for r in c.sort_values("dur", ascending=False).itertuples()]
+             for r in top(c, "dur").itertuples()]
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", lost,

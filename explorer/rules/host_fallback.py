@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.finding import Finding, evidence, make, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -25,11 +25,11 @@ def check(trace: Trace) -> list[Finding]:
     names = ", ".join(f"{n} ({c}x)" for n, (_, c) in per_name.iterrows())
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} ran on the host for {us(r.dur)}"
                       + (f" ({r.source})" if r.source else ""))
-             for r in fb.sort_values("dur", ascending=False).itertuples()]
-    top = per_name.index[0]
+             for r in top(fb, "dur").itertuples()]
+    worst = per_name.index[0]
     return [make(
         trace, RULE_ID, f"{len(fb)} ops fell back to the host", lost, items,
         f"These ops have no device lowering: {names}. Each one copies its inputs to the host, "
         "waits for the device, computes on the CPU and copies the result back.",
-        f"Replace {top} with ops the device supports (or express it with supported ops), or "
+        f"Replace {worst} with ops the device supports (or express it with supported ops), or "
         "move it out of the training step (precompute it, or do it in the data pipeline).")]

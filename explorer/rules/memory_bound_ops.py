@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import ENGINES
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def check(trace: Trace) -> list[Finding]:
     heavy = k[dma_heavy].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [r.id], f"kernel {r.name}: DMA {us(r.busy_dma)} vs compute "
                       f"{us(r.busy_tensor + r.busy_vector + r.busy_scalar + r.busy_gpsimd)}")
-             for r in heavy.itertuples()]
+             for r in top(heavy).itertuples()]
     lines.sort(key=lambda x: -x[0])
     return [make(
         trace, RULE_ID, "Memory-bound ops dominate device time", lost, items,

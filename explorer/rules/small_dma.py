@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from neuron_explorer.peaks import dma_bandwidth, partitions
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -34,7 +34,7 @@ def check(trace: Trace) -> list[Finding]:
     if lost < th.SMALL_DMA_MIN_SHARE * step_time(trace):
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{int(r.bytes)} B transfer took {us(r.dur)}")
-             for r in small.sort_values("dur", ascending=False).itertuples()]
+             for r in top(small, "dur").itertuples()]
     median = int(small["bytes"].median())
     return [make(
         trace, RULE_ID, f"{len(small)} small DMA transfers", lost, items,

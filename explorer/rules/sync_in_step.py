@@ -38,9 +38,10 @@ def check(trace: Trace) -> list[Finding]:
         ["sum", "size"]).sort_values("sum", ascending=False)
     sites = [f"{what} at {site} ({n}x, {us(total)})"
              for (site, what), (total, n) in per_site.iterrows()]
+    # the longest waits, ties in time order (a stable sort, as sorting every item would give)
+    longest = np.argsort(-syncs["dur"].to_numpy(), kind="stable")[: th.MAX_EVIDENCE]
     items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")
-             for r, w in zip(syncs.itertuples(), where, strict=True)]
-    items.sort(key=lambda e: -e["dur"])
+             for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
     return [make(
         trace, RULE_ID, f"Host waits on the device inside the step ({len(syncs)} syncs)", lost,
