@@ -53,6 +53,13 @@ def _wrap_storage_new() -> None:
     torch.UntypedStorage.__new__ = __new__
 
 
+def _holds_no_device_data(t: torch.Tensor) -> bool:
+    """A compiler's stand-in (a FakeTensor, symbolic sizes): printing reads no device memory."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or any(isinstance(n, torch.SymInt) for n in t.shape)
+
+
 def _wrap_sync_kinds() -> None:
     """Name the sync point when printing or `tolist` makes the host read a neuron tensor."""
     from neuron_explorer.backend.kernels import read_to_host, sync_kind
@@ -63,7 +70,7 @@ def _wrap_sync_kinds() -> None:
     base_tolist = torch.Tensor.tolist
 
     def _str(self, *, tensor_contents=None):
-        if self.device.type != "neuron":
+        if self.device.type != "neuron" or _holds_no_device_data(self):
             return base_str(self, tensor_contents=tensor_contents)
         # Printing reads the whole tensor once; the formatting ops are not the program's.
         read_to_host(self, "print")

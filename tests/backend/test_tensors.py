@@ -154,3 +154,18 @@ def test_in_place_op_on_an_alias_returns_self():
     result = x.add_(alias)
     assert result is x
     assert x.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_fake_tensors_print_without_touching_the_device(recorder):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    x = torch.randn(5, 4).to("neuron")
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    symbolic = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(x, symbolic_context=dynamic)
+    static = FakeTensorMode().from_tensor(x)
+    recorder.ops.clear()
+    recorder.syncs.clear()
+    assert "neuron:0" in str(symbolic) and ", 4)" in str(symbolic)
+    assert str(static) == "FakeTensor(..., device='neuron:0', size=(5, 4))"
+    assert recorder.ops == [] and recorder.syncs == []
