@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -56,10 +57,36 @@ def flag(values: np.ndarray) -> np.ndarray:
                       dtype=bool)
 
 
+def number(trace: Trace, key: str, ids: np.ndarray, default: float = 0,
+           dtype: str = "int64") -> np.ndarray:
+    """Arg `key` of the given slices as numbers (default where missing or not a number)."""
+    return trace.args.numbers(key, ids, default, dtype)
+
+
+def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any]) -> np.ndarray:
+    """`function` of each value, called once per distinct value (columns repeat a few names)."""
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
+    results = np.empty(len(uniques), dtype=object)
+    results[:] = [function(u) for u in uniques.tolist()]
+    out = results[codes]
+    if len(out) and all(isinstance(r, (bool, np.bool_)) for r in results.tolist()):
+        return out.astype(bool)
+    return out
+
+
+def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
+    """Which slices have one of `kinds` (kinds are factorised once per trace)."""
+    codes, uniques = trace.cached("slice_kind_codes",
+                                  lambda: pd.factorize(trace.base_slices["kind"].to_numpy()))
+    wanted = np.flatnonzero(np.isin(np.asarray(uniques, dtype=object), list(kinds)))
+    if len(wanted) == 1:
+        return codes == wanted[0]
+    return np.isin(codes, wanted)
+
+
 def of_kind(trace: Trace, *kinds: str) -> pd.DataFrame:
     """Slices (without args) of the given kinds."""
-    s = trace.base_slices
-    return s[s["kind"].isin(kinds)]
+    return trace.base_slices[kind_mask(trace, kinds)]
 
 
 def assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -79,7 +106,7 @@ def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
     """Nearest (or outermost) ancestor of each slice whose kind is in `kinds` (-1: none)."""
     s = trace.base_slices
     parent = s["parent_id"].to_numpy()
-    match = s["kind"].isin(kinds).to_numpy()
+    match = kind_mask(trace, kinds)
     found = np.full(len(ids), -1, np.int64)
     cur = parent[ids] if len(ids) else np.zeros(0, np.int64)
     for _ in range(256):
@@ -100,7 +127,7 @@ def derive_steps(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(STEP_COLUMNS).astype("int64")
     ids = s["id"].to_numpy()
-    step = num(trace.args.column(tf.ARG_STEP, ids), default=-1)
+    step = number(trace, tf.ARG_STEP, ids, default=-1)
     missing = step < 0
     if missing.any():
         names = s["name"].to_numpy()[missing]
@@ -126,13 +153,13 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     col = trace.args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].to_numpy()})
-    device = num(col(tf.ARG_DEVICE, ids), default=-1)
+    device = number(trace, tf.ARG_DEVICE, ids, default=-1)
     track_dev = _device_of_tracks(trace, s["track_id"].to_numpy())
     out["device"] = np.where(track_dev >= 0, track_dev, device)
     out["kind"] = s["kind"].to_numpy()
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
-    out["sbuf_bytes"] = num(col(tf.ARG_SBUF, ids))
-    out["psum_bytes"] = num(col(tf.ARG_PSUM, ids))
+    out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
+    out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
     busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
     for i, raw in enumerate(col(tf.ARG_ENGINE_BUSY, ids).tolist()):
         if raw:
@@ -149,15 +176,15 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     if trace.source_format == "kineto_json":
         _kineto_kernel_links(trace, s, out)
     else:
-        out["kernel_id"] = num(col(tf.ARG_KERNEL_ID, ids), default=-1)
-        out["op_id"] = num(col(tf.ARG_OP_ID, ids), default=-1)
-        out["flops"] = num(col(tf.ARG_FLOPS, ids))
-        hw = num(col(tf.ARG_HW_FLOPS, ids), default=-1)
+        out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
+        out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
+        out["flops"] = number(trace, tf.ARG_FLOPS, ids)
+        hw = number(trace, tf.ARG_HW_FLOPS, ids, default=-1)
         out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
-        out["bytes"] = num(col(tf.ARG_BYTES, ids))
-        out["step"] = num(col(tf.ARG_STEP, ids), default=-1)
+        out["bytes"] = number(trace, tf.ARG_BYTES, ids)
+        out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
         op_s = of_kind(trace, "op")["id"].to_numpy()
-        by_op = pd.Series(op_s, index=num(col(tf.ARG_OP_ID, op_s), default=-1))
+        by_op = pd.Series(op_s, index=number(trace, tf.ARG_OP_ID, op_s, default=-1))
         by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
         out["op_slice_id"] = by_op.reindex(out["op_id"].to_numpy()).fillna(-1).to_numpy(np.int64)
     no_step = out["step"].to_numpy() < 0
@@ -168,15 +195,14 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
 
 def _kineto_kernel_links(trace: Trace, s: pd.DataFrame, out: pd.DataFrame) -> None:
     """Kernel -> runtime call (same correlation) -> outermost cpu_op that made the call."""
-    col = trace.args.column
     ids = s["id"].to_numpy()
-    corr = num(col("correlation", ids), default=-1)
+    corr = number(trace, "correlation", ids, default=-1)
     out["kernel_id"] = corr
     out["flops"] = 0
     out["hw_flops"] = 0
-    out["bytes"] = num(col("bytes", ids))
+    out["bytes"] = number(trace, "bytes", ids)
     rt = of_kind(trace, "runtime", "sync")
-    rt_corr = num(col("correlation", rt["id"].to_numpy()), default=-1)
+    rt_corr = number(trace, "correlation", rt["id"].to_numpy(), default=-1)
     by_corr = pd.Series(rt["id"].to_numpy(), index=rt_corr)
     by_corr = by_corr[(by_corr.index >= 0) & ~by_corr.index.duplicated()]
     runtime = by_corr.reindex(corr).fillna(-1).to_numpy(np.int64)
@@ -184,7 +210,7 @@ def _kineto_kernel_links(trace: Trace, s: pd.DataFrame, out: pd.DataFrame) -> No
     has = runtime >= 0
     op_slice[has] = ancestor_of_kind(trace, runtime[has], ("op",), outermost=True)
     out["op_slice_id"] = op_slice
-    ext = num(col("External id", np.maximum(op_slice, 0)), default=-1)
+    ext = number(trace, "External id", np.maximum(op_slice, 0), default=-1)
     out["op_id"] = np.where(op_slice >= 0, np.where(ext >= 0, ext, op_slice), -1)
     launch_ts = trace.base_slices["ts"].to_numpy()[np.maximum(runtime, 0)]
     step = assign_steps(np.where(has, launch_ts, out["ts"].to_numpy()), trace.steps)
@@ -203,13 +229,13 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
     if trace.source_format == "kineto_json":
-        ext = num(col("External id", ids), default=-1)
+        ext = number(trace, "External id", ids, default=-1)
         out["op_id"] = np.where(ext >= 0, ext, ids)
         out["kernel_id"] = -1
-        out["flops"] = num(col("flops", ids))
+        out["flops"] = number(trace, "flops", ids)
         out["bytes"] = 0
-        out["shapes"] = text(col("Input Dims", ids))
-        out["dtypes"] = text(col("Input type", ids))
+        out["shapes"] = trace.args.texts("Input Dims", ids)
+        out["dtypes"] = trace.args.texts("Input type", ids)
         out["module"] = ""
         out["source"] = ""
         out["fallback"] = False
@@ -217,16 +243,16 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         out["device"] = -1
         out["graph_id"] = -1
     else:
-        out["op_id"] = num(col(tf.ARG_OP_ID, ids), default=-1)
-        out["kernel_id"] = num(col(tf.ARG_KERNEL_ID, ids), default=-1)
-        out["flops"] = num(col(tf.ARG_FLOPS, ids))
-        out["bytes"] = num(col(tf.ARG_BYTES, ids))
+        out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
+        out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
+        out["flops"] = number(trace, tf.ARG_FLOPS, ids)
+        out["bytes"] = number(trace, tf.ARG_BYTES, ids)
         for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-            out[key] = text(col(key, ids))
+            out[key] = trace.args.texts(key, ids)
         out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
-        out["step"] = num(col(tf.ARG_STEP, ids), default=-1)
-        out["device"] = num(col(tf.ARG_DEVICE, ids), default=-1)
-        out["graph_id"] = num(col(tf.ARG_GRAPH_ID, ids), default=-1)
+        out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
+        out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
+        out["graph_id"] = number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
     no_step = out["step"].to_numpy() < 0
     if no_step.any():
         out.loc[no_step, "step"] = assign_steps(out["ts"].to_numpy()[no_step], trace.steps)
@@ -249,20 +275,22 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.args.column
-    engine = text(col(tf.ARG_ENGINE, ids))
-    tracks = trace.tracks.set_index("track_id")["name"]
-    by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
-    track_names = tracks.reindex(s["track_id"].to_numpy()).fillna("").to_numpy()
+    engine = trace.args.texts(tf.ARG_ENGINE, ids)
     kind = s["kind"].to_numpy()
-    for i in np.flatnonzero(engine == "").tolist():
-        engine[i] = by_track.get(track_names[i], "dma" if kind[i] == tf.CAT_DMA else "")
+    missing = np.flatnonzero(engine == "")
+    if len(missing):  # no engine arg: the engine its track is named after
+        by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
+        track_engine = trace.tracks["name"].map(by_track)
+        track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
+        named = track_engine.reindex(s["track_id"].to_numpy()[missing]).to_numpy()
+        fallback = np.where(kind[missing] == tf.CAT_DMA, "dma", "")
+        engine[missing] = np.where(pd.isna(named), fallback, named)
+    opcode = trace.args.texts(tf.ARG_OPCODE, ids)
     out = pd.DataFrame({
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
-        "opcode": np.where(text(col(tf.ARG_OPCODE, ids)) == "", s["name"].to_numpy(),
-                           text(col(tf.ARG_OPCODE, ids))),
-        "bytes": num(col(tf.ARG_BYTES, ids)), "flops": num(col(tf.ARG_FLOPS, ids)),
-        "kernel_id": num(col(tf.ARG_KERNEL_ID, ids), default=-1),
+        "opcode": np.where(opcode == "", s["name"].to_numpy(), opcode),
+        "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
+        "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,
     })
     return out.sort_values("ts", ignore_index=True)
@@ -273,11 +301,10 @@ def derive_modules(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(MODULE_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.args.column
-    module = text(col(tf.ARG_MODULE, ids))
+    module = trace.args.texts(tf.ARG_MODULE, ids)
     names = s["name"].to_numpy()
     module = np.where(module == "", [str(n).removeprefix("nn.Module: ") for n in names], module)
-    phase = text(col(tf.ARG_PHASE, ids))
+    phase = trace.args.texts(tf.ARG_PHASE, ids)
     phase = np.where(phase == "", np.where(s["category"].to_numpy() == tf.CAT_BACKWARD,
                                            "backward", "forward"), phase)
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
@@ -292,7 +319,7 @@ def derive_modules(trace: Trace) -> pd.DataFrame:
         nxt[live] = ancestor_of_kind(trace, cur[live], (tf.CAT_MODULE, tf.CAT_BACKWARD))
         cur = nxt
     out["depth"] = depth
-    step = num(col(tf.ARG_STEP, ids), default=-1)
+    step = number(trace, tf.ARG_STEP, ids, default=-1)
     missing = step < 0
     step[missing] = assign_steps(out["ts"].to_numpy()[missing], trace.steps)
     out["step"] = step

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 
 class SliceArgs:
@@ -21,6 +22,17 @@ class SliceArgs:
     def column(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Values of `key` for the given slice ids (None where absent), as an object array."""
         raise NotImplementedError
+
+    def numbers(self, key: str, ids: np.ndarray, default: float = 0,
+                dtype: str = "int64") -> np.ndarray:
+        """Values of `key` as numbers (`default` where absent or not a number)."""
+        out = pd.to_numeric(pd.Series(self.column(key, ids), dtype=object), errors="coerce")
+        return out.fillna(default).to_numpy().astype(dtype)
+
+    def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
+        """Values of `key` as strings ('' where absent), as an object array."""
+        values = self.column(key, ids).tolist()
+        return np.asarray(["" if v is None else str(v) for v in values], dtype=object)
 
     def dicts(self) -> list[dict[str, Any] | None]:
         """One dict (or None) per slice, indexed by slice id."""
@@ -106,6 +118,49 @@ class ColumnArgs(SliceArgs):
         out[hit] = self._values(rows[pos_c[hit]])
         return out
 
+    def _hits(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """For the given ids: which hold `key`, and the arg rows of those that do."""
+        found = self._key_rows(key)
+        if found is None or not len(ids):
+            return None
+        rows, sids = found
+        pos = np.searchsorted(sids, ids)
+        pos_c = np.minimum(pos, len(sids) - 1)
+        hit = (pos < len(sids)) & (sids[pos_c] == ids)
+        return hit, rows[pos_c[hit]]
+
+    def numbers(self, key: str, ids: np.ndarray, default: float = 0,
+                dtype: str = "int64") -> np.ndarray:
+        # numeric columns straight from the typed arrays, without Python objects
+        found = self._key_rows(key)
+        if found is not None and not np.isin(self.kind[found[0]], (KIND_INT, KIND_FLOAT)).all():
+            return super().numbers(key, ids, default, dtype)
+        hits = self._hits(key, ids)
+        if hits is None:
+            return np.full(len(ids), default).astype(dtype)
+        hit, rows = hits
+        kind = self.kind[rows]
+        if (kind == KIND_INT).all():
+            out = np.full(len(ids), default, np.result_type(np.int64, np.asarray(default)))
+            out[hit] = self.ival[rows]
+        else:
+            out = np.full(len(ids), default, np.float64)
+            out[hit] = np.where(kind == KIND_INT, self.ival[rows], self.fval[rows])
+        return out.astype(dtype, copy=False)
+
+    def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
+        found = self._key_rows(key)
+        if found is not None and not (self.kind[found[0]] == KIND_STR).all():
+            return super().texts(key, ids)
+        out = np.full(len(ids), "", object)
+        hits = self._hits(key, ids)
+        if hits is not None:
+            hit, rows = hits
+            values = self.sval[rows]
+            values[np.equal(values, None)] = ""  # a string that could not be resolved
+            out[hit] = values
+        return out
+
     def dicts(self) -> list[dict[str, Any] | None]:
         if self._dicts is None:
             items: list[dict[str, Any] | None] = [None] * self._n
@@ -146,6 +201,13 @@ class LazyArgs(SliceArgs):
 
     def column(self, key: str, ids: np.ndarray) -> np.ndarray:
         return self._get().column(key, ids)
+
+    def numbers(self, key: str, ids: np.ndarray, default: float = 0,
+                dtype: str = "int64") -> np.ndarray:
+        return self._get().numbers(key, ids, default, dtype)
+
+    def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
+        return self._get().texts(key, ids)
 
     def dicts(self) -> list[dict[str, Any] | None]:
         return self._get().dicts()
