@@ -63,15 +63,13 @@ def number(trace: Trace, key: str, ids: np.ndarray, default: float = 0,
     return trace.args.numbers(key, ids, default, dtype)
 
 
-def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any]) -> np.ndarray:
+def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
+               dtype: type = object) -> np.ndarray:
     """`function` of each value, called once per distinct value (columns repeat a few names)."""
     codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
-    results = np.empty(len(uniques), dtype=object)
+    results = np.empty(len(uniques), dtype=dtype)
     results[:] = [function(u) for u in uniques.tolist()]
-    out = results[codes]
-    if len(out) and all(isinstance(r, (bool, np.bool_)) for r in results.tolist()):
-        return out.astype(bool)
-    return out
+    return results[codes]
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:

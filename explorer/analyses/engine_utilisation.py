@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
-from neuron_explorer.tables import ENGINES
+from neuron_explorer.tables import ENGINES, map_unique
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 COLUMNS = ["ts", "device", "engine", "utilisation"]
 DEFAULT_BINS = 200
+
+
+def engine_family(engines: pd.Series) -> np.ndarray:
+    """Engine names with every DMA queue as one `dma` engine."""
+    return map_unique(engines, lambda e: "dma" if str(e).startswith("dma") else e)
 
 
 def _bins(lo: int, hi: int, bin_ns: int | None) -> np.ndarray:
@@ -62,8 +67,7 @@ def engine_utilisation(trace: Trace, bin_ns: int | None = None) -> pd.DataFrame:
     for device in devices:
         if len(ins):
             di = ins[ins["device"] == device]
-            engines = di["engine"].map(lambda e: "dma" if str(e).startswith("dma") else e)
-            for engine, part in di.groupby(engines.to_numpy()):
+            for engine, part in di.groupby(engine_family(di["engine"])):
                 u = Union(part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy())
                 frames.append((device, engine, u.covered(starts, ends) / width))
             continue
@@ -90,8 +94,7 @@ def engine_busy_totals(trace: Trace) -> pd.DataFrame:
     ins = trace.instructions
     rows = []
     if len(ins):
-        engines = ins["engine"].map(lambda e: "dma" if str(e).startswith("dma") else e)
-        for (device, engine), part in ins.groupby([ins["device"], engines.to_numpy()]):
+        for (device, engine), part in ins.groupby([ins["device"], engine_family(ins["engine"])]):
             u = Union(part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy())
             rows.append((int(device), str(engine), u.total))
     elif len(trace.kernels):

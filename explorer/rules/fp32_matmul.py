@@ -9,6 +9,7 @@ from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -22,9 +23,9 @@ def check(trace: Trace) -> list[Finding]:
     ops = trace.ops
     if not len(ops):
         return []
-    is_mm = ops["name"].str.contains(MATMUL)
-    fp32 = ops["dtypes"].map(main_dtype) == "float32"
-    mm = ops[is_mm & fp32 & (ops["device_dur"] > 0)]
+    is_mm = map_unique(ops["name"], lambda n: bool(MATMUL.search(str(n))), bool)
+    fp32 = map_unique(ops["dtypes"], lambda d: main_dtype(d) == "float32", bool)
+    mm = ops[is_mm & fp32 & (ops["device_dur"].to_numpy() > 0)]
     if not len(mm):
         return []
     figs = trace.hardware_figures

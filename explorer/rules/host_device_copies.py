@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.tables import text
+from neuron_explorer.tables import map_unique, text
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -25,8 +25,9 @@ def copies(trace: Trace) -> pd.DataFrame:
     parts = []
     k = trace.kernels
     if len(k):
-        kc = k[(k["kind"] == "memcpy") | k["name"].str.contains(CROSSING)]
-        kc = kc[~kc["name"].str.contains("DtoD", case=False)]
+        crossing = map_unique(k["name"], lambda n: bool(CROSSING.search(str(n))), bool)
+        dtod = map_unique(k["name"], lambda n: "dtod" in str(n).lower(), bool)
+        kc = k[((k["kind"].to_numpy() == "memcpy") | crossing) & ~dtod]
         parts.append(kc[["ts", "dur", "id", "step", "name"]])
     ops = trace.ops
     if len(ops) and trace.source_format != "kineto_json":

@@ -8,6 +8,7 @@ import numpy as np
 from neuron_explorer.peaks import dma_bandwidth, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -19,7 +20,8 @@ def check(trace: Trace) -> list[Finding]:
     ins = trace.instructions
     if not len(ins):
         return []
-    dma = ins[ins["engine"].astype(str).str.startswith("dma") | (ins["kind"] == "dma")]
+    on_dma = map_unique(ins["engine"], lambda e: str(e).startswith("dma"), bool)
+    dma = ins[on_dma | (ins["kind"].to_numpy() == "dma")]
     dma = dma[dma["bytes"] > 0]
     parts = partitions(trace.hardware_figures)
     small = dma[dma["bytes"] / parts < th.SMALL_DMA_BYTES_PER_PARTITION]
