@@ -3,7 +3,8 @@
 Eager ops and compiled graphs both go through here. The API the compile path uses:
 
 - ``launch_kernels(device_index, kernels, op_name, input_shapes, input_dtypes, flops,
-  hbm_bytes, graph_id=None) -> op_id``: one launch of a compiled graph. Emits one
+  hbm_bytes, graph_id=None) -> op_id``: one launch of a compiled graph. Launches the
+  eager work the policy still holds first (it was issued earlier), then emits one
   ``OpLaunch`` and one ``KernelRun`` per kernel, schedules the kernels back to back
   on the device timeline from the launch time, and advances the host clock by the
   preset's host launch overhead (the real time spent in the call is excluded).
@@ -12,12 +13,15 @@ Eager ops and compiled graphs both go through here. The API the compile path use
   graph runs its ops for the numbers and is charged as its fused kernels). The
   real time spent inside is excluded from the host clock.
 - ``set_eager_policy(policy)``: every eager op's device work goes through
-  ``policy.submit(device, key, op_id, launch_ns) -> Launched(kernel_ids, flops,
-  hbm_bytes, fallback)`` (``NO_LAUNCH`` when nothing ran yet). The default,
-  ``ImmediatePolicy``, lowers (cached by ``key``) and schedules at once. A policy
-  that queues ops must schedule them in ``flush()``, which every sync point calls.
-  The host clock advances by the launch overhead only for ops that launched kernels
-  (a queueing policy charges its launches when it flushes).
+  ``policy.submit(device, key, op_id, host_ns) -> Launched(kernel_ids, flops,
+  hbm_bytes, fallback, host_ns)`` (``NO_LAUNCH`` when nothing ran yet), where the
+  argument is the host time the op was issued and the returned ``host_ns`` is the
+  host time its launches cost (each launch pays the preset's host launch overhead
+  and starts on the device once paid). The default, ``ImmediatePolicy``, lowers
+  (cached by ``key``) and launches at once. A policy that queues ops must launch them
+  in ``flush(host_ns) -> host ns spent``, which the runtime calls before every sync
+  point and every compiled-graph launch (``flush_eager()`` does it from outside).
+  The host clock advances by exactly the ``host_ns`` a policy reports.
   ``key`` is an ``OpKey`` tuple ``(op_name, inputs, outputs, attrs)`` (inputs and
   outputs are ``((shape, dtype), ...)``); ``spec_for(key)`` turns it into the
   hardware's ``OpSpec``; ``lower(device, key)`` gives the cached ``Lowered(kernel,
@@ -80,6 +84,7 @@ class Launched(NamedTuple):
     flops: int
     hbm_bytes: int
     fallback: bool
+    host_ns: int = 0  # host time the launches made during the submit cost
 
 
 NO_LAUNCH = Launched((), 0, 0, False)
@@ -89,9 +94,9 @@ class EagerPolicy(Protocol):
     """Decides when and as what the device runs eager ops."""
 
     def submit(self, device: devices.NeuronDevice, key: OpKey, op_id: int,
-               launch_ns: int) -> Launched: ...
+               host_ns: int) -> Launched: ...
 
-    def flush(self) -> None: ...
+    def flush(self, host_ns: int) -> int: ...
 
 
 class _State:
@@ -225,23 +230,34 @@ class ImmediatePolicy:
     """The default eager policy: lower each op (cached) and launch it at once."""
 
     def submit(self, device: devices.NeuronDevice, key: OpKey, op_id: int,
-               launch_ns: int) -> Launched:
+               host_ns: int) -> Launched:
         lowered = _lowered.get(key) or lower(device, key)
         if lowered.kernel is None:
             return NO_LAUNCH if not lowered.fallback else Launched((), 0, 0, True)
-        kernel_id = schedule(device, lowered.kernel, op_id, launch_ns, lowered.fallback)
-        return Launched((kernel_id,), lowered.flops, lowered.hbm_bytes, lowered.fallback)
+        overhead = device.preset.host_launch_overhead_ns
+        kernel_id = schedule(device, lowered.kernel, op_id, host_ns + overhead,
+                             lowered.fallback)
+        return Launched((kernel_id,), lowered.flops, lowered.hbm_bytes, lowered.fallback,
+                        overhead)
 
-    def flush(self) -> None:
+    def flush(self, host_ns: int) -> int:
         """Nothing is ever queued."""
+        return 0
 
 
 state = _State()
 
 
+def flush_eager() -> None:
+    """Launch the eager work the policy holds now, charging its launches to the host."""
+    real_start = _perf_ns()
+    spent = state.policy.flush(clock.now())
+    clock.exclude(_perf_ns() - real_start - spent)
+
+
 def set_eager_policy(policy: EagerPolicy | None) -> None:
     """Route every eager op's device work through `policy` (None: launch immediately)."""
-    state.policy.flush()
+    flush_eager()
     state.policy = policy if policy is not None else ImmediatePolicy()
 
 
@@ -272,9 +288,8 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
             device.timeline.schedule(lowered.kernel, host_start_ns + overhead)
         clock.exclude(_perf_ns() - real_start_ns - overhead)
         return op_id
-    launched = state.policy.submit(device, key, op_id, host_start_ns + overhead)
-    if not launched.kernel_ids:
-        overhead = 0  # views, allocations and queued ops launch nothing now
+    launched = state.policy.submit(device, key, op_id, host_start_ns)
+    overhead = launched.host_ns  # views, allocations and queued ops launch nothing now
     host_end = host_start_ns + overhead
     if hub.active:
         inputs = key[1]
@@ -295,6 +310,9 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
     """Launch a compiled graph's kernels as one op; return its op id (see module doc)."""
     real_start = _perf_ns()
     host_start = clock.now()
+    # Eager work a policy still holds was issued before this graph: it launches first.
+    queued_ns = state.policy.flush(host_start)
+    host_start += queued_ns
     device = devices.get(device_index)
     op_id = next(_op_ids)
     overhead = device.preset.host_launch_overhead_ns
@@ -306,7 +324,7 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
             tuple(tuple(s) for s in input_shapes), tuple(str(d) for d in input_dtypes),
             int(flops), int(hbm_bytes), False, kernel_ids, threading.get_ident(), graph_id,
         ))
-    clock.exclude(_perf_ns() - real_start - overhead)
+    clock.exclude(_perf_ns() - real_start - queued_ns - overhead)
     return op_id
 
 
@@ -328,9 +346,9 @@ def device_accounting_suspended() -> Iterator[None]:
 def synchronize(device_index: int | None, kind: str) -> None:
     """A sync point: flush queued work, then the host waits for the device to finish."""
     real_start = _perf_ns()
-    state.policy.flush()
+    queued_ns = state.policy.flush(clock.now())
     targets = devices.devices() if device_index == -1 else [devices.get(device_index)]
-    clock.exclude(_perf_ns() - real_start)
+    clock.exclude(_perf_ns() - real_start - queued_ns)
     for device in targets:
         host_start = clock.now()
         clock.advance_to(device.timeline.finish_ns)

@@ -8,6 +8,11 @@ one fused kernel, launched in op order. Eager code may read any result later, so
 every result is still stored to HBM; what the fused kernel saves is each op's launch
 latency and fixed costs, and the reloads of inputs an earlier op of the run
 produced (matched by shape and dtype, the only data-flow an op key carries).
+
+Host time: queueing an op launches nothing, so it costs no launch overhead (the
+presets model no separate dispatch cost, so queueing is free); each fused run pays
+one host launch overhead when it launches, charged to whatever made it launch (the
+op that cannot join, a full queue, a sync point or a compiled graph's launch).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import threading
 from dataclasses import dataclass
 
 from neuron_explorer.backend import runtime
-from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import KernelBuilder
 from neuron_explorer.backend.hardware.optable import base_name
@@ -32,7 +36,7 @@ MAX_CACHED_RUNS = 4096  # fused kernels kept, keyed by the run's op keys
 class _Queued:
     key: tuple
     op_id: int
-    launch_ns: int
+    issued_ns: int  # host time the op was issued
     steps: list[Step]
 
 
@@ -96,28 +100,30 @@ class AdaptivePolicy:
         self.fused_launches = 0  # fused kernels launched (for tests and benchmarks)
         self.fused_ops = 0  # eager ops they covered
 
-    def submit(self, device: object, key: tuple, op_id: int, launch_ns: int
+    def submit(self, device: object, key: tuple, op_id: int, host_ns: int
                ) -> runtime.Launched:
         lowered = runtime.lower(device, key)
         if lowered.kernel is None:
             return runtime.NO_LAUNCH if not lowered.fallback else \
                 runtime.Launched((), 0, 0, True)
         steps = None if lowered.fallback else self._steps(key)
+        spent = 0  # host time of the launches this op causes
         with self._lock:
             if steps is None or (self._device is not None and self._device is not device):
-                self._flush(launch_ns)
-            if steps is None:  # cannot join a stream: launch it now, in order
-                kernel_id = runtime.schedule(device, lowered.kernel, op_id, launch_ns,
+                spent = self._flush(host_ns)
+            if steps is None:  # cannot join a stream: launch it now, after the run
+                spent += device.preset.host_launch_overhead_ns
+                kernel_id = runtime.schedule(device, lowered.kernel, op_id, host_ns + spent,
                                              lowered.fallback)
                 return runtime.Launched((kernel_id,), lowered.flops, lowered.hbm_bytes,
-                                        lowered.fallback)
+                                        lowered.fallback, spent)
             self._device = device
-            self._queue.append(_Queued(key, op_id, launch_ns, steps))
+            self._queue.append(_Queued(key, op_id, host_ns + spent, steps))
             if len(self._queue) >= self.max_queued:
-                self._flush(launch_ns)
+                spent += self._flush(host_ns + spent)
         # The kernel id is not known yet: the fused kernel's KernelRun names the run's
         # first op, which is how the trace links them.
-        return runtime.Launched((), lowered.flops, lowered.hbm_bytes, False)
+        return runtime.Launched((), lowered.flops, lowered.hbm_bytes, False, spent)
 
     @staticmethod
     def _steps(key: tuple) -> list[Step] | None:
@@ -127,17 +133,19 @@ class AdaptivePolicy:
         converts = bool(inputs and outputs) and inputs[0][1] != outputs[0][1]
         return steps_for(key[0], len(inputs), converts)
 
-    def flush(self) -> None:
-        """Launch whatever is queued (the runtime calls this at every sync point)."""
+    def flush(self, host_ns: int) -> int:
+        """Launch whatever is queued, issued at `host_ns`; return the host time it cost
+        (the runtime calls this before every sync point and compiled-graph launch)."""
         with self._lock:
-            self._flush(clock.now())
+            return self._flush(host_ns)
 
-    def _flush(self, launch_ns: int) -> None:
+    def _flush(self, host_ns: int) -> int:
         queue, device = self._queue, self._device
         if not queue:
-            return
+            return 0
         self._queue, self._device = [], None
-        launch_ns = max(launch_ns, queue[-1].launch_ns)
+        overhead = device.preset.host_launch_overhead_ns
+        launch_ns = max(host_ns, queue[-1].issued_ns) + overhead
         if len(queue) == 1:
             only = queue[0]
             kernel = runtime.lower(device, only.key).kernel
@@ -153,3 +161,4 @@ class AdaptivePolicy:
             self.fused_launches += 1
             self.fused_ops += len(queue)
         runtime.schedule(device, kernel, queue[0].op_id, launch_ns)
+        return overhead

@@ -82,7 +82,6 @@ class CompiledGraph:
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._launch = runtime.launch_kernels
         self._suspended = runtime.device_accounting_suspended
-        self._eager_state = runtime.state
         if self._binder is None:
             self.static_launch: GraphLaunch | None = self._plan_launch(None)
         else:
@@ -125,8 +124,7 @@ class CompiledGraph:
             outputs = self.runner(args)
         if boxed:
             args.clear()
-        # Eager work an adaptive policy still holds was issued before this graph.
-        self._eager_state.policy.flush()
+        # The runtime launches eager work a policy still holds before the graph.
         self._launch(self.device_index, launch.kernels, self.name, launch.input_shapes,
                      launch.input_dtypes, launch.flops, launch.hbm_bytes, self.graph_id)
         return outputs

@@ -53,17 +53,21 @@ class QueueingPolicy:
         self.queue: list[tuple] = []
         self.flushes = 0
 
-    def submit(self, device, key, op_id, launch_ns):
-        self.queue.append((device, key, op_id, launch_ns))
+    def submit(self, device, key, op_id, host_ns):
+        self.queue.append((device, key, op_id, host_ns))
         return runtime.NO_LAUNCH
 
-    def flush(self) -> None:
+    def flush(self, host_ns: int) -> int:
         self.flushes += 1
-        for device, key, op_id, launch_ns in self.queue:
+        spent = 0
+        for device, key, op_id, _ in self.queue:
             lowered = runtime.lower(device, key)
             if lowered.kernel is not None:
-                runtime.schedule(device, lowered.kernel, op_id, launch_ns, lowered.fallback)
+                spent += device.preset.host_launch_overhead_ns
+                runtime.schedule(device, lowered.kernel, op_id, host_ns + spent,
+                                 lowered.fallback)
         self.queue.clear()
+        return spent
 
 
 def test_eager_policy_is_pluggable_and_flushed_at_sync_points(recorder):
@@ -83,3 +87,22 @@ def test_eager_policy_is_pluggable_and_flushed_at_sync_points(recorder):
     finally:
         runtime.set_eager_policy(None)
     assert isinstance(runtime.state.policy, runtime.ImmediatePolicy)
+
+
+def test_launch_kernels_launches_queued_eager_work_first(recorder):
+    policy = QueueingPolicy()
+    x = torch.randn(8, 8).to("neuron")
+    runtime.set_eager_policy(policy)
+    try:
+        torch.exp(x)
+        (queued,) = [o for o in recorder.ops if o.name == "aten::exp"]
+        op_id = runtime.launch_kernels(0, _kernels(), "graph:8", [(64, 128)], ["float32"],
+                                       flops=1, hbm_bytes=1, graph_id=8)
+        assert policy.flushes == 1 and not policy.queue
+        exp_run, *graph_runs = [k for k in recorder.kernels if k.op_id in (queued.op_id, op_id)]
+        assert exp_run.op_id == queued.op_id and {k.op_id for k in graph_runs} == {op_id}
+        (graph,) = [o for o in recorder.ops if o.op_id == op_id]
+        # The eager launch was paid before the graph's own launch began.
+        assert graph.host_start_ns >= exp_run.launch_ns
+    finally:
+        runtime.set_eager_policy(None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.compiler import adaptive_mode
 from neuron_explorer.backend.compiler.adaptive_eager import MAX_QUEUED_OPS, AdaptivePolicy
 
@@ -113,3 +114,36 @@ def test_queued_eager_work_launches_before_a_compiled_graph(recorder, restore_mo
     eager_ops = [op.op_id for op in recorder.ops if op.graph_id is None]
     assert kernels_by_op[0] == eager_ops[0]  # the fused eager run comes first
     assert kernels_by_op[-1] == graph.op_id
+
+
+def test_queued_ops_pay_no_launch_and_each_fused_run_pays_one(recorder, restore_mode):
+    overhead = devices.get(0).preset.host_launch_overhead_ns
+    x = torch.randn(64, 256).to("neuron")
+    adaptive_mode.set_mode("adaptive")
+    chain(x, 2).cpu()  # warm the caches
+    recorder.clear()
+    chain(x, 4).cpu()  # 12 queued ops, then a copy to the host that cannot join
+    *queued, copy = recorder.ops
+    assert [op.name for op in queued] == ["aten::mul", "aten::add", "aten::tanh"] * 4
+    assert all(op.host_end_ns == op.host_start_ns for op in queued)
+    fused, copied = recorder.kernels
+    assert fused.name.startswith("adaptive_") and fused.op_id == queued[0].op_id
+    # The copy issues the fused run's launch, then its own: two launches, in that order.
+    assert copy.name == "aten::_to_copy"
+    assert copy.host_end_ns - copy.host_start_ns == 2 * overhead
+    assert fused.launch_ns == copy.host_start_ns + overhead
+    assert copied.launch_ns == copy.host_start_ns + 2 * overhead
+
+
+def test_a_sync_point_charges_the_fused_launch_before_waiting(recorder, restore_mode):
+    overhead = devices.get(0).preset.host_launch_overhead_ns
+    x = torch.randn(64, 256).to("neuron")
+    adaptive_mode.set_mode("adaptive")
+    chain(x, 2)
+    torch.neuron.synchronize()
+    recorder.clear()
+    chain(x, 2)
+    before = clock.now()
+    torch.neuron.synchronize()
+    (fused,) = recorder.kernels
+    assert before + overhead <= fused.launch_ns <= clock.now()
