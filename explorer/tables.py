@@ -53,8 +53,7 @@ def text(values: np.ndarray) -> np.ndarray:
 
 def flag(values: np.ndarray) -> np.ndarray:
     """Object values to bools (true, 1, 'true')."""
-    return np.asarray([v is True or v == 1 or str(v).lower() == "true" for v in values.tolist()],
-                      dtype=bool)
+    return map_unique(values, lambda v: v is True or v == 1 or str(v).lower() == "true", bool)
 
 
 def number(trace: Trace, key: str, ids: np.ndarray, default: float = 0,
