@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ from neuron_explorer.trace_format import (
 )
 
 LEVELS = ("framework", "op", "engine")
+_FLUSH_EVERY_S = 0.5  # at most this old: the events a killed run loses
 
 
 @dataclass
@@ -114,6 +116,7 @@ class Recorder:
         self._lock = threading.RLock()
         self.main_ident = threading.main_thread().ident
         self.flush_buffers: Callable[[], None] | None = None  # the device sink's batches
+        self._last_flush = time.perf_counter()
         self.host = self.writer.process(self.pid, _process_name(options.command),
                                         [str(a) for a in options.command])
         self.main = self._thread_state_for(self.main_ident, threading.main_thread())
@@ -218,7 +221,12 @@ class Recorder:
             self.writer.end(self.main.track, now)
             self.step_open = False
             self.steps_completed.append(self.step)
-            self.flush()  # a killed run keeps every completed step
+            # a killed run keeps the steps completed up to half a second before; batches
+            # stay large enough to be cheap
+            real = time.perf_counter()
+            if len(self.steps_completed) == 1 or real - self._last_flush >= _FLUSH_EVERY_S:
+                self._last_flush = real
+                self.flush()
         self.step += 1
         self.step_start = now
         if self.window_stop is not None and self.step >= self.window_stop:
