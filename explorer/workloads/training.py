@@ -1,7 +1,8 @@
 """Training loops for the reference models: AdamW, a fixed seed, synthetic data.
 
 The data is generated deterministically on the CPU and then moved to the device, so
-the same call gives the same loss curve on "cpu" and "neuron".
+the same call gives the same loss curve on "cpu" and "neuron". `train` takes a plain
+model or one already wrapped by `torch.compile`, and can compile the loss step itself.
 """
 
 from __future__ import annotations
@@ -49,25 +50,40 @@ def _batches_for(model: nn.Module, steps: int, batch_size: int | None):
     return mlp_batches(steps, batch_size or MLP_BATCH, width)
 
 
+def compile_backend_for(device: str | torch.device) -> str:
+    """The torch.compile backend for a device: "neuron" for neuron, Inductor elsewhere."""
+    return "neuron" if torch.device(device).type == "neuron" else "inductor"
+
+
 def train(model: nn.Module, device: str | torch.device, steps: int, *, lr: float = 1e-3,
           batch_size: int | None = None, foreach: bool | None = None,
-          on_step: Callable[[int], object] | None = None) -> list[float]:
+          on_step: Callable[[int], object] | None = None,
+          compile: bool = False) -> list[float]:
     """Train `model` on `device` for `steps` AdamW steps; return the loss of each step.
 
-    The model is moved to `device` in place. `on_step(step)` may return a context
-    manager that wraps the step (the collectors use it to mark steps).
+    The model is moved to `device` in place; it may be a `torch.compile`d module (its
+    forward runs compiled, the loss eagerly). `compile=True` compiles the whole loss
+    step (forward and loss) with `compile_backend_for(device)`. `on_step(step)` may
+    return a context manager that wraps the step (the collectors use it to mark steps).
     """
-    model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
-    loss_fn = _loss_for(model)
+    module = getattr(model, "_orig_mod", model)  # the model inside a torch.compile wrapper
+    module.to(device)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, foreach=foreach)
+    loss_fn = _loss_for(module)
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_fn(model(x), y)
+
+    step_loss = torch.compile(loss_of, backend=compile_backend_for(device)) if compile \
+        else loss_of
     losses = []
-    for step, (inputs, targets) in enumerate(_batches_for(model, steps, batch_size)):
+    for step, (inputs, targets) in enumerate(_batches_for(module, steps, batch_size)):
         scope = on_step(step) if on_step is not None else None
         if scope is not None:
             scope.__enter__()
         try:
             x, y = inputs.to(device), targets.to(device)
-            loss = loss_fn(model(x), y)
+            loss = step_loss(x, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -4,39 +4,30 @@ per step and less device time than eager."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
-import torch
 from neuron_explorer.backend import devices
-from neuron_explorer.workloads.models import lm_loss
-from neuron_explorer.workloads.training import make_model, token_batches, train
+from neuron_explorer.workloads.training import make_model, train
 
 STEPS = 50
-BATCH = 8  # train()'s default for the transformer
 
 
 def compiled_training(steps: int, recorder) -> tuple[list[float], list[int], list[int]]:
-    """train() for the transformer, with the loss step compiled; returns the losses and
+    """train() for the transformer with the loss step compiled; returns the losses and
     the launches and device busy ns of each step."""
-    model = make_model("gpt").to("neuron")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def loss_of(tokens, targets):
-        return lm_loss(model(tokens), targets)
-
-    step_fn = torch.compile(loss_of, backend="neuron")
     timeline = devices.get(0).timeline
-    losses, launches, busy = [], [], []
-    cfg = model.cfg
-    for x, y in token_batches(steps, BATCH, cfg.seq_len, cfg.vocab_size):
+    launches, busy = [], []
+
+    @contextmanager
+    def measured(step: int) -> Iterator[None]:
         ops_before, busy_before = len(recorder.ops), timeline.busy_ns
-        loss = step_fn(x.to("neuron"), y.to("neuron"))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        step_ops = recorder.ops[ops_before:]
-        launches.append(sum(1 for op in step_ops if op.kernel_ids))
+        yield
+        launches.append(sum(1 for op in recorder.ops[ops_before:] if op.kernel_ids))
         busy.append(timeline.busy_ns - busy_before)
+
+    losses = train(make_model("gpt"), "neuron", steps, compile=True, on_step=measured)
     return losses, launches, busy
 
 
