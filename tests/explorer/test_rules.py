@@ -53,7 +53,8 @@ def test_host_bound(tmp_path: Path, clean_trace: neuron_explorer.Trace) -> None:
 
 def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     (f,) = _rule(basic_pf, "sync_in_step")
-    assert f.time_lost_ns == 4000 and f.share_of_step == pytest.approx(0.2)
+    # the device idles from the relu kernel's end (6000) to the add kernel (9200) per step
+    assert f.time_lost_ns == 6400 and f.share_of_step == pytest.approx(0.32)
     assert "train.py:42" in f.recommendation and f.evidence[0]["dur"] == 2000
     assert _rule(clean_trace, "sync_in_step") == []
 
