@@ -2,6 +2,15 @@
 
 Device selection, synchronisation, random state and memory statistics of the
 simulated NeuronCores. Registered with `torch._register_device_module("neuron", ...)`.
+
+A bare "neuron" (no index) means the current device (`set_device`) wherever the
+index reaches our kernels: factories (`torch.empty/zeros/randn(..., device="neuron")`)
+and `Tensor.neuron()`. It does not for `Tensor.to("neuron")`, `Module.to("neuron")`
+and `torch.tensor(..., device="neuron")`: PyTorch fills the missing index in C++ from
+the device guard's `getDevice()`, and the Python-registered guard
+(`torch._C._acc.DeviceGuard`, torch 2.13) forwards only `type_` to Python; its
+`getDevice`/`exchangeDevice` always answer index 0. Those calls land on neuron:0, so
+name the index (`.to(f"neuron:{torch.neuron.current_device()}")`) to reach another.
 """
 
 from __future__ import annotations

@@ -87,3 +87,19 @@ def test_synchronize_runs():
     torch.neuron.synchronize()
     torch.neuron.synchronize("neuron:0")
     assert torch.allclose(y.cpu(), x.cpu() @ x.cpu(), atol=1e-4)
+
+
+def test_a_bare_device_name_and_the_current_device():
+    x = torch.randn(3)
+    torch.neuron.set_device(1)
+    try:
+        # Our kernels see the missing index and use the current device.
+        assert torch.empty(3, device="neuron").device == torch.device("neuron", 1)
+        assert torch.zeros(3, device="neuron").device == torch.device("neuron", 1)
+        assert x.neuron().device == torch.device("neuron", 1)
+        # PyTorch fills the index of `.to` from the Python device guard, which always
+        # answers 0 (see the device module's docstring); an explicit index works.
+        assert x.to("neuron").device == torch.device("neuron", 0)
+        assert x.to("neuron:1").device == torch.device("neuron", 1)
+    finally:
+        torch.neuron.set_device(0)
