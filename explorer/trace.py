@@ -19,6 +19,7 @@ from neuron_explorer import tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.loaders import read_trace
 from neuron_explorer.loaders.args import SliceArgs
+from neuron_explorer.loaders.pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class Trace:
     def cached(self, key: str, compute: Any) -> Any:
         """Memoise an analysis result on this trace."""
         if key not in self._cache:
-            self._cache[key] = compute()
+            with small_pages():  # analyses, like loads, make many short-lived arrays
+                self._cache[key] = compute()
         return self._cache[key]
 
     # --- facade over the analyses -----------------------------------------------------

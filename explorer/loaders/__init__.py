@@ -7,6 +7,7 @@ import os
 import zlib
 
 from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.loaders.pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -24,7 +25,11 @@ def _gunzip(path: str, data: bytes) -> bytes:
 
 def read_trace(path: str | os.PathLike) -> RawTrace:
     """Read any supported trace: our .pftrace, Chrome JSON or PyTorch-profiler JSON(.gz)."""
-    path = os.fspath(path)
+    with small_pages():  # a load makes many large short-lived arrays
+        return _read(os.fspath(path))
+
+
+def _read(path: str) -> RawTrace:
     if not os.path.exists(path):
         raise TraceFormatError(path, "no such file; check the path")
     if os.path.isdir(path):
