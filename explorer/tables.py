@@ -64,11 +64,20 @@ def number(trace: Trace, key: str, ids: np.ndarray, default: float = 0,
 
 def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
                dtype: type = object) -> np.ndarray:
-    """`function` of each value, called once per distinct value (columns repeat a few names)."""
-    codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
-    results = np.empty(len(uniques), dtype=dtype)
-    results[:] = [function(u) for u in uniques.tolist()]
-    return results[codes]
+    """`function` of each value, called once per distinct value (columns repeat a few names);
+    None and the other missing markers (NaN) are passed on as they are."""
+    array = np.asarray(values, dtype=object)
+    codes, uniques = pd.factorize(array)
+    results = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
+    results[: len(uniques)] = [function(u) for u in uniques.tolist()]
+    out = results[codes]
+    missing = np.flatnonzero(codes < 0)
+    if len(missing):
+        none = np.equal(array[missing], None).astype(bool)
+        for part in (missing[none], missing[~none]):
+            if len(part):
+                out[part] = function(array[part[0]])
+    return out
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:

@@ -1,0 +1,123 @@
+"""The fast paths give the answers of the plain ones: typed arg columns, per-distinct-value
+maps, factorised kinds, evidence picked before it is built, small pages while loading."""
+
+from __future__ import annotations
+
+import neuron_explorer
+import numpy as np
+import pandas as pd
+import pytest
+from neuron_explorer.loaders.args import (
+    KIND_BOOL,
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_STR,
+    ColumnArgs,
+    DictArgs,
+    SliceArgs,
+)
+from neuron_explorer.loaders.pages import _switch, small_pages
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import top
+from neuron_explorer.tables import flag, kind_mask, map_unique, text
+
+
+def _mixed_args() -> tuple[ColumnArgs, DictArgs]:
+    """Six slices; keys holding ints only, ints and floats, strings, mixed kinds, bools."""
+    rows = [  # (slice, key, kind, value)
+        (0, "n", KIND_INT, 7), (2, "n", KIND_INT, -3), (5, "n", KIND_INT, 2**60),
+        (1, "x", KIND_FLOAT, 2.5), (3, "x", KIND_INT, 4),
+        (0, "s", KIND_STR, "a"), (4, "s", KIND_STR, None), (5, "s", KIND_STR, "c"),
+        (1, "m", KIND_STR, "12"), (2, "m", KIND_INT, 5), (3, "m", KIND_STR, "zz"),
+        (0, "b", KIND_BOOL, 1), (2, "b", KIND_BOOL, 0), (3, "b", KIND_INT, 1),
+    ]
+    names = ["n", "x", "s", "m", "b"]
+    n = len(rows)
+    kind = np.array([r[2] for r in rows], np.int8)
+    ival = np.array([r[3] if r[2] in (KIND_INT, KIND_BOOL) else 0 for r in rows], np.int64)
+    fval = np.array([r[3] if r[2] == KIND_FLOAT else 0.0 for r in rows], np.float64)
+    sval = np.empty(n, object)
+    sval[:] = [r[3] if r[2] == KIND_STR else None for r in rows]
+    cols = ColumnArgs(np.array([r[0] for r in rows], np.int64),
+                      np.array([names.index(r[1]) for r in rows], np.int64), names, kind,
+                      ival, fval, sval, 6)
+    return cols, DictArgs(cols.dicts())
+
+
+@pytest.mark.parametrize("key", ["n", "x", "s", "m", "b", "absent"])
+@pytest.mark.parametrize("default, dtype", [(0, "int64"), (-1, "int64"), (0.0, "float64")])
+def test_typed_numbers_match_the_plain_conversion(key: str, default: float, dtype: str) -> None:
+    cols, plain = _mixed_args()
+    ids = np.array([5, 0, 1, 2, 3, 4, 0], np.int64)
+    got = cols.numbers(key, ids, default, dtype)
+    want = SliceArgs.numbers(plain, key, ids, default, dtype)
+    assert got.dtype == np.dtype(dtype)
+    if key == "n":  # the typed path keeps 2**60 exact where objects went through float64
+        assert got.tolist()[0] == 2**60
+        got, want = got[1:], want[1:]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("key", ["n", "x", "s", "m", "b", "absent"])
+def test_typed_texts_and_flags_match_the_plain_conversion(key: str) -> None:
+    cols, plain = _mixed_args()
+    ids = np.arange(6)
+    assert cols.texts(key, ids).tolist() == text(plain.column(key, ids)).tolist()
+    assert cols.texts(key, ids).tolist() == SliceArgs.texts(plain, key, ids).tolist()
+    one_by_one = [v is True or v == 1 or str(v).lower() == "true"
+                  for v in plain.column(key, ids).tolist()]
+    assert flag(cols.column(key, ids)).tolist() == one_by_one
+
+
+def test_typed_columns_of_a_loaded_trace(basic_pf: neuron_explorer.Trace) -> None:
+    args = basic_pf.args._get()
+    ids = basic_pf.base_slices["id"].to_numpy()
+    for key in args.names:
+        np.testing.assert_array_equal(args.numbers(key, ids, -1),
+                                      SliceArgs.numbers(args, key, ids, -1))
+        assert args.texts(key, ids).tolist() == SliceArgs.texts(args, key, ids).tolist()
+
+
+def test_map_unique_calls_once_per_value() -> None:
+    values = pd.Series(["dma0", "tensor", None, "dma1", "tensor", np.nan, "dma0"], dtype=object)
+    calls: list[object] = []
+
+    def family(v: object) -> object:
+        calls.append(v)
+        return "dma" if str(v).startswith("dma") else v
+
+    got = map_unique(values, family)
+    assert got.tolist()[:5] == ["dma", "tensor", None, "dma", "tensor"]
+    assert len(calls) == len(set(map(str, values.tolist())))
+    mask = map_unique(values, lambda v: str(v).startswith("dma"), bool)
+    assert mask.dtype == bool and mask.tolist() == [True, False, False, True, False, False, True]
+    assert map_unique(np.zeros(0, object), str.upper, bool).shape == (0,)
+
+
+def test_kind_mask_matches_isin(basic_trace: neuron_explorer.Trace) -> None:
+    kinds = basic_trace.base_slices["kind"]
+    for wanted in [("op",), ("kernel", "memcpy", "memset"), ("no such kind",)]:
+        assert kind_mask(basic_trace, wanted).tolist() == kinds.isin(wanted).tolist()
+
+
+def test_top_keeps_the_rows_a_full_sort_would() -> None:
+    frame = pd.DataFrame({"dur": [5, 9, 1, 9, 7, 3, 8, 2], "id": range(8)})
+    assert len(frame) > th.MAX_EVIDENCE
+    want = frame.sort_values("dur", ascending=False)["id"].tolist()[: th.MAX_EVIDENCE]
+    assert top(frame, "dur")["id"].tolist() == want
+    assert top(frame)["id"].tolist() == list(range(th.MAX_EVIDENCE))
+
+
+@pytest.mark.skipif(_switch() is None, reason="this numpy has no huge-page switch")
+def test_small_pages_restores_the_setting() -> None:
+    switch = _switch()
+    before = switch(True)
+    try:
+        with small_pages():
+            assert switch(False) is False  # off inside
+        assert switch(True) is True  # back on after
+        with pytest.raises(RuntimeError), small_pages():
+            raise RuntimeError("boom")
+        assert switch(True) is True
+    finally:
+        switch(before)
