@@ -6,7 +6,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.step_breakdown import step_windows
+from neuron_explorer.tables import kind_mask
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -42,7 +44,8 @@ def summary(trace: Trace) -> dict[str, Any]:
         "device_busy_share": float(busy / total) if total and len(trace.kernels) else 0.0,
         "n_ops": len(trace.ops),
         "n_kernels": int((trace.kernels["kind"] == "kernel").sum()) if len(trace.kernels) else 0,
-        "n_instructions": len(trace.instructions),
+        # counted without building the instructions table (the overview shows only the count)
+        "n_instructions": int(kind_mask(trace, (tf.CAT_INSTRUCTION, tf.CAT_DMA)).sum()),
         "n_slices": len(s),
         "devices": sorted(int(d) for d in trace.tracks["device"].unique() if d >= 0),
         "counts": {str(k): int(v) for k, v in s["kind"].value_counts().items()},

@@ -257,11 +257,11 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     cleared = ((pk.value[2] & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0) | (pk.value[3] != 0)
     # generation of incremental state per packet, within its sequence
     p_gen = np.zeros(n, np.int64)
-    for seq in np.unique(p_seq).tolist():
+    for seq in pd.unique(p_seq).tolist():
         idx = np.flatnonzero(p_seq == seq)
         p_gen[idx] = np.cumsum(cleared[idx])
     combo = p_seq * (1 << 32) + p_gen
-    uniq_combo, p_pair = np.unique(combo, return_inverse=True)
+    p_pair, uniq_combo = pd.factorize(combo)  # hashing: no sort of every packet
     pairs = [(int(c) >> 32, int(c) & 0xFFFFFFFF) for c in uniq_combo.tolist()]
     # packets with descriptors, interning or defaults: parse them one by one, in order
     state = _State()
@@ -302,7 +302,7 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     ev_cat[np.equal(ev_cat, None)] = ""
     for t, count in Counter(ev_type[~np.isin(ev_type, [1, 2, 3, 4])].tolist()).items():
         skipped[f"track event type {t}"] += count
-    tracks, track_of = _tracks(state, np.unique(ev_track_uuid))
+    tracks, track_of = _tracks(state, np.sort(pd.unique(ev_track_uuid)))
     uuid_list = np.array(list(track_of), np.uint64)
     track_ids = np.array(list(track_of.values()), np.int64)
     sorter = np.argsort(uuid_list)
