@@ -109,6 +109,7 @@ class Recorder:
         self.explicit_steps = False
         self.step_open = False
         self.step_start = clock.now()
+        self.first_event_ts: int | None = None  # first device event of a step not yet begun
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
         self.steps_completed: list[int] = []  # ended by a step mark
         self.window_start, self.window_stop = options.steps or (0, None)
@@ -174,20 +175,33 @@ class Recorder:
 
     # -- host slices, kept nested per thread -------------------------------------------
 
-    def ensure_step(self) -> None:
-        """Begin the current step's slice (lazily: at the first event inside it)."""
-        if not self.step_open and self.recording:
-            self.step_open = True
-            self.writer.begin(self.main.track, self.step_start, f"step {self.step}", CAT_STEP,
-                              {ARG_STEP: self.step})
-            self.steps_recorded.append(self.step)
+    def ensure_step(self, activity: bool = True, ts: int | None = None) -> None:
+        """Begin the current step's slice, lazily, at the first training activity in it (a
+        module, backward, optimizer, data-loader, annotation or compile event). Device ops
+        and syncs alone open no step: setup before the loop (imports, model.to, building
+        the optimizer) and the code after the last step mark stay outside every step.
+        The first step starts at that activity; later ones where the previous one ended."""
+        if self.step_open or not self.recording:
+            return
+        now = clock.now() if ts is None else ts
+        if not activity:
+            if self.first_event_ts is None:
+                self.first_event_ts = now
+            return
+        start = self.step_start
+        if not self.steps_completed and self.step == 0:
+            start = now
+        self.step_open = True
+        self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
+                          {ARG_STEP: self.step})
+        self.steps_recorded.append(self.step)
 
     def begin(self, name: str, category: str, args: Mapping[str, Any] | None = None,
               ts: int | None = None, state: _ThreadState | None = None) -> None:
         """Open a host slice on the calling thread's track."""
         if not self.recording:
             return
-        self.ensure_step()
+        self.ensure_step(ts=ts)
         state = state or self.thread()
         state.open.append(_Open(name, category, args))
         self.writer.begin(state.track, clock.now() if ts is None else ts, name, category, args)
@@ -210,6 +224,10 @@ class Recorder:
         elif self.explicit_steps:
             return  # explicit step marks override optimizer steps
         now = clock.now() if ts is None else ts
+        if explicit and not self.step_open and self.recording:
+            # an explicit step holds whatever ran since the last mark, activity or not
+            start = self.first_event_ts if self.step == 0 and not self.steps_completed else None
+            self.ensure_step(ts=start if start is not None else self.step_start)
         reopen: list[_Open] = []
         if self.step_open:
             # Slices still open on the main thread (a loop-wide annotation) are split at the
@@ -229,6 +247,7 @@ class Recorder:
                 self.flush()
         self.step += 1
         self.step_start = now
+        self.first_event_ts = None
         if self.window_stop is not None and self.step >= self.window_stop:
             self.stop()
             return
