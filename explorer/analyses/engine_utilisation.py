@@ -94,9 +94,13 @@ def engine_busy_totals(trace: Trace) -> pd.DataFrame:
     ins = trace.instructions
     rows = []
     if len(ins):
-        for (device, engine), part in ins.groupby([ins["device"], engine_family(ins["engine"])]):
-            u = Union(part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy())
-            rows.append((int(device), str(engine), u.total))
+        ts = ins["ts"].to_numpy(np.int64)
+        end = ts + ins["dur"].to_numpy(np.int64)
+        keys = pd.DataFrame({"device": ins["device"].to_numpy(),
+                             "engine": engine_family(ins["engine"])})
+        # row positions per (device, engine): no sub-frame per group
+        for (device, engine), rows_of in sorted(keys.groupby(["device", "engine"]).indices.items()):
+            rows.append((int(device), str(engine), Union(ts[rows_of], end[rows_of]).total))
     elif len(trace.kernels):
         k = trace.kernels
         for device, dk in k.groupby("device"):

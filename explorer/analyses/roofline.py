@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.peaks import hbm_bandwidth, peak_flops
+from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -34,7 +35,7 @@ def roofline(trace: Trace) -> pd.DataFrame:
     ops = trace.ops
     if not len(ops):
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-    ops = ops.assign(dtype=[main_dtype(d) for d in ops["dtypes"].tolist()])
+    ops = ops.assign(dtype=map_unique(ops["dtypes"], main_dtype))
     g = ops.groupby(["name", "dtype"], sort=False).agg(
         count=("id", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"),
         dur=("device_dur", "sum")).reset_index()
