@@ -47,6 +47,9 @@ ENGINE_IDLE = 0.20
 # small_dma: DMA bandwidth saturates at 4 KiB per partition; below that the ~1.3 us
 # fixed cost dominates.
 SMALL_DMA_BYTES_PER_PARTITION = 4096
+# A transfer is small when it takes over twice as long as its bytes need at one DMA
+# engine's bandwidth: more than half its time is fixed cost.
+SMALL_DMA_SLOWDOWN = 2.0
 SMALL_DMA_MIN_TRANSFERS = 8
 SMALL_DMA_MIN_SHARE = 0.01
 
