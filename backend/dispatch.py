@@ -22,6 +22,7 @@ from torch._C import DispatchKey, DispatchKeySet
 _perf_ns = clock.real_ns
 _clock_now = clock.now
 _Tensor = torch.Tensor
+_TENSOR_OR_NONE = (_Tensor, type(None))  # built once: `_Tensor | None` is built per call
 _CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _META_KEYS = DispatchKeySet(DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -32,7 +33,10 @@ _host_empty = torch.empty
 _alias = torch.ops.aten.alias.default
 _state = runtime.state
 _record = runtime.record_eager
-_begin_op = runtime.begin_op
+_new_op_id = runtime.new_op_id
+_hub = runtime.hub
+_allocation_context = runtime.allocation_context
+_all_devices = devices._devices  # filled once, never rebound
 
 # Ops that accept host tensors next to neuron ones, as CUDA's do (indices are moved).
 _HOST_OPERANDS_OK = frozenset({"aten::index", "aten::index_put", "aten::index_put_",
@@ -100,14 +104,18 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same memory as neuron tensor `t` (cached per storage and
     geometry, so an in-place metadata change such as `t_()` finds a different view)."""
     block = t.untyped_storage()._neuron_block
-    offset, shape, stride, dtype = t.storage_offset(), t.shape, t.stride(), t.dtype
+    geometry = (t.storage_offset(), t.shape, t.stride(), t.dtype)
+    host = block.views.get(geometry)
+    return host if host is not None else _new_host_view(block, geometry)
+
+
+def _new_host_view(block, geometry: tuple) -> torch.Tensor:
+    """The CPU view of `block` with this (offset, shape, stride, dtype), cached on it."""
     views = block.views
-    host = views.get((offset, shape, stride, dtype))
-    if host is None:
-        if len(views) >= _MAX_VIEWS_PER_STORAGE:
-            views.clear()
-        host = _host_empty(0, dtype=dtype).set_(block.host, offset, shape, stride)
-        views[(offset, shape, stride, dtype)] = host
+    if len(views) >= _MAX_VIEWS_PER_STORAGE:
+        views.clear()
+    offset, shape, stride, dtype = geometry
+    host = views[geometry] = _host_empty(0, dtype=dtype).set_(block.host, offset, shape, stride)
     return host
 
 
@@ -145,20 +153,21 @@ def blank_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
 def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
     """Relabel a CPU result as a neuron tensor on `device`, sharing its memory."""
     host = cpu.untyped_storage()
-    if device.index == 0 and cpu.storage_offset() == 0 and cpu.is_contiguous():
+    offset = cpu.storage_offset()
+    if offset == 0 and device.index == 0 and cpu.is_contiguous():
         # Fast path: a fresh neuron:0 tensor of the right geometry takes over the pointer.
-        out = _create_empty(cpu.shape, cpu.dtype)
+        shape, dtype = cpu.shape, cpu.dtype
+        out = _create_empty(shape, dtype)
         storage = out.untyped_storage()
         storage._swap_data_ptr_(_construct_storage(host.data_ptr(), device.torch_device,
                                                    host.nbytes()))
-        block = attach(device.memory, storage, host)
-    else:
-        storage = adopt(device.memory, host, device.torch_device)
-        block = storage._neuron_block
-        out = blank_tensor(device.index, cpu.dtype)
-        _redispatch_set(_CPU_KEYS, out, storage, cpu.storage_offset(), cpu.size(),
-                        cpu.stride())
-    block.views[(cpu.storage_offset(), cpu.shape, cpu.stride(), cpu.dtype)] = cpu
+        attach(device.memory, storage, host).views[(0, shape, cpu.stride(), dtype)] = cpu
+        return out
+    storage = adopt(device.memory, host, device.torch_device)
+    block = storage._neuron_block
+    out = blank_tensor(device.index, cpu.dtype)
+    _redispatch_set(_CPU_KEYS, out, storage, offset, cpu.size(), cpu.stride())
+    block.views[(offset, cpu.shape, cpu.stride(), cpu.dtype)] = cpu
     return out
 
 
@@ -192,8 +201,13 @@ class _Converter:
             if self.index >= 0:
                 raise _device_mismatch(torch.device("neuron", self.index), t.device)
             self.index = index
-        self.sig.append((t.shape, t.dtype))
-        host = host_view(t)
+        shape, dtype = t.shape, t.dtype
+        self.sig.append((shape, dtype))
+        block = t.untyped_storage()._neuron_block
+        geometry = (t.storage_offset(), shape, t.stride(), dtype)
+        host = block.views.get(geometry)
+        if host is None:
+            host = _new_host_view(block, geometry)
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -201,7 +215,7 @@ class _Converter:
     def value(self, v):
         if isinstance(v, _Tensor):
             return self.tensor(v)
-        if type(v) in (list, tuple) and v and isinstance(v[0], _Tensor | None):
+        if type(v) in (list, tuple) and v and isinstance(v[0], _TENSOR_OR_NONE):
             return [self.tensor(x) if isinstance(x, _Tensor) else x for x in v]
         return v
 
@@ -279,7 +293,9 @@ def run_op(op, args: tuple, kwargs: dict):
     """Run one aten op on neuron tensors: the boxed fallback for PrivateUse1."""
     real_start = _perf_ns()
     host_start = _clock_now()
-    op_id = _begin_op()
+    op_id = _new_op_id()  # runtime.begin_op, inlined
+    if _hub.active and _state.accounting:
+        _allocation_context.op_id = op_id
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)
@@ -312,7 +328,7 @@ def run_op(op, args: tuple, kwargs: dict):
         if "device" in host_kwargs:
             host_kwargs["device"] = None
     else:
-        device = devices.get(conv.index)
+        device = _all_devices[conv.index]  # a tensor's device exists: no check needed
     if info.has_generator and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = device.generator
 
@@ -320,6 +336,9 @@ def run_op(op, args: tuple, kwargs: dict):
     if info.kind == MUTATING:
         result = _map_back(result, conv, device)
         out_sig = tuple(conv.sig[:1])
+    elif isinstance(result, _Tensor):  # the common case, without the two helpers
+        out_sig = ((result.shape, result.dtype),)
+        result = to_device(result, device)
     else:
         out_sig = _out_sig(result)
         result = _wrap_results(result, device)
