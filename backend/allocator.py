@@ -25,9 +25,10 @@ MIB = 1 << 20
 
 class AllocationContext:
     """The op being emulated, so that allocations it makes can name it (set only while a
-    sink listens)."""
+    sink listens), and whether device accounting is suspended (a compiled graph runs)."""
 
     op_id: int | None = None
+    suspended: bool = False
 
 
 context = AllocationContext()
@@ -101,7 +102,11 @@ class Block:
                                             stats.in_use, context.op_id))
         self.views = None
         self.host = None
-        clock.exclude(_perf_ns() - real_start)
+        if context.op_id is None and not context.suspended:
+            # Inside an op's emulation or a compiled graph the whole interval is excluded
+            # already. (With no sink listening op_id stays None: a release inside an op
+            # is then excluded twice, which only an unrecorded run's clock sees.)
+            clock.exclude(_perf_ns() - real_start)
 
 
 def _format_bytes(n: int) -> str:

@@ -334,11 +334,13 @@ def device_accounting_suspended() -> Iterator[None]:
     real_start = _perf_ns()
     state.suspended_depth += 1
     state.accounting = False
+    allocation_context.suspended = True
     try:
         yield
     finally:
         state.suspended_depth -= 1
         state.accounting = state.suspended_depth == 0
+        allocation_context.suspended = not state.accounting
         if state.accounting:
             clock.exclude(_perf_ns() - real_start)
 
