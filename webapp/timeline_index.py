@@ -77,6 +77,10 @@ class TimelineIndex:
         self.slice_rows: list[SliceRow] = []
         self.counter_rows: list[CounterRow] = []
         self.folded_dma_queues = 0  # DMA queue tracks drawn as one row per device
+        # The metadata instant sits at the recording's start, which can be long before the
+        # first recorded step (--steps A:B): it would stretch the whole-trace view.
+        if "category" in slices.columns and len(slices):
+            slices = slices[slices["category"].to_numpy() != "metadata"]
         self._build_slice_rows(slices, tracks, fold_dma)
         self._build_counter_rows(counters, tracks)
         self._build_lookup(slices)

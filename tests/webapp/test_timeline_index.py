@@ -28,6 +28,15 @@ def test_rows_follow_tracks_and_depths_host_first():
     assert (index.start_ns, index.end_ns) == (0, 100)
 
 
+def test_the_metadata_instant_does_not_stretch_the_whole_trace_view():
+    # recorded with --steps 2:4: the metadata instant marks the recording's start, seconds
+    # before the first recorded step
+    df = _slices([(1, 0, 0, "neuron_explorer.metadata", "metadata", 1, 0),
+                  (2, 4_000_000, 100, "step 2", "step", 1, 0)])
+    index = TimelineIndex(df, TRACKS, pd.DataFrame())
+    assert (index.start_ns, index.end_ns) == (4_000_000, 4_000_100)
+
+
 def test_zoomed_window_returns_exact_slices_only():
     df = _slices([(i, i * 1000, 500, f"s{i}", "op", 1, 0) for i in range(100)])
     index = TimelineIndex(df, TRACKS, pd.DataFrame())
