@@ -207,7 +207,7 @@ class DeviceSink:
             return
         try:
             if not rec.step_open:
-                rec.ensure_step(activity=False)
+                rec.ensure_step(activity=False, ts=ev.host_start_ns)
             module = modules.current_module(state) if modules is not None else ""
             source = self.source.locate()
             # Everything but the ids and the step repeats from one step to the next: encode
@@ -299,7 +299,7 @@ class DeviceSink:
         if not rec.recording:
             return
         try:
-            rec.ensure_step(activity=False)
+            rec.ensure_step(activity=False, ts=ev.host_start_ns)
             args = {ARG_SYNC_KIND: ev.kind, ARG_SOURCE: self.source.locate(),
                     ARG_DEVICE: ev.device, ARG_STEP: rec.step}
             self.writer.slice(rec.thread().track, ev.host_start_ns,

@@ -185,7 +185,8 @@ class Recorder:
             return
         now = clock.now() if ts is None else ts
         if not activity:
-            if self.first_event_ts is None:
+            # events can reach the sink after later ones (batched): keep the earliest
+            if self.first_event_ts is None or now < self.first_event_ts:
                 self.first_event_ts = now
             return
         start = self.step_start
@@ -227,7 +228,7 @@ class Recorder:
         if explicit and not self.step_open and self.recording:
             # an explicit step holds whatever ran since the last mark, activity or not
             start = self.first_event_ts if self.step == 0 and not self.steps_completed else None
-            self.ensure_step(ts=start if start is not None else self.step_start)
+            self.ensure_step(ts=min(start, now) if start is not None else self.step_start)
         reopen: list[_Open] = []
         if self.step_open:
             # Slices still open on the main thread (a loop-wide annotation) are split at the
