@@ -79,11 +79,12 @@ class TimelineIndex:
         self.folded_dma_queues = 0  # DMA queue tracks drawn as one row per device
         # The metadata instant sits at the recording's start, which can be long before the
         # first recorded step (--steps A:B): it would stretch the whole-trace view.
+        drawn = slices
         if "category" in slices.columns and len(slices):
-            slices = slices[slices["category"].to_numpy() != "metadata"]
-        self._build_slice_rows(slices, tracks, fold_dma)
+            drawn = slices[slices["category"].to_numpy() != "metadata"]
+        self._build_slice_rows(drawn, tracks, fold_dma)
         self._build_counter_rows(counters, tracks)
-        self._build_lookup(slices)
+        self._build_lookup(slices)  # positions into the whole slices table
         starts = [r.ts[0] for r in self.slice_rows if r.ts.size] + [
             r.ts[0] for r in self.counter_rows if r.ts.size
         ]

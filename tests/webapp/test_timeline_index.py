@@ -35,6 +35,7 @@ def test_the_metadata_instant_does_not_stretch_the_whole_trace_view():
                   (2, 4_000_000, 100, "step 2", "step", 1, 0)])
     index = TimelineIndex(df, TRACKS, pd.DataFrame())
     assert (index.start_ns, index.end_ns) == (4_000_000, 4_000_100)
+    assert df.iloc[index.table_position(2)]["id"] == 2  # positions still index the whole table
 
 
 def test_zoomed_window_returns_exact_slices_only():
