@@ -102,10 +102,10 @@ class Block:
                                             stats.in_use, context.op_id))
         self.views = None
         self.host = None
-        if context.op_id is None and not context.suspended:
+        if hub.active and context.op_id is None and not context.suspended:
             # Inside an op's emulation or a compiled graph the whole interval is excluded
-            # already. (With no sink listening op_id stays None: a release inside an op
-            # is then excluded twice, which only an unrecorded run's clock sees.)
+            # already. Only a recorded run tracks which op is being emulated, and only a
+            # recorded run shows the host clock, so only then is the release excluded.
             clock.exclude(_perf_ns() - real_start)
 
 

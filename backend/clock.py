@@ -17,7 +17,7 @@ _perf_ns = time.perf_counter_ns
 class HostClock:
     """Monotonic ns clock with excluded intervals and forward jumps."""
 
-    __slots__ = ("_origin", "_offset")
+    __slots__ = ("_offset", "_origin")
 
     def __init__(self) -> None:
         self._origin = _perf_ns()

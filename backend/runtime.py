@@ -276,7 +276,6 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
     """
     if op_id is None:
         op_id = next(_op_ids)
-    allocation_context.op_id = None
     overhead = device.preset.host_launch_overhead_ns
     if not hub.active and type(state.policy) is ImmediatePolicy:
         # The common case, inlined: nobody listens and the default policy is in force.
@@ -287,6 +286,7 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
             next(_kernel_ids)
             device.timeline.schedule(lowered.kernel, host_start_ns + overhead)
         clock.exclude(_perf_ns() - real_start_ns - overhead)
+        allocation_context.op_id = None
         return op_id
     launched = state.policy.submit(device, key, op_id, host_start_ns)
     overhead = launched.host_ns  # views, allocations and queued ops launch nothing now
@@ -301,6 +301,8 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
         ))
     # The host clock moves by the modelled launch overhead, not by the emulation time.
     clock.exclude(_perf_ns() - real_start_ns - overhead)
+    # Only now: a release until here is inside the interval just excluded.
+    allocation_context.op_id = None
     return op_id
 
 
