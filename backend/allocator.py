@@ -133,19 +133,11 @@ def _out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
 def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
              op_id: int | None = None) -> torch.UntypedStorage:
     """A new neuron storage of `nbytes` on `device` (uninitialised), counted in `stats`."""
-    in_use = stats.in_use + nbytes
-    if in_use > stats.capacity:
+    if stats.in_use + nbytes > stats.capacity:  # before taking the host memory
         raise _out_of_memory(stats, nbytes)
     host = _host_storage(nbytes)
     storage = _construct_storage(host.data_ptr(), device, nbytes)
-    storage._neuron_block = Block(host, nbytes, stats)
-    stats.in_use = in_use
-    stats.alloc_count += 1
-    stats.allocated_total += nbytes
-    stats.peak = max(stats.peak, in_use)
-    if hub.active:
-        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use,
-                                        op_id if op_id is not None else context.op_id))
+    attach(stats, storage, host, op_id)
     return storage
 
 
