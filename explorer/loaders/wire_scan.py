@@ -111,11 +111,21 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
     msg = np.flatnonzero(end > start).astype(np.int32)
     cur = start[msg].astype(np.int64)
     stop = end[msg].astype(np.int64)
+    # every field starts before its message's end; when no end lies past the data,
+    # each tag's first byte can be read without a bounds check
+    inside = not len(stop) or int(stop.max()) <= len(buf)
     while len(msg):
-        tag, tag_len = varint_at(buf, cur)
-        p = cur + tag_len
-        field = (tag >> np.uint64(3)).view(np.int64)
-        wire = (tag & np.uint64(7)).astype(np.int8)
+        b0 = buf[cur] if inside else None
+        if b0 is not None and not (b0 >= 0x80).any():  # one-byte tags: fields 1 to 15
+            tag_len = np.ones(len(cur), np.int64)
+            p = cur + 1
+            field = (b0 >> 3).astype(np.int64)
+            wire = (b0 & 7).astype(np.int8)
+        else:
+            tag, tag_len = varint_at(buf, cur)
+            p = cur + tag_len
+            field = (tag >> np.uint64(3)).view(np.int64)
+            wire = (tag & np.uint64(7)).astype(np.int8)
         value, vlen = varint_at(buf, p)
         cls = _WIRE_CLASS[wire]
         offset = p + vlen  # a varint: the next field; a length: the payload
@@ -126,8 +136,9 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
             offset[odd] = p[odd]
             nxt[odd] = p[odd] + width
             vlen[odd] = 0
-        bad = (nxt > stop) | (tag_len < 0) | (vlen < 0)
-        if bad.any():
+        bad = nxt > stop
+        if bad.any() or vlen.min() < 0 or tag_len.min() < 0:  # rare: find the first problem
+            bad |= (tag_len < 0) | (vlen < 0)
             i = int(np.flatnonzero(bad)[0])
             if tag_len[i] > 0 and cls[i] == 5:  # flagged through its huge width
                 reason = f"invalid field (number {field[i]}, wire type {wire[i]})"
