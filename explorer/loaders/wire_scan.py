@@ -238,15 +238,19 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     or "corrupt" when the bytes after a packet are not another packet.
     """
     size = len(buf)
-    cand = np.flatnonzero(buf == 0x0A)
+    is_cand = buf == 0x0A
+    cand = np.flatnonzero(is_cand)
     if not len(cand) or cand[0] != 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), "corrupt", 0
     length, llen = varint_at(buf, cand + 1)
     body = cand + 1 + llen
     nxt = body + length.astype(np.int64)
-    j = np.searchsorted(cand, nxt)
-    jj = np.minimum(j, len(cand) - 1)
-    next_idx = np.where((j < len(cand)) & (cand[jj] == nxt), j, -1)
+    # the candidate each one points at, searched for only where a candidate byte lies
+    hit = np.flatnonzero((nxt >= 0) & (nxt < size))  # a huge length wraps negative
+    hit = hit[is_cand[nxt[hit]]]
+    del is_cand
+    next_idx = np.full(len(cand), -1, np.int64)
+    next_idx[hit] = np.searchsorted(cand, nxt[hit])
     next_idx[(nxt == size) & (llen > 0)] = -2  # clean end
     next_idx[(nxt > size) | (llen < 0)] = -3  # cut off
     idx, i = _chain_fast(next_idx)
