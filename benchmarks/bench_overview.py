@@ -3,8 +3,10 @@
 Writes the dashboard benchmark's synthetic training trace (steps, modules, ops, kernels,
 engine instructions, DMA, HBM counter) with the project's Perfetto writer, then, in a
 fresh process, times each call the overview page makes, in the order it makes them:
-`load`, `Trace.summary()`, `Trace.breakdown()` and `Trace.bottlenecks()`. Prints each
-part, the total, and the ratio of the total to the 3 s target (below 1 meets it).
+`load`, `Trace.summary()`, `Trace.breakdown()` and `Trace.bottlenecks()`. The overview
+appears after the first three; the findings fill in afterwards (a later callback), so
+they are timed and printed but not counted in the total. Prints each part, the total,
+and the ratio of the total to the 3 s target (below 1 meets it).
 
     .venv/bin/python benchmarks/bench_overview.py [--events 1000000] [--trace FILE] [--keep]
 
@@ -22,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 TARGET_S = 3.0
-PARTS = ("load", "summary", "breakdown", "bottlenecks")
+PARTS = ("load", "summary", "breakdown")  # what the overview waits for
+LATER = ("bottlenecks",)  # the findings card, filled by a later callback
 
 MEASURE = """
 import json, resource, sys, time
@@ -75,6 +78,9 @@ def main() -> int:
     print("(cpu time is the fairer figure on a loaded machine: wall time counts other work)")
     for part in PARTS:
         print(f"{part:12s} {best[part]:6.2f} s wall {best[part + '_cpu']:6.2f} s cpu")
+    for part in LATER:
+        print(f"{part:12s} {best[part]:6.2f} s wall {best[part + '_cpu']:6.2f} s cpu  "
+              "(afterwards: not in the total)")
     print(f"{'total':12s} {total:6.2f} s wall {total_cpu:6.2f} s cpu  (target {TARGET_S:.0f} s: "
           f"ratio {total / TARGET_S:.2f} wall, {total_cpu / TARGET_S:.2f} cpu, "
           f"{'met' if total <= TARGET_S else 'MISSED'}); peak memory "
