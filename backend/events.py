@@ -63,6 +63,10 @@ class KernelRun:
     fallback: bool = False
     # Filled only when `hub.want_instructions` is set (engine-level recording).
     instructions: list[Instruction] | None = None
+    # The simulated kernel (its `arrays()` and `opcodes`, start times relative to
+    # `start_ns`), set only when `hub.want_instruction_arrays` is: bulk consumers read
+    # the schedule as numpy arrays instead of one Instruction per instruction.
+    kernel: object | None = None
 
 
 @dataclass(slots=True)
@@ -115,11 +119,14 @@ class EventHub:
         self.sinks: list[EventSink] = []
         self.active = False  # tested on the hot path before building any event
         self.want_instructions = False  # build per-instruction records (engine level)
+        self.want_instruction_arrays = False  # pass the kernel's schedule arrays instead
 
-    def subscribe(self, sink: EventSink, *, instructions: bool = False) -> None:
+    def subscribe(self, sink: EventSink, *, instructions: bool = False,
+                  instruction_arrays: bool = False) -> None:
         self.sinks.append(sink)
         self.active = True
         self.want_instructions = self.want_instructions or instructions
+        self.want_instruction_arrays = self.want_instruction_arrays or instruction_arrays
 
     def unsubscribe(self, sink: EventSink) -> None:
         if sink in self.sinks:
@@ -127,6 +134,7 @@ class EventHub:
         self.active = bool(self.sinks)
         if not self.sinks:
             self.want_instructions = False
+            self.want_instruction_arrays = False
 
     def op_launched(self, ev: OpLaunch) -> None:
         for s in self.sinks:

@@ -222,6 +222,7 @@ def schedule(device: devices.NeuronDevice, kernel, op_id: int, launch_ns: int,
             kernel_id, op_id, kernel.name, device.index, launch_ns, start, end,
             kernel.flops, kernel.model_flops, kernel.hbm_bytes, dict(kernel.engine_busy_ns),
             kernel.sbuf_bytes, kernel.psum_bytes, fallback, instructions,
+            kernel if hub.want_instruction_arrays else None,
         ))
     return kernel_id
 

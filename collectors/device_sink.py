@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.backend.events import CompileEvent, KernelRun, MemoryChange, OpLaunch, SyncWait
+from neuron_explorer.backend.hardware import ENGINE_NAMES
 from neuron_explorer.collectors.source_lines import SourceLocator
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.trace_format import (
@@ -69,7 +70,6 @@ _KERNEL_BATCH = 4096
 
 
 _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
-_ENGINE_OF = operator.attrgetter("engine")
 
 
 def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
@@ -85,6 +85,7 @@ def op_flow_id(op_id: int, kernel_index: int) -> int:
 
 
 _FLOW_ENGINE_INDEX = {engine: i for i, engine in enumerate(ENGINES)}  # DMA queues: 4
+_ENGINE_NAME_SLOTS = np.array([_FLOW_ENGINE_INDEX.get(e, 4) for e in ENGINE_NAMES], np.int64)
 
 
 def engine_index_of(engine: str) -> int:
@@ -176,9 +177,11 @@ class DeviceSink:
         self._kernel_rows: list[tuple] = []  # kernel slices waiting for their batch
         self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
         self._kernel_args: dict[tuple, object] = {}
-        self._instructions: list[tuple] = []  # (engine, opcode, start, dur, bytes, flops)
-        self._instruction_kernels: list[tuple[int, int, DeviceTracks]] = []  # (id, count, dev)
+        # per kernel: (kernel id, device, engine names, engine index, opcode names,
+        # opcode index, start, dur, bytes, flops), the last six numpy arrays
+        self._instructions: list[tuple] = []
         self._buffered_instructions = 0
+        self._kernel_slots: dict[int, tuple[object, np.ndarray]] = {}  # id(kernel) -> slots
         self._counters: list[tuple[int, int, float]] = []  # (track, ts, value)
         self._int_counters: list[tuple[int, int, int]] = []
 
@@ -268,10 +271,9 @@ class DeviceSink:
                 })
                 if len(self._kernel_args) > _SIGNATURE_LIMIT:
                     self._kernel_args.clear()
-            instructions = ev.instructions if rec.engine else None
             flow_out: Sequence[int] = ()
-            if instructions:
-                flow_out = self._buffer_instructions(dev, ev.kernel_id, instructions)
+            if rec.engine and (ev.kernel is not None or ev.instructions):
+                flow_out = self._buffer_instructions(dev, ev)
             # kernel tracks hold nothing else, so kernels too are written in batches
             self._kernel_rows.append((lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name,
                                       prepared, ev.kernel_id, ev.op_id, rec.step,
@@ -344,18 +346,38 @@ class DeviceSink:
 
     # -- engine level ------------------------------------------------------------------
 
-    def _buffer_instructions(self, dev: DeviceTracks, kernel_id: int,
-                             instructions: Sequence) -> list[int]:
+    def _buffer_instructions(self, dev: DeviceTracks, ev: KernelRun) -> list[int]:
         """Keep a kernel's instructions for the next batch; return the kernel's flow ids."""
-        n = len(instructions)
-        self._instructions.extend(map(_INSTRUCTION_FIELDS, instructions))
-        self._instruction_kernels.append((kernel_id, n, dev))
-        self._buffered_instructions += n
-        slots = {_FLOW_ENGINE_INDEX.get(e, 4) for e in set(map(_ENGINE_OF, instructions))}
+        kernel = ev.kernel
+        if kernel is not None:  # the simulator's arrays, start times relative to the kernel
+            arrays = kernel.arrays()
+            engine_index = arrays["engine"]
+            row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
+                   arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
+                   arrays["bytes"], arrays["flops"])
+            # the engines a kernel uses never change: compute its flow slots once
+            cached = self._kernel_slots.get(id(kernel))
+            if cached is None or cached[0] is not kernel:
+                if len(self._kernel_slots) > _SIGNATURE_LIMIT:
+                    self._kernel_slots.clear()
+                slots = np.unique(_ENGINE_NAME_SLOTS[engine_index]).tolist()
+                cached = self._kernel_slots[id(kernel)] = (kernel, slots)
+            slots = cached[1]
+        else:  # Instruction records (events built by hand)
+            engines, opcodes, starts, durs, nbytes, flops = zip(*map(_INSTRUCTION_FIELDS,
+                                                                      ev.instructions))
+            engine_names, engine_index = _factorize(engines)
+            opcode_names, opcode_index = _factorize(opcodes)
+            row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
+                   np.array(starts, np.int64), np.array(durs, np.int64),
+                   np.array(nbytes, np.int64), np.array(flops, np.int64))
+            slots = sorted({engine_index_of(e) for e in engine_names})
+        self._instructions.append(row)
+        self._buffered_instructions += len(row[3])
         if self._buffered_instructions >= _BATCH:
             self._flush_instructions()
-        base = _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4)
-        return [base | slot for slot in sorted(slots)]
+        base = _FLOW_KERNEL_TO_INSTRUCTION | (ev.kernel_id << 4)
+        return [base | slot for slot in slots]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
         counters = self._counters
@@ -383,31 +405,34 @@ class DeviceSink:
         rows = self._instructions
         if not rows:
             return
-        kernels = self._instruction_kernels
-        engines, opcodes, starts, durs, nbytes, flops = zip(*rows)
-        rows.clear()
-        self._instruction_kernels = []
+        self._instructions = []
         self._buffered_instructions = 0
-        kernel_ids = np.repeat(np.array([k for k, _, _ in kernels], np.int64),
-                               [n for _, n, _ in kernels])
-        # engine -> (index, track); tracks are per device
-        counts = [n for _, n, _ in kernels]
-        devices = [d for _, _, d in kernels]
-        if all(d is devices[0] for d in devices):
-            keys: Sequence = engines  # one device (the usual case)
-            dev_of_key = dict.fromkeys(engines, devices[0])
-        else:
-            dev_rows = np.repeat(np.arange(len(kernels)), counts).tolist()
-            keys = [(e, id(devices[k])) for e, k in zip(engines, dev_rows)]
-            dev_of_key = {key: devices[k] for key, k in zip(keys, dev_rows)}
-        engine_order, eidx = _factorize(keys)
-        engine_keys = [(key if isinstance(key, str) else key[0], dev_of_key[key])
-                       for key in engine_order]
-        tracks_of = np.array([dev.engine_track(e) for e, dev in engine_keys], np.int64)
-        slot_of = np.array([engine_index_of(e) for e, _ in engine_keys], np.int64)
-        opcode_list, name_index = _factorize(opcodes)
-        ts = np.array(starts, np.int64)
-        dur = np.array(durs, np.int64)
+        # name tables shared by the batch: (engine, device) pairs and opcodes, each kernel's
+        # indices mapped into them with one small lookup array per kernel
+        engine_keys: dict[tuple[str, int], int] = {}
+        devices: dict[int, DeviceTracks] = {}
+        opcode_ids: dict[str, int] = {}
+        engine_parts, opcode_parts, counts = [], [], []
+        for _, dev, engine_names, engine_index, opcode_names, opcode_index, *_ in rows:
+            devices[id(dev)] = dev
+            engine_map = np.array([engine_keys.setdefault((e, id(dev)), len(engine_keys))
+                                   for e in engine_names], np.int64)
+            opcode_map = np.array([opcode_ids.setdefault(o, len(opcode_ids))
+                                   for o in opcode_names], np.int64)
+            engine_parts.append(engine_map[engine_index])
+            opcode_parts.append(opcode_map[opcode_index])
+            counts.append(len(engine_index))
+        eidx = np.concatenate(engine_parts)
+        name_index = np.concatenate(opcode_parts)
+        ts = np.concatenate([r[6] for r in rows]).astype(np.int64, copy=False)
+        dur = np.concatenate([r[7] for r in rows]).astype(np.int64, copy=False)
+        nbytes = np.concatenate([r[8] for r in rows]).astype(np.int64, copy=False)
+        flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
+        kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
+        engine_list = [e for e, _ in engine_keys]
+        tracks_of = np.array([devices[d].engine_track(e) for e, d in engine_keys], np.int64)
+        slot_of = np.array([engine_index_of(e) for e in engine_list], np.int64)
+        opcode_list = list(opcode_ids)
         # the first instruction of each kernel on each engine (any DMA queue for DMA) ends
         # the kernel's flow there
         slots = slot_of[eidx]
@@ -421,15 +446,14 @@ class DeviceSink:
         columns = {
             "tracks": tracks_of[eidx][order], "ts": ts[order], "dur": dur[order],
             "name_index": name_index[order], "kernel": kernel_ids[order],
-            "bytes": np.array(nbytes, np.int64)[order], "flops": np.array(flops, np.int64)[order],
-            "flow": flow[order], "engine": eidx[order],
+            "bytes": nbytes[order], "flops": flops[order], "flow": flow[order],
+            "engine": eidx[order],
         }
-        is_dma = np.array([e not in ENGINE_TRACKS for e, _ in engine_keys], bool)[columns["engine"]]
-        engine_list = [e for e, _ in engine_keys]
+        is_dma = np.array([e not in ENGINE_TRACKS for e in engine_list], bool)[columns["engine"]]
         for category, keep in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
             if not keep.any():
                 continue
-            c = {k: v[keep] for k, v in columns.items()}
+            c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
             self.writer.slices(
                 c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
                 {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},

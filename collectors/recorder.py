@@ -309,12 +309,13 @@ class Recorder:
 
     def stop(self) -> None:
         """End open slices, flush and close the trace (idempotent)."""
+        from neuron_explorer.collectors import session
+
         if self.stopped and self.writer.closed:
+            session.detach(self)  # a failed write closed the writer: still unsubscribe
             return
         was_failed = self.failed is not None
         self.stopped = True
-        from neuron_explorer.collectors import session
-
         session.detach(self)
         if was_failed:
             self.writer.discard()

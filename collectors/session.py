@@ -67,7 +67,7 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
     hooks.install()
-    hub.subscribe(sink, instructions=recorder.engine)
+    hub.subscribe(sink, instruction_arrays=recorder.engine)
     _attached[id(recorder)] = (hooks, sink)
     _active = recorder
     child_processes.install_fork_handler()
@@ -86,7 +86,7 @@ def attach_sink_after_fork(recorder: Recorder) -> None:
         hub.unsubscribe(old_sink)
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
-    hub.subscribe(sink, instructions=recorder.engine)
+    hub.subscribe(sink, instruction_arrays=recorder.engine)
     _attached[id(recorder)] = (hooks, sink)
 
 
