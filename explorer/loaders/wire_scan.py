@@ -208,17 +208,20 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
         hi = min(lo + CHUNK, n)
         for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi]):
             code = code_of[np.minimum(field, top)]
-            sc = np.flatnonzero(code < k)
-            if len(sc):
-                where = msg[sc] + lo
+            slotted = code < k
+            all_slotted = bool(slotted.all())
+            # a round of slotted fields only (the usual case) needs no selection
+            sc = slice(None) if all_slotted else np.flatnonzero(slotted)
+            where = msg[sc] + lo
+            if len(where):
                 flat = code[sc] * n + where
                 value_1d[flat] = val[sc]
                 which_1d[flat] = field[sc]
                 if off_slots:
                     row = off_row[code[sc]]
                     keep = np.flatnonzero(row >= 0)
-                    offset_1d[row[keep] * n + where[keep]] = off[sc[keep]]
-            if len(sc) < len(code):
+                    offset_1d[row[keep] * n + where[keep]] = off[sc][keep]
+            if not all_slotted:
                 r = np.flatnonzero(code == repeated_code)
                 if len(r):
                     parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
