@@ -33,11 +33,17 @@ def varint_at(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if not n:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
     # Most varints (tags, small numbers) are one byte: decode those without fancy indexing.
-    b0 = buf[np.minimum(pos, size - 1)]
+    if pos.max() < size:  # the usual case: no bounds to mind
+        b0 = buf[pos]
+        longer = b0 >= 0x80
+        length = np.where(longer, -1, 1)
+        active = np.flatnonzero(longer)
+    else:
+        b0 = buf[np.minimum(pos, size - 1)]
+        length = np.where(b0 < 0x80, 1, -1).astype(np.int64)
+        length[pos >= size] = -1
+        active = np.flatnonzero((b0 >= 0x80) & (pos < size))
     value = (b0 & 0x7F).astype(np.uint64)
-    length = np.where(b0 < 0x80, 1, -1).astype(np.int64)
-    length[pos >= size] = -1
-    active = np.flatnonzero((b0 >= 0x80) & (pos < size))
     for k in range(1, 10):
         if not len(active):
             break
@@ -159,7 +165,10 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
             value[f32] = fixed_at(buf, p[f32], 4)
         yield msg, field, wire, value, offset
         more = nxt < stop
-        msg, cur, stop = msg[more], nxt[more], stop[more]
+        if more.all():  # no message ended this round
+            cur = nxt
+        else:
+            msg, cur, stop = msg[more], nxt[more], stop[more]
 
 
 @dataclass
