@@ -44,18 +44,30 @@ def varint_at(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         length[pos >= size] = -1
         active = np.flatnonzero((b0 >= 0x80) & (pos < size))
     value = (b0 & 0x7F).astype(np.uint64)
+    # the longer ones, byte by byte, kept packed: start, value so far
+    start = pos[active]
+    acc = value[active]
     for k in range(1, 10):
         if not len(active):
             break
-        at = pos[active] + k
+        at = start + k
         inside = at < size
-        if not inside.all():
-            active, at = active[inside], at[inside]
+        if not inside.all():  # cut off by the data's end: keep their bits so far
+            value[active[~inside]] = acc[~inside]
+            active, at, start, acc = active[inside], at[inside], start[inside], acc[inside]
         b = buf[at]
-        value[active] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        acc |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
         done = b < 0x80
-        length[active[done]] = k + 1
-        active = active[~done]
+        if done.all():
+            value[active] = acc
+            length[active] = k + 1
+            return value, length
+        if done.any():
+            value[active[done]] = acc[done]
+            length[active[done]] = k + 1
+            more = ~done
+            active, start, acc = active[more], start[more], acc[more]
+    value[active] = acc  # cut off or over ten bytes: their bits so far, as before
     return value, length
 
 
