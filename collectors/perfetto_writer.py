@@ -83,7 +83,7 @@ class PerfettoWriter:
         self._end_tails: dict[int, bytes] = {}
         self._string_tables: dict[tuple, list[bytes]] = {}
         self._annotations: dict[tuple[str, Any, type], bytes] = {}
-        self._annotation_names: dict[str, bytes] = {}
+        self._annotation_names: dict[str, list[bytes]] = {}
         self._counter_headers: dict[int, bytes] = {}
 
     # -- tracks ---------------------------------------------------------------
@@ -194,19 +194,28 @@ class PerfettoWriter:
             self._headers[key] = head
         return head
 
+    def _int_prefixes(self, key: str) -> list[bytes]:
+        """An int annotation's bytes before its value, one per value width (1-10 bytes)."""
+        name = b"\x08" + wire.varint(self._iid(F.I_ANNOTATION_NAMES, key)) + b"\x20"
+        prefixes = [b""] + [b"\x22" + _SMALL[len(name) + width] + name for width in range(1, 11)]
+        self._annotation_names[key] = prefixes
+        return prefixes
+
     def _args(self, args: Mapping[str, Any]) -> bytes:
         cache = self._annotations
         names = self._annotation_names
         varint = wire.varint
-        out = b""
+        parts = []
         for key, value in args.items():
             if type(value) is int:  # ids and steps: encoded directly, not cached
-                name = names.get(key)
-                if name is None:
-                    name = names[key] = b"\x08" + varint(
-                        self._iid(F.I_ANNOTATION_NAMES, key)) + b"\x20"
-                enc = _SMALL[value] if 0 <= value < 0x80 else varint(value)
-                out += b"\x22" + _SMALL[len(name) + len(enc)] + name + enc
+                prefixes = names.get(key) or self._int_prefixes(key)
+                if 0 <= value < 0x80:
+                    parts.append(prefixes[1])
+                    parts.append(_SMALL[value])
+                else:
+                    enc = varint(value)
+                    parts.append(prefixes[len(enc)])
+                    parts.append(enc)
                 continue
             ck = (key, value, type(value))
             enc = cache.get(ck)
@@ -216,8 +225,8 @@ class PerfettoWriter:
                 inner = wire.field_varint(1, self._iid(F.I_ANNOTATION_NAMES, key))
                 enc = wire.field_bytes(F.E_DEBUG, inner + _annotation_value(value))
                 cache[ck] = enc
-            out += enc
-        return out
+            parts.append(enc)
+        return b"".join(parts)
 
     @staticmethod
     def _flows(flow_out: Sequence[int], flow_in: Sequence[int]) -> bytes:

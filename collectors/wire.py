@@ -23,6 +23,8 @@ _pack_fixed64 = struct.Struct("<Q").pack
 
 
 _SMALL = [bytes((i,)) for i in range(128)]
+# 14 bits as two varint bytes that both continue: the low groups of large varints
+_CONT14 = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14)]
 
 
 def varint(value: int) -> bytes:
@@ -41,12 +43,8 @@ def varint(value: int) -> bytes:
                           ((value >> 14) & 0x7F) | 0x80, value >> 21))
         return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80,
                       ((value >> 14) & 0x7F) | 0x80, ((value >> 21) & 0x7F) | 0x80, value >> 28))
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    # larger (ns timestamps of a long-running clock): the low 28 bits from a table
+    return _CONT14[value & 0x3FFF] + _CONT14[(value >> 14) & 0x3FFF] + varint(value >> 28)
 
 
 def tag(field: int, wire_type: int) -> bytes:

@@ -18,7 +18,8 @@ from .trace_reading import parse
 def test_varint_matches_protobuf_encoding() -> None:
     from google.protobuf.internal import encoder
 
-    for value in [0, 1, 127, 128, 300, 2**21 - 1, 2**21, 2**28, 2**35 - 1, 2**35, 2**63, 2**64 - 1]:
+    for value in [0, 1, 127, 128, 300, 2**21 - 1, 2**21, 2**28, 2**35 - 1, 2**35, 2**42 + 12345,
+                  1_700_000_000_123_456_789, 2**56 - 1, 2**63, 2**64 - 1]:
         expected = encoder._VarintBytes(value)
         assert wire.varint(value) == expected
     assert wire.varint(-1) == encoder._VarintBytes(2**64 - 1)
