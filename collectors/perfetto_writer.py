@@ -73,6 +73,7 @@ class PerfettoWriter:
         self.closed = False
         self._seq = wire.field_varint(F.P_SEQ_ID, sequence_id)
         self._seq_needs = self._seq + wire.field_varint(F.P_FLAGS, _NEEDS)
+        self._seq_needs_len = len(self._seq_needs)
         self._first = True
         self._next_uuid = uuid_base
         self._interned: dict[tuple[int, str], int] = {}
@@ -299,30 +300,37 @@ class PerfettoWriter:
                 self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
                 self.end(track, ts + max(dur, 0))
                 return
-        event = head + prepared if prepared else head
+        parts = [head, prepared] if prepared else [head]
         if args:
-            event += self._args(args)
+            parts.append(self._args(args))
         for fid in flow_out:
-            event += _FLOW_OUT_TAG + _pack_fixed64(fid)
+            parts.append(_FLOW_OUT_TAG)
+            parts.append(_pack_fixed64(fid))
         for fid in flow_in:
-            event += _FLOW_IN_TAG + _pack_fixed64(fid)
+            parts.append(_FLOW_IN_TAG)
+            parts.append(_pack_fixed64(fid))
         if self._pending_interned:
             self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
             self.end(track, ts + max(dur, 0))
             return
+        event = b"".join(parts)
         varint = wire.varint
         size = len(event)
-        body = (b"\x40" + varint(ts) + b"\x5a" + (_SMALL[size] if size < 0x80 else varint(size))
-                + event + self._seq_needs)
+        ts_bytes = varint(ts)
+        # the packet's length: timestamp field, event field (tag, length, event), sequence
+        event_len = _SMALL[size] if size < 0x80 else varint(size)
+        packet_size = 2 + len(ts_bytes) + len(event_len) + size + self._seq_needs_len
         tail = self._end_tails.get(track)
         if tail is None:
             end_event = wire.field_varint(F.E_TYPE, _END) + wire.field_varint(F.E_TRACK, track)
             tail = self._end_tails[track] = (wire.field_bytes(F.P_TRACK_EVENT, end_event)
                                              + self._seq_needs)
-        end_body = b"\x40" + varint(ts + (max(0, dur))) + tail
-        size = len(body)
-        data = (b"\x0a" + (_SMALL[size] if size < 0x80 else varint(size)) + body
-                + b"\x0a" + _SMALL[len(end_body)] + end_body)
+        end_ts = varint(ts + dur) if dur > 0 else ts_bytes
+        data = b"".join((
+            b"\x0a", _SMALL[packet_size] if packet_size < 0x80 else varint(packet_size),
+            b"\x40", ts_bytes, b"\x5a", event_len, event, self._seq_needs,
+            b"\x0a", _SMALL[1 + len(end_ts) + len(tail)], b"\x40", end_ts, tail,
+        ))
         self._buffer.append(data)
         self._buffered += len(data)
         self.events += 1
