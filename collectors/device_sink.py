@@ -3,8 +3,9 @@
 Subscribed to `neuron_explorer.backend.events.hub`. The backend already removes
 the time spent in these callbacks from the host clock (it measures its own
 emulation interval around them), so nothing here calls `clock.exclude`.
-Instructions and counters are buffered as plain tuples and written in numpy
-batches, which is what keeps engine-level recording cheap.
+Instructions are buffered as each kernel's schedule arrays (`KernelRun.kernel`) and
+counters as plain tuples, both written in numpy batches, which is what keeps
+engine-level recording cheap.
 """
 
 from __future__ import annotations
