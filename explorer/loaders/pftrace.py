@@ -233,6 +233,9 @@ def load_pftrace(path: str, data: bytes) -> RawTrace:
     if problem == "corrupt":
         raise TraceFormatError(path, "corrupt data after the last good packet "
                                f"({len(starts)} packets read)", position)
+    if problem == "truncated" and not len(starts):
+        raise TraceFormatError(path, "no complete Perfetto packet: the file is cut short before "
+                               "its first packet ends, or it is not a trace", 0)
     if problem == "truncated":
         msg = (f"{path}: the trace ends inside a packet at byte {position} (was the recording "
                f"killed?); loaded the {len(starts)} complete packets")

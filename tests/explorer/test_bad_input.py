@@ -77,6 +77,14 @@ def test_truncated_pftrace_loads_complete_packets(tmp_path: Path) -> None:
     assert len(t.ops) == len(full.ops)
 
 
+def test_pftrace_cut_inside_its_first_packet(tmp_path: Path) -> None:
+    # a packet tag, then a length running past the end of the file
+    path = tmp_path / "first.pftrace"
+    path.write_bytes(b"\x0a\xff\xff\xff garbage" * 10)
+    err = _error(path)
+    assert "no complete Perfetto packet" in err.reason and err.position == 0
+
+
 def test_corrupt_pftrace_names_the_position(tmp_path: Path) -> None:
     path = scenarios.basic().write(tmp_path, "bad")
     data = bytearray(path.read_bytes())
