@@ -95,6 +95,14 @@ def of_kind(trace: Trace, *kinds: str) -> pd.DataFrame:
     return trace.base_slices[kind_mask(trace, kinds)]
 
 
+def _recorded_steps(trace: Trace, step: np.ndarray) -> np.ndarray:
+    """Step numbers from args, with -1 for numbers that name no recorded step (device work
+    launched after the last step mark carries the number of a step that never began)."""
+    if len(trace.steps):
+        step = np.where(np.isin(step, trace.steps["step"].to_numpy()), step, -1)
+    return step
+
+
 def assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     """Step number whose host range holds each time (-1: outside every step)."""
     if not len(steps) or not len(ts):
@@ -188,7 +196,7 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
         hw = number(trace, tf.ARG_HW_FLOPS, ids, default=-1)
         out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
         out["bytes"] = number(trace, tf.ARG_BYTES, ids)
-        out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
+        out["step"] = _recorded_steps(trace, number(trace, tf.ARG_STEP, ids, default=-1))
         op_s = of_kind(trace, "op")["id"].to_numpy()
         by_op = pd.Series(op_s, index=number(trace, tf.ARG_OP_ID, op_s, default=-1))
         by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
@@ -259,9 +267,10 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
         out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
         out["graph_id"] = number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
-    no_step = out["step"].to_numpy() < 0
-    if no_step.any():
-        out.loc[no_step, "step"] = assign_steps(out["ts"].to_numpy()[no_step], trace.steps)
+    if len(trace.steps):
+        # Host ops belong to the step whose range holds them: setup before the first step
+        # and code after the last one carry a step number but are in no step.
+        out["step"] = assign_steps(out["ts"].to_numpy(), trace.steps)
     out["device_dur"] = 0
     out["kernel_count"] = 0
     k = trace.kernels

@@ -203,3 +203,14 @@ def test_rules_on_kineto_traces(load_real, name: str) -> None:
     ids = {f.rule_id for f in fs}
     assert "host_bound" in ids  # these small GPU workloads leave the device waiting
     assert not ids & {"engine_imbalance", "small_dma", "tensor_engine_padding"}
+
+
+def test_work_after_the_last_step_belongs_to_no_step(tmp_path: Path) -> None:
+    # the final loss.item() after the loop: recorded with the number of a step never begun
+    sc = scenarios.clean()
+    sc.op(25_000, 400, "aten::_local_scalar_dense", 77, 2, kernel=(25_500, 300),
+          busy={"vector": 300})
+    t = _load(sc, tmp_path, "tail")
+    assert list(t.steps["step"]) == [0, 1]
+    assert t.ops.loc[t.ops["op_id"] == 77, "step"].tolist() == [-1]
+    assert t.kernels.loc[t.kernels["op_id"] == 77, "step"].tolist() == [-1]
