@@ -5,6 +5,7 @@ softmax that stays in SBUF)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
 from neuron_explorer.backend.hardware.gemm import Gemm, emit_gemm
@@ -147,18 +148,7 @@ def lower_attention(b: KernelBuilder, spec: OpSpec) -> None:
 
     # Software pipelined as a real kernel is: the Tensor Engine computes the next head's
     # scores while Vector and Scalar run this head's softmax.
-    waiting: tuple[int, tuple[int, ...]] | None = None
-    for nb in tiles(heads, fold):
-        scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
-                                   a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
-                                   store=False, evacuate=False))
-        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + masks,
-                       resident_inputs=1)
-        if waiting is not None:
-            finish(*waiting)
-        waiting = (nb, probs)
-    if waiting is not None:
-        finish(*waiting)
+    _pipeline_heads(b, heads, fold, q, k, (lq, s, e), dtype, masks, finish)
     for extra in spec.outputs[1:2]:  # logsumexp, when the op returns it
         b.dma_store(extra.nbytes, min(128, max(extra.numel, 1)))
 
@@ -190,12 +180,21 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
 
     # Software pipelined like the forward: the next head's scores and probabilities are
     # computed while this head's gradients go through the engines.
+    _pipeline_heads(b, heads, fold, q, k, (lq, s, e), dtype, saved, finish)
+
+
+def _pipeline_heads(b: KernelBuilder, heads: int, fold: int, q: TensorSpec, k: TensorSpec,
+                    dims: tuple[int, int, int], dtype: str, deps: tuple[int, ...],
+                    finish: Callable[[int, tuple[int, ...]], None]) -> None:
+    """Scores and softmax of each group of heads, with `finish` (what consumes the
+    probabilities) for one group emitted after the next group's scores."""
+    lq, s, e = dims
     waiting: tuple[int, tuple[int, ...]] | None = None
     for nb in tiles(heads, fold):
         scores = emit_gemm(b, Gemm(m=lq, k=e, n=s, dtype=dtype, out_dtype=dtype, batch=nb,
                                    a_bytes=q.nbytes // heads, b_bytes=k.nbytes // heads,
                                    store=False, evacuate=False))
-        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + saved,
+        probs = stream(b, lq * s * nb, dtype, _SOFTMAX_STEPS, deps=scores + deps,
                        resident_inputs=1)
         if waiting is not None:
             finish(*waiting)
