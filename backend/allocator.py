@@ -88,24 +88,23 @@ class Block:
         self.views: dict[tuple, torch.Tensor] = {}
 
     def __del__(self) -> None:
-        # Returning a large host buffer to the OS (munmap) takes real time that the chip
-        # would not spend: release it here, inside the interval excluded from the clock.
-        real_start = _perf_ns()
         stats = self.stats
         stats.in_use -= self.nbytes
         stats.free_count += 1
         stats.freed_total += self.nbytes
-        if hub.active:
-            # A release inside an op's emulation (an out= resize, a replaced storage)
-            # names that op; one between ops names none.
-            hub.memory_changed(MemoryChange(stats.device, clock.now(), -self.nbytes,
-                                            stats.in_use, context.op_id))
+        if not hub.active:
+            return  # only a recorded run shows the host clock: nothing to keep off it
+        real_start = _perf_ns()
+        # A release inside an op's emulation (an out= resize, a replaced storage) names
+        # that op; one between ops names none.
+        hub.memory_changed(MemoryChange(stats.device, clock.now(), -self.nbytes,
+                                        stats.in_use, context.op_id))
+        # Returning a large host buffer to the OS (munmap) takes real time the chip would
+        # not spend: release it here and keep that off the clock, unless it happens inside
+        # an op's emulation or a compiled graph, whose whole interval is excluded already.
         self.views = None
         self.host = None
-        if hub.active and context.op_id is None and not context.suspended:
-            # Inside an op's emulation or a compiled graph the whole interval is excluded
-            # already. Only a recorded run tracks which op is being emulated, and only a
-            # recorded run shows the host clock, so only then is the release excluded.
+        if context.op_id is None and not context.suspended:
             clock.exclude(_perf_ns() - real_start)
 
 
