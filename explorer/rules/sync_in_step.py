@@ -22,7 +22,7 @@ def check(trace: Trace) -> list[Finding]:
     syncs = hs[hs["kind"] == "sync"]
     if len(trace.steps):
         syncs = syncs[assign_steps(syncs["ts"].to_numpy(), trace.steps) >= 0]
-    lost = _device_idle_after_syncs(trace) if len(syncs) else 0.0
+    lost = _device_idle_after_syncs(trace, syncs) if len(syncs) else 0.0
     if not len(syncs) or lost < th.SYNC_MIN_SHARE * step_time(trace):
         return []
     ids = syncs["id"].to_numpy()
@@ -54,14 +54,13 @@ def check(trace: Trace) -> list[Finding]:
         "data-dependent Python control flow on device values.")]
 
 
-def _device_idle_after_syncs(trace: Trace) -> float:
+def _device_idle_after_syncs(trace: Trace, syncs) -> float:
     """What the syncs cost: the device idle they cause (drained queue, nothing launched
     while the host finishes its post-sync work), not the host's wait, which a
     device-bound program spends waiting anyway. Traces without device kernels fall back
     to the wait itself."""
     idle = trace.idle_reasons()
     if not len(trace.kernels) or not len(idle):
-        hs = host_slices(trace)
-        return float(hs.loc[hs["kind"] == "sync", "dur"].sum())
+        return float(syncs["dur"].sum())
     in_steps = idle["step"] >= 0 if len(trace.steps) else True
     return float(idle.loc[(idle["reason"] == "sync") & in_steps, "dur"].sum())
