@@ -18,11 +18,16 @@ from .trace_reading import parse
 def test_varint_matches_protobuf_encoding() -> None:
     from google.protobuf.internal import encoder
 
-    for value in [0, 1, 127, 128, 300, 2**21 - 1, 2**21, 2**28, 2**35 - 1, 2**35, 2**42 + 12345,
-                  1_700_000_000_123_456_789, 2**56 - 1, 2**63, 2**64 - 1]:
+    # every width's edges (the encoder switches tables at 2**14, 2**28 and 2**42)
+    edges = [(1 << bits) + d for bits in range(64) for d in (-1, 0, 1)]
+    rng = np.random.default_rng(5)
+    random = [int(v) >> int(s) for v, s in zip(rng.integers(0, 2**63, 2000, dtype=np.uint64),
+                                               rng.integers(0, 63, 2000))]
+    for value in [0, 300, 1_700_000_000_123_456_789, 2**64 - 1, *edges, *random]:
         expected = encoder._VarintBytes(value)
-        assert wire.varint(value) == expected
-    assert wire.varint(-1) == encoder._VarintBytes(2**64 - 1)
+        assert wire.varint(value) == expected, value
+    for value in (-1, -2, -(2**63)):
+        assert wire.varint(value) == encoder._VarintBytes(value + 2**64)
 
 
 def test_batch_varints_decode_to_the_same_values() -> None:
