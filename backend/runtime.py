@@ -118,6 +118,22 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_signatures: dict[tuple, tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]] = {}
+_SIGNATURE_LIMIT = 50_000
+
+
+def _input_signature(inputs: tuple) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """An op key's inputs as (shapes, dtype names), built once per signature: ops with
+    the same inputs repeat every step."""
+    found = _signatures.get(inputs)
+    if found is None:
+        if len(_signatures) > _SIGNATURE_LIMIT:
+            _signatures.clear()
+        found = _signatures[inputs] = (tuple(tuple(s) for s, _ in inputs),
+                                       tuple(_dtype_name(d) for _, d in inputs))
+    return found
+
+
 _INTERNAL_PATHS = (os.path.dirname(os.path.abspath(__file__)),
                    os.path.dirname(os.path.abspath(torch.__file__)))
 
@@ -293,10 +309,9 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
     overhead = launched.host_ns  # views, allocations and queued ops launch nothing now
     host_end = host_start_ns + overhead
     if hub.active:
-        inputs = key[1]
+        shapes, dtypes = _input_signature(key[1])
         hub.op_launched(OpLaunch(
-            op_id, key[0], device.index, host_start_ns, host_end,
-            tuple(tuple(s) for s, _ in inputs), tuple(_dtype_name(d) for _, d in inputs),
+            op_id, key[0], device.index, host_start_ns, host_end, shapes, dtypes,
             launched.flops, launched.hbm_bytes, launched.fallback, launched.kernel_ids,
             threading.get_ident(),
         ))

@@ -209,14 +209,8 @@ class PerfettoWriter:
         parts = []
         for key, value in args.items():
             if type(value) is int:  # ids and steps: encoded directly, not cached
-                prefixes = names.get(key) or self._int_prefixes(key)
-                if 0 <= value < 0x80:
-                    parts.append(prefixes[1])
-                    parts.append(_SMALL[value])
-                else:
-                    enc = varint(value)
-                    parts.append(prefixes[len(enc)])
-                    parts.append(enc)
+                enc = varint(value)
+                parts += ((names.get(key) or self._int_prefixes(key))[len(enc)], enc)
                 continue
             ck = (key, value, type(value))
             enc = cache.get(ck)
@@ -289,31 +283,22 @@ class PerfettoWriter:
         prepared: bytes | None = None,
     ) -> None:
         """A complete slice: its BEGIN and END packets, assembled inline (the op hot path)."""
-        if self._pending_interned or self._first:
-            self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
-            self.end(track, ts + max(dur, 0))
-            return
         head = self._headers.get((_BEGIN, track, name, category))
-        if head is None:
-            head = self._header(_BEGIN, track, name, category)
-            if self._pending_interned:  # a new name: let begin() carry its interned data
-                self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
-                self.end(track, ts + max(dur, 0))
-                return
-        parts = [head, prepared] if prepared else [head]
-        if args:
-            parts.append(self._args(args))
-        for fid in flow_out:
-            parts.append(_FLOW_OUT_TAG)
-            parts.append(_pack_fixed64(fid))
-        for fid in flow_in:
-            parts.append(_FLOW_IN_TAG)
-            parts.append(_pack_fixed64(fid))
-        if self._pending_interned:
-            self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
-            self.end(track, ts + max(dur, 0))
+        if head is None or self._pending_interned or self._first:
+            self._slice_with_interned(track, ts, dur, name, category, args, flow_out, flow_in,
+                                      prepared)
             return
-        event = b"".join(parts)
+        event = head + prepared if prepared else head
+        if args:
+            event += self._args(args)
+            if self._pending_interned:  # an annotation name or value seen for the first time
+                self._slice_with_interned(track, ts, dur, name, category, args, flow_out,
+                                          flow_in, prepared)
+                return
+        for fid in flow_out:
+            event += _FLOW_OUT_TAG + _pack_fixed64(fid)
+        for fid in flow_in:
+            event += _FLOW_IN_TAG + _pack_fixed64(fid)
         varint = wire.varint
         size = len(event)
         ts_bytes = varint(ts)
@@ -338,6 +323,13 @@ class PerfettoWriter:
         counts[category] = counts.get(category, 0) + 1
         if self._buffered >= self._chunk_bytes:
             self.flush()
+
+    def _slice_with_interned(self, track: int, ts: int, dur: int, name: str, category: str,
+                             args: Mapping[str, Any] | None, flow_out: Sequence[int],
+                             flow_in: Sequence[int], prepared: bytes | None) -> None:
+        """A slice whose packet must carry interned data (or start the sequence)."""
+        self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
+        self.end(track, ts + max(dur, 0))
 
     def instant(
         self, track: int, ts: int, name: str, category: str, args: Mapping[str, Any] | None = None

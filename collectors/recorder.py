@@ -7,6 +7,7 @@ what is inside the step window, keeps host slices properly nested per thread
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -264,6 +265,8 @@ class Recorder:
             return
         want = _path_levels(path)
         have = state.backward
+        if len(have) == len(want) and (not want or have[-1] == want[-1]):
+            return  # the same module as the op before (levels follow from the innermost)
         common = 0
         while common < len(have) and common < len(want) and have[common] == want[common]:
             common += 1
@@ -354,12 +357,13 @@ class Recorder:
                                     drop_if_empty=True))
 
 
-def _path_levels(path: str) -> list[str]:
-    """"model.layers.3" -> ["model", "model.layers", "model.layers.3"] ("" -> [])."""
+@functools.lru_cache(maxsize=4096)
+def _path_levels(path: str) -> tuple[str, ...]:
+    """"model.layers.3" -> ("model", "model.layers", "model.layers.3") ("" -> ())."""
     if not path:
-        return []
+        return ()
     parts = path.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
 
 
 def _process_name(command: list[str]) -> str:

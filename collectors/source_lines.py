@@ -1,8 +1,9 @@
 """The user's source line behind an op or a sync: the first frame outside torch and us.
 
-Walking the stack on every op must be cheap: whether a code object belongs to
-torch, this project or the standard library is decided once per code object and
-cached, and the "file:line" strings are cached per (file, line).
+Walking the stack on every op must be cheap: whether a file belongs to torch,
+this project or the standard library is decided once per file name and cached
+(a str caches its hash; a code object recomputes its own on every lookup), and the
+"file:line" strings are cached per (file, line).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import CodeType
 
 import neuron_explorer
 import torch
@@ -36,24 +36,23 @@ def _workloads_root() -> str:
 
 
 class SourceLocator:
-    """Finds "file:line" of the innermost user frame, caching per code object."""
+    """Finds "file:line" of the innermost user frame, caching per file name."""
 
     def __init__(self, user_roots: tuple[str, ...] | None = None) -> None:
         self._internal = _internal_roots()
         self._user_roots = (_workloads_root(),) if user_roots is None else user_roots
-        self._is_internal: dict[CodeType, bool] = {}
+        self._is_internal: dict[str, bool] = {}
         self._text: dict[tuple[str, int], str] = {}
         self._cwd = os.getcwd() + os.sep
 
-    def _classify(self, code: CodeType) -> bool:
-        filename = code.co_filename
+    def _classify(self, filename: str) -> bool:
         if filename.startswith("<") and not filename.startswith("<stdin"):
             internal = filename.startswith(("<frozen", "<string>"))
         elif self._user_roots and filename.startswith(self._user_roots):
             internal = False
         else:
             internal = filename.startswith(self._internal) or "/site-packages/torch/" in filename
-        self._is_internal[code] = internal
+        self._is_internal[filename] = internal
         return internal
 
     def locate(self, skip: int = 1) -> str:
@@ -61,16 +60,15 @@ class SourceLocator:
         frame = sys._getframe(skip)
         known = self._is_internal
         while frame is not None:
-            code = frame.f_code
-            internal = known.get(code)
+            filename = frame.f_code.co_filename
+            internal = known.get(filename)
             if internal is None:
-                internal = self._classify(code)
+                internal = self._classify(filename)
             if not internal:
-                key = (code.co_filename, frame.f_lineno)
+                key = (filename, frame.f_lineno)
                 text = self._text.get(key)
                 if text is None:
-                    name = code.co_filename
-                    name = name.removeprefix(self._cwd)
+                    name = filename.removeprefix(self._cwd)
                     text = self._text[key] = f"{name}:{frame.f_lineno}"
                 return text
             frame = frame.f_back
