@@ -22,9 +22,9 @@ _LAZY = {
     "annotate": "neuron_explorer.collectors.session",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = ["Trace", "TraceFormatError", "__version__", "annotate", "diff", "load", "record", "step"]
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, record, step
     from neuron_explorer.diff import diff
     from neuron_explorer.errors import TraceFormatError
