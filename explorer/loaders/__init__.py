@@ -43,8 +43,7 @@ def _read(path: str) -> RawTrace:
         data = _gunzip(path, data)
         if not data:
             raise TraceFormatError(path, "the compressed file is empty", 0)
-    head = data[:64].lstrip()
-    if head[:1] in (b"{", b"["):
+    if _looks_like_json(data):
         from neuron_explorer.loaders.chrome_json import load_chrome_json
 
         return load_chrome_json(path, data)
@@ -56,3 +55,19 @@ def _read(path: str) -> RawTrace:
         path, "not a trace this tool reads (expected a Perfetto .pftrace, Chrome-trace JSON "
         "or PyTorch-profiler JSON, optionally gzipped)", 0
     )
+
+
+def _looks_like_json(data: bytes) -> bool:
+    """JSON text starts with `{` or `[` after whitespace. A .pftrace starts with 0x0a (a
+    newline) and its first packet's length, which can be `[` or `{` too (91, 123 bytes):
+    what follows is binary there, not text."""
+    head = data[:64]
+    if head.lstrip()[:1] not in (b"{", b"["):
+        return False
+    if any(b < 0x20 and b not in b"\t\n\r" for b in head):
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3  # only a character cut at the end of the head
+    return True

@@ -16,6 +16,13 @@ import numpy as np
 import pandas as pd
 
 
+def _run_bounds(sorted_values: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts, then the end: [0, ..., len] (empty: [])."""
+    if not len(sorted_values):
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1], True])
+
+
 class SliceArgs:
     """Access to the args of slices by slice id."""
 
@@ -94,7 +101,7 @@ class ColumnArgs(SliceArgs):
         if self._rows is None:
             order = np.argsort(self.key, kind="stable")
             codes = self.key[order]
-            bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1], True])
+            bounds = _run_bounds(codes)
             self._rows = {}
             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
                 rows = order[a:b]
@@ -168,7 +175,7 @@ class ColumnArgs(SliceArgs):
             ids = self.slice_id[order]
             keys = np.asarray(self.names, object)[self.key[order]].tolist()
             values = self._values(order).tolist()
-            bounds = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1], True]).tolist()
+            bounds = _run_bounds(ids).tolist()
             ids_list = ids.tolist()
             for a, b in itertools.pairwise(bounds):
                 items[ids_list[a]] = dict(zip(keys[a:b], values[a:b], strict=True))

@@ -201,3 +201,26 @@ def test_collectors_writer_output(tmp_path: Path, fmt: str) -> None:
     assert t.counters["value"].tolist() == [5.0, 7.0, 6.0]
     assert t.flows[["src_id", "dst_id"]].values.tolist() == [[2, 3]]
     assert t.hardware_figures["hbm_bytes"] == scenarios.FIGURES["hbm_bytes"]
+
+
+@pytest.mark.parametrize("first_length", [ord("["), ord("{")])
+def test_pftrace_whose_first_packet_length_reads_as_a_json_bracket(
+        tmp_path: Path, first_length: int) -> None:
+    """The first byte is 0x0a (a newline) and the next one the packet's length."""
+    from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
+
+    for pad in range(200):
+        path = tmp_path / f"t{pad}.pftrace"
+        w = PerfettoWriter(str(path))
+        w.process(7, "p" * (pad + 1))
+        w.close()
+        if path.read_bytes()[1] == first_length:
+            break
+    else:
+        pytest.fail("no process name gave the wanted first packet length")
+    w = PerfettoWriter(str(path))
+    proc = w.process(7, "p" * (pad + 1))
+    w.slice(w.track("work", proc), 1000, 500, "aten::mm", "op")
+    w.close()
+    trace = neuron_explorer.load(path)
+    assert trace.slices["name"].tolist() == ["aten::mm"]
