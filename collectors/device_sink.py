@@ -68,6 +68,7 @@ _BATCH = 16384  # buffered instructions / counter values before a batch is writt
 _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
 _SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
 _KERNEL_BATCH = 4096
+_OP_BATCH = 4096
 
 
 _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
@@ -176,6 +177,7 @@ class DeviceSink:
         self._kernels_seen: dict[int, int] = {}  # op_id -> kernels scheduled so far
         self._pending_compile: list[tuple[int, int, str, dict]] = []
         self._kernel_rows: list[tuple] = []  # kernel slices waiting for their batch
+        self._op_rows: list[tuple] = []  # op slices waiting for their batch
         self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
         self._kernel_args: dict[tuple, object] = {}
         # per kernel: (kernel id, device, engine names, engine index, opcode names,
@@ -235,15 +237,11 @@ class DeviceSink:
                 prepared = self._op_args[key] = self.writer.prepare_args(static)
                 if len(self._op_args) > _SIGNATURE_LIMIT:
                     self._op_args.clear()
-            kernel_ids = ev.kernel_ids
-            args = {ARG_OP_ID: ev.op_id, ARG_KERNEL_ID: kernel_ids[0] if kernel_ids else -1,
-                    ARG_STEP: rec.step}
-            op_id = ev.op_id
-            flows = (op_id,) if len(kernel_ids) == 1 else [
-                op_flow_id(op_id, i) for i in range(len(kernel_ids))]
-            self._kernels_seen.pop(op_id, None)
-            self.writer.slice(state.track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,
-                              ev.name, CAT_OP, args, flow_out=flows, prepared=prepared)
+            self._kernels_seen.pop(ev.op_id, None)
+            self._op_rows.append((state.track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,
+                                  ev.name, prepared, ev.op_id, ev.kernel_ids, rec.step))
+            if len(self._op_rows) >= _OP_BATCH:
+                self._flush_ops()
         except RecordingError as exc:
             rec.fail(exc)
 
@@ -484,6 +482,47 @@ class DeviceSink:
             prepared=([handles[h] for h in handle_ids], prepared_index),
         )
 
+    def _flush_ops(self) -> None:
+        """Write the buffered op slices as one batch.
+
+        Op slices share the host thread's track with module, sync and step slices written
+        as they happen; readers (Perfetto, our loader) order each track by time, so a
+        batch written later still nests where its timestamps put it."""
+        rows = self._op_rows
+        if not rows:
+            return
+        self._op_rows = []
+        tracks, starts, durs, names, prepared, op_ids, kernels, steps = zip(*rows)
+        n = len(rows)
+        op_ids = np.array(op_ids, np.int64)
+        counts = np.fromiter(map(len, kernels), np.int64, n)
+        first_kernel = np.fromiter((k[0] if k else -1 for k in kernels), np.int64, n)
+        # one flow per kernel: the op id itself when there is one kernel (docs/trace-format.md)
+        flow_out = np.zeros((n, max(1, int(counts.max()))), np.uint64)
+        single = counts == 1
+        flow_out[single, 0] = op_ids[single]
+        for i in np.flatnonzero(counts > 1):
+            flow_out[i, : counts[i]] = [op_flow_id(int(op_ids[i]), j) for j in range(counts[i])]
+        name_list, name_index = _factorize(names)
+        handles = {id(p): p for p in prepared}
+        handle_ids, prepared_index = _factorize([id(p) for p in prepared])
+        columns = {"tracks": np.array(tracks, np.int64), "ts": np.array(starts, np.int64),
+                   "dur": np.array(durs, np.int64), "names": name_index, "op_id": op_ids,
+                   "kernel": first_kernel, "step": np.array(steps, np.int64),
+                   "flow": flow_out, "prepared": prepared_index}
+        has_kernel = first_kernel >= 0
+        for keep in (has_kernel, ~has_kernel):  # views and the like have no kernel id
+            if not keep.any():
+                continue
+            c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
+            int_args = {ARG_OP_ID: c["op_id"], ARG_STEP: c["step"]}
+            if keep is has_kernel:
+                int_args[ARG_KERNEL_ID] = c["kernel"]
+            self.writer.slices(
+                c["tracks"], c["ts"], c["dur"], name_list, c["names"], CAT_OP, int_args,
+                flow_out=c["flow"], prepared=([handles[h] for h in handle_ids], c["prepared"]),
+            )
+
     def _flush_counters(self) -> None:
         for buf in (self._counters, self._int_counters):
             if buf:
@@ -497,6 +536,7 @@ class DeviceSink:
         """Write everything buffered (at the end of the recording or its window)."""
         try:
             self._flush_compile(self.rec.main.track, force=True)
+            self._flush_ops()
             self._flush_kernels()
             self._flush_instructions()
             self._flush_counters()
