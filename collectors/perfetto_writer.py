@@ -397,7 +397,7 @@ class PerfettoWriter:
         for key, (choices, index) in (str_args or {}).items():
             body.append(wire.table(self._string_annotations(key, choices), index))
         if prepared is not None:
-            body.append(wire.table(list(prepared[0]), prepared[1]))
+            body.append(wire.spliced(list(prepared[0]), prepared[1]))
         for field, ids in ((F.E_FLOW_IDS, flow_out), (F.E_TERMINATING_FLOW_IDS, flow_in)):
             if ids is None:
                 continue

@@ -8,6 +8,7 @@ once (one row per record), which is how instructions and counters are written.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 
@@ -78,14 +79,16 @@ _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # 10 groups of 7 bits cover 64 b
 class Segment:
     """Bytes for N records, row-major: record i is `data[i]` (masked by `mask`)."""
 
-    __slots__ = ("_lengths", "constant", "data", "mask")
+    __slots__ = ("_lengths", "constant", "data", "mask", "splice")
 
     def __init__(self, data: np.ndarray, mask: np.ndarray | None = None,
-                 lengths: np.ndarray | None = None, constant: bytes | None = None) -> None:
+                 lengths: np.ndarray | None = None, constant: bytes | None = None,
+                 splice: tuple[list[bytes], np.ndarray] | None = None) -> None:
         self.data = data
         self.mask = mask
         self._lengths = lengths
         self.constant = constant  # the bytes every record holds, for const segments
+        self.splice = splice  # (choices, index): bytes joined in by to_bytes, not in `data`
 
     @property
     def width(self) -> int:
@@ -165,6 +168,16 @@ def table(choices: Sequence[bytes], index: np.ndarray) -> Segment:
     return Segment(mat[idx], used[idx], used.sum(axis=1)[idx])
 
 
+def spliced(choices: Sequence[bytes], index: np.ndarray) -> Segment:
+    """Record i holds `choices[index[i]]`, joined in when the batch is assembled rather
+    than copied into its matrix: for long payloads of varying length (prepared args),
+    which as a padded, masked table would cost more than all the other fields."""
+    idx = np.asarray(index, dtype=np.int64)
+    lengths = np.fromiter(map(len, choices), np.int64, len(choices))[idx]
+    return Segment(np.zeros((len(idx), 0), np.uint8), lengths=lengths,
+                   splice=(list(choices), idx))
+
+
 def choose(present: np.ndarray, if_present: Segment, otherwise: bytes) -> Segment:
     """Per record, `if_present`'s bytes or the constant `otherwise` (of the same width)."""
     filler = np.frombuffer(otherwise, np.uint8)
@@ -197,7 +210,7 @@ def length(parts: Sequence[Segment]) -> np.ndarray:
 def message(field: int, body: Sequence[Segment]) -> Parts:
     """A length-delimited field holding the concatenated `body` in each record."""
     n = body[0].rows
-    if all(s.mask is None for s in body):  # every record the same length
+    if all(s.mask is None and s.splice is None for s in body):  # every record the same length
         return [const(tag(field, LEN) + varint(sum(s.width for s in body)), n), *body]
     return [const(tag(field, LEN), n), varints(length(body)), *body]
 
@@ -233,8 +246,43 @@ def _side_by_side(parts: Sequence[Segment]) -> np.ndarray:
 def to_bytes(parts: Sequence[Segment]) -> bytes:
     """All records' used bytes, record after record."""
     parts = _merge_constants(parts)
+    if any(s.splice is not None for s in parts):
+        return _joined(parts)
+    return _used_bytes(parts)
+
+
+def _used_bytes(parts: Sequence[Segment]) -> bytes:
     rows = _side_by_side(parts)
     if all(s.mask is None for s in parts):
         return rows.tobytes()
     mask = np.concatenate([s.full_mask() for s in parts], axis=1)
     return rows[mask].tobytes()
+
+
+def _record_pieces(parts: Sequence[Segment]) -> list[bytes]:
+    """Each record's bytes of these (matrix) segments, one bytes object per record."""
+    rows = _side_by_side(parts)
+    if all(s.mask is None for s in parts):
+        return rows.view(f"V{rows.shape[1]}").ravel().tolist()
+    flat = _used_bytes(parts)
+    ends = np.cumsum(length(parts)).tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _joined(parts: Sequence[Segment]) -> bytes:
+    """Records with spliced segments: runs of matrix segments assembled with numpy, the
+    spliced payloads joined in between, record after record."""
+    columns: list[list[bytes]] = []
+    run: list[Segment] = []
+    for s in parts:
+        if s.splice is None:
+            run.append(s)
+            continue
+        if run:
+            columns.append(_record_pieces(run))
+            run = []
+        choices, index = s.splice
+        columns.append([choices[i] for i in index.tolist()])
+    if run:
+        columns.append(_record_pieces(run))
+    return b"".join(itertools.chain.from_iterable(zip(*columns, strict=True)))
