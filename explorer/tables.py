@@ -80,10 +80,15 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
     return out
 
 
+def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:
+    """Each slice's kind as a code into the distinct kinds (factorised once per trace)."""
+    return trace.cached("slice_kind_codes",
+                        lambda: pd.factorize(trace.base_slices["kind"].to_numpy()))
+
+
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
     """Which slices have one of `kinds` (kinds are factorised once per trace)."""
-    codes, uniques = trace.cached("slice_kind_codes",
-                                  lambda: pd.factorize(trace.base_slices["kind"].to_numpy()))
+    codes, uniques = kind_codes(trace)
     wanted = np.flatnonzero(np.isin(np.asarray(uniques, dtype=object), list(kinds)))
     if len(wanted) == 1:
         return codes == wanted[0]

@@ -6,9 +6,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.step_breakdown import step_windows
-from neuron_explorer.tables import kind_mask
+from neuron_explorer.tables import kind_codes, kind_mask
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -17,6 +18,23 @@ if TYPE_CHECKING:
 def _median(values: Any) -> float | None:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.median(values)) if values else None
+
+
+def _op_count(trace: Trace) -> int:
+    """Rows of the ops table, without building it where they are simply the op slices (only
+    PyTorch-profiler traces drop nested ops)."""
+    if trace.source_format == "kineto_json" or "ops" in trace.__dict__:
+        return len(trace.ops)
+    return int(kind_mask(trace, ("op",)).sum())
+
+
+def _kind_counts(trace: Trace) -> dict[str, int]:
+    """Slices per kind, most first (as `value_counts`), from the kind codes made once."""
+    codes, uniques = kind_codes(trace)
+    counts = pd.Series(np.bincount(codes[codes >= 0], minlength=len(uniques)),
+                       index=np.asarray(uniques, dtype=object))
+    counts = counts.sort_values(ascending=False, kind="stable")
+    return {str(k): int(v) for k, v in counts.items()}
 
 
 def summary(trace: Trace) -> dict[str, Any]:
@@ -42,12 +60,12 @@ def summary(trace: Trace) -> dict[str, Any]:
         "hfu": _median(eff["hfu"].tolist()),
         "mbu": _median(eff["mbu"].tolist()),
         "device_busy_share": float(busy / total) if total and len(trace.kernels) else 0.0,
-        "n_ops": len(trace.ops),
+        "n_ops": _op_count(trace),
         "n_kernels": int((trace.kernels["kind"] == "kernel").sum()) if len(trace.kernels) else 0,
         # counted without building the instructions table (the overview shows only the count)
         "n_instructions": int(kind_mask(trace, (tf.CAT_INSTRUCTION, tf.CAT_DMA)).sum()),
         "n_slices": len(s),
         "devices": sorted(int(d) for d in trace.tracks["device"].unique() if d >= 0),
-        "counts": {str(k): int(v) for k, v in s["kind"].value_counts().items()},
+        "counts": _kind_counts(trace),
         "skipped": dict(trace.skipped),
     }
