@@ -77,26 +77,33 @@ _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # 10 groups of 7 bits cover 64 b
 
 
 class Segment:
-    """Bytes for N records, row-major: record i is `data[i]` (masked by `mask`)."""
+    """Bytes for N records, row-major: record i is `data[i]` (masked by `mask`).
 
-    __slots__ = ("_lengths", "constant", "data", "mask", "splice")
+    A constant segment (the same bytes in every record) keeps only those bytes; its
+    matrix is made only if something asks for it, since a batch has dozens of them."""
 
-    def __init__(self, data: np.ndarray, mask: np.ndarray | None = None,
+    __slots__ = ("_data", "_lengths", "constant", "mask", "rows", "splice", "width")
+
+    def __init__(self, data: np.ndarray | None, mask: np.ndarray | None = None,
                  lengths: np.ndarray | None = None, constant: bytes | None = None,
-                 splice: tuple[list[bytes], np.ndarray] | None = None) -> None:
-        self.data = data
+                 splice: tuple[list[bytes], np.ndarray] | None = None,
+                 rows: int | None = None) -> None:
+        self._data = data
         self.mask = mask
         self._lengths = lengths
         self.constant = constant  # the bytes every record holds, for const segments
         self.splice = splice  # (choices, index): bytes joined in by to_bytes, not in `data`
+        if data is not None:
+            self.rows, self.width = data.shape
+        else:
+            self.rows, self.width = rows, len(constant)
 
     @property
-    def width(self) -> int:
-        return self.data.shape[1]
-
-    @property
-    def rows(self) -> int:
-        return self.data.shape[0]
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            row = np.frombuffer(self.constant, dtype=np.uint8)
+            self._data = np.broadcast_to(row[None, :], (self.rows, self.width))
+        return self._data
 
     @property
     def lengths(self) -> np.ndarray:
@@ -107,8 +114,13 @@ class Segment:
                 self._lengths = self.mask.sum(axis=1)
         return self._lengths
 
+    @property
+    def fixed(self) -> bool:
+        """Every record holds all `width` bytes."""
+        return self.mask is None and self.splice is None
+
     def full_mask(self) -> np.ndarray:
-        return np.ones(self.data.shape, bool) if self.mask is None else self.mask
+        return np.ones((self.rows, self.width), bool) if self.mask is None else self.mask
 
 
 Parts = list  # a record under construction: segments in order, assembled once
@@ -116,8 +128,7 @@ Parts = list  # a record under construction: segments in order, assembled once
 
 def const(payload: bytes, n: int) -> Segment:
     """The same bytes in every record."""
-    row = np.frombuffer(payload, dtype=np.uint8)
-    return Segment(np.broadcast_to(row[None, :], (n, len(row))), constant=payload)
+    return Segment(None, constant=payload, rows=n)
 
 
 def varints(values: np.ndarray) -> Segment:
@@ -201,16 +212,17 @@ def optional(parts: Sequence[Segment], present: np.ndarray) -> Parts:
 
 def length(parts: Sequence[Segment]) -> np.ndarray:
     """Bytes per record of the parts together."""
-    total = parts[0].lengths
-    for s in parts[1:]:
-        total = total + s.lengths
+    total = np.full(parts[0].rows, sum(s.width for s in parts if s.fixed), np.int64)
+    for s in parts:
+        if not s.fixed:
+            total += s.lengths
     return total
 
 
 def message(field: int, body: Sequence[Segment]) -> Parts:
     """A length-delimited field holding the concatenated `body` in each record."""
     n = body[0].rows
-    if all(s.mask is None and s.splice is None for s in body):  # every record the same length
+    if all(s.fixed for s in body):  # every record the same length
         return [const(tag(field, LEN) + varint(sum(s.width for s in body)), n), *body]
     return [const(tag(field, LEN), n), varints(length(body)), *body]
 

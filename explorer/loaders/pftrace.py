@@ -144,8 +144,9 @@ class _State:
 
 
 def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
-             seqgen_pairs: list[tuple[int, int]]) -> np.ndarray:
-    """Interned iids -> strings, looked up once per distinct (sequence, generation, iid)."""
+             seqgen_pairs: list[tuple[int, int]], missing: str | None = None) -> np.ndarray:
+    """Interned iids -> strings, looked up once per distinct (sequence, generation, iid);
+    `missing` where an iid was never interned."""
     out = np.empty(len(keys), object)
     if not len(keys):
         return out
@@ -155,7 +156,7 @@ def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
     for c in uniq.tolist():
         sg, iid = divmod(c, 1 << 40)
         seq, gen = seqgen_pairs[sg]
-        names.append(state.interned.get((seq, gen, kind), {}).get(iid))
+        names.append(state.interned.get((seq, gen, kind), {}).get(iid, missing))
     out[:] = np.asarray(names, object)[inverse]
     return out
 
@@ -290,20 +291,19 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     # names: interned or inline
     ev_name = np.full(ne, "", object)
     m = np.flatnonzero(es.field[1] == E_NAME_IID)
-    ev_name[m] = _resolve(state, "name", ev_seqgen[m], es.value[1][m], pairs)
+    ev_name[m] = _resolve(state, "name", ev_seqgen[m], es.value[1][m], pairs, missing="")
     m = np.flatnonzero(es.field[3] == E_NAME)
     ev_name[m] = _strings(data, es.offset[3][m], es.value[3][m])
     # categories: the first one
     ev_cat = np.full(ne, "", object)
     m, _, v, _ = ef.select(E_CATEGORY_IIDS)
     _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
-    ev_cat[m[first]] = _resolve(state, "cat", ev_seqgen[m[first]], v[first], pairs)
+    ev_cat[m[first]] = _resolve(state, "cat", ev_seqgen[m[first]], v[first], pairs, missing="")
     m, _, v, o = ef.select(E_CATEGORIES)
     _, first = np.unique(m, return_index=True)
     ev_cat[m[first]] = _strings(data, o[first], v[first])
-    ev_name[np.equal(ev_name, None)] = ""
-    ev_cat[np.equal(ev_cat, None)] = ""
-    for t, count in Counter(ev_type[~np.isin(ev_type, [1, 2, 3, 4])].tolist()).items():
+    known = (ev_type >= TYPE_BEGIN) & (ev_type <= TYPE_COUNTER)
+    for t, count in Counter(ev_type[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
     tracks, track_of = _tracks(state, np.sort(pd.unique(ev_track_uuid)))
     uuid_list = np.array(list(track_of), np.uint64)
@@ -312,7 +312,7 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     ev_track = track_ids[sorter][np.searchsorted(uuid_list[sorter], ev_track_uuid)] if ne else \
         np.zeros(0, np.int64)
     # slices: begin/end pairs and instants
-    is_be = np.isin(ev_type, [TYPE_BEGIN, TYPE_END])
+    is_be = (ev_type == TYPE_BEGIN) | (ev_type == TYPE_END)
     be_idx = np.flatnonzero(is_be)
     b_local, e_local, depth, parent = match_begin_end(ev_track[be_idx], ev_type[be_idx] == 1,
                                                      ev_ts[be_idx])

@@ -101,7 +101,10 @@ class Fields:
 
     def _index(self) -> None:
         """Group rows by field number once (stable: message order kept within a field)."""
-        self._order = np.argsort(self.field, kind="stable")
+        numbers = self.field
+        if len(numbers) and 0 <= numbers.min() and numbers.max() < 1 << 15:
+            numbers = numbers.astype(np.int16)  # a 16-bit stable sort is a fast radix sort
+        self._order = np.argsort(numbers, kind="stable")
         numbers = self.field[self._order]
         bounds = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1], True])
         self._groups = {int(numbers[a]): slice(int(a), int(b))
@@ -267,19 +270,13 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     or "corrupt" when the bytes after a packet are not another packet.
     """
     size = len(buf)
-    is_cand = buf == 0x0A
-    cand = np.flatnonzero(is_cand)
+    cand = _candidates(buf)
     if not len(cand) or cand[0] != 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), "corrupt", 0
     length, llen = varint_at(buf, cand + 1)
     body = cand + 1 + llen
     nxt = body + length.astype(np.int64)
-    # the candidate each one points at, searched for only where a candidate byte lies
-    hit = np.flatnonzero((nxt >= 0) & (nxt < size))  # a huge length wraps negative
-    hit = hit[is_cand[nxt[hit]]]
-    del is_cand
-    next_idx = np.full(len(cand), -1, np.int64)
-    next_idx[hit] = np.searchsorted(cand, nxt[hit])
+    next_idx = _candidate_at(cand, nxt, size)
     next_idx[(nxt == size) & (llen > 0)] = -2  # clean end
     next_idx[(nxt > size) | (llen < 0)] = -3  # cut off
     idx, i = _chain_fast(next_idx)
@@ -288,6 +285,31 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     problem = {-1: "corrupt", -2: None, -3: "truncated"}[i]
     position = int(nxt[idx[-1]]) if len(idx) else 0  # where the good packets stop
     return body[idx], nxt[idx], problem, position
+
+
+def _candidates(buf: np.ndarray) -> np.ndarray:
+    """Positions of the 0x0A bytes (where a packet may start), found a block at a time: one
+    mask of the whole file would be a large fresh allocation, paid for in page faults."""
+    block = 1 << 22
+    parts = [np.flatnonzero(buf[lo:lo + block] == 0x0A) + lo for lo in range(0, len(buf), block)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _candidate_at(cand: np.ndarray, nxt: np.ndarray, size: int) -> np.ndarray:
+    """For each candidate, the index of the candidate at its packet's end (-1: none there).
+
+    Most packets hold no 0x0A byte, so the next candidate is usually the one; only the
+    others are searched for.
+    """
+    n = len(cand)
+    following = np.minimum(np.arange(1, n + 1), n - 1)
+    next_idx = np.where(cand[following] == nxt, following, -1)
+    next_idx[-1] = -1  # the last candidate has no following one
+    rest = np.flatnonzero((next_idx < 0) & (nxt >= 0) & (nxt < size))  # huge lengths wrap
+    at = np.searchsorted(cand, nxt[rest])
+    found = cand[np.minimum(at, n - 1)] == nxt[rest]
+    next_idx[rest[found]] = at[found]
+    return next_idx
 
 
 def _chain_fast(next_idx: np.ndarray) -> tuple[np.ndarray | None, int]:
