@@ -242,11 +242,14 @@ class Recorder:
             self.step_open = False
             self.steps_completed.append(self.step)
             # a killed run keeps the steps completed up to half a second before; batches
-            # stay large enough to be cheap
+            # stay large enough to be cheap. The first step's own slices reach the file
+            # at once (a write, no encoding).
             real = time.perf_counter()
-            if len(self.steps_completed) == 1 or real - self._last_flush >= _FLUSH_EVERY_S:
+            if real - self._last_flush >= _FLUSH_EVERY_S:
                 self._last_flush = real
                 self.flush()
+            elif len(self.steps_completed) == 1:
+                self.writer.flush()
         self.step += 1
         self.step_start = now
         self.first_event_ts = None

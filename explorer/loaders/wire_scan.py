@@ -143,39 +143,31 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
     while len(msg):
         b0 = buf[cur] if inside else None
         if b0 is not None and not (b0 >= 0x80).any():  # one-byte tags: fields 1 to 15
-            tag_len = np.ones(len(cur), np.int64)
+            tag_len = None  # all 1
             p = cur + 1
             field = (b0 >> 3).astype(np.int64)
-            wire = (b0 & 7).astype(np.int8)
+            wire = b0 & np.uint8(7)
         else:
             tag, tag_len = varint_at(buf, cur)
             p = cur + tag_len
             field = (tag >> np.uint64(3)).view(np.int64)
-            wire = (tag & np.uint64(7)).astype(np.int8)
+            wire = (tag & np.uint64(7)).astype(np.uint8)
         value, vlen = varint_at(buf, p)
-        cls = _WIRE_CLASS[wire]
         offset = p + vlen  # a varint: the next field; a length: the payload
-        nxt = offset + np.where(cls == 1, value.view(np.int64), 0)
-        odd = np.flatnonzero(cls >= 3)
+        nxt = offset + np.where(wire == WT_LEN, value.view(np.int64), 0)
+        odd = np.flatnonzero(wire & np.uint8(5))  # not a varint nor a length (0, 2)
+        cls = _WIRE_CLASS[wire[odd]]
         if len(odd):  # fixed-size values (flow ids, doubles), or an invalid wire type
-            width = np.where(cls[odd] == 3, 8, np.where(cls[odd] == 4, 4, 1 << 40))
+            width = np.where(cls == 3, 8, np.where(cls == 4, 4, 1 << 40))
             offset[odd] = p[odd]
             nxt[odd] = p[odd] + width
             vlen[odd] = 0
         bad = nxt > stop
-        if bad.any() or vlen.min() < 0 or tag_len.min() < 0:  # rare: find the first problem
-            bad |= (tag_len < 0) | (vlen < 0)
-            i = int(np.flatnonzero(bad)[0])
-            if tag_len[i] > 0 and cls[i] == 5:  # flagged through its huge width
-                reason = f"invalid field (number {field[i]}, wire type {wire[i]})"
-            elif tag_len[i] > 0:
-                reason = f"field {field[i]} runs past the end of its message"
-            else:
-                reason = "a field tag runs past the end of the data"
-            raise WireError(reason, int(cur[i]))
+        if bad.any() or vlen.min() < 0 or (tag_len is not None and tag_len.min() < 0):
+            _raise_first_problem(bad, cur, field, wire, vlen, tag_len)
         if len(odd):
-            f64 = odd[cls[odd] == 3]
-            f32 = odd[cls[odd] == 4]
+            f64 = odd[cls == 3]
+            f32 = odd[cls == 4]
             value[f64] = fixed_at(buf, p[f64], 8)
             value[f32] = fixed_at(buf, p[f32], 4)
         yield msg, field, wire, value, offset
@@ -184,6 +176,22 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
             cur = nxt
         else:
             msg, cur, stop = msg[more], nxt[more], stop[more]
+
+
+def _raise_first_problem(bad: np.ndarray, cur: np.ndarray, field: np.ndarray, wire: np.ndarray,
+                         vlen: np.ndarray, tag_len: np.ndarray | None) -> None:
+    """Raise a WireError for the first message of the round whose field is not valid."""
+    if tag_len is None:
+        tag_len = np.ones(len(cur), np.int64)
+    bad = bad | (tag_len < 0) | (vlen < 0)
+    i = int(np.flatnonzero(bad)[0])
+    if tag_len[i] > 0 and _WIRE_CLASS[wire[i]] == 5:  # flagged through its huge width
+        reason = f"invalid field (number {field[i]}, wire type {wire[i]})"
+    elif tag_len[i] > 0:
+        reason = f"field {field[i]} runs past the end of its message"
+    else:
+        reason = "a field tag runs past the end of the data"
+    raise WireError(reason, int(cur[i]))
 
 
 @dataclass
@@ -256,7 +264,7 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
         rows = Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
     else:
         empty = np.zeros(0, np.int64)
-        rows = Fields(empty.astype(np.int32), empty, empty.astype(np.int8),
+        rows = Fields(empty.astype(np.int32), empty, empty.astype(np.uint8),
                       np.zeros(0, np.uint64), empty)
     return Scan(value, {slot: offset[i] for i, slot in enumerate(off_slots)}, which, rows,
                 np.concatenate(others) if others else np.zeros(0, np.int64))
