@@ -145,15 +145,20 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
         if b0 is not None and not (b0 >= 0x80).any():  # one-byte tags: fields 1 to 15
             tag_len = None  # all 1
             p = cur + 1
-            field = (b0 >> 3).astype(np.int64)
+            field = b0 >> 3  # uint8: below 16
             wire = b0 & np.uint8(7)
         else:
             tag, tag_len = varint_at(buf, cur)
             p = cur + tag_len
             field = (tag >> np.uint64(3)).view(np.int64)
             wire = (tag & np.uint64(7)).astype(np.uint8)
-        value, vlen = varint_at(buf, p)
-        offset = p + vlen  # a varint: the next field; a length: the payload
+        v0 = buf[p] if int(p.max()) < len(buf) else None
+        if v0 is not None and not (v0 >= 0x80).any():  # one-byte values (lengths, ids, enums)
+            value, vlen = v0.astype(np.uint64), None  # lengths all 1
+            offset = p + 1
+        else:
+            value, vlen = varint_at(buf, p)
+            offset = p + vlen  # a varint: the next field; a length: the payload
         nxt = offset + np.where(wire == WT_LEN, value.view(np.int64), 0)
         odd = np.flatnonzero(wire & np.uint8(5))  # not a varint nor a length (0, 2)
         cls = _WIRE_CLASS[wire[odd]]
@@ -161,9 +166,11 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
             width = np.where(cls == 3, 8, np.where(cls == 4, 4, 1 << 40))
             offset[odd] = p[odd]
             nxt[odd] = p[odd] + width
-            vlen[odd] = 0
+            if vlen is not None:
+                vlen[odd] = 0
         bad = nxt > stop
-        if bad.any() or vlen.min() < 0 or (tag_len is not None and tag_len.min() < 0):
+        if (bad.any() or (vlen is not None and vlen.min() < 0)
+                or (tag_len is not None and tag_len.min() < 0)):
             _raise_first_problem(bad, cur, field, wire, vlen, tag_len)
         if len(odd):
             f64 = odd[cls == 3]
@@ -179,10 +186,13 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
 
 
 def _raise_first_problem(bad: np.ndarray, cur: np.ndarray, field: np.ndarray, wire: np.ndarray,
-                         vlen: np.ndarray, tag_len: np.ndarray | None) -> None:
-    """Raise a WireError for the first message of the round whose field is not valid."""
+                         vlen: np.ndarray | None, tag_len: np.ndarray | None) -> None:
+    """Raise a WireError for the first message of the round whose field is not valid (None
+    lengths: all one byte)."""
     if tag_len is None:
         tag_len = np.ones(len(cur), np.int64)
+    if vlen is None:
+        vlen = np.ones(len(cur), np.int64)
     bad = bad | (tag_len < 0) | (vlen < 0)
     i = int(np.flatnonzero(bad)[0])
     if tag_len[i] > 0 and _WIRE_CLASS[wire[i]] == 5:  # flagged through its huge width
@@ -221,7 +231,8 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     top = max([*slots, *repeated, 0]) + 1
     # one lookup per field: its slot, REPEATED, or OTHER (numbers >= top count as OTHER)
     repeated_code, other_code = k, k + 1
-    code_of = np.full(top + 1, other_code, np.int64)
+    # at least 16 entries: the numbers of one-byte tags (uint8, below 16) index it directly
+    code_of = np.full(max(top + 1, 16), other_code, np.int64)
     for number, slot in slots.items():
         code_of[number] = slot
     code_of[list(repeated)] = repeated_code
@@ -239,7 +250,7 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi]):
-            code = code_of[np.minimum(field, top)]
+            code = code_of[field if field.dtype == np.uint8 else np.minimum(field, top)]
             slotted = code < k
             all_slotted = bool(slotted.all())
             # a round of slotted fields only (the usual case) needs no selection
