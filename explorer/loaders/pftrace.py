@@ -143,13 +143,13 @@ class _State:
         self.descriptors[d.uuid] = d
 
 
-def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
-             seqgen_pairs: list[tuple[int, int]], missing: str | None = None) -> np.ndarray:
-    """Interned iids -> strings, looked up once per distinct (sequence, generation, iid);
-    `missing` where an iid was never interned."""
-    out = np.empty(len(keys), object)
+def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
+                   seqgen_pairs: list[tuple[int, int]], missing: str | None = None
+                   ) -> tuple[np.ndarray, list[str | None]]:
+    """Interned iids -> a code per key into a list of strings, looked up once per distinct
+    (sequence, generation, iid); `missing` where an iid was never interned."""
     if not len(keys):
-        return out
+        return np.zeros(0, np.intp), []
     combo = seqgen.astype(np.int64) * (1 << 40) + keys.astype(np.int64)
     inverse, uniq = pd.factorize(combo)
     names = []
@@ -157,16 +157,45 @@ def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
         sg, iid = divmod(c, 1 << 40)
         seq, gen = seqgen_pairs[sg]
         names.append(state.interned.get((seq, gen, kind), {}).get(iid, missing))
-    out[:] = np.asarray(names, object)[inverse]
+    return inverse, names
+
+
+def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
+             seqgen_pairs: list[tuple[int, int]]) -> np.ndarray:
+    """Interned iids -> strings (None where never interned)."""
+    out = np.empty(len(keys), object)
+    if len(keys):
+        codes, names = _resolve_codes(state, kind, seqgen, keys, seqgen_pairs)
+        out[:] = np.asarray(names, object)[codes]
     return out
 
 
-def map_values(values: np.ndarray, fn: Any) -> np.ndarray:
-    """fn applied once per distinct value of an object array."""
-    if not len(values):
-        return np.zeros(0, object)
-    codes, uniques = pd.factorize(values)
-    return np.asarray([fn(u) for u in uniques.tolist()] + [fn("")], object)[codes]
+class _EventTexts:
+    """One text per event ('' unless set), kept as a code into distinct strings until the
+    slices need the column: events outnumber distinct names many times over."""
+
+    def __init__(self, n: int) -> None:
+        self.codes = np.zeros(n, np.int64)
+        self.values: list[str | None] = [""]
+
+    def put(self, events: np.ndarray, codes: np.ndarray, values: list[str | None]) -> None:
+        """Set the given events' texts to values[codes]."""
+        self.codes[events] = codes + len(self.values)
+        self.values.extend(values)
+
+    def put_strings(self, events: np.ndarray, texts: list[str]) -> None:
+        """Set the given events' texts, one string each."""
+        if len(texts):
+            codes, uniques = pd.factorize(np.asarray(texts, object))
+            self.put(events, codes, uniques.tolist())
+
+    def column(self, events: np.ndarray) -> np.ndarray:
+        """The texts of the given events, as an object array."""
+        return np.asarray(self.values, object)[self.codes[events]]
+
+    def mapped(self, events: np.ndarray, fn: Any) -> np.ndarray:
+        """fn of the given events' texts, called once per distinct text."""
+        return np.asarray([fn(v) for v in self.values], object)[self.codes[events]]
 
 
 def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -260,12 +289,20 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     p_seq = pk.value[1].astype(np.int64)
     cleared = ((pk.value[2] & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0) | (pk.value[3] != 0)
     # generation of incremental state per packet, within its sequence
-    p_gen = np.zeros(n, np.int64)
-    for seq in pd.unique(p_seq).tolist():
-        idx = np.flatnonzero(p_seq == seq)
-        p_gen[idx] = np.cumsum(cleared[idx])
-    combo = p_seq * (1 << 32) + p_gen
-    p_pair, uniq_combo = pd.factorize(combo)  # hashing: no sort of every packet
+    if n and (p_seq == p_seq[0]).all():
+        # one sequence (one writer, as ours): generations count up from the first packet's,
+        # so each packet's (sequence, generation) pair is numbered by its generation
+        p_gen = np.cumsum(cleared, dtype=np.int64)
+        first = int(p_gen[0])
+        p_pair = p_gen - first
+        uniq_combo = int(p_seq[0]) * (1 << 32) + np.arange(first, int(p_gen[-1]) + 1)
+    else:
+        p_gen = np.zeros(n, np.int64)
+        for seq in pd.unique(p_seq).tolist():
+            idx = np.flatnonzero(p_seq == seq)
+            p_gen[idx] = np.cumsum(cleared[idx])
+        combo = p_seq * (1 << 32) + p_gen
+        p_pair, uniq_combo = pd.factorize(combo)  # hashing: no sort of every packet
     pairs = [(int(c) >> 32, int(c) & 0xFFFFFFFF) for c in uniq_combo.tolist()]
     # packets with descriptors, interning or defaults: parse them one by one, in order
     state = _State()
@@ -289,19 +326,19 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
                                 for s in p_seq[ev_pkt[~has_track]].tolist()], np.uint64)
         ev_track_uuid[~has_track] = seq_default
     # names: interned or inline
-    ev_name = np.full(ne, "", object)
+    ev_name = _EventTexts(ne)
     m = np.flatnonzero(es.field[1] == E_NAME_IID)
-    ev_name[m] = _resolve(state, "name", ev_seqgen[m], es.value[1][m], pairs, missing="")
+    ev_name.put(m, *_resolve_codes(state, "name", ev_seqgen[m], es.value[1][m], pairs, ""))
     m = np.flatnonzero(es.field[3] == E_NAME)
-    ev_name[m] = _strings(data, es.offset[3][m], es.value[3][m])
+    ev_name.put_strings(m, _strings(data, es.offset[3][m], es.value[3][m]))
     # categories: the first one
-    ev_cat = np.full(ne, "", object)
+    ev_cat = _EventTexts(ne)
     m, _, v, _ = ef.select(E_CATEGORY_IIDS)
     _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
-    ev_cat[m[first]] = _resolve(state, "cat", ev_seqgen[m[first]], v[first], pairs, missing="")
+    ev_cat.put(m[first], *_resolve_codes(state, "cat", ev_seqgen[m[first]], v[first], pairs, ""))
     m, _, v, o = ef.select(E_CATEGORIES)
     _, first = np.unique(m, return_index=True)
-    ev_cat[m[first]] = _strings(data, o[first], v[first])
+    ev_cat.put_strings(m[first], _strings(data, o[first], v[first]))
     known = (ev_type >= TYPE_BEGIN) & (ev_type <= TYPE_COUNTER)
     for t, count in Counter(ev_type[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
@@ -345,8 +382,9 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
         ok = host >= 0
         s_parent[len(b_ev):][ok] = host[ok]
         s_depth[len(b_ev):][ok] = depth[host[ok]] + 1
-    kinds = map_values(ev_cat[slice_ev], our_kind)
-    slices, order = build_slices(s_track, s_ts, s_dur, ev_name[slice_ev], ev_cat[slice_ev],
+    kinds = ev_cat.mapped(slice_ev, our_kind)
+    slices, order = build_slices(s_track, s_ts, s_dur, ev_name.column(slice_ev),
+                                 ev_cat.column(slice_ev),
                                  kinds, s_depth, s_parent)
     slice_of_event = np.full(ne, -1, np.int64)
     new_id = np.empty(len(order), np.int64)

@@ -72,7 +72,8 @@ def build_slices(
             "track_id": track_id[order],
             "depth": np.asarray(depth, np.int64)[order],
             "parent_id": parent_id,
-        }
+        },
+        copy=False,  # fresh columns: no copy into one consolidated block
     )
     return frame, order
 
