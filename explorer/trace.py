@@ -44,7 +44,7 @@ class Trace:
         self.args: SliceArgs = raw.args
         self.tracks: pd.DataFrame = raw.tracks
         self.counters: pd.DataFrame = raw.counters
-        self.flows: pd.DataFrame = raw.flows
+        self._flows_source = raw.flows
         self.metadata: dict[str, Any] = raw.metadata
         self.skipped: dict[str, int] = raw.skipped
         self.warnings: list[str] = raw.warnings
@@ -57,6 +57,12 @@ class Trace:
         frame = self.base_slices.copy()
         frame["args"] = pd.Series(self.args.dicts(), dtype=object)
         return frame
+
+    @cached_property
+    def flows(self) -> pd.DataFrame:
+        """Flow edges: flow_id, src_id, dst_id (a .pftrace links them on first use)."""
+        source, self._flows_source = self._flows_source, None  # let go of what it held
+        return source() if callable(source) else source
 
     @cached_property
     def steps(self) -> pd.DataFrame:

@@ -382,27 +382,30 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
         ok = host >= 0
         s_parent[len(b_ev):][ok] = host[ok]
         s_depth[len(b_ev):][ok] = depth[host[ok]] + 1
-    kinds = ev_cat.mapped(slice_ev, our_kind)
+    slice_cat = ev_cat.codes[slice_ev]
     slices, order = build_slices(s_track, s_ts, s_dur, ev_name.column(slice_ev),
-                                 ev_cat.column(slice_ev),
-                                 kinds, s_depth, s_parent)
+                                 ev_cat.column(slice_ev), ev_cat.mapped(slice_ev, our_kind),
+                                 s_depth, s_parent)
     slice_of_event = np.full(ne, -1, np.int64)
     new_id = np.empty(len(order), np.int64)
     new_id[order] = np.arange(len(order))
     slice_of_event[slice_ev] = new_id
     slice_of_event[e_ev[e_ev >= 0]] = new_id[: len(b_ev)][e_ev >= 0]
     counters = _counters(es, ev_type, ev_ts, ev_track, tracks)
-    flows = _flows(ef, ev_ts, slice_of_event)
     state.pairs = pairs
     ann = Annotations.of(ef, slice_of_event)
     n_slices = len(slices)
     # args are decoded on first use; the metadata instant's now (the hardware figures)
-    is_meta = (slices["category"].to_numpy() == tf.CAT_METADATA)[ann.sid]
-    metadata = _metadata(slices, decode_annotations(data, buf, ann.subset(is_meta), ev_seqgen,
-                                                    state, n_slices))
+    meta_codes = [i for i, c in enumerate(ev_cat.values) if c == tf.CAT_METADATA]
+    meta_ids = np.sort(new_id[np.isin(slice_cat, meta_codes)])
+    meta_args = decode_annotations(data, buf, ann.subset(np.isin(ann.sid, meta_ids)), ev_seqgen,
+                                   state, n_slices)
+    metadata = _metadata(meta_ids, meta_args)
     args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev_seqgen, state, n_slices))
+    # flows are linked on first use: the overview does not need them
     return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
-                    tracks=tracks, counters=counters, flows=flows, metadata=metadata,
+                    tracks=tracks, counters=counters,
+                    flows=lambda: _flows(ef, ev_ts, slice_of_event), metadata=metadata,
                     skipped=dict(skipped), warnings=warn)
 
 
@@ -439,9 +442,9 @@ def _flows(ef: Any, ev_ts: np.ndarray, slice_of_event: np.ndarray) -> pd.DataFra
                          "dst_id": sid[1:][link]}, columns=FLOW_COLUMNS).astype("int64")
 
 
-def _metadata(slices: pd.DataFrame, args: ColumnArgs) -> dict[str, Any]:
+def _metadata(ids: np.ndarray, args: ColumnArgs) -> dict[str, Any]:
+    """The trace's metadata: the JSON args of its metadata slices (ids), merged in order."""
     meta: dict[str, Any] = {}
-    ids = slices["id"].to_numpy()[slices["category"].to_numpy() == tf.CAT_METADATA]
     for text in args.column(tf.ARG_METADATA_JSON, ids).tolist():
         if isinstance(text, str):
             try:

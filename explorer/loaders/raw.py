@@ -6,6 +6,7 @@ them by time and gives each slice its id (its row). `Trace` wraps the result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ class RawTrace:
     args: SliceArgs  # per slice id: dict or None
     tracks: pd.DataFrame
     counters: pd.DataFrame
-    flows: pd.DataFrame
+    flows: pd.DataFrame | Callable[[], pd.DataFrame]  # or what builds them on first use
     metadata: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
