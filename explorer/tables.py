@@ -180,7 +180,9 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
     busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
-    for i, raw in enumerate(col(tf.ARG_ENGINE_BUSY, ids).tolist()):
+    busy_args = col(tf.ARG_ENGINE_BUSY, ids)
+    present = np.flatnonzero(np.not_equal(busy_args, None))  # often none: skip the loop
+    for i, raw in zip(present.tolist(), busy_args[present].tolist(), strict=True):
         if raw:
             try:
                 parsed = raw if isinstance(raw, dict) else json.loads(raw)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
-from neuron_explorer.tables import ENGINES
+from neuron_explorer.tables import ENGINES, kind_mask
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -104,14 +104,19 @@ def _device_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
 def _host_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
     a = win["ts"].to_numpy(np.int64)
     b = a + win["dur"].to_numpy(np.int64)
-    hs = host_slices(trace)
-    kinds = hs["kind"].to_numpy()
+    # masks over all slices: cached kind codes, no frame of host slices, no string compares
+    s = trace.base_slices
+    host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"].to_numpy()
+    host = np.isin(s["track_id"].to_numpy(), host_tracks)
+    ts = s["ts"].to_numpy(np.int64)
+    end = ts + s["dur"].to_numpy(np.int64)
     spans: list[tuple[np.ndarray, np.ndarray]] = []
     previous = np.zeros(len(a), np.int64)
     rows: list[tuple] = []
     per_cat: dict[str, np.ndarray] = {}
     for cat in HOST_CATEGORIES[:-1]:
-        spans.append(_spans(hs[np.isin(kinds, HOST_KINDS[cat])]))
+        m = host & kind_mask(trace, HOST_KINDS[cat])
+        spans.append((ts[m], end[m]))
         cov = Union.of(*spans).covered(a, b)
         per_cat[cat] = cov - previous
         previous = cov
