@@ -1,7 +1,8 @@
 """Recording overhead on the reference workloads: recorded time / unrecorded time.
 
-For the MLP and the transformer (`neuron_explorer.workloads`), each run trains a
-few steps in a fresh process and times the training loop, from starting the
+For the MLP and the transformer (`neuron_explorer.workloads`), each run trains as
+many steps as the reference scripts do (`examples/mlp_eager.py` 20,
+`examples/gpt.py` 10) in a fresh process and times the training loop, from starting the
 recording to closing the trace, after one warm-up step in the same mode (so
 one-off costs such as lowering caches and imports are left out):
 - on the `neuron` device: unrecorded, `--level op`, `--level engine`
@@ -10,7 +11,7 @@ one-off costs such as lowering caches and imports are left out):
   comparison with the overhead PyTorch's own profiler adds.
 Ratios are against the unrecorded run measured in this same invocation.
 
-    python benchmarks/bench_record.py [--steps 6] [--repeat 5] [--models mlp,gpt]
+    python benchmarks/bench_record.py [--steps N] [--repeat 5] [--models mlp,gpt] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ print(json.dumps({"seconds": time.perf_counter() - start,
 '''
 
 
+STEPS = {"mlp": 20, "gpt": 10}  # the defaults of examples/mlp_eager.py and examples/gpt.py
 MODES = (("neuron", "none"), ("neuron", "op"), ("neuron", "engine"), ("cpu", "none"),
          ("cpu", "torch.profiler"))
 
@@ -79,7 +81,8 @@ def run_once(model: str, device: str, mode: str, steps: int, folder: str, clock:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run (default: the reference script's, see STEPS)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -92,10 +95,12 @@ def main() -> None:
             best = dict.fromkeys(MODES, float("inf"))
             for _ in range(args.repeat):
                 for device, mode in MODES:
-                    seconds = run_once(model, device, mode, args.steps, folder, args.clock)
+                    steps = args.steps or STEPS[model]
+                    seconds = run_once(model, device, mode, steps, folder, args.clock)
                     best[device, mode] = min(best[device, mode], seconds)
             base, cpu = best["neuron", "none"], best["cpu", "none"]
-            print(f"{model} ({args.clock} time, best of {args.repeat} rounds): "
+            print(f"{model} ({args.steps or STEPS[model]} steps, {args.clock} time, best of "
+                  f"{args.repeat} rounds): "
                   f"neuron unrecorded {base:.3f}s | record --level op "
                   f"{best['neuron', 'op'] / base:.2f}x (target <= 1.3x) | --level engine "
                   f"{best['neuron', 'engine'] / base:.2f}x (target <= 2x) | cpu unrecorded "

@@ -22,13 +22,20 @@ def _running_depth(track: np.ndarray, delta: np.ndarray) -> np.ndarray:
     return depth
 
 
+def _present(depth: np.ndarray) -> list[int]:
+    """The distinct values of non-negative small ints, ascending (a count, not a sort)."""
+    if not len(depth):
+        return []
+    return np.flatnonzero(np.bincount(depth)).tolist()
+
+
 def _parents(order_pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """For begins given by stream position and depth, the index of each one's parent (-1)."""
     parent = np.full(len(depth), -1, dtype=np.int64)
     if not len(depth):
         return parent
     by_depth: dict[int, np.ndarray] = {}
-    for d in np.unique(depth):
+    for d in _present(depth):
         idx = np.flatnonzero(depth == d)
         by_depth[int(d)] = idx[np.argsort(order_pos[idx], kind="stable")]
     for d, idx in by_depth.items():
@@ -112,7 +119,7 @@ def match_begin_end(
     e_pos = stream_pos[~beg]
     e_depth = depth_after[~beg]  # an end at depth d closes the latest begin at depth d
     end_of = np.full(len(b_pos), -1, np.int64)
-    for d in np.unique(e_depth):
+    for d in _present(e_depth):
         bi = np.flatnonzero(b_depth == d)
         ei = np.flatnonzero(e_depth == d)
         j = np.searchsorted(b_pos[bi], e_pos[ei]) - 1
