@@ -295,7 +295,7 @@ def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None,
     length, llen = varint_at(buf, cand + 1)
     body = cand + 1 + llen
     nxt = body + length.astype(np.int64)
-    next_idx = _candidate_at(cand, nxt, size)
+    next_idx = _candidate_at(buf, cand, nxt)
     next_idx[(nxt == size) & (llen > 0)] = -2  # clean end
     next_idx[(nxt > size) | (llen < 0)] = -3  # cut off
     idx, i = _chain_fast(next_idx)
@@ -314,20 +314,19 @@ def _candidates(buf: np.ndarray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _candidate_at(cand: np.ndarray, nxt: np.ndarray, size: int) -> np.ndarray:
+def _candidate_at(buf: np.ndarray, cand: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     """For each candidate, the index of the candidate at its packet's end (-1: none there).
 
     Most packets hold no 0x0A byte, so the next candidate is usually the one; only the
     others are searched for.
     """
-    n = len(cand)
-    following = np.minimum(np.arange(1, n + 1), n - 1)
-    next_idx = np.where(cand[following] == nxt, following, -1)
-    next_idx[-1] = -1  # the last candidate has no following one
+    n, size = len(cand), len(buf)
+    next_idx = np.full(n, -1, np.int64)
+    points_at_following = np.flatnonzero(cand[1:] == nxt[:-1])
+    next_idx[points_at_following] = points_at_following + 1
     rest = np.flatnonzero((next_idx < 0) & (nxt >= 0) & (nxt < size))  # huge lengths wrap
-    at = np.searchsorted(cand, nxt[rest])
-    found = cand[np.minimum(at, n - 1)] == nxt[rest]
-    next_idx[rest[found]] = at[found]
+    rest = rest[buf[nxt[rest]] == 0x0A]  # only ends on a candidate byte are worth a search
+    next_idx[rest] = np.searchsorted(cand, nxt[rest])
     return next_idx
 
 
@@ -336,20 +335,22 @@ def _chain_fast(next_idx: np.ndarray) -> tuple[np.ndarray | None, int]:
 
     A 0x0A byte inside a packet is rarely pointed at by another candidate, so keeping
     candidate 0 and the candidates that kept ones point at, a few times over, leaves
-    the chain; it is accepted only if each kept candidate points at the next one.
+    the chain; it is accepted as soon as each kept candidate points at the next one.
     Returns (None, 0) otherwise.
     """
-    on = np.ones(len(next_idx), bool)
-    for _ in range(8):  # keep the candidates pointed at by kept ones, until nothing changes
-        sources = next_idx[on]
-        kept = np.zeros(len(next_idx), bool)
+    n = len(next_idx)
+    sources, size = next_idx, n + 1
+    for _ in range(8):  # keep candidate 0 and those that kept ones point at
+        kept = np.zeros(n, bool)
         kept[0] = True
         kept[sources[sources >= 0]] = True
-        if (kept == on).all():
+        idx = np.flatnonzero(kept)
+        if (next_idx[idx[:-1]] == idx[1:]).all():  # each points at the next: the chain
             break
-        on = kept
-    idx = np.flatnonzero(on)
-    if not (next_idx[idx[:-1]] == idx[1:]).all():
+        if len(idx) == size:  # nothing more to drop (the kept set only ever shrinks)
+            return None, 0
+        sources, size = next_idx[idx], len(idx)
+    else:
         return None, 0
     last = int(next_idx[idx[-1]])
     if last >= 0:
