@@ -57,7 +57,9 @@ class KernelRun:
     flops: int  # FLOPs the hardware executed (padding included)
     model_flops: int  # FLOPs the op needed
     hbm_bytes: int
-    engine_busy_ns: dict[str, int]  # per engine ("tensor", "vector", "scalar", "gpsimd", "dma")
+    # per engine ("tensor", "vector", "scalar", "gpsimd", "dma"); the kernel's own map,
+    # shared by every run of that kernel: read it, never change it
+    engine_busy_ns: dict[str, int]
     sbuf_bytes: int  # peak SBUF footprint of the kernel
     psum_bytes: int  # peak PSUM footprint of the kernel
     fallback: bool = False

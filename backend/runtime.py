@@ -236,7 +236,7 @@ def schedule(device: devices.NeuronDevice, kernel, op_id: int, launch_ns: int,
             instructions = [Instruction(*row) for row in kernel.instructions(start)]
         hub.kernel_scheduled(KernelRun(
             kernel_id, op_id, kernel.name, device.index, launch_ns, start, end,
-            kernel.flops, kernel.model_flops, kernel.hbm_bytes, dict(kernel.engine_busy_ns),
+            kernel.flops, kernel.model_flops, kernel.hbm_bytes, kernel.engine_busy_ns,
             kernel.sbuf_bytes, kernel.psum_bytes, fallback, instructions,
             kernel if hub.want_instruction_arrays else None,
         ))

@@ -179,7 +179,7 @@ class DeviceSink:
         self._kernel_rows: list[tuple] = []  # kernel slices waiting for their batch
         self._op_rows: list[tuple] = []  # op slices waiting for their batch
         self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
-        self._kernel_args: dict[tuple, object] = {}
+        self._kernel_args: dict[tuple, tuple[dict, object]] = {}  # -> (busy map, args)
         # per kernel: (kernel id, device, engine names, engine index, opcode names,
         # opcode index, start, dur, bytes, flops), the last six numpy arrays
         self._instructions: list[tuple] = []
@@ -254,12 +254,15 @@ class DeviceSink:
             self._kernels_seen[ev.op_id] = index + 1
             dev = self.device(ev.device)
             lane = dev.kernel_lane(ev.start_ns, ev.end_ns)
+            # Runs of one kernel share its busy map: that object (kept alive in the cache,
+            # so its id is not reused) stands for the kernel's signature.
             busy = ev.engine_busy_ns
-            key = (ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
-                   ev.fallback, tuple(busy.items()))
-            prepared = self._kernel_args.get(key)
-            if prepared is None:
-                prepared = self._kernel_args[key] = self.writer.prepare_args({
+            key = (id(busy), ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.fallback)
+            cached = self._kernel_args.get(key)
+            if cached is not None and cached[0] is busy:
+                prepared = cached[1]
+            else:
+                prepared = self.writer.prepare_args({
                     ARG_FLOPS: ev.model_flops,
                     ARG_HW_FLOPS: ev.flops,
                     ARG_BYTES: ev.hbm_bytes,
@@ -270,6 +273,7 @@ class DeviceSink:
                 })
                 if len(self._kernel_args) > _SIGNATURE_LIMIT:
                     self._kernel_args.clear()
+                self._kernel_args[key] = (busy, prepared)
             flow_out: Sequence[int] = ()
             if rec.engine and (ev.kernel is not None or ev.instructions):
                 flow_out = self._buffer_instructions(dev, ev)
