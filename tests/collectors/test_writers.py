@@ -221,3 +221,24 @@ def test_batched_slices_with_prepared_args_and_several_flows(tmp_path) -> None:
     assert kernels[1].args == {"flops": 2**40, "fallback": True, "kernel_id": 2}
     assert [k.flow_out for k in kernels] == [[1 << 62 | 5], [], [11, 12]]
     assert [k.flow_in for k in kernels] == [[4], [5], [6]]
+
+
+def test_batched_slices_mixing_uneven_strings_and_prepared_args(tmp_path) -> None:
+    """Strings too uneven to pad to one width, beside prepared args joined in per row."""
+    path = tmp_path / "m.pftrace"
+    w = PerfettoWriter(str(path))
+    track = w.track("work", w.process(7, "p"))
+    long_text = "x" * 60
+    prepared = [w.prepare_args({"module": "model.fc1"}), w.prepare_args({"source": "t.py:9"})]
+    w.slices(np.full(4, track), np.array([0, 100, 200, 300]), np.full(4, 50), ["op"],
+             np.zeros(4, np.int64), "op", {"op_id": np.array([1, 2**40, 3, 4])},
+             {"note": (["a", long_text], np.array([0, 1, 1, 0]))},
+             prepared=(prepared, np.array([1, 0, 1, 0])))
+    w.close()
+    ops = parse(path).by_category("op")
+    assert [o.args for o in ops] == [
+        {"op_id": 1, "note": "a", "source": "t.py:9"},
+        {"op_id": 2**40, "note": long_text, "module": "model.fc1"},
+        {"op_id": 3, "note": long_text, "source": "t.py:9"},
+        {"op_id": 4, "note": "a", "module": "model.fc1"},
+    ]
