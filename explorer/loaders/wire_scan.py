@@ -250,27 +250,42 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi]):
-            code = code_of[field if field.dtype == np.uint8 else np.minimum(field, top)]
-            slotted = code < k
-            all_slotted = bool(slotted.all())
-            # a round of slotted fields only (the usual case) needs no selection
-            sc = slice(None) if all_slotted else np.flatnonzero(slotted)
-            where = msg[sc] + lo
-            if len(where):
-                flat = code[sc] * n + where
-                value_1d[flat] = val[sc]
-                which_1d[flat] = field[sc]
-                if off_slots:
-                    row = off_row[code[sc]]
-                    keep = np.flatnonzero(row >= 0)
-                    offset_1d[row[keep] * n + where[keep]] = off[sc][keep]
-            if not all_slotted:
-                r = np.flatnonzero(code == repeated_code)
-                if len(r):
-                    parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
-                o = code == other_code
-                if o.any():
-                    others.append(field[o])
+            number = int(field[0])
+            if (field == number).all():  # the usual round: every message at the same field
+                codes = None
+                code = int(code_of[min(number, top)])
+            else:
+                codes = code_of[field if field.dtype == np.uint8 else np.minimum(field, top)]
+                code = int(codes[0]) if (codes == codes[0]).all() else -1
+            if code >= 0:  # one slot (or the rows, or others) for the whole round
+                where = msg + lo
+                if code < k:
+                    flat = where + np.int64(code * n)
+                    value_1d[flat] = val
+                    which_1d[flat] = field
+                    if off_row[code] >= 0:
+                        offset_1d[where + np.int64(off_row[code] * n)] = off
+                elif code == repeated_code:
+                    parts.append((where, field, wire, val, off))
+                else:
+                    others.append(field)
+                continue
+            # a mixed round: each message's field to its slot, the rows or others
+            slotted = np.flatnonzero(codes < k)
+            where = msg[slotted] + lo
+            flat = codes[slotted] * n + where
+            value_1d[flat] = val[slotted]
+            which_1d[flat] = field[slotted]
+            if off_slots:
+                row = off_row[codes[slotted]]
+                keep = np.flatnonzero(row >= 0)
+                offset_1d[row[keep] * n + where[keep]] = off[slotted][keep]
+            r = np.flatnonzero(codes == repeated_code)
+            if len(r):
+                parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
+            o = codes == other_code
+            if o.any():
+                others.append(field[o])
     if parts:
         rows = Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
     else:
