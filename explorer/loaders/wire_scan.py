@@ -106,6 +106,9 @@ class Fields:
             numbers = numbers.astype(np.int16)  # a 16-bit stable sort is a fast radix sort
         self._order = np.argsort(numbers, kind="stable")
         numbers = self.field[self._order]
+        if not len(numbers):  # no repeated field at all (no categories, args or flows)
+            self._groups = {}
+            return
         bounds = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1], True])
         self._groups = {int(numbers[a]): slice(int(a), int(b))
                         for a, b in pairwise(bounds.tolist())}

@@ -224,3 +224,35 @@ def test_pftrace_whose_first_packet_length_reads_as_a_json_bracket(
     w.close()
     trace = neuron_explorer.load(path)
     assert trace.slices["name"].tolist() == ["aten::mm"]
+
+
+def _interning_trace(path: Path, sequences: list[int]) -> Path:
+    """Slices on one track whose name iid 1 means a different name per sequence and per
+    generation of its incremental state (cleared twice on each sequence)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    packet = trace.packet.add(trusted_packet_sequence_id=sequences[0])
+    packet.track_descriptor.uuid = 1
+    packet.track_descriptor.thread.pid, packet.track_descriptor.thread.tid = 1, 1
+    ts = 0
+    for generation in range(2):
+        for seq in sequences:
+            packet = trace.packet.add(trusted_packet_sequence_id=seq, sequence_flags=1)
+            packet.interned_data.event_names.add(iid=1, name=f"seq{seq} gen{generation}")
+            for kind in (1, 2):  # begin, end
+                ts += 10
+                event = trace.packet.add(trusted_packet_sequence_id=seq, timestamp=ts)
+                event.track_event.type, event.track_event.track_uuid = kind, 1
+                if kind == 1:
+                    event.track_event.name_iid = 1
+    path.write_bytes(trace.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("sequences", [[7], [7, 3]])
+def test_interned_names_follow_sequence_and_generation(tmp_path: Path,
+                                                       sequences: list[int]) -> None:
+    t = neuron_explorer.load(_interning_trace(tmp_path / "interned.pftrace", sequences))
+    expected = [f"seq{s} gen{g}" for g in range(2) for s in sequences]
+    assert t.base_slices.sort_values("ts")["name"].tolist() == expected

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from neuron_explorer.loaders import wire_scan
 from neuron_explorer.loaders.raw import _ts_track_depth_order
-from neuron_explorer.loaders.wire_scan import fixed_at, packet_offsets, varint_at
+from neuron_explorer.loaders.wire_scan import (
+    fixed_at,
+    packet_offsets,
+    read_message,
+    scan,
+    varint_at,
+)
 
 
 def _plain_varint(data: bytes, pos: int) -> tuple[int | None, int]:
@@ -105,3 +112,60 @@ def test_combined_sort_key_orders_like_lexsort() -> None:
     # a key too wide for int64 falls back to lexsort
     ts, track, depth = np.array([2**62, -2**62, 0]), np.array([1, 2, 3]), np.array([0, 1, 0])
     assert np.array_equal(_ts_track_depth_order(ts, track, depth), np.lexsort((depth, track, ts)))
+
+
+# field number -> wire type of the messages below: slotted (1, 2, 20: a two-byte tag),
+# repeated (3, 47) and neither (5, 9)
+SCAN_FIELDS = {1: 0, 2: 2, 20: 0, 3: 2, 47: 1, 5: 5, 9: 0}
+SCAN_SLOTS = {1: 0, 20: 0, 2: 1}  # 1 and 20 share a slot, like the alternatives of a oneof
+SCAN_REPEATED = {3, 47}
+
+
+def _field(rng: np.random.Generator, number: int) -> bytes:
+    wire = SCAN_FIELDS[number]
+    tag = _encode(number << 3 | wire)
+    if wire == 0:
+        return tag + _encode(int(rng.integers(0, 2**40)) >> int(rng.integers(0, 40)))
+    if wire == 2:
+        return tag + _encode(n := int(rng.integers(0, 6))) + rng.bytes(n)
+    return tag + rng.bytes(8 if wire == 1 else 4)
+
+
+def test_scan_agrees_with_reading_each_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slots (the last value of a field wins), repeated rows and other fields, from rounds
+    of one field each and from mixed rounds, over several chunks."""
+    monkeypatch.setattr(wire_scan, "CHUNK", 16)
+    rng = np.random.default_rng(7)
+    layout = [1, 2, 3, 3]  # a run of messages laid out alike: rounds of one field each
+    numbers = list(SCAN_FIELDS)
+    messages = [layout if i < 40 else list(rng.choice(numbers, int(rng.integers(0, 7))))
+                for i in range(120)]
+    bodies = [b"".join(_field(rng, int(f)) for f in m) for m in messages]
+    data = b"".join(bodies)
+    starts = np.cumsum([0] + [len(b) for b in bodies[:-1]]).astype(np.int64)
+    ends = starts + np.array([len(b) for b in bodies], np.int64)
+    buf = np.frombuffer(data, np.uint8)
+    sc = scan(buf, starts, ends, SCAN_SLOTS, SCAN_REPEATED, offsets={1})
+    rows, others = [], []
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        slot = {0: (0, 0, 0), 1: (0, 0, 0)}
+        for number, value, offset in read_message(data, a, b):
+            if number in SCAN_SLOTS:
+                slot[SCAN_SLOTS[number]] = (number, value, offset)  # the last one counts
+            elif number in SCAN_REPEATED:
+                rows.append((i, number, value, offset))
+            else:
+                others.append(number)
+        for s, (number, value, offset) in slot.items():
+            assert (int(sc.field[s, i]), int(sc.value[s, i])) == (number, value), (i, s)
+        assert int(sc.offset[1][i]) == slot[1][2]
+    got = sorted(zip(sc.rows.msg.tolist(), sc.rows.field.tolist(), sc.rows.value.tolist(),
+                     sc.rows.offset.tolist(), strict=True))
+    assert got == sorted(rows)
+    assert sorted(sc.others.tolist()) == sorted(others)
+    for number in SCAN_REPEATED:  # a message's rows of one field keep their file order
+        msg, _, value, offset = sc.rows.select(number)
+        by_message = np.argsort(msg, kind="stable")
+        selected = zip(msg[by_message].tolist(), value[by_message].tolist(),
+                       offset[by_message].tolist(), strict=True)
+        assert list(selected) == [(i, v, o) for i, n, v, o in rows if n == number]
