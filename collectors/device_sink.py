@@ -215,31 +215,10 @@ class DeviceSink:
             if not rec.step_open:
                 rec.ensure_step(activity=False, ts=ev.host_start_ns)
             module = modules.current_module(state) if modules is not None else ""
-            source = self.source.locate()
-            # Everything but the ids and the step repeats from one step to the next: encode
-            # it once per op signature.
-            key = (ev.name, ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
-                   source, ev.fallback, ev.device, ev.graph_id)
-            prepared = self._op_args.get(key)
-            if prepared is None:
-                static = {
-                    ARG_SHAPES: str([list(s) for s in ev.input_shapes]),
-                    ARG_DTYPES: "[" + ", ".join(ev.input_dtypes) + "]",
-                    ARG_FLOPS: ev.flops,
-                    ARG_BYTES: ev.hbm_bytes,
-                    ARG_MODULE: module,
-                    ARG_SOURCE: source,
-                    ARG_FALLBACK: ev.fallback,
-                    ARG_DEVICE: ev.device,
-                }
-                if ev.graph_id is not None:
-                    static[ARG_GRAPH_ID] = ev.graph_id
-                prepared = self._op_args[key] = self.writer.prepare_args(static)
-                if len(self._op_args) > _SIGNATURE_LIMIT:
-                    self._op_args.clear()
+            # The rest waits for the batch: in a tight loop it costs a fraction of what
+            # it costs between the program's own ops.
             self._kernels_seen.pop(ev.op_id, None)
-            self._op_rows.append((state.track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,
-                                  ev.name, prepared, ev.op_id, ev.kernel_ids, rec.step))
+            self._op_rows.append((state.track, ev, module, self.source.locate(), rec.step))
             if len(self._op_rows) >= _OP_BATCH:
                 self._flush_ops()
         except RecordingError as exc:
@@ -486,6 +465,30 @@ class DeviceSink:
             prepared=([handles[h] for h in handle_ids], prepared_index),
         )
 
+    def _op_prepared(self, ev: OpLaunch, module: str, source: str) -> object:
+        """The op's args other than its ids and step, encoded once per op signature (they
+        repeat from one step to the next)."""
+        key = (ev.name, ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
+               source, ev.fallback, ev.device, ev.graph_id)
+        prepared = self._op_args.get(key)
+        if prepared is None:
+            static = {
+                ARG_SHAPES: str([list(s) for s in ev.input_shapes]),
+                ARG_DTYPES: "[" + ", ".join(ev.input_dtypes) + "]",
+                ARG_FLOPS: ev.flops,
+                ARG_BYTES: ev.hbm_bytes,
+                ARG_MODULE: module,
+                ARG_SOURCE: source,
+                ARG_FALLBACK: ev.fallback,
+                ARG_DEVICE: ev.device,
+            }
+            if ev.graph_id is not None:
+                static[ARG_GRAPH_ID] = ev.graph_id
+            if len(self._op_args) >= _SIGNATURE_LIMIT:
+                self._op_args.clear()
+            prepared = self._op_args[key] = self.writer.prepare_args(static)
+        return prepared
+
     def _flush_ops(self) -> None:
         """Write the buffered op slices as one batch.
 
@@ -496,9 +499,15 @@ class DeviceSink:
         if not rows:
             return
         self._op_rows = []
-        tracks, starts, durs, names, prepared, op_ids, kernels, steps = zip(*rows)
+        tracks, events, modules, sources, steps = zip(*rows)
+        prepared = [self._op_prepared(ev, module, source)
+                    for ev, module, source in zip(events, modules, sources, strict=True)]
+        starts = [ev.host_start_ns for ev in events]
+        durs = [ev.host_end_ns - ev.host_start_ns for ev in events]
+        names = [ev.name for ev in events]
+        kernels = [ev.kernel_ids for ev in events]
         n = len(rows)
-        op_ids = np.array(op_ids, np.int64)
+        op_ids = np.fromiter((ev.op_id for ev in events), np.int64, n)
         counts = np.fromiter(map(len, kernels), np.int64, n)
         first_kernel = np.fromiter((k[0] if k else -1 for k in kernels), np.int64, n)
         # one flow per kernel: the op id itself when there is one kernel (docs/trace-format.md)
@@ -510,22 +519,14 @@ class DeviceSink:
         name_list, name_index = _factorize(names)
         handles = {id(p): p for p in prepared}
         handle_ids, prepared_index = _factorize([id(p) for p in prepared])
-        columns = {"tracks": np.array(tracks, np.int64), "ts": np.array(starts, np.int64),
-                   "dur": np.array(durs, np.int64), "names": name_index, "op_id": op_ids,
-                   "kernel": first_kernel, "step": np.array(steps, np.int64),
-                   "flow": flow_out, "prepared": prepared_index}
-        has_kernel = first_kernel >= 0
-        for keep in (has_kernel, ~has_kernel):  # views and the like have no kernel id
-            if not keep.any():
-                continue
-            c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
-            int_args = {ARG_OP_ID: c["op_id"], ARG_STEP: c["step"]}
-            if keep is has_kernel:
-                int_args[ARG_KERNEL_ID] = c["kernel"]
-            self.writer.slices(
-                c["tracks"], c["ts"], c["dur"], name_list, c["names"], CAT_OP, int_args,
-                flow_out=c["flow"], prepared=([handles[h] for h in handle_ids], c["prepared"]),
-            )
+        # one batch in launch order: ops at the same timestamp keep their order in the file
+        self.writer.slices(
+            np.array(tracks, np.int64), np.array(starts, np.int64), np.array(durs, np.int64),
+            name_list, name_index, CAT_OP,
+            {ARG_OP_ID: op_ids, ARG_STEP: np.array(steps, np.int64),
+             ARG_KERNEL_ID: (first_kernel, first_kernel >= 0)},  # views have no kernel
+            flow_out=flow_out, prepared=([handles[h] for h in handle_ids], prepared_index),
+        )
 
     def _flush_counters(self) -> None:
         for buf in (self._counters, self._int_counters):

@@ -178,14 +178,18 @@ class JsonWriter:
         names: Sequence[str],
         name_index: np.ndarray,
         category: str,
-        int_args: Mapping[str, np.ndarray] | None = None,
+        int_args: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]] | None = None,
         str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
         flow_out: np.ndarray | None = None,
         flow_in: np.ndarray | None = None,
         prepared: tuple[Sequence[Mapping[str, Any]], np.ndarray] | None = None,
     ) -> None:
         n = len(ts)
-        int_cols = {k: np.asarray(v).tolist() for k, v in (int_args or {}).items()}
+        int_cols, int_present = {}, {}
+        for k, v in (int_args or {}).items():
+            if isinstance(v, tuple):  # (values, present): absent where present is False
+                v, int_present[k] = v[0], np.asarray(v[1], bool).tolist()
+            int_cols[k] = np.asarray(v).tolist()
         str_cols = {k: (c, np.asarray(i).tolist()) for k, (c, i) in (str_args or {}).items()}
         outs = np.asarray(flow_out).reshape(n, -1).tolist() if flow_out is not None else None
         ins = np.asarray(flow_in).reshape(n, -1).tolist() if flow_in is not None else None
@@ -196,7 +200,8 @@ class JsonWriter:
                                                     np.asarray(dur).tolist(),
                                                     np.asarray(name_index).tolist())):
             args: dict[str, Any] = dict(pre[row]) if pre is not None else {}
-            args.update({k: v[row] for k, v in int_cols.items()})
+            args.update({k: v[row] for k, v in int_cols.items()
+                         if k not in int_present or int_present[k][row]})
             for k, (choices, idx) in str_cols.items():
                 args[k] = choices[idx[row]]
             fo = [f for f in outs[row] if f] if outs else ()

@@ -366,14 +366,16 @@ class PerfettoWriter:
         names: Sequence[str],
         name_index: np.ndarray,
         category: str,
-        int_args: Mapping[str, np.ndarray] | None = None,
+        int_args: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]] | None = None,
         str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
         flow_out: np.ndarray | None = None,
         flow_in: np.ndarray | None = None,
         prepared: tuple[Sequence[bytes], np.ndarray] | None = None,
     ) -> None:
-        """Write N complete slices at once. Flow ids: one per row (N,) or several (N, k),
-        0 meaning none; `prepared`: (args from `prepare_args`, the one each row uses)."""
+        """Write N complete slices at once, in row order. An int arg is an array, or
+        (array, present) to leave it out of some rows. Flow ids: one per row (N,) or
+        several (N, k), 0 meaning none; `prepared`: (args from `prepare_args`, the one
+        each row uses)."""
         n = len(ts)
         if n == 0:
             return
@@ -389,11 +391,16 @@ class PerfettoWriter:
             wire.varints(name_iids[np.asarray(name_index, np.int64)]),
         ]
         for key, values in (int_args or {}).items():
+            present = None
+            if isinstance(values, tuple):  # (values, present): absent where present is False
+                values, present = values[0], np.asarray(values[1], bool)
+                values = np.where(present, values, 0)  # an absent value must not widen the rest
             name_part = wire.field_varint(1, self._iid(F.I_ANNOTATION_NAMES, key))
-            body += wire.message(F.E_DEBUG, [
+            annotation = wire.message(F.E_DEBUG, [
                 wire.const(name_part + wire.tag(4, wire.VARINT), n),
                 wire.varints(np.asarray(values, np.int64)),
             ])
+            body += annotation if present is None else wire.optional(annotation, present)
         for key, (choices, index) in (str_args or {}).items():
             body.append(wire.table(self._string_annotations(key, choices), index))
         if prepared is not None:

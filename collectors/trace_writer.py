@@ -86,12 +86,12 @@ class TraceWriter(Protocol):
         names: Sequence[str],
         name_index: np.ndarray,
         category: str,
-        int_args: Mapping[str, np.ndarray] | None = None,
+        int_args: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]] | None = None,
         str_args: Mapping[str, tuple[Sequence[str], np.ndarray]] | None = None,
         flow_out: np.ndarray | None = None,
         flow_in: np.ndarray | None = None,
         prepared: tuple[Sequence[Any], np.ndarray] | None = None,
-    ) -> None: ...
+    ) -> None: ...  # rows in order; an int arg as (values, present) is left out where absent
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None: ...
     def metadata(self, track: int, ts: int, meta: Mapping[str, Any]) -> None: ...
     def flush(self) -> None: ...

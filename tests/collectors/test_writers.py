@@ -242,3 +242,19 @@ def test_batched_slices_mixing_uneven_strings_and_prepared_args(tmp_path) -> Non
         {"op_id": 3, "note": long_text, "source": "t.py:9"},
         {"op_id": 4, "note": "a", "module": "model.fc1"},
     ]
+
+
+@pytest.mark.parametrize("fmt", ["pftrace", "json"])
+def test_batched_int_args_can_be_absent_in_some_rows(tmp_path, fmt: str) -> None:
+    path = tmp_path / f"o.{fmt}"
+    w = open_writer(str(path), fmt)
+    track = w.track("work", w.process(7, "p"))
+    ids = np.array([5, -1, 2**40])
+    w.slices(np.full(3, track), np.array([0, 10, 20]), np.full(3, 5), ["op"],
+             np.zeros(3, np.int64), "op", {"op_id": np.arange(3), "kernel_id": (ids, ids >= 0)})
+    w.close()
+    if fmt == "pftrace":
+        args = [o.args for o in parse(path).by_category("op")]
+    else:
+        args = [e["args"] for e in read_events(str(path)) if e.get("cat") == "op"]
+    assert args == [{"op_id": 0, "kernel_id": 5}, {"op_id": 1}, {"op_id": 2, "kernel_id": 2**40}]
