@@ -1,9 +1,9 @@
 """Trace writer throughput: events per second into a .pftrace, and memory as events grow.
 
-Writes an engine-level mix (per 100 events: 5 op slices written one by one, 3 kernel
-slices, 75 instructions and 17 counter values written in numpy batches, as the
-recorder writes them, in the proportions of a recorded training step) until N
-events, and reports:
+Writes an engine-level mix as the recorder writes it, in the proportions of a
+recorded training step (per 100 events: 1 host slice such as a module or a sync,
+written one call each; 5 op slices, 3 kernel slices, 74 instructions and 17 counter
+values, written in numpy batches) until N events, and reports:
 - events/s for the mix and for each kind (target: >= 1,000,000 events/s);
 - resident memory after 10% and after 100% of the events (flat: the writer streams);
 - the ratio against a baseline measured in the same run: the same instruction events
@@ -51,16 +51,27 @@ class Mix:
                                              "device": 0})
         del proc
 
-    def per_call(self, n_ops: int) -> int:
-        """Op slices, one call each (host tracks interleave them with other slices)."""
+    def per_call(self, n: int) -> int:
+        """Host slices (modules, syncs), one call each, as they happen."""
         w = self.w
-        for _ in range(n_ops):
-            self.op_id += 1
+        for _ in range(n):
             self.t += 1000
-            w.slice(self.thread, self.t, 500, "aten::addmm", "op",
-                    {"op_id": self.op_id, "kernel_id": self.op_id, "step": 3},
-                    flow_out=(self.op_id,), prepared=self.prepared)
-        return n_ops
+            w.slice(self.thread, self.t, 500, "model.layers.3.mlp", "module",
+                    {"module": "model.layers.3.mlp", "phase": "forward", "step": 3})
+        return n
+
+    def ops(self, n: int) -> int:
+        """Op slices in one batch, as the device sink writes them (views have no kernel)."""
+        ids = np.arange(self.op_id + 1, self.op_id + n + 1)
+        self.op_id += n
+        kernel_ids = np.where(ids % 3 == 0, -1, ids)
+        self.w.slices(np.full(n, self.thread), self.t + np.arange(n) * 1000, np.full(n, 500),
+                      ["aten::addmm", "aten::view"], (kernel_ids < 0).astype(np.int64), "op",
+                      {"op_id": ids, "step": np.full(n, 3), "kernel_id": (kernel_ids, kernel_ids >= 0)},
+                      flow_out=np.where(kernel_ids >= 0, ids, 0).astype(np.uint64),
+                      prepared=([self.prepared], np.zeros(n, np.int64)))
+        self.t += n * 1000
+        return n
 
     def kernels(self, n: int) -> int:
         """Kernel slices in one batch, as the device sink writes them."""
@@ -101,9 +112,10 @@ def run_mix(path: str, total: int) -> tuple[float, int, int, int]:
     start = time.perf_counter()
     while events < total:
         events += mix.instructions(BATCH)
-        events += mix.counters(BATCH * 17 // 75)
-        events += mix.per_call(BATCH * 5 // 75)
-        events += mix.kernels(BATCH * 3 // 75)
+        events += mix.counters(BATCH * 17 // 74)
+        events += mix.ops(BATCH * 5 // 74)
+        events += mix.kernels(BATCH * 3 // 74)
+        events += mix.per_call(BATCH // 74)
         if not rss_10 and events >= total // 10:
             rss_10 = proc.memory_info().rss
     w.close()
@@ -120,6 +132,8 @@ def rate_of(path: str, kind: str, total: int) -> float:
             events += mix.instructions(BATCH)
         elif kind == "counters":
             events += mix.counters(BATCH)
+        elif kind == "ops":
+            events += mix.ops(4096)
         else:
             events += mix.per_call(1000)
     w.close()
@@ -169,6 +183,7 @@ def main() -> None:
         mix_rate = events / seconds
         instr = rate_of(path, "instructions", args.events // 2)
         counters = rate_of(path, "counters", args.events // 4)
+        ops = rate_of(path, "ops", args.events // 4)
         per_call = rate_of(path, "per_call", 50_000)
         baseline = protobuf_object_rate(path, 20_000)
     print(f"mix: {events:,} events in {seconds:.2f}s = {mix_rate:,.0f} events/s "
@@ -176,7 +191,7 @@ def main() -> None:
     print(f"memory: {rss_10 / 2**20:.0f} MiB after 10% of the events, {rss_end / 2**20:.0f} MiB "
           f"after all ({rss_end / rss_10:.2f}x)")
     print(f"per kind: instructions {instr:,.0f}/s, counters {counters:,.0f}/s, "
-          f"op slices one call each {per_call:,.0f}/s")
+          f"op slices in batches {ops:,.0f}/s, host slices one call each {per_call:,.0f}/s")
     print(f"baseline (protobuf message objects, one per event): {baseline:,.0f} events/s; "
           f"hand-encoded mix {mix_rate / baseline:.1f}x, batched instructions "
           f"{instr / baseline:.1f}x, per-call slices {per_call / baseline:.1f}x")
