@@ -231,39 +231,16 @@ class DeviceSink:
         try:
             index = self._kernels_seen.get(ev.op_id, 0)
             self._kernels_seen[ev.op_id] = index + 1
-            dev = self.device(ev.device)
-            lane = dev.kernel_lane(ev.start_ns, ev.end_ns)
-            # Runs of one kernel share its busy map: that object (kept alive in the cache,
-            # so its id is not reused) stands for the kernel's signature.
-            busy = ev.engine_busy_ns
-            key = (id(busy), ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.fallback)
-            cached = self._kernel_args.get(key)
-            if cached is not None and cached[0] is busy:
-                prepared = cached[1]
-            else:
-                prepared = self.writer.prepare_args({
-                    ARG_FLOPS: ev.model_flops,
-                    ARG_HW_FLOPS: ev.flops,
-                    ARG_BYTES: ev.hbm_bytes,
-                    ARG_ENGINE_BUSY: json.dumps(busy, sort_keys=True),
-                    ARG_SBUF: ev.sbuf_bytes,
-                    ARG_PSUM: ev.psum_bytes,
-                    ARG_FALLBACK: ev.fallback,
-                })
-                if len(self._kernel_args) > _SIGNATURE_LIMIT:
-                    self._kernel_args.clear()
-                self._kernel_args[key] = (busy, prepared)
             flow_out: Sequence[int] = ()
-            if rec.engine and (ev.kernel is not None or ev.instructions):
-                flow_out = self._buffer_instructions(dev, ev)
-            # kernel tracks hold nothing else, so kernels too are written in batches
-            self._kernel_rows.append((lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name,
-                                      prepared, ev.kernel_id, ev.op_id, rec.step,
-                                      op_flow_id(ev.op_id, index), flow_out))
+            if rec.engine:
+                dev = self.device(ev.device)
+                if ev.kernel is not None or ev.instructions:
+                    flow_out = self._buffer_instructions(dev, ev)
+                self._kernel_counters(dev, ev)
+            # kernel tracks hold nothing else: the rest waits for the batch, like ops
+            self._kernel_rows.append((ev, rec.step, index, flow_out))
             if len(self._kernel_rows) >= _KERNEL_BATCH:
                 self._flush_kernels()
-            if rec.engine:
-                self._kernel_counters(dev, ev)
         except RecordingError as exc:
             rec.fail(exc)
 
@@ -448,7 +425,14 @@ class DeviceSink:
         if not rows:
             return
         self._kernel_rows = []
-        lanes, starts, durs, names, prepared, kernel_ids, op_ids, steps, flow_in, outs = zip(*rows)
+        columns = []
+        for ev, step, index, outs in rows:  # in launch order: lanes fill as kernels arrive
+            lane = self.device(ev.device).kernel_lane(ev.start_ns, ev.end_ns)
+            columns.append((lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name,
+                            self._kernel_prepared(ev), ev.kernel_id, ev.op_id, step,
+                            op_flow_id(ev.op_id, index), outs))
+        lanes, starts, durs, names, prepared, kernel_ids, op_ids, steps, flow_in, outs = \
+            zip(*columns)
         name_list, name_index = _factorize(names)
         handles = {id(p): p for p in prepared}
         handle_ids, prepared_index = _factorize([id(p) for p in prepared])
@@ -464,6 +448,29 @@ class DeviceSink:
             flow_out=flow_out, flow_in=np.array(flow_in, np.uint64),
             prepared=([handles[h] for h in handle_ids], prepared_index),
         )
+
+    def _kernel_prepared(self, ev: KernelRun) -> object:
+        """The kernel's args other than its ids and step, encoded once per kernel. Runs of
+        one kernel share its busy map: that object (kept alive in the cache, so its id is
+        not reused) stands for the kernel's signature."""
+        busy = ev.engine_busy_ns
+        key = (id(busy), ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.fallback)
+        cached = self._kernel_args.get(key)
+        if cached is not None and cached[0] is busy:
+            return cached[1]
+        prepared = self.writer.prepare_args({
+            ARG_FLOPS: ev.model_flops,
+            ARG_HW_FLOPS: ev.flops,
+            ARG_BYTES: ev.hbm_bytes,
+            ARG_ENGINE_BUSY: json.dumps(busy, sort_keys=True),
+            ARG_SBUF: ev.sbuf_bytes,
+            ARG_PSUM: ev.psum_bytes,
+            ARG_FALLBACK: ev.fallback,
+        })
+        if len(self._kernel_args) >= _SIGNATURE_LIMIT:
+            self._kernel_args.clear()
+        self._kernel_args[key] = (busy, prepared)
+        return prepared
 
     def _op_prepared(self, ev: OpLaunch, module: str, source: str) -> object:
         """The op's args other than its ids and step, encoded once per op signature (they
