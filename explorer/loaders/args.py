@@ -115,14 +115,10 @@ class ColumnArgs(SliceArgs):
 
     def column(self, key: str, ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(ids), object)
-        found = self._key_rows(key)
-        if found is None or not len(ids):
-            return out
-        rows, sids = found
-        pos = np.searchsorted(sids, ids)
-        pos_c = np.minimum(pos, len(sids) - 1)
-        hit = (pos < len(sids)) & (sids[pos_c] == ids)
-        out[hit] = self._values(rows[pos_c[hit]])
+        hits = self._hits(key, ids)
+        if hits is not None:
+            hit, rows = hits
+            out[hit] = self._values(rows)
         return out
 
     def _hits(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
