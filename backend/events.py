@@ -9,7 +9,6 @@ attribute test per op. All times are ns on the host clock's timeline
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -104,14 +103,24 @@ class CompileEvent:
     args: dict = field(default_factory=dict)  # reason, source, graph_id, op_count, kernels, guard
 
 
-class EventSink(Protocol):
-    """What a collector implements; every method is optional in practice (see EventHub)."""
+class EventSink:
+    """What a collector subscribes: the hub calls every method, and these ignore their
+    event, so a sink overrides only the events it wants."""
 
-    def op_launched(self, ev: OpLaunch) -> None: ...
-    def kernel_scheduled(self, ev: KernelRun) -> None: ...
-    def memory_changed(self, ev: MemoryChange) -> None: ...
-    def sync_waited(self, ev: SyncWait) -> None: ...
-    def compile_event(self, ev: CompileEvent) -> None: ...
+    def op_launched(self, ev: OpLaunch) -> None:
+        pass
+
+    def kernel_scheduled(self, ev: KernelRun) -> None:
+        pass
+
+    def memory_changed(self, ev: MemoryChange) -> None:
+        pass
+
+    def sync_waited(self, ev: SyncWait) -> None:
+        pass
+
+    def compile_event(self, ev: CompileEvent) -> None:
+        pass
 
 
 class EventHub:

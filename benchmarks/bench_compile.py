@@ -23,14 +23,14 @@ import torch
 from neuron_explorer.backend import devices
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.compiler import adaptive_mode
-from neuron_explorer.backend.events import hub
+from neuron_explorer.backend.events import EventSink, hub
 from neuron_explorer.workloads.models import GPT, lm_loss
 from neuron_explorer.workloads.training import token_batches
 
 BATCH = 8
 
 
-class Counter:
+class Counter(EventSink):
     """Counts launches and collects compile spans."""
 
     def __init__(self) -> None:
@@ -44,12 +44,6 @@ class Counter:
 
     def kernel_scheduled(self, ev) -> None:
         self.kernels += 1
-
-    def memory_changed(self, ev) -> None:
-        pass
-
-    def sync_waited(self, ev) -> None:
-        pass
 
     def compile_event(self, ev) -> None:
         self.compiles.append(ev)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from neuron_explorer.backend.events import hub
+from neuron_explorer.backend.events import EventSink, hub
 
 
-class Recorder:
+class Recorder(EventSink):
     """An event sink that keeps what it is sent."""
 
     def __init__(self) -> None:
@@ -17,12 +17,6 @@ class Recorder:
 
     def kernel_scheduled(self, ev) -> None:
         self.kernels.append(ev)
-
-    def memory_changed(self, ev) -> None:
-        pass
-
-    def sync_waited(self, ev) -> None:
-        pass
 
     def compile_event(self, ev) -> None:
         self.compiles.append(ev)
