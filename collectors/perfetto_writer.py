@@ -21,7 +21,6 @@ chunks of whole packets, so a killed run leaves a readable prefix.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,9 +39,6 @@ _NO_FLOW = wire.tag(F.E_TYPE, wire.VARINT) + wire.padded_varint(_BEGIN, _FLOW_WI
 _CLEARED, _NEEDS = 1, 2
 _CACHE_LIMIT = 100_000  # encoded (key, value) annotations kept for reuse
 _SMALL = [bytes((i,)) for i in range(128)]
-_pack_fixed64 = struct.Struct("<Q").pack
-_FLOW_OUT_TAG = wire.tag(F.E_FLOW_IDS, wire.FIXED64)
-_FLOW_IN_TAG = wire.tag(F.E_TERMINATING_FLOW_IDS, wire.FIXED64)
 
 
 def _annotation_value(value: Any) -> bytes:
@@ -73,7 +69,6 @@ class PerfettoWriter:
         self.closed = False
         self._seq = wire.field_varint(F.P_SEQ_ID, sequence_id)
         self._seq_needs = self._seq + wire.field_varint(F.P_FLAGS, _NEEDS)
-        self._seq_needs_len = len(self._seq_needs)
         self._first = True
         self._next_uuid = uuid_base
         self._interned: dict[tuple[int, str], int] = {}
@@ -81,7 +76,6 @@ class PerfettoWriter:
         self._pending_interned: list[bytes] = []
         self._headers: dict[tuple[int, int, str, str], bytes] = {}
         self._end_headers: dict[int, bytes] = {}
-        self._end_tails: dict[int, bytes] = {}
         self._string_tables: dict[tuple, list[bytes]] = {}
         self._annotations: dict[tuple[str, Any, type], bytes] = {}
         self._annotation_names: dict[str, list[bytes]] = {}
@@ -282,52 +276,8 @@ class PerfettoWriter:
         flow_in: Sequence[int] = (),
         prepared: bytes | None = None,
     ) -> None:
-        """A complete slice: its BEGIN and END packets, assembled inline (the op hot path)."""
-        head = self._headers.get((_BEGIN, track, name, category))
-        if head is None or self._pending_interned or self._first:
-            self._slice_with_interned(track, ts, dur, name, category, args, flow_out, flow_in,
-                                      prepared)
-            return
-        event = head + prepared if prepared else head
-        if args:
-            event += self._args(args)
-            if self._pending_interned:  # an annotation name or value seen for the first time
-                self._slice_with_interned(track, ts, dur, name, category, args, flow_out,
-                                          flow_in, prepared)
-                return
-        for fid in flow_out:
-            event += _FLOW_OUT_TAG + _pack_fixed64(fid)
-        for fid in flow_in:
-            event += _FLOW_IN_TAG + _pack_fixed64(fid)
-        varint = wire.varint
-        size = len(event)
-        ts_bytes = varint(ts)
-        # the packet's length: timestamp field, event field (tag, length, event), sequence
-        event_len = _SMALL[size] if size < 0x80 else varint(size)
-        packet_size = 2 + len(ts_bytes) + len(event_len) + size + self._seq_needs_len
-        tail = self._end_tails.get(track)
-        if tail is None:
-            end_event = wire.field_varint(F.E_TYPE, _END) + wire.field_varint(F.E_TRACK, track)
-            tail = self._end_tails[track] = (wire.field_bytes(F.P_TRACK_EVENT, end_event)
-                                             + self._seq_needs)
-        end_ts = varint(ts + dur) if dur > 0 else ts_bytes
-        data = b"".join((
-            b"\x0a", _SMALL[packet_size] if packet_size < 0x80 else varint(packet_size),
-            b"\x40", ts_bytes, b"\x5a", event_len, event, self._seq_needs,
-            b"\x0a", _SMALL[1 + len(end_ts) + len(tail)], b"\x40", end_ts, tail,
-        ))
-        self._buffer.append(data)
-        self._buffered += len(data)
-        self.events += 1
-        counts = self.counts
-        counts[category] = counts.get(category, 0) + 1
-        if self._buffered >= self._chunk_bytes:
-            self.flush()
-
-    def _slice_with_interned(self, track: int, ts: int, dur: int, name: str, category: str,
-                             args: Mapping[str, Any] | None, flow_out: Sequence[int],
-                             flow_in: Sequence[int], prepared: bytes | None) -> None:
-        """A slice whose packet must carry interned data (or start the sequence)."""
+        """A complete slice: its BEGIN and END packets (ops, kernels and instructions go
+        through `slices`; this serves the rarer host slices such as syncs)."""
         self.begin(track, ts, name, category, args, flow_out, flow_in, prepared)
         self.end(track, ts + max(dur, 0))
 
