@@ -114,6 +114,7 @@ class Recorder:
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
         self.steps_completed: list[int] = []  # ended by a step mark
         self.window_start, self.window_stop = options.steps or (0, None)
+        self._update_recording()  # sets `recording`
         self._threads: dict[int, _ThreadState] = {}
         self._lock = threading.RLock()
         self.main_ident = threading.main_thread().ident
@@ -126,10 +127,10 @@ class Recorder:
 
     # -- state --------------------------------------------------------------------
 
-    @property
-    def recording(self) -> bool:
-        """True while events are to be written (inside the step window, not stopped)."""
-        return not self.stopped and self.step >= self.window_start
+    def _update_recording(self) -> None:
+        """`recording`: events are to be written (inside the step window, not stopped). A
+        plain attribute, not a property: every device event reads it."""
+        self.recording = not self.stopped and self.step >= self.window_start
 
     def _metadata(self) -> dict[str, Any]:
         import neuron_explorer
@@ -251,6 +252,7 @@ class Recorder:
             elif len(self.steps_completed) == 1:
                 self.writer.flush()
         self.step += 1
+        self._update_recording()
         self.step_start = now
         self.first_event_ts = None
         if self.window_stop is not None and self.step >= self.window_stop:
@@ -312,6 +314,7 @@ class Recorder:
             self.failed = error
             print(f"neuron-explorer: {error}", file=sys.stderr)
         self.stopped = True
+        self.recording = False
 
     def stop(self) -> None:
         """End open slices, flush and close the trace (idempotent)."""
@@ -322,6 +325,7 @@ class Recorder:
             return
         was_failed = self.failed is not None
         self.stopped = True
+        self.recording = False
         session.detach(self)
         if was_failed:
             self.writer.discard()
