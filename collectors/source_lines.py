@@ -3,7 +3,8 @@
 Walking the stack on every op must be cheap: whether a file belongs to torch,
 this project or the standard library is decided once per file name and cached
 (a str caches its hash; a code object recomputes its own on every lookup), and the
-"file:line" strings are cached per (file, line).
+"file:line" strings are cached per call site (file, function's first line, bytecode
+offset): reading a frame's line number decodes its code's line table each time.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class SourceLocator:
         self._internal = _internal_roots()
         self._user_roots = (_workloads_root(),) if user_roots is None else user_roots
         self._is_internal: dict[str, bool] = {}
-        self._text: dict[tuple[str, int], str] = {}
+        self._text: dict[tuple[str, int, int], str] = {}
         self._cwd = os.getcwd() + os.sep
 
     def _classify(self, filename: str) -> bool:
@@ -60,12 +61,14 @@ class SourceLocator:
         frame = sys._getframe(skip)
         known = self._is_internal
         while frame is not None:
-            filename = frame.f_code.co_filename
+            code = frame.f_code
+            filename = code.co_filename
             internal = known.get(filename)
             if internal is None:
                 internal = self._classify(filename)
             if not internal:
-                key = (filename, frame.f_lineno)
+                # by bytecode offset: `f_lineno` decodes the line table on every read
+                key = (filename, code.co_firstlineno, frame.f_lasti)
                 text = self._text.get(key)
                 if text is None:
                     name = filename.removeprefix(self._cwd)
