@@ -3,16 +3,18 @@
 Subscribed to `neuron_explorer.backend.events.hub`. The backend already removes
 the time spent in these callbacks from the host clock (it measures its own
 emulation interval around them), so nothing here calls `clock.exclude`.
-Instructions are buffered as each kernel's schedule arrays (`KernelRun.kernel`) and
-counters as plain tuples, both written in numpy batches, which is what keeps
-engine-level recording cheap.
+Ops, kernels and counters are buffered as flat lists of plain values (one row after
+another) and instructions as each kernel's schedule arrays (`KernelRun.kernel`), all written
+in numpy batches, which is what keeps recording cheap. The buffers keep no event
+objects alive: thousands of them would make the garbage collector run over and over
+inside the program being recorded.
 """
 
 from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,6 +71,13 @@ _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
 _SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
 _KERNEL_BATCH = 4096
 _OP_BATCH = 4096
+# The fields of one buffered row, in order. Rows are plain values, no event objects.
+_OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "step",
+           "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
+           "device", "graph_id")
+_KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
+               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback")
+_OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 
 
 _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
@@ -84,6 +93,11 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
 def op_flow_id(op_id: int, kernel_index: int) -> int:
     """Flow from an op to its kernel_index-th kernel (docs/trace-format.md)."""
     return op_id | (kernel_index << 40)
+
+
+def op_flow_ids(op_ids: np.ndarray, kernel_indices: np.ndarray) -> np.ndarray:
+    """`op_flow_id` of arrays, as uint64."""
+    return (op_ids | (kernel_indices << 40)).astype(np.uint64)
 
 
 _FLOW_ENGINE_INDEX = {engine: i for i, engine in enumerate(ENGINES)}  # DMA queues: 4
@@ -176,17 +190,22 @@ class DeviceSink:
         self.source = SourceLocator()
         self._kernels_seen: dict[int, int] = {}  # op_id -> kernels scheduled so far
         self._pending_compile: list[tuple[int, int, str, dict]] = []
-        self._kernel_rows: list[tuple] = []  # kernel slices waiting for their batch
-        self._op_rows: list[tuple] = []  # op slices waiting for their batch
-        self._op_args: dict[tuple, object] = {}  # op signature -> prepared args
-        self._kernel_args: dict[tuple, tuple[dict, object]] = {}  # -> (busy map, args)
+        self._ops: list = []  # op slices waiting for their batch, rows of _OP_ROW
+        self._kernels: list = []  # kernel slices, rows of _KERNEL_ROW
+        self._kernel_flows: list[Sequence[int]] = []  # per kernel row: flows to instructions
+        # op / kernel signatures -> index into `_prepared`: (slice name, prepared args)
+        self._op_signatures: dict[tuple, int] = {}
+        self._kernel_signatures: dict[tuple, int] = {}
+        self._prepared: list[tuple[str, object]] = []
+        self._busy_maps: dict[int, dict] = {}  # id -> a kernel's busy map (kept alive)
         # per kernel: (kernel id, device, engine names, engine index, opcode names,
         # opcode index, start, dur, bytes, flops), the last six numpy arrays
         self._instructions: list[tuple] = []
         self._buffered_instructions = 0
         self._kernel_slots: dict[int, tuple[object, np.ndarray]] = {}  # id(kernel) -> slots
-        self._counters: list[tuple[int, int, float]] = []  # (track, ts, value)
-        self._int_counters: list[tuple[int, int, int]] = []
+        self._counters: list[int] = []  # (track, ts) pairs of float-valued counters
+        self._counter_values: list[float] = []
+        self._int_counters: list[int] = []  # (track, ts, value) triples
 
     # -- tracks ---------------------------------------------------------------------
 
@@ -215,11 +234,16 @@ class DeviceSink:
             if not rec.step_open:
                 rec.ensure_step(activity=False, ts=ev.host_start_ns)
             module = modules.current_module(state) if modules is not None else ""
+            self._kernels_seen.pop(ev.op_id, None)
             # The rest waits for the batch: in a tight loop it costs a fraction of what
             # it costs between the program's own ops.
-            self._kernels_seen.pop(ev.op_id, None)
-            self._op_rows.append((state.track, ev, module, self.source.locate(), rec.step))
-            if len(self._op_rows) >= _OP_BATCH:
+            kernels = ev.kernel_ids
+            start = ev.host_start_ns
+            self._ops.extend((state.track, start, ev.host_end_ns - start, ev.op_id,
+                              kernels[0] if kernels else -1, len(kernels), rec.step, ev.name,
+                              ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
+                              self.source.locate(), ev.fallback, ev.device, ev.graph_id))
+            if len(self._ops) >= _OP_BUFFER:
                 self._flush_ops()
         except RecordingError as exc:
             rec.fail(exc)
@@ -238,8 +262,12 @@ class DeviceSink:
                     flow_out = self._buffer_instructions(dev, ev)
                 self._kernel_counters(dev, ev)
             # kernel tracks hold nothing else: the rest waits for the batch, like ops
-            self._kernel_rows.append((ev, rec.step, index, flow_out))
-            if len(self._kernel_rows) >= _KERNEL_BATCH:
+            self._kernels.extend((ev.device, ev.start_ns, ev.end_ns, ev.kernel_id, ev.op_id,
+                                  rec.step, index, ev.name, ev.engine_busy_ns, ev.model_flops,
+                                  ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
+                                  ev.fallback))
+            self._kernel_flows.append(flow_out)
+            if len(self._kernel_flows) >= _KERNEL_BATCH:
                 self._flush_kernels()
         except RecordingError as exc:
             rec.fail(exc)
@@ -249,8 +277,9 @@ class DeviceSink:
         if not rec.ops or not rec.recording:
             return
         try:
-            self._int_counters.append((self.device(ev.device).hbm, ev.ts_ns, ev.in_use_bytes))
-            if len(self._int_counters) >= _BATCH:
+            dev = self.devices.get(ev.device) or self.device(ev.device)
+            self._int_counters.extend((dev.hbm, ev.ts_ns, ev.in_use_bytes))
+            if len(self._int_counters) >= 3 * _BATCH:
                 self._flush_counters()
         except RecordingError as exc:
             rec.fail(exc)
@@ -339,25 +368,22 @@ class DeviceSink:
         return [base | slot for slot in slots]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
-        counters = self._counters
         start, end = ev.start_ns, ev.end_ns
         scale = 100.0 / max(end - start, 1)
         busy_ns = ev.engine_busy_ns
         for engine, track in dev.util_tracks():
             busy = busy_ns.get(engine)
             if busy:
-                counters.append((track, start, min(100.0, busy * scale)))
-                counters.append((track, end, 0.0))
+                self._counters.extend((track, start, track, end))
+                self._counter_values.extend((min(100.0, busy * scale), 0.0))
         ints = self._int_counters
         if ev.sbuf_bytes:
             track = dev.sbuf_track()
-            ints.append((track, start, ev.sbuf_bytes))
-            ints.append((track, end, 0))
+            ints.extend((track, start, ev.sbuf_bytes, track, end, 0))
         if ev.psum_bytes:
             track = dev.psum_track()
-            ints.append((track, start, ev.psum_bytes))
-            ints.append((track, end, 0))
-        if len(counters) + len(ints) >= _BATCH:
+            ints.extend((track, start, ev.psum_bytes, track, end, 0))
+        if len(self._counter_values) + len(ints) // 3 >= _BATCH:
             self._flush_counters()
 
     def _flush_instructions(self) -> None:
@@ -420,81 +446,109 @@ class DeviceSink:
                 flow_in=c["flow"],
             )
 
+    # -- op and kernel batches ---------------------------------------------------------
+
+    def _signature_values(self, keys: list[tuple], known: dict[tuple, int],
+                          args_of: Callable[[tuple], tuple[str, dict]]) -> np.ndarray:
+        """Each row's signature (what repeats from one step to the next: name and the args
+        other than ids and step) as an index into `self._prepared`, whose args are encoded
+        once per signature."""
+        values = list(map(known.get, keys))
+        if None in values:
+            for i, value in enumerate(values):
+                if value is None:
+                    key = keys[i]
+                    value = known.get(key)
+                    if value is None:
+                        name, args = args_of(key)
+                        self._prepared.append((name, self.writer.prepare_args(args)))
+                        value = known[key] = len(self._prepared) - 1
+                    values[i] = value
+        return np.array(values, np.int64)
+
+    @staticmethod
+    def _op_args(key: tuple) -> tuple[str, dict]:
+        name, shapes, dtypes, flops, nbytes, module, source, fallback, device, graph_id = key
+        args = {
+            ARG_SHAPES: str([list(s) for s in shapes]),
+            ARG_DTYPES: "[" + ", ".join(dtypes) + "]",
+            ARG_FLOPS: flops,
+            ARG_BYTES: nbytes,
+            ARG_MODULE: module,
+            ARG_SOURCE: source,
+            ARG_FALLBACK: fallback,
+            ARG_DEVICE: device,
+        }
+        if graph_id is not None:
+            args[ARG_GRAPH_ID] = graph_id
+        return name, args
+
+    def _kernel_args(self, key: tuple) -> tuple[str, dict]:
+        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback = key
+        return name, {
+            ARG_FLOPS: model_flops,
+            ARG_HW_FLOPS: flops,
+            ARG_BYTES: nbytes,
+            ARG_ENGINE_BUSY: json.dumps(self._busy_maps[busy_id], sort_keys=True),
+            ARG_SBUF: sbuf,
+            ARG_PSUM: psum,
+            ARG_FALLBACK: fallback,
+        }
+
+    def _forget_signatures(self) -> None:
+        """Bound the caches (rows carry their own fields, so nothing buffered needs them)."""
+        if len(self._prepared) >= _SIGNATURE_LIMIT or len(self._busy_maps) >= _SIGNATURE_LIMIT:
+            self._prepared.clear()
+            self._op_signatures.clear()
+            self._kernel_signatures.clear()
+            self._busy_maps.clear()
+
+    def _signature_columns(self, signatures: np.ndarray) -> tuple[list, np.ndarray, list]:
+        """(names, the one each row uses, prepared args, indexed alike) of a batch."""
+        used, index = np.unique(signatures, return_inverse=True)
+        names, prepared = zip(*(self._prepared[i] for i in used.tolist()))
+        return list(names), index, list(prepared)
+
+    @staticmethod
+    def _take(buffer: list, fields: tuple[str, ...]) -> dict[str, list]:
+        """A flat row buffer as one list per field."""
+        width = len(fields)
+        columns = {field: buffer[i::width] for i, field in enumerate(fields)}
+        buffer.clear()
+        return columns
+
     def _flush_kernels(self) -> None:
-        rows = self._kernel_rows
-        if not rows:
+        if not self._kernels:
             return
-        self._kernel_rows = []
-        columns = []
-        for ev, step, index, outs in rows:  # in launch order: lanes fill as kernels arrive
-            lane = self.device(ev.device).kernel_lane(ev.start_ns, ev.end_ns)
-            columns.append((lane, ev.start_ns, ev.end_ns - ev.start_ns, ev.name,
-                            self._kernel_prepared(ev), ev.kernel_id, ev.op_id, step,
-                            op_flow_id(ev.op_id, index), outs))
-        lanes, starts, durs, names, prepared, kernel_ids, op_ids, steps, flow_in, outs = \
-            zip(*columns)
-        name_list, name_index = _factorize(names)
-        handles = {id(p): p for p in prepared}
-        handle_ids, prepared_index = _factorize([id(p) for p in prepared])
-        flow_out = np.zeros((len(rows), max(1, max(map(len, outs)))), np.uint64)
-        for i, ids in enumerate(outs):
+        self._forget_signatures()
+        c = self._take(self._kernels, _KERNEL_ROW)
+        flows, self._kernel_flows = self._kernel_flows, []
+        # Runs of one kernel share its busy map: kept alive here, its id stands for it.
+        busy_maps = self._busy_maps
+        for busy in c["busy"]:
+            busy_maps.setdefault(id(busy), busy)
+        keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
+                        c["bytes"], c["sbuf"], c["psum"], c["fallback"]))
+        signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
+        lanes = []  # in launch order: lanes fill as kernels arrive
+        for device, start, end in zip(c["device"], c["start"], c["end"]):
+            lanes.append((self.devices.get(device) or self.device(device)).kernel_lane(start, end))
+        start = np.array(c["start"], np.int64)
+        flow_out = np.zeros((len(flows), max(1, max(map(len, flows)))), np.uint64)
+        for i, ids in enumerate(flows):
             if ids:
                 flow_out[i, : len(ids)] = ids
+        op_ids = np.array(c["op_id"], np.int64)
+        names, name_index, prepared = self._signature_columns(signatures)
         self.writer.slices(
-            np.array(lanes, np.int64), np.array(starts, np.int64), np.array(durs, np.int64),
-            name_list, name_index, CAT_KERNEL,
-            {ARG_KERNEL_ID: np.array(kernel_ids, np.int64), ARG_OP_ID: np.array(op_ids, np.int64),
-             ARG_STEP: np.array(steps, np.int64)},
-            flow_out=flow_out, flow_in=np.array(flow_in, np.uint64),
-            prepared=([handles[h] for h in handle_ids], prepared_index),
+            np.array(lanes, np.int64), start, np.array(c["end"], np.int64) - start, names,
+            name_index, CAT_KERNEL,
+            {ARG_KERNEL_ID: np.array(c["kernel_id"], np.int64), ARG_OP_ID: op_ids,
+             ARG_STEP: np.array(c["step"], np.int64)},
+            flow_out=flow_out,
+            flow_in=op_flow_ids(op_ids, np.array(c["index"], np.int64)),
+            prepared=(prepared, name_index),
         )
-
-    def _kernel_prepared(self, ev: KernelRun) -> object:
-        """The kernel's args other than its ids and step, encoded once per kernel. Runs of
-        one kernel share its busy map: that object (kept alive in the cache, so its id is
-        not reused) stands for the kernel's signature."""
-        busy = ev.engine_busy_ns
-        key = (id(busy), ev.name, ev.model_flops, ev.flops, ev.hbm_bytes, ev.fallback)
-        cached = self._kernel_args.get(key)
-        if cached is not None and cached[0] is busy:
-            return cached[1]
-        prepared = self.writer.prepare_args({
-            ARG_FLOPS: ev.model_flops,
-            ARG_HW_FLOPS: ev.flops,
-            ARG_BYTES: ev.hbm_bytes,
-            ARG_ENGINE_BUSY: json.dumps(busy, sort_keys=True),
-            ARG_SBUF: ev.sbuf_bytes,
-            ARG_PSUM: ev.psum_bytes,
-            ARG_FALLBACK: ev.fallback,
-        })
-        if len(self._kernel_args) >= _SIGNATURE_LIMIT:
-            self._kernel_args.clear()
-        self._kernel_args[key] = (busy, prepared)
-        return prepared
-
-    def _op_prepared(self, ev: OpLaunch, module: str, source: str) -> object:
-        """The op's args other than its ids and step, encoded once per op signature (they
-        repeat from one step to the next)."""
-        key = (ev.name, ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
-               source, ev.fallback, ev.device, ev.graph_id)
-        prepared = self._op_args.get(key)
-        if prepared is None:
-            static = {
-                ARG_SHAPES: str([list(s) for s in ev.input_shapes]),
-                ARG_DTYPES: "[" + ", ".join(ev.input_dtypes) + "]",
-                ARG_FLOPS: ev.flops,
-                ARG_BYTES: ev.hbm_bytes,
-                ARG_MODULE: module,
-                ARG_SOURCE: source,
-                ARG_FALLBACK: ev.fallback,
-                ARG_DEVICE: ev.device,
-            }
-            if ev.graph_id is not None:
-                static[ARG_GRAPH_ID] = ev.graph_id
-            if len(self._op_args) >= _SIGNATURE_LIMIT:
-                self._op_args.clear()
-            prepared = self._op_args[key] = self.writer.prepare_args(static)
-        return prepared
 
     def _flush_ops(self) -> None:
         """Write the buffered op slices as one batch.
@@ -502,47 +556,44 @@ class DeviceSink:
         Op slices share the host thread's track with module, sync and step slices written
         as they happen; readers (Perfetto, our loader) order each track by time, so a
         batch written later still nests where its timestamps put it."""
-        rows = self._op_rows
-        if not rows:
+        if not self._ops:
             return
-        self._op_rows = []
-        tracks, events, modules, sources, steps = zip(*rows)
-        prepared = [self._op_prepared(ev, module, source)
-                    for ev, module, source in zip(events, modules, sources, strict=True)]
-        starts = [ev.host_start_ns for ev in events]
-        durs = [ev.host_end_ns - ev.host_start_ns for ev in events]
-        names = [ev.name for ev in events]
-        kernels = [ev.kernel_ids for ev in events]
-        n = len(rows)
-        op_ids = np.fromiter((ev.op_id for ev in events), np.int64, n)
-        counts = np.fromiter(map(len, kernels), np.int64, n)
-        first_kernel = np.fromiter((k[0] if k else -1 for k in kernels), np.int64, n)
+        self._forget_signatures()
+        c = self._take(self._ops, _OP_ROW)
+        keys = list(zip(c["name"], c["shapes"], c["dtypes"], c["flops"], c["bytes"],
+                        c["module"], c["source"], c["fallback"], c["device"], c["graph_id"]))
+        signatures = self._signature_values(keys, self._op_signatures, self._op_args)
+        op_ids = np.array(c["op_id"], np.int64)
+        counts = np.array(c["kernel_count"], np.int64)
+        first_kernel = np.array(c["first_kernel"], np.int64)
         # one flow per kernel: the op id itself when there is one kernel (docs/trace-format.md)
-        flow_out = np.zeros((n, max(1, int(counts.max()))), np.uint64)
+        flow_out = np.zeros((len(op_ids), max(1, int(counts.max()))), np.uint64)
         single = counts == 1
         flow_out[single, 0] = op_ids[single]
         for i in np.flatnonzero(counts > 1):
             flow_out[i, : counts[i]] = [op_flow_id(int(op_ids[i]), j) for j in range(counts[i])]
-        name_list, name_index = _factorize(names)
-        handles = {id(p): p for p in prepared}
-        handle_ids, prepared_index = _factorize([id(p) for p in prepared])
+        names, name_index, prepared = self._signature_columns(signatures)
         # one batch in launch order: ops at the same timestamp keep their order in the file
         self.writer.slices(
-            np.array(tracks, np.int64), np.array(starts, np.int64), np.array(durs, np.int64),
-            name_list, name_index, CAT_OP,
-            {ARG_OP_ID: op_ids, ARG_STEP: np.array(steps, np.int64),
+            np.array(c["track"], np.int64), np.array(c["start"], np.int64),
+            np.array(c["dur"], np.int64), names, name_index, CAT_OP,
+            {ARG_OP_ID: op_ids, ARG_STEP: np.array(c["step"], np.int64),
              ARG_KERNEL_ID: (first_kernel, first_kernel >= 0)},  # views have no kernel
-            flow_out=flow_out, prepared=([handles[h] for h in handle_ids], prepared_index),
+            flow_out=flow_out, prepared=(prepared, name_index),
         )
 
     def _flush_counters(self) -> None:
-        for buf in (self._counters, self._int_counters):
-            if buf:
-                tracks, ts, values = zip(*buf)
-                buf.clear()
-                dtype = np.float64 if buf is self._counters else np.int64
-                self.writer.counters(np.array(tracks, np.int64), np.array(ts, np.int64),
-                                     np.array(values, dtype))
+        if self._counters:
+            at = np.array(self._counters, np.int64).reshape(-1, 2)
+            values = np.array(self._counter_values, np.float64)
+            self._counters.clear()
+            self._counter_values.clear()
+            self.writer.counters(np.ascontiguousarray(at[:, 0]), np.ascontiguousarray(at[:, 1]),
+                                 values)
+        if self._int_counters:
+            rows = np.array(self._int_counters, np.int64).reshape(-1, 3)
+            self._int_counters.clear()
+            self.writer.counters(*(np.ascontiguousarray(rows[:, i]) for i in range(3)))
 
     def flush(self) -> None:
         """Write everything buffered (at the end of the recording or its window)."""
