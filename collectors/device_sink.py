@@ -78,6 +78,7 @@ _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "st
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
                "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
+_COUNTER_ROW = ("track", "ts", "value")
 
 
 _INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
@@ -91,13 +92,9 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
 
 
 def op_flow_id(op_id: int, kernel_index: int) -> int:
-    """Flow from an op to its kernel_index-th kernel (docs/trace-format.md)."""
+    """Flow from an op to its kernel_index-th kernel (docs/trace-format.md); also
+    elementwise on int64 arrays."""
     return op_id | (kernel_index << 40)
-
-
-def op_flow_ids(op_ids: np.ndarray, kernel_indices: np.ndarray) -> np.ndarray:
-    """`op_flow_id` of arrays, as uint64."""
-    return (op_ids | (kernel_indices << 40)).astype(np.uint64)
 
 
 _FLOW_ENGINE_INDEX = {engine: i for i, engine in enumerate(ENGINES)}  # DMA queues: 4
@@ -203,9 +200,8 @@ class DeviceSink:
         self._instructions: list[tuple] = []
         self._buffered_instructions = 0
         self._kernel_slots: dict[int, tuple[object, np.ndarray]] = {}  # id(kernel) -> slots
-        self._counters: list[int] = []  # (track, ts) pairs of float-valued counters
-        self._counter_values: list[float] = []
-        self._int_counters: list[int] = []  # (track, ts, value) triples
+        self._counters: list = []  # float-valued counters, rows of _COUNTER_ROW
+        self._int_counters: list[int] = []  # int-valued counters, rows of _COUNTER_ROW
 
     # -- tracks ---------------------------------------------------------------------
 
@@ -227,14 +223,13 @@ class DeviceSink:
         state = rec.thread_for(ev.thread_id)
         if modules is not None:
             modules.before_op(ev, state)  # backward module slices follow the autograd node
+        self._kernels_seen.pop(ev.op_id, None)  # its kernels were scheduled before it
         if not rec.ops or not rec.recording:
-            self._kernels_seen.pop(ev.op_id, None)
             return
         try:
             if not rec.step_open:
                 rec.ensure_step(activity=False, ts=ev.host_start_ns)
             module = modules.current_module(state) if modules is not None else ""
-            self._kernels_seen.pop(ev.op_id, None)
             # The rest waits for the batch: in a tight loop it costs a fraction of what
             # it costs between the program's own ops.
             kernels = ev.kernel_ids
@@ -279,7 +274,7 @@ class DeviceSink:
         try:
             dev = self.devices.get(ev.device) or self.device(ev.device)
             self._int_counters.extend((dev.hbm, ev.ts_ns, ev.in_use_bytes))
-            if len(self._int_counters) >= 3 * _BATCH:
+            if len(self._int_counters) >= len(_COUNTER_ROW) * _BATCH:
                 self._flush_counters()
         except RecordingError as exc:
             rec.fail(exc)
@@ -374,8 +369,7 @@ class DeviceSink:
         for engine, track in dev.util_tracks():
             busy = busy_ns.get(engine)
             if busy:
-                self._counters.extend((track, start, track, end))
-                self._counter_values.extend((min(100.0, busy * scale), 0.0))
+                self._counters.extend((track, start, min(100.0, busy * scale), track, end, 0.0))
         ints = self._int_counters
         if ev.sbuf_bytes:
             track = dev.sbuf_track()
@@ -383,7 +377,7 @@ class DeviceSink:
         if ev.psum_bytes:
             track = dev.psum_track()
             ints.extend((track, start, ev.psum_bytes, track, end, 0))
-        if len(self._counter_values) + len(ints) // 3 >= _BATCH:
+        if len(self._counters) + len(ints) >= len(_COUNTER_ROW) * _BATCH:
             self._flush_counters()
 
     def _flush_instructions(self) -> None:
@@ -454,16 +448,13 @@ class DeviceSink:
         other than ids and step) as an index into `self._prepared`, whose args are encoded
         once per signature."""
         values = list(map(known.get, keys))
-        if None in values:
-            for i, value in enumerate(values):
-                if value is None:
-                    key = keys[i]
-                    value = known.get(key)
-                    if value is None:
-                        name, args = args_of(key)
-                        self._prepared.append((name, self.writer.prepare_args(args)))
-                        value = known[key] = len(self._prepared) - 1
-                    values[i] = value
+        for i in [i for i, value in enumerate(values) if value is None]:
+            key = keys[i]
+            if key not in known:  # new in this batch (a batch may hold it several times)
+                name, args = args_of(key)
+                self._prepared.append((name, self.writer.prepare_args(args)))
+                known[key] = len(self._prepared) - 1
+            values[i] = known[key]
         return np.array(values, np.int64)
 
     @staticmethod
@@ -532,7 +523,7 @@ class DeviceSink:
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
         for device, start, end in zip(c["device"], c["start"], c["end"]):
-            lanes.append((self.devices.get(device) or self.device(device)).kernel_lane(start, end))
+            lanes.append(self.device(device).kernel_lane(start, end))
         start = np.array(c["start"], np.int64)
         flow_out = np.zeros((len(flows), max(1, max(map(len, flows)))), np.uint64)
         for i, ids in enumerate(flows):
@@ -546,7 +537,7 @@ class DeviceSink:
             {ARG_KERNEL_ID: np.array(c["kernel_id"], np.int64), ARG_OP_ID: op_ids,
              ARG_STEP: np.array(c["step"], np.int64)},
             flow_out=flow_out,
-            flow_in=op_flow_ids(op_ids, np.array(c["index"], np.int64)),
+            flow_in=op_flow_id(op_ids, np.array(c["index"], np.int64)).astype(np.uint64),
             prepared=(prepared, name_index),
         )
 
@@ -583,17 +574,11 @@ class DeviceSink:
         )
 
     def _flush_counters(self) -> None:
-        if self._counters:
-            at = np.array(self._counters, np.int64).reshape(-1, 2)
-            values = np.array(self._counter_values, np.float64)
-            self._counters.clear()
-            self._counter_values.clear()
-            self.writer.counters(np.ascontiguousarray(at[:, 0]), np.ascontiguousarray(at[:, 1]),
-                                 values)
-        if self._int_counters:
-            rows = np.array(self._int_counters, np.int64).reshape(-1, 3)
-            self._int_counters.clear()
-            self.writer.counters(*(np.ascontiguousarray(rows[:, i]) for i in range(3)))
+        for buffer, dtype in ((self._counters, np.float64), (self._int_counters, np.int64)):
+            if buffer:
+                c = self._take(buffer, _COUNTER_ROW)
+                self.writer.counters(np.array(c["track"], np.int64), np.array(c["ts"], np.int64),
+                                     np.array(c["value"], dtype))
 
     def flush(self) -> None:
         """Write everything buffered (at the end of the recording or its window)."""
