@@ -314,7 +314,7 @@ class Recorder:
             self.failed = error
             print(f"neuron-explorer: {error}", file=sys.stderr)
         self.stopped = True
-        self.recording = False
+        self._update_recording()
 
     def stop(self) -> None:
         """End open slices, flush and close the trace (idempotent)."""
@@ -325,7 +325,7 @@ class Recorder:
             return
         was_failed = self.failed is not None
         self.stopped = True
-        self.recording = False
+        self._update_recording()
         session.detach(self)
         if was_failed:
             self.writer.discard()
