@@ -88,6 +88,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         ], className="toolbar"),
         dcc.Store(id="timeline-state",
                   data={"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold}),
+        dcc.Store(id="timeline-relayout"),
         html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
                  className="panel timeline-panel"),
         html.Div(details, id="timeline-details", className="panel details"),
@@ -153,13 +154,30 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
     raise PreventUpdate
 
 
+# Only a pan or zoom of the x axis reaches the server. Plotly's own relayout events
+# (autosize after the first draw) would otherwise start a request that supersedes a
+# click still in flight, and Dash would drop that click's answer.
+_X_RANGE_ONLY = """
+function(relayout) {
+    if (relayout && ("xaxis.range[0]" in relayout || "xaxis.range" in relayout
+                     || "xaxis.autorange" in relayout)) {
+        return relayout;
+    }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
 def register(app: dash.Dash, ctx) -> None:
+    app.clientside_callback(_X_RANGE_ONLY, Output("timeline-relayout", "data"),
+                            Input("timeline-graph", "relayoutData"))
+
     @app.callback(
         Output("timeline-graph", "figure"),
         Output("timeline-state", "data"),
         Output("timeline-details", "children"),
         Output("timeline-status", "children"),
-        Input("timeline-graph", "relayoutData"),
+        Input("timeline-relayout", "data"),
         Input("timeline-graph", "clickData"),
         Input("timeline-zoom-in", "n_clicks"),
         Input("timeline-zoom-out", "n_clicks"),
@@ -176,7 +194,9 @@ def register(app: dash.Dash, ctx) -> None:
                                           and triggered[0].get("value") in (None, 0, [])):
             raise PreventUpdate
         if trigger == "timeline-graph":
-            trigger = "timeline-graph." + triggered[0]["prop_id"].rsplit(".", 1)[1]
+            trigger = "timeline-graph.clickData"
+        elif trigger == "timeline-relayout":
+            trigger = "timeline-graph.relayoutData"
         name = state["trace"]
         fold = "all" not in (dma or [])
         index = timeline_index(ctx.store, name, fold)
