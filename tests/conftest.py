@@ -1,14 +1,15 @@
-"""Shared test setup: the real traces shipped in ../shared and the repository root."""
+"""Shared test setup: the real traces kept in tests/data and the repository root."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_TRACES = Path(os.environ.get("NEURON_EXPLORER_REAL_TRACES", REPO.parent / "shared" / "real_traces"))
+# Real PyTorch-profiler traces from other tools, kept in the repository (origin and license
+# in their README), so a clone needs nothing beside it.
+REAL_TRACES = Path(__file__).resolve().parent / "data" / "real_traces"
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +19,4 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def real_traces_dir() -> Path:
-    if not REAL_TRACES.is_dir():
-        pytest.fail(f"real traces not found at {REAL_TRACES}; set NEURON_EXPLORER_REAL_TRACES")
     return REAL_TRACES
