@@ -123,18 +123,18 @@ DOCUMENTED: tuple[Published, ...] = (
 # Measured figures found but not simulated, and why.
 NOT_SIMULATED: tuple[tuple[str, str, str], ...] = (
     ("LayerNorm tutorial v1 / v2, (300, 1000) fp32 on trn1: p50 2311 us / 1969 us",
-     "aws-neuron-sdk general/nki/tutorials/layernorm.rst (SDK 2.20), 'Performance in "
-     "Version 1 and Version 2'",
-     "the kernel's own work is ~15 us of Vector Engine cycles and 2.4 MB of DMA; the "
+     ("aws-neuron-sdk general/nki/tutorials/layernorm.rst (SDK 2.20), 'Performance in "
+     "Version 1 and Version 2'"),
+     ("the kernel's own work is ~15 us of Vector Engine cycles and 2.4 MB of DMA; the "
      "benchmark's NCLatency evidently includes per-execution overhead the guide does not "
-     "break down, so no instruction stream can be checked against it"),
+     "break down, so no instruction stream can be checked against it")),
     ("fused Mamba v2, seq_len 8192: 53.33 ms, and the v2 column of the scaling table",
      MAMBA_TUTORIAL,
-     "dominated by the compiler's SBUF spill/reload decisions for a kernel that does not "
-     "fit, which the tutorial does not describe instruction by instruction"),
+     ("dominated by the compiler's SBUF spill/reload decisions for a kernel that does not "
+     "fit, which the tutorial does not describe instruction by instruction")),
     ("Mamba PyTorch reference: 151.83 ms", MAMBA_TUTORIAL,
      "a whole compiled PyTorch graph, not a kernel whose instructions are known"),
     ("hardware DGE DMA instruction ~600 ns", "aws-neuron-sdk nki/deep-dives/nki-dge.rst",
-     "descriptor generation on the issuing engine is not modelled (the ~1.3 us DMA fixed "
-     "cost stands for the whole start latency)"),
+     ("descriptor generation on the issuing engine is not modelled (the ~1.3 us DMA fixed "
+     "cost stands for the whole start latency)")),
 )
