@@ -126,7 +126,8 @@ def table() -> str:
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for pub in MEASURED + DOCUMENTED:
         sim = simulate(pub)
-        rows.append(f"| {pub.name} | {pub.hardware} | {pub.dtype} | {pub.shape} | "
+        name = pub.name + (" (guide's cost rule)" if pub in DOCUMENTED else "")
+        rows.append(f"| {name} | {pub.hardware} | {pub.dtype} | {pub.shape} | "
                     f"{_fmt(pub.measured_ns)} | {_fmt(sim)} | {sim / pub.measured_ns - 1:+.1%} |")
     return "\n".join(rows)
 
