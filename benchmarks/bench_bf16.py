@@ -75,7 +75,9 @@ def main() -> int:
         print(f"  {dt!s:15s} median {statistics.median(values) * 1e3:8.1f} ms   "
               f"min {min(values) * 1e3:8.1f}  max {max(values) * 1e3:8.1f}")
     ratio = statistics.median(samples[torch.bfloat16]) / statistics.median(samples[torch.float32])
-    print(f"  bf16/fp32 step: {ratio:.2f}x (target <= {TARGET_RATIO}x)")
+    fastest = min(samples[torch.bfloat16]) / min(samples[torch.float32])
+    print(f"  bf16/fp32 step: {ratio:.2f}x of medians, {fastest:.2f}x of minimums "
+          f"(target <= {TARGET_RATIO}x)")
     print(f"  reference, CPU {args.width}^2 matmul: bf16 {cpu_bf16 * 1e3:.1f} ms, "
           f"fp32 {cpu_fp32 * 1e3:.1f} ms ({cpu_bf16 / cpu_fp32:.0f}x)")
     return 0 if ratio <= TARGET_RATIO else 1
