@@ -91,3 +91,36 @@ def test_compiled_graph_matmuls_use_the_same_numerics(neuron):
     eager = model.to(neuron)(x.to(neuron)).cpu()
     compiled = torch.compile(model, backend="neuron")(x.to(neuron)).cpu()
     assert torch.equal(eager, compiled)
+
+
+def test_autocast_attention_keeps_its_batched_matmuls_in_bf16(neuron):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.bmm.default:
+                seen.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    q = torch.randn(2, 2, 16, 32, device=neuron)
+    with torch.autocast("neuron", dtype=torch.bfloat16), Record():
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert seen == [torch.bfloat16, torch.bfloat16]  # scores and P @ V, not fp32
+    assert out.dtype == torch.bfloat16
+    # the reduced-precision switch is PyTorch's global: it is restored afterwards
+    assert not torch._C._get_math_sdp_allow_fp16_bf16_reduction()
+
+
+def test_convolution_backward_rounds_each_gradient_once(neuron):
+    x, w = _operands(torch.bfloat16, (2, 4, 8, 8), (3, 4, 3, 3))
+    xd = x.to(neuron).requires_grad_()
+    wd = w.to(neuron).requires_grad_()
+    torch.nn.functional.conv2d(xd, wd).sum().backward()
+    x32 = x.float().requires_grad_()
+    w32 = w.float().requires_grad_()
+    torch.nn.functional.conv2d(x32, w32).sum().backward()
+    assert xd.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(xd.grad.cpu().float(), x32.grad, rtol=2 ** -7, atol=1e-2)
+    torch.testing.assert_close(wd.grad.cpu().float(), w32.grad, rtol=2 ** -7, atol=5e-2)
