@@ -191,6 +191,7 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                             stat = b.dma_load(nbytes, min(kr, p.partitions), deps + stat_wait
                                               ) if load_stat and nbytes else deps
                             stat_cache[(x0, c)] = stat
+                        stores: list[tuple[int, int]] = []  # (copy-out, bytes) of this row
                         for y0 in range(0, len(yblock), fold_y):
                             ys = [y_tiles[j] for j in yblock[y0:y0 + fold_y]]
                             yt, ny = ys[0], len(ys)
@@ -210,8 +211,15 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                                               mov + stat + (bank if r0 == 0 else ()),
                                               weight_deps=stat, repeat=run * nb * ny * nx)
                             evacs.append(_evacuate(b, g, c, len(chunks), mm, sum(xs),
-                                                   sum(ys), nb, bias, oes, tails))
+                                                   sum(ys), nb, bias, oes, tails, stores))
                             last = mm
+                        if stores:  # one store per block row: rows of the whole y block
+                            total = sum(n for _, n in stores)
+                            # a block as wide as the output's rows is one contiguous run
+                            whole = not swap and len(yblock) == len(y_tiles)
+                            tails.extend(b.dma_store(
+                                total, sum(xs), tuple(ev for ev, _ in stores),
+                                row_bytes=total / p.dma_engines if whole else None))
                     stat_users[-1] = last
                     if not plan.mov_resident:
                         mov_users[-1] = last
@@ -243,9 +251,10 @@ def _share(total: int, rows: tuple[int, int], n_rows: int, cols: tuple[int, int]
 
 
 def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: int, yt: int,
-              nb: int, bias: tuple[int, ...], oes: int, tails: list[int]) -> int:
-    """PSUM -> SBUF: copy (first chunk), accumulate (later chunks), add the bias and
-    store after the last chunk."""
+              nb: int, bias: tuple[int, ...], oes: int, tails: list[int],
+              stores: list[tuple[int, int]]) -> int:
+    """PSUM -> SBUF: copy (first chunk), accumulate (later chunks), add the bias; after
+    the last chunk the tile joins `stores` (its block row is stored in one transfer)."""
     last = chunk == chunks - 1
     free = yt * nb * -(-xt // b.preset.partitions)  # folded row tiles add to the free size
     if not g.evacuate and last and not g.bias_bytes:
@@ -260,7 +269,7 @@ def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: i
     if not last:
         return ev
     if g.store:
-        tails.extend(b.dma_store(xt * yt * oes * nb, xt, (ev,)))
+        stores.append((ev, xt * yt * oes * nb))
     else:
         tails.append(ev)
     return ev

@@ -34,9 +34,10 @@ def big_bf16(trn2):
 def test_large_bf16_matmul_reaches_tensor_engine_peak(trn2, big_bf16):
     util = tensor_utilisation(big_bf16, trn2)
     assert 0.85 <= util <= 1.0
-    # the DMA is overlapped: it is busy for most of the kernel, yet the kernel is no
-    # longer than the Tensor Engine's own work plus a short prologue and epilogue
-    assert big_bf16.engine_busy_ns["dma"] > 0.5 * big_bf16.duration_ns
+    # the DMA is overlapped: it is busy for a good part of the kernel (stores go out a
+    # block row at a time, in wide rows), yet the kernel is no longer than the Tensor
+    # Engine's own work plus a short prologue and epilogue
+    assert big_bf16.engine_busy_ns["dma"] > 0.3 * big_bf16.duration_ns
     assert big_bf16.duration_ns < 1.1 * big_bf16.engine_busy_ns["tensor"]
 
 
