@@ -52,6 +52,24 @@ def _lower_precision_kernel(op):
     return kernel
 
 
+def _attention_kernel(op):
+    """SDPA in the autocast dtype. Its math decomposition would upcast bf16/fp16 inputs to
+    fp32 (PyTorch keeps reduced-precision reductions off by default), so the batched
+    matmuls would run at the Tensor Engine's FP32 rate; the chip multiplies them in bf16
+    and accumulates in fp32 (PSUM), so the reduced-precision path is allowed here."""
+    lower = _lower_precision_kernel(op)
+
+    def kernel(*args, **kwargs):
+        allowed = torch._C._get_math_sdp_allow_fp16_bf16_reduction()
+        torch._C._set_math_sdp_allow_fp16_bf16_reduction(True)
+        try:
+            return lower(*args, **kwargs)
+        finally:
+            torch._C._set_math_sdp_allow_fp16_bf16_reduction(allowed)
+
+    return kernel
+
+
 def _float32_kernel(op):
     def kernel(*args, **kwargs):
         with _exclude(_AUTOCAST_KEYS):
@@ -76,4 +94,5 @@ def register(lib: torch.library.Library) -> None:
         for name in names:
             op = _overload(name)
             if op is not None:
-                lib.impl(name, make(op), "AutocastPrivateUse1")
+                wrap = _attention_kernel if name == "scaled_dot_product_attention" else make
+                lib.impl(name, wrap(op), "AutocastPrivateUse1")

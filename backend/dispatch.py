@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
-from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend import devices, matmul_numerics, runtime
 from neuron_explorer.backend.allocator import adopt, attach
 from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
@@ -92,6 +92,8 @@ class OpInfo:
             if a.kwarg_only and a.has_default_value() and a.default_value is None
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
+        if self.kind == FUNCTIONAL:  # bf16/fp16/fp8 products: fp32 kernel, one rounding
+            self.call = matmul_numerics.host_kernel(self.name, self.call)
 
 
 _infos: dict[object, OpInfo] = {}

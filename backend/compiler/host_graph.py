@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable, Sequence
 
 import torch
+from neuron_explorer.backend import matmul_numerics
 from torch import fx
 
 _NEURON = "neuron"
@@ -33,6 +34,7 @@ def host_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
             node.kwargs = {k: (cpu if _on_neuron(v) else v) for k, v in node.kwargs.items()}
         if any(_on_neuron(v) for v in node.args):
             node.args = tuple(cpu if _on_neuron(v) else v for v in node.args)
+    matmul_numerics.rewrite_graph(graph)  # bf16/fp16/fp8 products as the chip computes them
     graph.lint()
     return fx.GraphModule(gm, graph)
 

@@ -5,8 +5,12 @@ engine and each DMA queue runs its own stream in order; an instruction starts wh
 its stream is free and its dependencies are done. Scheduling is event driven (the
 stream head that can start earliest goes first), so the resources streams share
 (the 16 DMA engines, the host link) are granted first come, first served in time.
-Tensor Engine work is slowed by the throttle ramp; a LoadStationary overlaps the
-matmul before it when it fits inside it.
+A LoadStationary overlaps the matmul before it when it fits inside it. A Vector,
+Scalar or GpSimd instruction that waits for its data (it depends on the one just before
+it, or the engine was idle) pays the static overhead and access latency that
+back-to-back independent instructions hide. Kernels are scheduled with a warm Tensor
+Engine; `Kernel.te_cold_ns` is what the throttle ramp adds when the device timeline
+finds the engine cold (idle for `te_throttle_idle_ns`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from neuron_explorer.backend.hardware.presets import HardwarePreset
 TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
 
 # scheduling kinds
-_PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA = range(5)
+_PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA, _HBM_COPY = range(6)
 
-MIN_DMA_CHUNK = 64 * 1024  # a load is split over several queues only in pieces this large
+# A transfer is split over the DMA engines by partitions: each engine serves 8 SBUF
+# partitions (NKI DMA overview: a [128, 128] bf16 load runs on all 16 engines, 2 KiB
+# each); pieces are never smaller than this (tiny transfers stay whole).
+PARTITIONS_PER_DMA_ENGINE = 8
+MIN_DMA_PIECE = 512
 MAX_TRANSPOSE_RECORDS = 256  # per transpose call; more 128x128 blocks fold together
 BLOCKS_PER_BANK = 4  # 128x128 transposed blocks that fill one PSUM bank (512 columns)
 
@@ -41,6 +49,7 @@ class KernelBuilder:
         self._engine: list[int] = []
         self._opcode: list[int] = []
         self._cost: list[float] = []  # ns; for DMA: bytes per descriptor row
+        self._latency: list[float] = []  # ns a plain instruction adds when it waits for data
         self._kind: list[int] = []
         self._deps: list[tuple[int, ...]] = []
         self._bytes: list[int] = []
@@ -60,8 +69,9 @@ class KernelBuilder:
 
     # --- low level -----------------------------------------------------------------
     def add(self, engine: int, opcode: str, cost: float, deps: Iterable[int] = (),
-            nbytes: int = 0, flops: int = 0, kind: int = _PLAIN) -> int:
-        """Append one instruction; `cost` is its duration in ns (plain engines)."""
+            nbytes: int = 0, flops: int = 0, kind: int = _PLAIN, latency: float = 0.0) -> int:
+        """Append one instruction; `cost` is its duration in ns (plain engines), `latency`
+        what it adds when it waits for its data instead of following an independent one."""
         deps = tuple(deps)
         if deps and max(deps) >= len(self._engine):
             raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
@@ -72,6 +82,7 @@ class KernelBuilder:
         self._engine.append(engine)
         self._opcode.append(code)
         self._cost.append(cost)
+        self._latency.append(latency)
         self._kind.append(kind)
         self._deps.append(deps)
         self._bytes.append(int(nbytes))
@@ -103,7 +114,8 @@ class KernelBuilder:
         if row_bytes is None:  # one descriptor row per partition
             row_bytes = nbytes / partitions
         most = self.preset.dma_engines if pieces is None else max(1, pieces)
-        pieces = max(1, min(most, nbytes // MIN_DMA_CHUNK, partitions))
+        pieces = max(1, min(most, -(-partitions // PARTITIONS_PER_DMA_ENGINE),
+                            nbytes // MIN_DMA_PIECE))
         deps = tuple(deps)
         ids = []
         done = 0
@@ -147,12 +159,15 @@ class KernelBuilder:
         out = self.dma_store(nbytes, partitions, deps, spill=True)
         return self.dma_load(nbytes, partitions, out, spill=True)
 
-    def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
-                 ) -> tuple[int, ...]:
-        """HBM -> HBM, no engine involved (same-dtype copies)."""
+    def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+                 row_bytes: float | None = None) -> tuple[int, ...]:
+        """HBM -> HBM, no engine involved (same-dtype copies). Every byte is read and
+        written, so a copy moves at half the HBM share. Contiguous data needs no
+        partitions: pass `row_bytes` (its contiguous runs) and the default 128."""
         self.hbm_read_bytes += max(int(nbytes), 0)
         self.hbm_write_bytes += max(int(nbytes), 0)
-        return self._dma("DmaCopy", nbytes, partitions, deps, _DMA, store=True)
+        return self._dma("DmaCopy", nbytes, partitions, deps, _HBM_COPY, row_bytes,
+                         store=True)
 
     def host_transfer(self, opcode: str, nbytes: int, deps: Iterable[int] = (),
                       wait_ns: float = 0.0) -> int:
@@ -204,28 +219,39 @@ class KernelBuilder:
         return (last,)
 
     # --- Vector, Scalar, GpSimd ----------------------------------------------------
+    def _engine_op(self, engine: int, opcode: str, work_cycles: float, clock_ghz: float,
+                   n_inputs: int, deps: Iterable[int], flops: int) -> int:
+        p = self.preset
+        pipelined = costs.pipelined_ns(p, work_cycles, clock_ghz)
+        waiting = costs.dependent_ns(p, work_cycles, clock_ghz, n_inputs)
+        return self.add(engine, opcode, pipelined, deps, flops=flops,
+                        latency=max(waiting - pipelined, 0.0))
+
     def vector(self, opcode: str, free: int, dtype: str, n_inputs: int = 1,
                deps: Iterable[int] = (), flops: int = 0) -> int:
         """One Vector Engine instruction over a [partitions, free] tile."""
-        return self.add(VECTOR, opcode, costs.vector_ns(self.preset, free, dtype, n_inputs),
-                        deps, flops=flops)
+        p = self.preset
+        return self._engine_op(VECTOR, opcode, costs.vector_cycles(p, free, dtype, n_inputs),
+                               p.vector_clock_ghz, n_inputs, deps, flops)
 
     def scalar(self, opcode: str, free: int, dtype: str, n_inputs: int = 1,
                deps: Iterable[int] = (), flops: int = 0) -> int:
         """One Scalar (activation) Engine instruction over a [partitions, free] tile."""
-        return self.add(SCALAR, opcode, costs.scalar_ns(self.preset, free, dtype, n_inputs),
-                        deps, flops=flops)
+        p = self.preset
+        return self._engine_op(SCALAR, opcode, costs.scalar_cycles(p, free, dtype, n_inputs),
+                               p.scalar_clock_ghz, n_inputs, deps, flops)
 
     def gpsimd(self, opcode: str, elements: int, dtype: str, deps: Iterable[int] = (),
                cycles_per_element: float = 1.0, flops: int = 0) -> int:
         """One GpSimd instruction over `elements` elements."""
-        ns = costs.gpsimd_ns(self.preset, elements, dtype, cycles_per_element)
-        return self.add(GPSIMD, opcode, ns, deps, flops=flops)
+        p = self.preset
+        work = costs.gpsimd_cycles(p, elements, dtype, cycles_per_element)
+        return self._engine_op(GPSIMD, opcode, work, p.gpsimd_clock_ghz, 1, deps, flops)
 
     # --- scheduling ------------------------------------------------------------------
     def build(self, fallback: bool = False) -> Kernel:
         """List-schedule the instructions and return the Kernel (times relative to 0)."""
-        start, end = self._schedule()
+        start, end, te_nominal = self._schedule()
         n = len(start)
         s = np.rint(np.asarray(start, dtype=np.float64)).astype(np.int64)
         e = np.rint(np.asarray(end, dtype=np.float64)).astype(np.int64)
@@ -247,14 +273,16 @@ class KernelBuilder:
             nbytes=np.asarray(self._bytes, dtype=np.int64).reshape(n),
             iflops=np.asarray(self._flops, dtype=np.int64).reshape(n),
             fallback=fallback,
+            te_cold_ns=costs.throttled_ns(self.preset, te_nominal, 0.0) - te_nominal,
         )
 
-    def _schedule(self) -> tuple[list[float], list[float]]:
+    def _schedule(self) -> tuple[list[float], list[float], float]:
         """Event-driven list scheduling: repeatedly start the stream head (the next
         instruction of some engine or queue) that can start earliest. Shared resources
         (DMA engines, HBM, host link) are thus granted in time order, first come first
         served, whatever order the instructions were added in. HBM bandwidth caps each
-        DMA engine at its share of it (see costs.dma_data_ns)."""
+        DMA engine at its share of it (see costs.dma_data_ns). Returns the start and end
+        of each instruction and the Tensor Engine's busy time (warm, for the ramp)."""
         p = self.preset
         n = len(self._engine)
         start = [0.0] * n
@@ -262,6 +290,7 @@ class KernelBuilder:
         engines = self._engine
         kinds = self._kind
         cost = self._cost
+        latency = self._latency
         deps_ = self._deps
         nbytes = self._bytes
         gaps = self._gap
@@ -285,7 +314,7 @@ class KernelBuilder:
 
         dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
         host_free = 0.0  # the host link
-        te_active = 0.0  # Tensor Engine activity so far (throttle ramp)
+        te_active = 0.0  # Tensor Engine busy time so far
         mm_start = mm_end = ls_end = 0.0  # the last MultiplyMoving / LoadStationary
         fixed = p.dma_fixed_ns
         while heap:
@@ -293,15 +322,16 @@ class KernelBuilder:
             e = engines[i]
             kind = kinds[i]
             if kind == _PLAIN:
-                f = s + cost[i]
+                # waiting for data (not for the engine): the overheads are exposed
+                f = s + cost[i] + (latency[i] if ready[i] >= free[e] else 0.0)
             elif kind == _MATMUL:
                 s = max(s, ls_end)
-                d = costs.throttled_ns(p, cost[i], te_active)
+                d = cost[i]
                 te_active += d
                 f = s + d
                 mm_start, mm_end = s, f
             elif kind == _LOAD_STATIONARY:
-                d = costs.throttled_ns(p, cost[i], te_active)
+                d = cost[i]
                 # hide the weight load under the previous matmul when it fits inside it
                 hidden = max(ready[i], ls_end, mm_start)
                 if hidden + d <= mm_end:
@@ -310,11 +340,12 @@ class KernelBuilder:
                     te_active += d
                 f = s + d
                 ls_end = f
-            elif kind == _DMA:
+            elif kind == _DMA or kind == _HBM_COPY:
                 eng = (e - FIRST_DMA) % p.dma_engines
                 size = nbytes[i]
                 data_start = max(s + fixed, dma_engine_free[eng])
-                dma_engine_free[eng] = data_start + costs.dma_data_ns(p, size, cost[i])
+                dma_engine_free[eng] = data_start + costs.dma_data_ns(
+                    p, size, cost[i], hbm_to_hbm=kind == _HBM_COPY)
                 f = dma_engine_free[eng]
             else:  # _HOST_DMA
                 link_start = max(s + fixed, host_free)
@@ -335,7 +366,7 @@ class KernelBuilder:
                     self._push(heap, j, ready, free, gaps)
         if head != [len(stream) for stream in streams]:  # a dependency on a later id
             raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
-        return start, end
+        return start, end, te_active
 
     def _push(self, heap: list, j: int, ready: list[float], free: list[float],
               gaps: dict[int, float]) -> None:

@@ -6,6 +6,7 @@ with dependencies, in-order engines, shared DMA engines and HBM into a schedule.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from neuron_explorer.backend.hardware.presets import (
@@ -34,33 +35,60 @@ def _lanes(p: HardwarePreset, dtype: str, lanes: int, lanes_16bit: int) -> int:
     return lanes
 
 
-def vector_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1,
-              accesses: int | None = None) -> float:
-    """Vector Engine: N cycles per input operand (N = free size per partition, scaled by
-    lanes beyond 128), plus a fixed cost and a cost per SBUF/PSUM access."""
+def pipelined_ns(p: HardwarePreset, work_cycles: float, clock_ghz: float) -> float:
+    """An instruction whose inputs were ready while the engine ran the previous one: its
+    fixed overhead overlaps that instruction, so it costs its work, but at least the
+    static instruction overhead (which limits back-to-back tiny instructions)."""
+    return max(work_cycles, p.engine_fixed_cycles) / clock_ghz
+
+
+def dependent_ns(p: HardwarePreset, work_cycles: float, clock_ghz: float,
+                 n_inputs: int = 1) -> float:
+    """An instruction that waits for its data (it depends on the instruction just before
+    it, or the engine was idle): its work plus the static instruction overhead and one
+    SBUF/PSUM access latency per operand (inputs + output), which back-to-back
+    independent instructions hide (architecture guide, NKI performance guide)."""
+    accesses = max(n_inputs, 1) + 1
+    cycles = work_cycles + p.engine_fixed_cycles + p.engine_access_cycles * accesses
+    return cycles / clock_ghz
+
+
+def vector_cycles(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> float:
+    """Vector Engine work: N cycles per input operand (N = free size per partition,
+    scaled by lanes beyond 128)."""
     lanes = _lanes(p, dtype, p.vector_lanes, p.vector_lanes_16bit)
-    cycles = free * max(n_inputs, 1) * p.partitions / lanes
-    if accesses is None:
-        accesses = max(n_inputs, 1) + 1
-    cycles += p.engine_fixed_cycles + p.engine_access_cycles * accesses
-    return cycles / p.vector_clock_ghz
+    return free * max(n_inputs, 1) * p.partitions / lanes
+
+
+def scalar_cycles(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> float:
+    """Scalar (activation) Engine work: one pass over the free size per input."""
+    lanes = _lanes(p, dtype, p.scalar_lanes, p.scalar_lanes_16bit)
+    return free * max(n_inputs, 1) * p.partitions / lanes
+
+
+def gpsimd_cycles(p: HardwarePreset, elements: int, dtype: str,
+                  cycles_per_element: float = 1.0) -> float:
+    """GpSimd work: 8 general-purpose cores with 512-bit SIMD, `cycles_per_element` per
+    lane."""
+    lanes = p.gpsimd_cores * p.gpsimd_simd_bits // (8 * _bytes(dtype))
+    return math.ceil(elements / lanes) * cycles_per_element
+
+
+def vector_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> float:
+    """A pipelined Vector Engine instruction (see `dependent_ns` for a waiting one)."""
+    return pipelined_ns(p, vector_cycles(p, free, dtype, n_inputs), p.vector_clock_ghz)
 
 
 def scalar_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> float:
-    """Scalar (activation) Engine: one pass over the free size per input, same overheads."""
-    lanes = _lanes(p, dtype, p.scalar_lanes, p.scalar_lanes_16bit)
-    cycles = free * max(n_inputs, 1) * p.partitions / lanes
-    cycles += p.engine_fixed_cycles + p.engine_access_cycles * (max(n_inputs, 1) + 1)
-    return cycles / p.scalar_clock_ghz
+    """A pipelined Scalar Engine instruction."""
+    return pipelined_ns(p, scalar_cycles(p, free, dtype, n_inputs), p.scalar_clock_ghz)
 
 
 def gpsimd_ns(p: HardwarePreset, elements: int, dtype: str, cycles_per_element: float = 1.0
               ) -> float:
-    """GpSimd: 8 general-purpose cores with 512-bit SIMD; `cycles_per_element` per lane."""
-    lanes = p.gpsimd_cores * p.gpsimd_simd_bits // (8 * _bytes(dtype))
-    cycles = math.ceil(elements / lanes) * cycles_per_element
-    cycles += p.engine_fixed_cycles + p.engine_access_cycles * 2
-    return cycles / p.gpsimd_clock_ghz
+    """A pipelined GpSimd instruction."""
+    return pipelined_ns(p, gpsimd_cycles(p, elements, dtype, cycles_per_element),
+                         p.gpsimd_clock_ghz)
 
 
 def _bytes(dtype: str) -> int:
@@ -68,17 +96,22 @@ def _bytes(dtype: str) -> int:
 
 
 def dma_efficiency(p: HardwarePreset, bytes_per_partition: float) -> float:
-    """Fraction of an engine's bandwidth a transfer reaches: each partition row is one
-    descriptor element with a fixed cost, so rows under a few KiB waste time; full rate
-    from `dma_saturation_bytes` per partition on."""
-    if bytes_per_partition >= p.dma_saturation_bytes:
+    """Fraction of an engine's bandwidth a transfer reaches, from the contiguous bytes of
+    each descriptor row: the preset's calibrated curve (`dma_efficiency_curve`), log-linear
+    between its points, full rate from its last point on, proportional to the row size
+    below its first point (overhead-bound rows)."""
+    curve = p.dma_efficiency_curve
+    b = float(bytes_per_partition)
+    if b >= curve[-1][0]:
         return 1.0
-    per_row_overhead = 256.0  # bytes' worth of time per descriptor element
-    sat = p.dma_saturation_bytes
-    eff = (bytes_per_partition / (bytes_per_partition + per_row_overhead)) * (
-        (sat + per_row_overhead) / sat
-    )
-    return max(eff, 0.02)
+    b0, e0 = curve[0]
+    if b <= b0:
+        return max(e0 * b / b0, 0.01)
+    for (lo, e_lo), (hi, e_hi) in itertools.pairwise(curve):
+        if b <= hi:
+            t = math.log(b / lo) / math.log(hi / lo)
+            return e_lo + t * (e_hi - e_lo)
+    return 1.0
 
 
 def dma_engine_rate(p: HardwarePreset) -> float:
@@ -88,11 +121,19 @@ def dma_engine_rate(p: HardwarePreset) -> float:
     return min(p.dma_engine_bytes_per_ns, p.hbm_bytes_per_ns / p.dma_engines)
 
 
-def dma_data_ns(p: HardwarePreset, nbytes: int, row_bytes: float) -> float:
+def dma_copy_engine_rate(p: HardwarePreset) -> float:
+    """Bytes/ns one DMA engine copies HBM -> HBM: every byte is read and written, so both
+    count against the core's HBM share."""
+    return min(p.dma_engine_bytes_per_ns, p.hbm_bytes_per_ns / (2 * p.dma_engines))
+
+
+def dma_data_ns(p: HardwarePreset, nbytes: int, row_bytes: float,
+                hbm_to_hbm: bool = False) -> float:
     """Time one DMA engine spends moving `nbytes` in contiguous rows of `row_bytes`."""
     if nbytes <= 0:
         return 0.0
-    return nbytes / (dma_engine_rate(p) * dma_efficiency(p, row_bytes))
+    rate = dma_copy_engine_rate(p) if hbm_to_hbm else dma_engine_rate(p)
+    return nbytes / (rate * dma_efficiency(p, row_bytes))
 
 
 def throttled_ns(p: HardwarePreset, nominal_ns: float, active_ns: float) -> float:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from neuron_explorer.backend.hardware import costs
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
-from neuron_explorer.backend.hardware.presets import HardwarePreset
+from neuron_explorer.backend.hardware.presets import HardwarePreset, te_rate_factor
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 
 SBUF_SHARE = 0.8  # of SBUF a GEMM may use (the rest: output staging, bias, slack)
+BATCH_LOAD_BYTES = 256 * 1024  # operand bytes per batch group's load (fixed cost amortised)
 MAX_MATMULS = 4096  # instruction pairs per kernel; beyond, consecutive ones are folded
 ACC_DTYPE = "float32"  # PSUM accumulates in FP32
 
@@ -121,7 +122,9 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
     x_tiles = tiles(x_dim, p.te_cols)
     y_tiles = tiles(y_dim, p.te_moving_free_max)
     k_tiles = tiles(k, p.te_rows)
-    te_ns = _te_cycles(x_dim, y_dim, k) / p.te_clock_ghz
+    # at the dtype's rate: planning FP8 (or FP32) at the BF16 rate picks blockings that
+    # leave the Tensor Engine waiting
+    te_ns = _te_cycles(x_dim, y_dim, k) / p.te_clock_ghz / te_rate_factor(p, g.dtype)
     plan = _plan(p, es, x_dim, y_dim, k, stat_total if load_stat else 0,
                  mov_total if load_mov else 0, te_ns)
     chunks = [k_tiles[i:i + plan.kc] for i in range(0, len(k_tiles), plan.kc)]
@@ -131,6 +134,8 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
     fold_y = min(plan.yb, -(-fold // fold_k))
     fold_x = min(plan.xb, -(-fold // (fold_k * fold_y)))
     fold_b = min(g.batch, -(-fold // (fold_k * fold_y * fold_x)))
+    if g.batch > 1:  # small per-batch GEMMs: one DMA per group of batch elements
+        fold_b = max(fold_b, _batch_group(p, g.batch, a_total + b_total))
 
     xblocks = [list(range(i, min(i + plan.xb, len(x_tiles))))
                for i in range(0, len(x_tiles), plan.xb)]
@@ -186,6 +191,7 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                             stat = b.dma_load(nbytes, min(kr, p.partitions), deps + stat_wait
                                               ) if load_stat and nbytes else deps
                             stat_cache[(x0, c)] = stat
+                        stores: list[tuple[int, int]] = []  # (copy-out, bytes) of this row
                         for y0 in range(0, len(yblock), fold_y):
                             ys = [y_tiles[j] for j in yblock[y0:y0 + fold_y]]
                             yt, ny = ys[0], len(ys)
@@ -205,14 +211,32 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                                               mov + stat + (bank if r0 == 0 else ()),
                                               weight_deps=stat, repeat=run * nb * ny * nx)
                             evacs.append(_evacuate(b, g, c, len(chunks), mm, sum(xs),
-                                                   sum(ys), nb, bias, oes, tails))
+                                                   sum(ys), nb, bias, oes, tails, stores))
                             last = mm
+                        if stores:  # one store per block row: rows of the whole y block
+                            total = sum(n for _, n in stores)
+                            # a block as wide as the output's rows is one contiguous run
+                            whole = not swap and len(yblock) == len(y_tiles)
+                            tails.extend(b.dma_store(
+                                total, sum(xs), tuple(ev for ev, _ in stores),
+                                row_bytes=total / p.dma_engines if whole else None))
                     stat_users[-1] = last
                     if not plan.mov_resident:
                         mov_users[-1] = last
         if g.bias_bytes:
             b.add_model_flops(m * n * nb)
     return tuple(tails[-len(x_tiles) * len(y_tiles):])
+
+
+def _batch_group(p: HardwarePreset, batch: int, operand_bytes: int) -> int:
+    """Batch elements whose operands load in one transfer: enough that a load's fixed
+    cost is amortised (a batched matmul's operands are one tensor in HBM, so several
+    heads' tiles come in one access pattern), few enough that a double-buffered group
+    fits in SBUF."""
+    per = max(operand_bytes, 1)
+    group = max(1, BATCH_LOAD_BYTES // per)
+    fits = max(1, int(p.sbuf_bytes * SBUF_SHARE) // (2 * per))
+    return max(1, min(batch, group, fits))
 
 
 def _share(total: int, rows: tuple[int, int], n_rows: int, cols: tuple[int, int],
@@ -227,9 +251,10 @@ def _share(total: int, rows: tuple[int, int], n_rows: int, cols: tuple[int, int]
 
 
 def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: int, yt: int,
-              nb: int, bias: tuple[int, ...], oes: int, tails: list[int]) -> int:
-    """PSUM -> SBUF: copy (first chunk), accumulate (later chunks), add the bias and
-    store after the last chunk."""
+              nb: int, bias: tuple[int, ...], oes: int, tails: list[int],
+              stores: list[tuple[int, int]]) -> int:
+    """PSUM -> SBUF: copy (first chunk), accumulate (later chunks), add the bias; after
+    the last chunk the tile joins `stores` (its block row is stored in one transfer)."""
     last = chunk == chunks - 1
     free = yt * nb * -(-xt // b.preset.partitions)  # folded row tiles add to the free size
     if not g.evacuate and last and not g.bias_bytes:
@@ -244,7 +269,7 @@ def _evacuate(b: KernelBuilder, g: Gemm, chunk: int, chunks: int, mm: int, xt: i
     if not last:
         return ev
     if g.store:
-        tails.extend(b.dma_store(xt * yt * oes * nb, xt, (ev,)))
+        stores.append((ev, xt * yt * oes * nb))
     else:
         tails.append(ev)
     return ev

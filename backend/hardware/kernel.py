@@ -42,6 +42,7 @@ class Kernel:
         "psum_bytes",
         "sbuf_bytes",
         "spill_bytes",
+        "te_cold_ns",
     )
 
     def __init__(
@@ -63,6 +64,7 @@ class Kernel:
         nbytes: np.ndarray,
         iflops: np.ndarray,
         fallback: bool = False,
+        te_cold_ns: float = 0.0,
     ) -> None:
         self.name = name
         self.flops = int(flops)
@@ -74,6 +76,8 @@ class Kernel:
         self.sbuf_bytes = int(sbuf_bytes)
         self.psum_bytes = int(psum_bytes)
         self.fallback = fallback
+        # extra time when the Tensor Engine starts this kernel cold (throttle ramp)
+        self.te_cold_ns = round(te_cold_ns)
         for array in (engine, opcode, start, dur, nbytes, iflops):
             array.flags.writeable = False  # kernels are cached and shared
         self._opcodes = opcodes

@@ -48,8 +48,10 @@ def lower_copy(b: KernelBuilder, spec: OpSpec) -> None:
     if len(spec.inputs) >= 2 and spec.outputs == ():  # copy_(self, src): writes self
         dst, src = spec.inputs[0], spec.inputs[1]
     if src.dtype == dst.dtype:
-        rows = max(1, src.shape[-1] * src.itemsize) if src.shape else src.itemsize
-        b.dma_copy(dst.nbytes, min(128, max(1, dst.nbytes // max(rows, 1))))
+        # HBM -> HBM needs no partitions: the 16 DMA engines each copy one contiguous
+        # piece, whatever the tensor's rank
+        pieces = b.preset.dma_engines
+        b.dma_copy(dst.nbytes, 128, row_bytes=max(dst.nbytes / pieces, 1.0))
         return
     stream(b, dst.numel, dst.dtype, [vec("TensorCopy", 1, flops=0.0)],
            inputs=[src.nbytes] if src.numel == dst.numel else [],

@@ -46,6 +46,7 @@ class HardwarePreset:
     te_load_speedup: float  # LoadStationary is this many times faster than a matmul
     te_throttle_start: float  # Tensor Engine rate at the start of activity (1.0: no ramp)
     te_throttle_ramp_ns: float  # activity time to reach full rate
+    te_throttle_idle_ns: float  # an idle gap this long re-engages the throttle
     vector_clock_ghz: float
     vector_lanes: int  # for 32-bit and other dtypes
     vector_lanes_16bit: int  # for BF16/FP16 (and FP8 where supported)
@@ -65,6 +66,8 @@ class HardwarePreset:
     dma_engine_bytes_per_ns: float  # per DMA engine; x engines = the core's DMA bandwidth
     dma_fixed_ns: float  # fixed cost of one transfer
     dma_saturation_bytes: int  # bytes per partition at which a transfer reaches full rate
+    # (bytes per descriptor row, fraction of the engine's rate) points, increasing
+    dma_efficiency_curve: tuple[tuple[int, float], ...]
     hbm_bytes: int  # this core's share of the chip's HBM
     hbm_bytes_per_ns: float  # this core's share of the chip's HBM bandwidth (GB/s == B/ns)
     sbuf_to_hbm_bandwidth_ratio: float
@@ -165,6 +168,9 @@ _COMMON = {
     "te_moving_free_max": 512,
     "te_load_speedup": 4.0,
     "te_throttle_ramp_ns": 3000.0,
+    # The throttle re-engages only after the Tensor Engine has been idle this long
+    # (HARDWARE.md), not at every kernel start.
+    "te_throttle_idle_ns": 3000.0,
     "engine_fixed_cycles": 100,
     "engine_access_cycles": 60,
     "gpsimd_cores": 8,
@@ -175,6 +181,13 @@ _COMMON = {
     "dma_queues_per_engine": 16,
     "dma_fixed_ns": 1300.0,
     "dma_saturation_bytes": 4 * KiB,
+    # DMA efficiency by contiguous bytes per descriptor row. Calibrated on AWS's measured
+    # NKI matmul tutorial (trn1, bf16 [4096,8192]@[8192,8192]): its unoptimised versions
+    # load 128-partition tiles with 256 B and 1 KiB rows and reach 100-104 GB/s of the
+    # 272 GB/s (0.37) whatever the row size in that range; the DMA guides say >= 2 KiB
+    # "approaches peak" (the performance guide's large-transfer profile shows about 70%)
+    # and >= 4 KiB saturates. Below 256 B a row is overhead-bound (proportional).
+    "dma_efficiency_curve": ((256, 0.37), (1 * KiB, 0.37), (2 * KiB, 0.70), (4 * KiB, 1.0)),
     "sbuf_to_hbm_bandwidth_ratio": 20.0,
     # A kernel's descriptors reach the engines a couple of microseconds after the
     # runtime call returns; no published figure, a modelling choice.

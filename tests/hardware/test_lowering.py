@@ -209,7 +209,9 @@ def test_large_kernels_stay_compact(trn2):
     spec = OpSpec("aten::mm", (T((8192, 8192), "bfloat16"), T((8192, 8192), "bfloat16")),
                   (T((8192, 8192), "bfloat16"),))
     kernel = lower_op(spec, trn2)
-    assert len(kernel) < 60_000  # matmuls are folded beyond 4096 instruction pairs
+    # matmuls are folded beyond 4096 instruction pairs; each [128, 512] store spreads
+    # over the 16 DMA engines (8 partitions each)
+    assert len(kernel) < 70_000
     assert kernel.arrays()["start"].dtype == np.int64
     assert kernel.model_flops == 2 * 8192**3
     assert kernel.flops == kernel.model_flops  # every dim a multiple of 128 and 512

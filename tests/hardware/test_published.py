@@ -1,0 +1,144 @@
+"""The simulator against AWS's published timings (published.py), and closed forms for
+the causes the calibration fixed. `python tests/hardware/test_published.py` prints
+the table the README shows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tutorial_kernels
+from neuron_explorer.backend.hardware import (
+    OpSpec,
+    TensorSpec,
+    costs,
+    get_preset,
+    lower_op,
+)
+from published import DOCUMENTED, MEASURED, Published
+
+T = TensorSpec
+
+
+def simulate(pub: Published) -> float:
+    """The simulated time of a published figure, in ns."""
+    p = get_preset(pub.hardware)
+    name, kwargs = pub.kernel
+    if name == "matmul_ns":
+        return costs.matmul_ns(p, kwargs["n"], pub.dtype)
+    if name == "load_stationary_ns":
+        return costs.load_stationary_ns(p, p.te_cols, pub.dtype)
+    kernel = getattr(tutorial_kernels, name)(p, **kwargs)
+    if pub.what == "dma data phase":
+        return kernel.duration_ns - p.dma_fixed_ns
+    if pub.what == "initiation interval":
+        return kernel.duration_ns / kwargs["count"]
+    return kernel.duration_ns
+
+
+def test_at_least_twelve_measured_figures_on_trn1_and_trn2():
+    assert len(MEASURED) >= 12
+    assert {pub.hardware for pub in MEASURED} == {"trn1", "trn2"}
+    assert {pub.kind for pub in MEASURED} == {"kernel", "instruction"}
+    assert all(pub.source and pub.shape and pub.dtype for pub in MEASURED + DOCUMENTED)
+
+
+def _param(pub: Published):
+    # the unoptimised GEMMs issue ~100k instructions: a few seconds each
+    slow = pub.kernel[0] == "matmul_tutorial"
+    return pytest.param(pub, id=pub.name, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("pub", [_param(pub) for pub in MEASURED + DOCUMENTED])
+def test_simulated_time_is_within_the_stated_tolerance(pub):
+    simulated = simulate(pub)
+    error = simulated / pub.measured_ns - 1
+    assert abs(error) <= pub.tolerance, (
+        f"{pub.name}: simulated {simulated / 1e3:.1f} us, measured "
+        f"{pub.measured_ns / 1e3:.1f} us ({error:+.0%}, tolerance {pub.tolerance:.0%})")
+
+
+def _mm(m: int, k: int, n: int, dtype: str) -> OpSpec:
+    return OpSpec("aten::mm", (T((m, k), dtype), T((k, n), dtype)), (T((m, n), dtype),))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["trn1", "trn2", "trn3"])
+def test_large_gemm_dtype_ratios_match_the_published_peak_ratios(preset):
+    p = get_preset(preset)
+    t = {dt: lower_op(_mm(4096, 8192, 8192, dt), p).duration_ns
+         for dt in ("float32", "bfloat16", "float8_e4m3fn")}
+    # FP32 is 4x slower than BF16 everywhere; FP8 is the BF16 rate on trn1, 2x on trn2
+    # (158 vs 79 TFLOPS), 4x on trn3 (315 vs 79)
+    assert t["float32"] / t["bfloat16"] == pytest.approx(4.0, rel=0.10)
+    fp8_speedup = {"trn1": 1.0, "trn2": 2.0, "trn3": 4.0}[preset]
+    assert t["bfloat16"] / t["float8_e4m3fn"] == pytest.approx(fp8_speedup, rel=0.10)
+
+
+def test_hbm_to_hbm_copy_counts_read_and_write_against_the_hbm_share():
+    p = get_preset("trn1")
+    clone = OpSpec("aten::clone", (T((4096, 1024), "float32"),), (T((4096, 1024), "float32"),))
+    kernel = lower_op(clone, p)
+    moved = 2 * 4096 * 1024 * 4  # read + write
+    traffic = moved / (kernel.duration_ns - p.dma_fixed_ns)
+    assert traffic == pytest.approx(p.hbm_bytes_per_ns, rel=0.10)  # 410 GB/s on trn1
+    assert traffic <= p.hbm_bytes_per_ns * 1.001
+
+
+def test_small_and_one_dimensional_transfers_use_all_dma_engines():
+    p = get_preset("trn1")
+    flat = OpSpec("aten::clone", (T((262144,), "float32"),), (T((262144,), "float32"),))
+    square = OpSpec("aten::clone", (T((1024, 256), "float32"),), (T((1024, 256), "float32"),))
+    # the same 1 MiB, whatever the rank
+    assert lower_op(flat, p).duration_ns == pytest.approx(lower_op(square, p).duration_ns,
+                                                          rel=0.05)
+    assert lower_op(flat, p).duration_ns < 10_000
+    # a [128, 128] bf16 load (32 KiB) runs on all 16 engines, 2 KiB each (DMA overview)
+    kernel = tutorial_kernels.dma_load_rows(p, 128, 256)
+    assert len(kernel) == p.dma_engines
+    assert set(kernel.arrays()["bytes"].tolist()) == {2048}
+
+
+def test_dma_efficiency_follows_the_calibrated_curve():
+    p = get_preset("trn1")
+    # 1 KiB rows: the tutorial GEMMs' ~100 GB/s of 272
+    assert costs.dma_efficiency(p, 1024) * p.dma_bytes_per_ns == pytest.approx(100, rel=0.05)
+    assert costs.dma_efficiency(p, 4096) == 1.0 == costs.dma_efficiency(p, 1 << 20)
+    assert costs.dma_efficiency(p, 64) < costs.dma_efficiency(p, 256)
+    assert costs.dma_efficiency(p, 1024) < costs.dma_efficiency(p, 2048) < 1.0
+
+
+def test_batched_head_gemms_are_not_latency_bound():
+    p = get_preset("trn2")
+    q, k = T((256, 128, 64), "bfloat16"), T((256, 64, 128), "bfloat16")
+    kernel = lower_op(OpSpec("aten::bmm", (q, k), (T((256, 128, 128), "bfloat16"),)), p)
+    # 256 heads of 128x64x128: bound by DMA, not by one transfer's fixed cost per head
+    assert kernel.hbm_bytes / kernel.duration_ns > 150  # GB/s (was ~39-80)
+
+
+def table() -> str:
+    """The README's table of published figures against the simulator."""
+    rows = ["| figure | hardware | dtype | shape | measured | simulated | error |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for pub in MEASURED + DOCUMENTED:
+        sim = simulate(pub)
+        name = pub.name + (" (guide's cost rule)" if pub in DOCUMENTED else "")
+        rows.append(f"| {name} | {pub.hardware} | {pub.dtype} | {pub.shape} | "
+                    f"{_fmt(pub.measured_ns)} | {_fmt(sim)} | {sim / pub.measured_ns - 1:+.1%} |")
+    return "\n".join(rows)
+
+
+def _fmt(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} us"
+    return f"{ns:.0f} ns"
+
+
+if __name__ == "__main__":
+    print(table())
