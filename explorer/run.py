@@ -96,6 +96,7 @@ class Run:
         self.manifest = manifest or {}
         self.processes = processes
         self._traces: dict[int, Trace] = {}
+        self._cache: dict[str, Any] = {}
 
     # --- ranks ----------------------------------------------------------------------------
     @property
@@ -196,7 +197,9 @@ class Run:
         """Ranks whose steps or arrivals at collectives are late, with by how much."""
         from neuron_explorer.analyses.ranks import stragglers
 
-        return stragglers(self)
+        if "stragglers" not in self._cache:
+            self._cache["stragglers"] = stragglers(self)
+        return self._cache["stragglers"]
 
     def communication(self) -> pd.DataFrame:
         """Per rank and device: compute and communication time, their overlap

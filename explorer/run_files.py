@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
 
 TRACE_SUFFIXES = (".pftrace", ".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 MANIFEST = "manifest.json"
@@ -34,14 +34,14 @@ def run_paths(source: str | os.PathLike | Iterable[str | os.PathLike]) -> list[s
     if isinstance(source, (str, os.PathLike)):
         folder = os.fspath(source)
         if not os.path.isdir(folder):
-            raise NeuronExplorerError(f"{folder} is not a folder of per-rank traces")
+            raise TraceFormatError(folder, "not a folder of per-rank traces")
         paths = sorted(os.path.join(folder, n) for n in os.listdir(folder) if is_trace_file(n)
                        and os.path.isfile(os.path.join(folder, n)))
         if not paths:
-            raise NeuronExplorerError(
-                f"{folder} holds no trace files (.pftrace, .json, .json.gz); give a run folder "
-                "written by `neuron-explorer record -- torchrun ...` or a folder of per-rank "
-                "PyTorch-profiler traces")
+            raise TraceFormatError(
+                folder, "the folder holds no trace files (.pftrace, .json, .json.gz); give a "
+                "trace file, a run folder written by `neuron-explorer record -- torchrun ...` "
+                "or a folder of per-rank PyTorch-profiler traces")
         return paths
     paths = [os.fspath(p) for p in source]
     if not paths:

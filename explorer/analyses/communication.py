@@ -25,8 +25,8 @@ from neuron_explorer.analyses.intervals import Union
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
-COLLECTIVE_COLUMNS = ["id", "device", "seq", "collective", "ts", "dur", "bytes", "group",
-                      "group_size", "algorithm", "wait_ns", "transfer_ns", "step"]
+COLLECTIVE_COLUMNS = ["id", "device", "seq", "collective", "ts", "dur", "arrival", "bytes",
+                      "group", "group_size", "algorithm", "wait_ns", "transfer_ns", "step"]
 COMMUNICATION_COLUMNS = ["device", "compute_ns", "communication_ns", "overlap_ns",
                          "overlap_pct", "exposed_ns", "memory_ns", "collectives"]
 STATS_COLUMNS = ["device", "collective", "count", "bytes", "time_ns", "transfer_ns",
@@ -133,6 +133,12 @@ def _collectives(trace: Trace) -> pd.DataFrame:
     known_wait = out["wait_ns"].to_numpy() >= 0
     out["transfer_ns"] = np.where(transfer >= 0, transfer,
                                   np.where(known_wait, out["dur"] - out["wait_ns"], -1))
+    # When this rank reached the call: the slice's start when it spans the wait too, else
+    # that much before it (a slice of the transfer alone, with the wait as an arg)
+    wait = out["wait_ns"].to_numpy()
+    spans_wait = out["dur"].to_numpy() >= np.maximum(wait, 0) + np.maximum(
+        out["transfer_ns"].to_numpy(), 0)
+    out["arrival"] = out["ts"].to_numpy() - np.where(known_wait & ~spans_wait, wait, 0)
     out["step"] = tables.assign_steps(out["ts"].to_numpy(), trace.steps)
     out = out.sort_values(["device", "ts"], ignore_index=True)
     _number_unsequenced(out)

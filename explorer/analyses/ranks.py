@@ -45,10 +45,10 @@ def matched_collectives(coll: pd.DataFrame) -> pd.DataFrame:
     if not len(coll):
         return pd.DataFrame(columns=columns)
     coll = coll.copy()
-    grouped = coll.groupby(MATCH_KEYS, sort=False)["ts"]
+    grouped = coll.groupby(MATCH_KEYS, sort=False)["arrival"]
     coll["last_arrival"] = grouped.transform("max")
     coll["ranks_arrived"] = coll.groupby(MATCH_KEYS, sort=False)["rank"].transform("nunique")
-    derived = np.clip(coll["last_arrival"] - coll["ts"], 0, coll["dur"])
+    derived = np.clip(coll["last_arrival"] - coll["arrival"], 0, coll["dur"])
     unknown = coll["wait_ns"].to_numpy() < 0
     coll.loc[unknown, "wait_ns"] = np.where(coll["ranks_arrived"] > 1, derived, 0)[unknown]
     unknown_transfer = coll["transfer_ns"].to_numpy() < 0
@@ -74,9 +74,10 @@ def rank_lateness(run: Run) -> pd.DataFrame:
     out = pd.DataFrame(index=ranks)
     if len(coll):
         multi = coll[coll["ranks_arrived"] > 1].copy()
-        multi["delay"] = multi["ts"] - multi.groupby(MATCH_KEYS)["ts"].transform("median")
+        median = multi.groupby(MATCH_KEYS)["arrival"].transform("median")
+        multi["delay"] = multi["arrival"] - median
         out["arrival_delay_ns"] = multi.groupby("rank")["delay"].mean()
-        last = multi[multi["ts"] == multi["last_arrival"]]
+        last = multi[multi["arrival"] == multi["last_arrival"]]
         # a call that one rank reached last: every other rank's wait is that rank's doing
         waits = multi.groupby(MATCH_KEYS)["wait_ns"].sum().rename("others_wait")
         last = last.join(waits, on=MATCH_KEYS)

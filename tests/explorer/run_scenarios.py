@@ -24,12 +24,14 @@ MIB64 = 64 << 20
 
 def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: int,
                wait: int, *, coll_bytes: int = MIB64, small_per_step: int = 0,
-               fmt: str = "pftrace", late_step: int | None = None) -> Path:
+               fmt: str = "pftrace", late_step: int | None = None,
+               transfer_slices: bool = False) -> Path:
     """One rank: per step a compute kernel [0, compute) and an all-reduce of `coll_bytes`
     from `coll_start` to 900k that waits `wait` first; with `small_per_step`, that many
     64 KiB all-reduces of 10 us each run first from `coll_start`, and the large one
     then fills the rest up to 900k. With `late_step`, the rank arrives 150k late (at
-    `coll_start` + 150k, no wait) in that step and waits 150k in every other step."""
+    `coll_start` + 150k, no wait) in that step and waits 150k in every other step. With
+    `transfer_slices`, a collective's slice covers its transfer only (the wait is an arg)."""
     b = TraceBuilder()
     host = b.thread()
     kernels = b.device_track(rank, "Kernels")
@@ -41,9 +43,12 @@ def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: in
 
     def collective(ts: int, dur: int, nbytes: int, waited: int) -> None:
         nonlocal seq
+        if transfer_slices:
+            ts, dur = ts + waited, dur - waited
         b.slice(queue, ts, dur, "all_reduce", "collective",
                 {"collective": "all_reduce", "bytes": nbytes, "group": group, "seq": seq,
-                 "algorithm": "ring", "wait_ns": waited, "transfer_ns": dur - waited,
+                 "algorithm": "ring", "wait_ns": waited,
+                 "transfer_ns": dur - (0 if transfer_slices else waited),
                  "device": rank})
         seq += 1
 
@@ -64,10 +69,12 @@ def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: in
     return b.write_pftrace(path) if fmt == "pftrace" else b.write_json(path)
 
 
-def two_ranks(folder: Path, fmt: str = "pftrace") -> Path:
+def two_ranks(folder: Path, fmt: str = "pftrace", transfer_slices: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    write_rank(folder, 0, 2, compute=600_000, coll_start=400_000, wait=100_000, fmt=fmt)
-    write_rank(folder, 1, 2, compute=700_000, coll_start=500_000, wait=0, fmt=fmt)
+    write_rank(folder, 0, 2, compute=600_000, coll_start=400_000, wait=100_000, fmt=fmt,
+               transfer_slices=transfer_slices)
+    write_rank(folder, 1, 2, compute=700_000, coll_start=500_000, wait=0, fmt=fmt,
+               transfer_slices=transfer_slices)
     (folder / "manifest.json").write_text(json.dumps({"world_size": 2, "preset": "trn2"}))
     return folder
 

@@ -103,6 +103,15 @@ def test_the_straggler_is_the_late_rank(run):
     assert row["late_share"] == pytest.approx(0.1)
 
 
+def test_slices_of_the_transfer_alone_give_the_same_arrivals(tmp_path):
+    run = neuron_explorer.load(rs.two_ranks(tmp_path / "t.run", transfer_slices=True))
+    coll = run.collectives
+    assert coll["ts"].nunique() == 4  # both ranks' slices start when the last one arrived
+    assert list(run.stragglers()["rank"]) == [1]
+    assert run.stragglers().iloc[0]["wait_caused_ns"] == 4 * 100_000
+    assert run.communication().set_index("rank").loc[0, "exposed_transfer_ns"] == 4 * 300_000
+
+
 def test_run_findings(run):
     found = {f.rule_id: f for f in run.bottlenecks()}
     straggler = found["straggler_rank"]

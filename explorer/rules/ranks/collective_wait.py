@@ -21,7 +21,7 @@ def check(run: Run) -> list[Finding]:
     # Calls a straggler reached last are that rank's finding (straggler_rank); what is
     # left are waits spread over many ranks.
     late = run.stragglers()
-    by_straggler = coll[coll["rank"].isin(late["rank"]) & (coll["ts"] == coll["last_arrival"])]
+    by_straggler = coll[coll["rank"].isin(late["rank"]) & (coll["arrival"] == coll["last_arrival"])]
     keys = ["group", "collective", "seq"]
     theirs = coll.merge(by_straggler[keys].drop_duplicates(), on=keys, how="left",
                         indicator=True)["_merge"].eq("both").to_numpy()
@@ -34,7 +34,7 @@ def check(run: Run) -> list[Finding]:
                            f"rank {r.rank} waited {us(r.wait_ns)} in {r.collective} #{r.seq}")
              for r in waits.sort_values("wait_ns", ascending=False).head(5).itertuples()]
     spread = ", ".join(f"rank {r}: {us(v)}" for r, v in per_rank.head(4).items())
-    last = coll[(coll["ts"] == coll["last_arrival"]) & ~theirs]["rank"].nunique()
+    last = coll[(coll["arrival"] == coll["last_arrival"]) & ~theirs]["rank"].nunique()
     cause = f" The last rank to arrive varies: {last} different ranks were last."
     return [run_finding(
         run, RULE_ID, f"Ranks wait {us(lost)} per rank at collectives for the last rank",

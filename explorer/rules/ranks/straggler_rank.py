@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer.rules.finding import Finding, us
+from neuron_explorer.rules.finding import Finding, top, us
 from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
 
@@ -26,12 +26,14 @@ def check(run: Run) -> list[Finding]:
     if lost < th.STRAGGLER_MIN_SHARE * run.step_time_ns():
         return []
     coll = run.collectives
-    theirs = coll[(coll["rank"] == rank) & (coll["ts"] == coll["last_arrival"])
+    first = coll.groupby(["group", "collective", "seq"])["arrival"].transform("min")
+    coll = coll.assign(behind=coll["arrival"] - first)
+    theirs = coll[(coll["rank"] == rank) & (coll["arrival"] == coll["last_arrival"])
                   & (coll["ranks_arrived"] > 1)]
     items = [rank_evidence(rank, r.ts, r.dur, [r.id],
                            f"rank {rank} reached {r.collective} #{r.seq} last, "
-                           f"{us(r.ts - _first_arrival(coll, r))} after the first rank")
-             for r in theirs.sort_values("ts").itertuples()]
+                           f"{us(r.behind)} after the first rank")
+             for r in top(theirs, "behind").itertuples()]
     others = [r for r in run.ranks if r != rank]
     return [run_finding(
         run, RULE_ID, f"Rank {rank} is a straggler: the other ranks wait {us(lost)} for it",
@@ -48,8 +50,3 @@ def check(run: Run) -> list[Finding]:
         "the step's critical path (do it every N steps, or asynchronously), and give every "
         "rank the same amount of data per step.")]
 
-
-def _first_arrival(coll, row) -> int:
-    same = coll[(coll["group"] == row.group) & (coll["collective"] == row.collective)
-                & (coll["seq"] == row.seq)]
-    return int(same["ts"].min())
