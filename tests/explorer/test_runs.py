@@ -243,3 +243,10 @@ def test_the_loader_uses_worker_processes_for_several_files(run_dir, monkeypatch
     assert np.array_equal(loaded.communication()["overlap_ns"],
                           neuron_explorer.load_run(run_dir, processes=1).communication()
                           ["overlap_ns"])
+
+
+def test_one_rank_alone_reports_its_exposed_communication(run):
+    found = {f.rule_id: f for f in run[0].bottlenecks()}
+    assert found["exposed_communication"].time_lost_ns == 4 * 300_000
+    # in the run, the cross-rank rule holds it; the per-rank copy is not repeated
+    assert [f.rule_id for f in run.bottlenecks()].count("exposed_communication") == 1

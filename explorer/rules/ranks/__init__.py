@@ -44,6 +44,8 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
     worst: dict[str, tuple[int, Finding]] = {}
     for rank, digest in run.digests.items():
         for f in digest.findings:
+            if f.rule_id in RANK_RULE_IDS:  # the run's own rule covers it across ranks
+                continue
             if f.rule_id not in worst or f.time_lost_ns > worst[f.rule_id][1].time_lost_ns:
                 worst[f.rule_id] = (rank, f)
     out = []
