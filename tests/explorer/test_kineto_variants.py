@@ -91,3 +91,21 @@ def test_a_real_gpu_trace_with_nccl_gets_communication_and_dependency_findings(r
     assert comm["overlap_pct"] == pytest.approx(14.95, abs=0.01)
     assert "all_to_all" in exposed.explanation
     assert "dependency_idle" in found
+
+
+def test_two_gpus_each_half_busy_are_half_idle(tmp_path):
+    """One 1000 us step; GPU 0 runs [0, 500) us, GPU 1 runs [500, 1000) us."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 100, "tid": 1,
+         "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": 0, "dur": 500,
+         "args": {"device": 0, "stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "b", "pid": 1, "tid": 7, "ts": 500, "dur": 500,
+         "args": {"device": 1, "stream": 7}},
+    ]
+    path = tmp_path / "two_gpus.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    bd = neuron_explorer.load(path).breakdown()
+    device = bd[bd["side"] == "device"].set_index("category")["ns"]
+    assert device["idle"] == 500_000
+    assert device.sum() == 1_000_000
