@@ -71,6 +71,7 @@ def _exposed_transfer(trace: Any) -> np.ndarray:
     frame = comm.communication(trace)
     coll = comm.collectives(trace)
     k = trace.kernels
+    measure = comm.in_steps(trace)
     comm_ids = set(coll["id"].tolist())
     compute = k[~k["id"].isin(comm_ids) & ~k["kind"].isin(["memcpy", "memset"])]
     out = []
@@ -83,5 +84,5 @@ def _exposed_transfer(trace: Any) -> np.ndarray:
         cts = c["ts"].to_numpy(np.int64)
         work = Union(cts, cts + c["dur"].to_numpy(np.int64))
         both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
-        out.append(both.total - work.total)
+        out.append(measure(both) - measure(work))
     return np.asarray(out, np.int64) if out else tables.empty(["x"])["x"].to_numpy()

@@ -208,11 +208,12 @@ class Run:
         return self._concat(lambda d: d.communication)
 
     def collective_stats(self) -> pd.DataFrame:
-        """Per rank and collective kind: calls, bytes, time, achieved algorithm and bus
-        bandwidth (GB/s) over the time spent moving data."""
+        """Per rank and collective kind, inside the steps: calls, bytes, time, achieved
+        algorithm and bus bandwidth (GB/s) over the time spent moving data."""
         from neuron_explorer.analyses.communication import stats_of
+        from neuron_explorer.analyses.ranks import step_collectives
 
-        return stats_of(self.collectives, keys=("rank", "collective"))
+        return stats_of(step_collectives(self), keys=("rank", "collective"))
 
     def kernel_types(self) -> pd.DataFrame:
         """Per rank and device: kernel time in communication, memory and computation."""
@@ -225,7 +226,9 @@ class Run:
         comm = self.communication()
         per_rank = comm.groupby("rank")[["compute_ns", "communication_ns", "exposed_ns"]].sum() \
             if len(comm) else pd.DataFrame()
-        coll = self.collectives
+        from neuron_explorer.analyses.ranks import step_collectives
+
+        coll = step_collectives(self)
         wait = coll.groupby("rank")["wait_ns"].sum() if len(coll) else pd.Series(dtype=float)
         late = rank_lateness(self).set_index("rank")
         rows = []

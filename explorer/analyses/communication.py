@@ -234,9 +234,20 @@ def _intervals(frame: pd.DataFrame) -> Union:
     return Union(ts, ts + frame["dur"].to_numpy(np.int64))
 
 
+def in_steps(trace: Trace) -> Any:
+    """How much of a Union lies in the trace's steps (all of it when there are none): setup
+    before the first step (process-group creation, the first broadcasts, ranks starting at
+    different times) is not training and would swamp the figures."""
+    steps = trace.steps
+    if not len(steps):
+        return lambda u: u.total
+    windows = _intervals(steps)
+    return lambda u: int(u.covered(windows.starts, windows.ends).sum())
+
+
 def communication(trace: Trace) -> pd.DataFrame:
-    """Per device: compute, communication and memory time, how much of the communication
-    overlaps compute (`overlap_pct`, 0..100) and how much is exposed."""
+    """Per device: compute, communication and memory time inside the steps, how much of the
+    communication overlaps compute (`overlap_pct`, 0..100) and how much is exposed."""
     return trace.cached("communication", lambda: _communication(trace))
 
 
@@ -251,20 +262,23 @@ def _communication(trace: Trace) -> pd.DataFrame:
     compute = k[~is_comm & ~is_memory]
     memory = k[is_memory]
     rows = []
+    measure = in_steps(trace)
     devices = sorted(set(k["device"].tolist()) | set(coll["device"].tolist()))
     for device in devices:
         comp = _intervals(compute[compute["device"] == device])
         comm_rows = coll[coll["device"] == device]
         comm = _intervals(comm_rows)
         both = Union.of((comp.starts, comp.ends), (comm.starts, comm.ends))
-        overlap = comp.total + comm.total - both.total
+        comp_ns, comm_ns = measure(comp), measure(comm)
+        overlap = comp_ns + comm_ns - measure(both)
         rows.append({
-            "device": int(device), "compute_ns": comp.total, "communication_ns": comm.total,
+            "device": int(device), "compute_ns": comp_ns, "communication_ns": comm_ns,
             "overlap_ns": overlap,
-            "overlap_pct": 100.0 * overlap / comm.total if comm.total else float("nan"),
-            "exposed_ns": comm.total - overlap,
-            "memory_ns": _intervals(memory[memory["device"] == device]).total,
-            "collectives": len(comm_rows),
+            "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
+            "exposed_ns": comm_ns - overlap,
+            "memory_ns": measure(_intervals(memory[memory["device"] == device])),
+            "collectives": int((comm_rows["step"] >= 0).sum()) if len(trace.steps)
+            else len(comm_rows),
         })
     return pd.DataFrame(rows, columns=COMMUNICATION_COLUMNS)
 

@@ -67,9 +67,19 @@ def stragglers(run: Run) -> pd.DataFrame:
         "late_share", ascending=False, ignore_index=True)
 
 
+def step_collectives(run: Run) -> pd.DataFrame:
+    """The collectives inside steps (all of them when the run has no steps): the calls of
+    setup (creating groups, the first broadcasts, while ranks start at different times)
+    are not training."""
+    coll = run.collectives
+    if len(run.steps) and len(coll):
+        return coll[coll["step"] >= 0]
+    return coll
+
+
 def rank_lateness(run: Run) -> pd.DataFrame:
     """`stragglers`' figures for every rank, late or not."""
-    coll = run.collectives
+    coll = step_collectives(run)
     ranks = pd.Index(run.ranks, name="rank")
     out = pd.DataFrame(index=ranks)
     if len(coll):

@@ -25,13 +25,15 @@ MIB64 = 64 << 20
 def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: int,
                wait: int, *, coll_bytes: int = MIB64, small_per_step: int = 0,
                fmt: str = "pftrace", late_step: int | None = None,
-               transfer_slices: bool = False) -> Path:
+               transfer_slices: bool = False, setup_wait: int | None = None) -> Path:
     """One rank: per step a compute kernel [0, compute) and an all-reduce of `coll_bytes`
     from `coll_start` to 900k that waits `wait` first; with `small_per_step`, that many
     64 KiB all-reduces of 10 us each run first from `coll_start`, and the large one
     then fills the rest up to 900k. With `late_step`, the rank arrives 150k late (at
     `coll_start` + 150k, no wait) in that step and waits 150k in every other step. With
-    `transfer_slices`, a collective's slice covers its transfer only (the wait is an arg)."""
+    `transfer_slices`, a collective's slice covers its transfer only (the wait is an arg).
+    With `setup_wait`, everything moves 3 ms later and a setup all-gather (before the first
+    step, as process-group creation does) ends at 2.5 ms after waiting `setup_wait`."""
     b = TraceBuilder()
     host = b.thread()
     kernels = b.device_track(rank, "Kernels")
@@ -52,8 +54,15 @@ def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: in
                  "device": rank})
         seq += 1
 
+    offset = 0
+    if setup_wait is not None:
+        offset = 3 * STEP
+        b.slice(queue, 2_500_000 - 100_000 - setup_wait, 100_000 + setup_wait, "all_gather",
+                "collective", {"collective": "all_gather", "bytes": 16, "group": group,
+                               "seq": 1000, "wait_ns": setup_wait, "transfer_ns": 100_000,
+                               "device": rank})
     for s in range(STEPS):
-        t0 = s * STEP
+        t0 = offset + s * STEP
         b.slice(host, t0, STEP, f"step {s}", "step", {"step": s})
         b.slice(kernels, t0, compute, "fused_forward_backward", "kernel",
                 {"kernel_id": 1 + s, "step": s, "device": rank})
@@ -69,12 +78,16 @@ def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: in
     return b.write_pftrace(path) if fmt == "pftrace" else b.write_json(path)
 
 
-def two_ranks(folder: Path, fmt: str = "pftrace", transfer_slices: bool = False) -> Path:
+def two_ranks(folder: Path, fmt: str = "pftrace", transfer_slices: bool = False,
+              setup_skew: bool = False) -> Path:
+    """`setup_skew`: rank 0 starts 2 ms late, so rank 1 waits 2 ms in a setup all-gather
+    before the first step (not training: no rank is to blame for it)."""
     folder.mkdir(parents=True, exist_ok=True)
     write_rank(folder, 0, 2, compute=600_000, coll_start=400_000, wait=100_000, fmt=fmt,
-               transfer_slices=transfer_slices)
+               transfer_slices=transfer_slices, setup_wait=0 if setup_skew else None)
     write_rank(folder, 1, 2, compute=700_000, coll_start=500_000, wait=0, fmt=fmt,
-               transfer_slices=transfer_slices)
+               transfer_slices=transfer_slices,
+               setup_wait=2_000_000 if setup_skew else None)
     (folder / "manifest.json").write_text(json.dumps({"world_size": 2, "preset": "trn2"}))
     return folder
 

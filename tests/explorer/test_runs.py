@@ -112,6 +112,17 @@ def test_slices_of_the_transfer_alone_give_the_same_arrivals(tmp_path):
     assert run.communication().set_index("rank").loc[0, "exposed_transfer_ns"] == 4 * 300_000
 
 
+def test_setup_before_the_first_step_is_left_out(tmp_path):
+    run = neuron_explorer.load(rs.two_ranks(tmp_path / "skew.run", setup_skew=True))
+    assert len(run.collectives) == 10  # the setup all-gathers are in the table
+    late = run.stragglers()
+    assert list(late["rank"]) == [1] and late.iloc[0]["wait_caused_ns"] == 4 * 100_000
+    comm = run.communication().set_index("rank")
+    assert comm.loc[0, "communication_ns"] == 4 * 500_000  # inside the steps only
+    assert comm.loc[1, "collectives"] == 4
+    assert set(run.collective_stats()["collective"]) == {"all_reduce"}
+
+
 def test_run_findings(run):
     found = {f.rule_id: f for f in run.bottlenecks()}
     straggler = found["straggler_rank"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 from dash import html
+from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.run_files import MANIFEST, distributed_info, is_trace_file, rank_from_name
 from neuron_explorer.webapp.components import (
@@ -130,7 +131,7 @@ def step_heatmap(run: Any) -> dict:
 
 def communication_bars(run: Any) -> dict:
     comm = run.communication().groupby("rank")[["overlap_ns", "exposed_ns"]].sum()
-    coll = run.collectives
+    coll = step_collectives(run)
     wait = coll.groupby("rank")["wait_ns"].sum() if len(coll) else pd.Series(dtype=float)
     ranks = [f"rank {r}" for r in comm.index]
     bars = [("overlapped with compute", comm["overlap_ns"], "#5cb85c"),
@@ -147,7 +148,7 @@ def communication_bars(run: Any) -> dict:
 def aligned_collectives(run: Any) -> dict:
     """Each rank's collectives in the first calls of the run, wait and transfer apart,
     with a line through each call's arrivals on every rank."""
-    coll = run.collectives
+    coll = step_collectives(run)
     if not len(coll):
         return {"data": [], "layout": {"annotations": [{"text": "no collectives in this run",
                                                         "showarrow": False}]}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
@@ -15,7 +16,7 @@ RULE_ID = "collective_wait"
 
 
 def check(run: Run) -> list[Finding]:
-    coll = run.collectives
+    coll = step_collectives(run)
     if len(run) < 2 or not len(coll):
         return []
     # Calls a straggler reached last are that rank's finding (straggler_rank); what is

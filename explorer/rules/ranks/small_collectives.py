@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
@@ -16,7 +17,7 @@ RULE_ID = "small_collectives"
 
 
 def check(run: Run) -> list[Finding]:
-    coll = run.collectives
+    coll = step_collectives(run)
     if not len(coll):
         return []
     moving = np.maximum(coll["transfer_ns"].to_numpy(), 0)

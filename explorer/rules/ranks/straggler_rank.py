@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.rules.finding import Finding, top, us
 from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
@@ -25,7 +26,7 @@ def check(run: Run) -> list[Finding]:
     lost = float(max(worst["wait_caused_ns"], worst["step_excess_ns"]))
     if lost < th.STRAGGLER_MIN_SHARE * run.step_time_ns():
         return []
-    coll = run.collectives
+    coll = step_collectives(run)
     first = coll.groupby(["group", "collective", "seq"])["arrival"].transform("min")
     coll = coll.assign(behind=coll["arrival"] - first)
     theirs = coll[(coll["rank"] == rank) & (coll["arrival"] == coll["last_arrival"])
