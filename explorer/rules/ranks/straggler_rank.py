@@ -47,7 +47,7 @@ def check(run: Run) -> list[Finding]:
         "rank sets the pace of all.",
         f"Look at what rank {rank} does between collectives that the others do not: extra "
         "host work (logging, metrics, checkpointing or evaluation on one rank only), a larger "
-        "or slower batch from its data loader, or a slower device. Move rank-0-only work off "
-        "the step's critical path (do it every N steps, or asynchronously), and give every "
+        "or slower batch from its data loader, or a slower device. Move work done on one rank "
+        "only off the step's critical path (every N steps, or asynchronously), and give every "
         "rank the same amount of data per step.")]
 
