@@ -48,8 +48,9 @@ def test_a_rank_of_a_run_folder_shows_the_whole_run(run_context):
     assert pytest.approx(max(waiting["x"])) == 100.0  # µs
     assert len([x for x in links["x"] if x is None]) == 4  # one line per call
     comm = figures["ranks-comm"]["data"]
-    assert [b["name"] for b in comm] == ["overlapped with compute", "exposed",
+    assert [b["name"] for b in comm] == ["overlapped with compute", "moving data, not hidden",
                                          "waiting for the last rank"]
+    assert comm[1]["y"] == [1.2, 0.8]  # ms: rank 0's exposed 300 us per step moving data
 
 
 def test_a_trace_on_its_own_is_told_what_the_page_needs(run_context):

@@ -106,8 +106,8 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
                 subtitle="Each cell one step of one rank; a slow rank shows as a row"),
         section("Communication per rank", graph(communication_bars(run), "ranks-comm",
                                                 height=320),
-                subtitle="Time each rank's devices communicate: hidden under compute, exposed, "
-                         "and waiting for the last rank at collectives"),
+                subtitle="Time each rank's devices communicate: hidden under compute, moving "
+                         "data with nothing else to do, and waiting for the last rank"),
         section("Collectives across ranks", graph(aligned_collectives(run), "ranks-aligned",
                                                   height=120 + 40 * len(run)),
                 subtitle="One row per rank on one time axis: red is waiting for the last rank, "
@@ -130,12 +130,12 @@ def step_heatmap(run: Any) -> dict:
 
 
 def communication_bars(run: Any) -> dict:
-    comm = run.communication().groupby("rank")[["overlap_ns", "exposed_ns"]].sum()
+    comm = run.communication().groupby("rank")[["overlap_ns", "exposed_transfer_ns"]].sum()
     coll = step_collectives(run)
     wait = coll.groupby("rank")["wait_ns"].sum() if len(coll) else pd.Series(dtype=float)
     ranks = [f"rank {r}" for r in comm.index]
     bars = [("overlapped with compute", comm["overlap_ns"], "#5cb85c"),
-            ("exposed", comm["exposed_ns"], TRANSFER_COLOUR),
+            ("moving data, not hidden", comm["exposed_transfer_ns"], TRANSFER_COLOUR),
             ("waiting for the last rank", wait.reindex(comm.index).fillna(0), WAIT_COLOUR)]
     return {"data": [{"type": "bar", "name": label, "x": ranks, "y": (values / 1e6).tolist(),
                       "marker": {"color": colour},
