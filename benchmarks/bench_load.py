@@ -26,7 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +76,9 @@ OP_NAMES = ["aten::mm", "aten::add", "aten::relu", "aten::gelu", "aten::softmax"
             "aten::layer_norm", "aten::addmm", "aten::mul"]
 
 
-def write_pftrace(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
+def write_pftrace(path: Path, ev: dict[str, dict[str, np.ndarray]],
+                  extra: Callable[[Any, int, int], None] | None = None) -> None:
+    """The events as our .pftrace; `extra(writer, main_thread, device)` may add more."""
     from neuron_explorer.collectors.trace_writer import open_writer
 
     w = open_writer(str(path), "pftrace")
@@ -104,6 +108,8 @@ def write_pftrace(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
         w.slices(np.full(int(m.sum()), engines[e]), ins["ts"][m], ins["dur"][m], ["Inst"],
                  np.zeros(int(m.sum()), int), "instruction",
                  int_args={"kernel_id": ins["kernel_id"][m], "bytes": ins["bytes"][m]})
+    if extra is not None:
+        extra(w, main, dev)
     w.close()
 
 

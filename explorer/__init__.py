@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "neuron_explorer.trace",
     "Trace": "neuron_explorer.trace",
+    "Run": "neuron_explorer.run",
+    "load_run": "neuron_explorer.run",
     "TraceFormatError": "neuron_explorer.errors",
     "diff": "neuron_explorer.diff",
     "record": "neuron_explorer.collectors.session",
@@ -22,12 +24,14 @@ _LAZY = {
     "annotate": "neuron_explorer.collectors.session",
 }
 
-__all__ = ["Trace", "TraceFormatError", "__version__", "annotate", "diff", "load", "record", "step"]
+__all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff", "load",
+           "load_run", "record", "step"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, record, step
     from neuron_explorer.diff import diff
     from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.run import Run, load_run
     from neuron_explorer.trace import Trace, load
 
 

@@ -35,6 +35,8 @@ class TraceDiff:
     modules: pd.DataFrame  # module, phase, status, a_ns, b_ns, delta_ns
     engines: pd.DataFrame  # device, engine, status, a_busy_ns, b_busy_ns, delta_ns
     hardware: tuple[str | None, str | None] = field(default=(None, None))
+    # name, kind, status, a_count, b_count, a_ns, b_ns, a_mean_ns, b_mean_ns, delta_ns
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def added_ops(self) -> list[str]:
@@ -52,8 +54,8 @@ class TraceDiff:
         return {"a": self.a, "b": self.b, "hardware": list(self.hardware),
                 "summary": records(self.summary), "breakdown": records(self.breakdown),
                 "ops": records(self.ops), "modules": records(self.modules),
-                "engines": records(self.engines), "added_ops": self.added_ops,
-                "removed_ops": self.removed_ops}
+                "engines": records(self.engines), "kernels": records(self.kernels),
+                "added_ops": self.added_ops, "removed_ops": self.removed_ops}
 
     def sections(self, top: int = 15) -> list[Section]:
         """Titled sections for the renderers."""
@@ -87,8 +89,16 @@ class TraceDiff:
                             "a": [fmt_ns(v) for v in self.engines["a_busy_ns"]],
                             "b": [fmt_ns(v) for v in self.engines["b_busy_ns"]],
                             "change": [fmt_ns(v) for v in self.engines["delta_ns"]]})
+        k = self.kernels
+        k = k.reindex(k["delta_ns"].abs().sort_values(ascending=False).index).head(top) \
+            if len(k) else k
+        kernels = pd.DataFrame({"kernel": k.get("name", []), "status": k.get("status", []),
+                                "a": [fmt_ns(v) for v in k.get("a_ns", [])],
+                                "b": [fmt_ns(v) for v in k.get("b_ns", [])],
+                                "change": [fmt_ns(v) for v in k.get("delta_ns", [])]})
         return [Section("Summary (per step)", summary), Section("Breakdown per step", bd),
                 Section("Ops that changed most (device time per step)", ops),
+                Section("Kernels that changed most (device time per step)", kernels),
                 Section("Modules that changed most (time per step)", mods_t),
                 Section("Engine busy time per step", eng),
                 Section("Ops added / removed",
@@ -133,6 +143,64 @@ def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[s
     return j.reset_index()
 
 
+def _all_op_counts(trace: Trace) -> pd.Series:
+    """How often each op name runs per step at any depth (the ops table holds only the
+    outermost ops of a PyTorch-profiler trace)."""
+    from neuron_explorer.tables import of_kind
+
+    names = of_kind(trace, "op")["name"]
+    return names.value_counts() / _per_step(trace)
+
+
+def _nesting_status(ops: pd.DataFrame, ta: Trace, tb: Trace) -> pd.DataFrame:
+    """An op that is no longer outermost but still runs nested is `nested`, not removed (or
+    added); an op that only ever ran nested and is gone (or new) is listed too."""
+    all_a, all_b = _all_op_counts(ta), _all_op_counts(tb)
+    still = ops["name"].isin(all_b.index) & ops["status"].eq("removed")
+    before = ops["name"].isin(all_a.index) & ops["status"].eq("added")
+    ops.loc[still | before, "status"] = "nested"
+    listed = set(ops["name"])
+    extra = [(name, "removed", all_a[name], 0.0) for name in all_a.index
+             if name not in listed and name not in all_b.index]
+    extra += [(name, "added", 0.0, all_b[name]) for name in all_b.index
+              if name not in listed and name not in all_a.index]
+    if not extra:
+        return ops
+    rows = pd.DataFrame(extra, columns=["name", "status", "a_count", "b_count"])
+    rows["a_device_ns"] = rows["b_device_ns"] = rows["delta_ns"] = 0.0
+    return pd.concat([ops, rows[ops.columns]], ignore_index=True)
+
+
+def _kernels(ta: Trace, tb: Trace, na: int, nb: int) -> pd.DataFrame:
+    """Kernels by name and kind, per step: added, removed, changed (time or count), common."""
+    columns = ["name", "kind", "status", "a_count", "b_count", "a_ns", "b_ns", "a_mean_ns",
+               "b_mean_ns", "delta_ns"]
+
+    def per_step(trace: Trace, n: int) -> pd.DataFrame:
+        stats = trace.kernel_stats()
+        if not len(stats):
+            return pd.DataFrame(columns=["name", "kind", "count", "ns", "mean_ns"])
+        return pd.DataFrame({"name": stats["name"], "kind": stats["kind"],
+                             "count": stats["count"] / n, "ns": stats["total_ns"] / n,
+                             "mean_ns": stats["mean_ns"]})
+
+    k = _outer(per_step(ta, na), per_step(tb, nb), ["name", "kind"],
+               {"count": "count", "ns": "ns", "mean_ns": "mean_ns"})
+    k["delta_ns"] = k["b_ns"] - k["a_ns"]
+    changed = (k["status"] == "common") & ((k["delta_ns"] != 0) | (k["a_count"] != k["b_count"]))
+    k.loc[changed, "status"] = "changed"
+    return k[columns]
+
+
+def _align_devices(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """B's devices renumbered onto A's in order when the two traces use different device
+    indices for the same setup (rank 0 on GPU 0 against rank 1 on GPU 1)."""
+    da, db = sorted(set(a["device"])), sorted(set(b["device"]))
+    if da == db or len(da) != len(db):
+        return b
+    return b.assign(device=b["device"].map(dict(zip(db, da, strict=True))))
+
+
 def _summary(ta: Trace, tb: Trace) -> pd.DataFrame:
     sa, sb = ta.summary(), tb.summary()
     rows = []
@@ -159,6 +227,7 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
     ops["delta_ns"] = ops["b_device_ns"] - ops["a_device_ns"]
     ops.loc[(ops["status"] == "common") & (ops["delta_ns"] != 0), "status"] = "changed"
     ops = ops[["name", "status", "a_count", "b_count", "a_device_ns", "b_device_ns", "delta_ns"]]
+    ops = _nesting_status(ops, ta, tb)
     ma = ta.module_stats().assign(ns=lambda f: f["total_ns"] / na) if len(ta.modules) else \
         pd.DataFrame(columns=["module", "phase", "ns"])
     mb = tb.module_stats().assign(ns=lambda f: f["total_ns"] / nb) if len(tb.modules) else \
@@ -166,14 +235,14 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
     mods = _outer(ma, mb, ["module", "phase"], {"ns": "ns"})
     mods["delta_ns"] = mods["b_ns"] - mods["a_ns"]
     ea = engine_busy_totals(ta).assign(busy_ns=lambda f: f["busy_ns"] / na)
-    eb = engine_busy_totals(tb).assign(busy_ns=lambda f: f["busy_ns"] / nb)
+    eb = _align_devices(ea, engine_busy_totals(tb).assign(busy_ns=lambda f: f["busy_ns"] / nb))
     eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
     eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
     return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
                      summary=_summary(ta, tb), breakdown=bd, ops=ops,
                      modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
                      engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                     hardware=(ta.hardware, tb.hardware))
+                     hardware=(ta.hardware, tb.hardware), kernels=_kernels(ta, tb, na, nb))
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:

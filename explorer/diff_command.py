@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.report_command import FORMATS, load_quietly, write_output
 
 
@@ -18,5 +19,14 @@ def run(args: argparse.Namespace) -> int:
     from neuron_explorer.diff import diff
 
     a, b = load_quietly(args.a, "diff"), load_quietly(args.b, "diff")
+    runs = [hasattr(x, "digests") for x in (a, b)]
+    if any(runs):
+        if not all(runs):
+            raise NeuronExplorerError(f"cannot compare a run with a single trace ({args.a}, "
+                                      f"{args.b}): give both runs or both traces")
+        from neuron_explorer.run_report import render_run_diff
+
+        write_output(render_run_diff(a, b, args.format), args.output)
+        return 0
     write_output(diff(a, b).render(args.format), args.output)
     return 0

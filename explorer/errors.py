@@ -16,3 +16,8 @@ class TraceFormatError(NeuronExplorerError):
         self.position = position
         where = f" at byte {position}" if position is not None else ""
         super().__init__(f"cannot read trace {self.path}{where}: {reason}")
+
+    def __reduce__(self) -> tuple:
+        # rebuilt from its fields when it crosses a process boundary (runs load ranks in
+        # worker processes)
+        return (type(self), (self.path, self.reason, self.position))

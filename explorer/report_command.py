@@ -12,7 +12,7 @@ FORMATS = ("text", "json", "md", "html")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="trace file: .pftrace, Chrome JSON or PyTorch-profiler "
-                        "JSON (.gz)")
+                        "JSON (.gz); or a run folder of per-rank traces")
     parser.add_argument("--format", choices=FORMATS, default="text", help="output format")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
 
@@ -39,8 +39,12 @@ def load_quietly(path: str, command: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = load(path)
-    for message in trace.warnings:
-        print(f"neuron-explorer {command}: warning: {message}", file=sys.stderr)
+    runs = getattr(trace, "digests", None)  # a Run: each rank's warnings
+    sources = ([(f"rank {r}: ", d.warnings) for r, d in runs.items()] if runs is not None
+               else [("", trace.warnings)])
+    for prefix, messages in sources:
+        for message in messages:
+            print(f"neuron-explorer {command}: warning: {prefix}{message}", file=sys.stderr)
     return trace
 
 
@@ -48,5 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from neuron_explorer.report import render_report
 
     trace = load_quietly(args.trace, "report")
+    if not hasattr(trace, "base_slices"):  # a run folder: one trace per rank
+        from neuron_explorer.run_report import render_run_report
+
+        write_output(render_run_report(trace, args.format), args.output)
+        return 0
     write_output(render_report(trace, args.format), args.output)
     return 0

@@ -24,13 +24,20 @@ from neuron_explorer.loaders.raw import RawTrace
 
 if TYPE_CHECKING:
     from neuron_explorer.rules.finding import Finding
+    from neuron_explorer.run import Run
 
 SQL_TABLES = ("slices", "tracks", "counters", "flows", "steps", "ops", "kernels",
               "instructions", "modules")
 
 
-def load(path: str | os.PathLike) -> Trace:
-    """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device."""
+def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.PathLike, ...],
+         ) -> Trace | Run:
+    """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device.
+    A folder of per-rank traces (a run folder) or a list of paths gives a `Run`."""
+    if isinstance(path, (list, tuple)) or os.path.isdir(path):
+        from neuron_explorer.run import load_run
+
+        return load_run(path)
     return Trace(read_trace(path))
 
 
@@ -207,6 +214,19 @@ class Trace:
         from neuron_explorer.analyses.compilation import compile_summary
 
         return self.cached("compile", lambda: compile_summary(self))
+
+    def communication(self) -> pd.DataFrame:
+        """Per device: compute and communication time, the overlapped part (`overlap_pct`:
+        share of communication time that overlaps compute), exposed communication."""
+        from neuron_explorer.analyses.communication import communication
+
+        return communication(self)
+
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective call: kind, bytes, group, seq, wait and transfer time."""
+        from neuron_explorer.analyses.communication import collectives
+
+        return collectives(self)
 
     def bottlenecks(self) -> list[Finding]:
         """Findings of every bottleneck rule, ranked by time lost."""

@@ -25,6 +25,7 @@ from neuron_explorer.webapp.pages import (
     engines,
     memory,
     overview,
+    ranks,
     roofline,
     tables,
     timeline,
@@ -34,7 +35,7 @@ from neuron_explorer.webapp.trace_store import TraceStore
 log = logging.getLogger("neuron_explorer.webapp")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare]
+PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
 
 

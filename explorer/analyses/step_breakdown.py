@@ -56,9 +56,32 @@ def host_slices(trace: Trace) -> pd.DataFrame:
 
 
 def _device_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
+    """Device categories per step; with several devices, the mean device (two devices each
+    busy half the step are half idle, not fully busy together)."""
+    k = trace.kernels
+    devices = k["device"].unique() if len(k) else []
+    if len(devices) <= 1:
+        return _rows_of_one_device(k, win)
+    per_device = pd.DataFrame(
+        [row for d in devices for row in _rows_of_one_device(k[k["device"] == d], win)],
+        columns=["step", "side", "category", "ns"])
+    mean = per_device.groupby(["step", "side", "category"], sort=False)["ns"].sum()
+    rows: list[tuple] = []
+    for (st, side, category), total in mean.items():
+        rows.append((st, side, category, int(total) // len(devices)))
+    # keep each step's parts summing to the step: the rounding goes to the largest part
+    frame = pd.DataFrame(rows, columns=["step", "side", "category", "ns"])
+    dur = dict(zip(win["step"], win["dur"], strict=True))
+    for st, part in frame.groupby("step", sort=False):
+        missing = int(dur[st]) - int(part["ns"].sum())
+        if missing:
+            frame.loc[part["ns"].idxmax(), "ns"] += missing
+    return list(frame.itertuples(index=False, name=None))
+
+
+def _rows_of_one_device(k: pd.DataFrame, win: pd.DataFrame) -> list[tuple]:
     a = win["ts"].to_numpy(np.int64)
     b = a + win["dur"].to_numpy(np.int64)
-    k = trace.kernels
     rows: list[tuple] = []
     steps = win["step"].to_numpy()
     if not len(k):

@@ -18,9 +18,10 @@ from neuron_explorer import trace_format as tf
 from neuron_explorer.errors import TraceFormatError
 from neuron_explorer.loaders.args import DictArgs
 from neuron_explorer.loaders.kinds import (
-    DEVICE_CATEGORIES,
     DEVICE_PROCESS_NAME,
     KINETO_MARKERS,
+    is_device_category,
+    kineto_category,
     kineto_kind,
     our_kind,
 )
@@ -157,7 +158,8 @@ def _read_events(events: list, col: _Collector) -> None:
 def _is_kineto(doc: Any, cats: set[str]) -> bool:
     if isinstance(doc, dict) and ("schemaVersion" in doc or "deviceProperties" in doc):
         return True
-    return bool(cats & KINETO_MARKERS) and tf.CAT_METADATA not in cats
+    known = {kineto_category(c) for c in cats if isinstance(c, str)}
+    return bool(known & KINETO_MARKERS) and tf.CAT_METADATA not in cats
 
 
 def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
@@ -314,7 +316,8 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
         col.skipped["slice never ended (closed at trace end)"] += n_open
     device_pids: set[Any] = set()
     if kineto:
-        on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in DEVICE_CATEGORIES}
+        device_cats = {c for c in set(col.s_cat) if is_device_category(str(c))}
+        on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in device_cats}
         device_pids = {pid for (pid, tid), t in col.track_of.items() if t in on_dev_tracks}
         device_pids |= {p for p, n in col.process_names.items()
                         if isinstance(p, int) and _looks_like_device(n)}

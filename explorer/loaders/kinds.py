@@ -16,12 +16,17 @@ from neuron_explorer import trace_format as tf
 OUR_KINDS = {
     tf.CAT_STEP, tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_OP, tf.CAT_KERNEL,
     tf.CAT_INSTRUCTION, tf.CAT_DMA, tf.CAT_SYNC, tf.CAT_DATALOADER, tf.CAT_COMPILE,
-    tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_ANNOTATION, tf.CAT_METADATA,
+    tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_ANNOTATION, tf.CAT_METADATA, tf.CAT_COLLECTIVE,
 }
 # Kineto categories that only ever run on a device.
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}
 KINETO_MARKERS = {"cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "ac2g",
                   "user_annotation", "python_function"}
+# Older PyTorch-profiler versions (before `schemaVersion`) name the same categories
+# differently; they are read as today's.
+OLD_CATEGORIES = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
+                  "runtime": "cuda_runtime", "driver": "cuda_driver", "operator": "cpu_op",
+                  "python_function": "python_function", "user_annotation": "user_annotation"}
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DEVICE_PROCESS_NAME = re.compile(r"^neuron:(\d+)\b")
 
@@ -34,9 +39,20 @@ def our_kind(category: str) -> str:
     return category if category in OUR_KINDS else "other"
 
 
+def kineto_category(category: str) -> str:
+    """A PyTorch-profiler category under its current name (`Memcpy` -> `gpu_memcpy`)."""
+    cat = category.lower()
+    return OLD_CATEGORIES.get(cat, cat)
+
+
+def is_device_category(category: str) -> bool:
+    """A category only ever seen on a device (kernels, copies, memsets, device syncs)."""
+    return kineto_category(category) in DEVICE_CATEGORIES
+
+
 def kineto_kind(category: str, name: str, on_device: bool) -> str:
     """Kind of a slice in a PyTorch-profiler trace."""
-    cat = category.lower()
+    cat = kineto_category(category)
     low = name.lower()
     if cat == "kernel":
         return "kernel"
@@ -44,14 +60,14 @@ def kineto_kind(category: str, name: str, on_device: bool) -> str:
         return "memcpy"
     if cat == "gpu_memset":
         return "memset"
+    if cat.endswith(("_runtime", "_driver")):  # runtime calls, even where a vendor puts
+        return "sync" if "synchronize" in low else "runtime"  # them on the device (MTIA)
     if on_device:
         if cat == "cuda_sync":
             return "device_sync"
         if cat == "gpu_user_annotation":
             return "annotation"
         return "kernel"  # a vendor's device category (MTIA: mtia_ccp_events)
-    if cat.endswith(("_runtime", "_driver")):
-        return "sync" if "synchronize" in low else "runtime"
     if STEP_NAME.match(name):
         return "step"
     if "dataloader" in low:

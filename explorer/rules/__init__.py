@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from neuron_explorer.rules import (
     compile_dominates,
     dataloader_stall,
+    dependency_idle,
     engine_imbalance,
+    exposed_communication,
     fp32_matmul,
     host_bound,
     host_device_copies,
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 
 RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
          memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
-         recompilation, compile_dominates, memory_capacity)
+         recompilation, compile_dominates, memory_capacity, exposed_communication,
+         dependency_idle)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 

@@ -74,7 +74,9 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
 
 
 def us(ns: float) -> str:
-    """A duration for messages: '1.2 ms', '35 us'."""
+    """A duration for messages: '2.1 s', '1.2 ms', '35 us'."""
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3g} s"
     if ns >= 1e6:
         return f"{ns / 1e6:.3g} ms"
     if ns >= 1e3:

@@ -62,3 +62,10 @@ COMPILE_DOMINANT_SHARE = 0.50
 # memory_near_capacity: peak device memory over this share of capacity.
 MEMORY_NEAR_CAPACITY = 0.90
 MEMORY_CRITICAL = 0.97  # high severity from here
+
+# exposed_communication: a device only communicates (collectives with no compute beside).
+EXPOSED_COMM_MIN_SHARE = 0.05
+
+# dependency_idle: the device idles with its next kernel already launched (cross-stream or
+# cross-rank waits).
+DEPENDENCY_IDLE_MIN_SHARE = 0.10

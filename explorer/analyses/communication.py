@@ -1,0 +1,331 @@
+"""Communication on one trace: its collectives, and how much of their time compute hides.
+
+A collective is a slice of kind `collective` in our traces (args: collective, bytes,
+group, seq, algorithm, wait_ns, transfer_ns; docs/trace-format.md), or a
+communication kernel in a PyTorch-profiler trace (NCCL or RCCL kernels, named
+`ncclKernel_*`/`ncclDevKernel_*`). The other device kernels are computation, copies
+and memsets are memory: the same split Holistic Trace Analysis makes.
+
+Overlap follows HTA's definition: the share of communication time during which
+the same device also runs computation. Exposed communication is the rest: time the
+device spends only communicating.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer import trace_format as tf
+from neuron_explorer.analyses.intervals import Union
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLLECTIVE_COLUMNS = ["id", "device", "seq", "collective", "ts", "dur", "arrival", "bytes",
+                      "group", "group_size", "algorithm", "wait_ns", "transfer_ns", "step"]
+COMMUNICATION_COLUMNS = ["device", "compute_ns", "communication_ns", "overlap_ns",
+                         "overlap_pct", "exposed_ns", "memory_ns", "collectives"]
+STATS_COLUMNS = ["device", "collective", "count", "bytes", "time_ns", "transfer_ns",
+                 "algbw_gbps", "busbw_gbps"]
+KERNEL_TYPE_COLUMNS = ["device", "kernel_type", "ns", "share"]
+
+# NCCL/RCCL kernel names: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_...
+_COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)\w*?(?:Kernel|DevKernel)_?([A-Za-z]+)",
+                          re.IGNORECASE)
+_NAME_ALIASES = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send",
+    "recv": "recv", "alltoall": "all_to_all", "alltoallv": "all_to_all",
+    "allgatherintotensor": "all_gather", "reducescattertensor": "reduce_scatter",
+    "alltoallbase": "all_to_all", "allgatherbase": "all_gather",
+    "reducescatterbase": "reduce_scatter", "barrier": "barrier",
+}
+# Bus bandwidth = algorithm bandwidth x this factor of the group size n (as nccl-tests
+# defines it): the bytes each link carries relative to the message.
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+_DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+                "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4,
+                "long": 8, "long int": 8, "int64": 8, "int8": 1, "uint8": 1,
+                "unsigned char": 1, "signed char": 1, "bool": 1, "short": 2, "int16": 2}
+
+
+def canonical_collective(name: Any) -> str:
+    """`allreduce`, `AllReduce`, `all_reduce`, `nccl:all_reduce` -> `all_reduce`."""
+    text = str(name or "").strip()
+    text = text.split(":", 1)[-1] if ":" in text else text
+    key = re.sub(r"[^a-z]", "", text.lower())
+    return _NAME_ALIASES.get(key, re.sub(r"(?<!^)(?=[A-Z])", "_", text).lower() or "unknown")
+
+
+def comm_kernel_name(name: str) -> str | None:
+    """The collective an NCCL/RCCL kernel runs, or None if the name is no such kernel."""
+    m = _COMM_KERNEL.match(name)
+    return canonical_collective(m.group(1)) if m else None
+
+
+def bus_factor(collective: str, group_size: int) -> float:
+    """Bus bandwidth / algorithm bandwidth for a collective over `group_size` ranks."""
+    factor = _BUS_FACTOR.get(collective)
+    if factor is None or group_size < 1:
+        return 1.0
+    return float(factor(group_size))
+
+
+def collectives(trace: Trace) -> pd.DataFrame:
+    """One row per collective call: its kind, bytes, group and (where recorded) the time it
+    waited for the last rank to arrive (`wait_ns`) and moved data (`transfer_ns`)."""
+    return trace.cached("collectives", lambda: _collectives(trace))
+
+
+def _collectives(trace: Trace) -> pd.DataFrame:
+    s = trace.base_slices
+    ours = tables.kind_mask(trace, (tf.CAT_COLLECTIVE,))
+    kernels = tables.kind_mask(trace, ("kernel",))
+    comm_kernel = np.zeros(len(s), bool)
+    if kernels.any():
+        kernel_rows = np.flatnonzero(kernels)
+        names = s["name"].to_numpy()[kernel_rows]
+        hit = tables.map_unique(names, lambda n: comm_kernel_name(str(n)) is not None, bool)
+        tagged = trace.args.texts(tf.ARG_COLLECTIVE, s["id"].to_numpy()[kernel_rows]) != ""
+        comm_kernel[kernel_rows[hit | tagged]] = True
+    rows = s[ours | comm_kernel]
+    if not len(rows):
+        return tables.empty(COLLECTIVE_COLUMNS)
+    ids = rows["id"].to_numpy()
+    texts = trace.args.texts
+    out = pd.DataFrame({"id": ids, "ts": rows["ts"].to_numpy(), "dur": rows["dur"].to_numpy()})
+    out["device"] = _devices(trace, rows)
+    # what the program called, from the most direct record to the least
+    collective = texts(tf.ARG_COLLECTIVE, ids)
+    message = _message_bytes(trace, rows)
+    if trace.source_format == "kineto_json":
+        host_name, host_bytes = _launching_annotations(trace, ids)
+        kineto_named = texts("Collective name", ids)
+        collective = np.where(kineto_named != "", kineto_named, host_name)
+        message = np.where(message >= 0, message, host_bytes)
+    from_kernel = tables.map_unique(rows["name"].to_numpy(),
+                                    lambda n: comm_kernel_name(str(n)) or "unknown")
+    collective = np.where(collective != "", collective, from_kernel)
+    out["collective"] = tables.map_unique(collective, canonical_collective)
+    out["bytes"] = np.maximum(message, 0)
+    group = texts(tf.ARG_GROUP, ids)
+    kineto_group = texts("Process Group Ranks", ids)
+    out["group"] = np.where(group != "", group, kineto_group)
+    size = tables.map_unique(out["group"].to_numpy(), _group_size, np.int64)
+    kineto_size = tables.number(trace, "Group size", ids, default=0)
+    world = _world_size(trace)
+    out["group_size"] = np.where(size > 0, size, np.where(kineto_size > 0, kineto_size, world))
+    out["algorithm"] = texts(tf.ARG_ALGORITHM, ids)
+    seq = tables.number(trace, tf.ARG_SEQ, ids, default=-1)
+    kineto_seq = tables.number(trace, "Seq", ids, default=-1)
+    out["seq"] = np.where(seq >= 0, seq, kineto_seq)
+    out["wait_ns"] = tables.number(trace, tf.ARG_WAIT_NS, ids, default=-1)
+    transfer = tables.number(trace, tf.ARG_TRANSFER_NS, ids, default=-1)
+    known_wait = out["wait_ns"].to_numpy() >= 0
+    out["transfer_ns"] = np.where(transfer >= 0, transfer,
+                                  np.where(known_wait, out["dur"] - out["wait_ns"], -1))
+    # When this rank reached the call: the slice's start when it spans the wait too, else
+    # that much before it (a slice of the transfer alone, with the wait as an arg)
+    wait = out["wait_ns"].to_numpy()
+    spans_wait = out["dur"].to_numpy() >= np.maximum(wait, 0) + np.maximum(
+        out["transfer_ns"].to_numpy(), 0)
+    out["arrival"] = out["ts"].to_numpy() - np.where(known_wait & ~spans_wait, wait, 0)
+    out["step"] = tables.assign_steps(out["ts"].to_numpy(), trace.steps)
+    out = out.sort_values(["device", "ts"], ignore_index=True)
+    _number_unsequenced(out)
+    return out[COLLECTIVE_COLUMNS]
+
+
+def _devices(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
+    dev = trace.tracks.set_index("track_id")["device"]
+    track_dev = dev.reindex(rows["track_id"].to_numpy()).fillna(-1).to_numpy().astype(np.int64)
+    arg_dev = tables.number(trace, tf.ARG_DEVICE, rows["id"].to_numpy(), default=-1)
+    return np.where(track_dev >= 0, track_dev, np.maximum(arg_dev, 0))
+
+
+def _message_bytes(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
+    """Bytes of each collective's message: our `bytes` arg, or Kineto's `In msg nelems` x
+    the dtype's size (older PyTorch-profiler traces: see `_launching_annotations`)."""
+    ids = rows["id"].to_numpy()
+    ours = tables.number(trace, tf.ARG_BYTES, ids, default=-1)
+    nelems = tables.number(trace, "In msg nelems", ids, default=-1)
+    dtype = trace.args.texts("dtype", ids)
+    size = np.asarray([_DTYPE_BYTES.get(str(d).lower(), 0) for d in dtype], np.int64)
+    kineto = np.where((nelems >= 0) & (size > 0), nelems * size, -1)
+    return np.where(ours >= 0, ours, kineto)
+
+
+def _launching_annotations(trace: Trace, kernel_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Older PyTorch-profiler traces name a collective only on the host: the `nccl:*` (or
+    `record_param_comms`) range around the runtime call that launched the kernel gives the
+    collective the program called and its input sizes. Returns (names, bytes); '' and -1
+    where there is no such range."""
+    s = trace.base_slices
+    names_out = np.full(len(kernel_ids), "", dtype=object)
+    bytes_out = np.full(len(kernel_ids), -1, np.int64)
+    corr = tables.number(trace, "correlation", kernel_ids, default=-1)
+    rt = tables.of_kind(trace, "runtime")
+    rt_corr = tables.number(trace, "correlation", rt["id"].to_numpy(), default=-1)
+    by_corr = pd.Series(rt["id"].to_numpy(), index=rt_corr)
+    by_corr = by_corr[(by_corr.index >= 0) & ~by_corr.index.duplicated()]
+    runtime = by_corr.reindex(corr).fillna(-1).to_numpy(np.int64)
+    has = np.flatnonzero(runtime >= 0)
+    if not len(has):
+        return names_out, bytes_out
+    ann = tables.ancestor_of_kind(trace, runtime[has], ("annotation", "op"))
+    names = s["name"].to_numpy()
+    for i, a in zip(has.tolist(), ann.tolist(), strict=True):
+        if a < 0:
+            continue
+        name = str(names[a])
+        if name.startswith("nccl:"):
+            names_out[i] = name
+        elif not name.startswith("record_param_comms"):
+            continue
+        one = np.asarray([a])
+        bytes_out[i] = _dims_bytes(trace.args.texts("Input Dims", one)[0],
+                                   trace.args.texts("Input type", one)[0])
+    return names_out, bytes_out
+
+
+def _dims_bytes(dims: str, types: str) -> int:
+    """Bytes of the first input from Kineto's `Input Dims` and `Input type` texts."""
+    numbers = re.findall(r"\d+", dims.split("]", 1)[0]) if dims else []
+    if not numbers:
+        return 0
+    first_type = re.findall(r"[A-Za-z:][\w: ]*", types)
+    size = _DTYPE_BYTES.get(first_type[0].strip().lower(), 0) if first_type else 0
+    return int(np.prod([int(n) for n in numbers], dtype=np.int64)) * size
+
+
+def _group_size(group: Any) -> int:
+    text = str(group or "")
+    return len(re.findall(r"-?\d+", text)) if text else 0
+
+
+def _world_size(trace: Trace) -> int:
+    from neuron_explorer.run_files import distributed_info
+
+    info = distributed_info(trace.metadata)
+    return int(info.get("world_size") or 1)
+
+
+def _number_unsequenced(out: pd.DataFrame) -> None:
+    """Collectives without a recorded sequence number are numbered per device, group and
+    kind in time order: the n-th all-reduce of a group is the same call on every rank."""
+    missing = out["seq"].to_numpy() < 0
+    if missing.any():
+        sub = out[missing]
+        numbers = sub.groupby(["device", "group", "collective"], sort=False).cumcount()
+        out.loc[missing, "seq"] = numbers.to_numpy()
+
+
+def _intervals(frame: pd.DataFrame) -> Union:
+    ts = frame["ts"].to_numpy(np.int64)
+    return Union(ts, ts + frame["dur"].to_numpy(np.int64))
+
+
+def in_steps(trace: Trace) -> Any:
+    """How much of a Union lies in the trace's steps (all of it when there are none): setup
+    before the first step (process-group creation, the first broadcasts, ranks starting at
+    different times) is not training and would swamp the figures."""
+    steps = trace.steps
+    if not len(steps):
+        return lambda u: u.total
+    windows = _intervals(steps)
+    return lambda u: int(u.covered(windows.starts, windows.ends).sum())
+
+
+def communication(trace: Trace) -> pd.DataFrame:
+    """Per device: compute, communication and memory time inside the steps, how much of the
+    communication overlaps compute (`overlap_pct`, 0..100) and how much is exposed."""
+    return trace.cached("communication", lambda: _communication(trace))
+
+
+def _communication(trace: Trace) -> pd.DataFrame:
+    coll = collectives(trace)
+    k = trace.kernels
+    if not len(coll) and not len(k):
+        return tables.empty(COMMUNICATION_COLUMNS)
+    comm_ids = set(coll["id"].tolist())
+    is_comm = k["id"].isin(comm_ids).to_numpy()
+    is_memory = k["kind"].isin(["memcpy", "memset"]).to_numpy()
+    compute = k[~is_comm & ~is_memory]
+    memory = k[is_memory]
+    rows = []
+    measure = in_steps(trace)
+    devices = sorted(set(k["device"].tolist()) | set(coll["device"].tolist()))
+    for device in devices:
+        comp = _intervals(compute[compute["device"] == device])
+        comm_rows = coll[coll["device"] == device]
+        comm = _intervals(comm_rows)
+        both = Union.of((comp.starts, comp.ends), (comm.starts, comm.ends))
+        comp_ns, comm_ns = measure(comp), measure(comm)
+        overlap = comp_ns + comm_ns - measure(both)
+        rows.append({
+            "device": int(device), "compute_ns": comp_ns, "communication_ns": comm_ns,
+            "overlap_ns": overlap,
+            "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
+            "exposed_ns": comm_ns - overlap,
+            "memory_ns": measure(_intervals(memory[memory["device"] == device])),
+            "collectives": int((comm_rows["step"] >= 0).sum()) if len(trace.steps)
+            else len(comm_rows),
+        })
+    return pd.DataFrame(rows, columns=COMMUNICATION_COLUMNS)
+
+
+def collective_stats(trace: Trace) -> pd.DataFrame:
+    """Per device and collective kind: calls, bytes, time, and the achieved algorithm and
+    bus bandwidth (GB/s) over the time spent moving data (the wait for late ranks is not
+    the link's fault, so it is left out where it was recorded)."""
+    return stats_of(collectives(trace))
+
+
+def stats_of(coll: pd.DataFrame, keys: tuple[str, ...] = ("device", "collective")) -> pd.DataFrame:
+    """`collective_stats` of a collectives table, grouped by `keys`."""
+    columns = [*keys, *STATS_COLUMNS[2:]]
+    if not len(coll):
+        return tables.empty(columns)
+    moving = np.where(coll["transfer_ns"].to_numpy() >= 0, coll["transfer_ns"].to_numpy(),
+                      coll["dur"].to_numpy())
+    frame = coll.assign(moving=moving,
+                        bus_bytes=[b * bus_factor(c, int(n)) for b, c, n in
+                                   zip(coll["bytes"], coll["collective"], coll["group_size"],
+                                       strict=True)])
+    g = frame.groupby(list(keys), sort=True).agg(
+        count=("id", "size"), bytes=("bytes", "sum"), time_ns=("dur", "sum"),
+        transfer_ns=("moving", "sum"), bus_bytes=("bus_bytes", "sum")).reset_index()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g["algbw_gbps"] = np.where(g["transfer_ns"] > 0, g["bytes"] / g["transfer_ns"], np.nan)
+        g["busbw_gbps"] = np.where(g["transfer_ns"] > 0, g["bus_bytes"] / g["transfer_ns"],
+                                   np.nan)
+    return g[columns]
+
+
+def kernel_types(trace: Trace) -> pd.DataFrame:
+    """Per device: kernel time split into communication, memory and computation, each with
+    its share of the device's kernel time (HTA's kernel-type breakdown)."""
+    k = trace.kernels
+    if not len(k):
+        return tables.empty(KERNEL_TYPE_COLUMNS)
+    coll = collectives(trace)
+    comm_ids = set(coll["id"].tolist())
+    kind = np.where(k["id"].isin(comm_ids), "communication",
+                    np.where(k["kind"].isin(["memcpy", "memset"]), "memory", "computation"))
+    frames = [k[["device", "dur"]].assign(kernel_type=kind)]
+    own_queue = coll[~coll["id"].isin(set(k["id"].tolist()))]  # ours: not kernels
+    if len(own_queue):
+        frames.append(own_queue[["device", "dur"]].assign(kernel_type="communication"))
+    g = pd.concat(frames, ignore_index=True).groupby(["device", "kernel_type"])["dur"].sum()
+    frame = g.rename("ns").reset_index()
+    frame["share"] = frame["ns"] / frame.groupby("device")["ns"].transform("sum")
+    return frame[KERNEL_TYPE_COLUMNS]

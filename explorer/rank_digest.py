@@ -1,0 +1,88 @@
+"""What a run keeps of each rank: the small tables cross-rank analyses need.
+
+A multi-rank run can be far larger than memory, so a `Run` never holds every
+rank's slices: each rank is loaded (in a worker process when there are several),
+reduced to its digest (steps, collectives, communication, summary, findings), and
+let go. A rank's full `Trace` is loaded again only when asked for (`run[rank]`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer.analyses import communication as comm
+from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.rules.finding import Finding
+from neuron_explorer.run_files import distributed_info
+
+
+@dataclass
+class RankDigest:
+    """One rank of a run, reduced to what the run's analyses read."""
+
+    path: str
+    source_format: str
+    hardware: str | None
+    own_rank: int | None  # the rank the trace itself states, if any
+    world_size: int | None
+    summary: dict[str, Any]
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+    communication: pd.DataFrame
+    kernel_types: pd.DataFrame
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def digest_file(path: str) -> RankDigest:
+    """Load one rank's trace and reduce it to its digest (runs in a worker process)."""
+    import warnings
+
+    from neuron_explorer.loaders import read_trace
+    from neuron_explorer.trace import Trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = Trace(read_trace(path))
+    return digest_trace(trace)
+
+
+def digest_trace(trace: Any) -> RankDigest:
+    """The digest of a loaded trace."""
+    info = distributed_info(trace.metadata)
+    communication = comm.communication(trace).copy()
+    communication["exposed_transfer_ns"] = _exposed_transfer(trace)
+    return RankDigest(
+        path=trace.path, source_format=trace.source_format, hardware=trace.hardware,
+        own_rank=info.get("rank"), world_size=info.get("world_size"),
+        summary=trace.summary(), steps=trace.steps.copy(),
+        collectives=comm.collectives(trace).copy(), communication=communication,
+        kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
+        warnings=list(trace.warnings))
+
+
+def _exposed_transfer(trace: Any) -> np.ndarray:
+    """Per row of `communication(trace)`: time moving data that no compute hides. The wait
+    for a late rank is left out (it is the straggler's cost, not the link's)."""
+    frame = comm.communication(trace)
+    coll = comm.collectives(trace)
+    k = trace.kernels
+    measure = comm.in_steps(trace)
+    comm_ids = set(coll["id"].tolist())
+    compute = k[~k["id"].isin(comm_ids) & ~k["kind"].isin(["memcpy", "memset"])]
+    out = []
+    for device in frame["device"].tolist():
+        rows = coll[coll["device"] == device]
+        wait = np.maximum(rows["wait_ns"].to_numpy(np.int64), 0)
+        start = rows["ts"].to_numpy(np.int64) + np.minimum(wait, rows["dur"].to_numpy(np.int64))
+        moving = Union(start, rows["ts"].to_numpy(np.int64) + rows["dur"].to_numpy(np.int64))
+        c = compute[compute["device"] == device]
+        cts = c["ts"].to_numpy(np.int64)
+        work = Union(cts, cts + c["dur"].to_numpy(np.int64))
+        both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
+        out.append(measure(both) - measure(work))
+    return np.asarray(out, np.int64) if out else tables.empty(["x"])["x"].to_numpy()

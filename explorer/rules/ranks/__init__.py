@@ -1,0 +1,62 @@
+"""Rules over a whole run: one module per rule, each `check(run) -> list[Finding]`.
+
+They compare ranks (stragglers, load imbalance) or read communication figures
+(exposed communication, waits at collectives, small collectives); thresholds live
+in `thresholds.py` beside them. `run_rank_rules` adds each single-trace rule's
+worst rank, so a run's findings cover what every rank's report would say.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.rules.finding import Finding
+from neuron_explorer.rules.ranks import (
+    collective_wait,
+    exposed_communication,
+    load_imbalance,
+    small_collectives,
+    straggler_rank,
+)
+from neuron_explorer.rules.ranks.finding import run_finding
+
+if TYPE_CHECKING:
+    from neuron_explorer.run import Run
+
+RANK_RULES = (straggler_rank, collective_wait, exposed_communication, small_collectives,
+              load_imbalance)
+RANK_RULE_IDS = tuple(rule.RULE_ID for rule in RANK_RULES)
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def run_rank_rules(run: Run) -> list[Finding]:
+    """Cross-rank findings, then the worst rank's finding of each single-trace rule."""
+    findings: list[Finding] = []
+    for rule in RANK_RULES:
+        findings.extend(rule.check(run))
+    findings.extend(_worst_rank_findings(run))
+    findings.sort(key=lambda f: (-f.time_lost_ns, _SEVERITY_RANK[f.severity]))
+    return findings
+
+
+def _worst_rank_findings(run: Run) -> list[Finding]:
+    """For each single-trace rule, the rank where it costs most, named in the title."""
+    worst: dict[str, tuple[int, Finding]] = {}
+    for rank, digest in run.digests.items():
+        for f in digest.findings:
+            if f.rule_id in RANK_RULE_IDS:  # the run's own rule covers it across ranks
+                continue
+            if f.rule_id not in worst or f.time_lost_ns > worst[f.rule_id][1].time_lost_ns:
+                worst[f.rule_id] = (rank, f)
+    out = []
+    for rank, f in worst.values():
+        also = sum(1 for d in run.digests.values() if any(g.rule_id == f.rule_id
+                                                          for g in d.findings)) - 1
+        where = f"rank {rank}" + (f" (and {also} other rank{'s' * (also > 1)})" if also else "")
+        out.append(run_finding(run, f.rule_id, f"{f.title} on {where}", f.time_lost_ns,
+                               [dict(e, rank=rank) for e in f.evidence], f.explanation,
+                               f.recommendation, per_rank=True))
+    return out
+
+
+__all__ = ["RANK_RULES", "RANK_RULE_IDS", "run_rank_rules"]

@@ -1,0 +1,37 @@
+"""Load imbalance: some ranks compute longer than others, and the rest wait for them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.rules.finding import Finding, us
+from neuron_explorer.rules.ranks import thresholds as th
+from neuron_explorer.rules.ranks.finding import run_finding
+
+if TYPE_CHECKING:
+    from neuron_explorer.run import Run
+
+RULE_ID = "load_imbalance"
+
+
+def check(run: Run) -> list[Finding]:
+    comm = run.communication()
+    if len(run) < 2 or not len(comm):
+        return []
+    compute = comm.groupby("rank")["compute_ns"].sum().reindex(run.ranks).fillna(0)
+    busiest, idlest = compute.idxmax(), compute.idxmin()
+    hi, lo = float(compute.max()), float(compute.min())
+    if hi <= 0 or (hi - lo) / hi < th.LOAD_IMBALANCE_MIN_SPREAD:
+        return []
+    lost = hi - float(compute.mean())  # what the average rank waits for the busiest one
+    if lost < th.LOAD_IMBALANCE_MIN_SHARE * run.step_time_ns():
+        return []
+    return [run_finding(
+        run, RULE_ID, f"Compute differs across ranks: rank {busiest} works "
+        f"{100 * (hi - lo) / hi:.0f}% longer than rank {idlest}", lost, [],
+        f"Device compute time ranges from {us(lo)} (rank {idlest}) to {us(hi)} (rank "
+        f"{busiest}); synchronous training runs at the pace of the busiest rank, so the "
+        f"average rank idles about {us(lost)}.",
+        "Give every rank the same work: equal batch sizes, sequence lengths bucketed or "
+        "packed the same way on every rank, model shards of equal cost (for pipeline or "
+        "tensor parallelism, balance the layers per stage).")]

@@ -1,0 +1,53 @@
+"""Straggler rank: one rank reaches the collectives late, and every other rank waits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.analyses.ranks import step_collectives
+from neuron_explorer.rules.finding import Finding, top, us
+from neuron_explorer.rules.ranks import thresholds as th
+from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
+
+if TYPE_CHECKING:
+    from neuron_explorer.run import Run
+
+RULE_ID = "straggler_rank"
+
+
+def check(run: Run) -> list[Finding]:
+    if len(run) < 2:
+        return []
+    late = run.stragglers()
+    if not len(late):
+        return []
+    worst = late.iloc[0]
+    rank = int(worst["rank"])
+    lost = float(max(worst["wait_caused_ns"], worst["step_excess_ns"]))
+    if lost < th.STRAGGLER_MIN_SHARE * run.step_time_ns():
+        return []
+    coll = step_collectives(run)
+    first = coll.groupby(["group", "collective", "seq"])["arrival"].transform("min")
+    coll = coll.assign(behind=coll["arrival"] - first)
+    theirs = coll[(coll["rank"] == rank) & (coll["arrival"] == coll["last_arrival"])
+                  & (coll["ranks_arrived"] > 1)]
+    items = [rank_evidence(rank, r.ts, r.dur, [r.id],
+                           f"rank {rank} reached {r.collective} #{r.seq} last, "
+                           f"{us(r.behind)} after the first rank")
+             for r in top(theirs, "behind").itertuples()]
+    others = [r for r in run.ranks if r != rank]
+    return [run_finding(
+        run, RULE_ID, f"Rank {rank} is a straggler: the other ranks wait {us(lost)} for it",
+        lost, items,
+        f"Rank {rank} arrived last at {int(worst['last_arrivals'])} collectives, on average "
+        f"{us(worst['arrival_delay_ns'])} after the median rank; "
+        + (f"each of the {len(others)} other ranks" if len(others) > 1 else "the other rank")
+        + f" spent {us(worst['wait_caused_ns'])} waiting for it in all. Ranks of a "
+        "group cannot finish a collective before its last member arrives, so the slowest "
+        "rank sets the pace of all.",
+        f"Look at what rank {rank} does between collectives that the others do not: extra "
+        "host work (logging, metrics, checkpointing or evaluation on one rank only), a larger "
+        "or slower batch from its data loader, or a slower device. Move work done on one rank "
+        "only off the step's critical path (every N steps, or asynchronously), and give every "
+        "rank the same amount of data per step.")]
+

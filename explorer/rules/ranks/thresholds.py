@@ -1,0 +1,22 @@
+"""Every threshold the run rules use, with the reason for its value. Shares are of the
+run's step time (the mean over ranks of each rank's total step time)."""
+
+# straggler_rank: the other ranks lose this share of their step time waiting for one rank
+# (or its steps run this much longer than the median rank's).
+STRAGGLER_MIN_SHARE = 0.05
+
+# collective_wait: time ranks wait at collectives for the last rank to arrive.
+COLLECTIVE_WAIT_MIN_SHARE = 0.05
+
+# exposed_communication: time a device only moves data, with no compute to hide it.
+EXPOSED_COMM_MIN_SHARE = 0.05
+
+# small_collectives: messages below this size are latency-bound on any interconnect (the
+# per-call latency of NCCL or NeuronLink is microseconds; 1 MiB at 100 GB/s takes ~10 us).
+SMALL_COLLECTIVE_BYTES = 1 << 20
+SMALL_COLLECTIVES_MIN_COUNT = 16  # per rank: a handful of small calls is no pattern
+SMALL_COLLECTIVES_MIN_SHARE = 0.02
+
+# load_imbalance: the busiest rank computes this much longer than the least busy one.
+LOAD_IMBALANCE_MIN_SPREAD = 0.10
+LOAD_IMBALANCE_MIN_SHARE = 0.02

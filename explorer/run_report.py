@@ -1,0 +1,97 @@
+"""The report of a multi-rank run, and the diff of two runs: a table per rank, the
+run's communication, stragglers and findings."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from neuron_explorer.render import Section, fmt_ns, fmt_share, render
+
+if TYPE_CHECKING:
+    from neuron_explorer.run import Run
+
+_PER_RANK_NS = ("compute_ns", "communication_ns", "exposed_ns", "wait_ns")
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(frame.to_json(orient="records"))
+
+
+def run_report_dict(run: Run) -> dict[str, Any]:
+    """Everything the run report shows, JSON-able."""
+    return {
+        "run": run.path, "ranks": _records(run.rank_summary()),
+        "manifest": run.manifest,
+        "communication": _records(run.communication()),
+        "collectives": _records(run.collective_stats()),
+        "stragglers": _records(run.stragglers()),
+        "findings": [f.to_dict() for f in run.bottlenecks()],
+    }
+
+
+def run_report_sections(run: Run) -> list[Section]:
+    """The run report as titled sections."""
+    ranks = run.rank_summary()
+    head = {"run": run.path or "-", "ranks": len(run),
+            "step time per rank (total)": fmt_ns(run.step_time_ns())}
+    for key in ("world_size", "preset", "command"):
+        if key in run.manifest:
+            head[key] = run.manifest[key]
+    rank_table = pd.DataFrame({
+        "rank": ranks["rank"], "trace": ranks["path"], "steps": ranks["steps"],
+        "step (median)": [fmt_ns(v) for v in ranks["step_time_ns"]],
+        **{c.removesuffix("_ns"): [fmt_ns(v) for v in ranks[c]] for c in _PER_RANK_NS},
+        "others wait for it": [fmt_ns(v) for v in ranks["wait_caused_ns"]]})
+    comm = run.communication()
+    comm_table = pd.DataFrame({
+        "rank": comm["rank"], "device": comm["device"],
+        "communication": [fmt_ns(v) for v in comm["communication_ns"]],
+        "overlapped": [fmt_share(v / 100) for v in comm["overlap_pct"]],
+        "exposed": [fmt_ns(v) for v in comm["exposed_ns"]]})
+    stats = run.collective_stats()
+    stats_table = pd.DataFrame({
+        "rank": stats["rank"], "collective": stats["collective"], "calls": stats["count"],
+        "bytes": stats["bytes"], "time": [fmt_ns(v) for v in stats["time_ns"]],
+        "algbw GB/s": stats["algbw_gbps"].round(2), "busbw GB/s": stats["busbw_gbps"].round(2)})
+    findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
+                f"({fmt_share(f.share_of_step)} of step time). {f.explanation} "
+                f"Fix: {f.recommendation}" for f in run.bottlenecks()]
+    return [Section("Run", head), Section("Ranks", rank_table),
+            Section("Communication per rank", comm_table),
+            Section("Collectives per rank", stats_table),
+            Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def render_run_report(run: Run, fmt: str) -> str:
+    """The run report in one of: text, json, md, html."""
+    if fmt == "json":
+        return json.dumps(run_report_dict(run), indent=2, default=str)
+    return render(f"Neuron Explorer run report: {run.path}", run_report_sections(run), fmt)
+
+
+def diff_runs(a: Run, b: Run) -> pd.DataFrame:
+    """Per rank: step time, compute, communication, exposed and wait time in A and B, and
+    B's change in step time. Ranks are matched by number."""
+    sa, sb = a.rank_summary().set_index("rank"), b.rank_summary().set_index("rank")
+    columns = ["step_time_ns", *_PER_RANK_NS]
+    out = sa[columns].add_suffix("_a").join(sb[columns].add_suffix("_b"), how="outer")
+    out["step_change"] = out["step_time_ns_b"] / out["step_time_ns_a"] - 1
+    return out.reset_index()
+
+
+def render_run_diff(a: Run, b: Run, fmt: str) -> str:
+    """The run diff in one of: text, json, md, html."""
+    table = diff_runs(a, b)
+    if fmt == "json":
+        return json.dumps({"a": a.path, "b": b.path, "ranks": _records(table)}, indent=2,
+                          default=str)
+    shown = pd.DataFrame({"rank": table["rank"]})
+    for column in ("step_time_ns", *_PER_RANK_NS):
+        name = column.removesuffix("_ns")
+        shown[f"{name} A"] = [fmt_ns(v) for v in table[f"{column}_a"]]
+        shown[f"{name} B"] = [fmt_ns(v) for v in table[f"{column}_b"]]
+    shown["step change"] = [fmt_share(v) for v in table["step_change"]]
+    return render(f"Neuron Explorer run diff: {a.path} -> {b.path}",
+                  [Section("Per rank", shown)], fmt)

@@ -1,0 +1,263 @@
+"""Multi-rank runs: loading a folder or a list as a Run, its tables, cross-rank analyses,
+rules, and `report`/`diff` on run folders."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import neuron_explorer
+import run_scenarios as rs
+from neuron_explorer.cli import main
+from neuron_explorer.errors import NeuronExplorerError
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return rs.two_ranks(tmp_path_factory.mktemp("runs") / "train.run")
+
+
+@pytest.fixture(scope="module")
+def run(run_dir: Path) -> neuron_explorer.Run:
+    return neuron_explorer.load(run_dir)
+
+
+def test_a_folder_loads_as_a_run_with_sorted_ranks(run, run_dir):
+    assert isinstance(run, neuron_explorer.Run)
+    assert run.ranks == [0, 1] and len(run) == 2
+    assert run.manifest["world_size"] == 2
+    assert isinstance(run[1], neuron_explorer.Trace)
+    assert run[1].path.endswith("rank1.pftrace")
+    with pytest.raises(KeyError, match="no rank 5"):
+        run[5]
+
+
+def test_a_list_of_paths_loads_in_one_process_the_same(run, run_dir):
+    listed = neuron_explorer.load_run([run_dir / "rank1.pftrace", run_dir / "rank0.pftrace"],
+                                      processes=1)
+    assert listed.ranks == [0, 1]  # ranks from the traces' metadata, not the list order
+    assert listed.communication().equals(run.communication())
+
+
+def test_tables_carry_the_rank(run):
+    assert list(run.steps.groupby("rank").size()) == [4, 4]
+    assert set(run.kernels["rank"]) == {0, 1}
+    assert run.ops.columns[0] == "rank"
+    coll = run.collectives
+    assert len(coll) == 8
+    assert set(coll["collective"]) == {"all_reduce"}
+    assert coll["bytes"].eq(rs.MIB64).all()
+    assert coll["group_size"].eq(2).all()
+    assert sorted(coll[coll["rank"] == 0]["wait_ns"]) == [100_000] * 4
+    assert sorted(coll[coll["rank"] == 1]["wait_ns"]) == [0] * 4
+    assert coll["transfer_ns"].eq(400_000).all()
+
+
+def test_step_times_are_rank_by_step(run):
+    st = run.step_times()
+    assert list(st.index) == [0, 1] and list(st.columns) == [0, 1, 2, 3]
+    assert (st.to_numpy() == rs.STEP).all()
+
+
+def test_communication_overlap_is_exact(run):
+    comm = run.communication().set_index("rank")
+    assert comm.loc[0, "compute_ns"] == 4 * 600_000
+    assert comm.loc[0, "communication_ns"] == 4 * 500_000
+    assert comm.loc[0, "overlap_ns"] == 4 * 200_000
+    assert comm.loc[0, "overlap_pct"] == pytest.approx(40.0)
+    assert comm.loc[0, "exposed_ns"] == 4 * 300_000
+    assert comm.loc[1, "overlap_pct"] == pytest.approx(50.0)
+    assert comm.loc[1, "exposed_ns"] == 4 * 200_000
+    # waiting is not moving data: rank 0's exposed transfer is [600k, 900k) only
+    assert comm.loc[0, "exposed_transfer_ns"] == 4 * 300_000
+
+
+def test_single_trace_communication_matches_the_run(run):
+    one = run[0].communication()
+    assert one.iloc[0]["overlap_pct"] == pytest.approx(40.0)
+    assert one.iloc[0]["exposed_ns"] == 4 * 300_000
+
+
+def test_collective_bandwidth(run):
+    stats = run.collective_stats().set_index("rank")
+    # 64 MiB moved in 400 us per call: algbw = bytes / transfer time; bus = 2(n-1)/n x algbw
+    algbw = rs.MIB64 / 400_000
+    assert stats.loc[0, "algbw_gbps"] == pytest.approx(algbw)
+    assert stats.loc[0, "busbw_gbps"] == pytest.approx(algbw * 2 * (2 - 1) / 2)
+
+
+def test_the_straggler_is_the_late_rank(run):
+    late = run.stragglers()
+    assert list(late["rank"]) == [1]
+    row = late.iloc[0]
+    assert row["last_arrivals"] == 4
+    assert row["wait_caused_ns"] == 4 * 100_000
+    assert row["arrival_delay_ns"] == 50_000  # against the median of the two arrivals
+    assert row["late_share"] == pytest.approx(0.1)
+
+
+def test_slices_of_the_transfer_alone_give_the_same_arrivals(tmp_path):
+    run = neuron_explorer.load(rs.two_ranks(tmp_path / "t.run", transfer_slices=True))
+    coll = run.collectives
+    assert coll["ts"].nunique() == 4  # both ranks' slices start when the last one arrived
+    assert list(run.stragglers()["rank"]) == [1]
+    assert run.stragglers().iloc[0]["wait_caused_ns"] == 4 * 100_000
+    assert run.communication().set_index("rank").loc[0, "exposed_transfer_ns"] == 4 * 300_000
+
+
+def test_setup_before_the_first_step_is_left_out(tmp_path):
+    run = neuron_explorer.load(rs.two_ranks(tmp_path / "skew.run", setup_skew=True))
+    assert len(run.collectives) == 10  # the setup all-gathers are in the table
+    late = run.stragglers()
+    assert list(late["rank"]) == [1] and late.iloc[0]["wait_caused_ns"] == 4 * 100_000
+    comm = run.communication().set_index("rank")
+    assert comm.loc[0, "communication_ns"] == 4 * 500_000  # inside the steps only
+    assert comm.loc[1, "collectives"] == 4
+    assert set(run.collective_stats()["collective"]) == {"all_reduce"}
+
+
+def test_run_findings(run):
+    found = {f.rule_id: f for f in run.bottlenecks()}
+    straggler = found["straggler_rank"]
+    assert "Rank 1" in straggler.title
+    assert straggler.time_lost_ns == 400_000
+    assert straggler.share_of_step == pytest.approx(0.1)
+    assert straggler.evidence and straggler.evidence[0]["rank"] == 1
+    assert "collective_wait" not in found  # the straggler's finding holds those waits
+    exposed = found["exposed_communication"]
+    assert exposed.time_lost_ns == (4 * 300_000 + 4 * 200_000) // 2
+    assert "bucket_cap_mb" in exposed.recommendation
+    imbalance = found["load_imbalance"]
+    assert imbalance.time_lost_ns == 4 * 50_000
+    assert "rank 1" in imbalance.title and "rank 0" in imbalance.title
+    assert "small_collectives" not in found
+    ranked = [f.time_lost_ns for f in run.bottlenecks()]
+    assert ranked == sorted(ranked, reverse=True)
+
+
+def test_small_collectives_fire_and_balanced_ranks_are_no_stragglers(tmp_path):
+    run = neuron_explorer.load(rs.balanced_small_messages(tmp_path / "small.run"))
+    found = {f.rule_id: f for f in run.bottlenecks()}
+    assert "small_collectives" in found
+    small = found["small_collectives"]
+    assert "160 small collectives" in small.title
+    needed = 4 * 40 * (64 << 10) / (rs.MIB64 / 100_000)  # their bytes at the large calls' rate
+    assert small.time_lost_ns == pytest.approx(4 * 40 * 10_000 - needed, abs=1)
+    assert not len(run.stragglers())
+    assert "straggler_rank" not in found and "load_imbalance" not in found
+    assert "collective_wait" not in found
+
+
+def test_waits_spread_over_ranks_are_collective_waits_not_a_straggler(tmp_path):
+    run = neuron_explorer.load(rs.rotating_late_rank(tmp_path / "rotating.run"))
+    assert not len(run.stragglers())
+    lateness = run.sql("select 1")  # sql works without naming a table
+    assert len(lateness) == 1
+    found = {f.rule_id: f for f in run.bottlenecks()}
+    assert "straggler_rank" not in found
+    wait = found["collective_wait"]
+    assert wait.time_lost_ns == 3 * 150_000
+    assert "4 different ranks were last" in wait.explanation
+
+
+def test_run_sql(run):
+    got = run.sql("select rank, sum(wait_ns) as w from collectives group by rank order by rank")
+    assert list(got["w"]) == [400_000, 0]
+
+
+def test_kineto_rank_folder_derives_waits_from_arrivals(tmp_path):
+    folder = tmp_path / "gpus"
+    folder.mkdir()
+    # rank 1 reaches the all-reduce 200 us later; file names give no rank, the traces do
+    for name, rank, start in (("host-a.json.gz", 0, 500.0), ("host-b.json", 1, 700.0)):
+        text = json.dumps(rs.kineto_rank(rank, 2, start)).encode()
+        (folder / name).write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    run = neuron_explorer.load(folder)
+    assert run.ranks == [0, 1]
+    coll = run.collectives.set_index("rank")
+    assert coll.loc[0, "collective"] == "all_reduce"
+    assert coll.loc[0, "bytes"] == 4 * 1048576
+    assert coll.loc[0, "wait_ns"] == 200_000 and coll.loc[1, "wait_ns"] == 0
+    assert coll.loc[0, "transfer_ns"] == 200_000
+    comm = run.communication().set_index("rank")
+    assert comm.loc[0, "overlap_pct"] == pytest.approx(100 * 100 / 400)
+    types = run.kernel_types()
+    assert set(types["kernel_type"]) == {"communication", "computation"}
+
+
+def test_ranks_from_file_names_and_duplicates(tmp_path):
+    folder = tmp_path / "named"
+    folder.mkdir()
+    for rank in (0, 1):
+        events = rs.kineto_rank(rank, 2, 500.0)
+        del events["distributedInfo"]
+        (folder / f"trace_rank-{rank}.json").write_text(json.dumps(events))
+    assert neuron_explorer.load(folder).ranks == [0, 1]
+    dup = tmp_path / "dup"
+    dup.mkdir()
+    for name in ("a.json", "b.json"):
+        (dup / name).write_text(json.dumps(rs.kineto_rank(0, 2, 500.0)))
+    with pytest.raises(NeuronExplorerError, match="two traces are rank 0"):
+        neuron_explorer.load(dup)
+
+
+def test_a_folder_without_traces_is_a_clear_error(tmp_path):
+    with pytest.raises(NeuronExplorerError, match="holds no trace files"):
+        neuron_explorer.load(tmp_path)
+
+
+def test_report_on_a_run_folder(run_dir, capsys):
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "Ranks" in out and "rank1.pftrace" in out
+    assert "Rank 1 is a straggler" in out
+    assert main(["report", str(run_dir), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert {f["rule_id"] for f in data["findings"]} >= {"straggler_rank",
+                                                         "exposed_communication"}
+    assert data["communication"][0]["overlap_pct"] == pytest.approx(40.0)
+
+
+def test_diff_of_two_runs(run_dir, tmp_path, capsys):
+    other = rs.balanced_small_messages(tmp_path / "b.run")
+    assert main(["diff", str(run_dir), str(other), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["rank"]: r for r in data["ranks"]}
+    assert set(rows) == {0, 1}
+    assert rows[1]["compute_ns_a"] == 4 * 700_000 and rows[1]["compute_ns_b"] == 4 * 600_000
+    assert main(["diff", str(run_dir), str(run_dir / "rank0.pftrace")]) == 2
+    assert "both runs or both traces" in capsys.readouterr().err
+
+
+def test_the_loader_uses_worker_processes_for_several_files(run_dir, monkeypatch):
+    import neuron_explorer.run as run_module
+
+    seen = []
+    original = run_module.ProcessPoolExecutor
+
+    class Spy(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **kw):
+            seen.append(kw.get("max_workers"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(run_module, "ProcessPoolExecutor", Spy)
+    loaded = neuron_explorer.load_run(run_dir, processes=2)
+    assert seen == [2]
+    assert np.array_equal(loaded.communication()["overlap_ns"],
+                          neuron_explorer.load_run(run_dir, processes=1).communication()
+                          ["overlap_ns"])
+
+
+def test_one_rank_alone_reports_its_exposed_communication(run):
+    found = {f.rule_id: f for f in run[0].bottlenecks()}
+    assert found["exposed_communication"].time_lost_ns == 4 * 300_000
+    # in the run, the cross-rank rule holds it; the per-rank copy is not repeated
+    assert [f.rule_id for f in run.bottlenecks()].count("exposed_communication") == 1

@@ -1,0 +1,76 @@
+"""The Ranks page: a run folder served by `view`, its figures built from the run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import plotly.io.json as pio_json
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "explorer"))
+
+import run_scenarios as rs
+from neuron_explorer.webapp.app import AppContext
+from neuron_explorer.webapp.pages import ranks
+from neuron_explorer.webapp.trace_store import TraceStore
+
+
+def rendered(component) -> str:
+    return json.dumps(json.loads(pio_json.to_json_plotly(component)))
+
+
+@pytest.fixture
+def run_context(tmp_path: Path):
+    rs.two_ranks(tmp_path / "train.run")
+    (tmp_path / "alone.pftrace").write_bytes((tmp_path / "train.run" / "rank0.pftrace")
+                                             .read_bytes())
+    store = TraceStore(tmp_path)
+    yield AppContext(store)
+    store.close()
+
+
+def test_a_rank_of_a_run_folder_shows_the_whole_run(run_context):
+    name = "train.run/rank1.pftrace"
+    trace = run_context.store.get(name)
+    text = rendered(ranks.layout(trace, name, {}, run_context))
+    assert "train.run: 2 ranks" in text
+    assert "Rank 1 is a straggler" in text
+    assert "rank 1" in text  # the stragglers card
+    page = ranks.layout(trace, name, {}, run_context)
+    figures = {g.id: g.figure for g in _graphs(page)}
+    heat = figures["ranks-steps"]["data"][0]
+    assert heat["y"] == ["rank 0", "rank 1"] and heat["z"] == [[1.0] * 4, [1.0] * 4]
+    aligned = figures["ranks-aligned"]["data"]
+    waiting, _moving, links = aligned
+    assert sum(x > 0 for x in waiting["x"]) == 4  # rank 0 waits at each of the 4 calls
+    assert pytest.approx(max(waiting["x"])) == 100.0  # µs
+    assert len([x for x in links["x"] if x is None]) == 4  # one line per call
+    comm = figures["ranks-comm"]["data"]
+    assert [b["name"] for b in comm] == ["overlapped with compute", "moving data, not hidden",
+                                         "waiting for the last rank"]
+    assert comm[1]["y"] == [1.2, 0.8]  # ms: rank 0's exposed 300 us per step moving data
+
+
+def test_a_trace_on_its_own_is_told_what_the_page_needs(run_context):
+    trace = run_context.store.get("alone.pftrace")
+    text = rendered(ranks.layout(trace, "alone.pftrace", {}, run_context))
+    assert "single process" in text and "torchrun" in text
+
+
+def _graphs(component):
+    from dash import dcc
+
+    found = []
+    stack = [component]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, dcc.Graph):
+            found.append(c)
+        children = getattr(c, "children", None)
+        if isinstance(children, (list, tuple)):
+            stack.extend(children)
+        elif children is not None and hasattr(children, "children"):
+            stack.append(children)
+    return found
