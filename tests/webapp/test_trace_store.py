@@ -12,7 +12,7 @@ from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, U
 
 @pytest.fixture
 def store(trace_folder):
-    s = TraceStore(trace_folder, loader=synthetic_loader, max_loaded=2, max_upload_bytes=1000)
+    s = TraceStore(trace_folder, loader=synthetic_loader, max_cache_bytes=1, max_upload_bytes=1000)
     yield s
     s.close()
 
@@ -56,7 +56,7 @@ def test_traces_are_loaded_once_and_the_oldest_is_dropped(store):
     store.get("run_b.json")
     write_synthetic(store.root / "run_c.json")
     store.get("run_c.json")
-    assert store.get("run_a.json") is not a  # evicted with max_loaded=2, then reloaded
+    assert store.get("run_a.json") is not a  # evicted (over the memory budget), then reloaded
 
 
 def test_uploads_are_kept_outside_the_folder_and_size_limited(store, trace_folder):
