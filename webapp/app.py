@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.components import notice
@@ -192,7 +192,7 @@ def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
         try:
             stream = get_input_stream(request.environ, max_content_length=ctx.store.max_upload_bytes)
             name = ctx.store.save_upload_stream(filename, stream)
-            ctx.store.get(name)  # load now, so a bad file is reported here
+            ctx.store.get_upload(name)  # load now, so a bad file is reported here (and not kept)
         except RequestEntityTooLarge:
             response = jsonify(error=str(ctx.store.too_large(filename)))
             response.headers["Connection"] = "close"  # the rest of the body is not read

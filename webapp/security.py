@@ -12,7 +12,7 @@ import ipaddress
 import secrets
 import socket
 from collections.abc import Callable, Iterable
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 import psutil
@@ -123,7 +123,7 @@ class RequestGuard:
         cookies = SimpleCookie()
         try:
             cookies.load(environ.get("HTTP_COOKIE", ""))
-        except Exception:  # a malformed cookie header is as good as none
+        except CookieError:  # a malformed cookie header is as good as none
             return None
         morsel = cookies.get(self.cookie)
         return morsel.value if morsel else None

@@ -11,7 +11,12 @@ import logging
 import threading
 
 from neuron_explorer.errors import NeuronExplorerError
-from neuron_explorer.webapp.security import CSP_TEMPLATE, TOKEN_PARAM, RequestGuard, allowed_host_names
+from neuron_explorer.webapp.security import (
+    CSP_TEMPLATE,
+    TOKEN_PARAM,
+    RequestGuard,
+    allowed_host_names,
+)
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 LOOPBACK = "127.0.0.1"

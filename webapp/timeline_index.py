@@ -190,6 +190,8 @@ class TimelineIndex:
 
     def row_of(self, slice_id: int) -> int | None:
         """The timeline row a slice is drawn in, or None for an unknown id."""
+        if not _is_int64(slice_id):
+            return None
         i = int(np.searchsorted(self._sorted_ids, slice_id))
         if i < self._sorted_ids.size and self._sorted_ids[i] == slice_id:
             return int(self._id_rows[i])
@@ -197,6 +199,8 @@ class TimelineIndex:
 
     def table_position(self, slice_id: int) -> int | None:
         """Position of a slice in the trace's `slices` table (for its details)."""
+        if not _is_int64(slice_id):
+            return None
         i = int(np.searchsorted(self._table_ids, slice_id))
         if i < self._table_ids.size and self._table_ids[i] == slice_id:
             return int(self._table_order[i])
@@ -336,3 +340,8 @@ def _track_info(tracks: pd.DataFrame) -> dict[int, tuple[str, str, str, int]]:
             str(row.name), str(getattr(row, "kind", "thread")), str(getattr(row, "process", "")), device,
         )
     return info
+
+
+def _is_int64(value: int) -> bool:
+    """Whether an id from the browser can be one of the trace's (int64) ids."""
+    return -(2**63) <= value < 2**63

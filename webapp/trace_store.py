@@ -238,6 +238,14 @@ class TraceStore:
         self._enforce_upload_quota(keep=target)
         return name
 
+    def get_upload(self, name: str) -> Any:
+        """Loads a fresh upload; one that does not load is deleted rather than kept."""
+        try:
+            return self.get(name)
+        except BaseException:
+            self.resolve(name).unlink(missing_ok=True)
+            raise
+
     def too_large(self, filename: str) -> UploadError:
         return UploadError(f"{filename} is over the {self.max_upload_bytes / 2**20:.0f} MiB upload limit; "
                            "put it in the served folder instead")

@@ -14,6 +14,7 @@ import pandas as pd
 from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp.callback_input import BadInputError, finite, int_or_default, text
 from neuron_explorer.webapp.components import GRAPH_CONFIG, notice, page_title
 from neuron_explorer.webapp.page_data import table
 from neuron_explorer.webapp.timeline_figure import NS_PER_US, timeline_figure
@@ -68,9 +69,9 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     index = timeline_index(ctx.store, name, fold)
     if not index.slice_rows and not index.counter_rows:
         return html.Div([page_title(TITLE, name), notice("This trace has no slices or counters to draw.")])
-    t0 = _int(params.get("start"), index.start_ns)
-    t1 = _int(params.get("end"), index.end_ns)
-    selected = _int(params.get("select"), None)
+    t0, t1 = clamp_window(index, int_or_default(params.get("start"), index.start_ns),
+                          int_or_default(params.get("end"), index.end_ns))
+    selected = int_or_default(params.get("select"), None)
     figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
     dma_toggle = dcc.Checklist(
         id="timeline-dma", options=[{"label": " every DMA queue on its own row", "value": "all"}],
@@ -101,16 +102,11 @@ def _hint():
                   className="hint")
 
 
-def _int(value, default):
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return default
-
-
 def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> tuple[int, int, int | None]:
     """The window and selection after one user action."""
-    t0, t1, selected = int(state["t0"]), int(state["t1"]), state.get("selected")
+    t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+    selected = state.get("selected")
+    selected = None if selected is None else int(finite(selected, "selected"))
     origin = index.start_ns
     span = t1 - t0
     if trigger == "timeline-zoom-in":
@@ -128,18 +124,23 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
         if lo is None or hi is None:
             raise PreventUpdate
-        return origin + int(float(lo) * NS_PER_US), origin + int(float(hi) * NS_PER_US), selected
+        lo, hi = finite(lo, "xaxis.range[0]"), finite(hi, "xaxis.range[1]")
+        return (*clamp_window(index, origin + lo * NS_PER_US, origin + hi * NS_PER_US), selected)
     if trigger == "timeline-graph.clickData" and click:
-        point = click["points"][0]
-        slice_id = int(point.get("customdata", SUMMARY_ID))
+        points = click.get("points") if isinstance(click, dict) else None
+        if not points or not isinstance(points[0], dict) or "customdata" not in points[0]:
+            raise PreventUpdate  # a click that hit no bar
+        point = points[0]
+        slice_id = int(finite(point.get("customdata", SUMMARY_ID), "customdata"))
         if slice_id == SUMMARY_ID and "base" in point:
-            start = origin + int(float(point["base"]) * NS_PER_US)
-            length = int((float(point["x"]) - float(point["base"])) * NS_PER_US)  # x is the bar's end
-            pad = max(length // 10, 1)
-            return start - pad, start + length + pad, selected
+            base = finite(point["base"], "base")
+            length = (finite(point.get("x"), "x") - base) * NS_PER_US  # x is the bar's end
+            start = origin + base * NS_PER_US
+            pad = max(length / 10, 1)
+            return (*clamp_window(index, start - pad, start + length + pad), selected)
         return t0, t1, slice_id
     if isinstance(trigger, dict) and trigger.get("type") == "timeline-link":
-        slice_id = int(trigger["slice"])
+        slice_id = int(finite(trigger.get("slice"), "slice"))
         row = index.row_of(slice_id)
         if row is None:
             return t0, t1, slice_id
@@ -152,6 +153,15 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
             t1 = t0 + width
         return t0, t1, slice_id
     raise PreventUpdate
+
+
+def clamp_window(index: TimelineIndex, t0: float, t1: float) -> tuple[int, int]:
+    """A window in ns, at least 1 ns wide and within three trace lengths of the trace."""
+    total = max(index.end_ns - index.start_ns, 1)
+    lo_limit, hi_limit = index.start_ns - total, index.end_ns + total
+    t0 = int(min(max(t0, lo_limit), hi_limit - 1))
+    t1 = int(min(max(t1, t0 + 1), hi_limit))
+    return t0, t1
 
 
 # Only a pan or zoom of the x axis reaches the server. Plotly's own relayout events
@@ -197,12 +207,14 @@ def register(app: dash.Dash, ctx) -> None:
             trigger = "timeline-graph.clickData"
         elif trigger == "timeline-relayout":
             trigger = "timeline-graph.relayoutData"
-        name = state["trace"]
+        if not isinstance(state, dict):
+            raise BadInputError("timeline-state must be an object")
+        name = text(state.get("trace"), "timeline-state.trace")
         fold = "all" not in (dma or [])
         index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
         t0, t1, selected = new_window(state, index, trigger, relayout, click)
-        t1 = max(t1, t0 + 1)
+        t0, t1 = clamp_window(index, t0, t1)
         figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
         details = dash.no_update
         if selected != old_selected and selected is not None:
