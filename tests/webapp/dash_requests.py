@@ -18,8 +18,8 @@ def request(server, method: str, path: str, body: bytes | None = None,
     return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
 
-def dependencies(server) -> list[dict]:
-    status, _, body = request(server, "GET", "/_dash-dependencies")
+def dependencies(server, headers: dict | None = None) -> list[dict]:
+    status, _, body = request(server, "GET", "/_dash-dependencies", headers=headers)
     assert status == 200
     return json.loads(body)
 
@@ -27,7 +27,7 @@ def dependencies(server) -> list[dict]:
 def call(server, output: str, values: dict, changed: str, headers: dict | None = None) -> tuple[int, bytes]:
     """Sends the callback whose output names `output`, with inputs and states from `values`
     ("component.property" -> value; pattern-matching inputs get [])."""
-    spec = next(d for d in dependencies(server) if output in d["output"])
+    spec = next(d for d in dependencies(server, headers) if output in d["output"])
 
     def items(kind):
         out = []
