@@ -97,3 +97,73 @@ def test_pages_asking_for_one_trace_at_once_share_a_single_load(trace_folder):
         t.join()
     store.close()
     assert len(calls) == 1 and len(results) == 4 and all(r is results[0] for r in results)
+
+
+def test_view_of_a_folder_skips_a_link_leading_out_with_a_warning(trace_folder, tmp_path_factory):
+    """One stray link must not stop the folder from being served (#20 item 7)."""
+    import subprocess
+    import sys
+
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
+    write_synthetic(secret)
+    os.symlink(secret, trace_folder / "link.json")
+    (trace_folder / "corrupt.json").unlink()
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--no-browser",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "http://127.0.0.1:" in line, err
+    assert "warning: skipping link.json: it links to a file outside the served folder" in err
+    assert "Traceback" not in err
+
+
+def test_a_link_leading_out_is_not_listed(store, trace_folder, tmp_path_factory):
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
+    write_synthetic(secret)
+    os.symlink(secret, trace_folder / "link.json")
+    os.symlink(trace_folder / "run_a.json", trace_folder / "inside.json")  # a link within is fine
+    assert store.list_traces() == ["corrupt.json", "inside.json", "run_a.json", "run_b.json"]
+    assert "link.json" in store.skipped
+
+
+def test_the_cache_is_sized_by_memory_not_by_count(trace_folder):
+    """Nine traces fit a budget that holds them all: none is loaded twice (#20 item 13)."""
+    from neuron_explorer.webapp.trace_store import estimated_bytes
+
+    for i in range(9):
+        write_synthetic(trace_folder / f"t{i}.json", seed=i)
+    loads = []
+
+    def counting_loader(path):
+        loads.append(path)
+        return synthetic_loader(path)
+
+    one = estimated_bytes(synthetic_loader(str(trace_folder / "t0.json")))
+    roomy = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=12 * one)
+    tight = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=int(2.5 * one))
+    try:
+        for _ in range(3):
+            for i in range(9):
+                roomy.get(f"t{i}.json")
+        assert len(loads) == 9
+        assert 8 * one <= roomy.cached_bytes() <= 12 * one
+        loads.clear()
+        for _ in range(2):
+            for i in range(9):
+                tight.get(f"t{i}.json")
+        assert len(loads) == 18  # two fit, so a round over nine reloads each
+        assert tight.cached_bytes() <= 2.5 * one
+    finally:
+        roomy.close()
+        tight.close()
+
+
+def test_a_trace_is_estimated_at_what_its_tables_hold(trace_folder):
+    from neuron_explorer.webapp.trace_store import estimated_bytes
+
+    trace = synthetic_loader(str(trace_folder / "run_b.json"))
+    frames = sum(int(df.memory_usage(deep=True).sum()) for df in (trace.slices, trace.ops, trace.kernels))
+    assert estimated_bytes(trace) >= frames
