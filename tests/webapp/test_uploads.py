@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import SYNTH_MAGIC, synthetic_loader, write_synthetic
 from dash_requests import request
-from neuron_explorer.webapp.trace_store import UPLOADS_DIR_PREFIX, TraceStore, UploadError
+from neuron_explorer.webapp.trace_store import TraceStore, UploadError
 
 UPLOAD_HEADERS = {"X-Upload-Name": "big.json", "Content-Type": "application/octet-stream"}
 
@@ -46,7 +46,7 @@ def test_an_upload_declared_too_large_is_refused_before_its_body_is_read(live_se
     head = (f"POST /_upload HTTP/1.1\r\nHost: 127.0.0.1:{live_server.port}\r\n"
             "X-Upload-Name: big.json\r\nContent-Type: application/octet-stream\r\n"
             f"Content-Length: {500 * 2**20}\r\n\r\n")
-    status, sent = _raw_upload(live_server, head, [b"x" * 65536], pause_after_bytes=65536)
+    status, _ = _raw_upload(live_server, head, [b"x" * 65536], pause_after_bytes=65536)
     assert " 413 " in status, status
 
 
@@ -62,8 +62,7 @@ def test_a_streamed_upload_is_refused_as_soon_as_it_passes_the_limit(live_server
     status, sent = _raw_upload(live_server, head, endless, pause_after_bytes=3 * 2**20)
     assert " 413 " in status, status
     assert sent <= 3 * 2**20 + len(chunk)
-    status, _, body = request(live_server, "GET", "/_dash-layout")
-    assert status == 200  # the server is still up
+    assert request(live_server, "GET", "/_dash-layout")[0] == 200  # the server is still up
 
 
 def test_an_upload_is_saved_loaded_and_named(live_server, tmp_path):
@@ -96,6 +95,8 @@ def test_uploads_are_kept_within_a_quota_the_oldest_going_first(trace_folder):
 
 
 def _uploads_folders(pid: int) -> list[Path]:
+    from neuron_explorer.webapp.trace_store import UPLOADS_DIR_PREFIX
+
     return list(Path(tempfile.gettempdir()).glob(f"{UPLOADS_DIR_PREFIX}{pid}-*"))
 
 
@@ -123,6 +124,8 @@ def test_the_upload_folder_is_removed_when_view_stops(real_traces_dir, tmp_path,
 
 
 def test_upload_folders_of_killed_dashboards_are_removed(trace_folder):
+    from neuron_explorer.webapp.trace_store import UPLOADS_DIR_PREFIX
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     left = Path(tempfile.mkdtemp(prefix=f"{UPLOADS_DIR_PREFIX}{dead.pid}-"))
