@@ -164,8 +164,7 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
             body = notice("No trace open: pick one from the list above or upload one.", "info")
             return body, None, *hrefs, *classes
         try:
-            trace = ctx.store.get(name)
-            body = page.layout(trace, name, params, ctx)
+            body = page_layout(ctx, page, name, params)
         except NeuronExplorerError as exc:
             banner = error_banner(ctx.store.public_message(f"Cannot open {name}: {exc}"))
             return notice("Pick another trace from the list above.", "info"), banner, *hrefs, *classes
@@ -175,6 +174,15 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
                 f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} (the server log has the details)"))
             return notice("Pick another trace or page.", "info"), banner, *hrefs, *classes
         return body, None, *hrefs, *classes
+
+
+def page_layout(ctx: AppContext, page, name: str, params: dict[str, str]):
+    """A page for a trace; a page opened as a link gives it (trace and tab only) is built once and
+    kept with the trace, so many users opening pages cost the server little."""
+    if page is not compare and set(params) <= {"trace", "tab"}:
+        key = "page:" + page.PATH + "?" + urlencode(sorted(params.items()))
+        return ctx.store.derived(name, key, lambda trace: page.layout(trace, name, params, ctx))
+    return page.layout(ctx.store.get(name), name, params, ctx)
 
 
 def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
