@@ -199,8 +199,7 @@ class TraceStore:
         with self._lock:
             self._extras[(name, key)] = value
             if name in self._sizes:  # what derives from a trace counts against the budget too
-                self._sizes[name] = estimated_bytes(trace) + sum(
-                    estimated_bytes(v) for k, v in self._extras.items() if k[0] == name)
+                self._sizes[name] += estimated_bytes(value)
                 self._evict_over_budget()
         return value
 
