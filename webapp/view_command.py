@@ -62,7 +62,7 @@ def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
     token = check_host(host, allow_remote)
     if not target.exists():
         raise NeuronExplorerError(f"{target} does not exist; pass a trace file or a folder of traces")
-    folder = target.parent if target.is_file() else target
+    folder = target.resolve().parent if target.is_file() else target  # a linked file: its real folder
     store = TraceStore(folder, loader=loader or default_loader, max_upload_bytes=max_upload_bytes,
                        max_uploads=max_uploads)
     try:

@@ -167,3 +167,16 @@ def test_a_trace_is_estimated_at_what_its_tables_hold(trace_folder):
     trace = synthetic_loader(str(trace_folder / "run_b.json"))
     frames = sum(int(df.memory_usage(deep=True).sum()) for df in (trace.slices, trace.ops, trace.kernels))
     assert estimated_bytes(trace) >= frames
+
+
+def test_view_of_a_linked_trace_file_serves_the_file_it_links_to(trace_folder, tmp_path_factory):
+    from neuron_explorer.webapp.view_command import start_dashboard
+
+    elsewhere = tmp_path_factory.mktemp("links")
+    os.symlink(trace_folder / "run_a.json", elsewhere / "mine.json")
+    server, store = start_dashboard(elsewhere / "mine.json", port=0, loader=synthetic_loader)
+    try:
+        assert store.root == trace_folder.resolve() and "run_a.json" in store.list_traces()
+    finally:
+        server.stop()
+        store.close()
