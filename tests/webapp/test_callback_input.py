@@ -62,3 +62,12 @@ def test_timeline_url_with_huge_values_opens_the_page(live_server, query):
     assert status == 200, (status, body[:300])
     text = body.decode()
     assert "unexpected" not in text and "Zoom in" in text
+
+
+@pytest.mark.parametrize("state, text", [
+    ({**STATE, "t0": "x"}, "op"), ({**STATE, "match": "nan", "search": "op"}, "op"), (STATE, 12), (STATE, None),
+])
+def test_a_crafted_search_is_a_client_error_or_no_change(live_server, state, text):
+    values = {"timeline-search.n_submit": 1, "timeline-search.value": text, "timeline-state.data": state}
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-search.n_submit")
+    assert status < 500, (status, body[:300])

@@ -214,9 +214,9 @@ SEARCH_TRIGGERS = ("timeline-search", "timeline-search-next", "timeline-search-p
 
 def search_step(state: dict, index: TimelineIndex, trigger: str, text: str | None) -> tuple[str, int, np.ndarray]:
     """(query, match position, matches) after Enter in the search box or Next/Previous."""
-    query = (text or "").strip()
-    matches = index.search(query)
-    previous = int(state.get("match", -1)) if state.get("search") == query else -1
+    query = text.strip() if isinstance(text, str) else ""
+    matches = index.search(query[:200])
+    previous = int(finite(state.get("match", -1), "match")) if state.get("search") == query else -1
     if not matches.size:
         return query, -1, matches
     if trigger == "timeline-search-prev":
@@ -299,7 +299,8 @@ def register(app: dash.Dash, ctx) -> None:
                 return dash.no_update, {**state, "search": query, "match": -1}, dash.no_update, \
                     dash.no_update, message
             selected = int(matches[match])
-            t0, t1 = focus(int(state["t0"]), int(state["t1"]), *index.slice_span(selected))
+            t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+            t0, t1 = focus(t0, t1, *(index.slice_span(selected) or (t0, t1)))
             search_status = f"{match + 1:,} of {matches.size:,} matches"
         else:
             t0, t1, selected = new_window(state, index, trigger, relayout, click)
