@@ -151,22 +151,21 @@ class TimelineClient:
     def window(self, state: dict, t0_us: float, t1_us: float) -> tuple[float, int]:
         """(seconds, response bytes) for a relayout to [t0_us, t1_us]."""
         values = {
-            "timeline-graph.relayoutData": {"xaxis.range[0]": t0_us, "xaxis.range[1]": t1_us},
+            "timeline-relayout.data": {"xaxis.range[0]": t0_us, "xaxis.range[1]": t1_us},
+            "timeline-state.data": state,
         }
-        inputs = []
-        for item in self.spec["inputs"]:
-            if item["id"].startswith("{"):
-                inputs.append([])
-                continue
-            key = f"{item['id']}.{item['property']}"
-            inputs.append({"id": item["id"], "property": item["property"], "value": values.get(key)})
+
+        def items(kind):
+            return [[] if i["id"].startswith("{") else
+                    {"id": i["id"], "property": i["property"], "value": values.get(f"{i['id']}.{i['property']}")}
+                    for i in self.spec[kind]]
         body = json.dumps({
             "output": self.spec["output"],
             "outputs": [{"id": o.split(".")[0], "property": o.split(".")[1]}
                         for o in self.spec["output"].strip(".").split("...")],
-            "inputs": inputs,
-            "changedPropIds": ["timeline-graph.relayoutData"],
-            "state": [{"id": "timeline-state", "property": "data", "value": state}],
+            "inputs": items("inputs"),
+            "changedPropIds": ["timeline-relayout.data"],
+            "state": items("state"),
         }).encode()
         request = urllib.request.Request(self.url + "_dash-update-component", data=body,
                                          headers={"Content-Type": "application/json"})

@@ -219,7 +219,24 @@ def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
 
 def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:
     """A callback sent a name or value no page offers answers 400 with the reason, not 500."""
-    from flask import jsonify
+    from flask import jsonify, request
+
+    @app.server.before_request
+    def check_callback_request():
+        """A callback request must name a callback and carry as many inputs and states as it has
+        (Dash itself would fail with an IndexError deep inside)."""
+        if request.path != "/_dash-update-component" or request.method != "POST":
+            return None
+        body = request.get_json(silent=True)
+        spec = app.callback_map.get(body.get("output")) if isinstance(body, dict) and isinstance(
+            body.get("output"), str) else None
+        if spec is None:
+            return jsonify(error="not a callback of this dashboard"), 400
+        for part in ("inputs", "state"):
+            sent = body.get(part) or []
+            if not isinstance(sent, list) or len(sent) != len(spec[part]):
+                return jsonify(error=f"this callback takes {len(spec[part])} {part}"), 400
+        return None
 
     @app.server.errorhandler(NeuronExplorerError)
     def user_error(exc):

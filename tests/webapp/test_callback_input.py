@@ -71,3 +71,16 @@ def test_a_crafted_search_is_a_client_error_or_no_change(live_server, state, tex
     values = {"timeline-search.n_submit": 1, "timeline-search.value": text, "timeline-state.data": state}
     status, body = call(live_server, "timeline-graph.figure", values, "timeline-search.n_submit")
     assert status < 500, (status, body[:300])
+
+
+@pytest.mark.parametrize("body", [
+    {"output": "timeline-graph.figure", "inputs": [], "state": []},
+    {"output": "nope.children", "inputs": [], "state": []},
+    {"inputs": []}, [], "x",
+])
+def test_a_malformed_callback_request_is_a_client_error(live_server, body):
+    from dash_requests import request
+
+    status, _, data = request(live_server, "POST", "/_dash-update-component", json.dumps(body).encode(),
+                              {"Content-Type": "application/json"})
+    assert 400 <= status < 500, (status, data[:300])
