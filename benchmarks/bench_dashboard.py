@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -396,6 +397,7 @@ def main() -> int:
     finally:
         server.stop()
         store.close()
+        shutil.rmtree(folder, ignore_errors=True)
     worst, median = max(times), statistics.median(times)
     print(f"zoom/pan over HTTP ({len(times)} windows from the whole trace down to {span_us * 1e-5:.1f} µs): "
           f"median {median * 1e3:.0f} ms, worst {worst * 1e3:.0f} ms "

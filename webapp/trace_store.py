@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections import OrderedDict
@@ -300,9 +301,10 @@ def estimated_bytes(obj: Any, _seen: set[int] | None = None, _depth: int = 0) ->
         return 0
     seen.add(id(obj))
     if isinstance(obj, pd.DataFrame):
-        return int(obj.memory_usage(index=True, deep=True).sum())
+        return int(obj.memory_usage(index=True, deep=False).sum()) + sum(
+            _strings_bytes(obj[c]) for c in obj.columns if not pd.api.types.is_numeric_dtype(obj[c]))
     if isinstance(obj, (pd.Series, pd.Index)):
-        return int(obj.memory_usage(deep=True))
+        return int(obj.memory_usage(deep=False)) + (0 if pd.api.types.is_numeric_dtype(obj) else _strings_bytes(obj))
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
     if isinstance(obj, (bytes, bytearray, memoryview)):
@@ -322,3 +324,13 @@ def estimated_bytes(obj: Any, _seen: set[int] | None = None, _depth: int = 0) ->
     else:
         return 0
     return sum(estimated_bytes(v, seen, _depth + 1) for v in items)
+
+
+def _strings_bytes(column: pd.Series | pd.Index) -> int:
+    """What the Python objects of a text column take, from a sample (measuring every value of a
+    million-row column would cost a second per trace)."""
+    n = len(column)
+    if not n:
+        return 0
+    sample = column[:: max(n // 256, 1)]
+    return int(np.mean([sys.getsizeof(v) for v in sample]) * n)
