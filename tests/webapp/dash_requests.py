@@ -18,10 +18,16 @@ def request(server, method: str, path: str, body: bytes | None = None,
     return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
 
+_DEPENDENCIES: dict[int, list[dict]] = {}
+
+
 def dependencies(server, headers: dict | None = None) -> list[dict]:
-    status, _, body = request(server, "GET", "/_dash-dependencies", headers=headers)
-    assert status == 200
-    return json.loads(body)
+    """The app's callbacks (fetched once per server port)."""
+    if server.port not in _DEPENDENCIES:
+        status, _, body = request(server, "GET", "/_dash-dependencies", headers=headers)
+        assert status == 200
+        _DEPENDENCIES[server.port] = json.loads(body)
+    return _DEPENDENCIES[server.port]
 
 
 def call(server, output: str, values: dict, changed: str, headers: dict | None = None) -> tuple[int, bytes]:
