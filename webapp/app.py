@@ -6,7 +6,6 @@ no CDN, no web fonts, so it works offline.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.components import notice
@@ -30,11 +29,17 @@ from neuron_explorer.webapp.pages import (
     tables,
     timeline,
 )
-from neuron_explorer.webapp.trace_store import TraceStore
+from neuron_explorer.webapp.security import CSP_TEMPLATE
+from neuron_explorer.webapp.trace_store import TraceStore, UploadError
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.wsgi import get_input_stream
 
 log = logging.getLogger("neuron_explorer.webapp")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+UPLOAD_PATH = "/_upload"
+UPLOAD_NAME_HEADER = "X-Upload-Name"  # a custom header: a cross-site page cannot send it without CORS
+MAX_CALLBACK_BYTES = 32 * 2**20  # callbacks carry small JSON; traces come through UPLOAD_PATH
 PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
 
@@ -76,12 +81,16 @@ def create_app(ctx: AppContext) -> dash.Dash:
     app.enable_dev_tools(debug=False, dev_tools_ui=False, dev_tools_props_check=False,
                          dev_tools_serve_dev_bundles=False, dev_tools_hot_reload=False,
                          dev_tools_disable_version_check=True)
-    # Uploads travel base64 encoded inside the callback request.
-    app.server.config["MAX_CONTENT_LENGTH"] = int(ctx.store.max_upload_bytes * 1.4) + 2**20
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_CALLBACK_BYTES
     app.layout = _shell(ctx)
     _register_shell_callbacks(app, ctx)
     for page in PAGES:
         page.register(app, ctx)
+    _register_upload(app, ctx)
+    _register_error_handlers(app, ctx)
+    # Every inline script (the renderer's start, clientside callbacks) is allowed by its hash.
+    hashes = " ".join(app.csp_hashes())  # each already quoted: 'sha256-...'
+    app.server.config["CONTENT_SECURITY_POLICY"] = CSP_TEMPLATE.format(script_hashes=hashes)
     return app
 
 
@@ -98,14 +107,13 @@ def _shell(ctx: AppContext) -> html.Div:
             html.Div([
                 dcc.Dropdown(id="trace-picker", placeholder="Open a trace…", clearable=False,
                              className="trace-picker"),
-                html.Div(dcc.Upload(
-                    html.Button("Upload", className="button",
-                                title=f"Open a trace from this computer (up to "
-                                      f"{ctx.store.max_upload_bytes / 2**20:.0f} MiB)"),
-                    id="trace-upload",
-                    max_size=ctx.store.max_upload_bytes,
-                    multiple=False,
-                ), **{"data-max-bytes": str(ctx.store.max_upload_bytes)}),  # read by upload_limit.js
+                html.Label([  # upload.js sends the chosen file to UPLOAD_PATH as it is read
+                    html.Span("Upload", className="button",
+                              title=f"Open a trace from this computer (up to "
+                                    f"{ctx.store.max_upload_bytes / 2**20:.0f} MiB)"),
+                    dcc.Input(type="file", id="trace-upload-file", className="upload-input"),
+                ], id="trace-upload", className="upload", **{"data-max-bytes": str(ctx.store.max_upload_bytes),
+                                                              "data-upload-url": UPLOAD_PATH}),
             ], className="trace-controls"),
         ], className="topbar"),
         html.Div(id="error-banner"),
@@ -157,44 +165,87 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
             body = notice("No trace open: pick one from the list above or upload one.", "info")
             return body, None, *hrefs, *classes
         try:
-            trace = ctx.store.get(name)
-            body = page.layout(trace, name, params, ctx)
+            body = page_layout(ctx, page, name, params)
         except NeuronExplorerError as exc:
-            banner = error_banner(f"Cannot open {name}: {exc}")
+            banner = error_banner(ctx.store.public_message(f"Cannot open {name}: {exc}"))
             return notice("Pick another trace from the list above.", "info"), banner, *hrefs, *classes
         except Exception as exc:  # a bug must not take the app down: say so, log the traceback
             log.exception("showing %s of %s failed", pathname, name)
-            banner = error_banner(f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} "
-                                  "(the server log has the details)")
+            banner = error_banner(ctx.store.public_message(
+                f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} (the server log has the details)"))
             return notice("Pick another trace or page.", "info"), banner, *hrefs, *classes
         return body, None, *hrefs, *classes
 
-    @app.callback(
-        Output("url", "search", allow_duplicate=True),
-        Output("error-banner", "children", allow_duplicate=True),
-        Input("trace-upload", "contents"),
-        State("trace-upload", "filename"),
-        State("url", "search"),
-        prevent_initial_call=True,
-    )
-    def upload(contents, filename, search):
-        if not contents:
-            raise PreventUpdate
+
+def page_layout(ctx: AppContext, page, name: str, params: dict[str, str]):
+    """A page for a trace; a page opened as a link gives it (trace and tab only) is built once and
+    kept with the trace, so many users opening pages cost the server little."""
+    if page is not compare and set(params) <= {"trace", "tab"}:
+        key = "page:" + page.PATH + "?" + urlencode(sorted(params.items()))
+        return ctx.store.derived(name, key, lambda trace: page.layout(trace, name, params, ctx))
+    return page.layout(ctx.store.get(name), name, params, ctx)
+
+
+def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
+    """POST UPLOAD_PATH: the raw file as the body, its name in UPLOAD_NAME_HEADER. The body is
+    copied to disk in chunks and refused as soon as it passes the limit, never held whole."""
+    from flask import jsonify, request
+
+    @app.server.route(UPLOAD_PATH, methods=["POST"])
+    def receive_upload():
+        from urllib.parse import unquote
+
+        filename = unquote(request.headers.get(UPLOAD_NAME_HEADER, ""))
+        if not filename:
+            return jsonify(error=f"an upload needs its file name in the {UPLOAD_NAME_HEADER} header"), 400
         try:
-            data = base64.b64decode(contents.split(",", 1)[1])
-            name = ctx.store.save_upload(filename, data)
-            ctx.store.get(name)  # load now, so a bad file is reported here
+            stream = get_input_stream(request.environ, max_content_length=ctx.store.max_upload_bytes)
+            name = ctx.store.save_upload_stream(filename, stream)
+            ctx.store.get_upload(name)  # load now, so a bad file is reported here (and not kept)
+        except RequestEntityTooLarge:
+            response = jsonify(error=str(ctx.store.too_large(filename)))
+            response.headers["Connection"] = "close"  # the rest of the body is not read
+            return response, 413
+        except UploadError as exc:
+            status = 413 if "upload limit" in str(exc) else 400
+            return jsonify(error=ctx.store.public_message(str(exc))), status
         except NeuronExplorerError as exc:
-            return dash.no_update, error_banner(f"Cannot open the upload {filename}: {exc}")
-        except (ValueError, IndexError):
-            return dash.no_update, error_banner(f"Cannot read the upload {filename}; try again")
+            return jsonify(error=ctx.store.public_message(f"Cannot open the upload {filename}: {exc}")), 400
         except Exception as exc:  # an unexpected loader failure: report it, keep the app up
             log.exception("opening the upload %s failed", filename)
-            return dash.no_update, error_banner(
-                f"Cannot open the upload {filename}: unexpected {type(exc).__name__}: {exc}")
-        params = params_for_new_trace(query_params(search))
-        params["trace"] = name
-        return "?" + urlencode(params), None
+            return jsonify(error=ctx.store.public_message(
+                f"Cannot open the upload {filename}: unexpected {type(exc).__name__}: {exc}")), 500
+        return jsonify(trace=name)
+
+
+def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:
+    """A callback sent a name or value no page offers answers 400 with the reason, not 500."""
+    from flask import jsonify, request
+
+    @app.server.before_request
+    def check_callback_request():
+        """A callback request must name a callback and carry as many inputs and states as it has
+        (Dash itself would fail with an IndexError deep inside)."""
+        if request.path != "/_dash-update-component" or request.method != "POST":
+            return None
+        body = request.get_json(silent=True)
+        spec = app.callback_map.get(body.get("output")) if isinstance(body, dict) and isinstance(
+            body.get("output"), str) else None
+        if spec is None:
+            return jsonify(error="not a callback of this dashboard"), 400
+        for part in ("inputs", "state"):
+            sent = body.get(part) or []
+            if not isinstance(sent, list) or len(sent) != len(spec[part]):
+                return jsonify(error=f"this callback takes {len(spec[part])} {part}"), 400
+        return None
+
+    @app.server.errorhandler(NeuronExplorerError)
+    def user_error(exc):
+        return jsonify(error=ctx.store.public_message(str(exc))), 400
+
+    @app.server.errorhandler(HTTPException)
+    def http_error(exc):
+        return jsonify(error=exc.description), exc.code
 
 
 def params_for_new_trace(params: dict[str, str]) -> dict[str, str]:

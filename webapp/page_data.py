@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+from neuron_explorer.webapp.trace_store import hide_paths
 
 log = logging.getLogger("neuron_explorer.webapp")
 
@@ -47,7 +48,7 @@ def fetch(trace: Any, what: str, label: str, *args: Any, **kwargs: Any) -> PageD
         value = attr(*args, **kwargs) if callable(attr) else attr
     except Exception as exc:  # a page must keep working whatever one analysis does
         log.exception("computing %s failed", what)
-        return PageData(missing=f"Could not compute the {label} for this trace: {exc}")
+        return PageData(missing=hide_paths(f"Could not compute the {label} for this trace: {exc}", {}))
     if _is_empty(value):
         return PageData(missing=f"This trace has no {label}.")
     return PageData(value=value)

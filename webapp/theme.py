@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import zlib
 
+# Slice categories on the timeline: no two share a colour (test_theme checks they stay apart).
 CATEGORY_COLOURS = {
     "step": "#5b6770",
     "module": "#4e79a7",
     "backward": "#7a5195",
-    "optimizer": "#b07aa1",
+    "optimizer": "#d37295",
     "op": "#59a14f",
     "kernel": "#f28e2b",
-    "instruction": "#e8a33d",
+    "instruction": "#b6992d",
     "dma": "#76b7b2",
     "sync": "#e15759",
     "dataloader": "#edc948",
-    "compile": "#9c755f",
+    "compile": "#3d2b1f",
     "annotation": "#8cd17d",
-    "graph_break": "#d62728",
-    "recompile": "#d62728",
+    "graph_break": "#a10e2b",
+    "recompile": "#ff00aa",
     "merged": "#9aa5b1",
     # PyTorch-profiler (Kineto) categories
     "cpu_op": "#59a14f",
@@ -29,21 +30,27 @@ CATEGORY_COLOURS = {
     "python_function": "#a0cbe8",
 }
 
-# Breakdown categories (trace.breakdown()) reuse the same hues where they mean the same.
+# Time-breakdown categories (trace.breakdown()): host work and device engines, all distinct,
+# reusing a timeline hue only where the meaning is the same (sync, dataloader, dma).
 BREAKDOWN_COLOURS = {
     "idle": "#d5dae0",
-    "data": "#edc948",
-    "dataloader": "#edc948",
-    "sync": "#e15759",
-    "compile": "#9c755f",
-    "dma": "#76b7b2",
     "tensor": "#f28e2b",
     "vector": "#4e79a7",
     "scalar": "#59a14f",
     "gpsimd": "#b07aa1",
+    "dma": "#76b7b2",
+    "python": "#ff9da7",
+    "op_dispatch": "#9c755f",
+    "framework": "#9c755f",
+    "compile": "#3d2b1f",
+    "dataloader": "#edc948",
+    "data": "#edc948",
+    "sync": "#e15759",
+    "gap": "#bab0ac",
 }
 
-_FALLBACK = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7"]
+# Unknown categories take a stable colour from those no known category uses.
+_FALLBACK = ["#17becf", "#bcbd22", "#8c564b", "#e377c2", "#1f77b4", "#2ca02c", "#9467bd", "#c49c94"]
 
 
 def category_colour(category: str) -> str:
@@ -56,7 +63,9 @@ def category_colour(category: str) -> str:
 def breakdown_colour(category: str) -> str:
     """The colour of a time-breakdown category (device engines, DMA, idle, host work)."""
     key = str(category).lower()
-    for name, colour in BREAKDOWN_COLOURS.items():
-        if name in key:
+    if key in BREAKDOWN_COLOURS:
+        return BREAKDOWN_COLOURS[key]
+    for name, colour in BREAKDOWN_COLOURS.items():  # 'dma_only', 'tensor engine', ...
+        if key.startswith(name) or name in key.split("_"):
             return colour
     return category_colour(key)

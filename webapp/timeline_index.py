@@ -35,6 +35,7 @@ class SliceRow:
     ids: np.ndarray  # int64 slice ids
     names: np.ndarray  # object, slice names
     categories: np.ndarray  # object, slice categories
+    lower_names: np.ndarray | None = None  # names in lower case, built by the first search
 
 
 @dataclass
@@ -77,6 +78,7 @@ class TimelineIndex:
         self.slice_rows: list[SliceRow] = []
         self.counter_rows: list[CounterRow] = []
         self.folded_dma_queues = 0  # DMA queue tracks drawn as one row per device
+        self._searches: dict[str, np.ndarray] = {}
         # The metadata instant sits at the recording's start, which can be long before the
         # first recorded step (--steps A:B): it would stretch the whole-trace view.
         drawn = slices
@@ -180,9 +182,55 @@ class TimelineIndex:
     # -- lookups ----------------------------------------------------------------
     @property
     def labels(self) -> list[str]:
-        """Row names for the axis: a track's name on its first row only, as in Perfetto."""
-        return ([_short(r.label) if r.depth == 0 else "" for r in self.slice_rows]
+        """Row names for the axis: a track's name on its first row; nested rows say what they hold
+        (`↳ module`, `↳ op`), so a deep host stack reads without hovering."""
+        return ([_short(r.label) if r.depth == 0 else "↳ " + _contents(r.categories) for r in self.slice_rows]
                 + [_short(r.label) for r in self.counter_rows])
+
+    @property
+    def categories(self) -> list[str]:
+        """Every slice category drawn, in order of first appearance from the top row down."""
+        seen: dict[str, None] = {}
+        for r in self.slice_rows:
+            for category in pd.unique(r.categories):
+                seen.setdefault(str(category), None)
+        return list(seen)
+
+    def search(self, text: str) -> np.ndarray:
+        """Ids of the slices whose name contains `text` (any case), in order of start time."""
+        needle = text.strip().lower()
+        if not needle:
+            return np.empty(0, dtype=np.int64)
+        if needle in self._searches:
+            return self._searches[needle]
+        found_ts, found_ids = [], []
+        for r in self.slice_rows:
+            names = self._lower_names(r)
+            hit = np.flatnonzero(pd.Series(names, copy=False).str.contains(needle, regex=False).to_numpy())
+            found_ts.append(r.ts[hit])
+            found_ids.append(r.ids[hit])
+        ts, ids = np.concatenate(found_ts), np.concatenate(found_ids)
+        found = ids[np.argsort(ts, kind="stable")]
+        if len(self._searches) >= 16:  # Next/Previous ask again: keep the last few answers
+            self._searches.pop(next(iter(self._searches)))
+        self._searches[needle] = found
+        return found
+
+    def _lower_names(self, row: SliceRow) -> np.ndarray:
+        """A row's names in lower case, computed once (most rows repeat a few names many times)."""
+        if row.lower_names is None:
+            uniques, inverse = np.unique(row.names.astype(str), return_inverse=True)
+            row.lower_names = np.char.lower(uniques.astype(str))[inverse].astype(object)
+        return row.lower_names
+
+    def slice_span(self, slice_id: int) -> tuple[int, int] | None:
+        """(start, end) in ns of a drawn slice, or None."""
+        row = self.row_of(slice_id)
+        if row is None:
+            return None
+        r = self.slice_rows[row]
+        i = int(np.flatnonzero(r.ids == slice_id)[0])
+        return int(r.ts[i]), int(r.end[i])
 
     @property
     def n_events(self) -> int:
@@ -190,6 +238,8 @@ class TimelineIndex:
 
     def row_of(self, slice_id: int) -> int | None:
         """The timeline row a slice is drawn in, or None for an unknown id."""
+        if not _is_int64(slice_id):
+            return None
         i = int(np.searchsorted(self._sorted_ids, slice_id))
         if i < self._sorted_ids.size and self._sorted_ids[i] == slice_id:
             return int(self._id_rows[i])
@@ -197,6 +247,8 @@ class TimelineIndex:
 
     def table_position(self, slice_id: int) -> int | None:
         """Position of a slice in the trace's `slices` table (for its details)."""
+        if not _is_int64(slice_id):
+            return None
         i = int(np.searchsorted(self._table_ids, slice_id))
         if i < self._table_ids.size and self._table_ids[i] == slice_id:
             return int(self._table_order[i])
@@ -336,3 +388,18 @@ def _track_info(tracks: pd.DataFrame) -> dict[int, tuple[str, str, str, int]]:
             str(row.name), str(getattr(row, "kind", "thread")), str(getattr(row, "process", "")), device,
         )
     return info
+
+
+def _is_int64(value: int) -> bool:
+    """Whether an id from the browser can be one of the trace's (int64) ids."""
+    return -(2**63) <= value < 2**63
+
+
+def _contents(categories: np.ndarray) -> str:
+    """What a nested row holds: its most common category, and a second one if it is common too."""
+    values, counts = np.unique(categories.astype(str), return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    names = [str(values[order[0]])]
+    if len(order) > 1 and counts[order[1]] >= 0.2 * counts[order[0]]:
+        names.append(str(values[order[1]]))
+    return " · ".join(names)

@@ -1,26 +1,45 @@
 """The traces a dashboard serves: the files under one folder plus uploads, loaded once each.
 
 Every trace is named by its path relative to the served folder; names that would
-reach outside it (absolute paths, `..`, links leading out) are refused, so URLs
-cannot read other files on the machine.
+reach outside it (absolute paths, `..`, links leading out) or that are not trace
+files are refused, so URLs cannot read other files on the machine. Loaded traces
+are kept within a memory budget (not a count), and uploads within a quota.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
+import sys
 import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import numpy as np
+import pandas as pd
+import psutil
 from neuron_explorer.errors import NeuronExplorerError
+
+log = logging.getLogger("neuron_explorer.webapp")
 
 TRACE_SUFFIXES = (".pftrace", ".perfetto-trace", ".json", ".json.gz", ".pb", ".pb.gz")
 UPLOAD_PREFIX = "upload:"
+UPLOADS_DIR_PREFIX = "neuron-explorer-uploads-"
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 2**20
+DEFAULT_MAX_UPLOADS = 20
+DEFAULT_MAX_UPLOAD_TOTAL_BYTES = 2 * 2**30
 MAX_LISTED = 500
+CHUNK_BYTES = 2**20
+
+
+def default_cache_bytes() -> int:
+    """A quarter of the machine's memory, at most 4 GiB: room for many traces, not all of RAM."""
+    return min(psutil.virtual_memory().total // 4, 4 * 2**30)
 
 
 class TraceNotFoundError(NeuronExplorerError):
@@ -44,34 +63,51 @@ class TraceStore:
         self,
         root: str | os.PathLike,
         loader: Callable[[str], Any] = default_loader,
-        max_loaded: int = 4,
+        max_cache_bytes: int | None = None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        max_uploads: int = DEFAULT_MAX_UPLOADS,
+        max_upload_total_bytes: int = DEFAULT_MAX_UPLOAD_TOTAL_BYTES,
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise TraceNotFoundError(f"{root} is not a folder; pass a trace file or a folder of traces")
         self.loader = loader
-        self.max_loaded = max_loaded
+        self.max_cache_bytes = default_cache_bytes() if max_cache_bytes is None else max_cache_bytes
         self.max_upload_bytes = max_upload_bytes
-        self._uploads = Path(tempfile.mkdtemp(prefix="neuron-explorer-uploads-"))
+        self.max_uploads = max_uploads
+        self.max_upload_total_bytes = max_upload_total_bytes
+        remove_abandoned_upload_folders()
+        self._uploads = Path(tempfile.mkdtemp(prefix=f"{UPLOADS_DIR_PREFIX}{os.getpid()}-"))
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # estimated bytes of each cached trace and what derives from it
         self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
         self._extras: dict[str, Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
+        self.skipped: dict[str, str] = {}  # files left out of the list, and why
+        self._closed = False
 
     # -- names ------------------------------------------------------------------
     def list_traces(self) -> list[str]:
-        """Trace files under the served folder and the uploads, by name."""
+        """Trace files under the served folder and the uploads, by name.
+
+        A link that leads out of the folder is left out (and noted in `skipped`),
+        so one stray link does not stop the others from being served."""
         names = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for filename in sorted(filenames):
-                if filename.lower().endswith(TRACE_SUFFIXES):
-                    names.append(Path(dirpath, filename).relative_to(self.root).as_posix())
-                    if len(names) >= MAX_LISTED:
-                        return names
-        names += [UPLOAD_PREFIX + p.name for p in sorted(self._uploads.iterdir())]
+                if not filename.lower().endswith(TRACE_SUFFIXES):
+                    continue
+                path = Path(dirpath, filename)
+                name = path.relative_to(self.root).as_posix()
+                if not path.resolve().is_relative_to(self.root):
+                    self.skipped[name] = "it links to a file outside the served folder"
+                    continue
+                names.append(name)
+                if len(names) >= MAX_LISTED:
+                    return names
+        names += [UPLOAD_PREFIX + p.name for p in self._upload_files()]
         return names + sorted(n for n in self._pinned if n not in names)
 
     def resolve(self, name: str) -> Path:
@@ -84,12 +120,19 @@ class TraceStore:
             base, rel = self.root, name
         if os.path.isabs(rel) or ".." in Path(rel).parts:
             raise TraceNotFoundError(f"{name!r} is outside the served folder; pick a trace from the list")
+        if not rel.lower().endswith(TRACE_SUFFIXES):
+            raise TraceNotFoundError(f"{name!r} is not a trace file (the dashboard opens "
+                                     f"{', '.join(TRACE_SUFFIXES)}); pick a trace from the list")
         path = (base / rel).resolve()
         if not path.is_relative_to(base):
             raise TraceNotFoundError(f"{name!r} is outside the served folder; pick a trace from the list")
         if not path.is_file():
-            raise TraceNotFoundError(f"no trace file {name!r} in {self.root}; pick one from the list")
+            raise TraceNotFoundError(f"no trace file {name!r} in the served folder; pick one from the list")
         return path
+
+    def public_message(self, message: str) -> str:
+        """A message fit for the page: served paths relative to the folder, no other absolute path."""
+        return hide_paths(message, {self._uploads: UPLOAD_PREFIX, self.root: ""})
 
     # -- loading ----------------------------------------------------------------
     def get(self, name: str) -> Any:
@@ -104,14 +147,32 @@ class TraceStore:
             cached = self._cached(name)
             if cached is not None:
                 return cached
-            trace = self.loader(str(path))
+            try:
+                trace = self.loader(str(path))
+            finally:
+                with self._lock:
+                    self._loading.pop(name, None)
             with self._lock:
                 self._cache[name] = trace
-                self._loading.pop(name, None)
-                while len(self._cache) > self.max_loaded:
-                    old, _ = self._cache.popitem(last=False)
-                    self._extras = {k: v for k, v in self._extras.items() if k[0] != old}
+                self._sizes[name] = max(estimated_bytes(trace), path.stat().st_size)
+                self._evict_over_budget()
         return trace
+
+    def _evict_over_budget(self) -> None:
+        """Drops the least recently used traces until the rest fit the budget (the newest stays)."""
+        while len(self._cache) > 1 and sum(self._sizes.values()) > self.max_cache_bytes:
+            old, _ = self._cache.popitem(last=False)
+            self._forget(old)
+
+    def _forget(self, name: str) -> None:
+        self._cache.pop(name, None)
+        self._sizes.pop(name, None)
+        self._extras = {k: v for k, v in self._extras.items() if k[0] != name}
+
+    def cached_bytes(self) -> int:
+        """Estimated memory of the traces kept loaded."""
+        with self._lock:
+            return sum(self._sizes.values())
 
     def _cached(self, name: str) -> Any:
         with self._lock:
@@ -138,29 +199,138 @@ class TraceStore:
         value = build(trace)
         with self._lock:
             self._extras[(name, key)] = value
+            if name in self._sizes:  # what derives from a trace counts against the budget too
+                self._sizes[name] += estimated_bytes(value)
+                self._evict_over_budget()
         return value
 
     # -- uploads ----------------------------------------------------------------
     def save_upload(self, filename: str, data: bytes) -> str:
         """Keeps an uploaded trace (outside the served folder) and returns its name."""
-        if len(data) > self.max_upload_bytes:
-            raise UploadError(
-                f"{filename} is {len(data) / 2**20:.1f} MiB, over the {self.max_upload_bytes / 2**20:.0f} MiB "
-                "upload limit; put it in the served folder instead"
-            )
+        import io
+
+        return self.save_upload_stream(filename, io.BytesIO(data))
+
+    def save_upload_stream(self, filename: str, stream: BinaryIO) -> str:
+        """Copies an upload to the uploads folder chunk by chunk, refusing it as soon as it passes
+        the size limit (so a huge upload never sits in memory); then trims the uploads to the quota."""
         safe = "".join(ch for ch in Path(filename or "").name if ch.isalnum() or ch in "._-+")
         if not safe or safe.startswith("."):
             raise UploadError(f"cannot use {filename!r} as a file name; rename the trace and upload again")
-        target = self._uploads / safe
-        target.write_bytes(data)
+        if not safe.lower().endswith(TRACE_SUFFIXES):
+            raise UploadError(f"{safe} is not a trace file (the dashboard opens {', '.join(TRACE_SUFFIXES)})")
+        partial = Path(tempfile.mkstemp(dir=self._uploads, prefix=".partial-")[1])
+        size = 0
+        try:
+            with partial.open("wb") as out:
+                while chunk := stream.read(CHUNK_BYTES):
+                    size += len(chunk)
+                    if size > self.max_upload_bytes:
+                        raise self.too_large(safe)
+                    out.write(chunk)
+            target = self._uploads / safe
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
         name = UPLOAD_PREFIX + safe
         with self._lock:
-            self._cache.pop(name, None)
-            self._extras = {k: v for k, v in self._extras.items() if k[0] != name}
+            self._forget(name)
+        self._enforce_upload_quota(keep=target)
         return name
 
+    def get_upload(self, name: str) -> Any:
+        """Loads a fresh upload; one that does not load is deleted rather than kept."""
+        try:
+            return self.get(name)
+        except BaseException:
+            self.resolve(name).unlink(missing_ok=True)
+            raise
+
+    def too_large(self, filename: str) -> UploadError:
+        return UploadError(f"{filename} is over the {self.max_upload_bytes / 2**20:.0f} MiB upload limit; "
+                           "put it in the served folder instead")
+
+    def _upload_files(self) -> list[Path]:
+        """The kept uploads, oldest first."""
+        files = [p for p in self._uploads.iterdir() if not p.name.startswith(".")]
+        return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+    def _enforce_upload_quota(self, keep: Path) -> None:
+        """Deletes the oldest uploads while there are too many or they take too much disk."""
+        files = [p for p in self._upload_files() if p != keep]
+        total = keep.stat().st_size + sum(p.stat().st_size for p in files)
+        while files and (len(files) + 1 > self.max_uploads or total > self.max_upload_total_bytes):
+            old = files.pop(0)
+            total -= old.stat().st_size
+            old.unlink(missing_ok=True)
+            with self._lock:
+                self._forget(UPLOAD_PREFIX + old.name)
+
     def close(self) -> None:
-        """Deletes the uploads folder."""
-        for p in self._uploads.iterdir():
-            p.unlink(missing_ok=True)
-        self._uploads.rmdir()
+        """Deletes the uploads folder (safe to call more than once)."""
+        if self._closed:
+            return
+        self._closed = True
+        shutil.rmtree(self._uploads, ignore_errors=True)
+
+
+def remove_abandoned_upload_folders() -> None:
+    """Deletes upload folders left by dashboards that were killed (their process is gone)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{UPLOADS_DIR_PREFIX}*-*"):
+        pid = folder.name[len(UPLOADS_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"<>:,;()]+/)*([^\s'\"<>:,;()/]*)")
+
+
+def hide_paths(message: str, roots: dict[Path, str]) -> str:
+    """Rewrites paths under each root as `prefix + relative path`, and any other absolute path as
+    its last part, so that the page never shows where the server keeps files."""
+    for root, prefix in roots.items():
+        message = message.replace(str(root) + os.sep, prefix).replace(str(root), prefix or ".")
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", message)
+
+
+def estimated_bytes(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> int:
+    """Roughly what an object's tables and arrays take in memory: frames, arrays and buffers,
+    found through the dicts, lists, attributes and closures holding them, a few levels deep."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or _depth > 4:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, pd.DataFrame):
+        return int(obj.memory_usage(index=True, deep=False).sum()) + sum(
+            _strings_bytes(obj[c]) for c in obj.columns if not pd.api.types.is_numeric_dtype(obj[c]))
+    if isinstance(obj, (pd.Series, pd.Index)):
+        return int(obj.memory_usage(deep=False)) + (0 if pd.api.types.is_numeric_dtype(obj) else _strings_bytes(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return len(obj)
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return 0
+    if callable(obj) and getattr(obj, "__closure__", None):  # a lazy table holds its source
+        items = [cell.cell_contents for cell in obj.__closure__ if cell.cell_contents is not None]
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    elif hasattr(obj, "__slots__"):
+        items = [getattr(obj, s, None) for s in obj.__slots__]
+    else:
+        return 0
+    return sum(estimated_bytes(v, seen, _depth + 1) for v in items)
+
+
+def _strings_bytes(column: pd.Series | pd.Index) -> int:
+    """What the Python objects of a text column take, from a sample (measuring every value of a
+    million-row column would cost a second per trace)."""
+    n = len(column)
+    if not n:
+        return 0
+    sample = column[:: max(n // 256, 1)]
+    return int(np.mean([sys.getsizeof(v) for v in sample]) * n)

@@ -22,7 +22,7 @@ TRACKS = pd.DataFrame({"track_id": [1, 2], "name": ["main", "Kernels"], "kind": 
 def test_rows_follow_tracks_and_depths_host_first():
     df = _slices([(1, 0, 100, "k", "kernel", 2, 0), (2, 0, 100, "step", "step", 1, 0), (3, 10, 50, "op", "op", 1, 1)])
     index = TimelineIndex(df, TRACKS, pd.DataFrame())
-    assert index.labels == ["main", "", "Kernels"]  # a track's name on its first row only
+    assert index.labels == ["main", "↳ op", "Kernels"]  # the name on its first row; nested rows say what they hold
     assert index.slice_rows[1].label == "main" and index.slice_rows[1].depth == 1
     assert index.row_of(3) == 1 and index.row_of(1) == 2 and index.row_of(99) is None
     assert (index.start_ns, index.end_ns) == (0, 100)

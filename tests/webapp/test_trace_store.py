@@ -12,7 +12,7 @@ from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, U
 
 @pytest.fixture
 def store(trace_folder):
-    s = TraceStore(trace_folder, loader=synthetic_loader, max_loaded=2, max_upload_bytes=1000)
+    s = TraceStore(trace_folder, loader=synthetic_loader, max_cache_bytes=1, max_upload_bytes=1000)
     yield s
     s.close()
 
@@ -56,7 +56,7 @@ def test_traces_are_loaded_once_and_the_oldest_is_dropped(store):
     store.get("run_b.json")
     write_synthetic(store.root / "run_c.json")
     store.get("run_c.json")
-    assert store.get("run_a.json") is not a  # evicted with max_loaded=2, then reloaded
+    assert store.get("run_a.json") is not a  # evicted (over the memory budget), then reloaded
 
 
 def test_uploads_are_kept_outside_the_folder_and_size_limited(store, trace_folder):
@@ -97,3 +97,86 @@ def test_pages_asking_for_one_trace_at_once_share_a_single_load(trace_folder):
         t.join()
     store.close()
     assert len(calls) == 1 and len(results) == 4 and all(r is results[0] for r in results)
+
+
+def test_view_of_a_folder_skips_a_link_leading_out_with_a_warning(trace_folder, tmp_path_factory):
+    """One stray link must not stop the folder from being served (#20 item 7)."""
+    import subprocess
+    import sys
+
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
+    write_synthetic(secret)
+    os.symlink(secret, trace_folder / "link.json")
+    (trace_folder / "corrupt.json").unlink()
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--no-browser",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "http://127.0.0.1:" in line, err
+    assert "warning: skipping link.json: it links to a file outside the served folder" in err
+    assert "Traceback" not in err
+
+
+def test_a_link_leading_out_is_not_listed(store, trace_folder, tmp_path_factory):
+    secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
+    write_synthetic(secret)
+    os.symlink(secret, trace_folder / "link.json")
+    os.symlink(trace_folder / "run_a.json", trace_folder / "inside.json")  # a link within is fine
+    assert store.list_traces() == ["corrupt.json", "inside.json", "run_a.json", "run_b.json"]
+    assert "link.json" in store.skipped
+
+
+def test_the_cache_is_sized_by_memory_not_by_count(trace_folder):
+    """Nine traces fit a budget that holds them all: none is loaded twice (#20 item 13)."""
+    from neuron_explorer.webapp.trace_store import estimated_bytes
+
+    for i in range(9):
+        write_synthetic(trace_folder / f"t{i}.json", seed=i)
+    loads = []
+
+    def counting_loader(path):
+        loads.append(path)
+        return synthetic_loader(path)
+
+    one = estimated_bytes(synthetic_loader(str(trace_folder / "t0.json")))
+    roomy = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=12 * one)
+    tight = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=int(2.5 * one))
+    try:
+        for _ in range(3):
+            for i in range(9):
+                roomy.get(f"t{i}.json")
+        assert len(loads) == 9
+        assert 8 * one <= roomy.cached_bytes() <= 12 * one
+        loads.clear()
+        for _ in range(2):
+            for i in range(9):
+                tight.get(f"t{i}.json")
+        assert len(loads) == 18  # two fit, so a round over nine reloads each
+        assert tight.cached_bytes() <= 2.5 * one
+    finally:
+        roomy.close()
+        tight.close()
+
+
+def test_a_trace_is_estimated_at_what_its_tables_hold(trace_folder):
+    from neuron_explorer.webapp.trace_store import estimated_bytes
+
+    trace = synthetic_loader(str(trace_folder / "run_b.json"))
+    frames = sum(int(df.memory_usage(deep=True).sum()) for df in (trace.slices, trace.ops, trace.kernels))
+    assert estimated_bytes(trace) >= frames
+
+
+def test_view_of_a_linked_trace_file_serves_the_file_it_links_to(trace_folder, tmp_path_factory):
+    from neuron_explorer.webapp.view_command import start_dashboard
+
+    elsewhere = tmp_path_factory.mktemp("links")
+    os.symlink(trace_folder / "run_a.json", elsewhere / "mine.json")
+    server, store = start_dashboard(elsewhere / "mine.json", port=0, loader=synthetic_loader)
+    try:
+        assert store.root == trace_folder.resolve() and "run_a.json" in store.list_traces()
+    finally:
+        server.stop()
+        store.close()

@@ -57,10 +57,11 @@ def comparison(ctx, name_a: str, name_b: str) -> list:
     try:
         a, b = ctx.store.get(name_a), ctx.store.get(name_b)
     except NeuronExplorerError as exc:
-        return [notice(f"Cannot open {name_b}: {exc}", "error")]
+        return [notice(ctx.store.public_message(f"Cannot open {name_b}: {exc}"), "error")]
     except Exception as exc:  # an unexpected loader failure: report it, keep the page up
         log.exception("opening %s failed", name_b)
-        return [notice(f"Cannot open {name_b}: unexpected {type(exc).__name__}: {exc}", "error")]
+        return [notice(ctx.store.public_message(
+            f"Cannot open {name_b}: unexpected {type(exc).__name__}: {exc}"), "error")]
     sa, sb = fetch(a, "summary", "summary"), fetch(b, "summary", "summary")
     sa, sb = (sa.value if sa.ok else {}), (sb.value if sb.ok else {})
     header = html.Tr([html.Th(""), html.Th(name_a), html.Th(name_b)])
@@ -71,11 +72,12 @@ def comparison(ctx, name_a: str, name_b: str) -> list:
     try:
         result = ctx.differ(a, b)
     except NeuronExplorerError as exc:
-        parts.append(section("Differences", notice(str(exc), "warning")))
+        parts.append(section("Differences", notice(ctx.store.public_message(str(exc)), "warning")))
         return parts
     except Exception as exc:  # the rest of the page stays useful
         log.exception("comparing %s with %s failed", name_a, name_b)
-        parts.append(section("Differences", notice(f"Could not compare these traces: {exc}", "error")))
+        parts.append(section("Differences", notice(ctx.store.public_message(
+            f"Could not compare these traces: {exc}"), "error")))
         return parts
     for attr, df in _frames(result):
         title = DIFF_TITLES.get(attr, attr.replace("_", " ").capitalize())

@@ -26,19 +26,48 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         parts.append(section("torch.compile", notice(
             "No torch.compile activity in this trace: the program ran in eager mode.")))
         return html.Div(parts)
+    graphs = summary.get("graphs")
+    real = graphs[graphs["graph_id"] >= 0] if _has(graphs, "graph_id") else graphs
+    loose = graphs[graphs["graph_id"] < 0] if _has(graphs, "graph_id") else None
     parts.append(html.Div([
-        metric("graphs", _count(summary.get("graphs"))),
+        metric("graphs", _count(real)),
         metric("graph breaks", _count(summary.get("graph_breaks"))),
         metric("recompiles", _count(summary.get("recompiles"))),
         metric("compile time", fmt.duration(compile_time_ns(trace, summary))),
     ], className="metrics"))
+    origin = trace_start_ns(trace)
+    shown = {"graphs": real, "graph_breaks": summary.get("graph_breaks"), "recompiles": summary.get("recompiles")}
     for key, title in PARTS:
-        df = summary.get(key)
+        df = shown.get(key)
         if isinstance(df, pd.DataFrame) and not df.empty:
-            parts.append(section(title, data_table(df, f"compile-{key}", page_size=10)))
+            parts.append(section(title, data_table(readable(df, origin), f"compile-{key}", page_size=10)))
         else:
             parts.append(section(title, notice(f"No {title.lower()} in this trace.")))
+    if isinstance(loose, pd.DataFrame) and not loose.empty:
+        ns = int(loose["dur"].sum())
+        parts.append(notice(f"{fmt.duration(ns)} of compile work belongs to no graph (tracing and "
+                            "set-up before a graph exists); it counts in the compile time, not as a graph."))
     return html.Div(parts)
+
+
+def _has(df, column: str) -> bool:
+    return isinstance(df, pd.DataFrame) and column in df.columns
+
+
+def trace_start_ns(trace: Any) -> int:
+    slices = getattr(trace, "base_slices", None)
+    slices = slices if isinstance(slices, pd.DataFrame) else table(trace, "slices")
+    return int(slices["ts"].min()) if not slices.empty else 0
+
+
+def readable(df: pd.DataFrame, origin: int) -> pd.DataFrame:
+    """ns columns as a person reads them: start in s since the trace's start, durations in ms."""
+    out = df.drop(columns=[c for c in ("id",) if c in df.columns])
+    if "ts" in out.columns:
+        out = out.assign(ts=(out["ts"] - origin) / 1e9).rename(columns={"ts": "at (s)"})
+    if "dur" in out.columns:
+        out = out.assign(dur=out["dur"] / 1e6).rename(columns={"dur": "compile (ms)"})
+    return out
 
 
 def _count(df) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
+from neuron_explorer.webapp.callback_input import BadInputError, finite
 from neuron_explorer.webapp.components import data_table, notice, page_title, page_url, section
 from neuron_explorer.webapp.page_data import fetch, table
 
@@ -104,8 +105,13 @@ def register(app: dash.Dash, ctx) -> None:
     def show_selection(selected, rows, tab, name):
         if not selected or not rows or not name:
             raise PreventUpdate
+        if tab not in TABLES or not isinstance(rows, list) or not isinstance(selected, list):
+            raise BadInputError("a table selection needs a known tab and a list of rows")
+        position = int(finite(selected[0], "selected row"))
+        if not 0 <= position < len(rows) or not isinstance(rows[position], dict):
+            raise BadInputError(f"no row {position} in this table")
         _, _, _, column = TABLES[tab]
-        row = rows[selected[0]]
+        row = rows[position]
         key = str(row.get(column, row.get("name", "")))
         found = longest_instance(ctx.store.get(name), tab, key)
         if found is None:

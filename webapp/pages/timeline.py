@@ -14,8 +14,10 @@ import pandas as pd
 from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp.callback_input import BadInputError, finite, int_or_default, text
 from neuron_explorer.webapp.components import GRAPH_CONFIG, notice, page_title
 from neuron_explorer.webapp.page_data import table
+from neuron_explorer.webapp.theme import category_colour
 from neuron_explorer.webapp.timeline_figure import NS_PER_US, timeline_figure
 from neuron_explorer.webapp.timeline_index import SUMMARY_ID, TimelineIndex
 
@@ -68,26 +70,40 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     index = timeline_index(ctx.store, name, fold)
     if not index.slice_rows and not index.counter_rows:
         return html.Div([page_title(TITLE, name), notice("This trace has no slices or counters to draw.")])
-    t0 = _int(params.get("start"), index.start_ns)
-    t1 = _int(params.get("end"), index.end_ns)
-    selected = _int(params.get("select"), None)
+    steps = steps_window(trace, index)
+    t0, t1 = clamp_window(index, int_or_default(params.get("start"), steps[0]),
+                          int_or_default(params.get("end"), steps[1]))
+    selected = int_or_default(params.get("select"), None)
     figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
     dma_toggle = dcc.Checklist(
         id="timeline-dma", options=[{"label": " every DMA queue on its own row", "value": "all"}],
         value=[] if fold else ["all"], className="dma-toggle",
         style={} if (index.folded_dma_queues or not fold) else {"display": "none"})
     details = slice_details(trace, index, selected) if selected is not None else _hint()
+    has_steps = steps != (index.start_ns, index.end_ns)
     return html.Div([
         page_title(TITLE, name),
         html.Div([
-            html.Button("Zoom in", id="timeline-zoom-in", className="button"),
-            html.Button("Zoom out", id="timeline-zoom-out", className="button"),
+            html.Button("◀", id="timeline-pan-left", className="button", title="Pan left (A or ←)"),
+            html.Button("▶", id="timeline-pan-right", className="button", title="Pan right (D or →)"),
+            html.Button("Zoom in", id="timeline-zoom-in", className="button", title="Zoom in (W or ↑)"),
+            html.Button("Zoom out", id="timeline-zoom-out", className="button", title="Zoom out (S or ↓)"),
+            html.Button("Steps", id="timeline-steps", className="button",
+                        title="The recorded steps", style={} if has_steps else {"display": "none"}),
             html.Button("Whole trace", id="timeline-reset", className="button"),
             dma_toggle,
             html.Span(status, id="timeline-status", className="timeline-status"),
         ], className="toolbar"),
-        dcc.Store(id="timeline-state",
-                  data={"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold}),
+        html.Div([
+            dcc.Input(id="timeline-search", type="search", className="search", debounce=True,
+                      placeholder="Find a slice by name (op, module, kernel)… Enter for the next"),
+            html.Button("Previous", id="timeline-search-prev", className="button"),
+            html.Button("Next", id="timeline-search-next", className="button"),
+            html.Span(id="timeline-search-status", className="timeline-status"),
+        ], className="toolbar timeline-search"),
+        legend(index),
+        dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1, "selected": selected,
+                                             "fold": fold, "steps": list(steps), "search": "", "match": -1}),
         dcc.Store(id="timeline-relayout"),
         html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
                  className="panel timeline-panel"),
@@ -95,22 +111,39 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     ])
 
 
+def steps_window(trace: Any, index: TimelineIndex) -> tuple[int, int]:
+    """The recorded steps with a little margin (the whole trace when it has no steps): startup
+    and exit-time work would otherwise fill most of the first view."""
+    steps = table(trace, "steps")
+    if steps.empty or not {"ts", "dur"} <= set(steps.columns):
+        return index.start_ns, index.end_ns
+    lo = int(steps["ts"].min())
+    hi = int((steps["ts"] + steps["dur"]).max())
+    pad = max((hi - lo) // 50, 1)
+    return max(lo - pad, index.start_ns), min(hi + pad, index.end_ns)
+
+
+def legend(index: TimelineIndex) -> html.Div:
+    """One swatch per category drawn, and the grey of merged bars."""
+    items = [html.Span([html.Span(className="swatch", style={"background": category_colour(c)}), c],
+                       className="legend-item") for c in index.categories]
+    items.append(html.Span([html.Span(className="swatch", style={"background": category_colour("merged")}),
+                            "merged (narrower than a pixel)"], className="legend-item"))
+    return html.Div(items, id="timeline-legend", className="legend")
+
+
 def _hint():
-    return html.P("Drag to pan, scroll to zoom, click a slice for its details and flows. "
+    return html.P("Drag to pan, scroll to zoom (or W/S, A/D and the arrow keys), click a slice for its "
+                  "details and flows. "
                   "Grey bars merge slices narrower than a pixel: click one to zoom into it.",
                   className="hint")
 
 
-def _int(value, default):
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return default
-
-
 def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> tuple[int, int, int | None]:
     """The window and selection after one user action."""
-    t0, t1, selected = int(state["t0"]), int(state["t1"]), state.get("selected")
+    t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+    selected = state.get("selected")
+    selected = None if selected is None else int(finite(selected, "selected"))
     origin = index.start_ns
     span = t1 - t0
     if trigger == "timeline-zoom-in":
@@ -119,6 +152,12 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         return t0 - span // 2, t1 + span // 2, selected
     if trigger == "timeline-reset":
         return index.start_ns, index.end_ns, selected
+    if trigger in ("timeline-pan-left", "timeline-pan-right"):
+        shift = span // 4 if trigger == "timeline-pan-right" else -(span // 4)
+        return (*clamp_window(index, t0 + shift, t1 + shift), selected)
+    if trigger == "timeline-steps":
+        steps = state.get("steps") or [index.start_ns, index.end_ns]
+        return (*clamp_window(index, finite(steps[0], "steps"), finite(steps[1], "steps")), selected)
     if trigger == "timeline-dma":
         return t0, t1, selected
     if trigger == "timeline-graph.relayoutData" and relayout:
@@ -128,18 +167,23 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
         if lo is None or hi is None:
             raise PreventUpdate
-        return origin + int(float(lo) * NS_PER_US), origin + int(float(hi) * NS_PER_US), selected
+        lo, hi = finite(lo, "xaxis.range[0]"), finite(hi, "xaxis.range[1]")
+        return (*clamp_window(index, origin + lo * NS_PER_US, origin + hi * NS_PER_US), selected)
     if trigger == "timeline-graph.clickData" and click:
-        point = click["points"][0]
-        slice_id = int(point.get("customdata", SUMMARY_ID))
+        points = click.get("points") if isinstance(click, dict) else None
+        if not points or not isinstance(points[0], dict) or "customdata" not in points[0]:
+            raise PreventUpdate  # a click that hit no bar
+        point = points[0]
+        slice_id = int(finite(point.get("customdata", SUMMARY_ID), "customdata"))
         if slice_id == SUMMARY_ID and "base" in point:
-            start = origin + int(float(point["base"]) * NS_PER_US)
-            length = int((float(point["x"]) - float(point["base"])) * NS_PER_US)  # x is the bar's end
-            pad = max(length // 10, 1)
-            return start - pad, start + length + pad, selected
+            base = finite(point["base"], "base")
+            length = (finite(point.get("x"), "x") - base) * NS_PER_US  # x is the bar's end
+            start = origin + base * NS_PER_US
+            pad = max(length / 10, 1)
+            return (*clamp_window(index, start - pad, start + length + pad), selected)
         return t0, t1, slice_id
     if isinstance(trigger, dict) and trigger.get("type") == "timeline-link":
-        slice_id = int(trigger["slice"])
+        slice_id = int(finite(trigger.get("slice"), "slice"))
         row = index.row_of(slice_id)
         if row is None:
             return t0, t1, slice_id
@@ -152,6 +196,41 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
             t1 = t0 + width
         return t0, t1, slice_id
     raise PreventUpdate
+
+
+def focus(t0: int, t1: int, ts: int, end: int) -> tuple[int, int]:
+    """A window showing [ts, end] at a zoom where it can be seen: the current one when the slice
+    is in it and not lost in it, else centred on the slice, a few hundred times its width."""
+    span, dur = t1 - t0, max(end - ts, 1)
+    width = max(min(span, dur * 200), dur * 3, 1000)
+    if t0 <= ts and end <= t1 and span <= width:
+        return t0, t1
+    t0 = (ts + end) // 2 - width // 2
+    return t0, t0 + width
+
+
+SEARCH_TRIGGERS = ("timeline-search", "timeline-search-next", "timeline-search-prev")
+
+
+def search_step(state: dict, index: TimelineIndex, trigger: str, text: str | None) -> tuple[str, int, np.ndarray]:
+    """(query, match position, matches) after Enter in the search box or Next/Previous."""
+    query = text.strip() if isinstance(text, str) else ""
+    matches = index.search(query[:200])
+    previous = int(finite(state.get("match", -1), "match")) if state.get("search") == query else -1
+    if not matches.size:
+        return query, -1, matches
+    if trigger == "timeline-search-prev":
+        return query, (previous - 1) % matches.size if previous >= 0 else matches.size - 1, matches
+    return query, (previous + 1) % matches.size, matches
+
+
+def clamp_window(index: TimelineIndex, t0: float, t1: float) -> tuple[int, int]:
+    """A window in ns, at least 1 ns wide and within three trace lengths of the trace."""
+    total = max(index.end_ns - index.start_ns, 1)
+    lo_limit, hi_limit = index.start_ns - total, index.end_ns + total
+    t0 = int(min(max(t0, lo_limit), hi_limit - 1))
+    t1 = int(min(max(t1, t0 + 1), hi_limit))
+    return t0, t1
 
 
 # Only a pan or zoom of the x axis reaches the server. Plotly's own relayout events
@@ -177,17 +256,26 @@ def register(app: dash.Dash, ctx) -> None:
         Output("timeline-state", "data"),
         Output("timeline-details", "children"),
         Output("timeline-status", "children"),
+        Output("timeline-search-status", "children"),
         Input("timeline-relayout", "data"),
         Input("timeline-graph", "clickData"),
         Input("timeline-zoom-in", "n_clicks"),
         Input("timeline-zoom-out", "n_clicks"),
+        Input("timeline-pan-left", "n_clicks"),
+        Input("timeline-pan-right", "n_clicks"),
+        Input("timeline-steps", "n_clicks"),
         Input("timeline-reset", "n_clicks"),
         Input("timeline-dma", "value"),
+        Input("timeline-search", "n_submit"),
+        Input("timeline-search-next", "n_clicks"),
+        Input("timeline-search-prev", "n_clicks"),
         Input({"type": "timeline-link", "slice": ALL}, "n_clicks"),
+        State("timeline-search", "value"),
         State("timeline-state", "data"),
         prevent_initial_call=True,
     )
-    def update(relayout, click, _zin, _zout, _reset, dma, _links, state):
+    def update(relayout, click, _zin, _zout, _left, _right, _steps, _reset, dma, _submit, _next, _prev,
+               _links, search_text, state):
         triggered = dash.ctx.triggered
         trigger = dash.ctx.triggered_id
         if not state or not triggered or (trigger != "timeline-dma"
@@ -197,18 +285,33 @@ def register(app: dash.Dash, ctx) -> None:
             trigger = "timeline-graph.clickData"
         elif trigger == "timeline-relayout":
             trigger = "timeline-graph.relayoutData"
-        name = state["trace"]
+        if not isinstance(state, dict):
+            raise BadInputError("timeline-state must be an object")
+        name = text(state.get("trace"), "timeline-state.trace")
         fold = "all" not in (dma or [])
         index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
-        t0, t1, selected = new_window(state, index, trigger, relayout, click)
-        t1 = max(t1, t0 + 1)
+        query, match, search_status = state.get("search", ""), state.get("match", -1), dash.no_update
+        if trigger in SEARCH_TRIGGERS:
+            query, match, matches = search_step(state, index, trigger, search_text)
+            if match < 0:
+                message = f"No slice named like {query!r}" if query else ""
+                return dash.no_update, {**state, "search": query, "match": -1}, dash.no_update, \
+                    dash.no_update, message
+            selected = int(matches[match])
+            t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+            t0, t1 = focus(t0, t1, *(index.slice_span(selected) or (t0, t1)))
+            search_status = f"{match + 1:,} of {matches.size:,} matches"
+        else:
+            t0, t1, selected = new_window(state, index, trigger, relayout, click)
+        t0, t1 = clamp_window(index, t0, t1)
         figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
         details = dash.no_update
         if selected != old_selected and selected is not None:
             details = slice_details(ctx.store.get(name), index, selected)
-        new_state = {"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold}
-        return figure, new_state, details, status
+        new_state = {"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold,
+                     "steps": state.get("steps"), "search": query, "match": match}
+        return figure, new_state, details, status, search_status
 
 
 def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:

@@ -1,0 +1,86 @@
+"""Crafted callback input gets a 4xx or an in-page message, never an HTTP 500 (#20 item 9)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from dash_requests import call
+
+STATE = {"trace": "run_a.json", "t0": 0, "t1": 5_000_000, "selected": None, "fold": True}
+
+
+@pytest.mark.parametrize("output, values, changed", [
+    ("tables-body.children", {"tables-tab.value": "ops", "tables-trace.data": "nope.json"}, "tables-tab.value"),
+    ("tables-body.children", {"tables-tab.value": "ops", "tables-trace.data": "../../etc/passwd"},
+     "tables-tab.value"),
+    ("overview-findings.children", {"overview-trace.data": "nope.json"}, "overview-trace.data"),
+    ("timeline-graph.figure", {"timeline-state.data": {**STATE, "trace": "nope.json"},
+                               "timeline-zoom-in.n_clicks": 1}, "timeline-zoom-in.n_clicks"),
+    ("timeline-graph.figure", {"timeline-state.data": "not a dict", "timeline-zoom-in.n_clicks": 1},
+     "timeline-zoom-in.n_clicks"),
+    ("timeline-graph.figure", {"timeline-state.data": {**STATE, "t0": "x"}, "timeline-zoom-in.n_clicks": 1},
+     "timeline-zoom-in.n_clicks"),
+    ("tables-selection.children",
+     {"stats-table.selected_rows": [99], "stats-table.data": [{"name": "a"}], "tables-kind.data": "ops",
+      "tables-trace.data": "run_a.json"}, "stats-table.selected_rows"),
+    ("tables-selection.children",
+     {"stats-table.selected_rows": [0], "stats-table.data": [{"name": "a"}], "tables-kind.data": "nope",
+      "tables-trace.data": "run_a.json"}, "stats-table.selected_rows"),
+])
+def test_a_bad_name_or_value_in_a_callback_is_a_client_error(live_server, output, values, changed):
+    status, body = call(live_server, output, values, changed)
+    assert 400 <= status < 500, (status, body[:300])
+    assert "error" in json.loads(body)
+
+
+@pytest.mark.parametrize("lo, hi", [(-1e30, 1e30), (1e30, 2e30), (math.nan, 10.0), (0.0, math.inf),
+                                    ("NaN", "1")])
+def test_timeline_ranges_out_of_any_scale_never_fail_the_server(live_server, lo, hi):
+    values = {"timeline-relayout.data": {"xaxis.range[0]": lo, "xaxis.range[1]": hi},
+              "timeline-state.data": STATE}
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-relayout.data")
+    assert status < 500, (status, body[:300])
+    if status == 200:  # a huge range is clamped to the trace
+        state = json.loads(body)["response"]["timeline-state"]["data"]
+        assert abs(state["t0"]) < 1e12 and abs(state["t1"]) < 1e12
+
+
+@pytest.mark.parametrize("click", [{"points": []}, {"points": [{}]}, {"nope": 1}, {"points": ["x"]}])
+def test_a_click_that_hit_nothing_changes_nothing(live_server, click):
+    values = {"timeline-graph.clickData": click, "timeline-state.data": STATE}
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-graph.clickData")
+    assert status in (204, 400), (status, body[:300])
+
+
+@pytest.mark.parametrize("query", ["?trace=run_a.json&select=1e30", "?trace=run_a.json&select=nan",
+                                   "?trace=run_a.json&start=-1e30&end=1e30", "?trace=run_a.json&select=-9e18"])
+def test_timeline_url_with_huge_values_opens_the_page(live_server, query):
+    values = {"url.pathname": "/timeline", "url.search": query}
+    status, body = call(live_server, "page.children", values, "url.search")
+    assert status == 200, (status, body[:300])
+    text = body.decode()
+    assert "unexpected" not in text and "Zoom in" in text
+
+
+@pytest.mark.parametrize("state, text", [
+    ({**STATE, "t0": "x"}, "op"), ({**STATE, "match": "nan", "search": "op"}, "op"), (STATE, 12), (STATE, None),
+])
+def test_a_crafted_search_is_a_client_error_or_no_change(live_server, state, text):
+    values = {"timeline-search.n_submit": 1, "timeline-search.value": text, "timeline-state.data": state}
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-search.n_submit")
+    assert status < 500, (status, body[:300])
+
+
+@pytest.mark.parametrize("body", [
+    {"output": "timeline-graph.figure", "inputs": [], "state": []},
+    {"output": "nope.children", "inputs": [], "state": []},
+    {"inputs": []}, [], "x",
+])
+def test_a_malformed_callback_request_is_a_client_error(live_server, body):
+    from dash_requests import request
+
+    status, _, data = request(live_server, "POST", "/_dash-update-component", json.dumps(body).encode(),
+                              {"Content-Type": "application/json"})
+    assert 400 <= status < 500, (status, data[:300])
