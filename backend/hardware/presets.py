@@ -280,9 +280,9 @@ def get_preset(name: str) -> HardwarePreset:
 # One contained block: the distributed backend's cost model reads these and nothing else.
 # Published figures, with their sources:
 # - NeuronLink, chip to chip (HARDWARE.md, from the Trainium/Trainium2/Trainium3
-#   architecture guides): trn1 384 GB/s, trn2 1.28 TB/s, trn3 2.56 TB/s per chip. A ring
-#   step leaving a chip is charged at the chip's NeuronLink figure (Neuron's collectives
-#   drive every link of the chip at once).
+#   architecture guides): `neuronlink_bytes_per_ns` above. A ring step leaving a chip is
+#   charged at the chip's NeuronLink figure (Neuron's collectives drive every link of the
+#   chip at once).
 # - Chips per instance: trn1.32xlarge has 16 Trainium chips joined as a 2D torus by
 #   NeuronLink-v2 (AWS Trn1 instance page, "Trainium architecture" guide); trn2.48xlarge has
 #   16 Trainium2 chips in a 2D torus of NeuronLink-v3 (Trainium2 architecture guide);
@@ -304,7 +304,6 @@ class InterconnectFigures:
 
     chips_per_instance: int
     topology: str  # how the chips of an instance are joined
-    chip_link_bytes_per_ns: float  # NeuronLink per chip (GB/s == B/ns)
     instance_link_bytes_per_ns: float  # EFA per instance
     core_step_ns: int  # latency of one algorithm step between cores of one chip
     chip_step_ns: int  # ... between chips (one NeuronLink hop)
@@ -313,12 +312,12 @@ class InterconnectFigures:
 
 
 INTERCONNECTS: dict[str, InterconnectFigures] = {
-    "trn1": InterconnectFigures(16, "2D torus (NeuronLink-v2)", 384.0, 100.0, 1_000, 2_000,
+    "trn1": InterconnectFigures(16, "2D torus (NeuronLink-v2)", 100.0, 1_000, 2_000,
                                 15_000, 5_000),
-    "trn2": InterconnectFigures(16, "2D torus (NeuronLink-v3)", 1280.0, 400.0, 1_000, 2_000,
+    "trn2": InterconnectFigures(16, "2D torus (NeuronLink-v3)", 400.0, 1_000, 2_000,
                                 15_000, 5_000),
-    "trn3": InterconnectFigures(144, "NeuronSwitch (UltraServer)", 2560.0, 400.0, 1_000,
-                                2_000, 15_000, 5_000),
+    "trn3": InterconnectFigures(144, "NeuronSwitch (UltraServer)", 400.0, 1_000, 2_000,
+                                15_000, 5_000),
 }
 
 
