@@ -52,6 +52,7 @@ ARG_METADATA_JSON = "json"
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).
 DEVICE_PROCESS = "neuron:{index} ({preset})"
 TRACK_KERNELS = "Kernels"
+TRACK_COLLECTIVES = "Collectives"  # the device's collective queue (backend/distributed)
 ENGINE_TRACKS = {
     "tensor": "Tensor Engine",
     "vector": "Vector Engine",
@@ -73,3 +74,14 @@ META_VERSION = "neuron_explorer_version"
 META_START = "start_time_unix_ns"
 META_LEVEL = "level"
 META_PID = "pid"
+
+# Collectives (torch.distributed on neuron): one slice per collective on the device's
+# TRACK_COLLECTIVES track, from this rank's arrival to the collective's end.
+CAT_COLLECTIVE = "collective"
+ARG_COLLECTIVE = "collective"  # str: all_reduce, all_gather_into_tensor, send, ...
+ARG_GROUP = "group"  # str: the group's global ranks, "[0, 1, 2, 3]"
+ARG_SEQ = "seq"  # int: the group's call number, the same on every rank
+ARG_ALGORITHM = "algorithm"  # str: ring, tree, pairwise, p2p, local
+ARG_WAIT_NS = "wait_ns"  # int: waiting for the group's last rank
+ARG_TRANSFER_NS = "transfer_ns"  # int: moving the data
+ARG_RANK = "rank"  # int: global rank of the recorded process
