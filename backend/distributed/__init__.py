@@ -26,9 +26,10 @@ def register(device_module) -> None:
     if _registered:
         return
     _registered = True
-    from neuron_explorer.backend.distributed import streams
+    from neuron_explorer.backend.distributed import storage_resize, streams
 
     streams.install(device_module)
+    storage_resize.install()
     import torch.distributed as dist
 
     if not dist.is_available():

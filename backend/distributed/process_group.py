@@ -152,6 +152,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron/gloo", store), rank, size,
                                            timeout)
         self._seq = 0
+        self._group_name = ""
+        self._group_desc = ""
         self._lock = threading.Lock()
         self._pending_in_backward: list[tuple[int, int]] = []
         self._callback_queued = False
@@ -181,6 +183,19 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def size(self) -> int:
         return self._size
+
+    # c10d uses a Python process group as the whole group (torch 2.13): it names it here
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"ProcessGroupNeuron(rank={self._rank}, size={self._size})"
