@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 
@@ -81,9 +82,10 @@ def main() -> None:
     device = device_for(args.device)
     torch.manual_seed(0)  # the same full model on every rank before sharding
     model = TinyTransformer().to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
     data = torch.Generator().manual_seed(1000 + rank)
     losses = []

@@ -20,6 +20,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -287,9 +288,19 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                                          algorithm, arrival, start, end, self.global_rank))
         clock.exclude(clock.real_ns() - record_start)
 
+    def _gone_peers(self) -> list[int]:
+        """Peer ranks on this host whose process has ended (waiting a little: a killed
+        process closes its sockets just before it is gone)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            gone = [self.global_ranks[i] for i, (pid, host) in enumerate(self._peers)
+                    if i != self._rank and host == _host_id() and not _alive(pid)]
+            if gone or time.monotonic() > deadline:
+                return gone
+            time.sleep(0.05)
+
     def _peer_failure(self, label: str, seq: int, exc: RuntimeError) -> CollectiveError:
-        gone = [self.global_ranks[i] for i, (pid, host) in enumerate(self._peers)
-                if i != self._rank and host == _host_id() and not _alive(pid)]
+        gone = self._gone_peers()
         who = (f"rank {', '.join(map(str, gone))} exited" if gone
                else "a peer rank stopped answering")
         return CollectiveError(
