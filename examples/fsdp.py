@@ -69,7 +69,7 @@ def device_for(kind: str) -> torch.device:
     """neuron:LOCAL_RANK (neuron:0 when the chip has fewer cores than ranks), or the CPU."""
     if kind == "cpu":
         return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     index = local_rank if local_rank < torch.neuron.device_count() else 0
     torch.neuron.set_device(index)
     return torch.device("neuron", index)

@@ -42,7 +42,7 @@ def main() -> None:
     args = parse_args()
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     index = local_rank if local_rank < torch.neuron.device_count() else 0
     torch.neuron.set_device(index)
     device = torch.device("neuron", index)

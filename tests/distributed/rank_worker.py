@@ -96,7 +96,7 @@ def coupling() -> dict:
     """Rank 0 queues a long kernel first: every rank's collective ends at the same time."""
     sink = Collectives()
     hub.subscribe(sink)
-    rank, world, dev = init()
+    rank, _, dev = init()
     x = torch.randn(256, 256, device=dev)
     if rank == 0:
         for _ in range(20):
