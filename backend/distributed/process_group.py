@@ -220,8 +220,10 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             self._seq += 1
             seq = self._seq
         try:
-            arrivals = self._exchange_arrivals(arrival, peers)
+            # the arrival exchange runs on gloo's other thread while the payload moves
+            arrivals_done = self._exchange_arrivals(arrival, peers)
             move()
+            arrivals = arrivals_done()
         except RuntimeError as exc:
             if isinstance(exc, NeuronExplorerError):
                 raise
@@ -244,20 +246,32 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             self._wait_at_backward_end(index, end)
         return work
 
-    def _exchange_arrivals(self, arrival: int, peers: tuple[int, ...] | None) -> list[int]:
-        """Every rank's arrival time on its device clock (just the pair for send/recv)."""
+    def _exchange_arrivals(self, arrival: int, peers: tuple[int, ...] | None
+                           ) -> Callable[[], list[int]]:
+        """Start exchanging every rank's arrival time on its device clock (just the pair
+        for send/recv); the returned function waits for the exchange and gives them."""
         mine = torch.tensor([arrival], dtype=torch.int64)
         if peers is None:
             everyone = torch.empty(self._size, dtype=torch.int64)
-            self._gloo._allgather_base(everyone, mine).wait()
-            return everyone.tolist()
+            work = self._gloo._allgather_base(everyone, mine)
+
+            def gathered() -> list[int]:
+                work.wait()
+                return everyone.tolist()
+
+            return gathered
         other = peers[1] if peers[0] == self._rank else peers[0]
         theirs = torch.empty(1, dtype=torch.int64)
         tag = 1 << 20
         sent = self._gloo.send([mine], other, tag)
-        self._gloo.recv([theirs], other, tag).wait()
-        sent.wait()
-        return [arrival, int(theirs.item())]
+        received = self._gloo.recv([theirs], other, tag)
+
+        def exchanged() -> list[int]:
+            received.wait()
+            sent.wait()
+            return [arrival, int(theirs.item())]
+
+        return exchanged
 
     def _wait_at_backward_end(self, index: int, end_ns: int) -> None:
         """The backward that launched this collective ends with the compute queue waiting
