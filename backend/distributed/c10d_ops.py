@@ -2,8 +2,9 @@
 
 torch.distributed reaches a Python backend through the methods its C++ trampoline
 forwards (allreduce, allgather, broadcast, ...). `all_gather_into_tensor`,
-`reduce_scatter_tensor` (which FSDP2 and DTensor use) and the ops this backend does not
-support go through the c10d dispatcher ops instead: their PrivateUse1 kernels are
+`reduce_scatter_tensor` (which FSDP2 and DTensor use), `scatter` (DTensor's
+`distribute_tensor`), `gather`, `reduce` and the ops this backend does not support go
+through the c10d dispatcher ops instead: their PrivateUse1 kernels are
 replaced here, so the former reach `ProcessGroupNeuron` and the latter fail with one
 clear message naming the op instead of an error from deep inside c10d.
 """
@@ -22,9 +23,6 @@ _recent_works: collections.deque = collections.deque(maxlen=4096)
 
 # c10d op -> the user-facing name of the collective this backend does not run
 _UNSUPPORTED = {
-    "reduce_": "reduce",
-    "gather_": "gather",
-    "scatter_": "scatter",
     "alltoall_": "all_to_all",
     "allgather_coalesced_": "all_gather_coalesced",
     "recv_any_source_": "recv from any source",
@@ -60,13 +58,36 @@ def _allgather_base(output, input, process_group, async_op=True, timeout=-1):
 
 
 def _reduce_scatter_base(output, input, process_group, reduce_op, async_op=True, timeout=-1):
+    work = _backend(process_group).reduce_scatter_tensor(output, input, _reduce_op(reduce_op))
+    _recent_works.append(work)
+    return output, work.boxed()
+
+
+def _reduce_op(reduce_op):
     import torch.distributed as dist
 
     if isinstance(reduce_op, torch.ScriptObject):  # the boxed ReduceOp: op() is its type
-        reduce_op = dist.ReduceOp.RedOpType(reduce_op.op())
-    work = _backend(process_group).reduce_scatter_tensor(output, input, reduce_op)
+        return dist.ReduceOp.RedOpType(reduce_op.op())
+    return reduce_op
+
+
+def _scatter(outputs, input_lists, process_group, root_rank, async_op=True, timeout=-1):
+    work = _backend(process_group).scatter_tensors(outputs, input_lists, root_rank)
     _recent_works.append(work)
-    return output, work.boxed()
+    return outputs, work.boxed()
+
+
+def _gather(output_lists, inputs, process_group, root_rank, async_op=True, timeout=-1):
+    work = _backend(process_group).gather_tensors(output_lists, inputs, root_rank)
+    _recent_works.append(work)
+    return work.boxed()
+
+
+def _reduce(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True,
+            timeout=-1):
+    work = _backend(process_group).reduce_tensors(tensors, _reduce_op(reduce_op), root_rank)
+    _recent_works.append(work)
+    return work.boxed()
 
 
 def _unsupported(name: str):
@@ -87,6 +108,9 @@ def register() -> None:
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
         lib.impl("_allgather_base_", _allgather_base, "PrivateUse1")
         lib.impl("_reduce_scatter_base_", _reduce_scatter_base, "PrivateUse1")
+        lib.impl("scatter_", _scatter, "PrivateUse1")
+        lib.impl("gather_", _gather, "PrivateUse1")
+        lib.impl("reduce_", _reduce, "PrivateUse1")
         for op, name in _UNSUPPORTED.items():
             try:
                 lib.impl(op, _unsupported(name), "PrivateUse1")

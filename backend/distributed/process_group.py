@@ -152,6 +152,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._timeout = timeout
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron/gloo", store), rank, size,
                                            timeout)
+        self._store = store
         self._seq = 0
         self._group_name = ""
         self._group_desc = ""
@@ -304,14 +305,21 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def _gone_peers(self) -> list[int]:
         """Peer ranks on this host whose process has ended (waiting a little: a killed
-        process closes its sockets just before it is gone)."""
+        process closes its sockets just before it is gone). The first rank to find them
+        posts them in the store, so that ranks that fail later, when the ones that
+        noticed first have exited too, still name the rank that died."""
         deadline = time.monotonic() + 2.0
         while True:
             gone = [self.global_ranks[i] for i, (pid, host) in enumerate(self._peers)
                     if i != self._rank and host == _host_id() and not _alive(pid)]
             if gone or time.monotonic() > deadline:
-                return gone
+                break
             time.sleep(0.05)
+        try:
+            first = self._store.compare_set("neuron/gone", "", ",".join(map(str, gone)))
+            return [int(r) for r in first.decode().split(",") if r]
+        except Exception:  # noqa: BLE001 - the store may have died with the rank
+            return gone
 
     def _peer_failure(self, label: str, seq: int, exc: RuntimeError) -> CollectiveError:
         gone = self._gone_peers()
@@ -453,11 +461,6 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return self._run(ALL_TO_ALL, "all_to_all_single", [input, output], _nbytes([input]),
                          move, [output])
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts=None) -> NeuronWork:
-        raise CollectiveError("all_to_all (tensor lists) is not supported by the neuron "
-                              "collective backend: use all_to_all_single")
-
     def barrier(self, opts=None) -> NeuronWork:
         index = devices.current_index if devices.initialized() else -1
         tensors = [torch.empty(0, device=f"neuron:{index}")] if index >= 0 else []
@@ -485,22 +488,51 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return self._run(RECV, "recv", tensors, _nbytes(tensors), move, tensors,
                          peers=(src, self._rank))
 
-    def _unsupported(self, op: str) -> Callable:
-        def fail(*args, **kwargs):
-            raise CollectiveError(f"{op} is not supported by the neuron collective backend "
-                                  "(supported: all_reduce, broadcast, all_gather, "
-                                  "all_gather_into_tensor, reduce_scatter_tensor, "
-                                  "all_to_all_single, send, recv, barrier)")
-        return fail
+    # reached through the c10d ops of `c10d_ops` (not overridable on a Python group)
+    def scatter_tensors(self, outputs: list[torch.Tensor],
+                        input_lists: list[list[torch.Tensor]], root: int) -> NeuronWork:
+        host_out = _Host("scatter", outputs)
+        host_in = [_Host("scatter", lst) for lst in input_lists]
+        sent = [t for lst in input_lists for t in lst]
 
-    def gather(self, *args, **kwargs):
-        return self._unsupported("gather")()
+        def move() -> None:
+            o = dist.ScatterOptions()
+            o.rootRank = root
+            self._gloo.scatter(host_out.tensors, [h.tensors for h in host_in], o).wait()
+            host_out.copy_back()
 
-    def scatter(self, *args, **kwargs):
-        return self._unsupported("scatter")()
+        nbytes = _nbytes(outputs) * self._size
+        return self._run(ALL_GATHER, "scatter", [*outputs, *sent], nbytes, move, outputs)
 
-    def reduce(self, *args, **kwargs):
-        return self._unsupported("reduce")()
+    def gather_tensors(self, output_lists: list[list[torch.Tensor]],
+                       inputs: list[torch.Tensor], root: int) -> NeuronWork:
+        host_in = _Host("gather", inputs)
+        host_out = [_Host("gather", lst) for lst in output_lists]
+        received = [t for lst in output_lists for t in lst]
+
+        def move() -> None:
+            o = dist.GatherOptions()
+            o.rootRank = root
+            self._gloo.gather([h.tensors for h in host_out], host_in.tensors, o).wait()
+            for h in host_out:
+                h.copy_back()
+
+        nbytes = _nbytes(inputs) * self._size
+        return self._run(ALL_GATHER, "gather", [*inputs, *received], nbytes, move, received)
+
+    def reduce_tensors(self, tensors: list[torch.Tensor], op, root: int) -> NeuronWork:
+        if _REDUCE_NAMES.get(op) is None or op == dist.ReduceOp.AVG:
+            raise CollectiveError(f"reduce: reduce op {op} is not supported by the neuron "
+                                  "collective backend (use sum, product, min or max)")
+        host = _Host("reduce", tensors)
+
+        def move() -> None:
+            o = dist.ReduceOptions()
+            o.reduceOp, o.rootRank = op, root
+            self._gloo.reduce(host.tensors, o).wait()
+            host.copy_back()
+
+        return self._run(BROADCAST, "reduce", tensors, _nbytes(tensors), move, tensors)
 
 
 def _concat(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -68,6 +68,16 @@ def collectives() -> dict:
         r = torch.empty(2, device=dev)
         dist.recv(r, 0)
         out["recv"] = r.cpu().tolist()
+    got = torch.empty(2, device=dev)
+    chunks = [torch.full((2,), 10.0 * k, device=dev) for k in range(world)] if rank == 0 else None
+    dist.scatter(got, chunks, src=0)
+    out["scatter"] = got.cpu().tolist()
+    gathered = [torch.empty(1, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([rank + 0.5], device=dev), gathered, dst=0)
+    out["gather"] = [g.cpu().tolist() for g in gathered] if gathered else None
+    t = torch.full((2,), rank + 1.0, device=dev)
+    dist.reduce(t, dst=0)
+    out["reduce"] = t.cpu().tolist()
     strided = torch.zeros(4, 2, device=dev)[:, 0]  # not contiguous
     strided.fill_(rank + 1.0)
     dist.all_reduce(strided)
@@ -79,7 +89,8 @@ def collectives() -> dict:
     dist.barrier()
     for label, call in (
         ("complex_avg", lambda: dist.all_reduce(torch.ones(2, device=dev, dtype=torch.float8_e4m3fn))),
-        ("reduce", lambda: dist.reduce(torch.ones(2, device=dev), 0)),
+        ("all_to_all", lambda: dist.all_to_all([torch.ones(2, device=dev)] * world,
+                                               [torch.ones(2, device=dev)] * world)),
         ("premul", lambda: dist.all_reduce(torch.ones(2, device=dev),
                                            op=dist._make_nccl_premul_sum(2.0))),
     ):
@@ -111,6 +122,36 @@ def coupling() -> dict:
     hub.unsubscribe(sink)
     return {"runs": sink.runs, "before_wait": finish_before_wait,
             "after_wait": finish_after_wait}
+
+
+def default_backend() -> dict:
+    """`init_process_group()` picks gloo for CPU tensors and neuron for neuron tensors;
+    DTensor's redistributions run on the neuron group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    dist.init_process_group(timeout=datetime.timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("neuron", rank)
+    out: dict = {"backend": dist.get_backend()}
+    host = torch.full((2,), rank + 1.0)
+    dist.all_reduce(host)
+    out["cpu_all_reduce"] = host.tolist()
+    mesh = init_device_mesh("neuron", (world,))
+    full = torch.arange(8.0 * world).reshape(2 * world, 4)
+    sharded = distribute_tensor(full.to(dev), mesh, [Shard(0)])
+    out["local_shard"] = sharded.to_local().cpu().tolist()
+    out["gathered_equal"] = bool(torch.equal(sharded.redistribute(mesh, [Replicate()])
+                                             .to_local().cpu(), full))
+    partial = distribute_tensor(torch.ones(3, device=dev), mesh, [Replicate()])
+    summed = partial.redistribute(mesh, [Replicate()])
+    out["replicate"] = summed.to_local().cpu().tolist()
+    from torch.distributed.tensor import DTensor
+
+    p = DTensor.from_local(torch.full((3,), rank + 1.0, device=dev), mesh, [Partial()])
+    out["partial_to_replicate"] = p.redistribute(mesh, [Replicate()]).to_local().cpu().tolist()
+    dist.destroy_process_group()
+    return out
 
 
 def dead_rank() -> dict:

@@ -42,9 +42,12 @@ def test_every_collective_gives_the_numbers(tmp_path):
         assert r["async_type"] == "NeuronWork" and r["async_wait"] is True
         assert r["async_future"] == [[float(world)] * 2]
         assert "float8_e4m3fn is not supported" in r["error_complex_avg"]
-        assert r["error_reduce"].startswith("CollectiveError: reduce is not supported")
+        assert r["scatter"] == [10.0 * rank] * 2
+        assert r["error_all_to_all"].startswith("CollectiveError: all_to_all is not supported")
         assert "PREMUL_SUM" in r["error_premul"] or "not supported" in r["error_premul"]
     assert results[1]["recv"] == [7.0, 8.0]
+    assert results[0]["gather"] == [[k + 0.5] for k in range(world)]
+    assert results[0]["reduce"] == [float(sum(range(1, world + 1)))] * 2
 
 
 def test_collectives_couple_the_ranks(tmp_path):
@@ -61,6 +64,17 @@ def test_collectives_couple_the_ranks(tmp_path):
     for r in results:
         big = next(x for x in r["runs"] if x["bytes"] == 4 << 18)
         assert r["before_wait"] < big["end"] <= r["after_wait"]
+
+
+def test_default_backend_and_dtensor(tmp_path):
+    world = 2
+    results = _ok(run_ranks("default_backend", world, tmp_path))
+    for rank, r in enumerate(results):
+        assert r["cpu_all_reduce"] == [3.0, 3.0]
+        assert r["local_shard"] == [[8.0 * rank + 4 * i + j for j in range(4)] for i in range(2)]
+        assert r["gathered_equal"] is True
+        assert r["replicate"] == [1.0] * 3
+        assert r["partial_to_replicate"] == [3.0] * 3
 
 
 def test_a_dead_rank_fails_the_others_naming_it(tmp_path):

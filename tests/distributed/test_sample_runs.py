@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import neuron_explorer
-import pytest
 
 RUNS = Path(__file__).resolve().parents[2] / "sample_traces"
 
