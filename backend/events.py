@@ -159,6 +159,10 @@ _EVENTS = ("op_launched", "kernel_scheduled", "memory_changed", "sync_waited", "
            "collective_ran")
 
 
+def _ignore(ev: object) -> None:
+    pass
+
+
 class EventHub:
     """Fans backend events out to subscribed sinks."""
 
@@ -190,7 +194,8 @@ class EventHub:
         less per event on the device's hot path. Otherwise the methods below fan out."""
         for name in _EVENTS:
             if len(self.sinks) == 1:
-                setattr(self, name, getattr(self.sinks[0], name))
+                # a sink written before an event existed simply ignores it
+                setattr(self, name, getattr(self.sinks[0], name, _ignore))
             else:
                 self.__dict__.pop(name, None)
 
@@ -216,7 +221,7 @@ class EventHub:
 
     def collective_ran(self, ev: CollectiveRun) -> None:
         for s in self.sinks:
-            s.collective_ran(ev)
+            getattr(s, "collective_ran", _ignore)(ev)
 
 
 hub = EventHub()

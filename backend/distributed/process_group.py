@@ -409,8 +409,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> NeuronWork:
         op = _reduce_op(opts) if opts is not None else dist.ReduceOp.SUM
-        works = [self.reduce_scatter_tensor(o, torch.cat(lst) if lst[0].device.type == "cpu"
-                                            else _concat(lst), op, "reduce_scatter")
+        # the list, joined on the host (its chunks are the ranks' parts, in rank order)
+        works = [self.reduce_scatter_tensor(
+                    o, torch.cat([_host_view(t).reshape(-1) for t in lst]), op, "reduce_scatter")
                  for o, lst in zip(outputs, input_lists, strict=True)]
         return works[-1]
 
@@ -533,10 +534,6 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             host.copy_back()
 
         return self._run(BROADCAST, "reduce", tensors, _nbytes(tensors), move, tensors)
-
-
-def _concat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(tensors)
 
 
 def _start_cost(preset) -> int:

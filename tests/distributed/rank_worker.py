@@ -59,6 +59,10 @@ def collectives() -> dict:
     mine = torch.empty(2, device=dev)
     dist.reduce_scatter_tensor(mine, torch.arange(2.0 * world, device=dev) * (rank + 1))
     out["reduce_scatter_tensor"] = mine.cpu().tolist()
+    parts_in = [torch.full((2,), (rank + 1.0) * (k + 1), device=dev) for k in range(world)]
+    mine = torch.empty(2, device=dev)
+    dist.reduce_scatter(mine, parts_in)
+    out["reduce_scatter"] = mine.cpu().tolist()
     got = torch.empty(world, device=dev)
     dist.all_to_all_single(got, torch.arange(float(world), device=dev) + 10 * rank)
     out["all_to_all_single"] = got.cpu().tolist()

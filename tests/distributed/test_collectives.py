@@ -37,6 +37,7 @@ def test_every_collective_gives_the_numbers(tmp_path):
         assert r["all_gather_into_tensor"] == [float(k) for k in range(world) for _ in range(2)]
         total = sum(range(1, world + 1))
         assert r["reduce_scatter_tensor"] == [float((2 * rank + j) * total) for j in range(2)]
+        assert r["reduce_scatter"] == [float(total * (rank + 1))] * 2
         assert r["all_to_all_single"] == [float(rank + 10 * k) for k in range(world)]
         assert r["all_reduce_strided"] == [float(total)] * 4
         assert r["async_type"] == "NeuronWork" and r["async_wait"] is True
