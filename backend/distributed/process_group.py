@@ -159,6 +159,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._pending_in_backward: list[tuple[int, int]] = []
         self._callback_queued = False
+        if not dist.is_initialized():  # the default group: this rank's core is LOCAL_RANK's
+            _select_local_device()
         # Who is in the group, and a common epoch: every rank leaves here at the same time.
         global_rank = dist.get_rank() if dist.is_initialized() else rank
         me = torch.tensor([global_rank, os.getpid(), _host_id(), clock.now()], dtype=torch.int64)
@@ -534,6 +536,14 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             host.copy_back()
 
         return self._run(BROADCAST, "reduce", tensors, _nbytes(tensors), move, tensors)
+
+
+def _select_local_device() -> None:
+    """Make neuron:LOCAL_RANK current (neuron:0 when the chip has fewer cores than that)."""
+    local = os.environ.get("LOCAL_RANK", "")
+    if local.isdigit():
+        index = int(local)
+        devices.set_current(index if index < devices.device_count() else 0)
 
 
 def _start_cost(preset) -> int:

@@ -137,7 +137,7 @@ def default_backend() -> dict:
     dist.init_process_group(timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("neuron", rank)
-    out: dict = {"backend": dist.get_backend()}
+    out: dict = {"backend": dist.get_backend(), "current_device": torch.neuron.current_device()}
     host = torch.full((2,), rank + 1.0)
     dist.all_reduce(host)
     out["cpu_all_reduce"] = host.tolist()

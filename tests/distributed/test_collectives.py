@@ -71,6 +71,7 @@ def test_default_backend_and_dtensor(tmp_path):
     world = 2
     results = _ok(run_ranks("default_backend", world, tmp_path))
     for rank, r in enumerate(results):
+        assert r["current_device"] == rank  # LOCAL_RANK's core
         assert r["cpu_all_reduce"] == [3.0, 3.0]
         assert r["local_shard"] == [[8.0 * rank + 4 * i + j for j in range(4)] for i in range(2)]
         assert r["gathered_equal"] is True
