@@ -39,6 +39,7 @@ from neuron_explorer.backend.distributed.interconnect import (
     REDUCE_SCATTER,
     SEND,
     Cost,
+    Link,
     collective_cost,
     link_for,
 )
@@ -159,6 +160,10 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._pending_in_backward: list[tuple[int, int]] = []
         self._callback_queued = False
+        self._links: dict[tuple, Link] = {}
+        # the arrival exchange's buffers, reused: one collective at a time per group
+        self._arrival = torch.zeros(1, dtype=torch.int64)
+        self._arrivals = torch.zeros(size, dtype=torch.int64)
         if not dist.is_initialized():  # the default group: this rank's core is LOCAL_RANK's
             _select_local_device()
         # Who is in the group, and a common epoch: every rank leaves here at the same time.
@@ -232,8 +237,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 raise
             raise self._peer_failure(label, seq, exc) from None
         cost: Cost = collective_cost(collective, nbytes, len(group),
-                                     link_for(preset, topology_for(preset), group),
-                                     _start_cost(preset))
+                                     self._link(preset, group), _start_cost(preset))
         if device is not None:
             start, end = collective_queue.place(device, arrivals, cost.transfer_ns)
         else:
@@ -249,18 +253,27 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             self._wait_at_backward_end(index, end)
         return work
 
+    def _link(self, preset, group: tuple[int, ...]) -> Link:
+        """The slowest link of `group` (the topology is read once per process group)."""
+        key = (preset.name, group)
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = link_for(preset, topology_for(preset), group)
+        return link
+
     def _exchange_arrivals(self, arrival: int, peers: tuple[int, ...] | None
                            ) -> Callable[[], list[int]]:
         """Start exchanging every rank's arrival time on its device clock (just the pair
         for send/recv); the returned function waits for the exchange and gives them."""
-        mine = torch.tensor([arrival], dtype=torch.int64)
+        mine = self._arrival
+        mine[0] = arrival
         if peers is None:
-            everyone = torch.empty(self._size, dtype=torch.int64)
+            everyone = self._arrivals
             work = self._gloo._allgather_base(everyone, mine)
 
             def gathered() -> list[int]:
                 work.wait()
-                return everyone.tolist()
+                return everyone.numpy().tolist()
 
             return gathered
         other = peers[1] if peers[0] == self._rank else peers[0]
