@@ -9,6 +9,7 @@ Each run goes through the real entry point, `neuron-explorer record -- torchrun 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,18 +36,12 @@ def record(name: str) -> Path:
            "torch.distributed.run", f"--nproc_per_node={ranks}", str(EXAMPLES / script),
            *script_args]
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=HERE, env={"OMP_NUM_THREADS": "1", **_env()})
+    subprocess.run(cmd, check=True, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1"})
     for trace in out.glob("rank*.pftrace"):
         if trace.stat().st_size > MAX_BYTES:
             raise SystemExit(f"{trace} is {trace.stat().st_size / 2**20:.1f} MiB, over the "
                              "5 MiB limit: record fewer steps")
     return out
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 def main(argv: list[str]) -> int:
