@@ -103,6 +103,35 @@ class CompileEvent:
     args: dict = field(default_factory=dict)  # reason, source, graph_id, op_count, kernels, guard
 
 
+@dataclass(slots=True)
+class CollectiveRun:
+    """A collective placed on a device's collective queue (backend/distributed).
+
+    It waits from `arrival_ns` (this rank reached it) to `start_ns` (the last rank of the
+    group reached it), then moves its data until `end_ns`, the same on every rank."""
+
+    kernel_id: int
+    op_id: int  # the OpLaunch of the host call
+    device: int
+    collective: str  # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", ...
+    nbytes: int  # the message: bytes of the largest buffer the collective moves
+    group: tuple[int, ...]  # global ranks of the group
+    seq: int  # the group's call number, the same on every rank
+    algorithm: str  # "ring", "tree", "pairwise", "p2p", "local"
+    arrival_ns: int  # device clock
+    start_ns: int
+    end_ns: int
+    rank: int  # this process's global rank
+
+    @property
+    def wait_ns(self) -> int:
+        return self.start_ns - self.arrival_ns
+
+    @property
+    def transfer_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
 class EventSink:
     """What a collector subscribes: the hub calls every method, and these ignore their
     event, so a sink overrides only the events it wants."""
@@ -122,8 +151,16 @@ class EventSink:
     def compile_event(self, ev: CompileEvent) -> None:
         pass
 
+    def collective_ran(self, ev: CollectiveRun) -> None:
+        pass
 
-_EVENTS = ("op_launched", "kernel_scheduled", "memory_changed", "sync_waited", "compile_event")
+
+_EVENTS = ("op_launched", "kernel_scheduled", "memory_changed", "sync_waited", "compile_event",
+           "collective_ran")
+
+
+def _ignore(ev: object) -> None:
+    pass
 
 
 class EventHub:
@@ -157,7 +194,8 @@ class EventHub:
         less per event on the device's hot path. Otherwise the methods below fan out."""
         for name in _EVENTS:
             if len(self.sinks) == 1:
-                setattr(self, name, getattr(self.sinks[0], name))
+                # a sink written before an event existed simply ignores it
+                setattr(self, name, getattr(self.sinks[0], name, _ignore))
             else:
                 self.__dict__.pop(name, None)
 
@@ -180,6 +218,10 @@ class EventHub:
     def compile_event(self, ev: CompileEvent) -> None:
         for s in self.sinks:
             s.compile_event(ev)
+
+    def collective_ran(self, ev: CollectiveRun) -> None:
+        for s in self.sinks:
+            getattr(s, "collective_ran", _ignore)(ev)
 
 
 hub = EventHub()

@@ -164,3 +164,8 @@ def register() -> None:
     from neuron_explorer.backend.compiler import on_device_registered
 
     on_device_registered(device_module)
+
+    # torch.distributed: the "neuron" process-group backend and torch.neuron's streams.
+    from neuron_explorer.backend.distributed import register as register_distributed
+
+    register_distributed(device_module)

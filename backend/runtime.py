@@ -57,6 +57,7 @@ OpKey = tuple  # (op_name, ((shape, dtype), ...) inputs, ((shape, dtype), ...) o
 _op_ids = itertools.count(1)
 _kernel_ids = itertools.count(1)
 new_op_id = _op_ids.__next__
+new_kernel_id = _kernel_ids.__next__  # collectives (backend/distributed) share the ids
 
 
 def begin_op() -> int:

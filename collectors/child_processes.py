@@ -7,7 +7,10 @@ as soon as the child imports torch. Forked children (DataLoader workers,
 `multiprocessing` with fork) inherit the recorder itself: after the fork they drop
 the parent's buffered events and write their own trace. Each child's trace is
 named after the parent's: `run.rank1.pftrace` under torchrun (RANK set), else
-`run.pid4242.pftrace`; a child that recorded nothing leaves no file.
+`run.pid4242.pftrace`; a child that recorded nothing leaves no file. When the record
+command runs a launcher (`torchrun`), the traces go into one run folder instead:
+`train.run/rank0.pftrace`, `train.run/rank1.pftrace`, ... (`run_folder`). A rank's own
+children are named by pid, never by the rank they inherit.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ _saved_env: dict[str, str | None] | None = None
 _fork_handler_installed = False
 
 
-def child_path(base: str, pid: int, rank: str | None) -> str:
-    """Trace path of a child process, next to the parent's trace."""
+def child_path(base: str, pid: int, rank: str | None, run_folder: str | None = None) -> str:
+    """Trace path of a child process: next to the parent's trace, or in the run folder."""
     root, ext = os.path.splitext(base)
     label = f"rank{rank}" if rank is not None else f"pid{pid}"
+    if run_folder:
+        return os.path.join(run_folder, f"{label}{ext}")
     return f"{root}.{label}{ext}"
 
 
@@ -44,7 +49,7 @@ def child_traces(base: str) -> list[str]:
                   .startswith(("rank", "pid")))
 
 
-def _config(options: RecordOptions) -> dict[str, Any]:
+def _config(options: RecordOptions, run_folder: str | None = None) -> dict[str, Any]:
     return {
         "output": os.path.abspath(options.path),
         "level": options.level,
@@ -52,15 +57,17 @@ def _config(options: RecordOptions) -> dict[str, Any]:
         "format": options.fmt,
         "root_pid": os.getpid(),
         "root_rank": os.environ.get("RANK"),
+        "run_folder": os.path.abspath(run_folder) if run_folder else None,
     }
 
 
-def export_to_children(options: RecordOptions) -> None:
-    """Make Python children of this process record themselves (until `stop_exporting`)."""
+def export_to_children(options: RecordOptions, run_folder: str | None = None) -> None:
+    """Make Python children of this process record themselves (until `stop_exporting`);
+    with `run_folder`, each rank's trace goes there as rankN."""
     global _saved_env
     if _saved_env is None:
         _saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, "PYTHONPATH")}
-    os.environ[CHILD_ENV] = json.dumps(_config(options))
+    os.environ[CHILD_ENV] = json.dumps(_config(options, run_folder))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if BOOTSTRAP_DIR not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
@@ -98,13 +105,33 @@ def start_from_environment() -> Recorder | None:
     if config.get("root_pid") == os.getpid():
         return None
     steps = tuple(config["steps"]) if config.get("steps") else None
-    path = child_path(config["output"], os.getpid(), _child_rank(config))
+    rank = _child_rank(config)
+    path = child_path(config["output"], os.getpid(), rank, config.get("run_folder"))
     options = RecordOptions(path, config.get("level", "engine"), steps,
                             config.get("format", "pftrace"), list(sys.argv), quiet=True,
                             drop_if_empty=True)
     recorder = session.start(options, record_children=False)
     atexit.register(recorder.stop)
+    if rank is not None:
+        # this rank's own children (DataLoader workers) inherit RANK: name them by pid
+        os.environ[CHILD_ENV] = json.dumps({**config, "root_rank": rank})
+        _end_cleanly_on_sigterm()
     return recorder
+
+
+def _end_cleanly_on_sigterm() -> None:
+    """torchrun stops the other ranks with SIGTERM when one fails: unwind instead of dying
+    at once, so their traces are completed."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def _exit(signum: int, frame: object) -> None:
+            sys.exit(128 + signum)
+
+        try:
+            signal.signal(signal.SIGTERM, _exit)
+        except ValueError:  # not the main thread
+            pass
 
 
 def _after_fork_in_child() -> None:
@@ -115,7 +142,8 @@ def _after_fork_in_child() -> None:
         return
     raw = os.environ.get(CHILD_ENV)
     config = json.loads(raw) if raw else {"output": os.path.abspath(recorder.options.path)}
-    recorder.after_fork(child_path(config["output"], os.getpid(), None))
+    recorder.after_fork(child_path(config["output"], os.getpid(), None,
+                                   config.get("run_folder")))
     session.attach_sink_after_fork(recorder)
     atexit.register(recorder.stop)
     # multiprocessing's fork children leave through os._exit, running only its finalizers,

@@ -18,12 +18,21 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.backend.events import CompileEvent, KernelRun, MemoryChange, OpLaunch, SyncWait
+from neuron_explorer.backend.events import (
+    CollectiveRun,
+    CompileEvent,
+    KernelRun,
+    MemoryChange,
+    OpLaunch,
+    SyncWait,
+)
 from neuron_explorer.backend.hardware import ENGINE_NAMES
 from neuron_explorer.collectors.source_lines import SourceLocator
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.trace_format import (
+    ARG_ALGORITHM,
     ARG_BYTES,
+    ARG_COLLECTIVE,
     ARG_DEVICE,
     ARG_DTYPES,
     ARG_ENGINE,
@@ -31,18 +40,24 @@ from neuron_explorer.trace_format import (
     ARG_FALLBACK,
     ARG_FLOPS,
     ARG_GRAPH_ID,
+    ARG_GROUP,
     ARG_HW_FLOPS,
     ARG_KERNEL_ID,
     ARG_MODULE,
     ARG_OP_ID,
     ARG_OPCODE,
     ARG_PSUM,
+    ARG_RANK,
     ARG_REASON,
     ARG_SBUF,
+    ARG_SEQ,
     ARG_SHAPES,
     ARG_SOURCE,
     ARG_STEP,
     ARG_SYNC_KIND,
+    ARG_TRANSFER_NS,
+    ARG_WAIT_NS,
+    CAT_COLLECTIVE,
     CAT_COMPILE,
     CAT_DMA,
     CAT_GRAPH_BREAK,
@@ -58,6 +73,7 @@ from neuron_explorer.trace_format import (
     DEVICE_PROCESS,
     DMA_TRACK,
     ENGINE_TRACKS,
+    TRACK_COLLECTIVES,
     TRACK_KERNELS,
 )
 
@@ -134,6 +150,13 @@ class DeviceTracks:
             for engine in ENGINES:
                 self.engine_track(engine)
         self.hbm = self.counter(COUNTER_HBM, "bytes")
+        self._collectives: int | None = None
+
+    def collective_track(self) -> int:
+        """The device's collective queue, registered on its first collective."""
+        if self._collectives is None:
+            self._collectives = self.writer.track(TRACK_COLLECTIVES, self.process)
+        return self._collectives
 
     def kernel_lane(self, start: int, end: int) -> int:
         """A kernel track free at `start` (overlapping kernels go to extra lanes)."""
@@ -290,6 +313,26 @@ class DeviceSink:
             self.writer.slice(rec.thread().track, ev.host_start_ns,
                               ev.host_end_ns - ev.host_start_ns, f"sync ({ev.kind})", CAT_SYNC,
                               args)
+        except RecordingError as exc:
+            rec.fail(exc)
+
+    def collective_ran(self, ev: CollectiveRun) -> None:
+        """One slice per collective on the device's collective queue (few per step: written
+        at once, not batched), ending the flow from its host call at op level."""
+        rec = self.rec
+        if not rec.recording:
+            return
+        try:
+            rec.ensure_step(activity=False, ts=ev.arrival_ns)
+            args = {ARG_COLLECTIVE: ev.collective, ARG_BYTES: ev.nbytes,
+                    ARG_GROUP: str(list(ev.group)), ARG_SEQ: ev.seq,
+                    ARG_ALGORITHM: ev.algorithm, ARG_WAIT_NS: ev.wait_ns,
+                    ARG_TRANSFER_NS: ev.transfer_ns, ARG_KERNEL_ID: ev.kernel_id,
+                    ARG_OP_ID: ev.op_id, ARG_RANK: ev.rank, ARG_DEVICE: ev.device,
+                    ARG_STEP: rec.step}
+            self.writer.slice(self.device(ev.device).collective_track(), ev.arrival_ns,
+                              ev.end_ns - ev.arrival_ns, ev.collective, CAT_COLLECTIVE, args,
+                              flow_in=(ev.op_id,) if rec.ops else ())
         except RecordingError as exc:
             rec.fail(exc)
 

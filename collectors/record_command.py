@@ -19,7 +19,8 @@ HARDWARE = ("trn1", "trn2", "trn3")
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [options] [--] [python] SCRIPT [ARGS...] | -m MODULE [ARGS...]"
     parser.add_argument("-o", "--output", metavar="PATH",
-                        help="trace file (default: a new SCRIPT.pftrace in the current folder)")
+                        help="trace file (default: a new SCRIPT.pftrace in the current folder); "
+                             "for torchrun, the run folder (default: a new SCRIPT.run)")
     parser.add_argument("--hardware", choices=HARDWARE,
                         help="simulated device preset (sets NEURON_HARDWARE)")
     parser.add_argument("--level", choices=LEVELS, default="engine",
@@ -91,6 +92,14 @@ def run(args: argparse.Namespace) -> int:
         raise RecordingError(f"unknown option {words[0]}: see `neuron-explorer record --help`")
     program = parse_program(words, args.module)
     steps = parse_steps(args.steps)
+    from neuron_explorer.collectors import run_folder
+
+    if run_folder.is_launcher(program):  # torchrun: one trace per rank in a run folder
+        if args.hardware:
+            os.environ["NEURON_HARDWARE"] = args.hardware
+        folder = args.output or run_folder.default_folder(run_folder.script_stem(program))
+        return run_folder.record_run(program, folder, args.level, steps,
+                                     args.format or "pftrace")
     fmt = format_for(args.output or "", args.format)
     if args.output:
         output = args.output

@@ -23,7 +23,6 @@ CAT_GRAPH_BREAK = "graph_break"  # instant
 CAT_RECOMPILE = "recompile"  # instant
 CAT_ANNOTATION = "annotation"  # user ranges: neuron_explorer.annotate, record_function
 CAT_METADATA = "metadata"  # one instant holding the run's metadata as JSON
-CAT_COLLECTIVE = "collective"  # one collective call on a device's collective queue
 
 # Debug-annotation (Chrome "args") keys.
 ARG_OP_ID = "op_id"
@@ -48,18 +47,12 @@ ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
 ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"
 ARG_METADATA_JSON = "json"
-# Collective slices (CAT_COLLECTIVE).
-ARG_COLLECTIVE = "collective"  # all_reduce | all_gather | reduce_scatter | broadcast | ...
-ARG_GROUP = "group"  # the group's ranks, e.g. "[0, 1, 2, 3]"
-ARG_SEQ = "seq"  # the group's call number, the same on every rank
-ARG_ALGORITHM = "algorithm"  # ring | tree | pairwise | ...
-ARG_WAIT_NS = "wait_ns"  # time waiting for the last rank to arrive
-ARG_TRANSFER_NS = "transfer_ns"  # time moving data
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).
 DEVICE_PROCESS = "neuron:{index} ({preset})"
 TRACK_KERNELS = "Kernels"
+TRACK_COLLECTIVES = "Collectives"  # the device's collective queue (backend/distributed)
 ENGINE_TRACKS = {
     "tensor": "Tensor Engine",
     "vector": "Vector Engine",
@@ -83,3 +76,14 @@ META_LEVEL = "level"
 META_PID = "pid"
 META_RANK = "rank"  # this process's rank in a distributed run
 META_WORLD_SIZE = "world_size"
+
+# Collectives (torch.distributed on neuron): one slice per collective on the device's
+# TRACK_COLLECTIVES track, from this rank's arrival to the collective's end.
+CAT_COLLECTIVE = "collective"
+ARG_COLLECTIVE = "collective"  # str: all_reduce, all_gather_into_tensor, send, ...
+ARG_GROUP = "group"  # str: the group's global ranks, "[0, 1, 2, 3]"
+ARG_SEQ = "seq"  # int: the group's call number, the same on every rank
+ARG_ALGORITHM = "algorithm"  # str: ring, tree, pairwise, p2p, local
+ARG_WAIT_NS = "wait_ns"  # int: waiting for the group's last rank
+ARG_TRANSFER_NS = "transfer_ns"  # int: moving the data
+ARG_RANK = "rank"  # int: global rank of the recorded process

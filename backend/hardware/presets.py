@@ -287,3 +287,53 @@ def get_preset(name: str) -> HardwarePreset:
         return PRESETS[name]
     except (KeyError, TypeError):
         raise UnknownPresetError(str(name)) from None
+
+
+# --- interconnect (collectives between NeuronCores, chips and instances) ---------------
+# One contained block: the distributed backend's cost model reads these and nothing else.
+# Published figures, with their sources:
+# - NeuronLink, chip to chip (HARDWARE.md, from the Trainium/Trainium2/Trainium3
+#   architecture guides): `neuronlink_bytes_per_ns` above. A ring step leaving a chip is
+#   charged at the chip's NeuronLink figure (Neuron's collectives drive every link of the
+#   chip at once).
+# - Chips per instance: trn1.32xlarge has 16 Trainium chips joined as a 2D torus by
+#   NeuronLink-v2 (AWS Trn1 instance page, "Trainium architecture" guide); trn2.48xlarge has
+#   16 Trainium2 chips in a 2D torus of NeuronLink-v3 (Trainium2 architecture guide);
+#   a Trn3 UltraServer joins up to 144 Trainium3 chips through NeuronSwitch (AWS Trn3
+#   announcement, December 2025), modelled as one 144-chip instance.
+# - EFA between instances: trn1.32xlarge 800 Gbps (100 GB/s), trn2.48xlarge 3.2 Tbps
+#   (400 GB/s) (AWS EC2 instance pages). No per-instance EFA figure is published for Trn3
+#   here: trn2's 3.2 Tbps is used.
+# - Cores on one chip exchange data through HBM with their DMA engines: the core's DMA
+#   bandwidth above (272 / 368 / 528 GB/s) is the intra-chip link.
+# Per-step latencies are modelling choices (no published figure): about 1 us between cores
+# of one chip, 2 us per NeuronLink hop, 15 us per EFA hop, and 5 us to start a collective
+# kernel on the device.
+
+
+@dataclass(frozen=True)
+class InterconnectFigures:
+    """The links a collective of one preset can use, slowest tier last."""
+
+    chips_per_instance: int
+    topology: str  # how the chips of an instance are joined
+    instance_link_bytes_per_ns: float  # EFA per instance
+    core_step_ns: int  # latency of one algorithm step between cores of one chip
+    chip_step_ns: int  # ... between chips (one NeuronLink hop)
+    instance_step_ns: int  # ... between instances (EFA)
+    collective_start_ns: int  # fixed cost of starting a collective kernel
+
+
+INTERCONNECTS: dict[str, InterconnectFigures] = {
+    "trn1": InterconnectFigures(16, "2D torus (NeuronLink-v2)", 100.0, 1_000, 2_000,
+                                15_000, 5_000),
+    "trn2": InterconnectFigures(16, "2D torus (NeuronLink-v3)", 400.0, 1_000, 2_000,
+                                15_000, 5_000),
+    "trn3": InterconnectFigures(144, "NeuronSwitch (UltraServer)", 400.0, 1_000, 2_000,
+                                15_000, 5_000),
+}
+
+
+def interconnect_for(preset: HardwarePreset) -> InterconnectFigures:
+    """The interconnect figures of a preset's chips and instances."""
+    return INTERCONNECTS[preset.name]

@@ -1,0 +1,35 @@
+"""A tiny DDP run for the recording tests: 3 steps of a small MLP on each rank.
+
+`--die-at STEP` makes the last rank SIGKILL itself at that step."""
+
+import argparse
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--die-at", type=int, default=-1)
+args = parser.parse_args()
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = torch.device("neuron", int(os.environ["LOCAL_RANK"]) % torch.neuron.device_count())
+torch.manual_seed(0)
+model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(),
+                                              nn.Linear(32, 4)).to(device))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(args.steps):
+    if step == args.die_at and rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = torch.randn(8, 16).to(device)
+    loss = F.mse_loss(model(x), torch.zeros(8, 4, device=device))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    loss.item()
+dist.destroy_process_group()
