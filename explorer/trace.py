@@ -29,9 +29,14 @@ SQL_TABLES = ("slices", "tracks", "counters", "flows", "steps", "ops", "kernels"
               "instructions", "modules")
 
 
-def load(path: str | os.PathLike) -> Trace:
-    """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device."""
-    return Trace(read_trace(path))
+def load(path: str | os.PathLike, *, max_bytes: int | None = None) -> Trace:
+    """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device.
+
+    Any file that cannot be read raises `TraceFormatError` naming where. `max_bytes`
+    caps the trace data read after decompression (default: 100x a gzipped file's size,
+    at least 256 MiB, at most 4 GiB; or `NEURON_EXPLORER_MAX_TRACE_BYTES`).
+    """
+    return Trace(read_trace(path, max_bytes=max_bytes))
 
 
 class Trace:

@@ -24,6 +24,7 @@ from neuron_explorer.loaders.kinds import (
     kineto_kind,
     our_kind,
 )
+from neuron_explorer.loaders.metadata import check, merge_json
 from neuron_explorer.loaders.raw import (
     COUNTER_COLUMNS,
     FLOW_COLUMNS,
@@ -34,7 +35,7 @@ from neuron_explorer.loaders.raw import (
 from neuron_explorer.loaders.track_kinds import device_track_kind
 
 
-def us_to_ns(values: list[float]) -> np.ndarray:
+def us_to_ns(values: Any) -> np.ndarray:
     """Microsecond floats to int64 ns, exact to the nanosecond for epoch-scale times."""
     us = np.asarray(values, dtype=np.float64)
     whole = np.floor(us)
@@ -62,96 +63,165 @@ def parse_json(path: str, text: bytes) -> Any:
         raise TraceFormatError(path, "not text: the file is corrupt", exc.start) from None
 
 
+SLICE_PHASES = ("X", "i", "I", "n", "B")
+INT64_MAX = (1 << 63) - 1
+# |µs| past which a time in ns would not fit an int64 (with room for a duration)
+MAX_US = 4.6e15
+
+
+class _Malformed(Exception):
+    """One event's field has a type the loader cannot use; the loader adds where."""
+
+
 class _Collector:
     """Columns of the events read so far."""
 
     def __init__(self) -> None:
         self.track_of: dict[tuple[Any, Any], int] = {}
         self.s_track: list[int] = []
-        self.s_ts: list[float] = []
-        self.s_dur: list[float] = []
+        self.s_ts: list[Any] = []  # as written (numbers; checked and converted at the end)
+        self.s_dur: list[Any] = []
         self.s_name: list[str] = []
         self.s_cat: list[str] = []
         self.s_args: list[Any] = []
         self.c_track: list[int] = []
-        self.c_ts: list[float] = []
+        self.c_ts: list[Any] = []
         self.c_value: list[float] = []
         self.counter_tracks: dict[tuple[Any, str], int] = {}
-        self.flow_points: list[tuple[str, Any, str, int, float, bool]] = []
+        self.flow_points: list[tuple[str, Any, str, int, Any, bool, int]] = []
         self.open_begins: dict[int, list[int]] = defaultdict(list)
+        self.ends: dict[int, tuple[Any, int]] = {}  # begin slice -> (end ts, end event)
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.skipped: Counter[str] = Counter()
 
     def track(self, pid: Any, tid: Any) -> int:
         key = (pid, tid)
-        t = self.track_of.get(key)
+        try:
+            t = self.track_of.get(key)
+        except TypeError:  # an object or a list: say which
+            _check_id("pid", pid)
+            _check_id("tid", tid)
+            raise
         if t is None:
+            _check_id("pid", pid)
+            _check_id("tid", tid)
             t = self.track_of[key] = len(self.track_of)
         return t
 
-    def slice(self, e: dict, track: int, dur: float) -> None:
-        self.s_track.append(track)
-        self.s_ts.append(e["ts"])
+    def slice(self, e: dict, track: int, dur: Any) -> None:
+        args = e.get("args") or None
+        if args is not None and args.__class__ is not dict:
+            raise _Malformed(f"'args' must be an object, not {_shown(args)}")
+        name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        self.s_track.append(track)  # nothing below can fail: the columns stay aligned
+        self.s_ts.append(e.get("ts"))
         self.s_dur.append(dur)
-        self.s_name.append(str(e.get("name", "")))
-        self.s_cat.append(str(e.get("cat", "")))
-        self.s_args.append(e.get("args") or None)
+        self.s_name.append(name)
+        self.s_cat.append(cat)
+        self.s_args.append(args)
 
 
-def _read_events(events: list, col: _Collector) -> None:
-    for e in events:
-        if not e and isinstance(e, dict):
-            continue  # streamed writers close the event list with an empty object
-        if not isinstance(e, dict):
-            col.skipped["not an event object"] += 1
-            continue
-        ph = e.get("ph")
-        try:
+def _shown(value: Any) -> str:
+    """A JSON value for a message, kept short."""
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_id(field: str, value: Any) -> None:
+    """pid and tid: a number or a string (or absent), an integer within 64 bits."""
+    if value is None or isinstance(value, str | float):
+        return
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise _Malformed(f"'{field}' {value} is out of range (64-bit integers)")
+        return
+    raise _Malformed(f"'{field}' must be a number or a string, not {_shown(value)}")
+
+
+def _object(e: dict, field: str) -> dict:
+    value = e.get(field) or {}
+    if value.__class__ is not dict:
+        raise _Malformed(f"'{field}' must be an object, not {_shown(value)}")
+    return value
+
+
+def _read_events(path: str, events: list, col: _Collector) -> None:
+    """Collect every event; a known event with a field of the wrong type raises a
+    TraceFormatError naming the event (unknown phases and non-objects are counted)."""
+    index = 0
+    try:
+        for index, e in enumerate(events):  # one loop, no call per event: the hot path
+            if e.__class__ is not dict:
+                col.skipped["not an event object"] += 1
+                continue
+            if not e:
+                continue  # streamed writers close the event list with an empty object
+            ph = e.get("ph")
             if ph == "X":
                 col.slice(e, col.track(e.get("pid"), e.get("tid")), e.get("dur", 0))
             elif ph in ("i", "I", "n"):
                 col.slice(e, col.track(e.get("pid"), e.get("tid")), 0)
             elif ph == "B":
                 t = col.track(e.get("pid"), e.get("tid"))
-                col.open_begins[t].append(len(col.s_ts))
-                col.slice(e, t, -1)
+                col.slice(e, t, 0)
+                col.open_begins[t].append(len(col.s_ts) - 1)
             elif ph == "E":
                 t = col.track(e.get("pid"), e.get("tid"))
+                args = _object(e, "args")
                 if col.open_begins[t]:
                     i = col.open_begins[t].pop()
-                    col.s_dur[i] = e["ts"] - col.s_ts[i]
-                    if e.get("args"):
-                        col.s_args[i] = {**(col.s_args[i] or {}), **e["args"]}
+                    col.ends[i] = (e.get("ts"), index)
+                    if args:
+                        col.s_args[i] = {**(col.s_args[i] or {}), **args}
                 else:
                     col.skipped["end without begin"] += 1
             elif ph == "C":
-                for series, value in (e.get("args") or {}).items():
-                    name = str(e.get("name", ""))
-                    if series not in ("value", name) and len(e["args"]) > 1:
-                        name = f"{name}.{series}"
-                    key = (e.get("pid"), name)
-                    t = col.counter_tracks.setdefault(key, len(col.counter_tracks))
-                    col.c_track.append(t)
-                    col.c_ts.append(e["ts"])
-                    col.c_value.append(float(value))
+                _counter(e, col)
             elif ph in ("s", "t", "f"):
                 t = col.track(e.get("pid"), e.get("tid"))
+                fid = e.get("id")
+                if fid is not None and not isinstance(fid, int | str | float):
+                    raise _Malformed("a flow's 'id' must be a number or a string, not "
+                                     f"{_shown(fid)}")
                 enclosing = ph != "f" or e.get("bp") == "e"
-                col.flow_points.append(
-                    (str(e.get("cat", "")), e.get("id"), ph, t, e["ts"], enclosing)
-                )
+                col.flow_points.append((str(e.get("cat", "")), fid, ph, t, e.get("ts"),
+                                        enclosing, index))
             elif ph == "M":
-                name = e.get("name")
-                value = (e.get("args") or {}).get("name")
-                if name == "process_name" and value is not None:
-                    col.process_names[e.get("pid")] = str(value)
-                elif name == "thread_name" and value is not None:
-                    col.thread_names[(e.get("pid"), e.get("tid"))] = str(value)
+                _metadata_event(e, col)
             else:
                 col.skipped[f"event phase {ph!r}"] += 1
-        except (KeyError, TypeError, ValueError):
-            col.skipped[f"malformed {ph!r} event"] += 1
+    except (_Malformed, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise TraceFormatError(path, f"{events[index].get('ph')!r} event: {exc}",
+                               event=index) from None
+
+
+def _counter(e: dict, col: _Collector) -> None:
+    args = _object(e, "args")
+    name = str(e.get("name", ""))
+    pid = e.get("pid")
+    _check_id("pid", pid)
+    try:
+        rows = [(series, float(value)) for series, value in args.items()]  # all, or none
+    except (TypeError, ValueError):
+        raise _Malformed(f"counter values must be numbers: {_shown(args)}") from None
+    for series, value in rows:
+        key = (pid, name if series in ("value", name) or len(args) == 1 else f"{name}.{series}")
+        col.c_track.append(col.counter_tracks.setdefault(key, len(col.counter_tracks)))
+        col.c_ts.append(e.get("ts"))
+        col.c_value.append(value)
+
+
+def _metadata_event(e: dict, col: _Collector) -> None:
+    name = e.get("name")
+    value = _object(e, "args").get("name")
+    pid, tid = e.get("pid"), e.get("tid")
+    _check_id("pid", pid)
+    _check_id("tid", tid)
+    if name == "process_name" and value is not None:
+        col.process_names[pid] = str(value)
+    elif name == "thread_name" and value is not None:
+        col.thread_names[(pid, tid)] = str(value)
 
 
 def _is_kineto(doc: Any, cats: set[str]) -> bool:
@@ -184,10 +254,12 @@ def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFram
 
 
 def _as_int(value: Any) -> int:
+    """An id as an int64 (-1 when it is not a number that fits)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return -1
+    return number if -INT64_MAX - 1 <= number <= INT64_MAX else -1
 
 
 def bind_flow_points(
@@ -241,21 +313,71 @@ def bind_flow_points(
     return out
 
 
-def _flows(col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _times(path: str, values: list, what: str, event_of: Any) -> np.ndarray:
+    """Times or durations in µs as written (numbers, or numeric strings, which Perfetto also
+    reads) as int64 ns; the first value that is none raises a TraceFormatError naming its
+    event (`event_of` maps a value's index to its event's)."""
+    try:
+        us = np.asarray(values, dtype=np.float64)
+        ok = us.ndim == 1 and bool((np.abs(us) < MAX_US).all())  # NaN (absent) fails too
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        k = next((k for k, v in enumerate(values) if not _is_time(v)), None)
+        shown = "missing" if k is None or values[k] is None else f"{_shown(values[k])}"
+        raise TraceFormatError(path, f"'{what}' is {shown}: expected a number of "
+                               "microseconds", event=None if k is None else event_of(k))
+    return us_to_ns(us)
+
+
+def _is_time(value: Any) -> bool:
+    try:
+        return abs(float(value)) < MAX_US
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _slice_event(events: list) -> Any:
+    """Index of a slice -> index of its event (each event of a slice phase made one)."""
+    def event_of(k: int) -> int:
+        seen = -1
+        for i, e in enumerate(events):
+            if e.__class__ is dict and e.get("ph") in SLICE_PHASES:
+                seen += 1
+                if seen == k:
+                    return i
+        return -1
+    return event_of
+
+
+def _counter_event(events: list) -> Any:
+    """Index of a counter value -> index of its event (one value per series)."""
+    def event_of(k: int) -> int:
+        seen = 0
+        for i, e in enumerate(events):
+            if e.__class__ is dict and e.get("ph") == "C":
+                seen += len(e.get("args") or {})
+                if seen > k:
+                    return i
+        return -1
+    return event_of
+
+
+def _flows(path: str, col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     if not col.flow_points:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in FLOW_COLUMNS}), 0
-    cats, ids, phs, tracks, tss, encl = zip(*col.flow_points, strict=True)
-    bound = bind_flow_points(slices, np.asarray(tracks, np.int64), us_to_ns(list(tss)),
-                             np.asarray(encl, bool))
+    cats, ids, phs, tracks, tss, encl, where = zip(*col.flow_points, strict=True)
+    ts = _times(path, list(tss), "ts", lambda k: where[k])
+    bound = bind_flow_points(slices, np.asarray(tracks, np.int64), ts, np.asarray(encl, bool))
     # Kineto writes a flow's end before its start at times: pair by id, not file order.
-    groups: dict[tuple[str, Any], list[tuple[int, float, int]]] = defaultdict(list)
+    groups: dict[tuple[str, Any], list[tuple[int, int, int]]] = defaultdict(list)
     unbound = 0
     rank = {"s": 0, "t": 1, "f": 2}
-    for cat, fid, ph, t_us, sid in zip(cats, ids, phs, tss, bound, strict=True):
+    for cat, fid, ph, t_ns, sid in zip(cats, ids, phs, ts.tolist(), bound.tolist(), strict=True):
         if sid < 0:
             unbound += 1
             continue
-        groups[(cat, fid)].append((rank[ph], t_us, int(sid)))
+        groups[(cat, fid)].append((rank[ph], t_ns, sid))
     rows = []
     for (_, fid), points in groups.items():
         points.sort()
@@ -268,24 +390,23 @@ def _flows(col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return frame, unbound
 
 
-def _metadata(doc: Any, args: list, cats: list[str], kineto: bool) -> dict[str, Any]:
+def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
+              ) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if isinstance(doc, dict):
         meta.update({k: v for k, v in doc.items() if k != "traceEvents"})
     for cat, a in zip(cats, args, strict=True):
         if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a:
-            try:
-                meta.update(json.loads(a[tf.ARG_METADATA_JSON]))
-            except (TypeError, ValueError):
-                pass
+            merge_json(meta, a[tf.ARG_METADATA_JSON])
+    check(path, meta)
     if kineto and tf.META_HARDWARE not in meta:
         props = meta.get("deviceProperties") or []
-        if props and isinstance(props[0], dict) and props[0].get("name"):
-            meta[tf.META_HARDWARE] = props[0]["name"]
+        if props and props[0].get("name"):
+            meta[tf.META_HARDWARE] = str(props[0]["name"])
     return meta
 
 
-def load_chrome_json(path: str, text: bytes) -> RawTrace:
+def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     """Read a Chrome-trace JSON document (ours or Kineto's) into columns."""
     doc = parse_json(path, text)
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
@@ -297,15 +418,20 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
             path, "JSON without a 'traceEvents' list: not a Chrome or PyTorch-profiler trace"
         )
     col = _Collector()
-    _read_events(events, col)
+    _read_events(path, events, col)
     if not col.s_ts and not col.c_ts:
         raise TraceFormatError(path, "the trace holds no slices or counters")
     cats = set(col.s_cat)
     kineto = _is_kineto(doc, cats)
-    n_open = sum(len(v) for v in col.open_begins.values())
     track = np.asarray(col.s_track, np.int64)
-    ts = us_to_ns(col.s_ts)
-    dur = us_to_ns([max(d, 0) for d in col.s_dur]) if col.s_dur else np.zeros(0, np.int64)
+    ts = _times(path, col.s_ts, "ts", _slice_event(events))
+    dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events)), 0)
+    if col.ends:  # B/E pairs: the duration runs to the end's time
+        begun = list(col.ends)
+        end_ts, where = zip(*col.ends.values(), strict=True)
+        ends = _times(path, list(end_ts), "ts", lambda k: where[k])
+        dur[begun] = np.maximum(ends - ts[begun], 0)
+    n_open = sum(len(v) for v in col.open_begins.values())
     if n_open:  # begins never ended: close them at the end of the trace
         last = int((ts + dur).max())
         for idxs in col.open_begins.values():
@@ -328,14 +454,14 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
                                  np.asarray(col.s_cat, object), np.asarray(kinds, object))
     args = [col.s_args[i] for i in order]
-    flows, unbound = _flows(col, slices)
+    flows, unbound = _flows(path, col, slices)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound
     counter_names = {t: name for (_, name), t in col.counter_tracks.items()}
     c_track = np.asarray(col.c_track, np.int64)
     counters = pd.DataFrame(
         {
-            "ts": us_to_ns(col.c_ts),
+            "ts": _times(path, col.c_ts, "ts", _counter_event(events)),
             "value": np.asarray(col.c_value, np.float64),
             "track_id": c_track + len(col.track_of),
             "name": [counter_names[t] for t in col.c_track],
@@ -350,7 +476,7 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
         tracks=tracks,
         counters=counters,
         flows=flows,
-        metadata=_metadata(doc, args, list(slices["category"]), kineto),
+        metadata=_metadata(path, doc, args, list(slices["category"]), kineto),
         skipped=dict(col.skipped),
     )
 
