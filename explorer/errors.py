@@ -26,3 +26,12 @@ class TraceFormatError(NeuronExplorerError):
         elif position is not None:
             where = f" at byte {position}"
         super().__init__(f"cannot read trace {self.path}{where}: {reason}")
+
+
+class TraceFormatWarning(UserWarning):
+    """Part of a trace could not be read and was left out; the rest was loaded."""
+
+
+class TruncatedTraceWarning(TraceFormatWarning):
+    """The trace ends inside an event or a packet (the recording was killed); the complete
+    ones were loaded."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from neuron_explorer.errors import NeuronExplorerError
 
@@ -32,21 +33,29 @@ def write_output(text: str, output: str | None) -> None:
 
 def load_quietly(path: str, command: str):
     """Load a trace; its warnings (a truncated recording) become one line each on stderr."""
-    import warnings
-
     from neuron_explorer.trace import load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = load(path)
-    for message in trace.warnings:
-        print(f"neuron-explorer {command}: warning: {message}", file=sys.stderr)
+    print_warnings(trace, command)
     return trace
+
+
+def print_warnings(trace, command: str, since: int = 0) -> None:
+    """The trace's warnings from the `since`-th on, one line each on stderr."""
+    for message in trace.warnings[since:]:
+        print(f"neuron-explorer {command}: warning: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     from neuron_explorer.report import render_report
 
     trace = load_quietly(args.trace, "report")
-    write_output(render_report(trace, args.format), args.output)
+    seen = len(trace.warnings)
+    with warnings.catch_warnings():  # parts found unreadable on first use (slice args)
+        warnings.simplefilter("ignore")
+        text = render_report(trace, args.format)
+    print_warnings(trace, "report", seen)
+    write_output(text, args.output)
     return 0

@@ -36,8 +36,12 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
         raise TraceFormatError(path, f"the file holds {size:,} bytes, more than the limit of "
                                f"{max_bytes:,}; raise it with {ENV_MAX_BYTES} or load(..., "
                                "max_bytes=...)")
-    with open(path, "rb") as f:
-        data: bytes | bytearray = f.read()
+    try:
+        with open(path, "rb") as f:
+            data: bytes | bytearray = f.read()
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
+                               "its permissions") from None
     if not data:
         raise TraceFormatError(path, "the file is empty (was the recording stopped before "
                                "anything was written?)", 0)

@@ -8,6 +8,8 @@ epoch-based timestamps Kineto writes.
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from collections import Counter, defaultdict
 from itertools import pairwise
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders.args import DictArgs
 from neuron_explorer.loaders.kinds import (
     DEVICE_CATEGORIES,
@@ -48,19 +50,68 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
 
 
-def parse_json(path: str, text: bytes) -> Any:
-    """The JSON document, or a TraceFormatError naming where it breaks."""
+def parse_json(path: str, text: bytes | bytearray) -> tuple[Any, str | None]:
+    """The JSON document, or a TraceFormatError naming where it breaks.
+
+    A trace cut short (a killed recording: our writer streams one event per line) gives
+    the document of its complete events and a warning saying so; else the warning is None.
+    """
     try:
-        return _loads(text)
+        return _loads(text), None
     except json.JSONDecodeError as exc:
         reason = f"invalid JSON ({exc.msg})"
         if "UTF-8" in exc.msg:
             reason = "not UTF-8 text: the file is corrupt"
-        elif not text.rstrip().endswith((b"}", b"]")):
+        elif "end of data" in exc.msg or not text.rstrip().endswith((b"}", b"]")):
+            recovered = _complete_prefix(text, exc.pos)
+            if recovered is not None:
+                doc, kept = recovered
+                return doc, (f"{path}: the JSON ends early at byte {len(text)} (was the "
+                             f"recording killed?); loaded the complete events before byte "
+                             f"{kept}")
             reason = f"the JSON ends early ({exc.msg}): the file is truncated"
         raise TraceFormatError(path, reason, exc.pos) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, "not text: the file is corrupt", exc.start) from None
+
+
+_CLOSERS = (b"]}", b"]")  # {"traceEvents": [ ... or a bare list [ ...
+_PREFIX_TRIES = 16  # event ends tried, from the last one back
+
+
+def _complete_prefix(text: bytes | bytearray, broken_at: int) -> tuple[Any, int] | None:
+    """The trace made of the events that end before the cut: the list is closed after the
+    last `}` that ends an event (one followed by a comma) and parsed again."""
+    view = bytes(text[:broken_at])
+    end = len(view)
+    for _ in range(_PREFIX_TRIES):
+        at = view.rfind(b"}", 0, end)
+        if at < 0:
+            return None
+        end = at
+        if not view[at + 1:].lstrip().startswith(b","):
+            continue  # an object's end inside an event (its args), or the cut itself
+        for closer in _CLOSERS:
+            try:
+                doc = _loads(view[:at + 1] + closer)
+            except json.JSONDecodeError:
+                continue
+            events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+            if isinstance(events, list) and events:
+                return doc, at + 1
+    return None
+
+
+def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The events of a Chrome-trace JSON file, also of one cut short by a killed run (then
+    the complete ones), without the empty object that closes a streamed list."""
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        doc, _ = parse_json(name, f.read())
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TraceFormatError(name, "JSON without a 'traceEvents' list")
+    return [e for e in events if isinstance(e, dict) and e]
 
 
 SLICE_PHASES = ("X", "i", "I", "n", "B")
@@ -408,7 +459,7 @@ def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
 
 def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     """Read a Chrome-trace JSON document (ours or Kineto's) into columns."""
-    doc = parse_json(path, text)
+    doc, cut_short = parse_json(path, text)
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         events = doc["traceEvents"]
     elif isinstance(doc, list):
@@ -468,6 +519,10 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         },
         columns=COUNTER_COLUMNS,
     ).sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
+    warned = []
+    if cut_short:
+        warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=3)
+        warned.append(cut_short)
     return RawTrace(
         path=path,
         source_format="kineto_json" if kineto else "chrome_json",
@@ -478,6 +533,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         flows=flows,
         metadata=_metadata(path, doc, args, list(slices["category"]), kineto),
         skipped=dict(col.skipped),
+        warnings=warned,
     )
 
 

@@ -106,6 +106,8 @@ MALFORMED = {
     "tid_object": ([_x(tid={})], 0, "'tid' must be a number or a string"),
     "args_number": ([_x(), _x(args=1.5)], 1, "'args' must be an object, not 1.5"),
     "args_list": ([_x(args=[1, 2])], 0, "'args' must be an object"),
+    "kernel_args": ([_x(), _x(cat="kernel", pid=0, tid=7, args="gemm")], 1,
+                    "'args' must be an object, not 'gemm'"),
     "M_args": ([_x(), {"ph": "M", "name": "process_name", "pid": 1, "args": 1.5}], 1,
                "'args' must be an object"),
     "flow_id": ([_x(), {"ph": "s", "id": {}, "pid": 1, "tid": 1, "ts": 1.5}], 1,
@@ -197,3 +199,146 @@ def test_nesting_time_does_not_grow_with_depth() -> None:
     strays = np.r_[np.zeros(n, bool), np.ones(n, bool)]  # n ends before any begin
     flat = _cpu_seconds(lambda: nesting.match_begin_end(np.zeros(2 * n, np.int64), strays, ts))
     assert deep < 20 * max(flat, 1e-3)
+
+
+# --- a JSON recording killed part way -----------------------------------------------------
+
+KILLED_WRITER = """
+import os, signal, sys
+from neuron_explorer.collectors.json_writer import JsonWriter
+w = JsonWriter(sys.argv[1], chunk_bytes=1)  # every event reaches the file at once
+proc = w.process(1, "python train.py")
+main = w.thread(1, 1, "MainThread")
+for step in range(14):
+    w.slice(main, step * 1000, 900, f"ProfilerStep#{step}", "step", {"step": step})
+    w.slice(main, step * 1000 + 100, 500, "aten::mm", "op", {"op_id": step + 1, "step": step})
+w._emit_raw('{"ph": "X", "cat": "op", "name": "aten::m')  # a line cut by the kill
+w.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_sigkilled_json_recording_loads_its_complete_events(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from neuron_explorer.errors import TruncatedTraceWarning
+    from neuron_explorer.loaders.chrome_json import read_events
+
+    path = tmp_path / "killed.json"
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], check=False,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    assert not path.read_bytes().rstrip().endswith(b"]}")  # never closed
+    with pytest.warns(TruncatedTraceWarning, match="ends early"):
+        t = neuron_explorer.load(path)
+    assert t.warnings and "killed.json" in t.warnings[0]
+    assert len(t.steps) == 14 and len(t.ops) == 14
+    events = read_events(path)
+    assert len(events) == 2 + 28 and events[-1]["name"] == "aten::mm"
+
+
+# --- nothing raises after the load ----------------------------------------------------------
+
+def _kineto_steps(per_process: dict[int, list[int]]) -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    for pid, steps in per_process.items():
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": f"python rank {pid}"}})
+        for k, n in enumerate(steps):
+            t = 100.0 * (k + 1)
+            events += [
+                {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": pid,
+                 "tid": pid, "ts": t, "dur": 90.0},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": pid,
+                 "ts": t + 10, "dur": 20.0, "args": {"External id": k}},
+                {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
+                 "ts": t + 40 + pid / 100, "dur": 10.0, "args": {"correlation": k}},
+            ]
+    return {"schemaVersion": 1, "traceEvents": events}
+
+
+@pytest.mark.parametrize("per_process, steps", [
+    ({100: [1, 2, 3], 200: [1, 2, 3]}, [1, 2, 3]),  # two processes: one step each number
+    ({100: [1, 2, 1]}, [0, 1, 2]),  # a number again on one track: numbered in time order
+])
+def test_duplicate_profiler_steps_reach_every_analysis(
+        tmp_path: Path, per_process: dict[int, list[int]], steps: list[int]) -> None:
+    from neuron_explorer.report import render_report
+
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(_kineto_steps(per_process)))
+    t = neuron_explorer.load(path)
+    assert t.steps["step"].tolist() == steps
+    assert t.summary()["n_steps"] == len(steps)
+    assert set(t.breakdown()["step"]) <= set(steps)
+    t.bottlenecks()
+    for fmt in ("text", "md", "json", "html"):
+        assert render_report(t, fmt)
+
+
+def test_corrupt_pftrace_annotations_are_left_out_with_a_warning() -> None:
+    from neuron_explorer.errors import TraceFormatWarning
+    from neuron_explorer.report import render_report
+
+    path = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus" / \
+        "corrupt_annotation.pftrace"
+    t = neuron_explorer.load(path)
+    with pytest.warns(TraceFormatWarning, match="1 debug annotations .* are corrupt"):
+        assert len(t.ops) > 0
+    assert t.skipped["corrupt debug annotation"] == 1
+    assert "left out" in t.warnings[-1]
+    assert render_report(t, "text") and t.bottlenecks() is not None
+    assert len(t.slices) == len(t.base_slices)
+
+
+# --- the command line and the rendered reports ---------------------------------------------
+
+@pytest.mark.parametrize("command", ["report", "diff"])
+@pytest.mark.parametrize("content", [b"", b'{"traceEvents": [{"ph": "X", "ts": "abc"}]}',
+                                     b"\x0a\x05\x40\x80\x80\x80\x80"])
+def test_cli_turns_a_bad_trace_into_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture, command: str, content: bytes) -> None:
+    from neuron_explorer.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    args = [command, str(bad)] + ([str(bad)] if command == "diff" else [])
+    try:
+        assert main(args) == 2
+    finally:
+        # importing the module neuron_explorer.diff hides the function of that name
+        vars(neuron_explorer).pop("diff", None)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"neuron-explorer {command}: error: cannot read trace {bad}")
+
+
+def _hostile_names(tmp_path: Path) -> Path:
+    import scenarios
+
+    events = scenarios.basic().b.chrome_events()
+    for e in events:
+        if e.get("name") == "aten::mm":
+            e["name"] = "<script>alert(1)</script>"
+        if e.get("name") == "aten::relu":
+            e["name"] = "[click](javascript:alert(1)) | *x*"
+    path = tmp_path / "names.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_markdown_report_escapes_trace_strings(tmp_path: Path) -> None:
+    from neuron_explorer.report import render_report
+
+    md = render_report(neuron_explorer.load(_hostile_names(tmp_path)), "md")
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert r"\[click\](javascript:alert(1)) \| \*x\*" in md  # a literal, not a link
+    assert "[click](" not in md
+
+
+def test_html_report_escapes_trace_strings(tmp_path: Path) -> None:
+    from neuron_explorer.report import render_report
+
+    page = render_report(neuron_explorer.load(_hostile_names(tmp_path)), "html")
+    assert "<script>" not in page and "&lt;script&gt;" in page
