@@ -11,8 +11,9 @@ import json
 import os
 import warnings
 from collections import Counter, defaultdict
+from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import pairwise
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,7 @@ from neuron_explorer.loaders.kinds import (
     DEVICE_CATEGORIES,
     DEVICE_PROCESS_NAME,
     KINETO_MARKERS,
+    kineto_category,
     kineto_kind,
     our_kind,
 )
@@ -42,6 +44,37 @@ def us_to_ns(values: Any) -> np.ndarray:
     us = np.asarray(values, dtype=np.float64)
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+
+
+# From 2**43 µs (about 100 days after a clock's zero, e.g. epoch-based times) a float64
+# of microseconds no longer holds every nanosecond: such times are read from their digits.
+EXACT_US = float(2**43)
+
+
+class _Written(float):
+    """A float that keeps the digits it was written with."""
+
+    __slots__ = ("text",)
+
+    def __new__(cls, text: str) -> Self:
+        value = float.__new__(cls, text)
+        value.text = text
+        return value
+
+
+def _written_ns(text: str) -> int:
+    """Microseconds as written (`1682725898236567.047`) to int ns, exactly."""
+    return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _inexact(values: list) -> bool:
+    """Whether a time is a float too large to hold its nanoseconds."""
+    try:
+        us = np.asarray(values, dtype=np.float64)
+        big = us.ndim == 1 and len(us) and np.nanmax(np.abs(us)) >= EXACT_US
+    except (TypeError, ValueError, OverflowError):
+        return False  # not numbers: reported by _times
+    return bool(big) and any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
 
 
 try:  # orjson parses large traces several times faster; the standard library also works
@@ -278,7 +311,8 @@ def _metadata_event(e: dict, col: _Collector) -> None:
 def _is_kineto(doc: Any, cats: set[str]) -> bool:
     if isinstance(doc, dict) and ("schemaVersion" in doc or "deviceProperties" in doc):
         return True
-    return bool(cats & KINETO_MARKERS) and tf.CAT_METADATA not in cats
+    named = {kineto_category(c) for c in cats}  # older profilers: Kernel, Operator, ...
+    return bool(named & KINETO_MARKERS) and tf.CAT_METADATA not in cats
 
 
 def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
@@ -364,7 +398,8 @@ def bind_flow_points(
     return out
 
 
-def _times(path: str, values: list, what: str, event_of: Any) -> np.ndarray:
+def _times(path: str, values: list, what: str, event_of: Any, exact: bool = False
+           ) -> np.ndarray:
     """Times or durations in µs as written (numbers, or numeric strings, which Perfetto also
     reads) as int64 ns; the first value that is none raises a TraceFormatError naming its
     event (`event_of` maps a value's index to its event's)."""
@@ -378,7 +413,12 @@ def _times(path: str, values: list, what: str, event_of: Any) -> np.ndarray:
         shown = "missing" if k is None or values[k] is None else f"{_shown(values[k])}"
         raise TraceFormatError(path, f"'{what}' is {shown}: expected a number of "
                                "microseconds", event=None if k is None else event_of(k))
-    return us_to_ns(us)
+    ns = us_to_ns(us)
+    if exact:  # parsed keeping the digits of floats: those at large times, from the digits
+        for k, v in enumerate(values):
+            if v.__class__ is _Written and abs(v) >= EXACT_US:
+                ns[k] = _written_ns(v.text)
+    return ns
 
 
 def _is_time(value: Any) -> bool:
@@ -414,11 +454,12 @@ def _counter_event(events: list) -> Any:
     return event_of
 
 
-def _flows(path: str, col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _flows(path: str, col: _Collector, slices: pd.DataFrame, exact: bool = False
+           ) -> tuple[pd.DataFrame, int]:
     if not col.flow_points:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in FLOW_COLUMNS}), 0
     cats, ids, phs, tracks, tss, encl, where = zip(*col.flow_points, strict=True)
-    ts = _times(path, list(tss), "ts", lambda k: where[k])
+    ts = _times(path, list(tss), "ts", lambda k: where[k], exact)
     bound = bind_flow_points(slices, np.asarray(tracks, np.int64), ts, np.asarray(encl, bool))
     # Kineto writes a flow's end before its start at times: pair by id, not file order.
     groups: dict[tuple[str, Any], list[tuple[int, int, int]]] = defaultdict(list)
@@ -470,17 +511,23 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         )
     col = _Collector()
     _read_events(path, events, col)
+    exact = _inexact(col.s_ts)
+    if exact:  # epoch-scale times with ns fractions: parse again, keeping every digit
+        doc = json.loads(bytes(text), parse_float=_Written)
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        col = _Collector()
+        _read_events(path, events, col)
     if not col.s_ts and not col.c_ts:
         raise TraceFormatError(path, "the trace holds no slices or counters")
     cats = set(col.s_cat)
     kineto = _is_kineto(doc, cats)
     track = np.asarray(col.s_track, np.int64)
-    ts = _times(path, col.s_ts, "ts", _slice_event(events))
-    dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events)), 0)
+    ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
+    dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events), exact), 0)
     if col.ends:  # B/E pairs: the duration runs to the end's time
         begun = list(col.ends)
         end_ts, where = zip(*col.ends.values(), strict=True)
-        ends = _times(path, list(end_ts), "ts", lambda k: where[k])
+        ends = _times(path, list(end_ts), "ts", lambda k: where[k], exact)
         dur[begun] = np.maximum(ends - ts[begun], 0)
     n_open = sum(len(v) for v in col.open_begins.values())
     if n_open:  # begins never ended: close them at the end of the trace
@@ -491,7 +538,8 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         col.skipped["slice never ended (closed at trace end)"] += n_open
     device_pids: set[Any] = set()
     if kineto:
-        on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in DEVICE_CATEGORIES}
+        device_cats = {c for c in cats if kineto_category(c) in DEVICE_CATEGORIES}
+        on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in device_cats}
         device_pids = {pid for (pid, tid), t in col.track_of.items() if t in on_dev_tracks}
         device_pids |= {p for p, n in col.process_names.items()
                         if isinstance(p, int) and _looks_like_device(n)}
@@ -505,14 +553,14 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
                                  np.asarray(col.s_cat, object), np.asarray(kinds, object))
     args = [col.s_args[i] for i in order]
-    flows, unbound = _flows(path, col, slices)
+    flows, unbound = _flows(path, col, slices, exact)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound
     counter_names = {t: name for (_, name), t in col.counter_tracks.items()}
     c_track = np.asarray(col.c_track, np.int64)
     counters = pd.DataFrame(
         {
-            "ts": _times(path, col.c_ts, "ts", _counter_event(events)),
+            "ts": _times(path, col.c_ts, "ts", _counter_event(events), exact),
             "value": np.asarray(col.c_value, np.float64),
             "track_id": c_track + len(col.track_of),
             "name": [counter_names[t] for t in col.c_track],

@@ -22,6 +22,9 @@ OUR_KINDS = {
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}
 KINETO_MARKERS = {"cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "ac2g",
                   "user_annotation", "python_function"}
+# Older PyTorch profilers (no schemaVersion) wrote these categories; read as today's.
+LEGACY_CATEGORIES = {"kernel": "kernel", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy",
+                     "memset": "gpu_memset", "operator": "cpu_op"}
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DEVICE_PROCESS_NAME = re.compile(r"^neuron:(\d+)\b")
 
@@ -34,10 +37,17 @@ def our_kind(category: str) -> str:
     return category if category in OUR_KINDS else "other"
 
 
+def kineto_category(category: str) -> str:
+    """A PyTorch-profiler category as today's profiler names it (`Memcpy` -> `gpu_memcpy`)."""
+    return LEGACY_CATEGORIES.get(category.lower(), category)
+
+
 def kineto_kind(category: str, name: str, on_device: bool) -> str:
     """Kind of a slice in a PyTorch-profiler trace."""
-    cat = category.lower()
+    cat = kineto_category(category).lower()
     low = name.lower()
+    if cat.endswith(("_runtime", "_driver")):  # API calls, even where a device logs them
+        return "sync" if "synchronize" in low else "runtime"
     if cat == "kernel":
         return "kernel"
     if cat == "gpu_memcpy" or (on_device and "dma" in low):
@@ -50,8 +60,6 @@ def kineto_kind(category: str, name: str, on_device: bool) -> str:
         if cat == "gpu_user_annotation":
             return "annotation"
         return "kernel"  # a vendor's device category (MTIA: mtia_ccp_events)
-    if cat.endswith(("_runtime", "_driver")):
-        return "sync" if "synchronize" in low else "runtime"
     if STEP_NAME.match(name):
         return "step"
     if "dataloader" in low:

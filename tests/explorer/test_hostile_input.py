@@ -294,7 +294,7 @@ def test_corrupt_pftrace_annotations_are_left_out_with_a_warning() -> None:
 
 # --- the command line and the rendered reports ---------------------------------------------
 
-@pytest.mark.parametrize("command", ["report", "diff"])
+@pytest.mark.parametrize("command", ["report", "diff", "view"])
 @pytest.mark.parametrize("content", [b"", b'{"traceEvents": [{"ph": "X", "ts": "abc"}]}',
                                      b"\x0a\x05\x40\x80\x80\x80\x80"])
 def test_cli_turns_a_bad_trace_into_one_line_and_exit_2(
@@ -303,7 +303,8 @@ def test_cli_turns_a_bad_trace_into_one_line_and_exit_2(
 
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
-    args = [command, str(bad)] + ([str(bad)] if command == "diff" else [])
+    extra = {"diff": [str(bad)], "view": ["--no-browser"]}.get(command, [])
+    args = [command, str(bad), *extra]  # view reads the trace before it serves anything
     try:
         assert main(args) == 2
     finally:
