@@ -67,14 +67,11 @@ def _written_ns(text: str) -> int:
     return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
-def _inexact(values: list) -> bool:
-    """Whether a time is a float too large to hold its nanoseconds."""
-    try:
-        us = np.asarray(values, dtype=np.float64)
-        big = us.ndim == 1 and len(us) and np.nanmax(np.abs(us)) >= EXACT_US
-    except (TypeError, ValueError, OverflowError):
-        return False  # not numbers: reported by _times
-    return bool(big) and any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
+def _inexact(ts_ns: np.ndarray, values: list) -> bool:
+    """Whether a time was a float too large to hold its nanoseconds (`ts_ns`: as read)."""
+    if not len(ts_ns) or np.abs(ts_ns).max() < EXACT_US * 1000:
+        return False
+    return any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
 
 
 try:  # orjson parses large traces several times faster; the standard library also works
@@ -511,18 +508,19 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         )
     col = _Collector()
     _read_events(path, events, col)
-    exact = _inexact(col.s_ts)
+    if not col.s_ts and not col.c_ts:
+        raise TraceFormatError(path, "the trace holds no slices or counters")
+    ts = _times(path, col.s_ts, "ts", _slice_event(events))
+    exact = _inexact(ts, col.s_ts)
     if exact:  # epoch-scale times with ns fractions: parse again, keeping every digit
         doc = json.loads(bytes(text), parse_float=_Written)
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
         col = _Collector()
         _read_events(path, events, col)
-    if not col.s_ts and not col.c_ts:
-        raise TraceFormatError(path, "the trace holds no slices or counters")
+        ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
     cats = set(col.s_cat)
     kineto = _is_kineto(doc, cats)
     track = np.asarray(col.s_track, np.int64)
-    ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
     dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events), exact), 0)
     if col.ends:  # B/E pairs: the duration runs to the end's time
         begun = list(col.ends)
