@@ -80,20 +80,26 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
 
 
-def parse_json(path: str, text: bytes | bytearray) -> tuple[Any, str | None]:
+def _loads_exact(text: bytes) -> Any:
+    """JSON whose floats keep their digits (the standard library's parser: slower)."""
+    return json.loads(text, parse_float=_Written)
+
+
+def parse_json(path: str, text: bytes | bytearray, loads: Any = None) -> tuple[Any, str | None]:
     """The JSON document, or a TraceFormatError naming where it breaks.
 
     A trace cut short (a killed recording: our writer streams one event per line) gives
     the document of its complete events and a warning saying so; else the warning is None.
     """
+    loads = loads or _loads
     try:
-        return _loads(text), None
+        return loads(text), None
     except json.JSONDecodeError as exc:
         reason = f"invalid JSON ({exc.msg})"
         if "UTF-8" in exc.msg:
             reason = "not UTF-8 text: the file is corrupt"
         elif "end of data" in exc.msg or not text.rstrip().endswith((b"}", b"]")):
-            recovered = _complete_prefix(text, exc.pos)
+            recovered = _complete_prefix(text, exc.pos, loads)
             if recovered is not None:
                 doc, kept = recovered
                 return doc, (f"{path}: the JSON ends early at byte {len(text)} (was the "
@@ -109,7 +115,8 @@ _CLOSERS = (b"]}", b"]")  # {"traceEvents": [ ... or a bare list [ ...
 _PREFIX_TRIES = 16  # event ends tried, from the last one back
 
 
-def _complete_prefix(text: bytes | bytearray, broken_at: int) -> tuple[Any, int] | None:
+def _complete_prefix(text: bytes | bytearray, broken_at: int, loads: Any
+                     ) -> tuple[Any, int] | None:
     """The trace made of the events that end before the cut: the list is closed after the
     last `}` that ends an event (one followed by a comma) and parsed again."""
     view = bytes(text[:broken_at])
@@ -123,7 +130,7 @@ def _complete_prefix(text: bytes | bytearray, broken_at: int) -> tuple[Any, int]
             continue  # an object's end inside an event (its args), or the cut itself
         for closer in _CLOSERS:
             try:
-                doc = _loads(view[:at + 1] + closer)
+                doc = loads(view[:at + 1] + closer)
             except json.JSONDecodeError:
                 continue
             events = doc.get("traceEvents") if isinstance(doc, dict) else doc
@@ -513,7 +520,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     ts = _times(path, col.s_ts, "ts", _slice_event(events))
     exact = _inexact(ts, col.s_ts)
     if exact:  # epoch-scale times with ns fractions: parse again, keeping every digit
-        doc = json.loads(bytes(text), parse_float=_Written)
+        doc, _ = parse_json(path, bytes(text), _loads_exact)
         events = doc["traceEvents"] if isinstance(doc, dict) else doc
         col = _Collector()
         _read_events(path, events, col)
