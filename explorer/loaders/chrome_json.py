@@ -550,9 +550,11 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
                         if isinstance(p, int) and _looks_like_device(n)}
     tracks = _tracks(col, device_pids, kineto)
     is_dev = dict(zip(tracks["track_id"], tracks["device"] >= 0, strict=True))
-    if kineto:
-        kinds = [kineto_kind(c, n, is_dev[t])
-                 for c, n, t in zip(col.s_cat, col.s_name, col.s_track, strict=True)]
+    if kineto:  # once per distinct (category, name, on a device): names repeat
+        on_device = [is_dev[t] for t in range(len(col.track_of))]
+        memo: dict[tuple[str, str, bool], str] = {}
+        kinds = [memo.get(key) or memo.setdefault(key, kineto_kind(*key))
+                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track))]
     else:
         kinds = [our_kind(c) for c in col.s_cat]
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
