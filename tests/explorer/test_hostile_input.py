@@ -343,3 +343,16 @@ def test_html_report_escapes_trace_strings(tmp_path: Path) -> None:
 
     page = render_report(neuron_explorer.load(_hostile_names(tmp_path)), "html")
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_report_prints_parts_left_out_while_rendering(capsys: pytest.CaptureFixture) -> None:
+    from neuron_explorer.cli import main
+
+    path = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus" / \
+        "corrupt_annotation.pftrace"
+    assert main(["report", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "Neuron Explorer report" in captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neuron-explorer report: warning: ")
+    assert "debug annotations (slice args) are corrupt" in lines[0]
