@@ -193,12 +193,16 @@ def test_nesting_time_does_not_grow_with_depth() -> None:
     deep = _cpu_seconds(lambda: nesting.nest_complete(track, *same))
     flat = _cpu_seconds(lambda: nesting.nest_complete(track, *apart))
     assert deep < 20 * max(flat, 1e-3)
-    is_begin = np.r_[np.ones(n, bool), np.zeros(n, bool)]
-    ts = np.r_[np.zeros(n, np.int64), np.ones(n, np.int64)]
-    deep = _cpu_seconds(lambda: nesting.match_begin_end(np.zeros(2 * n, np.int64), is_begin, ts))
-    strays = np.r_[np.zeros(n, bool), np.ones(n, bool)]  # n ends before any begin
-    flat = _cpu_seconds(lambda: nesting.match_begin_end(np.zeros(2 * n, np.int64), strays, ts))
+    # begin/end pairs: nested n deep, and n ends closing nothing, against n side by side
+    tracks = np.zeros(2 * n, np.int64)
+    side_by_side = np.tile([True, False], n), np.arange(2 * n, dtype=np.int64)
+    flat = _cpu_seconds(lambda: nesting.match_begin_end(tracks, *side_by_side))
+    nested = np.r_[np.ones(n, bool), np.zeros(n, bool)], np.repeat([0, 1], n).astype(np.int64)
+    deep = _cpu_seconds(lambda: nesting.match_begin_end(tracks, *nested))
     assert deep < 20 * max(flat, 1e-3)
+    strays = np.r_[np.zeros(n, bool), np.ones(n, bool)], np.arange(2 * n, dtype=np.int64)
+    stray = _cpu_seconds(lambda: nesting.match_begin_end(tracks, *strays))
+    assert stray < 20 * max(flat, 1e-3)
 
 
 # --- a JSON recording killed part way -----------------------------------------------------
