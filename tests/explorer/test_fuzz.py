@@ -53,7 +53,7 @@ def test_corpus_lists_every_file() -> None:
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(data=st.data())
 def test_fuzz_pftrace_bytes(seeds: dict[str, bytes], tmp_path: Path, data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(["basic.pftrace", "recorded.pftrace"]))
@@ -61,7 +61,7 @@ def test_fuzz_pftrace_bytes(seeds: dict[str, bytes], tmp_path: Path, data: st.Da
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(data=st.data())
 def test_fuzz_json(seeds: dict[str, bytes], tmp_path: Path, data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(["basic.json", "kineto.json"]))

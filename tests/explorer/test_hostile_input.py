@@ -46,6 +46,7 @@ def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path: Path) -> None:
     assert peak < 8 * MIB + 3 * inflate._CHUNK  # the limit and a chunk or two, not 256 MiB
 
 
+@pytest.mark.slow  # inflates 256 MiB
 def test_gzip_limit_by_default_is_a_multiple_of_the_file(tmp_path: Path) -> None:
     assert inflate.gzip_limit(1 * MIB, None) == 256 * MIB  # the floor: small traces pass
     assert inflate.gzip_limit(10 * MIB, None) == 1000 * MIB  # 100 times the file
