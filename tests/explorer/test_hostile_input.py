@@ -361,3 +361,21 @@ def test_report_prints_parts_left_out_while_rendering(capsys: pytest.CaptureFixt
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("neuron-explorer report: warning: ")
     assert "debug annotations (slice args) are corrupt" in lines[0]
+
+
+def test_numeric_args_past_64_bits_count_as_absent(tmp_path: Path) -> None:
+    import warnings
+
+    import scenarios
+
+    events = scenarios.basic().b.chrome_events()
+    op = next(e for e in events if e.get("cat") == "op")
+    op["args"].update(flops=2**70, bytes="lots")
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = neuron_explorer.load(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no cast of 1e21 to int64
+        ops = t.ops
+    row = ops.loc[ops["name"] == op["name"]].iloc[0]
+    assert row["flops"] == 0 and row["bytes"] == 0
