@@ -31,6 +31,8 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
         raise TraceFormatError(path, "no such file; check the path")
     if os.path.isdir(path):
         raise TraceFormatError(path, "is a folder; give the path of a trace file")
+    if not os.path.isfile(path):  # a device or a pipe: reading it may never end
+        raise TraceFormatError(path, "not a regular file; give the path of a trace file")
     size = os.path.getsize(path)
     if max_bytes is not None and size > max_bytes:
         raise TraceFormatError(path, f"the file holds {size:,} bytes, more than the limit of "

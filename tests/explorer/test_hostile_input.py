@@ -379,3 +379,9 @@ def test_numeric_args_past_64_bits_count_as_absent(tmp_path: Path) -> None:
         ops = t.ops
     row = ops.loc[ops["name"] == op["name"]].iloc[0]
     assert row["flops"] == 0 and row["bytes"] == 0
+
+
+def test_device_files_are_refused_before_reading(tmp_path: Path) -> None:
+    link = tmp_path / "zero.json"
+    link.symlink_to("/dev/zero")  # endless: reading it would take all the memory
+    assert "not a regular file" in _error(link).reason
