@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import resource
 import time
 import tracemalloc
 from pathlib import Path
@@ -23,7 +24,8 @@ from neuron_explorer.loaders import inflate
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"
 EXPECTED: dict[str, str] = json.loads((CORPUS / "expected.json").read_text())
-SECONDS_PER_INPUT = 20  # the bound on any one input (a load takes milliseconds here)
+SECONDS_PER_INPUT = 20  # the bounds on any one input (a load takes milliseconds here)
+BYTES_PER_INPUT = 2 << 30
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -35,11 +37,16 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return fz.seeds(str(tmp_path_factory.mktemp("fuzz_seeds")))
 
 
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
 def _check(path: Path, data: bytes) -> None:
     path.write_bytes(data)
-    start = time.monotonic()
+    start, peak = time.monotonic(), _peak_rss()
     fz.check_load(path)
     assert time.monotonic() - start < SECONDS_PER_INPUT
+    assert _peak_rss() - peak < BYTES_PER_INPUT  # the process's high-water mark
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
