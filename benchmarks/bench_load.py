@@ -12,6 +12,10 @@ measurement runs in a fresh process (time and peak RSS of that process):
 
 Prints the times, the peak memory and the ratios HTA / ours. Targets: load in at
 most 5 s, under 2 GB, 10x faster than HTA. Each figure is the best of a few runs.
+
+Then the nesting case: N identical slices (each nests in the one before: depth N)
+in both formats, at N and 4N; the load must grow about linearly (target: 4N takes
+at most 6x N's time; a pass per depth made it 16x).
 Run:
     .venv/bin/python benchmarks/bench_load.py [--slices 1000000] [--keep DIR]
 (needs the `bench` extra: pip install -c constraints.txt -e .[bench])
@@ -158,6 +162,39 @@ MEASURE = {
 }
 
 
+def write_identical(folder: Path, n: int) -> tuple[Path, Path]:
+    """n identical slices on one thread, as .pftrace and as JSON."""
+    import orjson
+    from neuron_explorer.collectors.trace_writer import open_writer
+
+    pf, js = folder / f"same_{n}.pftrace", folder / f"same_{n}.json"
+    w = open_writer(str(pf), "pftrace")
+    w.process(1, "python")
+    main = w.thread(1, 1, "MainThread")
+    w.slices(np.full(n, main), np.zeros(n, np.int64), np.full(n, 1000, np.int64), ["op"],
+             np.zeros(n, int), "op")
+    w.close()
+    event = {"ph": "X", "cat": "op", "name": "op", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}
+    js.write_bytes(orjson.dumps({"traceEvents": [event] * n}))
+    return pf, js
+
+
+def nesting_case(folder: Path, n: int, repeat: int) -> None:
+    """Load time of n and 4n identical slices (nested n deep), both formats."""
+    seconds = {}
+    for count in (n, 4 * n):
+        for path in write_identical(folder, count):
+            runs = [measure("ours_json", str(path))["cpu_seconds"] for _ in range(repeat)]
+            seconds[(path.suffix, count)] = runs
+            path.unlink()
+    for suffix in (".pftrace", ".json"):
+        small, large = seconds[(suffix, n)], seconds[(suffix, 4 * n)]
+        ratio = min(large) / min(small)
+        print(f"nested {suffix:8s} {n:,}: {min(small):.2f}-{max(small):.2f} s cpu, "
+              f"{4 * n:,}: {min(large):.2f}-{max(large):.2f} s cpu; ratio {ratio:.1f}x "
+              f"(target <= 6x: {'met' if ratio <= 6 else 'MISSED'})")
+
+
 def measure(kind: str, path: str) -> dict[str, float]:
     """Run one measurement in a fresh process: seconds (after imports), peak RSS, rows."""
     code = f"""
@@ -186,6 +223,8 @@ def main() -> int:
     parser.add_argument("--no-hta", action="store_true", help="skip the HTA baseline")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each of ours (best kept)")
     parser.add_argument("--hta-repeat", type=int, default=2, help="runs of HTA (best kept)")
+    parser.add_argument("--nested", type=int, default=50_000,
+                        help="identical slices of the nesting case (0: skip it)")
     args = parser.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="bench_load_"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,6 +262,8 @@ def main() -> int:
             print(f"ratio HTA / ours, {label}: .pftrace {hta / ours[clock]:.1f}x, "
                   f".pftrace + ops/kernels tables {hta / results['ours_derived'][clock]:.1f}x, "
                   f"same JSON {hta / results['ours_json'][clock]:.1f}x")
+    if args.nested:
+        nesting_case(folder, args.nested, args.repeat)
     if not args.keep:
         for p in (pf, js):
             os.remove(p)

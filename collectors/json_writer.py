@@ -7,9 +7,10 @@ read it. Events use `ph` X (slices, ts/dur in µs as floats), i (instants),
 C (counters), s/f (flows, `bp: "e"`), M (process and thread names).
 
 A run killed before the end leaves the file without its closing `{}]}`: every
-complete line is still one whole event, so a tolerant reader (`read_events`
-below; Perfetto UI also accepts it) drops the partial last line and closes the
-brackets.
+complete line is still one whole event, so a tolerant reader drops the partial
+last line and closes the brackets. The explorer's loader does (with a warning, as
+for a cut .pftrace; `neuron_explorer.loaders.chrome_json.read_events` gives the
+events alone); Perfetto UI also accepts such a file.
 """
 
 from __future__ import annotations
@@ -265,22 +266,3 @@ class JsonWriter:
         except OSError:
             pass
 
-
-def read_events(path: str) -> list[dict[str, Any]]:
-    """Read the events of a JSON trace, also one cut short by a killed run."""
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    try:
-        return [e for e in json.loads(text)["traceEvents"] if e]
-    except (ValueError, KeyError):
-        pass
-    events = []
-    for line in text.splitlines()[1:]:
-        line = line.rstrip().rstrip(",")
-        try:
-            event = json.loads(line)
-        except ValueError:
-            break  # the partial last line of a truncated file
-        if isinstance(event, dict) and event:
-            events.append(event)
-    return events

@@ -8,16 +8,39 @@ class NeuronExplorerError(Exception):
 
 
 class TraceFormatError(NeuronExplorerError):
-    """A trace file is empty, truncated, corrupt or of a kind we cannot read."""
+    """A trace file is empty, truncated, corrupt, too large or of a kind we cannot read.
 
-    def __init__(self, path: str, reason: str, position: int | None = None) -> None:
+    `position` is the byte offset of the problem and `event` the index of the event
+    (in the file's event list) holding it, where known.
+    """
+
+    def __init__(self, path: str, reason: str, position: int | None = None, *,
+                 event: int | None = None) -> None:
         self.path = str(path)
         self.reason = reason
         self.position = position
-        where = f" at byte {position}" if position is not None else ""
+        self.event = event
+        where = ""
+        if event is not None:
+            where = f" at event {event}"
+        elif position is not None:
+            where = f" at byte {position}"
         super().__init__(f"cannot read trace {self.path}{where}: {reason}")
 
     def __reduce__(self) -> tuple:
         # rebuilt from its fields when it crosses a process boundary (runs load ranks in
         # worker processes)
-        return (type(self), (self.path, self.reason, self.position))
+        return (_rebuild, (type(self), self.path, self.reason, self.position, self.event))
+
+class TraceFormatWarning(UserWarning):
+    """Part of a trace could not be read and was left out; the rest was loaded."""
+
+
+class TruncatedTraceWarning(TraceFormatWarning):
+    """The trace ends inside an event or a packet (the recording was killed); the complete
+    ones were loaded."""
+
+
+def _rebuild(cls: type[TraceFormatError], path: str, reason: str, position: int | None,
+             event: int | None) -> TraceFormatError:
+    return cls(path, reason, position, event=event)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,28 +85,34 @@ def to_text(title: str, sections: list[Section]) -> str:
 
 
 def to_markdown(title: str, sections: list[Section]) -> str:
-    lines = [f"# {title}", ""]
+    lines = [f"# {_md(title)}", ""]
     for s in sections:
-        lines += [f"## {s.title}", ""]
+        lines += [f"## {_md(s.title)}", ""]
         if isinstance(s.content, dict):
             lines += ["| | |", "| --- | --- |"]
-            lines += [f"| {k} | {_md(fmt_value(v))} |" for k, v in s.content.items()]
+            lines += [f"| {_md(k)} | {_md(fmt_value(v))} |" for k, v in s.content.items()]
         elif isinstance(s.content, pd.DataFrame):
             if not len(s.content):
                 lines.append("(none)")
             else:
-                cols = [str(c) for c in s.content.columns]
+                cols = [_md(str(c)) for c in s.content.columns]
                 lines.append("| " + " | ".join(cols) + " |")
                 lines.append("| " + " | ".join("---" for _ in cols) + " |")
                 lines += ["| " + " | ".join(_md(c) for c in r) + " |" for r in _cells(s.content)]
         else:
-            lines += [f"- {line}" for line in s.content] or ["(none)"]
+            lines += [f"- {_md(line)}" for line in s.content] or ["(none)"]
         lines.append("")
     return "\n".join(lines)
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|").replace("\n", " ")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+
+
+def _md(text: str) -> str:
+    """Text from the trace (names, paths) as literal Markdown: HTML tags, links, emphasis
+    and table pipes shown as written, never interpreted; one line."""
+    text = html.escape(str(text), quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", text).replace("\r", " ").replace("\n", " ")
 
 
 def to_html(title: str, sections: list[Section]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from neuron_explorer.errors import NeuronExplorerError
 
@@ -32,20 +33,19 @@ def write_output(text: str, output: str | None) -> None:
 
 def load_quietly(path: str, command: str):
     """Load a trace; its warnings (a truncated recording) become one line each on stderr."""
-    import warnings
-
     from neuron_explorer.trace import load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = load(path)
-    runs = getattr(trace, "digests", None)  # a Run: each rank's warnings
-    sources = ([(f"rank {r}: ", d.warnings) for r, d in runs.items()] if runs is not None
-               else [("", trace.warnings)])
-    for prefix, messages in sources:
-        for message in messages:
-            print(f"neuron-explorer {command}: warning: {prefix}{message}", file=sys.stderr)
+    print_warnings(trace, command)
     return trace
+
+
+def print_warnings(trace, command: str, since: int = 0) -> None:
+    """The trace's warnings from the `since`-th on, one line each on stderr."""
+    for message in trace.warnings[since:]:
+        print(f"neuron-explorer {command}: warning: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,5 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
         write_output(render_run_report(trace, args.format), args.output)
         return 0
-    write_output(render_report(trace, args.format), args.output)
+    seen = len(trace.warnings)
+    with warnings.catch_warnings():  # parts found unreadable on first use (slice args)
+        warnings.simplefilter("ignore")
+        text = render_report(trace, args.format)
+    print_warnings(trace, "report", seen)
+    write_output(text, args.output)
     return 0

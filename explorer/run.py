@@ -120,6 +120,11 @@ class Run:
             self._traces[rank] = load(self.digests[rank].path)
         return self._traces[rank]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Each rank's load warnings (a truncated rank, parts left out), named by rank."""
+        return [f"rank {r}: {w}" for r, d in self.digests.items() for w in d.warnings]
+
     def paths(self) -> dict[int, str]:
         """Each rank's trace file."""
         return {r: d.path for r, d in self.digests.items()}

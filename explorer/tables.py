@@ -156,7 +156,21 @@ def derive_steps(trace: Trace) -> pd.DataFrame:
         step = np.arange(len(s))
     frame = pd.DataFrame({"step": step, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                           "id": ids, "track_id": s["track_id"].to_numpy()})
-    return frame.sort_values("ts", ignore_index=True)
+    return _unique_steps(frame.sort_values("ts", ignore_index=True))
+
+
+def _unique_steps(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per step number (analyses index by it). The same number on several tracks
+    (processes in one file) is one step spanning them; a number repeated on one track (two
+    profiling sessions) numbers every step in time order instead."""
+    if not frame["step"].duplicated().any():
+        return frame
+    if frame.duplicated(["track_id", "step"]).any():
+        return frame.assign(step=np.arange(len(frame)))
+    end = (frame["ts"] + frame["dur"]).groupby(frame["step"]).max()
+    first = frame.groupby("step", sort=False).head(1).set_index("step")  # the earliest
+    first["dur"] = end.reindex(first.index).to_numpy() - first["ts"]
+    return first.reset_index()[frame.columns].sort_values("ts", ignore_index=True)
 
 
 def _device_of_tracks(trace: Trace, track_ids: np.ndarray) -> np.ndarray:

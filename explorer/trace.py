@@ -31,14 +31,20 @@ SQL_TABLES = ("slices", "tracks", "counters", "flows", "steps", "ops", "kernels"
 
 
 def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.PathLike, ...],
-         ) -> Trace | Run:
+         *, max_bytes: int | None = None) -> Trace | Run:
     """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device.
-    A folder of per-rank traces (a run folder) or a list of paths gives a `Run`."""
+    A folder of per-rank traces (a run folder) or a list of paths gives a `Run`.
+
+    Any file that cannot be read raises `TraceFormatError` naming where. `max_bytes`
+    caps the trace data read after decompression (default: 100x a gzipped file's size,
+    at least 256 MiB, at most 4 GiB; or `NEURON_EXPLORER_MAX_TRACE_BYTES`); a run's
+    ranks are read with the default cap.
+    """
     if isinstance(path, (list, tuple)) or os.path.isdir(path):
         from neuron_explorer.run import load_run
 
         return load_run(path)
-    return Trace(read_trace(path))
+    return Trace(read_trace(path, max_bytes=max_bytes))
 
 
 class Trace:

@@ -2,45 +2,53 @@
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 
 from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.loaders.inflate import (
+    ENV_MAX_BYTES,
+    GZIP_MAGIC,
+    configured_max_bytes,
+    gunzip,
+    gzip_limit,
+)
 from neuron_explorer.loaders.pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 
-GZIP_MAGIC = b"\x1f\x8b"
 
+def read_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> RawTrace:
+    """Read any supported trace: our .pftrace, Chrome JSON or PyTorch-profiler JSON(.gz).
 
-def _gunzip(path: str, data: bytes) -> bytes:
-    try:
-        return gzip.decompress(data)
-    except EOFError:
-        raise TraceFormatError(path, "the gzip stream ends early: the file is truncated",
-                               len(data)) from None
-    except (OSError, zlib.error) as exc:
-        raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
-
-
-def read_trace(path: str | os.PathLike) -> RawTrace:
-    """Read any supported trace: our .pftrace, Chrome JSON or PyTorch-profiler JSON(.gz)."""
+    `max_bytes` caps the trace data read (after decompression); see `inflate`.
+    """
+    limit = configured_max_bytes(max_bytes)
     with small_pages():  # a load makes many large short-lived arrays
-        return _read(os.fspath(path))
+        return _read(os.fspath(path), limit)
 
 
-def _read(path: str) -> RawTrace:
+def _read(path: str, max_bytes: int | None) -> RawTrace:
     if not os.path.exists(path):
         raise TraceFormatError(path, "no such file; check the path")
     if os.path.isdir(path):
         raise TraceFormatError(path, "is a folder; give the path of a trace file")
-    with open(path, "rb") as f:
-        data = f.read()
+    if not os.path.isfile(path):  # a device or a pipe: reading it may never end
+        raise TraceFormatError(path, "not a regular file; give the path of a trace file")
+    size = os.path.getsize(path)
+    if max_bytes is not None and size > max_bytes:
+        raise TraceFormatError(path, f"the file holds {size:,} bytes, more than the limit of "
+                               f"{max_bytes:,}; raise it with {ENV_MAX_BYTES} or load(..., "
+                               "max_bytes=...)")
+    try:
+        with open(path, "rb") as f:
+            data: bytes | bytearray = f.read()
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
+                               "its permissions") from None
     if not data:
         raise TraceFormatError(path, "the file is empty (was the recording stopped before "
                                "anything was written?)", 0)
     if data[:2] == GZIP_MAGIC:
-        data = _gunzip(path, data)
+        data = gunzip(path, data, gzip_limit(len(data), max_bytes))
         if not data:
             raise TraceFormatError(path, "the compressed file is empty", 0)
     if _looks_like_json(data):
@@ -57,11 +65,11 @@ def _read(path: str) -> RawTrace:
     )
 
 
-def _looks_like_json(data: bytes) -> bool:
+def _looks_like_json(data: bytes | bytearray) -> bool:
     """JSON text starts with `{` or `[` after whitespace. A .pftrace starts with 0x0a (a
     newline) and its first packet's length, which can be `[` or `{` too (91, 123 bytes):
     what follows is binary there, not text."""
-    head = data[:64]
+    head = bytes(data[:64])
     if head.lstrip()[:1] not in (b"{", b"["):
         return False
     if any(b < 0x20 and b not in b"\t\n\r" for b in head):

@@ -34,7 +34,10 @@ class SliceArgs:
                 dtype: str = "int64") -> np.ndarray:
         """Values of `key` as numbers (`default` where absent or not a number)."""
         out = pd.to_numeric(pd.Series(self.column(key, ids), dtype=object), errors="coerce")
-        return out.fillna(default).to_numpy().astype(dtype)
+        values = out.fillna(default).to_numpy()
+        if np.dtype(dtype).kind in "iu" and values.dtype.kind == "f":
+            values = np.where(np.abs(values) < 2.0**63, values, default)  # past 64 bits: no count
+        return values.astype(dtype)
 
     def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Values of `key` as strings ('' where absent), as an object array."""

@@ -8,23 +8,27 @@ epoch-based timestamps Kineto writes.
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from collections import Counter, defaultdict
+from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import pairwise
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders.args import DictArgs
 from neuron_explorer.loaders.kinds import (
+    DEVICE_CATEGORIES,
     DEVICE_PROCESS_NAME,
     KINETO_MARKERS,
-    is_device_category,
     kineto_category,
     kineto_kind,
     our_kind,
 )
+from neuron_explorer.loaders.metadata import check, merge_json
 from neuron_explorer.loaders.raw import (
     COUNTER_COLUMNS,
     FLOW_COLUMNS,
@@ -35,11 +39,39 @@ from neuron_explorer.loaders.raw import (
 from neuron_explorer.loaders.track_kinds import device_track_kind
 
 
-def us_to_ns(values: list[float]) -> np.ndarray:
+def us_to_ns(values: Any) -> np.ndarray:
     """Microsecond floats to int64 ns, exact to the nanosecond for epoch-scale times."""
     us = np.asarray(values, dtype=np.float64)
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+
+
+# From 2**43 µs (about 100 days after a clock's zero, e.g. epoch-based times) a float64
+# of microseconds no longer holds every nanosecond: such times are read from their digits.
+EXACT_US = float(2**43)
+
+
+class _Written(float):
+    """A float that keeps the digits it was written with."""
+
+    __slots__ = ("text",)
+
+    def __new__(cls, text: str) -> Self:
+        value = float.__new__(cls, text)
+        value.text = text
+        return value
+
+
+def _written_ns(text: str) -> int:
+    """Microseconds as written (`1682725898236567.047`) to int ns, exactly."""
+    return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _inexact(ts_ns: np.ndarray, values: list) -> bool:
+    """Whether a time was a float too large to hold its nanoseconds (`ts_ns`: as read)."""
+    if not len(ts_ns) or np.abs(ts_ns).max() < EXACT_US * 1000:
+        return False
+    return any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
 
 
 try:  # orjson parses large traces several times faster; the standard library also works
@@ -48,19 +80,85 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
 
 
-def parse_json(path: str, text: bytes) -> Any:
-    """The JSON document, or a TraceFormatError naming where it breaks."""
+def _loads_exact(text: bytes) -> Any:
+    """JSON whose floats keep their digits (the standard library's parser: slower)."""
+    return json.loads(text, parse_float=_Written)
+
+
+def parse_json(path: str, text: bytes | bytearray, loads: Any = None) -> tuple[Any, str | None]:
+    """The JSON document, or a TraceFormatError naming where it breaks.
+
+    A trace cut short (a killed recording: our writer streams one event per line) gives
+    the document of its complete events and a warning saying so; else the warning is None.
+    """
+    loads = loads or _loads
     try:
-        return _loads(text)
+        return loads(text), None
     except json.JSONDecodeError as exc:
         reason = f"invalid JSON ({exc.msg})"
         if "UTF-8" in exc.msg:
             reason = "not UTF-8 text: the file is corrupt"
-        elif not text.rstrip().endswith((b"}", b"]")):
+        elif "end of data" in exc.msg or not text.rstrip().endswith((b"}", b"]")):
+            recovered = _complete_prefix(text, exc.pos, loads)
+            if recovered is not None:
+                doc, kept = recovered
+                return doc, (f"{path}: the JSON ends early at byte {len(text)} (was the "
+                             f"recording killed?); loaded the complete events before byte "
+                             f"{kept}")
             reason = f"the JSON ends early ({exc.msg}): the file is truncated"
         raise TraceFormatError(path, reason, exc.pos) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, "not text: the file is corrupt", exc.start) from None
+
+
+_CLOSERS = (b"]}", b"]")  # {"traceEvents": [ ... or a bare list [ ...
+_PREFIX_TRIES = 16  # event ends tried, from the last one back
+
+
+def _complete_prefix(text: bytes | bytearray, broken_at: int, loads: Any
+                     ) -> tuple[Any, int] | None:
+    """The trace made of the events that end before the cut: the list is closed after the
+    last `}` that ends an event (one followed by a comma) and parsed again."""
+    view = bytes(text[:broken_at])
+    end = len(view)
+    for _ in range(_PREFIX_TRIES):
+        at = view.rfind(b"}", 0, end)
+        if at < 0:
+            return None
+        end = at
+        if not view[at + 1:].lstrip().startswith(b","):
+            continue  # an object's end inside an event (its args), or the cut itself
+        for closer in _CLOSERS:
+            try:
+                doc = loads(view[:at + 1] + closer)
+            except json.JSONDecodeError:
+                continue
+            events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+            if isinstance(events, list) and events:
+                return doc, at + 1
+    return None
+
+
+def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The events of a Chrome-trace JSON file, also of one cut short by a killed run (then
+    the complete ones), without the empty object that closes a streamed list."""
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        doc, _ = parse_json(name, f.read())
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TraceFormatError(name, "JSON without a 'traceEvents' list")
+    return [e for e in events if isinstance(e, dict) and e]
+
+
+SLICE_PHASES = ("X", "i", "I", "n", "B")
+INT64_MAX = (1 << 63) - 1
+# |µs| past which a time in ns would not fit an int64 (with room for a duration)
+MAX_US = 4.6e15
+
+
+class _Malformed(Exception):
+    """One event's field has a type the loader cannot use; the loader adds where."""
 
 
 class _Collector:
@@ -69,97 +167,156 @@ class _Collector:
     def __init__(self) -> None:
         self.track_of: dict[tuple[Any, Any], int] = {}
         self.s_track: list[int] = []
-        self.s_ts: list[float] = []
-        self.s_dur: list[float] = []
+        self.s_ts: list[Any] = []  # as written (numbers; checked and converted at the end)
+        self.s_dur: list[Any] = []
         self.s_name: list[str] = []
         self.s_cat: list[str] = []
         self.s_args: list[Any] = []
         self.c_track: list[int] = []
-        self.c_ts: list[float] = []
+        self.c_ts: list[Any] = []
         self.c_value: list[float] = []
         self.counter_tracks: dict[tuple[Any, str], int] = {}
-        self.flow_points: list[tuple[str, Any, str, int, float, bool]] = []
+        self.flow_points: list[tuple[str, Any, str, int, Any, bool, int]] = []
         self.open_begins: dict[int, list[int]] = defaultdict(list)
+        self.ends: dict[int, tuple[Any, int]] = {}  # begin slice -> (end ts, end event)
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.skipped: Counter[str] = Counter()
 
     def track(self, pid: Any, tid: Any) -> int:
         key = (pid, tid)
-        t = self.track_of.get(key)
+        try:
+            t = self.track_of.get(key)
+        except TypeError:  # an object or a list: say which
+            _check_id("pid", pid)
+            _check_id("tid", tid)
+            raise
         if t is None:
+            _check_id("pid", pid)
+            _check_id("tid", tid)
             t = self.track_of[key] = len(self.track_of)
         return t
 
-    def slice(self, e: dict, track: int, dur: float) -> None:
-        self.s_track.append(track)
-        self.s_ts.append(e["ts"])
+    def slice(self, e: dict, track: int, dur: Any) -> None:
+        args = e.get("args") or None
+        if args is not None and args.__class__ is not dict:
+            raise _Malformed(f"'args' must be an object, not {_shown(args)}")
+        name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        self.s_track.append(track)  # nothing below can fail: the columns stay aligned
+        self.s_ts.append(e.get("ts"))
         self.s_dur.append(dur)
-        self.s_name.append(str(e.get("name", "")))
-        self.s_cat.append(str(e.get("cat", "")))
-        self.s_args.append(e.get("args") or None)
+        self.s_name.append(name)
+        self.s_cat.append(cat)
+        self.s_args.append(args)
 
 
-def _read_events(events: list, col: _Collector) -> None:
-    for e in events:
-        if not e and isinstance(e, dict):
-            continue  # streamed writers close the event list with an empty object
-        if not isinstance(e, dict):
-            col.skipped["not an event object"] += 1
-            continue
-        ph = e.get("ph")
-        try:
+def _shown(value: Any) -> str:
+    """A JSON value for a message, kept short."""
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_id(field: str, value: Any) -> None:
+    """pid and tid: a number or a string (or absent), an integer within 64 bits."""
+    if value is None or isinstance(value, str | float):
+        return
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise _Malformed(f"'{field}' {value} is out of range (64-bit integers)")
+        return
+    raise _Malformed(f"'{field}' must be a number or a string, not {_shown(value)}")
+
+
+def _object(e: dict, field: str) -> dict:
+    value = e.get(field) or {}
+    if value.__class__ is not dict:
+        raise _Malformed(f"'{field}' must be an object, not {_shown(value)}")
+    return value
+
+
+def _read_events(path: str, events: list, col: _Collector) -> None:
+    """Collect every event; a known event with a field of the wrong type raises a
+    TraceFormatError naming the event (unknown phases and non-objects are counted)."""
+    index = 0
+    try:
+        for index, e in enumerate(events):  # one loop, no call per event: the hot path
+            if e.__class__ is not dict:
+                col.skipped["not an event object"] += 1
+                continue
+            if not e:
+                continue  # streamed writers close the event list with an empty object
+            ph = e.get("ph")
             if ph == "X":
                 col.slice(e, col.track(e.get("pid"), e.get("tid")), e.get("dur", 0))
             elif ph in ("i", "I", "n"):
                 col.slice(e, col.track(e.get("pid"), e.get("tid")), 0)
             elif ph == "B":
                 t = col.track(e.get("pid"), e.get("tid"))
-                col.open_begins[t].append(len(col.s_ts))
-                col.slice(e, t, -1)
+                col.slice(e, t, 0)
+                col.open_begins[t].append(len(col.s_ts) - 1)
             elif ph == "E":
                 t = col.track(e.get("pid"), e.get("tid"))
+                args = _object(e, "args")
                 if col.open_begins[t]:
                     i = col.open_begins[t].pop()
-                    col.s_dur[i] = e["ts"] - col.s_ts[i]
-                    if e.get("args"):
-                        col.s_args[i] = {**(col.s_args[i] or {}), **e["args"]}
+                    col.ends[i] = (e.get("ts"), index)
+                    if args:
+                        col.s_args[i] = {**(col.s_args[i] or {}), **args}
                 else:
                     col.skipped["end without begin"] += 1
             elif ph == "C":
-                for series, value in (e.get("args") or {}).items():
-                    name = str(e.get("name", ""))
-                    if series not in ("value", name) and len(e["args"]) > 1:
-                        name = f"{name}.{series}"
-                    key = (e.get("pid"), name)
-                    t = col.counter_tracks.setdefault(key, len(col.counter_tracks))
-                    col.c_track.append(t)
-                    col.c_ts.append(e["ts"])
-                    col.c_value.append(float(value))
+                _counter(e, col)
             elif ph in ("s", "t", "f"):
                 t = col.track(e.get("pid"), e.get("tid"))
+                fid = e.get("id")
+                if fid is not None and not isinstance(fid, int | str | float):
+                    raise _Malformed("a flow's 'id' must be a number or a string, not "
+                                     f"{_shown(fid)}")
                 enclosing = ph != "f" or e.get("bp") == "e"
-                col.flow_points.append(
-                    (str(e.get("cat", "")), e.get("id"), ph, t, e["ts"], enclosing)
-                )
+                col.flow_points.append((str(e.get("cat", "")), fid, ph, t, e.get("ts"),
+                                        enclosing, index))
             elif ph == "M":
-                name = e.get("name")
-                value = (e.get("args") or {}).get("name")
-                if name == "process_name" and value is not None:
-                    col.process_names[e.get("pid")] = str(value)
-                elif name == "thread_name" and value is not None:
-                    col.thread_names[(e.get("pid"), e.get("tid"))] = str(value)
+                _metadata_event(e, col)
             else:
                 col.skipped[f"event phase {ph!r}"] += 1
-        except (KeyError, TypeError, ValueError):
-            col.skipped[f"malformed {ph!r} event"] += 1
+    except (_Malformed, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise TraceFormatError(path, f"{events[index].get('ph')!r} event: {exc}",
+                               event=index) from None
+
+
+def _counter(e: dict, col: _Collector) -> None:
+    args = _object(e, "args")
+    name = str(e.get("name", ""))
+    pid = e.get("pid")
+    _check_id("pid", pid)
+    try:
+        rows = [(series, float(value)) for series, value in args.items()]  # all, or none
+    except (TypeError, ValueError):
+        raise _Malformed(f"counter values must be numbers: {_shown(args)}") from None
+    for series, value in rows:
+        key = (pid, name if series in ("value", name) or len(args) == 1 else f"{name}.{series}")
+        col.c_track.append(col.counter_tracks.setdefault(key, len(col.counter_tracks)))
+        col.c_ts.append(e.get("ts"))
+        col.c_value.append(value)
+
+
+def _metadata_event(e: dict, col: _Collector) -> None:
+    name = e.get("name")
+    value = _object(e, "args").get("name")
+    pid, tid = e.get("pid"), e.get("tid")
+    _check_id("pid", pid)
+    _check_id("tid", tid)
+    if name == "process_name" and value is not None:
+        col.process_names[pid] = str(value)
+    elif name == "thread_name" and value is not None:
+        col.thread_names[(pid, tid)] = str(value)
 
 
 def _is_kineto(doc: Any, cats: set[str]) -> bool:
     if isinstance(doc, dict) and ("schemaVersion" in doc or "deviceProperties" in doc):
         return True
-    known = {kineto_category(c) for c in cats if isinstance(c, str)}
-    return bool(known & KINETO_MARKERS) and tf.CAT_METADATA not in cats
+    named = {kineto_category(c) for c in cats}  # older profilers: Kernel, Operator, ...
+    return bool(named & KINETO_MARKERS) and tf.CAT_METADATA not in cats
 
 
 def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
@@ -186,10 +343,12 @@ def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFram
 
 
 def _as_int(value: Any) -> int:
+    """An id as an int64 (-1 when it is not a number that fits)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return -1
+    return number if -INT64_MAX - 1 <= number <= INT64_MAX else -1
 
 
 def bind_flow_points(
@@ -243,21 +402,78 @@ def bind_flow_points(
     return out
 
 
-def _flows(col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _times(path: str, values: list, what: str, event_of: Any, exact: bool = False
+           ) -> np.ndarray:
+    """Times or durations in µs as written (numbers, or numeric strings, which Perfetto also
+    reads) as int64 ns; the first value that is none raises a TraceFormatError naming its
+    event (`event_of` maps a value's index to its event's)."""
+    try:
+        us = np.asarray(values, dtype=np.float64)
+        ok = us.ndim == 1 and bool((np.abs(us) < MAX_US).all())  # NaN (absent) fails too
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        k = next((k for k, v in enumerate(values) if not _is_time(v)), None)
+        shown = "missing" if k is None or values[k] is None else f"{_shown(values[k])}"
+        raise TraceFormatError(path, f"'{what}' is {shown}: expected a number of "
+                               "microseconds", event=None if k is None else event_of(k))
+    ns = us_to_ns(us)
+    if exact:  # parsed keeping the digits of floats: those at large times, from the digits
+        for k, v in enumerate(values):
+            if v.__class__ is _Written and abs(v) >= EXACT_US:
+                ns[k] = _written_ns(v.text)
+    return ns
+
+
+def _is_time(value: Any) -> bool:
+    try:
+        return abs(float(value)) < MAX_US
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _slice_event(events: list) -> Any:
+    """Index of a slice -> index of its event (each event of a slice phase made one)."""
+    def event_of(k: int) -> int:
+        seen = -1
+        for i, e in enumerate(events):
+            if e.__class__ is dict and e.get("ph") in SLICE_PHASES:
+                seen += 1
+                if seen == k:
+                    return i
+        return -1
+    return event_of
+
+
+def _counter_event(events: list) -> Any:
+    """Index of a counter value -> index of its event (one value per series)."""
+    def event_of(k: int) -> int:
+        seen = 0
+        for i, e in enumerate(events):
+            if e.__class__ is dict and e.get("ph") == "C":
+                seen += len(e.get("args") or {})
+                if seen > k:
+                    return i
+        return -1
+    return event_of
+
+
+def _flows(path: str, col: _Collector, slices: pd.DataFrame, exact: bool = False
+           ) -> tuple[pd.DataFrame, int]:
     if not col.flow_points:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in FLOW_COLUMNS}), 0
-    cats, ids, phs, tracks, tss, encl = zip(*col.flow_points, strict=True)
-    bound = bind_flow_points(slices, np.asarray(tracks, np.int64), us_to_ns(list(tss)),
-                             np.asarray(encl, bool))
+    cats, ids, phs, tracks, tss, encl, where = zip(*col.flow_points, strict=True)
+    ts = _times(path, list(tss), "ts", lambda k: where[k], exact)
+    bound = bind_flow_points(slices, np.asarray(tracks, np.int64), ts, np.asarray(encl, bool))
     # Kineto writes a flow's end before its start at times: pair by id, not file order.
-    groups: dict[tuple[str, Any], list[tuple[int, float, int]]] = defaultdict(list)
+    groups: dict[tuple[str, Any], list[tuple[int, int, int]]] = defaultdict(list)
     unbound = 0
     rank = {"s": 0, "t": 1, "f": 2}
-    for cat, fid, ph, t_us, sid in zip(cats, ids, phs, tss, bound, strict=True):
+    for cat, fid, ph, t_ns, sid in zip(cats, ids, phs, ts.tolist(), bound.tolist(), strict=True):
         if sid < 0:
             unbound += 1
             continue
-        groups[(cat, fid)].append((rank[ph], t_us, int(sid)))
+        groups[(cat, fid)].append((rank[ph], t_ns, sid))
     rows = []
     for (_, fid), points in groups.items():
         points.sort()
@@ -270,26 +486,25 @@ def _flows(col: _Collector, slices: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return frame, unbound
 
 
-def _metadata(doc: Any, args: list, cats: list[str], kineto: bool) -> dict[str, Any]:
+def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
+              ) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if isinstance(doc, dict):
         meta.update({k: v for k, v in doc.items() if k != "traceEvents"})
     for cat, a in zip(cats, args, strict=True):
         if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a:
-            try:
-                meta.update(json.loads(a[tf.ARG_METADATA_JSON]))
-            except (TypeError, ValueError):
-                pass
+            merge_json(meta, a[tf.ARG_METADATA_JSON])
+    check(path, meta)
     if kineto and tf.META_HARDWARE not in meta:
         props = meta.get("deviceProperties") or []
-        if props and isinstance(props[0], dict) and props[0].get("name"):
-            meta[tf.META_HARDWARE] = props[0]["name"]
+        if props and props[0].get("name"):
+            meta[tf.META_HARDWARE] = str(props[0]["name"])
     return meta
 
 
-def load_chrome_json(path: str, text: bytes) -> RawTrace:
+def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     """Read a Chrome-trace JSON document (ours or Kineto's) into columns."""
-    doc = parse_json(path, text)
+    doc, cut_short = parse_json(path, text)
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         events = doc["traceEvents"]
     elif isinstance(doc, list):
@@ -299,15 +514,27 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
             path, "JSON without a 'traceEvents' list: not a Chrome or PyTorch-profiler trace"
         )
     col = _Collector()
-    _read_events(events, col)
+    _read_events(path, events, col)
     if not col.s_ts and not col.c_ts:
         raise TraceFormatError(path, "the trace holds no slices or counters")
+    ts = _times(path, col.s_ts, "ts", _slice_event(events))
+    exact = _inexact(ts, col.s_ts)
+    if exact:  # epoch-scale times with ns fractions: parse again, keeping every digit
+        doc, _ = parse_json(path, bytes(text), _loads_exact)
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        col = _Collector()
+        _read_events(path, events, col)
+        ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
     cats = set(col.s_cat)
     kineto = _is_kineto(doc, cats)
-    n_open = sum(len(v) for v in col.open_begins.values())
     track = np.asarray(col.s_track, np.int64)
-    ts = us_to_ns(col.s_ts)
-    dur = us_to_ns([max(d, 0) for d in col.s_dur]) if col.s_dur else np.zeros(0, np.int64)
+    dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events), exact), 0)
+    if col.ends:  # B/E pairs: the duration runs to the end's time
+        begun = list(col.ends)
+        end_ts, where = zip(*col.ends.values(), strict=True)
+        ends = _times(path, list(end_ts), "ts", lambda k: where[k], exact)
+        dur[begun] = np.maximum(ends - ts[begun], 0)
+    n_open = sum(len(v) for v in col.open_begins.values())
     if n_open:  # begins never ended: close them at the end of the trace
         last = int((ts + dur).max())
         for idxs in col.open_begins.values():
@@ -316,35 +543,41 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
         col.skipped["slice never ended (closed at trace end)"] += n_open
     device_pids: set[Any] = set()
     if kineto:
-        device_cats = {c for c in set(col.s_cat) if is_device_category(str(c))}
+        device_cats = {c for c in cats if kineto_category(c) in DEVICE_CATEGORIES}
         on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in device_cats}
         device_pids = {pid for (pid, tid), t in col.track_of.items() if t in on_dev_tracks}
         device_pids |= {p for p, n in col.process_names.items()
                         if isinstance(p, int) and _looks_like_device(n)}
     tracks = _tracks(col, device_pids, kineto)
     is_dev = dict(zip(tracks["track_id"], tracks["device"] >= 0, strict=True))
-    if kineto:
-        kinds = [kineto_kind(c, n, is_dev[t])
-                 for c, n, t in zip(col.s_cat, col.s_name, col.s_track, strict=True)]
+    if kineto:  # once per distinct (category, name, on a device): names repeat
+        on_device = [is_dev[t] for t in range(len(col.track_of))]
+        memo: dict[tuple[str, str, bool], str] = {}
+        kinds = [memo.get(key) or memo.setdefault(key, kineto_kind(*key))
+                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track))]
     else:
         kinds = [our_kind(c) for c in col.s_cat]
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
                                  np.asarray(col.s_cat, object), np.asarray(kinds, object))
     args = [col.s_args[i] for i in order]
-    flows, unbound = _flows(col, slices)
+    flows, unbound = _flows(path, col, slices, exact)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound
     counter_names = {t: name for (_, name), t in col.counter_tracks.items()}
     c_track = np.asarray(col.c_track, np.int64)
     counters = pd.DataFrame(
         {
-            "ts": us_to_ns(col.c_ts),
+            "ts": _times(path, col.c_ts, "ts", _counter_event(events), exact),
             "value": np.asarray(col.c_value, np.float64),
             "track_id": c_track + len(col.track_of),
             "name": [counter_names[t] for t in col.c_track],
         },
         columns=COUNTER_COLUMNS,
     ).sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
+    warned = []
+    if cut_short:
+        warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=3)
+        warned.append(cut_short)
     return RawTrace(
         path=path,
         source_format="kineto_json" if kineto else "chrome_json",
@@ -353,8 +586,9 @@ def load_chrome_json(path: str, text: bytes) -> RawTrace:
         tracks=tracks,
         counters=counters,
         flows=flows,
-        metadata=_metadata(doc, args, list(slices["category"]), kineto),
+        metadata=_metadata(path, doc, args, list(slices["category"]), kineto),
         skipped=dict(col.skipped),
+        warnings=warned,
     )
 
 

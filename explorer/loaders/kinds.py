@@ -16,17 +16,15 @@ from neuron_explorer import trace_format as tf
 OUR_KINDS = {
     tf.CAT_STEP, tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_OP, tf.CAT_KERNEL,
     tf.CAT_INSTRUCTION, tf.CAT_DMA, tf.CAT_SYNC, tf.CAT_DATALOADER, tf.CAT_COMPILE,
-    tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_ANNOTATION, tf.CAT_METADATA, tf.CAT_COLLECTIVE,
+    tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_ANNOTATION, tf.CAT_METADATA,
 }
 # Kineto categories that only ever run on a device.
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}
 KINETO_MARKERS = {"cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "ac2g",
                   "user_annotation", "python_function"}
-# Older PyTorch-profiler versions (before `schemaVersion`) name the same categories
-# differently; they are read as today's.
-OLD_CATEGORIES = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
-                  "runtime": "cuda_runtime", "driver": "cuda_driver", "operator": "cpu_op",
-                  "python_function": "python_function", "user_annotation": "user_annotation"}
+# Older PyTorch profilers (no schemaVersion) wrote these categories; read as today's.
+LEGACY_CATEGORIES = {"kernel": "kernel", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy",
+                     "memset": "gpu_memset", "operator": "cpu_op"}
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 DEVICE_PROCESS_NAME = re.compile(r"^neuron:(\d+)\b")
 
@@ -40,28 +38,22 @@ def our_kind(category: str) -> str:
 
 
 def kineto_category(category: str) -> str:
-    """A PyTorch-profiler category under its current name (`Memcpy` -> `gpu_memcpy`)."""
-    cat = category.lower()
-    return OLD_CATEGORIES.get(cat, cat)
-
-
-def is_device_category(category: str) -> bool:
-    """A category only ever seen on a device (kernels, copies, memsets, device syncs)."""
-    return kineto_category(category) in DEVICE_CATEGORIES
+    """A PyTorch-profiler category as today's profiler names it (`Memcpy` -> `gpu_memcpy`)."""
+    return LEGACY_CATEGORIES.get(category.lower(), category)
 
 
 def kineto_kind(category: str, name: str, on_device: bool) -> str:
     """Kind of a slice in a PyTorch-profiler trace."""
-    cat = kineto_category(category)
+    cat = kineto_category(category).lower()
     low = name.lower()
+    if cat.endswith(("_runtime", "_driver")):  # API calls, even where a device logs them
+        return "sync" if "synchronize" in low else "runtime"
     if cat == "kernel":
         return "kernel"
     if cat == "gpu_memcpy" or (on_device and "dma" in low):
         return "memcpy"
     if cat == "gpu_memset":
         return "memset"
-    if cat.endswith(("_runtime", "_driver")):  # runtime calls, even where a vendor puts
-        return "sync" if "synchronize" in low else "runtime"  # them on the device (MTIA)
     if on_device:
         if cat == "cuda_sync":
             return "device_sync"

@@ -29,13 +29,41 @@ def _present(depth: np.ndarray) -> list[int]:
     return np.flatnonzero(np.bincount(depth)).tolist()
 
 
+# Few nesting depths (real traces have a handful): one vectorised pass per depth is the
+# fastest. Deeper nesting (identical slices nest in each other) takes one sort instead,
+# so that the time stays n log n whatever the depth.
+FEW_DEPTHS = 16
+
+
+def _latest_at_depth(depth: np.ndarray, pos: np.ndarray, q_depth: np.ndarray,
+                     q_pos: np.ndarray) -> np.ndarray:
+    """For each query, the index of the item at depth `q_depth` with the greatest `pos`
+    below `q_pos` (-1: none), found with one sort of every item by (depth, pos)."""
+    out = np.full(len(q_depth), -1, np.int64)
+    if not len(depth) or not len(q_depth):
+        return out
+    span = np.int64(max(int(pos.max()), int(q_pos.max())) + 1)
+    key = depth.astype(np.int64) * span + pos
+    order = np.argsort(key, kind="stable")
+    j = np.searchsorted(key[order], q_depth.astype(np.int64) * span + q_pos) - 1
+    found = order[np.maximum(j, 0)]
+    ok = (j >= 0) & (depth[found] == q_depth)
+    out[ok] = found[ok]
+    return out
+
+
 def _parents(order_pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """For begins given by stream position and depth, the index of each one's parent (-1)."""
     parent = np.full(len(depth), -1, dtype=np.int64)
     if not len(depth):
         return parent
+    present = _present(depth)
+    if len(present) > FEW_DEPTHS:
+        child = np.flatnonzero(depth > 0)
+        parent[child] = _latest_at_depth(depth, order_pos, depth[child] - 1, order_pos[child])
+        return parent
     by_depth: dict[int, np.ndarray] = {}
-    for d in _present(depth):
+    for d in present:
         idx = np.flatnonzero(depth == d)
         by_depth[int(d)] = idx[np.argsort(order_pos[idx], kind="stable")]
     for d, idx in by_depth.items():
@@ -101,25 +129,23 @@ def match_begin_end(
     beg = is_begin[order]
     delta = np.where(beg, 1, -1)
     depth_after = _running_depth(trk, delta)
-    # An end that would take a track below zero closes nothing: drop it and redo.
-    stray = (~beg) & (depth_after < 0)
-    while stray.any():
-        first_bad = np.flatnonzero(stray)
-        keep = np.ones(len(trk), bool)
-        # drop the first stray end of each track, then recount
-        firsts = first_bad[np.r_[True, trk[first_bad][1:] != trk[first_bad][:-1]]]
-        keep[firsts] = False
+    # An end that would take a track below zero closes nothing: drop it.
+    if ((~beg) & (depth_after < 0)).any():
+        keep = ~_stray_ends(trk, beg, depth_after)
         order, trk, beg = order[keep], trk[keep], beg[keep]
-        delta = np.where(beg, 1, -1)
-        depth_after = _running_depth(trk, delta)
-        stray = (~beg) & (depth_after < 0)
+        depth_after = _running_depth(trk, np.where(beg, 1, -1))
     stream_pos = np.arange(len(order))
     b_pos = stream_pos[beg]
     b_depth = depth_after[beg] - 1
     e_pos = stream_pos[~beg]
     e_depth = depth_after[~beg]  # an end at depth d closes the latest begin at depth d
     end_of = np.full(len(b_pos), -1, np.int64)
-    for d in _present(e_depth):
+    levels = _present(e_depth)
+    if len(levels) > FEW_DEPTHS:
+        j = _latest_at_depth(b_depth, b_pos, e_depth, e_pos)
+        ok = j >= 0
+        end_of[j[ok]] = order[e_pos[ok]]
+    for d in levels if len(levels) <= FEW_DEPTHS else ():
         bi = np.flatnonzero(b_depth == d)
         ei = np.flatnonzero(e_depth == d)
         j = np.searchsorted(b_pos[bi], e_pos[ei]) - 1
@@ -127,3 +153,19 @@ def match_begin_end(
         end_of[bi[j[ok]]] = order[e_pos[ei[ok]]]
     parent = _parents(b_pos, b_depth)
     return order[b_pos], end_of, b_depth.astype(np.int64), parent
+
+
+def _stray_ends(track: np.ndarray, is_begin: np.ndarray, depth_after: np.ndarray) -> np.ndarray:
+    """Ends that close nothing, all at once: an end is stray when the depth, kept from going
+    below zero, is zero before it. That kept depth is the running depth less its running
+    minimum (floored at zero), taken per track."""
+    n = len(track)
+    first = np.r_[True, track[1:] != track[:-1]]
+    rank = np.cumsum(first) - 1
+    big = np.int64(2 * n + 2)  # past the range of any running depth
+    # each track's values sit below every earlier track's, so one running minimum serves all
+    low = np.minimum.accumulate(depth_after - rank * big) + rank * big
+    kept = depth_after - np.minimum(low, 0)
+    before = np.r_[0, kept[:-1]]
+    before[first] = 0
+    return (~is_begin) & (before == 0)

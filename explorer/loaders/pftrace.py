@@ -8,7 +8,6 @@ per packet sequence and per incremental-state generation, as Perfetto defines.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import Counter
 from typing import Any
@@ -16,12 +15,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.errors import TraceFormatError, TraceFormatWarning, TruncatedTraceWarning
 from neuron_explorer.loaders.args import ColumnArgs, LazyArgs
 from neuron_explorer.loaders.chrome_json import bind_flow_points
 from neuron_explorer.loaders.kinds import DEVICE_PROCESS_NAME, our_kind
+from neuron_explorer.loaders.metadata import check, merge_json
 from neuron_explorer.loaders.nesting import match_begin_end
-from neuron_explorer.loaders.pftrace_annotations import Annotations, decode_annotations
+from neuron_explorer.loaders.pftrace_annotations import (
+    Annotations,
+    decode_annotations,
+    interned_keys,
+)
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import device_track_kind
 from neuron_explorer.loaders.wire_scan import Scan, WireError, packet_offsets, read_message, scan
@@ -50,10 +54,6 @@ IGNORED_PACKET_FIELDS = {58, 87, 42}
 INTERNED_KINDS = {1: "cat", 2: "name", 3: "ann", 29: "str"}
 
 
-class TruncatedTraceWarning(UserWarning):
-    """The trace ends inside a packet (the recording was killed); the rest was loaded."""
-
-
 class Descriptor:
     """The parts of a TrackDescriptor the loader uses."""
 
@@ -64,6 +64,12 @@ class Descriptor:
         self.process: tuple[int, str] | None = None  # pid, process name
         self.thread: tuple[int, int, str] | None = None  # pid, tid, thread name
         self.counter = False
+
+
+def _int64(value: int) -> int:
+    """A varint as the signed 64-bit integer it encodes (negative ids take ten bytes)."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _text(data: bytes, offset: int, length: int) -> str:
@@ -123,7 +129,7 @@ class _State:
                 pid, pname = 0, ""
                 for f, v, o in read_message(data, offset, offset + value):
                     if f == 1:
-                        pid = v
+                        pid = _int64(v)
                     elif f == 6:
                         pname = _text(data, o, v)
                 d.process = (pid, pname)
@@ -132,9 +138,9 @@ class _State:
                 tname = ""
                 for f, v, o in read_message(data, offset, offset + value):
                     if f == 1:
-                        pid = v
+                        pid = _int64(v)
                     elif f == 2:
-                        tid = v
+                        tid = _int64(v)
                     elif f == 5:
                         tname = _text(data, o, v)
                 d.thread = (pid, tid, tname)
@@ -150,11 +156,9 @@ def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarra
     (sequence, generation, iid); `missing` where an iid was never interned."""
     if not len(keys):
         return np.zeros(0, np.intp), []
-    combo = seqgen.astype(np.int64) * (1 << 40) + keys.astype(np.int64)
-    inverse, uniq = pd.factorize(combo)
+    inverse, pairs = interned_keys(seqgen, keys)
     names = []
-    for c in uniq.tolist():
-        sg, iid = divmod(c, 1 << 40)
+    for sg, iid in pairs:
         seq, gen = seqgen_pairs[sg]
         names.append(state.interned.get((seq, gen, kind), {}).get(iid, missing))
     return inverse, names
@@ -285,6 +289,10 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     for number, count in Counter(pk.others[~np.isin(pk.others, list(IGNORED_PACKET_FIELDS))]
                                  .tolist()).items():
         skipped[f"packet field {number}"] += count
+    late = np.flatnonzero(pk.value[0] >= np.uint64(1 << 63))
+    if len(late):
+        raise TraceFormatError(path, f"packet timestamp {int(pk.value[0][late[0]])} ns is past "
+                               "what 64-bit signed times hold", int(starts[late[0]]))
     p_ts = pk.value[0].astype(np.int64)
     p_seq = pk.value[1].astype(np.int64)
     cleared = ((pk.value[2] & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0) | (pk.value[3] != 0)
@@ -400,13 +408,23 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     meta_ids = np.sort(new_id[np.isin(slice_cat, meta_codes)])
     meta_args = decode_annotations(data, buf, ann.subset(np.isin(ann.sid, meta_ids)), ev_seqgen,
                                    state, n_slices)
-    metadata = _metadata(meta_ids, meta_args)
-    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev_seqgen, state, n_slices))
+    metadata = check(path, _metadata(meta_ids, meta_args))
+    skipped_now = dict(skipped)
+
+    def dropped(count: int, position: int) -> None:  # heard when the args are first decoded
+        msg = (f"{path}: {count} debug annotations (slice args) are corrupt, the first at "
+               f"byte {position}; they were left out")
+        warnings.warn(msg, TraceFormatWarning, stacklevel=2)
+        warn.append(msg)
+        skipped_now["corrupt debug annotation"] = count
+
+    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev_seqgen, state, n_slices,
+                                               dropped))
     # flows are linked on first use: the overview does not need them
     return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
                     tracks=tracks, counters=counters,
                     flows=lambda: _flows(ef, ev_ts, slice_of_event), metadata=metadata,
-                    skipped=dict(skipped), warnings=warn)
+                    skipped=skipped_now, warnings=warn)
 
 
 def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.ndarray,
@@ -446,9 +464,5 @@ def _metadata(ids: np.ndarray, args: ColumnArgs) -> dict[str, Any]:
     """The trace's metadata: the JSON args of its metadata slices (ids), merged in order."""
     meta: dict[str, Any] = {}
     for text in args.column(tf.ARG_METADATA_JSON, ids).tolist():
-        if isinstance(text, str):
-            try:
-                meta.update(json.loads(text))
-            except ValueError:
-                pass
+        merge_json(meta, text)
     return meta

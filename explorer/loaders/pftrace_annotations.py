@@ -7,6 +7,7 @@ caller asks for dicts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from neuron_explorer.loaders.args import (
     KIND_STR,
     ColumnArgs,
 )
-from neuron_explorer.loaders.wire_scan import Fields, Scan, scan
+from neuron_explorer.loaders.wire_scan import Fields, Scan, WireError, scan
 
 E_ANNOTATION = 4
 A_NAME_IID, A_BOOL, A_UINT, A_INT, A_DOUBLE, A_STRING = 1, 2, 3, 4, 5, 6
@@ -30,11 +31,19 @@ SLOTS = {A_NAME_IID: 0, A_NAME: 1, A_BOOL: 2, A_UINT: 2, A_INT: 2, A_DOUBLE: 2, 
          A_POINTER: 2, A_JSON: 2, A_STRING_IID: 2, A_NESTED: 3, A_DICT: 3, A_ARRAY: 3}
 
 
+class _Unreadable(Exception):
+    """A nested annotation protobuf cannot parse."""
+
+
 def _nested_value(raw: bytes) -> Any:
     """A nested, dict or array annotation as Python values (rare: parsed one by one)."""
+    from google.protobuf.message import DecodeError
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2
 
-    ann = perfetto_trace_pb2.DebugAnnotation.FromString(raw)
+    try:
+        ann = perfetto_trace_pb2.DebugAnnotation.FromString(bytes(raw))
+    except (DecodeError, RecursionError):
+        raise _Unreadable from None
 
     def value(a: Any) -> Any:
         if a.dict_entries:
@@ -45,6 +54,22 @@ def _nested_value(raw: bytes) -> Any:
         return getattr(a, which) if which else None
 
     return value(ann)
+
+
+def interned_keys(seqgen: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """A code per (sequence generation, iid) and the distinct pairs, in code order: names
+    are then looked up once per distinct pair. Iids may take all 64 bits."""
+    iids = iids.astype(np.uint64, copy=False)
+    if not len(iids):
+        return np.zeros(0, np.intp), []
+    if int(iids.max()) < 1 << 40 and int(seqgen.max()) < 1 << 22:  # one int64 key each
+        inverse, uniq = pd.factorize(seqgen.astype(np.int64) * (1 << 40) + iids.astype(np.int64))
+        return inverse, [divmod(c, 1 << 40) for c in uniq.tolist()]
+    icode, iuniq = pd.factorize(iids)
+    width = len(iuniq)
+    inverse, uniq = pd.factorize(seqgen.astype(np.int64) * width + icode)
+    distinct = iuniq.tolist()
+    return inverse, [(c // width, int(distinct[c % width])) for c in uniq.tolist()]
 
 
 def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -67,11 +92,9 @@ def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
     codes = np.full(n, code("?"), np.int32)
     m = np.flatnonzero(sc.field[0] == A_NAME_IID)
     if len(m):
-        combo = ev_seqgen[ev[m]] * (1 << 40) + sc.value[0][m].astype(np.int64)
-        inverse, uniq = pd.factorize(combo)
+        inverse, keys = interned_keys(ev_seqgen[ev[m]], sc.value[0][m])
         mapped = []
-        for c in uniq.tolist():
-            seqgen, iid = divmod(c, 1 << 40)
+        for seqgen, iid in keys:
             seq, gen = state.pairs[seqgen]
             mapped.append(code(state.interned.get((seq, gen, "ann"), {}).get(iid, "?")))
         codes[m] = np.asarray(mapped, np.int32)[inverse]
@@ -102,11 +125,18 @@ class Annotations:
 
 
 def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen: np.ndarray,
-                       state: Any, n_slices: int) -> ColumnArgs:
-    """Typed args of the given annotations."""
+                       state: Any, n_slices: int,
+                       dropped: Callable[[int, int], None] | None = None) -> ColumnArgs:
+    """Typed args of the given annotations. Corrupt ones (a broken field, a nested value
+    protobuf cannot parse) are left out: `dropped(count, first byte offset)` hears of them."""
     ev, sid, offset, length = ann.ev, ann.sid, ann.offset, ann.length
     n = len(ev)
-    sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2})
+    bad = None
+    try:
+        sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2})
+    except WireError:  # rare: walk again, marking the broken annotations
+        bad = np.zeros(n, bool)
+        sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2}, bad=bad)
     codes, names = _key_codes(state, data, sc, n, ev_seqgen, ev)
     which = sc.field[2]
     raw = sc.value[2]
@@ -130,5 +160,15 @@ def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen
     for i in np.flatnonzero(sc.field[3] != 0).tolist():
         start = int(offset[i])
         kind[i] = KIND_OTHER
-        sval[i] = _nested_value(data[start:start + int(length[i])])
+        try:
+            sval[i] = _nested_value(data[start:start + int(length[i])])
+        except _Unreadable:
+            bad = np.zeros(n, bool) if bad is None else bad
+            bad[i] = True
+    if bad is not None and bad.any():
+        if dropped is not None:
+            dropped(int(bad.sum()), int(offset[np.flatnonzero(bad)[0]]))
+        keep = ~bad
+        sid, codes, kind, ival, fval, sval = (sid[keep], codes[keep], kind[keep], ival[keep],
+                                              fval[keep], sval[keep])
     return ColumnArgs(sid, codes, names, kind, ival, fval, sval, n_slices)

@@ -134,9 +134,13 @@ class Fields:
 _WIRE_CLASS = np.array([0, 3, 1, 5, 5, 4, 5, 5], np.int8)
 
 
-def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
+def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray, bad: np.ndarray | None = None):
     """Yield, round by round, (msg, field, wire, value, offset) of the next field of every
-    unfinished message; checks every field fits its message."""
+    unfinished message; checks every field fits its message.
+
+    A field that does not raises a WireError; with `bad` (a mask over the messages), its
+    message is marked there and walked no further instead.
+    """
     msg = np.flatnonzero(end > start).astype(np.int32)
     cur = start[msg].astype(np.int64)
     stop = end[msg].astype(np.int64)
@@ -171,10 +175,22 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray):
             nxt[odd] = p[odd] + width
             if vlen is not None:
                 vlen[odd] = 0
-        bad = nxt > stop
-        if (bad.any() or (vlen is not None and vlen.min() < 0)
+        over = (nxt > stop) | (nxt <= cur)  # a length of 2**63 or more reads as negative
+        if (over.any() or (vlen is not None and vlen.min() < 0)
                 or (tag_len is not None and tag_len.min() < 0)):
-            _raise_first_problem(bad, cur, field, wire, vlen, tag_len)
+            if bad is None:
+                _raise_first_problem(over, cur, field, wire, vlen, tag_len)
+            # the tolerant walk: drop the messages with a broken field from this round on
+            broken = over | (vlen < 0 if vlen is not None else False) | (
+                tag_len < 0 if tag_len is not None else False)
+            bad[msg[broken]] = True
+            ok = ~broken
+            msg, cur, stop, p, nxt = msg[ok], cur[ok], stop[ok], p[ok], nxt[ok]
+            field, wire, value, offset = field[ok], wire[ok], value[ok], offset[ok]
+            odd = np.flatnonzero(wire & np.uint8(5))
+            cls = _WIRE_CLASS[wire[odd]]
+            if not len(msg):
+                return
         if len(odd):
             f64 = odd[cls == 3]
             f32 = odd[cls == 4]
@@ -226,9 +242,12 @@ class Scan:
 
 
 def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, int],
-         repeated: set[int], offsets: set[int] = frozenset()) -> Scan:
+         repeated: set[int], offsets: set[int] = frozenset(),
+         bad: np.ndarray | None = None) -> Scan:
     """Walk the messages in lockstep, sorting each field into its slot, the rows, or others;
-    `offsets` names the slots whose payload offsets are kept."""
+    `offsets` names the slots whose payload offsets are kept. With `bad` (a mask over the
+    messages) a message with a broken field is marked there instead of raising WireError;
+    what was read of it stays in the result, for the caller to drop."""
     n = len(start)
     k = max(slots.values(), default=-1) + 1
     top = max([*slots, *repeated, 0]) + 1
@@ -252,7 +271,8 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     # in chunks of messages, so the arrays of a round stay in the CPU caches
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
-        for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi]):
+        part = bad[lo:hi] if bad is not None else None
+        for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi], part):
             number = int(field[0])
             if (field == number).all():  # the usual round: every message at the same field
                 codes = None

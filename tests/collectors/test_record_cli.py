@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from neuron_explorer.collectors.json_writer import read_events
+from neuron_explorer.loaders.chrome_json import read_events
 from neuron_explorer.trace_format import CAT_METADATA, ENGINE_TRACKS
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 

@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 from neuron_explorer.collectors import wire
-from neuron_explorer.collectors.json_writer import JsonWriter, read_events
+from neuron_explorer.collectors.json_writer import JsonWriter
 from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
 from neuron_explorer.collectors.trace_writer import RecordingError, open_writer
+from neuron_explorer.loaders.chrome_json import read_events
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from .trace_reading import parse

@@ -9,8 +9,7 @@ from pathlib import Path
 import neuron_explorer
 import pytest
 import scenarios
-from neuron_explorer.errors import TraceFormatError
-from neuron_explorer.loaders.pftrace import TruncatedTraceWarning
+from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
 
 
 def _error(path: Path) -> TraceFormatError:
@@ -49,10 +48,20 @@ def test_json_that_is_not_a_trace(tmp_path: Path) -> None:
     assert "traceEvents" in _error(path).reason
 
 
-def test_truncated_json(tmp_path: Path) -> None:
+def test_truncated_json_loads_its_complete_events(tmp_path: Path) -> None:
     path = tmp_path / "cut.json"
-    text = json.dumps({"traceEvents": scenarios.basic().b.chrome_events()})
+    events = scenarios.basic().b.chrome_events()
+    text = json.dumps({"traceEvents": events})
     path.write_text(text[: len(text) // 2])
+    with pytest.warns(TruncatedTraceWarning, match="the JSON ends early"):
+        t = neuron_explorer.load(path)
+    assert t.warnings and "cut.json" in t.warnings[0]
+    assert 0 < len(t.base_slices) < len([e for e in events if e["ph"] != "M"])
+
+
+def test_json_cut_before_its_first_event(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "na')
     err = _error(path)
     assert "truncated" in err.reason and err.position is not None and err.position > 0
 

@@ -1,0 +1,62 @@
+"""Rules and breakdowns on PyTorch-profiler traces: communication, cross-stream waits, and
+several GPUs in one file."""
+
+from __future__ import annotations
+
+import json
+
+import neuron_explorer
+import pytest
+
+
+def test_idle_waiting_on_launched_work_is_explained(tmp_path):
+    """One 1 ms step: a kernel [0, 100) us, then one launched at 10 us that only starts at
+    500 us (it waits on another stream): 400 us of dependency idle, 40% of the step."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+         "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+         "ts": 1, "dur": 2, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+         "ts": 10, "dur": 2, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "first", "pid": 0, "tid": 7, "ts": 0, "dur": 100,
+         "args": {"correlation": 1, "device": 0, "stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "waits", "pid": 0, "tid": 9, "ts": 500,
+         "dur": 400, "args": {"correlation": 2, "device": 0, "stream": 9}},
+    ]
+    path = tmp_path / "dep.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    found = {f.rule_id: f for f in neuron_explorer.load(path).bottlenecks()}
+    dep = found["dependency_idle"]
+    assert dep.time_lost_ns == 400_000
+    assert dep.share_of_step == 0.4
+    assert "another stream" in dep.explanation
+
+
+def test_a_real_gpu_trace_with_nccl_gets_communication_and_dependency_findings(real_traces_dir):
+    trace = neuron_explorer.load(real_traces_dir / "trace_filter__sampled_rank-0.json.gz")
+    found = {f.rule_id: f for f in trace.bottlenecks()}
+    exposed = found["exposed_communication"]
+    comm = trace.communication().iloc[0]
+    assert exposed.time_lost_ns == comm["exposed_ns"]
+    assert comm["overlap_pct"] == pytest.approx(14.95, abs=0.01)
+    assert "all_to_all" in exposed.explanation
+    assert "dependency_idle" in found
+
+
+def test_two_gpus_each_half_busy_are_half_idle(tmp_path):
+    """One 1000 us step; GPU 0 runs [0, 500) us, GPU 1 runs [500, 1000) us."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 100, "tid": 1,
+         "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "a", "pid": 0, "tid": 7, "ts": 0, "dur": 500,
+         "args": {"device": 0, "stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "b", "pid": 1, "tid": 7, "ts": 500, "dur": 500,
+         "args": {"device": 1, "stream": 7}},
+    ]
+    path = tmp_path / "two_gpus.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    bd = neuron_explorer.load(path).breakdown()
+    device = bd[bd["side"] == "device"].set_index("category")["ns"]
+    assert device["idle"] == 500_000
+    assert device.sum() == 1_000_000
