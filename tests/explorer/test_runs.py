@@ -261,3 +261,14 @@ def test_one_rank_alone_reports_its_exposed_communication(run):
     assert found["exposed_communication"].time_lost_ns == 4 * 300_000
     # in the run, the cross-rank rule holds it; the per-rank copy is not repeated
     assert [f.rule_id for f in run.bottlenecks()].count("exposed_communication") == 1
+
+
+def test_the_recorded_straggler_run_names_its_slow_rank(repo_root):
+    """sample_traces/straggler.run: rank 2 of 3 adds host work each step (examples/)."""
+    run = neuron_explorer.load(repo_root / "sample_traces" / "straggler.run")
+    assert run.ranks == [0, 1, 2] and run.manifest["world_size"] == 3
+    assert list(run.stragglers()["rank"])[:1] == [2]
+    found = {f.rule_id: f for f in run.bottlenecks()}
+    assert "Rank 2 is a straggler" in found["straggler_rank"].title
+    waits = run.collectives.groupby("rank")["wait_ns"].sum()
+    assert waits[2] < waits[0] / 100 and waits[2] < waits[1] / 100
