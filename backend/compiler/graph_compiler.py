@@ -1,8 +1,9 @@
 """One aten graph (forward, backward or inference) -> a callable that launches it once.
 
-Compiling plans the fusion groups and builds their kernels; calling computes the
-graph's numbers on the host (`HostRunner`) and launches all of its kernels as one
-op named "graph:<id>" on the device timeline. A graph traced with symbolic sizes
+Compiling plans the fusion groups and builds the graph's program (one kernel whose
+sections are the groups, `program.build_program`); calling computes the graph's
+numbers on the host (`HostRunner`) and launches the program as one op named
+"graph:<id>" on the device timeline. A graph traced with symbolic sizes
 builds its kernels at run time, once per distinct set of sizes.
 """
 
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from neuron_explorer.backend.compiler import compile_events
 from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
-from neuron_explorer.backend.compiler.graph_kernels import build_kernels, can_fuse
+from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.host_graph import HostRunner
+from neuron_explorer.backend.compiler.program import build_program
 from neuron_explorer.backend.compiler.shapes import ShapeBinder, concrete_shape, is_symbolic
 from neuron_explorer.errors import NeuronExplorerError
 from torch import fx
@@ -93,7 +95,9 @@ class CompiledGraph:
         return [k.name for k in launch.kernels] if launch else []
 
     def _plan_launch(self, binding: dict | None) -> GraphLaunch:
-        kernels = tuple(build_kernels(self.groups, self.device, binding))
+        program = build_program(self.groups, self.device, f"graph_{self.graph_id}_{self.phase}",
+                                binding)
+        kernels = (program,) if program is not None else ()
         shapes, dtypes = [], []
         for i in self._tensor_inputs:
             val = self._placeholders[i].meta.get("val")

@@ -17,9 +17,11 @@ from collections.abc import Sequence
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, op_name, tensor_sig
+from neuron_explorer.backend.compiler.region import emit_region
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
-from neuron_explorer.backend.hardware import Gemm, Kernel, KernelBuilder, emit_gemm
-from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
+from neuron_explorer.backend.hardware.lowering import emit_host_fallback
+from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
 from torch import fx
@@ -85,24 +87,40 @@ def _dtype_of(node: fx.Node) -> str:
 
 
 class GroupKernels:
-    """Builds the kernel of each fusion group for one preset and one set of shapes."""
+    """Emits the instructions of each fusion group, for one preset and one set of
+    shapes, into the builder of the graph's program."""
 
     def __init__(self, device: object, binding: dict | None = None) -> None:
         self.device = device
         self.preset = device.preset
         self.binding = binding
 
-    def build(self, group: FusionGroup) -> Kernel | None:
-        if len(group.nodes) == 1:
-            return self._eager(group.nodes[0])
-        if group.kind is OpKind.MATMUL:
-            return self._matmul_with_epilogue(group)
-        return self._stream(group, group.nodes)
+    def emit(self, b: KernelBuilder, group: FusionGroup) -> None:
+        if group.kind is OpKind.ATTENTION:
+            emit_region(b, group, self.binding)
+        elif len(group.nodes) == 1:
+            self._eager(b, group.nodes[0])
+        elif group.kind is OpKind.MATMUL:
+            self._matmul_with_epilogue(b, group)
+        else:
+            self._stream(b, group, group.nodes)
 
-    def _eager(self, node: fx.Node) -> Kernel | None:
+    def _eager(self, b: KernelBuilder, node: fx.Node) -> None:
+        """The instructions the eager path lowers for this op (a host round trip, with
+        the eager path's warning, for an op the device cannot run)."""
         from neuron_explorer.backend import runtime
 
-        return runtime.lower(self.device, node_key(node, self.binding)).kernel
+        key = node_key(node, self.binding)
+        spec = runtime.spec_for(key)
+        base = base_name(spec.name)
+        if base in NO_DEVICE_WORK or (spec.outputs and all(t.numel == 0 for t in spec.outputs)):
+            return
+        fn = lowering_for(base)
+        if fn is None:
+            runtime.lower(self.device, key)  # warns once, as eager does
+            emit_host_fallback(b, spec)
+        else:
+            fn(b, spec)
 
     def _stream_io(self, group: FusionGroup, members: Sequence[fx.Node], elements: int,
                    resident: set[fx.Node]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -133,11 +151,10 @@ class GroupKernels:
         sizes += [_numel(n, self.binding) for n in group.inputs_of(list(members))]
         return max(sizes + [1])
 
-    def _stream(self, group: FusionGroup, members: Sequence[fx.Node]) -> Kernel | None:
+    def _stream(self, b: KernelBuilder, group: FusionGroup, members: Sequence[fx.Node]
+                ) -> None:
         elements = self._elements(group, members)
-        b = KernelBuilder(self.preset, group.name)
         self._emit_stream(b, group, members, elements, resident=set(), deps=())
-        return b.build() if len(b) else None
 
     def _emit_stream(self, b: KernelBuilder, group: FusionGroup, members: Sequence[fx.Node],
                      elements: int, resident: set[fx.Node], deps: Sequence[int]) -> None:
@@ -148,25 +165,26 @@ class GroupKernels:
                inputs=full_in, outputs=full_out, small_inputs=small_in,
                small_outputs=small_out, deps=tuple(deps), resident_inputs=len(resident))
 
-    def _matmul_with_epilogue(self, group: FusionGroup) -> Kernel | None:
+    def _matmul_with_epilogue(self, b: KernelBuilder, group: FusionGroup) -> None:
         anchor, epilogue = group.nodes[0], group.nodes[1:]
         if (not self._steps(epilogue, 1) and not group.inputs_of(epilogue)
                 and anchor not in group.outputs and len(group.outputs) == 1):
             # Only copies and views follow: the GEMM stores straight to their result.
             gemm = self._gemm(anchor, store=True)
             if gemm is not None:
-                b = KernelBuilder(self.preset, group.name)
                 emit_gemm(b, gemm)
-                return b.build()
+                return
         gemm = self._gemm(anchor, store=anchor in group.outputs)
         if gemm is None:  # not a plain GEMM: the anchor's own kernel, then the stream
-            return self._stream(group, group.nodes)
-        b = KernelBuilder(self.preset, group.name)
+            start = len(b)
+            self._eager(b, anchor)
+            self._emit_stream(b, group, epilogue, self._elements(group, epilogue),
+                              resident=set(), deps=b.finished(start))
+            return
         tails = emit_gemm(b, gemm)
         elements = max(self._elements(group, epilogue), gemm.batch * gemm.m * gemm.n)
         # The GEMM's result is resident in SBUF; the epilogue never reloads it.
         self._emit_stream(b, group, epilogue, elements, resident={anchor}, deps=tails)
-        return b.build()
 
     def _gemm(self, node: fx.Node, store: bool) -> Gemm | None:
         """The GEMM of an mm/addmm/bmm/baddbmm node (bias added on the PSUM copy)."""
@@ -192,16 +210,3 @@ class GroupKernels:
         return Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=out_dtype, batch=batch,
                     a_bytes=m * k * es, b_bytes=k * n * es, bias_bytes=bias_bytes // batch,
                     store=store)
-
-
-def build_kernels(groups: Sequence[FusionGroup], device: object,
-                  binding: dict | None = None) -> list[Kernel]:
-    """The kernels of a graph's fusion groups, in launch order (groups with no device
-    work, such as a lone view-like copy, make none)."""
-    builder = GroupKernels(device, binding)
-    kernels = []
-    for group in groups:
-        kernel = builder.build(group)
-        if kernel is not None:
-            kernels.append(kernel)
-    return kernels

@@ -46,6 +46,7 @@ class KernelBuilder:
         self._bytes: list[int] = []
         self._flops: list[int] = []
         self._gap: dict[int, float] = {}  # extra wait after deps (host compute in fallbacks)
+        self._section: list[int] = []
         self._opcodes: dict[str, int] = {}
         self._next_queue = [0, DMA_QUEUES // 2]  # next load queue, next store queue
         self.model_flops = 0
@@ -54,6 +55,12 @@ class KernelBuilder:
         self.spill_bytes = 0
         self.sbuf_peak = 0
         self.psum_peak = 0
+        # A program of several ops (a compiled graph): instructions added from now on
+        # belong to section `section` of `sections`, and those added with no
+        # dependencies wait for `after` (what the ops they read from compute).
+        self.section = 0
+        self.sections: tuple = ()
+        self.after: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self._engine)
@@ -62,7 +69,7 @@ class KernelBuilder:
     def add(self, engine: int, opcode: str, cost: float, deps: Iterable[int] = (),
             nbytes: int = 0, flops: int = 0, kind: int = _PLAIN) -> int:
         """Append one instruction; `cost` is its duration in ns (plain engines)."""
-        deps = tuple(deps)
+        deps = tuple(deps) or self.after
         if deps and max(deps) >= len(self._engine):
             raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
                              "yet added (dependencies must come first)")
@@ -76,7 +83,26 @@ class KernelBuilder:
         self._deps.append(deps)
         self._bytes.append(int(nbytes))
         self._flops.append(int(flops))
+        self._section.append(self.section)
         return len(self._engine) - 1
+
+    def finished(self, since: int, through_stores: bool = False) -> tuple[int, ...]:
+        """The instructions from id `since` on that none after them depends on: once
+        they are done, all of them are. `through_stores`: a DMA store counts as done
+        when what it stores is (its data is in SBUF, where a later op may read it)."""
+        needed = set()
+        for deps in self._deps[since:]:
+            needed.update(deps)
+        store = self._opcodes.get("DmaStore", -1)
+        out: list[int] = []
+        for i in range(since, len(self._engine)):
+            if i in needed:
+                continue
+            if through_stores and self._opcode[i] == store and self._deps[i]:
+                out.extend(self._deps[i])
+            else:
+                out.append(i)
+        return tuple(dict.fromkeys(out))
 
     def add_model_flops(self, flops: int) -> None:
         """FLOPs the op needs (without padding), multiply-add = 2."""
@@ -247,6 +273,9 @@ class KernelBuilder:
             nbytes=np.asarray(self._bytes, dtype=np.int64).reshape(n),
             iflops=np.asarray(self._flops, dtype=np.int64).reshape(n),
             fallback=fallback,
+            section=np.asarray(self._section, dtype=np.int32).reshape(n)
+            if self.sections else None,
+            sections=self.sections,
         )
 
     def _schedule(self) -> tuple[list[float], list[float]]:

@@ -1,0 +1,110 @@
+"""A compiled graph as one program: every fusion group's instructions in one kernel,
+scheduled as one stream across the engines.
+
+Each group becomes a section of the program, labelled with the op(s) it runs, their
+source line and module; an attention region gets a section per op. A section's
+first instructions wait only for the sections that compute what it reads, so one
+op's loads overlap the compute of the ops before it and independent ops run side by
+side. A value one op hands to the next is read from SBUF as soon as it is computed
+(its store to HBM proceeds meanwhile). Constant ops are folded by the fusion plan and
+emit nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
+from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
+from neuron_explorer.backend.compiler.op_keys import op_name
+from neuron_explorer.backend.compiler.region import emit_region
+from neuron_explorer.backend.hardware import Kernel, KernelBuilder
+from neuron_explorer.backend.hardware.optable import base_name
+from torch import fx
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_MODULE_PATH = re.compile(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Section:
+    """The ops one stretch of a program's instructions runs, and where they come from."""
+
+    name: str  # the group's kernel name ("fused_addmm_gelu", "flash_attention", "bmm")
+    ops: tuple[str, ...]  # aten op names, in graph order
+    source: str  # "file:line" of the first op's user code ("" when unknown)
+    module: str  # nn.Module path of that code ("" when unknown)
+
+
+def source_of(node: fx.Node) -> str:
+    """The innermost user frame of the code that made `node`, as "file:line"."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
+def module_of(node: fx.Node) -> str:
+    """The nn.Module path of the code that made `node` ("blocks.0.attn"), read from the
+    module stack Dynamo records (the forward's, for backward ops)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    if not isinstance(path, str):
+        return ""
+    parts = []
+    for name, attr, index in _MODULE_PATH.findall(path):
+        parts.append(name or attr or index)
+    return ".".join(p for p in parts[1:] if p)  # the first is the root ("self", "fn")
+
+
+def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
+    first = nodes[0]
+    return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first))
+
+
+def build_program(groups: Sequence[FusionGroup], device: object, name: str,
+                  binding: dict | None = None) -> Kernel | None:
+    """The program of a graph's fusion groups (None: the graph does no device work)."""
+    b = KernelBuilder(device.preset, name)
+    emitter = GroupKernels(device, binding)
+    sections: list[Section] = []
+    group_of = {n: g.group_id for g in groups for n in g.nodes}
+    ready: dict[int, tuple[int, ...]] = {}  # group id -> its last instructions
+
+    node_section: dict[fx.Node, int] = {}
+
+    def enter(node: fx.Node) -> None:
+        """Label what follows with `node`'s own section (attention regions)."""
+        if node not in node_section:
+            node_section[node] = len(sections)
+            sections.append(section_of(base_name(op_name(node)), [node]))
+        b.section = node_section[node]
+
+    for group in groups:
+        producers = {group_of[v] for v in group.inputs if v in group_of}
+        b.after = tuple(dict.fromkeys(i for g in sorted(producers) for i in ready.get(g, ())))
+        start = len(b)
+        if group.kind is OpKind.ATTENTION:
+            emit_region(b, group, binding, enter)
+        else:
+            sections.append(section_of(group.name, group.nodes))
+            b.section = len(sections) - 1
+            emitter.emit(b, group)
+        ready[group.group_id] = b.finished(start, through_stores=True) or b.after
+    b.after = ()
+    if not len(b):
+        return None
+    b.sections = tuple(sections)
+    return b.build()
+
+
+def section_ops(kernel: Kernel) -> list[tuple[str, int]]:
+    """(section name, instruction count) of a program, in section order."""
+    if kernel.section is None:
+        return [(kernel.name, len(kernel))]
+    counts = np.bincount(kernel.section, minlength=len(kernel.sections)).tolist()
+    return [(s.name, c) for s, c in zip(kernel.sections, counts, strict=True)]
