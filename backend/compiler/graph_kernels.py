@@ -12,10 +12,10 @@ kernels' boundaries (and so their DMA traffic) differ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
+from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind, classify
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, op_name, tensor_sig
 from neuron_explorer.backend.compiler.region import emit_region
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
@@ -39,6 +39,13 @@ def op_steps(node: fx.Node) -> list[Step] | None:
     out = node_value(node)
     converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
     return steps_for(op_name(node), len(tensors), converts)
+
+
+def _through_views(node: fx.Node) -> fx.Node:
+    """The op whose memory a chain of views reads."""
+    while (classify(node) is OpKind.VIEW and node.all_input_nodes):
+        node = node.all_input_nodes[0]
+    return node
 
 
 def can_fuse(node: fx.Node) -> bool:
@@ -94,16 +101,29 @@ class GroupKernels:
         self.device = device
         self.preset = device.preset
         self.binding = binding
+        # Values earlier ops of the program left in SBUF: read there, never reloaded.
+        self.on_chip: set[fx.Node] = set()
 
-    def emit(self, b: KernelBuilder, group: FusionGroup) -> None:
+    def emit(self, b: KernelBuilder, group: FusionGroup,
+             enter: Callable[[fx.Node], None] | None = None) -> None:
+        reads_on_chip = any(v in self.on_chip for v in group.inputs)
         if group.kind is OpKind.ATTENTION:
-            emit_region(b, group, self.binding)
-        elif len(group.nodes) == 1:
+            emit_region(b, group, self.binding, enter, self.on_chip)
+        elif len(group.nodes) == 1 and not (reads_on_chip and self._streams(group.nodes[0])):
             self._eager(b, group.nodes[0])
+        elif len(group.nodes) == 1 and group.kind is not OpKind.MATMUL:
+            self._stream(b, group, group.nodes)
         elif group.kind is OpKind.MATMUL:
             self._matmul_with_epilogue(b, group)
         else:
             self._stream(b, group, group.nodes)
+
+    def _streams(self, node: fx.Node) -> bool:
+        """Whether the op has a form that reads its operands from SBUF: a stream of
+        steps, or a plain GEMM."""
+        if base_name(op_name(node)) in _GEMM_OPS:
+            return self._gemm(node, store=True) is not None
+        return bool(op_steps(node))
 
     def _eager(self, b: KernelBuilder, node: fx.Node) -> None:
         """The instructions the eager path lowers for this op (a host round trip, with
@@ -126,7 +146,7 @@ class GroupKernels:
                    resident: set[fx.Node]) -> tuple[list[int], list[int], list[int], list[int]]:
         full_in, small_in, full_out, small_out = [], [], [], []
         for src in group.inputs_of(list(members)):
-            if src in resident:
+            if src in resident or src in self.on_chip:
                 continue
             for numel, nbytes in _nbytes(src, self.binding):
                 (full_in if numel == elements else small_in).append(nbytes)
@@ -163,7 +183,8 @@ class GroupKernels:
         biggest = max(members, key=lambda n: _numel(n, self.binding))
         stream(b, elements, _dtype_of(biggest), self._steps(members, elements),
                inputs=full_in, outputs=full_out, small_inputs=small_in,
-               small_outputs=small_out, deps=tuple(deps), resident_inputs=len(resident))
+               small_outputs=small_out, deps=tuple(deps),
+               resident_inputs=len(resident | (self.on_chip & set(group.inputs))))
 
     def _matmul_with_epilogue(self, b: KernelBuilder, group: FusionGroup) -> None:
         anchor, epilogue = group.nodes[0], group.nodes[1:]
@@ -182,6 +203,8 @@ class GroupKernels:
                               resident=set(), deps=b.finished(start))
             return
         tails = emit_gemm(b, gemm)
+        if not epilogue:
+            return
         elements = max(self._elements(group, epilogue), gemm.batch * gemm.m * gemm.n)
         # The GEMM's result is resident in SBUF; the epilogue never reloads it.
         self._emit_stream(b, group, epilogue, elements, resident={anchor}, deps=tails)
@@ -198,6 +221,8 @@ class GroupKernels:
         else:
             bias, a, w = None, inputs[0], inputs[1]
         (a_shape, a_dtype), (w_shape, _) = a, w
+        args = [_through_views(x) for x in node.args if isinstance(x, fx.Node)]
+        a_node, w_node = (args[1], args[2]) if bias is not None else (args[0], args[1])
         if len(a_shape) < 2 or len(w_shape) < 2:
             return None
         m, k, n = a_shape[-2], a_shape[-1], w_shape[-1]
@@ -209,4 +234,5 @@ class GroupKernels:
             if bias is not None else 0
         return Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=out_dtype, batch=batch,
                     a_bytes=m * k * es, b_bytes=k * n * es, bias_bytes=bias_bytes // batch,
-                    store=store)
+                    store=store, load_a=a_node not in self.on_chip,
+                    load_b=w_node not in self.on_chip)

@@ -17,14 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
 from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
 from neuron_explorer.backend.compiler.op_keys import op_name
-from neuron_explorer.backend.compiler.region import emit_region
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
 from neuron_explorer.backend.hardware.optable import base_name
 from torch import fx
 
+# Values handed from op to op stay in SBUF when, all alive at once, they fit in this
+# share of it (the rest: each op's own working set); otherwise they go through HBM.
+ON_CHIP_SHARE = 0.5
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _MODULE_PATH = re.compile(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]")
 
@@ -66,11 +69,34 @@ def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first))
 
 
+def live_bytes(groups: Sequence[FusionGroup]) -> int:
+    """The most bytes of values computed by one group and read by a later one that are
+    alive at once (in program order)."""
+    index = {n: i for i, g in enumerate(groups) for n in g.nodes}
+    last_read: dict[fx.Node, int] = {}
+    for i, group in enumerate(groups):
+        for v in group.inputs:
+            if v in index:
+                last_read[v] = i
+    peak = 0
+    for i in range(len(groups)):
+        alive = sum(_bytes(v) for v, last in last_read.items() if index[v] < i <= last)
+        peak = max(peak, alive)
+    return peak
+
+
+def _bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    values = val if isinstance(val, (list, tuple)) else [val]
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
 def build_program(groups: Sequence[FusionGroup], device: object, name: str,
                   binding: dict | None = None) -> Kernel | None:
     """The program of a graph's fusion groups (None: the graph does no device work)."""
     b = KernelBuilder(device.preset, name)
     emitter = GroupKernels(device, binding)
+    keep_on_chip = live_bytes(groups) <= ON_CHIP_SHARE * device.preset.sbuf_bytes
     sections: list[Section] = []
     group_of = {n: g.group_id for g in groups for n in g.nodes}
     ready: dict[int, tuple[int, ...]] = {}  # group id -> its last instructions
@@ -88,13 +114,13 @@ def build_program(groups: Sequence[FusionGroup], device: object, name: str,
         producers = {group_of[v] for v in group.inputs if v in group_of}
         b.after = tuple(dict.fromkeys(i for g in sorted(producers) for i in ready.get(g, ())))
         start = len(b)
-        if group.kind is OpKind.ATTENTION:
-            emit_region(b, group, binding, enter)
-        else:
+        if group.kind is not OpKind.ATTENTION:
             sections.append(section_of(group.name, group.nodes))
             b.section = len(sections) - 1
-            emitter.emit(b, group)
+        emitter.emit(b, group, enter)
         ready[group.group_id] = b.finished(start, through_stores=True) or b.after
+        if keep_on_chip:
+            emitter.on_chip.update(group.outputs)
     b.after = ()
     if not len(b):
         return None

@@ -51,13 +51,17 @@ def _batch(group: FusionGroup) -> int:
 
 
 def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
-                enter: Callable[[fx.Node], None] | None = None) -> None:
+                enter: Callable[[fx.Node], None] | None = None,
+                on_chip: set[fx.Node] = frozenset()) -> None:
     """Emit `group` (an ATTENTION group) into `b`; `enter(node)` is called before each
-    op's instructions (the program labels them with that op)."""
+    op's instructions (the program labels them with that op); inputs in `on_chip` are
+    already in SBUF."""
     members = set(group.nodes)
     chunks = max(1, min(_batch(group), MAX_CHUNKS))
     loads: dict[fx.Node, tuple[int, ...]] = {}
     for src in group.inputs_of(group.nodes):
+        if src in on_chip:
+            continue
         if enter is not None:
             enter(next(n for n in group.nodes if src in group.reads.get(n, ())))
         loads[src] = b.dma_load(_bytes(src), 128)
