@@ -94,6 +94,12 @@ class CompiledGraph:
         launch = self.static_launch or next(iter(self._launches.values()), None)
         return [k.name for k in launch.kernels] if launch else []
 
+    @property
+    def section_names(self) -> list[str]:
+        """The program's sections (fusion groups, or one op of an attention region)."""
+        launch = self.static_launch or next(iter(self._launches.values()), None)
+        return [s.name for k in launch.kernels for s in k.sections] if launch else []
+
     def _plan_launch(self, binding: dict | None) -> GraphLaunch:
         program = build_program(self.groups, self.device, f"graph_{self.graph_id}_{self.phase}",
                                 binding)
@@ -164,5 +170,6 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object], phase: s
         compiled = CompiledGraph(gm, example_inputs, phase, graph_id, device_index)
         args.update(op_count=compiled.op_count, group_count=len(compiled.groups),
                     kernel_count=len(compiled.kernel_names), kernels=compiled.kernel_names,
+                    sections=compiled.section_names,
                     dynamic_shapes=compiled.static_launch is None)
     return compiled
