@@ -8,10 +8,11 @@ import copy
 import pytest
 import torch
 from neuron_explorer.backend.events import hub
-from tests.compiler.conftest import Recorder
 from neuron_explorer.workloads.models import Block, GPTConfig
 from torch import nn
 from torch.nn import functional as F
+
+from tests.compiler.conftest import Recorder
 
 ATOL, RTOL = 1e-5, 1e-4
 
