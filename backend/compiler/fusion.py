@@ -178,8 +178,10 @@ def _short_name(node: fx.Node) -> str:
 
 
 def _bytes(node: fx.Node) -> int | None:
+    """Bytes of a node's tensor; None when unknown (symbolic sizes: reading them here
+    would add guards to the graph)."""
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
+    if isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape):
         return val.numel() * val.element_size()
     return None
 

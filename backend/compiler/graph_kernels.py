@@ -118,6 +118,21 @@ class GroupKernels:
         else:
             self._stream(b, group, group.nodes)
 
+    def reads_on_chip(self, group: FusionGroup) -> bool:
+        """Whether the group's kernel can take its operands from SBUF (an op lowered
+        as its eager kernel loads its own)."""
+        return (group.kind is OpKind.ATTENTION or len(group.nodes) > 1
+                or self._streams(group.nodes[0]))
+
+    def loads_itself(self, group: FusionGroup, value: fx.Node) -> bool:
+        """Whether the group's kernel loads `value` on its own terms: a GEMM's bias,
+        added as the result leaves PSUM."""
+        anchor = group.nodes[0]
+        if group.kind is not OpKind.MATMUL or base_name(op_name(anchor)) not in ("addmm",
+                                                                                 "baddbmm"):
+            return False
+        return isinstance(anchor.args[0], fx.Node) and _through_views(anchor.args[0]) is value
+
     def _streams(self, node: fx.Node) -> bool:
         """Whether the op has a form that reads its operands from SBUF: a stream of
         steps, or a plain GEMM."""

@@ -12,6 +12,7 @@ emit nothing.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
 from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
 from neuron_explorer.backend.compiler.op_keys import op_name
+from neuron_explorer.backend.compiler.shapes import concrete_shape
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
 from neuron_explorer.backend.hardware.optable import base_name
 from torch import fx
@@ -28,6 +30,10 @@ from torch import fx
 # Values handed from op to op stay in SBUF when, all alive at once, they fit in this
 # share of it (the rest: each op's own working set); otherwise they go through HBM.
 ON_CHIP_SHARE = 0.5
+# Graph inputs (weights, saved activations, constants) are loaded this many ops ahead
+# of the op that reads them and kept in SBUF, within this share of it.
+PREFETCH_AHEAD = 4
+PREFETCH_SHARE = 0.25
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _MODULE_PATH = re.compile(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]")
 
@@ -69,7 +75,7 @@ def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first))
 
 
-def live_bytes(groups: Sequence[FusionGroup]) -> int:
+def live_bytes(groups: Sequence[FusionGroup], binding: dict | None = None) -> int:
     """The most bytes of values computed by one group and read by a later one that are
     alive at once (in program order)."""
     index = {n: i for i, g in enumerate(groups) for n in g.nodes}
@@ -80,15 +86,28 @@ def live_bytes(groups: Sequence[FusionGroup]) -> int:
                 last_read[v] = i
     peak = 0
     for i in range(len(groups)):
-        alive = sum(_bytes(v) for v, last in last_read.items() if index[v] < i <= last)
+        alive = sum(_bytes(v, binding) for v, last in last_read.items() if index[v] < i <= last)
         peak = max(peak, alive)
     return peak
 
 
-def _bytes(node: fx.Node) -> int:
+def _bytes(node: fx.Node, binding: dict | None = None) -> int:
+    """Bytes of the tensor(s) a node makes, symbolic sizes made concrete (a size still
+    unknown counts as 0: such a value is never kept on chip)."""
     val = node.meta.get("val")
     values = val if isinstance(val, (list, tuple)) else [val]
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    total = 0
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            continue
+        try:
+            shape = concrete_shape(v.shape, binding)
+        except (KeyError, TypeError):
+            return 0
+        if not all(type(d) is int for d in shape):
+            return 0
+        total += math.prod(shape) * v.element_size()
+    return total
 
 
 def build_program(groups: Sequence[FusionGroup], device: object, name: str,
@@ -96,7 +115,7 @@ def build_program(groups: Sequence[FusionGroup], device: object, name: str,
     """The program of a graph's fusion groups (None: the graph does no device work)."""
     b = KernelBuilder(device.preset, name)
     emitter = GroupKernels(device, binding)
-    keep_on_chip = live_bytes(groups) <= ON_CHIP_SHARE * device.preset.sbuf_bytes
+    keep_on_chip = live_bytes(groups, binding) <= ON_CHIP_SHARE * device.preset.sbuf_bytes
     sections: list[Section] = []
     group_of = {n: g.group_id for g in groups for n in g.nodes}
     ready: dict[int, tuple[int, ...]] = {}  # group id -> its last instructions
@@ -110,13 +129,35 @@ def build_program(groups: Sequence[FusionGroup], device: object, name: str,
             sections.append(section_of(base_name(op_name(node)), [node]))
         b.section = node_section[node]
 
-    for group in groups:
+    budget = PREFETCH_SHARE * device.preset.sbuf_bytes if keep_on_chip else 0
+    last_reader = {v: i for i, g in enumerate(groups) for v in g.inputs}
+    loaded: dict[fx.Node, tuple[int, ...]] = {}  # graph inputs hoisted into SBUF
+    for index, group in enumerate(groups):
         producers = {group_of[v] for v in group.inputs if v in group_of}
-        b.after = tuple(dict.fromkeys(i for g in sorted(producers) for i in ready.get(g, ())))
+        after = [i for g in sorted(producers) for i in ready.get(g, ())]
         start = len(b)
         if group.kind is not OpKind.ATTENTION:
             sections.append(section_of(group.name, group.nodes))
             b.section = len(sections) - 1
+        # Weights, saved values and constants the group reads are loaded ahead, as
+        # soon as the op PREFETCH_AHEAD groups earlier is done (its SBUF is free by
+        # then), so their DMA runs while the ops before compute.
+        earlier = groups[index - PREFETCH_AHEAD] if index >= PREFETCH_AHEAD else None
+        b.after = ready.get(earlier.group_id, ()) if earlier is not None else ()
+        held = sum(_bytes(v, binding) for v in loaded if last_reader[v] >= index - PREFETCH_AHEAD)
+        for v in group.inputs:
+            if v in group_of:
+                continue
+            size = _bytes(v, binding)
+            if (v not in loaded and 0 < size and held + size <= budget
+                    and emitter.reads_on_chip(group) and not emitter.loads_itself(group, v)):
+                if group.kind is OpKind.ATTENTION:
+                    enter(next(n for n in group.nodes if v in group.reads.get(n, ())))
+                loaded[v] = b.dma_load(size, 128)
+                held += size
+                emitter.on_chip.add(v)
+            after.extend(loaded.get(v, ()))
+        b.after = tuple(dict.fromkeys(after))
         emitter.emit(b, group, enter)
         ready[group.group_id] = b.finished(start, through_stores=True) or b.after
         if keep_on_chip:

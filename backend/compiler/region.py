@@ -14,11 +14,12 @@ region are stored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, is_batched_matmul
-from neuron_explorer.backend.compiler.op_keys import node_key, node_value
+from neuron_explorer.backend.compiler.op_keys import node_key, node_value, tensor_sig
 from neuron_explorer.backend.compiler.stream_steps import steps_for
 from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
 from neuron_explorer.backend.hardware.streaming import stream
@@ -32,21 +33,20 @@ def _dtype(node: fx.Node) -> str:
     return str(val.dtype).removeprefix("torch.") if isinstance(val, torch.Tensor) else "float32"
 
 
-def _bytes(node: fx.Node) -> int:
-    val = node_value(node)
-    if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
-    return 0
+def _numel(node: fx.Node, binding: dict | None) -> int:
+    sig = tensor_sig(node_value(node), binding)
+    return math.prod(sig[0]) if sig is not None else 0
 
 
-def _numel(node: fx.Node) -> int:
-    val = node_value(node)
-    return val.numel() if isinstance(val, torch.Tensor) else 0
+def _bytes(node: fx.Node, binding: dict | None) -> int:
+    sig = tensor_sig(node_value(node), binding)
+    return math.prod(sig[0]) * sig[1].itemsize if sig is not None else 0
 
 
-def _batch(group: FusionGroup) -> int:
+def _batch(group: FusionGroup, binding: dict | None) -> int:
     """Matrices per batched matmul (batch x heads), the count the region chunks over."""
-    sizes = [node_value(n).shape[0] for n in group.nodes if is_batched_matmul(n)]
+    sizes = [tensor_sig(node_value(n), binding)[0][0] for n in group.nodes
+             if is_batched_matmul(n)]
     return max(sizes + [1])
 
 
@@ -57,14 +57,14 @@ def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
     op's instructions (the program labels them with that op); inputs in `on_chip` are
     already in SBUF."""
     members = set(group.nodes)
-    chunks = max(1, min(_batch(group), MAX_CHUNKS))
+    chunks = max(1, min(_batch(group, binding), MAX_CHUNKS))
     loads: dict[fx.Node, tuple[int, ...]] = {}
     for src in group.inputs_of(group.nodes):
         if src in on_chip:
             continue
         if enter is not None:
             enter(next(n for n in group.nodes if src in group.reads.get(n, ())))
-        loads[src] = b.dma_load(_bytes(src), 128)
+        loads[src] = b.dma_load(_bytes(src, binding), 128)
     done: dict[fx.Node, list[tuple[int, ...]]] = {}
     for node in group.nodes:
         if enter is not None:
@@ -79,9 +79,9 @@ def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
             if is_batched_matmul(node):
                 tail = _matmul(b, node, binding, chunks, deps, group, members)
             else:
-                tail = _score_math(b, node, chunks, deps, len(inside))
+                tail = _score_math(b, node, binding, chunks, deps, len(inside))
             if node in group.outputs:
-                tail = b.dma_store(_bytes(node) // chunks, 128, tail)
+                tail = b.dma_store(_bytes(node, binding) // chunks, 128, tail)
             tails.append(tail or deps)
         done[node] = tails
 
@@ -116,8 +116,8 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return out
 
 
-def _score_math(b: KernelBuilder, node: fx.Node, chunks: int, deps: tuple[int, ...],
-                resident: int) -> tuple[int, ...]:
+def _score_math(b: KernelBuilder, node: fx.Node, binding: dict | None, chunks: int,
+                deps: tuple[int, ...], resident: int) -> tuple[int, ...]:
     tensors = [node_value(a) for a in node.all_input_nodes]
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     out = node_value(node)
@@ -125,5 +125,5 @@ def _score_math(b: KernelBuilder, node: fx.Node, chunks: int, deps: tuple[int, .
     steps = steps_for(str(node.target._schema.name), len(tensors), converts) or []
     if not steps:
         return deps
-    return stream(b, max(1, _numel(node) // chunks), _dtype(node), steps, deps=deps,
+    return stream(b, max(1, _numel(node, binding) // chunks), _dtype(node), steps, deps=deps,
                   resident_inputs=max(resident, 1))

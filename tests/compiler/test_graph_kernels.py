@@ -70,8 +70,8 @@ def test_fused_kernels_beat_their_eager_kernels_back_to_back(fn, shapes):
     assert fused[0].hbm_bytes < sum(k.hbm_bytes for k in eager)
 
 
-def test_an_unfused_op_gets_exactly_the_eager_kernels_instructions():
-    (program,), (kernel,) = fused_and_eager(lambda x, w: x @ w, (64, 128), (128, 256))
+def test_an_op_of_its_own_gets_exactly_the_eager_kernels_instructions():
+    (program,), (kernel,) = fused_and_eager(lambda x: torch.topk(x, 4), (64, 128))
     assert program.duration_ns == kernel.duration_ns
     for name, values in kernel.arrays().items():
         assert (program.arrays()[name] == values).all(), name
