@@ -12,7 +12,10 @@ from neuron_explorer.backend.compiler.fusion import OpKind, plan_fusion
 from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.op_keys import node_key
 from neuron_explorer.backend.compiler.program import build_program
+from neuron_explorer.backend.events import hub
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from tests.compiler.conftest import Recorder
 
 
 def program_and_eager(fn, *shapes):
@@ -83,3 +86,23 @@ def test_every_instruction_names_its_op_and_source_line():
     assert set(program.section.tolist()) == set(range(len(program.sections)))
     (section,) = program.sections
     assert section.ops == ("aten::addmm", "aten::gelu")
+
+
+def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(2, 4, 128, 16)
+    programs = Recorder()
+    hub.subscribe(programs, instruction_arrays=True)
+    try:
+        with torch.no_grad():
+            got = torch.compile(attend, backend="neuron")(q.to("neuron")).cpu()
+    finally:
+        hub.unsubscribe(programs)
+    assert torch.allclose(got, attend(q), atol=1e-6)
+    (run,) = [k for k in programs.kernels if k.name.startswith("graph_")]
+    names = [s.name for s in run.kernel.sections]
+    assert names.count("bmm") == 2 and "_safe_softmax" in names
+    scores = 2 * 4 * 128 * 128 * 4
+    assert run.kernel.hbm_bytes < scores  # q in, the output out: the scores stay on chip
