@@ -151,3 +151,25 @@ def test_compiled_graph_runs_the_lowerings_inside_its_program(kernels):
     assert "gpsimd" in _engines_of(kernels, "aten::topk")
     assert "gpsimd" in _engines_of(kernels, "aten::sort")
     assert "tensor" in _engines_of(kernels, "aten::_cdist_forward")
+
+
+def test_compiled_attention_layer_and_bags_stay_on_the_device(kernels):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    bag = torch.nn.EmbeddingBag(50, 32, mode="mean")
+    indices = torch.randint(0, 50, (20,))
+    offsets = torch.tensor([0, 5, 11])
+    q = torch.randn(3, 10, 32)
+
+    def fn(layer, bags, q, indices, offsets):
+        return layer(q, q, q, need_weights=False)[0].sum(1) + bags(indices, offsets)
+
+    with torch.no_grad():
+        want = fn(mha, bag, q, indices, offsets)
+        compiled = torch.compile(fn, backend="neuron")
+        device_mha, device_bag = mha.to("neuron"), bag.to("neuron")
+        got = _on_device(lambda *t: compiled(device_mha, device_bag, *t), q, indices, offsets)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not kernels.fallback
+    assert {"gpsimd", "vector"} <= _engines_of(kernels, "aten::_embedding_bag")
+    assert "tensor" in set().union(*kernels.engines.values())
