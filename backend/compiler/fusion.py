@@ -49,6 +49,7 @@ _ROW_REDUCTIONS = {
     aten.native_layer_norm.default,
     aten.native_layer_norm_backward.default,
     aten._softmax.default,
+    aten._safe_softmax.default,
     aten._log_softmax.default,
     aten._softmax_backward_data.default,
     aten._log_softmax_backward_data.default,

@@ -112,61 +112,93 @@ def _bytes(node: fx.Node, binding: dict | None = None) -> int:
 
 def build_program(groups: Sequence[FusionGroup], device: object, name: str,
                   binding: dict | None = None) -> Kernel | None:
-    """The program of a graph's fusion groups (None: the graph does no device work)."""
-    b = KernelBuilder(device.preset, name)
-    emitter = GroupKernels(device, binding)
-    keep_on_chip = live_bytes(groups, binding) <= ON_CHIP_SHARE * device.preset.sbuf_bytes
-    sections: list[Section] = []
-    group_of = {n: g.group_id for g in groups for n in g.nodes}
-    ready: dict[int, tuple[int, ...]] = {}  # group id -> its last instructions
+    """The program of a graph's fusion groups (None: the graph does no device work).
 
-    node_section: dict[fx.Node, int] = {}
+    Values stay in SBUF between ops when they fit beside each op's own working set;
+    a graph where they would not is built again with every value going through HBM."""
+    live = live_bytes(groups, binding)
+    sbuf = device.preset.sbuf_bytes
+    if live <= ON_CHIP_SHARE * sbuf:
+        program = _Program(groups, device, name, binding, live)
+        b = program.emit()
+        if b.sbuf_peak + live + program.most_held <= sbuf:
+            # SBUF also holds the values kept between ops and those loaded ahead
+            b.note_sbuf(b.sbuf_peak + live + program.most_held)
+            return b.build() if len(b) else None
+    b = _Program(groups, device, name, binding, None).emit()
+    return b.build() if len(b) else None
 
-    def enter(node: fx.Node) -> None:
+
+class _Program:
+    """Emits the groups of one graph, in order, into one builder."""
+
+    def __init__(self, groups: Sequence[FusionGroup], device: object, name: str,
+                 binding: dict | None, live: int | None) -> None:
+        self.groups = groups
+        self.binding = binding
+        self.keep_on_chip = live is not None  # None: every value goes through HBM
+        self.b = KernelBuilder(device.preset, name)
+        self.emitter = GroupKernels(device, binding)
+        self.sections: list[Section] = []
+        self.node_section: dict[fx.Node, int] = {}
+        self.group_of = {n: g.group_id for g in groups for n in g.nodes}
+        self.ready: dict[int, tuple[int, ...]] = {}  # group id -> its last instructions
+        self.budget = PREFETCH_SHARE * device.preset.sbuf_bytes if self.keep_on_chip else 0
+        self.last_reader = {v: i for i, g in enumerate(groups) for v in g.inputs}
+        self.loaded: dict[fx.Node, tuple[int, ...]] = {}  # graph inputs hoisted into SBUF
+        self.most_held = 0
+
+    def enter(self, node: fx.Node) -> None:
         """Label what follows with `node`'s own section (attention regions)."""
-        if node not in node_section:
-            node_section[node] = len(sections)
-            sections.append(section_of(base_name(op_name(node)), [node]))
-        b.section = node_section[node]
+        if node not in self.node_section:
+            self.node_section[node] = len(self.sections)
+            self.sections.append(section_of(base_name(op_name(node)), [node]))
+        self.b.section = self.node_section[node]
 
-    budget = PREFETCH_SHARE * device.preset.sbuf_bytes if keep_on_chip else 0
-    last_reader = {v: i for i, g in enumerate(groups) for v in g.inputs}
-    loaded: dict[fx.Node, tuple[int, ...]] = {}  # graph inputs hoisted into SBUF
-    for index, group in enumerate(groups):
-        producers = {group_of[v] for v in group.inputs if v in group_of}
-        after = [i for g in sorted(producers) for i in ready.get(g, ())]
-        start = len(b)
-        if group.kind is not OpKind.ATTENTION:
-            sections.append(section_of(group.name, group.nodes))
-            b.section = len(sections) - 1
-        # Weights, saved values and constants the group reads are loaded ahead, as
-        # soon as the op PREFETCH_AHEAD groups earlier is done (its SBUF is free by
-        # then), so their DMA runs while the ops before compute.
-        earlier = groups[index - PREFETCH_AHEAD] if index >= PREFETCH_AHEAD else None
-        b.after = ready.get(earlier.group_id, ()) if earlier is not None else ()
-        held = sum(_bytes(v, binding) for v in loaded if last_reader[v] >= index - PREFETCH_AHEAD)
+    def emit(self) -> KernelBuilder:
+        b = self.b
+        for index, group in enumerate(self.groups):
+            producers = {self.group_of[v] for v in group.inputs if v in self.group_of}
+            after = [i for g in sorted(producers) for i in self.ready.get(g, ())]
+            start = len(b)
+            if group.kind is not OpKind.ATTENTION:
+                self.sections.append(section_of(group.name, group.nodes))
+                b.section = len(self.sections) - 1
+            after += self._load_ahead(index, group)
+            b.after = tuple(dict.fromkeys(after))
+            self.emitter.emit(b, group, self.enter)
+            self.ready[group.group_id] = b.finished(start, through_stores=True) or b.after
+            if self.keep_on_chip:
+                self.emitter.on_chip.update(group.outputs)
+        b.after = ()
+        b.sections = tuple(self.sections)
+        return b
+
+    def _load_ahead(self, index: int, group: FusionGroup) -> list[int]:
+        """Load the weights, saved values and constants `group` reads as soon as the op
+        PREFETCH_AHEAD groups earlier is done (its SBUF is free by then), so their DMA
+        runs while the ops before compute; returns the loads the group waits for."""
+        b, binding = self.b, self.binding
+        earlier = self.groups[index - PREFETCH_AHEAD] if index >= PREFETCH_AHEAD else None
+        b.after = self.ready.get(earlier.group_id, ()) if earlier is not None else ()
+        held = sum(_bytes(v, binding) for v in self.loaded
+                   if self.last_reader[v] >= index - PREFETCH_AHEAD)
+        waits: list[int] = []
         for v in group.inputs:
-            if v in group_of:
+            if v in self.group_of:
                 continue
             size = _bytes(v, binding)
-            if (v not in loaded and 0 < size and held + size <= budget
-                    and emitter.reads_on_chip(group) and not emitter.loads_itself(group, v)):
+            if (v not in self.loaded and 0 < size and held + size <= self.budget
+                    and self.emitter.reads_on_chip(group)
+                    and not self.emitter.loads_itself(group, v)):
                 if group.kind is OpKind.ATTENTION:
-                    enter(next(n for n in group.nodes if v in group.reads.get(n, ())))
-                loaded[v] = b.dma_load(size, 128)
+                    self.enter(next(n for n in group.nodes if v in group.reads.get(n, ())))
+                self.loaded[v] = b.dma_load(size, 128)
                 held += size
-                emitter.on_chip.add(v)
-            after.extend(loaded.get(v, ()))
-        b.after = tuple(dict.fromkeys(after))
-        emitter.emit(b, group, enter)
-        ready[group.group_id] = b.finished(start, through_stores=True) or b.after
-        if keep_on_chip:
-            emitter.on_chip.update(group.outputs)
-    b.after = ()
-    if not len(b):
-        return None
-    b.sections = tuple(sections)
-    return b.build()
+                self.most_held = max(self.most_held, held)
+                self.emitter.on_chip.add(v)
+            waits.extend(self.loaded.get(v, ()))
+        return waits
 
 
 def section_ops(kernel: Kernel) -> list[tuple[str, int]]:

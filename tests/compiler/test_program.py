@@ -106,3 +106,21 @@ def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
     assert names.count("bmm") == 2 and "_safe_softmax" in names
     scores = 2 * 4 * 128 * 128 * 4
     assert run.kernel.hbm_bytes < scores  # q in, the output out: the scores stay on chip
+
+
+def _mm_then_softmax(x, w):
+    return torch.softmax(torch.relu(x @ w), dim=-1)
+
+
+def test_values_stay_in_sbuf_between_ops_only_when_they_fit():
+    device = devices.get(0)
+    _, small, _ = program_and_eager(_mm_then_softmax, (256, 256), (256, 256))
+    product = 256 * 256 * 4
+    # the product is stored, but the softmax reads it from SBUF
+    assert small.hbm_write_bytes >= product and small.hbm_read_bytes < 3 * product
+    assert small.sbuf_bytes <= device.preset.sbuf_bytes
+
+    _, big, _ = program_and_eager(_mm_then_softmax, (2048, 4096), (4096, 2048))
+    product = 2048 * 2048 * 4  # 16 MiB, alive between the two ops: too much for SBUF
+    assert big.hbm_read_bytes >= 3 * product  # both operands, then the product again
+    assert big.sbuf_bytes <= device.preset.sbuf_bytes
