@@ -187,6 +187,12 @@ def _bytes(node: fx.Node) -> int | None:
     return None
 
 
+def _fits_on_chip(node: fx.Node) -> bool:
+    """Whether a node's operands and result fit in an attention region's SBUF share."""
+    sizes = [_bytes(n) for n in [*node.all_input_nodes, node]]
+    return None not in sizes and sum(sizes) <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+
+
 def _batched(node: fx.Node) -> bool:
     """Work over a batch of matrices (heads): rank 3 or more."""
     val = node.meta.get("val")
@@ -217,6 +223,10 @@ class _Planner:
                 if self.kind[node] is not OpKind.VIEW:
                     self.kind[node] = OpKind.CONSTANT
         self.region_bytes: dict[int, int] = {}  # attention group -> bytes it holds
+        for node, kind in self.kind.items():
+            # a batched matmul too large to hold on chip is a plain matmul
+            if kind is OpKind.ATTENTION and not _fits_on_chip(node):
+                self.kind[node] = OpKind.MATMUL
         self.group_of: dict[fx.Node, FusionGroup] = {}
         self.groups: list[FusionGroup] = []
         # Groups each group reads from (directly), to rule out cycles when merging.

@@ -124,3 +124,11 @@ def test_values_stay_in_sbuf_between_ops_only_when_they_fit():
     product = 2048 * 2048 * 4  # 16 MiB, alive between the two ops: too much for SBUF
     assert big.hbm_read_bytes >= 3 * product  # both operands, then the product again
     assert big.sbuf_bytes <= device.preset.sbuf_bytes
+
+
+def test_a_batched_matmul_too_large_for_sbuf_is_a_plain_matmul():
+    groups, program, _ = program_and_eager(lambda a, b: torch.bmm(a, b), (16, 1024, 512),
+                                           (16, 512, 1024))
+    (group,) = groups
+    assert group.kind is OpKind.MATMUL
+    assert program.sbuf_bytes <= devices.get(0).preset.sbuf_bytes
