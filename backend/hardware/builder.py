@@ -6,7 +6,9 @@ its stream is free and its dependencies are done. Scheduling is event driven (th
 stream head that can start earliest goes first), so the resources streams share
 (the 16 DMA engines, the host link) are granted first come, first served in time.
 Tensor Engine work is slowed by the throttle ramp; a LoadStationary overlaps the
-matmul before it when it fits inside it.
+matmul before it when it fits inside it. A compiled graph's program puts many ops in
+one builder: `section` labels the instructions of each op, `after` is what an op's
+first instructions wait for, and `finished` gives the ids a later op waits on.
 """
 
 from __future__ import annotations
