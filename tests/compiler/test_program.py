@@ -132,3 +132,17 @@ def test_a_batched_matmul_too_large_for_sbuf_is_a_plain_matmul():
     (group,) = groups
     assert group.kind is OpKind.MATMUL
     assert program.sbuf_bytes <= devices.get(0).preset.sbuf_bytes
+
+
+def test_scalars_fills_and_iota_are_folded_too():
+    def fn(x):
+        positions = torch.arange(x.shape[-1], dtype=x.dtype)
+        scale = torch.scalar_tensor(0.5)
+        bias = torch.full((x.shape[-1],), 2.0)
+        return x * scale + positions + bias
+
+    _, program, eager = program_and_eager(fn, (64, 256))
+    ops = {op.split("::")[-1].split(".")[0] for s in program.sections for op in s.ops}
+    assert ops == {"mul", "add"}, ops
+    assert {"arange", "scalar_tensor", "full"} <= {k.name.split("_f32")[0].split("_i64")[0]
+                                                  for k in eager}
