@@ -28,6 +28,8 @@ from torch import fx
 
 # Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+# Concatenations: in SBUF, pieces laid out side by side (no data moves on chip).
+_CONCATS = {"cat", "stack"}
 
 
 def op_steps(node: fx.Node) -> list[Step] | None:
@@ -109,7 +111,9 @@ class GroupKernels:
         reads_on_chip = any(v in self.on_chip for v in group.inputs)
         if group.kind is OpKind.ATTENTION:
             emit_region(b, group, self.binding, enter, self.on_chip)
-        elif len(group.nodes) == 1 and not (reads_on_chip and self._streams(group.nodes[0])):
+        elif len(group.nodes) == 1 and (base_name(op_name(group.nodes[0])) in _CONCATS
+                                        or not (reads_on_chip
+                                                and self._streams(group.nodes[0]))):
             self._eager(b, group.nodes[0])
         elif len(group.nodes) == 1 and group.kind is not OpKind.MATMUL:
             self._stream(b, group, group.nodes)
@@ -138,6 +142,8 @@ class GroupKernels:
         steps, or a plain GEMM."""
         if base_name(op_name(node)) in _GEMM_OPS:
             return self._gemm(node, store=True) is not None
+        if base_name(op_name(node)) in _CONCATS:
+            return True
         return bool(op_steps(node))
 
     def _eager(self, b: KernelBuilder, node: fx.Node) -> None:
@@ -149,6 +155,13 @@ class GroupKernels:
         spec = runtime.spec_for(key)
         base = base_name(spec.name)
         if base in NO_DEVICE_WORK or (spec.outputs and all(t.numel == 0 for t in spec.outputs)):
+            return
+        if base in _CONCATS and all(_through_views(a) in self.on_chip
+                                    for a in node.all_input_nodes):
+            # The pieces are in SBUF already: laid out side by side, they are the
+            # result; only its store to HBM remains.
+            out = spec.outputs[0]
+            b.dma_store(out.nbytes, min(128, max(out.shape[0] if out.shape else 1, 1)))
             return
         fn = lowering_for(base)
         if fn is None:

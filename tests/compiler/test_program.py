@@ -146,3 +146,17 @@ def test_scalars_fills_and_iota_are_folded_too():
     assert ops == {"mul", "add"}, ops
     assert {"arange", "scalar_tensor", "full"} <= {k.name.split("_f32")[0].split("_i64")[0]
                                                   for k in eager}
+
+
+def test_a_concatenation_of_values_in_sbuf_moves_nothing_on_chip():
+    def fn(x, w1, w2):
+        return torch.cat([torch.relu(x @ w1), torch.relu(x @ w2)], dim=1)
+
+    _, program, _ = program_and_eager(fn, (128, 128), (128, 128), (128, 128))
+    names = [s.name for s in program.sections]
+    cat = names.index("cat")
+    arrays = program.arrays()
+    opcodes = {program.opcodes[o] for o, s in zip(arrays["opcode"].tolist(),
+                                                  program.section.tolist(), strict=True)
+               if s == cat}
+    assert opcodes == {"DmaStore"}  # no reload of the pieces
