@@ -153,6 +153,7 @@ def test_compiled_graph_runs_the_lowerings_inside_its_program(kernels):
     assert "tensor" in _engines_of(kernels, "aten::_cdist_forward")
 
 
+@pytest.mark.slow
 def test_compiled_attention_layer_and_bags_stay_on_the_device(kernels):
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
