@@ -42,7 +42,7 @@ _MODULE_PATH = re.compile(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]")
 class Section:
     """The ops one stretch of a program's instructions runs, and where they come from."""
 
-    name: str  # the group's kernel name ("fused_addmm_gelu", "flash_attention", "bmm")
+    name: str  # the group's name ("fused_addmm_gelu", "mm"; "flash_attention.bmm" in a region)
     ops: tuple[str, ...]  # aten op names, in graph order
     source: str  # "file:line" of the first op's user code ("" when unknown)
     module: str  # nn.Module path of that code ("" when unknown)
@@ -147,12 +147,14 @@ class _Program:
         self.last_reader = {v: i for i, g in enumerate(groups) for v in g.inputs}
         self.loaded: dict[fx.Node, tuple[int, ...]] = {}  # graph inputs hoisted into SBUF
         self.most_held = 0
+        self.region = ""  # the name of the group being emitted
 
     def enter(self, node: fx.Node) -> None:
         """Label what follows with `node`'s own section (attention regions)."""
         if node not in self.node_section:
             self.node_section[node] = len(self.sections)
-            self.sections.append(section_of(base_name(op_name(node)), [node]))
+            name = f"{self.region}.{base_name(op_name(node))}"  # "flash_attention.bmm"
+            self.sections.append(section_of(name, [node]))
         self.b.section = self.node_section[node]
 
     def emit(self) -> KernelBuilder:
@@ -161,6 +163,7 @@ class _Program:
             producers = {self.group_of[v] for v in group.inputs if v in self.group_of}
             after = [i for g in sorted(producers) for i in self.ready.get(g, ())]
             start = len(b)
+            self.region = group.name
             if group.kind is not OpKind.ATTENTION:
                 self.sections.append(section_of(group.name, group.nodes))
                 b.section = len(self.sections) - 1

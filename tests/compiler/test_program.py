@@ -103,7 +103,7 @@ def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
     assert torch.allclose(got, attend(q), atol=1e-6)
     (run,) = [k for k in programs.kernels if k.name.startswith("graph_")]
     names = [s.name for s in run.kernel.sections]
-    assert names.count("bmm") == 2 and "_safe_softmax" in names
+    assert names.count("flash_attention.bmm") == 2 and "flash_attention._safe_softmax" in names
     scores = 2 * 4 * 128 * 128 * 4
     assert run.kernel.hbm_bytes < scores  # q in, the output out: the scores stay on chip
 
