@@ -40,6 +40,7 @@ from neuron_explorer.trace_format import (
     ARG_PSUM,
     ARG_REASON,
     ARG_SBUF,
+    ARG_SECTION,
     ARG_SHAPES,
     ARG_SOURCE,
     ARG_STEP,
@@ -366,12 +367,13 @@ class DeviceSink:
     @staticmethod
     def _program_labels(kernel: object) -> tuple[np.ndarray | None, list | None]:
         """A compiled graph's program: per instruction its section, and per section its
-        (ops, source line, module inside the compiled code) strings; (None, None) for a
-        kernel of one op."""
+        (ops, source line, module inside the compiled code, section name) strings; (None,
+        None) for a kernel of one op."""
         section = getattr(kernel, "section", None)
         if section is None:
             return None, None
-        return section, [("+".join(s.ops), s.source, s.module) for s in kernel.sections]
+        return section, [("+".join(s.ops), s.source, s.module, s.name)
+                         for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
         start, end = ev.start_ns, ev.end_ns
@@ -420,7 +422,7 @@ class DeviceSink:
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
         # a compiled graph's instructions: the section (op, source line, module) of each
-        labels: dict[tuple[str, str, str], int] = {}
+        labels: dict[tuple[str, str, str, str], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
             section, sections = row[10], row[11]
@@ -462,7 +464,7 @@ class DeviceSink:
                 strings = {ARG_ENGINE: (engine_list, c["engine"]),
                            ARG_OPCODE: (opcode_list, c["name_index"])}
                 if program:
-                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE)):
+                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION)):
                         strings[key] = ([x[i] for x in label_list], c["label"])
                 self.writer.slices(
                     c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
