@@ -6,7 +6,9 @@ Prints, side by side and as ratios measured in the same run:
 - host wall time of a compiled neuron step against the plain-CPU eager step (the
   host overhead of the simulated device), target at most 1.5x;
 - kernel launches per step and device step time, eager vs compiled (and adaptive
-  eager), and the largest loss difference between the eager and compiled curves.
+  eager), and the largest loss difference between the eager and compiled curves;
+- kernels per compiled graph launch (target: 1, the graph's program) and the device
+  time of the compiled graphs alone.
 
     .venv/bin/python benchmarks/bench_compile.py [--steps 50]
 """
@@ -37,13 +39,19 @@ class Counter(EventSink):
         self.launches = 0
         self.kernels = 0
         self.compiles: list = []
+        self.graph_kernels: list[int] = []  # kernels of each compiled graph launch
+        self.graph_ns = 0  # device time of compiled graphs' kernels
 
     def op_launched(self, ev) -> None:
         if ev.kernel_ids or ev.graph_id is not None:
             self.launches += 1
+        if ev.graph_id is not None:
+            self.graph_kernels.append(len(ev.kernel_ids))
 
     def kernel_scheduled(self, ev) -> None:
         self.kernels += 1
+        if ev.name.startswith("graph_"):  # a compiled graph's program
+            self.graph_ns += ev.end_ns - ev.start_ns
 
     def compile_event(self, ev) -> None:
         self.compiles.append(ev)
@@ -177,6 +185,10 @@ def main() -> None:
           f"{compiled.steady(compiled.step_ns) / eager.steady(eager.step_ns):.2f}x")
     print(f"device busy per step, adaptive / eager: "
           f"{adaptive.steady(adaptive.busy_ns) / eager.steady(eager.busy_ns):.2f}x")
+    steps_run = len(compiled.losses)
+    print(f"compiled graphs: {len(counter.graph_kernels) / steps_run:.0f} launches per step, "
+          f"{max(counter.graph_kernels)} kernel(s) per launch (target 1), "
+          f"{counter.graph_ns / steps_run / 1e6:.3f} ms of device time per step in them")
     diff = max(abs(a - b) for a, b in zip(eager.losses, compiled.losses))
     cpu_diff = max(abs(a - b) for a, b in zip(eager.losses, cpu.losses))
     adaptive_diff = max(abs(a - b) for a, b in zip(eager.losses, adaptive.losses))

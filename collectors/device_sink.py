@@ -46,11 +46,13 @@ from neuron_explorer.trace_format import (
     ARG_MODULE,
     ARG_OP_ID,
     ARG_OPCODE,
+    ARG_OPS,
     ARG_PSUM,
     ARG_RANK,
     ARG_REASON,
     ARG_SBUF,
     ARG_SEQ,
+    ARG_SECTION,
     ARG_SHAPES,
     ARG_SOURCE,
     ARG_STEP,
@@ -380,7 +382,7 @@ class DeviceSink:
             engine_index = arrays["engine"]
             row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
                    arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
-                   arrays["bytes"], arrays["flops"])
+                   arrays["bytes"], arrays["flops"], *self._program_labels(kernel))
             # the engines a kernel uses never change: compute its flow slots once
             cached = self._kernel_slots.get(id(kernel))
             if cached is None or cached[0] is not kernel:
@@ -396,7 +398,7 @@ class DeviceSink:
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
                    np.array(starts, np.int64), np.array(durs, np.int64),
-                   np.array(nbytes, np.int64), np.array(flops, np.int64))
+                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None)
             slots = sorted({engine_index_of(e) for e in engine_names})
         self._instructions.append(row)
         self._buffered_instructions += len(row[3])
@@ -404,6 +406,17 @@ class DeviceSink:
             self._flush_instructions()
         base = _FLOW_KERNEL_TO_INSTRUCTION | (ev.kernel_id << 4)
         return [base | slot for slot in slots]
+
+    @staticmethod
+    def _program_labels(kernel: object) -> tuple[np.ndarray | None, list | None]:
+        """A compiled graph's program: per instruction its section, and per section its
+        (ops, source line, module inside the compiled code, section name) strings; (None,
+        None) for a kernel of one op."""
+        section = getattr(kernel, "section", None)
+        if section is None:
+            return None, None
+        return section, [("+".join(s.ops), s.source, s.module, s.name)
+                         for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
         start, end = ev.start_ns, ev.end_ns
@@ -451,6 +464,17 @@ class DeviceSink:
         nbytes = np.concatenate([r[8] for r in rows]).astype(np.int64, copy=False)
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
+        # a compiled graph's instructions: the section (op, source line, module) of each
+        labels: dict[tuple[str, str, str, str], int] = {}
+        label_parts = []
+        for row, count in zip(rows, counts, strict=True):
+            section, sections = row[10], row[11]
+            if section is None:
+                label_parts.append(np.full(count, -1, np.int64))
+            else:
+                local = np.array([labels.setdefault(x, len(labels)) for x in sections], np.int64)
+                label_parts.append(local[section])
+        label = np.concatenate(label_parts)
         engine_list = [e for e, _ in engine_keys]
         tracks_of = np.array([devices[d].engine_track(e) for e, d in engine_keys], np.int64)
         slot_of = np.array([engine_index_of(e) for e in engine_list], np.int64)
@@ -469,19 +493,27 @@ class DeviceSink:
             "tracks": tracks_of[eidx][order], "ts": ts[order], "dur": dur[order],
             "name_index": name_index[order], "kernel": kernel_ids[order],
             "bytes": nbytes[order], "flops": flops[order], "flow": flow[order],
-            "engine": eidx[order],
+            "engine": eidx[order], "label": label[order],
         }
+        label_list = list(labels)
         is_dma = np.array([e not in ENGINE_TRACKS for e in engine_list], bool)[columns["engine"]]
-        for category, keep in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
-            if not keep.any():
-                continue
-            c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
-            self.writer.slices(
-                c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
-                {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},
-                {ARG_ENGINE: (engine_list, c["engine"]), ARG_OPCODE: (opcode_list, c["name_index"])},
-                flow_in=c["flow"],
-            )
+        in_program = columns["label"] >= 0
+        for category, kind in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
+            for program in (False, True):
+                keep = kind & (in_program if program else ~in_program)
+                if not keep.any():
+                    continue
+                c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
+                strings = {ARG_ENGINE: (engine_list, c["engine"]),
+                           ARG_OPCODE: (opcode_list, c["name_index"])}
+                if program:
+                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION)):
+                        strings[key] = ([x[i] for x in label_list], c["label"])
+                self.writer.slices(
+                    c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
+                    {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},
+                    strings, flow_in=c["flow"],
+                )
 
     # -- op and kernel batches ---------------------------------------------------------
 

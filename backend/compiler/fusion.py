@@ -34,7 +34,9 @@ class OpKind(enum.Enum):
     ELEMENTWISE = "elementwise"  # fuses with producers and consumers
     REDUCTION = "reduction"  # fuses with elementwise producers and consumers
     MATMUL = "matmul"  # anchors a group; takes an elementwise epilogue
+    ATTENTION = "attention"  # batched matmuls and the score math between them, on chip
     OPAQUE = "opaque"  # a kernel of its own
+    CONSTANT = "constant"  # computed at compile time: program data, no device work
 
 
 # Matmuls whose result can stay on chip for an elementwise epilogue.
@@ -47,6 +49,7 @@ _ROW_REDUCTIONS = {
     aten.native_layer_norm.default,
     aten.native_layer_norm_backward.default,
     aten._softmax.default,
+    aten._safe_softmax.default,
     aten._log_softmax.default,
     aten._softmax_backward_data.default,
     aten._log_softmax_backward_data.default,
@@ -79,6 +82,31 @@ _ELEMENTWISE_EXTRA = {
 # in the graphs AOTAutograd hands us.
 _VIEW_EXTRA = {aten._unsafe_view.default, aten.lift_fresh.default}
 
+# Batched matmuls: the matmuls of attention (scores, then probabilities @ values, and
+# their gradients). With the score math between them they form one on-chip region.
+_BATCHED_MATMULS = {aten.bmm.default}
+# A region keeps its operands and intermediates in SBUF: it stays within this share.
+ATTENTION_SBUF_SHARE = 0.5
+_SBUF_BYTES = 24 * 1024 * 1024  # the smallest preset's SBUF (trn1)
+
+
+def is_batched_matmul(node: fx.Node) -> bool:
+    return node.target in _BATCHED_MATMULS
+
+
+def is_constant(node: fx.Node, constant: set[fx.Node]) -> bool:
+    """Whether `node`'s value is known at compile time: a deterministic op whose tensor
+    inputs are all such constants (factories like ones, full, arange, scalar_tensor,
+    and what is computed from them, such as a tril mask)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+        return False
+    return all(a in constant for a in node.all_input_nodes)
+
 
 def classify(node: fx.Node) -> OpKind:
     """Say how `node` takes part in fusion."""
@@ -88,6 +116,8 @@ def classify(node: fx.Node) -> OpKind:
     if not isinstance(target, torch._ops.OpOverload):
         # Host-side arithmetic on sizes (SymInt math) does no device work.
         return OpKind.OPAQUE if isinstance(node.meta.get("val"), torch.Tensor) else OpKind.VIEW
+    if target in _BATCHED_MATMULS:
+        return OpKind.ATTENTION
     if target in _MATMULS:
         return OpKind.MATMUL
     if target.is_view or target in _VIEW_EXTRA:
@@ -117,6 +147,13 @@ class FusionGroup:
         return list(dict.fromkeys(found))
 
     @property
+    def is_attention(self) -> bool:
+        """Attention proper: scores, a softmax (or its gradient) and a second product."""
+        return (self.kind is OpKind.ATTENTION
+                and sum(n.target in _BATCHED_MATMULS for n in self.nodes) >= 2
+                and any("softmax" in _short_name(n) for n in self.nodes))
+
+    @property
     def anchor(self) -> fx.Node | None:
         """The matmul of a MATMUL group."""
         return self.nodes[0] if self.kind is OpKind.MATMUL else None
@@ -127,6 +164,9 @@ class FusionGroup:
         parts = [_short_name(n) for n in self.nodes]
         if len(parts) == 1:
             return parts[0]
+        if self.is_attention:
+            backward = any("backward" in p for p in parts)
+            return "flash_attention_backward" if backward else "flash_attention"
         shown = parts[:6] + ([f"{len(parts) - 6}more"] if len(parts) > 6 else [])
         return "fused_" + "_".join(shown)
 
@@ -136,6 +176,27 @@ def _short_name(node: fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return target.overloadpacket.__name__.strip("_")
     return getattr(target, "__name__", str(target))
+
+
+def _bytes(node: fx.Node) -> int | None:
+    """Bytes of a node's tensor; None when unknown (symbolic sizes: reading them here
+    would add guards to the graph)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape):
+        return val.numel() * val.element_size()
+    return None
+
+
+def _fits_on_chip(node: fx.Node) -> bool:
+    """Whether a node's operands and result fit in an attention region's SBUF share."""
+    sizes = [_bytes(n) for n in [*node.all_input_nodes, node]]
+    return None not in sizes and sum(sizes) <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+
+
+def _batched(node: fx.Node) -> bool:
+    """Work over a batch of matrices (heads): rank 3 or more."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() >= 3
 
 
 def _numel(node: fx.Node) -> int | None:
@@ -155,6 +216,17 @@ class _Planner:
             for node, kind in self.kind.items():
                 if kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION) and not can_fuse(node):
                     self.kind[node] = OpKind.OPAQUE
+        self.constants: set[fx.Node] = set()
+        for node in graph.nodes:
+            if node in self.kind and is_constant(node, self.constants):
+                self.constants.add(node)
+                if self.kind[node] is not OpKind.VIEW:
+                    self.kind[node] = OpKind.CONSTANT
+        self.region_bytes: dict[int, int] = {}  # attention group -> bytes it holds
+        for node, kind in self.kind.items():
+            # a batched matmul too large to hold on chip is a plain matmul
+            if kind is OpKind.ATTENTION and not _fits_on_chip(node):
+                self.kind[node] = OpKind.MATMUL
         self.group_of: dict[fx.Node, FusionGroup] = {}
         self.groups: list[FusionGroup] = []
         # Groups each group reads from (directly), to rule out cycles when merging.
@@ -193,7 +265,12 @@ class _Planner:
             return False
         if group.kind is OpKind.OPAQUE:
             return False
-        if group.kind is OpKind.MATMUL:
+        if group.kind is OpKind.ATTENTION:
+            if not self._fits_region(node, group):
+                return False
+        elif kind is OpKind.ATTENTION:
+            return False
+        elif group.kind is OpKind.MATMUL:
             # An epilogue: elementwise work on the matmul's result, no broadcast to
             # a larger iteration space, and no reduction (it needs whole rows).
             if kind is not OpKind.ELEMENTWISE or group.nodes[0].target not in _EPILOGUE_ANCHORS:
@@ -207,15 +284,28 @@ class _Planner:
                 return False
         return True
 
+    def _fits_region(self, node: fx.Node, group: FusionGroup) -> bool:
+        """An attention region takes batched work no larger than what it holds, while
+        everything it holds fits in SBUF."""
+        size = _bytes(node)
+        if size is None or not _batched(node):
+            return False
+        if node.target not in _BATCHED_MATMULS:
+            biggest = max((_bytes(n) or 0) for n in group.nodes)
+            if size > biggest:
+                return False
+        held = self.region_bytes.get(group.group_id, 0) + size
+        return held <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+
     def plan(self) -> list[FusionGroup]:
         for node in self.graph.nodes:
             kind = self.kind.get(node)
-            if kind is None or kind is OpKind.VIEW:
+            if kind is None or kind in (OpKind.VIEW, OpKind.CONSTANT):
                 continue
             producers = [self.group_of[s] for s in self.sources(node) if s in self.group_of]
             producer_ids = {g.group_id for g in producers}
             target = None
-            if kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION):
+            if kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION, OpKind.ATTENTION):
                 for group in producers:
                     if self._can_join(node, group, producer_ids):
                         target = group
@@ -226,6 +316,9 @@ class _Planner:
                 self.groups.append(target)
                 self.reads[target.group_id] = set()
             target.nodes.append(node)
+            if target.kind is OpKind.ATTENTION:
+                self.region_bytes[target.group_id] = (self.region_bytes.get(target.group_id, 0)
+                                                      + (_bytes(node) or 0))
             self.group_of[node] = target
             self.reads[target.group_id] |= producer_ids - {target.group_id}
         self._sort_groups()

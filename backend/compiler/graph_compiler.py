@@ -1,8 +1,9 @@
 """One aten graph (forward, backward or inference) -> a callable that launches it once.
 
-Compiling plans the fusion groups and builds their kernels; calling computes the
-graph's numbers on the host (`HostRunner`) and launches all of its kernels as one
-op named "graph:<id>" on the device timeline. A graph traced with symbolic sizes
+Compiling plans the fusion groups and builds the graph's program (one kernel whose
+sections are the groups, `program.build_program`); calling computes the graph's
+numbers on the host (`HostRunner`) and launches the program as one op named
+"graph:<id>" on the device timeline. A graph traced with symbolic sizes
 builds its kernels at run time, once per distinct set of sizes.
 """
 
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from neuron_explorer.backend.compiler import compile_events
 from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
-from neuron_explorer.backend.compiler.graph_kernels import build_kernels, can_fuse
+from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.host_graph import HostRunner
+from neuron_explorer.backend.compiler.program import build_program
 from neuron_explorer.backend.compiler.shapes import ShapeBinder, concrete_shape, is_symbolic
 from neuron_explorer.errors import NeuronExplorerError
 from torch import fx
@@ -92,8 +94,16 @@ class CompiledGraph:
         launch = self.static_launch or next(iter(self._launches.values()), None)
         return [k.name for k in launch.kernels] if launch else []
 
+    @property
+    def section_names(self) -> list[str]:
+        """The program's sections (fusion groups, or one op of an attention region)."""
+        launch = self.static_launch or next(iter(self._launches.values()), None)
+        return [s.name for k in launch.kernels for s in k.sections] if launch else []
+
     def _plan_launch(self, binding: dict | None) -> GraphLaunch:
-        kernels = tuple(build_kernels(self.groups, self.device, binding))
+        program = build_program(self.groups, self.device, f"graph_{self.graph_id}_{self.phase}",
+                                binding)
+        kernels = (program,) if program is not None else ()
         shapes, dtypes = [], []
         for i in self._tensor_inputs:
             val = self._placeholders[i].meta.get("val")
@@ -160,5 +170,6 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object], phase: s
         compiled = CompiledGraph(gm, example_inputs, phase, graph_id, device_index)
         args.update(op_count=compiled.op_count, group_count=len(compiled.groups),
                     kernel_count=len(compiled.kernel_names), kernels=compiled.kernel_names,
+                    sections=compiled.section_names,
                     dynamic_shapes=compiled.static_launch is None)
     return compiled

@@ -12,20 +12,24 @@ kernels' boundaries (and so their DMA traffic) differ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
+from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind, classify
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, op_name, tensor_sig
+from neuron_explorer.backend.compiler.region import emit_region
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
-from neuron_explorer.backend.hardware import Gemm, Kernel, KernelBuilder, emit_gemm
-from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
+from neuron_explorer.backend.hardware.lowering import emit_host_fallback
+from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
 from torch import fx
 
 # Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+# Concatenations: in SBUF, pieces laid out side by side (no data moves on chip).
+_CONCATS = {"cat", "stack"}
 
 
 def op_steps(node: fx.Node) -> list[Step] | None:
@@ -37,6 +41,13 @@ def op_steps(node: fx.Node) -> list[Step] | None:
     out = node_value(node)
     converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
     return steps_for(op_name(node), len(tensors), converts)
+
+
+def _through_views(node: fx.Node) -> fx.Node:
+    """The op whose memory a chain of views reads."""
+    while (classify(node) is OpKind.VIEW and node.all_input_nodes):
+        node = node.all_input_nodes[0]
+    return node
 
 
 def can_fuse(node: fx.Node) -> bool:
@@ -85,30 +96,85 @@ def _dtype_of(node: fx.Node) -> str:
 
 
 class GroupKernels:
-    """Builds the kernel of each fusion group for one preset and one set of shapes."""
+    """Emits the instructions of each fusion group, for one preset and one set of
+    shapes, into the builder of the graph's program."""
 
     def __init__(self, device: object, binding: dict | None = None) -> None:
         self.device = device
         self.preset = device.preset
         self.binding = binding
+        # Values earlier ops of the program left in SBUF: read there, never reloaded.
+        self.on_chip: set[fx.Node] = set()
 
-    def build(self, group: FusionGroup) -> Kernel | None:
-        if len(group.nodes) == 1:
-            return self._eager(group.nodes[0])
-        if group.kind is OpKind.MATMUL:
-            return self._matmul_with_epilogue(group)
-        return self._stream(group, group.nodes)
+    def emit(self, b: KernelBuilder, group: FusionGroup,
+             enter: Callable[[fx.Node], None] | None = None) -> None:
+        reads_on_chip = any(v in self.on_chip for v in group.inputs)
+        if group.kind is OpKind.ATTENTION:
+            emit_region(b, group, self.binding, enter, self.on_chip)
+        elif len(group.nodes) == 1 and (base_name(op_name(group.nodes[0])) in _CONCATS
+                                        or not (reads_on_chip
+                                                and self._streams(group.nodes[0]))):
+            self._eager(b, group.nodes[0])
+        elif len(group.nodes) == 1 and group.kind is not OpKind.MATMUL:
+            self._stream(b, group, group.nodes)
+        elif group.kind is OpKind.MATMUL:
+            self._matmul_with_epilogue(b, group)
+        else:
+            self._stream(b, group, group.nodes)
 
-    def _eager(self, node: fx.Node) -> Kernel | None:
+    def reads_on_chip(self, group: FusionGroup) -> bool:
+        """Whether the group's kernel can take its operands from SBUF (an op lowered
+        as its eager kernel loads its own)."""
+        return (group.kind is OpKind.ATTENTION or len(group.nodes) > 1
+                or self._streams(group.nodes[0]))
+
+    def loads_itself(self, group: FusionGroup, value: fx.Node) -> bool:
+        """Whether the group's kernel loads `value` on its own terms: a GEMM's bias,
+        added as the result leaves PSUM."""
+        anchor = group.nodes[0]
+        if group.kind is not OpKind.MATMUL or base_name(op_name(anchor)) not in ("addmm",
+                                                                                 "baddbmm"):
+            return False
+        return isinstance(anchor.args[0], fx.Node) and _through_views(anchor.args[0]) is value
+
+    def _streams(self, node: fx.Node) -> bool:
+        """Whether the op has a form that reads its operands from SBUF: a stream of
+        steps, or a plain GEMM."""
+        if base_name(op_name(node)) in _GEMM_OPS:
+            return self._gemm(node, store=True) is not None
+        if base_name(op_name(node)) in _CONCATS:
+            return True
+        return bool(op_steps(node))
+
+    def _eager(self, b: KernelBuilder, node: fx.Node) -> None:
+        """The instructions the eager path lowers for this op (a host round trip, with
+        the eager path's warning, for an op the device cannot run)."""
         from neuron_explorer.backend import runtime
 
-        return runtime.lower(self.device, node_key(node, self.binding)).kernel
+        key = node_key(node, self.binding)
+        spec = runtime.spec_for(key)
+        base = base_name(spec.name)
+        if base in NO_DEVICE_WORK or (spec.outputs and all(t.numel == 0 for t in spec.outputs)):
+            return
+        if base in _CONCATS and all(_through_views(a) in self.on_chip
+                                    for a in node.all_input_nodes):
+            # The pieces are in SBUF already: laid out side by side, they are the
+            # result; only its store to HBM remains.
+            out = spec.outputs[0]
+            b.dma_store(out.nbytes, min(128, max(out.shape[0] if out.shape else 1, 1)))
+            return
+        fn = lowering_for(base)
+        if fn is None:
+            runtime.lower(self.device, key)  # warns once, as eager does
+            emit_host_fallback(b, spec)
+        else:
+            fn(b, spec)
 
     def _stream_io(self, group: FusionGroup, members: Sequence[fx.Node], elements: int,
                    resident: set[fx.Node]) -> tuple[list[int], list[int], list[int], list[int]]:
         full_in, small_in, full_out, small_out = [], [], [], []
         for src in group.inputs_of(list(members)):
-            if src in resident:
+            if src in resident or src in self.on_chip:
                 continue
             for numel, nbytes in _nbytes(src, self.binding):
                 (full_in if numel == elements else small_in).append(nbytes)
@@ -133,11 +199,10 @@ class GroupKernels:
         sizes += [_numel(n, self.binding) for n in group.inputs_of(list(members))]
         return max(sizes + [1])
 
-    def _stream(self, group: FusionGroup, members: Sequence[fx.Node]) -> Kernel | None:
+    def _stream(self, b: KernelBuilder, group: FusionGroup, members: Sequence[fx.Node]
+                ) -> None:
         elements = self._elements(group, members)
-        b = KernelBuilder(self.preset, group.name)
         self._emit_stream(b, group, members, elements, resident=set(), deps=())
-        return b.build() if len(b) else None
 
     def _emit_stream(self, b: KernelBuilder, group: FusionGroup, members: Sequence[fx.Node],
                      elements: int, resident: set[fx.Node], deps: Sequence[int]) -> None:
@@ -146,27 +211,31 @@ class GroupKernels:
         biggest = max(members, key=lambda n: _numel(n, self.binding))
         stream(b, elements, _dtype_of(biggest), self._steps(members, elements),
                inputs=full_in, outputs=full_out, small_inputs=small_in,
-               small_outputs=small_out, deps=tuple(deps), resident_inputs=len(resident))
+               small_outputs=small_out, deps=tuple(deps),
+               resident_inputs=len(resident | (self.on_chip & set(group.inputs))))
 
-    def _matmul_with_epilogue(self, group: FusionGroup) -> Kernel | None:
+    def _matmul_with_epilogue(self, b: KernelBuilder, group: FusionGroup) -> None:
         anchor, epilogue = group.nodes[0], group.nodes[1:]
         if (not self._steps(epilogue, 1) and not group.inputs_of(epilogue)
                 and anchor not in group.outputs and len(group.outputs) == 1):
             # Only copies and views follow: the GEMM stores straight to their result.
             gemm = self._gemm(anchor, store=True)
             if gemm is not None:
-                b = KernelBuilder(self.preset, group.name)
                 emit_gemm(b, gemm)
-                return b.build()
+                return
         gemm = self._gemm(anchor, store=anchor in group.outputs)
         if gemm is None:  # not a plain GEMM: the anchor's own kernel, then the stream
-            return self._stream(group, group.nodes)
-        b = KernelBuilder(self.preset, group.name)
+            start = len(b)
+            self._eager(b, anchor)
+            self._emit_stream(b, group, epilogue, self._elements(group, epilogue),
+                              resident=set(), deps=b.finished(start))
+            return
         tails = emit_gemm(b, gemm)
+        if not epilogue:
+            return
         elements = max(self._elements(group, epilogue), gemm.batch * gemm.m * gemm.n)
         # The GEMM's result is resident in SBUF; the epilogue never reloads it.
         self._emit_stream(b, group, epilogue, elements, resident={anchor}, deps=tails)
-        return b.build()
 
     def _gemm(self, node: fx.Node, store: bool) -> Gemm | None:
         """The GEMM of an mm/addmm/bmm/baddbmm node (bias added on the PSUM copy)."""
@@ -180,6 +249,8 @@ class GroupKernels:
         else:
             bias, a, w = None, inputs[0], inputs[1]
         (a_shape, a_dtype), (w_shape, _) = a, w
+        args = [_through_views(x) for x in node.args if isinstance(x, fx.Node)]
+        a_node, w_node = (args[1], args[2]) if bias is not None else (args[0], args[1])
         if len(a_shape) < 2 or len(w_shape) < 2:
             return None
         m, k, n = a_shape[-2], a_shape[-1], w_shape[-1]
@@ -191,17 +262,5 @@ class GroupKernels:
             if bias is not None else 0
         return Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=out_dtype, batch=batch,
                     a_bytes=m * k * es, b_bytes=k * n * es, bias_bytes=bias_bytes // batch,
-                    store=store)
-
-
-def build_kernels(groups: Sequence[FusionGroup], device: object,
-                  binding: dict | None = None) -> list[Kernel]:
-    """The kernels of a graph's fusion groups, in launch order (groups with no device
-    work, such as a lone view-like copy, make none)."""
-    builder = GroupKernels(device, binding)
-    kernels = []
-    for group in groups:
-        kernel = builder.build(group)
-        if kernel is not None:
-            kernels.append(kernel)
-    return kernels
+                    store=store, load_a=a_node not in self.on_chip,
+                    load_b=w_node not in self.on_chip)

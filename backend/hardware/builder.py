@@ -11,6 +11,9 @@ it, or the engine was idle) pays the static overhead and access latency that
 back-to-back independent instructions hide. Kernels are scheduled with a warm Tensor
 Engine; `Kernel.te_cold_ns` is what the throttle ramp adds when the device timeline
 finds the engine cold (idle for `te_throttle_idle_ns`).
+A compiled graph's program puts many ops in one builder: `section` labels the
+instructions of each op, `after` is what an op's first instructions wait for,
+and `finished` gives the ids a later op waits on.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class KernelBuilder:
         self._bytes: list[int] = []
         self._flops: list[int] = []
         self._gap: dict[int, float] = {}  # extra wait after deps (host compute in fallbacks)
+        self._section: list[int] = []
         self._opcodes: dict[str, int] = {}
         self._next_queue = [0, DMA_QUEUES // 2]  # next load queue, next store queue
         self.model_flops = 0
@@ -63,6 +67,12 @@ class KernelBuilder:
         self.spill_bytes = 0
         self.sbuf_peak = 0
         self.psum_peak = 0
+        # A program of several ops (a compiled graph): instructions added from now on
+        # belong to section `section` of `sections`, and those added with no
+        # dependencies wait for `after` (what the ops they read from compute).
+        self.section = 0
+        self.sections: tuple = ()
+        self.after: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self._engine)
@@ -72,7 +82,7 @@ class KernelBuilder:
             nbytes: int = 0, flops: int = 0, kind: int = _PLAIN, latency: float = 0.0) -> int:
         """Append one instruction; `cost` is its duration in ns (plain engines), `latency`
         what it adds when it waits for its data instead of following an independent one."""
-        deps = tuple(deps)
+        deps = tuple(deps) or self.after
         if deps and max(deps) >= len(self._engine):
             raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
                              "yet added (dependencies must come first)")
@@ -87,7 +97,26 @@ class KernelBuilder:
         self._deps.append(deps)
         self._bytes.append(int(nbytes))
         self._flops.append(int(flops))
+        self._section.append(self.section)
         return len(self._engine) - 1
+
+    def finished(self, since: int, through_stores: bool = False) -> tuple[int, ...]:
+        """The instructions from id `since` on that none after them depends on: once
+        they are done, all of them are. `through_stores`: a DMA store counts as done
+        when what it stores is (its data is in SBUF, where a later op may read it)."""
+        needed = set()
+        for deps in self._deps[since:]:
+            needed.update(deps)
+        store = self._opcodes.get("DmaStore", -1)
+        out: list[int] = []
+        for i in range(since, len(self._engine)):
+            if i in needed:
+                continue
+            if through_stores and self._opcode[i] == store and self._deps[i]:
+                out.extend(self._deps[i])
+            else:
+                out.append(i)
+        return tuple(dict.fromkeys(out))
 
     def add_model_flops(self, flops: int) -> None:
         """FLOPs the op needs (without padding), multiply-add = 2."""
@@ -274,6 +303,9 @@ class KernelBuilder:
             iflops=np.asarray(self._flops, dtype=np.int64).reshape(n),
             fallback=fallback,
             te_cold_ns=costs.throttled_ns(self.preset, te_nominal, 0.0) - te_nominal,
+            section=np.asarray(self._section, dtype=np.int32).reshape(n)
+            if self.sections else None,
+            sections=self.sections,
         )
 
     def _schedule(self) -> tuple[list[float], list[float], float]:

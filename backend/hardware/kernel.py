@@ -29,6 +29,7 @@ class Kernel:
         "_flops",
         "_opcode",
         "_opcodes",
+        "_section",
         "_start",
         "duration_ns",
         "engine_busy_ns",
@@ -41,6 +42,7 @@ class Kernel:
         "name",
         "psum_bytes",
         "sbuf_bytes",
+        "sections",
         "spill_bytes",
         "te_cold_ns",
     )
@@ -65,6 +67,8 @@ class Kernel:
         iflops: np.ndarray,
         fallback: bool = False,
         te_cold_ns: float = 0.0,
+        section: np.ndarray | None = None,
+        sections: tuple = (),
     ) -> None:
         self.name = name
         self.flops = int(flops)
@@ -78,7 +82,12 @@ class Kernel:
         self.fallback = fallback
         # extra time when the Tensor Engine starts this kernel cold (throttle ramp)
         self.te_cold_ns = round(te_cold_ns)
-        for array in (engine, opcode, start, dur, nbytes, iflops):
+        # A compiled graph's program: per instruction, the index of the op (section)
+        # it belongs to in `sections` (None: a kernel of one op).
+        self.sections = sections
+        self._section = section
+        for array in (engine, opcode, start, dur, nbytes, iflops) + (
+                () if section is None else (section,)):
             array.flags.writeable = False  # kernels are cached and shared
         self._opcodes = opcodes
         self._engine = engine
@@ -135,6 +144,11 @@ class Kernel:
             "bytes": self._bytes,
             "flops": self._flops,
         }
+
+    @property
+    def section(self) -> np.ndarray | None:
+        """Per instruction, its index into `sections` (None for a kernel of one op)."""
+        return self._section
 
     @property
     def opcodes(self) -> tuple[str, ...]:

@@ -142,6 +142,16 @@ def lower_host_fallback(spec: OpSpec, preset: HardwarePreset) -> Kernel:
         return hit
     base = base_name(spec.name)
     b = KernelBuilder(preset, "host_" + kernel_name(base, spec))
+    emit_host_fallback(b, spec)
+    kernel = b.build(fallback=True)
+    _remember(cache, spec, kernel)
+    return kernel
+
+
+def emit_host_fallback(b: KernelBuilder, spec: OpSpec) -> None:
+    """Emit the device side of running `spec` on the host into `b` (see
+    lower_host_fallback); a compiled graph's program holds these too."""
+    preset = b.preset
     bytes_in = sum(t.nbytes for t in spec.inputs)
     bytes_out = sum(t.nbytes for t in spec.outputs)
     sent = tuple(b.host_transfer("DmaToHost", t.nbytes) for t in spec.inputs if t.nbytes)
@@ -153,9 +163,6 @@ def lower_host_fallback(spec: OpSpec, preset: HardwarePreset) -> Kernel:
     if not back:  # nothing comes back (an in-place op): the device still waits for the host
         b.host_transfer("DmaFromHost", 0, sent, host_ns)
     b.hbm_write_bytes += bytes_out
-    kernel = b.build(fallback=True)
-    _remember(cache, spec, kernel)
-    return kernel
 
 
 def lower_host_transfer(nbytes: int, preset: HardwarePreset, to_device: bool = True) -> Kernel:

@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from neuron_explorer.backend.hardware import lower_bag as bag
+from neuron_explorer.backend.hardware import lower_distance as dist
 from neuron_explorer.backend.hardware import lower_index as ix
 from neuron_explorer.backend.hardware import lower_matmul as mmx
+from neuron_explorer.backend.hardware import lower_mha as mha
 from neuron_explorer.backend.hardware import lower_pointwise as pw
 from neuron_explorer.backend.hardware import lower_rowwise as rw
+from neuron_explorer.backend.hardware import lower_sort as order
 from neuron_explorer.backend.hardware.streaming import act, simd, vec
 
 Lowering = Callable  # (KernelBuilder, OpSpec) -> None
@@ -223,6 +227,21 @@ ATTENTION_BACKWARD = [
     "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
     "_efficient_attention_backward",
 ]
+# Paths a model takes without asking: sorting and counting on GpSimd, distances
+# through the Tensor Engine, bags of embeddings, the attention layers' eval fast paths.
+LOWERINGS.update({
+    "sort": order.lower_sort,
+    "argsort": order.lower_sort,
+    "topk": order.lower_topk,
+    "searchsorted": order.lower_searchsorted,
+    "bincount": order.lower_bincount,
+    "_cdist_forward": dist.lower_cdist,
+    "_embedding_bag": bag.lower_embedding_bag,
+    "_embedding_bag_forward_only": bag.lower_embedding_bag,
+    "embedding_bag": bag.lower_embedding_bag,
+    "_native_multi_head_attention": mha.lower_native_mha,
+    "_transformer_encoder_layer_fwd": mha.lower_encoder_layer,
+})
 LOWERINGS.update({n: mmx.lower_attention for n in ATTENTION})
 LOWERINGS.update({n: mmx.lower_attention_backward for n in ATTENTION_BACKWARD})
 
@@ -239,17 +258,17 @@ NO_DEVICE_WORK = frozenset([
     "_has_compatible_shallow_copy_type", "is_same_size", "_nested_tensor_from_mask_left_aligned",
 ])
 
-# The usual ops the device cannot run: data-dependent output sizes, sorting, FFTs and
-# matrix decompositions. They (and anything else not in LOWERINGS) run on the host.
+# The usual ops the device cannot run: data-dependent output sizes, FFTs and matrix
+# decompositions. They (and anything else not in LOWERINGS) run on the host.
 HOST_ONLY = frozenset([
-    "sort", "argsort", "topk", "kthvalue", "median", "nanmedian", "mode", "unique", "_unique",
+    "kthvalue", "median", "nanmedian", "mode", "unique", "_unique",
     "_unique2", "unique_consecutive", "unique_dim", "nonzero", "nonzero_static", "masked_select",
-    "bincount", "histc", "histogram", "searchsorted", "bucketize", "multinomial", "randperm",
+    "histc", "histogram", "bucketize", "multinomial", "randperm",
     "cummax", "cummin", "_fft_r2c", "_fft_c2r", "_fft_c2c", "linalg_svd", "_linalg_svd",
     "linalg_qr", "linalg_eigh", "_linalg_eigh", "linalg_eig", "linalg_cholesky_ex",
     "linalg_lu_factor_ex", "linalg_solve_ex", "_linalg_solve_ex", "linalg_inv_ex", "linalg_det",
     "_linalg_det", "_linalg_slogdet", "triangular_solve", "cholesky_solve", "linalg_lstsq",
-    "cholesky", "svd", "_cdist_forward",
+    "cholesky", "svd",
 ])
 
 

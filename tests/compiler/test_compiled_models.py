@@ -7,9 +7,12 @@ import copy
 
 import pytest
 import torch
+from neuron_explorer.backend.events import hub
 from neuron_explorer.workloads.models import Block, GPTConfig
 from torch import nn
 from torch.nn import functional as F
+
+from tests.compiler.conftest import Recorder
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -97,9 +100,16 @@ def test_mlp_training_matches_eager_with_one_launch_per_graph(mlp_pair, recorder
 
 def test_mlp_forward_keeps_bias_and_gelu_in_the_matmul_kernel(mlp_pair, recorder):
     x, y = torch.randn(8, 16), torch.randn(8, 4)
-    mlp_pair.train_step(x, y)
+    programs = Recorder()  # also sent the kernels' schedules and sections
+    hub.subscribe(programs, instruction_arrays=True)
+    try:
+        mlp_pair.train_step(x, y)
+    finally:
+        hub.unsubscribe(programs)
     forward = recorder.graph_launches()[0]
-    names = [k.name for k in recorder.kernels if k.kernel_id in forward.kernel_ids]
+    (kernel,) = [k for k in programs.kernels if k.kernel_id in forward.kernel_ids]
+    assert kernel.name == f"graph_{forward.graph_id}_forward"  # one program per graph
+    names = [s.name for s in kernel.kernel.sections]
     # Two matmuls and the loss: the bias and the activation ride on the first matmul.
     assert names[0] == "fused_addmm_gelu", names
     assert len(names) == 3 and names[1].startswith("addmm") and "mse_loss" in names[2]

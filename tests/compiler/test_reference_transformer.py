@@ -34,6 +34,8 @@ def compiled_training(steps: int, recorder) -> tuple[list[float], list[int], lis
 @pytest.mark.slow
 def test_compiled_transformer_matches_the_eager_curve_with_fewer_launches(recorder):
     compiled, compiled_launches, compiled_busy = compiled_training(STEPS, recorder)
+    graphs = recorder.graph_launches()
+    assert graphs and all(len(op.kernel_ids) == 1 for op in graphs)  # one program each
     reference = train(make_model("gpt"), "cpu", STEPS)
     for step, (a, b) in enumerate(zip(reference, compiled)):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: eager {a} vs compiled {b}"

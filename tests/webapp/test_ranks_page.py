@@ -9,12 +9,24 @@ from pathlib import Path
 import plotly.io.json as pio_json
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "explorer"))
-
-import run_scenarios as rs
 from neuron_explorer.webapp.app import AppContext
 from neuron_explorer.webapp.pages import ranks
 from neuron_explorer.webapp.trace_store import TraceStore
+
+
+def _explorer_scenarios():
+    """tests/explorer/run_scenarios.py, imported without leaving tests/explorer on sys.path
+    (its conftest would then shadow this folder's)."""
+    here = str(Path(__file__).parents[1] / "explorer")
+    sys.path.insert(0, here)
+    try:
+        import run_scenarios
+    finally:
+        sys.path.remove(here)
+    return run_scenarios
+
+
+rs = _explorer_scenarios()
 
 
 def rendered(component) -> str:
