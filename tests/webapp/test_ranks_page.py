@@ -8,7 +8,6 @@ from pathlib import Path
 
 import plotly.io.json as pio_json
 import pytest
-
 from neuron_explorer.webapp.app import AppContext
 from neuron_explorer.webapp.pages import ranks
 from neuron_explorer.webapp.trace_store import TraceStore
