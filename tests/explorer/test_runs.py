@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
+import neuron_explorer
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import neuron_explorer
 import run_scenarios as rs
 from neuron_explorer.cli import main
 from neuron_explorer.errors import NeuronExplorerError
