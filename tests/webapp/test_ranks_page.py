@@ -85,3 +85,15 @@ def _graphs(component):
         elif children is not None and hasattr(children, "children"):
             stack.append(children)
     return found
+
+
+def test_a_folder_of_unrelated_traces_is_no_run(run_context, tmp_path):
+    """Two traces named for the same rank (two jobs' rank 0): a notice, not an error."""
+    other = tmp_path / "jobs"
+    other.mkdir()
+    for job in ("a", "b"):
+        (other / f"{job}_rank0.pftrace").write_bytes(
+            (tmp_path / "train.run" / "rank0.pftrace").read_bytes())
+    trace = run_context.store.get("jobs/a_rank0.pftrace")
+    text = rendered(ranks.layout(trace, "jobs/a_rank0.pftrace", {}, run_context))
+    assert "do not load as one run" in text and "two traces are rank 0" in text

@@ -17,7 +17,7 @@ import pandas as pd
 from dash import html
 from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.errors import NeuronExplorerError
-from neuron_explorer.run_files import MANIFEST, distributed_info, is_trace_file, rank_from_name
+from neuron_explorer.run_files import MANIFEST, is_trace_file, rank_from_name
 from neuron_explorer.webapp.components import (
     data_table,
     graph,
@@ -41,8 +41,7 @@ MAX_RUNS = 2
 
 def run_folder(trace: Any, ctx: Any, name: str) -> Path | None:
     """The run folder the trace `name` belongs to: its folder, when that is a run folder (it
-    has a run manifest, or the trace is one rank of several, or two or more of its files are
-    named for ranks); None for a trace on its own."""
+    has a run manifest, or two or more of its files are named for ranks); None otherwise."""
     try:
         path = ctx.store.resolve(name)
     except (NeuronExplorerError, AttributeError, OSError):
@@ -51,9 +50,8 @@ def run_folder(trace: Any, ctx: Any, name: str) -> Path | None:
     traces = [p for p in folder.iterdir() if p.is_file() and is_trace_file(p.name)]
     if len(traces) < 2:
         return None
-    info = distributed_info(getattr(trace, "metadata", None) or {})
     ranked = [p for p in traces if rank_from_name(str(p)) is not None]
-    if (folder / MANIFEST).exists() or info.get("world_size", 1) > 1 or len(ranked) >= 2:
+    if (folder / MANIFEST).exists() or len(ranked) >= 2:
         return folder
     return None
 
@@ -85,7 +83,11 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             "rank of a run folder (`neuron-explorer record -- torchrun ...` writes one, or "
             "serve a folder of per-rank PyTorch-profiler traces with `neuron-explorer view "
             "FOLDER`).", "info"))])
-    run = load_folder(folder)
+    try:
+        run = load_folder(folder)
+    except NeuronExplorerError as exc:
+        return html.Div([page_title(TITLE, name), section("Ranks", notice(
+            f"The traces in {folder.name}/ do not load as one run: {exc}", "warning"))])
     late = run.stragglers()
     comm = run.communication()
     communicating = float(comm["communication_ns"].sum()) if len(comm) else 0.0
