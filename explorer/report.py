@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.idle import idle_summary
-from neuron_explorer.analyses.levels import not_recorded, records_device
+from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 TOP = 10
+# findings whose share is of the whole recorded run, not of the analysed steps
+RUN_SHARE_RULES = {"compile_dominates": "the run"}
 
 
 def mean_breakdown(trace: Trace) -> pd.DataFrame:
@@ -86,8 +88,14 @@ def report_sections(trace: Trace) -> list[Section]:
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
     findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of step time). {f.explanation} "
-                f"Fix: {f.recommendation}" for f in trace.bottlenecks()]
+                f"({fmt_share(f.share_of_step)} of {RUN_SHARE_RULES.get(f.rule_id, 'step time')})."
+                f" {f.explanation} Fix: {f.recommendation}" for f in trace.bottlenecks()]
+    if not device:
+        findings.append(f"findings about the device (launches, kernels, memory): {missing}; "
+                        "record with --level op or engine to get them")
+    elif recorded_level(trace) == "op":
+        findings.append("findings about engines and DMA transfers: not recorded at --level op; "
+                        "record with --level engine to get them")
     if not device:
         bd_table = pd.concat([bd_table, pd.DataFrame([{"side": "device", "category": missing,
                                                        "per step": "-", "share": "-"}])])

@@ -63,9 +63,24 @@ def test_host_fallback(tmp_path: Path, clean_trace) -> None:
     sc = scenarios.clean()
     sc.op(9000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")
     (f,) = _rule(_load(sc, tmp_path, "fb"), "host_fallback")
-    assert f.time_lost_ns == 600 and "aten::nonzero" in f.recommendation
+    assert f.time_lost_ns == 600 and "aten::nonzero" in f.explanation
+    # the recommendation names what the user called, and where
+    assert "torch.nonzero (at model.py:3)" in f.recommendation
     assert "model.py:3" in f.evidence[0]["description"]
     assert _rule(clean_trace, "host_fallback") == []
+
+
+def test_host_fallback_names_the_module_api(tmp_path: Path) -> None:
+    """nn.MultiheadAttention's eval fast path: not "the data pipeline", but the module, its
+    line and a replacement the device runs."""
+    sc = scenarios.clean()
+    sc.op(9000, 600, "aten::_native_multi_head_attention", 99, 0, fallback=True,
+          module="model.attn", source="infer.py:21")
+    (f,) = _rule(_load(sc, tmp_path, "mha"), "host_fallback")
+    assert "data pipeline" not in f.recommendation
+    assert "nn.MultiheadAttention" in f.recommendation
+    assert "F.scaled_dot_product_attention" in f.recommendation
+    assert "model.attn" in f.recommendation and "infer.py:21" in f.recommendation
 
 
 def test_host_device_copies(tmp_path: Path, clean_trace) -> None:
