@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 TOP = 10
 # findings whose share is of the whole recorded run, not of the analysed steps
-RUN_SHARE_RULES = {"compile_dominates": "the run"}
+RUN_SHARE_RULES = {"compile_dominates": "the run", "recompilation": "the recorded steps"}
 
 
 def mean_breakdown(trace: Trace) -> pd.DataFrame:

@@ -24,7 +24,8 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [], f"graph {r.graph_id} ({r.name}) compiled in "
                       f"{r.dur / 1e6:.3g} ms") for r in graphs.itertuples()]
     totals = cs["totals"].iloc[0]
-    churn = int(totals["recompiles"]) + int(totals["graph_breaks"])
+    churn = " and ".join(what for what, n in (("recompiles", totals["recompiles"]),
+                                               ("graph breaks", totals["graph_breaks"])) if n)
     selection = analysed_steps(trace)
     return [make(
         trace, RULE_ID, f"Compilation takes {total / span:.0%} of the run", total, items,
@@ -33,5 +34,5 @@ def check(trace: Trace) -> list[Finding]:
         f"figures leave it out: they use {selection.describe()}.",
         "Run many steps per compile: record after the warm-up (neuron-explorer record "
         "--steps START:STOP) and cache compiled graphs between runs"
-        + ("; remove the recompiles and graph breaks that multiply compile work." if churn
-           else "."), share_of=span)]
+        + (f"; remove the {churn} that multiply compile work." if churn else "."),
+        share_of=span)]

@@ -27,6 +27,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     spans = compile_spans(trace)
     lost = 0.0
+    steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     if len(trace.steps) and len(spans):
         u = Union(spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy())
         st = trace.steps
@@ -37,11 +38,18 @@ def check(trace: Trace) -> list[Finding]:
             where = f" at {r.source}" if r.source else ""
             items.append(evidence(r.ts, 0, [r.id], f"{label}{where}: {r.reason or 'no reason'}"))
     reasons = sorted({r for r in list(in_step_breaks["reason"]) + list(in_step_rec["reason"]) if r})
+    counted = [_plural(len(in_step_breaks), "graph break"), _plural(len(in_step_rec), "recompile")]
     title = (f"Recompilation storm: {len(recompiles)} recompiles" if storm else
-             f"{len(in_step_breaks)} graph breaks and {len(in_step_rec)} recompiles in steps")
+             " and ".join(c for c in counted if c) + " in steps")
+    # compile time is not per step: its share is of the recorded steps, warm-up included
     return [make(trace, RULE_ID, title, lost, items, _explanation(in_step_breaks, recompiles,
                                                                   reasons),
-                 _recommendation(breaks, in_step_breaks, in_step_rec, reasons))]
+                 _recommendation(breaks, in_step_breaks, in_step_rec, reasons),
+                 share_of=steps_ns or None)]
+
+
+def _plural(n: int, what: str) -> str:
+    return "" if not n else f"{n} {what}" + ("s" if n > 1 else "")
 
 
 def _explanation(breaks: pd.DataFrame, recompiles: pd.DataFrame, reasons: list[str]) -> str:

@@ -1,6 +1,6 @@
 """An inference loop over requests of varying lengths: no optimizer, no step marks.
 
-    python infer_loop.py [REQUESTS]
+    python infer_loop.py [REQUESTS] [--compile]
 """
 
 import sys
@@ -25,9 +25,10 @@ class Encoder(nn.Module):
 requests = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 torch.manual_seed(0)
 model = Encoder().to("neuron").eval()
+run = torch.compile(model, backend="neuron") if "--compile" in sys.argv else model
 with torch.no_grad():
     for i in range(requests):
         idx = torch.randint(0, 100, (2, 8 + 4 * i)).to("neuron")
-        logits = model(idx)
+        logits = run(idx)
         token = logits[:, -1].argmax(-1)
 print("last tokens", token.tolist())
