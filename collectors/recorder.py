@@ -195,6 +195,10 @@ class Recorder:
         start = self.step_start
         if not self.steps_completed and self.step == 0:
             start = now
+        elif not self.steps_completed and self.first_event_ts is not None:
+            # the first step of a --steps window: no recorded step before it, so it can
+            # reach back to hold every device event it saw (the window never cuts a step)
+            start = min(start, self.first_event_ts)
         self.step_open = True
         self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
                           {ARG_STEP: self.step})
