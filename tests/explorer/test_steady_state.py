@@ -104,3 +104,17 @@ def test_framework_level_says_not_recorded_instead_of_zero(tmp_path: Path) -> No
     assert "not recorded at --level framework" in text
     assert not any(line.split()[:2] == ["device", "idle"] for line in text.splitlines() if line)
     assert "MFU                 0.0%" not in text
+
+
+def test_a_windows_first_step_holds_its_ops_dated_before_it(tmp_path: Path) -> None:
+    """--steps 2:4: an op recorded as step 2 before step 2's slice began is step 2's."""
+    sc = scenarios.Scenario()
+    sc.b.metadata(sc.host, {"steps": [2, 4]}, ts=1)
+    for n in (2, 3):
+        sc.step(n)
+    sc.op(19_000, 500, "aten::mm", 1, 2, kernel=(19_600, 300), busy={"tensor": 300})
+    sc.op(21_000, 500, "aten::mm", 2, 2, kernel=(21_600, 300), busy={"tensor": 300})
+    t = _load(sc, tmp_path, "window_early")
+    assert t.steps["ts"].tolist() == [19_000, 30_000]
+    assert t.steps["dur"].tolist() == [11_000, scenarios.STEP]
+    assert t.ops["step"].tolist() == [2, 2]
