@@ -53,7 +53,11 @@ def report_sections(trace: Trace) -> list[Section]:
     missing = not_recorded(trace)
 
     def device_share(value: Any) -> str:
-        return fmt_share(value) if device else missing
+        if not device:
+            return missing
+        if isinstance(value, float) and 0 < value < 0.0005:  # a toy model: not "0.0%"
+            return f"{100 * value:.2g}%"
+        return fmt_share(value)
 
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",

@@ -118,3 +118,15 @@ def test_a_windows_first_step_holds_its_ops_dated_before_it(tmp_path: Path) -> N
     assert t.steps["ts"].tolist() == [19_000, 30_000]
     assert t.steps["dur"].tolist() == [11_000, scenarios.STEP]
     assert t.ops["step"].tolist() == [2, 2]
+
+
+def test_a_small_mfu_is_not_shown_as_zero(tmp_path: Path) -> None:
+    """A small inference model's MFU (0.0009%) reads as such, not as 0.0%."""
+    sc = scenarios.Scenario()
+    for n in range(2):
+        t = sc.step(n)
+        sc.op(t, 500, "aten::mm", n + 1, n, kernel=(t + 600, 300), busy={"tensor": 300},
+              flops=9_000)
+    text = render_report(_load(sc, tmp_path, "tiny"), "text")
+    mfu = next(line for line in text.splitlines() if line.startswith("MFU"))
+    assert mfu.split()[-1] == "0.0009%"
