@@ -51,8 +51,9 @@ def check(trace: Trace) -> list[Finding]:
     device_ns = float(in_analysed_steps(trace, trace.kernels)["dur"].sum())
     device_share = fp32_ns / device_ns if device_ns else 0.0
     matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum())
-    if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace) and \
-            device_share < th.FP32_MATMUL_MIN_DEVICE_SHARE:
+    on_device = (fp32_ns >= th.FP32_MATMUL_MIN_MATMUL_SHARE * matmul_ns
+                 and device_share >= th.FP32_MATMUL_MIN_DEVICE_SHARE)
+    if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace) and not on_device:
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in float32, {us(r.device_dur)} on the "
                       f"device" + (f" ({r.module})" if r.module else "")
@@ -72,14 +73,17 @@ def check(trace: Trace) -> list[Finding]:
     if _host_bound(trace):
         explanation += (" The run is host-bound now, so this is device time rather than step "
                         "time: after you fix the host-bound issue, this is next.")
-    worst = mm.groupby(["name", "source"], sort=False)["device_dur"].sum().idxmax()
-    where = f"{worst[0]} at {worst[1]}" if worst[1] else worst[0]
+    name, module = mm.groupby(["name", "module"], sort=False)["device_dur"].sum().idxmax()
+    # the group's first op: the forward's line (backward ops carry the backward() call's)
+    first = mm[(mm["name"] == name) & (mm["module"] == module)].sort_values("ts").iloc[0]
+    where = name + (f" in {module}" if module else "") + \
+        (f" at {first['source']}" if first["source"] else "")
     if mixed:
         recommendation = (f"Give {where} bfloat16 inputs: autocast did not cast them (an "
                           "input made in float32, e.g. after a softmax or an explicit "
-                          ".float()); cast with .to(torch.bfloat16) there, or use "
-                          "F.scaled_dot_product_attention for attention, which autocast runs "
-                          "in bfloat16.")
+                          ".float()); cast with .to(torch.bfloat16) there, or compute "
+                          "attention with F.scaled_dot_product_attention on bfloat16 q, k "
+                          "and v.")
     else:
         recommendation = (f"Run the model's matmuls ({where} first) in bfloat16: wrap the "
                           "forward pass in torch.autocast('neuron', dtype=torch.bfloat16) or "

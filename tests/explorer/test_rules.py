@@ -258,7 +258,18 @@ def test_fp32_matmul_judged_on_device_time_in_host_bound_run(tmp_path: Path) -> 
     assert f.time_lost_ns == 3000
     assert "after you fix the host-bound issue, this is next" in f.explanation
     assert "bfloat16 (autocast" in f.explanation  # other matmuls did run in bf16
-    assert "aten::bmm at model.py:27" in f.recommendation
+    assert "aten::bmm in model.attn at model.py:27" in f.recommendation
+
+
+def test_fp32_attention_bmm_under_autocast_is_flagged(tmp_path: Path) -> None:
+    """As recorded from nn.MultiheadAttention under autocast: the attention bmm in fp32 is
+    half the matmul device time but 7% of the device's busy time (the optimizer and the
+    elementwise ops take the rest) and a sliver of the host-bound step."""
+    sc = _host_bound_fp32(0.5)
+    sc.op(150_000, 1000, "aten::_foreach_add_", 99, 0, kernel=(151_000, 60_000),
+          busy={"vector": 60_000}, dtypes="[float32]")
+    (f,) = _rule(_load(sc, tmp_path, "fp32_attn"), "fp32_matmul")
+    assert "50% of matmul time" in f.explanation
 
 
 def test_fp32_matmul_not_flagged_when_a_small_part_of_device_time(tmp_path: Path) -> None:
