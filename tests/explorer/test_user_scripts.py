@@ -150,3 +150,16 @@ def test_framework_level_says_not_recorded(record) -> None:
     assert {r["side"] for r in rep["breakdown"]} == {"host"}
     text = _cli("report", str(path), cwd=path.parent).stdout
     assert "MFU                 not recorded at --level framework" in text
+
+
+def test_fp32_attention_under_autocast_is_flagged(record) -> None:
+    """Under autocast nn.MultiheadAttention's bmm ran in fp32 in a host-bound run."""
+    path, _ = record("mha_autocast.py", "3")
+    rep = _report(path)
+    fp32 = _finding(rep, "fp32_matmul")
+    if fp32 is None:  # then autocast cast them: nothing ran in fp32
+        ops = neuron_explorer.load(path).ops
+        assert not ops[ops["name"] == "aten::bmm"]["dtypes"].str.contains("float32").any()
+        return
+    assert "aten::bmm in model.attn at mha_autocast.py:23" in fp32["recommendation"]
+    assert "after you fix the host-bound issue" in fp32["explanation"]
