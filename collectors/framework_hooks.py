@@ -8,6 +8,8 @@
   and during backward the node running each op (`torch._C._current_autograd_node`)
   says which module's backward is running;
 - optimizer: global step pre/post hooks (a step ends a training step), zero_grad;
+- inference: with no optimizer step and no `neuron_explorer.step()`, the return of the
+  outermost module's forward in no-grad or eval mode ends a step (one step per request);
 - data: time in the DataLoader iterator's `__next__`;
 - `torch.profiler.record_function` ranges become annotations.
 
@@ -69,6 +71,10 @@ class FrameworkHooks:
         self._roots: set[str] = set()
         self._seq_module: dict[int, str] = {}
         self._handles: list[Any] = []
+        # inference steps: the outermost module call running on the main thread, and the
+        # module whose calls end steps (the first one to run in inference)
+        self._outer_call: int | None = None
+        self._step_module: int | None = None
         self._patches: list[tuple[object, str, object]] = []
 
     # -- install / uninstall -----------------------------------------------------
@@ -135,7 +141,11 @@ class FrameworkHooks:
     # -- forward -----------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
-        if _is_compiling() or not self.rec.recording or isinstance(module, _GraphModule):
+        if _is_compiling() or isinstance(module, _GraphModule):
+            return
+        if self._outer_call is None and threading.get_ident() == self.rec.main_ident:
+            self._outer_call = id(module)  # also outside the step window: it counts steps
+        if not self.rec.recording:
             return
         t0 = _perf_ns()
         ts = clock.now()  # read first: the hook's own time is taken off the clock below
@@ -154,6 +164,33 @@ class FrameworkHooks:
     def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if _is_compiling():
             return
+        try:
+            self._record_forward_end(module)
+        finally:
+            if self._outer_call == id(module):
+                self._outer_call = None
+                self._end_inference_step(module)
+
+    def _end_inference_step(self, module: torch.nn.Module) -> None:
+        """The outermost module returned: in an inference loop (no grad, or eval mode) and
+        with no optimizer or explicit steps, each call of the model is a step."""
+        rec = self.rec
+        if rec.stopped or rec.explicit_steps or rec.step_boundary == "optimizer":
+            return
+        model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: its model
+        inference = not torch.is_grad_enabled() or not model.training
+        if not inference:
+            return
+        if self._step_module is None:
+            self._step_module = id(module)
+        elif self._step_module != id(module):
+            return  # another top-level module (a tokenizer, a loss): not the model
+        self._timed(self._forward_step_end)
+
+    def _forward_step_end(self, ts: int) -> None:
+        self.rec.end_step(explicit=False, ts=ts, by="forward")
+
+    def _record_forward_end(self, module: torch.nn.Module) -> None:
         rec = self.rec
         state = rec._threads.get(threading.get_ident())
         if state is None or not state.forward:
@@ -233,7 +270,7 @@ class FrameworkHooks:
 
     def _optimizer_end(self, ts: int) -> None:
         self.rec.end(CAT_OPTIMIZER, ts=ts)
-        self.rec.end_step(explicit=False, ts=ts)
+        self.rec.end_step(explicit=False, ts=ts, by="optimizer")
 
     def _wrap_zero_grad(self, original: Callable) -> Callable:
         hooks = self

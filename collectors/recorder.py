@@ -108,6 +108,7 @@ class Recorder:
         self.stopped = False
         self.step = 0
         self.explicit_steps = False
+        self.step_boundary: str | None = None  # what ends steps: explicit, optimizer, forward
         self.step_open = False
         self.step_start = clock.now()
         self.first_event_ts: int | None = None  # first device event of a step not yet begun
@@ -194,6 +195,10 @@ class Recorder:
         start = self.step_start
         if not self.steps_completed and self.step == 0:
             start = now
+        elif not self.steps_completed and self.first_event_ts is not None:
+            # the first step of a --steps window: no recorded step before it, so it can
+            # reach back to hold every device event it saw (the window never cuts a step)
+            start = min(start, self.first_event_ts)
         self.step_open = True
         self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
                           {ARG_STEP: self.step})
@@ -220,12 +225,17 @@ class Recorder:
                     self.writer.end(state.track, now)
                 return
 
-    def end_step(self, explicit: bool, ts: int | None = None) -> None:
-        """End the current step: by `neuron_explorer.step()` or an optimizer step."""
+    def end_step(self, explicit: bool, ts: int | None = None, by: str = "optimizer") -> None:
+        """End the current step: by `neuron_explorer.step()`, an optimizer step or (`by` =
+        "forward", inference loops) the return of the outermost module's forward."""
         if explicit:
             self.explicit_steps = True
+            by = "explicit"
         elif self.explicit_steps:
             return  # explicit step marks override optimizer steps
+        elif by == "forward" and self.step_boundary == "optimizer":
+            return  # a training loop: its optimizer steps end the steps
+        self.step_boundary = by
         now = clock.now() if ts is None else ts
         if explicit and not self.step_open and self.recording:
             # an explicit step holds whatever ran since the last mark, activity or not
@@ -340,6 +350,11 @@ class Recorder:
             if self.step_open:
                 self.writer.end(self.main.track, now)
                 self.step_open = False
+            if self.steps_recorded:
+                # which steps a mark ended: the explorer leaves the code after the last out
+                self.writer.metadata(self.main.track, now, {
+                    "steps_completed": self.steps_completed,
+                    "step_boundary": self.step_boundary})
             self.writer.close()
         except RecordingError as exc:
             self.fail(exc)

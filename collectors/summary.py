@@ -62,7 +62,9 @@ def summary(recorder: Recorder) -> str:
         (f"neuron-explorer: trace written to {path} ({human_size(size)}, level "
         f"{recorder.options.level})"),
         f"  events: {', '.join(shown)}",
-        f"  steps recorded: {_steps_text(recorder.steps_recorded, recorder.steps_completed)}",
+        f"  steps recorded: {_steps_text(recorder.steps_recorded, recorder.steps_completed)}"
+        + (" (a step per call of the model: no optimizer step ran)"
+           if recorder.step_boundary == "forward" else ""),
     ]
     children = child_traces(path)
     if children:

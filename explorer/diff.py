@@ -1,7 +1,9 @@
 """What changed between two traces: step time, breakdown, ops, modules, engines.
 
-Totals are per step (divided by each trace's step count, 1 without steps), so a
-run of 10 steps compares fairly with a run of 50. Typical uses: eager against
+Totals are per analysed step (the steady state of each trace: no warm-up or compile
+steps, see `analyses/steady_state.py`; 1 without steps), so a run of 10 steps
+compares fairly with a run of 50, and a compiled run with an eager one; compile
+time is compared on its own. Typical uses: eager against
 torch.compile, trn1 against trn2, before and after a fix.
 """
 
@@ -15,12 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
 
 SUMMARY_METRICS = ("step_time_ns", "n_steps", "mfu", "hfu", "mbu", "device_busy_share",
-                   "n_ops", "n_kernels")
+                   "n_ops", "n_kernels", "compile_ns")
 
 
 @dataclass
@@ -37,6 +40,7 @@ class TraceDiff:
     hardware: tuple[str | None, str | None] = field(default=(None, None))
     # name, kind, status, a_count, b_count, a_ns, b_ns, a_mean_ns, b_mean_ns, delta_ns
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    steps: tuple[str, str] = field(default=("", ""))  # the steps each side analysed, in words
 
     @property
     def added_ops(self) -> list[str]:
@@ -52,6 +56,7 @@ class TraceDiff:
             return json.loads(frame.to_json(orient="records"))
 
         return {"a": self.a, "b": self.b, "hardware": list(self.hardware),
+                "steps_analysed": list(self.steps),
                 "summary": records(self.summary), "breakdown": records(self.breakdown),
                 "ops": records(self.ops), "modules": records(self.modules),
                 "engines": records(self.engines), "kernels": records(self.kernels),
@@ -61,11 +66,14 @@ class TraceDiff:
         """Titled sections for the renderers."""
         s = self.summary
         summary = {"a": f"{self.a} ({self.hardware[0] or '-'})",
-                   "b": f"{self.b} ({self.hardware[1] or '-'})"}
+                   "b": f"{self.b} ({self.hardware[1] or '-'})",
+                   "steps analysed": f"{self.steps[0] or '-'} -> {self.steps[1] or '-'}"}
         for r in s.itertuples():
             if r.metric == "step_time_ns":
                 summary["step time"] = (f"{fmt_ns(r.a)} -> {fmt_ns(r.b)} "
                                         f"({_ratio_text(r.ratio)})")
+            elif r.metric == "compile_ns":
+                summary["compile (on its own)"] = f"{fmt_ns(r.a)} -> {fmt_ns(r.b)}"
             elif r.metric in ("mfu", "hfu", "mbu", "device_busy_share"):
                 summary[r.metric] = f"{fmt_share(r.a)} -> {fmt_share(r.b)}"
             else:
@@ -127,7 +135,8 @@ def _ratio_text(ratio: float) -> str:
 
 
 def _per_step(trace: Trace) -> int:
-    return max(len(trace.steps), 1)
+    """The number of steps the per-step figures divide by: the analysed ones."""
+    return max(len(analysed_steps(trace).steps), 1)
 
 
 def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[str, str]
@@ -234,15 +243,17 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
         pd.DataFrame(columns=["module", "phase", "ns"])
     mods = _outer(ma, mb, ["module", "phase"], {"ns": "ns"})
     mods["delta_ns"] = mods["b_ns"] - mods["a_ns"]
-    ea = engine_busy_totals(ta).assign(busy_ns=lambda f: f["busy_ns"] / na)
-    eb = _align_devices(ea, engine_busy_totals(tb).assign(busy_ns=lambda f: f["busy_ns"] / nb))
+    ea = engine_busy_totals(ta, analysed=True).assign(busy_ns=lambda f: f["busy_ns"] / na)
+    eb = _align_devices(ea, engine_busy_totals(tb, analysed=True).assign(
+        busy_ns=lambda f: f["busy_ns"] / nb))
     eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
     eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
     return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
                      summary=_summary(ta, tb), breakdown=bd, ops=ops,
                      modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
                      engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                     hardware=(ta.hardware, tb.hardware), kernels=_kernels(ta, tb, na, nb))
+                     hardware=(ta.hardware, tb.hardware), kernels=_kernels(ta, tb, na, nb),
+                     steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:

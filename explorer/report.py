@@ -8,16 +8,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.idle import idle_summary
+from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 TOP = 10
+# findings whose share is of the whole recorded run, not of the analysed steps
+RUN_SHARE_RULES = {"compile_dominates": "the run", "recompilation": "the recorded steps"}
 
 
 def mean_breakdown(trace: Trace) -> pd.DataFrame:
-    """Breakdown averaged over steps: side, category, ns (mean per step), share."""
+    """Breakdown averaged over the analysed steps (the steady state): side, category, ns
+    (mean per step), share."""
     bd = trace.breakdown()
     if not len(bd):
         return pd.DataFrame(columns=["side", "category", "ns", "share"])
@@ -44,14 +49,27 @@ def report_dict(trace: Trace) -> dict[str, Any]:
 def report_sections(trace: Trace) -> list[Section]:
     """The report as titled sections for the text, Markdown and HTML renderers."""
     s = trace.summary()
+    device = records_device(trace)
+    missing = not_recorded(trace)
+
+    def device_share(value: Any) -> str:
+        if not device:
+            return missing
+        if isinstance(value, float) and 0 < value < 0.0005:  # a toy model: not "0.0%"
+            return f"{100 * value:.2g}%"
+        return fmt_share(value)
+
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
-        "steps": s["n_steps"], "step time (median)": fmt_ns(s["step_time_ns"]),
-        "time analysed": fmt_ns(s["total_ns"]), "MFU": fmt_share(s["mfu"]),
-        "HFU": fmt_share(s["hfu"]), "MBU": fmt_share(s["mbu"]),
-        "device busy": fmt_share(s["device_busy_share"]), "ops": s["n_ops"],
-        "kernels": s["n_kernels"],
+        "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
+        "step time (median)": fmt_ns(s["step_time_ns"]),
+        "time analysed": fmt_ns(s["total_ns"]), "MFU": device_share(s["mfu"]),
+        "HFU": device_share(s["hfu"]), "MBU": device_share(s["mbu"]),
+        "device busy": device_share(s["device_busy_share"]),
+        "ops": s["n_ops"] if device else missing, "kernels": s["n_kernels"] if device else missing,
     }
+    if s["compile_ns"]:
+        head["compile (on its own)"] = _compile_text(trace)
     if s["skipped"]:
         head["skipped events"] = ", ".join(f"{k}: {v}" for k, v in s["skipped"].items())
     bd = mean_breakdown(trace)
@@ -74,12 +92,48 @@ def report_sections(trace: Trace) -> list[Section]:
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
     findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of step time). {f.explanation} "
-                f"Fix: {f.recommendation}" for f in trace.bottlenecks()]
-    return [Section("Summary", head), Section("Step breakdown (mean per step)", bd_table),
+                f"({fmt_share(f.share_of_step)} of {RUN_SHARE_RULES.get(f.rule_id, 'step time')})."
+                f" {f.explanation} Fix: {f.recommendation}" for f in trace.bottlenecks()]
+    if not device:
+        findings.append(f"findings about the device (launches, kernels, memory): {missing}; "
+                        "record with --level op or engine to get them")
+    elif recorded_level(trace) == "op":
+        findings.append("findings about engines and DMA transfers: not recorded at --level op; "
+                        "record with --level engine to get them")
+    if not device:
+        bd_table = pd.concat([bd_table, pd.DataFrame([{"side": "device", "category": missing,
+                                                       "per step": "-", "share": "-"}])])
+        idle_table = [f"device idle time: {missing}"]
+        ops_table = [f"ops: {missing}"]
+        mods_table = mods_table.drop(columns=["device"])
+    return [Section("Summary", head),
+            Section(f"Step breakdown (mean per analysed step, {_steps_label(s)})", bd_table),
             Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
             Section("Top modules", mods_table),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _steps_label(s: dict[str, Any]) -> str:
+    """'steps 1–5' from the summary's words 'steps 1–5 of 0–5 (...)'."""
+    return str(s["steps_analysed_text"]).split(" of ")[0]
+
+
+def _compile_text(trace: Trace) -> str:
+    """Compile time, graphs and the steps it ran in, apart from the per-step figures."""
+    cs = trace.compile_summary()
+    totals = cs["totals"].iloc[0]
+    graphs = cs["graphs"]
+    steps = sorted({int(x) for x in graphs["step"].tolist() if x >= 0}) if len(graphs) else []
+    analysed = set(analysed_steps(trace).steps)
+    where = f"in step {', '.join(map(str, steps))}" if steps else "outside the steps"
+    inside = " (inside the analysed steps)" if analysed & set(steps) else \
+        " (not in the per-step figures)"
+    parts = [f"{fmt_ns(totals['compile_ns'])} in {int(totals['graphs'])} graphs, {where}{inside}"]
+    if totals["recompiles"]:
+        parts.append(f"{int(totals['recompiles'])} recompiles")
+    if totals["graph_breaks"]:
+        parts.append(f"{int(totals['graph_breaks'])} graph breaks")
+    return "; ".join(parts)
 
 
 def render_report(trace: Trace, fmt: str) -> str:

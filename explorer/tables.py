@@ -156,7 +156,31 @@ def derive_steps(trace: Trace) -> pd.DataFrame:
         step = np.arange(len(s))
     frame = pd.DataFrame({"step": step, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                           "id": ids, "track_id": s["track_id"].to_numpy()})
-    return _unique_steps(frame.sort_values("ts", ignore_index=True))
+    frame = _unique_steps(frame.sort_values("ts", ignore_index=True))
+    _hold_window_start(trace, frame)
+    return frame
+
+
+def _hold_window_start(trace: Trace, steps: pd.DataFrame) -> None:
+    """The first step of a `--steps START:STOP` window (START > 0) holds every op recorded
+    with its number: nothing of the program was recorded before it, so an op dated before
+    its slice began is its own, and the window must not cut it off."""
+    window = trace.metadata.get("steps")
+    if not isinstance(window, list) or not window or not window[0] or not len(steps):
+        return
+    ops = of_kind(trace, tf.CAT_OP)
+    if not len(ops):
+        return
+    first = steps.iloc[0]
+    ts = ops["ts"].to_numpy(np.int64)
+    early = ts < int(first["ts"])
+    if not early.any():
+        return
+    own = number(trace, tf.ARG_STEP, ops["id"].to_numpy()[early], default=-1) == first["step"]
+    if own.any():
+        start = int(ts[early][own].min())
+        steps.loc[0, "dur"] = int(first["ts"] + first["dur"] - start)
+        steps.loc[0, "ts"] = start
 
 
 def _unique_steps(frame: pd.DataFrame) -> pd.DataFrame:

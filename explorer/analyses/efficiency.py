@@ -3,7 +3,8 @@
 MFU = model FLOPs / (peak FLOP/s x step time); HFU counts the FLOPs the hardware
 executed (padding included); MBU = HBM bytes moved / (peak bandwidth x step time).
 The peak is the Tensor Engine's BF16 dense rate of the trace's hardware. Without
-hardware figures (a PyTorch-profiler trace) the ratios are NaN.
+hardware figures (a PyTorch-profiler trace), or at `--level framework` (no kernels),
+the ratios are NaN. Steps are the analysed ones (`steady_state`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.levels import records_device
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.peaks import hbm_bandwidth, peak_flops
 
@@ -28,6 +30,7 @@ def efficiency(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in COLUMNS})
     k = trace.kernels
     steps = win["step"].to_numpy()
+    measured = records_device(trace)  # at --level framework no kernel says what ran
     if len(k) and len(trace.steps):
         g = k.groupby("step")[["flops", "hw_flops", "bytes"]].sum()
         sums = g.reindex(steps, fill_value=0)
@@ -43,7 +46,7 @@ def efficiency(trace: Trace) -> pd.DataFrame:
                           "hw_flops": sums["hw_flops"].to_numpy(np.int64),
                           "bytes": sums["bytes"].to_numpy(np.int64)})
     with np.errstate(divide="ignore", invalid="ignore"):
-        frame["mfu"] = frame["flops"] / (peak * dur_s) if peak else np.nan
-        frame["hfu"] = frame["hw_flops"] / (peak * dur_s) if peak else np.nan
-        frame["mbu"] = frame["bytes"] / (bw * dur_s) if bw else np.nan
+        frame["mfu"] = frame["flops"] / (peak * dur_s) if peak and measured else np.nan
+        frame["hfu"] = frame["hw_flops"] / (peak * dur_s) if peak and measured else np.nan
+        frame["mbu"] = frame["bytes"] / (bw * dur_s) if bw and measured else np.nan
     return frame[COLUMNS]

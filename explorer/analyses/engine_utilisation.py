@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.tables import ENGINES, map_unique
 
 if TYPE_CHECKING:
@@ -89,9 +90,15 @@ def engine_utilisation(trace: Trace, bin_ns: int | None = None) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)[COLUMNS]
 
 
-def engine_busy_totals(trace: Trace) -> pd.DataFrame:
-    """Total busy ns per device and engine over the whole trace (for diffs and rules)."""
+def engine_busy_totals(trace: Trace, analysed: bool = False) -> pd.DataFrame:
+    """Total busy ns per device and engine over the whole trace, or (`analysed`) over the
+    kernels of the analysed steps only (for per-step diffs)."""
     ins = trace.instructions
+    kernels = trace.kernels
+    if analysed and len(trace.steps):
+        kernels = in_analysed_steps(trace, kernels)
+        if len(ins):
+            ins = ins[ins["kernel_id"].isin(kernels["kernel_id"])]
     rows = []
     if len(ins):
         ts = ins["ts"].to_numpy(np.int64)
@@ -101,8 +108,8 @@ def engine_busy_totals(trace: Trace) -> pd.DataFrame:
         # row positions per (device, engine): no sub-frame per group
         for (device, engine), rows_of in sorted(keys.groupby(["device", "engine"]).indices.items()):
             rows.append((int(device), str(engine), Union(ts[rows_of], end[rows_of]).total))
-    elif len(trace.kernels):
-        k = trace.kernels
+    elif len(kernels):
+        k = kernels
         for device, dk in k.groupby("device"):
             total = 0
             for engine in (*ENGINES, "dma"):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
 from neuron_explorer.tables import assign_steps
 
@@ -92,7 +93,8 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
         }))
     if not rows:
         return idle_gaps_empty()
-    return pd.concat(rows, ignore_index=True)[COLUMNS]
+    gaps = pd.concat(rows, ignore_index=True)[COLUMNS]
+    return in_analysed_steps(trace, gaps).reset_index(drop=True)
 
 
 def idle_gaps_empty() -> pd.DataFrame:

@@ -2,9 +2,10 @@
 
 Our traces record HBM in use as a counter per device. PyTorch-profiler traces
 record it as `[memory]` instants (with `Total Allocated`) when memory profiling
-was on. The holders at the peak are estimated by time: each change in memory is
-charged to the op whose kernel (or host call) was running when it happened, and
-an op's holding is its net change from the start of the trace to the peak.
+was on. The holders at the peak are the allocations still live at the peak: each
+allocation is charged to the op that began last before it on the host clock (the
+clock memory changes are dated on), and releases free allocations of their size
+(else the latest ones), so the holders sum to the peak.
 """
 
 from __future__ import annotations
@@ -63,28 +64,61 @@ def peak_memory(trace: Trace) -> pd.DataFrame:
                          "peak_ts": peak["ts"].to_numpy()})
 
 
-def _charge(trace: Trace, device: int, ts: np.ndarray) -> np.ndarray:
-    """Op slice id charged for a memory change at each time (-1: none)."""
-    k = trace.kernels
+def _charge(trace: Trace, ts: np.ndarray) -> np.ndarray:
+    """Op slice id charged for a memory change at each host time: the last op that began
+    at or before it (-1: none). Memory changes are dated on the host clock, like op slices."""
     ops = trace.ops
     out = np.full(len(ts), -1, np.int64)
-    if len(k) and "op_slice_id" in k:
-        kd = k[(k["device"] == device) & (k["op_slice_id"] >= 0)].sort_values("ts")
-        if len(kd):
-            i = np.searchsorted(kd["ts"].to_numpy(), ts, side="right") - 1
-            ok = i >= 0
-            out[ok] = kd["op_slice_id"].to_numpy()[i[ok]]
-    missing = out < 0
-    if missing.any() and len(ops):
-        o = ops.sort_values("ts")
-        i = np.searchsorted(o["ts"].to_numpy(), ts[missing], side="right") - 1
-        got = np.where(i >= 0, o["id"].to_numpy()[np.maximum(i, 0)], -1)
-        out[missing] = got
+    if not len(ops):
+        return out
+    o = ops.sort_values("ts")
+    i = np.searchsorted(o["ts"].to_numpy(np.int64), ts, side="right") - 1
+    ok = i >= 0
+    out[ok] = o["id"].to_numpy()[i[ok]]
     return out
 
 
+def live_allocations(deltas: np.ndarray, owner: np.ndarray) -> dict[int, int]:
+    """Bytes each owner still holds after the changes `deltas` (in time order).
+
+    The counter says how much is in use, not which block a release frees, so a release
+    frees the latest live allocation of its exact size when there is one (the same tensor,
+    or one like it), else the latest allocations (last in, first out). What remains sums to
+    the bytes in use at the end: holders never add up to more than the peak."""
+    stack: list[list[int]] = []  # [owner, bytes still held], in allocation order
+    by_size: dict[int, list[int]] = {}  # size -> positions in `stack` allocated with it
+    for d, who in zip(deltas.tolist(), owner.tolist(), strict=True):
+        if d > 0:
+            by_size.setdefault(d, []).append(len(stack))
+            stack.append([who, d])
+            continue
+        need = -d
+        same = by_size.get(need)
+        while need and same:
+            i = same.pop()
+            if i < len(stack) and stack[i][1] == need:
+                stack[i][1] = 0
+                need = 0
+        while need and stack:
+            top = stack[-1]
+            take = min(top[1], need)
+            top[1] -= take
+            need -= take
+            if top[1] == 0:
+                stack.pop()
+        while stack and stack[-1][1] == 0:
+            stack.pop()
+    held: dict[int, int] = {}
+    for who, nbytes in stack:
+        if nbytes > 0:
+            held[who] = held.get(who, 0) + nbytes
+    return held
+
+
 def memory_at_peak(trace: Trace) -> pd.DataFrame:
-    """Ops (and their modules) holding memory at each device's peak, largest first."""
+    """Ops (and their modules) whose allocations are still live at each device's peak,
+    largest first; they sum to the peak (what was in use before the first op shows as
+    "(before any op)")."""
     tl = trace.memory_timeline()
     peaks = peak_memory(trace)
     rows = []
@@ -92,10 +126,10 @@ def memory_at_peak(trace: Trace) -> pd.DataFrame:
     for device, peak_bytes, peak_ts in peaks.itertuples(index=False):
         d = tl[(tl["device"] == device) & (tl["ts"] <= peak_ts)]
         values = d["in_use_bytes"].to_numpy(np.int64)
-        delta = np.diff(np.r_[0, values])
-        owner = _charge(trace, int(device), d["ts"].to_numpy(np.int64))
-        held = pd.Series(delta).groupby(owner).sum()
-        held = held[held > 0].sort_values(ascending=False)
+        # up to the peak's own change (several changes can share its timestamp)
+        values = values[: int(np.argmax(values)) + 1]
+        owner = _charge(trace, d["ts"].to_numpy(np.int64)[: len(values)])
+        held = live_allocations(np.diff(np.r_[0, values]), owner)
         for op_slice, nbytes in held.items():
             if ops is not None and op_slice in ops.index:
                 name, module = ops.at[op_slice, "name"], ops.at[op_slice, "module"]

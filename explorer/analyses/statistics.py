@@ -1,7 +1,8 @@
 """Op, module and kernel statistics: where the time, FLOPs and bytes go, by name.
 
-Shares are of the total step time (the trace's span when it has no steps), so a
-row's share says how much of a training step it accounts for.
+Rows and shares are of the analysed steps (`steady_state`: no warm-up or compile
+steps; the trace's span when it has no steps), so a row's share says how much of a
+steady training step it accounts for.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.tables import ancestor_of_kind
 
@@ -41,7 +43,7 @@ def _empty(columns: list[str]) -> pd.DataFrame:
 
 def op_stats(trace: Trace) -> pd.DataFrame:
     """Per op name, sorted by device time then host time."""
-    ops = trace.ops
+    ops = in_analysed_steps(trace, trace.ops)
     if not len(ops):
         return _empty(OP_STAT_COLUMNS)
     g = ops.groupby("name", sort=False).agg(
@@ -55,7 +57,7 @@ def op_stats(trace: Trace) -> pd.DataFrame:
 
 def module_stats(trace: Trace) -> pd.DataFrame:
     """Per module path and phase: time in the module and device time of the ops it ran."""
-    mods = trace.modules
+    mods = in_analysed_steps(trace, trace.modules)
     if not len(mods):
         return _empty(MODULE_STAT_COLUMNS)
     g = mods.groupby(["module", "phase"], sort=False).agg(count=("id", "size"),
@@ -94,7 +96,7 @@ def _module_op_sums(trace: Trace, mods: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_stats(trace: Trace) -> pd.DataFrame:
     """Per kernel name (copies and memsets included for PyTorch-profiler traces)."""
-    k = trace.kernels
+    k = in_analysed_steps(trace, trace.kernels)
     if not len(k):
         return _empty(KERNEL_STAT_COLUMNS)
     g = k.groupby(["name", "kind"], sort=False).agg(

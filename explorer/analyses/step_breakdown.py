@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.analyses.levels import records_device
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.tables import ENGINES, kind_mask
 
 if TYPE_CHECKING:
@@ -26,9 +28,10 @@ HOST_KINDS = {"sync": ("sync",), "dataloader": ("dataloader",), "compile": ("com
 
 
 def step_windows(trace: Trace) -> pd.DataFrame:
-    """Steps to analyse; a trace without steps is one window over its whole span."""
+    """Steps to analyse (the steady state: `steady_state.select_steps`); a trace without
+    steps is one window over its whole span."""
     if len(trace.steps):
-        return trace.steps[["step", "ts", "dur"]]
+        return in_analysed_steps(trace, trace.steps)[["step", "ts", "dur"]]
     s = trace.base_slices
     if not len(s):
         return pd.DataFrame({"step": [], "ts": [], "dur": []}, dtype="int64")
@@ -151,13 +154,15 @@ def _host_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
 
 
 def breakdown(trace: Trace) -> pd.DataFrame:
-    """Long-form breakdown of every step: step, side, category, ns, share of the step."""
+    """Long-form breakdown of every analysed step: step, side, category, ns, share of the
+    step (no device rows at `--level framework`, which records no device work)."""
     win = step_windows(trace)
     if not len(win):
         return pd.DataFrame({c: pd.Series(dtype="float64" if c == "share" else
                                           ("int64" if c in ("step", "ns") else object))
                              for c in COLUMNS})
-    rows = _device_rows(trace, win) + _host_rows(trace, win)
+    device = _device_rows(trace, win) if records_device(trace) else []  # not: 100% idle
+    rows = device + _host_rows(trace, win)
     frame = pd.DataFrame(rows, columns=COLUMNS[:4])
     frame["step"] = frame["step"].astype("int64")
     frame["ns"] = frame["ns"].astype("int64")

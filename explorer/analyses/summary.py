@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.analyses.levels import recorded_level, records_device
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.tables import kind_codes, kind_mask
 
@@ -38,10 +40,13 @@ def _kind_counts(trace: Trace) -> dict[str, int]:
 
 
 def summary(trace: Trace) -> dict[str, Any]:
-    """hardware, source_format, n_steps, step_time_ns (median), total_ns, mfu, hfu, mbu,
-    device_busy_share, n_ops, n_kernels, and counts of slices by kind."""
+    """hardware, source_format, n_steps, steps_analysed (the steady state, and in words),
+    step_time_ns (median over them), compile_ns (on its own), total_ns, mfu, hfu, mbu,
+    device_busy_share (None at --level framework), n_ops, n_kernels, and counts of
+    slices by kind."""
     s = trace.base_slices
     win = step_windows(trace)
+    selection = analysed_steps(trace)
     eff = trace.efficiency()
     bd = trace.breakdown()
     dev = bd[bd["side"] == "device"]
@@ -53,13 +58,18 @@ def summary(trace: Trace) -> dict[str, Any]:
         "hardware": trace.hardware,
         "source_format": trace.source_format,
         "n_steps": len(trace.steps),
-        "step_time_ns": _median(trace.steps["dur"].tolist()) if len(trace.steps) else None,
+        "steps_analysed": list(selection.steps),
+        "steps_analysed_text": selection.describe(),
+        "step_time_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
+        "compile_ns": int(trace.compile_summary()["totals"]["compile_ns"].iloc[0]),
+        "level": recorded_level(trace),
         "total_ns": total,
         "span_ns": span,
         "mfu": _median(eff["mfu"].tolist()),
         "hfu": _median(eff["hfu"].tolist()),
         "mbu": _median(eff["mbu"].tolist()),
-        "device_busy_share": float(busy / total) if total and len(trace.kernels) else 0.0,
+        "device_busy_share": (float(busy / total) if total and len(trace.kernels) else 0.0)
+        if records_device(trace) else None,
         "n_ops": _op_count(trace),
         "n_kernels": int((trace.kernels["kind"] == "kernel").sum()) if len(trace.kernels) else 0,
         # counted without building the instructions table (the overview shows only the count)

@@ -1,9 +1,10 @@
-"""Compile time dominating the recorded run."""
+"""Compile time dominating the recorded run (its share is of the run, not of a step)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
 
@@ -22,9 +23,16 @@ def check(trace: Trace) -> list[Finding]:
     graphs = cs["graphs"].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [], f"graph {r.graph_id} ({r.name}) compiled in "
                       f"{r.dur / 1e6:.3g} ms") for r in graphs.itertuples()]
+    totals = cs["totals"].iloc[0]
+    churn = " and ".join(what for what, n in (("recompiles", totals["recompiles"]),
+                                               ("graph breaks", totals["graph_breaks"])) if n)
+    selection = analysed_steps(trace)
     return [make(
         trace, RULE_ID, f"Compilation takes {total / span:.0%} of the run", total, items,
-        f"{len(graphs)} graphs took {total / 1e6:.3g} ms to compile out of a "
-        f"{span / 1e6:.3g} ms run: the steps recorded are too few to pay it back.",
-        "Compile once and run many steps (profile after warm-up), cache compiled graphs "
-        "between runs, and remove the recompiles and graph breaks that multiply compile work.")]
+        f"{int(totals['graphs'])} graphs took {total / 1e6:.3g} ms to compile out of a "
+        f"{span / 1e6:.3g} ms run: the steps recorded are too few to pay it back. The per-step "
+        f"figures leave it out: they use {selection.describe()}.",
+        "Run many steps per compile: record after the warm-up (neuron-explorer record "
+        "--steps START:STOP) and cache compiled graphs between runs"
+        + (f"; remove the {churn} that multiply compile work." if churn else "."),
+        share_of=span)]

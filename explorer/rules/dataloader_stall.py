@@ -27,6 +27,7 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID, "Steps wait for the data loader", lost, items,
         f"The training loop spent {us(lost)} waiting for batches; the device has nothing to "
         "do while the host prepares data.",
-        "Load data in parallel: DataLoader(num_workers=4 or more, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor=2+); move heavy preprocessing (decoding, "
-        "tokenisation, augmentation) offline or into the workers.")]
+        # not pin_memory=True: the neuron device has no pinned host memory (README)
+        "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
+        "persistent_workers=True and prefetch_factor=2 or more; move heavy preprocessing "
+        "(decoding, tokenisation, augmentation) offline or into the workers' Dataset code.")]

@@ -26,7 +26,7 @@ ADVICE = {
 
 
 def check(trace: Trace) -> list[Finding]:
-    totals = engine_busy_totals(trace)
+    totals = engine_busy_totals(trace, analysed=True)
     totals = totals[totals["engine"].isin(ENGINES)]
     total = step_time(trace)
     if not len(totals) or total <= 0:

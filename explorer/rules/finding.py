@@ -62,9 +62,10 @@ def step_time(trace: Trace) -> float:
 
 def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
          evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
-         severity_override: str | None = None) -> Finding:
-    """A finding with its share of step time and severity filled in."""
-    total = step_time(trace)
+         severity_override: str | None = None, share_of: float | None = None) -> Finding:
+    """A finding with its share of step time (or of `share_of` ns, for time that is not
+    per step, such as compilation) and severity filled in."""
+    total = step_time(trace) if share_of is None else share_of
     share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
     return Finding(rule_id=rule_id, title=title,
                    severity=severity_override or severity(share),

@@ -1,4 +1,9 @@
-"""FP32 matmuls that could run in BF16 (four times the Tensor Engine rate)."""
+"""FP32 matmuls that could run in BF16 (four times the Tensor Engine rate).
+
+Judged on device time: in a host-bound run the device idles most of the step, so a
+matmul's share of the step is small even when it is most of what the device does,
+and fixing the host-bound issue makes it the next bottleneck.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.roofline import main_dtype
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -17,30 +23,71 @@ if TYPE_CHECKING:
 RULE_ID = "fp32_matmul"
 MATMUL = re.compile(r"(?:^|::)(?:mm|addmm|bmm|baddbmm|matmul|linear|conv\w*|einsum|"
                     r"_scaled_dot\w*)(?:\.|$)")
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def _host_bound(trace: Trace) -> bool:
+    """Whether the device mostly waits on the host to launch (the host_bound rule fires)."""
+    gaps = trace.idle_reasons()
+    lost = float(gaps.loc[gaps["reason"] == "host_launch", "dur"].sum())
+    return lost >= th.HOST_BOUND_MIN_SHARE * step_time(trace) and lost > 0
 
 
 def check(trace: Trace) -> list[Finding]:
-    ops = trace.ops
+    ops = in_analysed_steps(trace, trace.ops)
     if not len(ops):
         return []
     is_mm = map_unique(ops["name"], lambda n: bool(MATMUL.search(str(n))), bool)
-    fp32 = map_unique(ops["dtypes"], lambda d: main_dtype(d) == "float32", bool)
-    mm = ops[is_mm & fp32 & (ops["device_dur"].to_numpy() > 0)]
+    dtype = map_unique(ops["dtypes"], main_dtype)
+    timed = ops["device_dur"].to_numpy() > 0
+    mm = ops[is_mm & (dtype == "float32") & timed]
     if not len(mm):
         return []
     figs = trace.hardware_figures
     bf16, f32 = peak_flops(figs, "bfloat16"), peak_flops(figs, "float32")
     slowdown = bf16 / f32 if bf16 and f32 and f32 < bf16 else th.FP32_SLOWDOWN_DEFAULT
-    lost = float(mm["device_dur"].sum()) * (1 - 1 / slowdown)
-    if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace):
+    fp32_ns = float(mm["device_dur"].sum())
+    lost = fp32_ns * (1 - 1 / slowdown)
+    device_ns = float(in_analysed_steps(trace, trace.kernels)["dur"].sum())
+    device_share = fp32_ns / device_ns if device_ns else 0.0
+    matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum())
+    on_device = (fp32_ns >= th.FP32_MATMUL_MIN_MATMUL_SHARE * matmul_ns
+                 and device_share >= th.FP32_MATMUL_MIN_DEVICE_SHARE)
+    if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace) and not on_device:
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in float32, {us(r.device_dur)} on the "
-                      f"device" + (f" ({r.module})" if r.module else ""))
+                      f"device" + (f" ({r.module})" if r.module else "")
+                      + (f" at {r.source}" if r.source else ""))
              for r in top(mm, "device_dur").itertuples()]
-    return [make(
-        trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items,
-        f"FP32 matmuls run {slowdown:g}x slower than BF16 on the Tensor Engine; the estimate "
-        "assumes they would run at the BF16 rate.",
-        "Run the model's matmuls in bfloat16: wrap the forward pass in "
-        "torch.autocast('neuron', dtype=torch.bfloat16) or cast the model with "
-        "model.to(torch.bfloat16), keeping an FP32 master copy of weights in the optimizer.")]
+    low = is_mm & timed & map_unique(ops["dtypes"], lambda d: main_dtype(d) in LOW_PRECISION,
+                                     bool)
+    mixed = bool(low.any())
+    explanation = (f"{len(mm)} FP32 matmuls take {us(fp32_ns)} of device time "
+                   f"({device_share:.0%} of the device's busy time, "
+                   f"{fp32_ns / matmul_ns:.0%} of matmul time); FP32 runs {slowdown:g}x slower "
+                   "than BF16 on the Tensor Engine, and the estimate assumes they would run at "
+                   "the BF16 rate.")
+    if mixed:
+        explanation += (" Other matmuls of this run ran in bfloat16 (autocast or a bf16 model): "
+                        "these got float32 inputs, so they ran at the FP32 rate.")
+    if _host_bound(trace):
+        explanation += (" The run is host-bound now, so this is device time rather than step "
+                        "time: after you fix the host-bound issue, this is next.")
+    name, module = mm.groupby(["name", "module"], sort=False)["device_dur"].sum().idxmax()
+    # the group's first op: the forward's line (backward ops carry the backward() call's)
+    first = mm[(mm["name"] == name) & (mm["module"] == module)].sort_values("ts").iloc[0]
+    where = name + (f" in {module}" if module else "") + \
+        (f" at {first['source']}" if first["source"] else "")
+    if mixed:
+        recommendation = (f"Give {where} bfloat16 inputs: autocast did not cast them (an "
+                          "input made in float32, e.g. after a softmax or an explicit "
+                          ".float()); cast with .to(torch.bfloat16) there, or compute "
+                          "attention with F.scaled_dot_product_attention on bfloat16 q, k "
+                          "and v.")
+    else:
+        recommendation = (f"Run the model's matmuls ({where} first) in bfloat16: wrap the "
+                          "forward pass in torch.autocast('neuron', dtype=torch.bfloat16) or "
+                          "cast the model with model.to(torch.bfloat16), keeping an FP32 master "
+                          "copy of weights in the optimizer.")
+    return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items, explanation,
+                 recommendation)]

@@ -29,6 +29,22 @@ def check(trace: Trace) -> list[Finding]:
         f"In {len(host)} gaps (median {us(median)}) the next kernel was launched only after the "
         "device had gone idle: the host spends longer issuing each op than the device spends "
         "running it, so the device is starved.",
-        "Launch fewer, larger kernels: wrap the model or the training step in torch.compile so "
-        "ops fuse into a few kernels per graph, or increase the batch size so each launch does "
-        "more work; keep Python work (logging, metric math) out of the hot loop.")]
+        _recommendation(trace))]
+
+
+def _recommendation(trace: Trace) -> str:
+    """Fewer, larger launches, in the terms of what the script already does."""
+    cs = trace.compile_summary()
+    compiled = len(cs["graphs"]) > 0
+    breaks = ("remove the graph breaks that leave eager ops between graphs, "
+              if len(cs["graph_breaks"]) else "")
+    inference = trace.metadata.get("step_boundary") == "forward"
+    batch = ("batch more requests into each call of the model" if inference else
+             "increase the batch size")
+    if compiled:
+        return (f"The model is already compiled: {batch} so each launch does more work, "
+                f"{breaks}and keep Python work (logging, metric math) out of the hot loop.")
+    what = "the model" if inference else "the model or the training step"
+    return (f"Launch fewer, larger kernels: wrap {what} in torch.compile(..., "
+            f"backend=\"neuron\") so ops fuse into a few kernels per graph, or {batch} so each "
+            "launch does more work; keep Python work (logging, metric math) out of the hot loop.")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import map_unique, text
@@ -49,7 +50,8 @@ def check(trace: Trace) -> list[Finding]:
     c = copies(trace)
     if not len(c) or not len(steps):
         return []
-    c = c[c["step"] >= 0]
+    c = in_analysed_steps(trace, c[c["step"] >= 0])
+    steps = in_analysed_steps(trace, steps)
     steps_with = c["step"].nunique()
     lost = float(c["dur"].sum())
     if (steps_with < th.COPY_MIN_STEP_FRACTION * len(steps)

@@ -1,9 +1,15 @@
-"""Host fallback ops: ops with no device lowering that run on the host."""
+"""Host fallback ops: ops with no device lowering that run on the host.
+
+The recommendation names what the user called (the op's module path and source line,
+and the PyTorch API that emits the op) and a replacement the device runs.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
 
@@ -12,9 +18,52 @@ if TYPE_CHECKING:
 
 RULE_ID = "host_fallback"
 
+# aten ops whose name is not the API the user called: (what called it, what to do instead)
+KNOWN_SOURCES = {
+    "aten::_native_multi_head_attention": (
+        "nn.MultiheadAttention's inference fast path (eval mode under no_grad)",
+        ("compute attention with F.scaled_dot_product_attention (the device runs it), or call "
+        "the module on its training path (the fast path is skipped while gradients are "
+        "enabled, e.g. outside torch.no_grad / inference_mode)")),
+    "aten::_transformer_encoder_layer_fwd": (
+        "nn.TransformerEncoderLayer's inference fast path (eval mode under no_grad)",
+        ("build the layer from F.scaled_dot_product_attention and nn.Linear, or run it with "
+        "gradients enabled so it takes the training path")),
+}
+
+
+def _api(op: str) -> str:
+    """The PyTorch function behind an aten op name: 'aten::topk' -> 'torch.topk'."""
+    base = op.split("::")[-1].split(".")[0]
+    return f"torch.{base}" if not base.startswith("_") else op
+
+
+def _where(rows: pd.DataFrame) -> str:
+    """'in model.attn at infer.py:17' for the op's most common module and source line."""
+    parts = []
+    modules = rows["module"][rows["module"] != ""]
+    if len(modules):
+        parts.append(f"in {modules.mode().iloc[0]}")
+    sources = rows["source"][rows["source"] != ""]
+    if len(sources):
+        parts.append(f"at {sources.mode().iloc[0]}")
+    return " ".join(parts)
+
+
+def _advice(name: str, rows: pd.DataFrame) -> str:
+    where = _where(rows)
+    where = f" ({where})" if where else ""
+    if name in KNOWN_SOURCES:
+        caller, fix = KNOWN_SOURCES[name]
+        return f"{name} comes from {caller}{where}: {fix}."
+    in_model = bool((rows["module"] != "").any())
+    move = ("" if in_model else ", or compute it before the loop if its inputs do not change")
+    return (f"{_api(name)}{where} has no device lowering: express it with ops the device "
+            f"supports{move}.")
+
 
 def check(trace: Trace) -> list[Finding]:
-    ops = trace.ops
+    ops = in_analysed_steps(trace, trace.ops)
     if not len(ops):
         return []
     fb = ops[ops["fallback"].astype(bool)]
@@ -24,12 +73,11 @@ def check(trace: Trace) -> list[Finding]:
     per_name = fb.groupby("name")["dur"].agg(["sum", "size"]).sort_values("sum", ascending=False)
     names = ", ".join(f"{n} ({c}x)" for n, (_, c) in per_name.iterrows())
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} ran on the host for {us(r.dur)}"
-                      + (f" ({r.source})" if r.source else ""))
+                      + (f" ({r.module})" if r.module else "")
+                      + (f" at {r.source}" if r.source else ""))
              for r in top(fb, "dur").itertuples()]
-    worst = per_name.index[0]
+    advice = " ".join(_advice(str(n), fb[fb["name"] == n]) for n in per_name.index[:3])
     return [make(
         trace, RULE_ID, f"{len(fb)} ops fell back to the host", lost, items,
         f"These ops have no device lowering: {names}. Each one copies its inputs to the host, "
-        "waits for the device, computes on the CPU and copies the result back.",
-        f"Replace {worst} with ops the device supports (or express it with supported ops), or "
-        "move it out of the training step (precompute it, or do it in the data pipeline).")]
+        "waits for the device, computes on the CPU and copies the result back.", advice)]

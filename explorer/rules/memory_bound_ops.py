@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -18,7 +19,7 @@ RULE_ID = "memory_bound_ops"
 
 def check(trace: Trace) -> list[Finding]:
     rf = trace.roofline()
-    k = trace.kernels
+    k = in_analysed_steps(trace, trace.kernels)
     lost = 0.0
     lines = []
     if len(rf):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from neuron_explorer.analyses.compilation import compile_spans
 from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.rules import thresholds as th
@@ -26,6 +27,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     spans = compile_spans(trace)
     lost = 0.0
+    steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     if len(trace.steps) and len(spans):
         u = Union(spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy())
         st = trace.steps
@@ -36,15 +38,52 @@ def check(trace: Trace) -> list[Finding]:
             where = f" at {r.source}" if r.source else ""
             items.append(evidence(r.ts, 0, [r.id], f"{label}{where}: {r.reason or 'no reason'}"))
     reasons = sorted({r for r in list(in_step_breaks["reason"]) + list(in_step_rec["reason"]) if r})
+    counted = [_plural(len(in_step_breaks), "graph break"), _plural(len(in_step_rec), "recompile")]
     title = (f"Recompilation storm: {len(recompiles)} recompiles" if storm else
-             f"{len(in_step_breaks)} graph breaks and {len(in_step_rec)} recompiles in steps")
-    sources = sorted({s for s in list(in_step_breaks["source"]) + list(in_step_rec["source"]) if s})
-    return [make(
-        trace, RULE_ID, title, lost, items,
-        "Graph breaks split the model into smaller graphs (more launches, less fusion, host "
-        "work between graphs); recompiles rebuild graphs when guards fail (new shapes, dtypes "
-        "or Python values). Reasons: " + ("; ".join(reasons[:5]) or "not recorded") + ".",
-        ("Fix the graph breaks at " + ", ".join(sources[:3]) + "; " if sources else "")
-        + "keep shapes static (pad or bucket sequence lengths) or mark dynamic dims with "
-        "torch._dynamo.mark_dynamic / torch.compile(dynamic=True); avoid Python side effects "
-        "and .item() inside compiled code.")]
+             " and ".join(c for c in counted if c) + " in steps")
+    # compile time is not per step: its share is of the recorded steps, warm-up included
+    return [make(trace, RULE_ID, title, lost, items, _explanation(in_step_breaks, recompiles,
+                                                                  reasons),
+                 _recommendation(breaks, in_step_breaks, in_step_rec, reasons),
+                 share_of=steps_ns or None)]
+
+
+def _plural(n: int, what: str) -> str:
+    return "" if not n else f"{n} {what}" + ("s" if n > 1 else "")
+
+
+def _explanation(breaks: pd.DataFrame, recompiles: pd.DataFrame, reasons: list[str]) -> str:
+    parts = []
+    if len(breaks):
+        parts.append("Graph breaks split the model into smaller graphs (more launches, less "
+                     "fusion, host work between graphs).")
+    if len(recompiles):
+        parts.append("Recompiles rebuild a graph when its guards fail (new shapes, dtypes or "
+                     "Python values).")
+    return " ".join(parts) + " Reasons: " + ("; ".join(reasons[:5]) or "not recorded") + "."
+
+
+def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: pd.DataFrame,
+                    reasons: list[str]) -> str:
+    """Advice for what happened: graph-break advice only when there are graph breaks."""
+    advice = []
+    break_sites = sorted({s for s in breaks["source"] if s})
+    if len(breaks):
+        advice.append("fix the graph breaks" + (f" at {', '.join(break_sites[:3])}"
+                                                if break_sites else "")
+                      + " (torch._dynamo.explain(model)(inputs) lists them)")
+    if len(recompiles) or not len(all_breaks):
+        shapes = any(w in r.lower() for r in reasons for w in ("size", "shape", "stride"))
+        sites = sorted({s for s in recompiles["source"] if s})
+        where = f" at {', '.join(sites[:3])}" if sites else ""
+        if shapes or not reasons:
+            advice.append(f"the recompiles{where} follow changing input shapes: pad or bucket "
+                          "them to a few fixed sizes, or mark the varying dim with "
+                          "torch._dynamo.mark_dynamic(x, dim) or compile with "
+                          "torch.compile(..., dynamic=True)")
+        else:
+            advice.append(f"the recompiles{where} follow changing guarded values: keep them "
+                          "constant across calls, or pass them as tensors rather than Python "
+                          "numbers")
+    text = "; ".join(advice)
+    return text[0].upper() + text[1:] + "."

@@ -38,6 +38,10 @@ TE_PADDING_MIN_SHARE = 0.01
 
 # fp32_matmul: FP32 matmuls run at a quarter of the BF16 rate on the Tensor Engine.
 FP32_MATMUL_MIN_SHARE = 0.02
+# ... or, judged on device time (a host-bound run: the next bottleneck), this share of
+# matmul device time and this share of the device's busy time
+FP32_MATMUL_MIN_MATMUL_SHARE = 0.25
+FP32_MATMUL_MIN_DEVICE_SHARE = 0.05
 FP32_SLOWDOWN_DEFAULT = 4.0  # used when the trace has no hardware figures
 
 # engine_imbalance: one engine saturated while the other compute engines idle.

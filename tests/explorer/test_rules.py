@@ -63,9 +63,24 @@ def test_host_fallback(tmp_path: Path, clean_trace) -> None:
     sc = scenarios.clean()
     sc.op(9000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")
     (f,) = _rule(_load(sc, tmp_path, "fb"), "host_fallback")
-    assert f.time_lost_ns == 600 and "aten::nonzero" in f.recommendation
+    assert f.time_lost_ns == 600 and "aten::nonzero" in f.explanation
+    # the recommendation names what the user called, and where
+    assert "torch.nonzero (at model.py:3)" in f.recommendation
     assert "model.py:3" in f.evidence[0]["description"]
     assert _rule(clean_trace, "host_fallback") == []
+
+
+def test_host_fallback_names_the_module_api(tmp_path: Path) -> None:
+    """nn.MultiheadAttention's eval fast path: not "the data pipeline", but the module, its
+    line and a replacement the device runs."""
+    sc = scenarios.clean()
+    sc.op(9000, 600, "aten::_native_multi_head_attention", 99, 0, fallback=True,
+          module="model.attn", source="infer.py:21")
+    (f,) = _rule(_load(sc, tmp_path, "mha"), "host_fallback")
+    assert "data pipeline" not in f.recommendation
+    assert "nn.MultiheadAttention" in f.recommendation
+    assert "F.scaled_dot_product_attention" in f.recommendation
+    assert "model.attn" in f.recommendation and "infer.py:21" in f.recommendation
 
 
 def test_host_device_copies(tmp_path: Path, clean_trace) -> None:
@@ -214,3 +229,89 @@ def test_work_after_the_last_step_belongs_to_no_step(tmp_path: Path) -> None:
     assert list(t.steps["step"]) == [0, 1]
     assert t.ops.loc[t.ops["op_id"] == 77, "step"].tolist() == [-1]
     assert t.kernels.loc[t.kernels["op_id"] == 77, "step"].tolist() == [-1]
+
+
+# -- findings that fit the script (issue 12, item 4) -------------------------------------
+
+
+def _host_bound_fp32(fp32_share: float) -> scenarios.Scenario:
+    """A host-bound step of 200 us: 20 matmuls of 500 ns on the device, each launched after
+    the device went idle; `fp32_share` of them ran in float32, the rest in bfloat16."""
+    sc = scenarios.Scenario()
+    sc.step(0, dur=200_000)
+    n_fp32 = round(20 * fp32_share)
+    for i in range(20):
+        t = i * 5000
+        dtypes = "[float32, float32]" if i < n_fp32 else "[bfloat16, bfloat16]"
+        sc.op(t, 4000, "aten::bmm", i + 1, 0, kernel=(t + 4400, 500), busy={"tensor": 500},
+              flops=1000, nbytes=100, dtypes=dtypes, module="model.attn",
+              source="model.py:27")
+    return sc
+
+
+def test_fp32_matmul_judged_on_device_time_in_host_bound_run(tmp_path: Path) -> None:
+    """Under autocast the attention bmm ran in fp32: 40% of matmul device time, 1.5% of a
+    host-bound step (0.75 * 4000 ns lost of 200 us: below the step-share threshold)."""
+    t = _load(_host_bound_fp32(0.4), tmp_path, "fp32_hb")
+    assert _rule(t, "host_bound")
+    (f,) = _rule(t, "fp32_matmul")
+    assert f.time_lost_ns == 3000
+    assert "after you fix the host-bound issue, this is next" in f.explanation
+    assert "bfloat16 (autocast" in f.explanation  # other matmuls did run in bf16
+    assert "aten::bmm in model.attn at model.py:27" in f.recommendation
+
+
+def test_fp32_attention_bmm_under_autocast_is_flagged(tmp_path: Path) -> None:
+    """As recorded from nn.MultiheadAttention under autocast: the attention bmm in fp32 is
+    half the matmul device time but 7% of the device's busy time (the optimizer and the
+    elementwise ops take the rest) and a sliver of the host-bound step."""
+    sc = _host_bound_fp32(0.5)
+    sc.op(150_000, 1000, "aten::_foreach_add_", 99, 0, kernel=(151_000, 60_000),
+          busy={"vector": 60_000}, dtypes="[float32]")
+    (f,) = _rule(_load(sc, tmp_path, "fp32_attn"), "fp32_matmul")
+    assert "50% of matmul time" in f.explanation
+
+
+def test_fp32_matmul_not_flagged_when_a_small_part_of_device_time(tmp_path: Path) -> None:
+    t = _load(_host_bound_fp32(0.05), tmp_path, "fp32_small")  # 1 of 20: 5% of device time
+    assert _rule(t, "fp32_matmul") == []
+
+
+def test_dataloader_finding_does_not_recommend_pin_memory(basic_pf) -> None:
+    (f,) = _rule(basic_pf, "dataloader_stall")
+    assert "pin_memory" not in f.recommendation and "DataLoader" in f.recommendation
+
+
+def test_recompile_without_graph_breaks_does_not_say_fix_the_graph_breaks(tmp_path) -> None:
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {"graph_id": 2})
+    sc.b.instant(sc.host, 15_060, "recompile", "recompile",
+                 {"reason": "tensor 'idx' size mismatch at index 1", "source": "infer.py:20"})
+    (f,) = _rule(_load(sc, tmp_path, "recomp_only"), "recompilation")
+    assert "graph break" not in f.recommendation.lower() and "graph break" not in f.title
+    assert "infer.py:20" in f.recommendation and "mark_dynamic" in f.recommendation
+    assert f.title == "1 recompile in steps"
+
+
+def test_compile_dominates_share_is_of_the_run(tmp_path: Path) -> None:
+    sc = scenarios.clean()
+    sc.b.slice(sc.host, 20_000, 50_000, "dynamo", "compile", {"graph_id": 1})
+    (f,) = _rule(_load(sc, tmp_path, "compile_run"), "compile_dominates")
+    assert f.share_of_step == pytest.approx(50_000 / 70_000)  # the run spans 0..70 us
+    assert "graph breaks" not in f.recommendation and "--steps" in f.recommendation
+
+
+def test_memory_holders_sum_to_at_most_the_peak(tmp_path: Path) -> None:
+    """An op that frees what another allocated is no holder: A allocates 1000 B, B frees
+    it, C allocates 800 B, D 400 B: the peak (1200 B) is held by C and D."""
+    sc = scenarios.Scenario()
+    sc.step(0)
+    for i, name in enumerate(("aten::empty", "aten::zero_", "aten::mm", "aten::relu")):
+        sc.op(1000 * (i + 1), 100, name, i + 1, 0, kernel=(1000 * (i + 1) + 200, 100),
+              busy={"vector": 100})
+    for ts, value in ((1050, 1000), (2050, 0), (3050, 800), (4050, 1200)):
+        sc.b.counter(sc.hbm, ts, value)
+    held = _load(sc, tmp_path, "holders").memory_at_peak()
+    assert held["bytes"].sum() <= 1200
+    assert dict(zip(held["op"], held["bytes"], strict=True)) == {"aten::mm": 800,
+                                                                "aten::relu": 400}

@@ -1,0 +1,115 @@
+"""Which steps the per-step figures use: the steady state, not warm-up and compilation.
+
+A compiled run spends its first steps compiling (seconds, against milliseconds for
+a steady step); averaging them in says nothing about the step the user will run a
+million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
+- the user's `--steps START:STOP` window when the recording had one;
+- otherwise the steps after the last one that compiled or recompiled (every step
+  when none did, and every step when all of them did);
+- in both cases without the code after the last step mark (the recorder writes
+  which steps a mark ended), unless nothing else is left.
+Compile time is reported on its own (`compile_summary`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import trace_format as tf
+from neuron_explorer.tables import assign_steps
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """The steps analysed, out of the steps recorded, and why those."""
+
+    steps: tuple[int, ...]  # analysed
+    recorded: tuple[int, ...]  # every step slice in the trace
+    reason: str  # "after the last compile (step 0)", "the --steps 2:4 window", ...
+
+    def describe(self) -> str:
+        """'steps 1–5 of 0–6 (after the last compile, in step 0)'."""
+        if not self.recorded:
+            return "the whole trace (no steps)"
+        text = f"{_ranges(self.steps)} of {_ranges(self.recorded, bare=True)}"
+        return f"{text} ({self.reason})" if self.reason else text
+
+
+def _ranges(steps: tuple[int, ...], bare: bool = False) -> str:
+    """(1, 2, 3, 5) -> 'steps 1–3, 5'."""
+    if not steps:
+        return "none"
+    parts: list[str] = []
+    start = prev = steps[0]
+    for s in (*steps[1:], None):
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(f"{start}–{prev}" if prev > start else f"{start}")
+        if s is not None:
+            start = prev = s
+    prefix = "" if bare else ("step " if len(steps) == 1 else "steps ")
+    return prefix + ", ".join(parts)
+
+
+def compiling_steps(trace: Trace) -> set[int]:
+    """Steps holding a compile span, a recompile or a graph break."""
+    s = trace.base_slices
+    kinds = (tf.CAT_COMPILE, tf.CAT_RECOMPILE, tf.CAT_GRAPH_BREAK)
+    ev = s[s["kind"].isin(kinds)]
+    if not len(ev) or not len(trace.steps):
+        return set()
+    ts = ev["ts"].to_numpy(np.int64)
+    starts = assign_steps(ts, trace.steps)
+    ends = assign_steps(ts + np.maximum(ev["dur"].to_numpy(np.int64) - 1, 0), trace.steps)
+    return {int(x) for x in np.r_[starts, ends] if x >= 0}
+
+
+def select_steps(trace: Trace) -> StepSelection:
+    """The steady-state steps of `trace` (see the module doc)."""
+    recorded = tuple(int(s) for s in trace.steps["step"].tolist())
+    if not recorded:
+        return StepSelection((), (), "")
+    completed = trace.metadata.get("steps_completed")
+    candidates = recorded
+    notes: list[str] = []
+    if isinstance(completed, list):
+        done = tuple(s for s in recorded if s in set(completed))
+        if done and len(done) < len(recorded):
+            candidates = done
+            notes.append(f"step {recorded[-1]} is the code after the last step mark")
+    window = trace.metadata.get("steps")
+    if isinstance(window, list) and window:
+        stop = window[1] if len(window) > 1 and window[1] is not None else ""
+        return StepSelection(candidates, recorded, "; ".join(
+            [f"the recorded window --steps {window[0]}:{stop}", *notes]))
+    compiling = compiling_steps(trace)
+    last = max((s for s in compiling if s in candidates), default=None)
+    if last is not None:
+        after = tuple(s for s in candidates if s > last)
+        if after:
+            candidates = after
+            notes.insert(0, f"after the last compile, in step {last}")
+        else:
+            notes.insert(0, "every step compiles: no steady state recorded")
+    return StepSelection(candidates, recorded, "; ".join(notes))
+
+
+def analysed_steps(trace: Trace) -> StepSelection:
+    """`select_steps`, computed once per trace."""
+    return trace.cached("steady_steps", lambda: select_steps(trace))
+
+
+def in_analysed_steps(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a table with a `step` column that belong to the analysed steps (every row
+    of a trace without steps)."""
+    if not len(trace.steps) or not len(frame):
+        return frame
+    wanted = analysed_steps(trace).steps
+    return frame[frame["step"].isin(wanted)]

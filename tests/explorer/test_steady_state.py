@@ -1,0 +1,132 @@
+"""Per-step figures use the steady-state steps and say which (issue 12, item 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+import scenarios
+from neuron_explorer.report import render_report
+
+COMPILE_NS = 2_000_000  # a compile span far longer than a step
+
+
+def _compiled(meta: dict | None = None) -> scenarios.Scenario:
+    """Step 0 compiles for 2 ms (the device idles meanwhile); steps 1-3 run 10 us each."""
+    sc = scenarios.Scenario()
+    sc.b.slice(sc.host, 0, COMPILE_NS + 10_000, "step 0", "step", {"step": 0})
+    sc.b.slice(sc.host, 100, COMPILE_NS, "neuron_compile", "compile", {"graph_id": 1})
+    sc.op(COMPILE_NS + 200, 500, "graph:1", 1, 0, kernel=(COMPILE_NS + 800, 9000),
+          busy={"tensor": 9000}, flops=900_000_000, nbytes=10_000, instructions=False)
+    base = COMPILE_NS + 10_000
+    for n in range(1, 4):
+        t = base + (n - 1) * scenarios.STEP
+        sc.b.slice(sc.host, t, scenarios.STEP, f"step {n}", "step", {"step": n})
+        sc.op(t + 100, 500, "graph:1", n + 1, n, kernel=(t + 700, 9000),
+              busy={"tensor": 9000}, flops=900_000_000, nbytes=10_000, instructions=False)
+    if meta:
+        sc.b.metadata(sc.host, meta, ts=1)
+    return sc
+
+
+def _load(sc: scenarios.Scenario, tmp: Path, name: str) -> neuron_explorer.Trace:
+    return neuron_explorer.load(sc.write(tmp, name))
+
+
+def test_compile_step_is_left_out_of_per_step_figures(tmp_path: Path) -> None:
+    t = _load(_compiled(), tmp_path, "compiled")
+    s = t.summary()
+    assert s["steps_analysed"] == [1, 2, 3]
+    assert "after the last compile, in step 0" in s["steps_analysed_text"]
+    assert s["step_time_ns"] == scenarios.STEP and s["compile_ns"] == COMPILE_NS
+    bd = t.breakdown()
+    assert sorted(set(bd["step"])) == [1, 2, 3]
+    idle = bd[(bd["side"] == "device") & (bd["category"] == "idle")]["ns"]
+    assert idle.max() == 1000  # 10 us steps with 9 us of kernel: not 2 ms of compile
+    host_compile = bd[(bd["side"] == "host") & (bd["category"] == "compile")]["ns"]
+    assert host_compile.sum() == 0
+    assert s["mfu"] == pytest.approx(900_000_000 / (1e14 * 10e-6))
+    text = render_report(t, "text")
+    assert "steps 1–3 of 0–3 (after the last compile, in step 0)" in text
+    assert "compile (on its own)" in text and "not in the per-step figures" in text
+
+
+def test_every_step_compiling_keeps_them_all_and_says_so(tmp_path: Path) -> None:
+    sc = scenarios.Scenario()
+    for n in range(2):
+        t = sc.step(n)
+        sc.b.slice(sc.host, t + 100, 500, "neuron_compile", "compile", {"graph_id": n})
+    s = _load(sc, tmp_path, "all_compile").summary()
+    assert s["steps_analysed"] == [0, 1] and "every step compiles" in s["steps_analysed_text"]
+
+
+def test_the_users_steps_window_is_used_as_recorded(tmp_path: Path) -> None:
+    t = _load(_compiled({"steps": [0, 4]}), tmp_path, "window")
+    assert t.summary()["steps_analysed"] == [0, 1, 2, 3]
+    assert "--steps 0:4" in t.summary()["steps_analysed_text"]
+
+
+def test_the_code_after_the_last_step_mark_is_left_out(tmp_path: Path) -> None:
+    """The recorder writes which steps a mark ended; the rest (teardown) is no step."""
+    sc = scenarios.clean(steps=3)
+    sc.b.metadata(sc.host, {"steps_completed": [0, 1]}, ts=1)
+    s = _load(sc, tmp_path, "unfinished").summary()
+    assert s["steps_analysed"] == [0, 1]
+    assert "step 2 is the code after the last step mark" in s["steps_analysed_text"]
+
+
+def test_diff_compares_steady_state_steps(tmp_path: Path) -> None:
+    """Eager (no compile) against compiled: idle per step is not the compile time."""
+    eager = _load(scenarios.clean(steps=3), tmp_path, "eager")
+    compiled = _load(_compiled(), tmp_path, "compiled_d")
+    d = neuron_explorer.diff(eager, compiled)
+    bd = d.breakdown.set_index(["side", "category"])
+    assert bd.loc[("device", "idle"), "b_ns"] == 1000
+    assert bd.loc[("host", "compile"), "b_ns"] == 0
+    summary = d.summary.set_index("metric")
+    assert summary.loc["compile_ns", "b"] == COMPILE_NS
+    assert summary.loc["step_time_ns", "b"] == scenarios.STEP
+    assert "steps 1–3" in d.steps[1] and "steps analysed" in d.to_text()
+
+
+def test_framework_level_says_not_recorded_instead_of_zero(tmp_path: Path) -> None:
+    sc = scenarios.Scenario()
+    sc.b.metadata(sc.host, {"level": "framework"}, ts=1)
+    for n in range(2):
+        t = sc.step(n)
+        sc.b.slice(sc.host, t + 100, 5000, "model", "module", {"module": "model", "step": n})
+    t = _load(sc, tmp_path, "framework")
+    s = t.summary()
+    assert s["mfu"] is None and s["device_busy_share"] is None
+    assert set(t.breakdown()["side"]) == {"host"}
+    text = render_report(t, "text")
+    assert "not recorded at --level framework" in text
+    assert not any(line.split()[:2] == ["device", "idle"] for line in text.splitlines() if line)
+    assert "MFU                 0.0%" not in text
+
+
+def test_a_windows_first_step_holds_its_ops_dated_before_it(tmp_path: Path) -> None:
+    """--steps 2:4: an op recorded as step 2 before step 2's slice began is step 2's."""
+    sc = scenarios.Scenario()
+    sc.b.metadata(sc.host, {"steps": [2, 4]}, ts=1)
+    for n in (2, 3):
+        sc.step(n)
+    sc.op(19_000, 500, "aten::mm", 1, 2, kernel=(19_600, 300), busy={"tensor": 300})
+    sc.op(21_000, 500, "aten::mm", 2, 2, kernel=(21_600, 300), busy={"tensor": 300})
+    t = _load(sc, tmp_path, "window_early")
+    assert t.steps["ts"].tolist() == [19_000, 30_000]
+    assert t.steps["dur"].tolist() == [11_000, scenarios.STEP]
+    assert t.ops["step"].tolist() == [2, 2]
+
+
+def test_a_small_mfu_is_not_shown_as_zero(tmp_path: Path) -> None:
+    """A small inference model's MFU (0.0009%) reads as such, not as 0.0%."""
+    sc = scenarios.Scenario()
+    for n in range(2):
+        t = sc.step(n)
+        sc.op(t, 500, "aten::mm", n + 1, n, kernel=(t + 600, 300), busy={"tensor": 300},
+              flops=9_000)
+    text = render_report(_load(sc, tmp_path, "tiny"), "text")
+    mfu = next(line for line in text.splitlines() if line.startswith("MFU"))
+    assert mfu.split()[-1] == "0.0009%"
