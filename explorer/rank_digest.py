@@ -60,7 +60,7 @@ def digest_trace(trace: Any) -> RankDigest:
         path=trace.path, source_format=trace.source_format, hardware=trace.hardware,
         own_rank=info.get("rank"), world_size=info.get("world_size"),
         summary=trace.summary(), steps=trace.steps.copy(),
-        collectives=comm.collectives(trace).copy(), communication=communication,
+        collectives=_with_analysed(trace, comm.collectives(trace)), communication=communication,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
         warnings=list(trace.warnings))
 
@@ -86,3 +86,14 @@ def _exposed_transfer(trace: Any) -> np.ndarray:
         both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
         out.append(measure(both) - measure(work))
     return np.asarray(out, np.int64) if out else tables.empty(["x"])["x"].to_numpy()
+
+
+def _with_analysed(trace: Any, coll: pd.DataFrame) -> pd.DataFrame:
+    """The collectives with `analysed`: whether the call lies in the analysed (steady)
+    steps, which every per-step figure counts."""
+    from neuron_explorer.analyses.step_breakdown import step_windows
+
+    if not len(trace.steps):
+        return coll.assign(analysed=True)
+    windows = step_windows(trace)
+    return coll.assign(analysed=tables.assign_steps(coll["ts"].to_numpy(), windows) >= 0)

@@ -235,13 +235,15 @@ def _intervals(frame: pd.DataFrame) -> Union:
 
 
 def in_steps(trace: Trace) -> Any:
-    """How much of a Union lies in the trace's steps (all of it when there are none): setup
-    before the first step (process-group creation, the first broadcasts, ranks starting at
-    different times) is not training and would swamp the figures."""
-    steps = trace.steps
-    if not len(steps):
+    """How much of a Union lies in the analysed steps (the steady state, as every per-step
+    figure; all of it when there are no steps): setup before the first step
+    (process-group creation, the first broadcasts, ranks starting at different times) and
+    compile steps are not steady training and would swamp the figures."""
+    from neuron_explorer.analyses.step_breakdown import step_windows
+
+    if not len(trace.steps):
         return lambda u: u.total
-    windows = _intervals(steps)
+    windows = _intervals(step_windows(trace))
     return lambda u: int(u.covered(windows.starts, windows.ends).sum())
 
 

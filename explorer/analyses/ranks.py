@@ -41,7 +41,8 @@ def matched_collectives(coll: pd.DataFrame) -> pd.DataFrame:
     """Every rank's collective calls (a `rank` column beside the collectives table) with the
     group's last arrival (`last_arrival`), and `wait_ns`/`transfer_ns` (derived from the
     arrivals where the trace did not record them)."""
-    columns = ["rank", *COLLECTIVE_COLUMNS, "last_arrival", "ranks_arrived"]
+    columns = ["rank", *COLLECTIVE_COLUMNS, *(["analysed"] if "analysed" in coll else []),
+               "last_arrival", "ranks_arrived"]
     if not len(coll):
         return pd.DataFrame(columns=columns)
     coll = coll.copy()
@@ -68,12 +69,12 @@ def stragglers(run: Run) -> pd.DataFrame:
 
 
 def step_collectives(run: Run) -> pd.DataFrame:
-    """The collectives inside steps (all of them when the run has no steps): the calls of
-    setup (creating groups, the first broadcasts, while ranks start at different times)
-    are not training."""
+    """The collectives inside the analysed steps (all of them when the run has no steps):
+    the calls of setup (creating groups, the first broadcasts, while ranks start at
+    different times) and of compile steps are not steady training."""
     coll = run.collectives
-    if len(run.steps) and len(coll):
-        return coll[coll["step"] >= 0]
+    if len(coll) and "analysed" in coll:
+        return coll[coll["analysed"].astype(bool)]
     return coll
 
 
