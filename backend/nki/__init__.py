@@ -13,8 +13,15 @@ from __future__ import annotations
 
 from neuron_explorer.nki import isa, language
 from neuron_explorer.nki.errors import NkiError
-from neuron_explorer.nki.runner import Benchmark, JitKernel, LineTime, benchmark, jit, run
-from neuron_explorer.nki.runner import simulate_kernel
+from neuron_explorer.nki.runner import (
+           Benchmark,
+           JitKernel,
+           LineTime,
+           benchmark,
+           jit,
+           run,
+           simulate_kernel,
+)
 
 __all__ = ["Benchmark", "JitKernel", "LineTime", "NkiError", "benchmark", "isa", "jit",
            "language", "run", "simulate_kernel"]

@@ -53,6 +53,6 @@ def cast(values: np.ndarray, dtype: str) -> np.ndarray:
     """`values` converted to `dtype` (round to nearest even), as the host holds them."""
     rounded = _TORCH_ROUNDED.get(dtype)
     if rounded is not None:
-        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        t = torch.from_numpy(np.array(values, dtype=np.float32))
         return t.to(rounded).to(torch.float32).numpy()
     return np.asarray(values).astype(host_dtype(dtype), copy=False)

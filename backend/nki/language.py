@@ -272,7 +272,7 @@ erf = _Op("erf", _torch(torch.erf), 1, "scalar")
 sin = _Op("sin", np.sin, 1, "scalar")
 cos = _Op("cos", np.cos, 1, "scalar")
 sign = _Op("sign", np.sign, 1, "scalar")
-abs = _Op("abs", np.abs, 1, "vector")  # noqa: A001 - NKI's name
+abs = _Op("abs", np.abs, 1, "vector")
 negative = _Op("negative", np.negative, 1, "vector")
 identity = _Op("identity", lambda x: x, 1, "scalar")
 
@@ -307,15 +307,15 @@ def _reduce(name: str, fn, x, axis, dtype, keepdims: bool) -> Tensor:
     return out
 
 
-def sum(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:  # noqa: A001
+def sum(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:
     return _reduce("sum", np.sum, x, axis, dtype, keepdims)
 
 
-def max(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:  # noqa: A001
+def max(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:
     return _reduce("max", np.max, x, axis, dtype, keepdims)
 
 
-def min(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:  # noqa: A001
+def min(x, axis, dtype=None, keepdims: bool = False, mask=None) -> Tensor:
     return _reduce("min", np.min, x, axis, dtype, keepdims)
 
 
@@ -334,6 +334,7 @@ def matmul(x, y, transpose_x: bool = False, mask=None) -> ops.PendingMatmul:
     trace = current("nl.matmul")
     at = where()
     vx, vy = ops.view_of(x, at), ops.view_of(y, at)
+    ops._te_dtype(vx, vy, at=at)
     if not transpose_x:
         vx = ops.transpose_to_sbuf(vx, vx.dtype, at).view()
     if vx.shape[0] != vy.shape[0]:

@@ -21,7 +21,7 @@ Box = tuple[tuple[int, int], ...]
 HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
 
 
-class par_dim:  # noqa: N801 - NKI's name
+class par_dim:
     """Marks the partition dimension of a shape: nl.ndarray((4, nl.par_dim(128), 512))."""
 
     def __init__(self, size: int) -> None:
@@ -260,17 +260,23 @@ class View(Operand):
     def store(self, values: np.ndarray | None, mask: np.ndarray | None = None) -> None:
         """Write `values` (float32 or the dtype; broadcast to the view) into the region."""
         t = self.tensor
-        if t.written is not None:
-            if mask is None:
-                t.written[self.key] = True
+        key = self.key
+        if mask is not None:  # write only the selected elements (clipped indices repeat)
+            mask = np.broadcast_to(mask, self.shape)
+            full = np.broadcast_arrays(*np.ix_(*[np.arange(s.start, s.stop) if isinstance(
+                s, slice) else np.atleast_1d(s) for s in key])) if not any(
+                isinstance(k, np.ndarray) for k in key) else None
+            if full is not None:
+                full = [a.reshape(self.shape) for a in full]
             else:
-                t.written[self.key] |= np.broadcast_to(mask, self.shape)
+                full = np.broadcast_arrays(*[np.asarray(k) for k in key])
+            key = tuple(a[mask] for a in full)
+        if t.written is not None:
+            t.written[key] = True
         if t.data is None or values is None:
             return
         new = dtypes.cast(np.broadcast_to(values, self.shape), t.dtype)
-        if mask is not None:
-            new = np.where(mask, new, t.data[self.key])
-        t.data[self.key] = new
+        t.data[key] = new if mask is None else new[mask]
 
     def read_deps(self) -> list[int]:
         return self.tensor.read_deps(self.box)

@@ -12,6 +12,7 @@ import os
 import sys
 import weakref
 from contextvars import ContextVar
+from typing import Self
 
 from neuron_explorer.backend.hardware import KernelBuilder
 from neuron_explorer.backend.hardware.presets import HardwarePreset
@@ -76,7 +77,7 @@ class Allocator:
         while used + self.retained + nbytes > self.capacity and self.freed:
             size, accesses = self.freed.pop(0)
             self.retained -= size
-            for _box, ids, _write in accesses:
+            for _box, ids in accesses:
                 deps.extend(ids)
         self.live[key] = (nbytes, what)
         self.peak = max(self.peak, used + nbytes)
@@ -103,7 +104,7 @@ class Trace:
         self._next_tile = 0
         self._token = None
 
-    def __enter__(self) -> Trace:
+    def __enter__(self) -> Self:
         self._token = _current.set(self)
         return self
 

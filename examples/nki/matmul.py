@@ -11,16 +11,16 @@ each faster than the one before at the tutorial's shape:
 
 from __future__ import annotations
 
-import neuron_explorer.nki as nki
 import neuron_explorer.nki.isa as nisa
 import neuron_explorer.nki.language as nl
 import numpy as np
+from neuron_explorer import nki
 
 
 @nki.jit
 def matmul_basic(lhsT, rhs):
     """One [64, 128] x [128, 512] product: load, one matmul into PSUM, copy out, store."""
-    K, M = lhsT.shape
+    _, M = lhsT.shape
     _, N = rhs.shape
     result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     lhs_tile = nl.ndarray(lhsT.shape, dtype=lhsT.dtype, buffer=nl.sbuf)
@@ -172,7 +172,9 @@ def matmul_fully_optimized(lhsT, rhs, TILES_IN_BLOCK_M=16, TILES_IN_BLOCK_N=2,
     BLOCK_K = TILE_K * TILES_IN_BLOCK_K
     result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     for n in nl.affine_range(N // BLOCK_N):
-        acc = [[[nl.zeros((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
+        # accumulators in the input dtype, as the tutorial (fp32 would not fit twice in
+        # SBUF while the next n block's accumulators are created)
+        acc = [[[nl.zeros((TILE_M, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf)
                  for _bn in range(TILES_IN_BLOCK_N)]
                 for _bm in range(TILES_IN_BLOCK_M)]
                for _m in range(M // BLOCK_M)]
