@@ -27,8 +27,8 @@ ENGINE_COLUMNS = ENGINES + ("dma",)
 
 
 class JitKernel:
-    """An `@nki.jit` kernel. Call it with `neuron` tensors (one launch on the device),
-    or run it with `nki.simulate_kernel` / `nki.benchmark`."""
+    """An `@nki.jit` kernel: call it with numpy arrays (as nki.simulate_kernel), or run
+    it with `nki.simulate_kernel` / `nki.benchmark`."""
 
     def __init__(self, func: Callable, **options) -> None:
         functools.update_wrapper(self, func)
@@ -38,8 +38,9 @@ class JitKernel:
     def __call__(self, *args, **kwargs):
         import torch
         if any(isinstance(a, torch.Tensor) for a in args):
-            from neuron_explorer.nki.launch import launch
-            return launch(self, args, kwargs)
+            raise NkiError(f"{self.func.__name__}: calling a kernel with torch tensors is not "
+                           "supported yet; pass numpy arrays (x.cpu().numpy()) to "
+                           "nki.simulate_kernel or nki.benchmark")
         return simulate_kernel(self, *args, **kwargs)
 
     def __repr__(self) -> str:
