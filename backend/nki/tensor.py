@@ -35,7 +35,10 @@ class par_dim:
 
 
 def _overlap(a: Box, b: Box) -> bool:
-    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b, strict=True))
+    for (lo1, hi1), (lo2, hi2) in zip(a, b):  # noqa: B905 - boxes of one tensor
+        if lo1 >= hi2 or lo2 >= hi1:
+            return False
+    return True
 
 
 def _contains(outer: Box, inner: Box) -> bool:

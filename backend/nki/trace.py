@@ -25,12 +25,21 @@ _current: ContextVar[Trace | None] = ContextVar("nki_trace", default=None)
 def caller_line() -> tuple[str, int]:
     """(file, line) of the innermost frame outside this package: the kernel's line."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(
-            os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:
+    while frame is not None and _in_package(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)
     return (frame.f_code.co_filename, frame.f_lineno)
+
+
+_INSIDE: dict[str, bool] = {}
+
+
+def _in_package(filename: str) -> bool:
+    inside = _INSIDE.get(filename)
+    if inside is None:
+        inside = _INSIDE[filename] = os.path.dirname(os.path.abspath(filename)) == _PACKAGE_DIR
+    return inside
 
 
 def where() -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import inspect
 
-import neuron_explorer.nki as nki
 import neuron_explorer.nki.isa as nisa
 import neuron_explorer.nki.language as nl
 import numpy as np
 import pytest
 import torch
+from neuron_explorer import nki
 
 rng = np.random.default_rng(0)
 

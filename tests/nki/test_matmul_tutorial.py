@@ -6,17 +6,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import neuron_explorer.nki as nki
 import numpy as np
 import pytest
 import torch
+from neuron_explorer import nki
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "nki"))
 sys.path.insert(0, str(ROOT / "tests" / "hardware"))
 
-import matmul  # noqa: E402
-from published import MEASURED  # noqa: E402
+import matmul
+from published import MEASURED
 
 SMALL_BLOCKS = {"TILES_IN_BLOCK_M": 2, "TILES_IN_BLOCK_N": 2, "TILES_IN_BLOCK_K": 2}
 
@@ -67,7 +67,6 @@ def _as_bf16(kernel):
     """The kernel called with bf16 HBM inputs (numpy has no bf16: cast in the kernel's
     arguments)."""
     import neuron_explorer.nki.language as nl
-    import neuron_explorer.nki.isa as nisa
 
     @nki.jit
     def wrapper(lhsT, rhs):
