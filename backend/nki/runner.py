@@ -27,8 +27,8 @@ ENGINE_COLUMNS = ENGINES + ("dma",)
 
 
 class JitKernel:
-    """An `@nki.jit` kernel: call it with numpy arrays (as nki.simulate_kernel), or run
-    it with `nki.simulate_kernel` / `nki.benchmark`."""
+    """An `@nki.jit` kernel. Call it with `neuron` tensors (one launch on the device),
+    with numpy arrays (as nki.simulate_kernel), or run it with `nki.benchmark`."""
 
     def __init__(self, func: Callable, **options) -> None:
         functools.update_wrapper(self, func)
@@ -38,9 +38,8 @@ class JitKernel:
     def __call__(self, *args, **kwargs):
         import torch
         if any(isinstance(a, torch.Tensor) for a in args):
-            raise NkiError(f"{self.func.__name__}: calling a kernel with torch tensors is not "
-                           "supported yet; pass numpy arrays (x.cpu().numpy()) to "
-                           "nki.simulate_kernel or nki.benchmark")
+            from neuron_explorer.nki.launch import launch
+            return launch(self, args, kwargs)
         return simulate_kernel(self, *args, **kwargs)
 
     def __repr__(self) -> str:
@@ -62,11 +61,18 @@ class Run:
     outputs: object  # numpy array(s), or None without numerics
     kernel: Kernel
     lines: list[tuple[str, int]]
+    output_dtypes: object  # the dtype name of each output, shaped like `outputs`
     sbuf_peak: int
     psum_peak: int
 
 
 def _as_hbm(arg, numerics: bool, i: int):
+    values = getattr(arg, "values", None)
+    if isinstance(values, np.ndarray):  # launch.HostArg: values with their dtype
+        dtype = dtypes.normalize(arg.dtype)
+        return Tensor(values.shape, dtype, HBM, name=f"arg{i}",
+                      data=dtypes.cast(values, dtype).copy() if numerics else None,
+                      initialized=True, at="kernel argument")
     if isinstance(arg, np.ndarray) or (hasattr(arg, "shape") and hasattr(arg, "dtype")):
         dtype = dtypes.normalize(arg.dtype)
         data = None
@@ -88,6 +94,14 @@ def _outputs(result):
     return result
 
 
+def _output_dtypes(result):
+    if isinstance(result, Tensor):
+        return result.dtype
+    if isinstance(result, (tuple, list)):
+        return type(result)(_output_dtypes(r) for r in result)
+    return None
+
+
 def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True) -> Run:
     func = kernel.func if isinstance(kernel, JitKernel) else kernel
     p = get_preset(preset) if isinstance(preset, str) else preset
@@ -95,10 +109,13 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     with trace:
         hbm_args = [_as_hbm(a, numerics, i) for i, a in enumerate(args)]
         result = func(*hbm_args, **kwargs)
+    trace.builder.note_sbuf(trace.sbuf.peak * p.partitions)
+    trace.builder.note_psum(trace.psum.peak * p.partitions)
     built = trace.builder.build()
     trace.tag(("<kernel>", 0))
     outputs = _outputs(result) if numerics else None
-    return Run(func.__name__, outputs, built, trace.lines, trace.sbuf.peak, trace.psum.peak)
+    return Run(func.__name__, outputs, built, trace.lines, _output_dtypes(result),
+               trace.sbuf.peak, trace.psum.peak)
 
 
 def simulate_kernel(kernel, *args, preset="trn2", **kwargs):
