@@ -337,7 +337,8 @@ class DeviceSink:
             engine_index = arrays["engine"]
             row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
                    arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
-                   arrays["bytes"], arrays["flops"])
+                   arrays["bytes"], arrays["flops"],
+                   getattr(kernel, "instruction_sources", None))  # (names, index) or None
             # the engines a kernel uses never change: compute its flow slots once
             cached = self._kernel_slots.get(id(kernel))
             if cached is None or cached[0] is not kernel:
@@ -353,7 +354,7 @@ class DeviceSink:
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
                    np.array(starts, np.int64), np.array(durs, np.int64),
-                   np.array(nbytes, np.int64), np.array(flops, np.int64))
+                   np.array(nbytes, np.int64), np.array(flops, np.int64), None)
             slots = sorted({engine_index_of(e) for e in engine_names})
         self._instructions.append(row)
         self._buffered_instructions += len(row[3])
@@ -408,6 +409,18 @@ class DeviceSink:
         nbytes = np.concatenate([r[8] for r in rows]).astype(np.int64, copy=False)
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
+        # kernel source lines (NKI kernels): one name table, "" for instructions without
+        source_ids: dict[str, int] = {"": 0}
+        source_parts = []
+        for r, count in zip(rows, counts, strict=True):
+            if r[10] is None:
+                source_parts.append(np.zeros(count, np.int64))
+            else:
+                names, index = r[10]
+                lookup = np.array([source_ids.setdefault(n, len(source_ids)) for n in names],
+                                  np.int64)
+                source_parts.append(lookup[index])
+        sources = np.concatenate(source_parts) if len(source_ids) > 1 else None
         engine_list = [e for e, _ in engine_keys]
         tracks_of = np.array([devices[d].engine_track(e) for e, d in engine_keys], np.int64)
         slot_of = np.array([engine_index_of(e) for e in engine_list], np.int64)
@@ -428,16 +441,21 @@ class DeviceSink:
             "bytes": nbytes[order], "flops": flops[order], "flow": flow[order],
             "engine": eidx[order],
         }
+        if sources is not None:
+            columns["source"] = sources[order]
         is_dma = np.array([e not in ENGINE_TRACKS for e in engine_list], bool)[columns["engine"]]
         for category, keep in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
             if not keep.any():
                 continue
             c = {k: v[keep] for k, v in columns.items()} if not keep.all() else columns
+            str_args = {ARG_ENGINE: (engine_list, c["engine"]),
+                        ARG_OPCODE: (opcode_list, c["name_index"])}
+            if "source" in c:
+                str_args[ARG_SOURCE] = (list(source_ids), c["source"])
             self.writer.slices(
                 c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
                 {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},
-                {ARG_ENGINE: (engine_list, c["engine"]), ARG_OPCODE: (opcode_list, c["name_index"])},
-                flow_in=c["flow"],
+                str_args, flow_in=c["flow"],
             )
 
     # -- op and kernel batches ---------------------------------------------------------

@@ -208,6 +208,11 @@ class Trace:
 
         return self.cached("compile", lambda: compile_summary(self))
 
+    def kernel_lines(self, kernel: Any) -> pd.DataFrame:
+        """Time per source line per engine of an NKI kernel (its name or the kernel)."""
+        from neuron_explorer.analyses.kernel_lines import kernel_lines
+        return kernel_lines(self, kernel)
+
     def bottlenecks(self) -> list[Finding]:
         """Findings of every bottleneck rule, ranked by time lost."""
         from neuron_explorer.rules import run_rules

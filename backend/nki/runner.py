@@ -20,6 +20,7 @@ from neuron_explorer.backend.hardware import get_preset
 from neuron_explorer.backend.hardware.kernel import ENGINES, FIRST_DMA, Kernel
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
+from neuron_explorer.nki.sourced import with_sources
 from neuron_explorer.nki.tensor import HBM, Tensor
 from neuron_explorer.nki.trace import Trace
 
@@ -113,6 +114,7 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     trace.builder.note_psum(trace.psum.peak * p.partitions)
     built = trace.builder.build()
     trace.tag(("<kernel>", 0))
+    built = with_sources(built, trace.lines)
     outputs = _outputs(result) if numerics else None
     return Run(func.__name__, outputs, built, trace.lines, _output_dtypes(result),
                trace.sbuf.peak, trace.psum.peak)
