@@ -22,6 +22,7 @@ from neuron_explorer.nki.runner import (
            run,
            simulate_kernel,
 )
+from neuron_explorer.nki.torch_op import as_torch_op
 
-__all__ = ["Benchmark", "JitKernel", "LineTime", "NkiError", "benchmark", "isa", "jit",
-           "language", "run", "simulate_kernel"]
+__all__ = ["Benchmark", "JitKernel", "LineTime", "NkiError", "as_torch_op", "benchmark",
+           "isa", "jit", "language", "run", "simulate_kernel"]

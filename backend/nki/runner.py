@@ -63,6 +63,7 @@ class Run:
     kernel: Kernel
     lines: list[tuple[str, int]]
     output_dtypes: object  # the dtype name of each output, shaped like `outputs`
+    output_shapes: object  # the shape of each output, shaped like `outputs`
     sbuf_peak: int
     psum_peak: int
 
@@ -95,11 +96,11 @@ def _outputs(result):
     return result
 
 
-def _output_dtypes(result):
+def _output_meta(result, field: str):
     if isinstance(result, Tensor):
-        return result.dtype
+        return getattr(result, field)
     if isinstance(result, (tuple, list)):
-        return type(result)(_output_dtypes(r) for r in result)
+        return type(result)(_output_meta(r, field) for r in result)
     return None
 
 
@@ -116,7 +117,8 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     trace.tag(("<kernel>", 0))
     built = with_sources(built, trace.lines)
     outputs = _outputs(result) if numerics else None
-    return Run(func.__name__, outputs, built, trace.lines, _output_dtypes(result),
+    return Run(func.__name__, outputs, built, trace.lines, _output_meta(result, "dtype"),
+               _output_meta(result, "shape"),
                trace.sbuf.peak, trace.psum.peak)
 
 

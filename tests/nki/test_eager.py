@@ -64,3 +64,19 @@ def test_a_kernel_called_with_neuron_tensors_is_one_launch(recorder):
 def test_tensors_on_the_cpu_are_refused_with_the_fix():
     with pytest.raises(nki.NkiError, match=r"\.to\('neuron'\)"):
         matmul.matmul_tiled(torch.randn(128, 128), torch.randn(128, 512))
+
+
+def test_a_kernel_as_a_torch_op_runs_eager_and_inside_compiled_graphs():
+    op = nki.as_torch_op(matmul.matmul_tiled, name="matmul_tiled_test_op")
+
+    def f(a, b):
+        return torch.relu(op(a, b)) * 2
+
+    lhsT, rhs = torch.randn(256, 128).bfloat16(), torch.randn(256, 512).bfloat16()
+    eager = f(lhsT.to("neuron"), rhs.to("neuron"))
+    assert eager.device.type == "neuron" and eager.dtype == torch.bfloat16
+    with pytest.warns(UserWarning, match="no neuron device lowering"):
+        compiled = torch.compile(f, backend="neuron")(lhsT.to("neuron"), rhs.to("neuron"))
+    assert torch.equal(compiled.cpu(), eager.cpu())
+    expected = torch.relu((lhsT.float().T @ rhs.float()).bfloat16()) * 2
+    torch.testing.assert_close(eager.cpu(), expected, rtol=2 ** -7, atol=1e-2)
