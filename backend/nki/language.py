@@ -63,9 +63,10 @@ def full(shape, fill_value, dtype, buffer: str = SBUF, name: str | None = None) 
     t = Tensor(shape, dtype, _buffer(buffer), name=name, at=at)
     if t.buffer == HBM:
         t.view().store(np.full(t.shape, fill_value, np.float32))
-    else:
-        ops.engine_op("vector", "Memset", t.view(), (),
-                      lambda: np.float32(fill_value), at)
+    else:  # one memset per block of a [blocks..., par_dim, free...] buffer
+        for block in np.ndindex(*t.shape[:t.partition_axis]):
+            ops.engine_op("vector", "Memset", t[block] if block else t.view(), (),
+                          lambda: np.float32(fill_value), at)
     ops.finish(trace)
     return t
 

@@ -286,3 +286,44 @@ def test_buffers_are_reused_only_after_their_readers_finish():
     per_load = len(loads) // 6
     third_load_start = min(r["start_ns"] for r in loads[2 * per_load:3 * per_load])
     assert third_load_start >= exps[0]["start_ns"] + exps[0]["dur_ns"]
+
+
+@nki.jit
+def blocked_buffer(x):
+    """A [4, par_dim(128), 64] SBUF buffer: block dims before the partition dim."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    buf = nl.ndarray((4, nl.par_dim(nl.tile_size.pmax), x.shape[1]), dtype=x.dtype,
+                     buffer=nl.sbuf)
+    for i in nl.static_range(4):
+        nisa.dma_copy(dst=buf[i], src=x[i * 128:(i + 1) * 128, :])
+    for i in nl.sequential_range(4):
+        nl.store(out[i * 128:(i + 1) * 128, :], value=nl.negative(buf[i]))
+    return out
+
+
+def test_par_dim_buffers_index_by_block():
+    x = rand(512, 64)
+    np.testing.assert_array_equal(nki.simulate_kernel(blocked_buffer, x), -x)
+
+
+@nki.jit
+def bf16_psum(a):
+    acc = nl.ndarray((4, 4), dtype=nl.bfloat16, buffer=nl.psum)
+    t = nl.load(a)
+    nisa.nc_matmul(dst=acc, stationary=t, moving=t)
+
+
+@nki.jit
+def whole_blocked_buffer(x):
+    buf = nl.zeros((2, nl.par_dim(128), 4), dtype=nl.float32, buffer=nl.sbuf)
+    return nl.exp(buf)
+
+
+@pytest.mark.parametrize("kernel, text, message", [
+    (bf16_psum, "nisa.nc_matmul(dst=acc", "land in PSUM as float32"),
+    (whole_blocked_buffer, "nl.exp(buf)", "partition dimension .* must be the first"),
+])
+def test_more_errors_name_the_line(kernel, text, message):
+    with pytest.raises(nki.NkiError, match=message) as info:
+        nki.simulate_kernel(kernel, rand(128, 4))
+    assert str(info.value).startswith(line_of(kernel.func, text) + ":")
