@@ -359,7 +359,7 @@ def _assign(target, value) -> None:
     trace = current("an assignment")
     at = where()
     dst = ops.view_of(target, at)
-    if isinstance(value, ops.PendingMatmul):
+    if isinstance(value, ops.PendingMatmul) and value.issued is None:
         ops.matmul(dst, value.stationary, value.moving, at, accumulate=False)
     elif _is_tile(value):
         src = ops.view_of(value, at)
@@ -379,7 +379,7 @@ def _accumulate(target, value):
     trace = current("+=")
     at = where()
     dst = ops.view_of(target, at)
-    if isinstance(value, ops.PendingMatmul):
+    if isinstance(value, ops.PendingMatmul) and value.issued is None:
         if dst.buffer != PSUM:
             raise NkiError("a matmul accumulates into a PSUM tile: allocate the "
                            "accumulator with buffer=nl.psum", at)

@@ -28,14 +28,21 @@ class PendingMatmul:
         self.shape = (stationary.shape[1], moving.shape[1])
         self.dtype = dtypes.float32
         self.buffer = PSUM
+        self.issued: View | None = None  # the PSUM tile it went to, once read
+        self.line = caller_line()  # issued later, but attributed to the nl.matmul line
 
 
 def view_of(x, at: str) -> View:
     """A tile operand as a view (a pending matmul is issued into a new PSUM tile)."""
     if isinstance(x, PendingMatmul):
-        out = new_tile(x.shape, dtypes.float32, PSUM, at)
-        matmul(out.view(), x.stationary, x.moving, at, accumulate=False)
-        return out.view()
+        if x.issued is None:  # issued once, however many times it is read
+            trace = current("nl.matmul")
+            trace.tag(caller_line())
+            out = new_tile(x.shape, dtypes.float32, PSUM, at)
+            matmul(out.view(), x.stationary, x.moving, at, accumulate=False)
+            trace.tag(x.line)
+            x.issued = out.view()
+        return x.issued
     return operand(x, at)
 
 
