@@ -43,6 +43,10 @@ class JitKernel:
             return launch(self, args, kwargs)
         return simulate_kernel(self, *args, **kwargs)
 
+    def __getitem__(self, grid) -> JitKernel:
+        raise NkiError(f"{self.func.__name__}[{grid}]: SPMD launch grids are not supported "
+                       "(one NeuronCore); loop over the grid inside the kernel instead")
+
     def __repr__(self) -> str:
         return f"<nki.jit kernel {self.func.__qualname__}>"
 

@@ -277,10 +277,13 @@ def test_buffers_are_reused_only_after_their_readers_finish():
             nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(t))
         return out
 
-    x = rand(128 * 6, 24576)  # 96 KiB per partition per tile: two fit in trn2's SBUF
-    out = nki.simulate_kernel(stream, x)
-    np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
-    rows = nki.benchmark(stream, x).schedule()
+    x = rand(128 * 6, 64)
+    np.testing.assert_allclose(nki.simulate_kernel(stream, x), np.exp(x), rtol=1e-6)
+
+    class Shape:  # 96 KiB per partition per tile: two fit in trn2's 224 KiB
+        shape, dtype = (128 * 6, 24576), "float32"
+
+    rows = nki.benchmark(stream, Shape()).schedule()
     loads = [r for r in rows if r["opcode"] == "DmaLoad"]
     exps = [r for r in rows if r["opcode"] == "Activation"]
     per_load = len(loads) // 6
@@ -327,3 +330,8 @@ def test_more_errors_name_the_line(kernel, text, message):
     with pytest.raises(nki.NkiError, match=message) as info:
         nki.simulate_kernel(kernel, rand(128, 4))
     assert str(info.value).startswith(line_of(kernel.func, text) + ":")
+
+
+def test_an_spmd_grid_says_it_is_not_supported():
+    with pytest.raises(nki.NkiError, match="SPMD launch grids are not supported"):
+        elementwise[2, 2]

@@ -94,10 +94,10 @@ PUBLISHED = {pub.kernel[1].get("version", "fully_optimized"): pub for pub in MEA
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["block_free", "fully_optimized"])
+@pytest.mark.parametrize("name", ["hoist_load", "block_free", "fully_optimized"])
 def test_simulated_time_matches_awss_measurement(name):
     """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance.
-    (tiled and hoist_load issue 0.6-1.1M instructions: see docs/nki.md for their times.)"""
+    The tiled version (1.1 M instructions) is 65% slower than measured: docs/nki.md."""
     pub = PUBLISHED[name]
     kw = pub.kernel[1]
     args = (Spec((kw["k_size"], kw["m_size"])), Spec((kw["k_size"], kw["n_size"])))
