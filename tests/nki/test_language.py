@@ -335,3 +335,71 @@ def test_more_errors_name_the_line(kernel, text, message):
 def test_an_spmd_grid_says_it_is_not_supported():
     with pytest.raises(nki.NkiError, match="SPMD launch grids are not supported"):
         elementwise[2, 2]
+
+
+UNARY = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+         "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+         "gelu_apprx_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+         "silu": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus,
+         "rsqrt": torch.rsqrt, "sqrt": torch.sqrt, "reciprocal": torch.reciprocal,
+         "square": torch.square, "erf": torch.erf, "sin": torch.sin, "cos": torch.cos,
+         "sign": torch.sign, "abs": torch.abs, "negative": torch.neg}
+BINARY = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
+          "maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow,
+          "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt,
+          "greater_equal": torch.ge, "less": torch.lt, "less_equal": torch.le}
+REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "mean": torch.mean,
+          "prod": torch.prod}
+
+
+def _one_op(kind: str, name: str):
+    fn = getattr(nl, name)
+
+    @nki.jit
+    def kernel(x, y):
+        out_shape = (x.shape[0], 1) if kind == "reduce" else x.shape
+        out = nl.ndarray(out_shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        a, b = nl.load(x), nl.load(y)
+        if kind == "unary":
+            r = fn(a)
+        elif kind == "binary":
+            r = fn(a, b, dtype=nl.float32)
+        else:
+            r = fn(a, axis=1, keepdims=True)
+        nl.store(out, value=r)
+        return out
+    return kernel
+
+
+@pytest.mark.parametrize("kind, name", [("unary", n) for n in UNARY]
+                         + [("binary", n) for n in BINARY] + [("reduce", n) for n in REDUCE])
+def test_every_operator_matches_torch(kind, name):
+    x = np.abs(rand(128, 16)) + 0.5 if name in ("log", "rsqrt", "sqrt", "power") else rand(128, 16)
+    y = rand(128, 16)
+    y[:, :4] = x[:, :4]  # some equal elements for the comparisons
+    out = nki.simulate_kernel(_one_op(kind, name), x, y)
+    a, b = torch.from_numpy(x), torch.from_numpy(y)
+    if kind == "unary":
+        ref = UNARY[name](a)
+    elif kind == "binary":
+        ref = BINARY[name](a, b).float()
+    else:
+        ref = REDUCE[name](a, 1, keepdim=True)
+    np.testing.assert_allclose(out, ref.numpy(), rtol=2e-5, atol=1e-6, equal_nan=True)
+
+
+@nki.jit
+def creation_and_copies(x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    copy = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=copy, src=x)  # HBM -> HBM
+    t = nl.load(copy, dtype=nl.bfloat16)
+    filled = nl.full(x.shape, 3.0, nl.float32) + nl.ones(x.shape, nl.float32)
+    nl.store(out, value=nl.zeros_like(t, dtype=nl.float32) + t + filled)
+    return out
+
+
+def test_creation_hbm_copies_and_load_casts():
+    x = rand(128, 32)
+    bf16 = torch.from_numpy(x).bfloat16().float().numpy()
+    np.testing.assert_array_equal(nki.simulate_kernel(creation_and_copies, x), bf16 + 4.0)
