@@ -148,6 +148,7 @@ class LineTime:
     source: str
     ns: dict[str, int]  # engine -> busy ns of this line's instructions
     instructions: int
+    stall_ns: dict[str, int]  # engine -> idle time before this line's instructions
 
     @property
     def location(self) -> str:
@@ -156,6 +157,20 @@ class LineTime:
     @property
     def total_ns(self) -> int:
         return sum(self.ns.values())
+
+
+def stall_before(engine: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per instruction, how long its engine (or DMA queue) sat idle just before it,
+    waiting for its inputs: start minus the latest end of the earlier instructions of
+    the same stream (streams run in order)."""
+    stall = np.zeros(len(engine), np.int64)
+    end = start + dur
+    for e in np.unique(engine):
+        idx = np.flatnonzero(engine == e)
+        order = idx[np.argsort(start[idx], kind="stable")]
+        prev_end = np.maximum.accumulate(np.concatenate(([0], end[order][:-1])))
+        stall[order] = np.maximum(start[order] - prev_end, 0)
+    return stall
 
 
 class Benchmark:
@@ -199,17 +214,24 @@ class Benchmark:
         busy = np.zeros((len(keys), len(ENGINE_COLUMNS)), np.int64)
         np.add.at(busy, (row, engine), a["dur"])
         counts = np.bincount(row, minlength=len(keys))
+        stall = np.zeros_like(busy)
+        np.add.at(stall, (row, engine), stall_before(a["engine"], a["start"], a["dur"]))
         return [LineTime(f, n, linecache.getline(f, n).strip() if n else "",
                          {e: int(busy[i, j]) for j, e in enumerate(ENGINE_COLUMNS)
-                          if busy[i, j]}, int(counts[i]))
+                          if busy[i, j]}, int(counts[i]),
+                         {e: int(stall[i, j]) for j, e in enumerate(ENGINE_COLUMNS)
+                          if stall[i, j]})
                 for i, (f, n) in enumerate(keys)]
 
     def table(self) -> str:
-        """A line profile: each source line with its engine time."""
-        head = f"{'line':<28}" + "".join(f"{e:>12}" for e in ENGINE_COLUMNS) + "  source"
+        """A line profile: each source line with its engine time and the compute engines'
+        stall before its instructions (waiting for their inputs)."""
+        head = (f"{'line':<28}" + "".join(f"{e:>12}" for e in ENGINE_COLUMNS)
+                + f"{'stall':>12}  source")
         rows = [head]
         for lt in self.line_times():
             cells = "".join(f"{lt.ns.get(e, 0) / 1e3:>10.1f}us" for e in ENGINE_COLUMNS)
-            rows.append(f"{lt.location:<28}{cells}  {lt.source}")
+            stall = sum(v for e, v in lt.stall_ns.items() if e != "dma") / 1e3
+            rows.append(f"{lt.location:<28}{cells}{stall:>10.1f}us  {lt.source}")
         rows.append(f"total {self.duration_ns / 1e3:.1f} us")
         return "\n".join(rows)

@@ -19,13 +19,14 @@ if TYPE_CHECKING:
 
 ENGINE_COLUMNS = (*ENGINES, "dma")
 COLUMNS = ["source", "file", "line", *(f"{e}_ns" for e in ENGINE_COLUMNS), "total_ns",
-           "instructions", "share"]
+           "stall_ns", "instructions", "share"]
 
 
 def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     """One row per source line of `kernel` (its name, or the @nki.jit kernel itself):
-    busy ns per engine, total, instruction count and share of the kernel's instruction
-    time, in file and line order. Empty when the trace holds no engine-level records
+    busy ns per engine, total, stall (how long the compute engines sat idle just before
+    the line's instructions, waiting for their inputs), instruction count and share of
+    the kernel's instruction time, in file and line order. Empty when the trace holds no engine-level records
     of the kernel."""
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
     kernels = trace.kernels
@@ -37,7 +38,9 @@ def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     source = trace.args.texts(tf.ARG_SOURCE, ins["id"].to_numpy())
     engine = np.where(pd.Series(ins["engine"]).str.startswith("dma").to_numpy(), "dma",
                       ins["engine"].to_numpy())
-    frame = pd.DataFrame({"source": source, "engine": engine, "dur": ins["dur"].to_numpy()})
+    starts = kernels.set_index("kernel_id")["ts"]
+    frame = pd.DataFrame({"source": source, "engine": engine, "dur": ins["dur"].to_numpy(),
+                          "stall": _stall(ins, starts)})
     frame = frame[frame["source"] != ""]
     busy = frame.pivot_table(index="source", columns="engine", values="dur", aggfunc="sum",
                              fill_value=0)
@@ -45,6 +48,9 @@ def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     for e in ENGINE_COLUMNS:
         out[f"{e}_ns"] = busy[e].astype(np.int64) if e in busy else 0
     out["total_ns"] = out[[f"{e}_ns" for e in ENGINE_COLUMNS]].sum(axis=1)
+    compute = frame[frame["engine"] != "dma"]
+    out["stall_ns"] = compute.groupby("source")["stall"].sum().reindex(out.index).fillna(
+        0).astype(np.int64)
     out["instructions"] = frame.groupby("source").size()
     out["share"] = out["total_ns"] / max(int(out["total_ns"].sum()), 1)
     out = out.reset_index()
@@ -52,3 +58,20 @@ def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     out["file"] = parts.str[0]
     out["line"] = pd.to_numeric(parts.str[1], errors="coerce").fillna(0).astype(np.int64)
     return out.sort_values(["file", "line"], ignore_index=True)[COLUMNS]
+
+
+def _stall(ins: pd.DataFrame, kernel_start: pd.Series) -> np.ndarray:
+    """Idle time of each instruction's engine (or DMA queue) just before it, within its
+    kernel run: its start minus the latest end of the earlier ones (from kernel start)."""
+    ts = ins["ts"].to_numpy()
+    frame = pd.DataFrame({"kernel": ins["kernel_id"].to_numpy(),
+                          "engine": ins["engine"].to_numpy(), "ts": ts,
+                          "end": ts + ins["dur"].to_numpy()})  # positional index
+    frame = frame.sort_values(["kernel", "engine", "ts"], kind="stable")
+    prev = frame.groupby(["kernel", "engine"])["end"].transform(
+        lambda end: end.shift(1).cummax())
+    first = kernel_start.reindex(frame["kernel"].to_numpy()).to_numpy()
+    prev = np.where(prev.isna().to_numpy(), first, prev.to_numpy())
+    stall = np.zeros(len(frame), np.int64)
+    stall[frame.index.to_numpy()] = np.maximum(frame["ts"].to_numpy() - prev, 0)
+    return stall

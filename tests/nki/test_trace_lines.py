@@ -43,4 +43,8 @@ def test_recorded_instructions_carry_the_kernel_line(tmp_path):
     bench = nki.benchmark(matmul.matmul_tiled, a, b, preset=devices.get(0).preset)
     expected = {lt.line: lt.total_ns for lt in bench.line_times() if lt.line}
     assert dict(zip(lines["line"], lines["total_ns"], strict=True)) == expected
+    stalls = {lt.line: sum(v for e, v in lt.stall_ns.items() if e != "dma")
+              for lt in bench.line_times() if lt.line}
+    assert dict(zip(lines["line"], lines["stall_ns"], strict=True)) == stalls
+    assert lines.loc[lines["line"] == matmul_line, "stall_ns"].iloc[0] > 0  # waits for DMA
     assert np.isclose(lines["share"].sum(), 1.0)
