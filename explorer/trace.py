@@ -213,6 +213,11 @@ class Trace:
         from neuron_explorer.analyses.kernel_lines import kernel_lines
         return kernel_lines(self, kernel)
 
+    def kernel_profile(self, kernel: Any) -> pd.DataFrame:
+        """Per run of an NKI kernel: engine busy %, DMA/compute overlap, SBUF/PSUM peaks."""
+        from neuron_explorer.analyses.kernel_lines import kernel_profile
+        return kernel_profile(self, kernel)
+
     def bottlenecks(self) -> list[Finding]:
         """Findings of every bottleneck rule, ranked by time lost."""
         from neuron_explorer.rules import run_rules

@@ -193,6 +193,17 @@ class Benchmark:
     def engine_busy_ns(self) -> dict[str, int]:
         return dict(self.kernel.engine_busy_ns)
 
+    def profile(self) -> dict:
+        """Engine busy % (DMA: its queues' union), DMA/compute overlap %, SBUF/PSUM
+        high-water marks (bytes over all partitions) and the critical engine."""
+        from neuron_explorer.analyses.kernel_lines import engine_profile
+
+        a = self.kernel.arrays()
+        engine = np.array(ENGINE_COLUMNS)[np.minimum(a["engine"], FIRST_DMA)]
+        out = engine_profile(engine, a["start"], a["start"] + a["dur"], self.duration_ns)
+        p = self.kernel
+        return {**out, "sbuf_bytes": int(p.sbuf_bytes), "psum_bytes": int(p.psum_bytes)}
+
     def sources(self) -> list[str]:
         """'file:line' of each instruction, in issue order."""
         return [f"{os.path.basename(f)}:{n}" for f, n in self.run.lines]

@@ -75,3 +75,45 @@ def _stall(ins: pd.DataFrame, kernel_start: pd.Series) -> np.ndarray:
     stall = np.zeros(len(frame), np.int64)
     stall[frame.index.to_numpy()] = np.maximum(frame["ts"].to_numpy() - prev, 0)
     return stall
+
+
+def engine_profile(engine: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   duration: int) -> dict:
+    """Busy % per engine (DMA: the union of its queues), how much of the DMA time
+    overlaps compute, and the engine busiest for longest (the critical one)."""
+    from neuron_explorer.analyses.intervals import Union
+
+    busy = {}
+    unions = {}
+    for e in ENGINE_COLUMNS:
+        keep = engine == e
+        unions[e] = Union(start[keep], end[keep])
+        busy[e] = unions[e].total
+    compute = Union.of(*[(unions[e].starts, unions[e].ends) for e in ENGINES])
+    both = Union.of((compute.starts, compute.ends), (unions["dma"].starts, unions["dma"].ends))
+    overlap = compute.total + unions["dma"].total - both.total
+    duration = max(int(duration), 1)
+    return {"busy_pct": {e: 100.0 * v / duration for e, v in busy.items()},
+            "dma_compute_overlap_pct": 100.0 * overlap / max(unions["dma"].total, 1),
+            "critical_engine": max(busy, key=busy.get)}
+
+
+def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:
+    """One row per run of `kernel`: duration, engine busy %, DMA/compute overlap %,
+    SBUF/PSUM high-water marks and the critical engine."""
+    name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
+    runs = trace.kernels[trace.kernels["name"] == name]
+    ins = trace.instructions
+    rows = []
+    for run in runs.itertuples():
+        mine = ins[ins["kernel_id"] == run.kernel_id]
+        engine = np.where(mine["engine"].str.startswith("dma").to_numpy(), "dma",
+                          mine["engine"].to_numpy())
+        ts = mine["ts"].to_numpy()
+        prof = engine_profile(engine, ts, ts + mine["dur"].to_numpy(), run.dur)
+        rows.append({"kernel_id": run.kernel_id, "dur_ns": int(run.dur),
+                     **{f"busy_{e}_pct": v for e, v in prof["busy_pct"].items()},
+                     "dma_compute_overlap_pct": prof["dma_compute_overlap_pct"],
+                     "sbuf_bytes": int(run.sbuf_bytes), "psum_bytes": int(run.psum_bytes),
+                     "critical_engine": prof["critical_engine"]})
+    return pd.DataFrame(rows)

@@ -48,3 +48,13 @@ def test_recorded_instructions_carry_the_kernel_line(tmp_path):
     assert dict(zip(lines["line"], lines["stall_ns"], strict=True)) == stalls
     assert lines.loc[lines["line"] == matmul_line, "stall_ns"].iloc[0] > 0  # waits for DMA
     assert np.isclose(lines["share"].sum(), 1.0)
+    (prof,) = trace.kernel_profile(matmul.matmul_tiled).to_dict("records")
+    expected_prof = bench.profile()
+    assert prof["critical_engine"] == expected_prof["critical_engine"] == "dma"
+    # the same busy time (the run may last longer: the cold Tensor Engine ramp)
+    assert prof["dur_ns"] >= bench.duration_ns
+    assert np.isclose(prof["busy_dma_pct"] * prof["dur_ns"],
+                      expected_prof["busy_pct"]["dma"] * bench.duration_ns, rtol=1e-3)
+    assert np.isclose(prof["dma_compute_overlap_pct"],
+                      expected_prof["dma_compute_overlap_pct"], rtol=1e-3)
+    assert prof["sbuf_bytes"] == expected_prof["sbuf_bytes"] > 0
