@@ -12,7 +12,7 @@ import numpy as np
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.tensor import HBM, PSUM, SBUF, Tensor, View, operand
-from neuron_explorer.nki.trace import Trace, caller_line, current, where
+from neuron_explorer.nki.trace import Trace, caller_line, current
 
 TENSOR_ENGINE_DTYPES = dtypes.FLOATS
 
@@ -271,6 +271,3 @@ def result_dtype(*dts: str) -> str:
     floats = [d for d in dts if d in dtypes.FLOATS]
     return floats[0] if floats else dts[0]
 
-
-def where_now() -> str:
-    return where()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
-from neuron_explorer.nki.trace import _current, caller_line, where
+from neuron_explorer.nki.trace import _current, where
 
 Box = tuple[tuple[int, int], ...]
 HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
@@ -399,6 +399,3 @@ def operand(x, at: str) -> View:
         return x
     raise NkiError(f"expected an NKI tensor or tile, got {type(x).__name__}", at)
 
-
-def line() -> tuple[str, int]:
-    return caller_line()
