@@ -164,6 +164,9 @@ def store(dst, value, mask=None) -> None:
     if d.buffer != HBM:
         raise NkiError(f"nl.store writes HBM, but {d.tensor.describe()} is on chip", at)
     v = ops.view_of(value, at)
+    if v.buffer == PSUM:
+        raise NkiError("nl.store writes an SBUF tile, but the value is in PSUM: copy it out "
+                       "first (nl.copy(tile, dtype=...))", at)
     if v.dtype != d.dtype:
         v = copy(v, dtype=d.dtype).view()
     m = None if mask is None else np.broadcast_to(np.asarray(mask, bool), d.shape)

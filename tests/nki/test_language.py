@@ -403,3 +403,16 @@ def test_creation_hbm_copies_and_load_casts():
     x = rand(128, 32)
     bf16 = torch.from_numpy(x).bfloat16().float().numpy()
     np.testing.assert_array_equal(nki.simulate_kernel(creation_and_copies, x), bf16 + 4.0)
+
+
+@nki.jit
+def store_from_psum(x):
+    out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    nl.store(out, value=nisa.nc_matmul(t, t))
+
+
+def test_storing_a_psum_tile_says_to_copy_it_out():
+    with pytest.raises(nki.NkiError, match=r"copy it out first") as info:
+        nki.simulate_kernel(store_from_psum, rand(128, 4))
+    assert str(info.value).startswith(line_of(store_from_psum.func, "nl.store(out") + ":")
