@@ -382,7 +382,8 @@ class DeviceSink:
             engine_index = arrays["engine"]
             row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
                    arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
-                   arrays["bytes"], arrays["flops"], *self._program_labels(kernel))
+                   arrays["bytes"], arrays["flops"], *self._program_labels(kernel),
+                   getattr(kernel, "instruction_sources", None))  # NKI: (names, index) or None
             # the engines a kernel uses never change: compute its flow slots once
             cached = self._kernel_slots.get(id(kernel))
             if cached is None or cached[0] is not kernel:
@@ -398,7 +399,7 @@ class DeviceSink:
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
                    np.array(starts, np.int64), np.array(durs, np.int64),
-                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None)
+                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None, None)
             slots = sorted({engine_index_of(e) for e in engine_names})
         self._instructions.append(row)
         self._buffered_instructions += len(row[3])
@@ -475,6 +476,18 @@ class DeviceSink:
                 local = np.array([labels.setdefault(x, len(labels)) for x in sections], np.int64)
                 label_parts.append(local[section])
         label = np.concatenate(label_parts)
+        # kernel source lines (NKI kernels): one name table, "" for instructions without
+        source_ids: dict[str, int] = {"": 0}
+        source_parts = []
+        for r, count in zip(rows, counts, strict=True):
+            if r[12] is None:
+                source_parts.append(np.zeros(count, np.int64))
+            else:
+                names, index = r[12]
+                lookup = np.array([source_ids.setdefault(n, len(source_ids)) for n in names],
+                                  np.int64)
+                source_parts.append(lookup[index])
+        sources = np.concatenate(source_parts) if len(source_ids) > 1 else None
         engine_list = [e for e, _ in engine_keys]
         tracks_of = np.array([devices[d].engine_track(e) for e, d in engine_keys], np.int64)
         slot_of = np.array([engine_index_of(e) for e in engine_list], np.int64)
@@ -496,6 +509,8 @@ class DeviceSink:
             "engine": eidx[order], "label": label[order],
         }
         label_list = list(labels)
+        if sources is not None:
+            columns["source"] = sources[order]
         is_dma = np.array([e not in ENGINE_TRACKS for e in engine_list], bool)[columns["engine"]]
         in_program = columns["label"] >= 0
         for category, kind in ((CAT_INSTRUCTION, ~is_dma), (CAT_DMA, is_dma)):
@@ -509,6 +524,8 @@ class DeviceSink:
                 if program:
                     for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION)):
                         strings[key] = ([x[i] for x in label_list], c["label"])
+                elif "source" in c:  # an NKI kernel's lines
+                    strings[ARG_SOURCE] = (list(source_ids), c["source"])
                 self.writer.slices(
                     c["tracks"], c["ts"], c["dur"], opcode_list, c["name_index"], category,
                     {ARG_KERNEL_ID: c["kernel"], ARG_BYTES: c["bytes"], ARG_FLOPS: c["flops"]},

@@ -233,6 +233,15 @@ class Trace:
         from neuron_explorer.analyses.communication import collectives
 
         return collectives(self)
+    def kernel_lines(self, kernel: Any) -> pd.DataFrame:
+        """Time per source line per engine of an NKI kernel (its name or the kernel)."""
+        from neuron_explorer.analyses.kernel_lines import kernel_lines
+        return kernel_lines(self, kernel)
+
+    def kernel_profile(self, kernel: Any) -> pd.DataFrame:
+        """Per run of an NKI kernel: engine busy %, DMA/compute overlap, SBUF/PSUM peaks."""
+        from neuron_explorer.analyses.kernel_lines import kernel_profile
+        return kernel_profile(self, kernel)
 
     def bottlenecks(self) -> list[Finding]:
         """Findings of every bottleneck rule, ranked by time lost."""

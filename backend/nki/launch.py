@@ -1,0 +1,64 @@
+"""Calling a kernel with `neuron` tensors in eager mode: one launch, one kernel.
+
+The inputs' values are read and the outputs written back without device accounting
+(they are the kernel's own HBM tensors, not copies a program would make); the kernel
+is placed on the device timeline as one op, `nki::<kernel name>`, scheduled on the
+device's preset, and its outputs come back as `neuron` tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from neuron_explorer.nki.errors import NkiError
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8,
+                 "int16": torch.int16, "bool": torch.bool}
+
+
+class HostArg:
+    """A kernel argument's values with its own dtype (numpy has no bfloat16)."""
+
+    def __init__(self, values: np.ndarray, dtype: str) -> None:
+        self.values, self.dtype, self.shape = values, dtype, values.shape
+
+
+def launch(kernel, args: tuple, kwargs: dict):
+    from neuron_explorer.backend import devices, runtime
+    from neuron_explorer.nki.runner import run
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    places = {a.device for a in tensors}
+    if len(places) != 1 or next(iter(places)).type != "neuron":
+        raise NkiError(f"{kernel.func.__name__}: kernel tensors must all be on one neuron "
+                       f"device, got {sorted(str(p) for p in places)}; move them with "
+                       ".to('neuron')")
+    device = devices.get(next(iter(places)).index or 0)
+    with runtime.device_accounting_suspended():
+        host = [HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch."))
+                if isinstance(a, torch.Tensor) else a for a in args]
+    result = run(kernel, tuple(host), kwargs, device.preset, numerics=True)
+    k = result.kernel
+    runtime.launch_kernels(device.index, [k], f"nki::{result.name}",
+                           [tuple(a.shape) for a in tensors],
+                           [str(a.dtype).removeprefix("torch.") for a in tensors],
+                           k.model_flops, k.hbm_bytes)
+    with runtime.device_accounting_suspended():
+        return _to_device(result.outputs, result.output_dtypes, next(iter(places)))
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        t = t.float()
+    return t.numpy()
+
+
+def _to_device(out, dts, place):
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_device(o, d, place) for o, d in zip(out, dts, strict=True))
+    if isinstance(out, np.ndarray):
+        dtype = _TORCH_DTYPES.get(dts, torch.float32)
+        return torch.from_numpy(np.ascontiguousarray(out)).to(dtype).to(place)
+    return out

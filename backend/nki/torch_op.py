@@ -1,0 +1,64 @@
+"""An NKI kernel as a PyTorch custom op (`torch.library`), so `torch.compile` graphs
+can call it: `op = nki.as_torch_op(kernel)`; `op(a, b)`.
+
+The fake implementation traces the kernel without numerics on the inputs' shapes and
+dtypes to learn its outputs' shapes and dtypes; the real one is the eager launch.
+"""
+
+from __future__ import annotations
+
+import torch
+from neuron_explorer.nki.errors import NkiError
+
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}
+
+
+class _Shape:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+def as_torch_op(kernel, name: str | None = None):
+    """Register `kernel` (tensor arguments only, one output) as `nki::<name>`."""
+    from neuron_explorer.nki.launch import launch
+    from neuron_explorer.nki.runner import Run, run
+
+    op_name = f"nki::{name or kernel.func.__name__}"
+
+    def output_spec(args) -> Run:
+        return run(kernel, tuple(_Shape(a) for a in args), {}, numerics=False)
+
+    @torch.library.custom_op(op_name, mutates_args=())
+    def op(args: list[torch.Tensor]) -> torch.Tensor:
+        if all(a.device.type == "cpu" for a in args):
+            # a compiled graph's host run (its device work is charged by the graph):
+            # the numbers only
+            return _host_numbers(kernel, args)
+        out = launch(kernel, tuple(args), {})
+        if not isinstance(out, torch.Tensor):
+            raise NkiError(f"{op_name}: as a torch op a kernel must return one tensor")
+        return out
+
+    @op.register_fake
+    def _(args):
+        traced = output_spec(args)
+        dtype = traced.output_dtypes
+        if not isinstance(dtype, str):
+            raise NkiError(f"{op_name}: as a torch op a kernel must return one tensor")
+        return args[0].new_empty(traced.output_shapes, dtype=_TORCH[dtype])
+
+    def call(*args: torch.Tensor) -> torch.Tensor:
+        return op(list(args))
+
+    call.op = op
+    return call
+
+
+def _host_numbers(kernel, args: list[torch.Tensor]) -> torch.Tensor:
+    from neuron_explorer.nki.launch import HostArg, _to_device, _to_numpy
+    from neuron_explorer.nki.runner import run
+
+    host = tuple(HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch.")) for a in args)
+    result = run(kernel, host, {}, numerics=True)
+    return _to_device(result.outputs, result.output_dtypes, torch.device("cpu"))
