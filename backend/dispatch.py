@@ -12,6 +12,7 @@ the project: per op it builds one signature tuple and no other objects.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import torch
 from neuron_explorer.backend import devices, runtime
@@ -119,6 +120,15 @@ def _new_host_view(block, geometry: tuple) -> torch.Tensor:
     return host
 
 
+def with_math_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`host` (a view of `t`'s raw memory) read as `t` is: lazily conjugated, negated."""
+    if t.is_conj():
+        host = host.conj()
+    if t.is_neg():
+        host = host._neg_view()
+    return host
+
+
 _DLPACK_EXT_DEV = 12  # DLPack's kDLExtDev: PyTorch imports it as a PrivateUse1 tensor
 _seeds: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
@@ -208,6 +218,10 @@ class _Converter:
         host = block.views.get(geometry)
         if host is None:
             host = _new_host_view(block, geometry)
+        if t.is_conj() or t.is_neg():
+            # Ops such as mm and clone pass the conjugate and negative keys through to
+            # the backend, their lazy bits still set: the host view must carry them too.
+            host = with_math_bits(host, t)
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -289,6 +303,41 @@ def _device_from_kwargs(kwargs: dict) -> devices.NeuronDevice:
     return devices.get(dev.index if dev is not None else None)
 
 
+_NUMBERS = (bool, int, float, complex)
+
+
+def _call_with_numbers_as_tensors(info: OpInfo, host_args: list, host_kwargs: dict):
+    """Retry an op whose Tensor arguments came as Python numbers, or re-raise its error.
+
+    A C++ composite that passes a number to a Tensor argument wraps it in a "wrapped
+    number" tensor (`remainder.Scalar_out` calls `remainder.Tensor_out` that way, from
+    `take_along_dim`), and the boxed fallback receives it as a plain Python number,
+    which the host overload then refuses. A 0-dim tensor of the dtype that the number
+    and the op's first tensor promote to keeps the wrapped number's type promotion.
+    """
+    error = sys.exc_info()[1]
+    schema_args = info.op._schema.arguments
+    tensor_positions = [i for i, a in enumerate(schema_args) if str(a.type) == "Tensor"]
+    first = next((a for a in (*host_args, *host_kwargs.values()) if isinstance(a, _Tensor)),
+                 None)
+    changed = False
+    for i in tensor_positions:
+        name = schema_args[i].name
+        in_kwargs = i >= len(host_args)
+        value = host_kwargs.get(name) if in_kwargs else host_args[i]
+        if type(value) in _NUMBERS:
+            dtype = torch.result_type(first, value) if first is not None else None
+            number = torch.tensor(value, dtype=dtype)
+            if in_kwargs:
+                host_kwargs[name] = number
+            else:
+                host_args[i] = number
+            changed = True
+    if not changed:
+        raise error
+    return info.call(*host_args, **host_kwargs)
+
+
 def run_op(op, args: tuple, kwargs: dict):
     """Run one aten op on neuron tensors: the boxed fallback for PrivateUse1."""
     real_start = _perf_ns()
@@ -332,7 +381,10 @@ def run_op(op, args: tuple, kwargs: dict):
     if info.has_generator and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = device.generator
 
-    result = info.call(*host_args, **host_kwargs)
+    try:
+        result = info.call(*host_args, **host_kwargs)
+    except RuntimeError:
+        result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
     if info.kind == MUTATING:
         result = _map_back(result, conv, device)
         out_sig = tuple(conv.sig[:1])
