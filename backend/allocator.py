@@ -116,7 +116,8 @@ def _format_bytes(n: int) -> str:
     return f"{n / 1024:.2f} KiB" if n >= 1024 else f"{n} bytes"
 
 
-def _out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
+def out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
+    """The error for `nbytes` that do not fit (counted in `num_ooms`), worded like CUDA's."""
     stats.oom_count += 1
     free = stats.capacity - stats.in_use
     return torch.OutOfMemoryError(
@@ -133,7 +134,7 @@ def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
              op_id: int | None = None) -> torch.UntypedStorage:
     """A new neuron storage of `nbytes` on `device` (uninitialised), counted in `stats`."""
     if stats.in_use + nbytes > stats.capacity:  # before taking the host memory
-        raise _out_of_memory(stats, nbytes)
+        raise out_of_memory(stats, nbytes)
     host = _host_storage(nbytes)
     storage = _construct_storage(host.data_ptr(), device, nbytes)
     attach(stats, storage, host, op_id)
@@ -154,7 +155,7 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     nbytes = host.nbytes()
     in_use = stats.in_use + nbytes
     if in_use > stats.capacity:
-        raise _out_of_memory(stats, nbytes)
+        raise out_of_memory(stats, nbytes)
     storage._neuron_block = block = Block(host, nbytes, stats)
     stats.in_use = in_use
     stats.alloc_count += 1

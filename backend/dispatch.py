@@ -15,7 +15,7 @@ import ctypes
 import sys
 
 import torch
-from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend import devices, result_size, runtime
 from neuron_explorer.backend.allocator import adopt, attach
 from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
@@ -62,7 +62,7 @@ class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
     __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
-                 "name", "none_defaults", "op", "redispatch")
+                 "name", "none_defaults", "op", "out_args", "redispatch", "size_rule")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -93,6 +93,10 @@ class OpInfo:
             if a.kwarg_only and a.has_default_value() and a.default_value is None
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
+        self.out_args = tuple(a.name for a in schema.arguments if a.is_out)
+        # How the result's size is checked against free HBM before the host computes it.
+        self.size_rule = (None if self.kind == VIEW else
+                          result_size.rule_for(op, self.kind == FUNCTIONAL, self.out_args))
 
 
 _infos: dict[object, OpInfo] = {}
@@ -381,6 +385,9 @@ def run_op(op, args: tuple, kwargs: dict):
     if info.has_generator and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = device.generator
 
+    rule = info.size_rule
+    if rule is not None:  # the result must fit in HBM before the host computes it
+        rule(info, device, conv.sig, args, kwargs)
     try:
         result = info.call(*host_args, **host_kwargs)
     except RuntimeError:

@@ -10,7 +10,7 @@ cost two trips (empty, then `.out`).
 from __future__ import annotations
 
 import torch
-from neuron_explorer.backend import devices, dispatch, runtime
+from neuron_explorer.backend import devices, dispatch, result_size, runtime
 from neuron_explorer.backend.allocator import allocate
 from neuron_explorer.backend.clock import clock
 
@@ -153,6 +153,9 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     op_id = runtime.begin_op()
     target = device if device is not None else self.device
     from_host = self.device.type != "neuron"
+    if target.type == "neuron":  # before the host makes the copy
+        result_size.check_host_to_device(devices.get(target.index), self.numel(),
+                                         dtype or self.dtype)
     host = (self if from_host else host_view(self)).to(
         dtype=dtype or self.dtype, copy=True, memory_format=memory_format or torch.preserve_format)
     if from_host:
