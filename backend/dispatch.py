@@ -62,7 +62,8 @@ class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
     __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
-                 "name", "none_defaults", "op", "out_args", "redispatch", "size_rule")
+                 "name", "none_defaults", "op", "out_args", "redispatch",
+                 "size_bounded_by_inputs", "size_rule")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -97,6 +98,7 @@ class OpInfo:
         # How the result's size is checked against free HBM before the host computes it.
         self.size_rule = (None if self.kind == VIEW else
                           result_size.rule_for(op, self.kind == FUNCTIONAL, self.out_args))
+        self.size_bounded_by_inputs = result_size.bounded_by_inputs(op)
 
 
 _infos: dict[object, OpInfo] = {}
@@ -387,7 +389,18 @@ def run_op(op, args: tuple, kwargs: dict):
 
     rule = info.size_rule
     if rule is not None:  # the result must fit in HBM before the host computes it
-        rule(info, device, conv.sig, args, kwargs)
+        sig = conv.sig
+        if info.size_bounded_by_inputs and sig:
+            # The product of the inputs' sizes bounds the result's (broadcasts, matmuls,
+            # reductions): small ops, the hot path, skip the rule in a few multiplies.
+            bound = result_size.MAX_ITEMSIZE
+            for shape, _ in sig:
+                bound *= shape.numel() or result_size.numel_of_nonzero_dims(shape)
+            memory = device.memory
+            if bound > memory.capacity - memory.in_use:
+                rule(info, device, sig, args, kwargs)
+        else:
+            rule(info, device, sig, args, kwargs)
     try:
         result = info.call(*host_args, **host_kwargs)
     except RuntimeError:

@@ -26,7 +26,7 @@ import torch
 from neuron_explorer.backend.allocator import out_of_memory
 
 _Tensor = torch.Tensor
-_MAX_ITEMSIZE = 16  # complex128
+MAX_ITEMSIZE = 16  # complex128
 _META = torch.device("meta")
 
 Rule = Callable[[object, object, list, tuple, dict], None]
@@ -90,7 +90,7 @@ def _check_window(device, info, args, kwargs, numel: int, dtype: torch.dtype | N
     matters: neither 1 nor 16 bytes per element settle it)."""
     free = _free(device)
     if dtype is None:
-        if numel * _MAX_ITEMSIZE <= free:
+        if numel * MAX_ITEMSIZE <= free:
             return
         dtype = _result_dtype(info, args, kwargs)
         if dtype is None:
@@ -243,11 +243,27 @@ def by_meta(info, device, sig: list, args: tuple, kwargs: dict) -> None:
             largest = max(largest, abs(value))
         elif isinstance(value, (list, tuple)) and value and type(value[0]) is int:
             largest = max(largest, math.prod(value))
-    if largest * _MAX_ITEMSIZE <= free:
+    if largest * MAX_ITEMSIZE <= free:
         return
     nbytes = meta_result_bytes(info, args, kwargs)
     if nbytes is not None and nbytes > free:
         _refuse(device, nbytes)
+
+
+def numel_of_nonzero_dims(shape) -> int:
+    """Elements of `shape` with its zero sizes read as 1 (an (n, 0) @ (0, m) product has
+    n * m elements: a zero-size input does not bound the result)."""
+    numel = 1
+    for n in shape:
+        numel *= n or 1
+    return numel
+
+
+def bounded_by_inputs(op: torch._ops.OpOverload) -> bool:
+    """Whether the product of the inputs' sizes (zero sizes read as 1) bounds the result's
+    elements: true of broadcasts, matrix products and of most other ops, not of those
+    whose sizes come from their arguments (repeat, pad, arange...) or that join inputs."""
+    return op._schema.name not in _RULES or _RULES[op._schema.name] is _matrix_product
 
 
 def rule_for(op: torch._ops.OpOverload, functional: bool, out_args: tuple) -> Rule | None:
