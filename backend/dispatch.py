@@ -61,7 +61,8 @@ FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
 class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
-    __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
+    __slots__ = ("arg_names", "attr_args", "call", "converter", "has_generator",
+                 "host_operands_ok", "kind",
                  "name", "none_defaults", "op", "out_args", "redispatch",
                  "size_bounded_by_inputs", "size_rule")
 
@@ -94,6 +95,7 @@ class OpInfo:
             if a.kwarg_only and a.has_default_value() and a.default_value is None
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
+        self.converter = _MathBitsConverter if self.name in _SEE_MATH_BITS else _Converter
         self.out_args = tuple(a.name for a in schema.arguments if a.is_out)
         # How the result's size is checked against free HBM before the host computes it.
         self.size_rule = (None if self.kind == VIEW else
@@ -224,10 +226,6 @@ class _Converter:
         host = block.views.get(geometry)
         if host is None:
             host = _new_host_view(block, geometry)
-        if t.is_conj() or t.is_neg():
-            # Ops such as mm and clone pass the conjugate and negative keys through to
-            # the backend, their lazy bits still set: the host view must carry them too.
-            host = with_math_bits(host, t)
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -238,6 +236,31 @@ class _Converter:
         if type(v) in (list, tuple) and v and isinstance(v[0], _TENSOR_OR_NONE):
             return [self.tensor(x) if isinstance(x, _Tensor) else x for x in v]
         return v
+
+
+class _MathBitsConverter(_Converter):
+    """For the ops PyTorch hands lazily conjugated or negated views with their bits still
+    set (mm and the other BLAS calls, which read the bits themselves): the host views
+    carry the bits too. Other ops get such views resolved first, and skip the check."""
+
+    __slots__ = ()
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        host = _Converter.tensor(self, t)
+        if not (t.is_conj() or t.is_neg()):
+            return host
+        view = with_math_bits(host, t)
+        if self.originals is not None:
+            self.originals[id(view)] = self.originals.pop(id(host), t)
+        return view
+
+
+# The ops the conjugate and negative keys let through with the bits set (PyTorch's
+# ConjugateFallback.cpp and NegateFallback.cpp) that reach this fallback.
+_SEE_MATH_BITS = frozenset({
+    "aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
+    "aten::dot", "aten::vdot", "aten::linalg_vector_norm", "aten::linalg_solve_triangular",
+})
 
 
 def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
@@ -369,7 +392,7 @@ def run_op(op, args: tuple, kwargs: dict):
             clock.exclude(_perf_ns() - real_start)
         return result
 
-    conv = _Converter(info)
+    conv = info.converter(info)
     tensor = conv.tensor
     host_args = [tensor(a) if isinstance(a, _Tensor) else conv.value(a) for a in args]
     if kwargs:
