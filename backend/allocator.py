@@ -21,6 +21,7 @@ _perf_ns = time.perf_counter_ns
 
 GIB = 1 << 30
 MIB = 1 << 20
+UNKNOWN_NUMEL = 1 << 62
 
 
 class AllocationContext:
@@ -77,12 +78,16 @@ class MemoryStats:
 class Block:
     """Owns the host buffer behind one neuron storage; releasing it frees device bytes."""
 
-    __slots__ = ("__weakref__", "host", "nbytes", "stats", "views")
+    __slots__ = ("__weakref__", "host", "max_view_numel", "nbytes", "stats", "views")
 
     def __init__(self, host: torch.UntypedStorage, nbytes: int, stats: MemoryStats) -> None:
         self.host = host
         self.nbytes = nbytes
         self.stats = stats
+        # At least the elements of any view of this memory (zero sizes read as 1): its
+        # bytes, until a larger (expanded) view is made; unknown for an empty block,
+        # whose (n, 0) views can still make an (n, m) product.
+        self.max_view_numel = nbytes or UNKNOWN_NUMEL
         # CPU views of this memory by (offset, shape, stride, dtype): kept here, not on
         # the tensors, so that pickling a tensor never carries a host copy along.
         self.views: dict[tuple, torch.Tensor] = {}

@@ -125,6 +125,8 @@ def _new_host_view(block, geometry: tuple) -> torch.Tensor:
         views.clear()
     offset, shape, stride, dtype = geometry
     host = views[geometry] = _host_empty(0, dtype=dtype).set_(block.host, offset, shape, stride)
+    # An expanded view can have more elements than its memory has bytes.
+    block.max_view_numel = max(block.max_view_numel, result_size.numel_of_nonzero_dims(shape))
     return host
 
 
@@ -199,11 +201,12 @@ def _device_mismatch(a: torch.device, b: torch.device) -> RuntimeError:
 class _Converter:
     """Turns an op's arguments into host views, noting the device and the input signature."""
 
-    __slots__ = ("index", "info", "originals", "sig")
+    __slots__ = ("bound", "index", "info", "originals", "sig")
 
     def __init__(self, info: OpInfo) -> None:
         self.info = info
         self.index = -1
+        self.bound = result_size.MAX_ITEMSIZE  # bytes that bound the result (see run_op)
         self.sig: list = []
         self.originals: dict[int, torch.Tensor] | None = (
             {} if info.kind == MUTATING else None
@@ -226,6 +229,7 @@ class _Converter:
         host = block.views.get(geometry)
         if host is None:
             host = _new_host_view(block, geometry)
+        self.bound *= block.max_view_numel
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -412,18 +416,12 @@ def run_op(op, args: tuple, kwargs: dict):
 
     rule = info.size_rule
     if rule is not None:  # the result must fit in HBM before the host computes it
-        sig = conv.sig
-        if info.size_bounded_by_inputs and sig:
-            # The product of the inputs' sizes bounds the result's (broadcasts, matmuls,
-            # reductions): small ops, the hot path, skip the rule in a few multiplies.
-            bound = result_size.MAX_ITEMSIZE
-            for shape, _ in sig:
-                bound *= shape.numel() or result_size.numel_of_nonzero_dims(shape)
-            memory = device.memory
-            if bound > memory.capacity - memory.in_use:
-                rule(info, device, sig, args, kwargs)
-        else:
-            rule(info, device, sig, args, kwargs)
+        memory = device.memory
+        # For broadcasts, matmuls, reductions... the product of the inputs' sizes bounds
+        # the result's: small ops, the hot path, skip the rule.
+        if (not info.size_bounded_by_inputs or conv.index < 0
+                or conv.bound > memory.capacity - memory.in_use):
+            rule(info, device, conv.sig, args, kwargs)
     try:
         result = info.call(*host_args, **host_kwargs)
     except RuntimeError:
