@@ -76,8 +76,10 @@ def _read_child(proc: subprocess.Popen, run: OpInfoRun) -> str | None:
         return None
     if current is None:
         raise RuntimeError(f"the OpInfo child failed outside any op: {stderr[-2000:]}")
-    tail = " | ".join(stderr.strip().splitlines()[-3:])
-    run.crashes[current] = f"exit status {proc.returncode}: {tail}"[:500]
+    # faulthandler's "most recent call first" stack says where it died.
+    lines = stderr.strip().splitlines()
+    where = [line.strip() for line in lines if line.startswith("  File ")][:3] or lines[-3:]
+    run.crashes[current] = f"exit status {proc.returncode}: {' | '.join(where)}"[:500]
     return current
 
 
@@ -87,7 +89,8 @@ def run_opinfo(samples_per_op: int, ops: tuple[str, ...] = ()) -> OpInfoRun:
     after: list[str] = []
     while True:
         proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(samples_per_op), *after, *ops],
+            [sys.executable, "-X", "faulthandler", str(CHILD), str(samples_per_op), *after,
+             *ops],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env(),
         )
         try:
