@@ -62,7 +62,7 @@ class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
     __slots__ = ("arg_names", "attr_args", "call", "converter", "has_generator",
-                 "host_operands_ok", "kind",
+                 "host_operands_ok", "kind", "may_set_math_bits",
                  "name", "none_defaults", "op", "out_args", "redispatch",
                  "size_bounded_by_inputs", "size_rule")
 
@@ -96,6 +96,11 @@ class OpInfo:
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
         self.converter = _MathBitsConverter if self.name in _SEE_MATH_BITS else _Converter
+        if self.name in _SEE_MATH_BITS and self.kind == FUNCTIONAL:
+            self.call = _resolving_math_bits(self.call)
+        # Some linalg out= kernels answer by setting the conjugate bit on `out` (the
+        # CPU's lu_solve(adjoint=True, left=False) does): the bit would be lost.
+        self.may_set_math_bits = self.kind == MUTATING and self.name.startswith("aten::linalg_")
         self.out_args = tuple(a.name for a in schema.arguments if a.is_out)
         # How the result's size is checked against free HBM before the host computes it.
         self.size_rule = (None if self.kind == VIEW else
@@ -257,6 +262,31 @@ class _MathBitsConverter(_Converter):
         if self.originals is not None:
             self.originals[id(view)] = self.originals.pop(id(host), t)
         return view
+
+
+def _settle_math_bits(result) -> None:
+    """Write the values of host results an op left lazily conjugated or negated into
+    their memory, and clear the bits: the neuron tensors over that memory carry none."""
+    for host in (result if isinstance(result, (list, tuple)) else (result,)):
+        if isinstance(host, _Tensor) and (host.is_conj() or host.is_neg()):
+            values = host.resolve_conj().resolve_neg()
+            torch._C._set_conj(host, False)
+            torch._C._set_neg(host, False)
+            host.copy_(values)
+
+
+def _resolving_math_bits(call):
+    """`call`, with a lazily conjugated or negated host result materialised: a neuron
+    tensor relabels the host memory, which must hold the values themselves (the CPU's
+    `vdot(x, y.conj())` answers with a conjugated view)."""
+
+    def resolved(*args, **kwargs):
+        result = call(*args, **kwargs)
+        if isinstance(result, _Tensor) and (result.is_conj() or result.is_neg()):
+            return result.resolve_conj().resolve_neg()
+        return result
+
+    return resolved
 
 
 # The ops the conjugate and negative keys let through with the bits set (PyTorch's
@@ -427,6 +457,8 @@ def run_op(op, args: tuple, kwargs: dict):
     except RuntimeError:
         result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
     if info.kind == MUTATING:
+        if info.may_set_math_bits:
+            _settle_math_bits(result)
         result = _map_back(result, conv, device)
         out_sig = tuple(conv.sig[:1])
     elif isinstance(result, _Tensor):  # the common case, without the two helpers

@@ -94,3 +94,27 @@ def test_as_strided_reads_a_partial_view_through_its_whole_storage():
                for kw in ({}, {"storage_offset": 0}, {"storage_offset": 10})]
         assert got == [[[5.0, 7.0], [6.0, 8.0]], [[0.0, 2.0], [1.0, 3.0]],
                        [[10.0, 12.0], [11.0, 13.0]]], device
+
+
+def test_a_conjugated_host_result_keeps_its_values_on_the_device():
+    # The CPU's vdot(x, y.conj()) answers with a lazily conjugated tensor.
+    x, dev_x = _pair(5)
+    y, dev_y = _pair(5)
+    result = torch.vdot(dev_x, dev_y.conj())
+    expected = torch.vdot(x, y.conj())
+    assert not result.is_conj()
+    assert torch.allclose(result.cpu(), expected)
+    assert torch.allclose(result.view(1).cpu(), expected.view(1))  # a fresh host view
+
+
+def test_an_out_tensor_the_cpu_marks_conjugated_keeps_its_values():
+    # The CPU's lu_solve(adjoint=True, left=False, out=...) sets the conjugate bit on out.
+    torch.manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    b = torch.randn(4, 3, dtype=torch.complex64)
+    lu, pivots = torch.linalg.lu_factor(a)
+    expected = torch.linalg.lu_solve(lu, pivots, b, adjoint=True, left=False)
+    got = torch.linalg.lu_solve(lu.to("neuron"), pivots.to("neuron"), b.to("neuron"),
+                                adjoint=True, left=False)
+    assert torch.allclose(got.cpu(), expected, atol=1e-5)
+    assert torch.allclose(got.t().contiguous().cpu(), expected.t().contiguous(), atol=1e-5)
