@@ -96,7 +96,7 @@ class OpInfo:
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
         self.converter = _MathBitsConverter if self.name in _SEE_MATH_BITS else _Converter
-        if self.name in _SEE_MATH_BITS and self.kind == FUNCTIONAL:
+        if self.name == "aten::vdot":  # the one that answers lazily conjugated on the CPU
             self.call = _resolving_math_bits(self.call)
         # Some linalg out= kernels answer by setting the conjugate bit on `out` (the
         # CPU's lu_solve(adjoint=True, left=False) does): the bit would be lost.
