@@ -61,9 +61,9 @@ FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
 class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
-    __slots__ = ("arg_names", "attr_args", "call", "converter", "has_generator",
-                 "host_operands_ok", "kind", "may_set_math_bits",
-                 "name", "none_defaults", "op", "out_args", "redispatch",
+    __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok",
+                 "kind", "may_set_math_bits",
+                 "name", "none_defaults", "op", "out_args", "redispatch", "sees_math_bits",
                  "size_bounded_by_inputs", "size_rule")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
@@ -95,7 +95,7 @@ class OpInfo:
             if a.kwarg_only and a.has_default_value() and a.default_value is None
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
-        self.converter = _MathBitsConverter if self.name in _SEE_MATH_BITS else _Converter
+        self.sees_math_bits = self.name in _SEE_MATH_BITS
         if self.name == "aten::vdot":  # the one that answers lazily conjugated on the CPU
             self.call = _resolving_math_bits(self.call)
         # Some linalg out= kernels answer by setting the conjugate bit on `out` (the
@@ -235,6 +235,10 @@ class _Converter:
         if host is None:
             host = _new_host_view(block, geometry)
         self.bound *= block.max_view_numel
+        if self.info.sees_math_bits and (t.is_conj() or t.is_neg()):
+            # mm and the other BLAS calls get lazily conjugated or negated views with
+            # their bits still set (they read them themselves): so must the host view.
+            host = with_math_bits(host, t)
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -245,23 +249,6 @@ class _Converter:
         if type(v) in (list, tuple) and v and isinstance(v[0], _TENSOR_OR_NONE):
             return [self.tensor(x) if isinstance(x, _Tensor) else x for x in v]
         return v
-
-
-class _MathBitsConverter(_Converter):
-    """For the ops PyTorch hands lazily conjugated or negated views with their bits still
-    set (mm and the other BLAS calls, which read the bits themselves): the host views
-    carry the bits too. Other ops get such views resolved first, and skip the check."""
-
-    __slots__ = ()
-
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        host = _Converter.tensor(self, t)
-        if not (t.is_conj() or t.is_neg()):
-            return host
-        view = with_math_bits(host, t)
-        if self.originals is not None:
-            self.originals[id(view)] = self.originals.pop(id(host), t)
-        return view
 
 
 def _settle_math_bits(result) -> None:
@@ -426,7 +413,7 @@ def run_op(op, args: tuple, kwargs: dict):
             clock.exclude(_perf_ns() - real_start)
         return result
 
-    conv = info.converter(info)
+    conv = _Converter(info)
     tensor = conv.tensor
     host_args = [tensor(a) if isinstance(a, _Tensor) else conv.value(a) for a in args]
     if kwargs:
