@@ -21,6 +21,7 @@ _perf_ns = time.perf_counter_ns
 
 GIB = 1 << 30
 MIB = 1 << 20
+UNKNOWN_NUMEL = 1 << 62
 
 
 class AllocationContext:
@@ -77,12 +78,16 @@ class MemoryStats:
 class Block:
     """Owns the host buffer behind one neuron storage; releasing it frees device bytes."""
 
-    __slots__ = ("__weakref__", "host", "nbytes", "stats", "views")
+    __slots__ = ("__weakref__", "host", "max_view_numel", "nbytes", "stats", "views")
 
     def __init__(self, host: torch.UntypedStorage, nbytes: int, stats: MemoryStats) -> None:
         self.host = host
         self.nbytes = nbytes
         self.stats = stats
+        # At least the elements of any view of this memory (zero sizes read as 1): its
+        # bytes, until a larger (expanded) view is made; unknown for an empty block,
+        # whose (n, 0) views can still make an (n, m) product.
+        self.max_view_numel = nbytes or UNKNOWN_NUMEL
         # CPU views of this memory by (offset, shape, stride, dtype): kept here, not on
         # the tensors, so that pickling a tensor never carries a host copy along.
         self.views: dict[tuple, torch.Tensor] = {}
@@ -116,7 +121,8 @@ def _format_bytes(n: int) -> str:
     return f"{n / 1024:.2f} KiB" if n >= 1024 else f"{n} bytes"
 
 
-def _out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
+def out_of_memory(stats: MemoryStats, nbytes: int) -> torch.OutOfMemoryError:
+    """The error for `nbytes` that do not fit (counted in `num_ooms`), worded like CUDA's."""
     stats.oom_count += 1
     free = stats.capacity - stats.in_use
     return torch.OutOfMemoryError(
@@ -133,7 +139,7 @@ def allocate(stats: MemoryStats, nbytes: int, device: torch.device,
              op_id: int | None = None) -> torch.UntypedStorage:
     """A new neuron storage of `nbytes` on `device` (uninitialised), counted in `stats`."""
     if stats.in_use + nbytes > stats.capacity:  # before taking the host memory
-        raise _out_of_memory(stats, nbytes)
+        raise out_of_memory(stats, nbytes)
     host = _host_storage(nbytes)
     storage = _construct_storage(host.data_ptr(), device, nbytes)
     attach(stats, storage, host, op_id)
@@ -154,7 +160,7 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     nbytes = host.nbytes()
     in_use = stats.in_use + nbytes
     if in_use > stats.capacity:
-        raise _out_of_memory(stats, nbytes)
+        raise out_of_memory(stats, nbytes)
     storage._neuron_block = block = Block(host, nbytes, stats)
     stats.in_use = in_use
     stats.alloc_count += 1

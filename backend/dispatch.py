@@ -12,9 +12,10 @@ the project: per op it builds one signature tuple and no other objects.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import torch
-from neuron_explorer.backend import devices, matmul_numerics, runtime
+from neuron_explorer.backend import devices, matmul_numerics, result_size, runtime
 from neuron_explorer.backend.allocator import adopt, attach
 from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
@@ -60,8 +61,10 @@ FUNCTIONAL, MUTATING, VIEW = 0, 1, 2
 class OpInfo:
     """What the fallback needs to know about one op overload, from its schema."""
 
-    __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok", "kind",
-                 "name", "none_defaults", "op", "redispatch")
+    __slots__ = ("arg_names", "attr_args", "call", "has_generator", "host_operands_ok",
+                 "kind", "may_set_math_bits",
+                 "name", "none_defaults", "op", "out_args", "redispatch", "sees_math_bits",
+                 "size_bounded_by_inputs", "size_rule")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -92,6 +95,17 @@ class OpInfo:
             if a.kwarg_only and a.has_default_value() and a.default_value is None
         )
         self.host_operands_ok = self.name in _HOST_OPERANDS_OK
+        self.sees_math_bits = self.name in _SEE_MATH_BITS
+        if self.name == "aten::vdot":  # the one that answers lazily conjugated on the CPU
+            self.call = _resolving_math_bits(self.call)
+        # Some linalg out= kernels answer by setting the conjugate bit on `out` (the
+        # CPU's lu_solve(adjoint=True, left=False) does): the bit would be lost.
+        self.may_set_math_bits = self.kind == MUTATING and self.name.startswith("aten::linalg_")
+        self.out_args = tuple(a.name for a in schema.arguments if a.is_out)
+        # How the result's size is checked against free HBM before the host computes it.
+        self.size_rule = (None if self.kind == VIEW else
+                          result_size.rule_for(op, self.kind == FUNCTIONAL, self.out_args))
+        self.size_bounded_by_inputs = result_size.bounded_by_inputs(op)
         if self.kind == FUNCTIONAL:  # bf16/fp16/fp8 products: fp32 kernel, one rounding
             self.call = matmul_numerics.host_kernel(self.name, self.call)
 
@@ -118,6 +132,17 @@ def _new_host_view(block, geometry: tuple) -> torch.Tensor:
         views.clear()
     offset, shape, stride, dtype = geometry
     host = views[geometry] = _host_empty(0, dtype=dtype).set_(block.host, offset, shape, stride)
+    # An expanded view can have more elements than its memory has bytes.
+    block.max_view_numel = max(block.max_view_numel, result_size.numel_of_nonzero_dims(shape))
+    return host
+
+
+def with_math_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`host` (a view of `t`'s raw memory) read as `t` is: lazily conjugated, negated."""
+    if t.is_conj():
+        host = host.conj()
+    if t.is_neg():
+        host = host._neg_view()
     return host
 
 
@@ -183,11 +208,12 @@ def _device_mismatch(a: torch.device, b: torch.device) -> RuntimeError:
 class _Converter:
     """Turns an op's arguments into host views, noting the device and the input signature."""
 
-    __slots__ = ("index", "info", "originals", "sig")
+    __slots__ = ("bound", "index", "info", "originals", "sig")
 
     def __init__(self, info: OpInfo) -> None:
         self.info = info
         self.index = -1
+        self.bound = result_size.MAX_ITEMSIZE  # bytes that bound the result (see run_op)
         self.sig: list = []
         self.originals: dict[int, torch.Tensor] | None = (
             {} if info.kind == MUTATING else None
@@ -210,6 +236,11 @@ class _Converter:
         host = block.views.get(geometry)
         if host is None:
             host = _new_host_view(block, geometry)
+        self.bound *= block.max_view_numel
+        if self.info.sees_math_bits and (t.is_conj() or t.is_neg()):
+            # mm and the other BLAS calls get lazily conjugated or negated views with
+            # their bits still set (they read them themselves): so must the host view.
+            host = with_math_bits(host, t)
         if self.originals is not None:
             self.originals.setdefault(id(host), t)  # aliases: the first argument (self) wins
         return host
@@ -220,6 +251,39 @@ class _Converter:
         if type(v) in (list, tuple) and v and isinstance(v[0], _TENSOR_OR_NONE):
             return [self.tensor(x) if isinstance(x, _Tensor) else x for x in v]
         return v
+
+
+def _settle_math_bits(result) -> None:
+    """Write the values of host results an op left lazily conjugated or negated into
+    their memory, and clear the bits: the neuron tensors over that memory carry none."""
+    for host in (result if isinstance(result, (list, tuple)) else (result,)):
+        if isinstance(host, _Tensor) and (host.is_conj() or host.is_neg()):
+            values = host.resolve_conj().resolve_neg()
+            torch._C._set_conj(host, False)
+            torch._C._set_neg(host, False)
+            host.copy_(values)
+
+
+def _resolving_math_bits(call):
+    """`call`, with a lazily conjugated or negated host result materialised: a neuron
+    tensor relabels the host memory, which must hold the values themselves (the CPU's
+    `vdot(x, y.conj())` answers with a conjugated view)."""
+
+    def resolved(*args, **kwargs):
+        result = call(*args, **kwargs)
+        if isinstance(result, _Tensor) and (result.is_conj() or result.is_neg()):
+            return result.resolve_conj().resolve_neg()
+        return result
+
+    return resolved
+
+
+# The ops the conjugate and negative keys let through with the bits set (PyTorch's
+# ConjugateFallback.cpp and NegateFallback.cpp) that reach this fallback.
+_SEE_MATH_BITS = frozenset({
+    "aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
+    "aten::dot", "aten::vdot", "aten::linalg_vector_norm", "aten::linalg_solve_triangular",
+})
 
 
 def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
@@ -291,6 +355,41 @@ def _device_from_kwargs(kwargs: dict) -> devices.NeuronDevice:
     return devices.get(dev.index if dev is not None else None)
 
 
+_NUMBERS = (bool, int, float, complex)
+
+
+def _call_with_numbers_as_tensors(info: OpInfo, host_args: list, host_kwargs: dict):
+    """Retry an op whose Tensor arguments came as Python numbers, or re-raise its error.
+
+    A C++ composite that passes a number to a Tensor argument wraps it in a "wrapped
+    number" tensor (`remainder.Scalar_out` calls `remainder.Tensor_out` that way, from
+    `take_along_dim`), and the boxed fallback receives it as a plain Python number,
+    which the host overload then refuses. A 0-dim tensor of the dtype that the number
+    and the op's first tensor promote to keeps the wrapped number's type promotion.
+    """
+    error = sys.exc_info()[1]
+    schema_args = info.op._schema.arguments
+    tensor_positions = [i for i, a in enumerate(schema_args) if str(a.type) == "Tensor"]
+    first = next((a for a in (*host_args, *host_kwargs.values()) if isinstance(a, _Tensor)),
+                 None)
+    changed = False
+    for i in tensor_positions:
+        name = schema_args[i].name
+        in_kwargs = i >= len(host_args)
+        value = host_kwargs.get(name) if in_kwargs else host_args[i]
+        if type(value) in _NUMBERS:
+            dtype = torch.result_type(first, value) if first is not None else None
+            number = torch.tensor(value, dtype=dtype)
+            if in_kwargs:
+                host_kwargs[name] = number
+            else:
+                host_args[i] = number
+            changed = True
+    if not changed:
+        raise error
+    return info.call(*host_args, **host_kwargs)
+
+
 def run_op(op, args: tuple, kwargs: dict):
     """Run one aten op on neuron tensors: the boxed fallback for PrivateUse1."""
     real_start = _perf_ns()
@@ -334,8 +433,21 @@ def run_op(op, args: tuple, kwargs: dict):
     if info.has_generator and host_kwargs.get("generator") is None:
         host_kwargs["generator"] = device.generator
 
-    result = info.call(*host_args, **host_kwargs)
+    rule = info.size_rule
+    if rule is not None:  # the result must fit in HBM before the host computes it
+        memory = device.memory
+        # For broadcasts, matmuls, reductions... the product of the inputs' sizes bounds
+        # the result's: small ops, the hot path, skip the rule.
+        if (not info.size_bounded_by_inputs or conv.index < 0
+                or conv.bound > memory.capacity - memory.in_use):
+            rule(info, device, conv.sig, args, kwargs)
+    try:
+        result = info.call(*host_args, **host_kwargs)
+    except RuntimeError:
+        result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
     if info.kind == MUTATING:
+        if info.may_set_math_bits:
+            _settle_math_bits(result)
         result = _map_back(result, conv, device)
         out_sig = tuple(conv.sig[:1])
     elif isinstance(result, _Tensor):  # the common case, without the two helpers

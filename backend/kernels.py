@@ -9,10 +9,8 @@ cost two trips (empty, then `.out`).
 
 from __future__ import annotations
 
-import math
-
 import torch
-from neuron_explorer.backend import devices, dispatch, runtime
+from neuron_explorer.backend import devices, dispatch, result_size, runtime
 from neuron_explorer.backend.allocator import allocate
 from neuron_explorer.backend.clock import clock
 
@@ -51,10 +49,30 @@ def _account(device, name: str, inputs: tuple, outputs: tuple, attrs: tuple,
         clock.exclude(_perf_ns() - real_start)
 
 
+_MAX_NBYTES = (1 << 63) - 1  # PyTorch's storage sizes are int64
+
+
+def storage_nbytes(size, stride, dtype: torch.dtype, storage_offset: int = 0) -> int:
+    """The bytes a tensor of this geometry needs, or the CPU's error for a negative
+    dimension or a size that overflows (never a huge number handed to the host
+    allocator)."""
+    if size and min(size) < 0:
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: "
+                           f"{list(size)}")
+    if not all(size):
+        return 0
+    extent = 1 + storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
+    nbytes = extent * dtype.itemsize
+    if nbytes > _MAX_NBYTES or (stride and min(stride) < 0):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and "
+                           f"strides={list(stride)}")
+    return nbytes
+
+
 def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -> torch.Tensor:
     """An uninitialised neuron tensor with this geometry."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-    storage = allocate(device.memory, extent * dtype.itemsize, device.torch_device)
+    nbytes = storage_nbytes(size, stride, dtype)
+    storage = allocate(device.memory, nbytes, device.torch_device)
     out = dispatch.blank_tensor(device.index, dtype)
     _set_storage.redispatch(_CPU_KEYS, out, storage, 0, size, stride)
     return out
@@ -88,25 +106,34 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 def _copy_to_host(src: torch.Tensor, dst_host: torch.Tensor, real_start: int,
                   host_start: int) -> None:
     dev = devices.get(src.device.index)
-    dst_host.copy_(host_view(src))
+    dst_host.copy_(_logical_host_view(src))
     _account(dev, "aten::_copy_from", ((src.shape, src.dtype),),
              ((dst_host.shape, dst_host.dtype),), TO_HOST, real_start, host_start)
     if _state.accounting:
         runtime.synchronize(dev.index, sync_kind[-1] if sync_kind else "copy_to_host")
 
 
+def _logical_host_view(t: torch.Tensor) -> torch.Tensor:
+    """The host view of `t` as `t` reads: a copy through it honours the lazy bits."""
+    return dispatch.with_math_bits(host_view(t), t)
+
+
 def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """`dst.copy_(self)` where either side is on a neuron device."""
+    """`dst.copy_(self)` where either side is on a neuron device.
+
+    The conjugate and negative keys let this kernel through (see `register`), so `self`
+    or `dst` may be a lazily conjugated or negated view: their bits are honoured here.
+    """
     real_start, host_start = _perf_ns(), clock.now()
     if dst.device.type != "neuron":
         _copy_to_host(self, dst, real_start, host_start)
         return dst
     dev = devices.get(dst.device.index)
     if self.device.type == "neuron":
-        host_view(dst).copy_(host_view(self))
+        _logical_host_view(dst).copy_(_logical_host_view(self))
         attrs = ON_DEVICE
     else:
-        host_view(dst).copy_(self)
+        _logical_host_view(dst).copy_(self)
         attrs = TO_DEVICE
     _account(dev, "aten::_copy_from", ((self.shape, self.dtype),), ((dst.shape, dst.dtype),),
              attrs, real_start, host_start)
@@ -126,6 +153,9 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     op_id = runtime.begin_op()
     target = device if device is not None else self.device
     from_host = self.device.type != "neuron"
+    if target.type == "neuron":  # before the host makes the copy
+        result_size.check_host_to_device(devices.get(target.index), self.numel(),
+                                         dtype or self.dtype)
     host = (self if from_host else host_view(self)).to(
         dtype=dtype or self.dtype, copy=True, memory_format=memory_format or torch.preserve_format)
     if from_host:
@@ -192,7 +222,7 @@ def resize_(self, size, memory_format=None):
         stride = _contiguous_strides(size)
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    needed = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
+    needed = storage_nbytes(size, stride, self.dtype, self.storage_offset())
     storage = self.untyped_storage()
     if needed > storage.nbytes():
         dev = devices.get(self.device.index)
@@ -259,6 +289,12 @@ def register(lib: torch.library.Library) -> None:
     lib.impl("empty_strided", empty_strided, key)
     lib.impl("_copy_from", copy_from, key)
     lib.impl("_copy_from_and_resize", copy_from_and_resize, key)
+    # Without these the conjugate (negative) fallback resolves a lazily conjugated
+    # source by copying it, which calls `_copy_from` again: an endless recursion that
+    # overflows the C stack. `copy_from` honours the bits itself.
+    for math_bit_key in ("Conjugate", "Negative"):
+        lib.impl("_copy_from", torch.library.fallthrough_kernel, math_bit_key)
+        lib.impl("_copy_from_and_resize", torch.library.fallthrough_kernel, math_bit_key)
     lib.impl("_to_copy", to_copy, key)
     lib.impl("_local_scalar_dense", local_scalar_dense, key)
     lib.impl("set_.source_Storage_storage_offset", set_storage, key)
