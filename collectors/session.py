@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, Self
 
 from neuron_explorer.backend.clock import clock
+from neuron_explorer.collectors import recording_notices, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
 
-_perf_ns = time.perf_counter_ns
+_perf_ns = clock.real_ns
 
 _active: Recorder | None = None
 _attached: dict[int, tuple[Any, Any]] = {}  # id(recorder) -> (hooks, sink)
@@ -62,6 +62,7 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     from neuron_explorer.collectors.device_sink import DeviceSink
     from neuron_explorer.collectors.framework_hooks import FrameworkHooks
 
+    _start_host_clock()
     recorder = Recorder(options)
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
@@ -73,7 +74,51 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     child_processes.install_fork_handler()
     if record_children:
         child_processes.export_to_children(options)
+    recording_notices.install_slow_op_notice()
+    if not options.quiet and status_line.wanted():
+        recorder.status = status_line.StatusLine(recorder)
+        recorder.status.start()
     return recorder
+
+
+def _start_host_clock() -> None:
+    """Switch the host clock to the source NEURON_HOST_CLOCK asks for (load-free by
+    default) and measure the per-op costs that are ours, not the program's."""
+    from neuron_explorer.backend.clock import LOAD_FREE, MODELLED, requested_source
+    from neuron_explorer.backend.host_costs import (
+        host_costs,
+        measure_boxing_ns,
+        measure_module_hook_ns,
+    )
+
+    try:
+        source = requested_source()
+    except ValueError as exc:
+        raise RecordingError(str(exc)) from None
+    if source == MODELLED:
+        clock.use(MODELLED)
+        clock.reset()  # every modelled recording starts at 0
+        host_costs.configure(MODELLED)
+        return
+    clock.use(source)
+    boxing = hook = 0
+    if clock.source == LOAD_FREE:
+        host_start = clock.now()
+        boxing, hook = measure_boxing_ns(), measure_module_hook_ns()
+        clock.exclude(clock.now() - host_start)  # measuring is not the program's time
+    host_costs.configure(clock.source, boxing, hook)
+    clock.mark_pauses = clock.source == LOAD_FREE
+
+
+def _stop_host_clock() -> None:
+    """Back to the plain wall clock, the cheapest, once nothing records."""
+    from neuron_explorer.backend.clock import WALL
+    from neuron_explorer.backend.host_costs import host_costs
+
+    clock.mark_pauses = False
+    clock.take_marks()
+    clock.use(WALL)
+    host_costs.configure(WALL)
 
 
 def attach_sink_after_fork(recorder: Recorder) -> None:
@@ -107,6 +152,8 @@ def detach(recorder: Recorder) -> None:
         from neuron_explorer.collectors import child_processes
 
         child_processes.stop_exporting()
+        recording_notices.remove_slow_op_notice()
+        _stop_host_clock()
 
 
 class record(contextlib.ContextDecorator):

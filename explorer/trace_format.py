@@ -23,6 +23,7 @@ CAT_GRAPH_BREAK = "graph_break"  # instant
 CAT_RECOMPILE = "recompile"  # instant
 CAT_ANNOTATION = "annotation"  # user ranges: neuron_explorer.annotate, record_function
 CAT_METADATA = "metadata"  # one instant holding the run's metadata as JSON
+CAT_UNCOUNTED = "uncounted"  # instant: a pause the host clock left out (GC, recording)
 
 # Debug-annotation (Chrome "args") keys.
 ARG_OP_ID = "op_id"
@@ -47,11 +48,13 @@ ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
 ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"
 ARG_METADATA_JSON = "json"
+ARG_PAUSED_NS = "paused_ns"  # int, on CAT_UNCOUNTED instants: the real length of the pause
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).
 DEVICE_PROCESS = "neuron:{index} ({preset})"
 TRACK_KERNELS = "Kernels"
+TRACK_UNCOUNTED = "Not counted (GC, recording)"  # host process: CAT_UNCOUNTED instants
 ENGINE_TRACKS = {
     "tensor": "Tensor Engine",
     "vector": "Vector Engine",
@@ -73,3 +76,4 @@ META_VERSION = "neuron_explorer_version"
 META_START = "start_time_unix_ns"
 META_LEVEL = "level"
 META_PID = "pid"
+META_HOST_CLOCK = "host_clock"  # {"source": "load-free" | "modelled" | "wall", costs...}
