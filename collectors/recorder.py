@@ -364,11 +364,11 @@ class Recorder:
         was_failed = self.failed is not None
         self.stopped = True
         self._update_recording()
+        now = clock.now()  # before detaching, which hands the clock back to wall time
         session.detach(self)
         if was_failed:
             self.writer.discard()
             return
-        now = clock.now()
         try:
             self.write_marks(closing=True)
             for state in self._threads.values():

@@ -63,7 +63,11 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     from neuron_explorer.collectors.framework_hooks import FrameworkHooks
 
     _start_host_clock()
-    recorder = Recorder(options)
+    try:
+        recorder = Recorder(options)
+    except BaseException:
+        _stop_host_clock()
+        raise
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
@@ -95,6 +99,7 @@ def _start_host_clock() -> None:
         source = requested_source()
     except ValueError as exc:
         raise RecordingError(str(exc)) from None
+    clock.take_marks()  # an earlier recording's
     if source == MODELLED:
         clock.use(MODELLED)
         clock.reset()  # every modelled recording starts at 0
@@ -115,8 +120,7 @@ def _stop_host_clock() -> None:
     from neuron_explorer.backend.clock import WALL
     from neuron_explorer.backend.host_costs import host_costs
 
-    clock.mark_pauses = False
-    clock.take_marks()
+    clock.mark_pauses = False  # the recorder writes the marks still held as it closes
     clock.use(WALL)
     host_costs.configure(WALL)
 
