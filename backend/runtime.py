@@ -28,6 +28,10 @@ Eager ops and compiled graphs both go through here. The API the compile path use
   fallback, flops, hbm_bytes)`` (host<->device copies become host-link transfers);
   ``schedule(device, kernel, op_id, launch_ns, fallback)`` places one kernel and
   returns its kernel id. ``set_eager_policy(None)`` restores the default.
+- Per op, besides the launches, the host clock is charged the framework cost in
+  ``host_costs`` (backend/host_costs.py): our C++ -> Python boxing taken off and a C++
+  backend's per-op cost added, or under the modelled clock a fixed program cost per
+  op; both are applied to the program interval after the op (``clock.defer``).
 - ``synchronize(device_index, kind)``: a sync point (flushes the policy, the host
   waits for the device, a ``SyncWait`` is emitted; index -1: every device).
   ``new_op_id()`` hands out correlation ids.

@@ -221,3 +221,15 @@ def test_deferred_costs_never_move_the_clock_below_what_it_showed() -> None:
     before = clock.now()
     clock.defer(-5_000, 0)
     assert clock.now() >= before + 5_000
+
+
+def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> None:
+    # The same host-bound script on trn2 then trn3: the device got faster, the host did
+    # not change, so the step time must not grow (a loaded machine once made it 1.56x)
+    for hardware in ("trn2", "trn3"):
+        proc = _modelled(record_cli, f"{hardware}.pftrace", "--hardware", hardware,
+                         "--level", "op", "train_small.py", "3")
+        assert proc.returncode == 0, proc.stderr
+    guard = _diff(str(programs / "trn2.pftrace"), str(programs / "trn3.pftrace"),
+                  "--fail-above", "0")
+    assert guard.returncode == 0, guard.stderr
