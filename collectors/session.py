@@ -57,6 +57,7 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
         raise RecordingError(f"already recording to {_active.options.path}: "
                              "stop that recording before starting another")
     import torch  # noqa: F401 - loads the neuron device before its events are subscribed
+    from neuron_explorer.backend.clock import LOAD_FREE
     from neuron_explorer.backend.events import hub
     from neuron_explorer.collectors import child_processes
     from neuron_explorer.collectors.device_sink import DeviceSink
@@ -68,6 +69,9 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     except BaseException:
         _stop_host_clock()
         raise
+    # pauses are marked from the metadata on (it is the trace's first event)
+    clock.take_marks()
+    clock.mark_pauses = clock.source == LOAD_FREE
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
@@ -117,7 +121,6 @@ def _start_host_clock() -> None:
             clock.exclude(clock.now() - host_start)  # measuring is not the program's time
         boxing, hook = _measured_costs
     host_costs.configure(clock.source, boxing, hook)
-    clock.mark_pauses = clock.source == LOAD_FREE
 
 
 def _stop_host_clock() -> None:
