@@ -1,34 +1,105 @@
-"""The host clock: real time minus the time spent emulating the device and recording.
+"""The host clock: the time the program itself would take on an unloaded host.
 
-The trace shows the program as it would run on the real chip, so the host clock
-skips the time the host spends computing the device's numbers (and the time
-collectors spend recording), and jumps forward when the host waits for the device
-at a sync point. The device clock shares this timeline: kernels are placed on it by
-the simulator, in ns.
+The trace shows the program as it would run on the real chip and a real host, so
+the host clock counts only the program's own work between device calls and its
+real waits. It leaves out:
+
+- the time the host spends emulating the device and recording (callers measure
+  such an interval with `real_ns()` and pass it to `exclude`);
+- time the process was runnable but not running: preemption by other processes and
+  the wait for a CPU after waking up (the kernel's per-thread run delay,
+  /proc/thread-self/schedstat);
+- garbage-collector pauses (`gc.callbacks`), kept as marks for the trace instead.
+
+Sleeping, I/O and waiting on locks, queues, worker processes or other ranks keep
+counting: the thread is off the run queue then, not preempted. Three sources:
+
+- ``wall``: monotonic time (when nothing records: the cheapest);
+- ``load-free``: monotonic time minus run delay and GC pauses (while recording);
+- ``modelled`` (``NEURON_HOST_CLOCK=modelled``): no measurement at all; the clock
+  moves only by modelled costs, so recordings are reproducible byte for byte.
+
+docs/recording.md explains the design and its limits.
 """
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
 import time
 
 _perf_ns = time.perf_counter_ns
 
+WALL, LOAD_FREE, MODELLED = "wall", "load-free", "modelled"
+SOURCES = (WALL, LOAD_FREE, MODELLED)
+ENV_VAR = "NEURON_HOST_CLOCK"
+
+# A thread's run delay is read again only after this much time without a clock read
+# on that thread: a preemption makes such a gap (a scheduler slice is milliseconds),
+# and a read costs about 2 µs, so tight loops of ops read it almost never.
+RUN_DELAY_REFRESH_NS = 200_000
+# GC pauses at least this long are marked in the trace (all of them are left out).
+GC_MARK_NS = 100_000
+_MARKS_LIMIT = 100_000
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def requested_source() -> str:
+    """The source `NEURON_HOST_CLOCK` asks a recording to use (default: load-free)."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("", "measured", LOAD_FREE, "loadfree"):
+        return LOAD_FREE
+    if value in (MODELLED, "modeled"):
+        return MODELLED
+    if value == WALL:
+        return WALL
+    raise ValueError(f"{ENV_VAR}={value!r} is not a host clock: use measured, modelled or wall")
+
+
+class _ThreadDelay(threading.local):
+    """Per thread: its schedstat file, the run delay read last, the last clock read."""
+
+    fd = -1
+    run_delay = 0
+    last_read = 0
+
 
 class HostClock:
-    """Monotonic ns clock with excluded intervals and forward jumps."""
-
-    __slots__ = ("_offset", "_origin")
+    """Monotonic ns clock with excluded intervals, forward jumps and deferred deductions."""
 
     def __init__(self) -> None:
-        self._origin = _perf_ns()
-        self._offset = 0  # added to real elapsed time: -excluded + waited
+        self.source = WALL
+        self._base = 0  # keeps raw readings continuous when the source changes
+        self._read = self._wall_ns  # the source's raw reading, in ns
+        self._offset = -_perf_ns()  # now() = _read() + _offset
+        self._uncounted = 0  # load-free: run delay and GC time seen so far
+        self._threads = _ThreadDelay()
+        self._pending = 0  # time to take off the next program interval (<0: to add)
+        self._floor = 0  # ... but never below this host time
+        self._virtual = 0  # modelled: the raw reading, constant
+        self._gc_start: tuple[int, int] | None = None
+        self.marks: list[tuple[str, int, int, dict]] = []  # uncounted pauses for the trace
+        self.mark_pauses = False
+        self.schedstat_ok = os.path.exists(_SCHEDSTAT)
+
+    # -- readings ---------------------------------------------------------------------
 
     def now(self) -> int:
         """Current host time in ns since the clock started."""
-        return _perf_ns() - self._origin + self._offset
+        t = self._read() + self._offset
+        if self._pending:
+            t = self._settle(t)
+        return t
+
+    def real_ns(self) -> int:
+        """A raw reading of the clock's source, for measuring work that is to be excluded."""
+        return self._read()
 
     def exclude(self, ns: int) -> None:
-        """Remove `ns` of real time (emulation or recording work) from the timeline."""
+        """Remove `ns` (a difference of `real_ns()` readings, minus what is charged for
+        the work instead) from the timeline."""
         self._offset -= ns
 
     def advance_to(self, t_ns: int) -> int:
@@ -39,13 +110,127 @@ class HostClock:
             return jump
         return 0
 
-    def real_ns(self) -> int:
-        """Raw monotonic time, for measuring work that is to be excluded."""
-        return _perf_ns()
+    def charge(self, ns: int) -> None:
+        """Advance the clock by a modelled cost."""
+        self._offset += ns
+
+    def defer(self, ns: int, floor_ns: int) -> None:
+        """Take `ns` off the next program interval (add it, if negative), never moving the
+        clock below `floor_ns`: for costs paid just outside a measured call (the C++ to
+        Python boxing of an op) that the program would not pay, or would pay differently."""
+        self._pending += ns
+        self._floor = max(self._floor, floor_ns)
+
+    def _settle(self, t: int) -> int:
+        pending, self._pending = self._pending, 0
+        if pending > 0:
+            pending = min(pending, max(t - self._floor, 0))
+        self._offset -= pending
+        return t - pending
+
+    def reset(self) -> None:
+        """Make now() read 0 (a modelled recording starts there every time)."""
+        self._pending = self._floor = 0
+        self._offset = -self._read()
 
     def origin_unix_ns(self) -> int:
         """Wall-clock time (Unix ns) at which this clock read zero, for trace metadata."""
-        return time.time_ns() - (_perf_ns() - self._origin)
+        if self.source == MODELLED:
+            return 0
+        return time.time_ns() - self.now()
+
+    # -- sources ----------------------------------------------------------------------
+
+    def use(self, source: str) -> None:
+        """Switch the clock's source, keeping now() continuous."""
+        if source == LOAD_FREE and not self.schedstat_ok:
+            source = WALL  # no per-thread run delay on this system: the limits say so
+        # Raw readings stay continuous: an interval measured across the switch (the
+        # recording stopping inside a hook) is still right.
+        before = self._read()
+        self._stop_gc_tracking()
+        self.source = source
+        if source == WALL:
+            self._read = self._wall_ns
+            self._base = before - _perf_ns()
+        elif source == LOAD_FREE:
+            self._read = self._load_free_ns
+            self._base = before - (_perf_ns() - self._uncounted)
+            gc.callbacks.append(self._on_gc)
+        else:
+            self._read = self._modelled_ns
+            self._virtual = before
+
+    def _stop_gc_tracking(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        self._gc_start = None
+
+    def _wall_ns(self) -> int:
+        return _perf_ns() + self._base
+
+    def _modelled_ns(self) -> int:
+        return self._virtual
+
+    def _load_free_ns(self) -> int:
+        wall = _perf_ns()
+        delay = self._threads
+        if wall - delay.last_read > RUN_DELAY_REFRESH_NS:
+            self._refresh_run_delay(delay)
+        delay.last_read = wall
+        return wall - self._uncounted + self._base
+
+    def _refresh_run_delay(self, delay: _ThreadDelay) -> None:
+        """Add what this thread waited on the run queue since its last reading."""
+        try:
+            if delay.fd < 0:
+                delay.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+                delay.run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
+                return
+            run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return
+        if run_delay > delay.run_delay:  # a nested read (from a GC callback) may be newer
+            self._uncounted += run_delay - delay.run_delay
+            delay.run_delay = run_delay
+
+    def after_fork(self) -> None:
+        """In a forked child: the inherited schedstat file is the parent's thread's."""
+        delay = self._threads
+        if delay.fd >= 0:
+            try:
+                os.close(delay.fd)
+            except OSError:
+                pass
+        delay.fd = -1
+        delay.last_read = 0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """GC pauses are left out of the timeline (the time stops), and marked."""
+        if phase == "start":
+            self._gc_start = (self._read(), self.now())
+            return
+        started = self._gc_start
+        if started is None:
+            return
+        self._gc_start = None
+        paused = self._read() - started[0]
+        if paused <= 0:
+            return
+        self._uncounted += paused
+        if self.mark_pauses and paused >= GC_MARK_NS and len(self.marks) < _MARKS_LIMIT:
+            self.marks.append((f"GC (generation {info.get('generation', '?')})", started[1],
+                               paused, {"collected": int(info.get("collected", 0))}))
+
+    def mark(self, name: str, host_ns: int, dur_ns: int, args: dict | None = None) -> None:
+        """Note a pause the timeline leaves out (e.g. the recorder writing its file)."""
+        if self.mark_pauses and len(self.marks) < _MARKS_LIMIT:
+            self.marks.append((name, host_ns, dur_ns, args or {}))
+
+    def take_marks(self) -> list[tuple[str, int, int, dict]]:
+        marks, self.marks = self.marks, []
+        return marks
 
 
 clock = HostClock()
+os.register_at_fork(after_in_child=clock.after_fork)

@@ -28,6 +28,10 @@ Eager ops and compiled graphs both go through here. The API the compile path use
   fallback, flops, hbm_bytes)`` (host<->device copies become host-link transfers);
   ``schedule(device, kernel, op_id, launch_ns, fallback)`` places one kernel and
   returns its kernel id. ``set_eager_policy(None)`` restores the default.
+- Per op, besides the launches, the host clock is charged the framework cost in
+  ``host_costs`` (backend/host_costs.py): our C++ -> Python boxing taken off and a C++
+  backend's per-op cost added, or under the modelled clock a fixed program cost per
+  op; both are applied to the program interval after the op (``clock.defer``).
 - ``synchronize(device_index, kind)``: a sync point (flushes the policy, the host
   waits for the device, a ``SyncWait`` is emitted; index -1: every device).
   ``new_op_id()`` hands out correlation ids.
@@ -40,7 +44,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 
@@ -49,6 +53,7 @@ from neuron_explorer.backend import devices
 from neuron_explorer.backend.allocator import context as allocation_context
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import Instruction, KernelRun, OpLaunch, SyncWait, hub
+from neuron_explorer.backend.host_costs import host_costs
 
 _perf_ns = clock.real_ns
 
@@ -279,6 +284,16 @@ def set_eager_policy(policy: EagerPolicy | None) -> None:
     state.policy = policy if policy is not None else ImmediatePolicy()
 
 
+_slow_op: list = [None, 1 << 62]  # (listener(key, real_ns), threshold ns): see below
+
+
+def set_slow_op_listener(listener: Callable[[OpKey, int], None] | None,
+                         threshold_ns: int = 0) -> None:
+    """Call `listener(key, ns)` for each recorded op whose emulation took at least
+    `threshold_ns` (a recording explains slow runs with it); None removes it."""
+    _slow_op[:] = [listener, threshold_ns if listener is not None else 1 << 62]
+
+
 def abandon_op() -> None:
     """The op being emulated raised: later allocations are not its."""
     allocation_context.op_id = None
@@ -304,6 +319,8 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
             next(_kernel_ids)
             device.timeline.schedule(lowered.kernel, host_start_ns + overhead)
         clock.exclude(_perf_ns() - real_start_ns - overhead)
+        if host_costs.between_ops_ns:
+            clock.defer(host_costs.between_ops_ns, host_start_ns + overhead)
         allocation_context.op_id = None
         return op_id
     launched = state.policy.submit(device, key, op_id, host_start_ns)
@@ -317,7 +334,12 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
             threading.get_ident(),
         ))
     # The host clock moves by the modelled launch overhead, not by the emulation time.
-    clock.exclude(_perf_ns() - real_start_ns - overhead)
+    spent = _perf_ns() - real_start_ns
+    clock.exclude(spent - overhead)
+    if spent > _slow_op[1] and _slow_op[0] is not None:
+        _slow_op[0](key, spent)
+    if host_costs.between_ops_ns:
+        clock.defer(host_costs.between_ops_ns, host_end)
     # Only now: a release until here is inside the interval just excluded.
     allocation_context.op_id = None
     return op_id
@@ -344,13 +366,15 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
             int(flops), int(hbm_bytes), False, kernel_ids, threading.get_ident(), graph_id,
         ))
     clock.exclude(_perf_ns() - real_start - queued_ns - overhead)
+    if host_costs.per_launch_ns:
+        clock.defer(-host_costs.per_launch_ns, host_end)
     return op_id
 
 
 @contextmanager
 def device_accounting_suspended() -> Iterator[None]:
     """Ops inside compute their numbers but launch nothing and emit no op events."""
-    real_start = _perf_ns()
+    host_start = clock.now()
     state.suspended_depth += 1
     state.accounting = False
     allocation_context.suspended = True
@@ -361,7 +385,9 @@ def device_accounting_suspended() -> Iterator[None]:
         state.accounting = state.suspended_depth == 0
         allocation_context.suspended = not state.accounting
         if state.accounting:
-            clock.exclude(_perf_ns() - real_start)
+            # The ops inside already took their own time off the clock: take off only
+            # what is left, so the whole block counts nothing (not its ops twice).
+            clock.exclude(clock.now() - host_start)
 
 
 def synchronize(device_index: int | None, kind: str) -> None:

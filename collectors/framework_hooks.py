@@ -20,13 +20,13 @@ and the time they spend is removed from the host clock.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from neuron_explorer.backend.clock import clock
+from neuron_explorer.backend.host_costs import host_costs
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.trace_format import (
     ARG_MODULE,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from neuron_explorer.backend.events import OpLaunch
     from neuron_explorer.collectors.recorder import Recorder, _ThreadState
 
-_perf_ns = time.perf_counter_ns
+_perf_ns = clock.real_ns  # the clock's own source: exclusions must be in its measure
 _dynamo_compiling = torch.compiler.is_compiling
 _get_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
@@ -160,6 +160,8 @@ class FrameworkHooks:
         except RecordingError as exc:
             self.rec.fail(exc)
         clock.exclude(_perf_ns() - t0)
+        if host_costs.module_hook_ns:  # the slow module-call path these hooks cause
+            clock.defer(host_costs.module_hook_ns, ts)
 
     def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if _is_compiling():
@@ -218,6 +220,8 @@ class FrameworkHooks:
         except RecordingError as exc:
             rec.fail(exc)
         clock.exclude(_perf_ns() - t0)
+        if host_costs.module_hook_ns:
+            clock.defer(host_costs.module_hook_ns, ts)
 
     # -- backward ----------------------------------------------------------------------
 

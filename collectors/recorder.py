@@ -17,22 +17,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_explorer.backend.clock import clock
+from neuron_explorer.backend.clock import MODELLED, clock
+from neuron_explorer.collectors.recording_notices import host_clock_metadata, warn_if_large
 from neuron_explorer.collectors.trace_writer import RecordingError, TraceWriter, open_writer
 from neuron_explorer.trace_format import (
+    ARG_PAUSED_NS,
     ARG_STEP,
     CAT_ANNOTATION,
     CAT_BACKWARD,
     CAT_STEP,
+    CAT_UNCOUNTED,
     FORMAT_VERSION,
     META_COMMAND,
     META_HARDWARE,
     META_HARDWARE_FIGURES,
+    META_HOST_CLOCK,
     META_LEVEL,
     META_PID,
     META_START,
     META_TORCH,
     META_VERSION,
+    TRACK_UNCOUNTED,
 )
 
 LEVELS = ("framework", "op", "engine")
@@ -101,9 +106,14 @@ class Recorder:
         self.level = LEVELS.index(options.level)
         self.ops = self.level >= 1  # op slices and kernels
         self.engine = self.level >= 2  # instructions, DMA, counters
-        self.pid = os.getpid()
+        # Modelled runs write the same ids every time: pids and thread ids are run-specific
+        self.modelled = clock.source == MODELLED
+        self.pid = _modelled_pid() if self.modelled else os.getpid()
         self.writer: TraceWriter = open_writer(options.path, options.fmt,
                                                uuid_base=(self.pid << 24) + 1)
+        self._uncounted_track: int | None = None
+        self.status: Any = None  # the live status line, when stderr is a terminal
+        self.large_trace_warned = False
         self.failed: RecordingError | None = None
         self.stopped = False
         self.step = 0
@@ -120,7 +130,7 @@ class Recorder:
         self._lock = threading.RLock()
         self.main_ident = threading.main_thread().ident
         self.flush_buffers: Callable[[], None] | None = None  # the device sink's batches
-        self._last_flush = time.perf_counter()
+        self._last_flush = self._flush_clock()
         self.host = self.writer.process(self.pid, _process_name(options.command),
                                         [str(a) for a in options.command])
         self.main = self._thread_state_for(self.main_ident, threading.main_thread())
@@ -147,6 +157,7 @@ class Recorder:
             META_START: clock.origin_unix_ns(),
             META_LEVEL: self.options.level,
             META_PID: self.pid,
+            META_HOST_CLOCK: host_clock_metadata(),
             "steps": list(self.options.steps) if self.options.steps else None,
             "format_version": FORMAT_VERSION,
         }
@@ -167,7 +178,10 @@ class Recorder:
 
     def _thread_state_for(self, ident: int | None, thread: threading.Thread) -> _ThreadState:
         with self._lock:
-            native = getattr(thread, "native_id", None) or threading.get_native_id()
+            if self.modelled:
+                native = self.pid + len(self._threads)  # in the order threads show up
+            else:
+                native = getattr(thread, "native_id", None) or threading.get_native_id()
             name = thread.name if thread is not threading.main_thread() else "MainThread"
             state = _ThreadState(self.writer.thread(self.pid, native, name))
             self._threads[ident or 0] = state
@@ -255,7 +269,7 @@ class Recorder:
             # a killed run keeps the steps completed up to half a second before; batches
             # stay large enough to be cheap. The first step's own slices reach the file
             # at once (a write, no encoding).
-            real = time.perf_counter()
+            real = self._flush_clock()
             if real - self._last_flush >= _FLUSH_EVERY_S:
                 self._last_flush = real
                 self.flush()
@@ -312,11 +326,33 @@ class Recorder:
 
     # -- end ------------------------------------------------------------------------
 
+    def _flush_clock(self) -> float:
+        """Seconds by which flushes are scheduled: real time, or the host clock in a
+        modelled run (batch boundaries then fall at the same events every time)."""
+        return clock.now() / 1e9 if self.modelled else time.perf_counter()
+
     def flush(self) -> None:
-        """Write everything buffered so far to the file."""
+        """Write everything buffered so far to the file (its time is off the clock and
+        marked on the host's "not counted" track)."""
+        real_start, host_now = clock.real_ns(), clock.now()
         if self.flush_buffers is not None:
             self.flush_buffers()
         self.writer.flush()
+        clock.mark("recorder: writing the trace", host_now, clock.real_ns() - real_start)
+        self.write_marks()
+        warn_if_large(self)
+
+    def write_marks(self, closing: bool = False) -> None:
+        """Write the pauses the host clock left out (GC, the recorder's own writing) as
+        instants with their real length, on a track of their own."""
+        marks = clock.take_marks()
+        if not marks or not (self.recording or closing):
+            return
+        if self._uncounted_track is None:
+            self._uncounted_track = self.writer.track(TRACK_UNCOUNTED, self.host)
+        for name, ts, dur, args in marks:
+            self.writer.instant(self._uncounted_track, ts, name, CAT_UNCOUNTED,
+                                {ARG_PAUSED_NS: int(dur), **args})
 
     def fail(self, error: RecordingError) -> None:
         """Writing failed (e.g. a full disk): stop recording, keep the program running."""
@@ -333,15 +369,18 @@ class Recorder:
         if self.stopped and self.writer.closed:
             session.detach(self)  # a failed write closed the writer: still unsubscribe
             return
+        if self.status is not None:
+            self.status.stop()
         was_failed = self.failed is not None
         self.stopped = True
         self._update_recording()
+        now = clock.now()  # before detaching, which hands the clock back to wall time
         session.detach(self)
         if was_failed:
             self.writer.discard()
             return
-        now = clock.now()
         try:
+            self.write_marks(closing=True)
             for state in self._threads.values():
                 while state.open:
                     state.open.pop()
@@ -386,6 +425,14 @@ def _path_levels(path: str) -> tuple[str, ...]:
         return ()
     parts = path.split(".")
     return tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
+
+
+def _modelled_pid() -> int:
+    """A modelled run's process id in the trace: 1, or 1 + RANK for a rank."""
+    try:
+        return 1 + int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 1
 
 
 def _process_name(command: list[str]) -> str:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, Self
 
 from neuron_explorer.backend.clock import clock
+from neuron_explorer.collectors import recording_notices, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
 
-_perf_ns = time.perf_counter_ns
+_perf_ns = clock.real_ns
 
 _active: Recorder | None = None
 _attached: dict[int, tuple[Any, Any]] = {}  # id(recorder) -> (hooks, sink)
@@ -57,12 +57,21 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
         raise RecordingError(f"already recording to {_active.options.path}: "
                              "stop that recording before starting another")
     import torch  # noqa: F401 - loads the neuron device before its events are subscribed
+    from neuron_explorer.backend.clock import LOAD_FREE
     from neuron_explorer.backend.events import hub
     from neuron_explorer.collectors import child_processes
     from neuron_explorer.collectors.device_sink import DeviceSink
     from neuron_explorer.collectors.framework_hooks import FrameworkHooks
 
-    recorder = Recorder(options)
+    _start_host_clock()
+    try:
+        recorder = Recorder(options)
+    except BaseException:
+        _stop_host_clock()
+        raise
+    # pauses are marked from the metadata on (it is the trace's first event)
+    clock.take_marks()
+    clock.mark_pauses = clock.source == LOAD_FREE
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
@@ -73,7 +82,55 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     child_processes.install_fork_handler()
     if record_children:
         child_processes.export_to_children(options)
+    recording_notices.install_slow_op_notice()
+    if not options.quiet and status_line.wanted():
+        recorder.status = status_line.StatusLine(recorder)
+        recorder.status.start()
     return recorder
+
+
+_measured_costs: list[int] = []  # (boxing ns per op, module hook ns per call)
+
+
+def _start_host_clock() -> None:
+    """Switch the host clock to the source NEURON_HOST_CLOCK asks for (load-free by
+    default) and measure the per-op costs that are ours, not the program's."""
+    from neuron_explorer.backend.clock import LOAD_FREE, MODELLED, requested_source
+    from neuron_explorer.backend.host_costs import (
+        host_costs,
+        measure_boxing_ns,
+        measure_module_hook_ns,
+    )
+
+    try:
+        source = requested_source()
+    except ValueError as exc:
+        raise RecordingError(str(exc)) from None
+    clock.take_marks()  # an earlier recording's
+    if source == MODELLED:
+        clock.use(MODELLED)
+        clock.reset()  # every modelled recording starts at 0
+        host_costs.configure(MODELLED)
+        return
+    clock.use(source)
+    boxing = hook = 0
+    if clock.source == LOAD_FREE:
+        if not _measured_costs:  # once per process: they do not change
+            host_start = clock.now()
+            _measured_costs.extend((measure_boxing_ns(), measure_module_hook_ns()))
+            clock.exclude(clock.now() - host_start)  # measuring is not the program's time
+        boxing, hook = _measured_costs
+    host_costs.configure(clock.source, boxing, hook)
+
+
+def _stop_host_clock() -> None:
+    """Back to the plain wall clock, the cheapest, once nothing records."""
+    from neuron_explorer.backend.clock import WALL
+    from neuron_explorer.backend.host_costs import host_costs
+
+    clock.mark_pauses = False  # the recorder writes the marks still held as it closes
+    clock.use(WALL)
+    host_costs.configure(WALL)
 
 
 def attach_sink_after_fork(recorder: Recorder) -> None:
@@ -107,6 +164,8 @@ def detach(recorder: Recorder) -> None:
         from neuron_explorer.collectors import child_processes
 
         child_processes.stop_exporting()
+        recording_notices.remove_slow_op_notice()
+        _stop_host_clock()
 
 
 class record(contextlib.ContextDecorator):

@@ -23,6 +23,7 @@ CAT_GRAPH_BREAK = "graph_break"  # instant
 CAT_RECOMPILE = "recompile"  # instant
 CAT_ANNOTATION = "annotation"  # user ranges: neuron_explorer.annotate, record_function
 CAT_METADATA = "metadata"  # one instant holding the run's metadata as JSON
+CAT_UNCOUNTED = "uncounted"  # instant: a pause the host clock left out (GC, recording)
 
 # Debug-annotation (Chrome "args") keys.
 ARG_OP_ID = "op_id"
@@ -49,12 +50,14 @@ ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
 ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"
 ARG_METADATA_JSON = "json"
+ARG_PAUSED_NS = "paused_ns"  # int, on CAT_UNCOUNTED instants: the real length of the pause
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).
 DEVICE_PROCESS = "neuron:{index} ({preset})"
 TRACK_KERNELS = "Kernels"
 TRACK_COLLECTIVES = "Collectives"  # the device's collective queue (backend/distributed)
+TRACK_UNCOUNTED = "Not counted (GC, recording)"  # host process: CAT_UNCOUNTED instants
 ENGINE_TRACKS = {
     "tensor": "Tensor Engine",
     "vector": "Vector Engine",
@@ -89,3 +92,4 @@ ARG_ALGORITHM = "algorithm"  # str: ring, tree, pairwise, p2p, local
 ARG_WAIT_NS = "wait_ns"  # int: waiting for the group's last rank
 ARG_TRANSFER_NS = "transfer_ns"  # int: moving the data
 ARG_RANK = "rank"  # int: global rank of the recorded process
+META_HOST_CLOCK = "host_clock"  # {"source": "load-free" | "modelled" | "wall", costs...}

@@ -1,0 +1,236 @@
+"""The host clock through `neuron-explorer record`: load, GC and our own work stay off the
+program's time, real waits stay on it, modelled runs are byte-identical, `diff
+--fail-above` guards step time, and slow runs say why."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer.backend.clock import HostClock
+from neuron_explorer.trace_format import CAT_UNCOUNTED, META_HOST_CLOCK, META_PID, META_START
+
+from .conftest import CLI, cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+DIFF = [CLI[0], "-m", "neuron_explorer.cli", "diff"]
+
+
+def _ops(path: Path):
+    return neuron_explorer.load(str(path)).ops.sort_values("op_id")
+
+
+def _gaps_ms(ops) -> list[float]:
+    ts, end = ops["ts"].to_numpy(), (ops["ts"] + ops["dur"]).to_numpy()
+    return [float(g) / 1e6 for g in ts[1:] - end[:-1]]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_preemption_and_gc_are_not_program_time_but_sleep_is(record_cli, programs) -> None:
+    proc = record_cli("-o", "probe.pftrace", "--level", "op", "host_clock_probe.py")
+    assert proc.returncode == 0, proc.stderr
+    real = json.loads(proc.stdout.strip().splitlines()[-1])
+    if real["work_wall"] < 1.5 * real["work_cpu"]:
+        pytest.skip("the busy process did not share the CPU: nothing preempted the program")
+    ops = _ops(programs / "probe.pftrace")
+    probes = ops[ops["name"].isin(["aten::neg", "aten::abs", "aten::sin", "aten::cos"])]
+    work, sleep, collect = _gaps_ms(probes)
+    cpu_ms, gc_ms = real["work_cpu"] / 1e6, real["gc_cpu"] / 1e6
+    # Python work while another process took the CPU half the time: its CPU time counts,
+    # the time it waited for the CPU does not
+    assert 0.8 * cpu_ms < work < 1.25 * cpu_ms + 3, (work, real)
+    assert 50 <= sleep < 65  # a sleep is a real wait; the wake-up wait for the CPU is not
+    assert collect < 0.2 * gc_ms + 2, (collect, gc_ms)  # the GC pause is left out...
+    trace = neuron_explorer.load(str(programs / "probe.pftrace"))
+    marks = trace.slices[trace.slices["category"] == CAT_UNCOUNTED]
+    gc_marks = marks[marks["name"] == "GC (generation 2)"]
+    assert len(gc_marks) >= 1  # ... and marked as such
+    assert max(a["paused_ns"] for a in gc_marks["args"]) > 0.5 * real["gc_cpu"]
+    assert trace.metadata[META_HOST_CLOCK]["source"] == "load-free"
+
+
+def test_work_the_program_does_not_do_never_runs_the_clock_backwards(record_cli,
+                                                                      programs) -> None:
+    # Printing a tensor runs formatting ops with the device's accounting suspended; their
+    # time was once taken off twice, so the op after a print started before the one before
+    proc = record_cli("-o", "print.pftrace", "--level", "op", "print_tensor.py")
+    assert proc.returncode == 0, proc.stderr
+    gaps = _gaps_ms(_ops(programs / "print.pftrace"))
+    assert min(gaps) >= 0, gaps
+
+
+def _modelled(record_cli, out: str, *args: str) -> subprocess.CompletedProcess:
+    os.environ["NEURON_HOST_CLOCK"] = "modelled"
+    try:
+        return record_cli("-o", out, *args)
+    finally:
+        del os.environ["NEURON_HOST_CLOCK"]
+
+
+def test_two_modelled_recordings_are_byte_identical(record_cli, programs) -> None:
+    for out in ("m1.pftrace", "m2.pftrace"):
+        proc = _modelled(record_cli, out, "train_small.py", "3")
+        assert proc.returncode == 0, proc.stderr
+    first, second = (programs / "m1.pftrace").read_bytes(), (programs / "m2.pftrace").read_bytes()
+    assert first == second
+    trace = neuron_explorer.load(str(programs / "m1.pftrace"))
+    assert trace.metadata[META_HOST_CLOCK]["source"] == "modelled"
+    assert trace.metadata[META_START] == 0 and trace.metadata[META_PID] == 1
+    assert len(trace.steps) >= 3 and (trace.steps["dur"] > 0).all()
+
+
+def test_modelled_json_recordings_of_a_compiled_model_are_byte_identical(record_cli,
+                                                                         programs) -> None:
+    for out in ("c1.json", "c2.json"):
+        proc = _modelled(record_cli, out, "compiled_block.py")
+        assert proc.returncode == 0, proc.stderr
+    assert (programs / "c1.json").read_bytes() == (programs / "c2.json").read_bytes()
+
+
+def test_a_bad_host_clock_setting_is_one_clear_line(record_cli) -> None:
+    os.environ["NEURON_HOST_CLOCK"] = "sundial"
+    try:
+        proc = record_cli("-o", "x.pftrace", "train_small.py", "1")
+    finally:
+        del os.environ["NEURON_HOST_CLOCK"]
+    assert proc.returncode == 2
+    assert "NEURON_HOST_CLOCK='sundial' is not a host clock" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _diff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*DIFF, *args], capture_output=True, text=True, env=cli_env(),
+                          timeout=120, check=False)
+
+
+def test_diff_fail_above_exit_codes() -> None:
+    eager = str(ROOT / "sample_traces" / "gpt_eager.pftrace")
+    compiled = str(ROOT / "sample_traces" / "gpt_compiled.pftrace")
+    a = neuron_explorer.load(eager).summary()["step_time_ns"]
+    b = neuron_explorer.load(compiled).summary()["step_time_ns"]
+    slower, faster = (eager, compiled) if a > b else (compiled, eager)
+    growth = (max(a, b) / min(a, b) - 1) * 100
+    regressed = _diff(faster, slower, "--fail-above", "5")
+    assert regressed.returncode == 1
+    assert "step time grew" in regressed.stderr and "more than --fail-above 5%" in regressed.stderr
+    assert "Summary" in regressed.stdout  # the diff itself is still printed
+    assert _diff(faster, slower, "--fail-above", f"{growth + 1:.1f}").returncode == 0
+    assert _diff(slower, faster, "--fail-above", "0").returncode == 0
+    assert _diff(faster, faster, "--fail-above", "0").returncode == 0
+    assert _diff(faster, slower).returncode == 0  # without the option: never a failure
+    bad = _diff(faster, slower, "--fail-above", "-3")
+    assert bad.returncode == 2 and "is not a percentage" in bad.stderr
+
+
+def test_diff_fail_above_needs_step_times(tmp_path) -> None:
+    from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
+
+    empty = tmp_path / "empty.pftrace"
+    writer = PerfettoWriter(str(empty))
+    writer.thread(1, 1, "MainThread")
+    writer.close()
+    sample = str(ROOT / "sample_traces" / "mlp_eager.pftrace")
+    proc = _diff(sample, str(empty), "--fail-above", "5")
+    assert proc.returncode == 2 and "cannot check --fail-above" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _run_on_a_terminal(args: list[str], cwd: Path, timeout: float = 120) -> str:
+    """Run with stderr (and stdout) on a pseudo-terminal; return all it printed."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=follower, env=cli_env())
+    os.close(follower)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the program ended
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=10)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_record_shows_a_live_status_line_on_a_terminal_only(record_cli, programs) -> None:
+    shown = _run_on_a_terminal([*CLI, "-o", "tty.pftrace", "--level", "op",
+                                "steps_for_a_while.py", "10"], programs)
+    assert re.search(r"neuron-explorer: recording · \d+ steps? · [\d.]+ (bytes|KiB|MiB) · \d+ s",
+                     shown), shown
+    assert "\r\x1b[K" in shown  # redrawn in place, and cleared before the summary
+    assert "trace written to tty.pftrace" in shown
+    piped = record_cli("-o", "pipe.pftrace", "--level", "op", "steps_for_a_while.py", "4")
+    assert piped.returncode == 0 and "recording · " not in piped.stderr
+
+
+def test_a_slow_half_precision_op_is_explained_once(tmp_path, monkeypatch, capsys) -> None:
+    import torch
+    from neuron_explorer.collectors import recording_notices
+
+    monkeypatch.setattr(recording_notices, "SLOW_OP_NS", 0)  # every op counts as slow here
+    monkeypatch.setattr(recording_notices, "host_has_native_bf16", lambda: False)
+    a = torch.ones(8, 8, dtype=torch.bfloat16, device="neuron")
+    with neuron_explorer.record(tmp_path / "bf16.pftrace", level="op", quiet=True):
+        for _ in range(3):
+            a = a @ a
+        (torch.ones(4, device="neuron") + 1).sum()
+    err = capsys.readouterr().err
+    assert err.count("neuron-explorer: ") == 1, err
+    assert "bfloat16" in err and "no native bfloat16" in err and "--steps" in err
+
+
+def test_an_engine_trace_grown_huge_is_explained_once(tmp_path, monkeypatch) -> None:
+    from neuron_explorer.collectors import recording_notices
+
+    monkeypatch.setattr(recording_notices, "LARGE_TRACE_BYTES", 1)
+    script = tmp_path / "steps.py"
+    script.write_text((Path(__file__).parent / "programs" / "steps_for_a_while.py").read_text())
+    from neuron_explorer import cli
+
+    err_file = tmp_path / "err.txt"
+    with open(err_file, "w") as err, pytest.MonkeyPatch.context() as m:
+        m.setattr("sys.stderr", err)
+        m.chdir(tmp_path)
+        assert cli.main(["record", "-o", "big.pftrace", "steps.py", "3"]) == 0
+    text = err_file.read_text()
+    assert text.count("at --level engine") == 1, text
+    assert "--level op" in text
+
+
+def test_deferred_costs_never_move_the_clock_below_what_it_showed() -> None:
+    clock = HostClock()
+    shown = clock.now()
+    clock.defer(10**12, shown)  # far more than the time since: only that time is taken
+    assert clock.now() >= shown
+    clock.defer(-5_000, 0)  # a negative cost is added
+    before = clock.now()
+    clock.defer(-5_000, 0)
+    assert clock.now() >= before + 5_000
+
+
+def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> None:
+    # The same host-bound script on trn2 then trn3: the device got faster, the host did
+    # not change, so the step time must not grow (a loaded machine once made it 1.56x)
+    for hardware in ("trn2", "trn3"):
+        proc = _modelled(record_cli, f"{hardware}.pftrace", "--hardware", hardware,
+                         "--level", "op", "train_small.py", "3")
+        assert proc.returncode == 0, proc.stderr
+    guard = _diff(str(programs / "trn2.pftrace"), str(programs / "trn3.pftrace"),
+                  "--fail-above", "0")
+    assert guard.returncode == 0, guard.stderr
