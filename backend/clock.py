@@ -80,6 +80,7 @@ class HostClock:
         self._floor = 0  # ... but never below this host time
         self._virtual = 0  # modelled: the raw reading, constant
         self._gc_start: tuple[int, int] | None = None
+        self._last_load_free = 0  # load-free: the latest raw reading (readings never fall)
         self.marks: list[tuple[str, int, int, dict]] = []  # uncounted pauses for the trace
         self.mark_pauses = False
         self.schedstat_ok = os.path.exists(_SCHEDSTAT)
@@ -156,6 +157,7 @@ class HostClock:
         elif source == LOAD_FREE:
             self._read = self._load_free_ns
             self._base = before - (_perf_ns() - self._uncounted)
+            self._last_load_free = before
             gc.callbacks.append(self._on_gc)
         else:
             self._read = self._modelled_ns
@@ -178,7 +180,14 @@ class HostClock:
         if wall - delay.last_read > RUN_DELAY_REFRESH_NS:
             self._refresh_run_delay(delay)
         delay.last_read = wall
-        return wall - self._uncounted + self._base
+        # Run delay reaches schedstat at the next scheduling event, so a refresh can take
+        # off time that ran before the previous reading: never read earlier than then,
+        # or a range could end before the one nested in it.
+        t = wall - self._uncounted + self._base
+        if t < self._last_load_free:
+            return self._last_load_free
+        self._last_load_free = t
+        return t
 
     def _refresh_run_delay(self, delay: _ThreadDelay) -> None:
         """Add what this thread waited on the run queue since its last reading."""

@@ -224,6 +224,26 @@ def test_deferred_costs_never_move_the_clock_below_what_it_showed() -> None:
     assert clock.now() >= before + 5_000
 
 
+def test_load_free_readings_never_fall_when_run_delay_is_reported_late() -> None:
+    """schedstat reports a thread's run delay at its next scheduling event, so a refresh can
+    take off more than the time since the last reading; the clock must not step back (a
+    range would then end before the one nested in it)."""
+    from neuron_explorer.backend.clock import LOAD_FREE, WALL
+
+    clock = HostClock()
+    if not clock.schedstat_ok:
+        pytest.skip("no per-thread schedstat here")
+    clock.use(LOAD_FREE)
+    try:
+        first = clock.now()
+        clock._uncounted += 10**9  # what a late-reported second of run delay adds
+        assert clock.now() >= first
+        later = clock.now()
+        assert clock.now() >= later
+    finally:
+        clock.use(WALL)
+
+
 def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> None:
     # The same host-bound script on trn2 then trn3: the device got faster, the host did
     # not change, so the step time must not grow (a loaded machine once made it 1.56x)
