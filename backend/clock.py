@@ -227,6 +227,7 @@ class HostClock:
         if paused <= 0:
             return
         self._uncounted += paused
+        self._last_load_free -= paused  # the reading just taken is inside the pause
         if self.mark_pauses and paused >= GC_MARK_NS and len(self.marks) < _MARKS_LIMIT:
             self.marks.append((f"GC (generation {info.get('generation', '?')})", started[1],
                                paused, {"collected": int(info.get("collected", 0))}))
