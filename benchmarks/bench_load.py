@@ -10,6 +10,9 @@ measurement runs in a fresh process (time and peak RSS of that process):
 - ours on the JSON: `neuron_explorer.load(.json)`;
 - HTA: `hta.common.trace_parser.parse_trace_dataframe(.json)`, HTA's parser.
 
+A run of many ranks (a folder, loaded in worker processes) is measured by
+bench_run_load.py beside this script.
+
 Prints the times, the peak memory and the ratios HTA / ours. Targets: load in at
 most 5 s, under 2 GB, 10x faster than HTA. Each figure is the best of a few runs.
 
