@@ -10,7 +10,6 @@ ranks live in `analyses/ranks.py`, their rules in `rules/ranks/`.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -175,16 +174,9 @@ class Run:
 
     def sql(self, query: str) -> pd.DataFrame:
         """DuckDB SQL over the run's tables (each with a `rank` column)."""
-        import duckdb
+        from neuron_explorer.sql import query_tables
 
-        con = duckdb.connect()
-        try:
-            for name in RUN_SQL_TABLES:
-                if re.search(rf"\b{name}\b", query, flags=re.IGNORECASE):
-                    con.register(name, self.table(name))
-            return con.execute(query).df()
-        finally:
-            con.close()
+        return query_tables(query, RUN_SQL_TABLES, self.table)
 
     # --- analyses -------------------------------------------------------------------------
     def step_time_ns(self) -> float:

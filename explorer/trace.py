@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -130,16 +129,9 @@ class Trace:
 
     def sql(self, query: str) -> pd.DataFrame:
         """Run DuckDB SQL over the tables (slices without args), reading the frames in place."""
-        import duckdb
+        from neuron_explorer.sql import query_tables
 
-        con = duckdb.connect()
-        try:
-            for name in SQL_TABLES:
-                if re.search(rf"\b{name}\b", query, flags=re.IGNORECASE):
-                    con.register(name, self.table(name))
-            return con.execute(query).df()
-        finally:
-            con.close()
+        return query_tables(query, SQL_TABLES, self.table)
 
     def cached(self, key: str, compute: Any) -> Any:
         """Memoise an analysis result on this trace."""
