@@ -85,7 +85,7 @@ def _exposed_transfer(trace: Any) -> np.ndarray:
         work = Union(cts, cts + c["dur"].to_numpy(np.int64))
         both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
         out.append(measure(both) - measure(work))
-    return np.asarray(out, np.int64) if out else tables.empty(["x"])["x"].to_numpy()
+    return np.asarray(out, np.int64)
 
 
 def _with_analysed(trace: Any, coll: pd.DataFrame) -> pd.DataFrame:
