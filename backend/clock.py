@@ -181,11 +181,12 @@ class HostClock:
             self._refresh_run_delay(delay)
         delay.last_read = wall
         # Run delay reaches schedstat at the next scheduling event, so a refresh can take
-        # off time that ran before the previous reading: never read earlier than then,
-        # or a range could end before the one nested in it.
+        # off time that ran before the previous reading: readings still rise (by 1 ns at
+        # least), or a range could end before the one nested in it, and an op at a step's
+        # end would fall outside it.
         t = wall - self._uncounted + self._base
-        if t < self._last_load_free:
-            return self._last_load_free
+        if t <= self._last_load_free:
+            t = self._last_load_free + 1
         self._last_load_free = t
         return t
 
