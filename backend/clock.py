@@ -64,6 +64,7 @@ class _ThreadDelay(threading.local):
     fd = -1
     run_delay = 0
     last_read = 0
+    generation = -1  # the clock's load-free session this thread's baseline belongs to
 
 
 class HostClock:
@@ -81,6 +82,7 @@ class HostClock:
         self._virtual = 0  # modelled: the raw reading, constant
         self._gc_start: tuple[int, int] | None = None
         self._last_load_free = 0  # load-free: the latest raw reading (readings never fall)
+        self._generation = 0  # load-free sessions so far: run delay counts within one
         self.marks: list[tuple[str, int, int, dict]] = []  # uncounted pauses for the trace
         self.mark_pauses = False
         self.schedstat_ok = os.path.exists(_SCHEDSTAT)
@@ -158,6 +160,7 @@ class HostClock:
             self._read = self._load_free_ns
             self._base = before - (_perf_ns() - self._uncounted)
             self._last_load_free = before
+            self._generation += 1  # run delay from before now (between recordings) is not ours
             gc.callbacks.append(self._on_gc)
         else:
             self._read = self._modelled_ns
@@ -177,7 +180,9 @@ class HostClock:
     def _load_free_ns(self) -> int:
         wall = _perf_ns()
         delay = self._threads
-        if wall - delay.last_read > RUN_DELAY_REFRESH_NS:
+        if delay.generation != self._generation:
+            self._rebaseline(delay)
+        elif wall - delay.last_read > RUN_DELAY_REFRESH_NS:
             self._refresh_run_delay(delay)
         delay.last_read = wall
         # Run delay reaches schedstat at the next scheduling event, so a refresh can take
@@ -189,6 +194,16 @@ class HostClock:
             t = self._last_load_free + 1
         self._last_load_free = t
         return t
+
+    def _rebaseline(self, delay: _ThreadDelay) -> None:
+        """This thread's run delay so far, as the baseline of this load-free session."""
+        delay.generation = self._generation
+        try:
+            if delay.fd < 0:
+                delay.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+            delay.run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return
 
     def _refresh_run_delay(self, delay: _ThreadDelay) -> None:
         """Add what this thread waited on the run queue since its last reading."""

@@ -246,6 +246,27 @@ def test_load_free_readings_never_fall_when_run_delay_is_reported_late() -> None
         clock.use(WALL)
 
 
+def test_run_delay_between_recordings_is_not_taken_off_the_next_one() -> None:
+    """A thread's run delay while nothing recorded must not be charged to the next
+    recording (it had held the clock still for a whole step)."""
+    from neuron_explorer.backend.clock import LOAD_FREE, WALL
+
+    clock = HostClock()
+    if not clock.schedstat_ok:
+        pytest.skip("no per-thread schedstat here")
+    clock.use(LOAD_FREE)
+    clock.now()
+    clock.use(WALL)
+    clock._threads.run_delay -= 10**9  # a second of run delay while the clock was on wall
+    clock.use(LOAD_FREE)
+    try:
+        first = clock.now()
+        time.sleep(0.001)  # past the refresh interval
+        assert clock.now() - first >= 500_000  # the millisecond counts, the second does not
+    finally:
+        clock.use(WALL)
+
+
 def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> None:
     # The same host-bound script on trn2 then trn3: the device got faster, the host did
     # not change, so the step time must not grow (a loaded machine once made it 1.56x)
