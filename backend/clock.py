@@ -47,14 +47,16 @@ _SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
 def requested_source() -> str:
-    """The source `NEURON_HOST_CLOCK` asks a recording to use (default: load-free)."""
+    """The source `NEURON_HOST_CLOCK` asks a recording to use (default: wall). The
+    load-free clock is asked for by name: under load its readings can still break the
+    nesting of ranges now and then (docs/recording.md), so it is not the default yet."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in ("", "measured", LOAD_FREE, "loadfree"):
+    if value in ("", WALL):
+        return WALL
+    if value in ("measured", LOAD_FREE, "loadfree"):
         return LOAD_FREE
     if value in (MODELLED, "modeled"):
         return MODELLED
-    if value == WALL:
-        return WALL
     raise ValueError(f"{ENV_VAR}={value!r} is not a host clock: use measured, modelled or wall")
 
 

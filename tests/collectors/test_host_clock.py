@@ -34,7 +34,9 @@ def _gaps_ms(ops) -> list[float]:
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
-def test_preemption_and_gc_are_not_program_time_but_sleep_is(record_cli, programs) -> None:
+def test_preemption_and_gc_are_not_program_time_but_sleep_is(record_cli, programs,
+                                                              monkeypatch) -> None:
+    monkeypatch.setenv("NEURON_HOST_CLOCK", "load-free")
     proc = record_cli("-o", "probe.pftrace", "--level", "op", "host_clock_probe.py")
     assert proc.returncode == 0, proc.stderr
     real = json.loads(proc.stdout.strip().splitlines()[-1])
