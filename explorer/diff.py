@@ -113,6 +113,11 @@ class TraceDiff:
                         [f"added: {', '.join(self.added_ops) or 'none'}",
                          f"removed: {', '.join(self.removed_ops) or 'none'}"])]
 
+    def _repr_html_(self) -> str:
+        from neuron_explorer.plot.cards import diff_tables
+
+        return diff_tables(self)
+
     def to_text(self) -> str:
         """A plain-text comparison."""
         return to_text(f"Neuron Explorer diff: {self.a} vs {self.b}", self.sections())

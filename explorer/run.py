@@ -22,7 +22,8 @@ from neuron_explorer.rank_digest import RankDigest, digest_file
 from neuron_explorer.run_files import assign_ranks, read_manifest, run_paths
 
 if TYPE_CHECKING:
-    from neuron_explorer.rules.finding import Finding
+    from neuron_explorer.plot import RunPlot
+    from neuron_explorer.rules.finding import Findings
     from neuron_explorer.trace import Trace
 
 RUN_SQL_TABLES = ("steps", "ops", "kernels", "collectives", "communication")
@@ -243,7 +244,7 @@ class Run:
             })
         return pd.DataFrame(rows)
 
-    def bottlenecks(self) -> list[Finding]:
+    def bottlenecks(self) -> Findings:
         """Findings across ranks (stragglers, exposed communication, waits, small
         collectives, load imbalance), then each per-rank rule's worst rank, ranked by
         time lost."""
@@ -252,6 +253,18 @@ class Run:
         return run_rank_rules(self)
 
     # --- display --------------------------------------------------------------------------
+    @cached_property
+    def plot(self) -> RunPlot:
+        """The run's figures (plotly): `run.plot.step_times()`, `.communication()`, `.collectives()`."""
+        from neuron_explorer.plot import RunPlot
+
+        return RunPlot(self)
+
+    def _repr_html_(self) -> str:
+        from neuron_explorer.plot.cards import run_table
+
+        return run_table(self)
+
     def __repr__(self) -> str:
         where = os.path.basename(self.path) if self.path else f"{len(self)} files"
         return f"<Run {where}: {len(self)} ranks {self.ranks}>"

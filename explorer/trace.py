@@ -22,7 +22,8 @@ from neuron_explorer.loaders.pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 
 if TYPE_CHECKING:
-    from neuron_explorer.rules.finding import Finding
+    from neuron_explorer.plot import TracePlot
+    from neuron_explorer.rules.finding import Findings
     from neuron_explorer.run import Run
 
 SQL_TABLES = ("slices", "tracks", "counters", "flows", "steps", "ops", "kernels",
@@ -235,13 +236,20 @@ class Trace:
         from neuron_explorer.analyses.kernel_lines import kernel_profile
         return kernel_profile(self, kernel)
 
-    def bottlenecks(self) -> list[Finding]:
+    def bottlenecks(self) -> Findings:
         """Findings of every bottleneck rule, ranked by time lost."""
         from neuron_explorer.rules import run_rules
 
         return self.cached("bottlenecks", lambda: run_rules(self))
 
     # --- display --------------------------------------------------------------------------
+    @cached_property
+    def plot(self) -> TracePlot:
+        """The trace's figures (plotly): `trace.plot.timeline()`, `.breakdown()`, `.roofline()`..."""
+        from neuron_explorer.plot import TracePlot
+
+        return TracePlot(self)
+
     def __repr__(self) -> str:
         return (f"<Trace {os.path.basename(self.path)}: {self.source_format}, "
                 f"{len(self.base_slices)} slices, {len(self.steps)} steps>")

@@ -7,8 +7,6 @@ no CDN, no web fonts, so it works offline.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -18,6 +16,7 @@ from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.components import notice
+from neuron_explorer.webapp.context import AppContext
 from neuron_explorer.webapp.pages import (
     compare,
     compile_page,
@@ -30,7 +29,7 @@ from neuron_explorer.webapp.pages import (
     timeline,
 )
 from neuron_explorer.webapp.security import CSP_TEMPLATE
-from neuron_explorer.webapp.trace_store import TraceStore, UploadError
+from neuron_explorer.webapp.trace_store import UploadError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.wsgi import get_input_stream
 
@@ -42,21 +41,6 @@ UPLOAD_NAME_HEADER = "X-Upload-Name"  # a custom header: a cross-site page canno
 MAX_CALLBACK_BYTES = 32 * 2**20  # callbacks carry small JSON; traces come through UPLOAD_PATH
 PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
-
-
-def default_differ(a: Any, b: Any) -> Any:
-    import neuron_explorer
-
-    return neuron_explorer.diff(a, b)
-
-
-@dataclass
-class AppContext:
-    """What page callbacks need: the traces and how to compare two of them."""
-
-    store: TraceStore
-    differ: Callable[[Any, Any], Any] = default_differ
-    default_trace: str | None = None
 
 
 def query_params(search: str | None) -> dict[str, str]:
@@ -96,7 +80,7 @@ def create_app(ctx: AppContext) -> dash.Dash:
 
 def _shell(ctx: AppContext) -> html.Div:
     nav = [
-        dcc.Link(page.TITLE, href=page.PATH, id=f"nav-{page.PATH.strip('/') or 'overview'}", className="nav-link")
+        dcc.Link(page.TITLE, href=page.PATH, id=_nav_id(page), className="nav-link")
         for page in PAGES
     ]
     return html.Div([
@@ -121,7 +105,12 @@ def _shell(ctx: AppContext) -> html.Div:
     ])
 
 
+def _nav_id(page: Any) -> str:
+    return f"nav-{page.PATH.strip('/') or 'overview'}"
+
+
 def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
+    """The trace picker follows the URL, and the URL's page is drawn under the navigation."""
     @app.callback(
         Output("url", "search"),
         Output("trace-picker", "value"),
@@ -130,24 +119,13 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         Input("trace-picker", "value"),
     )
     def sync_trace_choice(search, picked):
-        """The URL names the open trace; the picker mirrors it and changes it."""
-        params = query_params(search)
-        options = [{"label": name, "value": name} for name in ctx.store.list_traces()]
-        if dash.ctx.triggered_id == "trace-picker" and picked and picked != params.get("trace"):
-            params["trace"] = picked
-            return "?" + urlencode(params_for_new_trace(params)), picked, options
-        current = params.get("trace") or ctx.default_trace
-        if current and current not in {o["value"] for o in options}:
-            options.append({"label": current, "value": current})
-        if not params.get("trace") and current:
-            return "?" + urlencode({"trace": current}), current, options
-        return dash.no_update, current, options
+        return trace_choice(ctx, query_params(search), picked, dash.ctx.triggered_id == "trace-picker")
 
     @app.callback(
         Output("page", "children"),
         Output("error-banner", "children"),
-        *[Output(f"nav-{page.PATH.strip('/') or 'overview'}", "href") for page in PAGES],
-        *[Output(f"nav-{page.PATH.strip('/') or 'overview'}", "className") for page in PAGES],
+        *[Output(_nav_id(page), "href") for page in PAGES],
+        *[Output(_nav_id(page), "className") for page in PAGES],
         Input("url", "pathname"),
         Input("url", "search"),
     )
@@ -155,26 +133,50 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         params = query_params(search)
         if not params.get("trace") and ctx.default_trace:
             raise PreventUpdate  # sync_trace_choice is about to put the default trace in the URL
-        name = params.get("trace")
         page = PAGE_BY_PATH.get(pathname or "/", None)
-        hrefs = [p.PATH + (f"?{urlencode({'trace': name})}" if name else "") for p in PAGES]
-        classes = ["nav-link active" if p is page else "nav-link" for p in PAGES]
-        if page is None:
-            return notice(f"No page at {pathname}; use the links above.", "warning"), None, *hrefs, *classes
-        if not name:
-            body = notice("No trace open: pick one from the list above or upload one.", "info")
-            return body, None, *hrefs, *classes
-        try:
-            body = page_layout(ctx, page, name, params)
-        except NeuronExplorerError as exc:
-            banner = error_banner(ctx.store.public_message(f"Cannot open {name}: {exc}"))
-            return notice("Pick another trace from the list above.", "info"), banner, *hrefs, *classes
-        except Exception as exc:  # a bug must not take the app down: say so, log the traceback
-            log.exception("showing %s of %s failed", pathname, name)
-            banner = error_banner(ctx.store.public_message(
-                f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} (the server log has the details)"))
-            return notice("Pick another trace or page.", "info"), banner, *hrefs, *classes
-        return body, None, *hrefs, *classes
+        body, banner = page_body(ctx, page, pathname, params)
+        return body, banner, *nav_state(page, params.get("trace"))
+
+
+def trace_choice(ctx: AppContext, params: dict[str, str], picked: str | None, from_picker: bool) -> tuple:
+    """(URL query, picker value, picker options): the URL names the open trace; the picker
+    mirrors it, and a pick changes it."""
+    options = [{"label": name, "value": name} for name in ctx.store.list_traces()]
+    if from_picker and picked and picked != params.get("trace"):
+        params["trace"] = picked
+        return "?" + urlencode(params_for_new_trace(params)), picked, options
+    current = params.get("trace") or ctx.default_trace
+    if current and current not in {o["value"] for o in options}:
+        options.append({"label": current, "value": current})
+    if not params.get("trace") and current:
+        return "?" + urlencode({"trace": current}), current, options
+    return dash.no_update, current, options
+
+
+def nav_state(page: Any, name: str | None) -> list:
+    """Each navigation link's href (keeping the open trace), then its class (the page's is active)."""
+    hrefs = [p.PATH + (f"?{urlencode({'trace': name})}" if name else "") for p in PAGES]
+    classes = ["nav-link active" if p is page else "nav-link" for p in PAGES]
+    return hrefs + classes
+
+
+def page_body(ctx: AppContext, page: Any, pathname: str | None, params: dict[str, str]) -> tuple:
+    """(page, error banner) for a URL: the page of the open trace, or a notice saying why not."""
+    name = params.get("trace")
+    if page is None:
+        return notice(f"No page at {pathname}; use the links above.", "warning"), None
+    if not name:
+        return notice("No trace open: pick one from the list above or upload one.", "info"), None
+    try:
+        return page_layout(ctx, page, name, params), None
+    except NeuronExplorerError as exc:
+        banner = error_banner(ctx.store.public_message(f"Cannot open {name}: {exc}"))
+        return notice("Pick another trace from the list above.", "info"), banner
+    except Exception as exc:  # a bug must not take the app down: say so, log the traceback
+        log.exception("showing %s of %s failed", pathname, name)
+        banner = error_banner(ctx.store.public_message(
+            f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} (the server log has the details)"))
+        return notice("Pick another trace or page.", "info"), banner
 
 
 def page_layout(ctx: AppContext, page, name: str, params: dict[str, str]):

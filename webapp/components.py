@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import numpy as np
 import pandas as pd
 from dash import dash_table, dcc, html
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
@@ -101,14 +105,7 @@ def data_table(df: pd.DataFrame, table_id, page_size: int = 20, selectable: bool
     )
 
 
-def graph(figure: dict, graph_id: str | None = None, height: int | None = None, **kwargs) -> dcc.Graph:
-    """A Plotly graph with the app's look and a trimmed mode bar."""
-    layout = figure.setdefault("layout", {})
-    layout.setdefault("font", {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12})
-    layout.setdefault("paper_bgcolor", "#ffffff")
-    layout.setdefault("plot_bgcolor", "#ffffff")
-    layout.setdefault("margin", {"l": 60, "r": 20, "t": 20, "b": 50})
-    if height:
-        layout["height"] = height
+def graph(figure: go.Figure, graph_id: str | None = None, **kwargs: Any) -> dcc.Graph:
+    """A figure of `neuron_explorer.plot` (which gives it the app's look) with a trimmed mode bar."""
     extra = {"id": graph_id} if graph_id else {}
     return dcc.Graph(figure=figure, config=GRAPH_CONFIG, **extra, **kwargs)

@@ -8,20 +8,22 @@ logged with its traceback and shown as one line.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pandas as pd
 from neuron_explorer.webapp.trace_store import hide_paths
 
 log = logging.getLogger("neuron_explorer.webapp")
+T = TypeVar("T")
 
 
 @dataclass
-class PageData:
+class PageData(Generic[T]):
     """An analysis result, or why there is none."""
 
-    value: Any = None
+    value: T | None = None
     missing: str | None = None  # shown to the user when value is None
 
     @property
@@ -39,22 +41,13 @@ def _is_empty(value: Any) -> bool:
     return False
 
 
-def fetch(trace: Any, what: str, label: str, *args: Any, **kwargs: Any) -> PageData:
-    """Calls `trace.<what>(...)` (or reads the attribute) and wraps the outcome for a page."""
-    attr = getattr(trace, what, None)
-    if attr is None:
-        return PageData(missing=f"This trace has no {label}.")
+def fetch(compute: Callable[[], T], label: str) -> PageData[T]:
+    """Runs one analysis (`lambda: trace.summary()`) and wraps the outcome for a page."""
     try:
-        value = attr(*args, **kwargs) if callable(attr) else attr
+        value = compute()
     except Exception as exc:  # a page must keep working whatever one analysis does
-        log.exception("computing %s failed", what)
+        log.exception("computing the %s failed", label)
         return PageData(missing=hide_paths(f"Could not compute the {label} for this trace: {exc}", {}))
     if _is_empty(value):
         return PageData(missing=f"This trace has no {label}.")
     return PageData(value=value)
-
-
-def table(trace: Any, name: str) -> pd.DataFrame:
-    """One of the trace's tables, or an empty frame when the trace lacks it."""
-    value = getattr(trace, name, None)
-    return value if isinstance(value, pd.DataFrame) else pd.DataFrame()

@@ -25,7 +25,7 @@ from neuron_explorer.rules import (
     sync_in_step,
     tensor_engine_padding,
 )
-from neuron_explorer.rules.finding import Finding
+from neuron_explorer.rules.finding import Finding, Findings
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -38,13 +38,13 @@ RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 
-def run_rules(trace: Trace) -> list[Finding]:
+def run_rules(trace: Trace) -> Findings:
     """Every rule's findings, ranked by time lost (then severity)."""
     findings: list[Finding] = []
     for rule in RULES:
         findings.extend(rule.check(trace))
     findings.sort(key=lambda f: (-f.time_lost_ns, SEVERITY_RANK[f.severity]))
-    return findings
+    return Findings(findings)
 
 
-__all__ = ["RULES", "RULE_IDS", "Finding", "run_rules"]
+__all__ = ["RULES", "RULE_IDS", "Finding", "Findings", "run_rules"]

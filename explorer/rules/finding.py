@@ -29,6 +29,20 @@ class Finding:
         """JSON-able dict of every field."""
         return asdict(self)
 
+    def _repr_html_(self) -> str:
+        from neuron_explorer.plot.cards import finding_card
+
+        return finding_card(self)
+
+
+class Findings(list):
+    """A list of findings that Jupyter shows as cards, worst first."""
+
+    def _repr_html_(self) -> str:
+        from neuron_explorer.plot.cards import findings_cards
+
+        return findings_cards(self)
+
 
 def evidence(ts: int, dur: int, slice_ids: list[int], description: str) -> dict[str, Any]:
     """One evidence item: a time range, the slices in it and what they show."""

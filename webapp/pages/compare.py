@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import data_table, graph, notice, page_title, section
 from neuron_explorer.webapp.page_data import fetch
-from neuron_explorer.webapp.theme import breakdown_colour
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+    from neuron_explorer.webapp.context import AppContext
 
 log = logging.getLogger("neuron_explorer.webapp")
 PATH = "/compare"
@@ -32,7 +36,7 @@ DIFF_TITLES = {
 }
 
 
-def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
+def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
     others = [n for n in ctx.store.list_traces() if n != name]
     other = params.get("other") if params.get("other") in others else None
     return html.Div([
@@ -52,7 +56,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     ])
 
 
-def comparison(ctx, name_a: str, name_b: str) -> list:
+def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
     """The side-by-side summary, both breakdowns and the diff tables."""
     try:
         a, b = ctx.store.get(name_a), ctx.store.get(name_b)
@@ -62,8 +66,7 @@ def comparison(ctx, name_a: str, name_b: str) -> list:
         log.exception("opening %s failed", name_b)
         return [notice(ctx.store.public_message(
             f"Cannot open {name_b}: unexpected {type(exc).__name__}: {exc}"), "error")]
-    sa, sb = fetch(a, "summary", "summary"), fetch(b, "summary", "summary")
-    sa, sb = (sa.value if sa.ok else {}), (sb.value if sb.ok else {})
+    sa, sb = fetch(a.summary, "summary").value or {}, fetch(b.summary, "summary").value or {}
     header = html.Tr([html.Th(""), html.Th(name_a), html.Th(name_b)])
     rows = [html.Tr([html.Th(label), html.Td(_show(sa.get(key), f)), html.Td(_show(sb.get(key), f))])
             for label, key, f in SUMMARY_ROWS]
@@ -102,31 +105,16 @@ def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def _breakdowns(a, b, name_a: str, name_b: str):
-    frames = []
-    for trace, label in ((a, name_a), (b, name_b)):
-        data = fetch(trace, "breakdown", "time breakdown")
-        if data.ok:
-            df = data.value
-            n = max(int(df["step"].nunique()), 1)
-            agg = df.groupby(["side", "category"], sort=False)["ns"].sum().div(n).reset_index()
-            frames.append(agg.assign(trace=label))
+def _breakdowns(a: Trace, b: Trace, name_a: str, name_b: str) -> html.Div | dcc.Graph:
+    frames = {label: data.value for label, data in ((name_a, fetch(a.breakdown, "time breakdown")),
+                                                    (name_b, fetch(b.breakdown, "time breakdown")))
+              if data.value is not None}
     if not frames:
         return notice("Neither trace has a time breakdown.")
-    df = pd.concat(frames)
-    df["bar"] = df["trace"] + " · " + df["side"]
-    data = []
-    for category, group in df.groupby("category", sort=False):
-        data.append({"type": "bar", "orientation": "h", "name": str(category), "y": group["bar"].tolist(),
-                     "marker": {"color": breakdown_colour(category)},
-                     "x": (group["ns"] / 1e6).tolist(), "hovertemplate": f"{category}: " + "%{x:.3f} ms<extra></extra>"})
-    figure = {"data": data, "layout": {"barmode": "stack", "xaxis": {"title": {"text": "ms per step"}},
-                                       "legend": {"orientation": "h", "y": -0.3},
-                                       "margin": {"l": 260, "r": 20, "t": 10, "b": 40}}}
-    return graph(figure, "compare-breakdown", height=320)
+    return graph(breakdown_figure(frames), "compare-breakdown")
 
 
-def register(app: dash.Dash, ctx) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> None:
     @app.callback(
         Output("compare-body", "children"),
         Input("compare-other", "value"),

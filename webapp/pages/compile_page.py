@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+import dash
 import pandas as pd
 from dash import html
+from neuron_explorer.plot.timeline import slice_table
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import data_table, metric, notice, page_title, section
-from neuron_explorer.webapp.page_data import fetch, table
+from neuron_explorer.webapp.page_data import fetch
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+    from neuron_explorer.webapp.context import AppContext
 
 PATH = "/compile"
 TITLE = "Compile"
 PARTS = [("graphs", "Compiled graphs"), ("graph_breaks", "Graph breaks"), ("recompiles", "Recompiles")]
 
 
-def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
-    data = fetch(trace, "compile_summary", "torch.compile activity (the program ran in eager mode)")
+def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
+    data = fetch(trace.compile_summary, "torch.compile activity (the program ran in eager mode)")
     parts: list = [page_title(TITLE, name)]
-    if not data.ok:
-        parts.append(section("torch.compile", notice(data.missing)))
+    if data.value is None:
+        parts.append(section("torch.compile", notice(str(data.missing))))
         return html.Div(parts)
     summary: dict = data.value
     if not any(isinstance(summary.get(k), pd.DataFrame) and not summary[k].empty for k, _ in PARTS):
@@ -54,9 +60,8 @@ def _has(df, column: str) -> bool:
     return isinstance(df, pd.DataFrame) and column in df.columns
 
 
-def trace_start_ns(trace: Any) -> int:
-    slices = getattr(trace, "base_slices", None)
-    slices = slices if isinstance(slices, pd.DataFrame) else table(trace, "slices")
+def trace_start_ns(trace: Trace) -> int:
+    slices = slice_table(trace)
     return int(slices["ts"].min()) if not slices.empty else 0
 
 
@@ -74,13 +79,12 @@ def _count(df) -> str:
     return f"{len(df):,}" if isinstance(df, pd.DataFrame) else "–"
 
 
-def compile_time_ns(trace: Any, summary: dict) -> int:
+def compile_time_ns(trace: Trace, summary: dict) -> int:
     """The explorer's compile total, or the time of the outermost compile spans."""
     totals = summary.get("totals")
     if isinstance(totals, pd.DataFrame) and "compile_ns" in totals.columns and not totals.empty:
         return int(totals["compile_ns"].iloc[0])
-    slices = getattr(trace, "base_slices", None)
-    slices = slices if isinstance(slices, pd.DataFrame) else table(trace, "slices")
+    slices = slice_table(trace)
     if slices.empty:
         return 0
     spans = slices[slices["category"] == "compile"]
@@ -90,5 +94,5 @@ def compile_time_ns(trace: Any, summary: dict) -> int:
     return int(outer["dur"].sum())
 
 
-def register(app, ctx) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> None:
     """No callbacks: the page is static for a trace."""

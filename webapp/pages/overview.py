@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
+from neuron_explorer.plot.figures import breakdown_figure
+from neuron_explorer.rules.finding import Finding
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
 from neuron_explorer.webapp.page_data import fetch
-from neuron_explorer.webapp.theme import breakdown_colour
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+    from neuron_explorer.webapp.context import AppContext
 
 PATH = "/"
 TITLE = "Overview"
-SEVERITY_ORDER = {"high": 0, "critical": 0, "medium": 1, "warning": 1, "low": 2, "info": 3}
 
 
-def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
-    summary = fetch(trace, "summary", "summary")
-    s = summary.value if summary.ok else {}
+def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
+    summary = fetch(trace.summary, "summary")
+    s = summary.value or {}
     return html.Div([
         page_title(TITLE, name),
         html.Div(_metrics(s), className="metrics"),
@@ -36,7 +40,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     ])
 
 
-def _metrics(s: dict) -> list:
+def _metrics(s: dict) -> list[html.Div]:
     hardware = s.get("hardware") or "unknown"
     source = s.get("source_format")
     return [
@@ -50,46 +54,26 @@ def _metrics(s: dict) -> list:
     ]
 
 
-def _breakdown(trace: Any):
-    data = fetch(trace, "breakdown", "time breakdown")
-    if not data.ok:
-        return notice(data.missing)
-    df: pd.DataFrame = data.value
-    n_steps = max(int(df["step"].nunique()), 1)
-    mean = df.groupby(["side", "category"], sort=False)["ns"].sum().div(n_steps).reset_index()
-    traces = []
-    for category, group in mean.groupby("category", sort=False):
-        traces.append({
-            "type": "bar", "orientation": "h", "name": str(category),
-            "y": group["side"].tolist(), "x": (group["ns"] / 1e6).tolist(),
-            "marker": {"color": breakdown_colour(category)},
-            "hovertemplate": f"{category}: " + "%{x:.3f} ms<extra>%{y}</extra>",
-        })
-    figure = {
-        "data": traces,
-        "layout": {
-            "barmode": "stack",
-            "xaxis": {"title": {"text": "ms per step"}, "gridcolor": "#eceff3"},
-            "yaxis": {"categoryorder": "array", "categoryarray": ["host", "device"]},
-            "legend": {"orientation": "h", "y": -0.35},
-            "margin": {"l": 70, "r": 20, "t": 10, "b": 40},
-        },
-    }
-    return graph(figure, "overview-breakdown", height=260)
+def _breakdown(trace: Trace) -> html.Div | dcc.Graph:
+    data = fetch(trace.breakdown, "time breakdown")
+    if data.value is None:
+        return notice(str(data.missing))
+    return graph(breakdown_figure({"": data.value}), "overview-breakdown")
 
 
-def findings(trace: Any, name: str):
+def findings(trace: Trace, name: str) -> html.Div:
     """The findings as cards, worst first (filled in after the rest of the page: rules take longest)."""
-    data = fetch(trace, "bottlenecks", "findings")
-    if not data.ok:
-        return notice(data.missing if "Could not" in data.missing else "No bottlenecks found in this trace.")
-    findings = sorted(data.value, key=lambda f: -(getattr(f, "time_lost_ns", 0) or 0))
-    return html.Div([_finding_card(f, i, name) for i, f in enumerate(findings)], className="findings")
+    data = fetch(trace.bottlenecks, "findings")
+    if data.value is None:
+        missing = str(data.missing)
+        return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
+    ranked = sorted(data.value, key=lambda f: -f.time_lost_ns)
+    return html.Div([_finding_card(f, i, name) for i, f in enumerate(ranked)], className="findings")
 
 
-def _finding_card(finding: Any, rank: int, name: str) -> html.Div:
-    severity = str(getattr(finding, "severity", "info")).lower()
-    evidence = list(getattr(finding, "evidence", None) or [])
+def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
+    severity = finding.severity.lower()
+    evidence = finding.evidence
     link = None
     if evidence:
         first = evidence[0]
@@ -100,27 +84,26 @@ def _finding_card(finding: Any, rank: int, name: str) -> html.Div:
                         select=int(ids[0]) if len(ids) else None)
         link = dcc.Link(f"Show in timeline ({len(evidence)} place{'s' if len(evidence) != 1 else ''}) ▸",
                         href=href, className="finding-link", id={"type": "finding-link", "rank": rank})
-    share = getattr(finding, "share_of_step", None)
     return html.Div([
         html.Div([
             html.Span(severity, className=f"badge badge-{severity}"),
-            html.H3(str(getattr(finding, "title", "finding"))),
+            html.H3(finding.title),
             html.Div([
-                html.Span(fmt.duration(getattr(finding, "time_lost_ns", None)), className="lost"),
-                html.Span(f" lost · {fmt.share(share)} of step" if share is not None else " lost"),
+                html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
+                html.Span(f" lost · {fmt.share(finding.share_of_step)} of step"),
             ], className="finding-cost"),
         ], className="finding-head"),
-        html.P(str(getattr(finding, "explanation", "")), className="finding-explanation"),
-        html.P([html.Strong("Recommendation: "), str(getattr(finding, "recommendation", ""))],
+        html.P(finding.explanation, className="finding-explanation"),
+        html.P([html.Strong("Recommendation: "), finding.recommendation],
                className="finding-recommendation"),
         html.Div([
-            html.Span(f"rule {getattr(finding, 'rule_id', '?')}", className="rule-id"),
+            html.Span(f"rule {finding.rule_id}", className="rule-id"),
             link,
         ], className="finding-foot"),
     ], className=f"finding finding-{severity}")
 
 
-def register(app, ctx) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> None:
     @app.callback(Output("overview-findings", "children"), Input("overview-trace", "data"))
     def show_findings(name):
         if not name:

@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import dash
+import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.webapp.callback_input import BadInputError, finite
 from neuron_explorer.webapp.components import data_table, notice, page_title, page_url, section
-from neuron_explorer.webapp.page_data import fetch, table
+from neuron_explorer.webapp.page_data import fetch
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+    from neuron_explorer.webapp.context import AppContext
 
 PATH = "/tables"
 TITLE = "Tables"
 
-# tab -> (stats method, label, instance table, column matching the stats' name)
 SORT_BY = ("share_of_step", "device_ns", "total_ns", "share", "count")
-TABLES = {
-    "ops": ("op_stats", "ops", "ops", "name"),
-    "modules": ("module_stats", "modules", "modules", "module"),
-    "kernels": ("kernel_stats", "kernels", "kernels", "name"),
+Table = Callable[["Trace"], pd.DataFrame]
+# tab -> (statistics, label, instances, column matching the statistics' name)
+TABLES: dict[str, tuple[Table, str, Table, str]] = {
+    "ops": (lambda t: t.op_stats(), "ops", lambda t: t.ops, "name"),
+    "modules": (lambda t: t.module_stats(), "modules", lambda t: t.modules, "module"),
+    "kernels": (lambda t: t.kernel_stats(), "kernels", lambda t: t.kernels, "name"),
 }
 
 
-def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
+def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
     tab = params.get("tab") if params.get("tab") in TABLES else "ops"
     return html.Div([
         page_title(TITLE, name),
@@ -35,11 +42,11 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     ])
 
 
-def _tab_body(trace: Any, tab: str) -> list:
-    method, label, _, _ = TABLES[tab]
-    data = fetch(trace, method, f"{label} statistics")
-    if not data.ok:
-        return [section(label.capitalize(), notice(data.missing))]
+def _tab_body(trace: Trace, tab: str) -> list:
+    stats, label, _, _ = TABLES[tab]
+    data = fetch(lambda: stats(trace), f"{label} statistics")
+    if data.value is None:
+        return [section(label.capitalize(), notice(str(data.missing)))]
     df = data.value
     for column in SORT_BY:
         if column in df.columns:
@@ -58,10 +65,10 @@ def _tab_body(trace: Any, tab: str) -> list:
     ), dcc.Store(id="tables-kind", data=tab)]
 
 
-def longest_instance(trace: Any, tab: str, key: str) -> tuple[int, int, int] | None:
+def longest_instance(trace: Trace, tab: str, key: str) -> tuple[int, int, int] | None:
     """(slice id, ts, dur) of the longest occurrence of a stats row's name."""
-    _, _, instance_table, column = TABLES[tab]
-    df = table(trace, instance_table)
+    _, _, instances, column = TABLES[tab]
+    df = instances(trace)
     if df.empty or column not in df.columns or "id" not in df.columns:
         return None
     hits = df[df[column].astype(str) == key]
@@ -71,7 +78,7 @@ def longest_instance(trace: Any, tab: str, key: str) -> tuple[int, int, int] | N
     return int(best["id"]), int(best["ts"]), int(best["dur"])
 
 
-def register(app: dash.Dash, ctx) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> None:
     @app.callback(
         Output("tables-body", "children"),
         Input("tables-tab", "value"),

@@ -6,52 +6,47 @@ visible window, which the timeline index answers with pixel-merged bars.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import dash
 import numpy as np
 import pandas as pd
 from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
+from neuron_explorer.plot.theme import category_colour
+from neuron_explorer.plot.timeline import (
+    NS_PER_US,
+    WIDTH_PX,
+    build_index,
+    clamp_window,
+    slice_args,
+    slice_table,
+    steps_window,
+    timeline_figure,
+)
+from neuron_explorer.plot.timeline_index import SUMMARY_ID, TimelineIndex
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.callback_input import BadInputError, finite, int_or_default, text
 from neuron_explorer.webapp.components import GRAPH_CONFIG, notice, page_title
-from neuron_explorer.webapp.page_data import table
-from neuron_explorer.webapp.theme import category_colour
-from neuron_explorer.webapp.timeline_figure import NS_PER_US, timeline_figure
-from neuron_explorer.webapp.timeline_index import SUMMARY_ID, TimelineIndex
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+    from neuron_explorer.webapp.context import AppContext
+    from neuron_explorer.webapp.trace_store import TraceStore
 
 PATH = "/timeline"
 TITLE = "Timeline"
-WIDTH_PX = 1600  # pixel buckets per window: about the plot's width on a large screen
 MAX_LINKS = 24
 ARG_ORDER = ["shapes", "dtypes", "flops", "hw_flops", "bytes", "module", "source", "phase", "step",
              "op_id", "kernel_id", "engine", "opcode", "device", "fallback", "graph_id", "kind", "reason"]
 
 
-def timeline_index(store, name: str, fold_dma: bool = True) -> TimelineIndex:
+def timeline_index(store: TraceStore, name: str, fold_dma: bool = True) -> TimelineIndex:
     """The trace's timeline index, built on first use and kept with the trace."""
-    return store.derived(name, f"timeline-index-{fold_dma}", lambda trace: TimelineIndex(
-        slice_table(trace), table(trace, "tracks"), table(trace, "counters"), fold_dma=fold_dma))
+    return store.derived(name, f"timeline-index-{fold_dma}", lambda trace: build_index(trace, fold_dma))
 
 
-def slice_table(trace: Any) -> pd.DataFrame:
-    """The slices without their args when the trace offers that (cheaper on large traces)."""
-    base = getattr(trace, "base_slices", None)
-    return base if isinstance(base, pd.DataFrame) else table(trace, "slices")
-
-
-def slice_args(trace: Any, slice_id: int, row: pd.Series) -> dict:
-    """One slice's args, read on their own when the trace keeps them apart."""
-    store = getattr(trace, "args", None)
-    if store is not None and hasattr(store, "get") and "args" not in row.index:
-        args = store.get(slice_id)
-    else:
-        args = row.get("args")
-    return args if isinstance(args, dict) else {}
-
-
-def window_answer(store, name: str, t0: int, t1: int, selected: int | None,
+def window_answer(store: TraceStore, name: str, t0: int, t1: int, selected: int | None,
                   fold_dma: bool = True) -> tuple[dict, str]:
     """The figure for a window and the status line saying what it shows."""
     index = timeline_index(store, name, fold_dma)
@@ -65,7 +60,7 @@ def window_answer(store, name: str, t0: int, t1: int, selected: int | None,
     return figure, status
 
 
-def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
+def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
     fold = params.get("dma") != "all"
     index = timeline_index(ctx.store, name, fold)
     if not index.slice_rows and not index.counter_rows:
@@ -109,18 +104,6 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
                  className="panel timeline-panel"),
         html.Div(details, id="timeline-details", className="panel details"),
     ])
-
-
-def steps_window(trace: Any, index: TimelineIndex) -> tuple[int, int]:
-    """The recorded steps with a little margin (the whole trace when it has no steps): startup
-    and exit-time work would otherwise fill most of the first view."""
-    steps = table(trace, "steps")
-    if steps.empty or not {"ts", "dur"} <= set(steps.columns):
-        return index.start_ns, index.end_ns
-    lo = int(steps["ts"].min())
-    hi = int((steps["ts"] + steps["dur"]).max())
-    pad = max((hi - lo) // 50, 1)
-    return max(lo - pad, index.start_ns), min(hi + pad, index.end_ns)
 
 
 def legend(index: TimelineIndex) -> html.Div:
@@ -224,15 +207,6 @@ def search_step(state: dict, index: TimelineIndex, trigger: str, text: str | Non
     return query, (previous + 1) % matches.size, matches
 
 
-def clamp_window(index: TimelineIndex, t0: float, t1: float) -> tuple[int, int]:
-    """A window in ns, at least 1 ns wide and within three trace lengths of the trace."""
-    total = max(index.end_ns - index.start_ns, 1)
-    lo_limit, hi_limit = index.start_ns - total, index.end_ns + total
-    t0 = int(min(max(t0, lo_limit), hi_limit - 1))
-    t1 = int(min(max(t1, t0 + 1), hi_limit))
-    return t0, t1
-
-
 # Only a pan or zoom of the x axis reaches the server. Plotly's own relayout events
 # (autosize after the first draw) would otherwise start a request that supersedes a
 # click still in flight, and Dash would drop that click's answer.
@@ -247,7 +221,7 @@ function(relayout) {
 """
 
 
-def register(app: dash.Dash, ctx) -> None:
+def register(app: dash.Dash, ctx: AppContext) -> None:
     app.clientside_callback(_X_RANGE_ONLY, Output("timeline-relayout", "data"),
                             Input("timeline-graph", "relayoutData"))
 
@@ -314,9 +288,9 @@ def register(app: dash.Dash, ctx) -> None:
         return figure, new_state, details, status, search_status
 
 
-def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:
+def flow_partners(trace: Trace, slice_id: int) -> list[tuple[int, str]]:
     """Slices linked to this one: flows out and in, and a kernel's instructions."""
-    flows = table(trace, "flows")
+    flows = trace.flows
     out: list[tuple[int, str]] = []
     if not flows.empty:
         out += [(int(i), "leads to") for i in flows.loc[flows["src_id"] == slice_id, "dst_id"]]
@@ -324,7 +298,7 @@ def flow_partners(trace: Any, slice_id: int) -> list[tuple[int, str]]:
     return out
 
 
-def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
+def slice_details(trace: Trace, index: TimelineIndex, slice_id: int) -> list:
     """The details panel of one slice: its fields, arguments and linked slices."""
     slices = slice_table(trace)
     pos = index.table_position(slice_id)
@@ -341,7 +315,7 @@ def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
         ("start", f"{(int(s['ts']) - index.start_ns) / NS_PER_US:,.3f} µs since trace start"),
         ("duration", fmt.duration(int(s["dur"]))),
     ]
-    args = slice_args(trace, slice_id, s)
+    args = slice_args(trace, slice_id)
     for key in ARG_ORDER + sorted(k for k in args if k not in ARG_ORDER):
         if key in args and args[key] is not None:
             fields.append((key, _format_arg(key, args[key])))
@@ -354,7 +328,7 @@ def slice_details(trace: Any, index: TimelineIndex, slice_id: int) -> list:
     return parts
 
 
-def _linked(trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: int, s) -> list:
+def _linked(trace: Trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: int, s) -> list:
     partners = flow_partners(trace, slice_id)
     parent = s.get("parent_id")
     if parent is not None and not pd.isna(parent) and int(parent) >= 0:

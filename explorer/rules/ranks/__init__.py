@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer.rules.finding import Finding
+from neuron_explorer.rules.finding import Finding, Findings
 from neuron_explorer.rules.ranks import (
     collective_wait,
     exposed_communication,
@@ -29,14 +29,14 @@ RANK_RULE_IDS = tuple(rule.RULE_ID for rule in RANK_RULES)
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 
-def run_rank_rules(run: Run) -> list[Finding]:
+def run_rank_rules(run: Run) -> Findings:
     """Cross-rank findings, then the worst rank's finding of each single-trace rule."""
     findings: list[Finding] = []
     for rule in RANK_RULES:
         findings.extend(rule.check(run))
     findings.extend(_worst_rank_findings(run))
     findings.sort(key=lambda f: (-f.time_lost_ns, _SEVERITY_RANK[f.severity]))
-    return findings
+    return Findings(findings)
 
 
 def _worst_rank_findings(run: Run) -> list[Finding]:

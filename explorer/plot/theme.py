@@ -1,8 +1,24 @@
-"""Colours of the dashboard: one fixed colour per slice category, so every page agrees."""
+"""Colours of the figures, in the dashboard and in notebooks: one fixed colour per slice
+category and per severity, so every page and every notebook agree."""
 
 from __future__ import annotations
 
 import zlib
+
+FONT_FAMILY = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
+GRID_COLOUR = "#eceff3"
+SELECTION_COLOUR = "#d62728"
+MUTED_COLOUR = "#5b6770"
+
+# Finding severities: (text, background); webapp/assets/style.css uses the same (test_theme checks).
+SEVERITY_COLOURS = {
+    "high": ("#c0392b", "#fdecea"),
+    "critical": ("#c0392b", "#fdecea"),
+    "medium": ("#b7791f", "#fff4dc"),
+    "warning": ("#b7791f", "#fff4dc"),
+    "low": ("#2f6db5", "#e8f0fa"),
+    "info": ("#2f6db5", "#e8f0fa"),
+}
 
 # Slice categories on the timeline: no two share a colour (test_theme checks they stay apart).
 CATEGORY_COLOURS = {
@@ -69,3 +85,8 @@ def breakdown_colour(category: str) -> str:
         if key.startswith(name) or name in key.split("_"):
             return colour
     return category_colour(key)
+
+
+def severity_colours(severity: str) -> tuple[str, str]:
+    """(text, background) colour of a finding's severity; unknown severities read as info."""
+    return SEVERITY_COLOURS.get(str(severity).lower(), SEVERITY_COLOURS["info"])

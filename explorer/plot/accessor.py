@@ -1,0 +1,94 @@
+"""`trace.plot` and `run.plot`: the dashboard's figures, one call each, in the style of
+`DataFrame.plot`. Every method returns a `plotly.graph_objects.Figure` to restyle, save
+(`write_html`, `write_image` where kaleido is installed) or show."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from neuron_explorer.plot import engines, figures, ranks
+from neuron_explorer.plot import timeline as timeline_module
+from neuron_explorer.plot.options import options
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from neuron_explorer.plot.timeline_index import TimelineIndex
+    from neuron_explorer.run import Run
+    from neuron_explorer.trace import Trace
+
+
+
+class TracePlot:
+    """Figures of one trace."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._trace = trace
+        self._indexes: dict[tuple, TimelineIndex] = {}
+
+    def breakdown(self) -> go.Figure:
+        """Mean time per step on the host and on the device, stacked by category."""
+        return figures.breakdown_figure({"": self._trace.breakdown()})
+
+    def timeline(self, start_ns: int | None = None, end_ns: int | None = None,
+                 tracks: list[str | int] | None = None, interactive: bool | None = None) -> Any:
+        """Every track (or the `tracks` named, by name or id) over [start_ns, end_ns] (default:
+        the recorded steps), level of detail included: slices narrower than a pixel merge into
+        grey bars, so a million events draw as a few thousand. `interactive` (default: in
+        Jupyter with ipywidgets and anywidget, see `plot.options`) gives a FigureWidget that draws each new window
+        on zoom and pan."""
+        index = self.timeline_index(tracks)
+        default = timeline_module.steps_window(self._trace, index)
+        t0 = default[0] if start_ns is None else start_ns
+        t1 = default[1] if end_ns is None else end_ns
+        return timeline_module.timeline(index, t0, t1, options.interactive if interactive is None else interactive)
+
+    def timeline_index(self, tracks: list[str | int] | None = None) -> TimelineIndex:
+        """The level-of-detail index behind `timeline` (built once per set of tracks)."""
+        key = tuple(str(t) for t in tracks) if tracks is not None else ()
+        if key not in self._indexes:
+            self._indexes[key] = timeline_module.build_index(self._trace, tracks=tracks)
+        return self._indexes[key]
+
+    def roofline(self) -> go.Figure:
+        """Each op's arithmetic intensity against the FLOP rate it reached, under the roofs."""
+        return figures.roofline_figure(self._trace.roofline(), self._trace.hardware_figures)
+
+    def memory(self) -> go.Figure:
+        """Device memory in use over time."""
+        return figures.memory_figure(self._trace.memory_timeline())
+
+    def engines(self, step: int | None = None) -> go.Figure:
+        """How busy each engine and DMA queue is over the recorded steps (or one `step`)."""
+        return engines.utilisation_figure(engines.engine_use(self._trace, step))
+
+    def engines_per_step(self) -> go.Figure:
+        """The share of each step each engine ran."""
+        return engines.per_step_figure(engines.engine_use(self._trace))
+
+    def op_stats(self, n: int = 20) -> go.Figure:
+        """The `n` ops with the most time, device and host."""
+        return figures.op_stats_figure(self._trace.op_stats(), n)
+
+
+class RunPlot:
+    """Figures of a distributed run."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def step_times(self) -> go.Figure:
+        """Step time per rank and step, as a heat map."""
+        return ranks.step_times_figure(self._run)
+
+    def communication(self) -> go.Figure:
+        """Per rank: communication overlapped, exposed, and waiting for the last rank."""
+        return ranks.communication_figure(self._run)
+
+    def collectives(self) -> go.Figure:
+        """The ranks' first collectives on one time axis, each call linked across ranks."""
+        return ranks.collectives_figure(self._run)
+
+
+def compare_breakdowns(traces: dict[str, Trace]) -> go.Figure:
+    """The time breakdowns of several traces, side by side ({label: trace})."""
+    return figures.breakdown_figure({label: t.breakdown() for label, t in traces.items()})
