@@ -42,65 +42,14 @@ LOAD_P95_TARGET_S = 0.500
 
 def write_trace(path: Path, events: int) -> int:
     """A Perfetto trace with about `events` events: steps > modules > ops, kernels, engines, DMA, HBM."""
-    from neuron_explorer.backend.hardware.presets import get_preset
-    from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
-    from neuron_explorer.trace_format import (
-        COUNTER_HBM,
-        DEVICE_PROCESS,
-        DMA_TRACK,
-        ENGINE_TRACKS,
-        TRACK_KERNELS,
-    )
-    from synthetic_trace import make_trace
+    from synthetic_trace import events_in
+    from synthetic_trace import write_trace as write_synthetic
 
     k = 3  # instructions per kernel; each op gives op + kernel + k instructions + DMA + 2 counter samples
     n_steps = 20
     ops_per_step = max(events // (n_steps * (k + 5)), 1)
-    t = make_trace(n_steps=n_steps, ops_per_step=ops_per_step, instructions_per_kernel=k)
-    w = PerfettoWriter(str(path))
-    w.process(100, "python train.py", ["python", "train.py"])
-    main = w.thread(100, 100, "MainThread")
-    dev = w.process(1000, DEVICE_PROCESS.format(index=0, preset="trn2"))
-    kernels = w.track(TRACK_KERNELS, dev)
-    engines = {e: w.track(ENGINE_TRACKS[e], dev) for e in ENGINE_TRACKS}
-    dma = w.track(DMA_TRACK.format(queue=0), dev)
-    hbm = w.counter_track(COUNTER_HBM, dev, "bytes")
-    w.metadata(main, 0, {"hardware": "trn2", "hardware_figures": get_preset("trn2").figures(), "level": "engine"})
-
-    def batch(frame, track, category, **kw):
-        names = sorted(set(frame["name"]))
-        lookup = {n: i for i, n in enumerate(names)}
-        w.slices(np.full(len(frame), track) if np.isscalar(track) else track, frame["ts"].to_numpy(),
-                 frame["dur"].to_numpy(), names, frame["name"].map(lookup).to_numpy(), category, **kw)
-
-    s = t.slices
-    batch(s[s["category"] == "step"], main, "step", int_args={"step": t.steps["step"].to_numpy()})
-    mods = s[s["category"] == "module"]
-    batch(mods, main, "module", str_args={"module": (sorted(set(mods["name"])),
-                                                     mods["name"].map({n: i for i, n in enumerate(sorted(set(mods["name"])))}).to_numpy())})
-    ops = t.ops
-    op_flow = ops["op_id"].to_numpy() + 1
-    kernel_flow = op_flow + len(ops)
-    batch(s[s["category"] == "op"], main, "op",
-          int_args={"op_id": ops["op_id"].to_numpy(), "kernel_id": ops["kernel_id"].to_numpy(),
-                    "flops": ops["flops"].to_numpy(), "bytes": ops["bytes"].to_numpy(), "step": ops["step"].to_numpy()},
-          flow_out=op_flow)
-    batch(s[s["category"] == "sync"], main, "sync")
-    ks = t.kernels
-    batch(s[s["category"] == "kernel"], kernels, "kernel",
-          int_args={"kernel_id": ks["kernel_id"].to_numpy(), "op_id": ks["op_id"].to_numpy(),
-                    "bytes": np.full(len(ks), 1179648), "step": ks["step"].to_numpy()},
-          flow_in=op_flow, flow_out=kernel_flow)
-    ins = s[s["category"] == "instruction"]
-    engine_of = t.instructions["engine"].to_numpy()
-    first = np.zeros(len(ins), np.uint64)
-    first[::k] = kernel_flow
-    batch(ins, np.array([engines[e] for e in engine_of]), "instruction", flow_in=first)
-    batch(s[s["category"] == "dma"], dma, "dma")
-    c = t.counters
-    w.counters(np.full(len(c), hbm), c["ts"].to_numpy(), c["value"].to_numpy())
-    w.close()
-    return len(s) + len(c)
+    write_synthetic(path, n_steps, ops_per_step, instructions_per_kernel=k)
+    return events_in(n_steps, ops_per_step, k)
 
 
 def overview_in_server(path: Path) -> tuple[float, float, float]:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser_available, chromium, console_errors
-from conftest import synthetic_loader, write_synthetic
-from synthetic_trace import synthetic_diff
+from conftest import load_trace, write_synthetic
 
 pytestmark = [
     pytest.mark.browser,
@@ -25,11 +24,11 @@ def served(tmp_path_factory):
     from neuron_explorer.webapp.trace_store import TraceStore
 
     folder = tmp_path_factory.mktemp("traces")
-    write_synthetic(folder / "run_a.json")
-    write_synthetic(folder / "run_b.json", steps=4, ops=48, seed=1)
+    write_synthetic(folder / "run_a.pftrace")
+    write_synthetic(folder / "run_b.pftrace", steps=4, ops=48, seed=1)
     (folder / "corrupt.json").write_bytes(b"\x00\x01 not a trace")
-    store = TraceStore(folder, loader=synthetic_loader, max_upload_bytes=1 << 20)
-    server = DashboardServer(create_app(AppContext(store, differ=synthetic_diff)).server).start()
+    store = TraceStore(folder, max_upload_bytes=1 << 20)
+    server = DashboardServer(create_app(AppContext(store)).server).start()
     yield server.url.rstrip("/"), folder
     server.stop()
     store.close()
@@ -83,7 +82,7 @@ def test_every_page_loads_without_console_errors(served, driver):
              "/roofline": "Ops against the roofline", "/memory": "HBM in use", "/compile": "torch.compile",
              "/compare": "Pick a second trace"}
     for path, marker in pages.items():
-        driver.get(f"{url}{path}?trace=run_a.json")
+        driver.get(f"{url}{path}?trace=run_a.pftrace")
         wait_for(driver, "#page", text=marker)
         no_console_errors(driver)
         fetched = driver.execute_script(
@@ -93,8 +92,8 @@ def test_every_page_loads_without_console_errors(served, driver):
 
 def test_finding_opens_the_timeline_at_its_evidence(served, driver):
     url, _ = served
-    driver.get(f"{url}/?trace=run_a.json")
-    card = wait_for(driver, ".finding", text="loss.item()")
+    driver.get(f"{url}/?trace=run_a.pftrace")
+    card = wait_for(driver, ".finding", text="Host waits on the device")
     card.find_element("css selector", ".finding-link").click()
     details = wait_for(driver, "#slice-fields", text="sync")
     assert "aten::item" in details.text and "train.py:50" in details.text
@@ -106,7 +105,7 @@ def test_zoom_select_and_follow_flows(served, driver):
     from selenium.webdriver.common.by import By
 
     url, _ = served
-    driver.get(f"{url}/timeline?trace=run_a.json")
+    driver.get(f"{url}/timeline?trace=run_a.pftrace")
     status = wait_for(driver, "#timeline-status", text="window").text
     before = x_range(driver)
     wait_for(driver, "#timeline-graph g.trace.bars")
@@ -150,7 +149,7 @@ def _bar_of_category(driver, category: str):
 
 def test_table_row_opens_in_the_timeline(served, driver):
     url, _ = served
-    driver.get(f"{url}/tables?trace=run_a.json")
+    driver.get(f"{url}/tables?trace=run_a.pftrace")
     search = wait_for(driver, "#tables-search")
     search.send_keys("addmm\n")  # the search box filters the table to matching names
     for _ in range(100):
@@ -170,11 +169,11 @@ def test_compare_two_traces(served, driver):
     from selenium.webdriver.common.by import By
 
     url, _ = served
-    driver.get(f"{url}/compare?trace=run_a.json")
+    driver.get(f"{url}/compare?trace=run_a.pftrace")
     wait_for(driver, "#compare-other").click()
-    option = wait_for(driver, ".dash-dropdown-options [role=option]", text="run_b.json")  # a portal
+    option = wait_for(driver, ".dash-dropdown-options [role=option]", text="run_b.pftrace")  # a portal
     option.click()
-    table = wait_for(driver, ".compare-table", text="run_b.json")
+    table = wait_for(driver, ".compare-table", text="run_b.pftrace")
     assert "step time" in table.text
     assert driver.find_elements(By.CSS_SELECTOR, "#diff-ops")
     no_console_errors(driver)
@@ -194,7 +193,7 @@ def test_bad_traces_show_a_banner_and_the_app_keeps_working(served, driver):
     bad.write_text('{"not": "a trace"}')
     driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(bad))
     wait_for(driver, ".error-banner", text="foreign.json")
-    driver.get(f"{url}/?trace=run_b.json")
+    driver.get(f"{url}/?trace=run_b.pftrace")
     wait_for(driver, ".finding")
     assert not driver.find_elements("css selector", ".error-banner")
     no_console_errors(driver, refused="/_upload")
@@ -204,7 +203,7 @@ def test_an_upload_over_the_limit_is_refused_with_a_message(served, driver, tmp_
     url, _ = served
     big = tmp_path / "huge.json"
     big.write_bytes(b" " * (3 << 20 >> 1))  # 1.5 MiB, over the 1 MiB limit of this server
-    driver.get(f"{url}/?trace=run_a.json")
+    driver.get(f"{url}/?trace=run_a.pftrace")
     wait_for(driver, "#page .metrics")
     driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(big))
     toast = wait_for(driver, "#upload-toast", text="upload limit")
@@ -215,11 +214,11 @@ def test_an_upload_over_the_limit_is_refused_with_a_message(served, driver, tmp_
 
 def test_upload_opens_the_trace(served, driver, tmp_path):
     url, _ = served
-    good = write_synthetic(tmp_path / "uploaded_run.json", steps=2, ops=16)
-    driver.get(f"{url}/?trace=run_a.json")
+    good = write_synthetic(tmp_path / "uploaded_run.pftrace", steps=2, ops=16)
+    driver.get(f"{url}/?trace=run_a.pftrace")
     wait_for(driver, ".finding")
     driver.find_element("css selector", "#trace-upload input[type=file]").send_keys(str(good))
-    wait_for(driver, ".page-subtitle", text="upload:uploaded_run.json")
+    wait_for(driver, ".page-subtitle", text="upload:uploaded_run.pftrace")
     wait_for(driver, ".finding")
     no_console_errors(driver)
 
@@ -262,12 +261,12 @@ def test_view_of_one_trace_opens_it_without_asking(served, driver):
     from neuron_explorer.webapp.view_command import start_dashboard
 
     _, folder = served
-    server, store = start_dashboard(Path(folder) / "run_b.json", port=0, loader=synthetic_loader)
+    server, store = start_dashboard(Path(folder) / "run_b.pftrace", port=0, loader=load_trace)
     try:
         driver.get(server.url)
         wait_for(driver, "#page .metrics")
-        assert "trace=run_b.json" in driver.current_url
-        wait_for(driver, ".trace-picker", text="run_b.json")
+        assert "trace=run_b.pftrace" in driver.current_url
+        wait_for(driver, ".trace-picker", text="run_b.pftrace")
         no_console_errors(driver)
     finally:
         server.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from browser import browser_available, chromium, console_errors
-from conftest import synthetic_loader
+from conftest import load_trace
 from test_browser import wait_for
 
 pytestmark = [
@@ -17,19 +17,19 @@ pytestmark = [
 def test_the_token_url_opens_every_page_and_no_token_opens_nothing(trace_folder):
     from neuron_explorer.webapp.view_command import start_dashboard
 
-    server, store = start_dashboard(trace_folder, host="0.0.0.0", port=0, loader=synthetic_loader,
+    server, store = start_dashboard(trace_folder, host="0.0.0.0", port=0, loader=load_trace,
                                     allow_remote=True)
     base = f"http://127.0.0.1:{server.port}"
     try:
         with chromium() as driver:
-            driver.get(f"{base}/timeline?trace=run_a.json")
+            driver.get(f"{base}/timeline?trace=run_a.pftrace")
             assert "needs its token" in driver.find_element("tag name", "body").text
-            driver.get(f"{base}/timeline?trace=run_a.json&token={server.token}")
+            driver.get(f"{base}/timeline?trace=run_a.pftrace&token={server.token}")
             wait_for(driver, "#timeline-graph g.trace.bars", timeout=20)
             assert "token" not in driver.current_url  # swapped for a cookie
             wait_for(driver, "#timeline-zoom-in").click()  # a callback, with the cookie
             wait_for(driver, "#timeline-status", text="window")
-            driver.get(f"{base}/?trace=run_a.json")
+            driver.get(f"{base}/?trace=run_a.pftrace")
             wait_for(driver, ".finding", timeout=20)
             errors = [e for e in console_errors(driver) if "status of 403" not in e]
             assert not errors, errors

@@ -8,7 +8,7 @@ import math
 import pytest
 from dash_requests import call
 
-STATE = {"trace": "run_a.json", "t0": 0, "t1": 5_000_000, "selected": None, "fold": True}
+STATE = {"trace": "run_a.pftrace", "t0": 0, "t1": 5_000_000, "selected": None, "fold": True}
 
 
 @pytest.mark.parametrize("output, values, changed", [
@@ -24,10 +24,10 @@ STATE = {"trace": "run_a.json", "t0": 0, "t1": 5_000_000, "selected": None, "fol
      "timeline-zoom-in.n_clicks"),
     ("tables-selection.children",
      {"stats-table.selected_rows": [99], "stats-table.data": [{"name": "a"}], "tables-kind.data": "ops",
-      "tables-trace.data": "run_a.json"}, "stats-table.selected_rows"),
+      "tables-trace.data": "run_a.pftrace"}, "stats-table.selected_rows"),
     ("tables-selection.children",
      {"stats-table.selected_rows": [0], "stats-table.data": [{"name": "a"}], "tables-kind.data": "nope",
-      "tables-trace.data": "run_a.json"}, "stats-table.selected_rows"),
+      "tables-trace.data": "run_a.pftrace"}, "stats-table.selected_rows"),
 ])
 def test_a_bad_name_or_value_in_a_callback_is_a_client_error(live_server, output, values, changed):
     status, body = call(live_server, output, values, changed)
@@ -54,8 +54,8 @@ def test_a_click_that_hit_nothing_changes_nothing(live_server, click):
     assert status in (204, 400), (status, body[:300])
 
 
-@pytest.mark.parametrize("query", ["?trace=run_a.json&select=1e30", "?trace=run_a.json&select=nan",
-                                   "?trace=run_a.json&start=-1e30&end=1e30", "?trace=run_a.json&select=-9e18"])
+@pytest.mark.parametrize("query", ["?trace=run_a.pftrace&select=1e30", "?trace=run_a.pftrace&select=nan",
+                                   "?trace=run_a.pftrace&start=-1e30&end=1e30", "?trace=run_a.pftrace&select=-9e18"])
 def test_timeline_url_with_huge_values_opens_the_page(live_server, query):
     values = {"url.pathname": "/timeline", "url.search": query}
     status, body = call(live_server, "page.children", values, "url.search")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import pandas as pd
 import plotly.io.json as pio_json
 import pytest
+from neuron_explorer.plot.timeline import build_index, timeline_figure
 from neuron_explorer.webapp.app import PAGES
-from neuron_explorer.webapp.timeline_figure import timeline_figure
-from neuron_explorer.webapp.timeline_index import TimelineIndex
-from synthetic_trace import make_trace
+from synthetic_trace import load_synthetic
 
 
 def rendered(component) -> str:
@@ -18,40 +17,24 @@ def rendered(component) -> str:
     return json.dumps(json.loads(pio_json.to_json_plotly(component)))
 
 
-class SparseTrace:
-    """What a CPU-only PyTorch-profiler trace gives: slices and threads, no device analyses."""
-
-    def __init__(self) -> None:
-        full = make_trace(n_steps=1, ops_per_step=8)
-        self.slices = full.slices[full.slices["track_id"] == 1].reset_index(drop=True)
-        self.tracks = full.tracks[full.tracks["track_id"] == 1]
-        self.counters = pd.DataFrame()
-        self.flows = pd.DataFrame()
-
-    def summary(self):
-        return {"hardware": None, "source_format": "kineto", "n_steps": 0}
-
-    def breakdown(self):
-        return pd.DataFrame(columns=["step", "side", "category", "ns", "share"])
-
-    def engine_utilisation(self, bin_ns=None):
-        raise KeyError("engine")  # an analysis failing must not break its page
-
-    def bottlenecks(self):
-        return []
+CPU_ONLY = Path(__file__).resolve().parents[1] / "data" / "real_traces" / \
+    "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.TITLE)
 def test_each_page_renders_a_full_trace(page, app_context):
-    trace = app_context.store.get("run_a.json")
-    text = rendered(page.layout(trace, "run_a.json", {"other": "run_b.json"}, app_context))
+    trace = app_context.store.get("run_a.pftrace")
+    text = rendered(page.layout(trace, "run_a.pftrace", {"other": "run_b.pftrace"}, app_context))
     assert page.TITLE in text
     assert "Could not" not in text and "has no" not in text or page.TITLE == "Compile"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.TITLE)
 def test_each_page_says_what_a_sparse_trace_lacks(page, app_context):
-    sparse = SparseTrace()
+    """A CPU-only PyTorch-profiler trace: slices and threads, no device analyses."""
+    import neuron_explorer
+
+    sparse = neuron_explorer.load(CPU_ONLY)
     app_context.store.add("cpu.json", sparse)
     text = rendered(page.layout(sparse, "cpu.json", {}, app_context))
     assert page.TITLE in text
@@ -62,15 +45,15 @@ def test_each_page_says_what_a_sparse_trace_lacks(page, app_context):
 def test_overview_ranks_findings_and_links_them_to_the_timeline(app_context):
     from neuron_explorer.webapp.pages import overview
 
-    text = rendered(overview.findings(app_context.store.get("run_a.json"), "run_a.json"))
-    first, second = text.index("The device waits on kernel launches"), text.index("loss.item()")
+    text = rendered(overview.findings(app_context.store.get("run_a.pftrace"), "run_a.pftrace"))
+    first, second = text.index("Device waits on the host to launch work"), text.index("Host waits on the device")
     assert first < second
-    assert "/timeline?trace=run_a.json&start=" in text and "select=" in text
+    assert "/timeline?trace=run_a.pftrace&start=" in text and "select=" in text
 
 
-def test_timeline_figure_payload_is_compact_typed_arrays():
-    trace = make_trace(n_steps=4, ops_per_step=2000)
-    index = TimelineIndex(trace.slices, trace.tracks, trace.counters)
+def test_timeline_figure_payload_is_compact_typed_arrays(tmp_path):
+    trace = load_synthetic(tmp_path, n_steps=4, ops_per_step=2000)
+    index = build_index(trace)
     window = index.query(index.start_ns, index.end_ns, 1600)
     figure = timeline_figure(index, window, selected=int(trace.ops["id"].iloc[0]),
                              flow_partners=[int(trace.kernels["id"].iloc[0])])
@@ -83,7 +66,7 @@ def test_timeline_figure_payload_is_compact_typed_arrays():
 
 
 def test_time_axis_ticks_are_round_and_read_in_a_fitting_unit():
-    from neuron_explorer.webapp.timeline_figure import time_ticks
+    from neuron_explorer.plot.timeline import time_ticks
 
     ticks = time_ticks(2_221_000_000, 2_229_000_000, origin=0)
     assert ticks["ticktext"][:2] == ["2.221 s", "2.222 s"]

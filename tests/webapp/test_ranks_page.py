@@ -50,7 +50,7 @@ def test_a_rank_of_a_run_folder_shows_the_whole_run(run_context):
     assert "Rank 1 is a straggler" in text
     assert "rank 1" in text  # the stragglers card
     page = ranks.layout(trace, name, {}, run_context)
-    figures = {g.id: g.figure for g in _graphs(page)}
+    figures = {g.id: json.loads(pio_json.to_json_plotly(g.figure)) for g in _graphs(page)}
     heat = figures["ranks-steps"]["data"][0]
     assert heat["y"] == ["rank 0", "rank 1"] and heat["z"] == [[1.0] * 4, [1.0] * 4]
     aligned = figures["ranks-aligned"]["data"]

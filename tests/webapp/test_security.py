@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import synthetic_loader, write_synthetic
+from conftest import load_trace, write_synthetic
 from dash_requests import call, request
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError
@@ -18,29 +18,30 @@ from neuron_explorer.webapp.view_command import start_dashboard
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
 def test_a_non_loopback_host_needs_allow_remote(trace_folder, host):
     with pytest.raises(NeuronExplorerError, match="--allow-remote"):
-        start_dashboard(trace_folder, host=host, port=0, loader=synthetic_loader)
+        start_dashboard(trace_folder, host=host, port=0, loader=load_trace)
 
 
 @pytest.fixture
 def remote_server(trace_folder):
-    server, store = start_dashboard(trace_folder, host="0.0.0.0", port=0, loader=synthetic_loader,
+    server, store = start_dashboard(trace_folder, host="0.0.0.0", port=0, loader=load_trace,
                                     allow_remote=True)
     yield server
     server.stop()
     store.close()
 
 
-def test_a_remote_server_needs_its_token_for_every_request(remote_server):
+def test_a_remote_server_needs_its_token_for_every_request(remote_server, tmp_path):
     token = remote_server.token
+    trace_bytes = write_synthetic(tmp_path / "a.pftrace", steps=1, ops=4).read_bytes()
     assert token and len(token) >= 24 and f"?token={token}" in remote_server.url
-    upload = {"X-Upload-Name": "a.json", "Content-Type": "application/octet-stream"}
+    upload = {"X-Upload-Name": "a.pftrace", "Content-Type": "application/octet-stream"}
     for method, path, body, headers in [
         ("GET", "/", None, {}),
         ("GET", "/assets/style.css", None, {}),
         ("GET", "/_dash-layout", None, {}),
         ("GET", "/_dash-component-suites/dash/deps/react@18.3.1.min.js", None, {}),
         ("POST", "/_dash-update-component", b"{}", {"Content-Type": "application/json"}),
-        ("POST", "/_upload", b"SYNTHETIC-TRACE 1 1 0", upload),
+        ("POST", "/_upload", trace_bytes, upload),
         ("GET", "/?token=wrong", None, {}),
         ("GET", "/", None, {"Cookie": f"neuron_explorer_token_{remote_server.port}=wrong"}),
         ("GET", "/", None, {"Authorization": "token wrong"}),
@@ -48,23 +49,22 @@ def test_a_remote_server_needs_its_token_for_every_request(remote_server):
         status, _, _ = request(remote_server, method, path, body, headers)
         assert status == 403, (method, path, headers)
     # the token once in the URL, then a cookie; or an Authorization header
-    status, headers, _ = request(remote_server, "GET", f"/timeline?token={token}&trace=run_a.json")
-    assert status == 302 and headers["location"] == "/timeline?trace=run_a.json"
+    status, headers, _ = request(remote_server, "GET", f"/timeline?token={token}&trace=run_a.pftrace")
+    assert status == 302 and headers["location"] == "/timeline?trace=run_a.pftrace"
     cookie = headers["set-cookie"].split(";")[0]
     assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
     assert request(remote_server, "GET", "/assets/style.css", headers={"Cookie": cookie})[0] == 200
-    status, body = call(remote_server, "overview-findings.children", {"overview-trace.data": "run_a.json"},
+    status, body = call(remote_server, "overview-findings.children", {"overview-trace.data": "run_a.pftrace"},
                         "overview-trace.data", headers={"Cookie": cookie})
     assert status == 200 and b"finding" in body
     for auth in (f"token {token}", f"Bearer {token}"):
         assert request(remote_server, "GET", "/", headers={"Authorization": auth})[0] == 200
-    status, _, body = request(remote_server, "POST", "/_upload", b"SYNTHETIC-TRACE 1 1 0",
-                              {**upload, "Cookie": cookie})
-    assert status == 200 and json.loads(body)["trace"] == "upload:a.json"
+    status, _, body = request(remote_server, "POST", "/_upload", trace_bytes, {**upload, "Cookie": cookie})
+    assert status == 200 and json.loads(body)["trace"] == "upload:a.pftrace"
 
 
 def test_view_with_allow_remote_prints_a_warning_and_the_token_url(trace_folder):
-    write_synthetic(trace_folder / "run_a.json")
+    write_synthetic(trace_folder / "run_a.pftrace")
     proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--host",
                              "0.0.0.0", "--allow-remote", "--port", "0", "--no-browser"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -117,8 +117,8 @@ def test_only_trace_files_can_be_opened_from_the_served_folder(app_context, trac
     (trace_folder / "notes.txt").write_text("private notes")
     (trace_folder / "secrets.py").write_text("KEY = 1")
     calls = []
-    app_context.store.loader = lambda path: calls.append(path) or synthetic_loader(path)
-    for name in ("notes.txt", "secrets.py", "run_a.json.bak"):
+    app_context.store.loader = lambda path: calls.append(path) or load_trace(path)
+    for name in ("notes.txt", "secrets.py", "run_a.pftrace.bak"):
         with pytest.raises(TraceNotFoundError, match="not a trace file"):
             app_context.store.get(name)
     assert calls == []

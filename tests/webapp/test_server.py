@@ -8,7 +8,7 @@ import re
 import urllib.request
 
 import pytest
-from conftest import synthetic_loader
+from conftest import load_trace
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp import view_command
 from neuron_explorer.webapp.view_command import start_dashboard
@@ -46,7 +46,7 @@ def test_urls_cannot_read_files_outside_the_app(live_server, path):
 
 
 def test_view_binds_to_loopback_and_opens_the_newest_trace(trace_folder):
-    server, store = start_dashboard(trace_folder, port=0, loader=synthetic_loader)
+    server, store = start_dashboard(trace_folder, port=0, loader=load_trace)
     try:
         assert server.host == "127.0.0.1"
         assert server._server.socket.getsockname()[0] == "127.0.0.1"
@@ -66,7 +66,7 @@ def test_view_reports_a_bad_path_or_a_bad_trace_as_a_user_error(trace_folder):
     with pytest.raises(NeuronExplorerError, match="missing.json does not exist"):
         view_command.run(_view_args(str(trace_folder / "missing.json"), "--no-browser", "--port", "0"))
     with pytest.raises(NeuronExplorerError, match="corrupt.json"):
-        start_dashboard(trace_folder / "corrupt.json", port=0, loader=synthetic_loader)
+        start_dashboard(trace_folder / "corrupt.json", port=0, loader=load_trace)
 
 
 def test_view_options_default_to_loopback():

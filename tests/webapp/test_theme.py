@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from neuron_explorer.webapp.theme import (
+from neuron_explorer.plot.theme import (
     BREAKDOWN_COLOURS,
     CATEGORY_COLOURS,
     breakdown_colour,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 from dash.exceptions import PreventUpdate
+from neuron_explorer.plot.timeline import build_index
 from neuron_explorer.webapp.pages.timeline import new_window
-from neuron_explorer.webapp.timeline_index import TimelineIndex
-from synthetic_trace import make_trace
+from synthetic_trace import load_synthetic
 
 
 @pytest.fixture(scope="module")
-def index():
-    trace = make_trace(n_steps=2, ops_per_step=40)
-    return TimelineIndex(trace.slices, trace.tracks, trace.counters)
+def index(tmp_path_factory):
+    return build_index(load_synthetic(tmp_path_factory.mktemp("trace"), n_steps=2, ops_per_step=40))
 
 
 def state(index, **kw):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.webapp.timeline_index import SUMMARY_ID, TimelineIndex
-from synthetic_trace import make_trace
+from neuron_explorer.plot.timeline import build_index
+from neuron_explorer.plot.timeline_index import SUMMARY_ID, TimelineIndex
+from synthetic_trace import load_synthetic
 
 
 def _slices(rows):
@@ -67,13 +68,14 @@ def test_small_slices_merge_into_at_most_one_bar_per_pixel():
     assert (w.ids == SUMMARY_ID).all()
 
 
-def test_every_visible_slice_is_covered_by_a_bar_of_its_row():
-    trace = make_trace(n_steps=2, ops_per_step=300)
-    index = TimelineIndex(trace.slices, trace.tracks, trace.counters)
+def test_every_visible_slice_is_covered_by_a_bar_of_its_row(tmp_path):
+    trace = load_synthetic(tmp_path, n_steps=2, ops_per_step=300)
+    index = build_index(trace)
     t0 = index.start_ns + (index.end_ns - index.start_ns) // 3
     t1 = t0 + (index.end_ns - index.start_ns) // 5
     w = index.query(t0, t1, width_px=300)
-    s = trace.slices
+    s = trace.base_slices
+    s = s[s["category"] != "metadata"]
     visible = s[(s["ts"] < t1) & (s["ts"] + s["dur"] >= t0)]
     assert int(w.count.sum()) == len(visible)
     for row in visible.sample(50, random_state=1).itertuples():
@@ -93,11 +95,11 @@ def test_counters_are_reduced_to_one_point_per_bucket():
     assert values.max() == 6  # the max of each bucket survives
 
 
-def test_table_position_points_into_the_slices_table():
-    trace = make_trace(n_steps=1, ops_per_step=8)
-    index = TimelineIndex(trace.slices, trace.tracks, trace.counters)
+def test_table_position_points_into_the_slices_table(tmp_path):
+    trace = load_synthetic(tmp_path, n_steps=1, ops_per_step=8)
+    index = build_index(trace)
     some_id = int(trace.ops["id"].iloc[3])
-    assert trace.slices.iloc[index.table_position(some_id)]["id"] == some_id
+    assert trace.base_slices.iloc[index.table_position(some_id)]["id"] == some_id
     assert index.table_position(-5) is None
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import synthetic_loader, write_synthetic
+from conftest import load_trace, write_synthetic
 from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, UploadError
 
 
 @pytest.fixture
 def store(trace_folder):
-    s = TraceStore(trace_folder, loader=synthetic_loader, max_cache_bytes=1, max_upload_bytes=1000)
+    s = TraceStore(trace_folder, loader=load_trace, max_cache_bytes=1, max_upload_bytes=100_000)
     yield s
     s.close()
 
@@ -21,12 +21,12 @@ def test_lists_trace_files_in_the_folder(store, trace_folder):
     (trace_folder / "notes.txt").write_text("not a trace")
     (trace_folder / "sub").mkdir()
     write_synthetic(trace_folder / "sub" / "c.pftrace")
-    assert store.list_traces() == ["corrupt.json", "run_a.json", "run_b.json", "sub/c.pftrace"]
+    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace", "sub/c.pftrace"]
 
 
 @pytest.mark.parametrize("name", [
     "../outside.json", "sub/../../outside.json", "/etc/passwd", "..", "upload:../x.json",
-    "upload:/etc/passwd", "run_a.json\x00.png", "", "%2e%2e/outside.json",
+    "upload:/etc/passwd", "run_a.pftrace\x00.png", "", "%2e%2e/outside.json",
 ])
 def test_names_outside_the_folder_are_refused(store, trace_folder, name):
     (trace_folder.parent / "outside.json").write_text("secret")
@@ -48,26 +48,26 @@ def test_a_corrupt_trace_raises_a_one_line_format_error(store):
 
 
 def test_traces_are_loaded_once_and_the_oldest_is_dropped(store):
-    a = store.get("run_a.json")
-    assert store.get("run_a.json") is a
-    index = store.derived("run_a.json", "x", lambda t: object())
-    assert store.derived("run_a.json", "x", lambda t: object()) is index
-    store.get("run_b.json")
-    store.get("run_b.json")
-    write_synthetic(store.root / "run_c.json")
-    store.get("run_c.json")
-    assert store.get("run_a.json") is not a  # evicted (over the memory budget), then reloaded
+    a = store.get("run_a.pftrace")
+    assert store.get("run_a.pftrace") is a
+    index = store.derived("run_a.pftrace", "x", lambda t: object())
+    assert store.derived("run_a.pftrace", "x", lambda t: object()) is index
+    store.get("run_b.pftrace")
+    store.get("run_b.pftrace")
+    write_synthetic(store.root / "run_c.pftrace")
+    store.get("run_c.pftrace")
+    assert store.get("run_a.pftrace") is not a  # evicted (over the memory budget), then reloaded
 
 
 def test_uploads_are_kept_outside_the_folder_and_size_limited(store, trace_folder):
-    data = write_synthetic(trace_folder / "tmp.json").read_bytes()
-    name = store.save_upload("../../evil name.json", data)
-    assert name == "upload:evilname.json"
+    data = write_synthetic(trace_folder / "tmp.pftrace").read_bytes()
+    name = store.save_upload("../../evil name.pftrace", data)
+    assert name == "upload:evilname.pftrace"
     assert store.get(name).steps.shape[0] == 3
-    assert not (trace_folder / "evilname.json").exists()
+    assert not (trace_folder / "evilname.pftrace").exists()
     assert name in store.list_traces()
     with pytest.raises(UploadError, match="upload limit"):
-        store.save_upload("big.json", b"x" * 1001)
+        store.save_upload("big.json", b"x" * 100_001)
     with pytest.raises(UploadError):
         store.save_upload("..", data)
 
@@ -86,11 +86,11 @@ def test_pages_asking_for_one_trace_at_once_share_a_single_load(trace_folder):
     def slow_loader(path):
         calls.append(path)
         time.sleep(0.2)
-        return synthetic_loader(path)
+        return load_trace(path)
 
     store = TraceStore(trace_folder, loader=slow_loader)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(store.get("run_a.json"))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(store.get("run_a.pftrace"))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -124,8 +124,8 @@ def test_a_link_leading_out_is_not_listed(store, trace_folder, tmp_path_factory)
     secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
     write_synthetic(secret)
     os.symlink(secret, trace_folder / "link.json")
-    os.symlink(trace_folder / "run_a.json", trace_folder / "inside.json")  # a link within is fine
-    assert store.list_traces() == ["corrupt.json", "inside.json", "run_a.json", "run_b.json"]
+    os.symlink(trace_folder / "run_a.pftrace", trace_folder / "inside.json")  # a link within is fine
+    assert store.list_traces() == ["corrupt.json", "inside.json", "run_a.pftrace", "run_b.pftrace"]
     assert "link.json" in store.skipped
 
 
@@ -134,26 +134,26 @@ def test_the_cache_is_sized_by_memory_not_by_count(trace_folder):
     from neuron_explorer.webapp.trace_store import estimated_bytes
 
     for i in range(9):
-        write_synthetic(trace_folder / f"t{i}.json", seed=i)
+        write_synthetic(trace_folder / f"t{i}.pftrace", seed=i)
     loads = []
 
     def counting_loader(path):
         loads.append(path)
-        return synthetic_loader(path)
+        return load_trace(path)
 
-    one = estimated_bytes(synthetic_loader(str(trace_folder / "t0.json")))
+    one = estimated_bytes(load_trace(str(trace_folder / "t0.pftrace")))
     roomy = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=12 * one)
     tight = TraceStore(trace_folder, loader=counting_loader, max_cache_bytes=int(2.5 * one))
     try:
         for _ in range(3):
             for i in range(9):
-                roomy.get(f"t{i}.json")
+                roomy.get(f"t{i}.pftrace")
         assert len(loads) == 9
         assert 8 * one <= roomy.cached_bytes() <= 12 * one
         loads.clear()
         for _ in range(2):
             for i in range(9):
-                tight.get(f"t{i}.json")
+                tight.get(f"t{i}.pftrace")
         assert len(loads) == 18  # two fit, so a round over nine reloads each
         assert tight.cached_bytes() <= 2.5 * one
     finally:
@@ -164,7 +164,7 @@ def test_the_cache_is_sized_by_memory_not_by_count(trace_folder):
 def test_a_trace_is_estimated_at_what_its_tables_hold(trace_folder):
     from neuron_explorer.webapp.trace_store import estimated_bytes
 
-    trace = synthetic_loader(str(trace_folder / "run_b.json"))
+    trace = load_trace(str(trace_folder / "run_b.pftrace"))
     frames = sum(int(df.memory_usage(deep=True).sum()) for df in (trace.slices, trace.ops, trace.kernels))
     assert estimated_bytes(trace) >= frames
 
@@ -173,10 +173,10 @@ def test_view_of_a_linked_trace_file_serves_the_file_it_links_to(trace_folder, t
     from neuron_explorer.webapp.view_command import start_dashboard
 
     elsewhere = tmp_path_factory.mktemp("links")
-    os.symlink(trace_folder / "run_a.json", elsewhere / "mine.json")
-    server, store = start_dashboard(elsewhere / "mine.json", port=0, loader=synthetic_loader)
+    os.symlink(trace_folder / "run_a.pftrace", elsewhere / "mine.pftrace")
+    server, store = start_dashboard(elsewhere / "mine.pftrace", port=0, loader=load_trace)
     try:
-        assert store.root == trace_folder.resolve() and "run_a.json" in store.list_traces()
+        assert store.root == trace_folder.resolve() and "run_a.pftrace" in store.list_traces()
     finally:
         server.stop()
         store.close()

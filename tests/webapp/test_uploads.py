@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SYNTH_MAGIC, synthetic_loader, write_synthetic
+from conftest import load_trace, write_synthetic
 from dash_requests import request
 from neuron_explorer.webapp.trace_store import TraceStore, UploadError
 
@@ -66,9 +66,9 @@ def test_a_streamed_upload_is_refused_as_soon_as_it_passes_the_limit(live_server
 
 
 def test_an_upload_is_saved_loaded_and_named(live_server, tmp_path):
-    data = write_synthetic(tmp_path / "mine.json").read_bytes()
-    status, _, body = request(live_server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": "mine.json"})
-    assert status == 200 and json.loads(body) == {"trace": "upload:mine.json"}
+    data = write_synthetic(tmp_path / "mine.pftrace").read_bytes()
+    status, _, body = request(live_server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": "mine.pftrace"})
+    assert status == 200 and json.loads(body) == {"trace": "upload:mine.pftrace"}
     status, _, body = request(live_server, "POST", "/_upload", b"garbage", {**UPLOAD_HEADERS, "X-Upload-Name": "bad.json"})
     assert status == 400 and "bad.json" in json.loads(body)["error"]
     status, _, body = request(live_server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": "a.txt"})
@@ -78,8 +78,8 @@ def test_an_upload_is_saved_loaded_and_named(live_server, tmp_path):
 
 
 def test_uploads_are_kept_within_a_quota_the_oldest_going_first(trace_folder):
-    store = TraceStore(trace_folder, loader=synthetic_loader, max_uploads=3, max_upload_total_bytes=10_000)
-    data = SYNTH_MAGIC + b" 1 1 0"
+    store = TraceStore(trace_folder, loader=load_trace, max_uploads=3, max_upload_total_bytes=10_000)
+    data = b"kept, never loaded"
     try:
         for i in range(6):
             store.save_upload(f"u{i}.json", data)
@@ -130,7 +130,7 @@ def test_upload_folders_of_killed_dashboards_are_removed(trace_folder):
     dead.wait()
     left = Path(tempfile.mkdtemp(prefix=f"{UPLOADS_DIR_PREFIX}{dead.pid}-"))
     (left / "x.json").write_bytes(b"x")
-    TraceStore(trace_folder, loader=synthetic_loader).close()
+    TraceStore(trace_folder, loader=load_trace).close()
     assert not left.exists()
 
 
