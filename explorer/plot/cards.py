@@ -34,7 +34,8 @@ def finding_card(finding: Finding) -> str:
              f"{_e(finding.severity)}</span>")
     cost = f"{fmt_ns(finding.time_lost_ns)} lost · {fmt_share(finding.share_of_step)} of step"
     evidence = "".join(
-        f"<li>{_e(fmt_ns(item.get('dur', 0)))} at {_e(item.get('ts', 0))} ns: {_e(item.get('description', ''))}</li>"
+        f"<li>{_e(fmt_ns(item.get('dur', 0)))} at {int(item.get('ts', 0)) / 1e9:.6f} s: "
+        f"{_e(item.get('description', ''))}</li>"
         for item in finding.evidence[:MAX_EVIDENCE_SHOWN])
     more = len(finding.evidence) - MAX_EVIDENCE_SHOWN
     if more > 0:
