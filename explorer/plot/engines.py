@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from neuron_explorer.plot.figures import empty_figure, new_figure
@@ -67,7 +67,7 @@ def engine_use(trace: Trace, step: int | None = None) -> EngineUse | None:
 
 def per_step_utilisation(use: EngineUse) -> pd.DataFrame:
     """step, engine label, utilisation (0..1): the mean of the bins inside each step."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     bins, bin_ns = use.bins, use.bin_ns or 1
     for _, step in use.steps.iterrows():
         lo, hi = int(step["ts"]), int(step["ts"] + step["dur"])

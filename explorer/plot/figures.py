@@ -26,7 +26,7 @@ def new_figure(data: list[dict], layout: dict, height: int | None = None) -> go.
     """A Figure with the project's look (fonts, white background, light grid)."""
     import plotly.graph_objects as go
 
-    base = {"font": {"family": FONT_FAMILY, "size": 12}, "paper_bgcolor": "#ffffff",
+    base: dict[str, Any] = {"font": {"family": FONT_FAMILY, "size": 12}, "paper_bgcolor": "#ffffff",
             "plot_bgcolor": "#ffffff", "margin": {"l": 60, "r": 20, "t": 30, "b": 50}}
     if height:
         base["height"] = height

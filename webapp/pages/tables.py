@@ -31,7 +31,8 @@ TABLES: dict[str, tuple[Table, str, Table, str]] = {
 
 
 def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
-    tab = params.get("tab") if params.get("tab") in TABLES else "ops"
+    tab = params.get("tab") or "ops"
+    tab = tab if tab in TABLES else "ops"
     return html.Div([
         page_title(TITLE, name),
         dcc.Store(id="tables-trace", data=name),

@@ -333,7 +333,8 @@ def _linked(trace: Trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: 
     parent = s.get("parent_id")
     if parent is not None and not pd.isna(parent) and int(parent) >= 0:
         partners.append((int(parent), "inside"))
-    seen, buttons = set(), []
+    seen: set[int] = set()
+    buttons: list[html.Button] = []
     for other, relation in partners:
         if other in seen or len(buttons) >= MAX_LINKS:
             continue
