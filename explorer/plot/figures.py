@@ -179,7 +179,3 @@ def op_stats_figure(op_stats: pd.DataFrame, n: int = 20) -> go.Figure:
         "margin": {"l": 200, "r": 20, "t": 30, "b": 50},
     }, height=max(260, 22 * len(names) + 120))
 
-
-def figure_dict(figure: Any) -> dict:
-    """A figure as the plain dict Dash sends (a Figure or a dict)."""
-    return figure.to_plotly_json() if hasattr(figure, "to_plotly_json") else figure
