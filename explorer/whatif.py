@@ -23,8 +23,8 @@ from neuron_explorer import op_key_codec, tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.trace import Trace, load
+from neuron_explorer.whatif_label import META_WHATIF
 
-META_WHATIF = "whatif"  # metadata key of a predicted trace
 HARDWARE = ("trn1", "trn2", "trn3")
 MODES = ("eager", "compiled")
 DTYPES = ("bf16", "fp8")
