@@ -134,3 +134,62 @@ def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
     predicted = load(path)
     assert isinstance(predicted, Trace)
     return predicted
+
+
+def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
+    """Device time the matmul op slices `op_ids` would save in bf16, on the recorded
+    preset, from their op keys (each distinct key lowered once); None when the trace has
+    no op keys for them (then rules keep their rule of thumb)."""
+    from neuron_explorer.backend.replay import ReplayOptions, lower_key, with_dtype
+
+    if is_prediction(trace) or trace.source_format == "kineto_json" or not len(op_ids):
+        return None
+    keys = trace.args.column(tf.ARG_OP_KEY, op_ids)
+    if not np.not_equal(keys, None).all():
+        return None
+    names = trace.base_slices["name"].to_numpy()[op_ids]
+    shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
+    dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    saved: dict[tuple, float] = {}
+    total = 0.0
+    for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(), strict=True):
+        if row not in saved:
+            key = op_key_codec.decode(*row)
+            old, _ = lower_key(key, preset)
+            new, _ = lower_key(with_dtype(key, "bf16"), preset)
+            if old is None or new is None:
+                return None
+            saved[row] = float(old.duration_ns - new.duration_ns)
+        total += saved[row]
+    return total
+
+
+def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
+    """The median step time a what-if replay in `mode` predicts on the recorded preset,
+    without writing a trace (rules state it as the saving of their fix); None for a
+    trace without op keys or steps. Cached on the trace."""
+    def compute() -> float | None:
+        from neuron_explorer.backend.replay import ReplayOptions, replay
+        from neuron_explorer.whatif_writer import host_events
+
+        if is_prediction(trace) or not len(trace.steps):
+            return None
+        try:
+            ops = recorded_ops(trace)
+        except WhatIfError:
+            return None
+        options = ReplayOptions(trace.hardware or "trn2")
+        rows, events = host_events(trace, ops)
+        if mode == "compiled":
+            from neuron_explorer.whatif_compiled import replay_compiled
+
+            _, shift, _ = replay_compiled(trace, rows, events, options)
+        else:
+            _, shift = replay(events, options)
+        steps = trace.steps
+        start = steps["ts"].to_numpy(np.int64)
+        new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
+        return float(np.median(new))
+
+    return trace.cached(f"whatif_step_ns:{mode}", compute)

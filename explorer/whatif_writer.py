@@ -45,7 +45,7 @@ def _args(trace: Trace, slice_id: int, **changes: Any) -> dict[str, Any]:
     return args
 
 
-def _host_events(trace: Trace, ops: pd.DataFrame):
+def host_events(trace: Trace, ops: pd.DataFrame):
     """The ops and sync waits in host order, as the replay's HostEvents."""
     from neuron_explorer.backend.replay import HostEvent
 
@@ -163,7 +163,7 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
                 else round(options.launch_overhead_us * 1000))
     replay_options = ReplayOptions(hardware, overhead, options.dtype)
     preset = replay_options.preset()
-    rows, events = _host_events(trace, ops)
+    rows, events = host_events(trace, ops)
     notes: list[str] = []
     if options.mode == "compiled":
         from neuron_explorer.whatif_compiled import replay_compiled
