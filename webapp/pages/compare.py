@@ -11,6 +11,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp import whatif_control
 from neuron_explorer.webapp.components import data_table, graph, notice, page_title, section
 from neuron_explorer.webapp.page_data import fetch
 from neuron_explorer.webapp.theme import breakdown_colour
@@ -49,6 +50,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             "Pick a second trace to compare with." if others else
             "There is no other trace in the served folder: upload one or serve a folder of traces."),
             id="compare-body"),
+        whatif_control.layout(name),
     ])
 
 
@@ -127,6 +129,7 @@ def _breakdowns(a, b, name_a: str, name_b: str):
 
 
 def register(app: dash.Dash, ctx) -> None:
+    whatif_control.register(app, ctx)
     @app.callback(
         Output("compare-body", "children"),
         Input("compare-other", "value"),
