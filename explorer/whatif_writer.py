@@ -197,6 +197,7 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
     meta_ts = int(shift(meta_rows["ts"].to_numpy()[:1])[0]) if len(meta_rows) else 0
     writer.metadata(main_track, meta_ts, meta)
     # host slices other than ops and syncs: their ends moved by the shift
+    host_slices: list[tuple] = []
     others = host[~host["kind"].isin([tf.CAT_OP, tf.CAT_SYNC, tf.CAT_METADATA])]
     start = shift(others["ts"].to_numpy())
     end = shift((others["ts"] + others["dur"]).to_numpy())
@@ -206,7 +207,8 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
         if cat in _INSTANTS:
             writer.instant(tracks.host[track], ts, name, cat, _args(trace, sid))
         else:
-            writer.slice(tracks.host[track], ts, max(0, te - ts), name, cat, _args(trace, sid))
+            host_slices.append((tracks.host[track], ts, max(0, te - ts), name, cat,
+                                _args(trace, sid), ()))
     # ops and syncs, each as the replay placed it; then the kernels they launched
     by_id = s.set_index("id")
     kernel_id = 0
@@ -217,7 +219,8 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
         row = by_id.loc[sid]
         track = tracks.host[int(row["track_id"])]
         if row["kind"] == tf.CAT_SYNC:
-            writer.slice(track, new.ts, new.dur, row["name"], tf.CAT_SYNC, _args(trace, sid))
+            host_slices.append((track, new.ts, new.dur, row["name"], tf.CAT_SYNC,
+                                _args(trace, sid), ()))
             continue
         args = _args(trace, sid)
         op_id = int(args.get(tf.ARG_OP_ID, sid))
@@ -240,9 +243,31 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
                     tf.ARG_BYTES: int(new.hbm_bytes), tf.ARG_FALLBACK: False,
                     tf.ARG_GRAPH_ID: int(name.partition(":")[2]),
                     **({tf.ARG_KERNEL_ID: args[tf.ARG_KERNEL_ID]} if new.kernels else {})}
-        writer.slice(track, new.ts, new.dur, name, tf.CAT_OP, args, flow_out=flow)
+        host_slices.append((track, new.ts, new.dur, name, tf.CAT_OP, args, flow))
+    _write_nested(writer, host_slices)
     _write_kernels(writer, tracks, kernels, engine_level)
     _write_device_rest(trace, writer, tracks, shift)
+
+
+def _write_nested(writer: Any, host_slices: list[tuple]) -> None:
+    """Host slices as begin and end events in time order: where one slice ends as the next
+    begins, the end comes first (inner ends before outer ones, outer begins before inner
+    ones), so readers that pair them per track nest them as recorded."""
+    events = []
+    for i, (_, ts, dur, *_) in enumerate(host_slices):
+        if dur == 0:
+            events.append((ts, 2, 0, i))
+        else:
+            events.append((ts + dur, 0, -ts, i))
+            events.append((ts, 1, -dur, i))
+    for ts, kind, _, i in sorted(events):
+        track, _, dur, name, cat, args, flow = host_slices[i]
+        if kind == 2:
+            writer.slice(track, ts, 0, name, cat, args, flow_out=flow)
+        elif kind == 1:
+            writer.begin(track, ts, name, cat, args, flow_out=flow)
+        else:
+            writer.end(track, ts)
 
 
 def _write_kernels(writer: Any, tracks: _Tracks, kernels: list, engine_level: bool) -> None:
