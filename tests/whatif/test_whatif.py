@@ -36,11 +36,13 @@ def test_trn1_predicted_on_trn3_matches_a_trn3_recording(recordings, tmp_path, n
 
 def test_syncs_are_re_derived_on_a_device_bound_run(recordings, tmp_path):
     source = load(recordings("device_bound", "trn1"))
+    real = load(recordings("device_bound", "trn3"))
     predicted = whatif(source, "trn3", output=tmp_path / "p.pftrace")
-    waits = [t.base_slices.loc[t.base_slices["kind"] == "sync", "dur"].sum()
-             for t in (source, predicted)]
-    assert waits[1] < waits[0]  # trn3 finishes sooner: the host waits less
-    assert predicted.steps["dur"].sum() < source.steps["dur"].sum()
+    waits = [t.base_slices.loc[t.base_slices["kind"] == "sync", "dur"].to_numpy()
+             for t in (source, predicted, real)]
+    assert waits[0].sum() > 0  # the host does wait for the device here
+    assert not np.array_equal(waits[0], waits[1])  # re-derived, not copied
+    assert np.allclose(waits[1], waits[2], rtol=0.01)
 
 
 def test_prediction_says_what_it_is(recordings, tmp_path):
