@@ -37,6 +37,17 @@ APPROXIMATIONS = (
 _EAGER_ONLY = frozenset({"aten::_local_scalar_dense"})
 
 
+@dataclass(frozen=True)
+class Section:
+    """One op's stretch of a program, labelled as the compile path labels its sections
+    (backend/compiler/program.py, which needs torch: a report must not import it)."""
+
+    name: str
+    ops: tuple[str, ...]
+    source: str = ""
+    module: str = ""
+
+
 @dataclass
 class _Graph:
     """The ops (host event indices) of one predicted graph launch."""
@@ -90,7 +101,6 @@ def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
 
 def build_program(keys: list, preset, name: str):
     """One kernel running `keys` in order (see the module doc), or None with no device work."""
-    from neuron_explorer.backend.compiler.program import Section
     from neuron_explorer.backend.hardware import KernelBuilder
     from neuron_explorer.backend.hardware.lowering import emit_host_fallback
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
@@ -106,7 +116,7 @@ def build_program(keys: list, preset, name: str):
             continue
         start = len(b)
         b.section = len(sections)
-        sections.append(Section(base, (spec.name,), "", ""))
+        sections.append(Section(base, (spec.name,)))
         # an op waits for the last op that made a tensor of its inputs' shapes and dtypes
         b.after = tuple(dict.fromkeys(i for t in spec.inputs for i in made.get(t, ())))
         fn = lowering_for(base)
