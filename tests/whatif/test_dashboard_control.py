@@ -6,11 +6,14 @@ import json
 import shutil
 
 import plotly.io.json as pio_json
+import pytest
 from neuron_explorer.diff import diff
 from neuron_explorer.webapp.app import AppContext
 from neuron_explorer.webapp.pages import compare
 from neuron_explorer.webapp.trace_store import TraceStore
 from neuron_explorer.webapp.whatif_control import prediction
+
+pytestmark = pytest.mark.slow  # records a workload in its own process
 
 
 def _text(component) -> str:
