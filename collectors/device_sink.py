@@ -265,7 +265,7 @@ class DeviceSink:
                               kernels[0] if kernels else -1, len(kernels), rec.step, ev.name,
                               ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
                               self.source.locate(), ev.fallback, ev.device, ev.graph_id,
-                              ev.key))
+                              ev.key and ev.key[2:]))  # the inputs are the shapes
             if len(self._ops) >= _OP_BUFFER:
                 self._flush_ops()
         except RecordingError as exc:
@@ -568,8 +568,8 @@ class DeviceSink:
         }
         if graph_id is not None:
             args[ARG_GRAPH_ID] = graph_id
-        if op_key is not None:  # what the what-if replay lowers again
-            args[ARG_OP_KEY] = op_key_codec.encode(op_key[2], op_key[3])
+        if op_key:  # (outputs, attrs): what the what-if replay lowers again
+            args[ARG_OP_KEY] = op_key_codec.encode(*op_key)
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
