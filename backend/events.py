@@ -28,6 +28,9 @@ class OpLaunch:
     kernel_ids: tuple[int, ...]  # kernels this op became; empty for view/metadata ops
     thread_id: int
     graph_id: int | None = None  # compiled graph this launch ran, if any
+    # the runtime's op key (name, input and output (shape, dtype)s, attrs) the device
+    # lowered: what a what-if replay lowers again; None for compiled-graph launches
+    key: tuple | None = None
 
 
 @dataclass(slots=True)

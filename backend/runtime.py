@@ -331,7 +331,7 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
         hub.op_launched(OpLaunch(
             op_id, key[0], device.index, host_start_ns, host_end, shapes, dtypes,
             launched.flops, launched.hbm_bytes, launched.fallback, launched.kernel_ids,
-            threading.get_ident(),
+            threading.get_ident(), None, key,
         ))
     # The host clock moves by the modelled launch overhead, not by the emulation time.
     spent = _perf_ns() - real_start_ns

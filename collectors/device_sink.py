@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+from neuron_explorer import op_key_codec
 from neuron_explorer.backend.events import (
     CollectiveRun,
     CompileEvent,
@@ -45,6 +46,7 @@ from neuron_explorer.trace_format import (
     ARG_KERNEL_ID,
     ARG_MODULE,
     ARG_OP_ID,
+    ARG_OP_KEY,
     ARG_OPCODE,
     ARG_OPS,
     ARG_PSUM,
@@ -92,7 +94,7 @@ _OP_BATCH = 4096
 # The fields of one buffered row, in order. Rows are plain values, no event objects.
 _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "step",
            "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
-           "device", "graph_id")
+           "device", "graph_id", "key")
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
                "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
@@ -262,7 +264,8 @@ class DeviceSink:
             self._ops.extend((state.track, start, ev.host_end_ns - start, ev.op_id,
                               kernels[0] if kernels else -1, len(kernels), rec.step, ev.name,
                               ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
-                              self.source.locate(), ev.fallback, ev.device, ev.graph_id))
+                              self.source.locate(), ev.fallback, ev.device, ev.graph_id,
+                              ev.key and ev.key[2:]))  # the inputs are the shapes
             if len(self._ops) >= _OP_BUFFER:
                 self._flush_ops()
         except RecordingError as exc:
@@ -551,7 +554,8 @@ class DeviceSink:
 
     @staticmethod
     def _op_args(key: tuple) -> tuple[str, dict]:
-        name, shapes, dtypes, flops, nbytes, module, source, fallback, device, graph_id = key
+        (name, shapes, dtypes, flops, nbytes, module, source, fallback, device, graph_id,
+         op_key) = key
         args = {
             ARG_SHAPES: str([list(s) for s in shapes]),
             ARG_DTYPES: "[" + ", ".join(dtypes) + "]",
@@ -564,6 +568,8 @@ class DeviceSink:
         }
         if graph_id is not None:
             args[ARG_GRAPH_ID] = graph_id
+        if op_key:  # (outputs, attrs): what the what-if replay lowers again
+            args[ARG_OP_KEY] = op_key_codec.encode(*op_key)
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
@@ -644,7 +650,8 @@ class DeviceSink:
         self._forget_signatures()
         c = self._take(self._ops, _OP_ROW)
         keys = list(zip(c["name"], c["shapes"], c["dtypes"], c["flops"], c["bytes"],
-                        c["module"], c["source"], c["fallback"], c["device"], c["graph_id"]))
+                        c["module"], c["source"], c["fallback"], c["device"], c["graph_id"],
+                        c["key"]))
         signatures = self._signature_values(keys, self._op_signatures, self._op_args)
         op_ids = np.array(c["op_id"], np.int64)
         counts = np.array(c["kernel_count"], np.int64)

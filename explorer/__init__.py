@@ -19,13 +19,14 @@ _LAZY = {
     "load_run": "neuron_explorer.run",
     "TraceFormatError": "neuron_explorer.errors",
     "diff": "neuron_explorer.diff",
+    "whatif": "neuron_explorer.whatif",
     "record": "neuron_explorer.collectors.session",
     "step": "neuron_explorer.collectors.session",
     "annotate": "neuron_explorer.collectors.session",
 }
 
 __all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff", "load",
-           "load_run", "record", "step"]
+           "load_run", "record", "step", "whatif"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, record, step
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr
     from neuron_explorer.errors import TraceFormatError
     from neuron_explorer.run import Run, load_run
     from neuron_explorer.trace import Trace, load
+    from neuron_explorer.whatif import whatif
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
+from neuron_explorer.whatif_label import hardware_label
 
 SUMMARY_METRICS = ("step_time_ns", "n_steps", "mfu", "hfu", "mbu", "device_busy_share",
                    "n_ops", "n_kernels", "compile_ns")
@@ -257,7 +258,7 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
                      summary=_summary(ta, tb), breakdown=bd, ops=ops,
                      modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
                      engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                     hardware=(ta.hardware, tb.hardware), kernels=_kernels(ta, tb, na, nb),
+                     hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
                      steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
 
 

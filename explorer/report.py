@@ -11,6 +11,7 @@ from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
+from neuron_explorer.whatif_label import prediction_text
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -68,6 +69,8 @@ def report_sections(trace: Trace) -> list[Section]:
         "device busy": device_share(s["device_busy_share"]),
         "ops": s["n_ops"] if device else missing, "kernels": s["n_kernels"] if device else missing,
     }
+    if prediction_text(trace):
+        head["prediction"] = prediction_text(trace)
     if s["compile_ns"]:
         head["compile (on its own)"] = _compile_text(trace)
     if s["skipped"]:

@@ -31,6 +31,7 @@ ARG_KERNEL_ID = "kernel_id"
 ARG_STEP = "step"
 ARG_SHAPES = "shapes"  # str, e.g. "[[64, 512], [512, 512]]"
 ARG_DTYPES = "dtypes"  # str, e.g. "[float32, float32]"
+ARG_OP_KEY = "key"  # str on eager ops: outputs and attrs as JSON (explorer/op_key_codec.py)
 ARG_FLOPS = "flops"  # int, model FLOPs
 ARG_HW_FLOPS = "hw_flops"  # int, executed FLOPs (padding included)
 ARG_BYTES = "bytes"  # int, HBM bytes read + written

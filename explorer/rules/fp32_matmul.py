@@ -16,6 +16,7 @@ from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import map_unique
+from neuron_explorer.whatif import predicted_bf16_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -70,6 +71,14 @@ def check(trace: Trace) -> list[Finding]:
     if mixed:
         explanation += (" Other matmuls of this run ran in bfloat16 (autocast or a bf16 model): "
                         "these got float32 inputs, so they ran at the FP32 rate.")
+    predicted = predicted_bf16_saving_ns(trace, mm["id"].to_numpy())
+    if predicted is not None:  # the what-if replay of these matmuls in bf16
+        lost = predicted
+        explanation = explanation.replace(
+            " and the estimate assumes they would run at the BF16 rate.", ".")
+        explanation += (f" A what-if replay of these matmuls in bfloat16 on "
+                        f"{trace.hardware or 'this preset'} predicts {us(predicted)} less "
+                        "device time (`neuron-explorer whatif TRACE --dtype bf16`).")
     if _host_bound(trace):
         explanation += (" The run is host-bound now, so this is device time rather than step "
                         "time: after you fix the host-bound issue, this is next.")

@@ -47,4 +47,18 @@ def _recommendation(trace: Trace) -> str:
     what = "the model" if inference else "the model or the training step"
     return (f"Launch fewer, larger kernels: wrap {what} in torch.compile(..., "
             f"backend=\"neuron\") so ops fuse into a few kernels per graph, or {batch} so each "
-            "launch does more work; keep Python work (logging, metric math) out of the hot loop.")
+            "launch does more work; keep Python work (logging, metric math) out of the hot loop."
+            + _predicted_compile(trace))
+
+
+def _predicted_compile(trace: Trace) -> str:
+    """What a compiled what-if replay predicts for the step time (traces with op keys)."""
+    from neuron_explorer.whatif import predicted_step_ns
+
+    predicted = predicted_step_ns(trace, "compiled")
+    recorded = float(trace.steps["dur"].median()) if len(trace.steps) else 0.0
+    if predicted is None or not recorded:
+        return ""
+    return (f" A compiled what-if replay predicts a step of {us(predicted)} instead of "
+            f"{us(recorded)} ({recorded / max(predicted, 1):.1f}x; `neuron-explorer whatif "
+            "TRACE --mode compiled`).")

@@ -12,6 +12,7 @@ from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.webapp import formatting as fmt
+from neuron_explorer.webapp import whatif_control
 from neuron_explorer.webapp.components import data_table, graph, notice, page_title, section
 from neuron_explorer.webapp.page_data import fetch
 
@@ -53,6 +54,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
             "Pick a second trace to compare with." if others else
             "There is no other trace in the served folder: upload one or serve a folder of traces."),
             id="compare-body"),
+        whatif_control.layout(name),
     ])
 
 
@@ -115,6 +117,7 @@ def _breakdowns(a: Trace, b: Trace, name_a: str, name_b: str) -> html.Div | dcc.
 
 
 def register(app: dash.Dash, ctx: AppContext) -> None:
+    whatif_control.register(app, ctx)
     @app.callback(
         Output("compare-body", "children"),
         Input("compare-other", "value"),

@@ -1,0 +1,203 @@
+"""Re-time a recorded op stream on a hardware preset without running the program again.
+
+The device timeline is a pure function of the op sequence (names, shapes, dtypes,
+attrs) and the preset, so a recording's op keys are enough: each op is lowered for the
+chosen preset by the same lowering a live run uses (`hardware.lower_op`, the host
+fallback, the host-link transfers) and placed by the same `DeviceTimeline`, launched the
+way the default eager policy launches it (the preset's host launch overhead, then the
+kernel). No values are computed: the lowering reads shapes and dtypes only.
+
+The host keeps its own time between launches from the recording. What the old device
+made it wait for is re-derived: a launch costs the new launch overhead instead of the
+old, and a sync point waits until the new device has finished (or not at all). Every
+host time after such a change moves by the difference, so host slices that are not ops
+or syncs (steps, modules, data loading) keep their recorded lengths, stretched only by
+the launches and syncs inside them (`HostShift`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from neuron_explorer.backend.hardware import (
+    DeviceTimeline,
+    HardwarePreset,
+    Kernel,
+    NoLowering,
+    OpSpec,
+    TensorSpec,
+    get_preset,
+    lower_host_fallback,
+    lower_host_transfer,
+    lower_op,
+)
+from neuron_explorer.backend.hardware.optable import base_name
+
+# (shape, dtype name) pairs; attrs as (name, value) pairs (explorer/op_key_codec.py)
+OpKey = tuple[str, tuple, tuple, tuple]
+
+MATMUL_OPS = frozenset({"mm", "bmm", "matmul", "mv", "addmm", "baddbmm", "addbmm", "addmv",
+                        "linear", "dot", "vdot", "convolution", "convolution_overrideable",
+                        "_convolution", "conv1d", "conv2d", "conv3d", "convolution_backward",
+                        "convolution_backward_overrideable"})
+# What `dtype=` turns a matmul's float32 tensors into: fp8 operands accumulate and
+# write bf16 (as the Tensor Engine does).
+_DTYPES = {"bf16": ("bfloat16", "bfloat16"), "fp8": ("float8_e4m3fn", "bfloat16")}
+_FLOATS = frozenset({"float32", "float16", "bfloat16"})
+
+
+@dataclass
+class ReplayedKernel:
+    """One kernel the replay placed on a device."""
+
+    kernel: Kernel
+    device: int
+    launch_ns: int
+    start_ns: int
+    end_ns: int
+    fallback: bool
+
+
+@dataclass
+class ReplayedOp:
+    """An op's new host slice and the kernels it launched."""
+
+    ts: int
+    dur: int
+    kernels: list[ReplayedKernel] = field(default_factory=list)
+    flops: int = 0
+    hbm_bytes: int = 0
+    fallback: bool = False
+    name: str | None = None  # a new name (a predicted graph launch); None: as recorded
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What to predict: the preset, the launch overhead and the matmul dtype."""
+
+    hardware: str = "trn2"
+    launch_overhead_ns: int | None = None  # None: the preset's own
+    dtype: str | None = None  # "bf16" or "fp8" for matmuls; None: as recorded
+
+    def preset(self) -> HardwarePreset:
+        preset = get_preset(self.hardware)
+        if self.launch_overhead_ns is not None:
+            preset = dataclasses.replace(preset,
+                                         host_launch_overhead_ns=int(self.launch_overhead_ns))
+        return preset
+
+
+@dataclass
+class HostEvent:
+    """A host slice the replay re-times: an op (with its key) or a sync point."""
+
+    ts: int
+    dur: int
+    device: int
+    key: OpKey | None = None  # None: a sync point
+
+
+class HostShift:
+    """Maps recorded host times to predicted ones: each re-timed launch or sync moves every
+    later time by how much longer (or shorter) it got. Times inside a `collapsed` span
+    (recorded ops that became one launch) map to the span's start."""
+
+    def __init__(self, ends: np.ndarray, deltas: np.ndarray,
+                 collapsed: Sequence[tuple[int, int]] = ()) -> None:
+        order = np.argsort(ends, kind="stable")
+        self._ends = ends[order]
+        self._shift = np.concatenate([[0], np.cumsum(deltas[order])]).astype(np.int64)
+        self._collapsed = list(collapsed)
+
+    def __call__(self, ts: np.ndarray) -> np.ndarray:
+        """Predicted times of recorded host times."""
+        ts = np.array(ts, np.int64)
+        for start, end in self._collapsed:
+            ts[(ts > start) & (ts < end)] = start
+        return ts + self._shift[np.searchsorted(self._ends, ts, side="right")]
+
+
+def with_dtype(key: OpKey, dtype: str | None) -> OpKey:
+    """The key of a matmul as if its floating-point tensors had `dtype` ("bf16", "fp8");
+    other ops, and every op when `dtype` is None, unchanged."""
+    if dtype is None or base_name(key[0]) not in MATMUL_OPS:
+        return key
+    operand, result = _DTYPES[dtype]
+    name, inputs, outputs, attrs = key
+    ins = tuple((s, operand if d in _FLOATS else d) for s, d in inputs)
+    outs = tuple((s, result if d in _FLOATS else d) for s, d in outputs)
+    return name, ins, outs, attrs
+
+
+def _transfer(attrs: tuple) -> str | None:
+    for name, value in attrs:
+        if name == "direction" and value in ("host_to_device", "device_to_host"):
+            return value
+    return None
+
+
+def spec_of(key: OpKey) -> OpSpec:
+    """The hardware's OpSpec of an op key (backend/runtime.py `spec_for`)."""
+    name, inputs, outputs, attrs = key
+    return OpSpec(name=name, inputs=tuple(TensorSpec(tuple(s), d) for s, d in inputs),
+                  outputs=tuple(TensorSpec(tuple(s), d) for s, d in outputs), attrs=dict(attrs))
+
+
+def lower_key(key: OpKey, preset: HardwarePreset) -> tuple[Kernel | None, bool]:
+    """(kernel, runs on the host) of one op key on `preset`, lowered as the runtime does
+    (backend/runtime.py `lower`)."""
+    _, inputs, outputs, attrs = key
+    direction = _transfer(attrs)
+    if direction is not None:
+        to_device = direction == "host_to_device"
+        tensors = outputs if to_device else inputs
+        nbytes = sum(TensorSpec(tuple(s), d).nbytes for s, d in tensors)
+        return lower_host_transfer(nbytes, preset, to_device=to_device), False
+    spec = spec_of(key)
+    try:
+        return lower_op(spec, preset), False
+    except NoLowering:
+        return lower_host_fallback(spec, preset), True
+
+
+def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: ReplayOptions,
+               preset: HardwarePreset) -> ReplayedOp:
+    """One op or sync point issued at host time `ts` on `timeline`, as a live run would."""
+    if ev.key is None:  # a sync point: wait for what this device still has queued
+        return ReplayedOp(ts, max(0, timeline.finish_ns - ts))
+    kernel, fallback = lower_key(with_dtype(ev.key, options.dtype), preset)
+    if kernel is None:
+        return ReplayedOp(ts, 0, fallback=fallback)
+    overhead = preset.host_launch_overhead_ns
+    launch = ts + overhead
+    start, end = timeline.schedule(kernel, launch)
+    return ReplayedOp(ts, overhead, [ReplayedKernel(kernel, ev.device, launch, start, end,
+                                                    fallback)],
+                      kernel.model_flops, kernel.hbm_bytes, fallback)
+
+
+def replay(events: Iterable[HostEvent], options: ReplayOptions
+           ) -> tuple[list[ReplayedOp], HostShift]:
+    """Re-time `events` (in host order) on the options' preset: per event its new slice
+    (for a sync point, its new wait as a `ReplayedOp` without kernels), and the shift that
+    maps every other recorded host time."""
+    preset = options.preset()
+    timelines: dict[int, DeviceTimeline] = {}
+    shift = 0
+    out: list[ReplayedOp] = []
+    ends: list[int] = []
+    deltas: list[int] = []
+    for ev in events:
+        timeline = timelines.get(ev.device)
+        if timeline is None:
+            timeline = timelines[ev.device] = DeviceTimeline(preset)
+        new = replay_one(ev, ev.ts + shift, timeline, options, preset)
+        out.append(new)
+        if new.dur != ev.dur:
+            ends.append(ev.ts + ev.dur)
+            deltas.append(new.dur - ev.dur)
+            shift += new.dur - ev.dur
+    return out, HostShift(np.array(ends, np.int64), np.array(deltas, np.int64))

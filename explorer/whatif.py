@@ -1,0 +1,195 @@
+"""`whatif(trace, hardware=..., mode=..., dtype=...)`: a recorded run re-timed on other
+hardware, in another mode or dtype, without running it again.
+
+The recording's op stream (each op slice's op key, `op_key_codec`) is lowered and
+scheduled again by the backend's own lowering and timeline (`backend/replay.py`, or
+`whatif_compiled` for `mode="compiled"`); host time between launches is kept from the
+recording and sync waits are re-derived. The result is written as a trace with the
+recorded layout (`whatif_writer`) and loaded, so `report`, `diff` and the dashboard
+read it like any other; its metadata's "whatif" entry says it is a prediction and of
+what. docs/whatif.md explains what is exact and what is approximated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import op_key_codec, tables
+from neuron_explorer import trace_format as tf
+from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.trace import Trace, load
+from neuron_explorer.whatif_label import META_WHATIF
+
+HARDWARE = ("trn1", "trn2", "trn3")
+MODES = ("eager", "compiled")
+DTYPES = ("bf16", "fp8")
+_RECORD_HINT = ("record the program again with `neuron-explorer record --level op` (or "
+                "--level engine) in eager mode")
+
+
+class WhatIfError(NeuronExplorerError):
+    """A trace cannot be re-timed as asked (it lacks op keys, or an option is wrong)."""
+
+
+@dataclass(frozen=True)
+class WhatIfOptions:
+    """What to predict; None keeps what the recording had."""
+
+    hardware: str | None = None
+    mode: str = "eager"
+    dtype: str | None = None
+    launch_overhead_us: float | None = None
+
+    def check(self) -> None:
+        if self.hardware is not None and self.hardware not in HARDWARE:
+            raise WhatIfError(f"unknown hardware {self.hardware!r}: use one of "
+                              f"{', '.join(HARDWARE)}")
+        if self.mode not in MODES:
+            raise WhatIfError(f"unknown mode {self.mode!r}: use eager or compiled")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise WhatIfError(f"unknown dtype {self.dtype!r}: use bf16 or fp8 (matmuls)")
+        if self.launch_overhead_us is not None and not self.launch_overhead_us >= 0:
+            raise WhatIfError(f"--launch-overhead {self.launch_overhead_us} is negative: "
+                              "give the host time per launch in µs, 0 or more")
+
+
+def is_prediction(trace: Trace) -> bool:
+    """Whether `trace` was predicted by `whatif` rather than recorded."""
+    return isinstance(trace.metadata.get(META_WHATIF), dict)
+
+
+def recorded_ops(trace: Trace) -> pd.DataFrame:
+    """The eager op stream of `trace` with each op's key decoded (column `key`), or a
+    WhatIfError that names the recording level needed."""
+    name = trace.path or "the trace"
+    if trace.source_format == "kineto_json":
+        raise WhatIfError(
+            f"{name} is a PyTorch-profiler (Kineto) trace: it holds no neuron op keys to "
+            f"re-time; {_RECORD_HINT}")
+    ops = tables.of_kind(trace, tf.CAT_OP)
+    if not len(ops):
+        level = trace.metadata.get(tf.META_LEVEL) or "framework"
+        raise WhatIfError(
+            f"{name} was recorded at --level {level}, which holds no ops: a what-if needs "
+            f"an op-level or engine-level recording; {_RECORD_HINT}")
+    ids = ops["id"].to_numpy()
+    keys = trace.args.column(tf.ARG_OP_KEY, ids)
+    has_key = np.not_equal(keys, None)
+    graphs = tables.number(trace, tf.ARG_GRAPH_ID, ids, default=-1) >= 0
+    if graphs.any():
+        raise WhatIfError(
+            f"{name} holds compiled-graph launches, whose op streams are not in the trace; "
+            "record the program without torch.compile (eager) and predict it with "
+            "--mode compiled")
+    if not has_key.any():
+        raise WhatIfError(
+            f"{name} was recorded before op slices carried op keys (or by a program that "
+            f"launched no eager op); {_RECORD_HINT}, with this version")
+    texts = trace.args.texts
+    shapes, dtypes = texts(tf.ARG_SHAPES, ids), texts(tf.ARG_DTYPES, ids)
+    names = ops["name"].to_numpy()
+    decoded = [op_key_codec.decode(n, s, d, k) if k is not None else None
+               for n, s, d, k in zip(names, shapes, dtypes, keys, strict=True)]
+    out = ops[["id", "ts", "dur", "name", "track_id"]].copy()
+    out["device"] = tables.number(trace, tf.ARG_DEVICE, ids, default=0)
+    out["key"] = pd.Series(decoded, index=out.index, dtype=object)
+    return out
+
+
+def _default_output(trace: Trace, options: WhatIfOptions) -> str:
+    tag = hashlib.sha1(repr((os.path.abspath(trace.path or ""), asdict(options))).encode())
+    folder = os.path.join(tempfile.gettempdir(), "neuron-explorer-whatif")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"whatif-{tag.hexdigest()[:12]}.pftrace")
+
+
+def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
+           mode: str = "eager", dtype: str | None = None,
+           launch_overhead_us: float | None = None,
+           output: str | os.PathLike | None = None) -> Trace:
+    """`trace` (an eager op- or engine-level recording) predicted on `hardware` (trn1,
+    trn2, trn3; default: as recorded), in `mode` (eager or compiled), with matmuls in
+    `dtype` (bf16, fp8) and `launch_overhead_us` of host time per launch; written to
+    `output` (default: a file in the temporary folder) and returned as a Trace."""
+    from neuron_explorer.whatif_writer import write_prediction
+
+    if not isinstance(trace, Trace):
+        loaded = load(trace)
+        if not isinstance(loaded, Trace):
+            raise WhatIfError(f"{trace} is a run of several ranks: predict one rank's trace")
+        trace = loaded
+    options = WhatIfOptions(hardware, mode, dtype, launch_overhead_us)
+    options.check()
+    if is_prediction(trace):
+        raise WhatIfError(f"{trace.path} is itself a prediction: predict from the recording "
+                          f"it came from ({trace.metadata[META_WHATIF].get('from')})")
+    ops = recorded_ops(trace)
+    path = str(output) if output is not None else _default_output(trace, options)
+    write_prediction(trace, ops, options, path)
+    predicted = load(path)
+    assert isinstance(predicted, Trace)
+    return predicted
+
+
+def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
+    """Device time the matmul op slices `op_ids` would save in bf16, on the recorded
+    preset, from their op keys (each distinct key lowered once); None when the trace has
+    no op keys for them (then rules keep their rule of thumb)."""
+    from neuron_explorer.backend.replay import ReplayOptions, lower_key, with_dtype
+
+    if is_prediction(trace) or trace.source_format == "kineto_json" or not len(op_ids):
+        return None
+    keys = trace.args.column(tf.ARG_OP_KEY, op_ids)
+    if not np.not_equal(keys, None).all():
+        return None
+    names = trace.base_slices["name"].to_numpy()[op_ids]
+    shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
+    dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    saved: dict[tuple, float] = {}
+    total = 0.0
+    for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(), strict=True):
+        if row not in saved:
+            key = op_key_codec.decode(*row)
+            old, _ = lower_key(key, preset)
+            new, _ = lower_key(with_dtype(key, "bf16"), preset)
+            if old is None or new is None:
+                return None
+            saved[row] = float(old.duration_ns - new.duration_ns)
+        total += saved[row]
+    return total
+
+
+def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
+    """The median step time a what-if replay in `mode` predicts on the recorded preset,
+    without writing a trace (rules state it as the saving of their fix); None for a
+    trace without op keys or steps. Cached on the trace."""
+    def compute() -> float | None:
+        from neuron_explorer.backend.replay import ReplayOptions, replay
+        from neuron_explorer.whatif_writer import host_events
+
+        if is_prediction(trace) or not len(trace.steps):
+            return None
+        try:
+            ops = recorded_ops(trace)
+        except WhatIfError:
+            return None
+        options = ReplayOptions(trace.hardware or "trn2")
+        rows, events = host_events(trace, ops)
+        if mode == "compiled":
+            from neuron_explorer.whatif_compiled import replay_compiled
+
+            _, shift, _ = replay_compiled(trace, rows, events, options)
+        else:
+            _, shift = replay(events, options)
+        steps = trace.steps
+        start = steps["ts"].to_numpy(np.int64)
+        new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
+        return float(np.median(new))
+
+    return trace.cached(f"whatif_step_ns:{mode}", compute)

@@ -1,0 +1,113 @@
+"""The pieces of the what-if replay, without recording anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from neuron_explorer import whatif
+from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.replay import (
+    HostEvent,
+    HostShift,
+    ReplayOptions,
+    lower_key,
+    replay,
+    with_dtype,
+)
+from neuron_explorer.collectors.device_sink import DeviceSink
+from neuron_explorer.op_key_codec import decode
+from neuron_explorer.whatif import WhatIfError
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+REAL = Path(__file__).parents[1] / "data" / "real_traces"
+
+
+def _args_of(key: tuple) -> dict:
+    """The op slice args the device sink writes for an eager op with this runtime key."""
+    shapes = tuple(tuple(s) for s, _ in key[1])
+    dtypes = tuple(str(d).removeprefix("torch.") for _, d in key[1])
+    _, args = DeviceSink._op_args((key[0], shapes, dtypes, 0, 0, "", "", False, 0, None,
+                                   key[2:]))
+    return args
+
+
+@pytest.mark.parametrize("key", [
+    ("aten::addmm", ((torch.Size([64]), torch.float32), (torch.Size([8, 32]), torch.float32),
+                     (torch.Size([32, 64]), torch.float32)),
+     ((torch.Size([8, 64]), torch.float32),), ()),
+    ("aten::sum", ((torch.Size([4, 5]), torch.bfloat16),), ((torch.Size([4]), torch.bfloat16),),
+     (("dim", (1,)), ("keepdim", False))),
+    ("aten::_to_copy", ((torch.Size([3]), torch.int64),), ((torch.Size([3]), torch.int64),),
+     (("direction", "host_to_device"),)),
+    ("aten::empty", (), ((torch.Size([0, 2]), torch.float32),), ()),
+])
+def test_op_key_round_trips_through_the_slice_args(key):
+    args = _args_of(key)
+    name, ins, outs, attrs = decode(key[0], args["shapes"], args["dtypes"], args["key"])
+    assert name == key[0]
+    assert ins == tuple((tuple(s), str(d).removeprefix("torch.")) for s, d in key[1])
+    assert outs == tuple((tuple(s), str(d).removeprefix("torch.")) for s, d in key[2])
+    assert attrs == key[3]
+    assert len(args["key"]) < 80  # compact: one short string per op
+
+
+def test_replayed_key_lowers_to_the_runtimes_kernel():
+    """The replay's lowering of a decoded key is the live runtime's, duration and all."""
+    key = ("aten::mm", ((torch.Size([128, 256]), torch.float32),
+                        (torch.Size([256, 512]), torch.float32)),
+           ((torch.Size([128, 512]), torch.float32),), ())
+    live = runtime.lower(devices.get(0), key).kernel
+    args = _args_of(key)
+    kernel, fallback = lower_key(decode(key[0], args["shapes"], args["dtypes"], args["key"]),
+                                 devices.preset())
+    assert not fallback
+    assert (kernel.name, kernel.duration_ns, kernel.hbm_bytes) == (
+        live.name, live.duration_ns, live.hbm_bytes)
+
+
+def test_bf16_changes_matmuls_only():
+    mm = ("aten::mm", (((64, 64), "float32"), ((64, 64), "float32")), (((64, 64), "float32"),), ())
+    add = ("aten::add", (((64, 64), "float32"),) * 2, (((64, 64), "float32"),), ())
+    assert with_dtype(mm, "bf16")[1][0][1] == "bfloat16"
+    assert with_dtype(mm, "fp8")[1][0][1] == "float8_e4m3fn"
+    assert with_dtype(mm, "fp8")[2][0][1] == "bfloat16"
+    assert with_dtype(add, "bf16") == add and with_dtype(mm, None) == mm
+
+
+def test_host_shift_moves_later_times_and_collapses_graph_spans():
+    shift = HostShift(np.array([100, 300]), np.array([50, -20]))
+    assert shift(np.array([0, 100, 150, 300, 400])).tolist() == [0, 150, 200, 330, 430]
+    collapsed = HostShift(np.array([500]), np.array([-300]), collapsed=[(100, 500)])
+    assert collapsed(np.array([50, 100, 300, 500, 600])).tolist() == [50, 100, 100, 200, 300]
+
+
+def test_sync_waits_for_the_new_device_and_launches_pay_the_new_overhead():
+    mm = ("aten::mm", (((1024, 1024), "float32"),) * 2, (((1024, 1024), "float32"),), ())
+    events = [HostEvent(0, 50_000, 0, mm), HostEvent(60_000, 0, 0, None)]
+    options = ReplayOptions("trn1", launch_overhead_ns=10_000)
+    (op, sync), shift = replay(events, options)
+    assert op.dur == 10_000 and op.kernels[0].launch_ns == 10_000
+    assert sync.ts == 20_000  # 40 us earlier: the launch got shorter
+    assert sync.ts + sync.dur == op.kernels[0].end_ns  # the host waits for the kernel
+    assert shift(np.array([59_000]))[0] == 19_000  # before the sync: moved by the launch
+    assert shift(np.array([60_000]))[0] == sync.ts + sync.dur  # at it: after the wait
+
+
+def test_trace_from_before_op_keys():
+    with pytest.raises(WhatIfError, match="before op slices carried op keys"):
+        whatif(SAMPLES / "mlp_eager.pftrace", "trn3")
+
+
+def test_kineto_trace_is_refused():
+    with pytest.raises(WhatIfError, match="Kineto"):
+        whatif(REAL / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz", "trn3")
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(WhatIfError, match="unknown hardware"):
+        whatif(SAMPLES / "mlp_eager.pftrace", "trn9")
+    with pytest.raises(WhatIfError, match="unknown mode"):
+        whatif(SAMPLES / "mlp_eager.pftrace", mode="lazy")

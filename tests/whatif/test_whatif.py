@@ -1,0 +1,120 @@
+"""What-if replay: an eager trn1 recording predicted on trn3 matches a real trn3 recording
+of the same program; other modes and dtypes; traces that cannot be predicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from neuron_explorer import load, whatif
+from neuron_explorer.cli import main
+from neuron_explorer.diff import diff
+from neuron_explorer.report import render_report
+from neuron_explorer.whatif import WhatIfError
+
+pytestmark = pytest.mark.slow  # each workload is recorded in its own process
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+
+
+@pytest.mark.parametrize("name", ["mlp", "device_bound", "conv"])
+def test_trn1_predicted_on_trn3_matches_a_trn3_recording(recordings, tmp_path, name):
+    source = load(recordings(name, "trn1"))
+    real = load(recordings(name, "trn3"))
+    predicted = whatif(source, "trn3", output=tmp_path / "p.pftrace")
+    pk, rk = predicted.kernels, real.kernels
+    assert len(pk) == len(rk) > 0
+    assert (pk["name"].to_numpy() == rk["name"].to_numpy()).all()
+    error = np.abs(pk["dur"].to_numpy() - rk["dur"].to_numpy()) / rk["dur"].to_numpy()
+    assert error.max() <= 0.01
+    steps_p, steps_r = predicted.steps["dur"].to_numpy(), real.steps["dur"].to_numpy()
+    assert len(steps_p) == len(steps_r) >= 3
+    assert (np.abs(steps_p / steps_r - 1) <= 0.05).all()
+    # the prediction is not the recording: the device times changed
+    assert not np.array_equal(source.kernels["dur"].to_numpy(), pk["dur"].to_numpy())
+
+
+def test_syncs_are_re_derived_on_a_device_bound_run(recordings, tmp_path):
+    source = load(recordings("device_bound", "trn1"))
+    real = load(recordings("device_bound", "trn3"))
+    predicted = whatif(source, "trn3", output=tmp_path / "p.pftrace")
+    waits = [t.base_slices.loc[t.base_slices["kind"] == "sync", "dur"].to_numpy()
+             for t in (source, predicted, real)]
+    assert waits[0].sum() > 0  # the host does wait for the device here
+    assert not np.array_equal(waits[0], waits[1])  # re-derived, not copied
+    assert np.allclose(waits[1], waits[2], rtol=0.01)
+
+
+def test_prediction_says_what_it_is(recordings, tmp_path):
+    path = recordings("mlp", "trn1")
+    predicted = whatif(path, "trn2", dtype="bf16", output=tmp_path / "p.pftrace")
+    meta = predicted.metadata["whatif"]
+    assert meta["prediction"] is True and meta["from"] == str(path)
+    assert (meta["recorded_hardware"], meta["hardware"], meta["dtype"]) == ("trn1", "trn2", "bf16")
+    assert predicted.hardware == "trn2"
+    assert "what-if prediction from" in render_report(predicted, "text")
+    assert "trn2, predicted" in diff(load(path), predicted).render("text")
+    with pytest.raises(WhatIfError, match="itself a prediction"):
+        whatif(predicted, "trn3")
+
+
+def test_bf16_makes_matmuls_bf16_and_faster(recordings, tmp_path):
+    source = load(recordings("device_bound", "trn1"))
+    predicted = whatif(source, dtype="bf16", output=tmp_path / "p.pftrace")
+    mm = predicted.kernels[predicted.kernels["name"].str.startswith("mm")]
+    before = source.kernels[source.kernels["name"].str.startswith("mm")]
+    assert len(mm) == len(before) > 0
+    assert mm["name"].str.contains("bf16").all()
+    assert mm["dur"].sum() < before["dur"].sum()
+
+
+def test_launch_overhead_moves_the_host(recordings, tmp_path):
+    source = load(recordings("mlp", "trn1"))
+    slow = whatif(source, launch_overhead_us=200, output=tmp_path / "p.pftrace")
+    launched = slow.ops[slow.ops["kernel_count"] > 0]
+    assert (launched["dur"] == 200_000).all()
+    assert slow.steps["dur"].sum() > source.steps["dur"].sum()
+
+
+def test_compiled_mode_launches_one_program_per_graph(recordings, tmp_path):
+    source = load(recordings("mlp", "trn1"))
+    predicted = whatif(source, mode="compiled", output=tmp_path / "p.pftrace")
+    graphs = predicted.ops[predicted.ops["name"].str.startswith("graph:")]
+    assert len(graphs) == 2 * 3  # forward and backward of each step
+    assert len(predicted.kernels) < len(source.kernels)
+    assert predicted.metadata["whatif"]["approximations"]
+
+
+def test_engine_level_prediction_has_instructions(recordings, tmp_path):
+    predicted = whatif(recordings("device_bound", "trn1", "engine"), "trn3",
+                       output=tmp_path / "p.pftrace")
+    instructions = predicted.instructions
+    assert len(instructions) > 0
+    assert set(instructions["kernel_id"]) <= set(predicted.kernels["kernel_id"])
+
+
+def test_framework_level_recording_names_the_level_needed(recordings):
+    with pytest.raises(WhatIfError, match="--level framework.*op-level or engine-level"):
+        whatif(recordings("mlp", "trn1", "framework"), "trn3")
+
+
+def test_compiled_recording_is_refused(recordings):
+    with pytest.raises(WhatIfError, match="compiled-graph launches"):
+        whatif(recordings("mlp", "trn1", compiled=True), "trn3")
+
+
+def test_cli_writes_the_prediction_and_prints_the_diff(recordings, tmp_path, capsys):
+    out = tmp_path / "cli.pftrace"
+    assert main(["whatif", str(recordings("mlp", "trn1")), "--hardware", "trn3",
+                 "-o", str(out)]) == 0
+    assert "trn3, predicted" in capsys.readouterr().out
+    assert load(out).metadata["whatif"]["hardware"] == "trn3"
+    assert main(["whatif", str(SAMPLES / "mlp_eager.pftrace")]) == 2
+    assert "op keys" in capsys.readouterr().err
+
+
+def test_rules_state_the_predicted_saving(recordings):
+    trace = load(recordings("device_bound", "trn1"))
+    text = " ".join(f.explanation + f.recommendation for f in trace.bottlenecks())
+    assert "what-if replay" in text
