@@ -117,3 +117,69 @@ def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:
                      "sbuf_bytes": int(run.sbuf_bytes), "psum_bytes": int(run.psum_bytes),
                      "critical_engine": prof["critical_engine"]})
     return pd.DataFrame(rows)
+
+
+NKI_OP_PREFIX = "nki::"
+
+
+def nki_kernels(trace: Trace) -> list[str]:
+    """Names of the kernels NKI ops launched (ops named `nki::<kernel>`), longest total
+    time first. A kernel lowered inside a compiled graph is a section of the graph's
+    kernel, not a kernel of its own: see `kernel_sections`."""
+    kernels, ops = trace.kernels, trace.ops
+    if not len(kernels) or not len(ops) or "op_id" not in kernels:
+        return []
+    nki_ops = ops.loc[ops["name"].astype(str).str.startswith(NKI_OP_PREFIX), "op_id"]
+    mine = kernels[kernels["op_id"].isin(nki_ops.to_numpy())]
+    if not len(mine):
+        return []
+    total = mine.groupby("name", sort=False)["dur"].sum().sort_values(ascending=False, kind="stable")
+    return [str(n) for n in total.index]
+
+
+def source_text(trace: Trace, file: str, line: int) -> str:
+    """The kernel source line as written, when its file can be found (relative to the
+    working directory, as recorded, or to the trace's folder and its parents); else ''."""
+    import linecache
+    from pathlib import Path
+
+    if not line or not file:
+        return ""
+    candidates = [Path(file)]
+    here = Path(str(getattr(trace, "path", "") or ".")).resolve().parent
+    candidates += [folder / file for folder in (here, *here.parents)]
+    for path in candidates:
+        if path.is_file():
+            return linecache.getline(str(path), int(line)).rstrip()
+    return ""
+
+
+def line_profile(trace: Trace, kernel: object) -> pd.DataFrame:
+    """`kernel_lines` with, per line, the engine it spends most time on (`engine`) and
+    its source text (`code`, '' when the file is not found)."""
+    lines = kernel_lines(trace, kernel)
+    busy = lines[[f"{e}_ns" for e in ENGINE_COLUMNS]]
+    engine = busy.idxmax(axis=1).str.removesuffix("_ns") if len(lines) else pd.Series(dtype=str)
+    return lines.assign(
+        engine=np.where(busy.sum(axis=1).to_numpy() > 0, engine, ""),
+        code=[source_text(trace, f, n) for f, n in zip(lines["file"], lines["line"], strict=True)])
+
+
+def kernel_instructions(trace: Trace, kernel: object, run: int = 0) -> pd.DataFrame:
+    """The instructions of one run of `kernel` (the first by default) with their source
+    line: ts, dur, engine (DMA queues as `dma`), queue (the recorded engine), opcode,
+    bytes, source."""
+    name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
+    runs = trace.kernels[trace.kernels["name"] == name]
+    cols = ["ts", "dur", "engine", "queue", "opcode", "bytes", "source"]
+    if len(runs) <= run:
+        return pd.DataFrame(columns=cols)
+    ins = trace.instructions
+    mine = ins[ins["kernel_id"].to_numpy() == runs["kernel_id"].iloc[run]]
+    queue = mine["engine"].astype(str).to_numpy()
+    return pd.DataFrame({
+        "ts": mine["ts"].to_numpy(), "dur": mine["dur"].to_numpy(),
+        "engine": np.where(np.char.startswith(queue.astype(str), "dma"), "dma", queue),
+        "queue": queue, "opcode": mine["opcode"].astype(str).to_numpy(),
+        "bytes": mine["bytes"].to_numpy(),
+        "source": trace.args.texts(tf.ARG_SOURCE, mine["id"].to_numpy())})[cols]
