@@ -122,15 +122,20 @@ def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:
 NKI_OP_PREFIX = "nki::"
 
 
-def nki_kernels(trace: Trace) -> list[str]:
-    """Names of the kernels NKI ops launched (ops named `nki::<kernel>`), longest total
-    time first. A kernel lowered inside a compiled graph is a section of the graph's
-    kernel, not a kernel of its own: see `kernel_sections`."""
+def nki_runs(trace: Trace) -> pd.DataFrame:
+    """The kernel rows (runs) of NKI kernels: kernels launched by ops named
+    `nki::<kernel>`."""
     kernels, ops = trace.kernels, trace.ops
     if not len(kernels) or not len(ops) or "op_id" not in kernels:
-        return []
+        return kernels.iloc[:0]
     nki_ops = ops.loc[ops["name"].astype(str).str.startswith(NKI_OP_PREFIX), "op_id"]
-    mine = kernels[kernels["op_id"].isin(nki_ops.to_numpy())]
+    return kernels[kernels["op_id"].isin(nki_ops.to_numpy())]
+
+
+def nki_kernels(trace: Trace) -> list[str]:
+    """Names of the kernels NKI ops launched (ops named `nki::<kernel>`), longest total
+    time first."""
+    mine = nki_runs(trace)
     if not len(mine):
         return []
     total = mine.groupby("name", sort=False)["dur"].sum().sort_values(ascending=False, kind="stable")
@@ -183,3 +188,37 @@ def kernel_instructions(trace: Trace, kernel: object, run: int = 0) -> pd.DataFr
         "queue": queue, "opcode": mine["opcode"].astype(str).to_numpy(),
         "bytes": mine["bytes"].to_numpy(),
         "source": trace.args.texts(tf.ARG_SOURCE, mine["id"].to_numpy())})[cols]
+
+
+def nki_instructions(trace: Trace) -> pd.DataFrame:
+    """Every instruction of NKI kernel runs, with its kernel's name, the engine with DMA
+    queues as `dma`, and its source line: id, ts, dur, end, engine, opcode, bytes, flops,
+    kernel_id, kernel, source."""
+    runs = nki_runs(trace)
+    cols = ["id", "ts", "dur", "end", "engine", "opcode", "bytes", "flops", "kernel_id",
+            "kernel", "source"]
+    ins = trace.instructions
+    if not len(runs) or not len(ins):
+        return pd.DataFrame(columns=cols)
+    mine = ins[np.isin(ins["kernel_id"].to_numpy(), runs["kernel_id"].to_numpy())]
+    queue = mine["engine"].astype(str).to_numpy()
+    names = runs.set_index("kernel_id")["name"]
+    return pd.DataFrame({
+        "id": mine["id"].to_numpy(), "ts": mine["ts"].to_numpy(), "dur": mine["dur"].to_numpy(),
+        "end": (mine["ts"] + mine["dur"]).to_numpy(),
+        "engine": np.where(np.char.startswith(queue.astype(str), "dma"), "dma", queue),
+        "opcode": mine["opcode"].astype(str).to_numpy(), "bytes": mine["bytes"].to_numpy(),
+        "flops": mine["flops"].to_numpy(), "kernel_id": mine["kernel_id"].to_numpy(),
+        "kernel": names.reindex(mine["kernel_id"].to_numpy()).to_numpy(),
+        "source": trace.args.texts(tf.ARG_SOURCE, mine["id"].to_numpy())})[cols]
+
+
+def dma_compute_overlap(ins: pd.DataFrame) -> tuple[int, int, int]:
+    """(DMA busy, compute busy, both at once) in ns over `ins` (one kernel run)."""
+    from neuron_explorer.analyses.intervals import Union
+
+    dma = ins["engine"].to_numpy() == "dma"
+    d = Union(ins["ts"].to_numpy()[dma], ins["end"].to_numpy()[dma])
+    c = Union(ins["ts"].to_numpy()[~dma], ins["end"].to_numpy()[~dma])
+    both = Union.of((d.starts, d.ends), (c.starts, c.ends))
+    return d.total, c.total, d.total + c.total - both.total
