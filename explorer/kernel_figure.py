@@ -84,9 +84,9 @@ def _timeline(trace: Trace, kernel: str, lines: pd.DataFrame,
             u = Union(rows["ts"].to_numpy(), (rows["ts"] + rows["dur"]).to_numpy())
             start = (u.starts - origin) / 1e3
             end = (u.ends - origin) / 1e3
-            xs.extend(np.column_stack([start, end, np.full(len(start), np.nan)]).ravel().tolist())
+            for a, b in zip(start.tolist(), end.tolist(), strict=True):
+                xs.extend((a, b, None))  # None: a gap between segments
             ys.extend([engine, engine, None] * len(start))
-        xs = [None if x != x else x for x in xs]  # NaN separators as JSON nulls
         name = label_of.get(source, source) if source else "other lines"
         out.append({"type": "scatter", "mode": "lines", "name": name, "legendgroup": "lines",
                     "x": xs, "y": ys, "xaxis": "x2", "yaxis": "y2", "connectgaps": False,

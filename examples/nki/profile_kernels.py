@@ -14,13 +14,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import neuron_explorer
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import attention  # noqa: E402
-import matmul  # noqa: E402
-import norms  # noqa: E402
+import attention
+import matmul
+import norms
 
 MATMUL_SHAPE = (1024, 1024, 2048)  # K, M, N
 BLOCKS = {"TILES_IN_BLOCK_M": 4, "TILES_IN_BLOCK_N": 2, "TILES_IN_BLOCK_K": 8}
@@ -43,6 +44,7 @@ def main() -> None:
     q, kk, v = (randn(256, 64, dtype=torch.float32) for _ in range(3))
     attention.attention(q, kk, v)
     torch.neuron.synchronize()
+    neuron_explorer.step()  # one step: the report's per-step figures cover the kernels
 
 
 if __name__ == "__main__":

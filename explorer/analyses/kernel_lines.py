@@ -143,19 +143,26 @@ def nki_kernels(trace: Trace) -> list[str]:
 
 
 def source_text(trace: Trace, file: str, line: int) -> str:
-    """The kernel source line as written, when its file can be found (relative to the
-    working directory, as recorded, or to the trace's folder and its parents); else ''."""
+    """The kernel source line as written, when its file can be found: as recorded
+    (relative to the working directory), else the longest tail of its path found under
+    the working directory or the trace's folder and its parents (a trace moved or read
+    elsewhere); '' when not found."""
     import linecache
     from pathlib import Path
 
     if not line or not file:
         return ""
-    candidates = [Path(file)]
+    recorded = Path(file)
+    if recorded.is_file():
+        return linecache.getline(str(recorded), int(line)).rstrip()
     here = Path(str(getattr(trace, "path", "") or ".")).resolve().parent
-    candidates += [folder / file for folder in (here, *here.parents)]
-    for path in candidates:
-        if path.is_file():
-            return linecache.getline(str(path), int(line)).rstrip()
+    roots = [Path.cwd(), here, *here.parents]
+    parts = [p for p in recorded.parts if p not in ("..", ".", recorded.anchor)]
+    for start in range(len(parts)):
+        tail = Path(*parts[start:])
+        for root in roots:
+            if (root / tail).is_file():
+                return linecache.getline(str(root / tail), int(line)).rstrip()
     return ""
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from neuron_explorer.analyses.kernel_lines import dma_compute_overlap, nki_instructions, nki_runs
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.finding import Finding, evidence, make
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
