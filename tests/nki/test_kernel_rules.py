@@ -50,7 +50,7 @@ def test_tiny_tiles_are_small_dma_and_large_ones_are_not(findings):
     found = flagged(findings, "kernel_small_dma")
     assert "tiny_loads" in found and "pipelined" not in found and "serial" not in found
     f = found["tiny_loads"]
-    assert any("kernel_cases.py:" in e["description"] and "fixed cost" in e["description"]
+    assert any("kernel_cases.py:" in e["description"] and "overhead" in e["description"]
                for e in f.evidence)
     assert f.time_lost_ns > 0
 
