@@ -77,6 +77,7 @@ class Run:
     output_shapes: object  # the shape of each output, shaped like `outputs`
     sbuf_peak: int
     psum_peak: int
+    builder: object = None  # the KernelBuilder before scheduling (its dependencies)
 
 
 def _as_hbm(arg, numerics: bool, i: int):
@@ -137,7 +138,7 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     outputs = _outputs(result) if numerics else None
     return Run(func.__name__, outputs, built, trace.lines, _output_meta(result, "dtype"),
                _output_meta(result, "shape"),
-               trace.sbuf.peak, trace.psum.peak)
+               trace.sbuf.peak, trace.psum.peak, trace.builder)
 
 
 def simulate_kernel(kernel, *args, preset="trn2", **kwargs):
