@@ -62,3 +62,18 @@ def test_the_report_shows_each_kernels_line_profile_and_why(findings):
     assert "Kernel serial: profile" in text and "Kernel serial: line profile" in text
     assert "not pipelined" in text  # the why line, from its 0% overlap
     assert "nisa.dma_copy(dst=buf" in text  # the source of the load line
+
+
+def test_the_json_report_has_each_kernels_summary_and_lines(findings):
+    import json
+
+    from neuron_explorer.report import render_report
+
+    kernels = {k["kernel"]: k for k in json.loads(render_report(findings[0], "json"))["kernels"]}
+    assert {"serial", "pipelined", "narrow_matmul", "tiny_loads", "big_sbuf",
+            "full_matmul"} <= set(kernels)
+    serial = kernels["serial"]
+    assert serial["critical_engine"] in ("dma", "vector", "scalar")
+    assert serial["dma_compute_overlap_pct"] < kernels["pipelined"]["dma_compute_overlap_pct"]
+    assert any("nisa.dma_copy(dst=buf" in line["code"] and line["engine"] == "dma"
+               for line in serial["lines"])
