@@ -47,7 +47,7 @@ def kernel_figure(trace: Trace, kernel: str, lines: pd.DataFrame) -> dict[str, A
                          "xaxis": "x", "yaxis": "y",
                          "hovertemplate": f"{e}: " + "%{x:.2f} µs<extra>%{y}</extra>"})
     data.extend(_timeline(trace, kernel, lines, labels))
-    height = max(320, 26 * len(labels) + 120)
+    height = max(380, 26 * len(labels) + 200)
     return {"data": data, "layout": {
         "barmode": "stack", "height": height, "hovermode": "closest",
         "xaxis": {"domain": [0, 0.42], "title": {"text": "engine time per line (µs)"},
@@ -56,8 +56,8 @@ def kernel_figure(trace: Trace, kernel: str, lines: pd.DataFrame) -> dict[str, A
         "xaxis2": {"domain": [0.5, 1], "anchor": "y2",
                    "title": {"text": "time since the kernel's start (µs)"}, "gridcolor": "#eceff3"},
         "yaxis2": {"anchor": "x2", "categoryorder": "array", "categoryarray": TIMELINE_ROWS},
-        "legend": {"orientation": "h", "y": -0.15},
-        "margin": {"l": 20, "r": 20, "t": 30, "b": 60},
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},
+        "margin": {"l": 20, "r": 20, "t": 30, "b": 40},
     }}
 
 
@@ -88,8 +88,12 @@ def _timeline(trace: Trace, kernel: str, lines: pd.DataFrame,
                 xs.extend((a, b, None))  # None: a gap between segments
             ys.extend([engine, engine, None] * len(start))
         name = label_of.get(source, source) if source else "other lines"
-        out.append({"type": "scatter", "mode": "lines", "name": name, "legendgroup": "lines",
-                    "x": xs, "y": ys, "xaxis": "x2", "yaxis": "y2", "connectgaps": False,
-                    "line": {"width": 14, "color": LINE_COLOURS[i] if source else OTHER_COLOUR},
+        colour = LINE_COLOURS[i] if source else OTHER_COLOUR
+        # ticks at the ends as well: an instruction far shorter than a pixel still shows
+        out.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                    "legendgroup": "lines", "x": xs, "y": ys, "xaxis": "x2", "yaxis": "y2",
+                    "connectgaps": False, "line": {"width": 14, "color": colour},
+                    "marker": {"symbol": "line-ns-open", "size": 14,
+                               "line": {"width": 1.5, "color": colour}},
                     "hovertemplate": f"{name}<br>" + "%{y} at %{x:.2f} µs<extra></extra>"})
     return out
