@@ -3,6 +3,7 @@ shapes, faster in the tutorial's order, and AWS's measured times at its shape.""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -93,8 +94,14 @@ PUBLISHED = {pub.kernel[1].get("version", "fully_optimized"): pub for pub in MEA
              if pub.kernel[0] in ("matmul_tutorial", "matmul_fully_optimized")}
 
 
-@pytest.mark.slow  # 20 s to 2 min each (the tiled version issues 1.1 M instructions)
-@pytest.mark.parametrize("name", ["tiled", "hoist_load", "block_free", "fully_optimized"])
+FULL_TUTORIAL = "NKI_FULL_TUTORIAL"  # set to 1 to also run the tiled version (~2-3 min)
+_TILED = pytest.param("tiled", marks=pytest.mark.skipif(
+    not os.environ.get(FULL_TUTORIAL), reason=f"1.1 M instructions, 2-3 minutes: set "
+    f"{FULL_TUTORIAL}=1 to run it (54.02 ms simulated against 51.80 ms, +4.3%)"))
+
+
+@pytest.mark.slow  # 20 s to 1.5 min each
+@pytest.mark.parametrize("name", [_TILED, "hoist_load", "block_free", "fully_optimized"])
 def test_simulated_time_matches_awss_measurement(name):
     """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance
     (measured on this language: +4.3%, +2.4%, +2.8%, -5.7%; docs/nki.md)."""
