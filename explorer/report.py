@@ -10,6 +10,7 @@ import pandas as pd
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.whatif_label import prediction_text
 
@@ -44,6 +45,7 @@ def report_dict(trace: Trace) -> dict[str, Any]:
         "top_modules": records(trace.module_stats().head(TOP)),
         "top_kernels": records(trace.kernel_stats().head(TOP)),
         "findings": [f.to_dict() for f in trace.bottlenecks()],
+        "kernels": kernel_dict(trace),
     }
 
 
@@ -112,7 +114,7 @@ def report_sections(trace: Trace) -> list[Section]:
     return [Section("Summary", head),
             Section(f"Step breakdown (mean per analysed step, {_steps_label(s)})", bd_table),
             Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
-            Section("Top modules", mods_table),
+            Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
 
 

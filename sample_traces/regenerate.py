@@ -29,6 +29,7 @@ SAMPLES: dict[str, tuple[list[str], str, list[str]]] = {
     "odd_dims": (["--level", "op", "--steps", "1:3"], "odd_dims.py", ["--steps", "3"]),
     "fp32_matmul": (["--level", "engine", "--steps", "1:2"], "fp32_matmul.py", ["--steps", "2"]),
     "near_memory": (["--level", "op"], "near_memory.py", ["--steps", "3"]),
+    "nki_kernels": (["--level", "engine"], "nki/profile_kernels.py", []),
 }
 
 

@@ -21,6 +21,7 @@ from neuron_explorer.webapp.pages import (
     compare,
     compile_page,
     engines,
+    kernel,
     memory,
     overview,
     ranks,
@@ -39,7 +40,8 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOAD_PATH = "/_upload"
 UPLOAD_NAME_HEADER = "X-Upload-Name"  # a custom header: a cross-site page cannot send it without CORS
 MAX_CALLBACK_BYTES = 32 * 2**20  # callbacks carry small JSON; traces come through UPLOAD_PATH
-PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks]
+PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks,
+         kernel]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
 
 

@@ -164,6 +164,11 @@ class GroupKernels:
             b.dma_store(out.nbytes, min(128, max(out.shape[0] if out.shape else 1, 1)))
             return
         fn = lowering_for(base)
+        if fn is None and spec.name.startswith("nki::"):
+            from neuron_explorer.nki.torch_op import lower_into
+
+            if lower_into(b, spec):  # an NKI kernel: its own instructions, in the program
+                return
         if fn is None:
             runtime.lower(self.device, key)  # warns once, as eager does
             emit_host_fallback(b, spec)

@@ -45,8 +45,12 @@ tile_size = SimpleNamespace(pmax=128, psum_fmax=512, gemm_stationary_fmax=128,
 # --- creation ------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer: str = SBUF, name: str | None = None) -> Tensor:
     """An uninitialised tensor in `buffer` (reading it before writing is an error)."""
-    current("nl.ndarray")
-    return Tensor(shape, dtype, _buffer(buffer), name=name, at=where())
+    trace = current("nl.ndarray")
+    at = where()
+    if _buffer(buffer) == HBM:
+        return trace.hbm_tensor(lambda: Tensor(shape, dtype, HBM, name=name, at=at),
+                                _dims(shape), dtypes.normalize(dtype), at)[0]
+    return Tensor(shape, dtype, buffer, name=name, at=at)
 
 
 def zeros(shape, dtype, buffer: str = SBUF, name: str | None = None) -> Tensor:
@@ -60,13 +64,17 @@ def ones(shape, dtype, buffer: str = SBUF, name: str | None = None) -> Tensor:
 def full(shape, fill_value, dtype, buffer: str = SBUF, name: str | None = None) -> Tensor:
     trace = current("nl.full")
     at = where()
-    t = Tensor(shape, dtype, _buffer(buffer), name=name, at=at)
-    if t.buffer == HBM:
-        t.view().store(np.full(t.shape, fill_value, np.float32))
-    else:  # one memset per block of a [blocks..., par_dim, free...] buffer
-        for block in np.ndindex(*t.shape[:t.partition_axis]):
-            ops.engine_op("vector", "Memset", t[block] if block else t.view(), (),
-                          lambda: np.float32(fill_value), at)
+    if _buffer(buffer) == HBM:
+        t, new = trace.hbm_tensor(lambda: Tensor(shape, dtype, HBM, name=name, at=at),
+                                  _dims(shape), dtypes.normalize(dtype), at)
+        if new:  # filled once, by the first program
+            t.view().store(np.full(t.shape, fill_value, np.float32))
+        ops.finish(trace)
+        return t
+    t = Tensor(shape, dtype, buffer, name=name, at=at)
+    for block in np.ndindex(*t.shape[:t.partition_axis]):  # one memset per block
+        ops.engine_op("vector", "Memset", t[block] if block else t.view(), (),
+                      lambda: np.float32(fill_value), at)
     ops.finish(trace)
     return t
 
@@ -74,6 +82,10 @@ def full(shape, fill_value, dtype, buffer: str = SBUF, name: str | None = None) 
 def zeros_like(x, dtype=None, buffer: str | None = None) -> Tensor:
     v = ops.view_of(x, where())
     return zeros(v.shape, dtype or v.dtype, buffer or v.buffer)
+
+
+def _dims(shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
 
 
 def _buffer(buffer) -> str:
@@ -130,11 +142,37 @@ mgrid = _MGrid()
 
 
 def program_id(axis: int = 0) -> int:
-    return 0
+    """The running program's index along `axis` of the launch grid (`kernel[4, 2](...)`)."""
+    trace = current("nl.program_id")
+    return trace.program[_grid_axis(trace, axis, "program_id")] if trace.grid else \
+        _no_grid(axis, "program_id")
 
 
 def num_programs(axis: int = 0) -> int:
-    return 1
+    """The launch grid's size along `axis`."""
+    trace = current("nl.num_programs")
+    return trace.grid[_grid_axis(trace, axis, "num_programs")] if trace.grid else \
+        _no_grid(axis, "num_programs") + 1
+
+
+def program_ndim() -> int:
+    """How many axes the launch grid has (0 for a plain call)."""
+    return len(current("nl.program_ndim").grid)
+
+
+def _grid_axis(trace, axis: int, api: str) -> int:
+    if not isinstance(axis, int) or not 0 <= axis < len(trace.grid):
+        raise NkiError(f"nl.{api}({axis!r}): the launch grid {list(trace.grid)} has axes "
+                       f"0..{len(trace.grid) - 1}", where())
+    return axis
+
+
+def _no_grid(axis: int, api: str) -> int:
+    """A plain call is one program: index 0 (size 1) along axis 0."""
+    if axis != 0:
+        raise NkiError(f"nl.{api}({axis!r}): the kernel was called without a launch grid "
+                       "(one program, axis 0 only); launch it as kernel[n, m](...)", where())
+    return 0
 
 
 # --- memory --------------------------------------------------------------------------

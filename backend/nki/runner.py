@@ -31,9 +31,10 @@ class JitKernel:
     """An `@nki.jit` kernel. Call it with `neuron` tensors (one launch on the device),
     with numpy arrays (as nki.simulate_kernel), or run it with `nki.benchmark`."""
 
-    def __init__(self, func: Callable, **options) -> None:
+    def __init__(self, func: Callable, grid: tuple[int, ...] = (), **options) -> None:
         functools.update_wrapper(self, func)
         self.func = func
+        self.grid = grid
         self.options = options
 
     def __call__(self, *args, **kwargs):
@@ -44,8 +45,14 @@ class JitKernel:
         return simulate_kernel(self, *args, **kwargs)
 
     def __getitem__(self, grid) -> JitKernel:
-        raise NkiError(f"{self.func.__name__}[{grid}]: SPMD launch grids are not supported "
-                       "(one NeuronCore); loop over the grid inside the kernel instead")
+        """An SPMD launch: `kernel[4](...)` or `kernel[2, 2](...)` runs one program per
+        grid point, each seeing its `nl.program_id(axis)`; they share the HBM tensors."""
+        dims = grid if isinstance(grid, tuple) else (grid,)
+        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                               for d in dims):
+            raise NkiError(f"{self.func.__name__}[{grid!r}]: a launch grid is one or more "
+                           "positive ints, e.g. kernel[4](...) or kernel[2, 2](...)")
+        return JitKernel(self.func, grid=dims, **self.options)
 
     def __repr__(self) -> str:
         return f"<nki.jit kernel {self.func.__qualname__}>"
@@ -70,6 +77,7 @@ class Run:
     output_shapes: object  # the shape of each output, shaped like `outputs`
     sbuf_peak: int
     psum_peak: int
+    builder: object = None  # the KernelBuilder before scheduling (its dependencies)
 
 
 def _as_hbm(arg, numerics: bool, i: int):
@@ -112,9 +120,16 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     func = kernel.func if isinstance(kernel, JitKernel) else kernel
     p = get_preset(preset) if isinstance(preset, str) else preset
     trace = Trace(p, func.__name__, numerics)
+    grid = getattr(kernel, "grid", ()) or ()
     with trace:
         hbm_args = [_as_hbm(a, numerics, i) for i, a in enumerate(args)]
-        result = func(*hbm_args, **kwargs)
+        trace.grid = grid
+        result = None
+        # the grid's programs one after another on the one NeuronCore: their instructions
+        # are scheduled together, so independent programs overlap on the engines
+        for program in np.ndindex(*grid) if grid else [()]:
+            trace.start_program(program)
+            result = func(*hbm_args, **kwargs)
     trace.builder.note_sbuf(trace.sbuf.peak * p.partitions)
     trace.builder.note_psum(trace.psum.peak * p.partitions)
     built = trace.builder.build()
@@ -123,7 +138,7 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
     outputs = _outputs(result) if numerics else None
     return Run(func.__name__, outputs, built, trace.lines, _output_meta(result, "dtype"),
                _output_meta(result, "shape"),
-               trace.sbuf.peak, trace.psum.peak)
+               trace.sbuf.peak, trace.psum.peak, trace.builder)
 
 
 def simulate_kernel(kernel, *args, preset="trn2", **kwargs):

@@ -15,8 +15,12 @@ _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class _Shape:
-    def __init__(self, t: torch.Tensor) -> None:
+    def __init__(self, t) -> None:
         self.shape, self.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+# op name ("nki::matmul") -> its kernel, for the graph compiler's lowering
+KERNELS: dict[str, object] = {}
 
 
 def as_torch_op(kernel, name: str | None = None):
@@ -25,6 +29,7 @@ def as_torch_op(kernel, name: str | None = None):
     from neuron_explorer.nki.runner import Run, run
 
     op_name = f"nki::{name or kernel.func.__name__}"
+    KERNELS[op_name] = kernel
 
     def output_spec(args) -> Run:
         return run(kernel, tuple(_Shape(a) for a in args), {}, numerics=False)
@@ -62,3 +67,32 @@ def _host_numbers(kernel, args: list[torch.Tensor]) -> torch.Tensor:
     host = tuple(HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch.")) for a in args)
     result = run(kernel, host, {}, numerics=True)
     return _to_device(result.outputs, result.output_dtypes, torch.device("cpu"))
+
+
+def lower_into(b, spec) -> bool:
+    """Emit the kernel of the `nki::` custom op `spec` into `b`, the builder of a compiled
+    graph's program: the kernel is traced on the op's input shapes (no numerics) and its
+    instructions, with their dependencies, join the program after `b.after` (the ops it
+    reads). False when `spec` is no registered kernel."""
+    from neuron_explorer.nki.runner import run
+
+    kernel = KERNELS.get(spec.name.split(".", 1)[0])
+    if kernel is None:
+        return False
+    traced = run(kernel, tuple(_Shape(t) for t in spec.inputs), {}, b.preset,
+                 numerics=False).builder
+    opcodes = {code: name for name, code in traced._opcodes.items()}
+    offset = len(b)
+    for j in range(len(traced)):
+        deps = tuple(offset + d for d in traced._deps[j])
+        i = b.add(traced._engine[j], opcodes[traced._opcode[j]], traced._cost[j], deps,
+                  nbytes=traced._bytes[j], flops=traced._flops[j], kind=traced._kind[j],
+                  latency=traced._latency[j])
+        if j in traced._gap:
+            b._gap[i] = traced._gap[j]
+    b.add_model_flops(traced.model_flops)
+    b.hbm_read_bytes += traced.hbm_read_bytes
+    b.hbm_write_bytes += traced.hbm_write_bytes
+    b.note_sbuf(traced.sbuf_peak)
+    b.note_psum(traced.psum_peak)
+    return True

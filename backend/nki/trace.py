@@ -112,6 +112,31 @@ class Trace:
         self.psum = Allocator("PSUM", preset.psum_partition_bytes)
         self._next_tile = 0
         self._token = None
+        self.grid: tuple[int, ...] = ()  # the SPMD launch grid; () for a plain call
+        self.program: tuple[int, ...] = ()  # the running program's position in it
+        self.shared_hbm: list = []  # HBM tensors the programs share, in creation order
+        self._hbm_created = 0
+
+    def start_program(self, program: tuple[int, ...]) -> None:
+        self.program = program
+        self._hbm_created = 0
+
+    def hbm_tensor(self, make, shape: tuple, dtype: str, at: str):
+        """The program's next HBM tensor: created by the first program of a grid and the
+        same tensor for the others (nl.shared_hbm is shared by every program)."""
+        k = self._hbm_created
+        self._hbm_created += 1
+        if k < len(self.shared_hbm):
+            t = self.shared_hbm[k]
+            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+                raise NkiError(f"HBM tensor {k} is {list(t.shape)} {t.dtype} in the first "
+                               f"program but {list(shape)} {dtype} in program "
+                               f"{self.program}: every program must allocate the same "
+                               "outputs", at)
+            return t, False
+        t = make()
+        self.shared_hbm.append(t)
+        return t, True
 
     def __enter__(self) -> Self:
         self._token = _current.set(self)

@@ -117,3 +117,115 @@ def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:
                      "sbuf_bytes": int(run.sbuf_bytes), "psum_bytes": int(run.psum_bytes),
                      "critical_engine": prof["critical_engine"]})
     return pd.DataFrame(rows)
+
+
+NKI_OP_PREFIX = "nki::"
+
+
+def nki_runs(trace: Trace) -> pd.DataFrame:
+    """The kernel rows (runs) of NKI kernels: kernels launched by ops named
+    `nki::<kernel>`."""
+    kernels, ops = trace.kernels, trace.ops
+    if not len(kernels) or not len(ops) or "op_id" not in kernels:
+        return kernels.iloc[:0]
+    nki_ops = ops.loc[ops["name"].astype(str).str.startswith(NKI_OP_PREFIX), "op_id"]
+    return kernels[kernels["op_id"].isin(nki_ops.to_numpy())]
+
+
+def nki_kernels(trace: Trace) -> list[str]:
+    """Names of the kernels NKI ops launched (ops named `nki::<kernel>`), longest total
+    time first."""
+    mine = nki_runs(trace)
+    if not len(mine):
+        return []
+    total = mine.groupby("name", sort=False)["dur"].sum().sort_values(ascending=False, kind="stable")
+    return [str(n) for n in total.index]
+
+
+def source_text(trace: Trace, file: str, line: int) -> str:
+    """The kernel source line as written, when its file can be found: as recorded
+    (relative to the working directory), else the longest tail of its path found under
+    the working directory or the trace's folder and its parents (a trace moved or read
+    elsewhere); '' when not found."""
+    import linecache
+    from pathlib import Path
+
+    if not line or not file:
+        return ""
+    recorded = Path(file)
+    if recorded.is_file():
+        return linecache.getline(str(recorded), int(line)).rstrip()
+    here = Path(str(getattr(trace, "path", "") or ".")).resolve().parent
+    roots = [Path.cwd(), here, *here.parents]
+    parts = [p for p in recorded.parts if p not in ("..", ".", recorded.anchor)]
+    for start in range(len(parts)):
+        tail = Path(*parts[start:])
+        for root in roots:
+            if (root / tail).is_file():
+                return linecache.getline(str(root / tail), int(line)).rstrip()
+    return ""
+
+
+def line_profile(trace: Trace, kernel: object) -> pd.DataFrame:
+    """`kernel_lines` with, per line, the engine it spends most time on (`engine`) and
+    its source text (`code`, '' when the file is not found)."""
+    lines = kernel_lines(trace, kernel)
+    busy = lines[[f"{e}_ns" for e in ENGINE_COLUMNS]]
+    engine = busy.idxmax(axis=1).str.removesuffix("_ns") if len(lines) else pd.Series(dtype=str)
+    return lines.assign(
+        engine=np.where(busy.sum(axis=1).to_numpy() > 0, engine, ""),
+        code=[source_text(trace, f, n) for f, n in zip(lines["file"], lines["line"], strict=True)])
+
+
+def kernel_instructions(trace: Trace, kernel: object, run: int = 0) -> pd.DataFrame:
+    """The instructions of one run of `kernel` (the first by default) with their source
+    line: ts, dur, engine (DMA queues as `dma`), queue (the recorded engine), opcode,
+    bytes, source."""
+    name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
+    runs = trace.kernels[trace.kernels["name"] == name]
+    cols = ["ts", "dur", "engine", "queue", "opcode", "bytes", "source"]
+    if len(runs) <= run:
+        return pd.DataFrame(columns=cols)
+    ins = trace.instructions
+    mine = ins[ins["kernel_id"].to_numpy() == runs["kernel_id"].iloc[run]]
+    queue = mine["engine"].astype(str).to_numpy()
+    return pd.DataFrame({
+        "ts": mine["ts"].to_numpy(), "dur": mine["dur"].to_numpy(),
+        "engine": np.where(np.char.startswith(queue.astype(str), "dma"), "dma", queue),
+        "queue": queue, "opcode": mine["opcode"].astype(str).to_numpy(),
+        "bytes": mine["bytes"].to_numpy(),
+        "source": trace.args.texts(tf.ARG_SOURCE, mine["id"].to_numpy())})[cols]
+
+
+def nki_instructions(trace: Trace) -> pd.DataFrame:
+    """Every instruction of NKI kernel runs, with its kernel's name, the engine with DMA
+    queues as `dma`, and its source line: id, ts, dur, end, engine, opcode, bytes, flops,
+    kernel_id, kernel, source."""
+    runs = nki_runs(trace)
+    cols = ["id", "ts", "dur", "end", "engine", "opcode", "bytes", "flops", "kernel_id",
+            "kernel", "source"]
+    ins = trace.instructions
+    if not len(runs) or not len(ins):
+        return pd.DataFrame(columns=cols)
+    mine = ins[np.isin(ins["kernel_id"].to_numpy(), runs["kernel_id"].to_numpy())]
+    queue = mine["engine"].astype(str).to_numpy()
+    names = runs.set_index("kernel_id")["name"]
+    return pd.DataFrame({
+        "id": mine["id"].to_numpy(), "ts": mine["ts"].to_numpy(), "dur": mine["dur"].to_numpy(),
+        "end": (mine["ts"] + mine["dur"]).to_numpy(),
+        "engine": np.where(np.char.startswith(queue.astype(str), "dma"), "dma", queue),
+        "opcode": mine["opcode"].astype(str).to_numpy(), "bytes": mine["bytes"].to_numpy(),
+        "flops": mine["flops"].to_numpy(), "kernel_id": mine["kernel_id"].to_numpy(),
+        "kernel": names.reindex(mine["kernel_id"].to_numpy()).to_numpy(),
+        "source": trace.args.texts(tf.ARG_SOURCE, mine["id"].to_numpy())})[cols]
+
+
+def dma_compute_overlap(ins: pd.DataFrame) -> tuple[int, int, int]:
+    """(DMA busy, compute busy, both at once) in ns over `ins` (one kernel run)."""
+    from neuron_explorer.analyses.intervals import Union
+
+    dma = ins["engine"].to_numpy() == "dma"
+    d = Union(ins["ts"].to_numpy()[dma], ins["end"].to_numpy()[dma])
+    c = Union(ins["ts"].to_numpy()[~dma], ins["end"].to_numpy()[~dma])
+    both = Union.of((d.starts, d.ends), (c.starts, c.ends))
+    return d.total, c.total, d.total + c.total - both.total

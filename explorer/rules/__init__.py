@@ -18,6 +18,10 @@ from neuron_explorer.rules import (
     host_bound,
     host_device_copies,
     host_fallback,
+    kernel_dma_not_pipelined,
+    kernel_matmul_tile_shape,
+    kernel_memory_pressure,
+    kernel_small_dma,
     memory_bound_ops,
     memory_capacity,
     recompilation,
@@ -33,7 +37,8 @@ if TYPE_CHECKING:
 RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
          memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
          recompilation, compile_dominates, memory_capacity, exposed_communication,
-         dependency_idle)
+         dependency_idle, kernel_dma_not_pipelined, kernel_memory_pressure,
+         kernel_matmul_tile_shape, kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 

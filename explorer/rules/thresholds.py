@@ -73,3 +73,19 @@ EXPOSED_COMM_MIN_SHARE = 0.05
 # dependency_idle: the device idles with its next kernel already launched (cross-stream or
 # cross-rank waits).
 DEPENDENCY_IDLE_MIN_SHARE = 0.10
+
+# kernel_* rules: NKI kernels (ops `nki::<kernel>`).
+# kernel_dma_not_pipelined: DMA and compute each busy this share of the kernel, and less
+# than KERNEL_MIN_OVERLAP of the shorter one runs under the other.
+KERNEL_BUSY_SHARE = 0.10
+KERNEL_MIN_OVERLAP = 0.50
+# kernel_memory_pressure: SBUF or PSUM high-water over this share of the capacity.
+KERNEL_MEMORY_PRESSURE = 0.85
+# kernel_matmul_tile_shape: the array filled below this share (K x M of 128 x 128), or a
+# moving free size below KERNEL_MOVING_FREE_MIN columns.
+KERNEL_ARRAY_MIN_FILL = 0.75
+KERNEL_MOVING_FREE_MIN = 128
+# kernel_small_dma: a line's transfers spend over half their time on fixed cost.
+KERNEL_SMALL_DMA_OVERHEAD = 0.5
+# a kernel finding counts when its time lost is at least this share of the kernel's time
+KERNEL_MIN_SHARE = 0.05

@@ -174,3 +174,32 @@ def test_transposes_are_identity_matmuls_copied_out_a_bank_at_a_time(trn2):
     assert len(transposes) == 16 and len(copies) == 4  # one PSUM bank holds four blocks
     assert all(r[5] == 2 * 128 * 128 * 128 for r in transposes)
     assert copies[-1][2] >= transposes[-1][2] + transposes[-1][3]
+
+
+def test_a_queue_keeps_several_transfers_in_flight():
+    """Back-to-back independent transfers: each one's fixed cost runs while the earlier ones
+    move data, so the stream is bound by the engines' data rate (plus a fixed cost per
+    DMA_QUEUE_DEPTH transfers), not by one fixed cost per transfer."""
+    from neuron_explorer.backend.hardware import KernelBuilder, costs, get_preset
+    from neuron_explorer.backend.hardware.builder import DMA_QUEUE_DEPTH
+
+    p = get_preset("trn1")
+    b = KernelBuilder(p, "stream")
+    per_queue = 10
+    loads = 32 * per_queue  # round robin over the 32 load queues: 10 on each
+    for _ in range(loads):
+        b.dma_load(2048, partitions=8, row_bytes=4096)
+    k = b.build()
+    data = costs.dma_data_ns(p, 2048, 4096)
+    one_at_a_time = per_queue * (p.dma_fixed_ns + data)
+    waves = -(-per_queue // DMA_QUEUE_DEPTH)  # a queue's transfers, DEPTH at a time
+    assert k.duration_ns < 0.5 * one_at_a_time
+    # each wave pays one fixed cost; its data (two queues per engine) moves after it
+    assert waves * p.dma_fixed_ns <= k.duration_ns <= waves * (
+        p.dma_fixed_ns + 2 * DMA_QUEUE_DEPTH * data)
+    # a queue's records never overlap
+    a = k.arrays()
+    for q in set(a["engine"].tolist()):
+        mine = a["engine"] == q
+        starts, ends = a["start"][mine], a["start"][mine] + a["dur"][mine]
+        assert (starts[1:] >= ends[:-1]).all()

@@ -66,7 +66,9 @@ def test_tensors_on_the_cpu_are_refused_with_the_fix():
         matmul.matmul_tiled(torch.randn(128, 128), torch.randn(128, 512))
 
 
-def test_a_kernel_as_a_torch_op_runs_eager_and_inside_compiled_graphs():
+def test_a_kernel_as_a_torch_op_runs_eager_and_inside_compiled_graphs(recorder):
+    import warnings
+
     op = nki.as_torch_op(matmul.matmul_tiled, name="matmul_tiled_test_op")
 
     def f(a, b):
@@ -75,8 +77,24 @@ def test_a_kernel_as_a_torch_op_runs_eager_and_inside_compiled_graphs():
     lhsT, rhs = torch.randn(256, 128).bfloat16(), torch.randn(256, 512).bfloat16()
     eager = f(lhsT.to("neuron"), rhs.to("neuron"))
     assert eager.device.type == "neuron" and eager.dtype == torch.bfloat16
-    with pytest.warns(UserWarning, match="no neuron device lowering"):
-        compiled = torch.compile(f, backend="neuron")(lhsT.to("neuron"), rhs.to("neuron"))
+    a, b = lhsT.to("neuron"), rhs.to("neuron")
+    before = len(recorder.kernels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no host-fallback warning: the op is lowered
+        compiled = torch.compile(f, backend="neuron")(a, b)
     assert torch.equal(compiled.cpu(), eager.cpu())
     expected = torch.relu((lhsT.float().T @ rhs.float()).bfloat16()) * 2
     torch.testing.assert_close(eager.cpu(), expected, rtol=2 ** -7, atol=1e-2)
+    # one graph kernel holding the NKI kernel's own instructions, not a host round trip
+    graphs = [k for k in recorder.kernels[before:] if k.name.startswith("graph_")]
+    assert len(graphs) == 1 and not graphs[0].fallback
+    from neuron_explorer.backend import devices
+
+    class Spec:
+        def __init__(self, t):
+            self.shape, self.dtype = tuple(t.shape), "bfloat16"
+
+    alone = nki.benchmark(matmul.matmul_tiled, Spec(lhsT), Spec(rhs),
+                          preset=devices.get(0).preset)
+    assert graphs[0].engine_busy_ns["tensor"] == alone.engine_busy_ns["tensor"] > 0
+    assert graphs[0].model_flops >= 2 * 256 * 128 * 512

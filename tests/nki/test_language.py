@@ -332,11 +332,6 @@ def test_more_errors_name_the_line(kernel, text, message):
     assert str(info.value).startswith(line_of(kernel.func, text) + ":")
 
 
-def test_an_spmd_grid_says_it_is_not_supported():
-    with pytest.raises(nki.NkiError, match="SPMD launch grids are not supported"):
-        elementwise[2, 2]
-
-
 UNARY = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
          "relu": torch.relu, "gelu": torch.nn.functional.gelu,
          "gelu_apprx_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),

@@ -3,6 +3,7 @@ shapes, faster in the tutorial's order, and AWS's measured times at its shape.""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -93,11 +94,17 @@ PUBLISHED = {pub.kernel[1].get("version", "fully_optimized"): pub for pub in MEA
              if pub.kernel[0] in ("matmul_tutorial", "matmul_fully_optimized")}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["hoist_load", "block_free", "fully_optimized"])
+FULL_TUTORIAL = "NKI_FULL_TUTORIAL"  # set to 1 to also run the tiled version (~2-3 min)
+_TILED = pytest.param("tiled", marks=pytest.mark.skipif(
+    not os.environ.get(FULL_TUTORIAL), reason=f"1.1 M instructions, 2-3 minutes: set "
+    f"{FULL_TUTORIAL}=1 to run it (54.02 ms simulated against 51.80 ms, +4.3%)"))
+
+
+@pytest.mark.slow  # 20 s to 1.5 min each
+@pytest.mark.parametrize("name", [_TILED, "hoist_load", "block_free", "fully_optimized"])
 def test_simulated_time_matches_awss_measurement(name):
-    """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance.
-    The tiled version (1.1 M instructions) is 65% slower than measured: docs/nki.md."""
+    """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance
+    (measured on this language: +4.3%, +2.4%, +2.8%, -5.7%; docs/nki.md)."""
     pub = PUBLISHED[name]
     kw = pub.kernel[1]
     args = (Spec((kw["k_size"], kw["m_size"])), Spec((kw["k_size"], kw["n_size"])))
@@ -116,3 +123,30 @@ def test_the_profile_explains_the_speedup():
     assert tiled["busy_pct"]["tensor"] < 15 and best["busy_pct"]["tensor"] > 50
     assert tiled["dma_compute_overlap_pct"] < 20 and best["dma_compute_overlap_pct"] > 70
     assert best["sbuf_bytes"] > tiled["sbuf_bytes"] > 0
+
+
+def test_the_recorded_versions_get_faster_in_order_and_the_report_says_why():
+    """sample_traces/nki_kernels.pftrace (examples/nki/profile_kernels.py): each
+    optimisation is faster, moves its data in fewer transfers at a higher rate and hides
+    more of it under compute, and the report says so per kernel."""
+    import neuron_explorer
+    from neuron_explorer.kernel_report import kernel_summary
+    from neuron_explorer.report import render_report
+
+    trace = neuron_explorer.load(ROOT / "sample_traces" / "nki_kernels.pftrace")
+    names = [f"matmul_{v}" for v in matmul.VERSIONS]
+    s = [kernel_summary(trace, n) for n in names]
+    durations = [x["duration_ns"] for x in s]
+    assert durations == sorted(durations, reverse=True) and len(set(durations)) == 4
+    transfers = [x["dma_transfers"] for x in s]
+    assert transfers == sorted(transfers, reverse=True)
+    overlap = [x["dma_compute_overlap_pct"] for x in s]
+    assert overlap == sorted(overlap) and overlap[0] < 50 < overlap[-1]
+    assert s[-1]["dma_bytes_per_s"] > 1.3 * s[0]["dma_bytes_per_s"]  # longer rows
+    text = render_report(trace, "text")
+    for name, summary in zip(names, s, strict=True):
+        block = text.split(f"Kernel {name}: profile")[1].split("line profile")[0]
+        assert f"{summary['dma_transfers']} DMA transfers" in block
+        assert f"{summary['dma_compute_overlap_pct']:.0f}% of the DMA time" in block
+    assert "not pipelined" in text.split("Kernel matmul_tiled: profile")[1].split(
+        "line profile")[0]
