@@ -69,6 +69,14 @@ class TracePlot:
         """The `n` ops with the most time, device and host."""
         return figures.op_stats_figure(self._trace.op_stats(), n)
 
+    def kernel(self, kernel: str) -> go.Figure:
+        """An NKI kernel's line profile (time per source line, by engine) beside its first
+        run's engine timeline; `kernel` as listed by `trace.kernel_lines` / the report."""
+        from neuron_explorer.analyses.kernel_lines import line_profile
+        from neuron_explorer.plot.kernel import kernel_figure
+
+        return kernel_figure(self._trace, kernel, line_profile(self._trace, kernel))
+
 
 class RunPlot:
     """Figures of a distributed run."""

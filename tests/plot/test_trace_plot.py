@@ -189,3 +189,19 @@ def test_a_million_event_timeline_draws_a_few_thousand_marks(tmp_path):
         fig = trace.plot.timeline(*window, interactive=False)
         drawn = sum(values(t.base if t.type == "bar" else t.x).size for t in fig.data)
         assert 0 < drawn <= 6_000, drawn
+
+
+def test_kernel_figure_shows_each_line_and_the_engine_timeline():
+    import neuron_explorer
+    from neuron_explorer.analyses.kernel_lines import line_profile, nki_kernels
+
+    trace = neuron_explorer.load(REPO / "sample_traces" / "nki_kernels.pftrace")
+    kernel = nki_kernels(trace)[0]
+    fig = trace.plot.kernel(kernel)
+    assert isinstance(fig, go.Figure)
+    bars = [t for t in fig.data if t.type == "bar"]
+    segments = [t for t in fig.data if t.type == "scatter"]
+    assert bars and segments
+    lines = line_profile(trace, kernel)
+    assert all(len(b.y) == len(lines) for b in bars)  # one bar per source line, per engine
+    assert {t.xaxis for t in segments} == {"x2"}  # the timeline sits beside the profile

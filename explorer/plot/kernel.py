@@ -1,8 +1,7 @@
 """The Kernel figure: an NKI kernel's line profile (time per source line, by engine) next
 to its engine timeline (each instruction of one run, coloured by the line that issued it).
 
-A plotly figure as a dict, with no dashboard dependency, so notebooks and the dashboard
-draw the same thing.
+`trace.plot.kernel(name)` and the dashboard's Kernel page both draw through `kernel_figure`.
 """
 
 from __future__ import annotations
@@ -13,12 +12,13 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.analyses.kernel_lines import ENGINE_COLUMNS, kernel_instructions
+from neuron_explorer.plot.figures import new_figure
+from neuron_explorer.plot.theme import BREAKDOWN_COLOURS, GRID_COLOUR
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
     from neuron_explorer.trace import Trace
 
-ENGINE_COLOURS = {"tensor": "#f28e2b", "vector": "#4e79a7", "scalar": "#59a14f",
-                  "gpsimd": "#b07aa1", "dma": "#76b7b2"}
 LINE_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
                 "#ff9da7", "#9c755f"]
 OTHER_COLOUR = "#bab0ac"
@@ -32,7 +32,7 @@ def line_label(file: str, line: int, code: str) -> str:
     return f"{line}  {text}" if text else f"{str(file).rsplit('/', 1)[-1]}:{line}"
 
 
-def kernel_figure(trace: Trace, kernel: str, lines: pd.DataFrame) -> dict[str, Any]:
+def kernel_figure(trace: Trace, kernel: str, lines: pd.DataFrame) -> go.Figure:
     """Left: busy time per source line (`lines`, from `line_profile`), one bar per engine.
     Right: the first run's instructions on each engine over time, coloured by line (the
     lines with most time get their own colour, the rest share one)."""
@@ -43,22 +43,22 @@ def kernel_figure(trace: Trace, kernel: str, lines: pd.DataFrame) -> dict[str, A
         us = (lines[f"{e}_ns"] / 1e3).tolist()
         if any(us):
             data.append({"type": "bar", "orientation": "h", "name": e, "legendgroup": "engines",
-                         "x": us, "y": labels, "marker": {"color": ENGINE_COLOURS[e]},
+                         "x": us, "y": labels, "marker": {"color": BREAKDOWN_COLOURS[e]},
                          "xaxis": "x", "yaxis": "y",
                          "hovertemplate": f"{e}: " + "%{x:.2f} µs<extra>%{y}</extra>"})
     data.extend(_timeline(trace, kernel, lines, labels))
     height = max(380, 26 * len(labels) + 200)
-    return {"data": data, "layout": {
-        "barmode": "stack", "height": height, "hovermode": "closest",
+    return new_figure(data, {
+        "barmode": "stack", "hovermode": "closest",
         "xaxis": {"domain": [0, 0.42], "title": {"text": "engine time per line (µs)"},
-                  "gridcolor": "#eceff3"},
+                  "gridcolor": GRID_COLOUR},
         "yaxis": {"autorange": "reversed", "automargin": True, "tickfont": {"family": "monospace"}},
         "xaxis2": {"domain": [0.5, 1], "anchor": "y2",
-                   "title": {"text": "time since the kernel's start (µs)"}, "gridcolor": "#eceff3"},
+                   "title": {"text": "time since the kernel's start (µs)"}, "gridcolor": GRID_COLOUR},
         "yaxis2": {"anchor": "x2", "categoryorder": "array", "categoryarray": TIMELINE_ROWS},
         "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},
         "margin": {"l": 20, "r": 20, "t": 30, "b": 40},
-    }}
+    }, height=height)
 
 
 def _timeline(trace: Trace, kernel: str, lines: pd.DataFrame,
