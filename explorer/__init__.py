@@ -18,8 +18,8 @@ _LAZY = {
     "Run": "neuron_explorer.run",
     "load_run": "neuron_explorer.run",
     "TraceFormatError": "neuron_explorer.errors",
-    "diff": "neuron_explorer.diff",
-    "whatif": "neuron_explorer.whatif",
+    "diff": "neuron_explorer.trace_diff",
+    "whatif": "neuron_explorer.whatif_replay",
     "record": "neuron_explorer.collectors.session",
     "step": "neuron_explorer.collectors.session",
     "annotate": "neuron_explorer.collectors.session",
@@ -30,11 +30,11 @@ __all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff"
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, record, step
-    from neuron_explorer.diff import diff
     from neuron_explorer.errors import TraceFormatError
     from neuron_explorer.run import Run, load_run
     from neuron_explorer.trace import Trace, load
-    from neuron_explorer.whatif import whatif
+    from neuron_explorer.trace_diff import diff
+    from neuron_explorer.whatif_replay import whatif
 
 
 def __getattr__(name: str) -> Any:

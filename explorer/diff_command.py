@@ -66,8 +66,8 @@ def _steps(run) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_explorer.diff import diff
     from neuron_explorer.render import fmt_ns
+    from neuron_explorer.trace_diff import diff
 
     a, b = load_quietly(args.a, "diff"), load_quietly(args.b, "diff")
     runs = [hasattr(x, "digests") for x in (a, b)]

@@ -11,7 +11,7 @@ import os
 import sys
 
 from neuron_explorer.report_command import FORMATS, load_quietly, write_output
-from neuron_explorer.whatif import DTYPES, HARDWARE, MODES
+from neuron_explorer.whatif_replay import DTYPES, HARDWARE, MODES
 
 
 def _microseconds(text: str) -> float:
@@ -49,8 +49,8 @@ def default_output(args: argparse.Namespace, hardware: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_explorer.diff import diff
-    from neuron_explorer.whatif import WhatIfError, whatif
+    from neuron_explorer.trace_diff import diff
+    from neuron_explorer.whatif_replay import WhatIfError, whatif
 
     trace = load_quietly(args.trace, "whatif")
     if not hasattr(trace, "base_slices"):

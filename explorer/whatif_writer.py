@@ -19,7 +19,7 @@ import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.trace import Trace
-from neuron_explorer.whatif import META_WHATIF, WhatIfOptions
+from neuron_explorer.whatif_replay import META_WHATIF, WhatIfOptions
 
 _INSTANTS = frozenset({tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_UNCOUNTED})
 _DEVICE_KINDS_REPLACED = frozenset({"kernel", "instruction", "dma", "memcpy", "memset"})

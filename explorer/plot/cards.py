@@ -13,9 +13,9 @@ from neuron_explorer.plot.theme import FONT_FAMILY, MUTED_COLOUR, severity_colou
 from neuron_explorer.render import fmt_ns, fmt_share
 
 if TYPE_CHECKING:
-    from neuron_explorer.diff import TraceDiff
     from neuron_explorer.rules.finding import Finding
     from neuron_explorer.run import Run
+    from neuron_explorer.trace_diff import TraceDiff
 
 MAX_EVIDENCE_SHOWN = 3
 MAX_DIFF_ROWS = 10

@@ -16,7 +16,7 @@ from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import map_unique
-from neuron_explorer.whatif import predicted_bf16_saving_ns
+from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

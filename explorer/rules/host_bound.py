@@ -53,7 +53,7 @@ def _recommendation(trace: Trace) -> str:
 
 def _predicted_compile(trace: Trace) -> str:
     """What a compiled what-if replay predicts for the step time (traces with op keys)."""
-    from neuron_explorer.whatif import predicted_step_ns
+    from neuron_explorer.whatif_replay import predicted_step_ns
 
     predicted = predicted_step_ns(trace, "compiled")
     recorded = float(trace.steps["dur"].median()) if len(trace.steps) else 0.0

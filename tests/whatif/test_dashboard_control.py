@@ -7,7 +7,7 @@ import shutil
 
 import plotly.io.json as pio_json
 import pytest
-from neuron_explorer.diff import diff
+from neuron_explorer.trace_diff import diff
 from neuron_explorer.webapp.app import AppContext
 from neuron_explorer.webapp.pages import compare
 from neuron_explorer.webapp.trace_store import TraceStore

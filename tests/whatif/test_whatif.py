@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from neuron_explorer import load, whatif
 from neuron_explorer.cli import main
-from neuron_explorer.diff import diff
 from neuron_explorer.report import render_report
-from neuron_explorer.whatif import WhatIfError
+from neuron_explorer.trace_diff import diff
+from neuron_explorer.whatif_replay import WhatIfError
 
 pytestmark = pytest.mark.slow  # each workload is recorded in its own process
 
