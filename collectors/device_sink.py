@@ -394,7 +394,7 @@ class DeviceSink:
             slots = cached[1]
         else:  # Instruction records (events built by hand)
             engines, opcodes, starts, durs, nbytes, flops = zip(*map(_INSTRUCTION_FIELDS,
-                                                                      ev.instructions))
+                                                                      ev.instructions), strict=True)
             engine_names, engine_index = _factorize(engines)
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
@@ -589,7 +589,7 @@ class DeviceSink:
     def _signature_columns(self, signatures: np.ndarray) -> tuple[list, np.ndarray, list]:
         """(names, the one each row uses, prepared args, indexed alike) of a batch."""
         used, index = np.unique(signatures, return_inverse=True)
-        names, prepared = zip(*(self._prepared[i] for i in used.tolist()))
+        names, prepared = zip(*(self._prepared[i] for i in used.tolist()), strict=True)
         return list(names), index, list(prepared)
 
     @staticmethod
@@ -611,10 +611,10 @@ class DeviceSink:
         for busy in c["busy"]:
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
-                        c["bytes"], c["sbuf"], c["psum"], c["fallback"]))
+                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
-        for device, start, end in zip(c["device"], c["start"], c["end"]):
+        for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):
             lanes.append(self.device(device).kernel_lane(start, end))
         start = np.array(c["start"], np.int64)
         flow_out = np.zeros((len(flows), max(1, max(map(len, flows)))), np.uint64)
@@ -644,7 +644,7 @@ class DeviceSink:
         self._forget_signatures()
         c = self._take(self._ops, _OP_ROW)
         keys = list(zip(c["name"], c["shapes"], c["dtypes"], c["flops"], c["bytes"],
-                        c["module"], c["source"], c["fallback"], c["device"], c["graph_id"]))
+                        c["module"], c["source"], c["fallback"], c["device"], c["graph_id"], strict=True))
         signatures = self._signature_values(keys, self._op_signatures, self._op_args)
         op_ids = np.array(c["op_id"], np.int64)
         counts = np.array(c["kernel_count"], np.int64)

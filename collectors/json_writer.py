@@ -15,6 +15,7 @@ events alone); Perfetto UI also accepts such a file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -199,7 +200,7 @@ class JsonWriter:
         for row, (track, t, d, ni) in enumerate(zip(np.asarray(tracks).tolist(),
                                                     np.asarray(ts).tolist(),
                                                     np.asarray(dur).tolist(),
-                                                    np.asarray(name_index).tolist())):
+                                                    np.asarray(name_index).tolist(), strict=True)):
             args: dict[str, Any] = dict(pre[row]) if pre is not None else {}
             args.update({k: v[row] for k, v in int_cols.items()
                          if k not in int_present or int_present[k][row]})
@@ -211,7 +212,7 @@ class JsonWriter:
 
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
         for track, t, v in zip(np.asarray(tracks).tolist(), np.asarray(ts).tolist(),
-                               np.asarray(values).tolist()):
+                               np.asarray(values).tolist(), strict=True):
             self.counter(track, t, v)
 
     # -- output -------------------------------------------------------------------
@@ -261,8 +262,6 @@ class JsonWriter:
     def _abandon(self) -> None:
         self.closed = True
         self._buffer.clear()
-        try:
+        with contextlib.suppress(OSError):
             self._file.close()
-        except OSError:
-            pass
 

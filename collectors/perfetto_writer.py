@@ -20,6 +20,7 @@ chunks of whole packets, so a killed run leaves a readable prefix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -465,7 +466,5 @@ class PerfettoWriter:
     def _abandon(self) -> None:
         self.closed = True
         self._buffer.clear()
-        try:
+        with contextlib.suppress(OSError):
             self._file.close()
-        except OSError:
-            pass

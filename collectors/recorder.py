@@ -7,6 +7,7 @@ what is inside the step window, keeps host slices properly nested per thread
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -400,10 +401,8 @@ class Recorder:
             self.writer.discard()
             return
         if self.options.drop_if_empty and self.writer.events <= 1:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.writer.path)
-            except OSError:
-                pass
             return
         if not self.options.quiet:
             from neuron_explorer.collectors.summary import summary

@@ -13,7 +13,6 @@ import os
 import sys
 import sysconfig
 
-import neuron_explorer
 import torch
 
 

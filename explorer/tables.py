@@ -133,10 +133,7 @@ def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
         if not live.any():
             break
         hit = live & match[np.maximum(cur, 0)]
-        if outermost:
-            found = np.where(hit, cur, found)
-        else:
-            found = np.where(hit & (found < 0), cur, found)
+        found = np.where(hit if outermost else hit & (found < 0), cur, found)
         cur = np.where(live, parent[np.maximum(cur, 0)], -1)
     return found
 

@@ -156,7 +156,7 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         if not params.get("trace") and ctx.default_trace:
             raise PreventUpdate  # sync_trace_choice is about to put the default trace in the URL
         name = params.get("trace")
-        page = PAGE_BY_PATH.get(pathname or "/", None)
+        page = PAGE_BY_PATH.get(pathname or "/")
         hrefs = [p.PATH + (f"?{urlencode({'trace': name})}" if name else "") for p in PAGES]
         classes = ["nav-link active" if p is page else "nav-link" for p in PAGES]
         if page is None:

@@ -51,7 +51,7 @@ def timeline_figure(
             # a plain list: Dash passes customdata of a clicked point only from plain arrays
             "customdata": window.ids[pick].tolist(),
             "text": names[pick].tolist(),
-            "hovertext": [f"{n} · {fmt.duration(d)}" for n, d in zip(names[pick], window.end[pick] - window.start[pick])],
+            "hovertext": [f"{n} · {fmt.duration(d)}" for n, d in zip(names[pick], window.end[pick] - window.start[pick], strict=True)],
             "textposition": "inside",
             "insidetextanchor": "start",
             "textfont": {"color": "#ffffff"},

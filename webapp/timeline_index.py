@@ -126,7 +126,7 @@ class TimelineIndex:
         stops = np.concatenate([bounds, [keys.size]])
         info = _track_info(tracks)
         groups = []
-        for a, b in zip(starts, stops):
+        for a, b in zip(starts, stops, strict=True):
             tid, d = int(track_id[a]), int(depth[a])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
             sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
@@ -317,8 +317,8 @@ class TimelineIndex:
             out_count.append(counts.astype(np.int64))
             first_names = r.names[lo:hi][first]
             first_cats = r.categories[lo:hi][first]
-            names += [n if one else f"{k:,} slices" for n, one, k in zip(first_names, single, counts)]
-            cats += [c if one else "merged" for c, one in zip(first_cats, single)]
+            names += [n if one else f"{k:,} slices" for n, one, k in zip(first_names, single, counts, strict=True)]
+            cats += [c if one else "merged" for c, one in zip(first_cats, single, strict=True)]
         start = np.concatenate(out_start)
         return (
             start, np.concatenate(out_end), np.full(start.size, index, dtype=np.int32),

@@ -191,7 +191,7 @@ class _Program:
             if v in self.group_of:
                 continue
             size = _bytes(v, binding)
-            if (v not in self.loaded and 0 < size and held + size <= self.budget
+            if (v not in self.loaded and size > 0 and held + size <= self.budget
                     and self.emitter.reads_on_chip(group)
                     and not self.emitter.loads_itself(group, v)):
                 if group.kind is OpKind.ATTENTION:

@@ -372,7 +372,7 @@ class KernelBuilder:
                     te_active += d
                 f = s + d
                 ls_end = f
-            elif kind == _DMA or kind == _HBM_COPY:
+            elif kind in (_DMA, _HBM_COPY):
                 eng = (e - FIRST_DMA) % p.dma_engines
                 size = nbytes[i]
                 data_start = max(s + fixed, dma_engine_free[eng])

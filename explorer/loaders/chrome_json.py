@@ -554,7 +554,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         on_device = [is_dev[t] for t in range(len(col.track_of))]
         memo: dict[tuple[str, str, bool], str] = {}
         kinds = [memo.get(key) or memo.setdefault(key, kineto_kind(*key))
-                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track))]
+                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track), strict=True)]
     else:
         kinds = [our_kind(c) for c in col.s_cat]
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),

@@ -23,7 +23,7 @@ def test_varint_matches_protobuf_encoding() -> None:
     edges = [(1 << bits) + d for bits in range(64) for d in (-1, 0, 1)]
     rng = np.random.default_rng(5)
     random = [int(v) >> int(s) for v, s in zip(rng.integers(0, 2**63, 2000, dtype=np.uint64),
-                                               rng.integers(0, 63, 2000))]
+                                               rng.integers(0, 63, 2000), strict=True)]
     for value in [0, 300, 1_700_000_000_123_456_789, 2**64 - 1, *edges, *random]:
         expected = encoder._VarintBytes(value)
         assert wire.varint(value) == expected, value

@@ -179,7 +179,7 @@ def make_trace(n_steps: int = 3, ops_per_step: int = 40, instructions_per_kernel
     op_parent = mod_ids[step_of_op * modules_per_step + module_of_op]
     op_args = [{"op_id": int(i), "shapes": "[[64, 512], [512, 512]]", "dtypes": "[float32, float32]",
                 "flops": 33554432, "bytes": 1179648, "module": f"model.{m}", "source": "train.py:42"}
-               for i, m in zip(range(n_ops), module_of_op)] if n_ops <= 20_000 else None
+               for i, m in zip(range(n_ops), module_of_op, strict=True)] if n_ops <= 20_000 else None
     frames.append(_frame(op_ids, op_ts, op_dur, names, "op", 1, 2, op_parent, op_args))
     sync_ids = take(n_steps)
     sync_ts = steps["ts"].to_numpy() + step_len - 190_000
