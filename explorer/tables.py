@@ -68,12 +68,12 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
     None and the other missing markers (NaN) are passed on as they are."""
     array = np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(array)
-    results = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
+    results: np.ndarray = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
     results[: len(uniques)] = [function(u) for u in uniques.tolist()]
     out = results[codes]
     missing = np.flatnonzero(codes < 0)
     if len(missing):
-        none = np.equal(array[missing], None).astype(bool)
+        none = np.equal(array[missing], None).astype(bool)  # type: ignore[call-overload]
         for part in (missing[none], missing[~none]):
             if len(part):
                 out[part] = function(array[part[0]])
@@ -216,7 +216,7 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
     busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
     busy_args = col(tf.ARG_ENGINE_BUSY, ids)
-    present = np.flatnonzero(np.not_equal(busy_args, None))  # often none: skip the loop
+    present = np.flatnonzero(np.not_equal(busy_args, None))  # type: ignore[call-overload]  # often none: skip the loop
     for i, raw in zip(present.tolist(), busy_args[present].tolist(), strict=True):
         if raw:
             try:

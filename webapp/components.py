@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
@@ -67,7 +68,7 @@ def data_table(df: pd.DataFrame, table_id, page_size: int = 20, selectable: bool
     clean = _jsonable(df)
     columns = []
     for col in clean.columns:
-        spec = {"name": str(col), "id": str(col)}
+        spec: dict[str, Any] = {"name": str(col), "id": str(col)}
         if pd.api.types.is_numeric_dtype(clean[col]):
             spec["type"] = "numeric"
             if "share" in str(col):

@@ -22,11 +22,11 @@ class PageData:
     """An analysis result, or why there is none."""
 
     value: Any = None
-    missing: str | None = None  # shown to the user when value is None
+    missing: str = ""  # shown to the user when value is None
 
     @property
     def ok(self) -> bool:
-        return self.missing is None
+        return not self.missing
 
 
 def _is_empty(value: Any) -> bool:

@@ -20,7 +20,7 @@ def typed_array(values: np.ndarray, dtype: str) -> dict:
     return {"dtype": arr.dtype.str.lstrip("<|"), "bdata": base64.b64encode(arr.tobytes()).decode()}
 
 
-def to_us(ns: np.ndarray | int, origin: int) -> np.ndarray:
+def to_us(ns: np.ndarray | float, origin: int) -> np.ndarray:
     """Trace ns -> µs since the trace's first event (the x axis)."""
     return (np.asarray(ns, dtype=np.int64) - origin) / NS_PER_US
 

@@ -28,7 +28,7 @@ def engine_family(engines: pd.Series) -> np.ndarray:
     return map_unique(engines, lambda e: "dma" if str(e).startswith("dma") else e)
 
 
-def _bins(lo: int, hi: int, bin_ns: int | None) -> np.ndarray:
+def _bins(lo: int, hi: int, bin_ns: int | None) -> tuple[np.ndarray, int]:
     span = max(hi - lo, 1)
     width = int(bin_ns) if bin_ns else max(span // DEFAULT_BINS, 1)
     return np.arange(lo, hi, width, dtype=np.int64), width

@@ -95,7 +95,7 @@ def engine_profile(engine: np.ndarray, start: np.ndarray, end: np.ndarray,
     duration = max(int(duration), 1)
     return {"busy_pct": {e: 100.0 * v / duration for e, v in busy.items()},
             "dma_compute_overlap_pct": 100.0 * overlap / max(unions["dma"].total, 1),
-            "critical_engine": max(busy, key=busy.get)}
+            "critical_engine": max(busy, key=busy.__getitem__)}
 
 
 def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:

@@ -115,12 +115,12 @@ def _breakdowns(a, b, name_a: str, name_b: str):
         return notice("Neither trace has a time breakdown.")
     df = pd.concat(frames)
     df["bar"] = df["trace"] + " · " + df["side"]
-    data = []
+    bars = []
     for category, group in df.groupby("category", sort=False):
-        data.append({"type": "bar", "orientation": "h", "name": str(category), "y": group["bar"].tolist(),
+        bars.append({"type": "bar", "orientation": "h", "name": str(category), "y": group["bar"].tolist(),
                      "marker": {"color": breakdown_colour(category)},
                      "x": (group["ns"] / 1e6).tolist(), "hovertemplate": f"{category}: " + "%{x:.3f} ms<extra></extra>"})
-    figure = {"data": data, "layout": {"barmode": "stack", "xaxis": {"title": {"text": "ms per step"}},
+    figure = {"data": bars, "layout": {"barmode": "stack", "xaxis": {"title": {"text": "ms per step"}},
                                        "legend": {"orientation": "h", "y": -0.3},
                                        "margin": {"l": 260, "r": 20, "t": 10, "b": 40}}}
     return graph(figure, "compare-breakdown", height=320)

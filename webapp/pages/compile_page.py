@@ -26,7 +26,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         parts.append(section("torch.compile", notice(
             "No torch.compile activity in this trace: the program ran in eager mode.")))
         return html.Div(parts)
-    graphs = summary.get("graphs")
+    graphs: Any = summary.get("graphs")
     real = graphs[graphs["graph_id"] >= 0] if _has(graphs, "graph_id") else graphs
     loose = graphs[graphs["graph_id"] < 0] if _has(graphs, "graph_id") else None
     parts.append(html.Div([

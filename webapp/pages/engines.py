@@ -50,7 +50,7 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
         "yaxis": {"title": {"text": "busy (%)"}, "range": [0, 105], "gridcolor": "#eceff3"},
         "legend": {"orientation": "h", "y": 1.12},
     }}
-    per_step = per_step_utilisation(df, steps, bin_ns) if window else None
+    per_step = per_step_utilisation(df, steps, bin_ns) if bin_ns is not None else None
     return html.Div([
         page_title(TITLE, name),
         section("Utilisation over time", graph(timeline, "engines-timeline", height=380),
@@ -70,7 +70,7 @@ def _steps_window(steps: pd.DataFrame) -> tuple[int, int] | None:
 
 def per_step_utilisation(df: pd.DataFrame, steps: pd.DataFrame, bin_ns: int) -> pd.DataFrame:
     """step, engine label, utilisation (0..1): the mean of the bins inside each step."""
-    rows = []
+    rows: list[dict] = []
     for _, step in steps.iterrows():
         lo, hi = int(step["ts"]), int(step["ts"] + step["dur"])
         inside = df[(df["ts"] >= lo) & (df["ts"] + bin_ns <= hi)]

@@ -24,7 +24,7 @@ TABLES = {
 
 
 def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
-    tab = params.get("tab") if params.get("tab") in TABLES else "ops"
+    tab = str(params["tab"]) if params.get("tab") in TABLES else "ops"
     return html.Div([
         page_title(TITLE, name),
         dcc.Store(id="tables-trace", data=name),

@@ -359,7 +359,8 @@ def _linked(trace, slices: pd.DataFrame, index: TimelineIndex, slice_id: int, s)
     parent = s.get("parent_id")
     if parent is not None and not pd.isna(parent) and int(parent) >= 0:
         partners.append((int(parent), "inside"))
-    seen, buttons = set(), []
+    seen: set[int] = set()
+    buttons: list = []
     for other, relation in partners:
         if other in seen or len(buttons) >= MAX_LINKS:
             continue
