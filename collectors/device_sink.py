@@ -75,6 +75,7 @@ from neuron_explorer.trace_format import (
     DEVICE_PROCESS,
     DMA_TRACK,
     ENGINE_TRACKS,
+    ENGINES,
     TRACK_COLLECTIVES,
     TRACK_KERNELS,
 )
@@ -83,7 +84,6 @@ if TYPE_CHECKING:
     from neuron_explorer.collectors.recorder import Recorder
     from neuron_explorer.collectors.trace_writer import TraceWriter
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _BATCH = 16384  # buffered instructions / counter values before a batch is written
 _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
 _SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
@@ -122,11 +122,6 @@ _ENGINE_NAME_SLOTS = np.array([_FLOW_ENGINE_INDEX.get(e, 4) for e in ENGINE_NAME
 def engine_index_of(engine: str) -> int:
     """Flow slot of an engine: tensor 0, vector 1, scalar 2, gpsimd 3, any DMA queue 4."""
     return _FLOW_ENGINE_INDEX.get(engine, 4)
-
-
-def kernel_flow_id(kernel_id: int, engine: str) -> int:
-    """Flow from a kernel to its first instruction on `engine` (or its first DMA transfer)."""
-    return _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4) | engine_index_of(engine)
 
 
 def _dma_queue(engine: str) -> int:

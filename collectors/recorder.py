@@ -29,6 +29,7 @@ from neuron_explorer.trace_format import (
     CAT_STEP,
     CAT_UNCOUNTED,
     FORMAT_VERSION,
+    LEVELS,
     META_COMMAND,
     META_HARDWARE,
     META_HARDWARE_FIGURES,
@@ -41,7 +42,6 @@ from neuron_explorer.trace_format import (
     TRACK_UNCOUNTED,
 )
 
-LEVELS = ("framework", "op", "engine")
 _FLUSH_EVERY_S = 0.5  # at most this old: the events a killed run loses
 
 

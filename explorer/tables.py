@@ -30,7 +30,6 @@ KERNEL_COLUMNS = ["id", "ts", "dur", "name", "kernel_id", "op_id", "device", "fl
 INSTRUCTION_COLUMNS = ["id", "ts", "dur", "engine", "opcode", "bytes", "flops", "kernel_id",
                        "device", "kind"]
 MODULE_COLUMNS = ["id", "ts", "dur", "module", "phase", "depth", "step"]
-ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 _STEP_IN_NAME = re.compile(r"(\d+)\s*$")
 
@@ -214,7 +213,7 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
     out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
-    busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
+    busy = {e: np.zeros(len(s), np.int64) for e in (*tf.ENGINES, tf.ENGINE_DMA)}
     busy_args = col(tf.ARG_ENGINE_BUSY, ids)
     present = np.flatnonzero(np.not_equal(busy_args, None))  # type: ignore[call-overload]  # often none: skip the loop
     for i, raw in zip(present.tolist(), busy_args[present].tolist(), strict=True):

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from neuron_explorer import trace_format as tf
 
 # Order of track kinds from top to bottom: host first, then each device.
 KIND_ORDER = {"thread": 0, "gpu_stream": 1, "kernels": 2, "engine": 3, "dma": 4, "counter": 6}
-ENGINE_ORDER = ("tensor", "vector", "scalar", "gpsimd")
+ENGINE_ORDER = tf.ENGINES
 MAX_DEPTH_ROWS = 12  # deeper host nesting is folded into the last row
 SUMMARY_ID = -1  # id given to merged bars
 

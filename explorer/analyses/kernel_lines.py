@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
-from neuron_explorer.tables import ENGINES
+from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
-ENGINE_COLUMNS = (*ENGINES, "dma")
+ENGINE_COLUMNS = (*ENGINES, ENGINE_DMA)
 COLUMNS = ["source", "file", "line", *(f"{e}_ns" for e in ENGINE_COLUMNS), "total_ns",
            "stall_ns", "instructions", "share"]
 

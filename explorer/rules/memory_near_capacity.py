@@ -1,0 +1,52 @@
+"""Device memory near capacity: one larger batch or activation away from running out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neuron_explorer.analyses.memory import peak_memory
+from neuron_explorer.peaks import hbm_capacity
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "memory_near_capacity"
+
+
+def capacity(trace: Trace) -> int | None:
+    """Device memory capacity: the hardware figures, or a profiled GPU's totalGlobalMem."""
+    cap = hbm_capacity(trace.hardware_figures)
+    if cap:
+        return cap
+    props = trace.metadata.get("deviceProperties") or []
+    if props and isinstance(props[0], dict) and props[0].get("totalGlobalMem"):
+        return int(props[0]["totalGlobalMem"])
+    return None
+
+
+def check(trace: Trace) -> list[Finding]:
+    cap = capacity(trace)
+    peaks = peak_memory(trace)
+    if not cap or not len(peaks):
+        return []
+    findings = []
+    holders = trace.memory_at_peak()
+    for device, peak, ts in peaks.itertuples(index=False):
+        use = peak / cap
+        if use < th.MEMORY_NEAR_CAPACITY:
+            continue
+        top = holders[holders["device"] == device].head(3)
+        names = ", ".join(f"{r.op}{' in ' + r.module if r.module else ''} "
+                          f"({r.bytes / 2**20:.0f} MiB)" for r in top.itertuples())
+        findings.append(make(
+            trace, RULE_ID, f"Device {device} memory at {use:.0%} of capacity", 0,
+            [evidence(ts, 0, [], f"peak {peak / 2**30:.2f} GiB of {cap / 2**30:.2f} GiB")],
+            f"Peak device memory reaches {use:.0%} of the {cap / 2**30:.2f} GiB available"
+            + (f"; largest holders at the peak: {names}" if names else "") + ".",
+            "Cut activation memory before it runs out: activation checkpointing "
+            "(torch.utils.checkpoint) on the largest modules, a smaller micro-batch with "
+            "gradient accumulation, bf16 activations, and freeing tensors kept for logging.",
+            severity_override="high" if use >= th.MEMORY_CRITICAL else "medium"))
+    return findings
