@@ -129,9 +129,6 @@ class KernelBuilder:
     def note_psum(self, nbytes: int) -> None:
         self.psum_peak = max(self.psum_peak, int(nbytes))
 
-    def sbuf_fits(self, nbytes: int) -> bool:
-        return nbytes <= self.preset.sbuf_bytes
-
     # --- DMA -----------------------------------------------------------------------
     def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
              kind: int, row_bytes: float | None = None, store: bool = False,

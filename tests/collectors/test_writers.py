@@ -10,10 +10,9 @@ from neuron_explorer.collectors import wire
 from neuron_explorer.collectors.json_writer import JsonWriter
 from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
 from neuron_explorer.collectors.trace_writer import RecordingError, open_writer
-from neuron_explorer.loaders.chrome_json import read_events
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from .trace_reading import parse
+from .trace_reading import parse, read_events
 
 
 def test_varint_matches_protobuf_encoding() -> None:

@@ -14,8 +14,6 @@ from neuron_explorer.webapp.theme import breakdown_colour
 
 PATH = "/"
 TITLE = "Overview"
-SEVERITY_ORDER = {"high": 0, "critical": 0, "medium": 1, "warning": 1, "low": 2, "info": 3}
-
 
 def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
     summary = fetch(trace, "summary", "summary")
