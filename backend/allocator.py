@@ -169,7 +169,3 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
                                         op_id if op_id is not None else context.op_id))
     return block
 
-
-def host_storage_of(storage: torch.UntypedStorage) -> torch.UntypedStorage:
-    """The host buffer behind a neuron storage."""
-    return storage._neuron_block.host

@@ -24,6 +24,7 @@ docs/recording.md explains the design and its limits.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -225,10 +226,8 @@ class HostClock:
         """In a forked child: the inherited schedstat file is the parent's thread's."""
         delay = self._threads
         if delay.fd >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(delay.fd)
-            except OSError:
-                pass
         delay.fd = -1
         delay.last_read = 0
 

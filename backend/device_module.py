@@ -141,7 +141,8 @@ def get_rng_state_all() -> list[torch.Tensor]:
 
 
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    for dev, state in zip(devices.devices(), new_states):
+    # As torch.cuda: fewer states than devices set the first devices only.
+    for dev, state in zip(devices.devices(), new_states, strict=False):
         dev.generator.set_state(state.cpu())
 
 

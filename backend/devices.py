@@ -1,6 +1,6 @@
 """The simulated NeuronCores: one `neuron` device per core of one chip of the chosen preset.
 
-The preset comes from `NEURON_HARDWARE` (trn1, trn2 or trn3; trn2 by default) and is
+The preset comes from `NEURON_HARDWARE` (a name in hardware/presets.py; trn2 by default) and is
 resolved on first use, not at `import torch`, so a bad value is reported where the
 device is used, as one clear error.
 """
@@ -13,7 +13,6 @@ import torch
 from neuron_explorer.backend.allocator import MemoryStats
 from neuron_explorer.errors import NeuronExplorerError
 
-DEFAULT_PRESET = "trn2"
 PRESET_ENV = "NEURON_HARDWARE"
 
 
@@ -59,6 +58,8 @@ def initialized() -> bool:
 
 def preset_name() -> str:
     """The preset asked for in the environment (not yet validated)."""
+    from neuron_explorer.backend.hardware.presets import DEFAULT_PRESET
+
     return os.environ.get(PRESET_ENV, DEFAULT_PRESET).strip() or DEFAULT_PRESET
 
 
@@ -66,7 +67,12 @@ def preset():
     """The hardware preset of this process's chip (resolved once)."""
     global _preset
     if _preset is None:
-        from neuron_explorer.backend.hardware import UnknownPresetError, get_preset
+        from neuron_explorer.backend.hardware.presets import (
+            DEFAULT_PRESET,
+            PRESETS,
+            UnknownPresetError,
+            get_preset,
+        )
 
         name = preset_name()
         try:
@@ -74,7 +80,7 @@ def preset():
         except UnknownPresetError:
             raise UnknownHardwareError(
                 f"unknown hardware preset {name!r} in {PRESET_ENV}: "
-                f"set {PRESET_ENV} to one of trn1, trn2, trn3 (or unset it for trn2)"
+                f"set {PRESET_ENV} to one of {', '.join(PRESETS)} (or unset it for {DEFAULT_PRESET})"
             ) from None
     return _preset
 

@@ -293,10 +293,7 @@ def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     out = []
     n_args = len(args)
     for i, name, kwarg_only in info.attr_args:
-        if i < n_args and not kwarg_only:
-            value = args[i]
-        else:
-            value = kwargs.get(name)
+        value = args[i] if i < n_args and not kwarg_only else kwargs.get(name)
         if value is None:
             continue
         if type(value) is list:

@@ -61,7 +61,7 @@ def storage_nbytes(size, stride, dtype: torch.dtype, storage_offset: int = 0) ->
                            f"{list(size)}")
     if not all(size):
         return 0
-    extent = 1 + storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
+    extent = 1 + storage_offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
     nbytes = extent * dtype.itemsize
     if nbytes > _MAX_NBYTES or (stride and min(stride) < 0):
         raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and "

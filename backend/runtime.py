@@ -404,7 +404,3 @@ def synchronize(device_index: int | None, kind: str) -> None:
             hub.sync_waited(SyncWait(device.index, kind, host_start, clock.now()))
             clock.exclude(_perf_ns() - record_start)
 
-
-def reset_lowering_cache() -> None:
-    """Forget cached lowerings (tests that swap presets or lowerings)."""
-    _lowered.clear()

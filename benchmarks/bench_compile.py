@@ -171,9 +171,9 @@ def main() -> None:
     # Per-batch ratios of interleaved steps, then the median: robust to load that
     # changes over the run (the machine is shared).
     host_ratio = statistics.median(
-        c / p for c, p in zip(compiled.wall_s[1:], cpu.wall_s[1:]))
+        c / p for c, p in zip(compiled.wall_s[1:], cpu.wall_s[1:], strict=True))
     host_cpu_ratio = statistics.median(
-        c / p for c, p in zip(compiled.cpu_s[1:], cpu.cpu_s[1:]))
+        c / p for c, p in zip(compiled.cpu_s[1:], cpu.cpu_s[1:], strict=True))
     print(f"\nhost overhead, compiled neuron step / plain-CPU step: {host_ratio:.2f}x wall, "
           f"{host_cpu_ratio:.2f}x CPU time "
           f"(target <= 1.5x: {'ok' if host_ratio <= 1.5 else 'MISSED'})")
@@ -189,9 +189,9 @@ def main() -> None:
     print(f"compiled graphs: {len(counter.graph_kernels) / steps_run:.0f} launches per step, "
           f"{max(counter.graph_kernels)} kernel(s) per launch (target 1), "
           f"{counter.graph_ns / steps_run / 1e6:.3f} ms of device time per step in them")
-    diff = max(abs(a - b) for a, b in zip(eager.losses, compiled.losses))
-    cpu_diff = max(abs(a - b) for a, b in zip(eager.losses, cpu.losses))
-    adaptive_diff = max(abs(a - b) for a, b in zip(eager.losses, adaptive.losses))
+    diff = max(abs(a - b) for a, b in zip(eager.losses, compiled.losses, strict=True))
+    cpu_diff = max(abs(a - b) for a, b in zip(eager.losses, cpu.losses, strict=True))
+    adaptive_diff = max(abs(a - b) for a, b in zip(eager.losses, adaptive.losses, strict=True))
     print(f"loss curves over {args.steps} steps, max |eager - compiled| = {diff:.2e}, "
           f"|eager - cpu| = {cpu_diff:.2e}, |eager - adaptive| = {adaptive_diff:.2e}")
 

@@ -16,6 +16,7 @@ children are named by pid, never by the rank they inherit.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import json
 import os
@@ -128,10 +129,8 @@ def _end_cleanly_on_sigterm() -> None:
         def _exit(signum: int, frame: object) -> None:
             sys.exit(128 + signum)
 
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(signal.SIGTERM, _exit)
-        except ValueError:  # not the main thread
-            pass
 
 
 def _after_fork_in_child() -> None:

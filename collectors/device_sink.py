@@ -77,6 +77,7 @@ from neuron_explorer.trace_format import (
     DEVICE_PROCESS,
     DMA_TRACK,
     ENGINE_TRACKS,
+    ENGINES,
     TRACK_COLLECTIVES,
     TRACK_KERNELS,
 )
@@ -85,7 +86,6 @@ if TYPE_CHECKING:
     from neuron_explorer.collectors.recorder import Recorder
     from neuron_explorer.collectors.trace_writer import TraceWriter
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 _BATCH = 16384  # buffered instructions / counter values before a batch is written
 _FLOW_KERNEL_TO_INSTRUCTION = 1 << 62
 _SIGNATURE_LIMIT = 50_000  # prepared op / kernel args kept
@@ -124,11 +124,6 @@ _ENGINE_NAME_SLOTS = np.array([_FLOW_ENGINE_INDEX.get(e, 4) for e in ENGINE_NAME
 def engine_index_of(engine: str) -> int:
     """Flow slot of an engine: tensor 0, vector 1, scalar 2, gpsimd 3, any DMA queue 4."""
     return _FLOW_ENGINE_INDEX.get(engine, 4)
-
-
-def kernel_flow_id(kernel_id: int, engine: str) -> int:
-    """Flow from a kernel to its first instruction on `engine` (or its first DMA transfer)."""
-    return _FLOW_KERNEL_TO_INSTRUCTION | (kernel_id << 4) | engine_index_of(engine)
 
 
 def _dma_queue(engine: str) -> int:
@@ -397,7 +392,7 @@ class DeviceSink:
             slots = cached[1]
         else:  # Instruction records (events built by hand)
             engines, opcodes, starts, durs, nbytes, flops = zip(*map(_INSTRUCTION_FIELDS,
-                                                                      ev.instructions))
+                                                                      ev.instructions), strict=True)
             engine_names, engine_index = _factorize(engines)
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
@@ -595,7 +590,7 @@ class DeviceSink:
     def _signature_columns(self, signatures: np.ndarray) -> tuple[list, np.ndarray, list]:
         """(names, the one each row uses, prepared args, indexed alike) of a batch."""
         used, index = np.unique(signatures, return_inverse=True)
-        names, prepared = zip(*(self._prepared[i] for i in used.tolist()))
+        names, prepared = zip(*(self._prepared[i] for i in used.tolist()), strict=True)
         return list(names), index, list(prepared)
 
     @staticmethod
@@ -617,10 +612,10 @@ class DeviceSink:
         for busy in c["busy"]:
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
-                        c["bytes"], c["sbuf"], c["psum"], c["fallback"]))
+                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
-        for device, start, end in zip(c["device"], c["start"], c["end"]):
+        for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):
             lanes.append(self.device(device).kernel_lane(start, end))
         start = np.array(c["start"], np.int64)
         flow_out = np.zeros((len(flows), max(1, max(map(len, flows)))), np.uint64)
@@ -651,7 +646,7 @@ class DeviceSink:
         c = self._take(self._ops, _OP_ROW)
         keys = list(zip(c["name"], c["shapes"], c["dtypes"], c["flops"], c["bytes"],
                         c["module"], c["source"], c["fallback"], c["device"], c["graph_id"],
-                        c["key"]))
+                        c["key"], strict=True))
         signatures = self._signature_values(keys, self._op_signatures, self._op_args)
         op_ids = np.array(c["op_id"], np.int64)
         counts = np.array(c["kernel_count"], np.int64)

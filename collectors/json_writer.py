@@ -9,8 +9,7 @@ C (counters), s/f (flows, `bp: "e"`), M (process and thread names).
 A run killed before the end leaves the file without its closing `{}]}`: every
 complete line is still one whole event, so a tolerant reader drops the partial
 last line and closes the brackets. The explorer's loader does (with a warning, as
-for a cut .pftrace; `neuron_explorer.loaders.chrome_json.read_events` gives the
-events alone); Perfetto UI also accepts such a file.
+for a cut .pftrace); Perfetto UI also accepts such a file.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from neuron_explorer.collectors.trace_writer import open_output, write_failed
+from neuron_explorer.collectors.chunked_output import ChunkedOutput
 from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
 
 _HEAD = b'{"displayTimeUnit": "ns", "traceEvents": [\n'
@@ -28,27 +27,21 @@ _TAIL = b"{}]}\n"
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
-class JsonWriter:
+class JsonWriter(ChunkedOutput):
     """Writes Chrome-trace JSON events to `path`, buffered in chunks of about `chunk_bytes`."""
 
     def __init__(self, path: str, *, chunk_bytes: int = 1 << 20, uuid_base: int = 1,
                  **_ignored: Any) -> None:
-        self.path = str(path)
-        self._file = open_output(self.path)
-        self._chunk_bytes = chunk_bytes
-        self._buffer: list[str] = []
-        self._buffered = 0
-        self.bytes_written = 0
+        super().__init__(path, chunk_bytes)
         self.events = 0
         self.counts: dict[str, int] = {}
-        self.closed = False
         self._next_handle = uuid_base
         self._tracks: dict[int, tuple[int, int]] = {}  # handle -> (pid, tid)
         self._counter_names: dict[int, tuple[int, str]] = {}  # handle -> (pid, name)
         self._process_pid: dict[int, int] = {}
         self._next_tid: dict[int, int] = {}
         self._open: dict[int, list[dict[str, Any]]] = {}  # begun, not yet ended, per track
-        self._emit_raw(_HEAD.decode())
+        self._emit(_HEAD.decode())
 
     # -- tracks -----------------------------------------------------------------
 
@@ -199,7 +192,7 @@ class JsonWriter:
         for row, (track, t, d, ni) in enumerate(zip(np.asarray(tracks).tolist(),
                                                     np.asarray(ts).tolist(),
                                                     np.asarray(dur).tolist(),
-                                                    np.asarray(name_index).tolist())):
+                                                    np.asarray(name_index).tolist(), strict=True)):
             args: dict[str, Any] = dict(pre[row]) if pre is not None else {}
             args.update({k: v[row] for k, v in int_cols.items()
                          if k not in int_present or int_present[k][row]})
@@ -211,58 +204,21 @@ class JsonWriter:
 
     def counters(self, tracks: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
         for track, t, v in zip(np.asarray(tracks).tolist(), np.asarray(ts).tolist(),
-                               np.asarray(values).tolist()):
+                               np.asarray(values).tolist(), strict=True):
             self.counter(track, t, v)
 
     # -- output -------------------------------------------------------------------
 
     def _line(self, event: dict[str, Any]) -> None:
-        self._emit_raw(_dumps(event) + ",\n")
+        self._emit(_dumps(event) + ",\n")
 
-    def _emit_raw(self, text: str) -> None:
-        self._buffer.append(text)
-        self._buffered += len(text)
-        if self._buffered >= self._chunk_bytes:
-            self.flush()
+    def _encode(self, parts: list[str]) -> bytes:
+        return "".join(parts).encode()
 
-    def flush(self) -> None:
-        """Write the buffered lines (whole events only)."""
-        if not self._buffer or self.closed:
-            return
-        data = "".join(self._buffer).encode()
-        self._buffer.clear()
-        self._buffered = 0
-        try:
-            self._file.write(data)
-            self._file.flush()
-        except OSError as exc:
-            self._abandon()
-            raise write_failed(self.path, exc) from None
-        self.bytes_written += len(data)
-
-    def close(self) -> None:
-        """End the slices still open, close the brackets and the file (idempotent)."""
-        if self.closed:
-            return
-        try:
-            for track, stack in list(self._open.items()):
-                while stack:
-                    self.end(track, stack[-1]["ts"])
-            self._emit_raw(_TAIL.decode())
-            self.flush()
-        finally:
-            self._abandon()
-
-    def discard(self) -> None:
-        """Forget buffered events and close without writing them (a forked child's copy)."""
-        self._buffer.clear()
-        self._abandon()
-
-    def _abandon(self) -> None:
-        self.closed = True
-        self._buffer.clear()
-        try:
-            self._file.close()
-        except OSError:
-            pass
+    def _finish(self) -> None:
+        """End the slices still open and close the brackets."""
+        for track, stack in list(self._open.items()):
+            while stack:
+                self.end(track, stack[-1]["ts"])
+        self._emit(_TAIL.decode())
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from neuron_explorer.collectors import perfetto_fields as F
 from neuron_explorer.collectors import wire
-from neuron_explorer.collectors.trace_writer import open_output, write_failed
+from neuron_explorer.collectors.chunked_output import ChunkedOutput
 from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
 
 _TRACE_PACKET = 1  # Trace.packet
@@ -52,21 +52,15 @@ def _annotation_value(value: Any) -> bytes:
     return wire.field_bytes(6, str(value).encode())
 
 
-class PerfettoWriter:
+class PerfettoWriter(ChunkedOutput):
     """Writes TrackEvent packets to `path`, buffered in chunks of about `chunk_bytes`."""
 
     def __init__(
         self, path: str, *, chunk_bytes: int = 1 << 20, sequence_id: int = 1, uuid_base: int = 1
     ) -> None:
-        self.path = str(path)
-        self._file = open_output(self.path)
-        self._chunk_bytes = chunk_bytes
-        self._buffer: list[bytes] = []
-        self._buffered = 0
-        self.bytes_written = 0
+        super().__init__(path, chunk_bytes)
         self.events = 0
         self.counts: dict[str, int] = {}
-        self.closed = False
         self._seq = wire.field_varint(F.P_SEQ_ID, sequence_id)
         self._seq_needs = self._seq + wire.field_varint(F.P_FLAGS, _NEEDS)
         self._first = True
@@ -155,12 +149,6 @@ class PerfettoWriter:
         """Batches carry the NEEDS flag: make sure a CLEARED packet came first."""
         if self._first:
             self._packet(b"")
-
-    def _emit(self, data: bytes) -> None:
-        self._buffer.append(data)
-        self._buffered += len(data)
-        if self._buffered >= self._chunk_bytes:
-            self.flush()
 
     def _event(self, ts: int, event: bytes) -> None:
         """One TrackEvent packet; the hot path, so the packet is assembled inline."""
@@ -429,43 +417,3 @@ class PerfettoWriter:
         self._emit(wire.to_bytes(packet))
         self.events += n
         self.counts["counter"] = self.counts.get("counter", 0) + n
-
-    # -- output ---------------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Write the buffered packets to the file (whole packets only)."""
-        if not self._buffer or self.closed:
-            return
-        data = b"".join(self._buffer)
-        self._buffer.clear()
-        self._buffered = 0
-        try:
-            self._file.write(data)
-            self._file.flush()
-        except OSError as exc:
-            self._abandon()
-            raise write_failed(self.path, exc) from None
-        self.bytes_written += len(data)
-
-    def close(self) -> None:
-        """Flush what is buffered and close the file (idempotent)."""
-        if self.closed:
-            return
-        try:
-            self.flush()
-        finally:
-            self._abandon()
-
-    def discard(self) -> None:
-        """Forget buffered packets and close without writing them (a forked child's copy)."""
-        self._buffer.clear()
-        self._buffered = 0
-        self._abandon()
-
-    def _abandon(self) -> None:
-        self.closed = True
-        self._buffer.clear()
-        try:
-            self._file.close()
-        except OSError:
-            pass

@@ -11,9 +11,7 @@ import os
 import sys
 
 from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
-
-LEVELS = ("framework", "op", "engine")
-HARDWARE = ("trn1", "trn2", "trn3")
+from neuron_explorer.trace_format import LEVELS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="PATH",
                         help="trace file (default: a new SCRIPT.pftrace in the current folder); "
                              "for torchrun, the run folder (default: a new SCRIPT.run)")
-    parser.add_argument("--hardware", choices=HARDWARE,
-                        help="simulated device preset (sets NEURON_HARDWARE)")
+    parser.add_argument("--hardware", metavar="PRESET",
+                        help="simulated device preset, such as trn1, trn2 (the default) or trn3 "
+                             "(sets NEURON_HARDWARE)")
     parser.add_argument("--level", choices=LEVELS, default="engine",
                         help="framework: steps, modules, optimizer, data, syncs, compile; "
                              "op: + every device op and kernel; engine (default): + instructions, "
@@ -87,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     from neuron_explorer.collectors.recorder import RecordOptions, parse_steps
     from neuron_explorer.collectors.session import format_for
 
+    if args.hardware:  # an unknown name: one error listing the presets
+        from neuron_explorer.backend.hardware.presets import get_preset
+
+        get_preset(args.hardware)
     words = list(args.program)
     if words and words[0].startswith("-") and words[0] not in ("--", "-m"):
         raise RecordingError(f"unknown option {words[0]}: see `neuron-explorer record --help`")

@@ -7,6 +7,7 @@ what is inside the step window, keeps host slices properly nested per thread
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,6 +29,7 @@ from neuron_explorer.trace_format import (
     CAT_STEP,
     CAT_UNCOUNTED,
     FORMAT_VERSION,
+    LEVELS,
     META_COMMAND,
     META_HARDWARE,
     META_HARDWARE_FIGURES,
@@ -40,7 +42,6 @@ from neuron_explorer.trace_format import (
     TRACK_UNCOUNTED,
 )
 
-LEVELS = ("framework", "op", "engine")
 _FLUSH_EVERY_S = 0.5  # at most this old: the events a killed run loses
 
 
@@ -400,10 +401,8 @@ class Recorder:
             self.writer.discard()
             return
         if self.options.drop_if_empty and self.writer.events <= 1:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.writer.path)
-            except OSError:
-                pass
             return
         if not self.options.quiet:
             from neuron_explorer.collectors.summary import summary

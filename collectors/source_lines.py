@@ -13,7 +13,6 @@ import os
 import sys
 import sysconfig
 
-import neuron_explorer
 import torch
 
 
@@ -33,7 +32,9 @@ def _internal_roots() -> tuple[str, ...]:
 
 def _workloads_root() -> str:
     """The reference workloads are user code as far as source lines go."""
-    return os.path.join(os.path.dirname(neuron_explorer.__file__), "workloads") + os.sep
+    import neuron_explorer.workloads
+
+    return os.path.dirname(neuron_explorer.workloads.__file__) + os.sep
 
 
 class SourceLocator:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from neuron_explorer.trace_format import CAT_DMA, CAT_INSTRUCTION, CAT_KERNEL, CAT_OP
+from neuron_explorer.trace_format import CAT_DMA, CAT_INSTRUCTION, CAT_KERNEL, CAT_OP, LEVELS
 
 if TYPE_CHECKING:
     from neuron_explorer.collectors.recorder import Recorder
@@ -57,7 +57,7 @@ def summary(recorder: Recorder) -> str:
     path = recorder.writer.path
     size = os.path.getsize(path) if os.path.exists(path) else 0
     levels = events_per_level(recorder.writer.counts)
-    shown = [f"{name} {levels[name]:,}" for name in ("framework", "op", "engine")]
+    shown = [f"{name} {levels[name]:,}" for name in LEVELS]
     lines = [
         (f"neuron-explorer: trace written to {path} ({human_size(size)}, level "
         f"{recorder.options.level})"),

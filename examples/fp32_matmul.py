@@ -22,7 +22,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(2048, 4096), nn.GELU(), nn.Linear(4096, 2048)).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(512, 2048).to(args.device)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16):
             loss = (model(x).float() - x).pow(2).mean()
         optimizer.zero_grad()

@@ -59,7 +59,7 @@ def main() -> None:
     step_model = torch.compile(model, backend="neuron") if args.compile else model
 
     data = torch.randint(0, 512, (8, 65))
-    for step in range(args.steps):
+    for _ in range(args.steps):
         batch = data.to(args.device)
         logits = step_model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))

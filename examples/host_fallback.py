@@ -26,7 +26,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(1024, 512).to(args.device)
     y = torch.randint(0, classes, (1024,)).to(args.device)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         logits = model(x)
         loss = nn.functional.cross_entropy(logits, y)
         features = model[1](model[0](x[:256])).detach()

@@ -28,7 +28,7 @@ def main() -> None:
 
     inputs = torch.randn(64, 512)
     targets = torch.randint(0, 10, (64,))
-    for step in range(args.steps):
+    for _ in range(args.steps):
         x, y = inputs.to(args.device), targets.to(args.device)
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()

@@ -31,7 +31,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 2048)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(512, 2048).to(device)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()

@@ -28,7 +28,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(65536, args.width).to(args.device)
     y = torch.randn(65536, 1).to(args.device)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         with torch.autocast("neuron", dtype=torch.bfloat16, enabled=args.device == "neuron"):
             loss = nn.functional.mse_loss(model(x).float(), y)
         optimizer.zero_grad()

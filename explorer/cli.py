@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 from neuron_explorer import __version__
 from neuron_explorer.errors import NeuronExplorerError
@@ -25,7 +26,7 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(
         prog="neuron-explorer",
         description="Profile PyTorch on a simulated Trainium NeuronCore and explore the traces.",

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-HALF = ("bfloat16", "float16")
-
 
 def peak_flops(figures: dict[str, Any] | None, dtype: str = "bfloat16") -> float | None:
     """Tensor Engine dense peak in FLOP/s for `dtype` (BF16 when the dtype is unknown)."""

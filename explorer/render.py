@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+from neuron_explorer.units import duration
 
 FORMATS = ("text", "json", "md", "html")
 
@@ -37,15 +38,8 @@ def fmt_value(value: Any) -> str:
 
 
 def fmt_ns(ns: Any) -> str:
-    """A duration in ns as ms/us/ns."""
-    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
-        return "-"
-    ns = float(ns)
-    if abs(ns) >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if abs(ns) >= 1e3:
-        return f"{ns / 1e3:.2f} us"
-    return f"{ns:.0f} ns"
+    """A duration in ns for the report's tables (4 significant digits)."""
+    return duration(ns, digits=4)
 
 
 def fmt_share(x: Any) -> str:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pandas as pd
 from neuron_explorer.errors import NeuronExplorerError
@@ -117,7 +117,7 @@ class Run:
         if rank not in self._traces:
             from neuron_explorer.trace import load
 
-            self._traces[rank] = load(self.digests[rank].path)
+            self._traces[rank] = cast("Trace", load(self.digests[rank].path))  # one file: a Trace
         return self._traces[rank]
 
     @property

@@ -30,7 +30,6 @@ KERNEL_COLUMNS = ["id", "ts", "dur", "name", "kernel_id", "op_id", "device", "fl
 INSTRUCTION_COLUMNS = ["id", "ts", "dur", "engine", "opcode", "bytes", "flops", "kernel_id",
                        "device", "kind"]
 MODULE_COLUMNS = ["id", "ts", "dur", "module", "phase", "depth", "step"]
-ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 _STEP_IN_NAME = re.compile(r"(\d+)\s*$")
 
@@ -68,12 +67,12 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
     None and the other missing markers (NaN) are passed on as they are."""
     array = np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(array)
-    results = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
+    results: np.ndarray = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
     results[: len(uniques)] = [function(u) for u in uniques.tolist()]
     out = results[codes]
     missing = np.flatnonzero(codes < 0)
     if len(missing):
-        none = np.equal(array[missing], None).astype(bool)
+        none = np.equal(array[missing], None).astype(bool)  # type: ignore[call-overload]
         for part in (missing[none], missing[~none]):
             if len(part):
                 out[part] = function(array[part[0]])
@@ -133,10 +132,7 @@ def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
         if not live.any():
             break
         hit = live & match[np.maximum(cur, 0)]
-        if outermost:
-            found = np.where(hit, cur, found)
-        else:
-            found = np.where(hit & (found < 0), cur, found)
+        found = np.where(hit if outermost else hit & (found < 0), cur, found)
         cur = np.where(live, parent[np.maximum(cur, 0)], -1)
     return found
 
@@ -217,9 +213,9 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
     out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
-    busy = {e: np.zeros(len(s), np.int64) for e in (*ENGINES, "dma")}
+    busy = {e: np.zeros(len(s), np.int64) for e in (*tf.ENGINES, tf.ENGINE_DMA)}
     busy_args = col(tf.ARG_ENGINE_BUSY, ids)
-    present = np.flatnonzero(np.not_equal(busy_args, None))  # often none: skip the loop
+    present = np.flatnonzero(np.not_equal(busy_args, None))  # type: ignore[call-overload]  # often none: skip the loop
     for i, raw in zip(present.tolist(), busy_args[present].tolist(), strict=True):
         if raw:
             try:

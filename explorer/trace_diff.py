@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -264,6 +264,6 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:
     """Compare two traces (loaded, or paths to load): what changed from a to b."""
-    ta = a if isinstance(a, Trace) else load(a)
-    tb = b if isinstance(b, Trace) else load(b)
+    ta = a if isinstance(a, Trace) else cast(Trace, load(a))  # one file: a Trace
+    tb = b if isinstance(b, Trace) else cast(Trace, load(b))
     return diff_traces(ta, tb)

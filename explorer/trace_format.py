@@ -59,6 +59,8 @@ DEVICE_PROCESS = "neuron:{index} ({preset})"
 TRACK_KERNELS = "Kernels"
 TRACK_COLLECTIVES = "Collectives"  # the device's collective queue (backend/distributed)
 TRACK_UNCOUNTED = "Not counted (GC, recording)"  # host process: CAT_UNCOUNTED instants
+ENGINES = ("tensor", "vector", "scalar", "gpsimd")  # the compute engines, in this order
+ENGINE_DMA = "dma"  # every DMA queue as one engine (an instruction says "dma.<queue>")
 ENGINE_TRACKS = {
     "tensor": "Tensor Engine",
     "vector": "Vector Engine",
@@ -79,6 +81,7 @@ META_TORCH = "torch_version"
 META_VERSION = "neuron_explorer_version"
 META_START = "start_time_unix_ns"
 META_LEVEL = "level"
+LEVELS = ("framework", "op", "engine")  # META_LEVEL's values: each records more than the last
 META_PID = "pid"
 META_RANK = "rank"  # this process's rank in a distributed run
 META_WORLD_SIZE = "world_size"

@@ -107,7 +107,7 @@ def build_program(keys: list, preset, name: str):
     from neuron_explorer.backend.replay import spec_of
 
     b = KernelBuilder(preset, name)
-    sections = []
+    sections: list[Section] = []
     made: dict[tuple, tuple[int, ...]] = {}  # (shape, dtype) -> the last op that made one
     for key in keys:
         spec = spec_of(key)

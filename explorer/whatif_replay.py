@@ -79,7 +79,7 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
             f"an op-level or engine-level recording; {_RECORD_HINT}")
     ids = ops["id"].to_numpy()
     keys = trace.args.column(tf.ARG_OP_KEY, ids)
-    has_key = np.not_equal(keys, None)
+    has_key = np.fromiter((k is not None for k in keys), bool, len(keys))
     graphs = tables.number(trace, tf.ARG_GRAPH_ID, ids, default=-1) >= 0
     if graphs.any():
         raise WhatIfError(
@@ -145,7 +145,7 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
     if is_prediction(trace) or trace.source_format == "kineto_json" or not len(op_ids):
         return None
     keys = trace.args.column(tf.ARG_OP_KEY, op_ids)
-    if not np.not_equal(keys, None).all():
+    if any(k is None for k in keys):
         return None
     names = trace.base_slices["name"].to_numpy()[op_ids]
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Sets everything up from nothing and runs the whole test suite (browser tests included).
+# Sets everything up from nothing, lints, type-checks and runs the whole test suite
+# (browser tests included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/install_browser.sh
+.venv/bin/python -m ruff check .
+.venv/bin/python scripts/typecheck.py
 .venv/bin/python -m pytest "$@"

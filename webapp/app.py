@@ -135,7 +135,7 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         params = query_params(search)
         if not params.get("trace") and ctx.default_trace:
             raise PreventUpdate  # sync_trace_choice is about to put the default trace in the URL
-        page = PAGE_BY_PATH.get(pathname or "/", None)
+        page = PAGE_BY_PATH.get(pathname or "/")
         body, banner = page_body(ctx, page, pathname, params)
         return body, banner, *nav_state(page, params.get("trace"))
 

@@ -71,7 +71,7 @@ def data_table(df: pd.DataFrame, table_id, page_size: int = 20, selectable: bool
     clean = _jsonable(df)
     columns = []
     for col in clean.columns:
-        spec = {"name": str(col), "id": str(col)}
+        spec: dict[str, Any] = {"name": str(col), "id": str(col)}
         if pd.api.types.is_numeric_dtype(clean[col]):
             spec["type"] = "numeric"
             if "share" in str(col):

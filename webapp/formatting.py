@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from neuron_explorer import units
+
 
 def _is_missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
@@ -11,13 +13,7 @@ def _is_missing(value) -> bool:
 
 def duration(ns) -> str:
     """1234567 -> '1.23 ms'."""
-    if _is_missing(ns):
-        return "–"
-    ns = float(ns)
-    for unit, size in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= size:
-            return f"{ns / size:.3g} {unit}"
-    return f"{ns:.0f} ns"
+    return units.duration(ns, micro="µs", missing="–")
 
 
 def size(n) -> str:

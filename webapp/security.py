@@ -117,7 +117,9 @@ class RequestGuard:
                       "This dashboard needs its token: open the URL with ?token=... that `view` printed.")
 
     def _matches(self, candidate: str | None) -> bool:
-        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token.encode())
+        if not candidate or self.token is None:
+            return False
+        return hmac.compare_digest(candidate.encode(), self.token.encode())
 
     def _cookie_token(self, environ: dict) -> str | None:
         cookies = SimpleCookie()

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -81,7 +81,7 @@ class TraceStore:
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._sizes: dict[str, int] = {}  # estimated bytes of each cached trace and what derives from it
         self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
-        self._extras: dict[str, Any] = {}  # per-trace derived objects (timeline index, ...)
+        self._extras: dict[tuple[str, str], Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
         self.skipped: dict[str, str] = {}  # files left out of the list, and why
@@ -312,7 +312,8 @@ def estimated_bytes(obj: Any, _seen: set[int] | None = None, _depth: int = 0) ->
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return 0
     if callable(obj) and getattr(obj, "__closure__", None):  # a lazy table holds its source
-        items = [cell.cell_contents for cell in obj.__closure__ if cell.cell_contents is not None]
+        items: Iterable[Any] = [cell.cell_contents for cell in obj.__closure__
+                                if cell.cell_contents is not None]
     elif isinstance(obj, dict):
         items = obj.values()
     elif isinstance(obj, (list, tuple)):

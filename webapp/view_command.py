@@ -65,6 +65,7 @@ def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
     folder = target.resolve().parent if target.is_file() else target  # a linked file: its real folder
     store = TraceStore(folder, loader=loader or default_loader, max_upload_bytes=max_upload_bytes,
                        max_uploads=max_uploads)
+    default: str | None
     try:
         if target.is_file():
             default = target.resolve().relative_to(store.root).as_posix()

@@ -64,7 +64,7 @@ def fused_run_kernel(keys: list[tuple], steps: list[list[Step]], preset: object)
     resident = 0
     all_steps: list[Step] = []
     names = []
-    for key, own in zip(keys, steps):
+    for key, own in zip(keys, steps, strict=True):
         name, inputs, outputs = key[0], key[1], key[2]
         names.append(base_name(name).strip("_"))
         for sig in inputs:

@@ -76,7 +76,7 @@ class HostRunner:
         results = self._fn(*host_args)
         results = list(results) if isinstance(results, (list, tuple)) else [results]
         return [self._to_neuron(r, owners) if on else r
-                for r, on in zip(results, self._neuron_outputs)]
+                for r, on in zip(results, self._neuron_outputs, strict=True)]
 
     def _to_neuron(self, host: object, owners: dict[int, torch.Tensor]) -> object:
         if not isinstance(host, torch.Tensor):

@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
 from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
@@ -191,7 +190,7 @@ class _Program:
             if v in self.group_of:
                 continue
             size = _bytes(v, binding)
-            if (v not in self.loaded and 0 < size and held + size <= self.budget
+            if (v not in self.loaded and size > 0 and held + size <= self.budget
                     and self.emitter.reads_on_chip(group)
                     and not self.emitter.loads_itself(group, v)):
                 if group.kind is OpKind.ATTENTION:
@@ -203,10 +202,3 @@ class _Program:
             waits.extend(self.loaded.get(v, ()))
         return waits
 
-
-def section_ops(kernel: Kernel) -> list[tuple[str, int]]:
-    """(section name, instruction count) of a program, in section order."""
-    if kernel.section is None:
-        return [(kernel.name, len(kernel))]
-    counts = np.bincount(kernel.section, minlength=len(kernel.sections)).tolist()
-    return [(s.name, c) for s, c in zip(kernel.sections, counts, strict=True)]

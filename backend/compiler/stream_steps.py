@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from functools import partial
 
 from neuron_explorer.backend.hardware import lower_pointwise as pointwise
-from neuron_explorer.backend.hardware import lower_rowwise as rowwise
-from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
+from neuron_explorer.backend.hardware.optable import (
+    NO_DEVICE_WORK,
+    STREAM_FAMILIES,
+    base_name,
+    lowering_for,
+)
 from neuron_explorer.backend.hardware.streaming import Step, vec
 
-# Lowerings whose work is "the same steps on every tile": they can join a stream.
-_STREAMED = (pointwise.lower_pointwise, pointwise.lower_generate, rowwise.lower_reduction,
-             rowwise.lower_rows)
 _COPY_STEP = vec("TensorCopy", 1, 0.0)
 
 
@@ -33,7 +34,7 @@ def steps_for(op_name: str, n_tensor_inputs: int, converts_dtype: bool = False
     if fn is pointwise.lower_copy:
         # In SBUF a copy is free unless it converts the dtype.
         return [_COPY_STEP] if converts_dtype else []
-    if isinstance(fn, partial) and fn.func in _STREAMED and "steps" in fn.keywords:
+    if isinstance(fn, partial) and fn.func in STREAM_FAMILIES and "steps" in fn.keywords:
         return resolve_arith(fn.keywords["steps"], n_tensor_inputs)
     return None
 

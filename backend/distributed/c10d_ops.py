@@ -12,6 +12,7 @@ clear message naming the op instead of an error from deep inside c10d.
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
 
 import torch
@@ -112,8 +113,6 @@ def register() -> None:
         lib.impl("gather_", _gather, "PrivateUse1")
         lib.impl("reduce_", _reduce, "PrivateUse1")
         for op, name in _UNSUPPORTED.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # an op this torch does not have
                 lib.impl(op, _unsupported(name), "PrivateUse1")
-            except RuntimeError:
-                pass  # an op this torch does not have
     _libraries.append(lib)

@@ -136,9 +136,6 @@ class KernelBuilder:
     def note_psum(self, nbytes: int) -> None:
         self.psum_peak = max(self.psum_peak, int(nbytes))
 
-    def sbuf_fits(self, nbytes: int) -> bool:
-        return nbytes <= self.preset.sbuf_bytes
-
     # --- DMA -----------------------------------------------------------------------
     def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
              kind: int, row_bytes: float | None = None, store: bool = False,
@@ -330,26 +327,13 @@ class KernelBuilder:
         kinds = self._kind
         cost = self._cost
         latency = self._latency
-        deps_ = self._deps
         nbytes = self._bytes
         gaps = self._gap
-        n_streams = FIRST_DMA + DMA_QUEUES
-        streams: list[list[int]] = [[] for _ in range(n_streams)]
-        for i, e in enumerate(engines):
-            streams[e].append(i)
+        streams, dependents, waiting, heap = self._dependency_graph()
+        n_streams = len(streams)
         head = [0] * n_streams
-        waiting = [len(d) for d in deps_]
-        dependents: list[list[int]] = [[] for _ in range(n)]
-        for i, deps in enumerate(deps_):
-            for d in deps:
-                dependents[d].append(i)
         ready = [0.0] * n  # when the last dependency ends (plus any host wait)
         free = [0.0] * n_streams
-        heap: list[tuple[float, int]] = []
-        for e in range(n_streams):
-            if streams[e] and waiting[streams[e][0]] == 0:
-                i = streams[e][0]
-                heapq.heappush(heap, (gaps.get(i, 0.0), i))
 
         dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
         host_free = 0.0  # the host link
@@ -383,7 +367,7 @@ class KernelBuilder:
                     te_active += d
                 f = s + d
                 ls_end = f
-            elif kind == _DMA or kind == _HBM_COPY:
+            elif kind in (_DMA, _HBM_COPY):
                 eng = (e - FIRST_DMA) % p.dma_engines
                 size = nbytes[i]
                 data_start = max(s + fixed, dma_engine_free[eng])
@@ -400,7 +384,7 @@ class KernelBuilder:
                 f = host_free
             start[i] = s
             end[i] = f
-            if kind == _DMA or kind == _HBM_COPY:
+            if kind in (_DMA, _HBM_COPY):
                 # the record starts where the queue's previous transfer ends, so a queue's
                 # slices never overlap (a fixed cost run under earlier transfers is not shown)
                 start[i] = min(max(s, queue_end[e]), f)
@@ -422,6 +406,25 @@ class KernelBuilder:
         if head != [len(stream) for stream in streams]:  # a dependency on a later id
             raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
         return start, end, te_active
+
+    def _dependency_graph(self) -> tuple[list[list[int]], list[list[int]], list[int],
+                                         list[tuple[float, int]]]:
+        """The schedule's starting point: each engine's and queue's stream of instructions
+        in program order, each instruction's dependents, its count of unfinished
+        dependencies, and the heap of the stream heads that can start now."""
+        streams: list[list[int]] = [[] for _ in range(FIRST_DMA + DMA_QUEUES)]
+        for i, e in enumerate(self._engine):
+            streams[e].append(i)
+        waiting = [len(d) for d in self._deps]
+        dependents: list[list[int]] = [[] for _ in range(len(self._engine))]
+        for i, deps in enumerate(self._deps):
+            for d in deps:
+                dependents[d].append(i)
+        heap: list[tuple[float, int]] = []
+        for stream in streams:
+            if stream and waiting[stream[0]] == 0:
+                heapq.heappush(heap, (self._gap.get(stream[0], 0.0), stream[0]))
+        return streams, dependents, waiting, heap
 
     def _push(self, heap: list, j: int, ready: list[float], free: list[float],
               gaps: dict[int, float]) -> None:

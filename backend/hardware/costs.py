@@ -84,13 +84,6 @@ def scalar_ns(p: HardwarePreset, free: int, dtype: str, n_inputs: int = 1) -> fl
     return pipelined_ns(p, scalar_cycles(p, free, dtype, n_inputs), p.scalar_clock_ghz)
 
 
-def gpsimd_ns(p: HardwarePreset, elements: int, dtype: str, cycles_per_element: float = 1.0
-              ) -> float:
-    """A pipelined GpSimd instruction."""
-    return pipelined_ns(p, gpsimd_cycles(p, elements, dtype, cycles_per_element),
-                         p.gpsimd_clock_ghz)
-
-
 def _bytes(dtype: str) -> int:
     return max(1, min(dtype_bytes(dtype), 4))
 

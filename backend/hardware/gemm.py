@@ -106,12 +106,50 @@ def _plan(p: HardwarePreset, es: int, x_dim: int, y_dim: int, k: int, stat_total
 
 
 def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int, ...]:
-    """Emit a GEMM into `b`; returns the ids of its last instructions."""
-    p = b.preset
-    es = dtype_bytes(g.dtype)
-    oes = dtype_bytes(g.out_dtype)
-    m, n, k = max(g.m, 1), max(g.n, 1), max(g.k, 1)
+    """Emit a GEMM into `b`; returns the ids of its last instructions.
+
+    Three phases: lay the GEMM out on the Tensor Engine (`_layout`: orientation, tiles,
+    blocking, folding), reserve its SBUF and PSUM (`_note_buffers`), then emit the loads,
+    matmuls, PSUM evacuations and stores block by block (`_emit_blocks`)."""
     b.add_model_flops(2 * g.batch * g.m * g.n * g.k)
+    lay = _layout(b.preset, g)
+    _note_buffers(b, lay)
+    return _emit_blocks(b, g, lay, tuple(deps))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a GEMM maps onto the Tensor Engine: which operand is stationary, its tiles and
+    their blocking, and how many matmuls fold into one instruction."""
+
+    m: int
+    n: int
+    k: int
+    es: int  # operand bytes per element
+    swap: bool  # B is the stationary operand (the output is computed transposed)
+    x_dim: int  # stationary (output row) extent
+    y_dim: int  # moving (output column) extent
+    stat_total: int  # HBM bytes of the stationary operand
+    mov_total: int
+    load_stat: bool
+    load_mov: bool
+    x_tiles: list[int]
+    y_tiles: list[int]
+    chunks: list[list[int]]  # k tiles accumulated together in PSUM
+    plan: _Plan
+    fold_k: int
+    fold_y: int
+    fold_x: int
+    fold_b: int
+    xblocks: list[list[int]]
+    yblocks: list[list[int]]
+
+
+def _layout(p: HardwarePreset, g: Gemm) -> _Layout:
+    """Orientation (the cheaper operand stationary), tiles, the SBUF blocking and the
+    matmul folding that keeps a kernel to MAX_MATMULS instructions."""
+    es = dtype_bytes(g.dtype)
+    m, n, k = max(g.m, 1), max(g.n, 1), max(g.k, 1)
     swap = _te_cycles(n, m, k) < _te_cycles(m, n, k)
     x_dim, y_dim = (n, m) if swap else (m, n)
     a_total = g.a_bytes if g.a_bytes is not None else m * k * es
@@ -141,6 +179,17 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                for i in range(0, len(x_tiles), plan.xb)]
     yblocks = [list(range(i, min(i + plan.yb, len(y_tiles))))
                for i in range(0, len(y_tiles), plan.yb)]
+    return _Layout(m, n, k, es, swap, x_dim, y_dim, stat_total, mov_total, load_stat, load_mov,
+                   x_tiles, y_tiles, chunks, plan, fold_k, fold_y, fold_x, fold_b, xblocks,
+                   yblocks)
+
+
+def _note_buffers(b: KernelBuilder, lay: _Layout) -> None:
+    """The SBUF (double-buffered operands, an fp32 accumulator when K is chunked) and PSUM
+    the GEMM holds at its peak."""
+    p = b.preset
+    plan, es, k, x_dim, y_dim = lay.plan, lay.es, lay.k, lay.x_dim, lay.y_dim
+    chunks, x_tiles, y_tiles = lay.chunks, lay.x_tiles, lay.y_tiles
     krows = min(plan.kc * p.te_rows, k)
     b.note_sbuf(2 * min(plan.xb * p.te_cols, x_dim) * krows * es
                 + (y_dim * k * es if plan.mov_resident else
@@ -149,7 +198,19 @@ def emit_gemm(b: KernelBuilder, g: Gemm, deps: Sequence[int] = ()) -> tuple[int,
                    * min(plan.yb * p.te_moving_free_max, y_dim) * 4))
     b.note_psum(min(p.psum_banks, len(x_tiles) * len(y_tiles)) * p.psum_bytes // p.psum_banks)
 
-    deps = tuple(deps)
+
+def _emit_blocks(b: KernelBuilder, g: Gemm, lay: _Layout, deps: tuple[int, ...]
+                 ) -> tuple[int, ...]:
+    """Loads just before first use (double-buffered), matmuls accumulating in PSUM banks,
+    evacuations, one store per block row; returns the last stores (or evacuations)."""
+    p = b.preset
+    oes = dtype_bytes(g.out_dtype)
+    m, n, k, swap, x_dim, y_dim = lay.m, lay.n, lay.k, lay.swap, lay.x_dim, lay.y_dim
+    stat_total, mov_total, load_stat, load_mov = (lay.stat_total, lay.mov_total,
+                                                  lay.load_stat, lay.load_mov)
+    x_tiles, y_tiles, chunks, plan = lay.x_tiles, lay.y_tiles, lay.chunks, lay.plan
+    fold_k, fold_y, fold_x, fold_b = lay.fold_k, lay.fold_y, lay.fold_x, lay.fold_b
+    xblocks, yblocks = lay.xblocks, lay.yblocks
     evacs: list[int] = []  # PSUM -> SBUF copies, one per accumulation group (bank reuse)
     stat_users: list[int] = []  # last matmul reading each stationary load (buffer reuse)
     mov_users: list[int] = []

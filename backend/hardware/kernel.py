@@ -8,15 +8,15 @@ called, i.e. when engine-level recording wants them.
 from __future__ import annotations
 
 import numpy as np
+from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd")
 # Queues a kernel spreads its transfers over: 4 on each of the 16 DMA engines, the first
 # half for loads and the second for stores, so a store waiting for compute never holds
 # up the loads queued behind it (each queue is FIFO).
 DMA_QUEUES = 64
 ENGINE_NAMES: tuple[str, ...] = ENGINES + tuple(f"dma.{q}" for q in range(DMA_QUEUES))
 FIRST_DMA = len(ENGINES)
-BUSY_KEYS = ("tensor", "vector", "scalar", "gpsimd", "dma")
+BUSY_KEYS = (*ENGINES, ENGINE_DMA)
 
 
 class Kernel:

@@ -34,10 +34,7 @@ def lower_mm(b: KernelBuilder, spec: OpSpec, bias_first: bool = False) -> None:
     bias = spec.inputs[0] if bias_first and spec.inputs else None
     a, w = ins[0], ins[1]
     m, k = _mat(a)
-    if len(w.shape) >= 2:
-        n = w.shape[-1]
-    else:  # matmul(A, v): one output column
-        n = 1
+    n = w.shape[-1] if len(w.shape) >= 2 else 1  # matmul(A, v): one output column
     if len(a.shape) == 1:
         m = 1
     if len(w.shape) <= 2 and len(a.shape) > 2:  # shared weights: fold the batch into M

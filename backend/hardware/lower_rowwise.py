@@ -25,8 +25,8 @@ def lower_reduction(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step]) -> No
     elements = max(x.numel, 1)
     full, small = _split(spec, elements)
     outs = [t.nbytes for t in outputs_of(spec)]
-    big = [n for n, t in zip(outs, outputs_of(spec)) if t.numel == elements]
-    little = [n for n, t in zip(outs, outputs_of(spec)) if t.numel != elements]
+    big = [n for n, t in zip(outs, outputs_of(spec), strict=True) if t.numel == elements]
+    little = [n for n, t in zip(outs, outputs_of(spec), strict=True) if t.numel != elements]
     stream(b, elements, x.dtype, steps, inputs=full, small_inputs=small, outputs=big,
            small_outputs=little)
 

@@ -292,14 +292,6 @@ def lowering_for(base: str) -> Lowering | None:
     return fn
 
 
+# Lowerings whose work is "the same steps on every tile": they can join a stream.
 STREAM_FAMILIES = (pw.lower_pointwise, pw.lower_generate, rw.lower_reduction, rw.lower_rows)
 
-
-def stream_steps(base: str):
-    """The per-tile steps of an op whose kernel is a plain stream (elementwise, activation,
-    reduction, row-wise), for fusing it into a larger stream; None for other ops.
-    Steps with the "Arith" placeholder opcode resolve by the number of tensor inputs."""
-    fn = LOWERINGS.get(base)
-    if isinstance(fn, partial) and fn.func in STREAM_FAMILIES:
-        return list(fn.keywords["steps"])
-    return None

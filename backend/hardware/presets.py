@@ -281,8 +281,11 @@ PRESETS: dict[str, HardwarePreset] = {
 }
 
 
+DEFAULT_PRESET = "trn2"  # what a process gets with NEURON_HARDWARE unset
+
+
 def get_preset(name: str) -> HardwarePreset:
-    """The preset called `name` ("trn1", "trn2", "trn3"); UnknownPresetError otherwise."""
+    """The preset called `name` (a key of PRESETS); UnknownPresetError otherwise."""
     try:
         return PRESETS[name]
     except (KeyError, TypeError):

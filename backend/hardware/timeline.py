@@ -42,7 +42,3 @@ class DeviceTimeline:
         self.busy_ns += duration
         self.kernels += 1
         return start, end
-
-    def idle_at(self, t_ns: int) -> bool:
-        """True when everything queued before `t_ns` has finished by then."""
-        return self.finish_ns <= t_ns

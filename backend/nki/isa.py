@@ -13,9 +13,9 @@ from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.language import _Op, add
 from neuron_explorer.nki.tensor import PSUM, SBUF, Tensor
 from neuron_explorer.nki.trace import current, where
+from neuron_explorer.trace_format import ENGINES
 
-tensor_engine, vector_engine, scalar_engine, gpsimd_engine = ("tensor", "vector", "scalar",
-                                                              "gpsimd")
+tensor_engine, vector_engine, scalar_engine, gpsimd_engine = ENGINES
 
 
 def _dst(dst, shape, dtype, buffer: str, at: str):

@@ -15,12 +15,11 @@ def _chain_other_sitecustomize() -> None:
     this = sys.modules.pop("sitecustomize", None)
     try:
         sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        import contextlib
         import importlib
 
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module("sitecustomize")
-        except ImportError:
-            pass
     finally:
         sys.path[:] = saved
         if this is not None:

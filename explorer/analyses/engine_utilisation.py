@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.analyses.steady_state import in_analysed_steps
-from neuron_explorer.tables import ENGINES, map_unique
+from neuron_explorer.tables import map_unique
+from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -28,7 +29,7 @@ def engine_family(engines: pd.Series) -> np.ndarray:
     return map_unique(engines, lambda e: "dma" if str(e).startswith("dma") else e)
 
 
-def _bins(lo: int, hi: int, bin_ns: int | None) -> np.ndarray:
+def _bins(lo: int, hi: int, bin_ns: int | None) -> tuple[np.ndarray, int]:
     span = max(hi - lo, 1)
     width = int(bin_ns) if bin_ns else max(span // DEFAULT_BINS, 1)
     return np.arange(lo, hi, width, dtype=np.int64), width
@@ -75,12 +76,12 @@ def engine_utilisation(trace: Trace, bin_ns: int | None = None) -> pd.DataFrame:
         dk = k[k["device"] == device]
         k0 = dk["ts"].to_numpy(np.int64)
         k1 = k0 + dk["dur"].to_numpy(np.int64)
-        has_engines = any(dk[f"busy_{e}"].sum() > 0 for e in (*ENGINES, "dma"))
+        has_engines = any(dk[f"busy_{e}"].sum() > 0 for e in (*ENGINES, ENGINE_DMA))
         if not has_engines:
             u = Union(k0, k1)
             frames.append((device, "device", u.covered(starts, ends) / width))
             continue
-        for engine in (*ENGINES, "dma"):
+        for engine in (*ENGINES, ENGINE_DMA):
             busy = dk[f"busy_{engine}"].to_numpy(np.float64)
             rate = np.divide(busy, k1 - k0, out=np.zeros(len(busy)), where=k1 > k0)
             spread = _spread_busy(k0, k1, rate, np.r_[starts, ends[-1:]])
@@ -112,7 +113,7 @@ def engine_busy_totals(trace: Trace, analysed: bool = False) -> pd.DataFrame:
         k = kernels
         for device, dk in k.groupby("device"):
             total = 0
-            for engine in (*ENGINES, "dma"):
+            for engine in (*ENGINES, ENGINE_DMA):
                 ns = int(dk[f"busy_{engine}"].sum())
                 total += ns
                 if ns:

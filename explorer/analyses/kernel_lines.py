@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
-from neuron_explorer.tables import ENGINES
+from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
-ENGINE_COLUMNS = (*ENGINES, "dma")
+ENGINE_COLUMNS = (*ENGINES, ENGINE_DMA)
 COLUMNS = ["source", "file", "line", *(f"{e}_ns" for e in ENGINE_COLUMNS), "total_ns",
            "stall_ns", "instructions", "share"]
 
@@ -95,7 +95,7 @@ def engine_profile(engine: np.ndarray, start: np.ndarray, end: np.ndarray,
     duration = max(int(duration), 1)
     return {"busy_pct": {e: 100.0 * v / duration for e, v in busy.items()},
             "dma_compute_overlap_pct": 100.0 * overlap / max(unions["dma"].total, 1),
-            "critical_engine": max(busy, key=busy.get)}
+            "critical_engine": max(busy, key=busy.__getitem__)}
 
 
 def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from neuron_explorer import trace_format as tf
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
-LEVELS = ("framework", "op", "engine")
+LEVELS = tf.LEVELS
 
 
 def recorded_level(trace: Trace) -> str | None:

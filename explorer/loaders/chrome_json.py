@@ -8,7 +8,6 @@ epoch-based timestamps Kineto writes.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections import Counter, defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -137,18 +136,6 @@ def _complete_prefix(text: bytes | bytearray, broken_at: int, loads: Any
             if isinstance(events, list) and events:
                 return doc, at + 1
     return None
-
-
-def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The events of a Chrome-trace JSON file, also of one cut short by a killed run (then
-    the complete ones), without the empty object that closes a streamed list."""
-    name = os.fspath(path)
-    with open(name, "rb") as f:
-        doc, _ = parse_json(name, f.read())
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise TraceFormatError(name, "JSON without a 'traceEvents' list")
-    return [e for e in events if isinstance(e, dict) and e]
 
 
 SLICE_PHASES = ("X", "i", "I", "n", "B")
@@ -554,7 +541,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         on_device = [is_dev[t] for t in range(len(col.track_of))]
         memo: dict[tuple[str, str, bool], str] = {}
         kinds = [memo.get(key) or memo.setdefault(key, kineto_kind(*key))
-                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track))]
+                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track), strict=True)]
     else:
         kinds = [our_kind(c) for c in col.s_cat]
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),

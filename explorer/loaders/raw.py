@@ -92,9 +92,3 @@ def _ts_track_depth_order(ts: np.ndarray, track_id: np.ndarray, depth: np.ndarra
         return np.argsort(key, kind="stable")
     return np.lexsort((depth, track_id, ts))
 
-
-def empty_frame(columns: list[str]) -> pd.DataFrame:
-    """An empty frame with int64 columns where the name says a number."""
-    numeric = {"id", "ts", "dur", "track_id", "depth", "parent_id", "pid", "tid", "device",
-               "flow_id", "src_id", "dst_id"}
-    return pd.DataFrame({c: pd.Series(dtype="int64" if c in numeric else object) for c in columns})

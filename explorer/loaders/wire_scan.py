@@ -77,7 +77,7 @@ def fixed_at(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
         return np.zeros(0, np.uint64)
     dtype = "<u8" if width == 8 else "<u4"
     room = len(buf) - width + 1
-    if room > 0 and buf.flags.c_contiguous and 0 <= pos.min() and pos.max() < room:
+    if room > 0 and buf.flags.c_contiguous and pos.min() >= 0 and pos.max() < room:
         # a view with a value starting at every byte: one gather reads them all
         every = np.ndarray((room,), dtype, buffer=buf, strides=(1,))
         return every[pos].astype(np.uint64)
@@ -102,7 +102,7 @@ class Fields:
     def _index(self) -> None:
         """Group rows by field number once (stable: message order kept within a field)."""
         numbers = self.field
-        if len(numbers) and 0 <= numbers.min() and numbers.max() < 1 << 15:
+        if len(numbers) and numbers.min() >= 0 and numbers.max() < 1 << 15:
             numbers = numbers.astype(np.int16)  # a 16-bit stable sort is a fast radix sort
         self._order = np.argsort(numbers, kind="stable")
         numbers = self.field[self._order]

@@ -217,7 +217,7 @@ def selection_shapes(index: TimelineIndex, window: WindowRows, selected: int | N
         return []
     origin = index.start_ns
     row, ts, end = box
-    x0, x1 = float(to_us(ts, origin)), float(to_us(max(end, ts + window.bucket_ns), origin))
+    x0, x1 = float(to_us(int(ts), origin)), float(to_us(int(max(end, ts + window.bucket_ns)), origin))
     shapes = [{
         "type": "rect", "x0": x0, "x1": x1, "y0": row - 0.5, "y1": row + 0.5,
         "line": {"color": SELECTION_COLOUR, "width": 2}, "fillcolor": "rgba(0,0,0,0)",

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from neuron_explorer import trace_format as tf
 
 # Order of track kinds from top to bottom: host first, then each device.
 KIND_ORDER = {"thread": 0, "gpu_stream": 1, "kernels": 2, "engine": 3, "dma": 4, "counter": 6}
-ENGINE_ORDER = ("tensor", "vector", "scalar", "gpsimd")
+ENGINE_ORDER = tf.ENGINES
 MAX_DEPTH_ROWS = 12  # deeper host nesting is folded into the last row
 SUMMARY_ID = -1  # id given to merged bars
 
@@ -126,7 +127,7 @@ class TimelineIndex:
         stops = np.concatenate([bounds, [keys.size]])
         info = _track_info(tracks)
         groups = []
-        for a, b in zip(starts, stops):
+        for a, b in zip(starts, stops, strict=True):
             tid, d = int(track_id[a]), int(depth[a])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
             sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
@@ -317,8 +318,8 @@ class TimelineIndex:
             out_count.append(counts.astype(np.int64))
             first_names = r.names[lo:hi][first]
             first_cats = r.categories[lo:hi][first]
-            names += [n if one else f"{k:,} slices" for n, one, k in zip(first_names, single, counts)]
-            cats += [c if one else "merged" for c, one in zip(first_cats, single)]
+            names += [n if one else f"{k:,} slices" for n, one, k in zip(first_names, single, counts, strict=True)]
+            cats += [c if one else "merged" for c, one in zip(first_cats, single, strict=True)]
         start = np.concatenate(out_start)
         return (
             start, np.concatenate(out_end), np.full(start.size, index, dtype=np.int32),

@@ -23,7 +23,7 @@ from neuron_explorer.rules import (
     kernel_memory_pressure,
     kernel_small_dma,
     memory_bound_ops,
-    memory_capacity,
+    memory_near_capacity,
     recompilation,
     small_dma,
     sync_in_step,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
          memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
-         recompilation, compile_dominates, memory_capacity, exposed_communication,
+         recompilation, compile_dominates, memory_near_capacity, exposed_communication,
          dependency_idle, kernel_dma_not_pipelined, kernel_memory_pressure,
          kernel_matmul_tile_shape, kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, make, step_time
-from neuron_explorer.tables import ENGINES
+from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

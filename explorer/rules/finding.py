@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from neuron_explorer.rules import thresholds as th
+from neuron_explorer.units import duration
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -90,10 +91,4 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
 
 def us(ns: float) -> str:
     """A duration for messages: '2.1 s', '1.2 ms', '35 us'."""
-    if ns >= 1e9:
-        return f"{ns / 1e9:.3g} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.3g} us"
-    return f"{int(ns)} ns"
+    return duration(ns)

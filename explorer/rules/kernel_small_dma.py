@@ -33,7 +33,7 @@ def check(trace: Trace) -> list[Finding]:
         overhead = np.clip(dur - dma["bytes"].to_numpy(np.float64) / rate, 0, None)
         share = overhead.sum() / max(dur.sum(), 1.0)
         lost = 0.0
-        for kid, part in ins[ins["kernel"] == name].groupby("kernel_id"):
+        for _kid, part in ins[ins["kernel"] == name].groupby("kernel_id"):
             d, _c, both = dma_compute_overlap(part)
             lost += (d - both) * share  # the exposed DMA time's fixed-cost part
         if share < th.KERNEL_SMALL_DMA_OVERHEAD or \

@@ -94,7 +94,7 @@ def _compare(actual, expected, values: bool) -> None:
     elif isinstance(expected, (list, tuple)):
         if len(actual) != len(expected):
             raise Mismatch(f"got {len(actual)} results, expected {len(expected)}")
-        for a, e in zip(actual, expected):
+        for a, e in zip(actual, expected, strict=True):
             _compare(a, e, values)
     elif values and not _same_scalar(actual, expected):
         raise Mismatch(f"got {actual!r}, expected {expected!r}")

@@ -10,7 +10,7 @@ STEPS = 50
 
 def _assert_same_curve(cpu: list[float], neuron: list[float]) -> None:
     assert len(cpu) == len(neuron) == STEPS
-    for step, (a, b) in enumerate(zip(cpu, neuron)):
+    for step, (a, b) in enumerate(zip(cpu, neuron, strict=True)):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: cpu {a} vs neuron {b}"
     assert cpu[-1] < cpu[0]  # it is actually training
 

@@ -130,7 +130,7 @@ def test_conv_and_batchnorm_backward_match_cpu():
     x = torch.randn(2, 3, 8, 8)
     model(x).square().mean().backward()
     twin(x.to("neuron")).square().mean().backward()
-    for p, q in zip(model.parameters(), twin.parameters()):
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad.cpu(), atol=1e-5)
 
 

@@ -46,7 +46,7 @@ def test_optimizers_match_cpu(make_opt):
     cpu_losses, cpu_params = _steps(model, "cpu", make_opt, clip=0.5)
     dev_losses, dev_params = _steps(model, "neuron", make_opt, clip=0.5)
     assert dev_losses == pytest.approx(cpu_losses, rel=1e-5)
-    for a, b in zip(cpu_params, dev_params):
+    for a, b in zip(cpu_params, dev_params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -86,7 +86,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     plain = [p.grad.cpu().clone() for p in model.parameters()]
     model.zero_grad()
     checkpoint(model, x, use_reentrant=False).sum().backward()
-    for a, p in zip(plain, model.parameters()):
+    for a, p in zip(plain, model.parameters(), strict=True):
         assert torch.allclose(a, p.grad.cpu(), atol=1e-6)
 
 
@@ -106,14 +106,14 @@ def test_state_dict_save_and_load():
     fresh = _model()
     fresh.load_state_dict(on_host)
     fresh.to("neuron").load_state_dict(on_device)
-    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a.cpu(), b.cpu())
 
 
 def test_deepcopy_of_a_device_model():
     model = _model().to("neuron")
     twin = copy.deepcopy(model)
-    for a, b in zip(model.parameters(), twin.parameters()):
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert b.device == a.device and torch.equal(a.cpu(), b.cpu())
         assert a.data_ptr() != b.data_ptr()
 

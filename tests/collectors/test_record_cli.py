@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from neuron_explorer.loaders.chrome_json import read_events
 from neuron_explorer.trace_format import CAT_METADATA, ENGINE_TRACKS
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from .conftest import CLI, cli_env
-from .trace_reading import parse
+from .trace_reading import parse, read_events
 
 
 def test_records_a_training_script_into_a_complete_trace(record_cli, programs: Path) -> None:
@@ -206,6 +205,7 @@ def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs
     (["--bogus", "train_small.py"], "unknown option --bogus"),
     (["--steps", "3:1", "train_small.py"], "--steps"),
     (["-m", "no_such_module_here"], "no module named"),
+    (["--hardware", "trn9", "train_small.py"], "preset 'trn9': choose one of trn1, trn2, trn3"),
 ])
 def test_bad_input_is_one_clear_line_before_anything_runs(record_cli, programs: Path,
                                                           args: list[str], message: str) -> None:

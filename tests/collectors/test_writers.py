@@ -10,10 +10,9 @@ from neuron_explorer.collectors import wire
 from neuron_explorer.collectors.json_writer import JsonWriter
 from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
 from neuron_explorer.collectors.trace_writer import RecordingError, open_writer
-from neuron_explorer.loaders.chrome_json import read_events
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from .trace_reading import parse
+from .trace_reading import parse, read_events
 
 
 def test_varint_matches_protobuf_encoding() -> None:
@@ -23,7 +22,7 @@ def test_varint_matches_protobuf_encoding() -> None:
     edges = [(1 << bits) + d for bits in range(64) for d in (-1, 0, 1)]
     rng = np.random.default_rng(5)
     random = [int(v) >> int(s) for v, s in zip(rng.integers(0, 2**63, 2000, dtype=np.uint64),
-                                               rng.integers(0, 63, 2000))]
+                                               rng.integers(0, 63, 2000), strict=True)]
     for value in [0, 300, 1_700_000_000_123_456_789, 2**64 - 1, *edges, *random]:
         expected = encoder._VarintBytes(value)
         assert wire.varint(value) == expected, value

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from neuron_explorer.loaders.chrome_json import parse_json
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 
@@ -102,3 +105,11 @@ def parse(path: str | Path) -> ParsedTrace:
         stack.append(s)
         out.slices.append(s)
     return out
+
+
+def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The events of a Chrome-trace JSON file, also of one cut short by a killed run (then
+    the complete ones, as the loader reads them), without the `{}` closing the list."""
+    doc, _ = parse_json(os.fspath(path), Path(path).read_bytes())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return [e for e in events if isinstance(e, dict) and e]

@@ -50,7 +50,7 @@ class TrainPair:
         return loss_e, loss_c
 
     def params_match(self) -> bool:
-        pairs = zip(self.eager.state_dict().values(), self.compiled_model.state_dict().values())
+        pairs = zip(self.eager.state_dict().values(), self.compiled_model.state_dict().values(), strict=True)
         return all(close(a, b) for a, b in pairs)
 
 
@@ -194,5 +194,5 @@ def test_compiled_optimizer_step_is_one_launch_and_matches_eager(recorder):
             # Parameters and state are updated in place by the graph: one launch.
             assert [op.name.startswith("graph:") for op in recorder.ops if op.kernel_ids] == [
                 True]
-    for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
+    for a, b in zip(eager_model.parameters(), compiled_model.parameters(), strict=True):
         assert close(a, b)

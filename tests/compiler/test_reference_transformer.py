@@ -37,7 +37,7 @@ def test_compiled_transformer_matches_the_eager_curve_with_fewer_launches(record
     graphs = recorder.graph_launches()
     assert graphs and all(len(op.kernel_ids) == 1 for op in graphs)  # one program each
     reference = train(make_model("gpt"), "cpu", STEPS)
-    for step, (a, b) in enumerate(zip(reference, compiled)):
+    for step, (a, b) in enumerate(zip(reference, compiled, strict=True)):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: eager {a} vs compiled {b}"
     assert compiled[-1] < compiled[0]
 

@@ -14,7 +14,7 @@ TINY = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=1)
 
 
 def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b))
+    return len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b, strict=True))
 
 
 def test_train_takes_a_torch_compiled_transformer(recorder):

@@ -156,7 +156,7 @@ def test_scan_agrees_with_reading_each_message(monkeypatch: pytest.MonkeyPatch) 
                 rows.append((i, number, value, offset))
             else:
                 others.append(number)
-        for s, (number, value, offset) in slot.items():
+        for s, (number, value, _offset) in slot.items():
             assert (int(sc.field[s, i]), int(sc.value[s, i])) == (number, value), (i, s)
         assert int(sc.offset[1][i]) == slot[1][2]
     got = sorted(zip(sc.rows.msg.tolist(), sc.rows.field.tolist(), sc.rows.value.tolist(),

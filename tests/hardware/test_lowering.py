@@ -218,12 +218,12 @@ def test_large_kernels_stay_compact(trn2):
 
 
 def test_stream_steps_expose_the_per_tile_chain_for_fusion():
-    from neuron_explorer.backend.hardware.optable import stream_steps
+    from neuron_explorer.backend.compiler.stream_steps import steps_for
 
-    gelu = stream_steps("gelu")
+    gelu = steps_for("gelu", 1)
     assert [(st.engine, st.opcode) for st in gelu] == [(2, "Activation")]
-    assert len(stream_steps("native_layer_norm")) == 5
-    assert stream_steps("mm") is None and stream_steps("embedding") is None
+    assert len(steps_for("native_layer_norm", 1)) == 5
+    assert steps_for("mm", 2) is None and steps_for("embedding", 2) is None
 
 
 def test_long_streams_fold_tiles_but_keep_time_and_bytes(trn2):

@@ -197,7 +197,7 @@ def mamba(p: HardwarePreset, version: str, channels: int, seq_len: int,
                           b.dma_load(full, 128, row_bytes=seq_len * FP32),
                           b.dma_load(128 * state_size * FP32, 128)) for t in group}
             acc: dict[int, int] = {}
-            for j in range(n_seq):
+            for _ in range(n_seq):
                 dus = {t: b.vector("TensorTensor", seq_tile, dt, 2, inputs[t][0] + inputs[t][1])
                        for t in group}
                 carry: dict[int, int] = {}

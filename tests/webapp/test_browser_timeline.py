@@ -146,7 +146,7 @@ def test_nested_rows_are_labelled_and_every_category_has_its_own_colour(served, 
     names = [i.text for i in items]
     colours = [i.find_element("css selector", ".swatch").value_of_css_property("background-color") for i in items]
     assert {"step", "op", "module", "kernel", "instruction", "dma"} <= set(names)
-    assert len(set(colours)) == len(colours), dict(zip(names, colours))
+    assert len(set(colours)) == len(colours), dict(zip(names, colours, strict=True))
     bars = driver.execute_script(
         "return document.querySelector('#timeline-graph .js-plotly-plot').data"
         ".filter(t => t.type === 'bar').map(t => [t.name, t.marker.color]);")

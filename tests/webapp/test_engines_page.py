@@ -19,7 +19,7 @@ def _busy_share(ins, engine: str, lo: int, hi: int) -> float:
     b = np.clip((part["ts"] + part["dur"]).to_numpy(), lo, hi)
     order = np.argsort(a)
     covered, end = 0, lo
-    for x, y in zip(a[order], b[order]):
+    for x, y in zip(a[order], b[order], strict=True):
         if y > end:
             covered += y - max(x, end)
             end = y
@@ -56,7 +56,7 @@ def test_each_step_shows_the_share_of_the_step_each_engine_ran(page):
     trace, tree = page
     figure = _figure(tree, "engines-per-step")
     assert figure is not None, "no per-step chart"
-    bars = {bar["name"]: dict(zip(bar["x"], bar["y"])) for bar in figure["data"]}
+    bars = {bar["name"]: dict(zip(bar["x"], bar["y"], strict=True)) for bar in figure["data"]}
     ins = trace.instructions
     for _, step in trace.steps.iterrows():
         lo, hi = int(step["ts"]), int(step["ts"] + step["dur"])

@@ -102,7 +102,7 @@ def test_every_answer_carries_the_security_headers_and_no_versions(live_server):
         request(live_server, "GET", "/_dash-layout"),
         request(live_server, "GET", "/", headers={"Host": "evil.example"}),
     ]
-    for status, headers, _ in answers:
+    for _status, headers, _ in answers:
         assert headers["x-frame-options"] == "DENY"
         assert headers["x-content-type-options"] == "nosniff"
         csp = headers["content-security-policy"]

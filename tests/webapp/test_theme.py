@@ -23,7 +23,7 @@ def _rgb(colour: str) -> tuple[int, int, int]:
 
 
 def _apart(a: str, b: str) -> float:
-    return sum((x - y) ** 2 for x, y in zip(_rgb(a), _rgb(b))) ** 0.5
+    return sum((x - y) ** 2 for x, y in zip(_rgb(a), _rgb(b), strict=True)) ** 0.5
 
 
 def test_breakdown_categories_have_distinct_colours():

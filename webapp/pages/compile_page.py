@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dash
 import pandas as pd
@@ -32,7 +32,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         parts.append(section("torch.compile", notice(
             "No torch.compile activity in this trace: the program ran in eager mode.")))
         return html.Div(parts)
-    graphs = summary.get("graphs")
+    graphs: Any = summary.get("graphs")
     real = graphs[graphs["graph_id"] >= 0] if _has(graphs, "graph_id") else graphs
     loose = graphs[graphs["graph_id"] < 0] if _has(graphs, "graph_id") else None
     parts.append(html.Div([

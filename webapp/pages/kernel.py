@@ -30,7 +30,8 @@ def layout(trace: Any, name: str, params: dict, ctx: Any) -> html.Div:
             "No NKI kernel in this trace. Call an @nki.jit kernel with neuron tensors while "
             "recording with --level engine to see its line profile here.")))
         return html.Div(parts)
-    chosen = params.get("kernel") if params.get("kernel") in kernels else kernels[0]
+    asked = params.get("kernel")
+    chosen = asked if isinstance(asked, str) and asked in kernels else kernels[0]
     parts.append(html.Div([
         html.Label("Kernel", htmlFor="kernel-picker", className="control-label"),
         dcc.Dropdown(id="kernel-picker", options=[{"label": k, "value": k} for k in kernels],

@@ -27,7 +27,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     return html.Div([
         page_title(TITLE, name),
         html.Div(_metrics(s), className="metrics"),
-        None if summary.ok else notice(summary.missing, "warning"),
+        None if summary.ok else notice(summary.missing or "", "warning"),
         html.Div([
             section("Where the time goes", _breakdown(trace),
                     subtitle="Mean time per step on the device and on the host"),

@@ -8,6 +8,7 @@ model or one already wrapped by `torch.compile`, and can compile the loss step i
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from neuron_explorer.workloads.models import GPT, MLP, MLP_BATCH, MLP_CLASSES, MLP_WIDTH, lm_loss
@@ -26,7 +27,7 @@ def mlp_batches(steps: int, batch: int = MLP_BATCH, width: int = MLP_WIDTH,
 
 
 def token_batches(steps: int, batch: int, seq_len: int, vocab: int,
-                  seed: int = SEED) -> list[tuple[torch.Tensor, ...]]:
+                  seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Synthetic language-model batches: tokens and the same sequence shifted by one."""
     gen = torch.Generator().manual_seed(seed + 1)
     out = []
@@ -57,7 +58,7 @@ def compile_backend_for(device: str | torch.device) -> str:
 
 def train(model: nn.Module, device: str | torch.device, steps: int, *, lr: float = 1e-3,
           batch_size: int | None = None, foreach: bool | None = None,
-          on_step: Callable[[int], object] | None = None,
+          on_step: Callable[[int], AbstractContextManager | None] | None = None,
           compile: bool = False) -> list[float]:
     """Train `model` on `device` for `steps` AdamW steps; return the loss of each step.
 

@@ -50,6 +50,8 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention with a causal mask, written out op by op."""
 
+    mask: torch.Tensor  # a buffer
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
