@@ -155,10 +155,10 @@ def write_kineto(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
 
 MEASURE = {
     # the flows are linked on first use: asked for, so the figure covers what a load did
-    "ours": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices); t.flows",
+    "ours": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.table('slices')); t.flows",
     "ours_derived": "import neuron_explorer as ne; t = ne.load(PATH); "
                     "n = len(t.ops) + len(t.kernels)",
-    "ours_json": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices)",
+    "ours_json": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.table('slices'))",
     "hta": "from hta.common.trace_parser import parse_trace_dataframe\n"
            "from hta.configs.parser_config import ParserConfig\n"
            "meta, df, symbols = parse_trace_dataframe(PATH, ParserConfig())\nn = len(df)",

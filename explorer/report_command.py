@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_explorer.report import render_report
 
     trace = load_quietly(args.trace, "report")
-    if not hasattr(trace, "base_slices"):  # a run folder: one trace per rank
+    if not hasattr(trace, "slice_args"):  # a run folder: one trace per rank
         from neuron_explorer.run_report import render_run_report
 
         write_output(render_run_report(trace, args.format), args.output)
