@@ -1,4 +1,4 @@
-"""The `neuron-explorer` command: record, report, diff, view, demo.
+"""The `neuron-explorer` command: record, report, diff, convert, view, demo.
 
 Each subcommand lives in its own module exposing `configure(parser)` and
 `run(args) -> int`; this file only routes, and turns the errors a user can cause
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "record": ("neuron_explorer.collectors.record_command", "record a program into a trace"),
     "report": ("neuron_explorer.report_command", "summarise a trace: breakdown, top ops, findings"),
     "diff": ("neuron_explorer.diff_command", "compare two traces"),
+    "convert": ("neuron_explorer.convert_command", "write a trace's or a run's tables as Parquet"),
     "view": ("neuron_explorer.webapp.view_command", "open traces in the dashboard"),
     "demo": ("neuron_explorer.webapp.demo_command", "record a sample workload and open it"),
 }

@@ -4,10 +4,13 @@ A multi-rank run can be far larger than memory, so a `Run` never holds every
 rank's slices: each rank is loaded (in a worker process when there are several),
 reduced to its digest (steps, collectives, communication, summary, findings), and
 let go. A rank's full `Trace` is loaded again only when asked for (`run[rank]`).
+Where the rank is kept in the trace cache, the digest names its store folder, whose
+Parquet files `run.sql` reads.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,18 +39,25 @@ class RankDigest:
     kernel_types: pd.DataFrame
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    store: str | None = None  # the rank's store folder (trace cache), if kept in one
+
+    def store_file(self, table: str) -> str | None:
+        """The Parquet file of one of the rank's tables, if its store holds it."""
+        if self.store is None:
+            return None
+        file = os.path.join(self.store, f"{table}.parquet")
+        return file if os.path.isfile(file) else None
 
 
-def digest_file(path: str) -> RankDigest:
+def digest_file(path: str, cache: bool | None = None) -> RankDigest:
     """Load one rank's trace and reduce it to its digest (runs in a worker process)."""
     import warnings
 
-    from neuron_explorer.loaders import read_trace
-    from neuron_explorer.trace import Trace
+    from neuron_explorer.trace import load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trace = Trace(read_trace(path))
+        trace = load(path, cache=cache)
     return digest_trace(trace)
 
 
@@ -62,7 +72,7 @@ def digest_trace(trace: Any) -> RankDigest:
         summary=trace.summary(), steps=trace.steps.copy(),
         collectives=_with_analysed(trace, comm.collectives(trace)), communication=communication,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
-        warnings=list(trace.warnings))
+        warnings=list(trace.warnings), store=trace.store_folder)
 
 
 def _exposed_transfer(trace: Any) -> np.ndarray:

@@ -64,14 +64,19 @@ def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.Path
 
         return load_run(path, processes=processes, progress=progress, cache=cache,
                         scheduler=scheduler)
+    from neuron_explorer.progress import steps
     from neuron_explorer.store import cache as trace_cache
 
     root = trace_cache.cache_root() if cache is not False else None
-    if root is None:
-        return Trace(read_trace(path, max_bytes=max_bytes))
-    raw, store = trace_cache.read_cached(
-        os.fspath(path), lambda p: read_trace(p, max_bytes=max_bytes), root)
-    return Trace(raw, store)
+    with steps(1, f"loading {os.path.basename(path)}", progress, unit="trace") as bar:
+        if root is None:
+            trace = Trace(read_trace(path, max_bytes=max_bytes))
+        else:
+            raw, store = trace_cache.read_cached(
+                os.fspath(path), lambda p: read_trace(p, max_bytes=max_bytes), root)
+            trace = Trace(raw, store)
+        bar.update()
+    return trace
 
 
 def _load_store(folder: str) -> Trace | Run:
@@ -90,6 +95,7 @@ def _load_store(folder: str) -> Trace | Run:
         raise TraceFormatError(folder, f"not a readable converted trace ({exc}); convert "
                                "the trace again with `neuron-explorer convert`") from None
     store.replay_warnings()
+    raw.path = folder
     return Trace(raw, store, writable=False)
 
 
@@ -226,6 +232,12 @@ class Trace:
         from neuron_explorer.sql import query_tables
 
         return query_tables(query, SQL_TABLES, self.table, self._parquet_file)
+
+    @property
+    def store_folder(self) -> str | None:
+        """The folder of Parquet files this trace's tables are kept in (the trace cache's
+        entry, or a converted trace), or None."""
+        return self._store.folder if self._store is not None else None
 
     def _parquet_file(self, name: str) -> str | None:
         """The store's Parquet file of a table (written first for a derived one)."""

@@ -98,7 +98,7 @@ def read_cached(path: str, read: Any, root: str) -> tuple[RawTrace, Store | None
     store = lookup(path, root)
     if store is not None:
         try:
-            raw = store.raw()
+            raw = store.raw(reparse=lambda: read(path))
         except StoreError:
             store = None
         else:

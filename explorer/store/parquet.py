@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,9 @@ class StoreError(Exception):
 
 
 def is_store(folder: str | os.PathLike) -> bool:
-    """Whether a folder is a trace store (written by `convert` or the cache)."""
-    return os.path.isfile(os.path.join(folder, MANIFEST))
+    """Whether a folder is a trace's store (written by `convert` or the cache) or a
+    converted run's folder."""
+    return any(os.path.isfile(os.path.join(folder, name)) for name in (MANIFEST, RUN_MANIFEST))
 
 
 @dataclass
@@ -98,31 +100,41 @@ class Store:
         except StoreError:
             return False
 
-    def raw(self) -> RawTrace:
-        """The loader's tables, as the trace's first load made them (args and flows are
-        read on first use)."""
+    def raw(self, reparse: Callable[[], RawTrace] | None = None) -> RawTrace:
+        """The loader's tables, as the trace's first load made them. Args and flows are
+        read on first use; should their files prove unreadable then, `reparse()` (the
+        source trace parsed again) gives them, else StoreError."""
         m = self.manifest
         tables = {name: self.read_table(name) for name in ("slices", "tracks", "counters")}
         missing = [name for name, frame in tables.items() if frame is None]
         if missing:
             raise StoreError(f"{self.folder}: cannot read {', '.join(missing)}")
         n_slices = len(tables["slices"])
+
+        def args() -> SliceArgs:
+            frame = self.read_table("args")
+            if frame is not None:
+                return args_from_frame(frame, n_slices)
+            return self._reparsed(reparse, "args").args
+
+        def flows() -> pd.DataFrame:
+            frame = self.read_table("flows")
+            if frame is not None:
+                return frame
+            source = self._reparsed(reparse, "flows").flows
+            return source() if callable(source) else source
+
         return RawTrace(
             path=m["source"]["path"], source_format=m["source_format"],
-            slices=tables["slices"], args=LazyArgs(lambda: self._args(n_slices)),
-            tracks=tables["tracks"], counters=tables["counters"],
-            flows=lambda: self._required("flows"), metadata=m.get("metadata") or {},
+            slices=tables["slices"], args=LazyArgs(args), tracks=tables["tracks"],
+            counters=tables["counters"], flows=flows, metadata=m.get("metadata") or {},
             skipped=dict(m.get("skipped") or {}),
             warnings=[message for _, message in m.get("warnings") or []])
 
-    def _required(self, name: str) -> pd.DataFrame:
-        frame = self.read_table(name)
-        if frame is None:
-            raise StoreError(f"{self.folder}: cannot read {name}")
-        return frame
-
-    def _args(self, n_slices: int) -> ColumnArgs:
-        return args_from_frame(self._required("args"), n_slices)
+    def _reparsed(self, reparse: Callable[[], RawTrace] | None, what: str) -> RawTrace:
+        if reparse is None:
+            raise StoreError(f"{self.folder}: cannot read {what}")
+        return reparse()
 
     def replay_warnings(self, stacklevel: int = 3) -> None:
         """Warn again what the first load warned (a truncated recording, parts left out)."""
@@ -159,7 +171,33 @@ def open_store(folder: str) -> Store:
     missing = [name for name in BASE_TABLES if not store.has(name)]
     if missing:
         raise StoreError(f"{folder}: {', '.join(missing)} missing")
+    _check_footers(store)
     return store
+
+
+def _check_footers(store: Store) -> None:
+    """Each base table's Parquet footer reads and holds the rows the manifest says (cheap:
+    the footers only); a derived table's that does not is removed, to be computed again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = store.manifest.get("rows") or {}
+    for name in BASE_TABLES + DERIVED_TABLES:
+        if not store.has(name):
+            continue
+        try:
+            n = pq.read_metadata(store.file(name)).num_rows
+            ok = name not in rows or n == rows[name]
+        except (OSError, pa.ArrowException, ValueError):
+            ok = False
+        if ok:
+            continue
+        if name in BASE_TABLES:
+            raise StoreError(f"{store.folder}: {name} is unreadable")
+        try:
+            os.remove(store.file(name))
+        except OSError:
+            pass
 
 
 def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
