@@ -40,7 +40,7 @@ def _select(files: str | Mapping[int, str]) -> str:
     if isinstance(files, str):
         return f"SELECT * FROM read_parquet({_quoted(files)})"
     return " UNION ALL BY NAME ".join(
-        f"SELECT {int(rank)} AS rank, * FROM read_parquet({_quoted(f)})"
+        f"SELECT CAST({int(rank)} AS BIGINT) AS rank, * FROM read_parquet({_quoted(f)})"
         for rank, f in files.items())
 
 
