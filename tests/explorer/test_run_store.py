@@ -55,11 +55,11 @@ def results(run: neuron_explorer.Run) -> dict:
 
 
 def assert_same_results(a: dict, b: dict) -> None:
-    for key in a:
-        if isinstance(a[key], pd.DataFrame):
-            pd.testing.assert_frame_equal(a[key], b[key], obj=key)
+    for key, value in a.items():
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(value, b[key], obj=key)
         else:
-            assert a[key] == b[key], key
+            assert value == b[key], key
 
 
 def test_run_sql_reads_every_ranks_parquet(run_dir: Path, cache_dir: Path, plain) -> None:
