@@ -13,6 +13,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.collectors.perfetto_fields import (
+    A_ARRAY,
+    A_BOOL,
+    A_DICT,
+    A_DOUBLE,
+    A_INT,
+    A_JSON,
+    A_NAME,
+    A_NAME_IID,
+    A_NESTED,
+    A_POINTER,
+    A_STRING,
+    A_STRING_IID,
+    A_UINT,
+)
+from neuron_explorer.collectors.perfetto_fields import E_DEBUG as E_ANNOTATION
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -23,9 +39,6 @@ from neuron_explorer.loaders.args import (
 )
 from neuron_explorer.loaders.wire_scan import Fields, Scan, WireError, scan
 
-E_ANNOTATION = 4
-A_NAME_IID, A_BOOL, A_UINT, A_INT, A_DOUBLE, A_STRING = 1, 2, 3, 4, 5, 6
-A_POINTER, A_NESTED, A_JSON, A_NAME, A_DICT, A_ARRAY, A_STRING_IID = 7, 8, 9, 10, 11, 12, 17
 # slots: 0 name iid, 1 inline name, 2 the scalar value (one field of the oneof), 3 nested
 SLOTS = {A_NAME_IID: 0, A_NAME: 1, A_BOOL: 2, A_UINT: 2, A_INT: 2, A_DOUBLE: 2, A_STRING: 2,
          A_POINTER: 2, A_JSON: 2, A_STRING_IID: 2, A_NESTED: 3, A_DICT: 3, A_ARRAY: 3}
