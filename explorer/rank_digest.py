@@ -50,7 +50,8 @@ class RankDigest:
 
 
 def digest_file(path: str, cache: bool | None = None) -> RankDigest:
-    """Load one rank's trace and reduce it to its digest (runs in a worker process)."""
+    """Load one rank's trace and reduce it to its digest (runs in a worker process). A
+    rank kept in the trace cache keeps its digest there too: a reload reads it."""
     import warnings
 
     from neuron_explorer.trace import load
@@ -58,7 +59,61 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = load(path, cache=cache)
-    return digest_trace(trace)
+        folder = trace.store_folder
+        kept = _read_kept(folder) if folder else None
+        if kept is not None:
+            kept.path = trace.path
+            return kept
+        digest = digest_trace(trace)
+    if folder:
+        _keep(folder, digest)
+    return digest
+
+
+# The digest of a cached rank, pickled beside its tables: written and read only by this
+# package in the user's own cache (a converted folder from elsewhere is never unpickled),
+# and only for the same store build and package version.
+DIGEST_FILE = "digest.pickle"
+
+
+def _digest_key(folder: str) -> str | None:
+    from neuron_explorer import __version__
+    from neuron_explorer.store.parquet import StoreError, read_manifest
+
+    try:
+        return f"{read_manifest(folder).get('build')}:{__version__}:1"
+    except StoreError:
+        return None
+
+
+def _read_kept(folder: str) -> RankDigest | None:
+    import pickle
+
+    key = _digest_key(folder)
+    try:
+        with open(os.path.join(folder, DIGEST_FILE), "rb") as f:
+            stored_key, digest = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError,
+            ValueError, TypeError):
+        return None
+    return digest if key is not None and stored_key == key and \
+        isinstance(digest, RankDigest) else None
+
+
+def _keep(folder: str, digest: RankDigest) -> None:
+    import pickle
+
+    key = _digest_key(folder)
+    if key is None:
+        return
+    tmp = os.path.join(folder, f".{DIGEST_FILE}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump((key, digest), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, os.path.join(folder, DIGEST_FILE))
+    except (OSError, pickle.PicklingError):
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def digest_trace(trace: Any) -> RankDigest:

@@ -62,11 +62,19 @@ def assert_same_results(a: dict, b: dict) -> None:
             assert value == b[key], key
 
 
-def test_run_sql_reads_every_ranks_parquet(run_dir: Path, cache_dir: Path, plain) -> None:
+def test_run_sql_reads_every_ranks_parquet(run_dir: Path, cache_dir: Path, plain,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     plain, expected = plain
     stored = neuron_explorer.load(run_dir, processes=2)
     assert all(d.store for d in stored.digests.values())
     assert_same_results(expected, results(stored))
+
+    def refuse(_trace):
+        raise AssertionError("a kept digest was computed again")
+
+    with monkeypatch.context() as m:  # a reload reads each rank's kept digest
+        m.setattr("neuron_explorer.rank_digest.digest_trace", refuse)
+        assert_same_results(expected, results(neuron_explorer.load(run_dir, processes=1)))
     counts = stored.sql("SELECT rank, count(*) AS n FROM slices GROUP BY rank ORDER BY rank")
     assert counts["rank"].tolist() == list(range(WORLD))
     assert counts["n"].tolist() == [len(plain[r].table("slices")) for r in range(WORLD)]
