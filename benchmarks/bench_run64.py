@@ -54,13 +54,18 @@ PATH, P = {folder!r}, {processes}
 import neuron_explorer as ne, pandas, numpy, pyarrow.parquet
 import neuron_explorer.run, neuron_explorer.rules, neuron_explorer.store.cache
 query_s = None
+def hwm():  # this process's peak RSS (ru_maxrss would count the parent's, kept by exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t0 = time.perf_counter()
 if __name__ == "__main__":
     {MEASURE[kind]}
     dt = time.perf_counter() - t0
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({{"seconds": dt, "peak_bytes": me.ru_maxrss * 1024,
+    print(json.dumps({{"seconds": dt, "peak_bytes": hwm(),
                       "worker_peak_bytes": kids.ru_maxrss * 1024, "n": n,
                       "query_seconds": query_s}}))
 """
