@@ -200,6 +200,11 @@ class _EventTexts:
         """fn of the given events' texts, called once per distinct text."""
         return np.asarray([fn(v) for v in self.values], object)[self.codes[events]]
 
+    def coded(self, events: np.ndarray, fn: Any = None) -> tuple[np.ndarray, list[str]]:
+        """The given events' texts (or fn of them) as codes into distinct strings."""
+        values = list(self.values)
+        return self.codes[events], [fn(v) for v in values] if fn is not None else values
+
 
 def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
     return [data[o:o + n].decode("utf-8", "replace")
@@ -287,8 +292,8 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
     ev_track = _track_ids(track_of, ev.track_uuid)
     sl = _slices(ev, ev_track, skipped)
     slices, order = build_slices(ev_track[sl.events], ev.ts[sl.events], sl.dur,
-                                 ev_name.column(sl.events), ev_cat.column(sl.events),
-                                 ev_cat.mapped(sl.events, our_kind), sl.depth, sl.parent)
+                                 ev_name.coded(sl.events), ev_cat.coded(sl.events),
+                                 ev_cat.coded(sl.events, our_kind), sl.depth, sl.parent)
     slice_of_event, new_id = _slice_of_event(len(ev.ts), sl, order)
     counters = _counters(ev.scan, ev.type, ev.ts, ev_track, tracks)
     ann = Annotations.of(ev.scan.rows, slice_of_event)
