@@ -85,9 +85,33 @@ def interned_keys(seqgen: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, lis
     return inverse, [(c // width, int(distinct[c % width])) for c in uniq.tolist()]
 
 
-def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
-    return [data[a:a + b].decode("utf-8", "replace")
-            for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)]
+def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+    """The strings at the given byte spans. Gathered into one buffer and decoded by Arrow,
+    each distinct string made once (values repeat: opcodes, sources, shapes); invalid UTF-8
+    falls back to decoding one by one with replacement characters."""
+    import pyarrow as pa
+
+    lengths = np.asarray(lengths, np.int64)
+    if not len(lengths):
+        return np.zeros(0, object)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    # byte i of the gathered buffer comes from data[offsets[span] + (i - starts[span])]
+    index = np.int32 if max(len(data), int(ends[-1])) < 2**31 else np.int64  # half the memory
+    take = np.arange(int(ends[-1]), dtype=index) - np.repeat((starts - offsets).astype(index),
+                                                             lengths)
+    buf = np.frombuffer(data, np.uint8)[take]
+    try:
+        strings = pa.LargeStringArray.from_buffers(
+            len(lengths), pa.py_buffer(np.r_[0, ends].astype(np.int64)), pa.py_buffer(buf))
+        strings.validate(full=True)  # UTF-8 checked here
+    except (pa.ArrowInvalid, ValueError):
+        return np.asarray([data[a:a + b].decode("utf-8", "replace")
+                           for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)],
+                          object)
+    coded = strings.dictionary_encode()
+    values = np.asarray(coded.dictionary.to_pylist(), object)
+    return values[coded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
