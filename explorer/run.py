@@ -208,13 +208,16 @@ class Run:
                                       f"{', '.join(STORE_TABLES)}")
         if name not in self._files:
             known = {r: d.store_file(name) for r, d in self.digests.items()}
-            if all(known.values()):
-                files: list[str | None] = list(known.values())
+            files: list[str | None]
+            if not all(d.store for d in self.digests.values()):
+                files = [None]  # loaded without the cache: no stores to read
+            elif all(known.values()):
+                files = list(known.values())
             else:
                 files = map_ranks(partial(_table_file, name=name, cache=self._cache_setting),
                                   list(self.paths().values()), self.processes, None,
                                   f"writing {name}", self.scheduler)
-            self._files[name] = (dict(zip(self.ranks, files, strict=True))  # type: ignore[arg-type]
+            self._files[name] = ({r: f for r, f in zip(self.ranks, files, strict=True) if f}
                                  if all(files) else None)
         return self._files[name]
 

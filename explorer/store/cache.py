@@ -42,12 +42,6 @@ def cache_root() -> str | None:
     return os.path.join(base, "neuron-explorer", "traces")
 
 
-def enabled(cache: bool | None) -> bool:
-    """Whether a load uses the cache: `cache` when given, else the environment."""
-    return cache_root() is not None if cache is None else bool(cache) and \
-        cache_root() is not None
-
-
 def entry_folder(path: str, root: str) -> str:
     """The cache entry of a trace file (one per absolute path)."""
     real = os.path.realpath(path)
