@@ -87,6 +87,7 @@ def main() -> int:
                         help="local worker processes, and the LocalCluster's workers")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--keep", help="write the run into this folder and keep it")
+    parser.add_argument("--no-dask", action="store_true", help="skip the LocalCluster load")
     args = parser.parse_args()
     base = Path(args.keep or tempfile.mkdtemp(prefix="bench_run64_"))
     folder = base / "train.run"
@@ -103,13 +104,15 @@ def main() -> int:
     results: dict[str, list[dict[str, float]]] = {k: [] for k in
                                                   ("cold_local", "cold_dask", "cached", "sql")}
     for i in range(args.repeat):
-        for kind in ("cold_local", "cold_dask"):
+        for kind in ("cold_local",) if args.no_dask else ("cold_local", "cold_dask"):
             cache = base / f"cache-{kind}-{i}"  # empty: every rank parsed and stored
             results[kind].append(measure(kind, str(folder), str(cache), args.processes))
         warm = str(base / f"cache-cold_local-{i}")
         results["cached"].append(measure("cached", str(folder), warm, args.processes))
         results["sql"].append(measure("sql", str(folder), warm, args.processes))
     for kind, runs in results.items():
+        if not runs:
+            continue
         secs = sorted(r["seconds"] for r in runs)
         peak = max(r["peak_bytes"] for r in runs)
         worker = max(r["worker_peak_bytes"] for r in runs)
@@ -120,7 +123,7 @@ def main() -> int:
         print(f"{kind:10s} wall {secs[0]:7.2f}-{secs[-1]:7.2f} s  client peak "
               f"{peak / 2**20:6.0f} MiB  largest worker {worker / 2**20:6.0f} MiB{extra}")
     all_slices = one["n"] * args.ranks
-    client = max(r["peak_bytes"] for runs in results.values() for r in runs)
+    client = max(r["peak_bytes"] for runs in results.values() for r in runs if runs)
     print(f"all ranks' slices in memory would be {all_slices / 2**20:.0f} MiB; the client's "
           f"largest peak {client / 2**20:.0f} MiB")
     if not args.keep:
