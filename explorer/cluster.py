@@ -26,30 +26,39 @@ def client_for(scheduler: str, workers: int | None = None) -> Iterator[Any]:
     """A Dask client of the scheduler (a LocalCluster of `workers` processes for
     `local`), closed on exit."""
     try:
+        import dask
         from distributed import Client, LocalCluster
     except ImportError:  # pragma: no cover - a dependency; a broken install
         raise NeuronExplorerError("running on a cluster needs dask.distributed: "
                                   "pip install 'dask[distributed]'") from None
-    if scheduler == LOCAL:
-        cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                               processes=True, dashboard_address=None,
-                               silence_logs=logging.ERROR)
-        client = Client(cluster)
-    else:
+    # on a busy machine spawned workers may take long to start and answer: wait for them
+    # rather than giving up after Dask's 30 s
+    patience = {"distributed.comm.timeouts.connect": "300s",
+                "distributed.comm.timeouts.tcp": "300s"} if scheduler == LOCAL else {}
+    with dask.config.set(patience):
         cluster = None
         try:
-            client = Client(scheduler, timeout=30)
-        except (OSError, TimeoutError, ValueError) as exc:
+            if scheduler == LOCAL:
+                cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1,
+                                       threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=logging.ERROR)
+                client = Client(cluster)
+            else:
+                client = Client(scheduler, timeout=30)
+        except (OSError, TimeoutError, ValueError, RuntimeError) as exc:
+            if cluster is not None:
+                cluster.close()
+            where = "start a local Dask cluster" if scheduler == LOCAL else \
+                f"reach the Dask scheduler {scheduler}"
             raise NeuronExplorerError(
-                f"cannot reach the Dask scheduler {scheduler} ({exc}); check the address "
-                "(tcp://HOST:8786) and that `dask scheduler` runs there, or use "
-                "--scheduler local") from None
-    try:
-        yield client
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+                f"cannot {where} ({exc}); check the address (tcp://HOST:8786) and that "
+                "`dask scheduler` runs there, or load without a scheduler") from None
+        try:
+            yield client
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
 
 
 def dask_map(function: Callable[[str], T], items: Sequence[str], scheduler: str,
