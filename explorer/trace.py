@@ -130,6 +130,8 @@ class Trace:
     def __getattr__(self, name: str) -> Any:
         if name in _RENAMED:  # old names, kept readable for existing scripts
             return getattr(self, _RENAMED[name])
+        if name == "cached":  # the old memo method: neuron_explorer.memo.memoised now
+            return lambda key, compute: memoised(self, key, compute)
         raise AttributeError(f"'Trace' object has no attribute {name!r}")
 
     # --- tables ---------------------------------------------------------------------------
