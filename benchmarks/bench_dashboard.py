@@ -241,7 +241,7 @@ def load_test(folder: Path, clients: int, seconds: float, actions_per_client: in
         spans = {}
         for trace in traces:
             t = neuron_explorer.load(folder / trace)
-            spans[trace] = int((t.base_slices["ts"] + t.base_slices["dur"]).max() - t.base_slices["ts"].min())
+            spans[trace] = int((t.table("slices")["ts"] + t.table("slices")["dur"]).max() - t.table("slices")["ts"].min())
 
         def run_clients(n: int, per_client: int) -> tuple[list[float], list[int]]:
             times, statuses = [], []

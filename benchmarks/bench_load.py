@@ -16,11 +16,19 @@ bench_run_load.py beside this script.
 Prints the times, the peak memory and the ratios HTA / ours. Targets: load in at
 most 5 s, under 2 GB, 10x faster than HTA. Each figure is the best of a few runs.
 
+Then the store (docs/scale.md), on the synthetic trace and on an engine-level trace
+recorded from examples/gpt.py: first load to every table ready (parsed, derived tables,
+args, the Parquet store written into the trace cache), target >= 1 M slices/s; cached
+reload of every table, and of the slices and steps alone, target >= 10 M slices/s; peak
+memory above the imports <= 3x the file. The rates are judged on CPU time (the fairer
+figure on a shared machine); the wall-clock rates are printed beside them.
+
 Then the nesting case: N identical slices (each nests in the one before: depth N)
 in both formats, at N and 4N; the load must grow about linearly (target: 4N takes
 at most 6x N's time; a pass per depth made it 16x).
 Run:
     .venv/bin/python benchmarks/bench_load.py [--slices 1000000] [--keep DIR]
+        [--recorded TRACE | --record-steps 30] [--store-only]
 (needs the `bench` extra: pip install -c constraints.txt -e .[bench])
 """
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -153,15 +162,29 @@ def write_kineto(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
     path.write_bytes(orjson.dumps(doc))
 
 
+# imports, done before the clock starts: a fixed cost, not the load's
+SETUP = {
+    "ours": "import neuron_explorer as ne, neuron_explorer.trace, neuron_explorer.tables, "
+            "neuron_explorer.loaders.pftrace, neuron_explorer.loaders.chrome_json, "
+            "neuron_explorer.store.cache, pyarrow.parquet",
+    "hta": "from hta.common.trace_parser import parse_trace_dataframe\n"
+           "from hta.configs.parser_config import ParserConfig",
+}
+EVERY_TABLE = ("t.flows; t.steps; t.ops; t.kernels; t.instructions; t.modules; "
+               "t.table('args'); n = len(t.table('slices'))")
+# kind -> (setup, what is timed, trace cache: off, or a fresh / the same folder)
 MEASURE = {
     # the flows are linked on first use: asked for, so the figure covers what a load did
-    "ours": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices); t.flows",
-    "ours_derived": "import neuron_explorer as ne; t = ne.load(PATH); "
-                    "n = len(t.ops) + len(t.kernels)",
-    "ours_json": "import neuron_explorer as ne; t = ne.load(PATH); n = len(t.base_slices)",
-    "hta": "from hta.common.trace_parser import parse_trace_dataframe\n"
-           "from hta.configs.parser_config import ParserConfig\n"
-           "meta, df, symbols = parse_trace_dataframe(PATH, ParserConfig())\nn = len(df)",
+    "ours": ("ours", "t = ne.load(PATH); n = len(t.table('slices')); t.flows", "off"),
+    "ours_derived": ("ours", "t = ne.load(PATH); n = len(t.ops) + len(t.kernels)", "off"),
+    "ours_json": ("ours", "t = ne.load(PATH); n = len(t.table('slices'))", "off"),
+    # every table ready: parsed, derived, args decoded, the store written into the cache
+    "first_all": ("ours", f"t = ne.load(PATH); {EVERY_TABLE}", "fresh"),
+    # the same from the cache written by first_all
+    "cached_all": ("ours", f"t = ne.load(PATH); {EVERY_TABLE}", "warm"),
+    "cached_load": ("ours", "t = ne.load(PATH); n = len(t.table('slices')); t.steps", "warm"),
+    "hta": ("hta", ("meta, df, symbols = parse_trace_dataframe(PATH, ParserConfig())\n"
+                    "n = len(df)"), "off"),
 }
 
 
@@ -198,25 +221,76 @@ def nesting_case(folder: Path, n: int, repeat: int) -> None:
               f"(target <= 6x: {'met' if ratio <= 6 else 'MISSED'})")
 
 
+CACHE = Path(tempfile.gettempdir()) / f"bench_load_cache_{os.getpid()}"
+
+
 def measure(kind: str, path: str) -> dict[str, float]:
     """Run one measurement in a fresh process: seconds (after imports), peak RSS, rows."""
+    setup, timed, cache = MEASURE[kind]
+    if cache == "fresh":
+        shutil.rmtree(CACHE, ignore_errors=True)
     code = f"""
 import json, resource, sys, time
 PATH = {path!r}
 import pandas, numpy
+{SETUP[setup]}
+def hwm():  # this process's peak RSS (ru_maxrss would count the parent's, kept by exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = hwm()
 t0, c0 = time.perf_counter(), time.process_time()
 s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
-{MEASURE[kind]}
+{timed}
 dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({{"seconds": dt, "cpu_seconds": cpu, "sys_seconds": usage.ru_stime - s0,
-                  "peak_bytes": usage.ru_maxrss * 1024, "rows": n}}))
+                  "peak_bytes": hwm(), "base_bytes": base, "rows": n}}))
 """
+    env = {**os.environ, "NEURON_EXPLORER_CACHE": "off" if cache == "off" else str(CACHE)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False)
+                          check=False, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def record_engine_trace(path: Path, steps: int) -> Path:
+    """Record examples/gpt.py at --level engine (bounded in time)."""
+    root = Path(__file__).resolve().parents[1]
+    cli = Path(sys.executable).with_name("neuron-explorer")
+    t0 = time.perf_counter()
+    subprocess.run([str(cli), "record", "--level", "engine", "-o", str(path), "--",
+                    str(root / "examples" / "gpt.py"), "--steps", str(steps)],
+                   check=True, timeout=600, capture_output=True)
+    print(f"recorded {path.name}: examples/gpt.py, {steps} steps at --level engine, "
+          f"{path.stat().st_size / 2**20:.0f} MiB, in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def store_targets(label: str, path: Path, best: Callable[[str, Path], dict[str, float]]
+                  ) -> None:
+    """First load to every table ready (the cache written), cached reload, peak memory."""
+    size = path.stat().st_size
+    runs = {kind: best(kind, path) for kind in ("ours", "first_all", "cached_all",
+                                                "cached_load")}
+    n = runs["ours"]["rows"]
+    print(f"{label}: {n:,} slices, {size / 2**20:.0f} MiB")
+    for kind, target in (("ours", None), ("first_all", 1e6), ("cached_all", 10e6),
+                         ("cached_load", 10e6)):
+        r = runs[kind]
+        rate, rate_cpu = n / r["seconds"], n / r["cpu_seconds"]
+        above = r["peak_bytes"] - r["base_bytes"]
+        verdict = "" if target is None else \
+            f" (target >= {target / 1e6:.0f} M/s: {'met' if rate_cpu >= target else 'MISSED'}, " \
+            f"{rate_cpu / target:.2f}x of it)"
+        print(f"  {kind:12s} {r['seconds']:6.2f} s wall {r['cpu_seconds']:6.2f} s cpu  "
+              f"{rate / 1e6:5.2f} M slices/s wall, {rate_cpu / 1e6:5.2f} by cpu{verdict}  "
+              f"peak {above / 2**20:5.0f} MiB above the imports ({above / size:.1f}x the file)")
+    peak = max(r["peak_bytes"] - r["base_bytes"] for r in runs.values())
+    print(f"  peak above the imports {peak / 2**20:.0f} MiB = {peak / size:.1f}x the file "
+          f"(target <= 3x: {'met' if peak <= 3 * size else 'MISSED'})")
 
 
 def main() -> int:
@@ -228,6 +302,12 @@ def main() -> int:
     parser.add_argument("--hta-repeat", type=int, default=2, help="runs of HTA (best kept)")
     parser.add_argument("--nested", type=int, default=50_000,
                         help="identical slices of the nesting case (0: skip it)")
+    parser.add_argument("--recorded", help="an engine-level trace of ours to measure the "
+                        "store on (default: record examples/gpt.py at --level engine)")
+    parser.add_argument("--record-steps", type=int, default=30,
+                        help="steps of examples/gpt.py to record (about 13k slices a step)")
+    parser.add_argument("--store-only", action="store_true",
+                        help="only the store targets (first load, cached reload)")
     args = parser.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="bench_load_"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -243,6 +323,12 @@ def main() -> int:
         runs = [measure(kind, str(path)) for _ in range(times)]
         return {k: min(r[k] for r in runs) for k in runs[0]}
 
+    recorded = Path(args.recorded) if args.recorded else record_engine_trace(
+        folder / "recorded_engine.pftrace", args.record_steps)
+    for label, path in (("synthetic", pf), ("recorded engine-level", recorded)):
+        store_targets(label, path, lambda kind, p: best(kind, p, args.repeat))
+    if args.store_only:
+        return 0
     results = {"ours": best("ours", pf, args.repeat),
                "ours_derived": best("ours_derived", pf, args.repeat),
                "ours_json": best("ours_json", js, args.repeat)}

@@ -33,7 +33,7 @@ import bench_load  # the single-rank trace generator
 
 MEASURE = {
     "rank": "t = ne.load(PATH + '/rank0.pftrace'); t.summary(); t.communication(); "
-            "t.bottlenecks(); n = len(t.base_slices)",
+            "t.bottlenecks(); n = len(t.table('slices'))",
     "run": "r = ne.load(PATH); r.communication(); r.stragglers(); r.bottlenecks(); n = len(r)",
 }
 

@@ -1,4 +1,4 @@
-"""The `neuron-explorer` command: record, report, diff, whatif, view, demo.
+"""The `neuron-explorer` command: record, report, diff, whatif, convert, view, demo.
 
 Each subcommand lives in its own module exposing `configure(parser)` and
 `run(args) -> int`; this file only routes, and turns the errors a user can cause
@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "diff": ("neuron_explorer.diff_command", "compare two traces"),
     "whatif": ("neuron_explorer.whatif_command",
                "predict a recorded run on other hardware, mode or dtype"),
+    "convert": ("neuron_explorer.convert_command", "write a trace's or a run's tables as Parquet"),
     "view": ("neuron_explorer.webapp.view_command", "open traces in the dashboard"),
     "demo": ("neuron_explorer.webapp.demo_command", "record a sample workload and open it"),
 }

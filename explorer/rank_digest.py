@@ -4,10 +4,13 @@ A multi-rank run can be far larger than memory, so a `Run` never holds every
 rank's slices: each rank is loaded (in a worker process when there are several),
 reduced to its digest (steps, collectives, communication, summary, findings), and
 let go. A rank's full `Trace` is loaded again only when asked for (`run[rank]`).
+Where the rank is kept in the trace cache, the digest names its store folder, whose
+Parquet files `run.sql` reads.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,19 +39,81 @@ class RankDigest:
     kernel_types: pd.DataFrame
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    store: str | None = None  # the rank's store folder (trace cache), if kept in one
+
+    def store_file(self, table: str) -> str | None:
+        """The Parquet file of one of the rank's tables, if its store holds it."""
+        if self.store is None:
+            return None
+        file = os.path.join(self.store, f"{table}.parquet")
+        return file if os.path.isfile(file) else None
 
 
-def digest_file(path: str) -> RankDigest:
-    """Load one rank's trace and reduce it to its digest (runs in a worker process)."""
+def digest_file(path: str, cache: bool | None = None) -> RankDigest:
+    """Load one rank's trace and reduce it to its digest (runs in a worker process). A
+    rank kept in the trace cache keeps its digest there too: a reload reads it."""
     import warnings
 
-    from neuron_explorer.loaders import read_trace
-    from neuron_explorer.trace import Trace
+    from neuron_explorer.trace import load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trace = Trace(read_trace(path))
-    return digest_trace(trace)
+        trace = load(path, cache=cache)
+        folder = trace.store_folder
+        kept = _read_kept(folder) if folder else None
+        if kept is not None:
+            kept.path = trace.path
+            return kept
+        digest = digest_trace(trace)
+    if folder:
+        _keep(folder, digest)
+    return digest
+
+
+# The digest of a cached rank, pickled beside its tables: written and read only by this
+# package in the user's own cache (a converted folder from elsewhere is never unpickled),
+# and only for the same store build and package version.
+DIGEST_FILE = "digest.pickle"
+
+
+def _digest_key(folder: str) -> str | None:
+    from neuron_explorer import __version__
+    from neuron_explorer.store.parquet import StoreError, read_manifest
+
+    try:
+        return f"{read_manifest(folder).get('build')}:{__version__}:1"
+    except StoreError:
+        return None
+
+
+def _read_kept(folder: str) -> RankDigest | None:
+    import pickle
+
+    key = _digest_key(folder)
+    try:
+        with open(os.path.join(folder, DIGEST_FILE), "rb") as f:
+            stored_key, digest = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError,
+            ValueError, TypeError):
+        return None
+    return digest if key is not None and stored_key == key and \
+        isinstance(digest, RankDigest) else None
+
+
+def _keep(folder: str, digest: RankDigest) -> None:
+    import pickle
+
+    key = _digest_key(folder)
+    if key is None:
+        return
+    tmp = os.path.join(folder, f".{DIGEST_FILE}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump((key, digest), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, os.path.join(folder, DIGEST_FILE))
+    except (OSError, pickle.PicklingError):
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def digest_trace(trace: Any) -> RankDigest:
@@ -62,7 +127,7 @@ def digest_trace(trace: Any) -> RankDigest:
         summary=trace.summary(), steps=trace.steps.copy(),
         collectives=_with_analysed(trace, comm.collectives(trace)), communication=communication,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
-        warnings=list(trace.warnings))
+        warnings=list(trace.warnings), store=trace.store_folder)
 
 
 def _exposed_transfer(trace: Any) -> np.ndarray:

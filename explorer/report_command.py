@@ -16,6 +16,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "JSON (.gz); or a run folder of per-rank traces")
     parser.add_argument("--format", choices=FORMATS, default="text", help="output format")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    add_load_options(parser)
+
+
+def add_load_options(parser: argparse.ArgumentParser) -> None:
+    """--no-cache, --scheduler and --quiet: how traces and runs are loaded."""
+    parser.add_argument("--no-cache", action="store_true",
+                        help="parse the trace again: neither read nor write the trace cache "
+                        "(also NEURON_EXPLORER_CACHE=off)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="for a run folder: run the per-rank work on a Dask cluster, "
+                        "'local' (a LocalCluster on this machine) or a scheduler's address "
+                        "(tcp://HOST:8786)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
 def write_output(text: str, output: str | None) -> None:
@@ -31,13 +44,19 @@ def write_output(text: str, output: str | None) -> None:
                                   "and that its folder exists") from None
 
 
-def load_quietly(path: str, command: str):
-    """Load a trace; its warnings (a truncated recording) become one line each on stderr."""
+def load_quietly(path: str, command: str, args: argparse.Namespace | None = None):
+    """Load a trace; its warnings (a truncated recording) become one line each on stderr.
+    `args`: the command's load options (add_load_options)."""
     from neuron_explorer.trace import load
 
+    options = {}
+    if args is not None:
+        options = {"cache": False if getattr(args, "no_cache", False) else None,
+                   "scheduler": getattr(args, "scheduler", None),
+                   "progress": False if getattr(args, "quiet", False) else None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trace = load(path)
+        trace = load(path, **options)
     print_warnings(trace, command)
     return trace
 
@@ -51,8 +70,8 @@ def print_warnings(trace, command: str, since: int = 0) -> None:
 def run(args: argparse.Namespace) -> int:
     from neuron_explorer.report import render_report
 
-    trace = load_quietly(args.trace, "report")
-    if not hasattr(trace, "base_slices"):  # a run folder: one trace per rank
+    trace = load_quietly(args.trace, "report", args)
+    if not hasattr(trace, "slice_args"):  # a run folder: one trace per rank
         from neuron_explorer.run_report import render_run_report
 
         write_output(render_run_report(trace, args.format), args.output)

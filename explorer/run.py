@@ -26,33 +26,47 @@ if TYPE_CHECKING:
     from neuron_explorer.rules.finding import Findings
     from neuron_explorer.trace import Trace
 
-RUN_SQL_TABLES = ("steps", "ops", "kernels", "collectives", "communication")
+# the digests' tables, then the tables of every rank's store (read from Parquet)
+DIGEST_TABLES = ("steps", "collectives", "communication")
+STORE_TABLES = ("slices", "args", "tracks", "counters", "flows", "ops", "kernels",
+                "instructions", "modules")
+RUN_SQL_TABLES = DIGEST_TABLES + tuple(t for t in STORE_TABLES if t not in DIGEST_TABLES)
 T = TypeVar("T")
 
 
 def load_run(source: str | os.PathLike | Iterable[str | os.PathLike],
-             processes: int | None = None, progress: bool | None = None) -> Run:
+             processes: int | None = None, progress: bool | None = None, *,
+             cache: bool | None = None, scheduler: str | None = None) -> Run:
     """Load a run: a folder of per-rank traces or a list of paths. `processes`: worker
     processes (default: one per core, at most one per file; 1 loads in this process);
-    `progress`: a bar on stderr (default: when stderr is a terminal and it takes > 1 s)."""
+    `progress`: a bar on stderr (default: when stderr is a terminal and it takes > 1 s);
+    `cache`: keep and read each rank's tables in the trace cache (default: on unless
+    `NEURON_EXPLORER_CACHE=off`); `scheduler`: run the per-rank work on Dask, `"local"`
+    (a LocalCluster of `processes` workers) or a scheduler's address."""
     paths = run_paths(source)
     folder = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
-    digests = map_ranks(digest_file, paths, processes, progress, "loading ranks")
+    digests = map_ranks(partial(digest_file, cache=cache), paths, processes, progress,
+                        "loading ranks", scheduler)
     ranks = assign_ranks(paths, [d.own_rank for d in digests])
     manifest = read_manifest(folder) if folder else {}
-    return Run(dict(zip(ranks, digests, strict=True)), folder, manifest, processes)
+    return Run(dict(zip(ranks, digests, strict=True)), folder, manifest, processes,
+               cache=cache, scheduler=scheduler)
 
 
 def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | None,
-              progress: bool | None, what: str) -> list[T]:
-    """`function(path)` for every path, in worker processes when there are several, in
-    path order, with a progress bar."""
+              progress: bool | None, what: str, scheduler: str | None = None) -> list[T]:
+    """`function(path)` for every path, in worker processes when there are several (or
+    as Dask tasks when `scheduler` is given), in path order, with a progress bar."""
     from tqdm.auto import tqdm
 
     workers = min(processes or os.cpu_count() or 1, len(paths))
     bar = tqdm(total=len(paths), desc=what, unit="rank", file=sys.stderr, delay=1.0,
                disable=(not progress) if progress is not None else None, leave=False)
     try:
+        if scheduler:
+            from neuron_explorer.cluster import dask_map
+
+            return dask_map(function, paths, scheduler, processes, bar.update)
         if workers <= 1:
             results = []
             for path in paths:
@@ -73,14 +87,26 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
         bar.close()
 
 
-def _load_table(path: str, name: str) -> pd.DataFrame:
+def _load_table(path: str, name: str, cache: bool | None = None) -> pd.DataFrame:
     import warnings
 
     from neuron_explorer.trace import load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load(path).table(name)
+        return load(path, cache=cache).table(name)
+
+
+def _table_file(path: str, name: str, cache: bool | None = None) -> str | None:
+    """The Parquet file of one rank's table in its store (computed and written first when
+    absent), or None when the rank is not kept in a store."""
+    import warnings
+
+    from neuron_explorer.trace import load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load(path, cache=cache)._parquet_file(name)
 
 
 class Run:
@@ -88,15 +114,19 @@ class Run:
     across ranks (step times, stragglers, communication, findings)."""
 
     def __init__(self, digests: dict[int, RankDigest], path: str | None = None,
-                 manifest: dict[str, Any] | None = None, processes: int | None = None) -> None:
+                 manifest: dict[str, Any] | None = None, processes: int | None = None, *,
+                 cache: bool | None = None, scheduler: str | None = None) -> None:
         if not digests:
             raise NeuronExplorerError("a run needs at least one rank")
         self.digests = dict(sorted(digests.items()))
         self.path = path
         self.manifest = manifest or {}
         self.processes = processes
+        self.scheduler = scheduler
+        self._cache_setting = cache
         self._traces: dict[int, Trace] = {}
         self._cache: dict[str, Any] = {}
+        self._files: dict[str, dict[int, str] | None] = {}
 
     # --- ranks ----------------------------------------------------------------------------
     @property
@@ -117,7 +147,7 @@ class Run:
         if rank not in self._traces:
             from neuron_explorer.trace import load
 
-            self._traces[rank] = cast("Trace", load(self.digests[rank].path))  # one file: a Trace
+            self._traces[rank] = cast("Trace", load(self.digests[rank].path, cache=self._cache_setting))
         return self._traces[rank]
 
     @property
@@ -159,25 +189,62 @@ class Run:
         return self._full_table("kernels")
 
     def _full_table(self, name: str) -> pd.DataFrame:
-        paths = list(self.paths().values())
-        frames = map_ranks(partial(_load_table, name=name), paths, self.processes, None,
-                           f"reading {name}")
+        files = self.table_files(name)
+        if files is not None:  # each rank's Parquet, read here one at a time
+            frames = [pd.read_parquet(f) for f in files.values()]
+        else:
+            frames = map_ranks(partial(_load_table, name=name, cache=self._cache_setting),
+                               list(self.paths().values()), self.processes, None,
+                               f"reading {name}", self.scheduler)
         parts = [f.assign(rank=r) for r, f in zip(self.ranks, frames, strict=True)]
         frame = pd.concat(parts, ignore_index=True)
         return frame[["rank", *[c for c in frame.columns if c != "rank"]]]
 
+    def table_files(self, name: str) -> dict[int, str] | None:
+        """Each rank's Parquet file of a table (`slices`, `ops`, ...: see STORE_TABLES),
+        written by the workers where a rank's store lacks it; None when the ranks are not
+        kept in a store (the cache is off)."""
+        if name not in STORE_TABLES:
+            raise NeuronExplorerError(f"no per-rank table {name!r}; tables are "
+                                      f"{', '.join(STORE_TABLES)}")
+        if name not in self._files:
+            known = {r: d.store_file(name) for r, d in self.digests.items()}
+            files: list[str | None]
+            if not all(d.store for d in self.digests.values()):
+                files = [None]  # loaded without the cache: no stores to read
+            elif all(known.values()):
+                files = list(known.values())
+            else:
+                files = map_ranks(partial(_table_file, name=name, cache=self._cache_setting),
+                                  list(self.paths().values()), self.processes, None,
+                                  f"writing {name}", self.scheduler)
+            self._files[name] = ({r: f for r, f in zip(self.ranks, files, strict=True) if f}
+                                 if all(files) else None)
+        return self._files[name]
+
     def table(self, name: str) -> pd.DataFrame:
-        """A run table by name (the names `sql` knows)."""
+        """A run table by name (the names `sql` knows), with a `rank` column. Per-rank
+        tables (`slices`, ...) are read into memory whole: prefer `sql` for those."""
         if name not in RUN_SQL_TABLES:
             raise NeuronExplorerError(f"no run table {name!r}; tables are "
                                       f"{', '.join(RUN_SQL_TABLES)}")
-        return self.communication() if name == "communication" else getattr(self, name)
+        if name == "communication":
+            return self.communication()
+        if name in DIGEST_TABLES or name in ("ops", "kernels"):
+            return getattr(self, name)
+        return self._full_table(name)
 
     def sql(self, query: str) -> pd.DataFrame:
-        """DuckDB SQL over the run's tables (each with a `rank` column)."""
+        """DuckDB SQL over the run's tables, each with a `rank` column: steps, collectives
+        and communication from the digests; slices, args, tracks, counters, flows, ops,
+        kernels, instructions and modules over every rank's Parquet files, read by DuckDB
+        as the query needs them (a run larger than memory can be queried)."""
         from neuron_explorer.sql import query_tables
 
-        return query_tables(query, RUN_SQL_TABLES, self.table)
+        def parquet(name: str) -> dict[int, str] | None:
+            return self.table_files(name) if name in STORE_TABLES else None
+
+        return query_tables(query, RUN_SQL_TABLES, self.table, parquet)
 
     # --- analyses -------------------------------------------------------------------------
     def step_time_ns(self) -> float:
@@ -268,3 +335,33 @@ class Run:
     def __repr__(self) -> str:
         where = os.path.basename(self.path) if self.path else f"{len(self)} files"
         return f"<Run {where}: {len(self)} ranks {self.ranks}>"
+
+
+def _digest_store(folder: str) -> RankDigest:
+    from neuron_explorer.rank_digest import digest_trace
+    from neuron_explorer.trace import load
+
+    digest = digest_trace(load(folder))
+    digest.path = folder  # `run[rank]` loads the rank from its store
+    return digest
+
+
+def load_converted_run(folder: str, processes: int | None = None,
+                       progress: bool | None = None) -> Run:
+    """A run as `neuron-explorer convert RUN_DIR` wrote it: one store per rank."""
+    import json
+
+    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.store.parquet import RUN_MANIFEST
+
+    try:
+        with open(os.path.join(folder, RUN_MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+        ranks = {int(r): os.path.join(folder, sub) for r, sub in manifest["ranks"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TraceFormatError(folder, f"not a readable converted run ({exc}); convert the "
+                               "run again with `neuron-explorer convert`") from None
+    digests = map_ranks(_digest_store, list(ranks.values()), processes, progress,
+                        "loading ranks")
+    return Run(dict(zip(ranks, digests, strict=True)), folder, manifest.get("manifest") or {},
+               processes)

@@ -1,24 +1,48 @@
-"""DuckDB SQL over named pandas tables, registering only the tables a query names."""
+"""DuckDB SQL over named tables, registering only the tables a query names.
+
+A table kept as Parquet (a cached or converted trace, a run's ranks) is a view over
+its files, read by DuckDB as the query needs it (out of core: a run larger than
+memory can be queried); any other is a pandas frame, read in place.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
 
 
 def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.DataFrame],
+                 parquet: Callable[[str], str | Mapping[int, str] | None] | None = None,
                  ) -> pd.DataFrame:
-    """Run `query`; each of `names` it mentions is registered as `table(name)` (read in
-    place, and built only when the query needs it)."""
+    """Run `query`; each of `names` it mentions is a view over `parquet(name)` where that
+    gives files (one file, or one per rank: the view adds a `rank` column), else
+    `table(name)` (built only when the query needs it)."""
     import duckdb
 
     con = duckdb.connect()
     try:
         for name in names:
-            if re.search(rf"\b{name}\b", query, flags=re.IGNORECASE):
+            if not re.search(rf"\b{name}\b", query, flags=re.IGNORECASE):
+                continue
+            files = parquet(name) if parquet is not None else None
+            if files:
+                con.execute(f"CREATE VIEW {name} AS {_select(files)}")
+            else:
                 con.register(name, table(name))
         return con.execute(query).df()
     finally:
         con.close()
+
+
+def _select(files: str | Mapping[int, str]) -> str:
+    if isinstance(files, str):
+        return f"SELECT * FROM read_parquet({_quoted(files)})"
+    return " UNION ALL BY NAME ".join(
+        f"SELECT CAST({int(rank)} AS BIGINT) AS rank, * FROM read_parquet({_quoted(f)})"
+        for rank, f in files.items())
+
+
+def _quoted(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"

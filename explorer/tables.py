@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -58,7 +59,7 @@ def flag(values: np.ndarray) -> np.ndarray:
 def number(trace: Trace, key: str, ids: np.ndarray, default: float = 0,
            dtype: str = "int64") -> np.ndarray:
     """Arg `key` of the given slices as numbers (default where missing or not a number)."""
-    return trace.args.numbers(key, ids, default, dtype)
+    return trace.slice_args.numbers(key, ids, default, dtype)
 
 
 def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
@@ -81,8 +82,8 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
 
 def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:
     """Each slice's kind as a code into the distinct kinds (factorised once per trace)."""
-    return trace.cached("slice_kind_codes",
-                        lambda: pd.factorize(trace.base_slices["kind"].to_numpy()))
+    return memoised(trace, "slice_kind_codes",
+                        lambda: pd.factorize(trace.table("slices")["kind"].to_numpy()))
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
@@ -96,7 +97,7 @@ def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
 
 def of_kind(trace: Trace, *kinds: str) -> pd.DataFrame:
     """Slices (without args) of the given kinds."""
-    return trace.base_slices[kind_mask(trace, kinds)]
+    return trace.table("slices")[kind_mask(trace, kinds)]
 
 
 def _recorded_steps(trace: Trace, step: np.ndarray) -> np.ndarray:
@@ -122,7 +123,7 @@ def assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
                      outermost: bool = False) -> np.ndarray:
     """Nearest (or outermost) ancestor of each slice whose kind is in `kinds` (-1: none)."""
-    s = trace.base_slices
+    s = trace.table("slices")
     parent = s["parent_id"].to_numpy()
     match = kind_mask(trace, kinds)
     found = np.full(len(ids), -1, np.int64)
@@ -203,7 +204,7 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(KERNEL_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.args.column
+    col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].to_numpy()})
     device = number(trace, tf.ARG_DEVICE, ids, default=-1)
@@ -267,7 +268,7 @@ def _kineto_kernel_links(trace: Trace, s: pd.DataFrame, out: pd.DataFrame) -> No
     out["op_slice_id"] = op_slice
     ext = number(trace, "External id", np.maximum(op_slice, 0), default=-1)
     out["op_id"] = np.where(op_slice >= 0, np.where(ext >= 0, ext, op_slice), -1)
-    launch_ts = trace.base_slices["ts"].to_numpy()[np.maximum(runtime, 0)]
+    launch_ts = trace.table("slices")["ts"].to_numpy()[np.maximum(runtime, 0)]
     step = assign_steps(np.where(has, launch_ts, out["ts"].to_numpy()), trace.steps)
     out["step"] = step
 
@@ -280,7 +281,7 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(OP_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.args.column
+    col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
     if trace.source_format == "kineto_json":
@@ -289,8 +290,8 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         out["kernel_id"] = -1
         out["flops"] = number(trace, "flops", ids)
         out["bytes"] = 0
-        out["shapes"] = trace.args.texts("Input Dims", ids)
-        out["dtypes"] = trace.args.texts("Input type", ids)
+        out["shapes"] = trace.slice_args.texts("Input Dims", ids)
+        out["dtypes"] = trace.slice_args.texts("Input type", ids)
         out["module"] = ""
         out["source"] = ""
         out["fallback"] = False
@@ -303,7 +304,7 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         out["flops"] = number(trace, tf.ARG_FLOPS, ids)
         out["bytes"] = number(trace, tf.ARG_BYTES, ids)
         for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-            out[key] = trace.args.texts(key, ids)
+            out[key] = trace.slice_args.texts(key, ids)
         out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
         out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
         out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
@@ -331,7 +332,7 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    engine = trace.args.texts(tf.ARG_ENGINE, ids)
+    engine = trace.slice_args.texts(tf.ARG_ENGINE, ids)
     kind = s["kind"].to_numpy()
     missing = np.flatnonzero(engine == "")
     if len(missing):  # no engine arg: the engine its track is named after
@@ -341,7 +342,7 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         named = track_engine.reindex(s["track_id"].to_numpy()[missing]).to_numpy()
         fallback = np.where(kind[missing] == tf.CAT_DMA, "dma", "")
         engine[missing] = np.where(pd.isna(named), fallback, named)
-    opcode = trace.args.texts(tf.ARG_OPCODE, ids)
+    opcode = trace.slice_args.texts(tf.ARG_OPCODE, ids)
     out = pd.DataFrame({
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
         "opcode": np.where(opcode == "", s["name"].to_numpy(), opcode),
@@ -357,10 +358,10 @@ def derive_modules(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(MODULE_COLUMNS)
     ids = s["id"].to_numpy()
-    module = trace.args.texts(tf.ARG_MODULE, ids)
+    module = trace.slice_args.texts(tf.ARG_MODULE, ids)
     names = s["name"].to_numpy()
     module = np.where(module == "", [str(n).removeprefix("nn.Module: ") for n in names], module)
-    phase = trace.args.texts(tf.ARG_PHASE, ids)
+    phase = trace.slice_args.texts(tf.ARG_PHASE, ids)
     phase = np.where(phase == "", np.where(s["category"].to_numpy() == tf.CAT_BACKWARD,
                                            "backward", "forward"), phase)
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),

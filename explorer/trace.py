@@ -4,6 +4,9 @@ A `Trace` holds the loader's tables (slices, tracks, counters, flows) and derive
 steps, ops, kernels, instructions and modules on first use. Its methods are a
 facade over `neuron_explorer.analyses` and `neuron_explorer.rules`: one analyzer
 module per question, each a function of a Trace.
+
+A trace file's tables are kept in the trace cache (`store/cache.py`) after its first
+load: a reload reads them from Parquet, and `sql` queries the Parquet files in place.
 """
 
 from __future__ import annotations
@@ -18,57 +21,127 @@ from neuron_explorer import tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.loaders import read_trace
 from neuron_explorer.loaders.args import SliceArgs
-from neuron_explorer.loaders.pages import small_pages
+from neuron_explorer.loaders.huge_pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
+from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
     from neuron_explorer.plot import TracePlot
     from neuron_explorer.rules.finding import Findings
     from neuron_explorer.run import Run
+    from neuron_explorer.store.parquet import Store
 
-SQL_TABLES = ("slices", "tracks", "counters", "flows", "steps", "ops", "kernels",
+SQL_TABLES = ("slices", "args", "tracks", "counters", "flows", "steps", "ops", "kernels",
               "instructions", "modules")
+DERIVED = {"steps": tables.derive_steps, "ops": tables.derive_ops,
+           "kernels": tables.derive_kernels, "instructions": tables.derive_instructions,
+           "modules": tables.derive_modules}
+# names these tables had before; still read, not part of the surface
+_RENAMED = {"base_slices": "_slices", "args": "slice_args"}
 
 
 def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.PathLike, ...],
-         *, max_bytes: int | None = None) -> Trace | Run:
+         *, max_bytes: int | None = None, cache: bool | None = None,
+         scheduler: str | None = None, processes: int | None = None,
+         progress: bool | None = None) -> Trace | Run:
     """Load a trace: our .pftrace or JSON, or a PyTorch-profiler JSON(.gz) from any device.
-    A folder of per-rank traces (a run folder) or a list of paths gives a `Run`.
+    A folder of per-rank traces (a run folder) or a list of paths gives a `Run`; a folder
+    written by `neuron-explorer convert` loads what it holds.
 
     Any file that cannot be read raises `TraceFormatError` naming where. `max_bytes`
     caps the trace data read after decompression (default: 100x a gzipped file's size,
     at least 256 MiB, at most 4 GiB; or `NEURON_EXPLORER_MAX_TRACE_BYTES`); a run's
-    ranks are read with the default cap.
+    ranks are read with the default cap. `cache`: read and keep the tables in the trace
+    cache (default: on unless `NEURON_EXPLORER_CACHE=off`). For a run, `scheduler` runs
+    the per-rank work on Dask (`"local"` or a scheduler's address, see `Run`),
+    `processes` sets the local worker processes and `progress` the progress bar.
     """
+    from neuron_explorer.store.parquet import is_store
+
+    if not isinstance(path, (list, tuple)) and os.path.isdir(path) and is_store(path):
+        return _load_store(os.fspath(path))
     if isinstance(path, (list, tuple)) or os.path.isdir(path):
         from neuron_explorer.run import load_run
 
-        return load_run(path)
-    return Trace(read_trace(path, max_bytes=max_bytes))
+        return load_run(path, processes=processes, progress=progress, cache=cache,
+                        scheduler=scheduler)
+    from neuron_explorer.progress import steps
+    from neuron_explorer.store import cache as trace_cache
+
+    root = trace_cache.cache_root() if cache is not False else None
+    with steps(1, f"loading {os.path.basename(path)}", progress, unit="trace") as bar:
+        if root is None:
+            trace = Trace(read_trace(path, max_bytes=max_bytes))
+        else:
+            raw, store = trace_cache.read_cached(
+                os.fspath(path), lambda p: read_trace(p, max_bytes=max_bytes), root)
+            trace = Trace(raw, store)
+        bar.update()
+    return trace
+
+
+def _load_store(folder: str) -> Trace | Run:
+    """A trace (or a run) as `convert` wrote it."""
+    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.store.parquet import RUN_MANIFEST, StoreError, open_store
+
+    if os.path.isfile(os.path.join(folder, RUN_MANIFEST)):
+        from neuron_explorer.run import load_converted_run
+
+        return load_converted_run(folder)
+    try:
+        store = open_store(folder)
+        raw = store.raw()
+    except StoreError as exc:
+        raise TraceFormatError(folder, f"not a readable converted trace ({exc}); convert "
+                               "the trace again with `neuron-explorer convert`") from None
+    store.replay_warnings()
+    raw.path = folder
+    return Trace(raw, store, writable=False)
 
 
 class Trace:
-    """A loaded trace: pandas tables (int64 ns ts/dur) and analyses over them."""
+    """A loaded trace: pandas tables (int64 ns ts/dur) and analyses over them.
 
-    def __init__(self, raw: RawTrace) -> None:
-        self.path = raw.path
-        self.source_format = raw.source_format
-        self.base_slices: pd.DataFrame = raw.slices  # slices without the args column
-        self.args: SliceArgs = raw.args
+    Tables: `slices` (with an `args` dict per slice), `tracks`, `counters`, `flows`,
+    and, derived on first use, `steps`, `ops`, `kernels`, `instructions`, `modules`;
+    `table(name)` and `sql(query)` give the same tables, `slices` without its args
+    (those are the `args` table: one row per slice and key). `slice_args` reads one
+    arg of many slices at once. `metadata`, `warnings` (parts of the file that could not
+    be read) and `skipped` (what was left out, counted) describe the file. The methods
+    below `hardware_figures` answer questions: each is an analysis or the rules.
+    """
+
+    def __init__(self, raw: RawTrace, store: Store | None = None, *,
+                 writable: bool = True) -> None:
+        self.path: str = raw.path
+        self.source_format: str = raw.source_format
+        self._slices: pd.DataFrame = raw.slices  # slices without the args column
+        self.slice_args: SliceArgs = raw.args
+        """Args of slices by key: `column(key, ids)`, `numbers(...)`, `texts(...)`, `get(id)`."""
         self.tracks: pd.DataFrame = raw.tracks
         self.counters: pd.DataFrame = raw.counters
         self._flows_source = raw.flows
         self.metadata: dict[str, Any] = raw.metadata
         self.skipped: dict[str, int] = raw.skipped
         self.warnings: list[str] = raw.warnings
-        self._cache: dict[str, Any] = {}
+        self._store = store
+        self._store_writable = writable
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _RENAMED:  # old names, kept readable for existing scripts
+            return getattr(self, _RENAMED[name])
+        if name == "cached":  # the old memo method: neuron_explorer.memo.memoised now
+            return lambda key, compute: memoised(self, key, compute)
+        raise AttributeError(f"'Trace' object has no attribute {name!r}")
 
     # --- tables ---------------------------------------------------------------------------
     @cached_property
     def slices(self) -> pd.DataFrame:
-        """Every slice with its args dict (built on first use: large traces pay once)."""
-        frame = self.base_slices.copy()
-        frame["args"] = pd.Series(self.args.dicts(), dtype=object)
+        """Every slice with its args dict (built on first use: large traces pay once; for
+        a few args of many slices, `table("slices")` and `slice_args` cost less)."""
+        frame = self._slices.copy()
+        frame["args"] = pd.Series(self.slice_args.dicts(), dtype=object)
         return frame
 
     @cached_property
@@ -80,27 +153,40 @@ class Trace:
     @cached_property
     def steps(self) -> pd.DataFrame:
         """One row per training step: step, ts, dur."""
-        return tables.derive_steps(self)
+        return self._derived("steps")
 
     @cached_property
     def ops(self) -> pd.DataFrame:
         """Ops dispatched by the host, with their device time and cost."""
-        return tables.derive_ops(self)
+        return self._derived("ops")
 
     @cached_property
     def kernels(self) -> pd.DataFrame:
         """Device kernels (and, for PyTorch-profiler traces, copies and memsets)."""
-        return tables.derive_kernels(self)
+        return self._derived("kernels")
 
     @cached_property
     def instructions(self) -> pd.DataFrame:
         """Engine instructions and DMA transfers (engine-level recordings only)."""
-        return tables.derive_instructions(self)
+        return self._derived("instructions")
 
     @cached_property
     def modules(self) -> pd.DataFrame:
         """nn.Module forward and backward ranges."""
-        return tables.derive_modules(self)
+        return self._derived("modules")
+
+    def _derived(self, name: str) -> pd.DataFrame:
+        """A derived table: from the store when it holds it, else computed (and kept)."""
+        store = self._store
+        if store is not None:
+            frame = store.read_table(name)
+            if frame is not None:
+                return frame
+        with small_pages():
+            frame = DERIVED[name](self)
+        if store is not None and self._store_writable:
+            store.write_table(name, frame)
+        return frame
 
     @property
     def hardware(self) -> str | None:
@@ -121,98 +207,122 @@ class Trace:
         return {**figures, "ridge": ridge} if ridge else dict(figures)
 
     def table(self, name: str) -> pd.DataFrame:
-        """A table by name (the names `sql` knows)."""
+        """A table by name, as `sql` sees it: `slices` without its args column, `args` in
+        long form (slice_id, key, kind, int_value, float_value, str_value)."""
         if name not in SQL_TABLES:
             from neuron_explorer.errors import NeuronExplorerError
 
             raise NeuronExplorerError(f"no table {name!r}; tables are {', '.join(SQL_TABLES)}")
-        return self.base_slices if name == "slices" else getattr(self, name)
+        if name == "slices":
+            return self._slices
+        if name == "args":
+            return self._args_table
+        return getattr(self, name)
+
+    @cached_property
+    def _args_table(self) -> pd.DataFrame:
+        if self._store is not None:
+            frame = self._store.read_table("args")
+            if frame is not None:
+                return frame
+        from neuron_explorer.store.parquet import args_frame
+
+        return args_frame(self.slice_args, len(self._slices))
 
     def sql(self, query: str) -> pd.DataFrame:
-        """Run DuckDB SQL over the tables (slices without args), reading the frames in place."""
+        """Run DuckDB SQL over the tables (see `table`). A trace kept in the cache is
+        queried over its Parquet files in place; else the frames are read in place."""
         from neuron_explorer.sql import query_tables
 
-        return query_tables(query, SQL_TABLES, self.table)
+        return query_tables(query, SQL_TABLES, self.table, self._parquet_file)
 
-    def cached(self, key: str, compute: Any) -> Any:
-        """Memoise an analysis result on this trace."""
-        if key not in self._cache:
-            with small_pages():  # analyses, like loads, make many short-lived arrays
-                self._cache[key] = compute()
-        return self._cache[key]
+    @property
+    def store_folder(self) -> str | None:
+        """The folder of Parquet files this trace's tables are kept in (the trace cache's
+        entry, or a converted trace), or None."""
+        return self._store.folder if self._store is not None else None
+
+    def _parquet_file(self, name: str) -> str | None:
+        """The store's Parquet file of a table (written first for a derived one)."""
+        store = self._store
+        if store is None:
+            return None
+        if name in DERIVED and not store.has(name):
+            getattr(self, name)  # computes it and writes it
+        return store.file(name) if store.has(name) else None
 
     # --- facade over the analyses -----------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Headline numbers: hardware, steps, step time, MFU/HFU/MBU, busy share, counts."""
         from neuron_explorer.analyses.summary import summary
 
-        return self.cached("summary", lambda: summary(self))
+        return memoised(self, "summary", lambda: summary(self))
 
     def breakdown(self) -> pd.DataFrame:
         """Long form per step: step, side (device|host), category, ns, share."""
         from neuron_explorer.analyses.step_breakdown import breakdown
 
-        return self.cached("breakdown", lambda: breakdown(self))
+        return memoised(self, "breakdown", lambda: breakdown(self))
 
     def idle_reasons(self) -> pd.DataFrame:
         """Each device idle gap with its reason (host_launch, sync, data, compile, dependency)."""
         from neuron_explorer.analyses.idle import idle_gaps
 
-        return self.cached("idle", lambda: idle_gaps(self))
+        return memoised(self, "idle", lambda: idle_gaps(self))
 
     def op_stats(self) -> pd.DataFrame:
         """Per op name: count, host and device time, FLOPs, bytes, share of step time."""
         from neuron_explorer.analyses.statistics import op_stats
 
-        return self.cached("op_stats", lambda: op_stats(self))
+        return memoised(self, "op_stats", lambda: op_stats(self))
 
     def module_stats(self) -> pd.DataFrame:
         """Per module path and phase: count, time, device time of its ops, FLOPs, share."""
         from neuron_explorer.analyses.statistics import module_stats
 
-        return self.cached("module_stats", lambda: module_stats(self))
+        return memoised(self, "module_stats", lambda: module_stats(self))
 
     def kernel_stats(self) -> pd.DataFrame:
         """Per kernel name: count, total/mean/max device time, FLOPs, bytes, share."""
         from neuron_explorer.analyses.statistics import kernel_stats
 
-        return self.cached("kernel_stats", lambda: kernel_stats(self))
+        return memoised(self, "kernel_stats", lambda: kernel_stats(self))
 
     def engine_utilisation(self, bin_ns: int | None = None) -> pd.DataFrame:
         """ts, device, engine, utilisation (0..1) in time bins."""
         from neuron_explorer.analyses.engine_utilisation import engine_utilisation
 
-        return self.cached(f"engine_util:{bin_ns}", lambda: engine_utilisation(self, bin_ns))
+        return memoised(self, f"engine_util:{bin_ns}", lambda: engine_utilisation(self, bin_ns))
 
     def efficiency(self) -> pd.DataFrame:
         """Per step: model and executed FLOPs, bytes, MFU, HFU, MBU."""
         from neuron_explorer.analyses.efficiency import efficiency
 
-        return self.cached("efficiency", lambda: efficiency(self))
+        return memoised(self, "efficiency", lambda: efficiency(self))
 
     def roofline(self) -> pd.DataFrame:
         """Per op name: FLOPs, bytes, intensity, achieved FLOP/s, bound (compute|memory)."""
         from neuron_explorer.analyses.roofline import roofline
 
-        return self.cached("roofline", lambda: roofline(self))
+        return memoised(self, "roofline", lambda: roofline(self))
 
     def memory_timeline(self) -> pd.DataFrame:
         """ts, device, in_use_bytes: device memory in use over time."""
         from neuron_explorer.analyses.memory import memory_timeline
 
-        return self.cached("memory_timeline", lambda: memory_timeline(self))
+        return memoised(self, "memory_timeline", lambda: memory_timeline(self))
 
     def memory_at_peak(self) -> pd.DataFrame:
         """What holds device memory at its peak: op and module, bytes, share of the peak."""
         from neuron_explorer.analyses.memory import memory_at_peak
 
-        return self.cached("memory_at_peak", lambda: memory_at_peak(self))
+        return memoised(self, "memory_at_peak", lambda: memory_at_peak(self))
 
     def compile_summary(self) -> dict[str, pd.DataFrame]:
         """Compiled graphs, graph breaks and recompiles."""
         from neuron_explorer.analyses.compilation import compile_summary
 
-        return self.cached("compile", lambda: compile_summary(self))
+        return memoised(self, "compile", lambda: compile_summary(self))
 
     def communication(self) -> pd.DataFrame:
         """Per device: compute and communication time, the overlapped part (`overlap_pct`:
@@ -240,7 +350,7 @@ class Trace:
         """Findings of every bottleneck rule, ranked by time lost."""
         from neuron_explorer.rules import run_rules
 
-        return self.cached("bottlenecks", lambda: run_rules(self))
+        return memoised(self, "bottlenecks", lambda: run_rules(self))
 
     # --- display --------------------------------------------------------------------------
     @cached_property
@@ -252,7 +362,7 @@ class Trace:
 
     def __repr__(self) -> str:
         return (f"<Trace {os.path.basename(self.path)}: {self.source_format}, "
-                f"{len(self.base_slices)} slices, {len(self.steps)} steps>")
+                f"{len(self._slices)} slices, {len(self.steps)} steps>")
 
     def _repr_html_(self) -> str:
         s = self.summary()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The suite loads thousands of throw-away traces: it runs without the trace cache (and
+# never writes into the user's), except the tests of the cache, which turn it on.
+os.environ.setdefault("NEURON_EXPLORER_CACHE", "off")
 
 REPO = Path(__file__).resolve().parents[1]
 # Real PyTorch-profiler traces from other tools, kept in the repository (origin and license

@@ -21,6 +21,7 @@ import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -83,11 +84,11 @@ def bus_factor(collective: str, group_size: int) -> float:
 def collectives(trace: Trace) -> pd.DataFrame:
     """One row per collective call: its kind, bytes, group and (where recorded) the time it
     waited for the last rank to arrive (`wait_ns`) and moved data (`transfer_ns`)."""
-    return trace.cached("collectives", lambda: _collectives(trace))
+    return memoised(trace, "collectives", lambda: _collectives(trace))
 
 
 def _collectives(trace: Trace) -> pd.DataFrame:
-    s = trace.base_slices
+    s = trace.table("slices")
     ours = tables.kind_mask(trace, (tf.CAT_COLLECTIVE,))
     kernels = tables.kind_mask(trace, ("kernel",))
     comm_kernel = np.zeros(len(s), bool)
@@ -95,13 +96,13 @@ def _collectives(trace: Trace) -> pd.DataFrame:
         kernel_rows = np.flatnonzero(kernels)
         names = s["name"].to_numpy()[kernel_rows]
         hit = tables.map_unique(names, lambda n: comm_kernel_name(str(n)) is not None, bool)
-        tagged = trace.args.texts(tf.ARG_COLLECTIVE, s["id"].to_numpy()[kernel_rows]) != ""
+        tagged = trace.slice_args.texts(tf.ARG_COLLECTIVE, s["id"].to_numpy()[kernel_rows]) != ""
         comm_kernel[kernel_rows[hit | tagged]] = True
     rows = s[ours | comm_kernel]
     if not len(rows):
         return tables.empty(COLLECTIVE_COLUMNS)
     ids = rows["id"].to_numpy()
-    texts = trace.args.texts
+    texts = trace.slice_args.texts
     out = pd.DataFrame({"id": ids, "ts": rows["ts"].to_numpy(), "dur": rows["dur"].to_numpy()})
     out["device"] = _devices(trace, rows)
     # what the program called, from the most direct record to the least
@@ -158,7 +159,7 @@ def _message_bytes(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     ids = rows["id"].to_numpy()
     ours = tables.number(trace, tf.ARG_BYTES, ids, default=-1)
     nelems = tables.number(trace, "In msg nelems", ids, default=-1)
-    dtype = trace.args.texts("dtype", ids)
+    dtype = trace.slice_args.texts("dtype", ids)
     size = np.asarray([_DTYPE_BYTES.get(str(d).lower(), 0) for d in dtype], np.int64)
     kineto = np.where((nelems >= 0) & (size > 0), nelems * size, -1)
     return np.where(ours >= 0, ours, kineto)
@@ -169,7 +170,7 @@ def _launching_annotations(trace: Trace, kernel_ids: np.ndarray) -> tuple[np.nda
     `record_param_comms`) range around the runtime call that launched the kernel gives the
     collective the program called and its input sizes. Returns (names, bytes); '' and -1
     where there is no such range."""
-    s = trace.base_slices
+    s = trace.table("slices")
     names_out = np.full(len(kernel_ids), "", dtype=object)
     bytes_out = np.full(len(kernel_ids), -1, np.int64)
     corr = tables.number(trace, "correlation", kernel_ids, default=-1)
@@ -192,8 +193,8 @@ def _launching_annotations(trace: Trace, kernel_ids: np.ndarray) -> tuple[np.nda
         elif not name.startswith("record_param_comms"):
             continue
         one = np.asarray([a])
-        bytes_out[i] = _dims_bytes(trace.args.texts("Input Dims", one)[0],
-                                   trace.args.texts("Input type", one)[0])
+        bytes_out[i] = _dims_bytes(trace.slice_args.texts("Input Dims", one)[0],
+                                   trace.slice_args.texts("Input type", one)[0])
     return names_out, bytes_out
 
 
@@ -250,7 +251,7 @@ def in_steps(trace: Trace) -> Any:
 def communication(trace: Trace) -> pd.DataFrame:
     """Per device: compute, communication and memory time inside the steps, how much of the
     communication overlaps compute (`overlap_pct`, 0..100) and how much is exposed."""
-    return trace.cached("communication", lambda: _communication(trace))
+    return memoised(trace, "communication", lambda: _communication(trace))
 
 
 def _communication(trace: Trace) -> pd.DataFrame:

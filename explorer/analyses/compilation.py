@@ -18,19 +18,19 @@ EVENT_COLUMNS = ["id", "ts", "reason", "source", "step"]
 
 
 def _events(trace: Trace, kind: str) -> pd.DataFrame:
-    s = trace.base_slices
+    s = trace.table("slices")
     ev = s[s["kind"] == kind]
     ids = ev["id"].to_numpy()
     ts = ev["ts"].to_numpy(np.int64)
     return pd.DataFrame({"id": ids, "ts": ts,
-                         "reason": text(trace.args.column(tf.ARG_REASON, ids)),
-                         "source": text(trace.args.column(tf.ARG_SOURCE, ids)),
+                         "reason": text(trace.slice_args.column(tf.ARG_REASON, ids)),
+                         "source": text(trace.slice_args.column(tf.ARG_SOURCE, ids)),
                          "step": assign_steps(ts, trace.steps)}, columns=EVENT_COLUMNS)
 
 
 def compile_spans(trace: Trace) -> pd.DataFrame:
     """Compile slices on host tracks."""
-    s = trace.base_slices
+    s = trace.table("slices")
     return s[s["kind"] == tf.CAT_COMPILE]
 
 
@@ -38,7 +38,7 @@ def compile_summary(trace: Trace) -> dict[str, pd.DataFrame]:
     """graphs (one row per graph id), graph_breaks, recompiles, totals (one row)."""
     spans = compile_spans(trace)
     ids = spans["id"].to_numpy()
-    gid = num(trace.args.column(tf.ARG_GRAPH_ID, ids), default=-1)
+    gid = num(trace.slice_args.column(tf.ARG_GRAPH_ID, ids), default=-1)
     frame = pd.DataFrame({"graph_id": gid, "name": spans["name"].to_numpy(),
                           "ts": spans["ts"].to_numpy(np.int64),
                           "end": (spans["ts"] + spans["dur"]).to_numpy(np.int64),

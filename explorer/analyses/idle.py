@@ -35,11 +35,11 @@ def _launch_times(trace: Trace, k: pd.DataFrame) -> np.ndarray:
     launch = np.full(len(k), -1, np.int64)
     op_slice = k["op_slice_id"].to_numpy(np.int64)
     has = op_slice >= 0
-    s_ts = trace.base_slices["ts"].to_numpy()
+    s_ts = trace.table("slices")["ts"].to_numpy()
     if trace.source_format == "kineto_json":
-        rt = trace.base_slices[trace.base_slices["kind"].isin(["runtime", "sync"])]
+        rt = trace.table("slices")[trace.table("slices")["kind"].isin(["runtime", "sync"])]
         corr = pd.Series(rt["ts"].to_numpy(),
-                         index=pd.to_numeric(trace.args.column("correlation", rt["id"].to_numpy()),
+                         index=pd.to_numeric(trace.slice_args.column("correlation", rt["id"].to_numpy()),
                                              errors="coerce"))
         corr = corr[corr.index.notna() & ~corr.index.duplicated()]
         got = corr.reindex(k["kernel_id"].to_numpy()).to_numpy()

@@ -35,7 +35,7 @@ def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     ins = ins[np.isin(ins["kernel_id"].to_numpy(), ids)]
     if not len(ins):
         return pd.DataFrame(columns=COLUMNS)
-    source = trace.args.texts(tf.ARG_SOURCE, ins["id"].to_numpy())
+    source = trace.slice_args.texts(tf.ARG_SOURCE, ins["id"].to_numpy())
     engine = np.where(pd.Series(ins["engine"]).str.startswith("dma").to_numpy(), "dma",
                       ins["engine"].to_numpy())
     starts = kernels.set_index("kernel_id")["ts"]

@@ -35,13 +35,13 @@ def memory_timeline(trace: Trace) -> pd.DataFrame:
                 "ts": hbm["ts"].to_numpy(np.int64),
                 "device": dev.reindex(hbm["track_id"]).fillna(-1).to_numpy(np.int64),
                 "in_use_bytes": hbm["value"].to_numpy(np.float64).astype(np.int64)}))
-    s = trace.base_slices
+    s = trace.table("slices")
     mem = s[s["name"] == "[memory]"]
     if len(mem):
         ids = mem["id"].to_numpy()
-        total = pd.to_numeric(pd.Series(trace.args.column("Total Allocated", ids)),
+        total = pd.to_numeric(pd.Series(trace.slice_args.column("Total Allocated", ids)),
                               errors="coerce")
-        device = pd.to_numeric(pd.Series(trace.args.column("Device Id", ids)), errors="coerce")
+        device = pd.to_numeric(pd.Series(trace.slice_args.column("Device Id", ids)), errors="coerce")
         ok = total.notna().to_numpy()
         parts.append(pd.DataFrame({"ts": mem["ts"].to_numpy()[ok],
                                    "device": device.fillna(-1).to_numpy()[ok].astype(np.int64),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.memo import memoised
 from neuron_explorer.tables import assign_steps
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _ranges(steps: tuple[int, ...], bare: bool = False) -> str:
 
 def compiling_steps(trace: Trace) -> set[int]:
     """Steps holding a compile span, a recompile or a graph break."""
-    s = trace.base_slices
+    s = trace.table("slices")
     kinds = (tf.CAT_COMPILE, tf.CAT_RECOMPILE, tf.CAT_GRAPH_BREAK)
     ev = s[s["kind"].isin(kinds)]
     if not len(ev) or not len(trace.steps):
@@ -103,7 +104,7 @@ def select_steps(trace: Trace) -> StepSelection:
 
 def analysed_steps(trace: Trace) -> StepSelection:
     """`select_steps`, computed once per trace."""
-    return trace.cached("steady_steps", lambda: select_steps(trace))
+    return memoised(trace, "steady_steps", lambda: select_steps(trace))
 
 
 def in_analysed_steps(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:

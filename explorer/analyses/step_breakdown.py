@@ -33,7 +33,7 @@ def step_windows(trace: Trace) -> pd.DataFrame:
     steps is one window over its whole span."""
     if len(trace.steps):
         return in_analysed_steps(trace, trace.steps)[["step", "ts", "dur"]]
-    s = trace.base_slices
+    s = trace.table("slices")
     if not len(s):
         return pd.DataFrame({"step": [], "ts": [], "dur": []}, dtype="int64")
     lo = int(s["ts"].min())
@@ -55,7 +55,7 @@ def is_dma_kernel(k: pd.DataFrame) -> np.ndarray:
 def host_slices(trace: Trace) -> pd.DataFrame:
     """Slices on host tracks."""
     host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"]
-    s = trace.base_slices
+    s = trace.table("slices")
     return s[s["track_id"].isin(host_tracks)]
 
 
@@ -132,7 +132,7 @@ def _host_rows(trace: Trace, win: pd.DataFrame) -> list[tuple]:
     a = win["ts"].to_numpy(np.int64)
     b = a + win["dur"].to_numpy(np.int64)
     # masks over all slices: cached kind codes, no frame of host slices, no string compares
-    s = trace.base_slices
+    s = trace.table("slices")
     host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"].to_numpy()
     host = np.isin(s["track_id"].to_numpy(), host_tracks)
     ts = s["ts"].to_numpy(np.int64)

@@ -44,7 +44,7 @@ def summary(trace: Trace) -> dict[str, Any]:
     step_time_ns (median over them), compile_ns (on its own), total_ns, mfu, hfu, mbu,
     device_busy_share (None at --level framework), n_ops, n_kernels, and counts of
     slices by kind."""
-    s = trace.base_slices
+    s = trace.table("slices")
     win = step_windows(trace)
     selection = analysed_steps(trace)
     eff = trace.efficiency()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.loaders.huge_pages import small_pages
 from neuron_explorer.loaders.inflate import (
     ENV_MAX_BYTES,
     GZIP_MAGIC,
@@ -12,7 +13,6 @@ from neuron_explorer.loaders.inflate import (
     gunzip,
     gzip_limit,
 )
-from neuron_explorer.loaders.pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 
 

@@ -21,21 +21,15 @@ from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders.args import DictArgs
 from neuron_explorer.loaders.kinds import (
     DEVICE_CATEGORIES,
-    DEVICE_PROCESS_NAME,
     KINETO_MARKERS,
     kineto_category,
     kineto_kind,
     our_kind,
 )
-from neuron_explorer.loaders.metadata import check, merge_json
-from neuron_explorer.loaders.raw import (
-    COUNTER_COLUMNS,
-    FLOW_COLUMNS,
-    TRACK_COLUMNS,
-    RawTrace,
-    build_slices,
-)
-from neuron_explorer.loaders.track_kinds import device_track_kind
+from neuron_explorer.loaders.metadata import merge_metadata
+from neuron_explorer.loaders.nesting import bind_flow_points
+from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
+from neuron_explorer.loaders.track_kinds import our_device, track_table
 
 
 def us_to_ns(values: Any) -> np.ndarray:
@@ -311,22 +305,18 @@ def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFram
     for (pid, tid), t in col.track_of.items():
         pname = col.process_names.get(pid, str(pid))
         tname = col.thread_names.get((pid, tid), f"thread {tid}")
-        ours = DEVICE_PROCESS_NAME.match(pname)
-        if ours:
-            device, kind = int(ours.group(1)), device_track_kind(tname)
-        elif kineto and pid in device_pids:
+        device, kind = our_device(pname, tname)
+        if device < 0 and kineto and pid in device_pids:
             device = pid if isinstance(pid, int) else 0
             kind = "dma" if "dma" in tname.lower() else "gpu_stream"
-        else:
-            device, kind = -1, "thread"
         rows.append((t, tname, kind, pname, _as_int(pid), _as_int(tid), device))
     for (pid, name), t in col.counter_tracks.items():
         pname = col.process_names.get(pid, str(pid))
-        ours = DEVICE_PROCESS_NAME.match(pname)
-        device = int(ours.group(1)) if ours else (pid if pid in device_pids else -1)
+        device, _ = our_device(pname, name)
+        if device < 0 and pid in device_pids:
+            device = pid
         rows.append((len(col.track_of) + t, name, "counter", pname, _as_int(pid), -1, device))
-    frame = pd.DataFrame(rows, columns=TRACK_COLUMNS)
-    return frame.astype({"track_id": "int64", "pid": "int64", "tid": "int64", "device": "int64"})
+    return track_table(rows)
 
 
 def _as_int(value: Any) -> int:
@@ -336,57 +326,6 @@ def _as_int(value: Any) -> int:
     except (TypeError, ValueError, OverflowError):
         return -1
     return number if -INT64_MAX - 1 <= number <= INT64_MAX else -1
-
-
-def bind_flow_points(
-    slices: pd.DataFrame, track: np.ndarray, ts: np.ndarray, enclosing: np.ndarray,
-    parent_of: np.ndarray | None = None, begin_ts: np.ndarray | None = None,
-    begin_end: np.ndarray | None = None,
-) -> np.ndarray:
-    """Slice id each point binds to: the deepest slice enclosing it, or the next one.
-
-    `slices` may be a subset of the slices; `parent_of`, `begin_ts`, `begin_end` (indexed
-    by id) then describe all of them (default: taken from `slices`, ids = rows).
-    """
-    if not len(slices) or not len(track):
-        return np.full(len(track), -1, np.int64)
-    order = np.lexsort((slices["depth"].to_numpy(), slices["ts"].to_numpy(),
-                        slices["track_id"].to_numpy()))
-    s_track = slices["track_id"].to_numpy()[order]
-    s_ts = slices["ts"].to_numpy()[order]
-    s_end = s_ts + np.maximum(slices["dur"].to_numpy()[order], 0)
-    s_id = slices["id"].to_numpy()[order]
-    if parent_of is None:
-        parent_of = slices["parent_id"].to_numpy()
-        begin_ts = slices["ts"].to_numpy()
-        begin_end = begin_ts + np.maximum(slices["dur"].to_numpy(), 0)
-    assert begin_ts is not None and begin_end is not None
-    # Search within each track: offset times by track so blocks never interleave.
-    span = int(max(s_end.max(), ts.max()) - min(s_ts.min(), ts.min()) + 2)
-    base = min(int(s_ts.min()), int(ts.min()))
-    skey = s_track * span + (s_ts - base)
-    qkey = track * span + (ts - base)
-    right = np.searchsorted(skey, qkey, side="right") - 1
-    left = np.searchsorted(skey, qkey, side="left")
-    out = np.full(len(track), -1, np.int64)
-    # enclosing: the latest slice starting at or before ts, or an ancestor holding ts
-    cand = np.where(right >= 0, right, 0)
-    ok = (right >= 0) & (s_track[cand] == track)
-    found = np.where(ok, s_id[cand], -1)
-    for _ in range(64):
-        live = found >= 0
-        f = np.where(live, found, 0)
-        inside = live & (begin_ts[f] <= ts) & ((ts < begin_end[f]) | (begin_ts[f] == ts))
-        climb = live & ~inside
-        if not climb.any():
-            break
-        found = np.where(climb, parent_of[f], found)
-    out[enclosing] = found[enclosing]
-    # next slice: first starting at or after ts on the same track
-    nxt = np.minimum(left, len(skey) - 1)
-    ok_next = (left < len(skey)) & (s_track[nxt] == track)
-    out[~enclosing] = np.where(ok_next, s_id[nxt], -1)[~enclosing]
-    return out
 
 
 def _times(path: str, values: list, what: str, event_of: Any, exact: bool = False
@@ -475,13 +414,10 @@ def _flows(path: str, col: _Collector, slices: pd.DataFrame, exact: bool = False
 
 def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
               ) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    if isinstance(doc, dict):
-        meta.update({k: v for k, v in doc.items() if k != "traceEvents"})
-    for cat, a in zip(cats, args, strict=True):
-        if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a:
-            merge_json(meta, a[tf.ARG_METADATA_JSON])
-    check(path, meta)
+    base = {k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {}
+    meta = merge_metadata(path, (a[tf.ARG_METADATA_JSON] for cat, a in zip(cats, args, strict=True)
+                                 if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a),
+                          base)
     if kineto and tf.META_HARDWARE not in meta:
         props = meta.get("deviceProperties") or []
         if props and props[0].get("name"):

@@ -9,6 +9,7 @@ than an error from an analysis later.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from neuron_explorer import trace_format as tf
@@ -32,6 +33,16 @@ def merge_json(meta: dict[str, Any], text: Any) -> bool:
         return False
     meta.update(value)
     return True
+
+
+def merge_metadata(path: str, texts: Iterable[Any], base: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The trace's metadata: `base` (a JSON trace's top-level fields), then each metadata
+    event's JSON object in file order, checked (`check`)."""
+    meta: dict[str, Any] = dict(base or {})
+    for text in texts:
+        merge_json(meta, text)
+    return check(path, meta)
 
 
 def _is_number(value: Any) -> bool:

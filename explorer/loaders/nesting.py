@@ -4,12 +4,15 @@ Both loaders end here. Complete slices (ts, dur) are turned into a stream of
 begin/end events per track; a running depth per track then gives each slice its
 depth, and the parent of a slice at depth d is the latest slice at depth d-1
 begun before it on the same track. Begin/end pairs from a Perfetto trace are
-matched the same way (an end closes the latest open begin at its depth).
+matched the same way (an end closes the latest open begin at its depth). A point
+(a flow's end, an instant) binds to the deepest slice holding it: `bind_flow_points`,
+which both loaders use.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def _running_depth(track: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -169,3 +172,54 @@ def _stray_ends(track: np.ndarray, is_begin: np.ndarray, depth_after: np.ndarray
     before = np.r_[0, kept[:-1]]
     before[first] = 0
     return (~is_begin) & (before == 0)
+
+
+def bind_flow_points(
+    slices: pd.DataFrame, track: np.ndarray, ts: np.ndarray, enclosing: np.ndarray,
+    parent_of: np.ndarray | None = None, begin_ts: np.ndarray | None = None,
+    begin_end: np.ndarray | None = None,
+) -> np.ndarray:
+    """Slice id each point binds to: the deepest slice enclosing it, or the next one.
+
+    `slices` may be a subset of the slices; `parent_of`, `begin_ts`, `begin_end` (indexed
+    by id) then describe all of them (default: taken from `slices`, ids = rows).
+    """
+    if not len(slices) or not len(track):
+        return np.full(len(track), -1, np.int64)
+    order = np.lexsort((slices["depth"].to_numpy(), slices["ts"].to_numpy(),
+                        slices["track_id"].to_numpy()))
+    s_track = slices["track_id"].to_numpy()[order]
+    s_ts = slices["ts"].to_numpy()[order]
+    s_end = s_ts + np.maximum(slices["dur"].to_numpy()[order], 0)
+    s_id = slices["id"].to_numpy()[order]
+    if parent_of is None:
+        parent_of = slices["parent_id"].to_numpy()
+        begin_ts = slices["ts"].to_numpy()
+        begin_end = begin_ts + np.maximum(slices["dur"].to_numpy(), 0)
+    assert begin_ts is not None and begin_end is not None
+    # Search within each track: offset times by track so blocks never interleave.
+    span = int(max(s_end.max(), ts.max()) - min(s_ts.min(), ts.min()) + 2)
+    base = min(int(s_ts.min()), int(ts.min()))
+    skey = s_track * span + (s_ts - base)
+    qkey = track * span + (ts - base)
+    right = np.searchsorted(skey, qkey, side="right") - 1
+    left = np.searchsorted(skey, qkey, side="left")
+    out = np.full(len(track), -1, np.int64)
+    # enclosing: the latest slice starting at or before ts, or an ancestor holding ts
+    cand = np.where(right >= 0, right, 0)
+    ok = (right >= 0) & (s_track[cand] == track)
+    found = np.where(ok, s_id[cand], -1)
+    for _ in range(64):
+        live = found >= 0
+        f = np.where(live, found, 0)
+        inside = live & (begin_ts[f] <= ts) & ((ts < begin_end[f]) | (begin_ts[f] == ts))
+        climb = live & ~inside
+        if not climb.any():
+            break
+        found = np.where(climb, parent_of[f], found)
+    out[enclosing] = found[enclosing]
+    # next slice: first starting at or after ts on the same track
+    nxt = np.minimum(left, len(skey) - 1)
+    ok_next = (left < len(skey)) & (s_track[nxt] == track)
+    out[~enclosing] = np.where(ok_next, s_id[nxt], -1)[~enclosing]
+    return out

@@ -1,57 +1,56 @@
 """Perfetto protobuf traces (`.pftrace`, TrackEvent), read with vectorised wire scanning.
 
-Packets that only carry track events (nearly all of them) are decoded column-wise
-by `wire_scan`; the few that describe tracks, intern names or set defaults are
-parsed one by one with Perfetto's own protobuf classes. Interned names are kept
-per packet sequence and per incremental-state generation, as Perfetto defines.
+`wire_scan` walks the packets and their track events column-wise in numpy: every
+event's type, track, name and category become arrays without a Python object per
+event. The few packets that describe tracks, intern names or set defaults are read
+one by one by the small wire reader below. Interned names are kept per packet
+sequence and per incremental-state generation, as Perfetto defines. Debug
+annotations (slice args) are decoded on first use (`pftrace_annotations`).
+
+`_decode` runs the phases in order: packets, per-packet state, events, names and
+categories, tracks, slices, then counters, args and flows.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.collectors import perfetto_fields as F
 from neuron_explorer.errors import TraceFormatError, TraceFormatWarning, TruncatedTraceWarning
-from neuron_explorer.loaders.args import ColumnArgs, LazyArgs
-from neuron_explorer.loaders.chrome_json import bind_flow_points
-from neuron_explorer.loaders.kinds import DEVICE_PROCESS_NAME, our_kind
-from neuron_explorer.loaders.metadata import check, merge_json
-from neuron_explorer.loaders.nesting import match_begin_end
+from neuron_explorer.loaders.args import LazyArgs
+from neuron_explorer.loaders.kinds import our_kind
+from neuron_explorer.loaders.metadata import merge_metadata
+from neuron_explorer.loaders.nesting import bind_flow_points, match_begin_end
 from neuron_explorer.loaders.pftrace_annotations import (
     Annotations,
     decode_annotations,
     interned_keys,
 )
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
-from neuron_explorer.loaders.track_kinds import device_track_kind
+from neuron_explorer.loaders.track_kinds import our_device, track_table
 from neuron_explorer.loaders.wire_scan import Scan, WireError, packet_offsets, read_message, scan
 
-# TracePacket fields
-P_TIMESTAMP, P_TRACK_EVENT, P_SEQ_ID, P_INTERNED, P_FLAGS = 8, 11, 10, 12, 13
-P_CLEARED, P_DEFAULTS, P_DESCRIPTOR = 41, 59, 60
-SEQ_INCREMENTAL_STATE_CLEARED = 1
-# TrackEvent fields
-E_CATEGORY_IIDS, E_ANNOTATION, E_TYPE, E_NAME_IID, E_TRACK = 3, 4, 9, 10, 11
-E_CATEGORIES, E_NAME, E_COUNTER_INT, E_COUNTER_DOUBLE = 22, 23, 30, 44
-E_FLOW_OLD, E_TERM_FLOW_OLD, E_FLOW, E_TERM_FLOW = 36, 42, 47, 48
-TYPE_BEGIN, TYPE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4
-EVENT_SLOTS = {E_TYPE: 0, E_NAME_IID: 1, E_TRACK: 2, E_NAME: 3, E_COUNTER_INT: 4,
-               E_COUNTER_DOUBLE: 4}
-EVENT_REPEATED = {E_CATEGORY_IIDS, E_CATEGORIES, E_ANNOTATION, E_FLOW_OLD, E_TERM_FLOW_OLD, E_FLOW,
-                  E_TERM_FLOW}
+# where wire_scan puts each TrackEvent field read; both counter fields share slot 4
+EVENT_SLOTS = {F.E_TYPE: 0, F.E_NAME_IID: 1, F.E_TRACK: 2, F.E_NAME: 3, F.E_COUNTER: 4,
+               F.E_DOUBLE_COUNTER: 4}
+EVENT_REPEATED = {F.E_CATEGORY_IIDS, F.E_CATEGORIES, F.E_DEBUG, F.E_FLOW_IDS_OLD,
+                  F.E_TERMINATING_FLOW_IDS_OLD, F.E_FLOW_IDS, F.E_TERMINATING_FLOW_IDS}
 # packet field -> slot; the three fields read one by one share slot 5
-PACKET_SLOTS = {P_TIMESTAMP: 0, P_SEQ_ID: 1, P_FLAGS: 2, P_CLEARED: 3, P_TRACK_EVENT: 4,
-                P_INTERNED: 5, P_DEFAULTS: 5, P_DESCRIPTOR: 5}
+PACKET_SLOTS = {F.P_TIMESTAMP: 0, F.P_SEQ_ID: 1, F.P_FLAGS: 2,
+                F.P_INCREMENTAL_STATE_CLEARED: 3, F.P_TRACK_EVENT: 4, F.P_INTERNED: 5,
+                F.P_TRACE_PACKET_DEFAULTS: 5, F.P_TRACK_DESCRIPTOR: 5}
 # clock id, first packet on sequence, previous packet dropped: nothing to load
-IGNORED_PACKET_FIELDS = {58, 87, 42}
-
-
+IGNORED_PACKET_FIELDS = {F.P_TIMESTAMP_CLOCK_ID, F.P_FIRST_ON_SEQUENCE,
+                         F.P_PREVIOUS_PACKET_DROPPED}
 # InternedData fields -> the table each fills
-INTERNED_KINDS = {1: "cat", 2: "name", 3: "ann", 29: "str"}
+INTERNED_KINDS = {F.I_CATEGORIES: "cat", F.I_NAMES: "name", F.I_ANNOTATION_NAMES: "ann",
+                  F.I_DEBUG_ANNOTATION_STRING_VALUES: "str"}
 
 
 class Descriptor:
@@ -92,15 +91,15 @@ class _State:
     def read(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
         """Take interned data, a track descriptor or defaults from one packet."""
         for field, value, offset in read_message(data, start, end):
-            if field == P_INTERNED:
+            if field == F.P_INTERNED:
                 self._interned(data, offset, offset + value, seq, gen)
-            elif field == P_DESCRIPTOR:
+            elif field == F.P_TRACK_DESCRIPTOR:
                 self._descriptor(data, offset, offset + value)
-            elif field == P_DEFAULTS:
+            elif field == F.P_TRACE_PACKET_DEFAULTS:
                 for f, v, o in read_message(data, offset, offset + value):
-                    if f == 11:  # track_event_defaults
+                    if f == F.DEFAULTS_TRACK_EVENT:
                         for f2, v2, _ in read_message(data, o, o + v):
-                            if f2 == 11:  # track_uuid
+                            if f2 == F.DEFAULTS_TRACK_UUID:
                                 self.default_track[seq] = v2
 
     def _interned(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
@@ -110,41 +109,41 @@ class _State:
                 continue
             iid, text = 0, ""
             for f, v, o in read_message(data, offset, offset + value):
-                if f == 1:
+                if f == F.INTERNED_IID:
                     iid = v
-                elif f == 2:
+                elif f == F.INTERNED_TEXT:
                     text = _text(data, o, v)
             self.interned.setdefault((seq, gen, kind), {})[iid] = text
 
     def _descriptor(self, data: bytes, start: int, end: int) -> None:
         d = Descriptor()
         for field, value, offset in read_message(data, start, end):
-            if field == 1:
+            if field == F.D_UUID:
                 d.uuid = value
-            elif field == 5:
+            elif field == F.D_PARENT:
                 d.parent_uuid = value
-            elif field in (2, 10) and not d.name:
+            elif field in (F.D_NAME, F.D_STATIC_NAME) and not d.name:
                 d.name = _text(data, offset, value)
-            elif field == 3:
+            elif field == F.D_PROCESS:
                 pid, pname = 0, ""
                 for f, v, o in read_message(data, offset, offset + value):
-                    if f == 1:
+                    if f == F.PROCESS_PID:
                         pid = _int64(v)
-                    elif f == 6:
+                    elif f == F.PROCESS_NAME:
                         pname = _text(data, o, v)
                 d.process = (pid, pname)
-            elif field == 4:
+            elif field == F.D_THREAD:
                 pid = tid = 0
                 tname = ""
                 for f, v, o in read_message(data, offset, offset + value):
-                    if f == 1:
+                    if f == F.THREAD_PID:
                         pid = _int64(v)
-                    elif f == 2:
+                    elif f == F.THREAD_TID:
                         tid = _int64(v)
-                    elif f == 5:
+                    elif f == F.THREAD_NAME:
                         tname = _text(data, o, v)
                 d.thread = (pid, tid, tname)
-            elif field == 8:
+            elif field == F.D_COUNTER:
                 d.counter = True
         self.descriptors[d.uuid] = d
 
@@ -201,6 +200,11 @@ class _EventTexts:
         """fn of the given events' texts, called once per distinct text."""
         return np.asarray([fn(v) for v in self.values], object)[self.codes[events]]
 
+    def coded(self, events: np.ndarray, fn: Any = None) -> tuple[np.ndarray, list[str]]:
+        """The given events' texts (or fn of them) as codes into distinct strings."""
+        values = list(self.values)
+        return self.codes[events], [fn(v) for v in values] if fn is not None else values
+
 
 def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
     return [data[o:o + n].decode("utf-8", "replace")
@@ -240,21 +244,13 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
             name = d.thread[2] or name or f"thread {tid}"
         elif d.process is not None:
             name = name or pname
-        ours = DEVICE_PROCESS_NAME.match(pname)
-        device = int(ours.group(1)) if ours else -1
+        device, kind = our_device(pname, name)
         if d.counter:
             kind = "counter"
-        elif ours:
-            kind = device_track_kind(name)
-        elif d.process is not None:
-            kind = "process"
-        else:
-            kind = "thread"
+        elif device < 0:
+            kind = "process" if d.process is not None else "thread"
         rows.append((track_of[u], name, kind, pname, pid, tid, device))
-    frame = pd.DataFrame(rows, columns=["track_id", "name", "kind", "process", "pid", "tid",
-                                        "device"])
-    frame = frame.astype({"track_id": "int64", "pid": "int64", "tid": "int64", "device": "int64"})
-    return frame, track_of
+    return track_table(rows), track_of
 
 
 def load_pftrace(path: str, data: bytes) -> RawTrace:
@@ -284,6 +280,66 @@ def load_pftrace(path: str, data: bytes) -> RawTrace:
 def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
             warn: list[str]) -> RawTrace:
     skipped: Counter[str] = Counter()
+    pk = _packets(path, buf, starts, ends, skipped)
+    state = _State()
+    for i in np.flatnonzero(pk.scan.field[5] != 0).tolist():  # in file order
+        state.read(data, int(starts[i]), int(ends[i]), int(pk.seq[i]), int(pk.gen[i]))
+    state.pairs = pk.pairs
+    ev = _events(buf, pk, state, skipped)
+    del pk
+    ev_name, ev_cat = _names(data, ev, state)
+    tracks, track_of = _tracks(state, np.sort(pd.unique(ev.track_uuid)))
+    ev_track = _track_ids(track_of, ev.track_uuid)
+    sl = _slices(ev, ev_track, skipped)
+    slices, order = build_slices(ev_track[sl.events], ev.ts[sl.events], sl.dur,
+                                 ev_name.coded(sl.events), ev_cat.coded(sl.events),
+                                 ev_cat.coded(sl.events, our_kind), sl.depth, sl.parent)
+    slice_of_event, new_id = _slice_of_event(len(ev.ts), sl, order)
+    counters = _counters(ev.scan, ev.type, ev.ts, ev_track, tracks)
+    ann = Annotations.of(ev.scan.rows, slice_of_event)
+    n_slices = len(slices)
+    # args are decoded on first use; the metadata instant's now (the hardware figures)
+    meta_codes = [i for i, c in enumerate(ev_cat.values) if c == tf.CAT_METADATA]
+    meta_ids = np.sort(new_id[np.isin(ev_cat.codes[sl.events], meta_codes)])
+    meta_args = decode_annotations(data, buf, ann.subset(np.isin(ann.sid, meta_ids)), ev.seqgen,
+                                   state, n_slices)
+    metadata = merge_metadata(path, meta_args.column(tf.ARG_METADATA_JSON, meta_ids).tolist())
+    skipped_now = dict(skipped)
+
+    def dropped(count: int, position: int) -> None:  # heard when the args are first decoded
+        msg = (f"{path}: {count} debug annotations (slice args) are corrupt, the first at "
+               f"byte {position}; they were left out")
+        warnings.warn(msg, TraceFormatWarning, stacklevel=2)
+        warn.append(msg)
+        skipped_now["corrupt debug annotation"] = count
+
+    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev.seqgen, state, n_slices,
+                                               dropped))
+    rows, ts = ev.scan.rows, ev.ts
+    # flows are linked on first use: the overview does not need them
+    return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
+                    tracks=tracks, counters=counters,
+                    flows=lambda: _flows(rows, ts, slice_of_event), metadata=metadata,
+                    skipped=skipped_now, warnings=warn)
+
+
+@dataclass
+class _Packets:
+    """Per packet: its scan, timestamp, sequence, generation of incremental state and the
+    number of its (sequence, generation) pair; `pairs` lists those pairs."""
+
+    scan: Scan
+    ts: np.ndarray
+    seq: np.ndarray
+    gen: np.ndarray
+    pair: np.ndarray
+    pairs: list[tuple[int, int]]
+
+
+def _packets(path: str, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+             skipped: Counter[str]) -> _Packets:
+    """Scan every packet's fields; count the unknown ones; number the sequences'
+    incremental-state generations."""
     n = len(starts)
     pk = scan(buf, starts, ends, PACKET_SLOTS, set(), offsets={4})
     for number, count in Counter(pk.others[~np.isin(pk.others, list(IGNORED_PACKET_FIELDS))]
@@ -295,8 +351,8 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
                                "what 64-bit signed times hold", int(starts[late[0]]))
     p_ts = pk.value[0].astype(np.int64)
     p_seq = pk.value[1].astype(np.int64)
-    cleared = ((pk.value[2] & np.uint64(SEQ_INCREMENTAL_STATE_CLEARED)) != 0) | (pk.value[3] != 0)
-    # generation of incremental state per packet, within its sequence
+    cleared = (((pk.value[2] & np.uint64(F.SEQ_INCREMENTAL_STATE_CLEARED)) != 0)
+               | (pk.value[3] != 0))
     if n and (p_seq == p_seq[0]).all():
         # one sequence (one writer, as ours): generations count up from the first packet's,
         # so each packet's (sequence, generation) pair is numbered by its generation
@@ -312,126 +368,141 @@ def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: n
         combo = p_seq * (1 << 32) + p_gen
         p_pair, uniq_combo = pd.factorize(combo)  # hashing: no sort of every packet
     pairs = [(int(c) >> 32, int(c) & 0xFFFFFFFF) for c in uniq_combo.tolist()]
-    # packets with descriptors, interning or defaults: parse them one by one, in order
-    state = _State()
-    for i in np.flatnonzero(pk.field[5] != 0).tolist():
-        state.read(data, int(starts[i]), int(ends[i]), int(p_seq[i]), int(p_gen[i]))
-    # track events
-    ev_pkt = np.flatnonzero(pk.field[4] != 0)
-    ev_off = pk.offset[4][ev_pkt]
-    ev_len = pk.value[4][ev_pkt].astype(np.int64)
-    del pk
-    ne = len(ev_pkt)
+    return _Packets(pk, p_ts, p_seq, p_gen, p_pair, pairs)
+
+
+@dataclass
+class _Events:
+    """Per track event: its scan, packet, time, (sequence, generation) pair, type and
+    track uuid (the sequence's default where the event names none)."""
+
+    scan: Scan
+    packet: np.ndarray
+    ts: np.ndarray
+    seqgen: np.ndarray
+    type: np.ndarray
+    track_uuid: np.ndarray
+
+
+def _events(buf: np.ndarray, pk: _Packets, state: _State, skipped: Counter[str]) -> _Events:
+    """Scan every track event's fields."""
+    ev_pkt = np.flatnonzero(pk.scan.field[4] != 0)
+    ev_off = pk.scan.offset[4][ev_pkt]
+    ev_len = pk.scan.value[4][ev_pkt].astype(np.int64)
     es = scan(buf, ev_off, ev_off + ev_len, EVENT_SLOTS, EVENT_REPEATED, offsets={3})
-    ef = es.rows
-    ev_ts = p_ts[ev_pkt]
-    ev_seqgen = p_pair[ev_pkt].astype(np.int64)
     ev_type = es.value[0].astype(np.int64)
-    ev_track_uuid = es.value[2].copy()
+    track_uuid = es.value[2].copy()
     has_track = es.field[2] != 0
     if (~has_track).any():
         seq_default = np.array([state.default_track.get(int(s), 0)
-                                for s in p_seq[ev_pkt[~has_track]].tolist()], np.uint64)
-        ev_track_uuid[~has_track] = seq_default
-    # names: interned or inline
-    ev_name = _EventTexts(ne)
-    m = np.flatnonzero(es.field[1] == E_NAME_IID)
-    ev_name.put(m, *_resolve_codes(state, "name", ev_seqgen[m], es.value[1][m], pairs, ""))
-    m = np.flatnonzero(es.field[3] == E_NAME)
-    ev_name.put_strings(m, _strings(data, es.offset[3][m], es.value[3][m]))
-    # categories: the first one
-    ev_cat = _EventTexts(ne)
-    m, _, v, _ = ef.select(E_CATEGORY_IIDS)
-    _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
-    ev_cat.put(m[first], *_resolve_codes(state, "cat", ev_seqgen[m[first]], v[first], pairs, ""))
-    m, _, v, o = ef.select(E_CATEGORIES)
-    _, first = np.unique(m, return_index=True)
-    ev_cat.put_strings(m[first], _strings(data, o[first], v[first]))
-    known = (ev_type >= TYPE_BEGIN) & (ev_type <= TYPE_COUNTER)
+                                for s in pk.seq[ev_pkt[~has_track]].tolist()], np.uint64)
+        track_uuid[~has_track] = seq_default
+    known = (ev_type >= F.TYPE_SLICE_BEGIN) & (ev_type <= F.TYPE_COUNTER)
     for t, count in Counter(ev_type[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
-    tracks, track_of = _tracks(state, np.sort(pd.unique(ev_track_uuid)))
+    return _Events(es, ev_pkt, pk.ts[ev_pkt], pk.pair[ev_pkt].astype(np.int64), ev_type,
+                   track_uuid)
+
+
+def _names(data: bytes, ev: _Events, state: _State) -> tuple[_EventTexts, _EventTexts]:
+    """Each event's name (interned or inline) and first category."""
+    es, ef, pairs = ev.scan, ev.scan.rows, state.pairs
+    ne = len(ev.ts)
+    ev_name = _EventTexts(ne)
+    m = np.flatnonzero(es.field[1] == F.E_NAME_IID)
+    ev_name.put(m, *_resolve_codes(state, "name", ev.seqgen[m], es.value[1][m], pairs, ""))
+    m = np.flatnonzero(es.field[3] == F.E_NAME)
+    ev_name.put_strings(m, _strings(data, es.offset[3][m], es.value[3][m]))
+    ev_cat = _EventTexts(ne)
+    m, _, v, _ = ef.select(F.E_CATEGORY_IIDS)
+    _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
+    ev_cat.put(m[first], *_resolve_codes(state, "cat", ev.seqgen[m[first]], v[first], pairs,
+                                         ""))
+    m, _, v, o = ef.select(F.E_CATEGORIES)
+    _, first = np.unique(m, return_index=True)
+    ev_cat.put_strings(m[first], _strings(data, o[first], v[first]))
+    return ev_name, ev_cat
+
+
+def _track_ids(track_of: dict[int, int], track_uuid: np.ndarray) -> np.ndarray:
+    """Each event's track id, from its track uuid."""
+    if not len(track_uuid):
+        return np.zeros(0, np.int64)
     uuid_list = np.array(list(track_of), np.uint64)
     track_ids = np.array(list(track_of.values()), np.int64)
     sorter = np.argsort(uuid_list)
-    ev_track = track_ids[sorter][np.searchsorted(uuid_list[sorter], ev_track_uuid)] if ne else \
-        np.zeros(0, np.int64)
-    # slices: begin/end pairs and instants
-    is_be = (ev_type == TYPE_BEGIN) | (ev_type == TYPE_END)
-    be_idx = np.flatnonzero(is_be)
-    b_local, e_local, depth, parent = match_begin_end(ev_track[be_idx], ev_type[be_idx] == 1,
-                                                     ev_ts[be_idx])
+    return track_ids[sorter][np.searchsorted(uuid_list[sorter], track_uuid)]
+
+
+@dataclass
+class _SliceEvents:
+    """The slices in event terms: `events` (begins, then instants), their end events
+    (-1 for an instant or a slice never ended), durations, depths and parents (positions
+    in `events`); `n_begun` begins come first."""
+
+    events: np.ndarray
+    ends: np.ndarray
+    dur: np.ndarray
+    depth: np.ndarray
+    parent: np.ndarray
+    n_begun: int
+
+
+def _slices(ev: _Events, ev_track: np.ndarray, skipped: Counter[str]) -> _SliceEvents:
+    """Pair begins with ends per track, close what never ended at the trace's end, and
+    nest each instant in the deepest slice holding it."""
+    ev_type, ev_ts = ev.type, ev.ts
+    be_idx = np.flatnonzero((ev_type == F.TYPE_SLICE_BEGIN) | (ev_type == F.TYPE_SLICE_END))
+    b_local, e_local, depth, parent = match_begin_end(
+        ev_track[be_idx], ev_type[be_idx] == F.TYPE_SLICE_BEGIN, ev_ts[be_idx])
     b_ev = be_idx[b_local]
     e_ev = np.where(e_local >= 0, be_idx[np.maximum(e_local, 0)], -1)
-    dropped_ends = int((ev_type == TYPE_END).sum()) - int((e_local >= 0).sum())
+    dropped_ends = int((ev_type == F.TYPE_SLICE_END).sum()) - int((e_local >= 0).sum())
     if dropped_ends:
         skipped["slice end without begin"] += dropped_ends
-    trace_end = int(ev_ts.max()) if ne else 0
+    trace_end = int(ev_ts.max()) if len(ev_ts) else 0
     unfinished = e_ev < 0
     if unfinished.any():
         skipped["slice never ended (closed at trace end)"] += int(unfinished.sum())
     b_dur = np.where(unfinished, trace_end - ev_ts[b_ev], ev_ts[np.maximum(e_ev, 0)] - ev_ts[b_ev])
-    inst_ev = np.flatnonzero(ev_type == TYPE_INSTANT)
-    slice_ev = np.r_[b_ev, inst_ev]
-    s_track = ev_track[slice_ev]
-    s_ts = ev_ts[slice_ev]
-    s_dur = np.r_[b_dur, np.zeros(len(inst_ev), np.int64)]
-    s_depth = np.r_[depth, np.zeros(len(inst_ev), np.int64)]
-    s_parent = np.r_[parent, np.full(len(inst_ev), -1, np.int64)]
-    if len(inst_ev) and len(b_ev):
+    inst_ev = np.flatnonzero(ev_type == F.TYPE_INSTANT)
+    n_inst = len(inst_ev)
+    s_depth = np.r_[depth, np.zeros(n_inst, np.int64)]
+    s_parent = np.r_[parent, np.full(n_inst, -1, np.int64)]
+    if n_inst and len(b_ev):
         # an instant's parent: the deepest slice holding it, among its tracks' slices only
         near = np.flatnonzero(np.isin(ev_track[b_ev], np.unique(ev_track[inst_ev])))
         pre = pd.DataFrame({"id": np.arange(len(b_ev)), "ts": ev_ts[b_ev], "dur": b_dur,
                             "track_id": ev_track[b_ev], "depth": depth, "parent_id": parent}
                            ).iloc[near]
         host = bind_flow_points(pre, ev_track[inst_ev], ev_ts[inst_ev],
-                                np.ones(len(inst_ev), bool), parent_of=parent, begin_ts=ev_ts[b_ev],
+                                np.ones(n_inst, bool), parent_of=parent, begin_ts=ev_ts[b_ev],
                                 begin_end=ev_ts[b_ev] + b_dur)
         ok = host >= 0
         s_parent[len(b_ev):][ok] = host[ok]
         s_depth[len(b_ev):][ok] = depth[host[ok]] + 1
-    slice_cat = ev_cat.codes[slice_ev]
-    slices, order = build_slices(s_track, s_ts, s_dur, ev_name.column(slice_ev),
-                                 ev_cat.column(slice_ev), ev_cat.mapped(slice_ev, our_kind),
-                                 s_depth, s_parent)
-    slice_of_event = np.full(ne, -1, np.int64)
+    return _SliceEvents(np.r_[b_ev, inst_ev], e_ev, np.r_[b_dur, np.zeros(n_inst, np.int64)],
+                        s_depth, s_parent, len(b_ev))
+
+
+def _slice_of_event(n_events: int, sl: _SliceEvents, order: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's slice id (a begin's and its end's: their slice; -1: none), and each
+    slice event's id (`order`: build_slices' permutation)."""
+    slice_of_event = np.full(n_events, -1, np.int64)
     new_id = np.empty(len(order), np.int64)
     new_id[order] = np.arange(len(order))
-    slice_of_event[slice_ev] = new_id
-    slice_of_event[e_ev[e_ev >= 0]] = new_id[: len(b_ev)][e_ev >= 0]
-    counters = _counters(es, ev_type, ev_ts, ev_track, tracks)
-    state.pairs = pairs
-    ann = Annotations.of(ef, slice_of_event)
-    n_slices = len(slices)
-    # args are decoded on first use; the metadata instant's now (the hardware figures)
-    meta_codes = [i for i, c in enumerate(ev_cat.values) if c == tf.CAT_METADATA]
-    meta_ids = np.sort(new_id[np.isin(slice_cat, meta_codes)])
-    meta_args = decode_annotations(data, buf, ann.subset(np.isin(ann.sid, meta_ids)), ev_seqgen,
-                                   state, n_slices)
-    metadata = check(path, _metadata(meta_ids, meta_args))
-    skipped_now = dict(skipped)
-
-    def dropped(count: int, position: int) -> None:  # heard when the args are first decoded
-        msg = (f"{path}: {count} debug annotations (slice args) are corrupt, the first at "
-               f"byte {position}; they were left out")
-        warnings.warn(msg, TraceFormatWarning, stacklevel=2)
-        warn.append(msg)
-        skipped_now["corrupt debug annotation"] = count
-
-    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev_seqgen, state, n_slices,
-                                               dropped))
-    # flows are linked on first use: the overview does not need them
-    return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
-                    tracks=tracks, counters=counters,
-                    flows=lambda: _flows(ef, ev_ts, slice_of_event), metadata=metadata,
-                    skipped=skipped_now, warnings=warn)
+    slice_of_event[sl.events] = new_id
+    ended = sl.ends >= 0
+    slice_of_event[sl.ends[ended]] = new_id[: sl.n_begun][ended]
+    return slice_of_event, new_id
 
 
 def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.ndarray,
               tracks: pd.DataFrame) -> pd.DataFrame:
-    idx = np.flatnonzero(ev_type == TYPE_COUNTER)
+    idx = np.flatnonzero(ev_type == F.TYPE_COUNTER)
     raw = es.value[4][idx]
-    value = np.where(es.field[4][idx] == E_COUNTER_DOUBLE, raw.view(np.float64),
+    value = np.where(es.field[4][idx] == F.E_DOUBLE_COUNTER, raw.view(np.float64),
                      raw.view(np.int64).astype(np.float64))
     names = tracks.set_index("track_id")["name"]
     frame = pd.DataFrame({"ts": ev_ts[idx], "value": value, "track_id": ev_track[idx]},
@@ -443,8 +514,9 @@ def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.nda
 def _flows(ef: Any, ev_ts: np.ndarray, slice_of_event: np.ndarray) -> pd.DataFrame:
     """Flow edges: consecutive events carrying the same flow id, cut after a terminating one."""
     parts = []
-    for field, terminating in ((E_FLOW, False), (E_FLOW_OLD, False), (E_TERM_FLOW, True),
-                               (E_TERM_FLOW_OLD, True)):
+    for field, terminating in ((F.E_FLOW_IDS, False), (F.E_FLOW_IDS_OLD, False),
+                               (F.E_TERMINATING_FLOW_IDS, True),
+                               (F.E_TERMINATING_FLOW_IDS_OLD, True)):
         m, _, v, _ = ef.select(field)
         parts.append((v.view(np.int64), m, np.full(len(m), terminating)))
     fid = np.concatenate([p[0] for p in parts])
@@ -458,11 +530,3 @@ def _flows(ef: Any, ev_ts: np.ndarray, slice_of_event: np.ndarray) -> pd.DataFra
     link = (fid[1:] == fid[:-1]) & ~term[:-1] & (sid[1:] != sid[:-1])
     return pd.DataFrame({"flow_id": fid[1:][link], "src_id": sid[:-1][link],
                          "dst_id": sid[1:][link]}, columns=FLOW_COLUMNS).astype("int64")
-
-
-def _metadata(ids: np.ndarray, args: ColumnArgs) -> dict[str, Any]:
-    """The trace's metadata: the JSON args of its metadata slices (ids), merged in order."""
-    meta: dict[str, Any] = {}
-    for text in args.column(tf.ARG_METADATA_JSON, ids).tolist():
-        merge_json(meta, text)
-    return meta

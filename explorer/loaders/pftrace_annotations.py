@@ -13,6 +13,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.collectors.perfetto_fields import (
+    A_ARRAY,
+    A_BOOL,
+    A_DICT,
+    A_DOUBLE,
+    A_INT,
+    A_JSON,
+    A_NAME,
+    A_NAME_IID,
+    A_NESTED,
+    A_POINTER,
+    A_STRING,
+    A_STRING_IID,
+    A_UINT,
+)
+from neuron_explorer.collectors.perfetto_fields import E_DEBUG as E_ANNOTATION
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -23,9 +39,6 @@ from neuron_explorer.loaders.args import (
 )
 from neuron_explorer.loaders.wire_scan import Fields, Scan, WireError, scan
 
-E_ANNOTATION = 4
-A_NAME_IID, A_BOOL, A_UINT, A_INT, A_DOUBLE, A_STRING = 1, 2, 3, 4, 5, 6
-A_POINTER, A_NESTED, A_JSON, A_NAME, A_DICT, A_ARRAY, A_STRING_IID = 7, 8, 9, 10, 11, 12, 17
 # slots: 0 name iid, 1 inline name, 2 the scalar value (one field of the oneof), 3 nested
 SLOTS = {A_NAME_IID: 0, A_NAME: 1, A_BOOL: 2, A_UINT: 2, A_INT: 2, A_DOUBLE: 2, A_STRING: 2,
          A_POINTER: 2, A_JSON: 2, A_STRING_IID: 2, A_NESTED: 3, A_DICT: 3, A_ARRAY: 3}
@@ -72,9 +85,33 @@ def interned_keys(seqgen: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, lis
     return inverse, [(c // width, int(distinct[c % width])) for c in uniq.tolist()]
 
 
-def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
-    return [data[a:a + b].decode("utf-8", "replace")
-            for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)]
+def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+    """The strings at the given byte spans. Gathered into one buffer and decoded by Arrow,
+    each distinct string made once (values repeat: opcodes, sources, shapes); invalid UTF-8
+    falls back to decoding one by one with replacement characters."""
+    import pyarrow as pa
+
+    lengths = np.asarray(lengths, np.int64)
+    if not len(lengths):
+        return np.zeros(0, object)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    # byte i of the gathered buffer comes from data[offsets[span] + (i - starts[span])]
+    index = np.int32 if max(len(data), int(ends[-1])) < 2**31 else np.int64  # half the memory
+    take = np.arange(int(ends[-1]), dtype=index) - np.repeat((starts - offsets).astype(index),
+                                                             lengths)
+    buf = np.frombuffer(data, np.uint8)[take]
+    try:
+        strings = pa.LargeStringArray.from_buffers(
+            len(lengths), pa.py_buffer(np.r_[0, ends].astype(np.int64)), pa.py_buffer(buf))
+        strings.validate(full=True)  # UTF-8 checked here
+    except (pa.ArrowInvalid, ValueError):
+        return np.asarray([data[a:a + b].decode("utf-8", "replace")
+                           for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)],
+                          object)
+    coded = strings.dictionary_encode()
+    values = np.asarray(coded.dictionary.to_pylist(), object)
+    return values[coded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,

@@ -37,13 +37,38 @@ class RawTrace:
     warnings: list[str] = field(default_factory=list)
 
 
+# a text column: strings, or codes into a list of distinct strings (cheaper to build)
+Texts = np.ndarray | tuple[np.ndarray, list[str]]
+
+
+def text_column(codes: np.ndarray, values: list[str]) -> pd.api.extensions.ExtensionArray:
+    """The strings values[codes] as a pandas str column, built in Arrow from the distinct
+    values: no Python string per row (a load's columns repeat a few names)."""
+    import pyarrow as pa
+
+    dictionary = pa.array(values, pa.large_string())
+    indices = pa.array(np.asarray(codes, np.int64))
+    strings = pa.DictionaryArray.from_arrays(indices, dictionary).cast(pa.large_string())
+    return pd.array(strings, dtype=_STR)
+
+
+_STR = pd.Series([], dtype="str").dtype  # pandas' default string dtype
+
+
+def _texts(column: Texts, order: np.ndarray) -> Any:
+    if isinstance(column, tuple):
+        codes, values = column
+        return text_column(np.asarray(codes)[order], values)
+    return np.asarray(column, object)[order]
+
+
 def build_slices(
     track_id: np.ndarray,
     ts: np.ndarray,
     dur: np.ndarray,
-    name: np.ndarray,
-    category: np.ndarray,
-    kind: np.ndarray,
+    name: Texts,
+    category: Texts,
+    kind: Texts,
     depth: np.ndarray | None = None,
     parent: np.ndarray | None = None,
 ) -> tuple[pd.DataFrame, np.ndarray]:
@@ -67,9 +92,9 @@ def build_slices(
             "id": np.arange(len(order), dtype=np.int64),
             "ts": ts[order],
             "dur": dur[order],
-            "name": np.asarray(name, object)[order],
-            "category": np.asarray(category, object)[order],
-            "kind": np.asarray(kind, object)[order],
+            "name": _texts(name, order),
+            "category": _texts(category, order),
+            "kind": _texts(kind, order),
             "track_id": track_id[order],
             "depth": np.asarray(depth, np.int64)[order],
             "parent_id": parent_id,

@@ -1,8 +1,15 @@
-"""The kind of a track in one of our device processes, from its name."""
+"""The track table both loaders build, and the kind of a track in one of our device
+processes, from its name."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
 from neuron_explorer import trace_format as tf
+from neuron_explorer.loaders.kinds import DEVICE_PROCESS_NAME
+from neuron_explorer.loaders.raw import TRACK_COLUMNS
 
 _ENGINE_BY_TRACK = {v: k for k, v in tf.ENGINE_TRACKS.items()}
 
@@ -16,3 +23,19 @@ def device_track_kind(name: str) -> str:
     if name.startswith(tf.DMA_TRACK.split("{")[0]):
         return "dma"
     return "device"
+
+
+def our_device(process_name: str, track_name: str) -> tuple[int, str]:
+    """The device number and track kind of a track in one of our `neuron:N` processes;
+    (-1, "thread") for any other process's track."""
+    ours = DEVICE_PROCESS_NAME.match(process_name)
+    if ours is None:
+        return -1, "thread"
+    return int(ours.group(1)), device_track_kind(track_name)
+
+
+def track_table(rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
+    """The tracks table from rows of TRACK_COLUMNS (ids and numbers as int64)."""
+    frame = pd.DataFrame(list(rows), columns=TRACK_COLUMNS)
+    return frame.astype({"track_id": "int64", "pid": "int64", "tid": "int64",
+                         "device": "int64"})

@@ -19,7 +19,7 @@ def check(trace: Trace) -> list[Finding]:
     lost = float(waits["dur"].sum())
     if not len(waits) or lost < th.DEPENDENCY_IDLE_MIN_SHARE * step_time(trace):
         return []
-    names = trace.base_slices["name"].to_numpy()
+    names = trace.table("slices")["name"].to_numpy()
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
                       f"device idle {us(r.dur)} with {names[r.next_slice_id]} already launched "
                       f"{us(r.ts + r.dur - r.launch_ts)} before it started")

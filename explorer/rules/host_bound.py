@@ -19,7 +19,7 @@ def check(trace: Trace) -> list[Finding]:
     lost = float(host["dur"].sum())
     if not len(host) or lost < th.HOST_BOUND_MIN_SHARE * step_time(trace):
         return []
-    names = trace.base_slices["name"].to_numpy()
+    names = trace.table("slices")["name"].to_numpy()
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
                       f"device idle {us(r.dur)} until the host launched {names[r.next_slice_id]}")
              for r in top(host, "dur").itertuples()]

@@ -35,7 +35,7 @@ def copies(trace: Trace) -> pd.DataFrame:
         # An op that launched a kernel is judged by its kernel above (a dtype cast on the
         # device is an aten::_to_copy too); only copies with no kernel are judged by name.
         oc = ops[ops["name"].isin(COPY_OPS) & (ops["kernel_id"].to_numpy() < 0)]
-        direction = text(trace.args.column("direction", oc["id"].to_numpy()))
+        direction = text(trace.slice_args.column("direction", oc["id"].to_numpy()))
         oc = oc[direction != "device_to_device"]
         dur = np.maximum(oc["dur"].to_numpy(), oc["device_dur"].to_numpy())
         parts.append(pd.DataFrame({"ts": oc["ts"].to_numpy(), "dur": dur, "id": oc["id"].to_numpy(),

@@ -26,10 +26,10 @@ def check(trace: Trace) -> list[Finding]:
     if not len(syncs) or lost < th.SYNC_MIN_SHARE * step_time(trace):
         return []
     ids = syncs["id"].to_numpy()
-    source = text(trace.args.column(tf.ARG_SOURCE, ids))
-    kind = text(trace.args.column(tf.ARG_SYNC_KIND, ids))
+    source = text(trace.slice_args.column(tf.ARG_SOURCE, ids))
+    kind = text(trace.slice_args.column(tf.ARG_SYNC_KIND, ids))
     op = ancestor_of_kind(trace, ids, ("op",), outermost=True)
-    names = trace.base_slices["name"].to_numpy()
+    names = trace.table("slices")["name"].to_numpy()
     where = np.array([s or (names[o] if o >= 0 else n)
                       for s, o, n in zip(source, op, syncs["name"].to_numpy(), strict=True)],
                      dtype=object)

@@ -51,14 +51,14 @@ def test_program_instructions_name_their_op_source_and_module(trace):
     graph_kernels = set(trace.kernels[trace.kernels.name.str.startswith("graph_")].kernel_id)
     ins = trace.instructions[trace.instructions.kernel_id.isin(graph_kernels)]
     ids = ins.id.to_numpy()
-    ops = trace.args.column("ops", ids)
-    sources = trace.args.column("source", ids)
-    modules = trace.args.column("module", ids)
+    ops = trace.slice_args.column("ops", ids)
+    sources = trace.slice_args.column("source", ids)
+    modules = trace.slice_args.column("module", ids)
     assert all(ops) and all(sources)
     assert "aten::bmm" in set(ops) and "aten::_softmax" in set(ops)
     assert {s.rsplit(":", 1)[0].rsplit("/", 1)[-1] for s in sources} == {"models.py"}
     assert "blocks.0.attn" in set(modules) and "blocks.0.mlp.0" in set(modules)
-    sections = set(trace.args.column("section", ids))
+    sections = set(trace.slice_args.column("section", ids))
     assert "flash_attention.bmm" in sections and "fused_addmm_gelu" in sections
     eager = trace.instructions[~trace.instructions.kernel_id.isin(graph_kernels)]
-    assert len(eager) and not any(trace.args.column("ops", eager.id.to_numpy()))
+    assert len(eager) and not any(trace.slice_args.column("ops", eager.id.to_numpy()))

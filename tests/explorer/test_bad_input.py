@@ -56,7 +56,7 @@ def test_truncated_json_loads_its_complete_events(tmp_path: Path) -> None:
     with pytest.warns(TruncatedTraceWarning, match="the JSON ends early"):
         t = neuron_explorer.load(path)
     assert t.warnings and "cut.json" in t.warnings[0]
-    assert 0 < len(t.base_slices) < len([e for e in events if e["ph"] != "M"])
+    assert 0 < len(t.table("slices")) < len([e for e in events if e["ph"] != "M"])
 
 
 def test_json_cut_before_its_first_event(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_truncated_pftrace_loads_complete_packets(tmp_path: Path) -> None:
         t = neuron_explorer.load(cut)
     assert t.warnings and "cut.pftrace" in t.warnings[0]
     # the last packet (an end) is lost: every slice is still there, one closed at trace end
-    assert len(t.base_slices) == len(full.base_slices)
+    assert len(t.table("slices")) == len(full.table("slices"))
     assert t.skipped.get("slice never ended (closed at trace end)") == 1
     assert len(t.ops) == len(full.ops)
 

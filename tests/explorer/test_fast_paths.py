@@ -16,7 +16,7 @@ from neuron_explorer.loaders.args import (
     DictArgs,
     SliceArgs,
 )
-from neuron_explorer.loaders.pages import _switch, small_pages
+from neuron_explorer.loaders.huge_pages import _switch, small_pages
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import top
 from neuron_explorer.tables import flag, kind_mask, map_unique, text
@@ -70,8 +70,8 @@ def test_typed_texts_and_flags_match_the_plain_conversion(key: str) -> None:
 
 
 def test_typed_columns_of_a_loaded_trace(basic_pf: neuron_explorer.Trace) -> None:
-    args = basic_pf.args._get()
-    ids = basic_pf.base_slices["id"].to_numpy()
+    args = basic_pf.slice_args._get()
+    ids = basic_pf.table("slices")["id"].to_numpy()
     for key in args.names:
         np.testing.assert_array_equal(args.numbers(key, ids, -1),
                                       SliceArgs.numbers(args, key, ids, -1))
@@ -95,7 +95,7 @@ def test_map_unique_calls_once_per_value() -> None:
 
 
 def test_kind_mask_matches_isin(basic_trace: neuron_explorer.Trace) -> None:
-    kinds = basic_trace.base_slices["kind"]
+    kinds = basic_trace.table("slices")["kind"]
     for wanted in [("op",), ("kernel", "memcpy", "memset"), ("no such kind",)]:
         assert kind_mask(basic_trace, wanted).tolist() == kinds.isin(wanted).tolist()
 

@@ -63,11 +63,11 @@ def test_trace_size_limit_from_the_environment(tmp_path: Path,
     gz.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
     plain = tmp_path / "small.json"
     plain.write_text(json.dumps({"traceEvents": events}))
-    assert len(neuron_explorer.load(gz).base_slices) == 2000
+    assert len(neuron_explorer.load(gz).table("slices")) == 2000
     monkeypatch.setenv(inflate.ENV_MAX_BYTES, "10000")
     assert "more than 10,000 bytes" in _error(gz).reason
     assert "more than the limit of 10,000" in _error(plain).reason
-    assert len(neuron_explorer.load(gz, max_bytes=10 * MIB).base_slices) == 2000
+    assert len(neuron_explorer.load(gz, max_bytes=10 * MIB).table("slices")) == 2000
     monkeypatch.setenv(inflate.ENV_MAX_BYTES, "lots")
     with pytest.raises(NeuronExplorerError, match="NEURON_EXPLORER_MAX_TRACE_BYTES='lots'"):
         neuron_explorer.load(gz)
@@ -79,7 +79,7 @@ def test_gzip_members_and_trailing_data(tmp_path: Path) -> None:
     cut = len(text) // 2
     path = tmp_path / "two.json.gz"
     path.write_bytes(gzip.compress(text[:cut]) + gzip.compress(text[cut:]) + bytes(8))
-    assert len(neuron_explorer.load(path).base_slices) == 1
+    assert len(neuron_explorer.load(path).table("slices")) == 1
     path.write_bytes(gzip.compress(text) + b"junk")
     assert "after the end of the gzip stream" in _error(path).reason
 
@@ -161,8 +161,8 @@ def test_numeric_strings_are_read_as_numbers(tmp_path: Path) -> None:
     path = tmp_path / "strings.json"
     path.write_text(json.dumps({"traceEvents": [_x(ts="1.5", dur="12"), _x(ts=20, dur=1)]}))
     t = neuron_explorer.load(path)
-    assert t.base_slices["ts"].tolist() == [1500, 20000]
-    assert t.base_slices["dur"].tolist() == [12000, 1000]
+    assert t.table("slices")["ts"].tolist() == [1500, 20000]
+    assert t.table("slices")["dur"].tolist() == [12000, 1000]
 
 
 # --- nesting: linear whatever the depth -------------------------------------------------
@@ -170,7 +170,7 @@ def test_numeric_strings_are_read_as_numbers(tmp_path: Path) -> None:
 def test_identical_slices_nest_in_each_other(tmp_path: Path) -> None:
     path = tmp_path / "same.json"
     path.write_text(json.dumps({"traceEvents": [_x() for _ in range(3000)]}))
-    s = neuron_explorer.load(path).base_slices
+    s = neuron_explorer.load(path).table("slices")
     assert s["depth"].tolist() == list(range(3000))
     assert s["parent_id"].tolist() == [-1, *range(2999)]
 
@@ -295,7 +295,7 @@ def test_corrupt_pftrace_annotations_are_left_out_with_a_warning() -> None:
     assert t.skipped["corrupt debug annotation"] == 1
     assert "left out" in t.warnings[-1]
     assert render_report(t, "text") and t.bottlenecks() is not None
-    assert len(t.slices) == len(t.base_slices)
+    assert len(t.slices) == len(t.table("slices"))
 
 
 # --- the command line and the rendered reports ---------------------------------------------

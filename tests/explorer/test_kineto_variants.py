@@ -29,7 +29,7 @@ def test_legacy_categories_without_schema_version(tmp_path: Path) -> None:
     path.write_text(json.dumps({"traceEvents": events}))  # no schemaVersion
     t = neuron_explorer.load(path)
     assert t.source_format == "kineto_json"
-    assert t.base_slices["kind"].tolist() == ["step", "op", "runtime", "kernel", "memcpy",
+    assert t.table("slices")["kind"].tolist() == ["step", "op", "runtime", "kernel", "memcpy",
                                               "memset"]
     assert t.ops["name"].tolist() == ["aten::mm"] and len(t.steps) == 1
     kernels = t.kernels.set_index("name")
@@ -49,7 +49,7 @@ def test_runtime_calls_on_a_device_process_are_not_kernels(tmp_path: Path) -> No
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     t = neuron_explorer.load(path)
     assert t.kernels["name"].tolist() == ["add_kernel"]
-    kinds = dict(zip(t.base_slices["name"], t.base_slices["kind"], strict=True))
+    kinds = dict(zip(t.table("slices")["name"], t.table("slices")["kind"], strict=True))
     assert kinds["mtiaLaunchKernel"] == "runtime"
 
 
@@ -64,6 +64,6 @@ def test_epoch_times_keep_their_nanoseconds(tmp_path: Path) -> None:
             '"ts": 1682725898236571, "dur": 2}]}')
     path = tmp_path / "epoch.json"
     path.write_text(text)
-    s = neuron_explorer.load(path).base_slices
+    s = neuron_explorer.load(path).table("slices")
     assert s["ts"].tolist() == [1682725898236567047, 1682725898236569999, 1682725898236571000]
     assert s["dur"].tolist() == [1500, 1, 2000]

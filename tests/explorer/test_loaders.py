@@ -32,7 +32,7 @@ def test_tables_have_documented_columns(basic_trace: neuron_explorer.Trace) -> N
         frame = getattr(basic_trace, table)
         assert set(columns) <= set(frame.columns), table
     for col in ("ts", "dur"):
-        assert basic_trace.base_slices[col].dtype == np.int64
+        assert basic_trace.table("slices")[col].dtype == np.int64
         assert basic_trace.kernels[col].dtype == np.int64
     assert "args" in basic_trace.slices.columns
 
@@ -60,7 +60,7 @@ def test_basic_tables(basic_trace: neuron_explorer.Trace) -> None:
 
 
 def test_flows_link_ops_to_kernels(basic_trace: neuron_explorer.Trace) -> None:
-    s = basic_trace.base_slices.set_index("id")
+    s = basic_trace.table("slices").set_index("id")
     f = basic_trace.flows
     assert len(f) == 6
     assert set(s.loc[f["src_id"], "kind"]) == {"op"}
@@ -68,7 +68,7 @@ def test_flows_link_ops_to_kernels(basic_trace: neuron_explorer.Trace) -> None:
 
 
 def test_nesting(basic_trace: neuron_explorer.Trace) -> None:
-    s = basic_trace.base_slices.set_index("id")
+    s = basic_trace.table("slices").set_index("id")
     mm = s[(s["name"] == "aten::mm")].iloc[0]
     parent = s.loc[mm["parent_id"]]
     assert parent["name"] == "model.fc" and mm["depth"] == 2
@@ -82,9 +82,9 @@ def test_formats_give_the_same_tables(traces_dir: Path) -> None:
              sc.b.write_pftrace(traces_dir / "same_inline.pftrace", intern=False)]
     loaded = [neuron_explorer.load(p) for p in paths]
     cols = ["ts", "dur", "name", "category", "depth"]
-    ref = loaded[0].base_slices[cols].reset_index(drop=True)
+    ref = loaded[0].table("slices")[cols].reset_index(drop=True)
     for t in loaded[1:]:
-        pd.testing.assert_frame_equal(t.base_slices[cols].reset_index(drop=True), ref)
+        pd.testing.assert_frame_equal(t.table("slices")[cols].reset_index(drop=True), ref)
         assert t.ops["flops"].tolist() == loaded[0].ops["flops"].tolist()
         assert [t.args.get(i) for i in range(3)] == [loaded[0].args.get(i) for i in range(3)]
 
@@ -141,7 +141,7 @@ REAL = {
 def test_real_traces(load_real, name: str) -> None:
     t = load_real(name)
     assert t.source_format == "kineto_json"
-    counts = t.base_slices["kind"].value_counts()
+    counts = t.table("slices")["kind"].value_counts()
     for kind, n in REAL[name].items():
         assert counts.get(kind, 0) == n, kind
     assert counts.get("op", 0) > 0
@@ -157,7 +157,7 @@ def test_real_traces(load_real, name: str) -> None:
 def test_kineto_steps_and_flows(load_real) -> None:
     t = load_real("amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     assert t.steps["step"].tolist() == [1, 2]
-    s = t.base_slices.set_index("id")
+    s = t.table("slices").set_index("id")
     ac2g = t.flows.merge(s[["kind"]], left_on="dst_id", right_index=True)
     assert {"kernel", "memcpy"} <= set(ac2g["kind"])
     assert t.hardware == "AMD Radeon Graphics" and t.hardware_figures is None
@@ -255,4 +255,4 @@ def test_interned_names_follow_sequence_and_generation(tmp_path: Path,
                                                        sequences: list[int]) -> None:
     t = neuron_explorer.load(_interning_trace(tmp_path / "interned.pftrace", sequences))
     expected = [f"seq{s} gen{g}" for g in range(2) for s in sequences]
-    assert t.base_slices.sort_values("ts")["name"].tolist() == expected
+    assert t.table("slices").sort_values("ts")["name"].tolist() == expected

@@ -63,7 +63,7 @@ def test_steps_window_never_cuts_a_step(record) -> None:
     full, _ = record("gpt_train.py", "--steps", "5")
     t = neuron_explorer.load(window)
     assert t.steps["step"].tolist() == [2, 3]
-    s = t.base_slices
+    s = t.table("slices")
     host = s[s["track_id"].isin(t.tracks.loc[t.tracks["device"] < 0, "track_id"])]
     # the pauses the host clock left out (GC, the recorder's writes) are marks, not code
     host = host[~host["kind"].isin(["step", "metadata"]) & (host["category"] != "uncounted")]

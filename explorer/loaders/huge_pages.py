@@ -1,4 +1,4 @@
-"""Small memory pages while the explorer builds its columns.
+"""Small memory pages while the explorer builds its columns (numpy's huge-page advice off).
 
 numpy asks Linux for transparent huge pages (madvise) on every large array. Where
 the kernel compacts memory on such faults (THP `defrag=madvise`, a common

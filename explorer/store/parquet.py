@@ -1,0 +1,356 @@
+"""One trace's tables as Parquet files in a folder, and the folder read back.
+
+The folder holds `trace.json` (format version, source file, metadata, what was
+skipped, warnings) and one Parquet file per table: the loader's slices, tracks,
+counters, flows and args (long form: one row per slice and key, typed columns),
+and the derived steps, ops, kernels, instructions and modules as they are
+computed. DuckDB, pandas or any Parquet reader can read the files directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.errors import TraceFormatWarning
+from neuron_explorer.loaders.args import (
+    KIND_BOOL,
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_OTHER,
+    KIND_STR,
+    ColumnArgs,
+    LazyArgs,
+    SliceArgs,
+)
+from neuron_explorer.loaders.raw import RawTrace
+
+FORMAT = "neuron-explorer-store"
+VERSION = 1
+MANIFEST = "trace.json"
+RUN_MANIFEST = "run.json"  # a converted run: one store per rank beside it
+BASE_TABLES = ("slices", "tracks", "counters", "flows", "args")
+DERIVED_TABLES = ("steps", "ops", "kernels", "instructions", "modules")
+ARGS_COLUMNS = ["slice_id", "key", "kind", "int_value", "float_value", "str_value"]
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class StoreError(Exception):
+    """A store folder that cannot be used (missing, of another version, unreadable)."""
+
+
+def is_store(folder: str | os.PathLike) -> bool:
+    """Whether a folder is a trace's store (written by `convert` or the cache) or a
+    converted run's folder."""
+    return any(os.path.isfile(os.path.join(folder, name)) for name in (MANIFEST, RUN_MANIFEST))
+
+
+@dataclass
+class Store:
+    """A trace's store folder: its manifest and its tables' files."""
+
+    folder: str
+    manifest: dict[str, Any]
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.folder, f"{name}.parquet")
+
+    def has(self, name: str) -> bool:
+        return os.path.isfile(self.file(name))
+
+    def read_table(self, name: str) -> pd.DataFrame | None:
+        """A table, or None when it is absent or unreadable (a derived table is then
+        computed again and written over it)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.has(name):
+            return None
+        try:
+            return _to_pandas(pq.read_table(self.file(name)))
+        except (OSError, pa.ArrowException, ValueError):
+            return None
+
+    def write_table(self, name: str, frame: pd.DataFrame) -> bool:
+        """Add or replace one table (atomically); False when it cannot be written (a
+        read-only folder, a column Parquet cannot hold): the caller goes on without."""
+        import pyarrow as pa
+
+        if not self._still_current():
+            return False
+        try:
+            _write_parquet(self.file(name), frame)
+        except (OSError, pa.ArrowException, ValueError, TypeError):
+            return False
+        return True
+
+    def _still_current(self) -> bool:
+        """The folder still holds the build this Store read (not rebuilt meanwhile)."""
+        try:
+            return read_manifest(self.folder).get("build") == self.manifest.get("build")
+        except StoreError:
+            return False
+
+    def raw(self, reparse: Callable[[], RawTrace] | None = None) -> RawTrace:
+        """The loader's tables, as the trace's first load made them. Args and flows are
+        read on first use; should their files prove unreadable then, `reparse()` (the
+        source trace parsed again) gives them, else StoreError."""
+        m = self.manifest
+        tables = {name: self.read_table(name) for name in ("slices", "tracks", "counters")}
+        missing = [name for name, frame in tables.items() if frame is None]
+        if missing:
+            raise StoreError(f"{self.folder}: cannot read {', '.join(missing)}")
+        n_slices = len(tables["slices"])
+
+        def args() -> SliceArgs:
+            frame = self.read_table("args")
+            if frame is not None:
+                return args_from_frame(frame, n_slices)
+            return self._reparsed(reparse, "args").args
+
+        def flows() -> pd.DataFrame:
+            frame = self.read_table("flows")
+            if frame is not None:
+                return frame
+            source = self._reparsed(reparse, "flows").flows
+            return source() if callable(source) else source
+
+        return RawTrace(
+            path=m["source"]["path"], source_format=m["source_format"],
+            slices=tables["slices"], args=LazyArgs(args), tracks=tables["tracks"],
+            counters=tables["counters"], flows=flows, metadata=m.get("metadata") or {},
+            skipped=dict(m.get("skipped") or {}),
+            warnings=[message for _, message in m.get("warnings") or []])
+
+    def _reparsed(self, reparse: Callable[[], RawTrace] | None, what: str) -> RawTrace:
+        if reparse is None:
+            raise StoreError(f"{self.folder}: cannot read {what}")
+        return reparse()
+
+    def replay_warnings(self, stacklevel: int = 3) -> None:
+        """Warn again what the first load warned (a truncated recording, parts left out)."""
+        from neuron_explorer import errors
+
+        for category, message in self.manifest.get("warnings") or []:
+            cls = getattr(errors, category, TraceFormatWarning)
+            if not (isinstance(cls, type) and issubclass(cls, Warning)):
+                cls = TraceFormatWarning
+            warnings.warn(message, cls, stacklevel=stacklevel)
+
+
+def read_manifest(folder: str) -> dict[str, Any]:
+    """The folder's manifest, checked to be a store of this version."""
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{folder}: no readable {MANIFEST} ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise StoreError(f"{folder}: not a trace store")
+    if manifest.get("version") != VERSION:
+        raise StoreError(f"{folder}: store version {manifest.get('version')}, this "
+                         f"neuron-explorer reads version {VERSION}")
+    if not isinstance(manifest.get("source"), dict) or "source_format" not in manifest:
+        raise StoreError(f"{folder}: the manifest lacks its source")
+    return manifest
+
+
+def open_store(folder: str) -> Store:
+    """A store folder, its manifest checked and its base tables present."""
+    manifest = read_manifest(folder)
+    store = Store(folder, manifest)
+    missing = [name for name in BASE_TABLES if not store.has(name)]
+    if missing:
+        raise StoreError(f"{folder}: {', '.join(missing)} missing")
+    _check_footers(store)
+    return store
+
+
+def _check_footers(store: Store) -> None:
+    """Each base table's Parquet footer reads and holds the rows the manifest says (cheap:
+    the footers only); a derived table's that does not is removed, to be computed again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = store.manifest.get("rows") or {}
+    for name in BASE_TABLES + DERIVED_TABLES:
+        if not store.has(name):
+            continue
+        try:
+            n = pq.read_metadata(store.file(name)).num_rows
+            ok = name not in rows or n == rows[name]
+        except (OSError, pa.ArrowException, ValueError):
+            ok = False
+        if ok:
+            continue
+        if name in BASE_TABLES:
+            raise StoreError(f"{store.folder}: {name} is unreadable")
+        try:
+            os.remove(store.file(name))
+        except OSError:
+            pass
+
+
+def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
+                caught: list[tuple[str, str]] | None = None,
+                derived: dict[str, pd.DataFrame] | None = None) -> Store:
+    """Write a trace's store into `folder` (built beside it, then moved in place, so a
+    reader never sees half a store); an older store there is replaced.
+
+    `caught`: the warnings of the load, as (category name, message); `derived`: derived
+    tables already computed. Raises OSError when the folder cannot be written.
+    """
+    import pyarrow as pa
+
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".build-", dir=parent)
+    try:
+        flows = raw.flows() if callable(raw.flows) else raw.flows
+        args = args_frame(raw.args, len(raw.slices))  # decodes them: warnings come now
+        tables = {"slices": raw.slices, "tracks": raw.tracks, "counters": raw.counters,
+                  "flows": flows, "args": args, **(derived or {})}
+        for name, frame in tables.items():
+            _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame)
+        manifest = {
+            "format": FORMAT, "version": VERSION, "build": uuid.uuid4().hex,
+            "source": source, "source_format": raw.source_format,
+            "metadata": _jsonable(raw.metadata), "skipped": dict(raw.skipped),
+            "warnings": caught if caught is not None else
+            [("TraceFormatWarning", w) for w in raw.warnings],
+            "rows": {name: len(frame) for name, frame in tables.items()},
+        }
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f)
+        _move_in(tmp, folder)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"the tables cannot be written as Parquet ({exc})") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Store(folder, manifest)
+
+
+def _move_in(tmp: str, folder: str) -> None:
+    """Put the built folder at `folder`, replacing an older one."""
+    old = None
+    if os.path.exists(folder):
+        old = f"{tmp}.old"
+        try:
+            os.rename(folder, old)
+        except FileNotFoundError:  # another process moved it meanwhile
+            old = None
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process put its build there first: keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_parquet(path: str, frame: pd.DataFrame) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        pq.write_table(table, tmp, compression="zstd")  # zstd: small files, fast reads
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _to_pandas(table: Any) -> pd.DataFrame:
+    return table.to_pandas()
+
+
+def _jsonable(value: Any) -> Any:
+    """The metadata as JSON keeps it (it came from JSON, so this is exact)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+# --- args as a long table ---------------------------------------------------------------
+def args_frame(args: SliceArgs, n_slices: int) -> pd.DataFrame:
+    """The args of every slice: one row per (slice, key), a typed value per row (ints,
+    floats, strings apart; anything else as JSON text with kind `other`)."""
+    inner = args._get() if isinstance(args, LazyArgs) else args
+    if isinstance(inner, ColumnArgs):
+        return _columns_frame(inner)
+    return _dicts_frame(inner.dicts())
+
+
+def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
+    sval = np.asarray(a.sval, object).copy()
+    other = np.flatnonzero(a.kind == KIND_OTHER)
+    if len(other):
+        sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
+    names = np.asarray(a.names, object)
+    return pd.DataFrame({
+        "slice_id": np.asarray(a.slice_id, np.int64),
+        "key": names[a.key] if len(names) else np.zeros(0, object),
+        "kind": np.asarray(a.kind, np.int8), "int_value": np.asarray(a.ival, np.int64),
+        "float_value": np.asarray(a.fval, np.float64), "str_value": sval,
+    }, columns=ARGS_COLUMNS)
+
+
+def _dicts_frame(items: list[dict[str, Any] | None]) -> pd.DataFrame:
+    sid: list[int] = []
+    keys: list[str] = []
+    kinds: list[int] = []
+    ivals: list[int] = []
+    fvals: list[float] = []
+    svals: list[str | None] = []
+    for i, d in enumerate(items):
+        if not d:
+            continue
+        for k, v in d.items():
+            sid.append(i)
+            keys.append(str(k))
+            kind, iv, fv, sv = _typed(v)
+            kinds.append(kind)
+            ivals.append(iv)
+            fvals.append(fv)
+            svals.append(sv)
+    return pd.DataFrame({
+        "slice_id": np.asarray(sid, np.int64), "key": np.asarray(keys, object),
+        "kind": np.asarray(kinds, np.int8), "int_value": np.asarray(ivals, np.int64),
+        "float_value": np.asarray(fvals, np.float64), "str_value": np.asarray(svals, object),
+    }, columns=ARGS_COLUMNS)
+
+
+def _typed(v: Any) -> tuple[int, int, float, str | None]:
+    if v is True or v is False:
+        return KIND_BOOL, int(v), 0.0, None
+    if v.__class__ is int and INT64[0] <= v <= INT64[1]:
+        return KIND_INT, v, 0.0, None
+    if v.__class__ is float:
+        return KIND_FLOAT, 0, v, None
+    if v.__class__ is str:
+        return KIND_STR, 0, 0.0, v
+    return KIND_OTHER, 0, 0.0, json.dumps(v, default=str)
+
+
+def args_from_frame(frame: pd.DataFrame, n_slices: int) -> ColumnArgs:
+    """ColumnArgs from the long args table."""
+    codes, uniques = pd.factorize(frame["key"].to_numpy(object))
+    kind = frame["kind"].to_numpy(np.int8)
+    sval = frame["str_value"].to_numpy(object, na_value=None)
+    other = np.flatnonzero(kind == KIND_OTHER)
+    if len(other):
+        sval[other] = [json.loads(v) for v in sval[other].tolist()]
+    return ColumnArgs(frame["slice_id"].to_numpy(np.int64), codes.astype(np.int64),
+                      [str(u) for u in uniques.tolist()], kind,
+                      frame["int_value"].to_numpy(np.int64),
+                      frame["float_value"].to_numpy(np.float64), sval, n_slices)

@@ -1,0 +1,222 @@
+"""The trace store and cache: a reload reads Parquet and gives the same tables; stale,
+corrupt and unwritable caches and traces that change are handled; convert writes the same
+store explicitly; sql runs over the Parquet."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import neuron_explorer
+import pandas as pd
+import pytest
+import scenarios
+from neuron_explorer.cli import main as cli_main
+from neuron_explorer.errors import TruncatedTraceWarning
+from neuron_explorer.store import cache as trace_cache
+from neuron_explorer.store.cache import CacheWarning, entry_folder
+from synthetic import TraceBuilder
+
+TABLES = ("slices", "args", "tracks", "counters", "flows", "steps", "ops", "kernels",
+          "instructions", "modules")
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("NEURON_EXPLORER_CACHE", str(folder))
+    return folder
+
+
+def no_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make parsing a trace file fail: a load that succeeds read the cache."""
+    def refuse(*_a, **_k):
+        raise AssertionError("the trace was parsed again")
+
+    monkeypatch.setattr("neuron_explorer.trace.read_trace", refuse)
+
+
+def assert_same(a: neuron_explorer.Trace, b: neuron_explorer.Trace) -> None:
+    for name in TABLES:
+        pd.testing.assert_frame_equal(a.table(name), b.table(name), obj=name)
+    assert a.slice_args.dicts() == b.slice_args.dicts()
+    assert (a.metadata, a.skipped, a.source_format) == (b.metadata, b.skipped, b.source_format)
+    assert {**a.summary(), "path": ""} == {**b.summary(), "path": ""}
+
+
+@pytest.mark.parametrize("fmt", ["pftrace", "json"])
+def test_reload_reads_the_cache_and_gives_the_same_tables(
+        tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    path = scenarios.basic().write(tmp_path, "basic", fmt)
+    fresh = neuron_explorer.load(path, cache=False)
+    assert not cache_dir.exists()  # cache=False writes nothing
+    first = neuron_explorer.load(path)
+    assert first.store_folder == entry_folder(str(path), str(cache_dir))
+    assert_same(fresh, first)
+    with monkeypatch.context() as m:
+        no_parsing(m)
+        again = neuron_explorer.load(path)
+        assert_same(fresh, again)
+        assert again.path == str(path)
+
+
+def test_cache_off_by_environment(tmp_path: Path, cache_dir: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_EXPLORER_CACHE", "off")
+    path = scenarios.basic().write(tmp_path, "basic")
+    assert neuron_explorer.load(path).store_folder is None
+    assert not cache_dir.exists()
+
+
+def test_default_folder_is_under_xdg_cache_home(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEURON_EXPLORER_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = scenarios.basic().write(tmp_path, "basic")
+    t = neuron_explorer.load(path)
+    assert t.store_folder.startswith(str(tmp_path / "xdg" / "neuron-explorer"))
+
+
+def two_traces(tmp_path: Path) -> tuple[Path, bytes, bytes]:
+    """Two versions of one trace file of equal size: 2 steps, then 2 steps named apart."""
+    path = scenarios.basic().write(tmp_path, "v1")
+    first = path.read_bytes()
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 30_000, 10, "late", "annotation")  # a slice more at the end
+    second = sc.write(tmp_path, "v2").read_bytes()
+    return path, first, second
+
+
+def test_a_changed_trace_is_read_again(tmp_path: Path, cache_dir: Path) -> None:
+    path, _, second = two_traces(tmp_path)
+    before = len(neuron_explorer.load(path).table("slices"))
+    path.write_bytes(second)
+    after = neuron_explorer.load(path)
+    assert len(after.table("slices")) == before + 1
+    assert len(neuron_explorer.load(path).table("slices")) == before + 1  # entry rebuilt
+
+
+def test_a_rewrite_with_the_old_size_and_time_is_read_again(tmp_path: Path,
+                                                            cache_dir: Path) -> None:
+    path = scenarios.basic().write(tmp_path, "a")
+    data = path.read_bytes()
+    assert b"aten::relu" in data
+    names = set(neuron_explorer.load(path).table("slices")["name"])
+    st = path.stat()
+    path.write_bytes(data.replace(b"aten::relu", b"aten::RELU"))  # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the old modification time
+    reloaded = set(neuron_explorer.load(path).table("slices")["name"])
+    assert "aten::relu" in names and "aten::RELU" in reloaded and "aten::relu" not in reloaded
+
+
+def test_a_trace_changing_while_read_is_not_cached(tmp_path: Path, cache_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _, second = two_traces(tmp_path)
+    import neuron_explorer.trace as trace_module
+
+    real_read = trace_module.read_trace
+
+    def read_then_rewritten(p, **kw):  # the recorder rewrites the file during the load
+        raw = real_read(p, **kw)
+        Path(p).write_bytes(second)
+        return raw
+
+    monkeypatch.setattr(trace_module, "read_trace", read_then_rewritten)
+    t = neuron_explorer.load(path)
+    assert "late" not in set(t.table("slices")["name"])
+    assert t.store_folder is None
+    assert not os.path.exists(entry_folder(str(path), str(cache_dir)))
+    monkeypatch.setattr(trace_module, "read_trace", real_read)
+    assert "late" in set(neuron_explorer.load(path).table("slices")["name"])
+
+
+@pytest.mark.parametrize("table", ["slices", "args", "trace.json", "ops"])
+def test_a_corrupt_entry_is_rebuilt(tmp_path: Path, cache_dir: Path, table: str) -> None:
+    path = scenarios.basic().write(tmp_path, "basic")
+    fresh = neuron_explorer.load(path, cache=False)
+    first = neuron_explorer.load(path)
+    assert len(first.ops) == 6  # and written into the entry
+    name = table if "." in table else f"{table}.parquet"
+    target = Path(first.store_folder) / name
+    target.write_bytes(b"PAR1 not parquet at all" * 3)
+    assert_same(fresh, neuron_explorer.load(path))
+    assert_same(fresh, neuron_explorer.load(path))  # and the rebuilt entry reads
+
+
+def test_a_cut_entry_is_rebuilt(tmp_path: Path, cache_dir: Path) -> None:
+    path = scenarios.basic().write(tmp_path, "basic")
+    fresh = neuron_explorer.load(path, cache=False)
+    folder = Path(neuron_explorer.load(path).store_folder)
+    (folder / "counters.parquet").unlink()
+    assert_same(fresh, neuron_explorer.load(path))
+
+
+def test_an_unwritable_cache_loads_without_it(tmp_path: Path, cache_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*_a, **_k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("neuron_explorer.store.parquet.tempfile.mkdtemp", read_only)
+    monkeypatch.setattr(trace_cache, "_warned", set())
+    path = scenarios.basic().write(tmp_path, "basic")
+    with pytest.warns(CacheWarning, match="cannot be written.*NEURON_EXPLORER_CACHE"):
+        t = neuron_explorer.load(path)
+    assert t.store_folder is None and len(t.ops) == 6
+    assert_same(neuron_explorer.load(path, cache=False), t)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_cache_folder(tmp_path: Path, cache_dir: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_cache, "_warned", set())
+    cache_dir.mkdir()
+    cache_dir.chmod(0o500)
+    try:
+        path = scenarios.basic().write(tmp_path, "basic")
+        with pytest.warns(CacheWarning):
+            assert neuron_explorer.load(path).store_folder is None
+    finally:
+        cache_dir.chmod(0o700)
+
+
+def test_warnings_are_heard_again_from_the_cache(tmp_path: Path, cache_dir: Path) -> None:
+    b = TraceBuilder()
+    host = b.thread()
+    for i in range(50):
+        b.slice(host, i * 100, 50, f"op{i}", "op", {"op_id": i})
+    path = b.write_pftrace(tmp_path / "cut.pftrace", truncate=7)
+    with pytest.warns(TruncatedTraceWarning):
+        first = neuron_explorer.load(path)
+    assert first.store_folder is not None
+    with pytest.warns(TruncatedTraceWarning):
+        again = neuron_explorer.load(path)
+    assert again.warnings == first.warnings and again.warnings
+
+
+def test_convert_writes_a_store_that_loads(tmp_path: Path, cache_dir: Path) -> None:
+    path = scenarios.basic().write(tmp_path, "basic")
+    out = tmp_path / "converted"
+    assert cli_main(["convert", str(path), "-o", str(out), "--quiet"]) == 0
+    assert {f"{t}.parquet" for t in TABLES} <= set(os.listdir(out))
+    assert pd.read_parquet(out / "ops.parquet")["name"].tolist()[:2] == ["aten::mm",
+                                                                           "aten::relu"]
+    shutil.move(path, tmp_path / "gone.pftrace")  # the converted folder stands alone
+    fresh = neuron_explorer.load(tmp_path / "gone.pftrace", cache=False)
+    assert_same(fresh, neuron_explorer.load(out))
+    assert cli_main(["convert", str(tmp_path / "gone.pftrace"), "-o", str(out)]) == 2
+
+
+def test_sql_reads_the_parquet(tmp_path: Path, cache_dir: Path) -> None:
+    path = scenarios.basic().write(tmp_path, "basic")
+    fresh = neuron_explorer.load(path, cache=False)
+    cached = neuron_explorer.load(path)
+    query = ("SELECT s.name, count(*) AS n, sum(a.int_value) AS flops FROM slices s "
+             "JOIN args a ON a.slice_id = s.id WHERE a.key = 'flops' GROUP BY 1 ORDER BY 1")
+    pd.testing.assert_frame_equal(fresh.sql(query), cached.sql(query))
+    assert cached.sql("SELECT count(*) AS n FROM ops")["n"].tolist() == [6]  # writes ops
+    cached._slices = None  # the query must not need the frame: it reads the files
+    cached.__dict__.pop("ops", None)
+    assert cached.sql("SELECT count(*) AS n FROM slices")["n"].tolist() == [len(fresh.slices)]
+    assert cached.sql("SELECT sum(flops) AS f FROM ops")["f"].tolist() == \
+        [fresh.ops["flops"].sum()]
