@@ -44,7 +44,7 @@ def naive(trace, t0: int, t1: int):
     """Baseline: one bar per visible slice, in one trace per category, no merging."""
     import plotly.graph_objects as go
 
-    s = trace.base_slices
+    s = trace.table("slices")
     visible = s[(s["ts"] < t1) & (s["ts"] + s["dur"] >= t0)]
     data = [go.Bar(orientation="h", base=g["ts"].to_numpy() - t0, x=g["dur"].to_numpy(),
                    y=g["track_id"].to_numpy(), name=str(cat), hovertext=g["name"].tolist())
@@ -79,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = write_trace(Path(folder) / "big.pftrace", n_steps, ops, instructions_per_kernel=k)
         trace = neuron_explorer.load(path)
-    print(f"{events_in(n_steps, ops, k):,} events, {len(trace.base_slices):,} slices")
+    print(f"{events_in(n_steps, ops, k):,} events, {len(trace.table('slices')):,} slices")
     build, _ = timed(lambda: TracePlot(trace).timeline_index(), args.repeat)
     first, figure = timed(lambda: TracePlot(trace).timeline(interactive=False), args.repeat)
     print(f"index:        {spread(build)}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,9 @@ from neuron_explorer.analyses import communication as comm
 from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.run_files import distributed_info
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
 
 
 @dataclass
@@ -58,11 +61,11 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trace = load(path, cache=cache)
+        trace = cast("Trace", load(path, cache=cache))  # one file: a Trace
         folder = trace.store_folder
         kept = _read_kept(folder) if folder else None
         if kept is not None:
-            kept.path = trace.path
+            kept.path = str(trace.path)
             return kept
         digest = digest_trace(trace)
     if folder:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from typing import Any
 
 from neuron_explorer.errors import NeuronExplorerError
 
@@ -49,7 +50,7 @@ def load_quietly(path: str, command: str, args: argparse.Namespace | None = None
     `args`: the command's load options (add_load_options)."""
     from neuron_explorer.trace import load
 
-    options = {}
+    options: dict[str, Any] = {}
     if args is not None:
         options = {"cache": False if getattr(args, "no_cache", False) else None,
                    "scheduler": getattr(args, "scheduler", None),

@@ -106,7 +106,7 @@ def _table_file(path: str, name: str, cache: bool | None = None) -> str | None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load(path, cache=cache)._parquet_file(name)
+        return cast("Trace", load(path, cache=cache))._parquet_file(name)
 
 
 class Run:

@@ -22,6 +22,7 @@ import pandas as pd
 from neuron_explorer import op_key_codec, tables
 from neuron_explorer import trace_format as tf
 from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace, load
 from neuron_explorer.whatif_label import META_WHATIF
 
@@ -78,7 +79,7 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
             f"{name} was recorded at --level {level}, which holds no ops: a what-if needs "
             f"an op-level or engine-level recording; {_RECORD_HINT}")
     ids = ops["id"].to_numpy()
-    keys = trace.args.column(tf.ARG_OP_KEY, ids)
+    keys = trace.slice_args.column(tf.ARG_OP_KEY, ids)
     has_key = np.fromiter((k is not None for k in keys), bool, len(keys))
     graphs = tables.number(trace, tf.ARG_GRAPH_ID, ids, default=-1) >= 0
     if graphs.any():
@@ -144,10 +145,10 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
 
     if is_prediction(trace) or trace.source_format == "kineto_json" or not len(op_ids):
         return None
-    keys = trace.args.column(tf.ARG_OP_KEY, op_ids)
+    keys = trace.slice_args.column(tf.ARG_OP_KEY, op_ids)
     if any(k is None for k in keys):
         return None
-    names = trace.base_slices["name"].to_numpy()[op_ids]
+    names = trace.table("slices")["name"].to_numpy()[op_ids]
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
     dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
     preset = ReplayOptions(trace.hardware or "trn2").preset()
@@ -192,4 +193,4 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
         new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
         return float(np.median(new))
 
-    return trace.cached(f"whatif_step_ns:{mode}", compute)
+    return memoised(trace, f"whatif_step_ns:{mode}", compute)

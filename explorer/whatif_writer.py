@@ -40,7 +40,7 @@ def _plain(value: Any) -> Any:
 
 
 def _args(trace: Trace, slice_id: int, **changes: Any) -> dict[str, Any]:
-    args = {k: _plain(v) for k, v in (trace.args.get(slice_id) or {}).items() if v is not None}
+    args = {k: _plain(v) for k, v in (trace.slice_args.get(slice_id) or {}).items() if v is not None}
     args.update({k: v for k, v in changes.items() if v is not None})
     return args
 
@@ -189,7 +189,7 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
 
 def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, replayed: list,
            shift: Any, engine_level: bool, meta: dict) -> None:
-    s = trace.base_slices
+    s = trace.table("slices")
     host = s[s["track_id"].isin(list(tracks.host))]
     meta_rows = host[host["kind"] == tf.CAT_METADATA]
     main_track = (tracks.host[int(meta_rows["track_id"].iloc[0])] if len(meta_rows)
@@ -359,7 +359,7 @@ def _write_device_rest(trace: Trace, writer: Any, tracks: _Tracks, shift: Any) -
             for ts, value in zip(shift(part["ts"].to_numpy()).tolist(),
                                  part["value"].tolist(), strict=True):
                 writer.counter(track, ts, int(value))
-    s = trace.base_slices
+    s = trace.table("slices")
     dev_of_slice = device_of.reindex(s["track_id"].to_numpy()).fillna(-1).to_numpy()
     rest = s[(dev_of_slice >= 0) & ~s["kind"].isin(list(_DEVICE_KINDS_REPLACED))]
     names = trace.tracks.set_index("track_id")["name"]

@@ -42,12 +42,12 @@ def to_us(ns: np.ndarray | int, origin: int) -> np.ndarray:
 
 def slice_table(trace: Trace) -> pd.DataFrame:
     """The slices without their args (cheaper on large traces than `trace.slices`)."""
-    return trace.base_slices
+    return trace.table("slices")
 
 
 def slice_args(trace: Trace, slice_id: int) -> dict[str, Any]:
     """One slice's args (the trace keeps them apart from the slice table)."""
-    args = trace.args.get(slice_id)
+    args = trace.slice_args.get(slice_id)
     return args if isinstance(args, dict) else {}
 
 

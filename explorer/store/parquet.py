@@ -9,6 +9,7 @@ computed. DuckDB, pandas or any Parquet reader can read the files directly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -109,7 +110,9 @@ class Store:
         missing = [name for name, frame in tables.items() if frame is None]
         if missing:
             raise StoreError(f"{self.folder}: cannot read {', '.join(missing)}")
-        n_slices = len(tables["slices"])
+        slices = tables["slices"]
+        assert slices is not None  # checked above
+        n_slices = len(slices)
 
         def args() -> SliceArgs:
             frame = self.read_table("args")
@@ -194,10 +197,8 @@ def _check_footers(store: Store) -> None:
             continue
         if name in BASE_TABLES:
             raise StoreError(f"{store.folder}: {name} is unreadable")
-        try:
+        with contextlib.suppress(OSError):
             os.remove(store.file(name))
-        except OSError:
-            pass
 
 
 def write_store(folder: str, raw: RawTrace, source: dict[str, Any],

@@ -86,7 +86,7 @@ def test_formats_give_the_same_tables(traces_dir: Path) -> None:
     for t in loaded[1:]:
         pd.testing.assert_frame_equal(t.table("slices")[cols].reset_index(drop=True), ref)
         assert t.ops["flops"].tolist() == loaded[0].ops["flops"].tolist()
-        assert [t.args.get(i) for i in range(3)] == [loaded[0].args.get(i) for i in range(3)]
+        assert [t.slice_args.get(i) for i in range(3)] == [loaded[0].slice_args.get(i) for i in range(3)]
 
 
 def test_fast_reader_matches_perfetto_protos(traces_dir: Path) -> None:

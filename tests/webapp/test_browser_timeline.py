@@ -110,7 +110,7 @@ def test_keys_zoom_and_pan_as_in_perfetto(served, driver):
 def test_search_jumps_to_each_match_and_shows_it(served, driver):
     url, store = served
     trace = store.get(SAMPLE.name)
-    mm = trace.base_slices[trace.base_slices["name"] == "aten::mm"].sort_values("ts")
+    mm = trace.table("slices")[trace.table("slices")["name"] == "aten::mm"].sort_values("ts")
     assert len(mm) > 2
     _open(driver, url)
     box = wait_for(driver, "#timeline-search")

@@ -74,7 +74,7 @@ def test_every_visible_slice_is_covered_by_a_bar_of_its_row(tmp_path):
     t0 = index.start_ns + (index.end_ns - index.start_ns) // 3
     t1 = t0 + (index.end_ns - index.start_ns) // 5
     w = index.query(t0, t1, width_px=300)
-    s = trace.base_slices
+    s = trace.table("slices")
     s = s[s["category"] != "metadata"]
     visible = s[(s["ts"] < t1) & (s["ts"] + s["dur"] >= t0)]
     assert int(w.count.sum()) == len(visible)
@@ -99,7 +99,7 @@ def test_table_position_points_into_the_slices_table(tmp_path):
     trace = load_synthetic(tmp_path, n_steps=1, ops_per_step=8)
     index = build_index(trace)
     some_id = int(trace.ops["id"].iloc[3])
-    assert trace.base_slices.iloc[index.table_position(some_id)]["id"] == some_id
+    assert trace.table("slices").iloc[index.table_position(some_id)]["id"] == some_id
     assert index.table_position(-5) is None
 
 

@@ -39,7 +39,7 @@ def test_syncs_are_re_derived_on_a_device_bound_run(recordings, tmp_path):
     source = load(recordings("device_bound", "trn1"))
     real = load(recordings("device_bound", "trn3"))
     predicted = whatif(source, "trn3", output=tmp_path / "p.pftrace")
-    waits = [t.base_slices.loc[t.base_slices["kind"] == "sync", "dur"].to_numpy()
+    waits = [t.table("slices").loc[t.table("slices")["kind"] == "sync", "dur"].to_numpy()
              for t in (source, predicted, real)]
     assert waits[0].sum() > 0  # the host does wait for the device here
     assert not np.array_equal(waits[0], waits[1])  # re-derived, not copied
