@@ -65,7 +65,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
         folder = trace.store_folder
         kept = _read_kept(folder) if folder else None
         if kept is not None:
-            kept.path = str(trace.path)
+            kept.path = trace.path or kept.path
             return kept
         digest = digest_trace(trace)
     if folder:
