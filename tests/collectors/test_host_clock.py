@@ -335,3 +335,23 @@ def test_ranges_nest_on_every_track_under_load(tmp_path, monkeypatch) -> None:
             proc.kill()
             proc.wait()
     assert not bad, bad[:5]
+
+
+def test_nested_exclusions_and_a_timestamp_at_their_start_never_step_the_clock_back() -> None:
+    """Work excluded inside other excluded work (a tensor freed inside a hook, a GC pause)
+    is taken off once, and a timestamp read with `stamp()` is where the clock returns to
+    after the work it starts is excluded."""
+    clock = HostClock()
+    fake = [1_000_000]
+    clock._read = lambda: fake[0]  # a source that moves only when the test says
+    clock.reset()
+    outer_start, ts = clock.stamp()
+    fake[0] += 10_000  # the outer work...
+    inner_start = clock.real_ns()
+    fake[0] += 30_000  # ... and, inside it, other work that is excluded on its own
+    clock.exclude(clock.real_ns() - inner_start)
+    fake[0] += 5_000
+    clock.exclude(clock.real_ns() - outer_start)
+    assert clock.now() == ts  # 45 µs of work excluded: the clock is back at its start
+    fake[0] += 2_000  # the program's own time counts from there
+    assert clock.now() == ts + 2_000
