@@ -97,10 +97,10 @@ class Block:
         stats.freed_total += self.nbytes
         if not hub.active:
             return  # only a recorded run shows the host clock: nothing to keep off it
-        real_start = _perf_ns()
+        real_start, now = clock.stamp()
         # A release inside an op's emulation (an out= resize, a replaced storage) names
         # that op; one between ops names none.
-        hub.memory_changed(MemoryChange(stats.device, clock.now(), -self.nbytes,
+        hub.memory_changed(MemoryChange(stats.device, now, -self.nbytes,
                                         stats.in_use, context.op_id))
         # Returning a large host buffer to the OS (munmap) takes real time the chip would
         # not spend: release it here and keep that off the clock, unless it happens inside

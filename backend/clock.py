@@ -14,8 +14,10 @@ real waits. It leaves out:
 Sleeping, I/O and waiting on locks, queues, worker processes or other ranks keep
 counting: the thread is off the run queue then, not preempted. Three sources:
 
-- ``wall``: monotonic time (when nothing records: the cheapest);
-- ``load-free``: monotonic time minus run delay and GC pauses (while recording);
+- ``load-free`` (the default while recording): monotonic time minus run delay and GC
+  pauses;
+- ``wall`` (``NEURON_HOST_CLOCK=wall``, and whenever nothing records: the cheapest):
+  monotonic time;
 - ``modelled`` (``NEURON_HOST_CLOCK=modelled``): no measurement at all; the clock
   moves only by modelled costs, so recordings are reproducible byte for byte.
 
@@ -48,17 +50,25 @@ _SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
 def requested_source() -> str:
-    """The source `NEURON_HOST_CLOCK` asks a recording to use (default: wall). The
-    load-free clock is asked for by name: under load its readings can still break the
-    nesting of ranges now and then (docs/recording.md), so it is not the default yet."""
+    """The source `NEURON_HOST_CLOCK` asks a recording to use (default: load-free)."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in ("", WALL):
-        return WALL
-    if value in ("measured", LOAD_FREE, "loadfree"):
+    if value in ("", "measured", LOAD_FREE, "loadfree"):
         return LOAD_FREE
+    if value == WALL:
+        return WALL
     if value in (MODELLED, "modeled"):
         return MODELLED
-    raise ValueError(f"{ENV_VAR}={value!r} is not a host clock: use measured, modelled or wall")
+    raise ValueError(f"{ENV_VAR}={value!r} is not a host clock: use load-free (the default), "
+                     "wall or modelled")
+
+
+def _run_delay(fd: int) -> int:
+    """The second field of a schedstat file: the thread's run delay so far, in ns. Parsed
+    without building a list: an allocation the garbage collector tracks could start a
+    collection, and so a GC pause, inside a clock reading."""
+    data = os.pread(fd, 96, 0)
+    first = data.index(b" ") + 1
+    return int(data[first:data.index(b" ", first)])
 
 
 class _ThreadDelay(threading.local):
@@ -78,12 +88,13 @@ class HostClock:
         self._base = 0  # keeps raw readings continuous when the source changes
         self._read = self._wall_ns  # the source's raw reading, in ns
         self._offset = -_perf_ns()  # now() = _read() + _offset
-        self._uncounted = 0  # load-free: run delay and GC time seen so far
+        self._uncounted = 0  # load-free: run delay seen so far
+        self._excluded = 0  # time taken off by exclude() (and GC pauses) so far
         self._threads = _ThreadDelay()
         self._pending = 0  # time to take off the next program interval (<0: to add)
         self._floor = 0  # ... but never below this host time
         self._virtual = 0  # modelled: the raw reading, constant
-        self._gc_start: tuple[int, int] | None = None
+        self._gc_start: tuple[int, int, int] | None = None  # raw, measured, host
         self._last_load_free = 0  # load-free: the latest raw reading (readings never fall)
         self._generation = 0  # load-free sessions so far: run delay counts within one
         self.marks: list[tuple[str, int, int, dict]] = []  # uncounted pauses for the trace
@@ -100,13 +111,26 @@ class HostClock:
         return t
 
     def real_ns(self) -> int:
-        """A raw reading of the clock's source, for measuring work that is to be excluded."""
-        return self._read()
+        """The measured clock: the source's reading minus all time excluded so far. Work
+        to exclude is measured as a difference of these readings, so an exclusion nested
+        in another (a tensor freed by the collector inside a hook) is taken off once."""
+        return self._read() - self._excluded
+
+    def stamp(self) -> tuple[int, int]:
+        """(`real_ns()`, `now()`) from one reading of the source: a timestamp at the start
+        of work to exclude. Read apart, the time between the readings would count in the
+        timestamp and then be excluded with the work, stepping the clock back below it."""
+        raw = self._read()
+        t = raw + self._offset
+        if self._pending:
+            t = self._settle(t)
+        return raw - self._excluded, t
 
     def exclude(self, ns: int) -> None:
         """Remove `ns` (a difference of `real_ns()` readings, minus what is charged for
         the work instead) from the timeline."""
         self._offset -= ns
+        self._excluded += ns
 
     def advance_to(self, t_ns: int) -> int:
         """Move the clock forward to `t_ns` if it is behind; return the time jumped."""
@@ -204,8 +228,8 @@ class HostClock:
         try:
             if delay.fd < 0:
                 delay.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
-            delay.run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
-        except (OSError, ValueError, IndexError):
+            delay.run_delay = _run_delay(delay.fd)
+        except (OSError, ValueError):
             return
 
     def _refresh_run_delay(self, delay: _ThreadDelay) -> None:
@@ -213,12 +237,12 @@ class HostClock:
         try:
             if delay.fd < 0:
                 delay.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
-                delay.run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
+                delay.run_delay = _run_delay(delay.fd)
                 return
-            run_delay = int(os.pread(delay.fd, 96, 0).split()[1])
-        except (OSError, ValueError, IndexError):
+            run_delay = _run_delay(delay.fd)
+        except (OSError, ValueError):
             return
-        if run_delay > delay.run_delay:  # a nested read (from a GC callback) may be newer
+        if run_delay > delay.run_delay:
             self._uncounted += run_delay - delay.run_delay
             delay.run_delay = run_delay
 
@@ -234,19 +258,22 @@ class HostClock:
     def _on_gc(self, phase: str, info: dict) -> None:
         """GC pauses are left out of the timeline (the time stops), and marked."""
         if phase == "start":
-            self._gc_start = (self._read(), self.now())
+            raw = self._read()
+            self._gc_start = (raw, raw - self._excluded, self.now())
             return
         started = self._gc_start
         if started is None:
             return
         self._gc_start = None
-        paused = self._read() - started[0]
+        raw = self._read()
+        paused = raw - started[0]
         if paused <= 0:
             return
-        self._uncounted += paused
-        self._last_load_free -= paused  # the reading just taken is inside the pause
+        # An exclusion like any other: what the pause's finalizers excluded (tensors
+        # freed) is inside it and is not taken off twice.
+        self.exclude(raw - self._excluded - started[1])
         if self.mark_pauses and paused >= GC_MARK_NS and len(self.marks) < _MARKS_LIMIT:
-            self.marks.append((f"GC (generation {info.get('generation', '?')})", started[1],
+            self.marks.append((f"GC (generation {info.get('generation', '?')})", started[2],
                                paused, {"collected": int(info.get("collected", 0))}))
 
     def mark(self, name: str, host_ns: int, dur_ns: int, args: dict | None = None) -> None:

@@ -79,7 +79,7 @@ def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -
 
 
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     op_id = runtime.begin_op()
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
@@ -93,7 +93,7 @@ def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     op_id = runtime.begin_op()
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
@@ -124,7 +124,7 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     The conjugate and negative keys let this kernel through (see `register`), so `self`
     or `dst` may be a lazily conjugated or negated view: their bits are honoured here.
     """
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     if dst.device.type != "neuron":
         _copy_to_host(self, dst, real_start, host_start)
         return dst
@@ -149,7 +149,7 @@ def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
     """`.to(...)` of a neuron tensor: to the host (a sync point), or to a neuron device."""
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     op_id = runtime.begin_op()
     target = device if device is not None else self.device
     from_host = self.device.type != "neuron"
@@ -180,7 +180,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 def local_scalar_dense(self: torch.Tensor):
     """`.item()`: the host reads one value, so it waits for the device."""
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     dev = devices.get(self.device.index)
     value = host_view(self).item()
     _account(dev, "aten::_local_scalar_dense", ((self.shape, self.dtype),), (), TO_HOST,
@@ -192,7 +192,7 @@ def local_scalar_dense(self: torch.Tensor):
 
 def read_to_host(self: torch.Tensor, kind: str) -> None:
     """Charge the host reading all of `self` (a transfer, then a sync point of `kind`)."""
-    real_start, host_start = _perf_ns(), clock.now()
+    real_start, host_start = clock.stamp()
     dev = devices.get(self.device.index)
     _account(dev, "aten::_to_copy", ((self.shape, self.dtype),), ((self.shape, self.dtype),),
              TO_HOST, real_start, host_start)

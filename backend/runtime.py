@@ -273,8 +273,8 @@ state = _State()
 
 def flush_eager() -> None:
     """Launch the eager work the policy holds now, charging its launches to the host."""
-    real_start = _perf_ns()
-    spent = state.policy.flush(clock.now())
+    real_start, now = clock.stamp()
+    spent = state.policy.flush(now)
     clock.exclude(_perf_ns() - real_start - spent)
 
 
@@ -349,8 +349,7 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
                    input_shapes: Sequence[Sequence[int]], input_dtypes: Sequence[str],
                    flops: int, hbm_bytes: int, graph_id: int | None = None) -> int:
     """Launch a compiled graph's kernels as one op; return its op id (see module doc)."""
-    real_start = _perf_ns()
-    host_start = clock.now()
+    real_start, host_start = clock.stamp()
     # Eager work a policy still holds was issued before this graph: it launches first.
     queued_ns = state.policy.flush(host_start)
     host_start += queued_ns
@@ -392,15 +391,15 @@ def device_accounting_suspended() -> Iterator[None]:
 
 def synchronize(device_index: int | None, kind: str) -> None:
     """A sync point: flush queued work, then the host waits for the device to finish."""
-    real_start = _perf_ns()
-    queued_ns = state.policy.flush(clock.now())
+    real_start, now = clock.stamp()
+    queued_ns = state.policy.flush(now)
     targets = devices.devices() if device_index == -1 else [devices.get(device_index)]
     clock.exclude(_perf_ns() - real_start - queued_ns)
     for device in targets:
         host_start = clock.now()
         clock.advance_to(device.timeline.finish_ns)
         if hub.active:
-            record_start = _perf_ns()
-            hub.sync_waited(SyncWait(device.index, kind, host_start, clock.now()))
+            record_start, now = clock.stamp()
+            hub.sync_waited(SyncWait(device.index, kind, host_start, now))
             clock.exclude(_perf_ns() - record_start)
 

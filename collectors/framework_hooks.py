@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from neuron_explorer.backend.events import OpLaunch
     from neuron_explorer.collectors.recorder import Recorder, _ThreadState
 
-_perf_ns = clock.real_ns  # the clock's own source: exclusions must be in its measure
+_perf_ns = clock.real_ns  # the clock's own measure: exclusions must be in it
+_stamp = clock.stamp
 _dynamo_compiling = torch.compiler.is_compiling
 _get_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
@@ -147,8 +148,7 @@ class FrameworkHooks:
             self._outer_call = id(module)  # also outside the step window: it counts steps
         if not self.rec.recording:
             return
-        t0 = _perf_ns()
-        ts = clock.now()  # read first: the hook's own time is taken off the clock below
+        t0, ts = _stamp()  # the hook's own time from here is taken off the clock below
         try:
             rec = self.rec
             state = rec.thread()
@@ -205,8 +205,7 @@ class FrameworkHooks:
             while stack[-1][2] != key:  # calls that never returned through their hook
                 stack.pop()
                 rec.end(CAT_MODULE, state=state)
-        t0 = _perf_ns()
-        ts = clock.now()
+        t0, ts = _stamp()
         try:
             path, seq_start, _ = stack.pop()
             seq_end = _get_sequence_nr()
@@ -338,8 +337,7 @@ class FrameworkHooks:
     def _timed(self, fn: Callable, *args: Any) -> None:
         """Run a recording call at the current host time (passed as `ts`), keeping its own
         time off the host clock and its errors contained."""
-        t0 = _perf_ns()
-        ts = clock.now()
+        t0, ts = _stamp()
         try:
             fn(*args, ts=ts)
         except RecordingError as exc:

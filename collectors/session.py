@@ -213,9 +213,9 @@ def step() -> None:
     recorder = active()
     if recorder is None:
         return
-    t0 = _perf_ns()
+    t0, ts = clock.stamp()
     try:
-        recorder.end_step(explicit=True, ts=clock.now())
+        recorder.end_step(explicit=True, ts=ts)
     except RecordingError as exc:
         recorder.fail(exc)
     clock.exclude(_perf_ns() - t0)
@@ -234,9 +234,9 @@ class annotate(contextlib.ContextDecorator):
     def __enter__(self) -> Self:
         recorder = active()
         if recorder is not None and recorder.recording:
-            t0 = _perf_ns()
+            t0, ts = clock.stamp()
             try:
-                recorder.annotation_begin(self.name, ts=clock.now())
+                recorder.annotation_begin(self.name, ts=ts)
                 self._recorder = recorder
             except RecordingError as exc:
                 recorder.fail(exc)
@@ -246,9 +246,9 @@ class annotate(contextlib.ContextDecorator):
     def __exit__(self, *exc: object) -> None:
         recorder, self._recorder = self._recorder, None
         if recorder is not None and not recorder.stopped:
-            t0 = _perf_ns()
+            t0, ts = clock.stamp()
             try:
-                recorder.annotation_end(ts=clock.now())
+                recorder.annotation_end(ts=ts)
             except RecordingError as err:
                 recorder.fail(err)
             clock.exclude(_perf_ns() - t0)

@@ -215,8 +215,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
              nbytes: int, move: Callable[[], None], result: list[torch.Tensor],
              peers: tuple[int, ...] | None = None, host_waits: bool = False) -> NeuronWork:
         """Exchange arrivals, move the bytes, place the collective; see the module doc."""
-        real_start = clock.real_ns()
-        host_start = clock.now()
+        real_start, host_start = clock.stamp()
         index = _device_index(tensors)
         device = devices.get(index) if index >= 0 else None
         preset = device.preset if device is not None else devices.preset()

@@ -22,6 +22,7 @@ from .conftest import CLI, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF = [CLI[0], "-m", "neuron_explorer.cli", "diff"]
+_BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
 
 
 def _ops(path: Path):
@@ -36,7 +37,7 @@ def _gaps_ms(ops) -> list[float]:
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
 def test_preemption_and_gc_are_not_program_time_but_sleep_is(record_cli, programs,
                                                               monkeypatch) -> None:
-    monkeypatch.setenv("NEURON_HOST_CLOCK", "load-free")
+    monkeypatch.delenv("NEURON_HOST_CLOCK", raising=False)  # the default clock
     proc = record_cli("-o", "probe.pftrace", "--level", "op", "host_clock_probe.py")
     assert proc.returncode == 0, proc.stderr
     real = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -279,3 +280,78 @@ def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> Non
     guard = _diff(str(programs / "trn2.pftrace"), str(programs / "trn3.pftrace"),
                   "--fail-above", "0")
     assert guard.returncode == 0, guard.stderr
+
+
+def _train_with_annotations(steps: int) -> None:
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    @neuron_explorer.annotate("batch")
+    def batch():
+        return torch.randn(4, 8, device="neuron")
+
+    neuron_explorer.step()
+    for i in range(steps):
+        with neuron_explorer.annotate("iteration"):
+            loss = model(batch()).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        if i % 2:
+            neuron_explorer.step()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_ranges_nest_on_every_track_under_load(tmp_path, monkeypatch) -> None:
+    """Busy processes on this thread's CPU preempt it between any two clock readings: a
+    timestamp read apart from the start of the work excluded after it, or an exclusion
+    nested in another (a GC pause freeing tensors), stepped the clock back, so that an
+    annotation ended after its parent or an op after the next began."""
+    from .trace_reading import partial_overlaps
+
+    monkeypatch.delenv("NEURON_HOST_CLOCK", raising=False)  # the default clock
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    busy = [subprocess.Popen([CLI[0], "-c", _BUSY, "60"]) for _ in range(2)]
+    try:
+        for proc in busy:
+            os.sched_setaffinity(proc.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        bad = []
+        for k in range(3):
+            path = tmp_path / f"run{k}.json"
+            with neuron_explorer.record(path, level="op", quiet=True):
+                _train_with_annotations(4)
+            assert neuron_explorer.load(str(path)).metadata[META_HOST_CLOCK]["source"] == \
+                "load-free"
+            bad += partial_overlaps(path)
+    finally:
+        os.sched_setaffinity(0, before)
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert not bad, bad[:5]
+
+
+def test_nested_exclusions_and_a_timestamp_at_their_start_never_step_the_clock_back() -> None:
+    """Work excluded inside other excluded work (a tensor freed inside a hook, a GC pause)
+    is taken off once, and a timestamp read with `stamp()` is where the clock returns to
+    after the work it starts is excluded."""
+    clock = HostClock()
+    fake = [1_000_000]
+    clock._read = lambda: fake[0]  # a source that moves only when the test says
+    clock.reset()
+    outer_start, ts = clock.stamp()
+    fake[0] += 10_000  # the outer work...
+    inner_start = clock.real_ns()
+    fake[0] += 30_000  # ... and, inside it, other work that is excluded on its own
+    clock.exclude(clock.real_ns() - inner_start)
+    fake[0] += 5_000
+    clock.exclude(clock.real_ns() - outer_start)
+    assert clock.now() == ts  # 45 µs of work excluded: the clock is back at its start
+    fake[0] += 2_000  # the program's own time counts from there
+    assert clock.now() == ts + 2_000

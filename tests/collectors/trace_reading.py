@@ -113,3 +113,29 @@ def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
     doc, _ = parse_json(os.fspath(path), Path(path).read_bytes())
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     return [e for e in events if isinstance(e, dict) and e]
+
+
+def partial_overlaps(json_path: str | Path) -> list[tuple[tuple, tuple]]:
+    """Pairs of slices on one thread's track of a JSON trace that overlap without one
+    holding the other: (outer, inner) as (start ns, end ns, name). A JSON trace keeps each
+    slice's intended start and duration (an X event), so no pairing of begin and end
+    events can hide a range that ends after its parent."""
+    import json
+
+    tracks: dict[tuple, list[tuple[int, int, str]]] = {}
+    for e in json.loads(Path(json_path).read_text())["traceEvents"]:
+        if e.get("ph") == "X":
+            start = round(e["ts"] * 1000)
+            tracks.setdefault((e["pid"], e["tid"]), []).append(
+                (start, start + round(e["dur"] * 1000), e["name"]))
+    bad = []
+    for slices in tracks.values():
+        slices.sort(key=lambda s: (s[0], -s[1]))
+        open_: list[tuple[int, int, str]] = []
+        for s in slices:
+            while open_ and open_[-1][1] <= s[0]:
+                open_.pop()
+            if open_ and s[1] > open_[-1][1]:
+                bad.append((open_[-1], s))
+            open_.append(s)
+    return bad
