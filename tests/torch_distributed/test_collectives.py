@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.distributed.ranks import run_ranks
+from tests.torch_distributed.ranks import run_ranks
 
 pytestmark = pytest.mark.slow  # each test starts 2-3 processes that import torch
 
