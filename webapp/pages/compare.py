@@ -24,7 +24,7 @@ PATH = "/compare"
 TITLE = "Compare"
 SUMMARY_ROWS = [
     ("step time", "step_time_ns", fmt.duration), ("steps", "n_steps", fmt.count),
-    ("trace length", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
+    ("time analysed", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
     ("MBU", "mbu", fmt.share), ("device busy", "device_busy_share", fmt.share),
     ("hardware", "hardware", str), ("source", "source_format", str),
 ]

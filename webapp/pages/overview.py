@@ -29,8 +29,8 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         html.Div(_metrics(s), className="metrics"),
         None if summary.ok else notice(summary.missing, "warning"),
         html.Div([
-            section("Where the time goes", _breakdown(trace),
-                    subtitle="Mean time per step on the device and on the host"),
+            section("Where the time goes", _breakdown(trace, s),
+                    subtitle=_breakdown_subtitle(s)),
         ], className="row"),
         section("Findings",
                 dcc.Loading(html.Div(html.P("Looking for bottlenecks…", className="hint"),
@@ -43,22 +43,35 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
 def _metrics(s: dict) -> list[html.Div]:
     hardware = s.get("hardware") or "unknown"
     source = s.get("source_format")
+    analysed = s.get("steps_analysed")
+    n_steps = s.get("n_steps")
     return [
         metric("hardware", str(hardware), str(source) if source else None),
-        metric("steps", fmt.count(s.get("n_steps")) if s.get("n_steps") is not None else "–"),
+        metric("steps", fmt.count(n_steps) if n_steps is not None else "–",
+               f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
         metric("step time", fmt.duration(s.get("step_time_ns")), "median per step"),
-        metric("trace length", fmt.duration(s.get("total_ns"))),
+        # total_ns covers the analysed steps only (the trace may span seconds of setup more)
+        metric("time analysed", fmt.duration(s.get("total_ns")),
+               "the analysed steps" if analysed else "the whole trace"),
         metric("MFU", fmt.share(s.get("mfu")), "model FLOPs / peak"),
         metric("MBU", fmt.share(s.get("mbu")), "HBM bytes / peak bandwidth"),
         metric("device busy", fmt.share(s.get("device_busy_share"))),
     ]
 
 
-def _breakdown(trace: Trace) -> html.Div | dcc.Graph:
+def _breakdown_subtitle(s: dict) -> str:
+    """Which steps the mean is over: the warm-up and compile steps are often left out."""
+    if not s.get("steps_analysed"):
+        return "Time on the device and on the host over the whole trace (it has no steps)"
+    return f"Mean time per step on the device and on the host, over {s.get('steps_analysed_text')}"
+
+
+def _breakdown(trace: Trace, s: dict) -> html.Div | dcc.Graph:
     data = fetch(trace.breakdown, "time breakdown")
     if data.value is None:
         return notice(str(data.missing))
-    return graph(breakdown_figure({"": data.value}), "overview-breakdown")
+    axis = "ms per step" if s.get("steps_analysed") else "ms in the whole trace"
+    return graph(breakdown_figure({"": data.value}, axis_title=axis), "overview-breakdown")
 
 
 def findings(trace: Trace, name: str) -> html.Div:
