@@ -26,7 +26,11 @@ def mean_breakdown(trace: Trace) -> pd.DataFrame:
     bd = trace.breakdown()
     if not len(bd):
         return pd.DataFrame(columns=["side", "category", "ns", "share"])
-    g = bd.groupby(["side", "category"], sort=False)[["ns", "share"]].mean().reset_index()
+    g = bd.groupby(["side", "category"], sort=False)["ns"].mean().reset_index()
+    # the share of the mean step, so it adds up with the times beside it (a mean of per-step
+    # shares would weigh a short step like a long one)
+    side_total = g.groupby("side", sort=False)["ns"].transform("sum")
+    g["share"] = (g["ns"] / side_total.where(side_total > 0)).fillna(0.0)
     return g
 
 
