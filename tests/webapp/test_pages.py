@@ -99,3 +99,18 @@ def test_overview_of_a_trace_without_steps_does_not_speak_of_steps(app_context):
     no_steps = neuron_explorer.load(CPU_ONLY.parent / ALEXNET)  # a Kineto trace without step marks
     text = rendered(overview.layout(no_steps, ALEXNET, {}, app_context))
     assert "whole trace" in text and "ms per step" not in text
+
+
+def test_memory_holders_say_when_the_peak_is_as_the_chart_does(app_context):
+    """The holders' peak time read as a raw clock value (8,055,345,501) beside a chart in
+    seconds after the first sample; it now reads like the "reached at" card."""
+    import neuron_explorer
+    from neuron_explorer.webapp.formatting import duration
+    from neuron_explorer.webapp.pages import memory
+
+    trace = neuron_explorer.load(SAMPLES / "odd_dims.pftrace")
+    text = rendered(memory.layout(trace, "odd_dims.pftrace", {}, app_context))
+    assert '"peak_ts"' not in text and '"peak_at"' in text
+    reached = trace.memory_timeline()
+    peak_at = int(reached.loc[reached["in_use_bytes"].idxmax(), "ts"]) - int(reached["ts"].min())
+    assert f'"peak_at": "{duration(peak_at)}"'.replace("µ", "\\u00b5") in text
