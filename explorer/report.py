@@ -111,10 +111,16 @@ def report_sections(trace: Trace) -> list[Section]:
         ops_table = [f"ops: {missing}"]
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
-            Section(f"Step breakdown (mean per analysed step, {_steps_label(s)})", bd_table),
+            Section(_breakdown_title(s), bd_table),
             Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
             Section("Top modules", mods_table),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _breakdown_title(s: dict[str, Any]) -> str:
+    if not s["steps_analysed"]:  # the whole trace counts as one step
+        return "Time breakdown (the whole trace: it has no step marks)"
+    return f"Step breakdown (mean per analysed step, {_steps_label(s)})"
 
 
 def _steps_label(s: dict[str, Any]) -> str:

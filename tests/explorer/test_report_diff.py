@@ -143,3 +143,14 @@ def test_report_breakdown_shares_are_of_the_mean_step_they_sit_beside(repo_root:
     bd = mean_breakdown(neuron_explorer.load(repo_root / "sample_traces" / "odd_dims.pftrace"))
     of_side = bd["ns"] / bd.groupby("side")["ns"].transform("sum")
     assert (bd["share"] - of_side).abs().max() < 1e-9
+
+
+def test_report_of_a_trace_without_steps_does_not_call_the_trace_a_step(repo_root: Path) -> None:
+    """It read "Step breakdown (mean per analysed step, the whole trace (no steps))"."""
+    from neuron_explorer.report import render_report
+
+    trace = neuron_explorer.load(repo_root / "tests" / "data" / "real_traces" /
+                                 "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    text = render_report(trace, "text")
+    assert "Time breakdown (the whole trace: it has no step marks)" in text
+    assert "mean per analysed step" not in text
