@@ -114,3 +114,12 @@ def test_memory_holders_say_when_the_peak_is_as_the_chart_does(app_context):
     reached = trace.memory_timeline()
     peak_at = int(reached.loc[reached["in_use_bytes"].idxmax(), "ts"]) - int(reached["ts"].min())
     assert f'"peak_at": "{duration(peak_at)}"'.replace("µ", "\\u00b5") in text
+
+
+def test_findings_of_a_trace_without_steps_give_their_share_of_the_trace(app_context):
+    """A Kineto trace with no step marks: "27.5% of step" named a step the trace does not have."""
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import overview
+
+    text = rendered(overview.findings(neuron_explorer.load(CPU_ONLY.parent / ALEXNET), ALEXNET))
+    assert "% of the trace" in text and "% of step" not in text

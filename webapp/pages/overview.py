@@ -8,6 +8,7 @@ import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.plot.figures import breakdown_figure
+from neuron_explorer.report import RUN_SHARE_RULES
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
@@ -81,10 +82,19 @@ def findings(trace: Trace, name: str) -> html.Div:
         missing = str(data.missing)
         return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
     ranked = sorted(data.value, key=lambda f: -f.time_lost_ns)
-    return html.Div([_finding_card(f, i, name) for i, f in enumerate(ranked)], className="findings")
+    has_steps = bool((fetch(trace.summary, "summary").value or {}).get("steps_analysed"))
+    return html.Div([_finding_card(f, i, name, share_of(f, has_steps)) for i, f in enumerate(ranked)],
+                    className="findings")
 
 
-def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
+def share_of(finding: Finding, has_steps: bool) -> str:
+    """What a finding's share is of, in the report's words: some rules weigh the whole run."""
+    if finding.rule_id in RUN_SHARE_RULES:
+        return RUN_SHARE_RULES[finding.rule_id]
+    return "step time" if has_steps else "the trace"
+
+
+def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time") -> html.Div:
     severity = finding.severity.lower()
     evidence = finding.evidence
     link = None
@@ -103,7 +113,7 @@ def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
             html.H3(finding.title),
             html.Div([
                 html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
-                html.Span(f" lost · {fmt.share(finding.share_of_step)} of step"),
+                html.Span(f" lost · {fmt.share(finding.share_of_step)} of {of}"),
             ], className="finding-cost"),
         ], className="finding-head"),
         html.P(finding.explanation, className="finding-explanation"),
