@@ -123,3 +123,15 @@ def test_findings_of_a_trace_without_steps_give_their_share_of_the_trace(app_con
 
     text = rendered(overview.findings(neuron_explorer.load(CPU_ONLY.parent / ALEXNET), ALEXNET))
     assert "% of the trace" in text and "% of step" not in text
+
+
+def test_compare_with_a_trace_without_steps_says_its_bars_are_the_whole_trace(app_context):
+    """Its 43 s drew as "ms per step" beside a 22 ms step, as if it were one step."""
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import compare
+
+    app_context.store.add("odd_dims.pftrace", neuron_explorer.load(SAMPLES / "odd_dims.pftrace"))
+    app_context.store.add(ALEXNET, neuron_explorer.load(CPU_ONLY.parent / ALEXNET))
+    text = rendered(compare.comparison(app_context, "odd_dims.pftrace", ALEXNET))
+    assert f"{ALEXNET} has no step marks" in text
+    assert f"{ALEXNET} (whole trace) \\u00b7 device" in text and "odd_dims.pftrace \\u00b7 device" in text
