@@ -28,7 +28,11 @@ def mean_breakdown(trace: Trace) -> pd.DataFrame:
     bd = trace.breakdown()
     if not len(bd):
         return pd.DataFrame(columns=["side", "category", "ns", "share"])
-    g = bd.groupby(["side", "category"], sort=False)[["ns", "share"]].mean().reset_index()
+    g = bd.groupby(["side", "category"], sort=False)["ns"].mean().reset_index()
+    # the share of the mean step, so it adds up with the times beside it (a mean of per-step
+    # shares would weigh a short step like a long one)
+    side_total = g.groupby("side", sort=False)["ns"].transform("sum")
+    g["share"] = (g["ns"] / side_total.where(side_total > 0)).fillna(0.0)
     return g
 
 
@@ -112,10 +116,16 @@ def report_sections(trace: Trace) -> list[Section]:
         ops_table = [f"ops: {missing}"]
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
-            Section(f"Step breakdown (mean per analysed step, {_steps_label(s)})", bd_table),
+            Section(_breakdown_title(s), bd_table),
             Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _breakdown_title(s: dict[str, Any]) -> str:
+    if not s["steps_analysed"]:  # the whole trace counts as one step
+        return "Time breakdown (the whole trace: it has no step marks)"
+    return f"Step breakdown (mean per analysed step, {_steps_label(s)})"
 
 
 def _steps_label(s: dict[str, Any]) -> str:

@@ -31,7 +31,10 @@ def share(x) -> str:
     """0.1234 -> '12.3%'."""
     if _is_missing(x):
         return "–"
-    return f"{100 * float(x):.1f}%"
+    x = float(x)
+    if 0 < abs(x) < 0.0005:  # a small model's MFU: "0.0023%", not "0.0%" as if nothing ran
+        return f"{100 * x:.2g}%"
+    return f"{100 * x:.1f}%"
 
 
 def count(n) -> str:

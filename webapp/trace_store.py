@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import psutil
 from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.run_files import MANIFEST
 
 log = logging.getLogger("neuron_explorer.webapp")
 
@@ -97,8 +98,8 @@ class TraceStore:
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for filename in sorted(filenames):
-                if not filename.lower().endswith(TRACE_SUFFIXES):
-                    continue
+                if filename == MANIFEST or not filename.lower().endswith(TRACE_SUFFIXES):
+                    continue  # a run folder's manifest.json describes its ranks: it is no trace
                 path = Path(dirpath, filename)
                 name = path.relative_to(self.root).as_posix()
                 if not path.resolve().is_relative_to(self.root):

@@ -48,7 +48,7 @@ def mean_per_step(breakdown: pd.DataFrame) -> pd.DataFrame:
     return breakdown.groupby(["side", "category"], sort=False)["ns"].sum().div(n_steps).reset_index()
 
 
-def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame]) -> go.Figure:
+def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame], axis_title: str = "ms per step") -> go.Figure:
     """Mean time per step, host and device, stacked by category; one pair of bars per trace
     when several are given ({label: trace.breakdown()}), a single trace's bars named by side."""
     frames = [mean_per_step(df).assign(trace=label) for label, df in breakdowns.items() if len(df)]
@@ -66,7 +66,7 @@ def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame]) -> go.Figure:
     order = list(dict.fromkeys(df["bar"]))[::-1] if several else ["host", "device"]
     return new_figure(bars, {
         "barmode": "stack",
-        "xaxis": {"title": {"text": "ms per step"}, "gridcolor": GRID_COLOUR},
+        "xaxis": {"title": {"text": axis_title}, "gridcolor": GRID_COLOUR},
         "yaxis": {"categoryorder": "array", "categoryarray": order},
         "legend": {"orientation": "h", "y": -0.35},
         "margin": {"l": 260 if several else 70, "r": 20, "t": 10, "b": 40},

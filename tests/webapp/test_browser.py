@@ -152,12 +152,16 @@ def test_table_row_opens_in_the_timeline(served, driver):
     driver.get(f"{url}/tables?trace=run_a.pftrace")
     search = wait_for(driver, "#tables-search")
     search.send_keys("addmm\n")  # the search box filters the table to matching names
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    names: list[str] = []
     for _ in range(100):
-        rows = driver.find_elements("css selector", "#stats-table td[data-dash-column=name]")
-        if rows and all("addmm" in r.text for r in rows):
-            break
+        with contextlib.suppress(StaleElementReferenceException):  # the table re-rendered under us
+            names = [r.text for r in driver.find_elements("css selector", "#stats-table td[data-dash-column=name]")]
+            if names and all("addmm" in n for n in names):
+                break
         time.sleep(0.1)
-    assert [r.text for r in rows] == ["aten::addmm"]
+    assert names == ["aten::addmm"]
     wait_for(driver, "#stats-table input[type=radio]").click()
     wait_for(driver, "#tables-open-timeline").click()
     fields = wait_for(driver, "#slice-fields", text="op")

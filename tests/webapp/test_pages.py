@@ -73,3 +73,65 @@ def test_time_axis_ticks_are_round_and_read_in_a_fitting_unit():
     assert ticks["tickvals"][0] == 2_221_000.0  # µs since the origin, the axis unit
     assert time_ticks(5_000_000, 5_200_000, origin=0)["ticktext"][1] == "5.05 ms"
     assert time_ticks(1_000, 1_050, origin=1_000)["ticktext"][0] == "0.00 µs"
+
+
+ALEXNET = "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_overview_names_the_analysed_steps_and_a_small_models_mfu(app_context):
+    """A recorded window of steps 1–3: the page says the time is of those steps (not the
+    trace's length, seconds longer), and a toy model's MFU reads 0.0054%, not 0.0%."""
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import overview
+
+    trace = neuron_explorer.load(SAMPLES / "slow_dataloader.pftrace")
+    text = rendered(overview.layout(trace, "slow_dataloader.pftrace", {}, app_context))
+    assert "trace length" not in text and "time analysed" in text
+    assert "over steps 1\\u20133 of 1\\u20133" in text
+    assert "0.0054%" in text
+
+
+def test_overview_of_a_trace_without_steps_does_not_speak_of_steps(app_context):
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import overview
+
+    no_steps = neuron_explorer.load(CPU_ONLY.parent / ALEXNET)  # a Kineto trace without step marks
+    text = rendered(overview.layout(no_steps, ALEXNET, {}, app_context))
+    assert "whole trace" in text and "ms per step" not in text
+
+
+def test_memory_holders_say_when_the_peak_is_as_the_chart_does(app_context):
+    """The holders' peak time read as a raw clock value (8,055,345,501) beside a chart in
+    seconds after the first sample; it now reads like the "reached at" card."""
+    import neuron_explorer
+    from neuron_explorer.webapp.formatting import duration
+    from neuron_explorer.webapp.pages import memory
+
+    trace = neuron_explorer.load(SAMPLES / "odd_dims.pftrace")
+    text = rendered(memory.layout(trace, "odd_dims.pftrace", {}, app_context))
+    assert '"peak_ts"' not in text and '"peak_at"' in text
+    reached = trace.memory_timeline()
+    peak_at = int(reached.loc[reached["in_use_bytes"].idxmax(), "ts"]) - int(reached["ts"].min())
+    assert f'"peak_at": "{duration(peak_at)}"'.replace("µ", "\\u00b5") in text
+
+
+def test_findings_of_a_trace_without_steps_give_their_share_of_the_trace(app_context):
+    """A Kineto trace with no step marks: "27.5% of step" named a step the trace does not have."""
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import overview
+
+    text = rendered(overview.findings(neuron_explorer.load(CPU_ONLY.parent / ALEXNET), ALEXNET))
+    assert "% of the trace" in text and "% of step" not in text
+
+
+def test_compare_with_a_trace_without_steps_says_its_bars_are_the_whole_trace(app_context):
+    """Its 43 s drew as "ms per step" beside a 22 ms step, as if it were one step."""
+    import neuron_explorer
+    from neuron_explorer.webapp.pages import compare
+
+    app_context.store.add("odd_dims.pftrace", neuron_explorer.load(SAMPLES / "odd_dims.pftrace"))
+    app_context.store.add(ALEXNET, neuron_explorer.load(CPU_ONLY.parent / ALEXNET))
+    text = rendered(compare.comparison(app_context, "odd_dims.pftrace", ALEXNET))
+    assert f"{ALEXNET} has no step marks" in text
+    assert f"{ALEXNET} (whole trace) \\u00b7 device" in text and "odd_dims.pftrace \\u00b7 device" in text

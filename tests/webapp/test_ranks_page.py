@@ -97,3 +97,15 @@ def test_a_folder_of_unrelated_traces_is_no_run(run_context, tmp_path):
     trace = run_context.store.get("jobs/a_rank0.pftrace")
     text = rendered(ranks.layout(trace, "jobs/a_rank0.pftrace", {}, run_context))
     assert "do not load as one run" in text and "two traces are rank 0" in text
+
+
+def test_the_run_step_time_is_a_step_not_the_sum_of_the_analysed_steps(run_context):
+    """The card said "step time per rank" over the total of all analysed steps: several times
+    the step time the per-rank table shows just below it."""
+    name = "train.run/rank0.pftrace"
+    trace = run_context.store.get(name)
+    run = ranks.load_folder(ranks.run_folder(trace, run_context, name))
+    slowest = max(float(run[r].summary()["step_time_ns"]) for r in run)
+    text = rendered(ranks.layout(trace, name, {}, run_context))
+    assert "step time per rank" not in text
+    assert json.dumps(ranks.duration(slowest)) in text and "median per step, slowest rank" in text

@@ -53,3 +53,22 @@ def test_following_a_link_brings_the_target_into_view(index):
     t0, t1, selected = new_window(s, index, {"type": "timeline-link", "slice": far}, None, None)
     r = index.slice_rows[-1]
     assert selected == far and t0 <= int(r.ts[-1]) and int(r.end[-1]) <= t1
+
+
+def test_a_kernels_details_read_in_units():
+    """SBUF/PSUM bytes and the per-engine busy time of a kernel read as sizes and durations,
+    not as raw integers and a JSON dict."""
+    from pathlib import Path
+
+    import neuron_explorer
+    from dash import html
+    from neuron_explorer.plot.timeline import build_index
+    from neuron_explorer.webapp.pages.timeline import slice_details
+
+    trace = neuron_explorer.load(Path(__file__).parents[2] / "sample_traces" / "odd_dims.pftrace")
+    kernels = trace.kernels
+    kernel = int(kernels.loc[kernels["psum_bytes"].idxmax(), "id"])
+    table = next(p for p in slice_details(trace, build_index(trace), kernel) if isinstance(p, html.Table))
+    fields = {row.children[0].children: row.children[1].children for row in table.children.children}
+    assert fields["psum_bytes"].split(" (")[0].endswith(("KiB", "MiB")), fields["psum_bytes"]
+    assert "{" not in fields["engine_busy_ns"] and "s" in fields["engine_busy_ns"], fields["engine_busy_ns"]

@@ -24,6 +24,16 @@ def test_lists_trace_files_in_the_folder(store, trace_folder):
     assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace", "sub/c.pftrace"]
 
 
+def test_a_run_folders_manifest_is_not_offered_as_a_trace(store, trace_folder):
+    """manifest.json ends in .json, but it describes a run's ranks: opening it could only fail."""
+    run = trace_folder / "train.run"
+    run.mkdir()
+    (run / "manifest.json").write_text('{"ranks": []}')
+    write_synthetic(run / "rank0.pftrace")
+    (trace_folder / "manifest.json").write_text('{"ranks": []}')  # beside traces, the same file
+    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace", "train.run/rank0.pftrace"]
+
+
 @pytest.mark.parametrize("name", [
     "../outside.json", "sub/../../outside.json", "/etc/passwd", "..", "upload:../x.json",
     "upload:/etc/passwd", "run_a.pftrace\x00.png", "", "%2e%2e/outside.json",

@@ -25,7 +25,7 @@ PATH = "/compare"
 TITLE = "Compare"
 SUMMARY_ROWS = [
     ("step time", "step_time_ns", fmt.duration), ("steps", "n_steps", fmt.count),
-    ("trace length", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
+    ("time analysed", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
     ("MBU", "mbu", fmt.share), ("device busy", "device_busy_share", fmt.share),
     ("hardware", "hardware", str), ("source", "source_format", str),
 ]
@@ -73,7 +73,9 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
     rows = [html.Tr([html.Th(label), html.Td(_show(sa.get(key), f)), html.Td(_show(sb.get(key), f))])
             for label, key, f in SUMMARY_ROWS]
     parts = [section("Summary", html.Table([html.Thead(header), html.Tbody(rows)], className="compare-table"))]
-    parts.append(section("Time per step", _breakdowns(a, b, name_a, name_b)))
+    stepless = [n for n, summary in ((name_a, sa), (name_b, sb)) if not summary.get("steps_analysed")]
+    labels = [_bar_label(n, stepless) for n in (name_a, name_b)]
+    parts.append(section("Time per step", _breakdowns(a, b, *labels), subtitle=_stepless_note(stepless)))
     try:
         result = ctx.differ(a, b)
     except NeuronExplorerError as exc:
@@ -88,6 +90,19 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
         title = DIFF_TITLES.get(attr, attr.replace("_", " ").capitalize())
         parts.append(section(title, data_table(df, f"diff-{attr}", page_size=15)))
     return parts
+
+
+def _bar_label(name: str, stepless: list[str]) -> str:
+    """A trace without steps is drawn whole: its bars must not pass for a step."""
+    return f"{name} (whole trace)" if name in stepless else name
+
+
+def _stepless_note(stepless: list[str]) -> str | None:
+    if not stepless:
+        return None
+    if len(stepless) == 1:
+        return f"{stepless[0]} has no step marks: its bars are the whole trace, not a step"
+    return "Neither trace has step marks: the bars are each whole trace"
 
 
 def _show(value, f) -> str:

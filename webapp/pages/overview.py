@@ -8,6 +8,7 @@ import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.plot.figures import breakdown_figure
+from neuron_explorer.report import RUN_SHARE_RULES
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
@@ -29,8 +30,8 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         html.Div(_metrics(s), className="metrics"),
         None if summary.ok else notice(summary.missing or "", "warning"),
         html.Div([
-            section("Where the time goes", _breakdown(trace),
-                    subtitle="Mean time per step on the device and on the host"),
+            section("Where the time goes", _breakdown(trace, s),
+                    subtitle=_breakdown_subtitle(s)),
         ], className="row"),
         section("Findings",
                 dcc.Loading(html.Div(html.P("Looking for bottlenecks…", className="hint"),
@@ -43,22 +44,35 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
 def _metrics(s: dict) -> list[html.Div]:
     hardware = s.get("hardware") or "unknown"
     source = s.get("source_format")
+    analysed = s.get("steps_analysed")
+    n_steps = s.get("n_steps")
     return [
         metric("hardware", str(hardware), str(source) if source else None),
-        metric("steps", fmt.count(s.get("n_steps")) if s.get("n_steps") is not None else "–"),
+        metric("steps", fmt.count(n_steps) if n_steps is not None else "–",
+               f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
         metric("step time", fmt.duration(s.get("step_time_ns")), "median per step"),
-        metric("trace length", fmt.duration(s.get("total_ns"))),
+        # total_ns covers the analysed steps only (the trace may span seconds of setup more)
+        metric("time analysed", fmt.duration(s.get("total_ns")),
+               "the analysed steps" if analysed else "the whole trace"),
         metric("MFU", fmt.share(s.get("mfu")), "model FLOPs / peak"),
         metric("MBU", fmt.share(s.get("mbu")), "HBM bytes / peak bandwidth"),
         metric("device busy", fmt.share(s.get("device_busy_share"))),
     ]
 
 
-def _breakdown(trace: Trace) -> html.Div | dcc.Graph:
+def _breakdown_subtitle(s: dict) -> str:
+    """Which steps the mean is over: the warm-up and compile steps are often left out."""
+    if not s.get("steps_analysed"):
+        return "Time on the device and on the host over the whole trace (it has no steps)"
+    return f"Mean time per step on the device and on the host, over {s.get('steps_analysed_text')}"
+
+
+def _breakdown(trace: Trace, s: dict) -> html.Div | dcc.Graph:
     data = fetch(trace.breakdown, "time breakdown")
     if data.value is None:
         return notice(str(data.missing))
-    return graph(breakdown_figure({"": data.value}), "overview-breakdown")
+    axis = "ms per step" if s.get("steps_analysed") else "ms in the whole trace"
+    return graph(breakdown_figure({"": data.value}, axis_title=axis), "overview-breakdown")
 
 
 def findings(trace: Trace, name: str) -> html.Div:
@@ -68,10 +82,19 @@ def findings(trace: Trace, name: str) -> html.Div:
         missing = str(data.missing)
         return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
     ranked = sorted(data.value, key=lambda f: -f.time_lost_ns)
-    return html.Div([_finding_card(f, i, name) for i, f in enumerate(ranked)], className="findings")
+    has_steps = bool((fetch(trace.summary, "summary").value or {}).get("steps_analysed"))
+    return html.Div([_finding_card(f, i, name, share_of(f, has_steps)) for i, f in enumerate(ranked)],
+                    className="findings")
 
 
-def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
+def share_of(finding: Finding, has_steps: bool) -> str:
+    """What a finding's share is of, in the report's words: some rules weigh the whole run."""
+    if finding.rule_id in RUN_SHARE_RULES:
+        return RUN_SHARE_RULES[finding.rule_id]
+    return "step time" if has_steps else "the trace"
+
+
+def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time") -> html.Div:
     severity = finding.severity.lower()
     evidence = finding.evidence
     link = None
@@ -90,7 +113,7 @@ def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
             html.H3(finding.title),
             html.Div([
                 html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
-                html.Span(f" lost · {fmt.share(finding.share_of_step)} of step"),
+                html.Span(f" lost · {fmt.share(finding.share_of_step)} of {of}"),
             ], className="finding-cost"),
         ], className="finding-head"),
         html.P(finding.explanation, className="finding-explanation"),

@@ -78,6 +78,12 @@ def load_folder(folder: Path) -> Run:
     return run
 
 
+def slowest_step_ns(run: Run) -> float | None:
+    """The largest of the ranks' median step times (None when no rank has steps)."""
+    medians = run.rank_summary()["step_time_ns"].dropna()
+    return float(medians.max()) if len(medians) else None
+
+
 def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
     folder = run_folder(trace, ctx, name)
     if folder is None:
@@ -97,7 +103,9 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     overlapped = share(comm["overlap_ns"].sum() / communicating) if communicating else "-"
     cards = html.Div([
         metric("ranks", str(len(run))),
-        metric("step time per rank", duration(run.step_time_ns()), "total of the analysed steps"),
+        # every rank waits for the slowest at each collective: its median step is the run's pace
+        metric("step time", duration(slowest_step_ns(run)), "median per step, slowest rank"),
+        metric("time analysed", duration(run.step_time_ns()), "mean over ranks"),
         metric("communication overlapped", overlapped),
         metric("stragglers", ", ".join(f"rank {r}" for r in late["rank"]) or "none"),
     ], className="metrics")

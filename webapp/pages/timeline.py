@@ -6,6 +6,8 @@ visible window, which the timeline index answers with pixel-merged bars.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from typing import TYPE_CHECKING
 
 import dash
@@ -353,6 +355,15 @@ def _format_arg(key: str, value) -> str:
     if key in ("flops", "hw_flops") and isinstance(value, (int, float)):
         number, _, prefix = fmt.count(value).partition(" ")
         return f"{number} {prefix}FLOP ({int(value):,})"
-    if key == "bytes" and isinstance(value, (int, float)):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (key == "bytes" or key.endswith("_bytes")) and number:
         return f"{fmt.size(value)} ({int(value):,})"
+    if key.endswith("_ns") and number:
+        return fmt.duration(value)
+    if key.endswith("_ns") and isinstance(value, str) and value.startswith("{"):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)  # engine_busy_ns is stored as a JSON object
+    if key.endswith("_ns") and isinstance(value, dict):  # per engine
+        busy = [f"{k} {fmt.duration(v)}" for k, v in value.items() if isinstance(v, (int, float)) and v]
+        return " · ".join(busy) or "none"
     return str(value)
