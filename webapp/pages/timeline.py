@@ -355,10 +355,10 @@ def _format_arg(key: str, value) -> str:
     if key in ("flops", "hw_flops") and isinstance(value, (int, float)):
         number, _, prefix = fmt.count(value).partition(" ")
         return f"{number} {prefix}FLOP ({int(value):,})"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (key == "bytes" or key.endswith("_bytes")) and number:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (key == "bytes" or key.endswith("_bytes")) and numeric:
         return f"{fmt.size(value)} ({int(value):,})"
-    if key.endswith("_ns") and number:
+    if key.endswith("_ns") and numeric:
         return fmt.duration(value)
     if key.endswith("_ns") and isinstance(value, str) and value.startswith("{"):
         with contextlib.suppress(ValueError):
