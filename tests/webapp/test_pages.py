@@ -81,7 +81,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 def test_overview_names_the_analysed_steps_and_a_small_models_mfu(app_context):
     """A recorded window of steps 1–3: the page says the time is of those steps (not the
-    trace's length, seconds longer), and a toy model's MFU reads 0.0054%, not 0.0%."""
+    trace's length, seconds longer), and a toy model's MFU reads in two significant digits (0.007%), not 0.0%."""
     import neuron_explorer
     from neuron_explorer.webapp.pages import overview
 
@@ -89,7 +89,9 @@ def test_overview_names_the_analysed_steps_and_a_small_models_mfu(app_context):
     text = rendered(overview.layout(trace, "slow_dataloader.pftrace", {}, app_context))
     assert "trace length" not in text and "time analysed" in text
     assert "over steps 1\\u20133 of 1\\u20133" in text
-    assert "0.0054%" in text
+    mfu = trace.summary()["mfu"]
+    assert 0 < mfu < 0.0005  # a toy model: its share must not round to 0.0%
+    assert '"0.0%"' not in text and f"{mfu * 100:.2g}%" in text
 
 
 def test_overview_of_a_trace_without_steps_does_not_speak_of_steps(app_context):
