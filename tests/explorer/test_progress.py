@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,22 @@ def test_a_bar_shows_on_a_terminal_unless_silenced(monkeypatch: pytest.MonkeyPat
     with steps(3, "loading", enabled) as bar:
         assert bar.disable is (not shown)
         bar.update(3)
+
+
+def test_a_bar_shows_in_a_jupyter_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel's stderr is no terminal, but a notebook user wants the bar (tqdm.auto
+    draws it as a widget there)."""
+    import types
+
+    shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.setitem(sys.modules, "IPython",
+                        types.SimpleNamespace(get_ipython=lambda: shell))
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    with steps(3, "loading") as bar:
+        assert not bar.disable
+    shell.kernel = None  # plain IPython in a terminal-less pipe: no bar
+    with steps(3, "loading") as bar:
+        assert bar.disable
 
 
 def test_quiet_turns_the_bars_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
