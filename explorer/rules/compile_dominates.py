@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
+from neuron_explorer.units import duration
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -22,15 +23,15 @@ def check(trace: Trace) -> list[Finding]:
         return []
     graphs = cs["graphs"].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [], f"graph {r.graph_id} ({r.name}) compiled in "
-                      f"{r.dur / 1e6:.3g} ms") for r in graphs.itertuples()]
+                      f"{duration(r.dur)}") for r in graphs.itertuples()]
     totals = cs["totals"].iloc[0]
     churn = " and ".join(what for what, n in (("recompiles", totals["recompiles"]),
                                                ("graph breaks", totals["graph_breaks"])) if n)
     selection = analysed_steps(trace)
     return [make(
         trace, RULE_ID, f"Compilation takes {total / span:.0%} of the run", total, items,
-        f"{int(totals['graphs'])} graphs took {total / 1e6:.3g} ms to compile out of a "
-        f"{span / 1e6:.3g} ms run: the steps recorded are too few to pay it back. The per-step "
+        f"{int(totals['graphs'])} graphs took {duration(total)} to compile out of a "
+        f"{duration(span)} run: the steps recorded are too few to pay it back. The per-step "
         f"figures leave it out: they use {selection.describe()}.",
         "Run many steps per compile: record after the warm-up (neuron-explorer record "
         "--steps START:STOP) and cache compiled graphs between runs"
