@@ -21,7 +21,7 @@ def _trace():
     summary = {"graphs": graphs, "graph_breaks": breaks, "recompiles": breaks.iloc[:0],
                "totals": pd.DataFrame([{"compile_ns": 1_292_500_000, "graphs": 2, "graph_breaks": 1, "recompiles": 0}])}
     slices = pd.DataFrame({"ts": [T0], "dur": [1], "category": ["compile"], "id": [1], "parent_id": [-1]})
-    return SimpleNamespace(compile_summary=lambda: summary, base_slices=slices)
+    return SimpleNamespace(compile_summary=lambda: summary, table=lambda name: slices)
 
 
 def _page() -> str:
