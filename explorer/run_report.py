@@ -34,8 +34,14 @@ def run_report_dict(run: Run) -> dict[str, Any]:
 def run_report_sections(run: Run) -> list[Section]:
     """The run report as titled sections."""
     ranks = run.rank_summary()
-    head = {"run": run.path or "-", "ranks": len(run),
-            "step time per rank (total)": fmt_ns(run.step_time_ns())}
+    head: dict[str, Any] = {"run": run.path or "-", "ranks": len(run)}
+    medians = ranks.dropna(subset=["step_time_ns"]) if len(ranks) else ranks
+    if len(medians):
+        # A synchronous run moves at its slowest rank's pace.
+        slowest = medians.loc[medians["step_time_ns"].idxmax()]
+        head["step time (median over ranks)"] = fmt_ns(medians["step_time_ns"].median())
+        head["slowest rank"] = f"rank {int(slowest['rank'])}: {fmt_ns(slowest['step_time_ns'])} a step"
+    head["analysed time per rank (mean)"] = fmt_ns(run.step_time_ns())
     for key in ("world_size", "preset", "command"):
         if key in run.manifest:
             head[key] = run.manifest[key]

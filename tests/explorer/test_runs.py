@@ -13,6 +13,7 @@ import pytest
 import run_scenarios as rs
 from neuron_explorer.cli import main
 from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.render import fmt_ns
 
 
 @pytest.fixture(scope="module")
@@ -209,11 +210,23 @@ def test_a_folder_without_traces_is_a_clear_error(tmp_path):
         neuron_explorer.load(tmp_path)
 
 
+def run_step_medians(run_dir: Path) -> list[float]:
+    loaded = neuron_explorer.load(run_dir)
+    return [float(loaded[rank].steps["dur"].median()) for rank in loaded.ranks]
+
+
 def test_report_on_a_run_folder(run_dir, capsys):
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "Ranks" in out and "rank1.pftrace" in out
     assert "Rank 1 is a straggler" in out
+    # The head gave "step time per rank (total)": the sum of every analysed step, read as
+    # a step time. It now gives the ranks' median step and the slowest rank.
+    assert "step time per rank (total)" not in out
+    steps = run_step_medians(run_dir)
+    assert f"step time (median over ranks)  {fmt_ns(float(np.median(steps)))}" in out
+    slowest = int(np.argmax(steps))
+    assert f"slowest rank                   rank {slowest}: {fmt_ns(steps[slowest])} a step" in out
     assert main(["report", str(run_dir), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
