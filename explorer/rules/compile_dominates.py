@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
 from neuron_explorer.units import duration
@@ -33,7 +34,10 @@ def check(trace: Trace) -> list[Finding]:
         f"{int(totals['graphs'])} graphs took {duration(total)} to compile out of a "
         f"{duration(span)} run: the steps recorded are too few to pay it back. The per-step "
         f"figures leave it out: they use {selection.describe()}.",
-        "Run many steps per compile: record after the warm-up (neuron-explorer record "
-        "--steps START:STOP) and cache compiled graphs between runs"
+        "Run many steps per compile: "
+        + ("record after the warm-up (neuron-explorer record --steps START:STOP)"
+           if device_terms(trace.metadata).recorded_here else
+           "profile after the warm-up (torch.profiler.schedule(wait=..., warmup=...))")
+        + " and cache compiled graphs between runs"
         + (f"; remove the {churn} that multiply compile work." if churn else "."),
         share_of=span)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.step_breakdown import host_slices
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
@@ -27,7 +28,8 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID, "Steps wait for the data loader", lost, items,
         f"The training loop spent {us(lost)} waiting for batches; the device has nothing to "
         "do while the host prepares data.",
-        # not pin_memory=True: the neuron device has no pinned host memory (README)
         "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
-        "persistent_workers=True and prefetch_factor=2 or more; move heavy preprocessing "
-        "(decoding, tokenisation, augmentation) offline or into the workers' Dataset code.")]
+        "persistent_workers=True and prefetch_factor=2 or more"
+        + (", pin_memory=True" if device_terms(trace.metadata).pinned_memory else "")
+        + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or into "
+        "the workers' Dataset code.")]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -95,7 +96,8 @@ def check(trace: Trace) -> list[Finding]:
                           "and v.")
     else:
         recommendation = (f"Run the model's matmuls ({where} first) in bfloat16: wrap the "
-                          "forward pass in torch.autocast('neuron', dtype=torch.bfloat16) or "
+                          f"forward pass in torch.autocast('{device_terms(trace.metadata).name}', "
+                          "dtype=torch.bfloat16) or "
                           "cast the model with model.to(torch.bfloat16), keeping an FP32 master "
                           "copy of weights in the optimizer.")
     return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items, explanation,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
@@ -45,10 +46,11 @@ def _recommendation(trace: Trace) -> str:
         return (f"The model is already compiled: {batch} so each launch does more work, "
                 f"{breaks}and keep Python work (logging, metric math) out of the hot loop.")
     what = "the model" if inference else "the model or the training step"
-    return (f"Launch fewer, larger kernels: wrap {what} in torch.compile(..., "
-            f"backend=\"neuron\") so ops fuse into a few kernels per graph, or {batch} so each "
-            "launch does more work; keep Python work (logging, metric math) out of the hot loop."
-            + _predicted_compile(trace))
+    terms = device_terms(trace.metadata)
+    return (f"Launch fewer, larger kernels: wrap {what} in {terms.compile_call} so ops fuse "
+            f"into a few kernels per graph, or {batch} so each launch does more work; keep "
+            "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy
+            + (_predicted_compile(trace) if terms.recorded_here else ""))
 
 
 def _predicted_compile(trace: Trace) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import map_unique, text
@@ -59,12 +60,16 @@ def check(trace: Trace) -> list[Finding]:
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
              for r in top(c, "dur").itertuples()]
+    terms = device_terms(trace.metadata)
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", lost,
         items,
         "Data crosses between host and device inside the training step. Each copy costs "
         "transfer time over the host link and usually a sync that stalls the host.",
-        "Create tensors directly on the device (torch.zeros(..., device='neuron')), move the "
-        "model and constant tensors to the device once before the loop, prefetch batches to "
-        "the device asynchronously, and keep metrics on the device instead of calling .cpu().")]
+        f"Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
+        "move the model and constant tensors to the device once before the loop, prefetch "
+        "batches to the device asynchronously"
+        + (" (DataLoader pin_memory=True, then .to(device, non_blocking=True))"
+           if terms.pinned_memory else "")
+        + ", and keep metrics on the device instead of calling .cpu().")]
