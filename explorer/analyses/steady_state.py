@@ -5,7 +5,9 @@ a steady step); averaging them in says nothing about the step the user will run 
 million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
 - the user's `--steps START:STOP` window when the recording had one;
 - otherwise the steps after the last one that compiled or recompiled (every step
-  when none did, and every step when all of them did);
+  when all of them did); when none did, every step but an eager warm-up: a first step
+  (or two) over WARMUP_FACTOR x the median of the others pays one-time costs (the
+  optimizer's state, first allocations, the framework's caches) the later steps do not;
 - in both cases without the code after the last step mark (the recorder writes
   which steps a mark ended), unless nothing else is left.
 Compile time is reported on its own (`compile_summary`).
@@ -59,6 +61,26 @@ def _ranges(steps: tuple[int, ...], bare: bool = False) -> str:
     return prefix + ", ".join(parts)
 
 
+WARMUP_FACTOR = 1.5
+WARMUP_STEPS_MAX = 2  # leading steps that can be a warm-up
+WARMUP_MIN_STEPS = 3  # with fewer steps, no step is called a warm-up
+
+
+def warmup_steps(trace: Trace, candidates: tuple[int, ...]) -> tuple[int, ...]:
+    """The leading steps of `candidates` that are an eager warm-up (see the module doc)."""
+    if len(candidates) < WARMUP_MIN_STEPS:
+        return ()
+    dur = trace.steps.set_index("step")["dur"]
+    warm: list[int] = []
+    for step in candidates[:WARMUP_STEPS_MAX]:
+        rest = [float(dur[s]) for s in candidates[len(warm) + 1:]]
+        if len(rest) < WARMUP_MIN_STEPS - 1 or float(dur[step]) <= WARMUP_FACTOR * float(
+                np.median(rest)):
+            break
+        warm.append(step)
+    return tuple(warm)
+
+
 def compiling_steps(trace: Trace) -> set[int]:
     """Steps holding a compile span, a recompile or a graph break."""
     s = trace.table("slices")
@@ -99,6 +121,9 @@ def select_steps(trace: Trace) -> StepSelection:
             notes.insert(0, f"after the last compile, in step {last}")
         else:
             notes.insert(0, "every step compiles: no steady state recorded")
+    elif warm := warmup_steps(trace, candidates):
+        candidates = candidates[len(warm):]
+        notes.insert(0, f"after the warm-up, {_ranges(warm)}")
     return StepSelection(candidates, recorded, "; ".join(notes))
 
 

@@ -130,3 +130,36 @@ def test_a_small_mfu_is_not_shown_as_zero(tmp_path: Path) -> None:
     text = render_report(_load(sc, tmp_path, "tiny"), "text")
     mfu = next(line for line in text.splitlines() if line.startswith("MFU"))
     assert mfu.split()[-1] == "0.0009%"
+
+
+def _eager(first_dur: int, steps: int = 5) -> scenarios.Scenario:
+    """An eager run (nothing compiles) whose step 0 lasts `first_dur`, the others STEP."""
+    sc = scenarios.Scenario()
+    sc.b.slice(sc.host, 0, first_dur, "step 0", "step", {"step": 0})
+    for n in range(1, steps):
+        t = first_dur + (n - 1) * scenarios.STEP
+        sc.b.slice(sc.host, t, scenarios.STEP, f"step {n}", "step", {"step": n})
+        sc.op(t + 100, 500, "aten::mm", n, n, kernel=(t + 700, 900),
+              busy={"tensor": 900}, flops=1000, nbytes=10_000, instructions=False)
+    return sc
+
+
+def test_an_eager_warm_up_step_is_left_out_and_named(tmp_path: Path) -> None:
+    """The first step of an eager GPT took 55 ms against 30 ms for the others and was
+    averaged into every per-step figure."""
+    t = _load(_eager(first_dur=3 * scenarios.STEP), tmp_path, "warm")
+    s = t.summary()
+    assert s["steps_analysed"] == [1, 2, 3, 4]
+    assert "after the warm-up, step 0" in s["steps_analysed_text"]
+    assert s["step_time_ns"] == scenarios.STEP
+    assert "steps 1–4 of 0–4 (after the warm-up, step 0)" in render_report(t, "text")
+
+
+def test_a_first_step_as_long_as_the_others_is_analysed(tmp_path: Path) -> None:
+    s = _load(_eager(first_dur=int(1.4 * scenarios.STEP)), tmp_path, "even").summary()
+    assert s["steps_analysed"] == [0, 1, 2, 3, 4] and "warm-up" not in s["steps_analysed_text"]
+
+
+def test_two_steps_are_too_few_to_call_one_a_warm_up(tmp_path: Path) -> None:
+    s = _load(_eager(first_dur=5 * scenarios.STEP, steps=2), tmp_path, "short").summary()
+    assert s["steps_analysed"] == [0, 1]
