@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import (
+    Finding,
+    evidence,
+    loop_name,
+    make,
+    step_time,
+    top,
+    us,
+)
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -26,7 +34,7 @@ def check(trace: Trace) -> list[Finding]:
              for r in top(dl).itertuples()]
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", lost, items,
-        f"The training loop spent {us(lost)} waiting for batches; the device has nothing to "
+        f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
         "do while the host prepares data.",
         "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
         "persistent_workers=True and prefetch_factor=2 or more"

@@ -89,6 +89,19 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
                    recommendation=recommendation)
 
 
+def is_inference(trace: Trace) -> bool:
+    """Steps are forward calls (no optimizer ran): the recorder says so."""
+    return trace.metadata.get("step_boundary") == "forward"
+
+
+def step_name(trace: Trace) -> str:
+    return "forward call" if is_inference(trace) else "training step"
+
+
+def loop_name(trace: Trace) -> str:
+    return "inference loop" if is_inference(trace) else "training loop"
+
+
 def us(ns: float) -> str:
     """A duration for messages: '2.1 s', '1.2 ms', '35 us'."""
     return duration(ns)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import Finding, evidence, is_inference, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -39,7 +39,7 @@ def _recommendation(trace: Trace) -> str:
     compiled = len(cs["graphs"]) > 0
     breaks = ("remove the graph breaks that leave eager ops between graphs, "
               if len(cs["graph_breaks"]) else "")
-    inference = trace.metadata.get("step_boundary") == "forward"
+    inference = is_inference(trace)
     batch = ("batch more requests into each call of the model" if inference else
              "increase the batch size")
     if compiled:

@@ -10,7 +10,15 @@ import pandas as pd
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import (
+    Finding,
+    evidence,
+    make,
+    step_name,
+    step_time,
+    top,
+    us,
+)
 from neuron_explorer.tables import map_unique, text
 
 if TYPE_CHECKING:
@@ -65,7 +73,7 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", lost,
         items,
-        "Data crosses between host and device inside the training step. Each copy costs "
+        f"Data crosses between host and device inside the {step_name(trace)}. Each copy costs "
         "transfer time over the host link and usually a sync that stalls the host.",
         f"Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
         "move the model and constant tensors to the device once before the loop, prefetch "

@@ -89,7 +89,17 @@ def test_host_device_copies(tmp_path: Path, clean_trace) -> None:
         sc.op(n * 10_000 + 9500, 400, "aten::_copy_from", 50 + n, n)
     (f,) = _rule(_load(sc, tmp_path, "copies"), "host_device_copies")
     assert f.time_lost_ns == 800 and "2 of 2 steps" in f.title
+    assert "inside the training step" in f.explanation
     assert _rule(clean_trace, "host_device_copies") == []
+
+
+def test_an_inference_loop_is_not_called_a_training_step(tmp_path: Path) -> None:
+    sc = scenarios.clean()
+    sc.b.metadata(sc.host, {"step_boundary": "forward"}, ts=1)
+    for n in range(2):
+        sc.op(n * 10_000 + 9500, 400, "aten::_copy_from", 50 + n, n)
+    (f,) = _rule(_load(sc, tmp_path, "infer_copies"), "host_device_copies")
+    assert "inside the forward call" in f.explanation and "training" not in f.explanation
 
 
 def test_host_device_copies_on_kineto(load_real) -> None:
