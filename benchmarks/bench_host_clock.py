@@ -1,11 +1,23 @@
 """The host clock against machine load: the same script recorded on the machine as it is
 and with two busy processes per core gives the same step times.
 
-For each workload, rounds of: record it as the machine is ("idle"), then record it
+For each workload, rounds of: record it as the machine is ("idle"), and record it
 again while 2 x cores busy-looping processes run (spawned here, each ending itself
-after `--busy-seconds` and killed at the end of the run at the latest). The figure is
-the median step time of the recorded steps after the first two (warm-up), read from
-the trace; the ratio loaded/idle is reported per round, then its median and spread.
+after `--busy-seconds` and killed at the end of the run at the latest); odd rounds
+record the loaded run first, so a drift of the machine's speed over the rounds does
+not favour one side. The figure is the median step time of the recorded steps after
+the first two (warm-up), read from the trace; the ratio loaded/idle is reported per
+round, then its median and spread.
+
+The CPU itself may run at another speed in the two runs of a pair: on a virtual
+machine the hypervisor shares the physical cores with other guests, and other work
+shares the caches; no clock inside the guest can see that (on this machine the same
+fixed Python loop took 14.7 µs a chunk, and 25.5 µs a few minutes later, with no busy
+process of this benchmark running). So right before and after each
+recording, a probe times a fixed Python loop under the same conditions, with the same
+load-free measure as the clock (monotonic time minus the thread's run delay). The
+probe's loaded/idle ratio is the CPU's own slowdown; the step ratio divided by it is
+what the host clock did not take out of the load.
 With `--wall`, the same pairs are also recorded with `NEURON_HOST_CLOCK=wall` (real
 time minus emulation, the clock before the load-free one), for contrast.
 
@@ -37,6 +49,25 @@ WORKLOADS = {
     "gpt": [os.path.join(ROOT, "examples", "gpt.py")],
     "gpt-compiled": [os.path.join(ROOT, "examples", "gpt.py"), "--compile", "--steps", "8"],
 }
+PROBE = r'''
+import os, time
+fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+def run_delay():
+    return int(os.pread(fd, 96, 0).split()[1])
+def work():
+    table = {}
+    for i in range(200_000):
+        table[i % 97] = table.get(i % 97, 0) + i * i
+    return table
+work()
+best = []
+for _ in range(5):
+    wall, delay = time.perf_counter_ns(), run_delay()
+    work()
+    best.append((time.perf_counter_ns() - wall) - (run_delay() - delay))
+best.sort()
+print(best[len(best) // 2])
+'''
 BUSY = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
 
 TINY_OPS = r'''
@@ -88,16 +119,43 @@ def record(argv: list[str], out: str, clock: str) -> tuple[float, float]:
     return step_ms(out), wall
 
 
-def pair(argv: list[str], folder: str, clock: str, busy: int, busy_seconds: float) -> dict:
-    idle_ms, idle_wall = record(argv, os.path.join(folder, "idle.pftrace"), clock)
+def probe_ns() -> float:
+    """The fixed loop's load-free time (median of 5), in a fresh process as the recording."""
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         check=True).stdout
+    return float(out.split()[-1])
+
+
+def probed_record(argv: list[str], out: str, clock: str) -> tuple[float, float, float]:
+    """(median step ms, wall seconds, CPU probe ns: the mean of one before and one after)."""
+    before = probe_ns()
+    step, wall = record(argv, out, clock)
+    return step, wall, (before + probe_ns()) / 2
+
+
+def loaded_record(argv: list[str], out: str, clock: str, busy: int,
+                  busy_seconds: float) -> tuple[float, float, float]:
     procs = start_busy(busy, busy_seconds)
     try:
         time.sleep(0.3)  # let them take the cores
-        loaded_ms, loaded_wall = record(argv, os.path.join(folder, "loaded.pftrace"), clock)
+        return probed_record(argv, out, clock)
     finally:
         stop_busy(procs)
-    return {"idle_ms": idle_ms, "loaded_ms": loaded_ms, "ratio": loaded_ms / idle_ms,
-            "wall_ratio": loaded_wall / idle_wall}
+
+
+def pair(argv: list[str], folder: str, clock: str, busy: int, busy_seconds: float,
+         loaded_first: bool) -> dict:
+    idle_path, loaded_path = (os.path.join(folder, f"{kind}.pftrace") for kind in ("idle", "loaded"))
+    if loaded_first:
+        loaded = loaded_record(argv, loaded_path, clock, busy, busy_seconds)
+        idle = probed_record(argv, idle_path, clock)
+    else:
+        idle = probed_record(argv, idle_path, clock)
+        loaded = loaded_record(argv, loaded_path, clock, busy, busy_seconds)
+    ratio, cpu_ratio = loaded[0] / idle[0], loaded[2] / idle[2]
+    return {"idle_ms": idle[0], "loaded_ms": loaded[0], "ratio": ratio,
+            "cpu_ratio": cpu_ratio, "ratio_at_equal_cpu": ratio / cpu_ratio,
+            "wall_ratio": loaded[1] / idle[1], "loaded_first": loaded_first}
 
 
 def spread(values: list[float]) -> str:
@@ -149,12 +207,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for name in args.workloads.split(","):
             for clock in clocks:
-                rounds = [pair(WORKLOADS[name], folder, clock, busy, args.busy_seconds)
-                          for _ in range(args.rounds)]
+                rounds = [pair(WORKLOADS[name], folder, clock, busy, args.busy_seconds,
+                               loaded_first=index % 2 == 1) for index in range(args.rounds)]
                 print(json.dumps({"workload": name, "clock": clock, "rounds": rounds}))
                 print(f"{name}, host clock {clock}, {busy} busy processes: step time "
                       f"loaded/idle {spread([r['ratio'] for r in rounds])} (target within "
-                      f"0.9-1.1); idle step {spread([r['idle_ms'] for r in rounds])} ms; the "
+                      f"0.9-1.1); the CPU's own speed loaded/idle (probe) "
+                      f"{spread([r['cpu_ratio'] for r in rounds])}; step ratio at equal CPU "
+                      f"speed {spread([r['ratio_at_equal_cpu'] for r in rounds])}; idle step "
+                      f"{spread([r['idle_ms'] for r in rounds])} ms; the "
                       f"load made the runs {spread([r['wall_ratio'] for r in rounds])}x "
                       "longer in real time")
         if not args.no_op_charge:
