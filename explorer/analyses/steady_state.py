@@ -94,19 +94,28 @@ def compiling_steps(trace: Trace) -> set[int]:
     return {int(x) for x in np.r_[starts, ends] if x >= 0}
 
 
+def completed_steps(trace: Trace) -> pd.DataFrame:
+    """The step slices without the code after the last step mark (the unfinished step
+    the recorder names in its metadata), unless nothing else is left."""
+    steps = trace.steps
+    completed = trace.metadata.get("steps_completed")
+    if not isinstance(completed, list) or not len(steps):
+        return steps
+    done = steps[steps["step"].isin(completed)]
+    return done if len(done) else steps
+
+
 def select_steps(trace: Trace) -> StepSelection:
     """The steady-state steps of `trace` (see the module doc)."""
     recorded = tuple(int(s) for s in trace.steps["step"].tolist())
     if not recorded:
         return StepSelection((), (), "")
-    completed = trace.metadata.get("steps_completed")
     candidates = recorded
     notes: list[str] = []
-    if isinstance(completed, list):
-        done = tuple(s for s in recorded if s in set(completed))
-        if done and len(done) < len(recorded):
-            candidates = done
-            notes.append(f"step {recorded[-1]} is the code after the last step mark")
+    done = tuple(int(s) for s in completed_steps(trace)["step"].tolist())
+    if len(done) < len(recorded):
+        candidates = done
+        notes.append(f"step {recorded[-1]} is the code after the last step mark")
     window = trace.metadata.get("steps")
     if isinstance(window, list) and window:
         stop = window[1] if len(window) > 1 and window[1] is not None else ""

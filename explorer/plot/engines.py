@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from neuron_explorer.analyses.steady_state import completed_steps
 from neuron_explorer.plot.figures import empty_figure, new_figure
 from neuron_explorer.plot.theme import GRID_COLOUR, breakdown_colour
 from neuron_explorer.plot.timeline import time_ticks
@@ -42,7 +43,7 @@ def steps_span(steps: pd.DataFrame) -> tuple[int, int] | None:
 def engine_use(trace: Trace, step: int | None = None) -> EngineUse | None:
     """Utilisation in about BINS_OVER_STEPS bins over the recorded steps (or one step), or
     None when the trace has no engine events."""
-    steps = trace.steps
+    steps = trace.steps if step is not None else completed_steps(trace)
     if step is not None and "step" in steps:
         steps = steps[steps["step"] == step]
         if steps.empty:

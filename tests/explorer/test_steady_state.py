@@ -163,3 +163,16 @@ def test_a_first_step_as_long_as_the_others_is_analysed(tmp_path: Path) -> None:
 def test_two_steps_are_too_few_to_call_one_a_warm_up(tmp_path: Path) -> None:
     s = _load(_eager(first_dur=5 * scenarios.STEP, steps=2), tmp_path, "short").summary()
     assert s["steps_analysed"] == [0, 1]
+
+
+def test_engines_per_step_leave_out_the_code_after_the_last_step_mark(tmp_path: Path) -> None:
+    """The Engines page's per-step bars had a bar for the teardown after the last step."""
+    from neuron_explorer.plot.engines import engine_use, per_step_utilisation
+
+    sc = scenarios.clean(steps=3)
+    sc.b.metadata(sc.host, {"steps_completed": [0, 1]}, ts=1)
+    use = engine_use(_load(sc, tmp_path, "unfinished_engines"))
+    assert use is not None
+    assert sorted(set(per_step_utilisation(use)["step"])) == [0, 1]
+    every = engine_use(_load(scenarios.clean(steps=3), tmp_path, "finished_engines"))
+    assert every is not None and sorted(set(per_step_utilisation(every)["step"])) == [0, 1, 2]
