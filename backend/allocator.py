@@ -27,6 +27,10 @@ class AllocationContext:
     sink listens), and whether device accounting is suspended (a compiled graph runs)."""
 
     op_id: int | None = None
+    # The op's host start: its allocations and releases are dated there. The clock read
+    # inside the emulation runs ahead (the emulation is excluded only when the op ends),
+    # so memory changes of a 30 ms host fallback landed after the program's exit.
+    host_ns = 0
     suspended: bool = False
 
 
@@ -100,8 +104,9 @@ class Block:
         real_start, now = clock.stamp()
         # A release inside an op's emulation (an out= resize, a replaced storage) names
         # that op; one between ops names none.
-        hub.memory_changed(MemoryChange(stats.device, now, -self.nbytes,
-                                        stats.in_use, context.op_id))
+        op_id = context.op_id
+        hub.memory_changed(MemoryChange(stats.device, now if op_id is None else context.host_ns,
+                                        -self.nbytes, stats.in_use, op_id))
         # Returning a large host buffer to the OS (munmap) takes real time the chip would
         # not spend: release it here and keep that off the clock, unless it happens inside
         # an op's emulation or a compiled graph, whose whole interval is excluded already.
@@ -165,7 +170,10 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     stats.allocated_total += nbytes
     stats.peak = max(stats.peak, in_use)
     if hub.active:
-        hub.memory_changed(MemoryChange(stats.device, clock.now(), nbytes, in_use,
-                                        op_id if op_id is not None else context.op_id))
+        if op_id is None and context.op_id is not None:
+            op_id, now = context.op_id, context.host_ns
+        else:
+            now = clock.now()
+        hub.memory_changed(MemoryChange(stats.device, now, nbytes, in_use, op_id))
     return block
 

@@ -393,6 +393,7 @@ def run_op(op, args: tuple, kwargs: dict):
     op_id = _new_op_id()  # runtime.begin_op, inlined
     if _hub.active and _state.accounting:
         _allocation_context.op_id = op_id
+        _allocation_context.host_ns = host_start
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)

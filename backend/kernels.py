@@ -80,7 +80,7 @@ def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -
 
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     real_start, host_start = clock.stamp()
-    op_id = runtime.begin_op()
+    op_id = runtime.begin_op(host_start)
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
     if memory_format is None or memory_format == torch.contiguous_format:
@@ -94,7 +94,7 @@ def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     real_start, host_start = clock.stamp()
-    op_id = runtime.begin_op()
+    op_id = runtime.begin_op(host_start)
     dev = devices.get(device.index if device is not None else None)
     dtype = dtype or torch.get_default_dtype()
     out = new_tensor(tuple(size), tuple(stride), dtype, dev)
@@ -150,7 +150,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
             memory_format=None):
     """`.to(...)` of a neuron tensor: to the host (a sync point), or to a neuron device."""
     real_start, host_start = clock.stamp()
-    op_id = runtime.begin_op()
+    op_id = runtime.begin_op(host_start)
     target = device if device is not None else self.device
     from_host = self.device.type != "neuron"
     if target.type == "neuron":  # before the host makes the copy

@@ -65,11 +65,13 @@ new_op_id = _op_ids.__next__
 new_kernel_id = _kernel_ids.__next__  # collectives (backend/distributed) share the ids
 
 
-def begin_op() -> int:
-    """A fresh op id for the op about to be emulated; its allocations will name it."""
+def begin_op(host_start_ns: int) -> int:
+    """A fresh op id for the op about to be emulated (from `host_start_ns` on the host
+    clock); its allocations will name it and be dated at its start."""
     op_id = next(_op_ids)
     if hub.active and state.accounting:
         allocation_context.op_id = op_id
+        allocation_context.host_ns = host_start_ns
     return op_id
 
 

@@ -188,3 +188,22 @@ def test_torch_compile_runs_are_recorded_without_compiler_internals(tmp_path) ->
     graph_ops = [o for o in trace.by_category("op") if "graph_id" in o.args]
     assert len(graph_ops) >= 4  # forward and backward graphs, two iterations
     assert all(o.parent.category in ("module", "backward", "step") for o in graph_ops)
+
+
+def test_memory_an_op_allocates_is_dated_at_the_op(tmp_path) -> None:
+    """Allocations inside an op's emulation read the clock before the emulation is taken
+    off it: in an inference script the outputs of nn.MultiheadAttention's fast path showed
+    up on the HBM counter after the program had exited (it fell to 0, then rose again)."""
+    path = tmp_path / "mha.pftrace"
+    attn = nn.MultiheadAttention(64, 4, batch_first=True).to("neuron").eval()
+    x = torch.randn(2, 16, 64).to("neuron")
+    with neuron_explorer.record(path, level="op", quiet=True), torch.no_grad():
+        y = attn(x, x, x, need_weights=False)[0]
+        del y
+    trace = neuron_explorer.load(path)
+    ops = trace.ops
+    (mha,) = ops[ops["name"] == "aten::_native_multi_head_attention"].itertuples()
+    hbm = trace.table("counters").sort_values("ts", kind="stable")
+    inside = hbm[(hbm["ts"] > mha.ts) & (hbm["ts"] < mha.ts + mha.dur)]
+    assert inside.empty  # nothing dated in the middle of the fallback op
+    assert (hbm["ts"] == mha.ts).any()  # its output, at its start
