@@ -57,8 +57,8 @@ def device_terms(metadata: dict[str, Any]) -> DeviceTerms:
         return DeviceTerms("neuron", recorded_here=True)
     props = metadata.get("deviceProperties") or []
     names = " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict))
-    backend = str((metadata.get("distributedInfo") or {}).get("backend", "")).lower() \
-        if isinstance(metadata.get("distributedInfo"), dict) else ""
+    info = metadata.get("distributedInfo")
+    backend = str(info.get("backend", "")).lower() if isinstance(info, dict) else ""
     if "mtia" in backend:
         return DeviceTerms("mtia", recorded_here=False)
     if _GPU_NAMES.search(names) or "nccl" in backend or "rccl" in backend:
