@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import pairwise
 from typing import Any, Self
@@ -51,6 +52,7 @@ class _Written(float):
     """A float that keeps the digits it was written with."""
 
     __slots__ = ("text",)
+    text: str
 
     def __new__(cls, text: str) -> Self:
         value = float.__new__(cls, text)
@@ -70,6 +72,7 @@ def _inexact(ts_ns: np.ndarray, values: list) -> bool:
     return any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
 
 
+_loads: Callable[[bytes | bytearray], Any]
 try:  # orjson parses large traces several times faster; the standard library also works
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover

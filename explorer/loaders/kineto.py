@@ -118,7 +118,7 @@ def our_args(slices: pd.DataFrame, args: list[dict[str, Any] | None]
             present = ids.tolist()
         else:
             column = read.column(theirs, ids)
-            held = np.flatnonzero(np.not_equal(column, None))  # type: ignore[call-overload]
+            held = [k for k, value in enumerate(column.tolist()) if value is not None]
             values, present = column[held].tolist(), ids[held].tolist()
         for i, value in zip(present, values, strict=True):
             own = out[i]
