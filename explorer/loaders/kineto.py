@@ -51,8 +51,8 @@ OPS = ("op",)
 DEVICE_WORK = ("kernel", "memcpy", "memset")
 CALLS = ("runtime", "sync")
 # Our arg <- the Kineto arg that holds it, on slices of these kinds. `flops`, `bytes` and
-# `device` are named alike in both. An op without a usable `External id` gets its slice id
-# as its op id.
+# `device` are named alike in both. An op's `op_id` is its `External id` (its slice id
+# where it has none that is a count).
 ARG_SOURCES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (tf.ARG_OP_ID, "External id", OPS),
     (tf.ARG_SHAPES, "Input Dims", OPS),
@@ -103,26 +103,38 @@ def kineto_kind(category: str, name: str, on_device: bool) -> str:
     return KINDS_ON_HOST.get(cat, "other")
 
 
+def _count_or(value: Any, default: int) -> int:
+    """`value` read as the tables read a count (`SliceArgs.numbers`), else `default`."""
+    count = int(DictArgs([{"v": value}]).numbers("v", np.zeros(1, np.int64), default=-1)[0])
+    return count if count >= 0 else default
+
+
 def our_args(slices: pd.DataFrame, args: list[dict[str, Any] | None]
              ) -> list[dict[str, Any] | None]:
     """Each slice's args with ours added from Kineto's, as `ARG_SOURCES` says (`slices`:
     the built slices, `args`: their Kineto args by slice id, which gain our keys)."""
-    kinds = slices["kind"].to_numpy()
-    read = DictArgs(args)
+    codes, kinds = pd.factorize(slices["kind"].to_numpy())
+    kinds = list(kinds)
     out = list(args)
+    by_kinds: dict[tuple[str, ...], list[tuple[str, str]]] = {}
     for ours, theirs, on_kinds in ARG_SOURCES:
-        ids = np.flatnonzero(np.isin(kinds, on_kinds))
-        if ours == tf.ARG_OP_ID:
-            external = read.numbers(theirs, ids, default=-1)
-            values = np.where(external >= 0, external, ids).tolist()
-            present = ids.tolist()
-        else:
-            column = read.column(theirs, ids)
-            held = [k for k, value in enumerate(column.tolist()) if value is not None]
-            values, present = column[held].tolist(), ids[held].tolist()
-        for i, value in zip(present, values, strict=True):
+        by_kinds.setdefault(on_kinds, []).append((ours, theirs))
+    for on_kinds, pairs in by_kinds.items():
+        ids = np.flatnonzero(np.isin(codes, [kinds.index(k) for k in on_kinds if k in kinds]))
+        numbered = next((theirs for ours, theirs in pairs if ours == tf.ARG_OP_ID), None)
+        copied = [(ours, theirs) for ours, theirs in pairs if ours != tf.ARG_OP_ID]
+        for i in ids.tolist():
             own = out[i]
             if own is None:
+                if numbered is None:
+                    continue
                 own = out[i] = {}
-            own[ours] = value
+            for ours, theirs in copied:
+                value = own.get(theirs)
+                if value is not None:
+                    own[ours] = value
+            if numbered is not None:
+                value = own.get(numbered)
+                own[tf.ARG_OP_ID] = (value if value.__class__ is int and value >= 0
+                                     else _count_or(value, i))
     return out
