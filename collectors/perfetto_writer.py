@@ -188,21 +188,20 @@ class PerfettoWriter(ChunkedOutput):
         cache = self._annotations
         names = self._annotation_names
         varint = wire.varint
-        parts = []
+        parts: list[bytes] = []
         for key, value in args.items():
             if type(value) is int:  # ids and steps: encoded directly, not cached
                 enc = varint(value)
                 parts += ((names.get(key) or self._int_prefixes(key))[len(enc)], enc)
                 continue
             ck = (key, value, type(value))
-            enc = cache.get(ck)
-            if enc is None:
+            cached = cache.get(ck)
+            if cached is None:
                 if len(cache) > _CACHE_LIMIT:
                     cache.clear()
                 inner = wire.field_varint(1, self._iid(F.I_ANNOTATION_NAMES, key))
-                enc = wire.field_bytes(F.E_DEBUG, inner + _annotation_value(value))
-                cache[ck] = enc
-            parts.append(enc)
+                cached = cache[ck] = wire.field_bytes(F.E_DEBUG, inner + _annotation_value(value))
+            parts.append(cached)
         return b"".join(parts)
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
 from neuron_explorer.trace_format import LEVELS
@@ -41,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     """Bad options give one clear line (no usage dump), before anything runs."""
 
-    def error(message: str) -> None:
+    def error(message: str) -> NoReturn:
         parser.exit(2, f"neuron-explorer record: error: {message} "
                        "(see `neuron-explorer record --help`)\n")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from types import FrameType
 
 import torch
 
@@ -59,7 +60,7 @@ class SourceLocator:
 
     def locate(self, skip: int = 1) -> str:
         """"file:line" of the first frame outside torch, this project and the stdlib."""
-        frame = sys._getframe(skip)
+        frame: FrameType | None = sys._getframe(skip)
         known = self._is_internal
         while frame is not None:
             code = frame.f_code

@@ -27,7 +27,7 @@ def events_per_level(counts: dict[str, int]) -> dict[str, int]:
     return levels
 
 
-def human_size(n: int) -> str:
+def human_size(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"

@@ -96,11 +96,13 @@ class Segment:
         if data is not None:
             self.rows, self.width = data.shape
         else:
+            assert constant is not None, "a segment without data is a constant one"
             self.rows, self.width = rows, len(constant)
 
     @property
     def data(self) -> np.ndarray:
         if self._data is None:
+            assert self.constant is not None  # a segment without data is a constant one
             row = np.frombuffer(self.constant, dtype=np.uint8)
             self._data = np.broadcast_to(row[None, :], (self.rows, self.width))
         return self._data

@@ -1,9 +1,10 @@
 """Derived tables: steps, ops, kernels, instructions and modules from the loaded slices.
 
-Our traces carry the details in slice args (docs/trace-format.md). PyTorch-profiler
-traces fill the same tables from what they hold: outermost `cpu_op`s become ops,
-device kernels and copies become kernels, linked to the op whose runtime call
-launched them through the `correlation` id.
+Every trace carries the details in our slice args (docs/trace-format.md): the loaders map
+other formats' args onto ours (`loaders/kineto.py`), so the tables never ask where a trace
+came from. Ops are the outermost op slices; a kernel links to its op by `op_id`, or, where
+it names none, through the runtime call that launched it (same `kernel_id`, Kineto's
+`correlation`) and the outermost op around that call.
 """
 
 from __future__ import annotations
@@ -229,86 +230,78 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
                     busy[key][i] += int(ns)
     for e, v in busy.items():
         out[f"busy_{e}"] = v
-    if trace.source_format == "kineto_json":
-        _kineto_kernel_links(trace, s, out)
-    else:
-        out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
-        out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
-        out["flops"] = number(trace, tf.ARG_FLOPS, ids)
-        hw = number(trace, tf.ARG_HW_FLOPS, ids, default=-1)
-        out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
-        out["bytes"] = number(trace, tf.ARG_BYTES, ids)
-        out["step"] = _recorded_steps(trace, number(trace, tf.ARG_STEP, ids, default=-1))
-        op_s = of_kind(trace, "op")["id"].to_numpy()
-        by_op = pd.Series(op_s, index=number(trace, tf.ARG_OP_ID, op_s, default=-1))
-        by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
-        out["op_slice_id"] = by_op.reindex(out["op_id"].to_numpy()).fillna(-1).to_numpy(np.int64)
-    no_step = out["step"].to_numpy() < 0
-    if no_step.any():
-        out.loc[no_step, "step"] = assign_steps(out["ts"].to_numpy()[no_step], trace.steps)
+    out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
+    out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
+    out["flops"] = number(trace, tf.ARG_FLOPS, ids)
+    hw = number(trace, tf.ARG_HW_FLOPS, ids, default=-1)
+    out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
+    out["bytes"] = number(trace, tf.ARG_BYTES, ids)
+    step = _recorded_steps(trace, number(trace, tf.ARG_STEP, ids, default=-1))
+    op_s = of_kind(trace, "op")["id"].to_numpy()
+    by_op = pd.Series(op_s, index=number(trace, tf.ARG_OP_ID, op_s, default=-1))
+    by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
+    op_slice = by_op.reindex(out["op_id"].to_numpy()).fillna(-1).to_numpy(np.int64)
+    # No op named: the op around the runtime call that launched the kernel, if any
+    call = launch_calls(trace, out["kernel_id"].to_numpy())
+    via_call = (op_slice < 0) & (call >= 0)
+    if via_call.any():
+        op_slice[via_call] = ancestor_of_kind(trace, call[via_call], ("op",), outermost=True)
+        linked = via_call & (op_slice >= 0)
+        op_id = number(trace, tf.ARG_OP_ID, op_slice[linked], default=-1)
+        out.loc[linked, "op_id"] = np.where(op_id >= 0, op_id, op_slice[linked])
+    out["op_slice_id"] = op_slice
+    # No step recorded: the step the kernel was launched in, else the one it ran in
+    ts = out["ts"].to_numpy()
+    s_ts = trace.table("slices")["ts"].to_numpy()
+    launched = np.where(call >= 0, s_ts[np.maximum(call, 0)], ts)
+    for when in (launched, ts) if (call >= 0).any() else (ts,):
+        missing = step < 0
+        if missing.any():
+            step[missing] = assign_steps(when[missing], trace.steps)
+    out["step"] = step
     return out[KERNEL_COLUMNS].sort_values("ts", ignore_index=True)
 
 
-def _kineto_kernel_links(trace: Trace, s: pd.DataFrame, out: pd.DataFrame) -> None:
-    """Kernel -> runtime call (same correlation) -> outermost cpu_op that made the call."""
-    ids = s["id"].to_numpy()
-    corr = number(trace, "correlation", ids, default=-1)
-    out["kernel_id"] = corr
-    out["flops"] = 0
-    out["hw_flops"] = 0
-    out["bytes"] = number(trace, "bytes", ids)
-    rt = of_kind(trace, "runtime", "sync")
-    rt_corr = number(trace, "correlation", rt["id"].to_numpy(), default=-1)
-    by_corr = pd.Series(rt["id"].to_numpy(), index=rt_corr)
-    by_corr = by_corr[(by_corr.index >= 0) & ~by_corr.index.duplicated()]
-    runtime = by_corr.reindex(corr).fillna(-1).to_numpy(np.int64)
-    op_slice = np.full(len(ids), -1, np.int64)
-    has = runtime >= 0
-    op_slice[has] = ancestor_of_kind(trace, runtime[has], ("op",), outermost=True)
-    out["op_slice_id"] = op_slice
-    ext = number(trace, "External id", np.maximum(op_slice, 0), default=-1)
-    out["op_id"] = np.where(op_slice >= 0, np.where(ext >= 0, ext, op_slice), -1)
-    launch_ts = trace.table("slices")["ts"].to_numpy()[np.maximum(runtime, 0)]
-    step = assign_steps(np.where(has, launch_ts, out["ts"].to_numpy()), trace.steps)
-    out["step"] = step
+def launch_calls(trace: Trace, kernel_ids: np.ndarray) -> np.ndarray:
+    """Slice id of the runtime call (or sync) that launched each kernel id, where the trace
+    holds such calls (PyTorch-profiler traces: the call shares the kernel's correlation id,
+    our `kernel_id`); -1 elsewhere."""
+    calls = of_kind(trace, "runtime", "sync")["id"].to_numpy()
+    found = np.full(len(kernel_ids), -1, np.int64)
+    if not len(calls) or not len(kernel_ids):
+        return found
+    by_id = pd.Series(calls, index=number(trace, tf.ARG_KERNEL_ID, calls, default=-1))
+    by_id = by_id[(by_id.index >= 0) & ~by_id.index.duplicated()]
+    if len(by_id):
+        found = by_id.reindex(kernel_ids).fillna(-1).to_numpy(np.int64)
+    return found
+
+
+def nested_ops(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
+    """Which of the op slices `op_ids` run inside another op: only outermost op slices are
+    ops (a PyTorch-profiler trace records the ops an op calls too; ours record none)."""
+    return ancestor_of_kind(trace, op_ids, ("op",)) >= 0
 
 
 def derive_ops(trace: Trace) -> pd.DataFrame:
     s = of_kind(trace, "op")
-    if trace.source_format == "kineto_json" and len(s):
-        nested = ancestor_of_kind(trace, s["id"].to_numpy(), ("op",)) >= 0
-        s = s[~nested]
+    s = s[~nested_ops(trace, s["id"].to_numpy())]
     if not len(s):
         return empty(OP_COLUMNS)
     ids = s["id"].to_numpy()
     col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
-    if trace.source_format == "kineto_json":
-        ext = number(trace, "External id", ids, default=-1)
-        out["op_id"] = np.where(ext >= 0, ext, ids)
-        out["kernel_id"] = -1
-        out["flops"] = number(trace, "flops", ids)
-        out["bytes"] = 0
-        out["shapes"] = trace.slice_args.texts("Input Dims", ids)
-        out["dtypes"] = trace.slice_args.texts("Input type", ids)
-        out["module"] = ""
-        out["source"] = ""
-        out["fallback"] = False
-        out["step"] = -1
-        out["device"] = -1
-        out["graph_id"] = -1
-    else:
-        out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
-        out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
-        out["flops"] = number(trace, tf.ARG_FLOPS, ids)
-        out["bytes"] = number(trace, tf.ARG_BYTES, ids)
-        for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-            out[key] = trace.slice_args.texts(key, ids)
-        out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
-        out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
-        out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
-        out["graph_id"] = number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
+    out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
+    out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
+    out["flops"] = number(trace, tf.ARG_FLOPS, ids)
+    out["bytes"] = number(trace, tf.ARG_BYTES, ids)
+    for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
+        out[key] = trace.slice_args.texts(key, ids)
+    out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
+    out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
+    out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
+    out["graph_id"] = number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
     if len(trace.steps):
         # Host ops belong to the step whose range holds them: setup before the first step
         # and code after the last one carry a step number but are in no step.
@@ -321,9 +314,11 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         agg = linked.groupby("op_slice_id").agg(device_dur=("dur", "sum"), n=("dur", "size"))
         out["device_dur"] = agg["device_dur"].reindex(ids).fillna(0).to_numpy(np.int64)
         out["kernel_count"] = agg["n"].reindex(ids).fillna(0).to_numpy(np.int64)
-        if trace.source_format == "kineto_json":
+        unnamed = out["kernel_id"].to_numpy() < 0
+        if unnamed.any():  # no kernel id recorded on the op: its first kernel's
             first = linked.sort_values("ts").groupby("op_slice_id")["kernel_id"].first()
-            out["kernel_id"] = first.reindex(ids).fillna(-1).to_numpy(np.int64)
+            found = first.reindex(ids[unnamed]).fillna(-1).to_numpy(np.int64)
+            out.loc[unnamed, "kernel_id"] = found
     return out[OP_COLUMNS].sort_values("ts", ignore_index=True)
 
 

@@ -85,6 +85,9 @@ LEVELS = ("framework", "op", "engine")  # META_LEVEL's values: each records more
 META_PID = "pid"
 META_RANK = "rank"  # this process's rank in a distributed run
 META_WORLD_SIZE = "world_size"
+# Set by the loader of a format whose op slices include framework ops that ran on the host
+# (PyTorch-profiler cpu_ops), where ours are all ops dispatched to the device: true there.
+META_HOST_OPS = "host_ops"
 
 # Collectives (torch.distributed on neuron): one slice per collective on the device's
 # TRACK_COLLECTIVES track, from this rank's arrival to the collective's end.

@@ -32,6 +32,12 @@ MODES = ("eager", "compiled")
 DTYPES = ("bf16", "fp8")
 _RECORD_HINT = ("record the program again with `neuron-explorer record --level op` (or "
                 "--level engine) in eager mode")
+# Why a trace holds no op keys, in the words of its format (for the message only)
+_NO_KEYS = {
+    "kineto_json": f"it is a PyTorch-profiler (Kineto) trace; {_RECORD_HINT}",
+    "": ("it was recorded before op slices carried op keys (or by a program that launched "
+         f"no eager op); {_RECORD_HINT}, with this version"),
+}
 
 
 class WhatIfError(NeuronExplorerError):
@@ -69,10 +75,6 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
     """The eager op stream of `trace` with each op's key decoded (column `key`), or a
     WhatIfError that names the recording level needed."""
     name = trace.path or "the trace"
-    if trace.source_format == "kineto_json":
-        raise WhatIfError(
-            f"{name} is a PyTorch-profiler (Kineto) trace: it holds no neuron op keys to "
-            f"re-time; {_RECORD_HINT}")
     ops = tables.of_kind(trace, tf.CAT_OP)
     if not len(ops):
         level = trace.metadata.get(tf.META_LEVEL) or "framework"
@@ -89,9 +91,8 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
             "record the program without torch.compile (eager) and predict it with "
             "--mode compiled")
     if not has_key.any():
-        raise WhatIfError(
-            f"{name} was recorded before op slices carried op keys (or by a program that "
-            f"launched no eager op); {_RECORD_HINT}, with this version")
+        why = _NO_KEYS.get(trace.source_format, _NO_KEYS[""])
+        raise WhatIfError(f"{name} holds no neuron op keys to re-time: {why}")
     texts = trace.args.texts
     shapes, dtypes = texts(tf.ARG_SHAPES, ids), texts(tf.ARG_DTYPES, ids)
     names = ops["name"].to_numpy()
@@ -144,7 +145,7 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
     no op keys for them (then rules keep their rule of thumb)."""
     from neuron_explorer.backend.replay import ReplayOptions, lower_key, with_dtype
 
-    if is_prediction(trace) or trace.source_format == "kineto_json" or not len(op_ids):
+    if is_prediction(trace) or not len(op_ids):
         return None
     keys = trace.slice_args.column(tf.ARG_OP_KEY, op_ids)
     if any(k is None for k in keys):

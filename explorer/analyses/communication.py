@@ -108,27 +108,21 @@ def _collectives(trace: Trace) -> pd.DataFrame:
     # what the program called, from the most direct record to the least
     collective = texts(tf.ARG_COLLECTIVE, ids)
     message = _message_bytes(trace, rows)
-    if trace.source_format == "kineto_json":
-        host_name, host_bytes = _launching_annotations(trace, ids)
-        kineto_named = texts("Collective name", ids)
-        collective = np.where(kineto_named != "", kineto_named, host_name)
-        message = np.where(message >= 0, message, host_bytes)
+    host_name, host_bytes = _launching_annotations(trace, ids)
+    collective = np.where(collective != "", collective, host_name)
+    message = np.where(message >= 0, message, host_bytes)
     from_kernel = tables.map_unique(rows["name"].to_numpy(),
                                     lambda n: comm_kernel_name(str(n)) or "unknown")
     collective = np.where(collective != "", collective, from_kernel)
     out["collective"] = tables.map_unique(collective, canonical_collective)
     out["bytes"] = np.maximum(message, 0)
-    group = texts(tf.ARG_GROUP, ids)
-    kineto_group = texts("Process Group Ranks", ids)
-    out["group"] = np.where(group != "", group, kineto_group)
+    out["group"] = texts(tf.ARG_GROUP, ids)
     size = tables.map_unique(out["group"].to_numpy(), _group_size, np.int64)
     kineto_size = tables.number(trace, "Group size", ids, default=0)
     world = _world_size(trace)
     out["group_size"] = np.where(size > 0, size, np.where(kineto_size > 0, kineto_size, world))
     out["algorithm"] = texts(tf.ARG_ALGORITHM, ids)
-    seq = tables.number(trace, tf.ARG_SEQ, ids, default=-1)
-    kineto_seq = tables.number(trace, "Seq", ids, default=-1)
-    out["seq"] = np.where(seq >= 0, seq, kineto_seq)
+    out["seq"] = tables.number(trace, tf.ARG_SEQ, ids, default=-1)
     out["wait_ns"] = tables.number(trace, tf.ARG_WAIT_NS, ids, default=-1)
     transfer = tables.number(trace, tf.ARG_TRANSFER_NS, ids, default=-1)
     known_wait = out["wait_ns"].to_numpy() >= 0
@@ -173,12 +167,8 @@ def _launching_annotations(trace: Trace, kernel_ids: np.ndarray) -> tuple[np.nda
     s = trace.table("slices")
     names_out = np.full(len(kernel_ids), "", dtype=object)
     bytes_out = np.full(len(kernel_ids), -1, np.int64)
-    corr = tables.number(trace, "correlation", kernel_ids, default=-1)
-    rt = tables.of_kind(trace, "runtime")
-    rt_corr = tables.number(trace, "correlation", rt["id"].to_numpy(), default=-1)
-    by_corr = pd.Series(rt["id"].to_numpy(), index=rt_corr)
-    by_corr = by_corr[(by_corr.index >= 0) & ~by_corr.index.duplicated()]
-    runtime = by_corr.reindex(corr).fillna(-1).to_numpy(np.int64)
+    runtime = tables.launch_calls(
+        trace, tables.number(trace, tf.ARG_KERNEL_ID, kernel_ids, default=-1))
     has = np.flatnonzero(runtime >= 0)
     if not len(has):
         return names_out, bytes_out

@@ -20,7 +20,7 @@ import pandas as pd
 from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
-from neuron_explorer.tables import assign_steps
+from neuron_explorer.tables import assign_steps, launch_calls
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -31,23 +31,13 @@ REASONS = ("data", "compile", "sync", "host_launch", "dependency")
 
 
 def _launch_times(trace: Trace, k: pd.DataFrame) -> np.ndarray:
-    """Host time each kernel was launched: its op's start (ours) or runtime call (Kineto)."""
-    launch = np.full(len(k), -1, np.int64)
-    op_slice = k["op_slice_id"].to_numpy(np.int64)
-    has = op_slice >= 0
+    """Host time each kernel was launched: the runtime call that launched it, where the
+    trace records those calls (PyTorch-profiler traces), else its op's start (-1: unknown)."""
     s_ts = trace.table("slices")["ts"].to_numpy()
-    if trace.source_format == "kineto_json":
-        rt = trace.table("slices")[trace.table("slices")["kind"].isin(["runtime", "sync"])]
-        corr = pd.Series(rt["ts"].to_numpy(),
-                         index=pd.to_numeric(trace.slice_args.column("correlation", rt["id"].to_numpy()),
-                                             errors="coerce"))
-        corr = corr[corr.index.notna() & ~corr.index.duplicated()]
-        got = corr.reindex(k["kernel_id"].to_numpy()).to_numpy()
-        ok = ~pd.isna(got)
-        launch[ok] = got[ok].astype(np.int64)
-    else:
-        launch[has] = s_ts[op_slice[has]]
-    return launch
+    call = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    op_slice = k["op_slice_id"].to_numpy(np.int64)
+    launch = np.where(op_slice >= 0, s_ts[np.maximum(op_slice, 0)], -1)
+    return np.where(call >= 0, s_ts[np.maximum(call, 0)], launch).astype(np.int64)
 
 
 def idle_gaps(trace: Trace) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.levels import recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
-from neuron_explorer.tables import kind_codes, kind_mask
+from neuron_explorer.tables import kind_codes, kind_mask, nested_ops
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -23,11 +23,11 @@ def _median(values: Any) -> float | None:
 
 
 def _op_count(trace: Trace) -> int:
-    """Rows of the ops table, without building it where they are simply the op slices (only
-    PyTorch-profiler traces drop nested ops)."""
-    if trace.source_format == "kineto_json" or "ops" in trace.__dict__:
+    """Rows of the ops table (the outermost op slices), without building it."""
+    if "ops" in trace.__dict__:
         return len(trace.ops)
-    return int(kind_mask(trace, ("op",)).sum())
+    op_ids = np.flatnonzero(kind_mask(trace, ("op",)))
+    return int(len(op_ids) - nested_ops(trace, op_ids).sum())
 
 
 def _kind_counts(trace: Trace) -> dict[str, int]:

@@ -163,7 +163,8 @@ class ColumnArgs(SliceArgs):
         if hits is not None:
             hit, rows = hits
             values = self.sval[rows]
-            values[np.equal(values, None)] = ""  # a string that could not be resolved
+            # a string that could not be resolved (numpy's stubs take no None here)
+            values[np.equal(values, None)] = ""  # type: ignore[call-overload]
             out[hit] = values
         return out
 

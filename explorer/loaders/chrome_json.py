@@ -1,4 +1,5 @@
-"""Chrome-trace JSON: our `--format json` traces and PyTorch-profiler (Kineto) traces.
+"""Chrome-trace JSON: our `--format json` traces and PyTorch-profiler (Kineto) traces
+(whose categories and args `kineto.py` maps onto ours).
 
 Times in Chrome JSON are microseconds (floats); they become int64 ns without
 going through a float at nanosecond scale, which would lose precision at the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import pairwise
 from typing import Any, Self
@@ -19,12 +21,14 @@ import pandas as pd
 from neuron_explorer import trace_format as tf
 from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders.args import DictArgs
-from neuron_explorer.loaders.kinds import (
+from neuron_explorer.loaders.kinds import our_kind
+from neuron_explorer.loaders.kineto import (
     DEVICE_CATEGORIES,
-    KINETO_MARKERS,
+    HOST_OPS,
+    is_kineto,
     kineto_category,
     kineto_kind,
-    our_kind,
+    our_args,
 )
 from neuron_explorer.loaders.metadata import merge_metadata
 from neuron_explorer.loaders.nesting import bind_flow_points
@@ -48,6 +52,7 @@ class _Written(float):
     """A float that keeps the digits it was written with."""
 
     __slots__ = ("text",)
+    text: str
 
     def __new__(cls, text: str) -> Self:
         value = float.__new__(cls, text)
@@ -67,6 +72,7 @@ def _inexact(ts_ns: np.ndarray, values: list) -> bool:
     return any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
 
 
+_loads: Callable[[bytes | bytearray], Any]
 try:  # orjson parses large traces several times faster; the standard library also works
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover
@@ -293,13 +299,6 @@ def _metadata_event(e: dict, col: _Collector) -> None:
         col.thread_names[(pid, tid)] = str(value)
 
 
-def _is_kineto(doc: Any, cats: set[str]) -> bool:
-    if isinstance(doc, dict) and ("schemaVersion" in doc or "deviceProperties" in doc):
-        return True
-    named = {kineto_category(c) for c in cats}  # older profilers: Kernel, Operator, ...
-    return bool(named & KINETO_MARKERS) and tf.CAT_METADATA not in cats
-
-
 def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
     rows = []
     for (pid, tid), t in col.track_of.items():
@@ -418,9 +417,10 @@ def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
     meta = merge_metadata(path, (a[tf.ARG_METADATA_JSON] for cat, a in zip(cats, args, strict=True)
                                  if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a),
                           base)
-    if kineto and tf.META_HARDWARE not in meta:
+    if kineto:
+        meta.update(HOST_OPS)
         props = meta.get("deviceProperties") or []
-        if props and props[0].get("name"):
+        if tf.META_HARDWARE not in meta and props and props[0].get("name"):
             meta[tf.META_HARDWARE] = str(props[0]["name"])
     return meta
 
@@ -449,7 +449,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         _read_events(path, events, col)
         ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
     cats = set(col.s_cat)
-    kineto = _is_kineto(doc, cats)
+    kineto = is_kineto(doc, cats)
     track = np.asarray(col.s_track, np.int64)
     dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events), exact), 0)
     if col.ends:  # B/E pairs: the duration runs to the end's time
@@ -483,6 +483,8 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
                                  np.asarray(col.s_cat, object), np.asarray(kinds, object))
     args = [col.s_args[i] for i in order]
+    if kineto:  # our args beside Kineto's: the tables read every trace alike
+        args = our_args(slices, args)
     flows, unbound = _flows(path, col, slices, exact)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound

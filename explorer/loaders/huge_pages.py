@@ -9,13 +9,13 @@ for ordinary pages; the previous setting comes back on exit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
 
-def _switch() -> object | None:
+def _switch() -> Callable[[bool], bool] | None:
     """numpy's (private) huge-page switch, where this numpy has one."""
     core = getattr(np, "_core", None) or getattr(np, "core", None)
     return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)

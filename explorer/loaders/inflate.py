@@ -56,14 +56,14 @@ def _too_large(path: str, limit: int, position: int) -> TraceFormatError:
         f"{ENV_MAX_BYTES} or load(..., max_bytes=...)", position)
 
 
-def gunzip(path: str, data: bytes, limit: int) -> bytearray:
+def gunzip(path: str, data: bytes | bytearray, limit: int) -> bytearray:
     """The inflated gzip data (every member), refused once it passes `limit` bytes."""
     out = bytearray()
     rest = memoryview(data)
     consumed = 0  # compressed bytes of the members finished so far
     while True:
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer
-        pending = rest
+        pending: bytes | memoryview = rest
         try:
             while not inflater.eof:
                 chunk = inflater.decompress(pending, _CHUNK)

@@ -253,7 +253,7 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
     return track_table(rows), track_of
 
 
-def load_pftrace(path: str, data: bytes) -> RawTrace:
+def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
     """Read a Perfetto TrackEvent trace into columns."""
     buf = np.frombuffer(data, np.uint8)
     starts, ends, problem, position = packet_offsets(buf)

@@ -26,7 +26,7 @@ def check(trace: Trace) -> list[Finding]:
              for r in top(waits, "dur").itertuples()]
     streams = trace.tracks[trace.tracks["device"] >= 0]
     several = len(streams) > 1
-    if trace.source_format == "kineto_json":
+    if (streams["kind"] == "gpu_stream").any():  # a GPU-like device: streams wait on events
         cause = ("the next kernel was queued but waited on something else: an event from "
                  "another stream (the compute stream waiting for a copy or a collective on a "
                  "communication stream), or a collective waiting for other ranks")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
@@ -40,9 +41,11 @@ def copies(trace: Trace) -> pd.DataFrame:
         kc = k[((k["kind"].to_numpy() == "memcpy") | crossing) & ~dtod]
         parts.append(kc[["ts", "dur", "id", "step", "name"]])
     ops = trace.ops
-    if len(ops) and trace.source_format != "kineto_json":
+    if len(ops) and not trace.metadata.get(tf.META_HOST_OPS):
         # An op that launched a kernel is judged by its kernel above (a dtype cast on the
-        # device is an aten::_to_copy too); only copies with no kernel are judged by name.
+        # device is an aten::_to_copy too); only copies with no kernel are judged by name,
+        # where every op is one dispatched to the device (where ops include the host's, as
+        # a PyTorch profiler's do, a copy that launched nothing copied on the host).
         oc = ops[ops["name"].isin(COPY_OPS) & (ops["kernel_id"].to_numpy() < 0)]
         direction = text(trace.slice_args.column("direction", oc["id"].to_numpy()))
         oc = oc[direction != "device_to_device"]

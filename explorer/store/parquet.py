@@ -36,7 +36,7 @@ from neuron_explorer.loaders.args import (
 from neuron_explorer.loaders.raw import RawTrace
 
 FORMAT = "neuron-explorer-store"
-VERSION = 1
+VERSION = 2  # 2: PyTorch-profiler traces' args hold ours beside Kineto's
 MANIFEST = "trace.json"
 RUN_MANIFEST = "run.json"  # a converted run: one store per rank beside it
 BASE_TABLES = ("slices", "tracks", "counters", "flows", "args")
