@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_explorer.backend.clock import MODELLED, clock
+from neuron_explorer.collectors.dataloader_workers import WorkerTracks
 from neuron_explorer.collectors.recording_notices import host_clock_metadata, warn_if_large
 from neuron_explorer.collectors.trace_writer import RecordingError, TraceWriter, open_writer
 from neuron_explorer.trace_format import (
@@ -113,6 +114,7 @@ class Recorder:
         self.writer: TraceWriter = open_writer(options.path, options.fmt,
                                                uuid_base=(self.pid << 24) + 1)
         self._uncounted_track: int | None = None
+        self._marks_written = 0  # GC and recording pauses: a trace of only these is empty
         self.status: Any = None  # the live status line, when stderr is a terminal
         self.large_trace_warned = False
         self.failed: RecordingError | None = None
@@ -135,6 +137,7 @@ class Recorder:
         self.host = self.writer.process(self.pid, _process_name(options.command),
                                         [str(a) for a in options.command])
         self.main = self._thread_state_for(self.main_ident, threading.main_thread())
+        self.workers = WorkerTracks(self)
         self.writer.metadata(self.main.track, clock.now(), self._metadata())
 
     # -- state --------------------------------------------------------------------
@@ -351,6 +354,7 @@ class Recorder:
             return
         if self._uncounted_track is None:
             self._uncounted_track = self.writer.track(TRACK_UNCOUNTED, self.host)
+        self._marks_written += len(marks)
         for name, ts, dur, args in marks:
             self.writer.instant(self._uncounted_track, ts, name, CAT_UNCOUNTED,
                                 {ARG_PAUSED_NS: int(dur), **args})
@@ -378,9 +382,11 @@ class Recorder:
         now = clock.now()  # before detaching, which hands the clock back to wall time
         session.detach(self)
         if was_failed:
+            self.workers.close(0, 0, write=False)
             self.writer.discard()
             return
         try:
+            self.workers.close(time.perf_counter_ns(), now)
             self.write_marks(closing=True)
             for state in self._threads.values():
                 while state.open:
@@ -400,7 +406,7 @@ class Recorder:
             self.fail(exc)
             self.writer.discard()
             return
-        if self.options.drop_if_empty and self.writer.events <= 1:
+        if self.options.drop_if_empty and self.writer.events - self._marks_written <= 1:
             with contextlib.suppress(OSError):
                 os.unlink(self.writer.path)
             return

@@ -17,6 +17,7 @@ OUR_KINDS = {
     tf.CAT_STEP, tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_OP, tf.CAT_KERNEL,
     tf.CAT_INSTRUCTION, tf.CAT_DMA, tf.CAT_SYNC, tf.CAT_DATALOADER, tf.CAT_COMPILE,
     tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_ANNOTATION, tf.CAT_METADATA, tf.CAT_COLLECTIVE,
+    tf.CAT_DATALOADER_WORKER,
 }
 # Kineto categories that only ever run on a device.
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}

@@ -1,0 +1,36 @@
+"""A training loop fed by a DataLoader with two worker processes, used by the record tests.
+
+    python dataloader_workers.py STEPS
+"""
+
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+
+
+class SlowDataset(Dataset):
+    """Each sample takes a millisecond to fetch: the workers' time shows on their tracks."""
+
+    def __len__(self) -> int:
+        return 4 * steps
+
+    def __getitem__(self, i: int):
+        time.sleep(0.001)
+        return torch.full((16,), float(i)), torch.zeros(4)
+
+
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(SlowDataset(), batch_size=4, num_workers=2)
+for step, (x, y) in enumerate(loader):
+    x, y = x.to("neuron"), y.to("neuron")
+    loss = (model(x) - y).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print("step", step, "first sample", int(x[0, 0].item()), flush=True)
