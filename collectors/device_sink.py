@@ -61,6 +61,7 @@ from neuron_explorer.trace_format import (
     ARG_SYNC_KIND,
     ARG_TRANSFER_NS,
     ARG_WAIT_NS,
+    ARG_WRITTEN,
     CAT_COLLECTIVE,
     CAT_COMPILE,
     CAT_DMA,
@@ -414,7 +415,8 @@ class DeviceSink:
         section = getattr(kernel, "section", None)
         if section is None:
             return None, None
-        return section, [("+".join(s.ops), s.source, s.module, s.name)
+        return section, [("+".join(s.ops), s.source, s.module, s.name,
+                          getattr(s, "written", ""))
                          for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
@@ -464,7 +466,7 @@ class DeviceSink:
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
         # a compiled graph's instructions: the section (op, source line, module) of each
-        labels: dict[tuple[str, str, str, str], int] = {}
+        labels: dict[tuple[str, str, str, str, str], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
             section, sections = row[10], row[11]
@@ -520,7 +522,8 @@ class DeviceSink:
                 strings = {ARG_ENGINE: (engine_list, c["engine"]),
                            ARG_OPCODE: (opcode_list, c["name_index"])}
                 if program:
-                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION)):
+                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION,
+                                             ARG_WRITTEN)):
                         strings[key] = ([x[i] for x in label_list], c["label"])
                 elif "source" in c:  # an NKI kernel's lines
                     strings[ARG_SOURCE] = (list(source_ids), c["source"])
