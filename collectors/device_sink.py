@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ from neuron_explorer.trace_format import (
     ARG_GROUP,
     ARG_HW_FLOPS,
     ARG_KERNEL_ID,
+    ARG_MATMUL_DTYPE,
     ARG_MODULE,
     ARG_OP_ID,
     ARG_OP_KEY,
@@ -415,8 +417,9 @@ class DeviceSink:
         section = getattr(kernel, "section", None)
         if section is None:
             return None, None
-        return section, [("+".join(s.ops), s.source, s.module, s.name,
-                          getattr(s, "written", ""))
+        cwd = os.getcwd() + os.sep  # sources read as eager ops' do: relative to the cwd
+        return section, [("+".join(s.ops), s.source.removeprefix(cwd), s.module, s.name,
+                          getattr(s, "written", ""), getattr(s, "matmul_dtype", ""))
                          for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
@@ -466,7 +469,7 @@ class DeviceSink:
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
         # a compiled graph's instructions: the section (op, source line, module) of each
-        labels: dict[tuple[str, str, str, str, str], int] = {}
+        labels: dict[tuple[str, ...], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
             section, sections = row[10], row[11]
@@ -523,7 +526,7 @@ class DeviceSink:
                            ARG_OPCODE: (opcode_list, c["name_index"])}
                 if program:
                     for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION,
-                                             ARG_WRITTEN)):
+                                             ARG_WRITTEN, ARG_MATMUL_DTYPE)):
                         strings[key] = ([x[i] for x in label_list], c["label"])
                 elif "source" in c:  # an NKI kernel's lines
                     strings[ARG_SOURCE] = (list(source_ids), c["source"])

@@ -46,6 +46,7 @@ ARG_OPCODE = "opcode"
 ARG_OPS = "ops"  # str, on a compiled graph's instructions: the aten op(s) they run
 ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_addmm_gelu")
 ARG_WRITTEN = "written"  # str, ... and what the user's code called ("LayerNorm", "F.gelu")
+ARG_MATMUL_DTYPE = "matmul_dtype"  # str, ... and the dtype of its matmul ("float32"), if any
 ARG_GRAPH_ID = "graph_id"
 ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize

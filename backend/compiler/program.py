@@ -46,6 +46,7 @@ class Section:
     source: str  # "file:line" of the first op's user code ("" when unknown)
     module: str  # nn.Module path of that code ("" when unknown)
     written: str = ""  # what the user called: "LayerNorm", "F.layer_norm" ("+"-joined; "" unknown)
+    matmul_dtype: str = ""  # the dtype its first matmul runs in ("float32"; "" without a matmul)
 
 
 def source_of(node: fx.Node) -> str:
@@ -109,11 +110,27 @@ def _call_name(target: object) -> str:
     return f"{prefix}{name}" if prefix else name
 
 
+_MATMULS = re.compile(r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
+                      r"_scaled_dot\w*)$")
+
+
+def matmul_dtype(nodes: Sequence[fx.Node]) -> str:
+    """The dtype the first matmul among `nodes` computes in (its output's: a matmul's inputs
+    share it), "" when there is none."""
+    for node in nodes:
+        if _MATMULS.match(op_name(node)):
+            val = node.meta.get("val")
+            val = val[0] if isinstance(val, (list, tuple)) and val else val
+            if isinstance(val, torch.Tensor):
+                return str(val.dtype).removeprefix("torch.")
+    return ""
+
+
 def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     first = nodes[0]
     written = dict.fromkeys(w for w in map(written_as, nodes) if w)
     return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first),
-                   "+".join(written))
+                   "+".join(written), matmul_dtype(nodes))
 
 
 def live_bytes(groups: Sequence[FusionGroup], binding: dict | None = None) -> int:

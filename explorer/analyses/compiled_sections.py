@@ -9,12 +9,15 @@ type or torch function Dynamo recorded, so `aten::native_layer_norm` reads as th
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from neuron_explorer.trace_format import (
+    ARG_ENGINE,
     ARG_KERNEL_ID,
+    ARG_MATMUL_DTYPE,
     ARG_MODULE,
     ARG_OPS,
     ARG_SECTION,
@@ -29,36 +32,19 @@ if TYPE_CHECKING:
 
 COLUMNS = ["graph", "section", "written", "ops", "module", "source", "runs", "instructions",
            "engine_ns"]
+MATMUL_COLUMNS = ["id", "ts", "dur", "step", "graph", "name", "written", "module", "source",
+                  "dtype", "device_dur"]
+_MATMUL_OP = re.compile(r"aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
+                        r"_scaled_dot\w*)\b")
 
 
 def compiled_sections(trace: Trace) -> pd.DataFrame:
     """One row per (graph, section): what it runs (`written`: the user's call, `ops`: the aten
     ops), where (`module`, `source`), how often the graph ran (`runs`), its instructions per
     run and its engine time per run (ns, summed over engines and DMA queues), in program order."""
-    slices = trace.table("slices")
-    if not len(slices):
+    frame = _program_instructions(trace)
+    if frame is None:
         return pd.DataFrame(columns=COLUMNS)
-    rows = slices[slices["category"].isin([CAT_INSTRUCTION, CAT_DMA])]
-    ids = rows["id"].to_numpy(np.int64)
-    args = trace.slice_args
-    section = args.texts(ARG_SECTION, ids)
-    keep = section != ""
-    if not keep.any():
-        return pd.DataFrame(columns=COLUMNS)
-    ids = ids[keep]
-    kernel_id = args.numbers(ARG_KERNEL_ID, ids, default=-1).astype(np.int64)
-    names = dict(zip(trace.kernels["kernel_id"], trace.kernels["name"], strict=False))
-    frame = pd.DataFrame({
-        "graph": [names.get(k, f"kernel {k}") for k in kernel_id],
-        "kernel_id": kernel_id,
-        "section": section[keep],
-        "written": args.texts(ARG_WRITTEN, ids),
-        "ops": args.texts(ARG_OPS, ids),
-        "module": args.texts(ARG_MODULE, ids),
-        "source": args.texts(ARG_SOURCE, ids),
-        "ts": rows["ts"].to_numpy(np.int64)[keep],
-        "dur": rows["dur"].to_numpy(np.int64)[keep],
-    })
     keys = ["graph", "section", "written", "ops", "module", "source"]
     out = frame.groupby(keys, sort=False).agg(
         runs=("kernel_id", "nunique"), instructions=("dur", "size"), engine_ns=("dur", "sum"),
@@ -66,3 +52,60 @@ def compiled_sections(trace: Trace) -> pd.DataFrame:
     out["instructions"] = out["instructions"] // out["runs"]
     out["engine_ns"] = out["engine_ns"] // out["runs"]
     return out.sort_values(["graph", "first"], kind="stable")[COLUMNS].reset_index(drop=True)
+
+
+def compiled_matmuls(trace: Trace) -> pd.DataFrame:
+    """One row per run of a compiled graph's section holding a matmul: its aten matmul
+    (`name`), the dtype it ran in, its Tensor Engine time in that run (`device_dur`), where
+    it comes from, and the graph's kernel (`id`, `ts`, `dur`, `step`), for the fp32 rule."""
+    frame = _program_instructions(trace)
+    if frame is None:
+        return pd.DataFrame(columns=MATMUL_COLUMNS)
+    frame = frame[(frame["matmul_dtype"] != "") & (frame["engine"] == "tensor")]
+    if frame.empty:
+        return pd.DataFrame(columns=MATMUL_COLUMNS)
+    runs = frame.groupby(["kernel_id", "section", "written", "ops", "module", "source",
+                          "matmul_dtype"], sort=False)["dur"].sum().reset_index()
+    k = trace.kernels.set_index("kernel_id")
+    runs = runs[runs["kernel_id"].isin(k.index)]
+    kernel = k.loc[runs["kernel_id"]]
+    first_matmul = runs["ops"].map(lambda ops: (_MATMUL_OP.search(ops) or [ops])[0])
+    return pd.DataFrame({
+        "id": kernel["id"].to_numpy(np.int64), "ts": kernel["ts"].to_numpy(np.int64),
+        "dur": kernel["dur"].to_numpy(np.int64), "step": kernel["step"].to_numpy(),
+        "graph": kernel["name"].to_numpy(), "name": first_matmul.to_numpy(),
+        "written": runs["written"].to_numpy(), "module": runs["module"].to_numpy(),
+        "source": runs["source"].to_numpy(), "dtype": runs["matmul_dtype"].to_numpy(),
+        "device_dur": runs["dur"].to_numpy(np.int64),
+    }, columns=MATMUL_COLUMNS)
+
+
+def _program_instructions(trace: Trace) -> pd.DataFrame | None:
+    """The instructions and DMA transfers of compiled programs with their section's labels
+    (None: the trace has none)."""
+    slices = trace.table("slices")
+    if not len(slices):
+        return None
+    rows = slices[slices["category"].isin([CAT_INSTRUCTION, CAT_DMA])]
+    ids = rows["id"].to_numpy(np.int64)
+    args = trace.slice_args
+    section = args.texts(ARG_SECTION, ids)
+    keep = section != ""
+    if not keep.any():
+        return None
+    ids = ids[keep]
+    kernel_id = args.numbers(ARG_KERNEL_ID, ids, default=-1).astype(np.int64)
+    names = dict(zip(trace.kernels["kernel_id"], trace.kernels["name"], strict=False))
+    return pd.DataFrame({
+        "graph": [names.get(k, f"kernel {k}") for k in kernel_id],
+        "kernel_id": kernel_id,
+        "section": section[keep],
+        "written": args.texts(ARG_WRITTEN, ids),
+        "ops": args.texts(ARG_OPS, ids),
+        "module": args.texts(ARG_MODULE, ids),
+        "source": args.texts(ARG_SOURCE, ids),
+        "matmul_dtype": args.texts(ARG_MATMUL_DTYPE, ids),
+        "engine": args.texts(ARG_ENGINE, ids),
+        "ts": rows["ts"].to_numpy(np.int64)[keep],
+        "dur": rows["dur"].to_numpy(np.int64)[keep],
+    })
