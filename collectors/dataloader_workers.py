@@ -1,7 +1,7 @@
 """DataLoader worker tracks: what each worker process did, on the recording's host clock.
 
-A `DataLoader(num_workers=N)` forks N worker processes. While a recording runs,
-torch's worker loop is wrapped (the wrapper is inherited by the fork):
+A `DataLoader(num_workers=N)` starts N worker processes. While a recording runs,
+torch's worker loop is wrapped (a fork inherits the wrapper):
 
 - in a worker, each batch is timed (task received, samples fetched, collated,
   sent) and appended as one line to a small log file of its own (one write per
@@ -13,8 +13,8 @@ torch's worker loop is wrapped (the wrapper is inherited by the fork):
   worker's batches on a track of its own ("DataLoader worker 0") and the wait as
   a slice naming the worker and batch, linked to the worker's batch by a flow.
 
-Workers started with `spawn` or `forkserver` do not inherit the wrapper and get
-no track; modelled recordings (`NEURON_HOST_CLOCK=modelled`) leave worker tracks
+Workers started with `spawn` or `forkserver` find the log folder in the environment
+(their own recording wraps the loop again); modelled recordings (`NEURON_HOST_CLOCK=modelled`) leave worker tracks
 out, their times being measured. docs/recording.md says more.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -47,9 +48,11 @@ _WORKER_LOOP_ARGS = 14  # torch's _worker_loop(dataset_kind, ..., shared_seed)
 _FLOW_WORKER_BATCH = 1 << 61  # flow ids from a worker's batch to the wait that got it
 _ANCHORS_LIMIT = 1_000_000
 
-# Set in the main process while a recording follows workers; forked workers inherit it.
+# Set in the main process while a recording follows workers; forked workers inherit it,
+# spawned ones read the environment variable (their own recording wraps the loop again).
 _log_dir: str | None = None
 _owner_pid = 0
+LOG_DIR_ENV = "NEURON_EXPLORER_WORKER_LOGS"
 
 
 # -- in the worker ------------------------------------------------------------------
@@ -127,11 +130,15 @@ class _DataQueue:
 def wrap_worker_loop(original: Callable) -> Callable:
     """torch's worker loop, logging each batch when started by a recorded process's fork."""
 
+    # the same module and name as torch's: a `spawn` DataLoader pickles its workers'
+    # target by name, and finds torch's own function in the new process
+    @functools.wraps(original)
     def _worker_loop(*args: Any, **kwargs: Any) -> Any:
-        if _log_dir is None or os.getpid() == _owner_pid or kwargs or len(args) != _WORKER_LOOP_ARGS:
+        log_dir = _log_dir or os.environ.get(LOG_DIR_ENV)
+        if not log_dir or os.getpid() == _owner_pid or kwargs or len(args) != _WORKER_LOOP_ARGS:
             return original(*args, **kwargs)
         worker_id = args[10]
-        log = _BatchLog(os.path.join(_log_dir, f"{os.getpid()}.log"), worker_id)
+        log = _BatchLog(os.path.join(log_dir, f"{os.getpid()}.log"), worker_id)
         wrapped = list(args)
         wrapped[2] = _IndexQueue(args[2], log)
         wrapped[3] = _DataQueue(args[3], log)
@@ -139,7 +146,6 @@ def wrap_worker_loop(original: Callable) -> Callable:
             wrapped[6] = log.timed_collate(args[6])
         return original(*wrapped)
 
-    _worker_loop.__wrapped__ = original  # type: ignore[attr-defined]
     return _worker_loop
 
 
@@ -226,6 +232,7 @@ class WorkerTracks:
                 self.enabled = False  # no temporary folder: no worker tracks, nothing else lost
                 return
         _log_dir, _owner_pid = self.dir, os.getpid()
+        os.environ[LOG_DIR_ENV] = self.dir
 
     def follows(self, iterator: Any) -> bool:
         return self.enabled and self.dir is not None and hasattr(iterator, "_workers")
@@ -328,6 +335,8 @@ class WorkerTracks:
                 log.pending.clear()
         if os.getpid() == _owner_pid:
             _log_dir = None
+            if os.environ.get(LOG_DIR_ENV) == self.dir:
+                del os.environ[LOG_DIR_ENV]
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import neuron_explorer
+import pytest
 from neuron_explorer.plot.timeline_index import TimelineIndex
 from neuron_explorer.trace_format import CAT_DATALOADER, CAT_DATALOADER_WORKER
 
@@ -19,9 +20,11 @@ def _worker_log_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("neuron-explorer-workers-*")}
 
 
-def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(record_cli, programs: Path) -> None:
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
+        record_cli, programs: Path, method: str) -> None:
     folders_before = _worker_log_folders()
-    proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS))
+    proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS), method)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") == STEPS
     # the workers' own traces held nothing (no device work): none is left beside the trace

@@ -1,6 +1,6 @@
 """A training loop fed by a DataLoader with two worker processes, used by the record tests.
 
-    python dataloader_workers.py STEPS
+    python dataloader_workers.py STEPS [fork|spawn]
 """
 
 import sys
@@ -10,27 +10,36 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-
 
 class SlowDataset(Dataset):
     """Each sample takes a millisecond to fetch: the workers' time shows on their tracks."""
 
+    def __init__(self, size: int) -> None:
+        self.size = size
+
     def __len__(self) -> int:
-        return 4 * steps
+        return self.size
 
     def __getitem__(self, i: int):
         time.sleep(0.001)
         return torch.full((16,), float(i)), torch.zeros(4)
 
 
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = DataLoader(SlowDataset(), batch_size=4, num_workers=2)
-for step, (x, y) in enumerate(loader):
-    x, y = x.to("neuron"), y.to("neuron")
-    loss = (model(x) - y).square().mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    print("step", step, "first sample", int(x[0, 0].item()), flush=True)
+def main() -> None:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    method = sys.argv[2] if len(sys.argv) > 2 else "fork"
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(SlowDataset(4 * steps), batch_size=4, num_workers=2,
+                        multiprocessing_context=method)
+    for step, (x, y) in enumerate(loader):
+        x, y = x.to("neuron"), y.to("neuron")
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print("step", step, "first sample", int(x[0, 0].item()), flush=True)
+
+
+if __name__ == "__main__":  # spawned workers import this file again
+    main()
