@@ -67,3 +67,15 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
     assert labels[0] == "MainThread"
     assert "DataLoader worker 0" in labels and "DataLoader worker 1" in labels
     assert labels.index("DataLoader worker 0") > labels.index("MainThread")
+
+
+def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
+    proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die")
+    assert proc.returncode == 1 and "exited unexpectedly" in proc.stderr, proc.stderr
+    assert "trace written to dies.pftrace" in proc.stderr
+    trace = parse(programs / "dies.pftrace")
+    fetched = sorted(s.args["batch"] for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0)
+    # batch 3 holds sample 13: worker 1 died fetching it, after it had sent batch 1
+    assert 1 in fetched and 3 not in fetched, fetched
+    waits = [s for s in trace.by_category(CAT_DATALOADER) if "batch" in s.args]
+    assert waits and all(w.flow_in for w in waits)  # each batch received is linked to its worker
