@@ -45,7 +45,6 @@ from neuron_explorer.trace_format import (
     ARG_GROUP,
     ARG_HW_FLOPS,
     ARG_KERNEL_ID,
-    ARG_MATMUL_DTYPE,
     ARG_MODULE,
     ARG_OP_ID,
     ARG_OP_KEY,
@@ -56,6 +55,7 @@ from neuron_explorer.trace_format import (
     ARG_REASON,
     ARG_SBUF,
     ARG_SECTION,
+    ARG_SECTIONS,
     ARG_SEQ,
     ARG_SHAPES,
     ARG_SOURCE,
@@ -63,7 +63,6 @@ from neuron_explorer.trace_format import (
     ARG_SYNC_KIND,
     ARG_TRANSFER_NS,
     ARG_WAIT_NS,
-    ARG_WRITTEN,
     CAT_COLLECTIVE,
     CAT_COMPILE,
     CAT_DMA,
@@ -99,7 +98,7 @@ _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "st
            "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
            "device", "graph_id", "key")
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
-               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback")
+               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
@@ -112,6 +111,20 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
     distinct = sorted(set(values), key=str)
     index = {v: i for i, v in enumerate(distinct)}
     return distinct, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+
+
+def _sections_json(kernel: object) -> str:
+    """A compiled program's sections as the user wrote them, once on its kernel slice (not on
+    every instruction): JSON [[section, module, source, written, matmul dtype], ...] for the
+    sections that say either; "" for a kernel of one op."""
+    sections = getattr(kernel, "sections", None)
+    if not sections:
+        return ""
+    cwd = os.getcwd() + os.sep
+    rows = [[s.name, s.module, s.source.removeprefix(cwd), getattr(s, "written", ""),
+             getattr(s, "matmul_dtype", "")]
+            for s in sections if getattr(s, "written", "") or getattr(s, "matmul_dtype", "")]
+    return json.dumps(rows, separators=(",", ":")) if rows else ""
 
 
 def op_flow_id(op_id: int, kernel_index: int) -> int:
@@ -286,7 +299,7 @@ class DeviceSink:
             self._kernels.extend((ev.device, ev.start_ns, ev.end_ns, ev.kernel_id, ev.op_id,
                                   rec.step, index, ev.name, ev.engine_busy_ns, ev.model_flops,
                                   ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
-                                  ev.fallback))
+                                  ev.fallback, _sections_json(ev.kernel) if rec.engine else ""))
             self._kernel_flows.append(flow_out)
             if len(self._kernel_flows) >= _KERNEL_BATCH:
                 self._flush_kernels()
@@ -418,8 +431,7 @@ class DeviceSink:
         if section is None:
             return None, None
         cwd = os.getcwd() + os.sep  # sources read as eager ops' do: relative to the cwd
-        return section, [("+".join(s.ops), s.source.removeprefix(cwd), s.module, s.name,
-                          getattr(s, "written", ""), getattr(s, "matmul_dtype", ""))
+        return section, [("+".join(s.ops), s.source.removeprefix(cwd), s.module, s.name)
                          for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
@@ -469,7 +481,7 @@ class DeviceSink:
         flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
         kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
         # a compiled graph's instructions: the section (op, source line, module) of each
-        labels: dict[tuple[str, ...], int] = {}
+        labels: dict[tuple[str, str, str, str], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
             section, sections = row[10], row[11]
@@ -525,8 +537,7 @@ class DeviceSink:
                 strings = {ARG_ENGINE: (engine_list, c["engine"]),
                            ARG_OPCODE: (opcode_list, c["name_index"])}
                 if program:
-                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION,
-                                             ARG_WRITTEN, ARG_MATMUL_DTYPE)):
+                    for i, key in enumerate((ARG_OPS, ARG_SOURCE, ARG_MODULE, ARG_SECTION)):
                         strings[key] = ([x[i] for x in label_list], c["label"])
                 elif "source" in c:  # an NKI kernel's lines
                     strings[ARG_SOURCE] = (list(source_ids), c["source"])
@@ -574,8 +585,8 @@ class DeviceSink:
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
-        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback = key
-        return name, {
+        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections = key
+        args = {
             ARG_FLOPS: model_flops,
             ARG_HW_FLOPS: flops,
             ARG_BYTES: nbytes,
@@ -584,6 +595,9 @@ class DeviceSink:
             ARG_PSUM: psum,
             ARG_FALLBACK: fallback,
         }
+        if sections:
+            args[ARG_SECTIONS] = sections
+        return name, args
 
     def _forget_signatures(self) -> None:
         """Bound the caches (rows carry their own fields, so nothing buffered needs them)."""
@@ -618,7 +632,8 @@ class DeviceSink:
         for busy in c["busy"]:
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
-                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], strict=True))
+                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], c["sections"],
+                        strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
         for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):

@@ -45,8 +45,10 @@ ARG_ENGINE = "engine"  # "tensor" | "vector" | "scalar" | "gpsimd" | "dma.<q>"
 ARG_OPCODE = "opcode"
 ARG_OPS = "ops"  # str, on a compiled graph's instructions: the aten op(s) they run
 ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_addmm_gelu")
-ARG_WRITTEN = "written"  # str, ... and what the user's code called ("LayerNorm", "F.gelu")
-ARG_MATMUL_DTYPE = "matmul_dtype"  # str, ... and the dtype of its matmul ("float32"), if any
+# str JSON, on a compiled program's kernel slices: [[section, module, source, written,
+# matmul dtype], ...]: what the user's code called ("LayerNorm", "F.gelu") and the dtype
+# of the section's matmul ("float32"), once per program rather than on every instruction
+ARG_SECTIONS = "sections"
 ARG_GRAPH_ID = "graph_id"
 ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize

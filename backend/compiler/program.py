@@ -45,7 +45,7 @@ class Section:
     ops: tuple[str, ...]  # aten op names, in graph order
     source: str  # "file:line" of the first op's user code ("" when unknown)
     module: str  # nn.Module path of that code ("" when unknown)
-    written: str = ""  # what the user called: "LayerNorm", "F.layer_norm" ("+"-joined; "" unknown)
+    written: str = ""  # what the user called: "LayerNorm", "F.layer_norm" (", "-joined; "" unknown)
     matmul_dtype: str = ""  # the dtype its first matmul runs in ("float32"; "" without a matmul)
 
 
@@ -130,7 +130,7 @@ def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     first = nodes[0]
     written = dict.fromkeys(w for w in map(written_as, nodes) if w)
     return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first),
-                   "+".join(written), matmul_dtype(nodes))
+                   ", ".join(written), matmul_dtype(nodes))
 
 
 def live_bytes(groups: Sequence[FusionGroup], binding: dict | None = None) -> int:

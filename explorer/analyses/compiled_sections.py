@@ -9,6 +9,7 @@ type or torch function Dynamo recorded, so `aten::native_layer_norm` reads as th
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
@@ -17,12 +18,11 @@ import pandas as pd
 from neuron_explorer.trace_format import (
     ARG_ENGINE,
     ARG_KERNEL_ID,
-    ARG_MATMUL_DTYPE,
     ARG_MODULE,
     ARG_OPS,
     ARG_SECTION,
+    ARG_SECTIONS,
     ARG_SOURCE,
-    ARG_WRITTEN,
     CAT_DMA,
     CAT_INSTRUCTION,
 )
@@ -96,16 +96,42 @@ def _program_instructions(trace: Trace) -> pd.DataFrame | None:
     ids = ids[keep]
     kernel_id = args.numbers(ARG_KERNEL_ID, ids, default=-1).astype(np.int64)
     names = dict(zip(trace.kernels["kernel_id"], trace.kernels["name"], strict=False))
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "graph": [names.get(k, f"kernel {k}") for k in kernel_id],
         "kernel_id": kernel_id,
         "section": section[keep],
-        "written": args.texts(ARG_WRITTEN, ids),
         "ops": args.texts(ARG_OPS, ids),
         "module": args.texts(ARG_MODULE, ids),
         "source": args.texts(ARG_SOURCE, ids),
-        "matmul_dtype": args.texts(ARG_MATMUL_DTYPE, ids),
         "engine": args.texts(ARG_ENGINE, ids),
         "ts": rows["ts"].to_numpy(np.int64)[keep],
         "dur": rows["dur"].to_numpy(np.int64)[keep],
     })
+    labels = _section_labels(trace)
+    if labels.empty:
+        return frame.assign(written="", matmul_dtype="")
+    frame = frame.merge(labels, on=["kernel_id", "section", "module", "source"], how="left")
+    return frame.fillna({"written": "", "matmul_dtype": ""})
+
+
+def _section_labels(trace: Trace) -> pd.DataFrame:
+    """(kernel_id, section, module, source) -> written, matmul_dtype, from the `sections` JSON
+    each compiled program's kernel slice carries."""
+    k = trace.kernels
+    columns = ["kernel_id", "section", "module", "source", "written", "matmul_dtype"]
+    if not len(k):
+        return pd.DataFrame(columns=columns)
+    texts = trace.slice_args.texts(ARG_SECTIONS, k["id"].to_numpy(np.int64))
+    parsed: dict[str, list] = {}
+    rows = []
+    for kernel_id, text in zip(k["kernel_id"].tolist(), texts, strict=True):
+        if not text:
+            continue
+        if text not in parsed:
+            try:
+                parsed[text] = [r for r in json.loads(text) if isinstance(r, list) and len(r) == 5]
+            except ValueError:
+                parsed[text] = []
+        rows.extend([kernel_id, *r] for r in parsed[text])
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.drop_duplicates(["kernel_id", "section", "module", "source"])
