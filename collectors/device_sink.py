@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,7 @@ from neuron_explorer.trace_format import (
     ARG_REASON,
     ARG_SBUF,
     ARG_SECTION,
+    ARG_SECTIONS,
     ARG_SEQ,
     ARG_SHAPES,
     ARG_SOURCE,
@@ -96,7 +98,7 @@ _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "st
            "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
            "device", "graph_id", "key")
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
-               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback")
+               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
@@ -109,6 +111,20 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
     distinct = sorted(set(values), key=str)
     index = {v: i for i, v in enumerate(distinct)}
     return distinct, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+
+
+def _sections_json(kernel: object) -> str:
+    """A compiled program's sections as the user wrote them, once on its kernel slice (not on
+    every instruction): JSON [[section, module, source, written, matmul dtype], ...] for the
+    sections that say either; "" for a kernel of one op."""
+    sections = getattr(kernel, "sections", None)
+    if not sections:
+        return ""
+    cwd = os.getcwd() + os.sep
+    rows = [[s.name, s.module, s.source.removeprefix(cwd), getattr(s, "written", ""),
+             getattr(s, "matmul_dtype", "")]
+            for s in sections if getattr(s, "written", "") or getattr(s, "matmul_dtype", "")]
+    return json.dumps(rows, separators=(",", ":")) if rows else ""
 
 
 def op_flow_id(op_id: int, kernel_index: int) -> int:
@@ -283,7 +299,7 @@ class DeviceSink:
             self._kernels.extend((ev.device, ev.start_ns, ev.end_ns, ev.kernel_id, ev.op_id,
                                   rec.step, index, ev.name, ev.engine_busy_ns, ev.model_flops,
                                   ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
-                                  ev.fallback))
+                                  ev.fallback, _sections_json(ev.kernel) if rec.engine else ""))
             self._kernel_flows.append(flow_out)
             if len(self._kernel_flows) >= _KERNEL_BATCH:
                 self._flush_kernels()
@@ -414,7 +430,8 @@ class DeviceSink:
         section = getattr(kernel, "section", None)
         if section is None:
             return None, None
-        return section, [("+".join(s.ops), s.source, s.module, s.name)
+        cwd = os.getcwd() + os.sep  # sources read as eager ops' do: relative to the cwd
+        return section, [("+".join(s.ops), s.source.removeprefix(cwd), s.module, s.name)
                          for s in kernel.sections]
 
     def _kernel_counters(self, dev: DeviceTracks, ev: KernelRun) -> None:
@@ -568,8 +585,8 @@ class DeviceSink:
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
-        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback = key
-        return name, {
+        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections = key
+        args = {
             ARG_FLOPS: model_flops,
             ARG_HW_FLOPS: flops,
             ARG_BYTES: nbytes,
@@ -578,6 +595,9 @@ class DeviceSink:
             ARG_PSUM: psum,
             ARG_FALLBACK: fallback,
         }
+        if sections:
+            args[ARG_SECTIONS] = sections
+        return name, args
 
     def _forget_signatures(self) -> None:
         """Bound the caches (rows carry their own fields, so nothing buffered needs them)."""
@@ -612,7 +632,8 @@ class DeviceSink:
         for busy in c["busy"]:
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
-                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], strict=True))
+                        c["bytes"], c["sbuf"], c["psum"], c["fallback"], c["sections"],
+                        strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
         for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):

@@ -27,11 +27,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.host_costs import host_costs
+from neuron_explorer.collectors import dataloader_workers
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.trace_format import (
+    ARG_BATCH,
     ARG_MODULE,
     ARG_PHASE,
     ARG_STEP,
+    ARG_WORKER,
+    ARG_WORKER_PID,
     CAT_DATALOADER,
     CAT_MODULE,
     CAT_OPTIMIZER,
@@ -93,6 +97,11 @@ class FrameworkHooks:
         from torch.utils.data import dataloader
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._patch(dataloader._MultiProcessingDataLoaderIter, "__init__",
+                    self._wrap_workers_start)
+        from torch.utils.data._utils import worker
+
+        self._patch(worker, "_worker_loop", dataloader_workers.wrap_worker_loop)
         rf = torch.autograd.profiler.record_function
         self._patch(rf, "__enter__", self._wrap_range_enter)
         self._patch(rf, "__exit__", self._wrap_range_exit)
@@ -300,6 +309,8 @@ class FrameworkHooks:
             rec = hooks.rec
             if not rec.recording:
                 return original(self_)
+            if rec.workers.follows(self_):
+                return hooks._next_from_workers(original, self_)
             hooks._timed(rec.begin, "DataLoader.__next__", CAT_DATALOADER, {ARG_STEP: rec.step})
             try:
                 return original(self_)
@@ -307,6 +318,54 @@ class FrameworkHooks:
                 hooks._timed(rec.end, CAT_DATALOADER)
 
         return __next__
+
+    def _next_from_workers(self, original: Callable, iterator: Any) -> Any:
+        """`__next__` of a multi-worker iterator: the wait names the batch and the worker that
+        fetched it, with a flow from that worker's track (`dataloader_workers`)."""
+        rec = self.rec
+        t0, ts = _stamp()
+        rec.workers.anchor(dataloader_workers.mono_ns(), ts)
+        batch, worker = dataloader_workers.batch_and_worker(iterator)
+        clock.exclude(_perf_ns() - t0)
+        got = False
+        try:
+            result = original(iterator)
+            got = True
+            return result
+        finally:
+            t1, end = _stamp()
+            try:
+                rec.workers.anchor(dataloader_workers.mono_ns(), end)
+                if batch is not None and getattr(iterator, "_rcvd_idx", None) != batch + 1:
+                    batch = worker = None  # it skipped to another batch (a worker ended)
+                receipt = rec.workers.received(iterator, batch if got else None, worker)
+                args = {ARG_STEP: rec.step}
+                if receipt.batch is not None:
+                    args[ARG_BATCH] = receipt.batch
+                if receipt.worker_id is not None:
+                    args[ARG_WORKER] = receipt.worker_id
+                if receipt.worker_pid is not None:
+                    args[ARG_WORKER_PID] = receipt.worker_pid
+                rec.ensure_step(ts=ts)
+                rec.writer.slice(rec.thread().track, ts, end - ts, "DataLoader.__next__",
+                                 CAT_DATALOADER, args,
+                                 flow_in=(receipt.flow,) if receipt.flow is not None else ())
+            except RecordingError as exc:
+                rec.fail(exc)
+            clock.exclude(_perf_ns() - t1)
+
+    def _wrap_workers_start(self, original: Callable) -> Callable:
+        hooks = self
+
+        def __init__(self_: Any, *args: Any, **kwargs: Any) -> None:
+            rec = hooks.rec
+            if rec.recording:
+                rec.workers.before_workers_start()
+            original(self_, *args, **kwargs)
+            if rec.recording:
+                rec.workers.anchor(dataloader_workers.mono_ns(), clock.now())
+
+        return __init__
 
     # -- record_function ranges -----------------------------------------------------------
 

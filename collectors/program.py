@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from types import TracebackType
 
+from neuron_explorer.collectors import signal_guard
 from neuron_explorer.collectors.trace_writer import RecordingError
 
 SCRIPT, MODULE, COMMAND = "script", "module", "command"
@@ -117,7 +118,8 @@ def run_program(program: Program) -> Outcome:
     """Run the program; return its exit code (or the signal to re-raise once recorded)."""
     if program.kind == COMMAND:
         return _run_command(program)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # raised only where the recorder's open slices and the trace agree (signal_guard)
+    previous = signal.signal(signal.SIGTERM, signal_guard.deferring(_raise_terminated))
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     try:
         if program.kind == SCRIPT:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_explorer.backend.clock import MODELLED, clock
+from neuron_explorer.collectors import signal_guard
+from neuron_explorer.collectors.dataloader_workers import WorkerTracks
 from neuron_explorer.collectors.recording_notices import host_clock_metadata, warn_if_large
 from neuron_explorer.collectors.trace_writer import RecordingError, TraceWriter, open_writer
 from neuron_explorer.trace_format import (
@@ -113,6 +115,7 @@ class Recorder:
         self.writer: TraceWriter = open_writer(options.path, options.fmt,
                                                uuid_base=(self.pid << 24) + 1)
         self._uncounted_track: int | None = None
+        self._marks_written = 0  # GC and recording pauses: a trace of only these is empty
         self.status: Any = None  # the live status line, when stderr is a terminal
         self.large_trace_warned = False
         self.failed: RecordingError | None = None
@@ -135,6 +138,7 @@ class Recorder:
         self.host = self.writer.process(self.pid, _process_name(options.command),
                                         [str(a) for a in options.command])
         self.main = self._thread_state_for(self.main_ident, threading.main_thread())
+        self.workers = WorkerTracks(self)
         self.writer.metadata(self.main.track, clock.now(), self._metadata())
 
     # -- state --------------------------------------------------------------------
@@ -214,20 +218,28 @@ class Recorder:
             # the first step of a --steps window: no recorded step before it, so it can
             # reach back to hold every device event it saw (the window never cuts a step)
             start = min(start, self.first_event_ts)
-        self.step_open = True
-        self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
-                          {ARG_STEP: self.step})
-        self.steps_recorded.append(self.step)
+        signal_guard.enter()
+        try:
+            self.step_open = True
+            self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
+                              {ARG_STEP: self.step})
+            self.steps_recorded.append(self.step)
+        finally:
+            signal_guard.leave()
 
     def begin(self, name: str, category: str, args: Mapping[str, Any] | None = None,
               ts: int | None = None, state: _ThreadState | None = None) -> None:
         """Open a host slice on the calling thread's track."""
         if not self.recording:
             return
-        self.ensure_step(ts=ts)
-        state = state or self.thread()
-        state.open.append(_Open(name, category, args))
-        self.writer.begin(state.track, clock.now() if ts is None else ts, name, category, args)
+        signal_guard.enter()  # the slice noted open and its begin written, or neither
+        try:
+            self.ensure_step(ts=ts)
+            state = state or self.thread()
+            state.open.append(_Open(name, category, args))
+            self.writer.begin(state.track, clock.now() if ts is None else ts, name, category, args)
+        finally:
+            signal_guard.leave()
 
     def end(self, category: str, ts: int | None = None, state: _ThreadState | None = None) -> None:
         """Close the innermost open slice of `category` (and any left open inside it)."""
@@ -235,14 +247,25 @@ class Recorder:
         for depth in range(len(state.open) - 1, -1, -1):
             if state.open[depth].category == category:
                 now = clock.now() if ts is None else ts
-                while len(state.open) > depth:
-                    state.open.pop()
-                    self.writer.end(state.track, now)
+                signal_guard.enter()
+                try:
+                    while len(state.open) > depth:
+                        state.open.pop()
+                        self.writer.end(state.track, now)
+                finally:
+                    signal_guard.leave()
                 return
 
     def end_step(self, explicit: bool, ts: int | None = None, by: str = "optimizer") -> None:
         """End the current step: by `neuron_explorer.step()`, an optimizer step or (`by` =
         "forward", inference loops) the return of the outermost module's forward."""
+        signal_guard.enter()  # the open slices split at the boundary all at once, or not
+        try:
+            self._end_step(explicit, ts, by)
+        finally:
+            signal_guard.leave()
+
+    def _end_step(self, explicit: bool, ts: int | None, by: str) -> None:
         if explicit:
             self.explicit_steps = True
             by = "explicit"
@@ -351,6 +374,7 @@ class Recorder:
             return
         if self._uncounted_track is None:
             self._uncounted_track = self.writer.track(TRACK_UNCOUNTED, self.host)
+        self._marks_written += len(marks)
         for name, ts, dur, args in marks:
             self.writer.instant(self._uncounted_track, ts, name, CAT_UNCOUNTED,
                                 {ARG_PAUSED_NS: int(dur), **args})
@@ -378,9 +402,19 @@ class Recorder:
         now = clock.now()  # before detaching, which hands the clock back to wall time
         session.detach(self)
         if was_failed:
+            self.workers.close(0, 0, write=False)
             self.writer.discard()
             return
+        signal_guard.enter()  # a second Ctrl-C waits until the trace is complete
         try:
+            self._close(now)
+        finally:
+            signal_guard.leave()
+
+    def _close(self, now: int) -> None:
+        """Write the end of everything still open and close the file."""
+        try:
+            self.workers.close(time.perf_counter_ns(), now)
             self.write_marks(closing=True)
             for state in self._threads.values():
                 while state.open:
@@ -400,7 +434,7 @@ class Recorder:
             self.fail(exc)
             self.writer.discard()
             return
-        if self.options.drop_if_empty and self.writer.events <= 1:
+        if self.options.drop_if_empty and self.writer.events - self._marks_written <= 1:
             with contextlib.suppress(OSError):
                 os.unlink(self.writer.path)
             return

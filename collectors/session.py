@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from neuron_explorer.backend.clock import clock
-from neuron_explorer.collectors import recording_notices, status_line
+from neuron_explorer.collectors import recording_notices, signal_guard, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
 
@@ -27,6 +27,7 @@ _perf_ns = clock.real_ns
 
 _active: Recorder | None = None
 _attached: dict[int, tuple[Any, Any]] = {}  # id(recorder) -> (hooks, sink)
+_signal_handlers: dict[int, dict] = {}  # id(recorder) -> the signal handlers it wrapped
 
 
 def active() -> Recorder | None:
@@ -72,6 +73,7 @@ def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     # pauses are marked from the metadata on (it is the trace's first event)
     clock.take_marks()
     clock.mark_pauses = clock.source == LOAD_FREE
+    _signal_handlers[id(recorder)] = signal_guard.install()
     hooks = FrameworkHooks(recorder)
     sink = DeviceSink(recorder, hooks)
     recorder.flush_buffers = sink.flush
@@ -152,6 +154,7 @@ def detach(recorder: Recorder) -> None:
     global _active
     from neuron_explorer.backend.events import hub
 
+    signal_guard.restore(_signal_handlers.pop(id(recorder), {}))
     hooks, sink = _attached.pop(id(recorder), (None, None))
     if sink is not None:
         hub.unsubscribe(sink)

@@ -8,9 +8,14 @@ under `--quiet` (`enabled=False`), so scripts, pipes and tests see nothing.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+# (what, done, total) for each bar opened on this thread: the dashboard's loading page
+Listener = Callable[[str, int, int], None]
+_listeners = threading.local()
 
 
 @contextmanager
@@ -23,10 +28,43 @@ def steps(total: int, what: str, enabled: bool | None = None, unit: str = "step"
     disable = (not enabled) if enabled is not None else not (_is_terminal() or _in_notebook())
     bar = tqdm(total=total, desc=what, unit=unit, file=sys.stderr, delay=1.0,
                disable=disable, leave=False)
+    listener: Listener | None = getattr(_listeners, "current", None)
     try:
-        yield bar
+        if listener is None:
+            yield bar
+        else:
+            listener(what, 0, total)
+            yield _Reported(bar, listener, what, total)
     finally:
         bar.close()
+
+
+@contextmanager
+def observe(listener: Listener) -> Iterator[None]:
+    """Tell `listener` (what, done, total) as every bar opened on this thread moves, whether
+    or not it is drawn: how the dashboard shows a load's progress."""
+    previous = getattr(_listeners, "current", None)
+    _listeners.current = listener
+    try:
+        yield
+    finally:
+        _listeners.current = previous
+
+
+class _Reported:
+    """A tqdm bar that also reports each update to a listener."""
+
+    def __init__(self, bar: Any, listener: Listener, what: str, total: int) -> None:
+        self._bar, self._listener, self._what, self._total = bar, listener, what, total
+        self._done = 0
+
+    def update(self, n: int = 1) -> Any:
+        self._done += n
+        self._listener(self._what, self._done, self._total)
+        return self._bar.update(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bar, name)
 
 
 def _is_terminal() -> bool:

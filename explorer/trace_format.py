@@ -18,6 +18,7 @@ CAT_INSTRUCTION = "instruction"  # one engine instruction
 CAT_DMA = "dma"  # one DMA transfer on a queue
 CAT_SYNC = "sync"  # host waiting on the device
 CAT_DATALOADER = "dataloader"  # host waiting on the next batch
+CAT_DATALOADER_WORKER = "dataloader_worker"  # a DataLoader worker process fetching a batch
 CAT_COMPILE = "compile"  # torch.compile spans (dynamo, aot_autograd, neuron_compile)
 CAT_GRAPH_BREAK = "graph_break"  # instant
 CAT_RECOMPILE = "recompile"  # instant
@@ -44,6 +45,10 @@ ARG_ENGINE = "engine"  # "tensor" | "vector" | "scalar" | "gpsimd" | "dma.<q>"
 ARG_OPCODE = "opcode"
 ARG_OPS = "ops"  # str, on a compiled graph's instructions: the aten op(s) they run
 ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_addmm_gelu")
+# str JSON, on a compiled program's kernel slices: [[section, module, source, written,
+# matmul dtype], ...]: what the user's code called ("LayerNorm", "F.gelu") and the dtype
+# of the section's matmul ("float32"), once per program rather than on every instruction
+ARG_SECTIONS = "sections"
 ARG_GRAPH_ID = "graph_id"
 ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
@@ -52,6 +57,10 @@ ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"
 ARG_METADATA_JSON = "json"
 ARG_PAUSED_NS = "paused_ns"  # int, on CAT_UNCOUNTED instants: the real length of the pause
+ARG_BATCH = "batch"  # int, DataLoader waits and worker batches: the batch index
+ARG_WORKER = "worker"  # int, ... the DataLoader worker id (0..num_workers-1)
+ARG_WORKER_PID = "worker_pid"  # int, ... the worker's process id
+ARG_SAMPLES = "samples"  # int, on worker batches: samples fetched
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).

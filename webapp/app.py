@@ -15,6 +15,7 @@ import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.webapp import loading
 from neuron_explorer.webapp.components import notice
 from neuron_explorer.webapp.context import AppContext
 from neuron_explorer.webapp.pages import (
@@ -72,6 +73,7 @@ def create_app(ctx: AppContext) -> dash.Dash:
     _register_shell_callbacks(app, ctx)
     for page in PAGES:
         page.register(app, ctx)
+    loading.register(app, ctx)
     _register_upload(app, ctx)
     _register_error_handlers(app, ctx)
     # Every inline script (the renderer's start, clientside callbacks) is allowed by its hash.
@@ -103,6 +105,7 @@ def _shell(ctx: AppContext) -> html.Div:
             ], className="trace-controls"),
         ], className="topbar"),
         html.Div(id="error-banner"),
+        dcc.Store(id="loaded-trace"),  # set by the loading page when its trace is ready
         dcc.Loading(html.Main(id="page", className="page"), type="dot", delay_show=300),
     ])
 
@@ -130,8 +133,9 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         *[Output(_nav_id(page), "className") for page in PAGES],
         Input("url", "pathname"),
         Input("url", "search"),
+        Input("loaded-trace", "data"),
     )
-    def route(pathname, search):
+    def route(pathname, search, _loaded):
         params = query_params(search)
         if not params.get("trace") and ctx.default_trace:
             raise PreventUpdate  # sync_trace_choice is about to put the default trace in the URL
@@ -170,6 +174,9 @@ def page_body(ctx: AppContext, page: Any, pathname: str | None, params: dict[str
     if not name:
         return notice("No trace open: pick one from the list above or upload one.", "info"), None
     try:
+        progress = ctx.store.start_loading(name)  # None: loaded already
+        if progress is not None and not progress.finished.wait(loading.SHOW_AFTER_S):
+            return loading.loading_layout(name, progress), None  # a big trace: show its progress
         return page_layout(ctx, page, name, params), None
     except NeuronExplorerError as exc:
         banner = error_banner(ctx.store.public_message(f"Cannot open {name}: {exc}"))

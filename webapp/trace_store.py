@@ -25,6 +25,7 @@ import pandas as pd
 import psutil
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.run_files import MANIFEST
+from neuron_explorer.webapp.load_progress import LoadProgress
 
 log = logging.getLogger("neuron_explorer.webapp")
 
@@ -85,6 +86,7 @@ class TraceStore:
         self._extras: dict[tuple[str, str], Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
+        self._progress: dict[str, LoadProgress] = {}  # background loads (`start_loading`)
         self.skipped: dict[str, str] = {}  # files left out of the list, and why
         self._closed = False
 
@@ -136,11 +138,47 @@ class TraceStore:
         return hide_paths(message, {self._uploads: UPLOAD_PREFIX, self.root: ""})
 
     # -- loading ----------------------------------------------------------------
+    def start_loading(self, name: str) -> LoadProgress | None:
+        """Load `name` on a thread of its own (None: it is loaded already); its progress, fed by
+        the loader's progress bars, is `load_progress(name)` until the load ends."""
+        from neuron_explorer.progress import observe
+
+        if self._cached(name) is not None:
+            return None
+        path = self.resolve(name)
+        with self._lock:
+            progress = self._progress.get(name)
+            if progress is not None and not progress.finished.is_set():
+                return progress
+            progress = self._progress[name] = LoadProgress(name, path.stat().st_size)
+
+        def load() -> None:
+            try:
+                with observe(progress.update):
+                    self.get(name)
+            except BaseException as exc:  # noqa: BLE001 - kept for the page that asked
+                progress.error = exc
+            finally:
+                progress.finished.set()
+
+        threading.Thread(target=load, name=f"load {name}", daemon=True).start()
+        return progress
+
+    def load_progress(self, name: str) -> LoadProgress | None:
+        """The progress of a background load of `name` (None: none was started)."""
+        with self._lock:
+            return self._progress.get(name)
+
     def get(self, name: str) -> Any:
         """The loaded trace for a name (loaded on first use; TraceFormatError if it is bad)."""
         cached = self._cached(name)
         if cached is not None:
             return cached
+        with self._lock:
+            progress = self._progress.get(name)
+            if progress is not None and progress.finished.is_set() and progress.error is not None:
+                del self._progress[name]  # a failed background load: say why, once; then retry
+                raise progress.error
         path = self.resolve(name)
         with self._lock:
             loading = self._loading.setdefault(name, threading.Lock())

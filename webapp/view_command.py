@@ -16,6 +16,8 @@ from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.security import is_loopback, is_wildcard, new_token
 from neuron_explorer.webapp.trace_store import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_UPLOADS
 
+FIRST_LOAD_WAIT_S = 1.0  # how long `view TRACE` waits to report a bad file before serving
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", default=".",
@@ -67,17 +69,22 @@ def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
                        max_uploads=max_uploads)
     default: str | None
     try:
-        if target.is_file():
-            default = target.resolve().relative_to(store.root).as_posix()
-            store.get(default)  # a bad file is reported now, as one line
-        else:
-            default = newest_trace(store)
+        default = (target.resolve().relative_to(store.root).as_posix() if target.is_file()
+                   else newest_trace(store))
         app = create_app(AppContext(store, default_trace=default))
-        server = DashboardServer(app.server, host, port, token=token)
+        server = DashboardServer(app.server, host, port, token=token).start()
     except BaseException:
         store.close()
         raise
-    return server.start(), store
+    if target.is_file():
+        # the server answers at once (a loading page with the load's progress); a file that
+        # is not a trace fails fast and is reported now, as one line
+        progress = store.start_loading(default)
+        if progress is not None and progress.finished.wait(FIRST_LOAD_WAIT_S) and progress.error:
+            server.stop()
+            store.close()
+            raise progress.error
+    return server, store
 
 
 def serve(target: Path, host: str = "127.0.0.1", port: int = 8050, open_browser: bool = True,

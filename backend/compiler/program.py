@@ -45,6 +45,8 @@ class Section:
     ops: tuple[str, ...]  # aten op names, in graph order
     source: str  # "file:line" of the first op's user code ("" when unknown)
     module: str  # nn.Module path of that code ("" when unknown)
+    written: str = ""  # what the user called: "LayerNorm", "F.layer_norm" (", "-joined; "" unknown)
+    matmul_dtype: str = ""  # the dtype its first matmul runs in ("float32"; "" without a matmul)
 
 
 def source_of(node: fx.Node) -> str:
@@ -69,9 +71,66 @@ def module_of(node: fx.Node) -> str:
     return ".".join(p for p in parts[1:] if p)  # the first is the root ("self", "fn")
 
 
+_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//",
+              "matmul": "@", "pow": "**", "neg": "-", "getitem": "[]", "iadd": "+=", "imul": "*="}
+_FUNCTION_PREFIXES = {"torch.nn.functional": "F.", "torch._C._nn": "F.", "torch": "torch.",
+                      "torch.functional": "torch.", "torch._C._VariableFunctions": "torch.",
+                      "torch._tensor": "Tensor.", "torch._C._linalg": "torch.linalg.",
+                      "torch.linalg": "torch.linalg.", "torch.fft": "torch.fft."}
+
+
+def written_as(node: fx.Node) -> str:
+    """What the user's code called to make `node`, from the call Dynamo recorded: a module's
+    type (`LayerNorm`), a torch function (`F.layer_norm`, `torch.softmax`), a tensor method
+    (`Tensor.transpose`) or an operator (`+`); backward ops say whose backward they are."""
+    stack = node.meta.get("source_fn_stack")
+    backward = False
+    if not stack:
+        stack, backward = node.meta.get("fwd_source_fn_stack"), True
+    if not stack:
+        return ""
+    name = _call_name(stack[-1][1])
+    return f"{name} (backward)" if name and backward else name
+
+
+def _call_name(target: object) -> str:
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    if isinstance(target, type):
+        return target.__name__
+    name = getattr(target, "__name__", "")
+    if not name:
+        return ""
+    module = getattr(target, "__module__", None) or ""
+    if module in ("_operator", "operator"):
+        return _OPERATORS.get(name, f"operator.{name}")
+    if not module and type(getattr(target, "__self__", None)).__name__ == "type":
+        module = "torch"  # torch.softmax and friends: built-in methods of torch's C class
+    prefix = _FUNCTION_PREFIXES.get(module)
+    return f"{prefix}{name}" if prefix else name
+
+
+_MATMULS = re.compile(r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
+                      r"_scaled_dot\w*)$")
+
+
+def matmul_dtype(nodes: Sequence[fx.Node]) -> str:
+    """The dtype the first matmul among `nodes` computes in (its output's: a matmul's inputs
+    share it), "" when there is none."""
+    for node in nodes:
+        if _MATMULS.match(op_name(node)):
+            val = node.meta.get("val")
+            val = val[0] if isinstance(val, (list, tuple)) and val else val
+            if isinstance(val, torch.Tensor):
+                return str(val.dtype).removeprefix("torch.")
+    return ""
+
+
 def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     first = nodes[0]
-    return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first))
+    written = dict.fromkeys(w for w in map(written_as, nodes) if w)
+    return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first),
+                   ", ".join(written), matmul_dtype(nodes))
 
 
 def live_bytes(groups: Sequence[FusionGroup], binding: dict | None = None) -> int:

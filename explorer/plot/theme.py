@@ -32,6 +32,7 @@ CATEGORY_COLOURS = {
     "dma": "#76b7b2",
     "sync": "#e15759",
     "dataloader": "#edc948",
+    "dataloader_worker": "#8f6d00",
     "compile": "#3d2b1f",
     "annotation": "#8cd17d",
     "graph_break": "#a10e2b",

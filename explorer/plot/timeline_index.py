@@ -126,11 +126,14 @@ class TimelineIndex:
         starts = np.concatenate([[0], bounds])
         stops = np.concatenate([bounds, [keys.size]])
         info = _track_info(tracks)
+        # DataLoader workers' tracks go below the program's own threads
+        worker_tracks = set(track_id[categories == tf.CAT_DATALOADER_WORKER].tolist())
         groups = []
         for a, b in zip(starts, stops, strict=True):
             tid, d = int(track_id[a]), int(depth[a])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
-            sort_key = (device, KIND_ORDER.get(kind, 5), process, _engine_rank(name), _natural(name), tid, d)
+            sort_key = (device, KIND_ORDER.get(kind, 5), tid in worker_tracks, process,
+                        _engine_rank(name), _natural(name), tid, d)
             label = name
             if tid in folded:
                 label = f"DMA ({len(folded[tid])} queues)"

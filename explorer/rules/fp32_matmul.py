@@ -1,4 +1,5 @@
-"""FP32 matmuls that could run in BF16 (four times the Tensor Engine rate).
+"""FP32 matmuls that could run in BF16 (four times the Tensor Engine rate), eager ops and
+the matmuls inside compiled graphs alike (a graph's sections say their matmul's dtype).
 
 Judged on device time: in a host-bound run the device idles most of the step, so a
 matmul's share of the step is small even when it is most of what the device does,
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+import pandas as pd
+from neuron_explorer.analyses.compiled_sections import compiled_matmuls
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.device_terms import device_terms
@@ -35,14 +38,20 @@ def _host_bound(trace: Trace) -> bool:
     return lost >= th.HOST_BOUND_MIN_SHARE * step_time(trace) and lost > 0
 
 
+_SHOWN = ["id", "ts", "dur", "name", "module", "source", "device_dur", "graph"]
+
+
 def check(trace: Trace) -> list[Finding]:
     ops = in_analysed_steps(trace, trace.ops)
-    if not len(ops):
+    compiled = in_analysed_steps(trace, compiled_matmuls(trace))
+    if not len(ops) and not len(compiled):
         return []
     is_mm = map_unique(ops["name"], lambda n: bool(MATMUL.search(str(n))), bool)
     dtype = map_unique(ops["dtypes"], main_dtype)
     timed = ops["device_dur"].to_numpy() > 0
-    mm = ops[is_mm & (dtype == "float32") & timed]
+    eager = ops[is_mm & (dtype == "float32") & timed].assign(graph="")
+    inside = compiled[(compiled["dtype"] == "float32") & (compiled["device_dur"] > 0)]
+    mm = pd.concat([eager[_SHOWN], inside[_SHOWN]], ignore_index=True) if len(inside) else eager
     if not len(mm):
         return []
     figs = trace.hardware_figures
@@ -52,18 +61,20 @@ def check(trace: Trace) -> list[Finding]:
     lost = fp32_ns * (1 - 1 / slowdown)
     device_ns = float(in_analysed_steps(trace, trace.kernels)["dur"].sum())
     device_share = fp32_ns / device_ns if device_ns else 0.0
-    matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum())
+    matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum()) + float(compiled["device_dur"].sum())
     on_device = (fp32_ns >= th.FP32_MATMUL_MIN_MATMUL_SHARE * matmul_ns
                  and device_share >= th.FP32_MATMUL_MIN_DEVICE_SHARE)
     if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace) and not on_device:
         return []
-    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in float32, {us(r.device_dur)} on the "
-                      f"device" + (f" ({r.module})" if r.module else "")
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in float32"
+                      + (f" inside compiled {r.graph}, {us(r.device_dur)} on the Tensor Engine"
+                         if r.graph else f", {us(r.device_dur)} on the device")
+                      + (f" ({r.module})" if r.module else "")
                       + (f" at {r.source}" if r.source else ""))
              for r in top(mm, "device_dur").itertuples()]
     low = is_mm & timed & map_unique(ops["dtypes"], lambda d: main_dtype(d) in LOW_PRECISION,
                                      bool)
-    mixed = bool(low.any())
+    mixed = bool(low.any()) or bool(compiled["dtype"].isin(LOW_PRECISION).any())
     explanation = (f"{len(mm)} FP32 matmuls take {us(fp32_ns)} of device time "
                    f"({device_share:.0%} of the device's busy time, "
                    f"{fp32_ns / matmul_ns:.0%} of matmul time); FP32 runs {slowdown:g}x slower "
@@ -72,7 +83,8 @@ def check(trace: Trace) -> list[Finding]:
     if mixed:
         explanation += (" Other matmuls of this run ran in bfloat16 (autocast or a bf16 model): "
                         "these got float32 inputs, so they ran at the FP32 rate.")
-    predicted = predicted_bf16_saving_ns(trace, mm["id"].to_numpy())
+    # a compiled graph cannot be re-timed op by op: the replay predicts eager matmuls only
+    predicted = predicted_bf16_saving_ns(trace, mm["id"].to_numpy()) if not len(inside) else None
     if predicted is not None:  # the what-if replay of these matmuls in bf16
         lost = predicted
         explanation = explanation.replace(

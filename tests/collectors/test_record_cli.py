@@ -155,9 +155,6 @@ def _start_looping(programs: Path, out: str) -> subprocess.Popen:
     (signal.SIGINT, True),
     (signal.SIGKILL, False),
 ])
-@pytest.mark.xfail(strict=False, reason="known flake, open: a recording stopped by a signal "
-                   "now and then writes a slice's end without its begin (seen in 2 of 4 full "
-                   "suite runs on the 2-core machine)")
 def test_signals_complete_the_trace_or_leave_a_readable_prefix(
         programs: Path, signum: int, trace_complete: bool) -> None:
     proc = _start_looping(programs, "s.pftrace")

@@ -49,11 +49,35 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
             parts.append(section(title, data_table(readable(df, origin), f"compile-{key}", page_size=10)))
         else:
             parts.append(section(title, notice(f"No {title.lower()} in this trace.")))
+    parts.append(section("What the graphs run", sections_table(trace)))
     if isinstance(loose, pd.DataFrame) and not loose.empty:
         ns = int(loose["dur"].sum())
         parts.append(notice(f"{fmt.duration(ns)} of compile work belongs to no graph (tracing and "
                             "set-up before a graph exists); it counts in the compile time, not as a graph."))
     return html.Div(parts)
+
+
+def sections_table(trace: Trace) -> Any:
+    """Each graph's sections as the user wrote them (`LayerNorm`, `F.layer_norm`) beside the
+    aten ops they became; a notice when the trace has no program instructions."""
+    from neuron_explorer.analyses.compiled_sections import compiled_sections
+
+    data = fetch(lambda: compiled_sections(trace), "compiled graphs' instructions")
+    df = data.value
+    if not isinstance(df, pd.DataFrame) or df.empty:
+        return notice("The compiled graphs' instructions are not in this trace "
+                      "(record with --level engine to see what each graph runs).")
+    shown = pd.DataFrame({
+        "graph": df["graph"],
+        "as written": df["written"].replace("", "–"),
+        "aten ops": df["ops"].str.replace("+", " + ", regex=False),
+        "section": df["section"],
+        "module": df["module"],
+        "source": df["source"],
+        "runs": df["runs"],
+        "engine time per run (ms)": (df["engine_ns"] / 1e6).round(4),
+    })
+    return data_table(shown, "compile-sections", page_size=15)
 
 
 def _has(df, column: str) -> bool:

@@ -1,0 +1,94 @@
+"""Signals that arrive while the recorder writes a slice's begin or end wait until it is done.
+
+Ctrl-C (SIGINT) and `kill` (SIGTERM, which the record command turns into an exception)
+raise in the program wherever it is, also inside the recorder between noting a slice as
+open and writing its begin, or between writing an end and forgetting the slice. The
+trace would then end with a slice's end without its begin. The handlers of those two
+signals are wrapped: inside a `guarded()` section they only note the signal, and the
+section's end runs the handler, with the recorder's state and the trace agreeing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Guard:
+    __slots__ = ("depth", "pending")
+
+    def __init__(self) -> None:
+        self.depth = 0  # guarded sections running (they nest)
+        self.pending: tuple[Callable, int, FrameType | None] | None = None
+
+
+_guard = _Guard()
+
+
+def deferring(handler: Any) -> Any:
+    """`handler` wrapped so that it waits for the end of a guarded section; SIG_DFL, SIG_IGN
+    and already wrapped handlers are returned as they are."""
+    if not callable(handler) or getattr(handler, "_neuron_explorer_deferring", False):
+        return handler
+
+    def deferred(signum: int, frame: FrameType | None) -> None:
+        if _guard.depth:
+            _guard.pending = (handler, signum, frame)
+            return
+        handler(signum, frame)
+
+    deferred._neuron_explorer_deferring = True  # type: ignore[attr-defined]
+    deferred.__wrapped__ = handler  # type: ignore[attr-defined]
+    return deferred
+
+
+def install() -> dict[int, Any]:
+    """Wrap the current SIGINT and SIGTERM handlers (main thread only); returns the previous
+    ones for `restore`."""
+    previous: dict[int, Any] = {}
+    for signum in SIGNALS:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread
+            current = signal.getsignal(signum)
+            wrapped = deferring(current)
+            if wrapped is not current:
+                signal.signal(signum, wrapped)
+                previous[signum] = current
+    return previous
+
+
+def restore(previous: dict[int, Any]) -> None:
+    """Put back the handlers `install` wrapped, where nothing replaced ours since."""
+    for signum, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):
+            current = signal.getsignal(signum)
+            if getattr(current, "__wrapped__", None) is handler:
+                signal.signal(signum, handler)
+
+
+def enter() -> None:
+    """Start a guarded section (pair with `leave`, in a finally)."""
+    _guard.depth += 1
+
+
+def leave() -> None:
+    """End a guarded section; the outermost one runs a signal's handler noted meanwhile."""
+    _guard.depth -= 1
+    if _guard.depth == 0 and _guard.pending is not None:
+        handler, signum, frame = _guard.pending
+        _guard.pending = None
+        handler(signum, frame)
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """A section during which SIGINT and SIGTERM wait (see the module docstring)."""
+    enter()
+    try:
+        yield
+    finally:
+        leave()

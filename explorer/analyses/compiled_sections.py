@@ -1,0 +1,137 @@
+"""What each compiled graph runs, section by section, named as the user wrote it.
+
+A `torch.compile(backend="neuron")` graph runs as one program whose instructions
+say which section (fused group) they belong to, its aten op(s), and what the user's
+code called to make them (`LayerNorm`, `F.layer_norm`, `torch.softmax`): the module
+type or torch function Dynamo recorded, so `aten::native_layer_norm` reads as the
+`nn.LayerNorm` it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.trace_format import (
+    ARG_ENGINE,
+    ARG_KERNEL_ID,
+    ARG_MODULE,
+    ARG_OPS,
+    ARG_SECTION,
+    ARG_SECTIONS,
+    ARG_SOURCE,
+    CAT_DMA,
+    CAT_INSTRUCTION,
+)
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["graph", "section", "written", "ops", "module", "source", "runs", "instructions",
+           "engine_ns"]
+MATMUL_COLUMNS = ["id", "ts", "dur", "step", "graph", "name", "written", "module", "source",
+                  "dtype", "device_dur"]
+_MATMUL_OP = re.compile(r"aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
+                        r"_scaled_dot\w*)\b")
+
+
+def compiled_sections(trace: Trace) -> pd.DataFrame:
+    """One row per (graph, section): what it runs (`written`: the user's call, `ops`: the aten
+    ops), where (`module`, `source`), how often the graph ran (`runs`), its instructions per
+    run and its engine time per run (ns, summed over engines and DMA queues), in program order."""
+    frame = _program_instructions(trace)
+    if frame is None:
+        return pd.DataFrame(columns=COLUMNS)
+    keys = ["graph", "section", "written", "ops", "module", "source"]
+    out = frame.groupby(keys, sort=False).agg(
+        runs=("kernel_id", "nunique"), instructions=("dur", "size"), engine_ns=("dur", "sum"),
+        first=("ts", "min")).reset_index()
+    out["instructions"] = out["instructions"] // out["runs"]
+    out["engine_ns"] = out["engine_ns"] // out["runs"]
+    return out.sort_values(["graph", "first"], kind="stable")[COLUMNS].reset_index(drop=True)
+
+
+def compiled_matmuls(trace: Trace) -> pd.DataFrame:
+    """One row per run of a compiled graph's section holding a matmul: its aten matmul
+    (`name`), the dtype it ran in, its Tensor Engine time in that run (`device_dur`), where
+    it comes from, and the graph's kernel (`id`, `ts`, `dur`, `step`), for the fp32 rule."""
+    frame = _program_instructions(trace)
+    if frame is None:
+        return pd.DataFrame(columns=MATMUL_COLUMNS)
+    frame = frame[(frame["matmul_dtype"] != "") & (frame["engine"] == "tensor")]
+    if frame.empty:
+        return pd.DataFrame(columns=MATMUL_COLUMNS)
+    runs = frame.groupby(["kernel_id", "section", "written", "ops", "module", "source",
+                          "matmul_dtype"], sort=False)["dur"].sum().reset_index()
+    k = trace.kernels.set_index("kernel_id")
+    runs = runs[runs["kernel_id"].isin(k.index)]
+    kernel = k.loc[runs["kernel_id"]]
+    first_matmul = runs["ops"].map(lambda ops: (_MATMUL_OP.search(ops) or [ops])[0])
+    return pd.DataFrame({
+        "id": kernel["id"].to_numpy(np.int64), "ts": kernel["ts"].to_numpy(np.int64),
+        "dur": kernel["dur"].to_numpy(np.int64), "step": kernel["step"].to_numpy(),
+        "graph": kernel["name"].to_numpy(), "name": first_matmul.to_numpy(),
+        "written": runs["written"].to_numpy(), "module": runs["module"].to_numpy(),
+        "source": runs["source"].to_numpy(), "dtype": runs["matmul_dtype"].to_numpy(),
+        "device_dur": runs["dur"].to_numpy(np.int64),
+    }, columns=MATMUL_COLUMNS)
+
+
+def _program_instructions(trace: Trace) -> pd.DataFrame | None:
+    """The instructions and DMA transfers of compiled programs with their section's labels
+    (None: the trace has none)."""
+    slices = trace.table("slices")
+    if not len(slices):
+        return None
+    rows = slices[slices["category"].isin([CAT_INSTRUCTION, CAT_DMA])]
+    ids = rows["id"].to_numpy(np.int64)
+    args = trace.slice_args
+    section = args.texts(ARG_SECTION, ids)
+    keep = section != ""
+    if not keep.any():
+        return None
+    ids = ids[keep]
+    kernel_id = args.numbers(ARG_KERNEL_ID, ids, default=-1).astype(np.int64)
+    names = dict(zip(trace.kernels["kernel_id"], trace.kernels["name"], strict=False))
+    frame = pd.DataFrame({
+        "graph": [names.get(k, f"kernel {k}") for k in kernel_id],
+        "kernel_id": kernel_id,
+        "section": section[keep],
+        "ops": args.texts(ARG_OPS, ids),
+        "module": args.texts(ARG_MODULE, ids),
+        "source": args.texts(ARG_SOURCE, ids),
+        "engine": args.texts(ARG_ENGINE, ids),
+        "ts": rows["ts"].to_numpy(np.int64)[keep],
+        "dur": rows["dur"].to_numpy(np.int64)[keep],
+    })
+    labels = _section_labels(trace)
+    if labels.empty:
+        return frame.assign(written="", matmul_dtype="")
+    frame = frame.merge(labels, on=["kernel_id", "section", "module", "source"], how="left")
+    return frame.fillna({"written": "", "matmul_dtype": ""})
+
+
+def _section_labels(trace: Trace) -> pd.DataFrame:
+    """(kernel_id, section, module, source) -> written, matmul_dtype, from the `sections` JSON
+    each compiled program's kernel slice carries."""
+    k = trace.kernels
+    columns = ["kernel_id", "section", "module", "source", "written", "matmul_dtype"]
+    if not len(k):
+        return pd.DataFrame(columns=columns)
+    texts = trace.slice_args.texts(ARG_SECTIONS, k["id"].to_numpy(np.int64))
+    parsed: dict[str, list] = {}
+    rows = []
+    for kernel_id, text in zip(k["kernel_id"].tolist(), texts, strict=True):
+        if not text:
+            continue
+        if text not in parsed:
+            try:
+                parsed[text] = [r for r in json.loads(text) if isinstance(r, list) and len(r) == 5]
+            except ValueError:
+                parsed[text] = []
+        rows.extend([kernel_id, *r] for r in parsed[text])
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.drop_duplicates(["kernel_id", "section", "module", "source"])

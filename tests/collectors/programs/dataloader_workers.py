@@ -1,0 +1,50 @@
+"""A training loop fed by a DataLoader with two worker processes, used by the record tests.
+
+    python dataloader_workers.py STEPS [fork|spawn] [die]   (die: a worker dies at sample 13)
+"""
+
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class SlowDataset(Dataset):
+    """Each sample takes a millisecond to fetch: the workers' time shows on their tracks."""
+
+    def __init__(self, size: int, die_at: int | None = None) -> None:
+        self.size = size
+        self.die_at = die_at
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        time.sleep(0.001)
+        if i == self.die_at:
+            os._exit(1)  # the worker dies as if killed: no cleanup, no last words
+        return torch.full((16,), float(i)), torch.zeros(4)
+
+
+def main() -> None:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    method = sys.argv[2] if len(sys.argv) > 2 else "fork"
+    die_at = 13 if sys.argv[3:] == ["die"] else None
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(SlowDataset(4 * steps, die_at), batch_size=4, num_workers=2,
+                        multiprocessing_context=method)
+    for step, (x, y) in enumerate(loader):
+        x, y = x.to("neuron"), y.to("neuron")
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print("step", step, "first sample", int(x[0, 0].item()), flush=True)
+
+
+if __name__ == "__main__":  # spawned workers import this file again
+    main()

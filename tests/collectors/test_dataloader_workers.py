@@ -1,0 +1,81 @@
+"""DataLoader worker tracks through `neuron-explorer record` (#12 item 6): each worker's batches
+on a track of its own, on the recording's clock, and each wait naming the worker it waited on."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer.plot.timeline_index import TimelineIndex
+from neuron_explorer.trace_format import CAT_DATALOADER, CAT_DATALOADER_WORKER
+
+from .trace_reading import parse
+
+STEPS = 6
+
+
+def _worker_log_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("neuron-explorer-workers-*")}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
+        record_cli, programs: Path, method: str) -> None:
+    folders_before = _worker_log_folders()
+    proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS), method)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("step ") == STEPS
+    # the workers' own traces held nothing (no device work): none is left beside the trace
+    assert sorted(p.name for p in programs.glob("dl*.pftrace")) == ["dl.pftrace"], proc.stderr
+    assert _worker_log_folders() == folders_before  # the workers' logs are cleaned up
+
+    trace = parse(programs / "dl.pftrace")
+    batches = [s for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0]
+    tracks = {trace.track_name(s.track) for s in batches}
+    assert tracks == {"DataLoader worker 0", "DataLoader worker 1"}
+    # every batch the loop used was fetched once, by the worker torch gave it to
+    assert sorted(s.args["batch"] for s in batches) == list(range(STEPS))
+    previous_end: dict[int, int] = {}
+    for s in sorted(batches, key=lambda s: s.ts):
+        assert s.args["worker"] == s.args["batch"] % 2
+        assert trace.track_name(s.track) == f"DataLoader worker {s.args['worker']}"
+        assert s.args["samples"] == 4
+        inner = [c for c in trace.slices if c.parent is s]
+        assert [c.name for c in inner] == ["fetch samples", "collate"]
+        # as long as it took the worker: four samples of a millisecond's sleep each
+        assert inner[0].dur >= 4 * 900_000 or s.ts == previous_end.get(s.track)
+        previous_end[s.track] = s.ts + s.dur
+
+    waits = [s for s in trace.by_category(CAT_DATALOADER) if "batch" in s.args]
+    assert [w.args["batch"] for w in waits] == list(range(STEPS))
+    steps = trace.by_category("step")
+    assert [w.args["step"] for w in waits] == [s.args["step"] for s in steps[:STEPS]]
+    by_flow = {f: s for s in batches for f in s.flow_out}
+    for wait in waits:
+        (flow,) = wait.flow_in
+        fetched = by_flow[flow]  # the wait is linked to the batch it got ...
+        assert fetched.args["batch"] == wait.args["batch"]
+        assert fetched.args["worker_pid"] == wait.args["worker_pid"]
+        # ... which, on the same clock, was sent before the wait ended
+        assert fetched.ts + fetched.dur <= wait.ts + wait.dur
+
+    # the dashboard's timeline names the worker rows, below the program's own threads
+    loaded = neuron_explorer.load(programs / "dl.pftrace")
+    labels = TimelineIndex(loaded.table("slices"), loaded.tracks, loaded.counters).labels
+    assert labels[0] == "MainThread"
+    assert "DataLoader worker 0" in labels and "DataLoader worker 1" in labels
+    assert labels.index("DataLoader worker 0") > labels.index("MainThread")
+
+
+def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
+    proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die")
+    assert proc.returncode == 1 and "exited unexpectedly" in proc.stderr, proc.stderr
+    assert "trace written to dies.pftrace" in proc.stderr
+    trace = parse(programs / "dies.pftrace")
+    fetched = sorted(s.args["batch"] for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0)
+    # batch 3 holds sample 13: worker 1 died fetching it, after it had sent batch 1
+    assert 1 in fetched and 3 not in fetched, fetched
+    waits = [s for s in trace.by_category(CAT_DATALOADER) if "batch" in s.args]
+    assert waits and all(w.flow_in for w in waits)  # each batch received is linked to its worker

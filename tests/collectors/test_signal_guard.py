@@ -1,0 +1,71 @@
+"""A signal that lands inside the recorder's begin or end of a slice (#12: the "end without
+begin" flake): the handler waits until the trace and the recorder's open slices agree."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from neuron_explorer.collectors import session, signal_guard
+from neuron_explorer.collectors.recorder import RecordOptions
+
+from .trace_reading import parse
+
+
+def _start(path: Path):
+    return session.start(RecordOptions(str(path), level="framework", quiet=True), record_children=False)
+
+
+def _signal_at(recorder, method: str, after: bool = False) -> None:
+    """The next call of the writer's `method` gets a real SIGINT just before (or after) it
+    writes: as if Ctrl-C came between the recorder noting a slice and writing it."""
+    original = getattr(recorder.writer, method)
+
+    def interrupted(*args, **kwargs):
+        setattr(recorder.writer, method, original)
+        if after:
+            original(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # the handler runs right after this call returns
+        if not after:
+            original(*args, **kwargs)
+
+    setattr(recorder.writer, method, interrupted)
+
+
+def test_ctrl_c_between_noting_a_slice_and_writing_its_begin(tmp_path: Path) -> None:
+    path = tmp_path / "begin.pftrace"
+    recorder = _start(path)
+    try:
+        _signal_at(recorder, "begin")
+        with pytest.raises(KeyboardInterrupt):
+            recorder.annotation_begin("region")
+    finally:
+        recorder.stop()
+    trace = parse(path)  # fails on an end without its begin
+    assert [s.name for s in trace.by_category("annotation")] == ["region"]
+    assert [s.name for s in trace.by_category("step")] == ["step 0"]
+
+
+def test_ctrl_c_between_ending_open_slices_at_a_step_boundary(tmp_path: Path) -> None:
+    path = tmp_path / "step.pftrace"
+    recorder = _start(path)
+    try:
+        recorder.annotation_begin("loop")  # open across the step boundary: split there
+        _signal_at(recorder, "end", after=True)  # the first open slice's end is written
+        with pytest.raises(KeyboardInterrupt):
+            recorder.end_step(explicit=True)
+    finally:
+        recorder.stop()
+    trace = parse(path)
+    assert [s.name for s in trace.by_category("annotation")] == ["loop", "loop"]
+    assert len(trace.by_category("step")) == 2
+
+
+def test_handlers_are_put_back_when_the_recording_ends(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    recorder = _start(tmp_path / "h.pftrace")
+    assert signal.getsignal(signal.SIGINT).__wrapped__ is before
+    recorder.stop()
+    assert signal.getsignal(signal.SIGINT) is before
+    assert signal_guard.deferring(signal.SIG_DFL) is signal.SIG_DFL

@@ -1,0 +1,65 @@
+"""fp32 matmuls inside torch.compile(backend="neuron") graphs (#12 item 4): under autocast an
+attention bmm kept in fp32 is flagged, through `neuron-explorer record` and `report`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer.analyses.compiled_sections import compiled_matmuls
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).parent / "programs" / "compiled_attention_autocast.py"
+CLI = [sys.executable, "-m", "neuron_explorer.cli"]
+
+
+def _cli(*args: str, cwd: Path) -> str:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("compiled_fp32")
+    traces = {}
+    for mode in ("fp32", "bf16"):
+        out = folder / f"{mode}.pftrace"
+        _cli("record", "-o", str(out), "--", "python", str(PROGRAM), mode, cwd=folder)
+        traces[mode] = out
+    return traces
+
+
+def _fp32_finding(path: Path) -> dict | None:
+    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    return next((f for f in report["findings"] if f["rule_id"] == "fp32_matmul"), None)
+
+
+def test_a_compiled_attention_bmm_kept_in_fp32_is_flagged(recorded) -> None:
+    matmuls = compiled_matmuls(neuron_explorer.load(recorded["fp32"]))
+    dtypes = dict(zip(matmuls["name"], matmuls["dtype"], strict=False))
+    assert dtypes["aten::bmm"] == "float32" and dtypes["aten::addmm"] == "bfloat16", dtypes
+
+    finding = _fp32_finding(recorded["fp32"])
+    assert finding is not None, "the fp32 bmm inside the compiled graph is flagged"
+    assert any("aten::bmm in float32 inside compiled graph_" in e["description"]
+               for e in finding["evidence"]), finding["evidence"]
+    assert "Other matmuls of this run ran in bfloat16" in finding["explanation"]
+    assert re.search(r"Give aten::bmm at \S*compiled_attention_autocast\.py:24 bfloat16 inputs",
+                     finding["recommendation"]), finding["recommendation"]
+    assert finding["time_lost_ns"] > 0
+
+
+def test_the_same_graph_with_its_bmm_in_bf16_is_not_flagged(recorded) -> None:
+    matmuls = compiled_matmuls(neuron_explorer.load(recorded["bf16"]))
+    assert set(matmuls["dtype"]) == {"bfloat16"}
+    assert _fp32_finding(recorded["bf16"]) is None
