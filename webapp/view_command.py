@@ -76,7 +76,7 @@ def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
     except BaseException:
         store.close()
         raise
-    if target.is_file():
+    if target.is_file() and default is not None:
         # the server answers at once (a loading page with the load's progress); a file that
         # is not a trace fails fast and is reported now, as one line
         progress = store.start_loading(default)

@@ -123,7 +123,7 @@ def _section_labels(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     texts = trace.slice_args.texts(ARG_SECTIONS, k["id"].to_numpy(np.int64))
     parsed: dict[str, list] = {}
-    rows = []
+    rows: list[list] = []
     for kernel_id, text in zip(k["kernel_id"].tolist(), texts, strict=True):
         if not text:
             continue
