@@ -287,6 +287,28 @@ def test_fp32_matmul_not_flagged_when_a_small_part_of_device_time(tmp_path: Path
     assert _rule(t, "fp32_matmul") == []
 
 
+def _waits_on_workers(workers: list[int]) -> scenarios.Scenario:
+    """Steps whose first 4 us wait for a batch (the step is 10 us), each from `workers[n]`."""
+    sc = scenarios.Scenario()
+    for n, worker in enumerate(workers):
+        t = sc.step(n)
+        sc.b.slice(sc.host, t, 4000, "DataLoader.__next__", "dataloader",
+                   {"step": n, "batch": n, "worker": worker})
+        sc.op(t + 4000, 500, "aten::mm", n + 1, n, kernel=(t + 4600, 5000),
+              busy={"tensor": 5000}, flops=900_000_000, nbytes=100_000, instructions=False)
+    return sc
+
+
+def test_dataloader_finding_names_the_worker_behind_the_waits(tmp_path: Path) -> None:
+    (f,) = _rule(_load(_waits_on_workers([1, 1, 1, 0]), tmp_path, "slow_worker"),
+                 "dataloader_stall")
+    assert "Worker 1 is behind 75% of the wait" in f.explanation
+    assert all("from DataLoader worker" in e["description"] for e in f.evidence)
+    (even,) = _rule(_load(_waits_on_workers([0, 1, 0, 1]), tmp_path, "even_workers"),
+                    "dataloader_stall")
+    assert "spread over 2 workers" in even.explanation and "Worker 0 is" not in even.explanation
+
+
 def test_dataloader_finding_does_not_recommend_pin_memory(basic_pf) -> None:
     (f,) = _rule(basic_pf, "dataloader_stall")
     assert "pin_memory" not in f.recommendation and "DataLoader" in f.recommendation
