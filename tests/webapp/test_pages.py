@@ -137,3 +137,26 @@ def test_compare_with_a_trace_without_steps_says_its_bars_are_the_whole_trace(ap
     text = rendered(compare.comparison(app_context, "odd_dims.pftrace", ALEXNET))
     assert f"{ALEXNET} has no step marks" in text
     assert f"{ALEXNET} (whole trace) \\u00b7 device" in text and "odd_dims.pftrace \\u00b7 device" in text
+
+
+def test_compare_and_tables_show_durations_in_units_not_raw_ns(app_context):
+    """The headline diff gave a step time of 28686297.5 and the tables 'device_ns' columns
+    of raw nanoseconds."""
+    import neuron_explorer
+    from neuron_explorer.webapp.components import data_table
+    from neuron_explorer.webapp.pages import compare
+
+    for name in ("gpt_eager.pftrace", "gpt_compiled.pftrace"):
+        app_context.store.add(name, neuron_explorer.load(SAMPLES / name))
+    parts = compare.comparison(app_context, "gpt_eager.pftrace", "gpt_compiled.pftrace")
+    (headline,) = [c for p in parts for c in p.children
+                   if getattr(c, "id", None) == "diff-summary"]
+    step = next(r for r in headline.data if r["metric"] == "step time")
+    assert step["a"].endswith(" ms") and step["b"].endswith(" ms")
+    mfu = next(r for r in headline.data if r["metric"] == "MFU")
+    assert mfu["a"].endswith("%")
+
+    table = data_table(neuron_explorer.load(SAMPLES / "gpt_eager.pftrace").op_stats(), "t")
+    headers = {c["id"]: c["name"] for c in table.columns}
+    assert not any(i.endswith("_ns") for i in headers)
+    assert headers["device_us"] == "device (µs)"

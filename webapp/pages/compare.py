@@ -88,8 +88,35 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
         return parts
     for attr, df in _frames(result):
         title = DIFF_TITLES.get(attr, attr.replace("_", " ").capitalize())
+        if attr == "summary":
+            df = _readable_summary(df)
         parts.append(section(title, data_table(df, f"diff-{attr}", page_size=15)))
     return parts
+
+
+def _readable_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """The headline diff with each figure in its unit ('28.69 ms', '0.07%', '802'), not raw
+    ns and fractions; the ratio stays a number to sort on."""
+    if not {"metric", "a", "b", "delta"} <= set(df.columns):
+        return df
+
+    def shown(metric: str, value: Any) -> str:
+        name = str(metric)
+        if name.endswith("_ns"):
+            return fmt.duration(value)
+        if name in ("mfu", "hfu", "mbu") or name.endswith("share"):
+            return fmt.share(value)
+        if name.startswith("n_"):
+            return fmt.count(value)
+        return str(value)
+
+    readable = df.copy()
+    for column in ("a", "b", "delta"):
+        readable[column] = [shown(m, v) for m, v in zip(df["metric"], df[column], strict=True)]
+    readable["metric"] = [m.upper() if m in ("mfu", "hfu", "mbu") else
+                          m.removesuffix("_ns").removeprefix("n_").replace("_", " ")
+                          for m in map(str, df["metric"])]
+    return readable
 
 
 def _bar_label(name: str, stepless: list[str]) -> str:
