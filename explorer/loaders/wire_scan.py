@@ -17,9 +17,13 @@ import numpy as np
 
 WT_VARINT, WT_FIXED64, WT_LEN, WT_FIXED32 = 0, 1, 2, 5
 CHUNK = 1 << 17  # messages walked together; small enough for the CPU caches
-# from this many messages on, the compiled walk (wire_compiled) does the work when numba
-# is installed: below it, importing and loading the compiled code costs more than it saves
+# The compiled walk (wire_compiled, numba) does the work from this many messages on. Its
+# first use in a process costs about a second (importing numba, loading the compiled code
+# from numba's cache), which it wins back from about this many bytes of messages on;
+# once it has run, it takes every scan of COMPILED_MIN messages or more.
 COMPILED_MIN = 20_000
+COMPILED_FIRST_BYTES = 96 << 20
+_compiled_warm = False
 
 
 class WireError(ValueError):
@@ -271,7 +275,7 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     value = np.zeros((k, n), np.uint64)
     offset = np.zeros((len(off_slots), n), np.int64)
     which = np.zeros((k, n), np.int16)
-    if n >= COMPILED_MIN and _compiled_available():
+    if _use_compiled(start, end):
         return _compiled_scan(buf, start, end, code_of, top, k, off_row, value, offset,
                               which, off_slots, bad)
     value_1d, offset_1d, which_1d = value.reshape(-1), offset.reshape(-1), which.reshape(-1)
@@ -334,12 +338,21 @@ def _compiled_scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, code_of:
     """`scan` by the compiled walk: the same result, one pass over the bytes."""
     from neuron_explorer.loaders import wire_compiled  # imports numba: only when needed
 
+    global _compiled_warm
     msg, field, wire, val, off, others, reason, _, position = wire_compiled.walk(
         buf, start, end, code_of, top, k, off_row, value, offset, which, bad, CHUNK)
+    _compiled_warm = True
     if reason != wire_compiled.OK:
         raise WireError(_reason(buf, reason, position), position)
     return Scan(value, {slot: offset[i] for i, slot in enumerate(off_slots)}, which,
                 Fields(msg, field, wire, val, off), others)
+
+
+def _use_compiled(start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether the compiled walk is worth its start-up for these messages."""
+    if len(start) < COMPILED_MIN or not _compiled_available():
+        return False
+    return _compiled_warm or int(np.maximum(end - start, 0).sum()) >= COMPILED_FIRST_BYTES
 
 
 @cache

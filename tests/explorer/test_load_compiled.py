@@ -70,6 +70,7 @@ REPEATED = {3, 47}
 
 def _scan(monkeypatch: pytest.MonkeyPatch, minimum: int, *args: Any, **kw: Any) -> Any:
     monkeypatch.setattr(wire_scan, "COMPILED_MIN", minimum)
+    monkeypatch.setattr(wire_scan, "COMPILED_FIRST_BYTES", minimum)
     try:
         return scan(*args, **kw)
     except WireError as exc:
@@ -103,6 +104,27 @@ def test_compiled_scan_matches_the_lockstep_scan(monkeypatch: pytest.MonkeyPatch
                 for m, bad in zip((COMPILED, LOCKSTEP), marks, strict=True)]
     _same_scan(*tolerant)
     assert np.array_equal(*marks)
+
+
+def test_the_compiled_walk_starts_only_where_it_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numba's start-up is paid for by a large scan; once paid, smaller scans use it too."""
+    monkeypatch.setattr(wire_scan, "COMPILED_MIN", 10)
+    monkeypatch.setattr(wire_scan, "COMPILED_FIRST_BYTES", 1000)
+    monkeypatch.setattr(wire_scan, "_compiled_warm", False)
+
+    def spans(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        starts = np.arange(n, dtype=np.int64) * size
+        return starts, starts + size
+
+    assert not wire_scan._use_compiled(*spans(5, 1000))  # too few messages
+    assert not wire_scan._use_compiled(*spans(20, 10))  # too few bytes for a first use
+    assert wire_scan._use_compiled(*spans(20, 100))
+    buf, starts, ends = _messages(0, 40)
+    bad = np.zeros(len(starts), bool)
+    monkeypatch.setattr(wire_scan, "COMPILED_FIRST_BYTES", 0)
+    scan(buf, starts, ends, SLOTS, REPEATED, bad=bad)
+    monkeypatch.setattr(wire_scan, "COMPILED_FIRST_BYTES", 1000)
+    assert wire_scan._use_compiled(*spans(20, 10))  # warm now
 
 
 def test_the_seeds_break_some_messages() -> None:
@@ -211,8 +233,8 @@ def _every_packet_kind(path: Path) -> Path:
 
 def _tables(path: Path, minimum: int) -> dict[str, Any]:
     """Every table of a load (cache off) with one walk, and what it warned and skipped."""
-    old = wire_scan.COMPILED_MIN
-    wire_scan.COMPILED_MIN = minimum
+    old = wire_scan.COMPILED_MIN, wire_scan.COMPILED_FIRST_BYTES
+    wire_scan.COMPILED_MIN = wire_scan.COMPILED_FIRST_BYTES = minimum
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -225,7 +247,7 @@ def _tables(path: Path, minimum: int) -> dict[str, Any]:
                 "instructions", "modules")}
             out["dicts"] = t.slice_args.dicts()
     finally:
-        wire_scan.COMPILED_MIN = old
+        wire_scan.COMPILED_MIN, wire_scan.COMPILED_FIRST_BYTES = old
     out["skipped"] = dict(t.skipped)
     out["warnings"] = list(t.warnings)
     out["heard"] = [str(w.message) for w in caught]
