@@ -83,7 +83,7 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
 def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:
     """Each slice's kind as a code into the distinct kinds (factorised once per trace)."""
     return memoised(trace, "slice_kind_codes",
-                        lambda: pd.factorize(trace.table("slices")["kind"].to_numpy()))
+                        lambda: pd.factorize(trace.table("slices")["kind"].array))  # in Arrow
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
@@ -206,11 +206,11 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     ids = s["id"].to_numpy()
     col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
-                        "name": s["name"].to_numpy()})
+                        "name": s["name"].array})  # str columns kept in Arrow
     device = number(trace, tf.ARG_DEVICE, ids, default=-1)
     track_dev = _device_of_tracks(trace, s["track_id"].to_numpy())
     out["device"] = np.where(track_dev >= 0, track_dev, device)
-    out["kind"] = s["kind"].to_numpy()
+    out["kind"] = s["kind"].array
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
     out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
@@ -283,7 +283,7 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     ids = s["id"].to_numpy()
     col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
-                        "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
+                        "name": s["name"].array, "track_id": s["track_id"].to_numpy()})
     if trace.source_format == "kineto_json":
         ext = number(trace, "External id", ids, default=-1)
         out["op_id"] = np.where(ext >= 0, ext, ids)
@@ -304,7 +304,7 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
         out["flops"] = number(trace, tf.ARG_FLOPS, ids)
         out["bytes"] = number(trace, tf.ARG_BYTES, ids)
         for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-            out[key] = trace.slice_args.texts(key, ids)
+            out[key] = trace.slice_args.text_column(key, ids)
         out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
         out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
         out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
@@ -332,20 +332,25 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    engine = trace.slice_args.texts(tf.ARG_ENGINE, ids)
-    kind = s["kind"].to_numpy()
-    missing = np.flatnonzero(engine == "")
+    # str columns built in Arrow; objects only where a fallback fills some in
+    engine: Any = trace.slice_args.text_column(tf.ARG_ENGINE, ids)
+    kind = s["kind"].array
+    missing = np.flatnonzero(np.asarray(engine == "", bool))
     if len(missing):  # no engine arg: the engine its track is named after
+        engine, kind = engine.to_numpy(object), kind.to_numpy(object)
         by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
         track_engine = trace.tracks["name"].map(by_track)
         track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
         named = track_engine.reindex(s["track_id"].to_numpy()[missing]).to_numpy()
         fallback = np.where(kind[missing] == tf.CAT_DMA, "dma", "")
         engine[missing] = np.where(pd.isna(named), fallback, named)
-    opcode = trace.slice_args.texts(tf.ARG_OPCODE, ids)
+    opcode: Any = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
+    no_opcode = np.asarray(opcode == "", bool)
+    if no_opcode.any():  # the slice's name instead
+        opcode = np.where(no_opcode, s["name"].to_numpy(), opcode.to_numpy(object))
     out = pd.DataFrame({
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
-        "opcode": np.where(opcode == "", s["name"].to_numpy(), opcode),
+        "opcode": opcode,
         "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
         "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,

@@ -296,7 +296,8 @@ def args_frame(args: SliceArgs, n_slices: int) -> pd.DataFrame:
 def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
     return pd.DataFrame({
         "slice_id": np.asarray(a.slice_id, np.int64),
-        "key": text_column(a.key, a.names) if len(a.names) else np.zeros(0, object),
+        # no rows: an object column, as pandas makes of an empty array
+        "key": text_column(a.key, a.names) if len(a.key) else np.zeros(0, object),
         "kind": np.asarray(a.kind, np.int8), "int_value": np.asarray(a.ival, np.int64),
         "float_value": np.asarray(a.fval, np.float64), "str_value": _str_values(a),
     }, columns=ARGS_COLUMNS)
@@ -306,7 +307,7 @@ def _str_values(a: ColumnArgs) -> Any:
     """The str_value column: strings, JSON text of other values, NaN elsewhere; from the
     string codes when the args have them (no Python object per row)."""
     other = np.flatnonzero(a.kind == KIND_OTHER)
-    if a.scode is None:
+    if a.scode is None or not len(a.scode):
         sval = np.asarray(a.sval, object).copy()
         if len(other):
             sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
