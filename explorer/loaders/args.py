@@ -250,6 +250,11 @@ class LazyArgs(SliceArgs):
         self._build: Callable[[], SliceArgs] | None = build
         self._args: SliceArgs | None = None
 
+    @property
+    def decoded(self) -> SliceArgs | None:
+        """The args if they are decoded already, else None."""
+        return self._args
+
     def _get(self) -> SliceArgs:
         if self._args is None:
             assert self._build is not None

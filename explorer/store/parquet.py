@@ -265,9 +265,14 @@ def _write_parquet(path: str, frame: pd.DataFrame) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
+    # dictionaries for the text columns only: numbers gain little from them (ids, times
+    # are mostly distinct) and hashing every value costs more than compressing it
+    texts = [field.name for field in table.schema
+             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)]
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        pq.write_table(table, tmp, compression="zstd")  # zstd: small files, fast reads
+        pq.write_table(table, tmp, compression="zstd",  # zstd: small files, fast reads
+                       use_dictionary=texts)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
