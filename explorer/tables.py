@@ -332,22 +332,26 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    # str columns built in Arrow; objects only where a fallback fills some in
-    engine: Any = trace.slice_args.text_column(tf.ARG_ENGINE, ids)
+    # text columns stay in Arrow (codes into distinct values), fallbacks included
+    engine = trace.slice_args.text_column(tf.ARG_ENGINE, ids)
     kind = s["kind"].array
     missing = np.flatnonzero(np.asarray(engine == "", bool))
     if len(missing):  # no engine arg: the engine its track is named after
-        engine, kind = engine.to_numpy(object), kind.to_numpy(object)
         by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
         track_engine = trace.tracks["name"].map(by_track)
         track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
-        named = track_engine.reindex(s["track_id"].to_numpy()[missing]).to_numpy()
-        fallback = np.where(kind[missing] == tf.CAT_DMA, "dma", "")
-        engine[missing] = np.where(pd.isna(named), fallback, named)
-    opcode: Any = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
-    no_opcode = np.asarray(opcode == "", bool)
-    if no_opcode.any():  # the slice's name instead
-        opcode = np.where(no_opcode, s["name"].to_numpy(), opcode.to_numpy(object))
+        # one engine per (track, dma or not): worked out once per distinct pair
+        is_dma = np.asarray(kind[missing] == tf.CAT_DMA, bool)
+        pairs, firsts = np.unique(np.c_[s["track_id"].to_numpy()[missing], is_dma], axis=0,
+                                  return_inverse=True)
+        named = track_engine.reindex(pairs[:, 0]).to_numpy()
+        values = np.where(pd.isna(named), np.where(pairs[:, 1] == 1, "dma", ""), named)
+        engine = _filled(engine, missing, firsts.ravel(), values.tolist())
+    opcode = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
+    no_opcode = np.flatnonzero(np.asarray(opcode == "", bool))
+    if len(no_opcode):  # the slice's name instead
+        codes, names = pd.factorize(s["name"].array[no_opcode])
+        opcode = _filled(opcode, no_opcode, codes, np.asarray(names, object).tolist())
     out = pd.DataFrame({
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
         "opcode": opcode,
@@ -356,6 +360,16 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,
     })
     return out.sort_values("ts", ignore_index=True)
+
+
+def _filled(column: Any, rows: np.ndarray, codes: np.ndarray, values: list[str]) -> Any:
+    """A str column with the given rows set to values[codes], built in Arrow."""
+    from neuron_explorer.loaders.args import text_column
+
+    own, uniques = pd.factorize(column)  # Arrow's dictionary encoding
+    own = own.astype(np.int64)
+    own[rows] = np.asarray(codes, np.int64) + len(uniques)
+    return text_column(own, [*np.asarray(uniques, object).tolist(), *values])
 
 
 def derive_modules(trace: Trace) -> pd.DataFrame:
