@@ -342,11 +342,10 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
         # one engine per (track, dma or not): worked out once per distinct pair
         is_dma = np.asarray(kind[missing] == tf.CAT_DMA, bool)
-        pairs, firsts = np.unique(np.c_[s["track_id"].to_numpy()[missing], is_dma], axis=0,
-                                  return_inverse=True)
-        named = track_engine.reindex(pairs[:, 0]).to_numpy()
-        values = np.where(pd.isna(named), np.where(pairs[:, 1] == 1, "dma", ""), named)
-        engine = _filled(engine, missing, firsts.ravel(), values.tolist())
+        pair_codes, pairs = pd.factorize(s["track_id"].to_numpy()[missing] * 2 + is_dma)
+        named = track_engine.reindex(pairs // 2).to_numpy()
+        values = np.where(pd.isna(named), np.where(pairs % 2 == 1, "dma", ""), named)
+        engine = _filled(engine, missing, pair_codes, values.tolist())
     opcode = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
     no_opcode = np.flatnonzero(np.asarray(opcode == "", bool))
     if len(no_opcode):  # the slice's name instead

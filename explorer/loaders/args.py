@@ -215,7 +215,7 @@ class ColumnArgs(SliceArgs):
             hit, rows = hits
             codes[hit] = self.scode[rows]
         # the distinct strings these rows use, '' for absent or unresolved ones
-        used, codes = np.unique(codes, return_inverse=True)
+        codes, used = pd.factorize(codes)  # hashing: no sort of every row
         values = [self.svalues[c] if c >= 0 else None for c in used.tolist()]
         return text_column(codes, ["" if v is None else v for v in values])
 
