@@ -78,7 +78,8 @@ class Store:
         if not self.has(name):
             return None
         try:
-            return _to_pandas(pq.read_table(self.file(name)))
+            # memory-mapped: the file's pages are read in place, not copied first
+            return _to_pandas(pq.read_table(self.file(name), memory_map=True))
         except (OSError, pa.ArrowException, ValueError):
             return None
 
