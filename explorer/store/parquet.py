@@ -78,8 +78,7 @@ class Store:
         if not self.has(name):
             return None
         try:
-            # memory-mapped: the file's pages are read in place, not copied first
-            return _to_pandas(pq.read_table(self.file(name), memory_map=True))
+            return _to_pandas(pq.read_table(self.file(name)))
         except (OSError, pa.ArrowException, ValueError):
             return None
 
