@@ -361,4 +361,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        shutil.rmtree(CACHE, ignore_errors=True)  # the trace cache the runs wrote
