@@ -166,7 +166,7 @@ def write_kineto(path: Path, ev: dict[str, dict[str, np.ndarray]]) -> None:
 SETUP = {
     "ours": "import neuron_explorer as ne, neuron_explorer.trace, neuron_explorer.tables, "
             "neuron_explorer.loaders.pftrace, neuron_explorer.loaders.chrome_json, "
-            "neuron_explorer.store.cache, pyarrow.parquet",
+            "neuron_explorer.store.cache, neuron_explorer.progress, pyarrow.parquet, tqdm.auto",
     "hta": "from hta.common.trace_parser import parse_trace_dataframe\n"
            "from hta.configs.parser_config import ParserConfig",
 }
@@ -361,4 +361,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        shutil.rmtree(CACHE, ignore_errors=True)  # the trace cache the runs wrote

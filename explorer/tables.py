@@ -84,7 +84,7 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
 def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:
     """Each slice's kind as a code into the distinct kinds (factorised once per trace)."""
     return memoised(trace, "slice_kind_codes",
-                        lambda: pd.factorize(trace.table("slices")["kind"].to_numpy()))
+                        lambda: pd.factorize(trace.table("slices")["kind"].array))  # in Arrow
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:
@@ -207,11 +207,11 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     ids = s["id"].to_numpy()
     col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
-                        "name": s["name"].to_numpy()})
+                        "name": s["name"].array})  # str columns kept in Arrow
     device = number(trace, tf.ARG_DEVICE, ids, default=-1)
     track_dev = _device_of_tracks(trace, s["track_id"].to_numpy())
     out["device"] = np.where(track_dev >= 0, track_dev, device)
-    out["kind"] = s["kind"].to_numpy()
+    out["kind"] = s["kind"].array
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
     out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
     out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
@@ -291,13 +291,13 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     ids = s["id"].to_numpy()
     col = trace.slice_args.column
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
-                        "name": s["name"].to_numpy(), "track_id": s["track_id"].to_numpy()})
+                        "name": s["name"].array, "track_id": s["track_id"].to_numpy()})
     out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
     out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
     out["flops"] = number(trace, tf.ARG_FLOPS, ids)
     out["bytes"] = number(trace, tf.ARG_BYTES, ids)
     for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-        out[key] = trace.slice_args.texts(key, ids)
+        out[key] = trace.slice_args.text_column(key, ids)
     out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
     out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
     out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
@@ -327,25 +327,43 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    engine = trace.slice_args.texts(tf.ARG_ENGINE, ids)
-    kind = s["kind"].to_numpy()
-    missing = np.flatnonzero(engine == "")
+    # text columns stay in Arrow (codes into distinct values), fallbacks included
+    engine = trace.slice_args.text_column(tf.ARG_ENGINE, ids)
+    kind = s["kind"].array
+    missing = np.flatnonzero(np.asarray(engine == "", bool))
     if len(missing):  # no engine arg: the engine its track is named after
         by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
         track_engine = trace.tracks["name"].map(by_track)
         track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
-        named = track_engine.reindex(s["track_id"].to_numpy()[missing]).to_numpy()
-        fallback = np.where(kind[missing] == tf.CAT_DMA, "dma", "")
-        engine[missing] = np.where(pd.isna(named), fallback, named)
-    opcode = trace.slice_args.texts(tf.ARG_OPCODE, ids)
+        # one engine per (track, dma or not): worked out once per distinct pair
+        is_dma = np.asarray(kind[missing] == tf.CAT_DMA, bool)
+        pair_codes, pairs = pd.factorize(s["track_id"].to_numpy()[missing] * 2 + is_dma)
+        named = track_engine.reindex(pairs // 2).to_numpy()
+        values = np.where(pd.isna(named), np.where(pairs % 2 == 1, "dma", ""), named)
+        engine = _filled(engine, missing, pair_codes, values.tolist())
+    opcode = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
+    no_opcode = np.flatnonzero(np.asarray(opcode == "", bool))
+    if len(no_opcode):  # the slice's name instead
+        codes, names = pd.factorize(s["name"].array[no_opcode])
+        opcode = _filled(opcode, no_opcode, codes, np.asarray(names, object).tolist())
     out = pd.DataFrame({
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
-        "opcode": np.where(opcode == "", s["name"].to_numpy(), opcode),
+        "opcode": opcode,
         "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
         "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,
     })
     return out.sort_values("ts", ignore_index=True)
+
+
+def _filled(column: Any, rows: np.ndarray, codes: np.ndarray, values: list[str]) -> Any:
+    """A str column with the given rows set to values[codes], built in Arrow."""
+    from neuron_explorer.loaders.args import text_column
+
+    own, uniques = pd.factorize(column)  # Arrow's dictionary encoding
+    own = own.astype(np.int64)
+    own[rows] = np.asarray(codes, np.int64) + len(uniques)
+    return text_column(own, [*np.asarray(uniques, object).tolist(), *values])
 
 
 def derive_modules(trace: Trace) -> pd.DataFrame:

@@ -221,6 +221,16 @@ class Trace:
 
     @cached_property
     def _args_table(self) -> pd.DataFrame:
+        from neuron_explorer.loaders.args import ColumnArgs, LazyArgs
+
+        args = self.slice_args
+        decoded = args.decoded if isinstance(args, LazyArgs) else args
+        if isinstance(decoded, ColumnArgs) and len(decoded.slice_id):
+            # decoded already (a first load wrote them into the store): building the
+            # table from the columns costs less than reading the store's file back
+            from neuron_explorer.store.parquet import args_frame
+
+            return args_frame(decoded, len(self._slices))
         if self._store is not None:
             frame = self._store.read_table("args")
             if frame is not None:

@@ -44,6 +44,10 @@ class SliceArgs:
         values = self.column(key, ids).tolist()
         return np.asarray(["" if v is None else str(v) for v in values], dtype=object)
 
+    def text_column(self, key: str, ids: np.ndarray) -> Any:
+        """`texts` as a pandas str column (what a table column of them becomes)."""
+        return pd.array(self.texts(key, ids), dtype=STR)
+
     def dicts(self) -> list[dict[str, Any] | None]:
         """One dict (or None) per slice, indexed by slice id."""
         raise NotImplementedError
@@ -73,19 +77,52 @@ class DictArgs(SliceArgs):
 
 
 KIND_INT, KIND_FLOAT, KIND_STR, KIND_BOOL, KIND_OTHER = 0, 1, 2, 3, 4
+STR = pd.Series([], dtype="str").dtype  # pandas' default string dtype
+
+
+def text_column(codes: np.ndarray, values: Any) -> Any:
+    """The strings values[codes] (None where a code is -1) as a pandas str column, built in
+    Arrow from the distinct values: no Python string per row."""
+    import pyarrow as pa
+
+    codes = np.asarray(codes, np.int64)
+    dictionary = pa.array(values, pa.large_string())
+    indices = pa.array(codes, mask=codes < 0) if (codes < 0).any() else pa.array(codes)
+    strings = pa.DictionaryArray.from_arrays(indices, dictionary).cast(pa.large_string())
+    return pd.array(strings, dtype=STR)
 
 
 class ColumnArgs(SliceArgs):
-    """Args as typed columns, one row per (slice, key): ints, floats and strings apart."""
+    """Args as typed columns, one row per (slice, key): ints, floats and strings apart.
+
+    `sval` holds each row's string (or nested value), None elsewhere; it may be given as
+    (codes, distinct values), codes -1 where none: the Python object per row is then made
+    only when asked (`sval`), and text columns are built from the codes.
+    """
 
     def __init__(self, slice_id: np.ndarray, key: np.ndarray, names: list[str],
-                 kind: np.ndarray, ival: np.ndarray, fval: np.ndarray, sval: np.ndarray,
-                 n_slices: int) -> None:
+                 kind: np.ndarray, ival: np.ndarray, fval: np.ndarray,
+                 sval: np.ndarray | tuple[np.ndarray, np.ndarray], n_slices: int) -> None:
         self.slice_id, self.key, self.names = slice_id, key, names
-        self.kind, self.ival, self.fval, self.sval = kind, ival, fval, sval
+        self.kind, self.ival, self.fval = kind, ival, fval
+        if isinstance(sval, tuple):
+            self.scode, self.svalues = np.asarray(sval[0], np.int64), sval[1]
+            self._sval: np.ndarray | None = None
+        else:
+            self.scode, self.svalues, self._sval = None, None, sval
         self._n = n_slices
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._dicts: list[dict[str, Any] | None] | None = None
+
+    @property
+    def sval(self) -> np.ndarray:
+        """Each row's string or nested value (None where it has none), as objects."""
+        if self._sval is None:
+            assert self.scode is not None and self.svalues is not None
+            values = np.empty(len(self.svalues) + 1, object)
+            values[:-1] = self.svalues
+            self._sval = values[self.scode]  # code -1: the None at the end
+        return self._sval
 
     def _values(self, rows: np.ndarray) -> np.ndarray:
         """Python values of the given rows."""
@@ -168,6 +205,21 @@ class ColumnArgs(SliceArgs):
             out[hit] = values
         return out
 
+    def text_column(self, key: str, ids: np.ndarray) -> Any:
+        found = self._key_rows(key)
+        if self.scode is None or (found is not None
+                                  and not (self.kind[found[0]] == KIND_STR).all()):
+            return super().text_column(key, ids)
+        codes = np.full(len(ids), -1, np.int64)
+        hits = self._hits(key, ids)
+        if hits is not None:
+            hit, rows = hits
+            codes[hit] = self.scode[rows]
+        # the distinct strings these rows use, '' for absent or unresolved ones
+        codes, used = pd.factorize(codes)  # hashing: no sort of every row
+        values = [self.svalues[c] if c >= 0 else None for c in used.tolist()]
+        return text_column(codes, ["" if v is None else v for v in values])
+
     def dicts(self) -> list[dict[str, Any] | None]:
         if self._dicts is None:
             items: list[dict[str, Any] | None] = [None] * self._n
@@ -199,6 +251,11 @@ class LazyArgs(SliceArgs):
         self._build: Callable[[], SliceArgs] | None = build
         self._args: SliceArgs | None = None
 
+    @property
+    def decoded(self) -> SliceArgs | None:
+        """The args if they are decoded already, else None."""
+        return self._args
+
     def _get(self) -> SliceArgs:
         if self._args is None:
             assert self._build is not None
@@ -215,6 +272,9 @@ class LazyArgs(SliceArgs):
 
     def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
         return self._get().texts(key, ids)
+
+    def text_column(self, key: str, ids: np.ndarray) -> Any:
+        return self._get().text_column(key, ids)
 
     def dicts(self) -> list[dict[str, Any] | None]:
         return self._get().dicts()

@@ -84,9 +84,11 @@ class _State:
         self.default_track: dict[int, int] = {}
         self.pairs: list[tuple[int, int]] = []  # (sequence, generation) by id
 
-    def resolve_strings(self, seqgen: np.ndarray, iids: np.ndarray) -> np.ndarray:
-        """Interned debug-annotation string values."""
-        return _resolve(self, "str", seqgen, iids, self.pairs)
+    def resolve_string_codes(self, seqgen: np.ndarray, iids: np.ndarray
+                             ) -> tuple[np.ndarray, list[str | None]]:
+        """Interned debug-annotation string values, as codes into the distinct ones (None
+        where never interned)."""
+        return _resolve_codes(self, "str", seqgen, iids, self.pairs)
 
     def read(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
         """Take interned data, a track descriptor or defaults from one packet."""
@@ -161,16 +163,6 @@ def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarra
         seq, gen = seqgen_pairs[sg]
         names.append(state.interned.get((seq, gen, kind), {}).get(iid, missing))
     return inverse, names
-
-
-def _resolve(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
-             seqgen_pairs: list[tuple[int, int]]) -> np.ndarray:
-    """Interned iids -> strings (None where never interned)."""
-    out = np.empty(len(keys), object)
-    if len(keys):
-        codes, names = _resolve_codes(state, kind, seqgen, keys, seqgen_pairs)
-        out[:] = np.asarray(names, object)[codes]
-    return out
 
 
 class _EventTexts:

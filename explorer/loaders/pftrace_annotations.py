@@ -86,14 +86,22 @@ def interned_keys(seqgen: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, lis
 
 
 def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> Any:
-    """The strings at the given byte spans. Gathered into one buffer and decoded by Arrow,
-    each distinct string made once (values repeat: opcodes, sources, shapes); invalid UTF-8
-    falls back to decoding one by one with replacement characters."""
+    """The strings at the given byte spans, as an object array."""
+    codes, values = _text_codes(data, offsets, lengths)
+    return values[codes]
+
+
+def _text_codes(data: bytes, offsets: np.ndarray, lengths: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The strings at the given byte spans, as codes into their distinct values (an object
+    array). Gathered into one buffer and decoded by Arrow, each distinct string made once
+    (values repeat: opcodes, sources, shapes); invalid UTF-8 falls back to decoding one by
+    one with replacement characters."""
     import pyarrow as pa
 
     lengths = np.asarray(lengths, np.int64)
     if not len(lengths):
-        return np.zeros(0, object)
+        return np.zeros(0, np.int64), np.zeros(0, object)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     # byte i of the gathered buffer comes from data[offsets[span] + (i - starts[span])]
@@ -106,12 +114,13 @@ def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> Any:
             len(lengths), pa.py_buffer(np.r_[0, ends].astype(np.int64)), pa.py_buffer(buf))
         strings.validate(full=True)  # UTF-8 checked here
     except (pa.ArrowInvalid, ValueError):
-        return np.asarray([data[a:a + b].decode("utf-8", "replace")
-                           for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)],
-                          object)
+        codes, values = pd.factorize(np.asarray(
+            [data[a:a + b].decode("utf-8", "replace")
+             for a, b in zip(offsets.tolist(), lengths.tolist(), strict=True)], object))
+        return codes.astype(np.int64), np.asarray(values, object)
     coded = strings.dictionary_encode()
     values = np.asarray(coded.dictionary.to_pylist(), object)
-    return values[coded.indices.to_numpy(zero_copy_only=False)]
+    return coded.indices.to_numpy(zero_copy_only=False).astype(np.int64), values
 
 
 def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
@@ -180,7 +189,13 @@ def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen
     kind = np.full(n, KIND_OTHER, np.int8)
     ival = np.zeros(n, np.int64)
     fval = np.zeros(n, np.float64)
-    sval = np.empty(n, object)
+    scode = np.full(n, -1, np.int64)  # each row's string: a code into svalues
+    svalues: list[Any] = []
+
+    def put(rows: np.ndarray, codes: np.ndarray, values: Any) -> None:
+        scode[rows] = np.asarray(codes, np.int64) + len(svalues)
+        svalues.extend(values)
+
     m = which == A_BOOL
     kind[m], ival[m] = KIND_BOOL, raw[m] != 0
     m = (which == A_UINT) | (which == A_POINTER) | (which == A_INT)
@@ -189,23 +204,30 @@ def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen
     kind[m], fval[m] = KIND_FLOAT, raw[m].view(np.float64)
     m = np.flatnonzero((which == A_STRING) | (which == A_JSON))
     kind[m] = KIND_STR
-    sval[m] = _texts(data, sc.offset[2][m], raw[m])
+    put(m, *_text_codes(data, sc.offset[2][m], raw[m]))
     m = np.flatnonzero(which == A_STRING_IID)
     if len(m):
         kind[m] = KIND_STR
-        sval[m] = state.resolve_strings(ev_seqgen[ev[m]], raw[m])
+        put(m, *state.resolve_string_codes(ev_seqgen[ev[m]], raw[m]))
     for i in np.flatnonzero(sc.field[3] != 0).tolist():
         start = int(offset[i])
         kind[i] = KIND_OTHER
+        scode[i] = -1
         try:
-            sval[i] = _nested_value(data[start:start + int(length[i])])
+            value = _nested_value(data[start:start + int(length[i])])
         except _Unreadable:
             bad = np.zeros(n, bool) if bad is None else bad
             bad[i] = True
+        else:
+            scode[i] = len(svalues)
+            svalues.append(value)
     if bad is not None and bad.any():
         if dropped is not None:
             dropped(int(bad.sum()), int(offset[np.flatnonzero(bad)[0]]))
         keep = ~bad
-        sid, codes, kind, ival, fval, sval = (sid[keep], codes[keep], kind[keep], ival[keep],
-                                              fval[keep], sval[keep])
-    return ColumnArgs(sid, codes, names, kind, ival, fval, sval, n_slices)
+        sid, codes, kind, ival, fval, scode = (sid[keep], codes[keep], kind[keep], ival[keep],
+                                               fval[keep], scode[keep])
+    values = np.empty(len(svalues), object)
+    for i, v in enumerate(svalues):  # one by one: a nested list must stay one value
+        values[i] = v
+    return ColumnArgs(sid, codes, names, kind, ival, fval, (scode, values), n_slices)

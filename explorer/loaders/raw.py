@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.loaders.args import SliceArgs
+from neuron_explorer.loaders.args import SliceArgs, text_column
 from neuron_explorer.loaders.nesting import nest_complete
 
 SLICE_COLUMNS = ["id", "ts", "dur", "name", "category", "kind", "track_id", "depth", "parent_id"]
@@ -39,20 +39,6 @@ class RawTrace:
 
 # a text column: strings, or codes into a list of distinct strings (cheaper to build)
 Texts = np.ndarray | tuple[np.ndarray, list[str]]
-
-
-def text_column(codes: np.ndarray, values: list[str]) -> pd.api.extensions.ExtensionArray:
-    """The strings values[codes] as a pandas str column, built in Arrow from the distinct
-    values: no Python string per row (a load's columns repeat a few names)."""
-    import pyarrow as pa
-
-    dictionary = pa.array(values, pa.large_string())
-    indices = pa.array(np.asarray(codes, np.int64))
-    strings = pa.DictionaryArray.from_arrays(indices, dictionary).cast(pa.large_string())
-    return pd.array(strings, dtype=_STR)
-
-
-_STR = pd.Series([], dtype="str").dtype  # pandas' default string dtype
 
 
 def _texts(column: Texts, order: np.ndarray) -> Any:

@@ -8,13 +8,22 @@ takes as many rounds as its longest message has fields.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from functools import cache
 from itertools import pairwise
 
 import numpy as np
 
 WT_VARINT, WT_FIXED64, WT_LEN, WT_FIXED32 = 0, 1, 2, 5
 CHUNK = 1 << 17  # messages walked together; small enough for the CPU caches
+# The compiled walk (wire_compiled, numba) does the work from this many messages on. Its
+# first use in a process costs about a second (importing numba, loading the compiled code
+# from numba's cache), which it wins back from about this many bytes of messages on;
+# once it has run, it takes every scan of COMPILED_MIN messages or more.
+COMPILED_MIN = 20_000
+COMPILED_FIRST_BYTES = 96 << 20
+_compiled_warm = False
 
 
 class WireError(ValueError):
@@ -266,6 +275,9 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
     value = np.zeros((k, n), np.uint64)
     offset = np.zeros((len(off_slots), n), np.int64)
     which = np.zeros((k, n), np.int16)
+    if _use_compiled(start, end):
+        return _compiled_scan(buf, start, end, code_of, top, k, off_row, value, offset,
+                              which, off_slots, bad)
     value_1d, offset_1d, which_1d = value.reshape(-1), offset.reshape(-1), which.reshape(-1)
     parts, others = [], []
     # in chunks of messages, so the arrays of a round stay in the CPU caches
@@ -317,6 +329,49 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
                       np.zeros(0, np.uint64), empty)
     return Scan(value, {slot: offset[i] for i, slot in enumerate(off_slots)}, which, rows,
                 np.concatenate(others) if others else np.zeros(0, np.int64))
+
+
+def _compiled_scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, code_of: np.ndarray,
+                   top: int, k: int, off_row: np.ndarray, value: np.ndarray,
+                   offset: np.ndarray, which: np.ndarray, off_slots: list[int],
+                   bad: np.ndarray | None) -> Scan:
+    """`scan` by the compiled walk: the same result, one pass over the bytes."""
+    from neuron_explorer.loaders import wire_compiled  # imports numba: only when needed
+
+    global _compiled_warm
+    msg, field, wire, val, off, others, reason, _, position = wire_compiled.walk(
+        buf, start, end, code_of, top, k, off_row, value, offset, which, bad, CHUNK)
+    _compiled_warm = True
+    if reason != wire_compiled.OK:
+        raise WireError(_reason(buf, reason, position), position)
+    return Scan(value, {slot: offset[i] for i, slot in enumerate(off_slots)}, which,
+                Fields(msg, field, wire, val, off), others)
+
+
+def _use_compiled(start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether the compiled walk is worth its start-up for these messages."""
+    if len(start) < COMPILED_MIN or not _compiled_available():
+        return False
+    return _compiled_warm or int(np.maximum(end - start, 0).sum()) >= COMPILED_FIRST_BYTES
+
+
+@cache
+def _compiled_available() -> bool:
+    """Whether numba is installed (found without importing it: that takes a while)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def _reason(buf: np.ndarray, reason: int, position: int) -> str:
+    """The words of a broken field's problem, as `_raise_first_problem` gives them."""
+    from neuron_explorer.loaders import wire_compiled
+
+    if reason == wire_compiled.INVALID_FIELD:
+        tag, _ = _varint(buf[position:position + 10].tobytes(), 0)
+        return f"invalid field (number {tag >> 3}, wire type {tag & 7})"
+    if reason == wire_compiled.PAST_MESSAGE:
+        tag, _ = _varint(buf[position:position + 10].tobytes(), 0)
+        return f"field {tag >> 3} runs past the end of its message"
+    return "a field tag runs past the end of the data"
 
 
 def packet_offsets(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, str | None, int]:

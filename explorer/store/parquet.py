@@ -32,6 +32,7 @@ from neuron_explorer.loaders.args import (
     ColumnArgs,
     LazyArgs,
     SliceArgs,
+    text_column,
 )
 from neuron_explorer.loaders.raw import RawTrace
 
@@ -264,9 +265,14 @@ def _write_parquet(path: str, frame: pd.DataFrame) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
+    # dictionaries for the text columns only: numbers gain little from them (ids, times
+    # are mostly distinct) and hashing every value costs more than compressing it
+    texts = [field.name for field in table.schema
+             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)]
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        pq.write_table(table, tmp, compression="zstd")  # zstd: small files, fast reads
+        pq.write_table(table, tmp, compression="zstd",  # zstd: small files, fast reads
+                       use_dictionary=texts)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -293,17 +299,31 @@ def args_frame(args: SliceArgs, n_slices: int) -> pd.DataFrame:
 
 
 def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
-    sval = np.asarray(a.sval, object).copy()
-    other = np.flatnonzero(a.kind == KIND_OTHER)
-    if len(other):
-        sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
-    names = np.asarray(a.names, object)
     return pd.DataFrame({
         "slice_id": np.asarray(a.slice_id, np.int64),
-        "key": names[a.key] if len(names) else np.zeros(0, object),
+        # no rows: an object column, as pandas makes of an empty array
+        "key": text_column(a.key, a.names) if len(a.key) else np.zeros(0, object),
         "kind": np.asarray(a.kind, np.int8), "int_value": np.asarray(a.ival, np.int64),
-        "float_value": np.asarray(a.fval, np.float64), "str_value": sval,
+        "float_value": np.asarray(a.fval, np.float64), "str_value": _str_values(a),
     }, columns=ARGS_COLUMNS)
+
+
+def _str_values(a: ColumnArgs) -> Any:
+    """The str_value column: strings, JSON text of other values, NaN elsewhere; from the
+    string codes when the args have them (no Python object per row)."""
+    other = np.flatnonzero(a.kind == KIND_OTHER)
+    if a.scode is None or not len(a.scode):
+        sval = np.asarray(a.sval, object).copy()
+        if len(other):
+            sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
+        return sval
+    codes = a.scode.copy()
+    values = [v if isinstance(v, str) else None for v in a.svalues.tolist()]
+    for i in other.tolist():  # rare (nested values): their JSON text, each its own entry
+        code = int(codes[i])
+        codes[i] = len(values)
+        values.append(json.dumps(a.svalues[code] if code >= 0 else None, default=str))
+    return text_column(codes, values)
 
 
 def _dicts_frame(items: list[dict[str, Any] | None]) -> pd.DataFrame:

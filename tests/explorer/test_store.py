@@ -61,6 +61,20 @@ def test_reload_reads_the_cache_and_gives_the_same_tables(
         assert again.path == str(path)
 
 
+def test_the_args_table_is_the_same_whether_the_args_were_decoded_first(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """A first load builds its args table from the decoded args, a reload reads it from
+    the store: the same table either way."""
+    path = scenarios.basic().write(tmp_path, "basic", "pftrace")
+    want = neuron_explorer.load(path, cache=False).table("args")
+    assert len(want)
+    for decoded_first in (True, False, True):  # the first load (writes the cache), reloads
+        t = neuron_explorer.load(path)
+        if decoded_first:
+            t.slice_args.get(0)
+        pd.testing.assert_frame_equal(t.table("args"), want)
+
+
 def test_cache_off_by_environment(tmp_path: Path, cache_dir: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_EXPLORER_CACHE", "off")
