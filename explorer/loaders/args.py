@@ -105,11 +105,13 @@ class ColumnArgs(SliceArgs):
                  sval: np.ndarray | tuple[np.ndarray, np.ndarray], n_slices: int) -> None:
         self.slice_id, self.key, self.names = slice_id, key, names
         self.kind, self.ival, self.fval = kind, ival, fval
+        self.scode: np.ndarray | None
+        self.svalues: np.ndarray  # with scode: the distinct values its codes index
         if isinstance(sval, tuple):
             self.scode, self.svalues = np.asarray(sval[0], np.int64), sval[1]
             self._sval: np.ndarray | None = None
         else:
-            self.scode, self.svalues, self._sval = None, None, sval
+            self.scode, self.svalues, self._sval = None, np.empty(0, object), sval
         self._n = n_slices
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._dicts: list[dict[str, Any] | None] | None = None
