@@ -105,7 +105,7 @@ class AdaptivePolicy:
         self._lock = threading.RLock()  # a sink may sync (and flush) while we launch
         self._device: NeuronDevice | None = None
         self._queue: list[_Queued] = []
-        self._kernels: dict[tuple, object] = {}
+        self._kernels: dict[tuple, Kernel] = {}
         self.fused_launches = 0  # fused kernels launched (for tests and benchmarks)
         self.fused_ops = 0  # eager ops they covered
 
