@@ -185,3 +185,8 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
 def block_of(storage: torch.UntypedStorage) -> Block:
     """The Block `attach` hung on a neuron storage."""
     return storage._neuron_block  # type: ignore[attr-defined]  # set by attach
+
+
+def swap_blocks(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """Exchange the Blocks of two neuron storages whose data pointers were swapped."""
+    a._neuron_block, b._neuron_block = b._neuron_block, a._neuron_block  # type: ignore[attr-defined]
