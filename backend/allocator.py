@@ -9,11 +9,15 @@ raises `torch.OutOfMemoryError` worded like CUDA's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import MemoryChange, hub
 
-_construct_storage = torch._C._construct_storage_from_data_pointer
+# It returns an UntypedStorage; torch's stub says Storage.
+_construct_storage: Callable[[int, torch.device, int], torch.UntypedStorage] = (
+    torch._C._construct_storage_from_data_pointer)  # type: ignore[assignment]
 _host_storage = torch.UntypedStorage
 _perf_ns = clock.real_ns  # exclusions in the clock's own measure
 
@@ -110,8 +114,7 @@ class Block:
         # Returning a large host buffer to the OS (munmap) takes real time the chip would
         # not spend: release it here and keep that off the clock, unless it happens inside
         # an op's emulation or a compiled graph, whose whole interval is excluded already.
-        self.views = None
-        self.host = None
+        del self.views, self.host
         if context.op_id is None and not context.suspended:
             clock.exclude(_perf_ns() - real_start)
 
@@ -164,7 +167,8 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
     in_use = stats.in_use + nbytes
     if in_use > stats.capacity:
         raise out_of_memory(stats, nbytes)
-    storage._neuron_block = block = Block(host, nbytes, stats)
+    # torch preserves a storage's Python object, and the attributes set on it
+    storage._neuron_block = block = Block(host, nbytes, stats)  # type: ignore[attr-defined]
     stats.in_use = in_use
     stats.alloc_count += 1
     stats.allocated_total += nbytes
@@ -177,3 +181,12 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
         hub.memory_changed(MemoryChange(stats.device, now, nbytes, in_use, op_id))
     return block
 
+
+def block_of(storage: torch.UntypedStorage) -> Block:
+    """The Block `attach` hung on a neuron storage."""
+    return storage._neuron_block  # type: ignore[attr-defined]  # set by attach
+
+
+def swap_blocks(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """Exchange the Blocks of two neuron storages whose data pointers were swapped."""
+    a._neuron_block, b._neuron_block = b._neuron_block, a._neuron_block  # type: ignore[attr-defined]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
-_AUTOCAST_KEYS = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
+# present at run time; torch's stubs do not list it
+_AUTOCAST_KEYS = DispatchKeySet(DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 _exclude = torch._C._ExcludeDispatchKeyGuard
 
 # Ops that run in the lower precision (the Tensor Engine's dtypes), as on CUDA.

@@ -16,7 +16,7 @@ import sys
 
 import torch
 from neuron_explorer.backend import devices, matmul_numerics, result_size, runtime
-from neuron_explorer.backend.allocator import adopt, attach
+from neuron_explorer.backend.allocator import adopt, attach, block_of
 from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
 
@@ -119,7 +119,8 @@ _MAX_VIEWS_PER_STORAGE = 8  # slicing in a loop must not grow the cache without 
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same memory as neuron tensor `t` (cached per storage and
     geometry, so an in-place metadata change such as `t_()` finds a different view)."""
-    block = t.untyped_storage()._neuron_block
+    # allocator.block_of inlined: this runs for every neuron argument of every op
+    block = t.untyped_storage()._neuron_block  # type: ignore[attr-defined]
     geometry = (t.storage_offset(), t.shape, t.stride(), t.dtype)
     host = block.views.get(geometry)
     return host if host is not None else _new_host_view(block, geometry)
@@ -173,7 +174,7 @@ def _seed(index: int, dtype: torch.dtype) -> torch.Tensor:
 def blank_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
     """A new neuron:`index` tensor whose storage is still to be set (with `set_`)."""
     if index == 0:
-        return _create_empty([0], dtype)
+        return _create_empty((0,), dtype)
     return _alias.redispatch(_META_KEYS, _seed(index, dtype))
 
 
@@ -186,12 +187,12 @@ def to_device(cpu: torch.Tensor, device: devices.NeuronDevice) -> torch.Tensor:
         shape, dtype = cpu.shape, cpu.dtype
         out = _create_empty(shape, dtype)
         storage = out.untyped_storage()
-        storage._swap_data_ptr_(_construct_storage(host.data_ptr(), device.torch_device,
-                                                   host.nbytes()))
+        new = _construct_storage(host.data_ptr(), device.torch_device, host.nbytes())
+        storage._swap_data_ptr_(new)  # type: ignore[attr-defined]  # in torch, not its stubs
         attach(device.memory, storage, host).views[(0, shape, cpu.stride(), dtype)] = cpu
         return out
     storage = adopt(device.memory, host, device.torch_device)
-    block = storage._neuron_block
+    block = block_of(storage)
     out = blank_tensor(device.index, cpu.dtype)
     _redispatch_set(_CPU_KEYS, out, storage, offset, cpu.size(), cpu.stride())
     block.views[(offset, cpu.shape, cpu.stride(), cpu.dtype)] = cpu
@@ -231,7 +232,7 @@ class _Converter:
             self.index = index
         shape, dtype = t.shape, t.dtype
         self.sig.append((shape, dtype))
-        block = t.untyped_storage()._neuron_block
+        block = t.untyped_storage()._neuron_block  # type: ignore[attr-defined]  # block_of inlined
         geometry = (t.storage_offset(), shape, t.stride(), dtype)
         host = block.views.get(geometry)
         if host is None:
@@ -324,6 +325,7 @@ def _wrap_results(result, device: devices.NeuronDevice):
 def _map_back(result, conv: _Converter, device: devices.NeuronDevice):
     """Mutating ops return host views of their written arguments: return the neuron ones."""
     originals = conv.originals
+    assert originals is not None  # a mutating op's converter keeps them
     if isinstance(result, _Tensor):
         return _reclaim(result, originals, device)
     if isinstance(result, (list, tuple)):
@@ -340,7 +342,7 @@ def _reclaim(host: torch.Tensor, originals: dict, device: devices.NeuronDevice):
     if host.shape != neuron.shape or host.data_ptr() != neuron.data_ptr():
         # The op resized its out= tensor, so the host view moved to new memory: adopt it,
         # and forget the old storage's views (the resized one no longer fits its key).
-        neuron.untyped_storage()._neuron_block.views.clear()
+        block_of(neuron.untyped_storage()).views.clear()
         storage = adopt(device.memory, host.untyped_storage(), device.torch_device)
         _set_storage.redispatch(_CPU_KEYS, neuron, storage, host.storage_offset(), host.size(),
                                 host.stride())
@@ -374,7 +376,7 @@ def _call_with_numbers_as_tensors(info: OpInfo, host_args: list, host_kwargs: di
         name = schema_args[i].name
         in_kwargs = i >= len(host_args)
         value = host_kwargs.get(name) if in_kwargs else host_args[i]
-        if type(value) in _NUMBERS:
+        if value is not None and type(value) in _NUMBERS:
             dtype = torch.result_type(first, value) if first is not None else None
             number = torch.tensor(value, dtype=dtype)
             if in_kwargs:
@@ -383,6 +385,7 @@ def _call_with_numbers_as_tensors(info: OpInfo, host_args: list, host_kwargs: di
                 host_args[i] = number
             changed = True
     if not changed:
+        assert error is not None  # called while handling the op's error
         raise error
     return info.call(*host_args, **host_kwargs)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from neuron_explorer.backend import devices, dispatch, result_size, runtime
-from neuron_explorer.backend.allocator import allocate
+from neuron_explorer.backend.allocator import allocate, block_of
 from neuron_explorer.backend.clock import clock
 
 aten = torch.ops.aten
@@ -227,9 +227,9 @@ def resize_(self, size, memory_format=None):
     if needed > storage.nbytes():
         dev = devices.get(self.device.index)
         new = allocate(dev.memory, needed, dev.torch_device)
-        old_host = storage._neuron_block.host
+        old_host = block_of(storage).host
         if old_host.nbytes():
-            new._neuron_block.host[: old_host.nbytes()].copy_(old_host)
+            block_of(new).host[: old_host.nbytes()].copy_(old_host)
         storage = new
     _set_storage.redispatch(_CPU_KEYS, self, storage, self.storage_offset(), size, stride)
     return self
@@ -304,9 +304,9 @@ def register(lib: torch.library.Library) -> None:
     lib.impl("convolution_overrideable", convolution, key)
     lib.impl("convolution_backward_overrideable", convolution_backward, key)
     for name in HOT_STRUCTURED:
-        packet, overload = name.split(".")
-        op = getattr(getattr(aten, packet), overload)
-        lib.impl(name if overload != "default" else packet, dispatch.kernel_for(op), key)
+        packet_name, overload = name.split(".")
+        op = getattr(getattr(aten, packet_name), overload)
+        lib.impl(name if overload != "default" else packet_name, dispatch.kernel_for(op), key)
     for packet_name in FOREACH:
         packet = getattr(aten, packet_name, None)
         if packet is None:

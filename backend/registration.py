@@ -50,7 +50,7 @@ def _wrap_storage_new() -> None:
             kwargs["device"] = device
         return base_new(cls, *args, **kwargs)
 
-    torch.UntypedStorage.__new__ = __new__
+    torch.UntypedStorage.__new__ = __new__  # type: ignore[method-assign]  # neuron storages
 
 
 def _holds_no_device_data(t: torch.Tensor) -> bool:
@@ -87,7 +87,7 @@ def _wrap_sync_kinds() -> None:
             sync_kind.pop()
 
     tensor_str._str = _str
-    torch.Tensor.tolist = tolist
+    torch.Tensor.tolist = tolist  # type: ignore[method-assign]  # counts the sync it does
 
 
 def _wrap_dataloader_pin_memory() -> None:
@@ -95,7 +95,7 @@ def _wrap_dataloader_pin_memory() -> None:
     from torch.utils.data import dataloader
 
     base_init = dataloader._BaseDataLoaderIter.__init__
-    warned = []
+    warned: list[bool] = []
 
     def __init__(self, loader) -> None:
         if loader.pin_memory and torch.accelerator.current_accelerator() == \
@@ -112,7 +112,7 @@ def _wrap_dataloader_pin_memory() -> None:
             return
         base_init(self, loader)
 
-    dataloader._BaseDataLoaderIter.__init__ = __init__
+    dataloader._BaseDataLoaderIter.__init__ = __init__  # type: ignore[method-assign]  # unpinned
 
 
 def hide_from_dynamo() -> None:

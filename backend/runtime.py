@@ -46,7 +46,8 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple, Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 from neuron_explorer.backend import devices
@@ -54,6 +55,9 @@ from neuron_explorer.backend.allocator import context as allocation_context
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import Instruction, KernelRun, OpLaunch, SyncWait, hub
 from neuron_explorer.backend.host_costs import host_costs
+
+if TYPE_CHECKING:  # the cost model loads on first use, not at import
+    from neuron_explorer.backend.hardware import Kernel
 
 _perf_ns = clock.real_ns
 
@@ -79,7 +83,7 @@ class Lowered(NamedTuple):
     """What one op becomes on the device: a kernel (None: no device work) and whether it
     runs on the host."""
 
-    kernel: object | None
+    kernel: Kernel | None
     fallback: bool
     flops: int
     hbm_bytes: int
@@ -148,7 +152,8 @@ _INTERNAL_PATHS = (os.path.dirname(os.path.abspath(__file__)),
 
 def _user_stacklevel() -> int:
     """The stacklevel that points a warning at the first frame outside torch and the backend."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_PATHS):
         frame, level = frame.f_back, level + 1
     return level

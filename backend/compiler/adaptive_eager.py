@@ -20,13 +20,18 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from neuron_explorer.backend import runtime
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
-from neuron_explorer.backend.hardware import KernelBuilder
+from neuron_explorer.backend.hardware import Kernel, KernelBuilder
 from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.backend.hardware.presets import HardwarePreset
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.devices import NeuronDevice
 
 MAX_QUEUED_OPS = 32  # a run longer than this is launched without waiting for a sync
 MAX_CACHED_RUNS = 4096  # fused kernels kept, keyed by the run's op keys
@@ -56,11 +61,15 @@ def _sig_id(sig: tuple) -> tuple:
     return tuple(sig[0]), _dtype(sig[1])
 
 
-def fused_run_kernel(keys: list[tuple], steps: list[list[Step]], preset: object):
+def fused_run_kernel(keys: list[tuple], steps: list[list[Step]], preset: HardwarePreset
+                     ) -> Kernel:
     """One stream kernel for a run of eager ops (keys in op order)."""
     elements = max([_sig_numel(s) for k in keys for s in (*k[1], *k[2])] + [1])
     produced: dict[tuple, int] = {}  # (shape, dtype) -> results of the run not yet reused
-    full_in, small_in, full_out, small_out = [], [], [], []
+    full_in: list[int] = []
+    small_in: list[int] = []
+    full_out: list[int] = []
+    small_out: list[int] = []
     resident = 0
     all_steps: list[Step] = []
     names = []
@@ -94,13 +103,13 @@ class AdaptivePolicy:
     def __init__(self, max_queued: int = MAX_QUEUED_OPS) -> None:
         self.max_queued = max_queued
         self._lock = threading.RLock()  # a sink may sync (and flush) while we launch
-        self._device = None
+        self._device: NeuronDevice | None = None
         self._queue: list[_Queued] = []
-        self._kernels: dict[tuple, object] = {}
+        self._kernels: dict[tuple, Kernel] = {}
         self.fused_launches = 0  # fused kernels launched (for tests and benchmarks)
         self.fused_ops = 0  # eager ops they covered
 
-    def submit(self, device: object, key: tuple, op_id: int, host_ns: int
+    def submit(self, device: NeuronDevice, key: tuple, op_id: int, host_ns: int
                ) -> runtime.Launched:
         lowered = runtime.lower(device, key)
         if lowered.kernel is None:
@@ -144,6 +153,7 @@ class AdaptivePolicy:
         if not queue:
             return 0
         self._queue, self._device = [], None
+        assert device is not None  # set with the first op queued
         overhead = device.preset.host_launch_overhead_ns
         launch_ns = max(host_ns, queue[-1].issued_ns) + overhead
         if len(queue) == 1:

@@ -69,7 +69,7 @@ def source_of_graph(gm: object) -> str:
 def compiling_code_location() -> str:
     """"file:line in function" of the frame Dynamo is compiling now, found on the call
     stack (Dynamo's frame compiler holds it as `code`); "" when not compiling."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     for _ in range(80):
         if frame is None:
             break

@@ -71,5 +71,7 @@ def register() -> None:
     """Make "neuron" a Dynamo backend name (the entry point does this lazily too)."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
-    if "neuron" not in _BACKENDS or _BACKENDS.get("neuron") is not neuron_backend:
+    # torch types _BACKENDS as entry points, but it stores registered functions too
+    registered = _BACKENDS.get("neuron")
+    if "neuron" not in _BACKENDS or registered is not neuron_backend:  # type: ignore[comparison-overlap]
         register_backend(neuron_backend, name="neuron")

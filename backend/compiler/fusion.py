@@ -190,7 +190,8 @@ def _bytes(node: fx.Node) -> int | None:
 def _fits_on_chip(node: fx.Node) -> bool:
     """Whether a node's operands and result fit in an attention region's SBUF share."""
     sizes = [_bytes(n) for n in [*node.all_input_nodes, node]]
-    return None not in sizes and sum(sizes) <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+    known = [s for s in sizes if s is not None]
+    return len(known) == len(sizes) and sum(known) <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
 
 
 def _batched(node: fx.Node) -> bool:
@@ -354,11 +355,11 @@ class _Planner:
             if node.op == "call_function" and self.kind.get(node) is OpKind.VIEW:
                 continue
             readers = self._readers(node)
-            group = self.group_of.get(node)
-            if group is None:
+            owner = self.group_of.get(node)
+            if owner is None:
                 continue
-            if any(r.op == "output" or self.group_of.get(r) is not group for r in readers):
-                group.outputs.append(node)
+            if any(r.op == "output" or self.group_of.get(r) is not owner for r in readers):
+                owner.outputs.append(node)
 
     def _readers(self, node: fx.Node) -> list[fx.Node]:
         """Nodes that read `node`'s value, looking through views."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from neuron_explorer.backend.compiler import compile_events
@@ -117,6 +118,7 @@ class CompiledGraph:
     def _launch_for(self, args: Sequence[object]) -> GraphLaunch:
         if self.static_launch is not None:
             return self.static_launch
+        assert self._binder is not None  # a graph without one has a static launch
         binding = self._binder.bind(args)
         key = ShapeBinder.key(binding)
         launch = self._launches.get(key)
@@ -128,7 +130,7 @@ class CompiledGraph:
         # Boxed (one list, which we empty so inputs die early) or, where a wrapper hid
         # the boxed marker (AOTAutograd's backward), plain positional arguments.
         boxed = len(call_args) == 1 and type(call_args[0]) is list
-        args = call_args[0] if boxed else list(call_args)
+        args = cast(list, call_args[0]) if boxed else list(call_args)
         launch = self._launch_for(args)
         with self._suspended():
             outputs = self.runner(args)
@@ -151,7 +153,7 @@ class EagerGraph:
 
     def __call__(self, *call_args: object) -> list:
         boxed = len(call_args) == 1 and type(call_args[0]) is list
-        args = call_args[0] if boxed else list(call_args)
+        args = cast(list, call_args[0]) if boxed else list(call_args)
         outputs = self.gm(*args)
         if boxed:
             args.clear()

@@ -13,6 +13,7 @@ kernels' boundaries (and so their DMA traffic) differ.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind, classify
@@ -26,6 +27,9 @@ from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
 from torch import fx
 
+if TYPE_CHECKING:
+    from neuron_explorer.backend.devices import NeuronDevice
+
 # Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
 # Concatenations: in SBUF, pieces laid out side by side (no data moves on chip).
@@ -36,8 +40,8 @@ def op_steps(node: fx.Node) -> list[Step] | None:
     """The per-tile steps of a node's op; None if it cannot share a stream."""
     if not isinstance(node.target, torch._ops.OpOverload):
         return None
-    tensors = [node_value(a) for a in node.all_input_nodes]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    values = [node_value(a) for a in node.all_input_nodes]
+    tensors = [t for t in values if isinstance(t, torch.Tensor)]
     out = node_value(node)
     converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
     return steps_for(op_name(node), len(tensors), converts)
@@ -99,7 +103,7 @@ class GroupKernels:
     """Emits the instructions of each fusion group, for one preset and one set of
     shapes, into the builder of the graph's program."""
 
-    def __init__(self, device: object, binding: dict | None = None) -> None:
+    def __init__(self, device: NeuronDevice, binding: dict | None = None) -> None:
         self.device = device
         self.preset = device.preset
         self.binding = binding
@@ -177,7 +181,10 @@ class GroupKernels:
 
     def _stream_io(self, group: FusionGroup, members: Sequence[fx.Node], elements: int,
                    resident: set[fx.Node]) -> tuple[list[int], list[int], list[int], list[int]]:
-        full_in, small_in, full_out, small_out = [], [], [], []
+        full_in: list[int] = []
+        small_in: list[int] = []
+        full_out: list[int] = []
+        small_out: list[int] = []
         for src in group.inputs_of(list(members)):
             if src in resident or src in self.on_chip:
                 continue

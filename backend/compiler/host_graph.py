@@ -64,7 +64,7 @@ class HostRunner:
         self._to_device = dispatch.to_device
 
     def __call__(self, args: Sequence[object]) -> list[object]:
-        host_args = []
+        host_args: list[object] = []
         owners: dict[int, torch.Tensor] = {}  # host storage address -> a neuron tensor on it
         for a in args:
             if isinstance(a, torch.Tensor) and a.device.type == _NEURON:

@@ -30,8 +30,12 @@ import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from neuron_explorer.errors import NeuronExplorerError
+
+if TYPE_CHECKING:  # torch is not imported here at run time: this module loads with it
+    from torch import fx
 
 MESSAGE = (
     "torch.compile's default backend (inductor) cannot generate code for the neuron "
@@ -77,7 +81,7 @@ class WrapperFxCodegen(metaclass=_RefuseInductor):
 GUARDS = (Scheduling, PythonWrapperCodegen, CppWrapperCodegen, WrapperFxCodegen)
 
 
-def refuse_neuron_graph(graph: object) -> None:
+def refuse_neuron_graph(graph: fx.Graph) -> None:
     """Inductor's pre-grad pass: raise if any value of Dynamo's graph is a neuron tensor."""
     for node in graph.nodes:
         value = node.meta.get("example_value", node.meta.get("val"))
@@ -93,7 +97,7 @@ def _pre_grad_check() -> object:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class NeuronPreGradCheck(CustomGraphPass):
-        def __call__(self, graph: object) -> None:
+        def __call__(self, graph: fx.Graph) -> None:
             refuse_neuron_graph(graph)
 
         def uuid(self) -> str:
@@ -105,7 +109,7 @@ def _pre_grad_check() -> object:
 def install_pre_grad_check(config: ModuleType) -> None:
     """Set the check as Inductor's pre-grad pass unless the program set its own."""
     if getattr(config, "pre_grad_custom_pass", None) is None:
-        config.pre_grad_custom_pass = _pre_grad_check()
+        setattr(config, "pre_grad_custom_pass", _pre_grad_check())  # noqa: B010 (a module)
 
 
 class _InductorConfigHook(importlib.abc.MetaPathFinder):
@@ -125,7 +129,7 @@ class _InductorConfigHook(importlib.abc.MetaPathFinder):
             exec_module(module)
             install_pre_grad_check(sys.modules.get(name, module))
 
-        spec.loader.exec_module = exec_then_install
+        spec.loader.exec_module = exec_then_install  # type: ignore[method-assign]  # this loader only
         return spec
 
 

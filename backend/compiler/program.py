@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind
@@ -25,6 +26,9 @@ from neuron_explorer.backend.compiler.shapes import concrete_shape
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
 from neuron_explorer.backend.hardware.optable import base_name
 from torch import fx
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.devices import NeuronDevice
 
 # Values handed from op to op stay in SBUF when, all alive at once, they fit in this
 # share of it (the rest: each op's own working set); otherwise they go through HBM.
@@ -168,7 +172,7 @@ def _bytes(node: fx.Node, binding: dict | None = None) -> int:
     return total
 
 
-def build_program(groups: Sequence[FusionGroup], device: object, name: str,
+def build_program(groups: Sequence[FusionGroup], device: NeuronDevice, name: str,
                   binding: dict | None = None) -> Kernel | None:
     """The program of a graph's fusion groups (None: the graph does no device work).
 
@@ -190,7 +194,7 @@ def build_program(groups: Sequence[FusionGroup], device: object, name: str,
 class _Program:
     """Emits the groups of one graph, in order, into one builder."""
 
-    def __init__(self, groups: Sequence[FusionGroup], device: object, name: str,
+    def __init__(self, groups: Sequence[FusionGroup], device: NeuronDevice, name: str,
                  binding: dict | None, live: int | None) -> None:
         self.groups = groups
         self.binding = binding

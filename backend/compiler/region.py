@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, is_batched_matmul
@@ -45,14 +46,18 @@ def _bytes(node: fx.Node, binding: dict | None) -> int:
 
 def _batch(group: FusionGroup, binding: dict | None) -> int:
     """Matrices per batched matmul (batch x heads), the count the region chunks over."""
-    sizes = [tensor_sig(node_value(n), binding)[0][0] for n in group.nodes
-             if is_batched_matmul(n)]
-    return max(sizes + [1])
+    sizes = [1]
+    for n in group.nodes:
+        if is_batched_matmul(n):
+            sig = tensor_sig(node_value(n), binding)
+            assert sig is not None  # a batched matmul's value is a tensor
+            sizes.append(sig[0][0])
+    return max(sizes)
 
 
 def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
                 enter: Callable[[fx.Node], None] | None = None,
-                on_chip: set[fx.Node] = frozenset()) -> None:
+                on_chip: AbstractSet[fx.Node] = frozenset()) -> None:
     """Emit `group` (an ATTENTION group) into `b`; `enter(node)` is called before each
     op's instructions (the program labels them with that op); inputs in `on_chip` are
     already in SBUF."""
@@ -118,11 +123,13 @@ def _readers(node: fx.Node) -> list[fx.Node]:
 
 def _score_math(b: KernelBuilder, node: fx.Node, binding: dict | None, chunks: int,
                 deps: tuple[int, ...], resident: int) -> tuple[int, ...]:
-    tensors = [node_value(a) for a in node.all_input_nodes]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    values = [node_value(a) for a in node.all_input_nodes]
+    tensors = [t for t in values if isinstance(t, torch.Tensor)]
     out = node_value(node)
     converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
-    steps = steps_for(str(node.target._schema.name), len(tensors), converts) or []
+    target = node.target
+    assert isinstance(target, torch._ops.OpOverload)  # region members are aten ops
+    steps = steps_for(str(target._schema.name), len(tensors), converts) or []
     if not steps:
         return deps
     return stream(b, max(1, _numel(node, binding) // chunks), _dtype(node), steps, deps=deps,

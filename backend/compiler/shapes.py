@@ -8,12 +8,14 @@ the actual inputs and every node's shape is evaluated, once per distinct binding
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, SupportsInt
 
+import sympy
 import torch
 from torch import fx
 
 
-def _expr(value: object) -> object | None:
+def _expr(value: object) -> sympy.Expr | None:
     """The sympy expression behind a SymInt, or None for a plain int."""
     if isinstance(value, torch.SymInt):
         return value.node.expr
@@ -54,7 +56,7 @@ class ShapeBinder:
                     if isinstance(expr, sympy.Symbol):
                         self._slots.append((pos, dim, expr))
 
-    def bind(self, args: Sequence[object]) -> dict:
+    def bind(self, args: Sequence[Any]) -> dict:  # tensors and ints
         """Symbol -> int for these runtime arguments."""
         binding = {}
         for pos, dim, symbol in self._slots:
@@ -67,7 +69,7 @@ class ShapeBinder:
         return tuple(sorted((str(k), v) for k, v in binding.items()))
 
 
-def concrete_size(size: object, binding: dict | None) -> int:
+def concrete_size(size: SupportsInt, binding: dict | None) -> int:
     """An int for a size that may be a SymInt, given the symbols' values."""
     expr = _expr(size)
     if expr is None:
@@ -77,5 +79,5 @@ def concrete_size(size: object, binding: dict | None) -> int:
     return int(expr.xreplace(binding))
 
 
-def concrete_shape(shape: Sequence[object], binding: dict | None) -> tuple[int, ...]:
+def concrete_shape(shape: Sequence[SupportsInt], binding: dict | None) -> tuple[int, ...]:
     return tuple(concrete_size(s, binding) for s in shape)

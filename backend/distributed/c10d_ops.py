@@ -68,7 +68,8 @@ def _reduce_op(reduce_op):
     import torch.distributed as dist
 
     if isinstance(reduce_op, torch.ScriptObject):  # the boxed ReduceOp: op() is its type
-        return dist.ReduceOp.RedOpType(reduce_op.op())
+        # a method of the boxed class, which ScriptObject's stub cannot list
+        return dist.ReduceOp.RedOpType(reduce_op.op())  # type: ignore[attr-defined]
     return reduce_op
 
 

@@ -23,6 +23,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -92,7 +93,7 @@ class NeuronWork(dist.Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        future = torch.futures.Future()
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         future.set_result(self._result)
         return future
 
@@ -147,12 +148,13 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int,
                  timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists (store, rank, size) only
         self._rank = rank
         self._size = size
         self._timeout = timeout
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron/gloo", store), rank, size,
-                                           timeout)
+        # Any: torch's stubs declare none of a Backend's collectives (allreduce, send...)
+        self._gloo: Any = cast(Any, dist.ProcessGroupGloo(
+            dist.PrefixStore("neuron/gloo", store), rank, size, timeout))
         self._store = store
         self._seq = 0
         self._group_name = ""
@@ -346,7 +348,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     # -- collectives ----------------------------------------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> NeuronWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> NeuronWork:  # type: ignore[override]  # c10d calls it as (tensors, opts)
         op = _reduce_op(opts) if opts is not None else dist.ReduceOp.SUM
         return self._all_reduce(tensors, op, "all_reduce")
 
@@ -367,7 +369,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         def move() -> None:
             gloo_op = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
             opts = dist.AllreduceOptions()
-            opts.reduceOp = gloo_op
+            opts.reduceOp = gloo_op  # type: ignore[assignment]  # pybind converts a RedOpType
             self._gloo.allreduce(host.tensors, opts).wait()
             if op == dist.ReduceOp.AVG:
                 for t in host.tensors:
@@ -377,7 +379,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return self._run(ALL_REDUCE, label, tensors, max(_nbytes([t]) for t in tensors),
                          move, tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts=None) -> NeuronWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts=None) -> NeuronWork:  # type: ignore[override]  # c10d calls it as (tensors, opts)
         host = _Host("broadcast", tensors)
 
         def move() -> None:
@@ -388,8 +390,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
         return self._run(BROADCAST, "broadcast", tensors, _nbytes(tensors), move, tensors)
 
-    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts=None) -> NeuronWork:
+    def allgather(self, output_lists: list[list[torch.Tensor]],  # type: ignore[override]
+                  inputs: list[torch.Tensor], opts=None) -> NeuronWork:  # c10d's one form
         outs = [t for lst in output_lists for t in lst]
         host_in = _Host("all_gather", inputs)
         host_out = [_Host("all_gather", lst) for lst in output_lists]
@@ -420,8 +422,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         works = [self.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]
         return works[-1] if works else NeuronWork([], -1, 0)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                       opts=None) -> NeuronWork:
+    def reduce_scatter(self, outputs: list[torch.Tensor],  # type: ignore[override]
+                       input_lists: list[list[torch.Tensor]],
+                       opts=None) -> NeuronWork:  # c10d calls it as (outputs, inputs, opts)
         op = _reduce_op(opts) if opts is not None else dist.ReduceOp.SUM
         # the list, joined on the host (its chunks are the ranks' parts, in rank order)
         works = [self.reduce_scatter_tensor(
@@ -444,7 +447,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             # gloo's reduce-scatter: an all-reduce of the whole input, then this rank's chunk
             full = host_in.tensors[0].clone()
             o = dist.AllreduceOptions()
-            o.reduceOp = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
+            o.reduceOp = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op  # type: ignore[assignment]  # pybind converts a RedOpType
             self._gloo.allreduce([full], o).wait()
             mine = full.reshape(-1).chunk(self._size)[self._rank]
             if op == dist.ReduceOp.AVG:

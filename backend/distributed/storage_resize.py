@@ -16,17 +16,16 @@ _installed = False
 
 def _resize_neuron(storage: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
     from neuron_explorer.backend import devices
-    from neuron_explorer.backend.allocator import allocate
+    from neuron_explorer.backend.allocator import allocate, block_of, swap_blocks
 
     device = devices.get(storage.device.index)
     replacement = allocate(device.memory, int(nbytes), device.torch_device)
     keep = min(int(nbytes), storage.nbytes())
     if keep:
-        old_host = storage._neuron_block.host
-        replacement._neuron_block.host[:keep].copy_(old_host[:keep])
-    storage._swap_data_ptr_(replacement)
-    storage._neuron_block, replacement._neuron_block = (replacement._neuron_block,
-                                                        storage._neuron_block)
+        old_host = block_of(storage).host
+        block_of(replacement).host[:keep].copy_(old_host[:keep])
+    storage._swap_data_ptr_(replacement)  # type: ignore[attr-defined]  # in torch, not its stubs
+    swap_blocks(storage, replacement)
     return storage  # `replacement` now holds the old memory; dropping it frees it
 
 
@@ -43,4 +42,4 @@ def install() -> None:
             return _resize_neuron(self, size)
         return base_resize(self, size)
 
-    torch.UntypedStorage.resize_ = resize_
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]  # neuron storages

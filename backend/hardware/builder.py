@@ -111,7 +111,7 @@ class KernelBuilder:
         """The instructions from id `since` on that none after them depends on: once
         they are done, all of them are. `through_stores`: a DMA store counts as done
         when what it stores is (its data is in SBUF, where a later op may read it)."""
-        needed = set()
+        needed: set[int] = set()
         for deps in self._deps[since:]:
             needed.update(deps)
         store = self._opcodes.get("DmaStore", -1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
 from neuron_explorer.backend.hardware.gemm import Gemm, emit_gemm
@@ -161,7 +162,7 @@ def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
     fold = max(1, -(-heads // MAX_ATTENTION_ITERATIONS))
 
     def finish(nb: int, probs: tuple[int, ...]) -> None:
-        per = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
+        per: dict[str, Any] = {"dtype": dtype, "out_dtype": dtype, "batch": nb}
         dv = emit_gemm(b, Gemm(m=s, k=lq, n=ev, a_bytes=0, load_a=False,
                                b_bytes=grad_out.nbytes // heads, **per), deps=probs)
         dp = emit_gemm(b, Gemm(m=lq, k=ev, n=s, a_bytes=0, load_a=False,

@@ -89,6 +89,7 @@ def kernel_name(base: str, spec: OpSpec) -> str:
     dtype = _SHORT_DTYPES.get(first.dtype, first.dtype)
     if base in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear") and len(spec.inputs) >= 2:
         a, b = spec.inputs[-2], spec.inputs[-1]
+        dims: tuple[int, ...]
         if base == "linear":
             a, b = spec.inputs[0], spec.inputs[1]
             dims = (a.numel // max(a.shape[-1], 1), a.shape[-1], b.shape[0]) if a.shape else ()
@@ -107,7 +108,7 @@ def lower_op(spec: OpSpec, preset: HardwarePreset) -> Kernel | None:
     if hit is not _MISS:
         if hit is _NO_KERNEL:
             raise NoLowering(spec.name)
-        return hit  # type: ignore[return-value]
+        return hit
     try:
         kernel = _lower(spec, preset)
     except NoLowering:

@@ -10,6 +10,7 @@ copied from chip totals (chip TFLOPS are not exactly cores x per-core TFLOPS).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from neuron_explorer.errors import NeuronExplorerError
 
@@ -202,8 +203,8 @@ _COMMON = {
 }
 
 
-def _preset(**kw) -> HardwarePreset:
-    fields = dict(_COMMON)
+def _preset(**kw: Any) -> HardwarePreset:
+    fields: dict[str, Any] = dict(_COMMON)
     fields.update(kw)
     cores = fields["cores_per_chip"]
     fields["hbm_bytes"] = fields["chip_hbm_bytes"] // cores

@@ -6,8 +6,11 @@ dtype (torch does the rounding); every other dtype is held in its own numpy dtyp
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
 bfloat16 = "bfloat16"
 float16 = "float16"
@@ -35,12 +38,14 @@ _ALIASES = {"bf16": bfloat16, "fp16": float16, "half": float16, "fp32": float32,
 def normalize(dtype: object) -> str:
     """The NKI dtype name of `dtype` (a name, a numpy or a torch dtype)."""
     if isinstance(dtype, torch.dtype):
-        dtype = str(dtype).removeprefix("torch.")
-    elif not isinstance(dtype, str):
-        dtype = np.dtype(dtype).name
-    name = _ALIASES.get(dtype, dtype)
+        given = str(dtype).removeprefix("torch.")
+    elif isinstance(dtype, str):
+        given = dtype
+    else:  # whatever numpy takes for a dtype; np.dtype raises TypeError on anything else
+        given = np.dtype(typing.cast(DTypeLike, dtype)).name
+    name = _ALIASES.get(given, given)
     if name not in ITEMSIZE:
-        raise TypeError(f"unknown dtype {dtype!r}: use one of {', '.join(ITEMSIZE)}")
+        raise TypeError(f"unknown dtype {given!r}: use one of {', '.join(ITEMSIZE)}")
     return name
 
 

@@ -7,6 +7,9 @@ documentation (nki.isa).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from neuron_explorer.nki import dtypes, ops
 from neuron_explorer.nki.errors import NkiError
@@ -82,9 +85,9 @@ def activation(dst=None, op=None, data=None, bias=None, scale=1.0, dtype=None, *
     out = _dst(dst, v.shape, dtype or v.dtype, SBUF, at)
 
     def compute(x, *rest):
-        rest = list(rest)
-        b = rest.pop(0) if bias is not None else 0.0
-        s = rest.pop(0) if scale_tile is not None else np.float32(scale)
+        pending = list(rest)
+        b = pending.pop(0) if bias is not None else 0.0
+        s = pending.pop(0) if scale_tile is not None else np.float32(scale)
         return fn(x * s + b)
 
     ops.engine_op("scalar", "Activation", out, inputs, compute, at, free=v.free)
@@ -117,9 +120,9 @@ def tensor_scalar(dst=None, data=None, op0=None, operand0=None, reverse0: bool =
     out = _dst(dst, v.shape, dtype or v.dtype, SBUF, at)
 
     def compute(x, *tiles):
-        tiles = list(tiles)
+        pending = list(tiles)
         for op, operand, rev in steps:
-            val = tiles.pop(0) if isinstance(operand, (Tensor, ops.View)) else np.float32(operand)
+            val = pending.pop(0) if isinstance(operand, (Tensor, ops.View)) else np.float32(operand)
             fn = _np(op, at)
             x = fn(val, x) if rev else fn(x, val)
         return x
@@ -139,8 +142,9 @@ def tensor_reduce(dst=None, op=None, data=None, axis=1, negate: bool = False,
     if 0 in axes:
         raise NkiError("nisa.tensor_reduce reduces free dimensions only (axis 0 is the "
                        "partition dimension)", at)
-    reducer = {"add": np.sum, "maximum": np.max, "minimum": np.min, "multiply": np.prod}.get(
-        getattr(op, "name", ""))
+    reducers: dict[str, Callable[..., Any]] = {"add": np.sum, "maximum": np.max,
+                                               "minimum": np.min, "multiply": np.prod}
+    reducer = reducers.get(getattr(op, "name", ""))
     if reducer is None:
         raise NkiError(f"nisa.tensor_reduce supports nl.add, nl.maximum, nl.minimum, "
                        f"nl.multiply, not {op!r}", at)

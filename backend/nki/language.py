@@ -187,6 +187,7 @@ def load(src, mask=None, dtype=None) -> Tensor:
     m = None if mask is None else np.broadcast_to(np.asarray(mask, bool), v.shape)
     ops.dma(out.view(), v, at, m)
     if m is not None:  # the masked-out part holds zeros, so later reads are defined
+        assert out.written is not None  # a new tile tracks what is written
         out.written[...] = True
     if dtype is not None and dtypes.normalize(dtype) != v.dtype:
         out = copy(out, dtype=dtype)

@@ -13,6 +13,7 @@ from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.tensor import HBM, PSUM, SBUF, Tensor, View, operand
 from neuron_explorer.nki.trace import Trace, caller_line, current
+from numpy.typing import ArrayLike
 
 TENSOR_ENGINE_DTYPES = dtypes.FLOATS
 
@@ -160,14 +161,15 @@ def matmul(dst: View, stationary: View, moving: View, at: str,
     b = trace.builder
     mm = b.matmul(k, m, n, dtype, deps, weight_deps=weights)
     b.add_model_flops(2 * k * m * n)
-    s, v = stationary.values(at), moving.values(at)
-    if s is not None:
-        prod = s.astype(np.float32).T @ v.astype(np.float32)
+    s_data, m_data = stationary.values(at), moving.values(at)
+    if s_data is not None and m_data is not None:  # both None when run without numerics
+        prod = s_data.astype(np.float32).T @ m_data.astype(np.float32)
         t = dst.tensor
         if accumulate is False or t.written is None:
             dst.store(prod)
         else:
             held = t.written[dst.key]
+            assert t.data is not None  # with numerics on every tensor holds its values
             dst.store(np.where(held, t.data[dst.key] + prod, prod))
     else:
         dst.store(None)
@@ -218,7 +220,7 @@ ENGINE_ISSUERS = ("vector", "scalar", "gpsimd")
 
 
 def engine_op(engine: str, opcode: str, dst: View, inputs: Sequence[View],
-              compute: Callable[..., np.ndarray], at: str, free: int | None = None) -> None:
+              compute: Callable[..., ArrayLike], at: str, free: int | None = None) -> None:
     """One Vector/Scalar/GpSimd instruction: reads `inputs`, writes `compute(*values)`."""
     trace = current(opcode)
     b = trace.builder
@@ -242,11 +244,11 @@ def engine_op(engine: str, opcode: str, dst: View, inputs: Sequence[View],
     if trace.numerics:
         result = compute(*[_f(x, v.dtype) for x, v in zip(values, inputs, strict=True)])
         try:
-            result = np.broadcast_to(result, dst.shape)
+            fitted = np.broadcast_to(result, dst.shape)
         except ValueError:
             raise NkiError(f"{opcode}: result shape {list(np.shape(result))} does not fit "
                            f"the destination {list(dst.shape)}", at) from None
-        dst.store(result)
+        dst.store(fitted)
     else:
         dst.store(None)
     for v in inputs:

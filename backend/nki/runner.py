@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from neuron_explorer.backend.hardware import get_preset
+from neuron_explorer.backend.hardware import KernelBuilder, get_preset
 from neuron_explorer.backend.hardware.kernel import ENGINES, FIRST_DMA, Kernel
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
@@ -77,7 +77,7 @@ class Run:
     output_shapes: object  # the shape of each output, shaped like `outputs`
     sbuf_peak: int
     psum_peak: int
-    builder: object = None  # the KernelBuilder before scheduling (its dependencies)
+    builder: KernelBuilder | None = None  # the KernelBuilder before scheduling (its dependencies)
 
 
 def _as_hbm(arg, numerics: bool, i: int):

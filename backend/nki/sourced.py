@@ -15,6 +15,7 @@ from neuron_explorer.backend.hardware.kernel import Kernel
 
 class SourcedKernel(Kernel):
     __slots__ = ("instruction_sources",)
+    instruction_sources: tuple[list[str], np.ndarray]
 
 
 def with_sources(kernel: Kernel, lines: list[tuple[str, int]]) -> SourcedKernel:

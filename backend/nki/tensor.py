@@ -111,6 +111,7 @@ class Tensor(Operand):
         self.accesses = self.writes  # what a reuse of this tile's memory waits for
         trace = _current.get()
         self.numerics = trace.numerics if trace is not None else True
+        self.data: np.ndarray | None  # None when the kernel runs without numerics
         if data is not None:
             self.data = data
         elif self.numerics:
@@ -263,13 +264,12 @@ class View(Operand):
         key = self.key
         if mask is not None:  # write only the selected elements (clipped indices repeat)
             mask = np.broadcast_to(mask, self.shape)
-            full = np.broadcast_arrays(*np.ix_(*[np.arange(s.start, s.stop) if isinstance(
-                s, slice) else np.atleast_1d(s) for s in key])) if not any(
-                isinstance(k, np.ndarray) for k in key) else None
-            if full is not None:
-                full = [a.reshape(self.shape) for a in full]
+            if not any(isinstance(k, np.ndarray) for k in key):
+                grids = np.broadcast_arrays(*np.ix_(*[np.arange(s.start, s.stop) if isinstance(
+                    s, slice) else np.atleast_1d(s) for s in key]))
+                full = [a.reshape(self.shape) for a in grids]
             else:
-                full = np.broadcast_arrays(*[np.asarray(k) for k in key])
+                full = list(np.broadcast_arrays(*[np.asarray(k) for k in key]))
             key = tuple(a[mask] for a in full)
         if t.written is not None:
             t.written[key] = True
@@ -339,7 +339,8 @@ def index(tensor: Tensor, key) -> View:
     if fancy and any(isinstance(k, slice) for k in key):
         raise NkiError("mixing index arrays (nl.arange, nl.mgrid) with slices is not "
                        "supported: index every dimension with nl.arange/nl.mgrid", at)
-    out_key, box, shape, oob_parts = [], [], [], []
+    out_key: list[np.ndarray | slice | int] = []
+    box, shape, oob_parts = [], [], []
     partition_pos, pos = None, 0
     for dim, (k, size) in enumerate(zip(key, tensor.shape, strict=True)):
         if isinstance(k, np.ndarray) and k.ndim > 0:

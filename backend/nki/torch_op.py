@@ -56,7 +56,7 @@ def as_torch_op(kernel, name: str | None = None):
     def call(*args: torch.Tensor) -> torch.Tensor:
         return op(list(args))
 
-    call.op = op
+    call.op = op  # type: ignore[attr-defined]  # mypy does not model function attributes
     return call
 
 
@@ -81,6 +81,7 @@ def lower_into(b, spec) -> bool:
         return False
     traced = run(kernel, tuple(_Shape(t) for t in spec.inputs), {}, b.preset,
                  numerics=False).builder
+    assert traced is not None  # run() keeps the builder of every kernel it traces
     opcodes = {code: name for name, code in traced._opcodes.items()}
     offset = len(b)
     for j in range(len(traced)):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
+from types import FrameType
 from typing import Self
 
 from neuron_explorer.backend.hardware import KernelBuilder
@@ -24,7 +25,7 @@ _current: ContextVar[Trace | None] = ContextVar("nki_trace", default=None)
 
 def caller_line() -> tuple[str, int]:
     """(file, line) of the innermost frame outside this package: the kernel's line."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _in_package(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
@@ -111,7 +112,7 @@ class Trace:
         self.sbuf = Allocator("SBUF", preset.sbuf_partition_bytes)
         self.psum = Allocator("PSUM", preset.psum_partition_bytes)
         self._next_tile = 0
-        self._token = None
+        self._token: Token[Trace | None] | None = None
         self.grid: tuple[int, ...] = ()  # the SPMD launch grid; () for a plain call
         self.program: tuple[int, ...] = ()  # the running program's position in it
         self.shared_hbm: list = []  # HBM tensors the programs share, in creation order
@@ -143,6 +144,7 @@ class Trace:
         return self
 
     def __exit__(self, *exc) -> None:
+        assert self._token is not None, "__exit__ without __enter__"
         _current.reset(self._token)
         self.sbuf.closed = self.psum.closed = True
 
