@@ -16,17 +16,31 @@ _installed = False
 
 def _resize_neuron(storage: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
     from neuron_explorer.backend import devices
-    from neuron_explorer.backend.allocator import allocate, block_of, swap_blocks
+    from neuron_explorer.backend.allocator import allocate, block_of
 
+    nbytes = int(nbytes)
+    if nbytes == storage.nbytes():
+        return storage
     device = devices.get(storage.device.index)
-    replacement = allocate(device.memory, int(nbytes), device.torch_device)
-    keep = min(int(nbytes), storage.nbytes())
+    replacement = allocate(device.memory, nbytes, device.torch_device)
+    keep = min(nbytes, storage.nbytes())
     if keep:
         old_host = block_of(storage).host
         block_of(replacement).host[:keep].copy_(old_host[:keep])
-    storage._swap_data_ptr_(replacement)  # type: ignore[attr-defined]  # in torch, not its stubs
-    swap_blocks(storage, replacement)
-    return storage  # `replacement` now holds the old memory; dropping it frees it
+    if storage.nbytes() and nbytes:
+        # torch swaps only storages of one size, or with an empty one: empty this one first
+        empty = allocate(device.memory, 0, device.torch_device)
+        _swap(storage, empty)  # `empty` now holds the old memory; dropping it frees it
+    _swap(storage, replacement)
+    return storage  # `replacement` now holds the old (or the empty) memory
+
+
+def _swap(storage: torch.UntypedStorage, other: torch.UntypedStorage) -> None:
+    """Exchange the memory of two neuron storages, and the blocks that account for it."""
+    from neuron_explorer.backend.allocator import swap_blocks
+
+    storage._swap_data_ptr_(other)  # type: ignore[attr-defined]  # in torch, not its stubs
+    swap_blocks(storage, other)
 
 
 def install() -> None:

@@ -169,3 +169,20 @@ def test_fake_tensors_print_without_touching_the_device(recorder):
     assert "neuron:0" in str(symbolic) and ", 4)" in str(symbolic)
     assert str(static) == "FakeTensor(..., device='neuron:0', size=(5, 4))"
     assert recorder.ops == [] and recorder.syncs == []
+
+
+@pytest.mark.parametrize("new_bytes", [64, 16, 0, 32])
+def test_a_storage_resizes_to_any_size_keeping_its_prefix(new_bytes: int) -> None:
+    """FSDP2 resizes to 0 and back; growing or shrinking a filled storage failed in torch's
+    `_swap_data_ptr_` ("storages must have the same nbytes or one must have 0")."""
+    from neuron_explorer.backend import devices
+
+    storage = torch.arange(8, dtype=torch.float32, device="neuron").untyped_storage()
+    memory = devices.get(0).memory
+    before = memory.in_use
+    storage.resize_(new_bytes)
+    assert storage.nbytes() == new_bytes
+    assert memory.in_use - before == new_bytes - 32  # the old memory is released
+    kept = min(new_bytes, 32) // 4
+    view = torch.empty(0, dtype=torch.float32, device="neuron").set_(storage, 0, (kept,))
+    assert view.cpu().tolist() == list(range(kept))
