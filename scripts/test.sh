@@ -7,4 +7,7 @@ scripts/setup.sh
 scripts/install_browser.sh
 .venv/bin/python -m ruff check .
 .venv/bin/python scripts/typecheck.py
-.venv/bin/python -m pytest "$@"
+# One worker per core (pytest-xdist); each file runs whole on one worker, so its module
+# fixtures and recordings are made once; files go out in collection order, where
+# tests/conftest.py puts those with slow tests first. `-n 0` runs it in one process.
+.venv/bin/python -m pytest -n logical --dist loadfile --no-loadscope-reorder "$@"

@@ -25,3 +25,13 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def real_traces_dir() -> Path:
     return REAL_TRACES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the files holding `slow` tests run first (each file whole, in
+    collection order otherwise): the long files start at once and the many short ones fill
+    the workers in at the end, instead of one long file running alone last."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort

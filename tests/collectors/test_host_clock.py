@@ -11,6 +11,7 @@ import re
 import select
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import neuron_explorer
@@ -70,17 +71,21 @@ def test_work_the_program_does_not_do_never_runs_the_clock_backwards(record_cli,
     assert min(gaps) >= 0, gaps
 
 
-def _modelled(record_cli, out: str, *args: str) -> subprocess.CompletedProcess:
+def _modelled(record_cli, *runs: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """Record each `(out, *args)` with the modelled clock, all at once: they are independent
+    (each child waits mostly on its own imports), and a modelled recording does not depend
+    on what else runs."""
     os.environ["NEURON_HOST_CLOCK"] = "modelled"
     try:
-        return record_cli("-o", out, *args)
+        with ThreadPoolExecutor(len(runs)) as pool:
+            return list(pool.map(lambda run: record_cli("-o", *run), runs))
     finally:
         del os.environ["NEURON_HOST_CLOCK"]
 
 
 def test_two_modelled_recordings_are_byte_identical(record_cli, programs) -> None:
-    for out in ("m1.pftrace", "m2.pftrace"):
-        proc = _modelled(record_cli, out, "train_small.py", "3")
+    for proc in _modelled(record_cli, *[(out, "train_small.py", "3")
+                                        for out in ("m1.pftrace", "m2.pftrace")]):
         assert proc.returncode == 0, proc.stderr
     first, second = (programs / "m1.pftrace").read_bytes(), (programs / "m2.pftrace").read_bytes()
     assert first == second
@@ -92,8 +97,8 @@ def test_two_modelled_recordings_are_byte_identical(record_cli, programs) -> Non
 
 def test_modelled_json_recordings_of_a_compiled_model_are_byte_identical(record_cli,
                                                                          programs) -> None:
-    for out in ("c1.json", "c2.json"):
-        proc = _modelled(record_cli, out, "compiled_block.py")
+    for proc in _modelled(record_cli, ("c1.json", "compiled_block.py"),
+                          ("c2.json", "compiled_block.py")):
         assert proc.returncode == 0, proc.stderr
     assert (programs / "c1.json").read_bytes() == (programs / "c2.json").read_bytes()
 
@@ -121,15 +126,19 @@ def test_diff_fail_above_exit_codes() -> None:
     b = neuron_explorer.load(compiled).summary()["step_time_ns"]
     slower, faster = (eager, compiled) if a > b else (compiled, eager)
     growth = (max(a, b) / min(a, b) - 1) * 100
-    regressed = _diff(faster, slower, "--fail-above", "5")
+    calls = [(faster, slower, "--fail-above", "5"),
+             (faster, slower, "--fail-above", f"{growth + 1:.1f}"),
+             (slower, faster, "--fail-above", "0"), (faster, faster, "--fail-above", "0"),
+             (faster, slower), (faster, slower, "--fail-above", "-3")]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # independent commands: run at once
+        regressed, within, improved, same, plain, bad = pool.map(lambda c: _diff(*c), calls)
     assert regressed.returncode == 1
     assert "step time grew" in regressed.stderr and "more than --fail-above 5%" in regressed.stderr
     assert "Summary" in regressed.stdout  # the diff itself is still printed
-    assert _diff(faster, slower, "--fail-above", f"{growth + 1:.1f}").returncode == 0
-    assert _diff(slower, faster, "--fail-above", "0").returncode == 0
-    assert _diff(faster, faster, "--fail-above", "0").returncode == 0
-    assert _diff(faster, slower).returncode == 0  # without the option: never a failure
-    bad = _diff(faster, slower, "--fail-above", "-3")
+    assert within.returncode == 0
+    assert improved.returncode == 0
+    assert same.returncode == 0
+    assert plain.returncode == 0  # without the option: never a failure
     assert bad.returncode == 2 and "is not a percentage" in bad.stderr
 
 
@@ -273,9 +282,9 @@ def test_run_delay_between_recordings_is_not_taken_off_the_next_one() -> None:
 def test_a_faster_chip_never_diffs_as_a_slower_step(record_cli, programs) -> None:
     # The same host-bound script on trn2 then trn3: the device got faster, the host did
     # not change, so the step time must not grow (a loaded machine once made it 1.56x)
-    for hardware in ("trn2", "trn3"):
-        proc = _modelled(record_cli, f"{hardware}.pftrace", "--hardware", hardware,
-                         "--level", "op", "train_small.py", "3")
+    for proc in _modelled(record_cli, *[(f"{hardware}.pftrace", "--hardware", hardware,
+                                         "--level", "op", "train_small.py", "3")
+                                        for hardware in ("trn2", "trn3")]):
         assert proc.returncode == 0, proc.stderr
     guard = _diff(str(programs / "trn2.pftrace"), str(programs / "trn3.pftrace"),
                   "--fail-above", "0")
