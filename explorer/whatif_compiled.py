@@ -99,8 +99,14 @@ def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
     return graphs
 
 
-def build_program(keys: list, preset, name: str):
-    """One kernel running `keys` in order (see the module doc), or None with no device work."""
+class ProgramTooLarge(Exception):
+    """A program over the dependency budget a caller set (a rule's prediction, which must
+    not make a report wait; the `whatif` command sets none)."""
+
+
+def build_program(keys: list, preset, name: str, max_dependencies: int | None = None):
+    """One kernel running `keys` in order (see the module doc), or None with no device work;
+    raises ProgramTooLarge past `max_dependencies` before scheduling it."""
     from neuron_explorer.backend.hardware import KernelBuilder
     from neuron_explorer.backend.hardware.lowering import emit_host_fallback
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
@@ -131,13 +137,17 @@ def build_program(keys: list, preset, name: str):
     b.after = ()
     if not len(b):
         return None
+    if max_dependencies is not None and b.dependency_count() > max_dependencies:
+        raise ProgramTooLarge(name)
     b.sections = tuple(sections)
     return b.build()
 
 
-def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options):
+def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
+                    max_dependencies: int | None = None):
     """Like `backend.replay.replay`, with each step's graphs launched as one program each;
-    returns (replayed events, host shift, approximations)."""
+    returns (replayed events, host shift, approximations). `max_dependencies`: see
+    build_program."""
     from neuron_explorer.backend.hardware import DeviceTimeline
     from neuron_explorer.backend.replay import HostShift, ReplayedKernel, ReplayedOp, replay_one
 
@@ -165,7 +175,8 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options):
             continue
         last = events[graph.events[-1]]
         span = last.ts + last.dur - ev.ts
-        kernel = build_program([events[j].key for j in graph.events], preset, graph.name)
+        kernel = build_program([events[j].key for j in graph.events], preset, graph.name,
+                               max_dependencies)
         new = ReplayedOp(ts, 0, name=graph.launch_name)
         if kernel is not None:
             launch = ts + overhead

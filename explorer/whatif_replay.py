@@ -168,10 +168,16 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
     return total
 
 
+# A rule's compiled prediction gives up past this many dependencies in one program: the
+# padded matmuls of odd_dims.pftrace make 75 M of them, 25-80 s of scheduling in a report.
+PREDICTION_MAX_DEPENDENCIES = 2_000_000
+
+
 def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
     """The median step time a what-if replay in `mode` predicts on the recorded preset,
     without writing a trace (rules state it as the saving of their fix); None for a
-    trace without op keys or steps. Cached on the trace."""
+    trace without op keys or steps, or whose compiled programs are too large to schedule
+    while a report waits. Cached on the trace."""
     def compute() -> float | None:
         from neuron_explorer.backend.replay import ReplayOptions, replay
         from neuron_explorer.whatif_writer import host_events
@@ -185,9 +191,13 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
         options = ReplayOptions(trace.hardware or "trn2")
         rows, events = host_events(trace, ops)
         if mode == "compiled":
-            from neuron_explorer.whatif_compiled import replay_compiled
+            from neuron_explorer.whatif_compiled import ProgramTooLarge, replay_compiled
 
-            _, shift, _ = replay_compiled(trace, rows, events, options)
+            try:
+                _, shift, _ = replay_compiled(trace, rows, events, options,
+                                              PREDICTION_MAX_DEPENDENCIES)
+            except ProgramTooLarge:
+                return None
         else:
             _, shift = replay(events, options)
         steps = trace.steps

@@ -107,6 +107,10 @@ class KernelBuilder:
         self._section.append(self.section)
         return len(self._engine) - 1
 
+    def dependency_count(self) -> int:
+        """Dependencies between the instructions so far: the scheduling work grows with it."""
+        return sum(map(len, self._deps))
+
     def finished(self, since: int, through_stores: bool = False) -> tuple[int, ...]:
         """The instructions from id `since` on that none after them depends on: once
         they are done, all of them are. `through_stores`: a DMA store counts as done

@@ -1,0 +1,41 @@
+"""A rule's compiled prediction stays within what a report can wait for: the padded matmuls
+of odd_dims.pftrace made one program of 75 M dependencies, 25-80 s of scheduling in
+`neuron-explorer report`; the rule now gives up on it, and on small programs still predicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer import whatif_replay
+from neuron_explorer.whatif_compiled import ProgramTooLarge
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_a_program_over_the_budget_is_not_scheduled(monkeypatch) -> None:
+    from neuron_explorer import whatif_compiled
+
+    trace = neuron_explorer.load(SAMPLES / "mlp_eager.pftrace")
+    assert whatif_replay.predicted_step_ns(trace, "compiled") is not None  # small: predicted
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("scheduled a program over the budget")
+
+    small = neuron_explorer.load(SAMPLES / "mlp_eager.pftrace")
+    monkeypatch.setattr(whatif_replay, "PREDICTION_MAX_DEPENDENCIES", 0)
+    monkeypatch.setattr("neuron_explorer.backend.hardware.builder.KernelBuilder.build", refuse)
+    assert whatif_replay.predicted_step_ns(small, "compiled") is None
+    with pytest.raises(ProgramTooLarge):
+        from neuron_explorer.backend.replay import ReplayOptions
+        from neuron_explorer.whatif_writer import host_events
+
+        rows, events = host_events(small, whatif_replay.recorded_ops(small))
+        whatif_compiled.replay_compiled(small, rows, events, ReplayOptions("trn2"), 0)
+
+
+def test_the_host_bound_finding_on_odd_dims_skips_the_prediction() -> None:
+    trace = neuron_explorer.load(SAMPLES / "odd_dims.pftrace")
+    (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_bound"]
+    assert "what-if replay predicts" not in finding.recommendation
