@@ -5,13 +5,19 @@ raise in the program wherever it is, also inside the recorder between noting a s
 open and writing its begin, or between writing an end and forgetting the slice. The
 trace would then end with a slice's end without its begin. The handlers of those two
 signals are wrapped: inside a `guarded()` section they only note the signal, and the
-section's end runs the handler, with the recorder's state and the trace agreeing.
+section's end runs the handler, with the recorder's state and the trace agreeing. A
+signal that lands in a garbage-collector callback or a `__del__` (the host clock and the
+device allocator run there), where Python would print the handler's exception as ignored
+and lose it, is sent again a moment later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -37,6 +43,13 @@ def deferring(handler: Any) -> Any:
         return handler
 
     def deferred(signum: int, frame: FrameType | None) -> None:
+        if _swallows_exceptions(frame):
+            # Raised here, the handler's exception would be printed as "ignored" and the
+            # signal lost (the program ran on after a `kill`): send it again in a moment.
+            timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return
         if _guard.depth:
             _guard.pending = (handler, signum, frame)
             return
@@ -45,6 +58,20 @@ def deferring(handler: Any) -> Any:
     deferred._neuron_explorer_deferring = True  # type: ignore[attr-defined]
     deferred.__wrapped__ = handler  # type: ignore[attr-defined]
     return deferred
+
+
+RESEND_S = 0.005
+
+
+def _swallows_exceptions(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside a garbage-collector callback or a `__del__`, where
+    Python prints an exception as ignored instead of raising it."""
+    callbacks = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code in callbacks:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install() -> dict[int, Any]:
