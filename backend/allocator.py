@@ -33,7 +33,7 @@ class AllocationContext:
     op_id: int | None = None
     # The op's host start: its allocations and releases are dated there. The clock read
     # inside the emulation runs ahead (the emulation is excluded only when the op ends),
-    # so memory changes of a 30 ms host fallback landed after the program's exit.
+    # so an op's allocations were dated after its end, some after the program's exit.
     host_ns = 0
     suspended: bool = False
 
