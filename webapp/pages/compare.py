@@ -96,26 +96,24 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
 
 def _readable_summary(df: pd.DataFrame) -> pd.DataFrame:
     """The headline diff with each figure in its unit ('28.69 ms', '0.07%', '802'), not raw
-    ns and fractions; the ratio stays a number to sort on."""
+    ns and fractions, labelled as the Summary table above it; the ratio stays a number."""
     if not {"metric", "a", "b", "delta"} <= set(df.columns):
         return df
+    known = {key: (label, f) for label, key, f in SUMMARY_ROWS}
 
-    def shown(metric: str, value: Any) -> str:
-        name = str(metric)
-        if name.endswith("_ns"):
-            return fmt.duration(value)
-        if name in ("mfu", "hfu", "mbu") or name.endswith("share"):
-            return fmt.share(value)
-        if name.startswith("n_"):
-            return fmt.count(value)
-        return str(value)
+    def label_and_format(metric: str) -> tuple[str, Any]:
+        if metric in known:
+            return known[metric]
+        name = metric.removesuffix("_ns").removeprefix("n_").replace("_", " ")
+        if metric.endswith("_ns"):
+            return name, fmt.duration
+        return name, fmt.count if metric.startswith("n_") else str
 
+    shown = [label_and_format(str(m)) for m in df["metric"]]
     readable = df.copy()
     for column in ("a", "b", "delta"):
-        readable[column] = [shown(m, v) for m, v in zip(df["metric"], df[column], strict=True)]
-    readable["metric"] = [m.upper() if m in ("mfu", "hfu", "mbu") else
-                          m.removesuffix("_ns").removeprefix("n_").replace("_", " ")
-                          for m in map(str, df["metric"])]
+        readable[column] = [f(v) for (_, f), v in zip(shown, df[column], strict=True)]
+    readable["metric"] = [label for label, _ in shown]
     return readable
 
 
