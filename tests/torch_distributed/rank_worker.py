@@ -108,14 +108,16 @@ def collectives() -> dict:
 
 
 def coupling() -> dict:
-    """Rank 0 queues a long kernel first: every rank's collective ends at the same time."""
+    """Rank 0 queues ~8 ms of device work first: every rank's collective ends at the same
+    time, and none starts before the work queued ahead of it on its own device."""
     sink = Collectives()
     hub.subscribe(sink)
     rank, _, dev = init()
-    x = torch.randn(256, 256, device=dev)
+    x = torch.randn(2048, 2048, device=dev)
     if rank == 0:
-        for _ in range(20):
-            x = x @ x / 16  # device work that makes rank 0 arrive late
+        for _ in range(3):
+            x = x @ x / 64
+    ready_before = torch.neuron.current_stream().ready_time()
     dist.all_reduce(x)
     big = torch.ones(1 << 18, device=dev)
     work = dist.all_reduce(big, async_op=True)
@@ -124,8 +126,8 @@ def coupling() -> dict:
     finish_after_wait = torch.neuron.current_stream().ready_time()
     dist.destroy_process_group()
     hub.unsubscribe(sink)
-    return {"runs": sink.runs, "before_wait": finish_before_wait,
-            "after_wait": finish_after_wait}
+    return {"runs": sink.runs, "ready_before": ready_before,
+            "before_wait": finish_before_wait, "after_wait": finish_after_wait}
 
 
 def default_backend() -> dict:
