@@ -53,10 +53,10 @@ def test_every_collective_gives_the_numbers(tmp_path):
 
 def test_collectives_couple_the_ranks(tmp_path):
     results = _ok(run_ranks("coupling", 2, tmp_path))
-    runs = [[x for x in r["runs"] if x["collective"] == "all_reduce"][0] for r in results]
+    runs = [next(x for x in r["runs"] if x["collective"] == "all_reduce") for r in results]
     assert runs[0]["seq"] == runs[1]["seq"]
     # a collective reaches the device once the work queued before it there has finished
-    for r, run in zip(results, runs):
+    for r, run in zip(results, runs, strict=True):
         assert run["arrival"] >= r["ready_before"]
     # which rank comes last depends on how the OS ran the two processes, not on the test
     early, late = sorted(runs, key=lambda x: x["arrival"])
