@@ -9,6 +9,10 @@ attribute test per op. All times are ns on the host clock's timeline
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.hardware.kernel import Kernel
 
 
 @dataclass(slots=True)
@@ -70,7 +74,7 @@ class KernelRun:
     # The simulated kernel (its `arrays()` and `opcodes`, start times relative to
     # `start_ns`), set only when `hub.want_instruction_arrays` is: bulk consumers read
     # the schedule as numpy arrays instead of one Instruction per instruction.
-    kernel: object | None = None
+    kernel: Kernel | None = None
 
 
 @dataclass(slots=True)

@@ -16,13 +16,14 @@ import json
 import operator
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from neuron_explorer import op_key_codec
 from neuron_explorer.backend.events import (
     CollectiveRun,
     CompileEvent,
+    EventSink,
     KernelRun,
     MemoryChange,
     OpLaunch,
@@ -85,6 +86,8 @@ from neuron_explorer.trace_format import (
 )
 
 if TYPE_CHECKING:
+    from neuron_explorer.backend.hardware.kernel import Kernel
+    from neuron_explorer.collectors.framework_hooks import FrameworkHooks
     from neuron_explorer.collectors.recorder import Recorder
     from neuron_explorer.collectors.trace_writer import TraceWriter
 
@@ -113,7 +116,7 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
     return distinct, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
 
 
-def _sections_json(kernel: object) -> str:
+def _sections_json(kernel: Kernel | None) -> str:
     """A compiled program's sections as the user wrote them, once on its kernel slice (not on
     every instruction): JSON [[section, module, source, written, matmul dtype], ...] for the
     sections that say either; "" for a kernel of one op."""
@@ -127,7 +130,10 @@ def _sections_json(kernel: object) -> str:
     return json.dumps(rows, separators=(",", ":")) if rows else ""
 
 
-def op_flow_id(op_id: int, kernel_index: int) -> int:
+_FlowIds = TypeVar("_FlowIds", int, np.ndarray)  # one id, or int64 arrays of them
+
+
+def op_flow_id(op_id: _FlowIds, kernel_index: _FlowIds) -> _FlowIds:
     """Flow from an op to its kernel_index-th kernel (docs/trace-format.md); also
     elementwise on int64 arrays."""
     return op_id | (kernel_index << 40)
@@ -214,10 +220,22 @@ class DeviceTracks:
         return track
 
 
-class DeviceSink:
+# A compiled graph's section labels: (ops, source line, module, section name)
+_SectionLabel = tuple[str, str, str, str]
+# One kernel's buffered instructions: kernel id, device, engine names, engine index,
+# opcode names, opcode index, start, dur, bytes, flops, then its program ((section per
+# instruction, section labels), None for a kernel of one op) and its NKI source lines
+# ((names, index per instruction), or None)
+_InstructionRow = tuple[int, DeviceTracks, Sequence[str], np.ndarray, Sequence[str], np.ndarray,
+                        np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                        tuple[np.ndarray, list[_SectionLabel]] | None,
+                        tuple[list[str], np.ndarray] | None]
+
+
+class DeviceSink(EventSink):
     """The hub subscriber of one recording."""
 
-    def __init__(self, recorder: Recorder, modules: object | None = None) -> None:
+    def __init__(self, recorder: Recorder, modules: FrameworkHooks | None = None) -> None:
         self.rec = recorder
         self.writer = recorder.writer
         self.modules = modules  # framework hooks: current module path, backward tracking
@@ -233,11 +251,9 @@ class DeviceSink:
         self._kernel_signatures: dict[tuple, int] = {}
         self._prepared: list[tuple[str, object]] = []
         self._busy_maps: dict[int, dict] = {}  # id -> a kernel's busy map (kept alive)
-        # per kernel: (kernel id, device, engine names, engine index, opcode names,
-        # opcode index, start, dur, bytes, flops), the last six numpy arrays
-        self._instructions: list[tuple] = []
+        self._instructions: list[_InstructionRow] = []
         self._buffered_instructions = 0
-        self._kernel_slots: dict[int, tuple[object, np.ndarray]] = {}  # id(kernel) -> slots
+        self._kernel_slots: dict[int, tuple[Kernel, list[int]]] = {}  # id(kernel) -> slots
         self._counters: list = []  # float-valued counters, rows of _COUNTER_ROW
         self._int_counters: list[int] = []  # int-valued counters, rows of _COUNTER_ROW
 
@@ -391,12 +407,13 @@ class DeviceSink:
     def _buffer_instructions(self, dev: DeviceTracks, ev: KernelRun) -> list[int]:
         """Keep a kernel's instructions for the next batch; return the kernel's flow ids."""
         kernel = ev.kernel
+        row: _InstructionRow
         if kernel is not None:  # the simulator's arrays, start times relative to the kernel
             arrays = kernel.arrays()
             engine_index = arrays["engine"]
             row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
                    arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
-                   arrays["bytes"], arrays["flops"], *self._program_labels(kernel),
+                   arrays["bytes"], arrays["flops"], self._program_labels(kernel),
                    getattr(kernel, "instruction_sources", None))  # NKI: (names, index) or None
             # the engines a kernel uses never change: compute its flow slots once
             cached = self._kernel_slots.get(id(kernel))
@@ -407,13 +424,14 @@ class DeviceSink:
                 cached = self._kernel_slots[id(kernel)] = (kernel, slots)
             slots = cached[1]
         else:  # Instruction records (events built by hand)
+            assert ev.instructions, "kernel_scheduled buffers only kernels with a schedule"
             engines, opcodes, starts, durs, nbytes, flops = zip(*map(_INSTRUCTION_FIELDS,
                                                                       ev.instructions), strict=True)
             engine_names, engine_index = _factorize(engines)
             opcode_names, opcode_index = _factorize(opcodes)
             row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
                    np.array(starts, np.int64), np.array(durs, np.int64),
-                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None, None)
+                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None)
             slots = sorted({engine_index_of(e) for e in engine_names})
         self._instructions.append(row)
         self._buffered_instructions += len(row[3])
@@ -423,13 +441,13 @@ class DeviceSink:
         return [base | slot for slot in slots]
 
     @staticmethod
-    def _program_labels(kernel: object) -> tuple[np.ndarray | None, list | None]:
+    def _program_labels(kernel: Kernel) -> tuple[np.ndarray, list[_SectionLabel]] | None:
         """A compiled graph's program: per instruction its section, and per section its
-        (ops, source line, module inside the compiled code, section name) strings; (None,
-        None) for a kernel of one op."""
-        section = getattr(kernel, "section", None)
+        (ops, source line, module inside the compiled code, section name) strings; None
+        for a kernel of one op."""
+        section = kernel.section
         if section is None:
-            return None, None
+            return None
         cwd = os.getcwd() + os.sep  # sources read as eager ops' do: relative to the cwd
         return section, [("+".join(s.ops), s.source.removeprefix(cwd), s.module, s.name)
                          for s in kernel.sections]
@@ -484,10 +502,10 @@ class DeviceSink:
         labels: dict[tuple[str, str, str, str], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
-            section, sections = row[10], row[11]
-            if section is None:
+            if row[10] is None:
                 label_parts.append(np.full(count, -1, np.int64))
             else:
+                section, sections = row[10]
                 local = np.array([labels.setdefault(x, len(labels)) for x in sections], np.int64)
                 label_parts.append(local[section])
         label = np.concatenate(label_parts)
@@ -495,10 +513,10 @@ class DeviceSink:
         source_ids: dict[str, int] = {"": 0}
         source_parts = []
         for r, count in zip(rows, counts, strict=True):
-            if r[12] is None:
+            if r[11] is None:
                 source_parts.append(np.zeros(count, np.int64))
             else:
-                names, index = r[12]
+                names, index = r[11]
                 lookup = np.array([source_ids.setdefault(n, len(source_ids)) for n in names],
                                   np.int64)
                 source_parts.append(lookup[index])

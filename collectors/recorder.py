@@ -105,6 +105,11 @@ class Recorder:
     """Writes one process's events into one trace file."""
 
     def __init__(self, options: RecordOptions) -> None:
+        self._reset(options)
+
+    def _reset(self, options: RecordOptions) -> None:
+        """Start the recording of `options` from nothing (`after_fork` starts over in this
+        same object, which the hooks and the device sink hold)."""
         self.options = options
         self.level = LEVELS.index(options.level)
         self.ops = self.level >= 1  # op slices and kernels
@@ -446,7 +451,7 @@ class Recorder:
     def after_fork(self, path: str) -> None:
         """In a forked child: drop the parent's buffered events, start a trace of our own."""
         self.writer.discard()
-        self.__init__(RecordOptions(path, self.options.level, self.options.steps,
+        self._reset(RecordOptions(path, self.options.level, self.options.steps,
                                     self.options.fmt, self.options.command, quiet=True,
                                     drop_if_empty=True))
 

@@ -16,17 +16,21 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Self
 
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.collectors import recording_notices, signal_guard, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
 
+if TYPE_CHECKING:
+    from neuron_explorer.collectors.device_sink import DeviceSink
+    from neuron_explorer.collectors.framework_hooks import FrameworkHooks
+
 _perf_ns = clock.real_ns
 
 _active: Recorder | None = None
-_attached: dict[int, tuple[Any, Any]] = {}  # id(recorder) -> (hooks, sink)
+_attached: dict[int, tuple[FrameworkHooks | None, DeviceSink]] = {}  # id(recorder) -> (hooks, sink)
 _signal_handlers: dict[int, dict] = {}  # id(recorder) -> the signal handlers it wrapped
 
 
@@ -54,8 +58,9 @@ def _steps(steps: str | Sequence[int] | range | None) -> tuple[int, int | None] 
 def start(options: RecordOptions, *, record_children: bool = True) -> Recorder:
     """Start recording this process (the CLI and `record` both come here)."""
     global _active
-    if active() is not None:
-        raise RecordingError(f"already recording to {_active.options.path}: "
+    running = active()
+    if running is not None:
+        raise RecordingError(f"already recording to {running.options.path}: "
                              "stop that recording before starting another")
     import torch  # noqa: F401 - loads the neuron device before its events are subscribed
     from neuron_explorer.backend.clock import LOAD_FREE
@@ -196,7 +201,7 @@ class record(contextlib.ContextDecorator):
     def path(self) -> str:
         return self.options.path
 
-    def start(self) -> record:
+    def start(self) -> Self:
         self.recorder = start(self.options)
         return self
 

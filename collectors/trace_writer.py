@@ -44,6 +44,7 @@ class TraceWriter(Protocol):
     path: str
     events: int
     counts: dict[str, int]
+    closed: bool  # closed, discarded or abandoned by a failed write: nothing more is written
 
     def process(self, pid: int, name: str, cmdline: Sequence[str] = ()) -> int: ...
     def thread(self, pid: int, tid: int, name: str) -> int: ...

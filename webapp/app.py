@@ -240,8 +240,9 @@ def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:
         if request.path != "/_dash-update-component" or request.method != "POST":
             return None
         body = request.get_json(silent=True)
-        spec = app.callback_map.get(body.get("output")) if isinstance(body, dict) and isinstance(
-            body.get("output"), str) else None
+        if not isinstance(body, dict) or not isinstance(body.get("output"), str):
+            return jsonify(error="not a callback of this dashboard"), 400
+        spec = app.callback_map.get(body["output"])
         if spec is None:
             return jsonify(error="not a callback of this dashboard"), 400
         for part in ("inputs", "state"):

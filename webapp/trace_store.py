@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -250,7 +250,7 @@ class TraceStore:
 
         return self.save_upload_stream(filename, io.BytesIO(data))
 
-    def save_upload_stream(self, filename: str, stream: BinaryIO) -> str:
+    def save_upload_stream(self, filename: str, stream: IO[bytes]) -> str:
         """Copies an upload to the uploads folder chunk by chunk, refusing it as soon as it passes
         the size limit (so a huge upload never sits in memory); then trims the uploads to the quota."""
         safe = "".join(ch for ch in Path(filename or "").name if ch.isalnum() or ch in "._-+")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -71,7 +71,7 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _text(data: bytes, offset: int, length: int) -> str:
+def _text(data: bytes | bytearray, offset: int, length: int) -> str:
     return data[offset:offset + length].decode("utf-8", "replace")
 
 
@@ -88,9 +88,9 @@ class _State:
                              ) -> tuple[np.ndarray, list[str | None]]:
         """Interned debug-annotation string values, as codes into the distinct ones (None
         where never interned)."""
-        return _resolve_codes(self, "str", seqgen, iids, self.pairs)
+        return _resolve_codes(self, "str", seqgen, iids, self.pairs, None)
 
-    def read(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
+    def read(self, data: bytes | bytearray, start: int, end: int, seq: int, gen: int) -> None:
         """Take interned data, a track descriptor or defaults from one packet."""
         for field, value, offset in read_message(data, start, end):
             if field == F.P_INTERNED:
@@ -104,7 +104,7 @@ class _State:
                             if f2 == F.DEFAULTS_TRACK_UUID:
                                 self.default_track[seq] = v2
 
-    def _interned(self, data: bytes, start: int, end: int, seq: int, gen: int) -> None:
+    def _interned(self, data: bytes | bytearray, start: int, end: int, seq: int, gen: int) -> None:
         for field, value, offset in read_message(data, start, end):
             kind = INTERNED_KINDS.get(field)
             if kind is None:
@@ -117,7 +117,7 @@ class _State:
                     text = _text(data, o, v)
             self.interned.setdefault((seq, gen, kind), {})[iid] = text
 
-    def _descriptor(self, data: bytes, start: int, end: int) -> None:
+    def _descriptor(self, data: bytes | bytearray, start: int, end: int) -> None:
         d = Descriptor()
         for field, value, offset in read_message(data, start, end):
             if field == F.D_UUID:
@@ -150,15 +150,18 @@ class _State:
         self.descriptors[d.uuid] = d
 
 
+_Missing = TypeVar("_Missing", str, None)  # what stands for an iid never interned
+
+
 def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
-                   seqgen_pairs: list[tuple[int, int]], missing: str | None = None
-                   ) -> tuple[np.ndarray, list[str | None]]:
+                   seqgen_pairs: list[tuple[int, int]], missing: _Missing
+                   ) -> tuple[np.ndarray, list[str | _Missing]]:
     """Interned iids -> a code per key into a list of strings, looked up once per distinct
     (sequence, generation, iid); `missing` where an iid was never interned."""
     if not len(keys):
         return np.zeros(0, np.intp), []
     inverse, pairs = interned_keys(seqgen, keys)
-    names = []
+    names: list[str | _Missing] = []
     for sg, iid in pairs:
         seq, gen = seqgen_pairs[sg]
         names.append(state.interned.get((seq, gen, kind), {}).get(iid, missing))
@@ -171,9 +174,9 @@ class _EventTexts:
 
     def __init__(self, n: int) -> None:
         self.codes = np.zeros(n, np.int64)
-        self.values: list[str | None] = [""]
+        self.values: list[str] = [""]
 
-    def put(self, events: np.ndarray, codes: np.ndarray, values: list[str | None]) -> None:
+    def put(self, events: np.ndarray, codes: np.ndarray, values: list[str]) -> None:
         """Set the given events' texts to values[codes]."""
         self.codes[events] = codes + len(self.values)
         self.values.extend(values)
@@ -198,7 +201,7 @@ class _EventTexts:
         return self.codes[events], [fn(v) for v in values] if fn is not None else values
 
 
-def _strings(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
+def _strings(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
     return [data[o:o + n].decode("utf-8", "replace")
             for o, n in zip(offsets.tolist(), lengths.tolist(), strict=True)]
 
@@ -209,9 +212,10 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
     uuids = list(desc) + [int(u) for u in np.unique(used).tolist() if int(u) not in desc]
     track_of = {u: i for i, u in enumerate(uuids)}
     proc_by_pid: dict[int, str] = {}
-    for d in desc.values():
-        if d.process is not None:
-            proc_by_pid[d.process[0]] = d.process[1] or d.name or str(d.process[0])
+    for known in desc.values():
+        if known.process is not None:
+            proc_by_pid[known.process[0]] = (known.process[1] or known.name
+                                             or str(known.process[0]))
 
     def process_of(d: Descriptor, depth: int = 0) -> tuple[str, int]:
         if d.process is not None:
@@ -269,8 +273,8 @@ def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
         raise TraceFormatError(path, f"corrupt packet: {exc.reason}", exc.position) from None
 
 
-def _decode(path: str, data: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-            warn: list[str]) -> RawTrace:
+def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndarray,
+            ends: np.ndarray, warn: list[str]) -> RawTrace:
     skipped: Counter[str] = Counter()
     pk = _packets(path, buf, starts, ends, skipped)
     state = _State()
@@ -396,7 +400,7 @@ def _events(buf: np.ndarray, pk: _Packets, state: _State, skipped: Counter[str])
                    track_uuid)
 
 
-def _names(data: bytes, ev: _Events, state: _State) -> tuple[_EventTexts, _EventTexts]:
+def _names(data: bytes | bytearray, ev: _Events, state: _State) -> tuple[_EventTexts, _EventTexts]:
     """Each event's name (interned or inline) and first category."""
     es, ef, pairs = ev.scan, ev.scan.rows, state.pairs
     ne = len(ev.ts)

@@ -48,7 +48,7 @@ class _Unreadable(Exception):
     """A nested annotation protobuf cannot parse."""
 
 
-def _nested_value(raw: bytes) -> Any:
+def _nested_value(raw: bytes | bytearray) -> Any:
     """A nested, dict or array annotation as Python values (rare: parsed one by one)."""
     from google.protobuf.message import DecodeError
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2
@@ -85,13 +85,13 @@ def interned_keys(seqgen: np.ndarray, iids: np.ndarray) -> tuple[np.ndarray, lis
     return inverse, [(c // width, int(distinct[c % width])) for c in uniq.tolist()]
 
 
-def _texts(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+def _texts(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarray) -> Any:
     """The strings at the given byte spans, as an object array."""
     codes, values = _text_codes(data, offsets, lengths)
     return values[codes]
 
 
-def _text_codes(data: bytes, offsets: np.ndarray, lengths: np.ndarray
+def _text_codes(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """The strings at the given byte spans, as codes into their distinct values (an object
     array). Gathered into one buffer and decoded by Arrow, each distinct string made once
@@ -123,7 +123,7 @@ def _text_codes(data: bytes, offsets: np.ndarray, lengths: np.ndarray
     return coded.indices.to_numpy(zero_copy_only=False).astype(np.int64), values
 
 
-def _key_codes(state: Any, data: bytes, sc: Scan, n: int, ev_seqgen: np.ndarray,
+def _key_codes(state: Any, data: bytes | bytearray, sc: Scan, n: int, ev_seqgen: np.ndarray,
                ev: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Each annotation's key as a code into a list of distinct key names."""
     names: list[str] = []
@@ -170,8 +170,8 @@ class Annotations:
         return Annotations(self.ev[mask], self.sid[mask], self.offset[mask], self.length[mask])
 
 
-def decode_annotations(data: bytes, buf: np.ndarray, ann: Annotations, ev_seqgen: np.ndarray,
-                       state: Any, n_slices: int,
+def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotations,
+                       ev_seqgen: np.ndarray, state: Any, n_slices: int,
                        dropped: Callable[[int, int], None] | None = None) -> ColumnArgs:
     """Typed args of the given annotations. Corrupt ones (a broken field, a nested value
     protobuf cannot parse) are left out: `dropped(count, first byte offset)` hears of them."""

@@ -9,9 +9,12 @@ takes as many rounds as its longest message has fields.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
+from typing import NoReturn
 
 import numpy as np
 
@@ -143,7 +146,11 @@ class Fields:
 _WIRE_CLASS = np.array([0, 3, 1, 5, 5, 4, 5, 5], np.int8)
 
 
-def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray, bad: np.ndarray | None = None):
+_Round = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray,
+            bad: np.ndarray | None = None) -> Iterator[_Round]:
     """Yield, round by round, (msg, field, wire, value, offset) of the next field of every
     unfinished message; checks every field fits its message.
 
@@ -214,7 +221,7 @@ def _rounds(buf: np.ndarray, start: np.ndarray, end: np.ndarray, bad: np.ndarray
 
 
 def _raise_first_problem(bad: np.ndarray, cur: np.ndarray, field: np.ndarray, wire: np.ndarray,
-                         vlen: np.ndarray | None, tag_len: np.ndarray | None) -> None:
+                         vlen: np.ndarray | None, tag_len: np.ndarray | None) -> NoReturn:
     """Raise a WireError for the first message of the round whose field is not valid (None
     lengths: all one byte)."""
     if tag_len is None:
@@ -251,7 +258,7 @@ class Scan:
 
 
 def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, int],
-         repeated: set[int], offsets: set[int] = frozenset(),
+         repeated: AbstractSet[int], offsets: AbstractSet[int] = frozenset(),
          bad: np.ndarray | None = None) -> Scan:
     """Walk the messages in lockstep, sorting each field into its slot, the rows, or others;
     `offsets` names the slots whose payload offsets are kept. With `bad` (a mask over the
@@ -287,42 +294,43 @@ def scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, slots: dict[int, i
         for msg, field, wire, val, off in _rounds(buf, start[lo:hi], end[lo:hi], part):
             number = int(field[0])
             if (field == number).all():  # the usual round: every message at the same field
-                codes = None
                 code = int(code_of[min(number, top)])
             else:
                 codes = code_of[field if field.dtype == np.uint8 else np.minimum(field, top)]
                 code = int(codes[0]) if (codes == codes[0]).all() else -1
-            if code >= 0:  # one slot (or the rows, or others) for the whole round
-                where = msg + lo
-                if code < k:
-                    flat = where + np.int64(code * n)
-                    value_1d[flat] = val
-                    which_1d[flat] = field
-                    if off_row[code] >= 0:
-                        offset_1d[where + np.int64(off_row[code] * n)] = off
-                elif code == repeated_code:
-                    parts.append((where, field, wire, val, off))
-                else:
-                    others.append(field)
-                continue
-            # a mixed round: each message's field to its slot, the rows or others
-            slotted = np.flatnonzero(codes < k)
-            where = msg[slotted] + lo
-            flat = codes[slotted] * n + where
-            value_1d[flat] = val[slotted]
-            which_1d[flat] = field[slotted]
-            if off_slots:
-                row = off_row[codes[slotted]]
-                keep = np.flatnonzero(row >= 0)
-                offset_1d[row[keep] * n + where[keep]] = off[slotted][keep]
-            r = np.flatnonzero(codes == repeated_code)
-            if len(r):
-                parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
-            o = codes == other_code
-            if o.any():
-                others.append(field[o])
+                if code < 0:
+                    # a mixed round: each message's field to its slot, the rows or others
+                    slotted = np.flatnonzero(codes < k)
+                    where = msg[slotted] + lo
+                    flat = codes[slotted] * n + where
+                    value_1d[flat] = val[slotted]
+                    which_1d[flat] = field[slotted]
+                    if off_slots:
+                        row = off_row[codes[slotted]]
+                        keep = np.flatnonzero(row >= 0)
+                        offset_1d[row[keep] * n + where[keep]] = off[slotted][keep]
+                    r = np.flatnonzero(codes == repeated_code)
+                    if len(r):
+                        parts.append((msg[r] + np.int32(lo), field[r], wire[r], val[r], off[r]))
+                    o = codes == other_code
+                    if o.any():
+                        others.append(field[o])
+                    continue
+            # one slot (or the rows, or others) for the whole round
+            where = msg + lo
+            if code < k:
+                flat = where + np.int64(code * n)
+                value_1d[flat] = val
+                which_1d[flat] = field
+                if off_row[code] >= 0:
+                    offset_1d[where + np.int64(off_row[code] * n)] = off
+            elif code == repeated_code:
+                parts.append((where, field, wire, val, off))
+            else:
+                others.append(field)
     if parts:
-        rows = Fields(*(np.concatenate(c) for c in zip(*parts, strict=True)))
+        msgs, fields, wires, values, offs = (np.concatenate(c) for c in zip(*parts, strict=True))
+        rows = Fields(msgs, fields, wires, values, offs)
     else:
         empty = np.zeros(0, np.int64)
         rows = Fields(empty.astype(np.int32), empty, empty.astype(np.uint8),
@@ -466,7 +474,7 @@ def _chain_walk(next_idx: np.ndarray) -> tuple[np.ndarray, int]:
     return np.asarray(picked, np.int64), i
 
 
-def read_message(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+def read_message(data: bytes | bytearray, start: int, end: int) -> list[tuple[int, int, int]]:
     """One message's fields as (field, value, offset), for the few messages read one by one.
 
     `value` is the varint or fixed value, or the payload length for wire type 2;
@@ -498,7 +506,7 @@ def read_message(data: bytes, start: int, end: int) -> list[tuple[int, int, int]
     return out
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def _varint(data: bytes | bytearray, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(data):

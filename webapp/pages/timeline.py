@@ -267,6 +267,7 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         fold = "all" not in (dma or [])
         index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
+        selected: int | None
         query, match, search_status = state.get("search", ""), state.get("match", -1), dash.no_update
         if trigger in SEARCH_TRIGGERS:
             query, match, matches = search_step(state, index, trigger, search_text)
