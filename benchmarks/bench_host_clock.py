@@ -18,6 +18,13 @@ recording, a probe times a fixed Python loop under the same conditions, with the
 load-free measure as the clock (monotonic time minus the thread's run delay). The
 probe's loaded/idle ratio is the CPU's own slowdown; the step ratio divided by it is
 what the host clock did not take out of the load.
+The host's CPU itself can get slower under load for a program with a large working set
+(caches, TLBs and branch predictors shared with the busy processes, or a hypervisor that
+gives a loaded guest less): thread CPU time then rises, and no clock that measures the
+program can take that out. So right after each recording, the same script runs in plain
+PyTorch on the CPU (`--device cpu`, one intra-op thread, no recorder) and its median CPU
+time per optimizer step is read: its loaded/idle ratio is what this host does to a
+training step's own CPU work under the load, the reference for the recorded ratio.
 With `--wall`, the same pairs are also recorded with `NEURON_HOST_CLOCK=wall` (real
 time minus emulation, the clock before the load-free one), for contrast.
 
@@ -67,6 +74,18 @@ for _ in range(5):
     best.append((time.perf_counter_ns() - wall) - (run_delay() - delay))
 best.sort()
 print(best[len(best) // 2])
+'''
+PLAIN = r'''
+import runpy, statistics, sys, time, torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+torch.set_num_threads(1)
+marks = []
+register_optimizer_step_post_hook(
+    lambda *_: marks.append(time.thread_time_ns()))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+steps = [b - a for a, b in zip(marks, marks[1:])][2:]
+print(statistics.median(steps))
 '''
 BUSY = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
 
@@ -126,15 +145,25 @@ def probe_ns() -> float:
     return float(out.split()[-1])
 
 
-def probed_record(argv: list[str], out: str, clock: str) -> tuple[float, float, float]:
-    """(median step ms, wall seconds, CPU probe ns: the mean of one before and one after)."""
+def plain_step_ns(argv: list[str]) -> float:
+    """The script's median CPU time per optimizer step in plain PyTorch on the CPU."""
+    cmd = [sys.executable, "-c", PLAIN, *argv, "--device", "cpu"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return float(out.split()[-1])
+
+
+def probed_record(argv: list[str], out: str,
+                  clock: str) -> tuple[float, float, float, float]:
+    """(median step ms, wall seconds, CPU probe ns: the mean of one before and one after,
+    plain PyTorch's CPU time per step in ns)."""
     before = probe_ns()
     step, wall = record(argv, out, clock)
-    return step, wall, (before + probe_ns()) / 2
+    probe = (before + probe_ns()) / 2
+    return step, wall, probe, plain_step_ns(argv)
 
 
 def loaded_record(argv: list[str], out: str, clock: str, busy: int,
-                  busy_seconds: float) -> tuple[float, float, float]:
+                  busy_seconds: float) -> tuple[float, float, float, float]:
     procs = start_busy(busy, busy_seconds)
     try:
         time.sleep(0.3)  # let them take the cores
@@ -152,9 +181,11 @@ def pair(argv: list[str], folder: str, clock: str, busy: int, busy_seconds: floa
     else:
         idle = probed_record(argv, idle_path, clock)
         loaded = loaded_record(argv, loaded_path, clock, busy, busy_seconds)
-    ratio, cpu_ratio = loaded[0] / idle[0], loaded[2] / idle[2]
+    ratio, cpu_ratio, plain_ratio = loaded[0] / idle[0], loaded[2] / idle[2], loaded[3] / idle[3]
     return {"idle_ms": idle[0], "loaded_ms": loaded[0], "ratio": ratio,
             "cpu_ratio": cpu_ratio, "ratio_at_equal_cpu": ratio / cpu_ratio,
+            "plain_idle_ms": idle[3] / 1e6, "plain_loaded_ms": loaded[3] / 1e6,
+            "plain_ratio": plain_ratio, "ratio_over_plain": ratio / plain_ratio,
             "wall_ratio": loaded[1] / idle[1], "loaded_first": loaded_first}
 
 
@@ -214,7 +245,10 @@ def main() -> None:
                       f"loaded/idle {spread([r['ratio'] for r in rounds])} (target within "
                       f"0.9-1.1); the CPU's own speed loaded/idle (probe) "
                       f"{spread([r['cpu_ratio'] for r in rounds])}; step ratio at equal CPU "
-                      f"speed {spread([r['ratio_at_equal_cpu'] for r in rounds])}; idle step "
+                      f"speed {spread([r['ratio_at_equal_cpu'] for r in rounds])}; plain "
+                      f"PyTorch on the CPU, CPU time per step, loaded/idle "
+                      f"{spread([r['plain_ratio'] for r in rounds])}; recorded ratio over "
+                      f"plain {spread([r['ratio_over_plain'] for r in rounds])}; idle step "
                       f"{spread([r['idle_ms'] for r in rounds])} ms; the "
                       f"load made the runs {spread([r['wall_ratio'] for r in rounds])}x "
                       "longer in real time")

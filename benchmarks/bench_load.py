@@ -354,9 +354,7 @@ def main() -> int:
     if args.nested:
         nesting_case(folder, args.nested, args.repeat)
     if not args.keep:
-        for p in (pf, js):
-            os.remove(p)
-        folder.rmdir()
+        shutil.rmtree(folder)  # the traces, the recorded one and their stores
     return 0
 
 
