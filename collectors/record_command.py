@@ -83,6 +83,9 @@ def _check_writable(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from neuron_explorer.collectors import thread_pool_wait
+
+    thread_pool_wait.wait_asleep()  # before torch loads: see the module
     from neuron_explorer.collectors.program import parse_program
     from neuron_explorer.collectors.recorder import RecordOptions, parse_steps
     from neuron_explorer.collectors.session import format_for

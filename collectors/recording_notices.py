@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.host_costs import BACKEND_OP_NS, MODELLED_PYTHON_PER_OP_NS, host_costs
+from neuron_explorer.collectors import thread_pool_wait
 from neuron_explorer.collectors.summary import human_size
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def host_clock_metadata() -> dict[str, Any]:
     else:
         meta["boxing_ns_per_op"] = host_costs.boxing_ns
         meta["module_hook_ns"] = host_costs.module_hook_ns
+    meta["omp_wait_policy"] = thread_pool_wait.policy()
     return meta
 
 

@@ -364,3 +364,29 @@ def test_nested_exclusions_and_a_timestamp_at_their_start_never_step_the_clock_b
     assert clock.now() == ts  # 45 µs of work excluded: the clock is back at its start
     fake[0] += 2_000  # the program's own time counts from there
     assert clock.now() == ts + 2_000
+
+
+_SHOW_POLICY = ("import os, subprocess, sys, torch\n"
+                "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+                "print(subprocess.run([sys.executable, '-c', \"import os; "
+                "print(os.environ.get('OMP_WAIT_POLICY'))\"], capture_output=True, "
+                "text=True).stdout.strip())\n")
+
+
+@pytest.mark.parametrize("user_choice", [None, "ACTIVE"])
+def test_record_lets_openmp_workers_sleep_unless_the_user_chose(record_cli, programs,
+                                                                 monkeypatch, user_choice):
+    """Spinning OpenMP workers made a loaded machine's recordings twice as slow
+    (thread_pool_wait.py); the program and its children get the passive policy."""
+    if user_choice is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_choice)
+    (programs / "show_policy.py").write_text(_SHOW_POLICY)
+    proc = record_cli("-o", "policy.pftrace", "--level", "op", "show_policy.py")
+    assert proc.returncode == 0, proc.stderr
+    expected = user_choice or "PASSIVE"
+    assert proc.stdout.split()[:2] == [expected, expected]
+    meta = neuron_explorer.load(str(programs / "policy.pftrace")).metadata[META_HOST_CLOCK]
+    assert meta["omp_wait_policy"] == expected

@@ -10,15 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from neuron_explorer.webapp.trace_store import default_loader as load_trace
-from synthetic_trace import write_trace
-
-__all__ = ["load_trace", "write_synthetic"]
-
-
-def write_synthetic(path: Path, steps: int = 3, ops: int = 40, seed: int = 0) -> Path:
-    """A real trace file of `steps` eager steps (see synthetic_trace.py) at `path`."""
-    return write_trace(path, n_steps=steps, ops_per_step=ops, seed=seed)
+from trace_files import write_synthetic
 
 
 @pytest.fixture

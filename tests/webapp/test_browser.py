@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser_available, chromium, console_errors
-from conftest import load_trace, write_synthetic
+from trace_files import load_trace, write_synthetic
 
 pytestmark = [
     pytest.mark.browser,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from browser import browser_available, chromium, console_errors
-from conftest import load_trace
 from test_browser import wait_for
+from trace_files import load_trace
 
 pytestmark = [
     pytest.mark.browser,

@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import load_trace, write_synthetic
 from dash_requests import call, request
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError
 from neuron_explorer.webapp.view_command import start_dashboard
+from trace_files import load_trace, write_synthetic
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])

@@ -8,10 +8,10 @@ import re
 import urllib.request
 
 import pytest
-from conftest import load_trace
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.webapp import view_command
 from neuron_explorer.webapp.view_command import start_dashboard
+from trace_files import load_trace
 
 
 def _get(server, path: str) -> tuple[int, bytes]:

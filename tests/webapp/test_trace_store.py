@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import load_trace, write_synthetic
 from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, UploadError
+from trace_files import load_trace, write_synthetic
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load_trace, write_synthetic
 from dash_requests import request
 from neuron_explorer.webapp.trace_store import TraceStore, UploadError
+from trace_files import load_trace, write_synthetic
 
 UPLOAD_HEADERS = {"X-Upload-Name": "big.json", "Content-Type": "application/octet-stream"}
 
