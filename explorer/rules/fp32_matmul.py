@@ -88,7 +88,7 @@ def check(trace: Trace) -> list[Finding]:
     if predicted is not None:  # the what-if replay of these matmuls in bf16
         lost = predicted
         explanation = explanation.replace(
-            " and the estimate assumes they would run at the BF16 rate.", ".")
+            ", and the estimate assumes they would run at the BF16 rate.", ".")
         explanation += (f" A what-if replay of these matmuls in bfloat16 on "
                         f"{trace.hardware or 'this preset'} predicts {us(predicted)} less "
                         "device time (`neuron-explorer whatif TRACE --dtype bf16`).")

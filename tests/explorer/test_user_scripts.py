@@ -128,6 +128,7 @@ def test_host_bound_fp32_run_flags_fp32_matmuls(record) -> None:
     assert _finding(rep, "host_bound") is not None
     fp32 = _finding(rep, "fp32_matmul")
     assert fp32 is not None and "after you fix the host-bound issue" in fp32["explanation"]
+    assert ",." not in fp32["explanation"]  # the sentence the what-if figure shortens
 
 
 def test_dataloader_stall_and_memory_holders(record) -> None:
