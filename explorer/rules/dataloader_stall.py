@@ -17,7 +17,7 @@ from neuron_explorer.rules.finding import (
     top,
     us,
 )
-from neuron_explorer.trace_format import ARG_WORKER
+from neuron_explorer.trace_format import ARG_WORKER, CAT_DATALOADER_WORKER
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -35,10 +35,37 @@ def _worker_share(waits: pd.DataFrame) -> str:
     worst, share = int(by_worker.index[0]), float(by_worker.iloc[0] / by_worker.sum())
     if len(by_worker) > 1 and share >= ONE_WORKER_SHARE:
         return (f" Worker {worst} is behind {share:.0%} of the wait: its batches take longer "
-                "than the others' (its row in the timeline shows where: fetching or collating).")
+                "than the others' (its row in the timeline shows each batch).")
     return (f" The waits are spread over {len(by_worker)} worker"
             f"{'s' if len(by_worker) != 1 else ''}: together they fetch batches slower than "
             "the step uses them.")
+
+
+# What the recorder names the two parts of a worker's batch, and where each comes from.
+_PHASES = {"fetch samples": "fetching samples (the Dataset's __getitem__)",
+           "collate": "collating them into a batch (the DataLoader's collate_fn)"}
+ONE_PHASE_SHARE = 0.6  # a phase taking this much of the workers' batch time is named
+
+
+def _slow_phase(trace: Trace) -> tuple[str, str]:
+    """(explanation, recommendation) naming the part of the workers' batches that takes the
+    time, when the recording followed the workers; ("", "") otherwise."""
+    sl = trace.slices
+    parts = sl[(sl["category"] == CAT_DATALOADER_WORKER) & sl["name"].isin(list(_PHASES))]
+    by_phase = parts.groupby("name")["dur"].sum()
+    total = float(by_phase.sum())
+    if total <= 0:
+        return "", ""
+    name = str(by_phase.idxmax())
+    share = float(by_phase[name]) / total
+    if share < ONE_PHASE_SHARE:
+        return (" In the workers, fetching and collating take about equal parts of a batch.",
+                "")
+    said = f" In the workers, {_PHASES[name]} takes {share:.0%} of a batch's time."
+    if name == "collate":
+        return said, ("; make collating cheaper: return tensors of one shape from the Dataset "
+                      "(pad or crop there) so the default collate_fn only stacks them")
+    return said, ""
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -53,12 +80,14 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"waited {us(r.dur)} for the next batch"
                       + (f" from DataLoader worker {r.worker}" if r.worker >= 0 else ""))
              for r in top(dl).itertuples()]
+    phase, phase_advice = _slow_phase(trace)
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", lost, items,
         f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
-        "do while the host prepares data." + _worker_share(dl),
+        "do while the host prepares data." + _worker_share(dl) + phase,
         "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
         "persistent_workers=True and prefetch_factor=2 or more"
         + (", pin_memory=True" if device_terms(trace.metadata).pinned_memory else "")
+        + phase_advice
         + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or into "
         "the workers' Dataset code.")]

@@ -67,6 +67,10 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
     assert labels[0] == "MainThread"
     assert "DataLoader worker 0" in labels and "DataLoader worker 1" in labels
     assert labels.index("DataLoader worker 0") > labels.index("MainThread")
+    # the data-loader finding says which part of a batch takes the workers' time: the
+    # program's Dataset sleeps in __getitem__, its collate is torch's default
+    stall = next(f for f in loaded.bottlenecks() if f.rule_id == "dataloader_stall")
+    assert "fetching samples (the Dataset's __getitem__) takes" in stall.explanation
 
 
 def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:

@@ -309,6 +309,33 @@ def test_dataloader_finding_names_the_worker_behind_the_waits(tmp_path: Path) ->
     assert "spread over 2 workers" in even.explanation and "Worker 0 is" not in even.explanation
 
 
+def _worker_batches(sc: scenarios.Scenario, fetch: int, collate: int) -> None:
+    """Worker 1's batches as the recorder writes them: fetching, then collating."""
+    track = sc.b.thread(pid=200, tid=200, name="DataLoader worker 1",
+                        process="DataLoader worker 1 (pid 200)")
+    for n in range(4):
+        t = n * scenarios.STEP
+        sc.b.slice(track, t, fetch + collate, f"batch {n}", "dataloader_worker",
+                   {"batch": n, "worker": 1})
+        sc.b.slice(track, t, fetch, "fetch samples", "dataloader_worker")
+        sc.b.slice(track, t + fetch, collate, "collate", "dataloader_worker")
+
+
+@pytest.mark.parametrize(("fetch", "collate", "said", "advice"), [
+    (3000, 200, "fetching samples (the Dataset's __getitem__) takes 94%", None),
+    (300, 2900, "collating them into a batch (the DataLoader's collate_fn) takes 91%",
+     "make collating cheaper"),
+    (1600, 1500, "fetching and collating take about equal parts", None),
+])
+def test_dataloader_finding_names_the_slow_part_of_a_batch(tmp_path: Path, fetch, collate,
+                                                            said, advice) -> None:
+    sc = _waits_on_workers([1, 1, 1, 1])
+    _worker_batches(sc, fetch, collate)
+    (f,) = _rule(_load(sc, tmp_path, f"phase_{fetch}"), "dataloader_stall")
+    assert said in f.explanation
+    assert ("make collating cheaper" in f.recommendation) == (advice is not None)
+
+
 def test_dataloader_finding_does_not_recommend_pin_memory(basic_pf) -> None:
     (f,) = _rule(basic_pf, "dataloader_stall")
     assert "pin_memory" not in f.recommendation and "DataLoader" in f.recommendation
