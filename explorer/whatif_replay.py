@@ -177,17 +177,28 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
     """The median step time a what-if replay in `mode` predicts on the recorded preset,
     without writing a trace (rules state it as the saving of their fix); None for a
     trace without op keys or steps, or whose compiled programs are too large to schedule
-    while a report waits. Cached on the trace."""
-    def compute() -> float | None:
+    while a report waits (`prediction_too_large`). Cached on the trace."""
+    return _prediction(trace, mode)[0]
+
+
+def prediction_too_large(trace: Trace, mode: str = "compiled") -> bool:
+    """Whether `predicted_step_ns` gave up because the programs are too large to schedule
+    while a report waits (`neuron-explorer whatif` still replays them whole)."""
+    return _prediction(trace, mode)[1]
+
+
+def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
+    """(predicted median step ns or None, whether it was given up as too large)."""
+    def compute() -> tuple[float | None, bool]:
         from neuron_explorer.backend.replay import ReplayOptions, replay
         from neuron_explorer.whatif_writer import host_events
 
         if is_prediction(trace) or not len(trace.steps):
-            return None
+            return None, False
         try:
             ops = recorded_ops(trace)
         except WhatIfError:
-            return None
+            return None, False
         options = ReplayOptions(trace.hardware or "trn2")
         rows, events = host_events(trace, ops)
         if mode == "compiled":
@@ -197,12 +208,12 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
                 _, shift, _ = replay_compiled(trace, rows, events, options,
                                               PREDICTION_MAX_DEPENDENCIES)
             except ProgramTooLarge:
-                return None
+                return None, True
         else:
             _, shift = replay(events, options)
         steps = trace.steps
         start = steps["ts"].to_numpy(np.int64)
         new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
-        return float(np.median(new))
+        return float(np.median(new)), False
 
     return memoised(trace, f"whatif_step_ns:{mode}", compute)

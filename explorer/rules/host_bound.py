@@ -55,10 +55,14 @@ def _recommendation(trace: Trace) -> str:
 
 def _predicted_compile(trace: Trace) -> str:
     """What a compiled what-if replay predicts for the step time (traces with op keys)."""
-    from neuron_explorer.whatif_replay import predicted_step_ns
+    from neuron_explorer.whatif_replay import predicted_step_ns, prediction_too_large
 
     predicted = predicted_step_ns(trace, "compiled")
     recorded = float(trace.steps["dur"].median()) if len(trace.steps) else 0.0
+    if predicted is None and prediction_too_large(trace, "compiled"):
+        return (" `neuron-explorer whatif TRACE --mode compiled` replays the run compiled and "
+                "gives the step it predicts (its programs are too large to predict here, "
+                "while the report waits).")
     if predicted is None or not recorded:
         return ""
     return (f" A compiled what-if replay predicts a step of {us(predicted)} instead of "

@@ -27,6 +27,8 @@ def test_a_program_over_the_budget_is_not_scheduled(monkeypatch) -> None:
     monkeypatch.setattr(whatif_replay, "PREDICTION_MAX_DEPENDENCIES", 0)
     monkeypatch.setattr("neuron_explorer.backend.hardware.builder.KernelBuilder.build", refuse)
     assert whatif_replay.predicted_step_ns(small, "compiled") is None
+    assert whatif_replay.prediction_too_large(small, "compiled")
+    assert not whatif_replay.prediction_too_large(trace, "compiled")
     with pytest.raises(ProgramTooLarge):
         from neuron_explorer.backend.replay import ReplayOptions
         from neuron_explorer.whatif_writer import host_events
@@ -39,3 +41,5 @@ def test_the_host_bound_finding_on_odd_dims_skips_the_prediction() -> None:
     trace = neuron_explorer.load(SAMPLES / "odd_dims.pftrace")
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_bound"]
     assert "what-if replay predicts" not in finding.recommendation
+    # ... and points to the command that replays it whole
+    assert "`neuron-explorer whatif TRACE --mode compiled` replays the run" in finding.recommendation
