@@ -135,7 +135,7 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from neuron_explorer.backend import autocast, device_module, dispatch, kernels
+    from neuron_explorer.backend import autocast, device_module, dispatch, kernels, rnn_cells
 
     torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", device_module)
@@ -150,6 +150,7 @@ def register() -> None:
     fallbacks.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     kernels.register(aten)
+    rnn_cells.register(aten)
     autocast.register(aten)
     _libraries.extend((fallbacks, aten))
 
