@@ -20,6 +20,7 @@ and the time they spend is removed from the host clock.
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ from neuron_explorer.trace_format import (
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optimizer_hooks
+
+_COMPILED_MODULE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 if TYPE_CHECKING:
     from neuron_explorer.backend.events import OpLaunch
@@ -85,6 +88,10 @@ class FrameworkHooks:
     # -- install / uninstall -----------------------------------------------------
 
     def install(self) -> None:
+        # torch.compile(module) warns on every call while global module hooks exist that
+        # they fire for its wrapper too: the recorder's do, and it reads the wrapper as
+        # its model (`_orig_mod`), so the warning would only tell the user of our hooks.
+        warnings.filterwarnings("ignore", _COMPILED_MODULE_WARNING, UserWarning)
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
             nn_module.register_module_forward_hook(self._forward_post, always_call=True),
@@ -107,6 +114,8 @@ class FrameworkHooks:
         self._patch(rf, "__exit__", self._wrap_range_exit)
 
     def uninstall(self) -> None:
+        warnings.filters[:] = [f for f in warnings.filters
+                               if not (f[1] is not None and f[1].pattern == _COMPILED_MODULE_WARNING)]
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -213,3 +213,26 @@ def test_bad_input_is_one_clear_line_before_anything_runs(record_cli, programs: 
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert proc.stdout == ""
     assert set(os.listdir(programs)) == before
+
+
+_COMPILED_MODULE = """
+import warnings
+import torch
+model = torch.compile(torch.nn.Linear(4, 4).to("neuron"), backend="neuron").eval()
+with torch.no_grad():
+    for _ in range(3):
+        model(torch.ones(2, 4, device="neuron"))
+warnings.warn("the program's own warning")
+"""
+
+
+def test_compiled_modules_record_without_torchs_global_hook_warning(record_cli, programs):
+    """torch.compile(module) warned on every call that global module hooks (ours) fire for
+    its wrapper too; the recorder reads the wrapper as the model, so the user sees none,
+    and the program's own warnings still show."""
+    (programs / "compiled_module.py").write_text(_COMPILED_MODULE)
+    proc = record_cli("-o", "cm.pftrace", "--level", "op", "compiled_module.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "global hooks" not in proc.stderr
+    assert "the program's own warning" in proc.stderr
+    assert "steps recorded: 3" in proc.stderr  # a step per call of the model, not two
