@@ -114,8 +114,10 @@ class FrameworkHooks:
         self._patch(rf, "__exit__", self._wrap_range_exit)
 
     def uninstall(self) -> None:
-        warnings.filters[:] = [f for f in warnings.filters
-                               if not (f[1] is not None and f[1].pattern == _COMPILED_MODULE_WARNING)]
+        # typeshed types `warnings.filters` as a Sequence; it is the module's own list
+        warnings.filters[:] = [  # type: ignore[index]
+            f for f in warnings.filters
+            if not (f[1] is not None and f[1].pattern == _COMPILED_MODULE_WARNING)]
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

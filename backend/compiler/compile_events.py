@@ -9,6 +9,7 @@ metrics). The AOTAutograd and neuron-compiler spans are timed by the backend its
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -16,6 +17,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import CompileEvent, hub
 
@@ -68,7 +70,9 @@ def source_of_graph(gm: object) -> str:
 
 def compiling_code_location() -> str:
     """"file:line in function" of the frame Dynamo is compiling now, found on the call
-    stack (Dynamo's frame compiler holds it as `code`); "" when not compiling."""
+    stack (Dynamo's frame compiler holds it as `code`); "" when not compiling. When that
+    frame is torch's own (the wrapper `torch.compile(module)` calls, which inlines the
+    module), the user's line that called it."""
     frame: types.FrameType | None = sys._getframe(1)
     for _ in range(80):
         if frame is None:
@@ -76,8 +80,34 @@ def compiling_code_location() -> str:
         code = frame.f_code
         if code.co_name == "_compile" and code.co_filename.endswith("convert_frame.py"):
             target = frame.f_locals.get("code")
-            if isinstance(target, types.CodeType):
+            if not isinstance(target, types.CodeType):
+                return ""
+            if not target.co_filename.startswith(_TORCH_ROOT):
                 return f"{target.co_filename}:{target.co_firstlineno} in {target.co_name}"
+            return _calling_user_line(frame)
+        frame = frame.f_back
+    return ""
+
+
+_TORCH_ROOT = os.path.dirname(torch.__file__) + os.sep
+
+
+def _calling_user_line(frame: types.FrameType | None) -> str:
+    """The first frame outward of `frame` in neither torch, this project's device and
+    recorder (a patched `backward` sits between a lazy backward and its caller), nor the
+    standard library."""
+    import sysconfig
+
+    import neuron_explorer.backend
+    import neuron_explorer.collectors
+
+    internal = tuple(os.path.dirname(m.__file__ or "") + os.sep
+                     for m in (torch, neuron_explorer.backend, neuron_explorer.collectors))
+    internal += (sysconfig.get_paths()["stdlib"] + os.sep, "<frozen")
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(internal):
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return ""
 

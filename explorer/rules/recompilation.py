@@ -26,6 +26,12 @@ def check(trace: Trace) -> list[Finding]:
     if not len(in_step_breaks) and not len(in_step_rec) and not storm:
         return []
     spans = compile_spans(trace)
+    if len(in_step_rec) and not len(in_step_breaks):
+        # only the recompiles' own compile time: the span each one opened, not the first
+        # compile of every graph
+        starts, ends = spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy()
+        at = in_step_rec["ts"].to_numpy()
+        spans = spans[((starts[:, None] <= at) & (at < ends[:, None])).any(axis=1)]
     lost = 0.0
     steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     if len(trace.steps) and len(spans):
@@ -76,7 +82,13 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
         shapes = any(w in r.lower() for r in reasons for w in ("size", "shape", "stride"))
         sites = sorted({s for s in recompiles["source"] if s})
         where = f" at {', '.join(sites[:3])}" if sites else ""
-        if shapes or not reasons:
+        grad_mode = bool(reasons) and all("grad_mode" in r for r in reasons)
+        if grad_mode:
+            advice.append(f"the recompile{where} follows a change of grad mode (the model "
+                          "ran under torch.no_grad() or inference_mode() after training, "
+                          "or back): Dynamo keeps both graphs, so it happens once per "
+                          "mode, not per step; nothing to fix unless it repeats")
+        elif shapes or not reasons:
             advice.append(f"the recompiles{where} follow changing input shapes: pad or bucket "
                           "them to a few fixed sizes, or mark the varying dim with "
                           "torch._dynamo.mark_dynamic(x, dim) or compile with "

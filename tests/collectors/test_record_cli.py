@@ -236,3 +236,38 @@ def test_compiled_modules_record_without_torchs_global_hook_warning(record_cli, 
     assert "global hooks" not in proc.stderr
     assert "the program's own warning" in proc.stderr
     assert "steps recorded: 3" in proc.stderr  # a step per call of the model, not two
+
+
+_TRAIN_THEN_EVAL = """
+import torch
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+net = net.to("neuron")
+model = torch.compile(net, backend="neuron")
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for _ in range(3):
+    loss = model(torch.ones(2, 4, device="neuron")).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+with torch.no_grad():
+    model(torch.ones(2, 4, device="neuron"))
+"""
+
+
+def test_a_grad_mode_recompile_is_placed_in_the_users_code_and_costed_alone(record_cli,
+                                                                            programs):
+    """The recompile of a compiled module evaluated after training named torch's wrapper
+    (`torch/_dynamo/external_utils.py`) as its place, was charged every graph's compile
+    time, and was told to keep its 'guarded values' constant."""
+    import neuron_explorer
+
+    (programs / "train_then_eval.py").write_text(_TRAIN_THEN_EVAL)
+    proc = record_cli("-o", "te.pftrace", "--level", "op", "train_then_eval.py")
+    assert proc.returncode == 0, proc.stderr
+    trace = neuron_explorer.load(str(programs / "te.pftrace"))
+    recompiles = trace.compile_summary()["recompiles"]
+    assert len(recompiles) == 1 and "grad_mode" in recompiles["reason"].iloc[0]
+    assert recompiles["source"].iloc[0].endswith("train_then_eval.py:11 in <module>")
+    (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "recompilation"]
+    assert "follows a change of grad mode" in finding.recommendation
+    assert "site-packages" not in finding.recommendation
+    compile_total = float(trace.compile_summary()["totals"]["compile_ns"].iloc[0])
+    assert 0 < finding.time_lost_ns < 0.9 * compile_total  # the recompile's, not all of it
