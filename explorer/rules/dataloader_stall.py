@@ -63,8 +63,11 @@ def _slow_phase(trace: Trace) -> tuple[str, str]:
                 "")
     said = f" In the workers, {_PHASES[name]} takes {share:.0%} of a batch's time."
     if name == "collate":
-        return said, ("; make collating cheaper: return tensors of one shape from the Dataset "
-                      "(pad or crop there) so the default collate_fn only stacks them")
+        return said, ("; make collating cheaper: move a custom collate_fn's work into the "
+                      "Dataset, where each worker does it per sample, and when samples are "
+                      "small, let the Dataset return whole batches (a __getitem__ taking a "
+                      "list of indices, with DataLoader(..., batch_size=None, "
+                      "sampler=BatchSampler(...))) so nothing is stacked sample by sample")
     return said, ""
 
 
