@@ -47,10 +47,15 @@ def check(trace: Trace) -> list[Finding]:
     counted = [_plural(len(in_step_breaks), "graph break"), _plural(len(in_step_rec), "recompile")]
     title = (f"Recompilation storm: {len(recompiles)} recompiles" if storm else
              " and ".join(c for c in counted if c) + " in steps")
+    # a switch of grad mode (training, then evaluation) recompiles once per mode: its time
+    # is real, but there is nothing to fix, so it does not rank with the ones to fix
+    mode_switch = (not len(in_step_breaks) and not storm and 0 < len(in_step_rec) <= 2
+                   and bool(reasons) and all("grad_mode" in r for r in reasons))
     # compile time is not per step: its share is of the recorded steps, warm-up included
     return [make(trace, RULE_ID, title, lost, items, _explanation(in_step_breaks, recompiles,
                                                                   reasons),
                  _recommendation(breaks, in_step_breaks, in_step_rec, reasons),
+                 severity_override="low" if mode_switch else None,
                  share_of=steps_ns or None)]
 
 
