@@ -58,6 +58,19 @@ class SourceLocator:
         self._is_internal[filename] = internal
         return internal
 
+    def user_frame(self, frame: FrameType | None) -> FrameType | None:
+        """The first frame from `frame` outward that is outside torch, this project and
+        the stdlib (`locate` is the same walk, inlined for the per-op path)."""
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            internal = self._is_internal.get(filename)
+            if internal is None:
+                internal = self._classify(filename)
+            if not internal:
+                return frame
+            frame = frame.f_back
+        return None
+
     def locate(self, skip: int = 1) -> str:
         """"file:line" of the first frame outside torch, this project and the stdlib."""
         frame: FrameType | None = sys._getframe(skip)

@@ -93,23 +93,12 @@ _TORCH_ROOT = os.path.dirname(torch.__file__) + os.sep
 
 
 def _calling_user_line(frame: types.FrameType | None) -> str:
-    """The first frame outward of `frame` in neither torch, this project's device and
-    recorder (a patched `backward` sits between a lazy backward and its caller), nor the
-    standard library."""
-    import sysconfig
+    """The user's frame outward of `frame` (as the recorder finds an op's source line; a
+    patched `backward` of the recorder's sits between a lazy backward and its caller)."""
+    from neuron_explorer.collectors.source_lines import SourceLocator
 
-    import neuron_explorer.backend
-    import neuron_explorer.collectors
-
-    internal = tuple(os.path.dirname(m.__file__ or "") + os.sep
-                     for m in (torch, neuron_explorer.backend, neuron_explorer.collectors))
-    internal += (sysconfig.get_paths()["stdlib"] + os.sep, "<frozen")
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(internal):
-            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return ""
+    user = SourceLocator().user_frame(frame)
+    return f"{user.f_code.co_filename}:{user.f_lineno} in {user.f_code.co_name}" if user else ""
 
 
 class CompileEventRecorder:
