@@ -28,7 +28,16 @@ training step's own CPU work under the load, the reference for the recorded rati
 With `--wall`, the same pairs are also recorded with `NEURON_HOST_CLOCK=wall` (real
 time minus emulation, the clock before the load-free one), for contrast.
 
-Second part: what one recorded op is charged on the host (op slice + the program
+Second part: whether this host's CPU slows with no preemption at all. A plain PyTorch
+training step (an 8-layer MLP with AdamW, on the CPU, one thread) runs pinned to CPU 0
+alone, in pairs of segments about a second long: the other CPUs idle, then two busy
+processes on each of them (none on CPU 0). Nothing takes CPU 0 from the step, so its
+CPU time can only change with the CPU's own speed: the hypervisor's placement of the
+virtual CPUs on shared physical cores, shared caches and power. The ratio busy/idle per
+pair is that slowdown; where it is above 1.1, no clock that measures the program can
+meet the first part's target on that host. (Needs two CPUs or more.)
+
+Third part: what one recorded op is charged on the host (op slice + the program
 time before it) in a tight loop of tiny adds, against what the same op costs in
 plain torch on the CPU (best of the rounds), and the parts of the charge.
 
@@ -86,6 +95,36 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 steps = [b - a for a, b in zip(marks, marks[1:])][2:]
 print(statistics.median(steps))
+'''
+PINNED = r'''
+import os, statistics, subprocess, sys, time, torch
+pairs, busy_code = int(sys.argv[1]), sys.argv[2]
+others = sorted(os.sched_getaffinity(0) - {0})
+os.sched_setaffinity(0, {0})
+torch.set_num_threads(1)
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+x = torch.randn(16, 64)
+opt = torch.optim.AdamW(model.parameters())
+def step():
+    start = time.thread_time_ns()
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    return time.thread_time_ns() - start
+ratios = []
+for _ in range(pairs):
+    medians = []
+    for busy in (False, True):
+        procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", busy_code, "30"])
+                 for cpu in others for _ in range(2)] if busy else []
+        time.sleep(0.2 if busy else 0.05)
+        medians.append(statistics.median([step() for _ in range(170)][20:]))
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+    ratios.append(medians[1] / medians[0])
+print(" ".join(f"{r:.4f}" for r in ratios))
 '''
 BUSY = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
 
@@ -222,6 +261,20 @@ def op_charge(folder: str, n: int = 2000) -> None:
           f"plain torch on the CPU: {cpu / 1e3:.1f} µs per op (CPU time, best of 5)")
 
 
+def host_slowdown_without_preemption(pairs: int) -> None:
+    """The second part (see the module's text)."""
+    if (os.cpu_count() or 1) < 2:
+        print("host slowdown without preemption: needs two CPUs or more, skipped")
+        return
+    out = subprocess.run([sys.executable, "-c", PINNED, str(pairs), BUSY], capture_output=True,
+                         text=True, check=True).stdout
+    ratios = [float(v) for v in out.split()]
+    print(json.dumps({"pinned_slowdown": ratios}))
+    print(f"host slowdown without preemption: a plain PyTorch step alone on CPU 0, CPU time "
+          f"with the other CPUs busy over idle: {spread(ratios)} (1.0: the host's CPU keeps "
+          "its speed under load)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -232,11 +285,13 @@ def main() -> None:
     parser.add_argument("--wall", action="store_true",
                         help="also record with NEURON_HOST_CLOCK=wall, for contrast")
     parser.add_argument("--no-op-charge", action="store_true")
+    parser.add_argument("--pinned-pairs", type=int, default=8,
+                        help="pairs of segments for the slowdown without preemption (0: skip)")
     args = parser.parse_args()
     busy = args.busy_per_core * (os.cpu_count() or 1)
     clocks = ["measured", "wall"] if args.wall else ["measured"]
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.workloads.split(","):
+        for name in args.workloads.split(",") if args.rounds > 0 else []:
             for clock in clocks:
                 rounds = [pair(WORKLOADS[name], folder, clock, busy, args.busy_seconds,
                                loaded_first=index % 2 == 1) for index in range(args.rounds)]
@@ -252,6 +307,8 @@ def main() -> None:
                       f"{spread([r['idle_ms'] for r in rounds])} ms; the "
                       f"load made the runs {spread([r['wall_ratio'] for r in rounds])}x "
                       "longer in real time")
+        if args.pinned_pairs > 0:
+            host_slowdown_without_preemption(args.pinned_pairs)
         if not args.no_op_charge:
             op_charge(folder)
 
