@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
+from neuron_explorer.analyses.levels import recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
@@ -83,7 +84,7 @@ class TraceDiff:
                            "a": [fmt_ns(v) for v in self.breakdown["a_ns"]],
                            "b": [fmt_ns(v) for v in self.breakdown["b_ns"]],
                            "change": [fmt_ns(v) for v in self.breakdown["delta_ns"]]})
-        changed = self.ops.reindex(self.ops["delta_ns"].abs().sort_values(ascending=False).index)
+        changed = self.ops.reindex(_largest_first(self.ops, "device_ns"))
         ops = pd.DataFrame({"op": changed["name"], "status": changed["status"],
                             "a": [fmt_ns(v) for v in changed["a_device_ns"]],
                             "b": [fmt_ns(v) for v in changed["b_device_ns"]],
@@ -99,7 +100,7 @@ class TraceDiff:
                             "b": [fmt_ns(v) for v in self.engines["b_busy_ns"]],
                             "change": [fmt_ns(v) for v in self.engines["delta_ns"]]})
         k = self.kernels
-        k = k.reindex(k["delta_ns"].abs().sort_values(ascending=False).index).head(top) \
+        k = k.reindex(_largest_first(k, "ns")).head(top) \
             if len(k) else k
         kernels = pd.DataFrame({"kernel": k.get("name", []), "status": k.get("status", []),
                                 "a": [fmt_ns(v) for v in k.get("a_ns", [])],
@@ -130,6 +131,13 @@ class TraceDiff:
         return render(f"Neuron Explorer diff: {self.a} vs {self.b}", self.sections(), fmt)
 
 
+def _largest_first(frame: pd.DataFrame, value: str) -> pd.Index:
+    """Rows by the size of their change; where one side was not recorded (no change to
+    measure), by the other side's value."""
+    size = frame["delta_ns"].abs().fillna(frame[f"a_{value}"].fillna(frame[f"b_{value}"]).abs())
+    return size.sort_values(ascending=False).index
+
+
 def _plain(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4g}"
 
@@ -156,6 +164,38 @@ def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[s
     j = j.fillna(0)
     j["status"] = np.select([in_a & ~in_b, ~in_a & in_b], ["removed", "added"], "common")
     return j.reset_index()
+
+
+def _unrecorded(frame: pd.DataFrame, side: str, trace: Trace, rows: Any = None) -> pd.DataFrame:
+    """Mark `side`'s ("a" or "b") values of `rows` (all by default) as not recorded: a trace
+    recorded at --level framework has no ops, kernels or device time, so they are neither 0
+    nor "added"/"removed" by the other trace."""
+    rows = slice(None) if rows is None else rows
+    frame = frame.copy()
+    value_cols = [c for c in frame.columns if c.startswith(f"{side}_")]
+    delta_cols = [c for c in frame.columns if c.startswith("delta")]
+    frame[value_cols + delta_cols] = frame[value_cols + delta_cols].astype(float)
+    frame.loc[rows, value_cols + delta_cols] = np.nan
+    frame.loc[rows, "status"] = f"not recorded in {side} (--level {recorded_level(trace)})"
+    return frame
+
+
+def _mark_unrecorded(d: TraceDiff, ta: Trace, tb: Trace) -> TraceDiff:
+    """What one side's level did not record, marked so on every table of the diff."""
+    for side, trace in (("a", ta), ("b", tb)):
+        if records_device(trace):
+            continue
+        bd = d.breakdown
+        # the host split into op dispatch and Python needs the ops too
+        needs_ops = (bd["side"] == "device") | bd["category"].isin(["op_dispatch", "python"])
+        d.breakdown = _unrecorded(bd, side, trace, needs_ops)
+        d.ops = _unrecorded(d.ops, side, trace)
+        d.engines = _unrecorded(d.engines, side, trace)
+        if len(d.kernels):
+            d.kernels = _unrecorded(d.kernels, side, trace)
+        s = d.summary
+        s.loc[s["metric"].isin(["n_ops", "n_kernels"]), [side, "delta", "ratio"]] = np.nan
+    return d
 
 
 def _all_op_counts(trace: Trace) -> pd.Series:
@@ -254,12 +294,13 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
         busy_ns=lambda f: f["busy_ns"] / nb))
     eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
     eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
-    return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
-                     summary=_summary(ta, tb), breakdown=bd, ops=ops,
-                     modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
-                     engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                     hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
-                     steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
+    d = TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
+                  summary=_summary(ta, tb), breakdown=bd, ops=ops,
+                  modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
+                  engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
+                  hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
+                  steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
+    return _mark_unrecorded(d, ta, tb)
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:
