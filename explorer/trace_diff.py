@@ -145,6 +145,8 @@ def _plain(v: Any) -> str:
 def _ratio_text(ratio: float) -> str:
     if ratio is None or np.isnan(ratio):
         return "-"
+    if ratio == 1:  # "1.00x slower" would say it changed
+        return "unchanged"
     return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
 
 

@@ -187,3 +187,10 @@ def test_diff_with_a_framework_level_trace_marks_device_figures_not_recorded(
     assert set(back.ops["status"]) == {"not recorded in b (--level framework)"}
     text = d.to_text()
     assert "not recorded in a (--level framework)" in text and "- added: none" in text
+
+
+def test_diff_of_a_trace_with_itself_says_the_step_time_is_unchanged(pair) -> None:
+    before, _ = pair
+    text = neuron_explorer.diff(before, before).to_text()
+    step_line = next(line for line in text.splitlines() if line.startswith("step time"))
+    assert step_line.endswith("(unchanged)"), step_line
