@@ -52,7 +52,8 @@ def check(trace: Trace) -> list[Finding]:
 def _recommendation(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
     cs = trace.compile_summary()
-    compiled = len(cs["graphs"]) > 0
+    # a --steps window may leave the compile spans out: the graph launches still say it
+    compiled = len(cs["graphs"]) > 0 or bool((trace.ops["graph_id"] >= 0).any())
     breaks = ("remove the graph breaks that leave eager ops between graphs, "
               if len(cs["graph_breaks"]) else "")
     inference = is_inference(trace)

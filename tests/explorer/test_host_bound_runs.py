@@ -1,4 +1,5 @@
-"""On a host-bound run, findings whose time lost is device time say that it is not step time.
+"""Findings on host-bound runs: the advice fits what the run already does, and findings
+whose time lost is device time say that it is not step time.
 
 The device of such a run idles most of the step waiting for launches, so making its kernels
 faster does not shorten the step until the host launches faster: a finding that counts
@@ -26,3 +27,13 @@ def test_device_time_finding_on_a_host_bound_run_says_so(repo_root: Path, trace:
     assert "host_bound" in findings, "the sample is host-bound"
     assert rule in findings
     assert NOTE in findings[rule].explanation
+
+
+def test_host_bound_advice_on_a_compiled_window_knows_the_model_is_compiled(
+        repo_root: Path) -> None:
+    """gpt_compiled was recorded with --steps 2:4: its compile spans are outside the window,
+    but its ops are graph launches, so "wrap the model in torch.compile" does not fit."""
+    trace = neuron_explorer.load(repo_root / "sample_traces" / "gpt_compiled.pftrace")
+    assert len(trace.compile_summary()["graphs"]) == 0
+    host_bound = next(f for f in trace.bottlenecks() if f.rule_id == "host_bound")
+    assert host_bound.recommendation.startswith("The model is already compiled")
