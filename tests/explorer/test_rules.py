@@ -56,6 +56,8 @@ def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     # the device idles from the relu kernel's end (6000) to the add kernel (9200) per step
     assert f.time_lost_ns == 6400 and f.share_of_step == pytest.approx(0.32)
     assert "train.py:42" in f.recommendation and f.evidence[0]["dur"] == 2000
+    # the 4 us beside the site is the host's wait, not the 6.4 us lost: it says so
+    assert "item at train.py:42 (2x, the host waited 4 us)" in f.explanation
     assert _rule(clean_trace, "sync_in_step") == []
 
 
