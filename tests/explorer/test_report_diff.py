@@ -194,3 +194,18 @@ def test_diff_of_a_trace_with_itself_says_the_step_time_is_unchanged(pair) -> No
     text = neuron_explorer.diff(before, before).to_text()
     step_line = next(line for line in text.splitlines() if line.startswith("step time"))
     assert step_line.endswith("(unchanged)"), step_line
+
+
+def test_findings_of_a_trace_without_steps_are_shares_of_the_trace(real_traces_dir: Path) -> None:
+    """AlexNet's PyTorch-profiler trace has no step marks: its findings' shares are of the
+    whole trace, as the dashboard says, not "of step time" (report, cards, JSON alike)."""
+    trace = neuron_explorer.load(
+        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    from neuron_explorer.report import render_report
+
+    findings = trace.bottlenecks()
+    assert findings and {f.share_base for f in findings} == {"the trace"}
+    text = render_report(trace, "text")
+    assert "of the trace)." in text and "of step time)" not in text
+    assert "of the trace" in findings._repr_html_()
+    assert json.loads(render_report(trace, "json"))["findings"][0]["share_base"] == "the trace"
