@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
 from neuron_explorer.analyses.levels import recorded_level, records_device
-from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
@@ -106,14 +106,24 @@ class TraceDiff:
                                 "a": [fmt_ns(v) for v in k.get("a_ns", [])],
                                 "b": [fmt_ns(v) for v in k.get("b_ns", [])],
                                 "change": [fmt_ns(v) for v in k.get("delta_ns", [])]})
-        return [Section("Summary (per step)", summary), Section("Breakdown per step", bd),
-                Section("Ops that changed most (device time per step)", ops),
-                Section("Kernels that changed most (device time per step)", kernels),
-                Section("Modules that changed most (time per step)", mods_t),
-                Section("Engine busy time per step", eng),
+        note = self._stepless_note()
+        return [Section("Summary (per step)" + note, summary),
+                Section("Breakdown per step" + note, bd),
+                Section("Ops that changed most (device time per step)" + note, ops),
+                Section("Kernels that changed most (device time per step)" + note, kernels),
+                Section("Modules that changed most (time per step)" + note, mods_t),
+                Section("Engine busy time per step" + note, eng),
                 Section("Ops added / removed",
                         [f"added: {', '.join(self.added_ops) or 'none'}",
                          f"removed: {', '.join(self.removed_ops) or 'none'}"])]
+
+    def _stepless_note(self) -> str:
+        """A side without step marks is compared whole: its figures are not per step."""
+        stepless = [side for side, steps in zip("ab", self.steps, strict=True)
+                    if steps == StepSelection((), (), "").describe()]
+        if not stepless:
+            return ""
+        return f" ({' and '.join(stepless)}: the whole trace, {'it has' if len(stepless) == 1 else 'they have'} no steps)"
 
     def _repr_html_(self) -> str:
         from neuron_explorer.plot.cards import diff_tables

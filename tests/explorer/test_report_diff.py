@@ -209,3 +209,17 @@ def test_findings_of_a_trace_without_steps_are_shares_of_the_trace(real_traces_d
     assert "of the trace)." in text and "of step time)" not in text
     assert "of the trace" in findings._repr_html_()
     assert json.loads(render_report(trace, "json"))["findings"][0]["share_base"] == "the trace"
+
+
+def test_diff_with_a_trace_without_steps_titles_its_figures_as_whole(real_traces_dir: Path) -> None:
+    """MI250 (2 steps) against AlexNet (no step marks): b's "per step" figures are its
+    whole 43 s trace, and the section titles say so."""
+    d = neuron_explorer.diff(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    titles = [s.title for s in d.sections()]
+    assert "Breakdown per step (b: the whole trace, it has no steps)" in titles
+    same = neuron_explorer.diff(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    assert "Breakdown per step" in [s.title for s in same.sections()]
