@@ -7,6 +7,10 @@ class NeuronExplorerError(Exception):
     """Base of the errors the CLI reports as one clear line (no traceback)."""
 
 
+class UnknownTableError(NeuronExplorerError, LookupError):
+    """An SQL query names a table the trace (or run) does not have."""
+
+
 class TraceFormatError(NeuronExplorerError):
     """A trace file is empty, truncated, corrupt, too large or of a kind we cannot read.
 

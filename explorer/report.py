@@ -12,6 +12,7 @@ from neuron_explorer.analyses.levels import not_recorded, recorded_level, record
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
+from neuron_explorer.rules.finding import SHARE_BASES
 from neuron_explorer.whatif_label import prediction_text
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 TOP = 10
 # findings whose share is of the whole recorded run, not of the analysed steps
-RUN_SHARE_RULES = {"compile_dominates": "the run", "recompilation": "the recorded steps"}
+RUN_SHARE_RULES = SHARE_BASES  # the name the dashboard imports
 
 
 def mean_breakdown(trace: Trace) -> pd.DataFrame:
@@ -101,7 +102,7 @@ def report_sections(trace: Trace) -> list[Section]:
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
     findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of {RUN_SHARE_RULES.get(f.rule_id, 'step time')})."
+                f"({fmt_share(f.share_of_step)} of {f.share_base})."
                 f" {f.explanation} Fix: {f.recommendation}" for f in trace.bottlenecks()]
     if not device:
         findings.append(f"findings about the device (launches, kernels, memory): {missing}; "

@@ -62,7 +62,7 @@ def run_report_sections(run: Run) -> list[Section]:
         "bytes": stats["bytes"], "time": [fmt_ns(v) for v in stats["time_ns"]],
         "algbw GB/s": stats["algbw_gbps"].round(2), "busbw GB/s": stats["busbw_gbps"].round(2)})
     findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of step time). {f.explanation} "
+                f"({fmt_share(f.share_of_step)} of {f.share_base}). {f.explanation} "
                 f"Fix: {f.recommendation}" for f in run.bottlenecks()]
     return [Section("Run", head), Section("Ranks", rank_table),
             Section("Communication per rank", comm_table),

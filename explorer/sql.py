@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
+from neuron_explorer.errors import UnknownTableError
 
 
 def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.DataFrame],
@@ -21,6 +22,7 @@ def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.Dat
     `table(name)` (built only when the query needs it)."""
     import duckdb
 
+    names = list(names)
     con = duckdb.connect()
     try:
         for name in names:
@@ -31,7 +33,16 @@ def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.Dat
                 con.execute(f"CREATE VIEW {name} AS {_select(files)}")
             else:
                 con.register(name, table(name))
-        return con.execute(query).df()
+        try:
+            return con.execute(query).df()
+        except duckdb.CatalogException as exc:
+            missing = re.search(r"Table with name (\S+) does not exist", str(exc))
+            if not missing:
+                raise
+            # DuckDB's own hint names its catalog ("Did you mean pg_sequences?")
+            raise UnknownTableError(
+                f"no table {missing.group(1)!r} to query: the tables are "
+                f"{', '.join(names)}") from None
     finally:
         con.close()
 

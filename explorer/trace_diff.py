@@ -17,7 +17,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
-from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.analyses.levels import recorded_level, records_device
+from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
@@ -83,7 +84,7 @@ class TraceDiff:
                            "a": [fmt_ns(v) for v in self.breakdown["a_ns"]],
                            "b": [fmt_ns(v) for v in self.breakdown["b_ns"]],
                            "change": [fmt_ns(v) for v in self.breakdown["delta_ns"]]})
-        changed = self.ops.reindex(self.ops["delta_ns"].abs().sort_values(ascending=False).index)
+        changed = self.ops.reindex(_largest_first(self.ops, "device_ns"))
         ops = pd.DataFrame({"op": changed["name"], "status": changed["status"],
                             "a": [fmt_ns(v) for v in changed["a_device_ns"]],
                             "b": [fmt_ns(v) for v in changed["b_device_ns"]],
@@ -99,20 +100,30 @@ class TraceDiff:
                             "b": [fmt_ns(v) for v in self.engines["b_busy_ns"]],
                             "change": [fmt_ns(v) for v in self.engines["delta_ns"]]})
         k = self.kernels
-        k = k.reindex(k["delta_ns"].abs().sort_values(ascending=False).index).head(top) \
+        k = k.reindex(_largest_first(k, "ns")).head(top) \
             if len(k) else k
         kernels = pd.DataFrame({"kernel": k.get("name", []), "status": k.get("status", []),
                                 "a": [fmt_ns(v) for v in k.get("a_ns", [])],
                                 "b": [fmt_ns(v) for v in k.get("b_ns", [])],
                                 "change": [fmt_ns(v) for v in k.get("delta_ns", [])]})
-        return [Section("Summary (per step)", summary), Section("Breakdown per step", bd),
-                Section("Ops that changed most (device time per step)", ops),
-                Section("Kernels that changed most (device time per step)", kernels),
-                Section("Modules that changed most (time per step)", mods_t),
-                Section("Engine busy time per step", eng),
+        note = self._stepless_note()
+        return [Section("Summary (per step)" + note, summary),
+                Section("Breakdown per step" + note, bd),
+                Section("Ops that changed most (device time per step)" + note, ops),
+                Section("Kernels that changed most (device time per step)" + note, kernels),
+                Section("Modules that changed most (time per step)" + note, mods_t),
+                Section("Engine busy time per step" + note, eng),
                 Section("Ops added / removed",
                         [f"added: {', '.join(self.added_ops) or 'none'}",
                          f"removed: {', '.join(self.removed_ops) or 'none'}"])]
+
+    def _stepless_note(self) -> str:
+        """A side without step marks is compared whole: its figures are not per step."""
+        stepless = [side for side, steps in zip("ab", self.steps, strict=True)
+                    if steps == StepSelection((), (), "").describe()]
+        if not stepless:
+            return ""
+        return f" ({' and '.join(stepless)}: the whole trace, {'it has' if len(stepless) == 1 else 'they have'} no steps)"
 
     def _repr_html_(self) -> str:
         from neuron_explorer.plot.cards import diff_tables
@@ -130,6 +141,13 @@ class TraceDiff:
         return render(f"Neuron Explorer diff: {self.a} vs {self.b}", self.sections(), fmt)
 
 
+def _largest_first(frame: pd.DataFrame, value: str) -> pd.Index:
+    """Rows by the size of their change; where one side was not recorded (no change to
+    measure), by the other side's value."""
+    size = frame["delta_ns"].abs().fillna(frame[f"a_{value}"].fillna(frame[f"b_{value}"]).abs())
+    return size.sort_values(ascending=False).index
+
+
 def _plain(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4g}"
 
@@ -137,6 +155,8 @@ def _plain(v: Any) -> str:
 def _ratio_text(ratio: float) -> str:
     if ratio is None or np.isnan(ratio):
         return "-"
+    if ratio == 1:  # "1.00x slower" would say it changed
+        return "unchanged"
     return f"{1 / ratio:.2f}x faster" if ratio < 1 else f"{ratio:.2f}x slower"
 
 
@@ -156,6 +176,38 @@ def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[s
     j = j.fillna(0)
     j["status"] = np.select([in_a & ~in_b, ~in_a & in_b], ["removed", "added"], "common")
     return j.reset_index()
+
+
+def _unrecorded(frame: pd.DataFrame, side: str, trace: Trace, rows: Any = None) -> pd.DataFrame:
+    """Mark `side`'s ("a" or "b") values of `rows` (all by default) as not recorded: a trace
+    recorded at --level framework has no ops, kernels or device time, so they are neither 0
+    nor "added"/"removed" by the other trace."""
+    rows = slice(None) if rows is None else rows
+    frame = frame.copy()
+    value_cols = [c for c in frame.columns if c.startswith(f"{side}_")]
+    delta_cols = [c for c in frame.columns if c.startswith("delta")]
+    frame[value_cols + delta_cols] = frame[value_cols + delta_cols].astype(float)
+    frame.loc[rows, value_cols + delta_cols] = np.nan
+    frame.loc[rows, "status"] = f"not recorded in {side} (--level {recorded_level(trace)})"
+    return frame
+
+
+def _mark_unrecorded(d: TraceDiff, ta: Trace, tb: Trace) -> TraceDiff:
+    """What one side's level did not record, marked so on every table of the diff."""
+    for side, trace in (("a", ta), ("b", tb)):
+        if records_device(trace):
+            continue
+        bd = d.breakdown
+        # the host split into op dispatch and Python needs the ops too
+        needs_ops = (bd["side"] == "device") | bd["category"].isin(["op_dispatch", "python"])
+        d.breakdown = _unrecorded(bd, side, trace, needs_ops)
+        d.ops = _unrecorded(d.ops, side, trace)
+        d.engines = _unrecorded(d.engines, side, trace)
+        if len(d.kernels):
+            d.kernels = _unrecorded(d.kernels, side, trace)
+        s = d.summary
+        s.loc[s["metric"].isin(["n_ops", "n_kernels"]), [side, "delta", "ratio"]] = np.nan
+    return d
 
 
 def _all_op_counts(trace: Trace) -> pd.Series:
@@ -254,12 +306,13 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
         busy_ns=lambda f: f["busy_ns"] / nb))
     eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
     eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
-    return TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
-                     summary=_summary(ta, tb), breakdown=bd, ops=ops,
-                     modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
-                     engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                     hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
-                     steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
+    d = TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
+                  summary=_summary(ta, tb), breakdown=bd, ops=ops,
+                  modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
+                  engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
+                  hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
+                  steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
+    return _mark_unrecorded(d, ta, tb)
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import op_key_codec, tables
 from neuron_explorer import trace_format as tf
+from neuron_explorer.analyses.steady_state import device_data_end
 from neuron_explorer.backend.hardware.presets import PRESETS
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.memo import memoised
@@ -81,6 +82,11 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
         raise WhatIfError(
             f"{name} was recorded at --level {level}, which holds no ops: a what-if needs "
             f"an op-level or engine-level recording; {_RECORD_HINT}")
+    if device_data_end(trace) is not None:  # its later steps would be predicted empty
+        raise WhatIfError(
+            f"{name} was cut short (the recording was killed): the ops of its last steps "
+            "are lost, so a what-if would predict those steps without their work; predict "
+            "a recording that ran to its end")
     ids = ops["id"].to_numpy()
     keys = trace.slice_args.column(tf.ARG_OP_KEY, ids)
     has_key = np.fromiter((k is not None for k in keys), bool, len(keys))

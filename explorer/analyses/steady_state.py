@@ -9,7 +9,10 @@ million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
   (or two) over WARMUP_FACTOR x the median of the others pays one-time costs (the
   optimizer's state, first allocations, the framework's caches) the later steps do not;
 - in both cases without the code after the last step mark (the recorder writes
-  which steps a mark ended), unless nothing else is left.
+  which steps a mark ended), unless nothing else is left;
+- and, in a recording cut short (killed: the loader warned), only the steps that end
+  before its ops or kernels stop (or, when none does, the step they stop in): the trace
+  lost the later steps' device events, which would read as a device idle all step.
 Compile time is reported on its own (`compile_summary`).
 """
 
@@ -105,6 +108,38 @@ def completed_steps(trace: Trace) -> pd.DataFrame:
     return done if len(done) else steps
 
 
+CUT_SHORT = "(was the recording killed?)"  # in the loaders' warning for a truncated file
+
+
+def device_data_end(trace: Trace) -> tuple[int, int] | None:
+    """Where a recording cut short stops holding ops and kernels, as (start, end) of the
+    last event of the family that stops first: each family is written in time order, so a
+    step that ends before that start holds all its events (None: not cut short, or it
+    recorded neither)."""
+    if not any(CUT_SHORT in w for w in trace.warnings):
+        return None
+    last = [(int(t["ts"].max()), int((t["ts"] + t["dur"]).max()))
+            for t in (trace.ops, trace.kernels) if len(t)]
+    return min(last) if last else None
+
+
+def _with_device_data(trace: Trace, steps: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The steps of `steps` that hold the device events of a cut-short recording, and why:
+    those that end before its events stop, else the one they stop in (held in part)."""
+    data = device_data_end(trace)
+    if data is None:
+        return steps, ""
+    start, end = data
+    s = trace.steps.set_index("step")
+    whole = tuple(n for n in steps if int(s.at[n, "ts"] + s.at[n, "dur"]) <= start)
+    kept = whole or tuple(n for n in steps if int(s.at[n, "ts"]) < end)[-1:]
+    if not kept or len(kept) == len(steps):
+        return steps, ""
+    stops = next((n for n in steps if n not in whole), steps[-1])
+    return kept, (f"the recording was cut short: its ops and kernels stop in step {stops}"
+                  + ("" if whole else ", analysed in part"))
+
+
 def select_steps(trace: Trace) -> StepSelection:
     """The steady-state steps of `trace` (see the module doc)."""
     recorded = tuple(int(s) for s in trace.steps["step"].tolist())
@@ -116,6 +151,9 @@ def select_steps(trace: Trace) -> StepSelection:
     if len(done) < len(recorded):
         candidates = done
         notes.append(f"step {recorded[-1]} is the code after the last step mark")
+    candidates, cut = _with_device_data(trace, candidates)
+    if cut:
+        notes.append(cut)
     window = trace.metadata.get("steps")
     if isinstance(window, list) and window:
         stop = window[1] if len(window) > 1 and window[1] is not None else ""

@@ -40,6 +40,7 @@ class TracePlot:
         default = timeline_module.steps_window(self._trace, index)
         t0 = default[0] if start_ns is None else start_ns
         t1 = default[1] if end_ns is None else end_ns
+        _check_window(index, t0, t1)
         return timeline_module.timeline(index, t0, t1, options.interactive if interactive is None else interactive)
 
     def timeline_index(self, tracks: list[str | int] | None = None) -> TimelineIndex:
@@ -76,6 +77,22 @@ class TracePlot:
         from neuron_explorer.plot.kernel import kernel_figure
 
         return kernel_figure(self._trace, kernel, line_profile(self._trace, kernel))
+
+
+def _check_window(index: TimelineIndex, t0: float, t1: float) -> None:
+    """A window that is reversed or misses the trace would draw an empty figure with no
+    word why (times in seconds, or from 0 instead of the trace's clock, do)."""
+    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.units import duration
+
+    span = (f"this trace's events run from ts {index.start_ns} to {index.end_ns} ns "
+            f"({duration(index.end_ns - index.start_ns)}; trace.steps gives each step's ts "
+            "and dur)")
+    if t1 <= t0:
+        raise NeuronExplorerError(f"timeline window ends (end_ns={t1}) before it starts "
+                                  f"(start_ns={t0}): give start_ns < end_ns; {span}")
+    if t1 < index.start_ns or t0 > index.end_ns:
+        raise NeuronExplorerError(f"timeline window [{t0}, {t1}] ns holds no events: {span}")
 
 
 class RunPlot:

@@ -32,7 +32,7 @@ def finding_card(finding: Finding) -> str:
     badge = (f"<span style='background:{background};color:{ink};font-size:11px;font-weight:650;"
              f"text-transform:uppercase;letter-spacing:.5px;padding:2px 8px;border-radius:10px'>"
              f"{_e(finding.severity)}</span>")
-    cost = f"{fmt_ns(finding.time_lost_ns)} lost · {fmt_share(finding.share_of_step)} of step"
+    cost = f"{fmt_ns(finding.time_lost_ns)} lost · {fmt_share(finding.share_of_step)} of {finding.share_base}"
     evidence = "".join(
         f"<li>{_e(fmt_ns(item.get('dur', 0)))} at {int(item.get('ts', 0)) / 1e9:.6f} s: "
         f"{_e(item.get('description', ''))}</li>"

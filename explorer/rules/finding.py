@@ -25,6 +25,7 @@ class Finding:
     evidence: list[dict[str, Any]] = field(default_factory=list)  # ts, dur, slice_ids, description
     explanation: str = ""
     recommendation: str = ""
+    share_base: str = "step time"  # what share_of_step is a share of, in words
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
@@ -75,6 +76,15 @@ def step_time(trace: Trace) -> float:
     return total_step_ns(trace)
 
 
+# rules whose share is not of a step; the others, in a trace without steps, of the trace
+SHARE_BASES = {"compile_dominates": "the run", "recompilation": "the recorded steps"}
+
+
+def share_base(rule_id: str, has_steps: bool) -> str:
+    """What a finding's share of time is of, in the report's words."""
+    return SHARE_BASES.get(rule_id, "step time" if has_steps else "the trace")
+
+
 def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
          evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
          severity_override: str | None = None, share_of: float | None = None) -> Finding:
@@ -86,7 +96,8 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
                    severity=severity_override or severity(share),
                    time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),
                    evidence=evidence_items[: th.MAX_EVIDENCE], explanation=explanation,
-                   recommendation=recommendation)
+                   recommendation=recommendation,
+                   share_base=share_base(rule_id, bool(len(trace.steps))))
 
 
 def is_inference(trace: Trace) -> bool:

@@ -9,6 +9,7 @@ from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.host_bound import device_time_note
 from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def check(trace: Trace) -> list[Finding]:
         "These ops move more bytes per FLOP than the hardware can feed its engines, so they "
         "run at memory speed: " + "; ".join(t for _, t in lines[:5])
         + (f"; {int(dma_heavy.sum())} kernels spend at least {th.DMA_DOMINATED_RATIO:g}x more "
-           "time in DMA than computing" if dma_heavy.any() else ""),
+           "time in DMA than computing" if dma_heavy.any() else "") + "." + device_time_note(trace),
         "Raise arithmetic intensity: fuse elementwise chains into their producer matmul "
         "(torch.compile does this), avoid materialising intermediates (in-place ops, fused "
         "attention/softmax), use bf16 to halve bytes, and batch small ops together.")]

@@ -36,8 +36,9 @@ def check(trace: Trace) -> list[Finding]:
     per_site = syncs.assign(site=where, what=[k or n for k, n in zip(
         kind, syncs["name"].to_numpy(), strict=True)]).groupby(["site", "what"])["dur"].agg(
         ["sum", "size"]).sort_values("sum", ascending=False)
-    sites = [f"{what} at {site} ({n}x, {us(total)})"
-             for (site, what), (total, n) in per_site.iterrows()]
+    # the time beside each site is the host's wait, not the device idle counted as lost
+    sites = [f"{what}{'' if site == what else f' at {site}'} ({n}x, the host waited "
+             f"{us(total)})" for (site, what), (total, n) in per_site.iterrows()]
     # the longest waits, ties in time order (a stable sort, as sorting every item would give)
     longest = np.argsort(-syncs["dur"].to_numpy(), kind="stable")[: th.MAX_EVIDENCE]
     items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")

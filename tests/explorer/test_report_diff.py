@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import neuron_explorer
+import numpy as np
 import pytest
 import scenarios
 from neuron_explorer import cli
@@ -154,3 +155,71 @@ def test_report_of_a_trace_without_steps_does_not_call_the_trace_a_step(repo_roo
     text = render_report(trace, "text")
     assert "Time breakdown (the whole trace: it has no step marks)" in text
     assert "mean per analysed step" not in text
+
+
+def _framework_level(steps: int = 2) -> scenarios.Scenario:
+    """The same module per step as `basic`, recorded at --level framework: no ops, no kernels."""
+    sc = scenarios.Scenario()
+    sc.b.metadata(sc.host, {"level": "framework"}, ts=1)
+    for n in range(steps):
+        t = sc.step(n)
+        sc.b.slice(sc.host, t + 1000, 4000, "model.fc", "module",
+                   {"module": "model.fc", "phase": "forward", "step": n})
+    return sc
+
+
+def test_diff_with_a_framework_level_trace_marks_device_figures_not_recorded(
+        tmp_path: Path) -> None:
+    """A --level framework trace recorded no ops or device time: against an op-level one,
+    its ops are not "added" and its device idle time is not 0 ns."""
+    framework = neuron_explorer.load(_framework_level().write(tmp_path, "framework"))
+    op_level = neuron_explorer.load(scenarios.basic().write(tmp_path, "op"))
+    d = neuron_explorer.diff(framework, op_level)
+    assert d.added_ops == [] and d.removed_ops == []
+    assert set(d.ops["status"]) == {"not recorded in a (--level framework)"}
+    assert d.ops["a_device_ns"].isna().all() and d.ops["b_device_ns"].gt(0).any()
+    bd = d.breakdown.set_index(["side", "category"])
+    assert bd.loc[("device", "idle"), "status"].startswith("not recorded in a")
+    assert np.isnan(bd.loc[("device", "idle"), "a_ns"])
+    summary = d.summary.set_index("metric")
+    assert np.isnan(summary.loc["n_ops", "a"]) and summary.loc["n_ops", "b"] > 0
+    back = neuron_explorer.diff(op_level, framework)  # the other way round: b unrecorded
+    assert set(back.ops["status"]) == {"not recorded in b (--level framework)"}
+    text = d.to_text()
+    assert "not recorded in a (--level framework)" in text and "- added: none" in text
+
+
+def test_diff_of_a_trace_with_itself_says_the_step_time_is_unchanged(pair) -> None:
+    before, _ = pair
+    text = neuron_explorer.diff(before, before).to_text()
+    step_line = next(line for line in text.splitlines() if line.startswith("step time"))
+    assert step_line.endswith("(unchanged)"), step_line
+
+
+def test_findings_of_a_trace_without_steps_are_shares_of_the_trace(real_traces_dir: Path) -> None:
+    """AlexNet's PyTorch-profiler trace has no step marks: its findings' shares are of the
+    whole trace, as the dashboard says, not "of step time" (report, cards, JSON alike)."""
+    trace = neuron_explorer.load(
+        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    from neuron_explorer.report import render_report
+
+    findings = trace.bottlenecks()
+    assert findings and {f.share_base for f in findings} == {"the trace"}
+    text = render_report(trace, "text")
+    assert "of the trace)." in text and "of step time)" not in text
+    assert "of the trace" in findings._repr_html_()
+    assert json.loads(render_report(trace, "json"))["findings"][0]["share_base"] == "the trace"
+
+
+def test_diff_with_a_trace_without_steps_titles_its_figures_as_whole(real_traces_dir: Path) -> None:
+    """MI250 (2 steps) against AlexNet (no step marks): b's "per step" figures are its
+    whole 43 s trace, and the section titles say so."""
+    d = neuron_explorer.diff(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    titles = [s.title for s in d.sections()]
+    assert "Breakdown per step (b: the whole trace, it has no steps)" in titles
+    same = neuron_explorer.diff(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    assert "Breakdown per step" in [s.title for s in same.sections()]

@@ -30,7 +30,7 @@ def test_findings_are_ranked_and_complete(basic_pf: neuron_explorer.Trace) -> No
     for f in fs:
         d = f.to_dict()
         assert set(d) == {"rule_id", "title", "severity", "time_lost_ns", "share_of_step",
-                          "evidence", "explanation", "recommendation"}
+                          "evidence", "explanation", "recommendation", "share_base"}
         assert f.rule_id in RULE_IDS and f.severity in ("high", "medium", "low")
         assert 0 <= f.share_of_step <= 1 and f.recommendation and f.explanation
         for e in f.evidence:
@@ -56,6 +56,8 @@ def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     # the device idles from the relu kernel's end (6000) to the add kernel (9200) per step
     assert f.time_lost_ns == 6400 and f.share_of_step == pytest.approx(0.32)
     assert "train.py:42" in f.recommendation and f.evidence[0]["dur"] == 2000
+    # the 4 us beside the site is the host's wait, not the 6.4 us lost: it says so
+    assert "item at train.py:42 (2x, the host waited 4 us)" in f.explanation
     assert _rule(clean_trace, "sync_in_step") == []
 
 

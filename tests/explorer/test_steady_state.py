@@ -7,6 +7,8 @@ from pathlib import Path
 import neuron_explorer
 import pytest
 import scenarios
+from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.errors import TruncatedTraceWarning
 from neuron_explorer.report import render_report
 
 COMPILE_NS = 2_000_000  # a compile span far longer than a step
@@ -176,3 +178,31 @@ def test_engines_per_step_leave_out_the_code_after_the_last_step_mark(tmp_path: 
     assert sorted(set(per_step_utilisation(use)["step"])) == [0, 1]
     every = engine_use(_load(scenarios.clean(steps=3), tmp_path, "finished_engines"))
     assert every is not None and sorted(set(per_step_utilisation(every)["step"])) == [0, 1, 2]
+
+
+def _streamed_then_cut(tmp: Path, steps: int, keep_steps: int) -> Path:
+    """A JSON trace written as the recorder streams it (the step marks first, the ops and
+    kernels after), cut short inside the ops of step `keep_steps`."""
+    sc = scenarios.Scenario()
+    starts = [sc.step(n) for n in range(steps)]
+    for n, t in enumerate(starts):
+        sc.op(t, 500, "aten::mm", n + 1, n, kernel=(t + 600, 8000), busy={"tensor": 8000})
+    path = sc.write(tmp, "streamed", "json")
+    text = path.read_text()
+    cut = text.index('"aten::mm"', text.index(f'"op_id": {keep_steps + 1}') - 400)
+    path.write_text(text[:cut - 40])
+    return path
+
+
+def test_a_cut_short_recording_analyses_only_the_steps_with_device_events(
+        tmp_path: Path) -> None:
+    """Steps whose kernels were lost to the cut are not a device idle the whole step."""
+    with pytest.warns(TruncatedTraceWarning):
+        t = neuron_explorer.load(_streamed_then_cut(tmp_path, steps=6, keep_steps=3))
+    assert len(t.steps) == 6 and set(t.kernels["step"]) == {0, 1, 2}
+    selection = analysed_steps(t)
+    assert selection.steps == (0, 1)  # step 2 may have lost some: its kernels stop in it
+    assert "cut short: its ops and kernels stop in step 2" in selection.describe()
+    bd = t.breakdown()
+    idle = bd[(bd["side"] == "device") & (bd["category"] == "idle")]
+    assert idle["ns"].max() < scenarios.STEP / 2

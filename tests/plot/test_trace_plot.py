@@ -81,6 +81,19 @@ def test_timeline_of_chosen_tracks_and_a_clear_error_for_an_unknown_one(ours):
         ours.plot.timeline(tracks=["Nope"])
 
 
+def test_timeline_window_that_misses_the_trace_says_where_its_events_are(ours):
+    """Seconds, or ns from 0 rather than the trace's clock, drew an empty figure."""
+    from neuron_explorer.errors import NeuronExplorerError
+
+    index = ours.plot.timeline_index()
+    where = f"events run from ts {index.start_ns} to {index.end_ns} ns"
+    with pytest.raises(NeuronExplorerError, match=f"holds no events: this trace's {where}"):
+        ours.plot.timeline(1.0, 2.0, interactive=False)
+    t0 = int(ours.steps["ts"].iloc[1])
+    with pytest.raises(NeuronExplorerError, match="give start_ns < end_ns"):
+        ours.plot.timeline(t0 + 1000, t0, interactive=False)
+
+
 def test_roofline_puts_ops_under_the_hardware_roofs(ours, kineto):
     fig = ours.plot.roofline()
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"

@@ -105,6 +105,20 @@ def test_compiled_recording_is_refused(recordings):
         whatif(recordings("mlp", "trn1", compiled=True), "trn3")
 
 
+def test_cut_short_recording_is_refused(recordings, tmp_path):
+    """A killed recording keeps its step marks but loses its last ops: predicting it would
+    compare whole steps with steps replayed without their work."""
+    from neuron_explorer.errors import TruncatedTraceWarning
+
+    data = recordings("mlp", "trn1").read_bytes()
+    cut = tmp_path / "cut.pftrace"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.warns(TruncatedTraceWarning):
+        trace = load(cut)
+    with pytest.raises(WhatIfError, match="cut short"):
+        whatif(trace, "trn3", output=str(tmp_path / "predicted.pftrace"))
+
+
 def test_cli_writes_the_prediction_and_prints_the_diff(recordings, tmp_path, capsys):
     out = tmp_path / "cli.pftrace"
     assert main(["whatif", str(recordings("mlp", "trn1")), "--hardware", "trn3",

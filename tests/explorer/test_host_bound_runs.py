@@ -1,0 +1,39 @@
+"""Findings on host-bound runs: the advice fits what the run already does, and findings
+whose time lost is device time say that it is not step time.
+
+The device of such a run idles most of the step waiting for launches, so making its kernels
+faster does not shorten the step until the host launches faster: a finding that counts
+device time as "% of step time" lost, with no word of it, adds up past the step with the
+host-bound finding itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+
+NOTE = "The run is host-bound now, so this is device time rather than step time"
+
+
+@pytest.mark.parametrize(("trace", "rule"), [("mlp_eager.pftrace", "small_dma"),
+                                             ("odd_dims.pftrace", "memory_bound_ops"),
+                                             ("odd_dims.pftrace", "tensor_engine_padding")])
+def test_device_time_finding_on_a_host_bound_run_says_so(repo_root: Path, trace: str,
+                                                         rule: str) -> None:
+    findings = {f.rule_id: f for f in neuron_explorer.load(
+        repo_root / "sample_traces" / trace).bottlenecks()}
+    assert "host_bound" in findings, "the sample is host-bound"
+    assert rule in findings
+    assert NOTE in findings[rule].explanation
+
+
+def test_host_bound_advice_on_a_compiled_window_knows_the_model_is_compiled(
+        repo_root: Path) -> None:
+    """gpt_compiled was recorded with --steps 2:4: its compile spans are outside the window,
+    but its ops are graph launches, so "wrap the model in torch.compile" does not fit."""
+    trace = neuron_explorer.load(repo_root / "sample_traces" / "gpt_compiled.pftrace")
+    assert len(trace.compile_summary()["graphs"]) == 0
+    host_bound = next(f for f in trace.bottlenecks() if f.rule_id == "host_bound")
+    assert host_bound.recommendation.startswith("The model is already compiled")
