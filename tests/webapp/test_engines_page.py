@@ -63,7 +63,8 @@ def test_each_step_shows_the_share_of_the_step_each_engine_ran(page):
         for engine in ("tensor", "vector"):
             expected = 100 * _busy_share(ins, engine, lo, hi)
             assert bars[engine][f"step {int(step['step'])}"] == pytest.approx(expected, abs=1.5), engine
-    assert max(max(v.values()) for v in bars.values()) > 5  # not the ~0% of a whole-trace average
+    # not the ~0.02% of a whole-trace average (startup and exit included)
+    assert max(max(v.values()) for v in bars.values()) > 2
 
 
 def test_utilisation_over_time_covers_the_steps_not_the_whole_run(page):
