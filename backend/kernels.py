@@ -281,6 +281,11 @@ FOREACH = (
     "_foreach_exp_", "_foreach_max",
 )
 
+# Ops whose CompositeExplicitAutograd default would win over the fallback and decompose
+# them (layer and group norm into native_batch_norm on a reshaped input): the CPU has
+# kernels of its own, and only these give its numbers exactly and the op's own name.
+HOST_KERNEL_OVER_COMPOSITE = ("native_layer_norm.default", "native_group_norm.default")
+
 
 def register(lib: torch.library.Library) -> None:
     """Register every explicit PrivateUse1 kernel on `lib` (an aten IMPL library)."""
@@ -303,7 +308,7 @@ def register(lib: torch.library.Library) -> None:
     lib.impl("resize_", resize_, key)
     lib.impl("convolution_overrideable", convolution, key)
     lib.impl("convolution_backward_overrideable", convolution_backward, key)
-    for name in HOT_STRUCTURED:
+    for name in (*HOT_STRUCTURED, *HOST_KERNEL_OVER_COMPOSITE):
         packet_name, overload = name.split(".")
         op = getattr(getattr(aten, packet_name), overload)
         lib.impl(name if overload != "default" else packet_name, dispatch.kernel_for(op), key)
