@@ -72,7 +72,11 @@ def storage_nbytes(size, stride, dtype: torch.dtype, storage_offset: int = 0) ->
 def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -> torch.Tensor:
     """An uninitialised neuron tensor with this geometry."""
     nbytes = storage_nbytes(size, stride, dtype)
-    storage = allocate(device.memory, nbytes, device.torch_device)
+    try:
+        storage = allocate(device.memory, nbytes, device.torch_device)
+    except torch.OutOfMemoryError as error:
+        # the program's error, as CUDA raises it: the traceback ends at the user's call
+        raise error.with_traceback(None) from error.__cause__
     out = dispatch.blank_tensor(device.index, dtype)
     _set_storage.redispatch(_CPU_KEYS, out, storage, 0, size, stride)
     return out
