@@ -440,11 +440,19 @@ def run_op(op, args: tuple, kwargs: dict):
         # the result's: small ops, the hot path, skip the rule.
         if (not info.size_bounded_by_inputs or conv.index < 0
                 or conv.bound > memory.capacity - memory.in_use):
-            rule(info, device, conv.sig, args, kwargs)
+            try:
+                rule(info, device, conv.sig, args, kwargs)
+            except torch.OutOfMemoryError as error:
+                error.neuron_op_error = True  # the program's error, as CUDA would raise it
+                raise
     try:
-        result = info.call(*host_args, **host_kwargs)
-    except RuntimeError:
-        result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
+        try:
+            result = info.call(*host_args, **host_kwargs)
+        except RuntimeError:
+            result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
+    except Exception as error:
+        error.neuron_op_error = True  # the op's own error: the CPU raises the same
+        raise
     if info.kind == MUTATING:
         if info.may_set_math_bits:
             _settle_math_bits(result)
@@ -467,12 +475,22 @@ def run_op(op, args: tuple, kwargs: dict):
     return result
 
 
+def _from_the_op(error: BaseException) -> BaseException:
+    """An error the op raised as it would on the CPU (a shape mismatch, out of memory),
+    with the frames of the emulation dropped: the traceback ends at the user's call, as
+    on a built-in device. Any other error keeps its frames: it is the backend's own."""
+    del error.neuron_op_error
+    return error.with_traceback(None)
+
+
 def fallback(op, *args, **kwargs):
     """Boxed PrivateUse1 fallback."""
     try:
         return run_op(op, args, kwargs)
-    except BaseException:
+    except BaseException as error:
         runtime.abandon_op()
+        if getattr(error, "neuron_op_error", False):
+            raise _from_the_op(error) from error.__cause__
         raise
 
 
@@ -482,8 +500,10 @@ def kernel_for(op):
     def kernel(*args, **kwargs):
         try:
             return run_op(op, args, kwargs)
-        except BaseException:
+        except BaseException as error:
             runtime.abandon_op()
+            if getattr(error, "neuron_op_error", False):
+                raise _from_the_op(error) from error.__cause__
             raise
 
     return kernel

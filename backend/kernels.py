@@ -72,7 +72,11 @@ def storage_nbytes(size, stride, dtype: torch.dtype, storage_offset: int = 0) ->
 def new_tensor(size, stride, dtype: torch.dtype, device: devices.NeuronDevice) -> torch.Tensor:
     """An uninitialised neuron tensor with this geometry."""
     nbytes = storage_nbytes(size, stride, dtype)
-    storage = allocate(device.memory, nbytes, device.torch_device)
+    try:
+        storage = allocate(device.memory, nbytes, device.torch_device)
+    except torch.OutOfMemoryError as error:
+        # the program's error, as CUDA raises it: the traceback ends at the user's call
+        raise error.with_traceback(None) from error.__cause__
     out = dispatch.blank_tensor(device.index, dtype)
     _set_storage.redispatch(_CPU_KEYS, out, storage, 0, size, stride)
     return out
@@ -281,6 +285,11 @@ FOREACH = (
     "_foreach_exp_", "_foreach_max",
 )
 
+# Ops whose CompositeExplicitAutograd default would win over the fallback and decompose
+# them (layer and group norm into native_batch_norm on a reshaped input): the CPU has
+# kernels of its own, and only these give its numbers exactly and the op's own name.
+HOST_KERNEL_OVER_COMPOSITE = ("native_layer_norm.default", "native_group_norm.default")
+
 
 def register(lib: torch.library.Library) -> None:
     """Register every explicit PrivateUse1 kernel on `lib` (an aten IMPL library)."""
@@ -303,7 +312,7 @@ def register(lib: torch.library.Library) -> None:
     lib.impl("resize_", resize_, key)
     lib.impl("convolution_overrideable", convolution, key)
     lib.impl("convolution_backward_overrideable", convolution_backward, key)
-    for name in HOT_STRUCTURED:
+    for name in (*HOT_STRUCTURED, *HOST_KERNEL_OVER_COMPOSITE):
         packet_name, overload = name.split(".")
         op = getattr(getattr(aten, packet_name), overload)
         lib.impl(name if overload != "default" else packet_name, dispatch.kernel_for(op), key)

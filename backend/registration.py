@@ -3,9 +3,9 @@
 `register()` renames PrivateUse1 to "neuron", installs `torch.neuron`, the Python
 device guard and hooks, the boxed fallback and the explicit kernels, and a few
 small wrappers for what pure Python cannot otherwise reach (storage allocation by
-`torch.UntypedStorage(n, device=...)`, the sync kind of printing and `tolist`, and
-DataLoader's `pin_memory`). It imports no pandas, DuckDB or Dash and stays cheap,
-because `import torch` runs it.
+`torch.UntypedStorage(n, device=...)`, the sync kind of printing and `tolist`,
+DataLoader's `pin_memory`, and `Module.to` keeping each parameter the same object).
+It imports no pandas, DuckDB or Dash and stays cheap, because `import torch` runs it.
 """
 
 from __future__ import annotations
@@ -135,7 +135,14 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from neuron_explorer.backend import autocast, device_module, dispatch, kernels, rnn_cells
+    from neuron_explorer.backend import (
+        autocast,
+        device_module,
+        dispatch,
+        kernels,
+        module_conversion,
+        rnn_cells,
+    )
 
     torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", device_module)
@@ -159,6 +166,7 @@ def register() -> None:
     _wrap_storage_new()
     _wrap_sync_kinds()
     _wrap_dataloader_pin_memory()
+    module_conversion.install()  # Module.to("neuron") keeps each parameter the same object
 
     # The compile path: the default torch.compile backend fails clearly on neuron
     # tensors, and NEURON_EAGER_MODE picks the eager policy (immediate or adaptive).

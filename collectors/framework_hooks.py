@@ -6,7 +6,9 @@
   autograd Function, which breaks in-place ops after a module, so instead each
   module's forward remembers the autograd sequence numbers of the nodes it created,
   and during backward the node running each op (`torch._C._current_autograd_node`)
-  says which module's backward is running;
+  says which module's backward is running; a forward run inside backward (a
+  checkpoint's recompute) nests in that backward slice, and adding into an existing
+  `.grad` (AccumulateGrad) stays in the module slice open;
 - optimizer: global step pre/post hooks (a step ends a training step), zero_grad;
 - inference: with no optimizer step and no `neuron_explorer.step()`, the return of the
   outermost module's forward in no-grad or eval mode ends a step (one step per request);
@@ -65,6 +67,7 @@ def _is_compiling() -> bool:
     return _dynamo_compiling() or _get_mode(_FAKE) is not None or _get_mode(_PROXY) is not None
 _current_node = torch._C._current_autograd_node
 _GraphModule = torch.fx.GraphModule  # torch.compile's own graphs, not the user's modules
+_ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # runs right after its grad's node
 _SEQ_MAP_LIMIT = 2_000_000  # autograd sequence numbers remembered for backward attribution
 # record_function ranges that other events already show
 _SKIPPED_RANGES = ("Optimizer.", "enumerate(DataLoader)", "Optimizer.zero_grad")
@@ -174,6 +177,10 @@ class FrameworkHooks:
             state = rec.thread()
             parent = state.forward[-1][0] if state.forward else None
             path = self.path_of(module, parent)
+            if not state.forward:
+                node = _current_node()
+                if node is not None:  # a forward run by a backward node (checkpoint recompute)
+                    rec.backward_to(self._seq_module.get(node._sequence_nr(), ""), ts, state)
             state.forward.append((path, _get_sequence_nr(), id(module)))
             rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
                                          ARG_STEP: rec.step}, ts=ts, state=state)
@@ -247,6 +254,8 @@ class FrameworkHooks:
     def before_op(self, ev: OpLaunch, state: _ThreadState) -> None:
         """Called for every device op: follow the autograd node into module backward slices."""
         node = _current_node()
+        if node is not None and state.forward:
+            return  # a forward inside backward (recompute): its module slices hold its ops
         if node is None:
             if state.backward:
                 try:
@@ -254,7 +263,11 @@ class FrameworkHooks:
                 except RecordingError as exc:
                     self.rec.fail(exc)
             return
-        path = self._seq_module.get(node._sequence_nr(), "")
+        path = self._seq_module.get(node._sequence_nr())
+        if path is None:
+            if state.backward and node.name() == _ACCUMULATE_GRAD:
+                return  # adding to a parameter's .grad: part of the module whose grad it is
+            path = ""
         try:
             self.rec.backward_to(path, ev.host_start_ns, state)
         except RecordingError as exc:
@@ -262,6 +275,8 @@ class FrameworkHooks:
 
     def _wrap_backward(self, original: Callable) -> Callable:
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if _current_node() is not None:  # a backward inside backward (reentrant checkpoint)
+                return original(*args, **kwargs)  # the outer one's slices and map stay
             try:
                 return original(*args, **kwargs)
             finally:

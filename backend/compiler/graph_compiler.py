@@ -123,7 +123,16 @@ class CompiledGraph:
         key = ShapeBinder.key(binding)
         launch = self._launches.get(key)
         if launch is None:
-            launch = self._launches[key] = self._plan_launch(binding)
+            # A new set of sizes: its program is compiled now, as a backend that needs
+            # static shapes compiles each one, so the time shows as compile, not Python.
+            sizes = ", ".join(f"{k}={v}" for k, v in key)
+            with compile_events.span("neuron_compile", f"{self.name} {self.phase} ({sizes})",
+                                     {"graph_id": self.graph_id, "phase": self.phase,
+                                      "sizes": sizes, "dynamic_shapes": True}) as span_args:
+                launch = self._launches[key] = self._plan_launch(binding)
+                span_args.update(op_count=self.op_count, group_count=len(self.groups),
+                                 kernel_count=len(launch.kernels),
+                                 kernels=[k.name for k in launch.kernels])
         return launch
 
     def __call__(self, *call_args: object) -> list:

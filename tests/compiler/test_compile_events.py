@@ -53,10 +53,45 @@ def test_recompile_is_recorded_with_the_failed_guard_and_sizes_become_symbolic(r
     assert recompile.args["source"].endswith("in scale_and_shift")
 
     # The second graph has symbolic sizes; each launch still reports real shapes.
-    spans = recorder.compiles_of("neuron_compile")
+    spans = [ev for ev in recorder.compiles_of("neuron_compile") if "sizes" not in ev.args]
     assert [ev.args["dynamic_shapes"] for ev in spans] == [False, True]
     launches = recorder.graph_launches()
     assert [op.input_shapes for op in launches] == [((4, 3),), ((5, 3),), ((7, 3),)]
     assert launches[1].graph_id == launches[2].graph_id != launches[0].graph_id
     kernels = {k.op_id: k for k in recorder.kernels}
     assert kernels[launches[2].op_id].hbm_bytes > kernels[launches[1].op_id].hbm_bytes
+
+
+def double_rows(x):
+    return torch.cat([x, x]) * 3
+
+
+def test_each_new_size_of_a_symbolic_graph_compiles_in_a_span_of_its_own(recorder):
+    compiled = torch.compile(double_rows, backend="neuron")
+    for rows in (4, 5, 7, 5, 7):
+        x = torch.randn(rows, 3)
+        assert torch.allclose(compiled(x.to("neuron")).cpu(), double_rows(x))
+    launches = recorder.graph_launches()
+    symbolic = launches[1].graph_id
+    sized = [ev for ev in recorder.compiles_of("neuron_compile") if "sizes" in ev.args]
+    # sizes 5 and 7 are planned once each, when first seen; their repeats reuse the plan
+    assert [ev.args["graph_id"] for ev in sized] == [symbolic, symbolic]
+    assert [ev.args["sizes"].split("=")[-1] for ev in sized] == ["5", "7"]
+    assert all(ev.args["kernel_count"] == 1 and ev.end_ns > ev.start_ns for ev in sized)
+    for ev, op in zip(sized, launches[1:3], strict=True):
+        assert ev.end_ns <= op.host_start_ns
+
+
+def test_steps_that_compile_a_new_size_are_not_steady_state(tmp_path):
+    import neuron_explorer
+    from neuron_explorer.analyses.steady_state import select_steps
+
+    compiled = torch.compile(double_rows, backend="neuron")
+    path = tmp_path / "sizes.pftrace"
+    with neuron_explorer.record(path, level="op", quiet=True):
+        for rows in (8, 9, 10, 11, 9, 10, 11):  # new sizes up to step 3, then repeats
+            compiled(torch.randn(rows, 3, device="neuron")).sum().item()
+            neuron_explorer.step()
+    selection = select_steps(neuron_explorer.load(path))
+    assert selection.steps == (4, 5, 6)
+    assert "after the last compile, in step 3" in selection.reason

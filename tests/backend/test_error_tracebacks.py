@@ -1,0 +1,47 @@
+"""An op's own error (a shape mismatch, out of memory) reads as on a built-in device: the
+CPU's message, and a traceback that ends at the user's call, not inside the emulation."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import neuron_explorer.backend
+import pytest
+import torch
+
+BACKEND = str(Path(neuron_explorer.backend.__file__).parent)
+
+
+def _backend_frames(error: BaseException) -> list[str]:
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(error.__traceback__)
+            if f.filename.startswith(BACKEND)]
+
+
+def test_a_shape_mismatch_ends_at_the_users_call() -> None:
+    a, b = torch.randn(4, 5), torch.randn(6, 3)
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.nn.functional.linear(a, b)
+    with pytest.raises(RuntimeError) as on_device:
+        torch.nn.functional.linear(a.to("neuron"), b.to("neuron"))
+    assert str(on_device.value) == str(on_cpu.value)
+    assert len(_backend_frames(on_device.value)) <= 1, _backend_frames(on_device.value)
+
+
+def test_an_index_error_from_the_fallback_ends_at_the_users_call() -> None:
+    x = torch.arange(4.0, device="neuron")
+    with pytest.raises(IndexError) as caught:
+        x.index_select(0, torch.tensor([7], device="neuron"))
+    assert "out of range" in str(caught.value)
+    assert len(_backend_frames(caught.value)) <= 1, _backend_frames(caught.value)
+
+
+def test_out_of_memory_ends_at_the_users_call() -> None:
+    capacity = torch.neuron.get_device_properties().total_memory
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(capacity, dtype=torch.uint8, device="neuron")
+    assert "neuron out of memory" in str(caught.value)
+    assert len(_backend_frames(caught.value)) <= 2, _backend_frames(caught.value)
+    with pytest.raises(torch.OutOfMemoryError) as caught:  # the size rule, before the host op
+        torch.ones(1, device="neuron").expand(capacity) + 1  # a view: no memory
+    assert len(_backend_frames(caught.value)) <= 1, _backend_frames(caught.value)
