@@ -16,11 +16,17 @@
 - `torch.profiler.record_function` ranges become annotations.
 
 Hooks do nothing while Dynamo traces (they would otherwise be compiled into graphs),
-and the time they spend is removed from the host clock.
+and the time they spend is removed from the host clock. Dynamo never compiles them as
+frames of their own either: `torch.compile(module)` calls the model's module hooks from
+inside its compiled wrapper, where Dynamo compiled each hook as an empty function with
+guards on the grad mode, so switching to `no_grad` for evaluation "recompiled" the
+recorder twice beside the model. The wrapper's call is the model's slice; the model's
+own call inside it is not recorded again.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -67,10 +73,30 @@ def _is_compiling() -> bool:
     return _dynamo_compiling() or _get_mode(_FAKE) is not None or _get_mode(_PROXY) is not None
 _current_node = torch._C._current_autograd_node
 _GraphModule = torch.fx.GraphModule  # torch.compile's own graphs, not the user's modules
+_DYNAMO_FRAMES = "torch._dynamo.eval_frame"
+_hook_frames_skipped = False
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # runs right after its grad's node
 _SEQ_MAP_LIMIT = 2_000_000  # autograd sequence numbers remembered for backward attribution
 # record_function ranges that other events already show
 _SKIPPED_RANGES = ("Optimizer.", "enumerate(DataLoader)", "Optimizer.zero_grad")
+
+
+def _skip_hook_frames() -> None:
+    """Tell Dynamo to run the module hooks' frames as they are, never to compile them (it
+    still inlines them while it traces a module, where they return at once). Done once
+    Dynamo is loaded: loading it for a program that never compiles would cost a second."""
+    global _hook_frames_skipped
+    if _DYNAMO_FRAMES not in sys.modules:
+        return
+    _hook_frames_skipped = True
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    # skipped with everything they call: the recorder's own functions are no frames to
+    # compile either
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for hook in (FrameworkHooks._forward_pre, FrameworkHooks._forward_post):
+        set_code_exec_strategy(hook.__code__, skip)
 
 
 class FrameworkHooks:
@@ -86,6 +112,8 @@ class FrameworkHooks:
         # module whose calls end steps (the first one to run in inference)
         self._outer_call: int | None = None
         self._step_module: int | None = None
+        # torch.compile's wrappers: id of the model each wraps -> id of the wrapper
+        self._wrapper_of: dict[int, int] = {}
         self._patches: list[tuple[object, str, object]] = []
 
     # -- install / uninstall -----------------------------------------------------
@@ -95,6 +123,7 @@ class FrameworkHooks:
         # they fire for its wrapper too: the recorder's do, and it reads the wrapper as
         # its model (`_orig_mod`), so the warning would only tell the user of our hooks.
         warnings.filterwarnings("ignore", _COMPILED_MODULE_WARNING, UserWarning)
+        _skip_hook_frames()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
             nn_module.register_module_forward_hook(self._forward_post, always_call=True),
@@ -167,6 +196,11 @@ class FrameworkHooks:
     def _forward_pre(self, module: torch.nn.Module, _args: Any) -> None:
         if _is_compiling() or isinstance(module, _GraphModule):
             return
+        if not _hook_frames_skipped:
+            _skip_hook_frames()  # before the first compiled call: torch.compile loaded Dynamo
+        wrapped = getattr(module, "_orig_mod", None)
+        if isinstance(wrapped, torch.nn.Module):
+            self._wrapper_of[id(wrapped)] = id(module)
         if self._outer_call is None and threading.get_ident() == self.rec.main_ident:
             self._outer_call = id(module)  # also outside the step window: it counts steps
         if not self.rec.recording:
@@ -175,20 +209,27 @@ class FrameworkHooks:
         try:
             rec = self.rec
             state = rec.thread()
-            parent = state.forward[-1][0] if state.forward else None
-            path = self.path_of(module, parent)
-            if not state.forward:
-                node = _current_node()
-                if node is not None:  # a forward run by a backward node (checkpoint recompute)
-                    rec.backward_to(self._seq_module.get(node._sequence_nr(), ""), ts, state)
-            state.forward.append((path, _get_sequence_nr(), id(module)))
-            rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
-                                         ARG_STEP: rec.step}, ts=ts, state=state)
+            # the compiled wrapper's own model is not recorded again: the wrapper's slice
+            # is this call
+            if not state.forward or state.forward[-1][2] != self._wrapper_of.get(id(module)):
+                self._begin_forward(module, state, ts)
         except RecordingError as exc:
             self.rec.fail(exc)
         clock.exclude(_perf_ns() - t0)
         if host_costs.module_hook_ns:  # the slow module-call path these hooks cause
             clock.defer(host_costs.module_hook_ns, ts)
+
+    def _begin_forward(self, module: torch.nn.Module, state: _ThreadState, ts: int) -> None:
+        rec = self.rec
+        parent = state.forward[-1][0] if state.forward else None
+        path = self.path_of(module, parent)
+        if not state.forward:
+            node = _current_node()
+            if node is not None:  # a forward run by a backward node (checkpoint recompute)
+                rec.backward_to(self._seq_module.get(node._sequence_nr(), ""), ts, state)
+        state.forward.append((path, _get_sequence_nr(), id(module)))
+        rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
+                                     ARG_STEP: rec.step}, ts=ts, state=state)
 
     def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if _is_compiling():
