@@ -45,6 +45,11 @@ class TruncatedTraceWarning(TraceFormatWarning):
     ones were loaded."""
 
 
+class DamagedTraceWarning(TraceFormatWarning):
+    """The trace's packets stop being packets part-way (bytes overwritten on disk or in a
+    copy); the packets before the damage were loaded, those after it are lost."""
+
+
 def _rebuild(cls: type[TraceFormatError], path: str, reason: str, position: int | None,
              event: int | None) -> TraceFormatError:
     return cls(path, reason, position, event=event)

@@ -22,7 +22,12 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import trace_format as tf
 from neuron_explorer.collectors import perfetto_fields as F
-from neuron_explorer.errors import TraceFormatError, TraceFormatWarning, TruncatedTraceWarning
+from neuron_explorer.errors import (
+    DamagedTraceWarning,
+    TraceFormatError,
+    TraceFormatWarning,
+    TruncatedTraceWarning,
+)
 from neuron_explorer.loaders.args import LazyArgs
 from neuron_explorer.loaders.kinds import our_kind
 from neuron_explorer.loaders.metadata import merge_metadata
@@ -249,6 +254,9 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
     return track_table(rows), track_of
 
 
+_DAMAGE_RETRIES = 8  # corrupt packets left out, each with what follows it, before giving up
+
+
 def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
     """Read a Perfetto TrackEvent trace into columns."""
     buf = np.frombuffer(data, np.uint8)
@@ -256,9 +264,13 @@ def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
     warn: list[str] = []
     if problem == "corrupt" and not len(starts):
         raise TraceFormatError(path, "not a Perfetto trace (the first bytes are not a packet)", 0)
+    # What was recorded before damage is still the run: it is loaded, with one warning
+    # (said once the load succeeds: a corrupt packet found while decoding comes earlier).
+    damage = ""
     if problem == "corrupt":
-        raise TraceFormatError(path, "corrupt data after the last good packet "
-                               f"({len(starts)} packets read)", position)
+        damage = (f"{path}: the data at byte {position} is not a Perfetto packet (the file is "
+                  f"damaged there); loaded the {len(starts)} packets before it, the rest of "
+                  "the file is lost")
     if problem == "truncated" and not len(starts):
         raise TraceFormatError(path, "no complete Perfetto packet: the file is cut short before "
                                "its first packet ends, or it is not a trace", 0)
@@ -267,10 +279,24 @@ def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
                f"killed?); loaded the {len(starts)} complete packets")
         warnings.warn(msg, TruncatedTraceWarning, stacklevel=3)
         warn.append(msg)
-    try:
-        return _decode(path, data, buf, starts, ends, warn)
-    except WireError as exc:
-        raise TraceFormatError(path, f"corrupt packet: {exc.reason}", exc.position) from None
+    for _ in range(_DAMAGE_RETRIES):
+        try:
+            raw = _decode(path, data, buf, starts, ends, warn + [damage] if damage else warn)
+        except WireError as exc:
+            # a packet whose framing held but whose fields do not: the damage starts there
+            first_bad = int(np.searchsorted(ends, exc.position, side="left"))
+            if first_bad == 0 or first_bad >= len(starts):
+                raise TraceFormatError(path, f"corrupt packet: {exc.reason}",
+                                       exc.position) from None
+            damage = (f"{path}: packet {first_bad} (byte {int(starts[first_bad])}) is corrupt "
+                      f"({exc.reason}); loaded the {first_bad} packets before it, the rest of "
+                      "the file is lost")
+            starts, ends = starts[:first_bad], ends[:first_bad]
+            continue
+        if damage:
+            warnings.warn(damage, DamagedTraceWarning, stacklevel=3)
+        return raw
+    raise TraceFormatError(path, "corrupt packets throughout the file", int(ends[-1]))
 
 
 def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndarray,

@@ -9,7 +9,7 @@ from pathlib import Path
 import neuron_explorer
 import pytest
 import scenarios
-from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
+from neuron_explorer.errors import DamagedTraceWarning, TraceFormatError, TruncatedTraceWarning
 
 
 def _error(path: Path) -> TraceFormatError:
@@ -94,15 +94,20 @@ def test_pftrace_cut_inside_its_first_packet(tmp_path: Path) -> None:
     assert "no complete Perfetto packet" in err.reason and err.position == 0
 
 
-def test_corrupt_pftrace_names_the_position(tmp_path: Path) -> None:
-    path = scenarios.basic().write(tmp_path, "bad")
-    data = bytearray(path.read_bytes())
+def test_a_pftrace_damaged_part_way_loads_what_comes_before_with_a_warning(
+        tmp_path: Path) -> None:
+    whole = scenarios.basic().write(tmp_path, "whole")
+    data = bytearray(whole.read_bytes())
     middle = len(data) // 2
     data[middle:middle + 40] = b"\xff" * 40
+    path = tmp_path / "bad.pftrace"
     path.write_bytes(bytes(data))
-    err = _error(path)
-    assert err.position is not None and 0 < err.position <= len(data)
-    assert "corrupt" in err.reason
+    with pytest.warns(DamagedTraceWarning, match=r"byte \d+.*loaded the \d+ packets before it"):
+        damaged = neuron_explorer.load(path, cache=False)
+    complete = neuron_explorer.load(whole, cache=False)
+    # the slices that start before the damage are all there, and nothing after it
+    assert 0 < len(damaged.slices) < len(complete.slices)
+    assert set(damaged.slices["name"]) <= set(complete.slices["name"])
 
 
 def test_unknown_json_events_are_counted(tmp_path: Path) -> None:
