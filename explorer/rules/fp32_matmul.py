@@ -86,6 +86,8 @@ def check(trace: Trace) -> list[Finding]:
     # a compiled graph cannot be re-timed op by op: the replay predicts eager matmuls only
     predicted = predicted_bf16_saving_ns(trace, mm["id"].to_numpy()) if not len(inside) else None
     if predicted is not None:  # the what-if replay of these matmuls in bf16
+        if predicted < th.FP32_MATMUL_MIN_PREDICTED_GAIN * fp32_ns:
+            return []  # bf16 would not make them faster: nothing to advise
         lost = predicted
         explanation = explanation.replace(
             ", and the estimate assumes they would run at the BF16 rate.", ".")

@@ -43,6 +43,9 @@ FP32_MATMUL_MIN_SHARE = 0.02
 FP32_MATMUL_MIN_MATMUL_SHARE = 0.25
 FP32_MATMUL_MIN_DEVICE_SHARE = 0.05
 FP32_SLOWDOWN_DEFAULT = 4.0  # used when the trace has no hardware figures
+# ... and not when the what-if replay of them in bf16 saves less than this share of their
+# device time: tiny matmuls, bound by fixed costs and DMA, gain nothing or lose
+FP32_MATMUL_MIN_PREDICTED_GAIN = 0.05
 
 # engine_imbalance: one engine saturated while the other compute engines idle.
 ENGINE_SATURATED = 0.80

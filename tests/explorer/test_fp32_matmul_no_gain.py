@@ -1,0 +1,45 @@
+"""fp32_matmul stays silent where its own what-if replay says bf16 would not help: tiny
+matmuls (a LoRA adapter's rank-4 products) are bound by fixed costs and DMA, and the
+finding said "0 ns lost ... predicts -43.5 us less device time" before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import neuron_explorer
+import torch
+from neuron_explorer.rules import fp32_matmul
+from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
+
+
+def _record(tmp_path: Path, inner: int) -> neuron_explorer.Trace:
+    torch.manual_seed(0)
+    x = torch.randn(64, 64, device="neuron")
+    down = torch.randn(64, inner, device="neuron")
+    path = tmp_path / f"mm{inner}.pftrace"
+    with neuron_explorer.record(path, level="op", quiet=True):
+        for _ in range(4):
+            for _ in range(20):
+                x.matmul(down).sum().item()
+            neuron_explorer.step()
+    return neuron_explorer.load(path, cache=False)
+
+
+def _fp32_findings(trace: neuron_explorer.Trace) -> list:
+    return fp32_matmul.check(trace)
+
+
+def test_no_finding_when_the_bf16_replay_saves_nothing(tmp_path: Path) -> None:
+    trace = _record(tmp_path, inner=4)
+    ops = trace.ops
+    mm = ops[ops["name"] == "aten::mm"]
+    saving = predicted_bf16_saving_ns(trace, mm["id"].to_numpy())
+    assert saving is not None and saving < 0.05 * mm["device_dur"].sum()  # the premise
+    assert _fp32_findings(trace) == []
+
+
+def test_matmuls_that_gain_from_bf16_are_still_flagged(tmp_path: Path) -> None:
+    trace = _record(tmp_path, inner=1024)
+    findings = _fp32_findings(trace)
+    assert len(findings) == 1 and findings[0].time_lost_ns > 0
+    assert "predicts" in findings[0].explanation
