@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
-from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules.finding import SHARE_BASES
@@ -138,8 +138,8 @@ def _compile_text(trace: Trace) -> str:
     """Compile time, graphs and the steps it ran in, apart from the per-step figures."""
     cs = trace.compile_summary()
     totals = cs["totals"].iloc[0]
-    graphs = cs["graphs"]
-    steps = sorted({int(x) for x in graphs["step"].tolist() if x >= 0}) if len(graphs) else []
+    # every step that compiled: graphs, recompiles, and a dynamic graph's new sizes
+    steps = sorted(compiling_steps(trace))
     analysed = set(analysed_steps(trace).steps)
     where = f"in step {', '.join(map(str, steps))}" if steps else "outside the steps"
     inside = " (inside the analysed steps)" if analysed & set(steps) else \

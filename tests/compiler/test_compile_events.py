@@ -92,6 +92,12 @@ def test_steps_that_compile_a_new_size_are_not_steady_state(tmp_path):
         for rows in (8, 9, 10, 11, 9, 10, 11):  # new sizes up to step 3, then repeats
             compiled(torch.randn(rows, 3, device="neuron")).sum().item()
             neuron_explorer.step()
-    selection = select_steps(neuron_explorer.load(path))
+    trace = neuron_explorer.load(path)
+    selection = select_steps(trace)
     assert selection.steps == (4, 5, 6)
     assert "after the last compile, in step 3" in selection.reason
+    # the report's compile line names the steps that compiled new sizes too
+    from neuron_explorer.report import render_report
+
+    line = next(l for l in render_report(trace, "text").splitlines() if l.startswith("compile"))
+    assert "1, 2, 3 (not in the per-step figures)" in line, line
