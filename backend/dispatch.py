@@ -21,6 +21,8 @@ from neuron_explorer.backend.clock import clock
 from torch._C import DispatchKey, DispatchKeySet
 
 _perf_ns = clock.real_ns
+# marks an error raised by the op itself (not by the backend), on the exception object
+_OP_ERROR = "neuron_op_error"
 _stamp = clock.stamp
 _Tensor = torch.Tensor
 _TENSOR_OR_NONE = (_Tensor, type(None))  # built once: `_Tensor | None` is built per call
@@ -443,7 +445,7 @@ def run_op(op, args: tuple, kwargs: dict):
             try:
                 rule(info, device, conv.sig, args, kwargs)
             except torch.OutOfMemoryError as error:
-                error.neuron_op_error = True  # the program's error, as CUDA would raise it
+                setattr(error, _OP_ERROR, True)  # the program's error, as CUDA would raise it
                 raise
     try:
         try:
@@ -451,7 +453,7 @@ def run_op(op, args: tuple, kwargs: dict):
         except RuntimeError:
             result = _call_with_numbers_as_tensors(info, host_args, host_kwargs)
     except Exception as error:
-        error.neuron_op_error = True  # the op's own error: the CPU raises the same
+        setattr(error, _OP_ERROR, True)  # the op's own error: the CPU raises the same
         raise
     if info.kind == MUTATING:
         if info.may_set_math_bits:
@@ -479,7 +481,7 @@ def _from_the_op(error: BaseException) -> BaseException:
     """An error the op raised as it would on the CPU (a shape mismatch, out of memory),
     with the frames of the emulation dropped: the traceback ends at the user's call, as
     on a built-in device. Any other error keeps its frames: it is the backend's own."""
-    del error.neuron_op_error
+    delattr(error, _OP_ERROR)
     return error.with_traceback(None)
 
 
@@ -489,7 +491,7 @@ def fallback(op, *args, **kwargs):
         return run_op(op, args, kwargs)
     except BaseException as error:
         runtime.abandon_op()
-        if getattr(error, "neuron_op_error", False):
+        if getattr(error, _OP_ERROR, False):
             raise _from_the_op(error) from error.__cause__
         raise
 
@@ -502,7 +504,7 @@ def kernel_for(op):
             return run_op(op, args, kwargs)
         except BaseException as error:
             runtime.abandon_op()
-            if getattr(error, "neuron_op_error", False):
+            if getattr(error, _OP_ERROR, False):
                 raise _from_the_op(error) from error.__cause__
             raise
 
