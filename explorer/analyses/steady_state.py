@@ -10,7 +10,7 @@ million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
   optimizer's state, first allocations, the framework's caches) the later steps do not;
 - in both cases without the code after the last step mark (the recorder writes
   which steps a mark ended), unless nothing else is left;
-- and, in a recording cut short (killed: the loader warned), only the steps that end
+- and, in a recording cut short (killed, or damaged part-way: the loader warned), only the steps that end
   before its ops or kernels stop (or, when none does, the step they stop in): the trace
   lost the later steps' device events, which would read as a device idle all step.
 Compile time is reported on its own (`compile_summary`).
@@ -108,7 +108,9 @@ def completed_steps(trace: Trace) -> pd.DataFrame:
     return done if len(done) else steps
 
 
-CUT_SHORT = "(was the recording killed?)"  # in the loaders' warning for a truncated file
+# in the loaders' warnings for a truncated file and for one damaged part-way: both lost
+# the events written after the cut
+CUT_SHORT = ("(was the recording killed?)", "the rest of the file is lost")
 
 
 def device_data_end(trace: Trace) -> tuple[int, int] | None:
@@ -116,7 +118,7 @@ def device_data_end(trace: Trace) -> tuple[int, int] | None:
     last event of the family that stops first: each family is written in time order, so a
     step that ends before that start holds all its events (None: not cut short, or it
     recorded neither)."""
-    if not any(CUT_SHORT in w for w in trace.warnings):
+    if not any(mark in w for w in trace.warnings for mark in CUT_SHORT):
         return None
     last = [(int(t["ts"].max()), int((t["ts"] + t["dur"]).max()))
             for t in (trace.ops, trace.kernels) if len(t)]

@@ -108,6 +108,10 @@ def test_a_pftrace_damaged_part_way_loads_what_comes_before_with_a_warning(
     # the slices that start before the damage are all there, and nothing after it
     assert 0 < len(damaged.slices) < len(complete.slices)
     assert set(damaged.slices["name"]) <= set(complete.slices["name"])
+    # the steps after the damage lost their events: the analyses know it
+    from neuron_explorer.analyses.steady_state import device_data_end
+
+    assert device_data_end(damaged) is not None and device_data_end(complete) is None
 
 
 def test_unknown_json_events_are_counted(tmp_path: Path) -> None:
