@@ -19,6 +19,7 @@ from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.host_bound import device_time_note
 from neuron_explorer.tables import map_unique
 from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
 
@@ -29,13 +30,6 @@ RULE_ID = "fp32_matmul"
 MATMUL = re.compile(r"(?:^|::)(?:mm|addmm|bmm|baddbmm|matmul|linear|conv\w*|einsum|"
                     r"_scaled_dot\w*)(?:\.|$)")
 LOW_PRECISION = ("bfloat16", "float16")
-
-
-def _host_bound(trace: Trace) -> bool:
-    """Whether the device mostly waits on the host to launch (the host_bound rule fires)."""
-    gaps = trace.idle_reasons()
-    lost = float(gaps.loc[gaps["reason"] == "host_launch", "dur"].sum())
-    return lost >= th.HOST_BOUND_MIN_SHARE * step_time(trace) and lost > 0
 
 
 _SHOWN = ["id", "ts", "dur", "name", "module", "source", "device_dur", "graph"]
@@ -94,9 +88,7 @@ def check(trace: Trace) -> list[Finding]:
         explanation += (f" A what-if replay of these matmuls in bfloat16 on "
                         f"{trace.hardware or 'this preset'} predicts {us(predicted)} less "
                         "device time (`neuron-explorer whatif TRACE --dtype bf16`).")
-    if _host_bound(trace):
-        explanation += (" The run is host-bound now, so this is device time rather than step "
-                        "time: after you fix the host-bound issue, this is next.")
+    explanation += device_time_note(trace)
     name, module = mm.groupby(["name", "module"], sort=False)["device_dur"].sum().idxmax()
     # the group's first op: the forward's line (backward ops carry the backward() call's)
     first = mm[(mm["name"] == name) & (mm["module"] == module)].sort_values("ts").iloc[0]

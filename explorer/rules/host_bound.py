@@ -34,7 +34,7 @@ def check(trace: Trace) -> list[Finding]:
     gaps = trace.idle_reasons()
     host = gaps[gaps["reason"] == "host_launch"]
     lost = float(host["dur"].sum())
-    if not len(host) or not is_host_bound(trace):
+    if not is_host_bound(trace):
         return []
     names = trace.table("slices")["name"].to_numpy()
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
