@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
+from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
@@ -144,7 +145,7 @@ def _compile_text(trace: Trace) -> str:
     where = f"in step {', '.join(map(str, steps))}" if steps else "outside the steps"
     inside = " (inside the analysed steps)" if analysed & set(steps) else \
         " (not in the per-step figures)"
-    parts = [f"{fmt_ns(totals['compile_ns'])} in {int(totals['graphs'])} graphs, {where}{inside}"]
+    parts = [f"{fmt_ns(totals['compile_ns'])} in {compiled_what(totals)}, {where}{inside}"]
     if totals["recompiles"]:
         parts.append(f"{int(totals['recompiles'])} recompiles")
     if totals["graph_breaks"]:

@@ -50,6 +50,7 @@ ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_a
 # of the section's matmul ("float32"), once per program rather than on every instruction
 ARG_SECTIONS = "sections"
 ARG_GRAPH_ID = "graph_id"
+ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
 ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
 ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels

@@ -35,7 +35,9 @@ def compile_spans(trace: Trace) -> pd.DataFrame:
 
 
 def compile_summary(trace: Trace) -> dict[str, pd.DataFrame]:
-    """graphs (one row per graph id), graph_breaks, recompiles, totals (one row)."""
+    """graphs (one row per graph id), kernels (one row per NKI kernel signature compiled:
+    name, ts, dur, step), graph_breaks, recompiles, totals (one row: compile time, graphs,
+    kernels, graph breaks, recompiles)."""
     spans = compile_spans(trace)
     ids = spans["id"].to_numpy()
     gid = num(trace.slice_args.column(tf.ARG_GRAPH_ID, ids), default=-1)
@@ -43,8 +45,13 @@ def compile_summary(trace: Trace) -> dict[str, pd.DataFrame]:
                           "ts": spans["ts"].to_numpy(np.int64),
                           "end": (spans["ts"] + spans["dur"]).to_numpy(np.int64),
                           "depth": spans["depth"].to_numpy()})
+    kernel_names = text(trace.slice_args.column(tf.ARG_NKI_KERNEL, ids))
+    is_kernel = kernel_names != ""
+    kernels_df = frame[is_kernel][["name", "ts"]].assign(
+        dur=(frame["end"] - frame["ts"])[is_kernel],
+        step=assign_steps(frame["ts"].to_numpy()[is_kernel], trace.steps)).reset_index(drop=True)
     graphs = []
-    for g, part in frame.groupby("graph_id", sort=True):
+    for g, part in frame[~is_kernel].groupby("graph_id", sort=True):
         u = Union(part["ts"].to_numpy(), part["end"].to_numpy())
         top = part.sort_values(["depth", "ts"]).iloc[0]
         graphs.append((int(g), str(top["name"]), int(part["ts"].min()), u.total, len(part),
@@ -54,6 +61,17 @@ def compile_summary(trace: Trace) -> dict[str, pd.DataFrame]:
     recompiles = _events(trace, tf.CAT_RECOMPILE)
     total = Union(frame["ts"].to_numpy(), frame["end"].to_numpy()).total
     totals = pd.DataFrame([{"compile_ns": total, "graphs": int((graphs_df["graph_id"] >= 0).sum()),
+                            "kernels": len(kernels_df),
                             "graph_breaks": len(breaks), "recompiles": len(recompiles)}])
-    return {"graphs": graphs_df, "graph_breaks": breaks, "recompiles": recompiles,
-            "totals": totals}
+    return {"graphs": graphs_df, "kernels": kernels_df, "graph_breaks": breaks,
+            "recompiles": recompiles, "totals": totals}
+
+
+def compiled_what(totals: pd.Series) -> str:
+    """What compiled, from a totals row: "3 graphs", "1 NKI kernel", "2 graphs and 1 NKI
+    kernel" (kernel signatures: each new shape of a kernel compiles again)."""
+    graphs, kernels = int(totals["graphs"]), int(totals.get("kernels", 0))
+    parts = [f"{graphs} graph{'s' if graphs != 1 else ''}"] if graphs or not kernels else []
+    if kernels:
+        parts.append(f"{kernels} NKI kernel{'s' if kernels != 1 else ''}")
+    return " and ".join(parts)

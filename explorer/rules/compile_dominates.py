@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
@@ -25,13 +26,15 @@ def check(trace: Trace) -> list[Finding]:
     graphs = cs["graphs"].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [], f"graph {r.graph_id} ({r.name}) compiled in "
                       f"{duration(r.dur)}") for r in graphs.itertuples()]
+    items += [evidence(r.ts, r.dur, [], f"NKI kernel {r.name} compiled in {duration(r.dur)}")
+              for r in cs["kernels"].sort_values("dur", ascending=False).itertuples()]
     totals = cs["totals"].iloc[0]
     churn = " and ".join(what for what, n in (("recompiles", totals["recompiles"]),
                                                ("graph breaks", totals["graph_breaks"])) if n)
     selection = analysed_steps(trace)
     return [make(
         trace, RULE_ID, f"Compilation takes {total / span:.0%} of the run", total, items,
-        f"{int(totals['graphs'])} graphs took {duration(total)} to compile out of a "
+        f"{compiled_what(totals)} took {duration(total)} to compile out of a "
         f"{duration(span)} run: the steps recorded are too few to pay it back. The per-step "
         f"figures leave it out: they use {selection.describe()}.",
         "Run many steps per compile: "
@@ -41,3 +44,4 @@ def check(trace: Trace) -> list[Finding]:
         + " and cache compiled graphs between runs"
         + (f"; remove the {churn} that multiply compile work." if churn else "."),
         share_of=span)]
+

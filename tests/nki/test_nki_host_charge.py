@@ -1,0 +1,85 @@
+"""An eager NKI kernel costs the host what a real stack charges: a compile on the first
+call of each signature (a `neuron_compile` span), then one launch per call. Tracing and
+simulating the kernel is the emulator's work, never the program's host time."""
+
+from __future__ import annotations
+
+import time
+
+import neuron_explorer
+import neuron_explorer.nki.language as nl
+import numpy as np
+import pytest
+import torch
+from neuron_explorer import nki
+from neuron_explorer.backend.hardware import get_preset
+
+
+@nki.jit
+def scaled_rows(a):
+    """A kernel with many tiles, so that its simulation takes milliseconds."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    rows, n = a.shape
+    i_p = nl.arange(128)[:, None]
+    i_f = nl.arange(n)[None, :]
+    for t in nl.affine_range(rows // 128):
+        x = nl.load(a[t * 128 + i_p, i_f])
+        nl.store(out[t * 128 + i_p, i_f], value=nl.multiply(nl.exp(x), 0.5))
+    return out
+
+
+ROWS, WIDTH, CALLS, STEPS = 128 * 24, 256, 3, 4
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")
+    path = tmp_path / "nki.pftrace"
+    with neuron_explorer.record(path, quiet=True):
+        x = torch.randn(ROWS, WIDTH).to("neuron")
+        for _ in range(STEPS):
+            for _ in range(CALLS):
+                scaled_rows(x)
+            neuron_explorer.step()
+        torch.neuron.synchronize()
+    return neuron_explorer.load(path)
+
+
+def test_the_first_call_compiles_once_and_later_calls_only_launch(recorded):
+    slices = recorded.slices
+    compiles = slices[slices["name"].str.startswith("nki::scaled_rows (")]
+    assert len(compiles) == 1, compiles[["name", "ts", "dur"]]
+    assert compiles.iloc[0]["category"] == "compile"
+    ops = recorded.ops.sort_values("ts")
+    nki_ops = ops[ops["name"] == "nki::scaled_rows"]
+    assert len(nki_ops) == CALLS * STEPS
+    launch_ns = get_preset("trn2").host_launch_overhead_ns
+    # Between two launches of the kernel the host does nothing but the next launch's
+    # own per-op charge: the gap is the modelled Python of one op, never a simulation.
+    starts = nki_ops["ts"].to_numpy()
+    gaps = np.diff(starts)[1:]  # after the first (compiling) call
+    from neuron_explorer.backend.host_costs import BACKEND_OP_NS, MODELLED_PYTHON_PER_OP_NS
+    per_call = launch_ns + MODELLED_PYTHON_PER_OP_NS + BACKEND_OP_NS
+    assert gaps.max() <= per_call, (gaps, per_call)
+
+
+def test_a_real_measured_clock_charges_no_simulation(tmp_path):
+    a = torch.randn(ROWS, WIDTH)
+    start = time.perf_counter_ns()
+    nki.simulate_kernel(scaled_rows, a.numpy())
+    simulation_ns = time.perf_counter_ns() - start
+    path = tmp_path / "measured.pftrace"
+    with neuron_explorer.record(path, quiet=True):
+        x = a.to("neuron")
+        scaled_rows(x)  # compiles
+        neuron_explorer.step()
+        for _ in range(CALLS):
+            scaled_rows(x)
+        neuron_explorer.step()
+        torch.neuron.synchronize()
+    trace = neuron_explorer.load(path)
+    steps = trace.steps.sort_values("ts")
+    later = steps.iloc[1]
+    # Three calls, each simulated for `simulation_ns` in this process: the step charges
+    # three launches and the host's own Python, far below a single simulation.
+    assert later["dur"] < simulation_ns / 2, (later["dur"], simulation_ns)
