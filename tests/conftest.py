@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,26 @@ REPO = Path(__file__).resolve().parents[1]
 # Real PyTorch-profiler traces from other tools, kept in the repository (origin and license
 # in their README), so a clone needs nothing beside it.
 REAL_TRACES = Path(__file__).resolve().parent / "data" / "real_traces"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_dynamo_per_file():
+    """Each test file starts with Dynamo as in a new process. Its caches and automatic-
+    dynamic frame state are keyed by code object, and every `torch.compile(module)` runs
+    the same one (`external_utils.wrap_inline`'s `inner`): a module compiled in one file
+    made the next file's first compile of another module a recompile with symbolic sizes
+    (so one more `neuron_compile` span, at its first launch). Per file, not per test: a
+    file's tests share compiled models (module fixtures) and expect them compiled once.
+    Under xdist (--dist loadfile) a worker runs whole files in any order."""
+    if "torch._dynamo" in sys.modules:  # nothing compiled yet otherwise; don't import it
+        sys.modules["torch._dynamo"].reset()
+        # reset() drops Dynamo's compile callbacks too: the backend's compile-event
+        # recorder registers them again only when the next graph reaches the backend,
+        # after a graph break in that frame was traced (and would go unrecorded).
+        events = sys.modules.get("neuron_explorer.backend.compiler.compile_events")
+        if events is not None:
+            events.recorder.install()
+    yield
 
 
 @pytest.fixture(scope="session")
