@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
 from collections.abc import Callable, Iterable
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import psutil
 
@@ -65,9 +66,25 @@ def allowed_host_names(bound: str) -> frozenset[str]:
     return frozenset(n for n in names if n)
 
 
+def local_location(path: str) -> str:
+    """A redirect target on this server for a request's (decoded) path: percent-encoded, so
+    no CR/LF or other control character reaches the header, and starting with exactly one
+    '/' (browsers read '//host' and '/\\host' as another site)."""
+    raw = path.encode("latin-1", "replace")  # WSGI decodes the path's bytes as latin-1
+    return "/" + quote(raw, safe=_PATH_SAFE).lstrip("/")
+
+
+_PATH_SAFE = "/-._~!$&'()*+,;=:@"  # RFC 3986 pchar and '/', less '%' and '\\'
+# A Host header is a name or an address and an optional port: nothing else
+_HOST_HEADER = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(:\d{1,5})?$")
+
+
 def host_name(header: str) -> str:
-    """'example.org:8050' -> 'example.org'; '[::1]:8050' -> '::1'."""
+    """'example.org:8050' -> 'example.org'; '[::1]:8050' -> '::1'; '' for anything that is
+    not a host and port ('localhost:1@evil.com')."""
     header = header.strip().lower()
+    if not _HOST_HEADER.match(header):
+        return ""
     if header.startswith("["):
         return header[1:].split("]", 1)[0]
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
@@ -105,7 +122,7 @@ class RequestGuard:
         if self._matches(query.get(TOKEN_PARAM)):
             if environ.get("REQUEST_METHOD") == "GET":  # swap the token in the URL for a cookie
                 rest = urlencode({k: v for k, v in query.items() if k != TOKEN_PARAM})
-                location = environ.get("PATH_INFO", "/") + ("?" + rest if rest else "")
+                location = local_location(environ.get("PATH_INFO", "/")) + ("?" + rest if rest else "")
                 cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
                 secured("302 Found", [("Location", location), ("Set-Cookie", cookie),
                                       ("Content-Length", "0")])

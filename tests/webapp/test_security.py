@@ -63,6 +63,30 @@ def test_a_remote_server_needs_its_token_for_every_request(remote_server, tmp_pa
     assert status == 200 and json.loads(body)["trace"] == "upload:a.pftrace"
 
 
+@pytest.mark.parametrize("path, location", [
+    ("/%0d%0aSet-Cookie:%20injected=1", "/%0D%0ASet-Cookie:%20injected=1"),
+    ("/%0d%0a%0d%0a<html>", "/%0D%0A%0D%0A%3Chtml%3E"),
+    ("/%5Cevil.com", "/%5Cevil.com"),
+    ("//evil.com", "/evil.com"),
+    ("/timeline/%C3%BC", "/timeline/%C3%BC"),
+])
+def test_the_token_redirect_stays_on_this_server_and_injects_no_header(remote_server, path,
+                                                                     location):
+    """The redirect that swaps the URL's token for a cookie is built from the path, which
+    once carried CR/LF into the headers (an injected Set-Cookie, the CSP pushed into the
+    body) and '/\\evil.com' into Location (another site, to a browser)."""
+    status, headers, body = request(remote_server, "GET", f"{path}?token={remote_server.token}")
+    assert status == 302 and headers["location"] == location
+    assert "injected" not in headers.get("set-cookie", "") and body == b""
+    assert "content-security-policy" in headers
+
+
+def test_a_host_header_with_more_than_a_name_and_port_is_refused(live_server):
+    for host in (f"localhost:{live_server.port}@evil.com", f"127.0.0.1:{live_server.port}/x",
+                 "localhost:1:2"):
+        assert request(live_server, "GET", "/", headers={"Host": host})[0] == 400, host
+
+
 def test_view_with_allow_remote_prints_a_warning_and_the_token_url(trace_folder):
     write_synthetic(trace_folder / "run_a.pftrace")
     proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--host",
