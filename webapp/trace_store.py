@@ -37,6 +37,9 @@ DEFAULT_MAX_UPLOADS = 20
 DEFAULT_MAX_UPLOAD_TOTAL_BYTES = 2 * 2**30
 MAX_LISTED = 500
 CHUNK_BYTES = 2**20
+MAX_NAME_CHARS = 200  # file systems take 255 bytes; room for the upload prefix
+# a trace's first byte: a Perfetto TracePacket (field 1, length-delimited), or JSON
+TRACE_FIRST_BYTES = (b"\x0a", b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef")  # \xef: a BOM
 
 
 def default_cache_bytes() -> int:
@@ -85,6 +88,7 @@ class TraceStore:
         self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
         self._extras: dict[tuple[str, str], Any] = {}  # per-trace derived objects (timeline index, ...)
         self._lock = threading.Lock()
+        self._upload_lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
         self._progress: dict[str, LoadProgress] = {}  # background loads (`start_loading`)
         self.skipped: dict[str, str] = {}  # files left out of the list, and why
@@ -256,6 +260,9 @@ class TraceStore:
         safe = "".join(ch for ch in Path(filename or "").name if ch.isalnum() or ch in "._-+")
         if not safe or safe.startswith("."):
             raise UploadError(f"cannot use {filename!r} as a file name; rename the trace and upload again")
+        if len(safe) > MAX_NAME_CHARS:
+            raise UploadError(f"the file name is {len(safe)} characters long; rename the trace to "
+                              f"at most {MAX_NAME_CHARS} and upload again")
         if not safe.lower().endswith(TRACE_SUFFIXES):
             raise UploadError(f"{safe} is not a trace file (the dashboard opens {', '.join(TRACE_SUFFIXES)})")
         partial = Path(tempfile.mkstemp(dir=self._uploads, prefix=".partial-")[1])
@@ -267,15 +274,49 @@ class TraceStore:
                     if size > self.max_upload_bytes:
                         raise self.too_large(safe)
                     out.write(chunk)
+            self._check_content(safe, partial)
             target = self._uploads / safe
-            partial.replace(target)
+            with self._upload_lock:  # an upload of the same name may be moving in too
+                partial.replace(target)
+                name = UPLOAD_PREFIX + safe
+                with self._lock:
+                    self._forget(name)
+                self._enforce_upload_quota(keep=target)
         finally:
             partial.unlink(missing_ok=True)
-        name = UPLOAD_PREFIX + safe
-        with self._lock:
-            self._forget(name)
-        self._enforce_upload_quota(keep=target)
         return name
+
+    def _check_content(self, filename: str, path: Path) -> None:
+        """Refuses an upload that cannot be a trace (its first bytes) or whose gzip data
+        inflates past the upload limit: compressed or not, an upload is at most that much
+        trace data, and it is inflated here a chunk at a time (bounded memory, whatever
+        the ratio) before anything loads it."""
+        import zlib
+
+        with path.open("rb") as f:
+            head = f.read(2)
+            if head == b"\x1f\x8b":
+                f.seek(0)
+                inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+                inflated = 0
+                while chunk := f.read(CHUNK_BYTES):
+                    pending = chunk
+                    while pending:
+                        inflated += len(inflater.decompress(pending, CHUNK_BYTES))
+                        if inflated > self.max_upload_bytes:
+                            raise UploadError(
+                                f"{filename} inflates to more than the "
+                                f"{self.max_upload_bytes / 2**20:.0f} MiB upload limit; put it in "
+                                "the served folder instead")
+                        pending = inflater.unconsumed_tail
+                        if inflater.eof:  # a next gzip member, if any
+                            pending = inflater.unused_data + pending
+                            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) \
+                                if pending else inflater
+                return
+        if head[:1] not in TRACE_FIRST_BYTES:
+            raise UploadError(f"{filename} is not a trace: it starts with neither a Perfetto "
+                              "packet nor JSON nor gzip data")
 
     def get_upload(self, name: str) -> Any:
         """Loads a fresh upload; one that does not load is deleted rather than kept."""
@@ -297,10 +338,11 @@ class TraceStore:
     def _enforce_upload_quota(self, keep: Path) -> None:
         """Deletes the oldest uploads while there are too many or they take too much disk."""
         files = [p for p in self._upload_files() if p != keep]
-        total = keep.stat().st_size + sum(p.stat().st_size for p in files)
+        sizes = {p: _size(p) for p in files}
+        total = _size(keep) + sum(sizes.values())
         while files and (len(files) + 1 > self.max_uploads or total > self.max_upload_total_bytes):
             old = files.pop(0)
-            total -= old.stat().st_size
+            total -= sizes[old]
             old.unlink(missing_ok=True)
             with self._lock:
                 self._forget(UPLOAD_PREFIX + old.name)
@@ -311,6 +353,14 @@ class TraceStore:
             return
         self._closed = True
         shutil.rmtree(self._uploads, ignore_errors=True)
+
+
+def _size(path: Path) -> int:
+    """A file's size, 0 once it is gone (another upload's quota removed it)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def remove_abandoned_upload_folders() -> None:

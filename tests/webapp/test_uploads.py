@@ -79,14 +79,14 @@ def test_an_upload_is_saved_loaded_and_named(live_server, tmp_path):
 
 def test_uploads_are_kept_within_a_quota_the_oldest_going_first(trace_folder):
     store = TraceStore(trace_folder, loader=load_trace, max_uploads=3, max_upload_total_bytes=10_000)
-    data = b"kept, never loaded"
+    data = b'{"kept": "never loaded"}'
     try:
         for i in range(6):
             store.save_upload(f"u{i}.json", data)
             time.sleep(0.01)  # distinct modification times
         uploads = [n for n in store.list_traces() if n.startswith("upload:")]
         assert uploads == ["upload:u3.json", "upload:u4.json", "upload:u5.json"]
-        store.save_upload("big.json", b"x" * 9_990)  # over the total with the others: they go
+        store.save_upload("big.json", b"[" + b" " * 9_989)  # over the total with the others: they go
         assert [n for n in store.list_traces() if n.startswith("upload:")] == ["upload:big.json"]
         with pytest.raises(UploadError, match="upload limit"):
             store.save_upload("huge.json", b"x" * (store.max_upload_bytes + 1))
@@ -147,9 +147,9 @@ def test_an_upload_is_copied_to_disk_without_being_held_in_memory(trace_folder):
 
     store = TraceStore(trace_folder, loader=head_only_loader, max_upload_bytes=128 * 2**20)
     server = DashboardServer(create_app(AppContext(store)).server).start()
-    body = b"x" * (96 * 2**20)
+    body = b"[" + b" " * (96 * 2**20 - 1)
     try:
-        request(server, "POST", "/_upload", b"warm", {**UPLOAD_HEADERS, "X-Upload-Name": "warm.json"})
+        request(server, "POST", "/_upload", b"[warm]", {**UPLOAD_HEADERS, "X-Upload-Name": "warm.json"})
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         status, _, answer = request(server, "POST", "/_upload", memoryview(body),
@@ -161,4 +161,66 @@ def test_an_upload_is_copied_to_disk_without_being_held_in_memory(trace_folder):
         assert peak < 16 * 2**20, f"the upload took {peak / 2**20:.0f} MiB of server memory"
     finally:
         server.stop()
+        store.close()
+
+
+def test_a_small_gzip_that_inflates_past_the_limit_is_refused_before_it_loads(trace_folder):
+    """A 0.9 MB gzip of valid JSON that inflates to 250 MB once took the server to 3.4 GB:
+    compressed or not, an upload is at most the upload limit of trace data, checked while
+    inflating a chunk at a time."""
+    import gzip
+    import resource
+
+    store = TraceStore(trace_folder, loader=load_trace, max_upload_bytes=2 * 2**20)
+    bomb = gzip.compress(b'{"traceEvents": [' + b"{}, " * (16 * 2**20) + b"{}]}")
+    assert len(bomb) < store.max_upload_bytes
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        with pytest.raises(UploadError, match="inflates to more than the 2 MiB upload limit"):
+            store.save_upload("bomb.json.gz", bomb)
+        assert not [n for n in store.list_traces() if n.startswith("upload:")]
+        # a small trace, gzipped, is accepted
+        store.save_upload("small.json.gz", gzip.compress(b'{"traceEvents": []}'))
+    finally:
+        store.close()
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 64, grown_mib
+
+
+def test_uploads_that_cannot_be_traces_or_kept_are_refused_with_a_reason(trace_folder):
+    store = TraceStore(trace_folder, loader=load_trace)
+    try:
+        with pytest.raises(UploadError, match="is not a trace: it starts with"):
+            store.save_upload("noise.pftrace", bytes(range(256)) * 8)
+        with pytest.raises(UploadError, match="file name is 300 characters long"):
+            store.save_upload("a" * 292 + ".pftrace", b"\x0a\x00")
+        assert not [n for n in store.list_traces() if n.startswith("upload:")]
+    finally:
+        store.close()
+
+
+def test_uploads_racing_under_one_name_both_succeed(trace_folder):
+    """Two uploads of one name at once, with a quota that removes files: one used to find
+    its file gone (FileNotFoundError, a 500)."""
+    import threading
+
+    store = TraceStore(trace_folder, loader=load_trace, max_uploads=1)
+    errors: list[BaseException] = []
+
+    def upload(i: int) -> None:
+        try:
+            for _ in range(20):
+                store.save_upload("same.json" if i % 2 else f"other{i}.json", b'{"n": %d}' % i)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len([n for n in store.list_traces() if n.startswith("upload:")]) == 1
+    finally:
         store.close()
