@@ -54,11 +54,19 @@ def parse_dtypes(text: str) -> list[str]:
     return [d.strip() for d in inner.split(",")] if inner else []
 
 
+class OpKeyError(ValueError):
+    """An op slice's key args do not decode (a damaged or hand-made trace)."""
+
+
 def decode(name: str, shapes: str, dtypes: str, key: str) -> DecodedKey:
-    """An op slice's name and `shapes`, `dtypes` and `key` args as an op key."""
-    parts = json.loads(key)
-    ins = tuple((tuple(s), d) for s, d in zip(parse_shapes(shapes), parse_dtypes(dtypes),
-                                               strict=True))
-    outs = tuple((tuple(s), str(d)) for s, d in parts[0])
-    attrs = tuple((str(n), _as_tuples(v)) for n, v in parts[1]) if len(parts) > 1 else ()
+    """An op slice's name and `shapes`, `dtypes` and `key` args as an op key; OpKeyError
+    when they are not what the recorder writes."""
+    try:
+        parts = json.loads(key)
+        ins = tuple((tuple(s), d) for s, d in zip(parse_shapes(shapes), parse_dtypes(dtypes),
+                                                   strict=True))
+        outs = tuple((tuple(s), str(d)) for s, d in parts[0])
+        attrs = tuple((str(n), _as_tuples(v)) for n, v in parts[1]) if len(parts) > 1 else ()
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise OpKeyError(f"{name}: its op key does not decode ({exc})") from None
     return name, ins, outs, attrs

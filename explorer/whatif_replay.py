@@ -102,12 +102,25 @@ def recorded_ops(trace: Trace) -> pd.DataFrame:
     texts = trace.args.texts
     shapes, dtypes = texts(tf.ARG_SHAPES, ids), texts(tf.ARG_DTYPES, ids)
     names = ops["name"].to_numpy()
-    decoded = [op_key_codec.decode(n, s, d, k) if k is not None else None
-               for n, s, d, k in zip(names, shapes, dtypes, keys, strict=True)]
+    decoded = [_decoded(i, n, s, d, k) if k is not None else None
+               for i, n, s, d, k in zip(ids.tolist(), names, shapes, dtypes, keys, strict=True)]
     out = ops[["id", "ts", "dur", "name", "track_id"]].copy()
     out["device"] = tables.number(trace, tf.ARG_DEVICE, ids, default=0)
     out["key"] = pd.Series(decoded, index=out.index, dtype=object)
     return out
+
+
+def _decoded(slice_id: int, name: str, shapes: str, dtypes: str, key: str):
+    """The op key of one op slice, or None (with a warning naming the slice) when it does
+    not decode: that op is replayed with its recorded times, as ops without keys are."""
+    import warnings
+
+    try:
+        return op_key_codec.decode(name, shapes, dtypes, key)
+    except op_key_codec.OpKeyError as exc:
+        warnings.warn(f"op slice {slice_id}: {exc}; it keeps its recorded times",
+                      stacklevel=3)
+        return None
 
 
 def _default_output(trace: Trace, options: WhatIfOptions) -> str:
@@ -164,7 +177,10 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
     total = 0.0
     for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(), strict=True):
         if row not in saved:
-            key = op_key_codec.decode(*row)
+            try:
+                key = op_key_codec.decode(*row)
+            except op_key_codec.OpKeyError:
+                return None  # a damaged key: the rule keeps its rule of thumb
             old, _ = lower_key(key, preset)
             new, _ = lower_key(with_dtype(key, "bf16"), preset)
             if old is None or new is None:

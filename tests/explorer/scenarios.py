@@ -58,14 +58,16 @@ class Scenario:
            flops: int = 0, hw_flops: int | None = None, nbytes: int = 0,
            dtypes: str = "[bfloat16]", shapes: str = "[[128, 128]]", module: str = "",
            source: str = "train.py:10", fallback: bool = False,
-           instructions: bool = True) -> None:
-        """An op on the host and, when `kernel` = (start, dur) is given, its kernel."""
+           instructions: bool = True, key: str | None = None) -> None:
+        """An op on the host and, when `kernel` = (start, dur) is given, its kernel; `key`
+        is its op key arg (explorer/op_key_codec.py), if any."""
         kid = self.next_kernel if kernel else -1
-        self.b.slice(self.host, ts, dur, name, "op",
-                     {"op_id": op_id, "kernel_id": kid, "shapes": shapes, "dtypes": dtypes,
-                      "flops": flops, "bytes": nbytes, "module": module, "source": source,
-                      "fallback": fallback, "device": 0, "step": step},
-                     flow_out=[op_id] if kernel else [])
+        args = {"op_id": op_id, "kernel_id": kid, "shapes": shapes, "dtypes": dtypes,
+                "flops": flops, "bytes": nbytes, "module": module, "source": source,
+                "fallback": fallback, "device": 0, "step": step}
+        if key is not None:
+            args["key"] = key
+        self.b.slice(self.host, ts, dur, name, "op", args, flow_out=[op_id] if kernel else [])
         if not kernel:
             return
         self.next_kernel += 1
