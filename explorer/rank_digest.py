@@ -84,7 +84,7 @@ def _digest_key(folder: str) -> str | None:
     from neuron_explorer.store.parquet import StoreError, read_manifest
 
     try:
-        return f"{read_manifest(folder).get('build')}:{__version__}:1"
+        return f"{read_manifest(folder).get('build')}:{__version__}:2"
     except StoreError:
         return None
 
@@ -127,10 +127,22 @@ def digest_trace(trace: Any) -> RankDigest:
     return RankDigest(
         path=trace.path, source_format=trace.source_format, hardware=trace.hardware,
         own_rank=info.get("rank"), world_size=info.get("world_size"),
-        summary=trace.summary(), steps=trace.steps.copy(),
+        summary=trace.summary(), steps=_with_host_sync(trace),
         collectives=_with_analysed(trace, comm.collectives(trace)), communication=communication,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
         warnings=list(trace.warnings), store=trace.store_folder)
+
+
+def _with_host_sync(trace: Any) -> pd.DataFrame:
+    """The steps with `host_sync_ns`: the time the host spent waiting on the device in
+    each analysed step (-1 in the others), which a straggler's counterfactual reads."""
+    from neuron_explorer.analyses.critical_path import host_waits_per_step
+
+    steps = trace.steps.copy()
+    waits = host_waits_per_step(trace)
+    steps["host_sync_ns"] = waits.reindex(steps["step"]).fillna(-1).to_numpy(np.int64) \
+        if len(steps) else np.zeros(0, np.int64)
+    return steps
 
 
 def _exposed_transfer(trace: Any) -> np.ndarray:

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
-from neuron_explorer.analyses.compilation import compiled_what
+from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
@@ -75,12 +76,16 @@ def report_sections(trace: Trace) -> list[Section]:
         "time analysed": fmt_ns(s["total_ns"]), "MFU": device_share(s["mfu"]),
         "HFU": device_share(s["hfu"]), "MBU": device_share(s["mbu"]),
         "device busy": device_share(s["device_busy_share"]),
-        "ops": s["n_ops"] if device else missing, "kernels": s["n_kernels"] if device else missing,
+        "ops": s["n_ops"] if device or recorded_level(trace) is None else missing,
+        "kernels": s["n_kernels"] if device else missing,
     }
     if prediction_text(trace):
         head["prediction"] = prediction_text(trace)
     if s["compile_ns"]:
         head["compile (on its own)"] = _compile_text(trace)
+    startup, first = startup_gaps(trace), before_first_kernel(trace)
+    if len(startup) or first >= STARTUP_MIN_NS:
+        head["start-up (once)"] = _startup_text(startup, first)
     if s["skipped"]:
         head["skipped events"] = ", ".join(f"{k}: {v}" for k, v in s["skipped"].items())
     bd = mean_breakdown(trace)
@@ -102,12 +107,11 @@ def report_sections(trace: Trace) -> list[Section]:
                                "time": [fmt_ns(v) for v in mods["total_ns"]],
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
-    findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of {f.share_base})."
-                f" {f.explanation} Fix: {f.recommendation}" for f in trace.bottlenecks()]
+    findings = [f.line() for f in trace.bottlenecks()]
+    ours = recorded_level(trace) is not None
     if not device:
-        findings.append(f"findings about the device (launches, kernels, memory): {missing}; "
-                        "record with --level op or engine to get them")
+        findings.append(f"findings about the device (launches, kernels, memory): {missing}"
+                        + ("; record with --level op or engine to get them" if ours else ""))
     elif recorded_level(trace) == "op":
         findings.append("findings about engines and DMA transfers: not recorded at --level op; "
                         "record with --level engine to get them")
@@ -115,7 +119,8 @@ def report_sections(trace: Trace) -> list[Section]:
         bd_table = pd.concat([bd_table, pd.DataFrame([{"side": "device", "category": missing,
                                                        "per step": "-", "share": "-"}])])
         idle_table = [f"device idle time: {missing}"]
-        ops_table = [f"ops: {missing}"]
+        if ours:
+            ops_table = [f"ops: {missing}"]
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
             Section(_breakdown_title(s), bd_table),
@@ -133,6 +138,20 @@ def _breakdown_title(s: dict[str, Any]) -> str:
 def _steps_label(s: dict[str, Any]) -> str:
     """'steps 1–5' from the summary's words 'steps 1–5 of 0–5 (...)'."""
     return str(s["steps_analysed_text"]).split(" of ")[0]
+
+
+def _startup_text(startup: pd.DataFrame, first_ns: int) -> str:
+    """The one-time start-up in words: the time before the device's first work, the gaps
+    before first launches, and the longest with the call that paid it."""
+    parts = [f"{fmt_ns(first_ns)} before the device's first work"] \
+        if first_ns >= STARTUP_MIN_NS else []
+    if len(startup):
+        longest = startup.sort_values("dur", ascending=False).iloc[0]
+        by = f" in {longest['op']}" if longest["op"] else ""
+        parts.append(f"{fmt_ns(startup['dur'].sum())} of device idle before {len(startup)} "
+                     f"first launches (not in the findings); the longest "
+                     f"{fmt_ns(longest['dur'])}{by}, before {str(longest['kernel'])[:60]}")
+    return "; ".join(parts)
 
 
 def _compile_text(trace: Trace) -> str:

@@ -151,6 +151,32 @@ class Run:
         return self._traces[rank]
 
     @property
+    def world_size(self) -> int | None:
+        """The world size the run's manifest or traces state (None if none does)."""
+        stated = [self.manifest.get("world_size")] + [d.world_size for d in self.digests.values()]
+        sizes = [int(s) for s in stated if isinstance(s, int) and s > 0]
+        return max(sizes) if sizes else None
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the world that this run holds no trace of (a sampled or partial run)."""
+        world = self.world_size
+        return [r for r in range(world) if r not in self.digests] if world else []
+
+    def summary(self) -> dict[str, Any]:
+        """ranks, world_size, missing_ranks, step_time_ns (the run's analysed time per rank),
+        the slowest rank and its median step, and `complete` (whether every rank is here:
+        cross-rank findings need them all)."""
+        ranks = self.rank_summary().dropna(subset=["step_time_ns"])
+        slowest = ranks.loc[ranks["step_time_ns"].idxmax()] if len(ranks) else None
+        return {"ranks": self.ranks, "world_size": self.world_size,
+                "missing_ranks": self.missing_ranks, "complete": not self.missing_ranks,
+                "step_time_ns": self.step_time_ns(),
+                "slowest_rank": int(slowest["rank"]) if slowest is not None else None,
+                "slowest_step_ns": float(slowest["step_time_ns"]) if slowest is not None
+                else None}
+
+    @property
     def warnings(self) -> list[str]:
         """Each rank's load warnings (a truncated rank, parts left out), named by rank."""
         return [f"rank {r}: {w}" for r, d in self.digests.items() for w in d.warnings]
@@ -176,7 +202,8 @@ class Run:
         group, wait_ns, transfer_ns, ... (waits derived across ranks where not recorded)."""
         from neuron_explorer.analyses.ranks import matched_collectives
 
-        return matched_collectives(self._concat(lambda d: d.collectives))
+        return matched_collectives(self._concat(lambda d: d.collectives),
+                                   complete=not self.missing_ranks)
 
     @cached_property
     def ops(self) -> pd.DataFrame:

@@ -22,7 +22,7 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def run_report_dict(run: Run) -> dict[str, Any]:
     """Everything the run report shows, JSON-able."""
     return {
-        "run": run.path, "ranks": _records(run.rank_summary()),
+        "run": run.path, "summary": run.summary(), "ranks": _records(run.rank_summary()),
         "manifest": run.manifest,
         "communication": _records(run.communication()),
         "collectives": _records(run.collective_stats()),
@@ -42,6 +42,10 @@ def run_report_sections(run: Run) -> list[Section]:
         head["step time (median over ranks)"] = fmt_ns(medians["step_time_ns"].median())
         head["slowest rank"] = f"rank {int(slowest['rank'])}: {fmt_ns(slowest['step_time_ns'])} a step"
     head["analysed time per rank (mean)"] = fmt_ns(run.step_time_ns())
+    missing = run.missing_ranks
+    if missing:
+        head["ranks"] = (f"{len(run)} of {run.world_size} ({len(missing)} not in this run: no "
+                         "straggler, wait or imbalance verdict across ranks)")
     for key in ("world_size", "preset", "command"):
         if key in run.manifest:
             head[key] = run.manifest[key]
@@ -50,6 +54,8 @@ def run_report_sections(run: Run) -> list[Section]:
         "step (median)": [fmt_ns(v) for v in ranks["step_time_ns"]],
         **{c.removesuffix("_ns"): [fmt_ns(v) for v in ranks[c]] for c in _PER_RANK_NS},
         "others wait for it": [fmt_ns(v) for v in ranks["wait_caused_ns"]]})
+    if missing:  # waits against ranks that are not here are unknown, not 0
+        rank_table["wait"] = rank_table["others wait for it"] = "-"
     comm = run.communication()
     comm_table = pd.DataFrame({
         "rank": comm["rank"], "device": comm["device"],
@@ -61,9 +67,7 @@ def run_report_sections(run: Run) -> list[Section]:
         "rank": stats["rank"], "collective": stats["collective"], "calls": stats["count"],
         "bytes": stats["bytes"], "time": [fmt_ns(v) for v in stats["time_ns"]],
         "algbw GB/s": stats["algbw_gbps"].round(2), "busbw GB/s": stats["busbw_gbps"].round(2)})
-    findings = [f"[{f.severity}] {f.title}: {fmt_ns(f.time_lost_ns)} lost "
-                f"({fmt_share(f.share_of_step)} of {f.share_base}). {f.explanation} "
-                f"Fix: {f.recommendation}" for f in run.bottlenecks()]
+    findings = [f.line() for f in run.bottlenecks()]
     return [Section("Run", head), Section("Ranks", rank_table),
             Section("Communication per rank", comm_table),
             Section("Collectives per rank", stats_table),

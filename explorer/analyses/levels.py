@@ -1,7 +1,8 @@
-"""What a trace recorded: `--level framework` has no ops or kernels, `op` no engine events.
+"""What a trace recorded: `--level framework` has no ops or kernels, `op` no engine events,
+and a PyTorch-profiler trace of a CPU-only program no device at all.
 
 Figures that need what was not recorded (device time, MFU, engines) are "not recorded
-at this level", never 0%.
+at this level" or "no device in this trace", never 0%.
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ def recorded_level(trace: Trace) -> str | None:
 
 
 def records_device(trace: Trace) -> bool:
-    """Whether the trace can say what the device did: ops and kernels were recorded."""
-    return recorded_level(trace) != "framework"
+    """Whether the trace can say what the device did: ops and kernels were recorded, and
+    (for a trace from another profiler) it has a device at all."""
+    level = recorded_level(trace)
+    if level is not None:
+        return level != "framework"
+    return bool((trace.tracks["device"] >= 0).any())
 
 
 def not_recorded(trace: Trace) -> str:
-    """The words for a figure the trace's level did not record."""
-    return f"not recorded at --level {recorded_level(trace)}"
+    """The words for a figure the trace did not record."""
+    level = recorded_level(trace)
+    return f"not recorded at --level {level}" if level else "no device in this trace"

@@ -16,13 +16,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.communication import COLLECTIVE_COLUMNS
+from neuron_explorer.analyses.critical_path import CATCH_UP_FACTOR
 
 if TYPE_CHECKING:
     from neuron_explorer.run import Run
 
 MATCH_KEYS = ["group", "collective", "seq"]
+# The same call on every rank moves about the same bytes: past this ratio, not one call.
+SIZE_MISMATCH = 4
+# A straggler's own work per step exceeds the others' beyond their noise (a t statistic).
+SLOWER_T = 3.0
+MIN_STEPS_TESTED = 4
 STRAGGLER_COLUMNS = ["rank", "arrival_delay_ns", "last_arrivals", "wait_caused_ns",
-                     "step_time_ns", "step_excess_ns", "late_share"]
+                     "step_time_ns", "step_excess_ns", "saving_ns", "late_share"]
 # A rank is late when the others lose at least this share of their step time waiting for
 # it, or its steps take at least this much longer than the median rank's.
 LATE_SHARE = 0.05
@@ -37,19 +43,29 @@ def step_times(run: Run) -> pd.DataFrame:
     return frame.reindex(run.ranks)
 
 
-def matched_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+def matched_collectives(coll: pd.DataFrame, complete: bool = True) -> pd.DataFrame:
     """Every rank's collective calls (a `rank` column beside the collectives table) with the
     group's last arrival (`last_arrival`), and `wait_ns`/`transfer_ns` (derived from the
-    arrivals where the trace did not record them)."""
+    arrivals where the trace did not record them; not when the run is not `complete`,
+    whose missing ranks may have arrived later than every rank here)."""
     columns = ["rank", *COLLECTIVE_COLUMNS, *(["analysed"] if "analysed" in coll else []),
                "last_arrival", "ranks_arrived"]
     if not len(coll):
         return pd.DataFrame(columns=columns)
     coll = coll.copy()
-    grouped = coll.groupby(MATCH_KEYS, sort=False)["arrival"]
-    coll["last_arrival"] = grouped.transform("max")
-    coll["ranks_arrived"] = coll.groupby(MATCH_KEYS, sort=False)["rank"].transform("nunique")
+    grouped = coll.groupby(MATCH_KEYS, sort=False)
+    coll["last_arrival"] = grouped["arrival"].transform("max")
+    coll["ranks_arrived"] = grouped["rank"].transform("nunique")
+    # Calls numbered by their order on each rank (a PyTorch-profiler trace records no
+    # sequence number) pair up wrongly when the ranks' calls differ: sizes far apart are
+    # not one call (an all_to_all of 3 KB against one of 340 MB), so neither waits.
+    low, high = grouped["bytes"].transform("min"), grouped["bytes"].transform("max")
+    unmatched = (high > SIZE_MISMATCH * low.clip(lower=1)).to_numpy()
+    coll.loc[unmatched, "last_arrival"] = coll.loc[unmatched, "arrival"]
+    coll.loc[unmatched, "ranks_arrived"] = 1
     derived = np.clip(coll["last_arrival"] - coll["arrival"], 0, coll["dur"])
+    if not complete:
+        derived = derived * 0
     unknown = coll["wait_ns"].to_numpy() < 0
     coll.loc[unknown, "wait_ns"] = np.where(coll["ranks_arrived"] > 1, derived, 0)[unknown]
     unknown_transfer = coll["transfer_ns"].to_numpy() < 0
@@ -58,12 +74,15 @@ def matched_collectives(coll: pd.DataFrame) -> pd.DataFrame:
 
 
 def stragglers(run: Run) -> pd.DataFrame:
-    """Ranks that are late: the others wait for them at collectives, or their steps are
-    longer than the median rank's. Columns: arrival delay (mean, against the median rank's
+    """Ranks whose lateness costs the run time: what the run would save if the rank did
+    no more work than the others (`saving_ns`, see `straggler_savings`) is at least
+    `LATE_SHARE` of its step time. Columns: arrival delay (mean, against the median rank's
     arrival at the same call), how often it arrived last, the wait it caused each other
-    rank (total over the run), its step time and excess over the median, and `late_share`
-    (the larger of the two costs as a share of the run's step time)."""
+    rank (total over the run: the symptom), its step time and excess over the median,
+    the saving, and `late_share` (the saving as a share of the run's step time)."""
     table = rank_lateness(run)
+    if run.missing_ranks:  # who is late against ranks that are not here is unknown
+        return table.iloc[:0]
     return table[table["late_share"] >= LATE_SHARE].sort_values(
         "late_share", ascending=False, ignore_index=True)
 
@@ -109,10 +128,99 @@ def rank_lateness(run: Run) -> pd.DataFrame:
         out["step_time_ns"] = 0
         out["step_excess_ns"] = 0
     total = run.step_time_ns()
-    cost = np.maximum(out["wait_caused_ns"], out["step_excess_ns"])
-    out["late_share"] = cost / total if total > 0 else 0.0
+    out["saving_ns"] = straggler_savings(run).reindex(ranks).fillna(0)
+    out["late_share"] = out["saving_ns"] / total if total > 0 else 0.0
     out = out.reset_index()
-    for column in ("arrival_delay_ns", "wait_caused_ns", "step_time_ns", "step_excess_ns"):
+    for column in ("arrival_delay_ns", "wait_caused_ns", "step_time_ns", "step_excess_ns",
+                   "saving_ns"):
         out[column] = out[column].round().astype(np.int64)
     out["last_arrivals"] = out["last_arrivals"].astype(np.int64)
     return out[STRAGGLER_COLUMNS]
+
+
+def own_work(run: Run) -> pd.DataFrame:
+    """Per rank (rows) and analysed step (columns): the step's length less the waits for
+    other ranks that lay on its critical path.
+
+    A rank's device waits at a collective until the last rank arrives (`wait_ns`); that
+    wait makes the step longer only when the host then waits for the device: a host-bound
+    rank queues its next work meanwhile, and its step is as long without the wait. So the
+    critical part of the waits is at most the host's time waiting on the device in the
+    step (syncs, blocking collectives): min(collective waits, host sync time)."""
+    steps = run.steps
+    if not len(steps) or "host_sync_ns" not in steps:
+        return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))
+    steps = steps[steps["host_sync_ns"] >= 0]
+    dur = steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
+    sync = steps.pivot_table(index="rank", columns="step", values="host_sync_ns", aggfunc="sum")
+    coll = step_collectives(run)
+    if len(coll):
+        waits = coll.pivot_table(index="rank", columns="step", values="wait_ns", aggfunc="sum")
+        waits = waits.reindex(index=dur.index, columns=dur.columns).fillna(0)
+    else:
+        waits = dur * 0
+    critical = np.minimum(waits, sync.reindex_like(dur).fillna(0))
+    # steps every rank analysed: a step missing on one rank cannot be compared
+    return (dur - critical).reindex(run.ranks).dropna(axis=1)
+
+
+def straggler_savings(run: Run) -> pd.Series:
+    """Per rank: the analysed time the run would save if that rank did no more work per
+    step than the other ranks (a counterfactual on the critical path, not the sum of the
+    waits it causes).
+
+    Ranks that meet at collectives move at the pace of the slowest rank's own work
+    (`own_work`, summed over the steps every rank analysed); with rank k's work set to
+    the median of the others', the pace is the largest of the others' own work. So the
+    saving is max(own work) less max(others' own work): the slowest rank's lead over
+    the next, 0 for every other rank. A wait a rank pays once to catch up with another
+    that started late (its clock offset, not its work per step) is in no rank's own work
+    and saves nothing per step; about 0 for a balanced run."""
+    work = own_work(run)
+    ranks = pd.Index(run.ranks, name="rank")
+    if len(work) < 2 or not work.shape[1]:
+        return pd.Series(0, index=ranks, dtype=np.int64)
+    total = work.sum(axis=1)
+    pace = float(total.max())
+    savings = {rank: pace - float(total.drop(index=rank).max())
+               if _consistently_slower(work, rank) else 0.0 for rank in total.index}
+    return pd.Series(savings, dtype=np.float64).reindex(ranks).fillna(0).round().astype(np.int64)
+
+
+def _consistently_slower(work: pd.DataFrame, rank: int) -> bool:
+    """Whether `rank`'s own work per step exceeds the other ranks' slowest by more than
+    their step-to-step noise: a one-sided t statistic of the per-step excess of at least
+    `SLOWER_T` (with `MIN_STEPS_TESTED` steps or more; fewer steps are taken as they are).
+    Ranks timed on one busy machine differ by a few percent from step to step; extra
+    work on one rank shows in every step."""
+    excess = (work.loc[rank] - work.drop(index=rank).max()).to_numpy(np.float64)
+    if len(excess) < MIN_STEPS_TESTED:
+        return True
+    spread = float(excess.std(ddof=1))
+    if spread == 0:
+        return float(excess.mean()) > 0
+    return float(excess.mean()) / (spread / np.sqrt(len(excess))) >= SLOWER_T
+
+
+def critical_waits(run: Run) -> pd.DataFrame:
+    """Per rank (rows) and analysed step (columns): the part of the step's collective
+    waits that lay on its critical path (`own_work`'s complement)."""
+    work = own_work(run)
+    if not work.shape[1]:
+        return work
+    dur = run.steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
+    return dur.reindex(index=work.index, columns=work.columns) - work
+
+
+def typical_wait_saving(run: Run) -> float:
+    """What the analysed steps would save if no rank waited for another at collectives:
+    the critical waits (`critical_waits`), the mean over ranks of each rank's total (as
+    the run's step time), with each step's wait capped at `CATCH_UP_FACTOR` times the
+    rank's median. The cap leaves out a wait paid once (a rank catching up with one
+    that started late, a clock offset rather than work per step), which no change to
+    the work per step would save."""
+    waits = critical_waits(run)
+    if len(waits) < 2 or not waits.shape[1]:
+        return 0.0
+    cap = waits.median(axis=1) * CATCH_UP_FACTOR
+    return float(waits.clip(upper=cap, axis=0).sum(axis=1).mean())

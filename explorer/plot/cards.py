@@ -48,6 +48,8 @@ def finding_card(finding: Finding) -> str:
         f"<span style='color:{MUTED_COLOUR}'>{_e(cost)}</span></div>"
         f"<p style='margin:8px 0 4px'>{_e(finding.explanation)}</p>"
         f"<p style='margin:4px 0'><b>Recommendation:</b> {_e(finding.recommendation)}</p>"
+        + (f"<p style='margin:4px 0;color:{MUTED_COLOUR}'>{_e(finding.saving_note())}</p>"
+           if finding.saving_note() else "")
         + (f"<ul style='margin:4px 0;color:{MUTED_COLOUR}'>{evidence}</ul>" if evidence else "")
         + f"<div style='color:{MUTED_COLOUR};font-size:12px'>rule {_e(finding.rule_id)}</div></div>")
 

@@ -29,7 +29,7 @@ from neuron_explorer.rules import (
     sync_in_step,
     tensor_engine_padding,
 )
-from neuron_explorer.rules.finding import Finding, Findings
+from neuron_explorer.rules.finding import Finding, Findings, ranked
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -40,16 +40,15 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          dependency_idle, kernel_dma_not_pipelined, kernel_memory_pressure,
          kernel_matmul_tile_shape, kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
-SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 
 def run_rules(trace: Trace) -> Findings:
-    """Every rule's findings, ranked by time lost (then severity)."""
+    """Every rule's findings, ranked by time lost (a finding that needs another fix first
+    right after that fix's), then severity."""
     findings: list[Finding] = []
     for rule in RULES:
         findings.extend(rule.check(trace))
-    findings.sort(key=lambda f: (-f.time_lost_ns, SEVERITY_RANK[f.severity]))
-    return Findings(findings)
+    return ranked(findings)
 
 
 __all__ = ["RULES", "RULE_IDS", "Finding", "Findings", "run_rules"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer.analyses.critical_path import device_wait_saving
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
@@ -16,8 +17,12 @@ RULE_ID = "dependency_idle"
 def check(trace: Trace) -> list[Finding]:
     gaps = trace.idle_reasons()
     waits = gaps[gaps["reason"] == "dependency"]
-    lost = float(waits["dur"].sum())
-    if not len(waits) or lost < th.DEPENDENCY_IDLE_MIN_SHARE * step_time(trace):
+    symptom = float(waits["dur"].sum())
+    if not len(waits):
+        return []
+    # only the waits the host then waited out make a step longer
+    lost = device_wait_saving(trace, waits["ts"].to_numpy(), waits["dur"].to_numpy())
+    if lost < th.DEPENDENCY_IDLE_MIN_SHARE * step_time(trace):
         return []
     names = trace.table("slices")["name"].to_numpy()
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
@@ -46,4 +51,9 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID, f"Device idle while launched work waits ({len(waits)} gaps)", lost, items,
         f"In {len(waits)} gaps the device did nothing although the host had already launched "
         f"the next kernel: {cause}" + (f" ({len(streams)} device streams or queues)."
-                                         if several else "."), fix)]
+                                         if several else ".")
+        + f" The device waited {us(symptom)} in all; {us(lost)} of it held up the step "
+        "(the host then waited for the device), and only that would be saved.", fix,
+        symptom_ns=symptom,
+        saving_basis="critical path: per step, the device's waits or the host's sync "
+                     "time after them, whichever is less")]

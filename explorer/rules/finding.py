@@ -26,6 +26,28 @@ class Finding:
     explanation: str = ""
     recommendation: str = ""
     share_base: str = "step time"  # what share_of_step is a share of, in words
+    # time_lost_ns is what fixing the cause would save; the symptom's own total (the waits,
+    # the gaps) is kept beside it as evidence, with how the saving was obtained
+    symptom_ns: int = 0
+    saving_basis: str = ""  # "replay: ...", "critical path: ..." or "estimate: ..."
+    after: str = ""  # the rule whose fix must come first for this saving ("" if none)
+
+    def saving_note(self) -> str:
+        """How `time_lost_ns` was obtained and the symptom's own total, in words ("" for a
+        finding whose time lost is its symptom's)."""
+        if not self.saving_basis:
+            return ""
+        symptom = f"; the symptom totals {duration(self.symptom_ns)}" if self.symptom_ns else ""
+        return f"Saving from {self.saving_basis}{symptom}."
+
+    def line(self) -> str:
+        """The finding as one line of a text report."""
+        from neuron_explorer.render import fmt_ns, fmt_share
+
+        note = self.saving_note()
+        return (f"[{self.severity}] {self.title}: {fmt_ns(self.time_lost_ns)} lost "
+                f"({fmt_share(self.share_of_step)} of {self.share_base}). {self.explanation} "
+                f"Fix: {self.recommendation}" + (f" {note}" if note else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field."""
@@ -44,6 +66,21 @@ class Findings(list):
         from neuron_explorer.plot.cards import findings_cards
 
         return findings_cards(self)
+
+
+SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def ranked(findings: list[Finding]) -> Findings:
+    """Worst first: by time lost, except that a finding whose saving comes only after
+    another fix (`after`) never ranks above that fix's finding."""
+    lost = {f.rule_id: f.time_lost_ns for f in findings}
+
+    def key(f: Finding) -> tuple:
+        rank_by = min(f.time_lost_ns, lost.get(f.after, f.time_lost_ns))
+        return (-rank_by, f.after in lost, -f.time_lost_ns, SEVERITY_RANK[f.severity])
+
+    return Findings(sorted(findings, key=key))
 
 
 def evidence(ts: int, dur: int, slice_ids: list[int], description: str) -> dict[str, Any]:
@@ -87,17 +124,24 @@ def share_base(rule_id: str, has_steps: bool) -> str:
 
 def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
          evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
-         severity_override: str | None = None, share_of: float | None = None) -> Finding:
+         severity_override: str | None = None, share_of: float | None = None,
+         symptom_ns: float = 0, saving_basis: str = "", after: str = "") -> Finding:
     """A finding with its share of step time (or of `share_of` ns, for time that is not
-    per step, such as compilation) and severity filled in."""
+    per step, such as compilation) and severity filled in. `time_lost_ns` is what fixing
+    the cause would save; `symptom_ns` the symptom's own total, `saving_basis` how the
+    saving was obtained, `after` the rule whose fix must come first."""
     total = step_time(trace) if share_of is None else share_of
     share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
+    level = severity_override or severity(share)
+    if after and level == "high":
+        level = "medium"  # it saves no step time until the other fix is in
     return Finding(rule_id=rule_id, title=title,
-                   severity=severity_override or severity(share),
+                   severity=level,
                    time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),
                    evidence=evidence_items[: th.MAX_EVIDENCE], explanation=explanation,
                    recommendation=recommendation,
-                   share_base=share_base(rule_id, bool(len(trace.steps))))
+                   share_base=share_base(rule_id, bool(len(trace.steps))),
+                   symptom_ns=int(max(symptom_ns, 0)), saving_basis=saving_basis, after=after)
 
 
 def is_inference(trace: Trace) -> bool:

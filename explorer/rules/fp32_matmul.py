@@ -19,7 +19,7 @@ from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note
+from neuron_explorer.rules.host_bound import device_time_note, prerequisite
 from neuron_explorer.tables import map_unique
 from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
 
@@ -107,4 +107,4 @@ def check(trace: Trace) -> list[Finding]:
                           "cast the model with model.to(torch.bfloat16), keeping an FP32 master "
                           "copy of weights in the optimizer.")
     return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items, explanation,
-                 recommendation)]
+                 recommendation, after=prerequisite(trace))]

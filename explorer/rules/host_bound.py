@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
+from neuron_explorer.analyses.startup import startup_gaps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, is_inference, make, step_time, top, us
@@ -14,11 +16,25 @@ if TYPE_CHECKING:
 RULE_ID = "host_bound"
 
 
+def launch_gaps(trace: Trace) -> pd.DataFrame:
+    """The gaps in which the device waited for the host to launch, less the one-time
+    start-up ones (`startup_gaps`): those a faster host would save on every step."""
+    gaps = trace.idle_reasons()
+    host = gaps[gaps["reason"] == "host_launch"]
+    startup = startup_gaps(trace)
+    return host[~host["next_slice_id"].isin(startup["next_slice_id"])] if len(startup) else host
+
+
 def is_host_bound(trace: Trace) -> bool:
     """Whether the device mostly waits on the host to launch (this rule fires)."""
-    gaps = trace.idle_reasons()
-    lost = float(gaps.loc[gaps["reason"] == "host_launch", "dur"].sum())
+    lost = float(launch_gaps(trace)["dur"].sum())
     return lost > 0 and lost >= th.HOST_BOUND_MIN_SHARE * step_time(trace)
+
+
+def prerequisite(trace: Trace) -> str:
+    """For a rule whose saving is device time: the rule whose fix must come first (this
+    one, on a host-bound run; "" otherwise), for `Finding.after`."""
+    return RULE_ID if is_host_bound(trace) else ""
 
 
 def device_time_note(trace: Trace) -> str:
@@ -31,8 +47,7 @@ def device_time_note(trace: Trace) -> str:
 
 
 def check(trace: Trace) -> list[Finding]:
-    gaps = trace.idle_reasons()
-    host = gaps[gaps["reason"] == "host_launch"]
+    host = launch_gaps(trace)
     lost = float(host["dur"].sum())
     if not is_host_bound(trace):
         return []
@@ -46,7 +61,9 @@ def check(trace: Trace) -> list[Finding]:
         f"In {len(host)} gaps (median {us(median)}) the next kernel was launched only after the "
         "device had gone idle: the host spends longer issuing each op than the device spends "
         "running it, so the device is starved.",
-        _recommendation(trace))]
+        _recommendation(trace),
+        saving_basis="critical path: the host sets the step's length, and a host that kept "
+                     "the device fed would save these gaps (one-time start-up gaps left out)")]
 
 
 def _recommendation(trace: Trace) -> str:

@@ -9,7 +9,7 @@ from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note
+from neuron_explorer.rules.host_bound import device_time_note, prerequisite
 from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
@@ -55,4 +55,5 @@ def check(trace: Trace) -> list[Finding]:
            "time in DMA than computing" if dma_heavy.any() else "") + "." + device_time_note(trace),
         "Raise arithmetic intensity: fuse elementwise chains into their producer matmul "
         "(torch.compile does this), avoid materialising intermediates (in-place ops, fused "
-        "attention/softmax), use bf16 to halve bytes, and batch small ops together.")]
+        "attention/softmax), use bf16 to halve bytes, and batch small ops together.",
+        after=prerequisite(trace))]

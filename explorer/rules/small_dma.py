@@ -9,7 +9,7 @@ from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.peaks import dma_bandwidth, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note
+from neuron_explorer.rules.host_bound import device_time_note, prerequisite
 from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
@@ -80,4 +80,5 @@ def check(trace: Trace) -> list[Finding]:
         "partition. The time counted is when the device does nothing but these transfers."
         + device_time_note(trace),
         "Make transfers larger: batch small tensors together (fewer, bigger ops), use larger "
-        "tiles, and keep data resident in SBUF across ops instead of spilling to HBM.")]
+        "tiles, and keep data resident in SBUF across ops instead of spilling to HBM.",
+        after=prerequisite(trace))]

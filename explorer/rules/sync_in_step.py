@@ -9,6 +9,7 @@ from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.host_bound import prerequisite
 from neuron_explorer.tables import ancestor_of_kind, assign_steps, text
 
 if TYPE_CHECKING:
@@ -22,8 +23,16 @@ def check(trace: Trace) -> list[Finding]:
     syncs = hs[hs["kind"] == "sync"]
     if len(trace.steps):
         syncs = syncs[assign_steps(syncs["ts"].to_numpy(), trace.steps) >= 0]
-    lost = _device_idle_after_syncs(trace, syncs) if len(syncs) else 0.0
-    if not len(syncs) or lost < th.SYNC_MIN_SHARE * step_time(trace):
+    if not len(syncs):
+        return []
+    lost, symptom = _saving(trace, syncs)
+    # On a host-bound run the host reaches each sync after the device has finished, so it
+    # waits little; once it launches faster, every sync drains the queue and the device
+    # idles as long as the host then takes to launch again: the symptom, after that fix.
+    after = prerequisite(trace) if symptom > lost else ""
+    if after:
+        lost = symptom
+    if lost < th.SYNC_MIN_SHARE * step_time(trace):
         return []
     ids = syncs["id"].to_numpy()
     source = text(trace.slice_args.column(tf.ARG_SOURCE, ids))
@@ -44,24 +53,50 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")
              for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
+    inside = "inside the step" if len(trace.steps) else "during the trace"
     return [make(
-        trace, RULE_ID, f"Host waits on the device inside the step ({len(syncs)} syncs)", lost,
+        trace, RULE_ID, f"Host waits on the device {inside} ({len(syncs)} syncs)", lost,
         items,
         "Each sync makes the host wait until the device has finished everything queued, then "
         "leaves the device idle while the host queues the next work. Sync sites: "
-        + "; ".join(sites[:5]) + ".",
-        f"Remove the sync at {top_site} from the step: keep losses and metrics on the device "
-        "and read them (.item(), .cpu(), print) every N steps or after the loop; avoid "
-        "data-dependent Python control flow on device values.")]
+        + "; ".join(sites[:5]) + "."
+        + (" The run is host-bound now, so the host reaches each sync about when the "
+           "device finishes and waits little: after you fix the host-bound issue, each "
+           "sync drains the queue, and this is next." if after else ""),
+        f"Remove the sync at {top_site}"
+        + (" from the step: keep losses and metrics on the device and read them (.item(), "
+           ".cpu(), print) every N steps or after the loop" if len(trace.steps) else
+           ": keep results on the device and read them once, after the work")
+        + "; avoid data-dependent Python control flow on device values.",
+        symptom_ns=symptom, after=after,
+        saving_basis=("critical path after the host-bound fix: a host that runs ahead "
+                      "waits at every sync, and the device then idles until it launches "
+                      "again" if after else
+                      "critical path: without a sync the host would have queued its next "
+                      "work as much earlier as it waited, so each sync costs the device "
+                      "idle after it or the host's wait at it, whichever is less"))]
 
 
-def _device_idle_after_syncs(trace: Trace, syncs) -> float:
-    """What the syncs cost: the device idle they cause (drained queue, nothing launched
-    while the host finishes its post-sync work), not the host's wait, which a
-    device-bound program spends waiting anyway. Traces without device kernels fall back
-    to the wait itself."""
+def _saving(trace: Trace, syncs) -> tuple[float, float]:
+    """(what removing the syncs would save, the device idle after them). After a sync
+    the device idles while the host does its post-sync work and launches again (the
+    symptom); without the sync the host would have been there as much earlier as it
+    waited, so each sync costs min(idle after it, the host's wait at it). Traces without
+    device kernels: the waits themselves."""
     idle = trace.idle_reasons()
     if not len(trace.kernels) or not len(idle):
-        return float(syncs["dur"].sum())
+        waits = float(syncs["dur"].sum())
+        return waits, waits
     in_steps = idle["step"] >= 0 if len(trace.steps) else True
-    return float(idle.loc[(idle["reason"] == "sync") & in_steps, "dur"].sum())
+    gaps = idle[(idle["reason"] == "sync") & in_steps]
+    if not len(gaps):
+        return 0.0, 0.0
+    ordered = syncs.sort_values("ts")
+    ends = (ordered["ts"] + ordered["dur"]).to_numpy(np.int64)
+    waits = ordered["dur"].to_numpy(np.int64)
+    gap_end = (gaps["ts"] + gaps["dur"]).to_numpy(np.int64)
+    # the sync that caused each gap: the last one to end by the gap's end
+    cause = np.searchsorted(ends, gap_end, side="right") - 1
+    wait = np.where(cause >= 0, waits[np.maximum(cause, 0)], 0)
+    gap = gaps["dur"].to_numpy(np.int64)
+    return float(np.minimum(gap, wait).sum()), float(gap.sum())

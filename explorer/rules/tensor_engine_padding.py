@@ -9,7 +9,7 @@ import numpy as np
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time
-from neuron_explorer.rules.host_bound import device_time_note
+from neuron_explorer.rules.host_bound import device_time_note, prerequisite
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -65,4 +65,4 @@ def check(trace: Trace) -> list[Finding]:
         + device_time_note(trace),
         "Choose hidden sizes, head dims and batch x sequence products that are multiples of 128 "
         "(pad the vocabulary or features up to the next multiple of 128 once, in the model), so "
-        "every tile fills the array.")]
+        "every tile fills the array.", after=prerequisite(trace))]

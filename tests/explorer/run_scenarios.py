@@ -8,6 +8,8 @@
   overlap 200k of 400k (50%), exposed 200k.
 So rank 1 arrives last at every call (100k after rank 0): rank 0 loses 400k of its 4 ms to
 it (10%); compute differs by 100k per step (600k against 700k).
+Every rank's host queues its work by 300k and then waits for the device until 900k (a sync
+slice): the ranks are device-bound, so a wait at the all-reduce makes the step longer.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def write_rank(folder: Path, rank: int, world: int, compute: int, coll_start: in
     for s in range(STEPS):
         t0 = offset + s * STEP
         b.slice(host, t0, STEP, f"step {s}", "step", {"step": s})
+        b.slice(host, t0 + 300_000, 600_000, "sync (item)", "sync", {"kind": "item"})
         b.slice(kernels, t0, compute, "fused_forward_backward", "kernel",
                 {"kernel_id": 1 + s, "step": s, "device": rank})
         start = t0 + coll_start

@@ -123,7 +123,8 @@ def test_compile_summary(tmp_path) -> None:
     assert cs["graph_breaks"][["reason", "source", "step"]].values.tolist() == \
         [["data-dependent branch", "model.py:7", 1]]
     assert cs["recompiles"]["reason"].tolist() == ["shape changed"]
-    assert cs["totals"].iloc[0].tolist() == [600, 2, 1, 1]
+    assert cs["totals"].iloc[0].tolist() == [600, 2, 0, 1, 1]  # time, graphs, NKI kernels...
+    assert not len(cs["kernels"])
     host = t.breakdown()
     assert host[(host["side"] == "host") & (host["category"] == "compile")]["ns"].tolist() == \
         [300, 300]
@@ -136,7 +137,7 @@ def test_empty_frames_on_cpu_only_trace(load_real) -> None:
     assert len(t.memory_timeline()) == 0 and len(t.memory_at_peak()) == 0
     assert np.isnan(t.efficiency()["mfu"]).all()
     dev = t.breakdown()
-    assert dev[dev["side"] == "device"]["category"].tolist() == ["idle"]
+    assert not len(dev[dev["side"] == "device"])  # no device: not a device idle 100%
     assert t.bottlenecks() == []
     assert t.summary()["n_kernels"] == 0
 

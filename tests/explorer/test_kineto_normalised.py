@@ -44,12 +44,11 @@ def test_gpu_trace_figures(load_real: Any) -> None:
     assert int(k["bytes"].sum()) == 222_097_863
     assert _idle(t) == {"host_launch": (362_945_000, 270), "dependency": (312_246_000, 660)}
     found = _findings(t)
-    assert set(found) == {"host_bound", "exposed_communication", "dependency_idle"}
+    # The device also waits 312 ms on other streams, but the host never waits for the
+    # device in these steps: the host sets their length, and those waits cost nothing.
+    assert set(found) == {"host_bound", "exposed_communication"}
     assert found["host_bound"][0] == 362_945_000
     assert found["exposed_communication"][0] == 336_983_000
-    assert found["dependency_idle"][0] == 312_246_000
-    (dep,) = [f for f in t.bottlenecks() if f.rule_id == "dependency_idle"]
-    assert "another stream" in dep.explanation  # the wording for devices with streams
 
 
 @pytest.mark.slow

@@ -118,12 +118,26 @@ def test_memory_holders_say_when_the_peak_is_as_the_chart_does(app_context):
     assert f'"peak_at": "{duration(peak_at)}"'.replace("µ", "\\u00b5") in text
 
 
-def test_findings_of_a_trace_without_steps_give_their_share_of_the_trace(app_context):
-    """A Kineto trace with no step marks: "27.5% of step" named a step the trace does not have."""
+def test_findings_of_a_trace_without_steps_give_their_share_of_the_trace(app_context, tmp_path):
+    """A Kineto trace with no step marks: "27.5% of step" named a step the trace does not
+    have. Here a host-bound GPU loop without ProfilerStep ranges: 20 kernels of 10 us,
+    each launched 100 us after the last."""
     import neuron_explorer
     from neuron_explorer.webapp.pages import overview
 
-    text = rendered(overview.findings(neuron_explorer.load(CPU_ONLY.parent / ALEXNET), ALEXNET))
+    events = []
+    for i in range(20):
+        t = 100 * i
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": t,
+             "dur": 20, "args": {"External id": i + 1}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+             "ts": t + 5, "dur": 5, "args": {"correlation": i + 1}},
+            {"ph": "X", "cat": "kernel", "name": "relu_kernel", "pid": 0, "tid": 7,
+             "ts": t + 12, "dur": 10, "args": {"correlation": i + 1, "device": 0, "stream": 7}}]
+    path = tmp_path / "loop.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    text = rendered(overview.findings(neuron_explorer.load(path), "loop.json"))
     assert "% of the trace" in text and "% of step" not in text
 
 

@@ -119,6 +119,8 @@ def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time")
         html.P(finding.explanation, className="finding-explanation"),
         html.P([html.Strong("Recommendation: "), finding.recommendation],
                className="finding-recommendation"),
+        *([html.P(finding.saving_note(), className="finding-saving")]
+          if finding.saving_note() else []),
         html.Div([
             html.Span(f"rule {finding.rule_id}", className="rule-id"),
             link,

@@ -101,8 +101,14 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     comm = run.communication()
     communicating = float(comm["communication_ns"].sum()) if len(comm) else 0.0
     overlapped = share(comm["overlap_ns"].sum() / communicating) if communicating else "-"
+    missing = run.missing_ranks
+    partial = notice(
+        f"This run holds {len(run)} of its {run.world_size} ranks: the other {len(missing)} "
+        "are not here, so their arrivals at collectives and their work are unknown. No rank "
+        "is called a straggler and no wait or imbalance is judged across ranks; the "
+        "figures below are those of the ranks present.", "warning") if missing else None
     cards = html.Div([
-        metric("ranks", str(len(run))),
+        metric("ranks", f"{len(run)} of {run.world_size}" if missing else str(len(run))),
         # every rank waits for the slowest at each collective: its median step is the run's pace
         metric("step time", duration(slowest_step_ns(run)), "median per step, slowest rank"),
         metric("time analysed", duration(run.step_time_ns()), "mean over ranks"),
@@ -114,6 +120,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
                               html.Em(f"Fix: {f.recommendation}")]) for f in findings[:8]]
     return html.Div([
         page_title(TITLE, f"{folder.name}: {len(run)} ranks"),
+        *([partial] if partial is not None else []),
         cards,
         section("Step time per rank", graph(step_times_figure(run), "ranks-steps"),
                 subtitle="Each cell one step of one rank; a slow rank shows as a row"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer.rules.finding import Finding, Findings
+from neuron_explorer.rules.finding import Finding, Findings, ranked
 from neuron_explorer.rules.ranks import (
     collective_wait,
     exposed_communication,
@@ -26,17 +26,25 @@ if TYPE_CHECKING:
 RANK_RULES = (straggler_rank, collective_wait, exposed_communication, small_collectives,
               load_imbalance)
 RANK_RULE_IDS = tuple(rule.RULE_ID for rule in RANK_RULES)
-_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+WAIT_RULES = (straggler_rank.RULE_ID, collective_wait.RULE_ID)
+# rules that compare ranks: a run holding fewer ranks than its world cannot support them
+COMPARING_RULES = (*WAIT_RULES, load_imbalance.RULE_ID)
 
 
 def run_rank_rules(run: Run) -> Findings:
     """Cross-rank findings, then the worst rank's finding of each single-trace rule."""
     findings: list[Finding] = []
     for rule in RANK_RULES:
+        if run.missing_ranks and rule.RULE_ID in COMPARING_RULES:
+            continue  # the missing ranks' arrivals and work are unknown: no verdict
         findings.extend(rule.check(run))
-    findings.extend(_worst_rank_findings(run))
-    findings.sort(key=lambda f: (-f.time_lost_ns, _SEVERITY_RANK[f.severity]))
-    return Findings(findings)
+    explained = set()
+    if any(f.rule_id in WAIT_RULES for f in findings):
+        # a device idle at collectives for other ranks: the cross-rank finding says why
+        # and what removing the cause saves; the rank's own view would count it again
+        explained.add("dependency_idle")
+    findings.extend(f for f in _worst_rank_findings(run) if f.rule_id not in explained)
+    return ranked(findings)
 
 
 def _worst_rank_findings(run: Run) -> list[Finding]:
@@ -53,9 +61,12 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
         also = sum(1 for d in run.digests.values() if any(g.rule_id == f.rule_id
                                                           for g in d.findings)) - 1
         where = f"rank {rank}" + (f" (and {also} other rank{'s' * (also > 1)})" if also else "")
-        out.append(run_finding(run, f.rule_id, f"{f.title} on {where}", f.time_lost_ns,
-                               [dict(e, rank=rank) for e in f.evidence], f.explanation,
-                               f.recommendation, per_rank=True))
+        found = run_finding(run, f.rule_id, f"{f.title} on {where}", f.time_lost_ns,
+                            [dict(e, rank=rank) for e in f.evidence], f.explanation,
+                            f.recommendation, per_rank=True, symptom_ns=f.symptom_ns,
+                            saving_basis=f.saving_basis)
+        found.after = f.after
+        out.append(found)
     return out
 
 

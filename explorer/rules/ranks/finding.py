@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,
                 evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
-                per_rank: bool = False) -> Finding:
+                per_rank: bool = False, symptom_ns: float = 0, saving_basis: str = "") -> Finding:
     """A finding with its share of the run's step time and its severity. A per-rank
     finding's time is that rank's, against one rank's step time."""
     total = run.step_time_ns()
@@ -21,7 +21,8 @@ def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,
     return Finding(rule_id=rule_id, title=title, severity=severity(share),
                    time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),
                    evidence=evidence_items[: th.MAX_EVIDENCE], explanation=explanation,
-                   recommendation=recommendation)
+                   recommendation=recommendation, symptom_ns=int(max(symptom_ns, 0)),
+                   saving_basis=saving_basis)
 
 
 def rank_evidence(rank: int, ts: int, dur: int, slice_ids: list[int],

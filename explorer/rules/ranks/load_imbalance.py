@@ -26,6 +26,9 @@ def check(run: Run) -> list[Finding]:
     lost = hi - float(compute.mean())  # what the average rank waits for the busiest one
     if lost < th.LOAD_IMBALANCE_MIN_SHARE * run.step_time_ns():
         return []
+    late = run.stragglers()
+    if len(late) and int(late.iloc[0]["rank"]) == busiest:
+        return []  # the straggler finding names this rank, with what its extra work costs
     return [run_finding(
         run, RULE_ID, f"Compute differs across ranks: rank {busiest} works "
         f"{100 * (hi - lo) / hi:.0f}% longer than rank {idlest}", lost, [],

@@ -23,7 +23,7 @@ def check(run: Run) -> list[Finding]:
         return []
     worst = late.iloc[0]
     rank = int(worst["rank"])
-    lost = float(max(worst["wait_caused_ns"], worst["step_excess_ns"]))
+    lost = float(worst["saving_ns"])
     if lost < th.STRAGGLER_MIN_SHARE * run.step_time_ns():
         return []
     coll = step_collectives(run)
@@ -37,17 +37,21 @@ def check(run: Run) -> list[Finding]:
              for r in top(theirs, "behind").itertuples()]
     others = [r for r in run.ranks if r != rank]
     return [run_finding(
-        run, RULE_ID, f"Rank {rank} is a straggler: the other ranks wait {us(lost)} for it",
-        lost, items,
+        run, RULE_ID, f"Rank {rank} is a straggler: the run would save {us(lost)} if it "
+        "did no more work than the others", lost, items,
         f"Rank {rank} arrived last at {int(worst['last_arrivals'])} collectives, on average "
         f"{us(worst['arrival_delay_ns'])} after the median rank; "
         + (f"each of the {len(others)} other ranks" if len(others) > 1 else "the other rank")
         + f" spent {us(worst['wait_caused_ns'])} waiting for it in all. Ranks of a "
         "group cannot finish a collective before its last member arrives, so the slowest "
-        "rank sets the pace of all.",
+        "rank sets the pace of all; only the part of those waits on the others' critical "
+        "path is lost.",
         f"Look at what rank {rank} does between collectives that the others do not: extra "
         "host work (logging, metrics, checkpointing or evaluation on one rank only), a larger "
         "or slower batch from its data loader, or a slower device. Move work done on one rank "
         "only off the step's critical path (every N steps, or asynchronously), and give every "
-        "rank the same amount of data per step.")]
-
+        "rank the same amount of data per step.",
+        symptom_ns=float(worst["wait_caused_ns"]),
+        saving_basis="critical path: the slowest rank's own work per step (its length less "
+                     "the waits for others that its host waited out) against the next "
+                     "slowest rank's")]
