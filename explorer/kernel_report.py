@@ -1,6 +1,7 @@
-"""The kernel part of the report: per NKI kernel its profile (engine busy %, DMA/compute
-overlap, SBUF/PSUM high-water, critical engine, DMA sizes), why it is as fast as it is,
-and its line profile (each source line with its time, engine and stall)."""
+"""The kernel part of the report: per NKI kernel and set of input shapes (the most-run
+first) its profile (engine busy %, DMA/compute overlap, SBUF/PSUM high-water, critical
+engine, DMA sizes) and why it is as fast as it is, and the kernel's line profile (each
+source line with its time, engine and stall)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from neuron_explorer.analyses.kernel_lines import (
     ENGINE_COLUMNS,
     kernel_instructions,
     kernel_profile,
+    kernel_shapes,
     line_profile,
     nki_kernels,
 )
@@ -21,19 +23,30 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 TOP_KERNELS = 5
+TOP_SHAPES = 3  # profiles per kernel, one per set of input shapes, the most-run first
 ENGINE_NAMES = {"tensor": "Tensor Engine", "vector": "Vector Engine", "scalar": "Scalar Engine",
                 "gpsimd": "GpSimd Engine", "dma": "DMA"}
 
 
-def kernel_summary(trace: Trace, kernel: str) -> dict[str, Any]:
-    """One NKI kernel's figures, averaged over its runs, and the reasons for its time."""
-    prof = kernel_profile(trace, kernel)
-    first = kernel_instructions(trace, kernel)
+def kernel_summary(trace: Trace, kernel: str, shapes: str | None = None) -> dict[str, Any]:
+    """One NKI kernel's figures, averaged over its runs with one set of input shapes (the
+    most-run, by default: a kernel run once on a small correctness case and many times on
+    its real shapes is described by the latter), and the reasons for its time."""
+    groups = kernel_shapes(trace, kernel)
+    if len(groups):
+        pick = groups.iloc[0] if shapes is None else \
+            groups[groups["shapes"] == shapes].iloc[0]
+        shapes, ids = str(pick["shapes"]), list(pick["kernel_ids"])
+    else:
+        ids = None
+    prof = kernel_profile(trace, kernel, ids)
+    first = kernel_instructions(trace, kernel, kernel_ids=ids)
     dma = first[first["engine"] == "dma"]
     dma_ns = float(prof["busy_dma_pct"].iloc[0]) / 100 * int(prof["dur_ns"].iloc[0])
     peak = float((trace.hardware_figures or {}).get("dma_bytes_per_s") or 0)
     out = {
-        "kernel": kernel, "runs": len(prof), "duration_ns": float(prof["dur_ns"].mean()),
+        "kernel": kernel, "shapes": shapes or "", "shape_count": len(groups),
+        "runs": len(prof), "duration_ns": float(prof["dur_ns"].mean()),
         "busy_pct": {e: float(prof[f"busy_{e}_pct"].mean()) for e in ENGINE_COLUMNS},
         "dma_compute_overlap_pct": float(prof["dma_compute_overlap_pct"].mean()),
         "sbuf_bytes": int(prof["sbuf_bytes"].max()), "psum_bytes": int(prof["psum_bytes"].max()),
@@ -79,7 +92,8 @@ def explain(s: dict[str, Any]) -> list[str]:
 
 def _profile_content(s: dict[str, Any]) -> dict[str, Any]:
     busy = ", ".join(f"{e} {v:.1f}%" for e, v in s["busy_pct"].items() if v > 0) or "-"
-    return {"runs": s["runs"], "duration (mean)": fmt_ns(s["duration_ns"]), "engine busy": busy,
+    return {"input shapes": s["shapes"] or "-", "runs": s["runs"],
+            "duration (mean)": fmt_ns(s["duration_ns"]), "engine busy": busy,
             "DMA/compute overlap": f"{s['dma_compute_overlap_pct']:.1f}% of DMA time",
             "SBUF high-water": f"{s['sbuf_bytes'] / 2**10:.0f} KiB",
             "PSUM high-water": f"{s['psum_bytes'] / 2**10:.0f} KiB",
@@ -107,8 +121,11 @@ def kernel_sections(trace: Trace) -> list[Section]:
         lines = line_profile(trace, name)
         if not len(lines):
             continue
-        sections.append(Section(f"Kernel {name}: profile", _profile_content(kernel_summary(
-            trace, name))))
+        groups = kernel_shapes(trace, name)
+        for shapes in groups["shapes"].tolist()[:TOP_SHAPES] or [None]:
+            which = f" at {shapes}" if len(groups) > 1 else ""
+            sections.append(Section(f"Kernel {name}: profile{which}", _profile_content(
+                kernel_summary(trace, name, shapes))))
         sections.append(Section(f"Kernel {name}: line profile (time per source line, summed "
                                 "over its runs)", line_table(lines)))
     return sections
@@ -122,5 +139,7 @@ def kernel_dict(trace: Trace) -> list[dict[str, Any]]:
         if not len(lines):
             continue
         records = lines.replace({np.nan: None}).to_dict(orient="records")
-        out.append({**kernel_summary(trace, name), "lines": records})
+        shapes = kernel_shapes(trace, name)["shapes"].tolist()
+        out.append({**kernel_summary(trace, name), "lines": records,
+                    "by_shape": [kernel_summary(trace, name, s) for s in shapes]})
     return out

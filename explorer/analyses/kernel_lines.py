@@ -98,11 +98,33 @@ def engine_profile(engine: np.ndarray, start: np.ndarray, end: np.ndarray,
             "critical_engine": max(busy, key=busy.__getitem__)}
 
 
-def kernel_profile(trace: Trace, kernel: object) -> pd.DataFrame:
-    """One row per run of `kernel`: duration, engine busy %, DMA/compute overlap %,
-    SBUF/PSUM high-water marks and the critical engine."""
+def kernel_shapes(trace: Trace, kernel: object) -> pd.DataFrame:
+    """The runs of `kernel` grouped by the input shapes of the op that launched them, the
+    most-run shapes first: shapes (the op's `shapes` arg), runs, kernel_ids (a list)."""
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
     runs = trace.kernels[trace.kernels["name"] == name]
+    cols = ["shapes", "runs", "kernel_ids"]
+    if not len(runs):
+        return pd.DataFrame(columns=cols)
+    ops = trace.ops
+    shapes_of = dict(zip(ops["op_id"].tolist(), ops["shapes"].astype(str).tolist(), strict=True)) \
+        if len(ops) and "shapes" in ops else {}
+    frame = pd.DataFrame({"kernel_id": runs["kernel_id"].to_numpy(),
+                          "shapes": [shapes_of.get(o, "") for o in runs["op_id"].tolist()]})
+    groups = [(shapes, len(g), g["kernel_id"].tolist())
+              for shapes, g in frame.groupby("shapes", sort=False)]
+    groups.sort(key=lambda g: -g[1])  # stable: ties keep the order of their first run
+    return pd.DataFrame(groups, columns=cols)
+
+
+def kernel_profile(trace: Trace, kernel: object,
+                   kernel_ids: list[int] | None = None) -> pd.DataFrame:
+    """One row per run of `kernel` (those in `kernel_ids`, if given): duration, engine
+    busy %, DMA/compute overlap %, SBUF/PSUM high-water marks and the critical engine."""
+    name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
+    runs = trace.kernels[trace.kernels["name"] == name]
+    if kernel_ids is not None:
+        runs = runs[runs["kernel_id"].isin(kernel_ids)]
     ins = trace.instructions
     rows = []
     for run in runs.itertuples():
@@ -177,12 +199,15 @@ def line_profile(trace: Trace, kernel: object) -> pd.DataFrame:
         code=[source_text(trace, f, n) for f, n in zip(lines["file"], lines["line"], strict=True)])
 
 
-def kernel_instructions(trace: Trace, kernel: object, run: int = 0) -> pd.DataFrame:
-    """The instructions of one run of `kernel` (the first by default) with their source
-    line: ts, dur, engine (DMA queues as `dma`), queue (the recorded engine), opcode,
-    bytes, source."""
+def kernel_instructions(trace: Trace, kernel: object, run: int = 0,
+                        kernel_ids: list[int] | None = None) -> pd.DataFrame:
+    """The instructions of one run of `kernel` (the first by default; of those in
+    `kernel_ids`, if given) with their source line: ts, dur, engine (DMA queues as
+    `dma`), queue (the recorded engine), opcode, bytes, source."""
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
     runs = trace.kernels[trace.kernels["name"] == name]
+    if kernel_ids is not None:
+        runs = runs[runs["kernel_id"].isin(kernel_ids)]
     cols = ["ts", "dur", "engine", "queue", "opcode", "bytes", "source"]
     if len(runs) <= run:
         return pd.DataFrame(columns=cols)

@@ -48,8 +48,10 @@ def kernel_body(trace: Any, kernel: str) -> list:
         return [notice(f"{kernel} was recorded without engine instructions: record with "
                        "--level engine to get its line profile.")]
     s = kernel_summary(trace, kernel)
+    shapes = (f"{s['runs']} runs at {s['shapes']}, the most-run of {s['shape_count']} "
+              "input shapes" if s["shape_count"] > 1 else "")
     metrics = html.Div([
-        metric("duration (mean)", fmt.duration(s["duration_ns"])),
+        metric("duration (mean)", fmt.duration(s["duration_ns"]), shapes),
         metric("critical engine", s["critical_engine"]),
         metric("DMA under compute", f"{s['dma_compute_overlap_pct']:.0f}%"),
         metric("SBUF high-water", f"{s['sbuf_bytes'] / 2**10:,.0f} KiB"),
