@@ -33,6 +33,8 @@ from neuron_explorer.trace_format import (
     FORMAT_VERSION,
     LEVELS,
     META_COMMAND,
+    META_COMPLETE,
+    META_END_MARK,
     META_HARDWARE,
     META_HARDWARE_FIGURES,
     META_HOST_CLOCK,
@@ -170,6 +172,7 @@ class Recorder:
             META_HOST_CLOCK: host_clock_metadata(),
             "steps": list(self.options.steps) if self.options.steps else None,
             "format_version": FORMAT_VERSION,
+            META_END_MARK: True,  # _close writes META_COMPLETE: its absence means cut short
         }
 
     def thread(self) -> _ThreadState:
@@ -429,11 +432,12 @@ class Recorder:
             if self.step_open:
                 self.writer.end(self.main.track, now)
                 self.step_open = False
+            end: dict[str, Any] = {META_COMPLETE: True}
             if self.steps_recorded:
                 # which steps a mark ended: the explorer leaves the code after the last out
-                self.writer.metadata(self.main.track, now, {
-                    "steps_completed": self.steps_completed,
-                    "step_boundary": self.step_boundary})
+                end.update(steps_completed=self.steps_completed,
+                           step_boundary=self.step_boundary)
+            self.writer.metadata(self.main.track, now, end)
             self.writer.close()
         except RecordingError as exc:
             self.fail(exc)

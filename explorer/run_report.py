@@ -46,6 +46,11 @@ def run_report_sections(run: Run) -> list[Section]:
     if missing:
         head["ranks"] = (f"{len(run)} of {run.world_size} ({len(missing)} not in this run: no "
                          "straggler, wait or imbalance verdict across ranks)")
+    cut = [r for r, d in run.digests.items()
+           if any("(was the recording killed?)" in w for w in d.warnings)]
+    if cut:
+        head["cut short"] = (", ".join(f"rank {r}" for r in cut) + ": the recording stopped "
+                             "before its end (killed?); its last steps are missing")
     for key in ("world_size", "preset", "command"):
         if key in run.manifest:
             head[key] = run.manifest[key]

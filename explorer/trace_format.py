@@ -94,6 +94,11 @@ META_LEVEL = "level"
 LEVELS = ("framework", "op", "engine")  # META_LEVEL's values: each records more than the last
 META_PID = "pid"
 META_RANK = "rank"  # this process's rank in a distributed run
+# A recording says at its start that it will end with a mark (true), and writes the mark
+# (META_COMPLETE: true) when it closes: a trace that declares one and lacks it was cut
+# short, however the process died (a SIGKILL between two flushes leaves whole packets).
+META_END_MARK = "end_mark"
+META_COMPLETE = "recording_complete"
 META_WORLD_SIZE = "world_size"
 # Set by the loader of a format whose op slices include framework ops that ran on the host
 # (PyTorch-profiler cpu_ops), where ours are all ops dispatched to the device: true there.

@@ -30,7 +30,7 @@ from neuron_explorer.loaders.kineto import (
     kineto_kind,
     our_args,
 )
-from neuron_explorer.loaders.metadata import merge_metadata
+from neuron_explorer.loaders.metadata import merge_metadata, missing_end_mark
 from neuron_explorer.loaders.nesting import bind_flow_points
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import our_device, track_table
@@ -500,6 +500,8 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         columns=COUNTER_COLUMNS,
     ).sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
     warned = []
+    metadata = _metadata(path, doc, args, list(slices["category"]), kineto)
+    cut_short = cut_short or missing_end_mark(path, metadata)
     if cut_short:
         warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=3)
         warned.append(cut_short)
@@ -511,7 +513,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         tracks=tracks,
         counters=counters,
         flows=flows,
-        metadata=_metadata(path, doc, args, list(slices["category"]), kineto),
+        metadata=metadata,
         skipped=dict(col.skipped),
         warnings=warned,
     )

@@ -76,3 +76,12 @@ def check(path: str, meta: dict[str, Any]) -> dict[str, Any]:
                     raise TraceFormatError(path, f"'deviceProperties'[{i}]: '{key}' must be a "
                                            "number")
     return meta
+
+
+def missing_end_mark(path: str, meta: dict[str, Any]) -> str | None:
+    """The warning for a recording that declared an end mark and does not have it: the
+    process died before closing the trace (None when complete, or not declared)."""
+    if not meta.get(tf.META_END_MARK) or meta.get(tf.META_COMPLETE):
+        return None
+    return (f"{path}: the recording has no end mark: it stopped before closing the trace "
+            "(was the recording killed?); the steps it was in are missing or partial")

@@ -30,7 +30,7 @@ from neuron_explorer.errors import (
 )
 from neuron_explorer.loaders.args import LazyArgs
 from neuron_explorer.loaders.kinds import our_kind
-from neuron_explorer.loaders.metadata import merge_metadata
+from neuron_explorer.loaders.metadata import merge_metadata, missing_end_mark
 from neuron_explorer.loaders.nesting import bind_flow_points, match_begin_end
 from neuron_explorer.loaders.pftrace_annotations import (
     Annotations,
@@ -326,6 +326,10 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     meta_args = decode_annotations(data, buf, ann.subset(np.isin(ann.sid, meta_ids)), ev.seqgen,
                                    state, n_slices)
     metadata = merge_metadata(path, meta_args.column(tf.ARG_METADATA_JSON, meta_ids).tolist())
+    unfinished = missing_end_mark(path, metadata)
+    if unfinished and not any("(was the recording killed?)" in w for w in warn):
+        warnings.warn(unfinished, TruncatedTraceWarning, stacklevel=4)
+        warn.append(unfinished)
     skipped_now = dict(skipped)
 
     def dropped(count: int, position: int) -> None:  # heard when the args are first decoded

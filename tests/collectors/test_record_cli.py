@@ -174,6 +174,21 @@ def test_signals_complete_the_trace_or_leave_a_readable_prefix(
     else:
         # completed steps were flushed before the kill
         assert any(p.HasField("track_event") for p in packets)
+    # killed or not, the loaded trace says whether it is complete: a SIGKILL between two
+    # flushes leaves whole packets, and only the missing end mark tells
+    import warnings
+
+    import neuron_explorer
+    from neuron_explorer.errors import TruncatedTraceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = neuron_explorer.load(programs / "s.pftrace", cache=False)
+    cut = [w for w in caught if issubclass(w.category, TruncatedTraceWarning)]
+    assert bool(cut) == (not trace_complete), [str(w.message) for w in caught]
+    if not trace_complete:
+        assert "no end mark" in str(cut[0].message)
+        assert any("no end mark" in w for w in loaded.warnings)
 
 
 def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs: Path) -> None:
