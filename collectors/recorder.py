@@ -432,6 +432,7 @@ class Recorder:
             if self.step_open:
                 self.writer.end(self.main.track, now)
                 self.step_open = False
+            written = self.writer.events  # before the end mark, which is no content
             end: dict[str, Any] = {META_COMPLETE: True}
             if self.steps_recorded:
                 # which steps a mark ended: the explorer leaves the code after the last out
@@ -443,7 +444,7 @@ class Recorder:
             self.fail(exc)
             self.writer.discard()
             return
-        if self.options.drop_if_empty and self.writer.events - self._marks_written <= 1:
+        if self.options.drop_if_empty and written - self._marks_written <= 1:
             with contextlib.suppress(OSError):
                 os.unlink(self.writer.path)
             return
