@@ -11,8 +11,11 @@ is approximated from the op stream, in the shape `train(..., compile=True)` runs
   flow: an op waits for the last op that made a tensor of one of its input shapes and
   dtypes. Values go through HBM between ops (the compile path's fusion keeps some in
   SBUF and streams elementwise chains), so the device time errs on the slow side;
-- the host pays one launch per graph instead of each op's launch and Python time; host
-  slices inside a graph's span (module ranges) shrink onto its launch.
+- the host pays one launch per graph instead of each op's launch and Python time, plus
+  torch.compile's own work per call (`compiled_call_host_ns`: Dynamo's guards,
+  AOTAutograd's runtime wrappers, the autograd function around the backward), half
+  before the launch and half after; host slices inside a graph's span (module ranges)
+  shrink onto its call.
 """
 
 from __future__ import annotations
@@ -31,9 +34,26 @@ APPROXIMATIONS = (
     ("compiled mode: a graph's ops run as one program; an op waits for the last op that made "
     "a tensor of its input shapes (no data flow is recorded); values go through HBM (no "
     "fusion of elementwise chains, no on-chip attention)"),
-    ("compiled mode: the host pays one launch per graph; host slices inside a graph shrink "
-    "onto its launch"),
+    ("compiled mode: the host pays one launch per graph and torch.compile's work per call "
+    "(a constant measured on a reference host, or the modelled clock's per-launch cost); "
+    "host slices inside a graph shrink onto its call"),
 )
+# torch.compile's host work per graph call besides the launch, on the project's reference
+# host (2 cores): Dynamo's guard checks, AOTAutograd's runtime wrappers and, for a
+# backward graph, the autograd function that calls it. Measured as what each workload of
+# benchmarks/bench_whatif_compiled.py needs per call for its compiled step, load-free
+# clock: 570 (MLP), 740 (transformer), 950 (transformer, bf16 autocast), 800 (conv net)
+# and 600 us (inference loop); docs/whatif.md.
+COMPILED_CALL_HOST_NS = 650_000
+
+
+def compiled_call_host_ns(trace: Trace) -> int:
+    """The host time one compiled graph call costs besides its launch, on the clock the
+    recording used: the modelled clock's per-launch Python, or the measured constant."""
+    host_clock = trace.metadata.get("host_clock") or {}
+    if host_clock.get("source") == "modelled":
+        return int(host_clock.get("python_per_op_ns") or 0)
+    return COMPILED_CALL_HOST_NS
 _EAGER_ONLY = frozenset({"aten::_local_scalar_dense"})
 
 
@@ -153,6 +173,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
+    call = compiled_call_host_ns(trace)
     graphs = _graphs(_phases(trace, rows))
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     timelines: dict[int, DeviceTimeline] = {}
@@ -177,12 +198,12 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
         span = last.ts + last.dur - ev.ts
         kernel = build_program([events[j].key for j in graph.events], preset, graph.name,
                                max_dependencies)
-        new = ReplayedOp(ts, 0, name=graph.launch_name)
+        new = ReplayedOp(ts, call, name=graph.launch_name)
         if kernel is not None:
-            launch = ts + overhead
+            launch = ts + call // 2 + overhead
             start, end = timeline.schedule(kernel, launch)
-            new = ReplayedOp(ts, overhead, [ReplayedKernel(kernel, ev.device, launch, start,
-                                                           end, False)],
+            new = ReplayedOp(ts, call + overhead, [ReplayedKernel(kernel, ev.device, launch,
+                                                                  start, end, False)],
                              kernel.model_flops, kernel.hbm_bytes, name=graph.launch_name)
         out[i] = new  # the graph's other ops are not launched: they stay None
         collapsed.append((ev.ts, last.ts + last.dur))

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import op_key_codec, tables
 from neuron_explorer import trace_format as tf
-from neuron_explorer.analyses.steady_state import device_data_end
+from neuron_explorer.analyses.steady_state import device_data_end, in_analysed_steps
 from neuron_explorer.backend.hardware.presets import PRESETS
 from neuron_explorer.errors import NeuronExplorerError
 from neuron_explorer.memo import memoised
@@ -233,7 +233,9 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
                 return None, True
         else:
             _, shift = replay(events, options)
-        steps = trace.steps
+        # the steps every per-step figure uses (after the warm-up), as the predicted
+        # trace's own report does: `report` and `whatif` state one figure
+        steps = in_analysed_steps(trace, trace.steps)
         start = steps["ts"].to_numpy(np.int64)
         new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
         return float(np.median(new)), False
