@@ -11,6 +11,7 @@ import os
 import sys
 from typing import NoReturn
 
+from neuron_explorer.collectors.output_claim import claim, claim_or_refuse
 from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
 from neuron_explorer.trace_format import LEVELS
 
@@ -58,12 +59,15 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     parser.parse_known_args = parse_known_args_strict  # type: ignore[method-assign]
 
 
-def default_output(stem: str, fmt: str) -> str:
-    """A new file name in the current folder: never an existing file."""
+def default_output(stem: str, fmt: str, after: str | None = None) -> str:
+    """A new file name in the current folder: never an existing file (nor `after` or a
+    name before it, when given)."""
     ext = ".json" if fmt == "json" else ".pftrace"
     candidate = f"{stem}{ext}"
     n = 1
-    while os.path.exists(candidate):
+    passed = after is None
+    while os.path.exists(candidate) or not passed:
+        passed = passed or candidate == after
         candidate = f"{stem}.{n}{ext}"
         n += 1
     return candidate
@@ -105,17 +109,21 @@ def run(args: argparse.Namespace) -> int:
         if args.hardware:
             os.environ["NEURON_HARDWARE"] = args.hardware
         folder = args.output or run_folder.default_folder(run_folder.script_stem(program))
+        claim_or_refuse(folder)
         return run_folder.record_run(program, folder, args.level, steps,
                                      args.format or "pftrace")
     fmt = format_for(args.output or "", args.format)
     if args.output:
         output = args.output
         _check_writable(output)
+        claim_or_refuse(output)
         if os.path.exists(output):
             print(f"neuron-explorer: replacing existing {output}", file=sys.stderr)
     else:
         output = default_output(program.stem, fmt)
         _check_writable(output)
+        while not claim(output):  # another record, just started, chose that name too
+            output = default_output(program.stem, fmt, after=output)
     if args.hardware:
         os.environ["NEURON_HARDWARE"] = args.hardware
     options = RecordOptions(output, args.level, steps, fmt, program.argv)

@@ -191,6 +191,23 @@ def test_signals_complete_the_trace_or_leave_a_readable_prefix(
         assert any("no end mark" in w for w in loaded.warnings)
 
 
+def test_a_second_record_of_an_output_being_written_is_refused(record_cli, programs: Path):
+    """Two `record`s with one -o both said "trace written", the second silently replacing
+    the first: while one writes it, the other is refused in one line; once it ends, the
+    output is free again (a killed recording releases it too)."""
+    first = _start_looping(programs, "same.pftrace")
+    try:
+        second = record_cli("-o", "same.pftrace", "--level", "op", "train_small.py", "1")
+        assert second.returncode == 2
+        assert "same.pftrace is being written by another `neuron-explorer record`" in \
+            second.stderr and second.stderr.count("\n") == 1, second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    again = record_cli("-o", "same.pftrace", "--level", "op", "train_small.py", "1")
+    assert again.returncode == 0, again.stderr
+
+
 def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs: Path) -> None:
     proc = record_cli("-o", "c.pftrace", "--level", "op", "children.py")
     assert proc.returncode == 0, proc.stderr
