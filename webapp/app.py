@@ -229,6 +229,52 @@ def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
         return jsonify(trace=name)
 
 
+# A callback's body nests a few levels (figure relayout data, table rows); far deeper is
+# no request this dashboard makes.
+MAX_CALLBACK_DEPTH = 32
+
+
+def callback_body(data: bytes) -> Any:
+    """A callback request's JSON, or None when it is not strict JSON (NaN and Infinity are
+    not JSON; Python's parser takes them) or nests deeper than MAX_CALLBACK_DEPTH."""
+    import json
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        body = json.loads(data, parse_constant=no_constants)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    return body if _depth(body) <= MAX_CALLBACK_DEPTH else None
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_CALLBACK_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
+
+
+def well_formed(item: Any) -> bool:
+    """An input or state as Dash sends it: {"id", "property", "value"?}, its id a string or
+    (pattern-matching) an object, its property a string; a pattern-matching one is a list
+    of those. A store holding a trace name holds a string or nothing."""
+    if isinstance(item, list):
+        return all(well_formed(i) for i in item)
+    if not isinstance(item, dict) or not isinstance(item.get("property"), str):
+        return False
+    ident = item.get("id")
+    if not isinstance(ident, (str, dict)):
+        return False
+    if isinstance(ident, str) and ident.endswith("-trace") and item["property"] == "data":
+        return item.get("value") is None or isinstance(item.get("value"), str)
+    return True
+
+
 def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:
     """A callback sent a name or value no page offers answers 400 with the reason, not 500."""
     from flask import jsonify, request
@@ -239,16 +285,21 @@ def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:
         (Dash itself would fail with an IndexError deep inside)."""
         if request.path != "/_dash-update-component" or request.method != "POST":
             return None
-        body = request.get_json(silent=True)
+        body = callback_body(request.get_data(cache=True))
         if not isinstance(body, dict) or not isinstance(body.get("output"), str):
             return jsonify(error="not a callback of this dashboard"), 400
         spec = app.callback_map.get(body["output"])
         if spec is None:
             return jsonify(error="not a callback of this dashboard"), 400
+        if "callback" not in spec:
+            return jsonify(error="that callback runs in the browser, not on the server"), 400
         for part in ("inputs", "state"):
             sent = body.get(part) or []
             if not isinstance(sent, list) or len(sent) != len(spec[part]):
                 return jsonify(error=f"this callback takes {len(spec[part])} {part}"), 400
+            bad = next((item for item in sent if not well_formed(item)), None)
+            if bad is not None:
+                return jsonify(error=f"an item of {part} is not what this dashboard sends"), 400
         return None
 
     @app.server.errorhandler(NeuronExplorerError)

@@ -84,3 +84,32 @@ def test_a_malformed_callback_request_is_a_client_error(live_server, body):
     status, _, data = request(live_server, "POST", "/_dash-update-component", json.dumps(body).encode(),
                               {"Content-Type": "application/json"})
     assert 400 <= status < 500, (status, data[:300])
+
+
+def _raw_callback(live_server, body: bytes) -> int:
+    from dash_requests import request
+
+    return request(live_server, "POST", "/_dash-update-component", body,
+                   {"Content-Type": "application/json"})[0]
+
+
+def _findings_body(value) -> dict:
+    return {"output": "overview-findings.children",
+            "outputs": {"id": "overview-findings", "property": "children"},
+            "inputs": [{"id": "overview-trace", "property": "data", "value": value}],
+            "state": [], "changedPropIds": ["overview-trace.data"]}
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 5000 + b"]" * 5000,  # deeper than any request the dashboard makes
+    json.dumps(_findings_body(1.0)).replace("1.0", "NaN").encode(),  # NaN is not JSON
+    json.dumps(_findings_body({"a": 1})).encode(),  # a trace name that is an object
+    json.dumps(_findings_body(7)).encode(),  # ... or a number
+    json.dumps({**_findings_body("run_a.pftrace"), "inputs": ["not an item"]}).encode(),
+    json.dumps({**_findings_body("run_a.pftrace"), "inputs": [{"id": 3, "property": "data"}]}).encode(),
+    json.dumps({"output": "timeline-relayout.data", "outputs": {}, "inputs": [], "state": []}).encode(),
+])
+def test_malformed_callback_requests_are_client_errors(live_server, body):
+    """Each once answered 500: a 400 with a reason now, and the server keeps serving."""
+    assert _raw_callback(live_server, body) == 400
+    assert _raw_callback(live_server, json.dumps(_findings_body("run_a.pftrace")).encode()) == 200
