@@ -99,10 +99,22 @@ class TraceStore:
         """Trace files under the served folder and the uploads, by name.
 
         A link that leads out of the folder is left out (and noted in `skipped`),
-        so one stray link does not stop the others from being served."""
+        so one stray link does not stop the others from being served. A linked folder
+        that stays inside it (a run folder linked from elsewhere in the served folder)
+        is listed like any other, each real folder once."""
         names = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        seen = {self.root.resolve()}
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
+            kept = []
+            for d in sorted(d for d in dirnames if not d.startswith(".")):
+                real = Path(dirpath, d).resolve()
+                if not real.is_relative_to(self.root):
+                    rel = Path(dirpath, d).relative_to(self.root).as_posix()
+                    self.skipped[rel + "/"] = "it links to a folder outside the served folder"
+                elif real not in seen:  # a link back up would walk forever
+                    seen.add(real)
+                    kept.append(d)
+            dirnames[:] = kept
             for filename in sorted(filenames):
                 if filename == MANIFEST or not filename.lower().endswith(TRACE_SUFFIXES):
                     continue  # a run folder's manifest.json describes its ranks: it is no trace

@@ -130,6 +130,34 @@ def test_view_of_a_folder_skips_a_link_leading_out_with_a_warning(trace_folder, 
     assert "Traceback" not in err
 
 
+def test_a_linked_folder_inside_the_served_folder_is_listed_once(store, trace_folder,
+                                                                  tmp_path_factory):
+    """A run folder reached through a link was skipped without a word: a linked folder
+    that stays inside is listed (each real folder once, a link back up does not loop);
+    one that leads out is noted as skipped."""
+    hidden = trace_folder / ".store" / "train.run"  # a dot-folder is not listed itself
+    hidden.mkdir(parents=True)
+    write_synthetic(hidden / "rank0.pftrace")
+    os.symlink(hidden, trace_folder / "train.run")
+    runs = trace_folder / "runs" / "train.run"
+    runs.mkdir(parents=True)
+    write_synthetic(runs / "rank0.pftrace")
+    os.symlink(runs, trace_folder / "latest.run")  # points at a folder walked anyway
+    os.symlink(trace_folder, trace_folder / "runs" / "loop")  # a link back up
+    outside = tmp_path_factory.mktemp("outside_run")
+    write_synthetic(outside / "rank0.pftrace")
+    os.symlink(outside, trace_folder / "elsewhere.run")
+    listed = store.list_traces()
+    assert "train.run/rank0.pftrace" in listed  # served only through its link
+    assert ("latest.run/rank0.pftrace" in listed) != ("runs/train.run/rank0.pftrace" in listed)
+    assert not any(n.startswith(("elsewhere.run/", "runs/loop/")) for n in listed)
+    assert "elsewhere.run/" in store.skipped
+    only = tmp_path_factory.mktemp("only_linked")
+    os.symlink(runs, only / "linked.run")
+    assert TraceStore(only, loader=load_trace).list_traces() == []  # leads out of `only`
+    assert store.resolve("train.run/rank0.pftrace") == (hidden / "rank0.pftrace").resolve()
+
+
 def test_a_link_leading_out_is_not_listed(store, trace_folder, tmp_path_factory):
     secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
     write_synthetic(secret)
