@@ -135,3 +135,17 @@ def _section_labels(trace: Trace) -> pd.DataFrame:
         rows.extend([kernel_id, *r] for r in parsed[text])
     frame = pd.DataFrame(rows, columns=columns)
     return frame.drop_duplicates(["kernel_id", "section", "module", "source"])
+
+
+def matmul_dtype_mix(trace: Trace) -> dict[int, str]:
+    """Per compiled program's kernel id, the dtypes of its matmul sections, the most used
+    first ("bfloat16", or "bfloat16+float32" under autocast with some fp32 matmuls); a
+    program without matmuls is absent. A graph's first input's dtype says nothing of its
+    matmuls (under bf16 autocast the inputs are float32)."""
+    labels = _section_labels(trace)
+    labels = labels[labels["matmul_dtype"].astype(str) != ""] if len(labels) else labels
+    mix: dict[int, str] = {}
+    for kernel_id, part in labels.groupby("kernel_id", sort=False):
+        counts = part["matmul_dtype"].astype(str).value_counts(sort=True)
+        mix[int(kernel_id)] = "+".join(counts.index.tolist())
+    return mix

@@ -3,7 +3,8 @@
 Intensity = FLOPs / HBM bytes. Below the ridge point (peak FLOP/s / peak bytes/s)
 an op is memory-bound: more FLOPs per byte, not a faster engine, would speed it
 up. The peak used is the one of the op's dtype when known (FP32 matmuls run at a
-quarter of BF16 on the Tensor Engine).
+quarter of BF16 on the Tensor Engine); a compiled graph's dtype is the mix of its
+matmuls' dtypes ("bfloat16+float32"), its peak that of the most used.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.compiled_sections import matmul_dtype_mix
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import hbm_bandwidth, peak_flops
 from neuron_explorer.tables import map_unique
@@ -37,6 +39,10 @@ def roofline(trace: Trace) -> pd.DataFrame:
     if not len(ops):
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     ops = ops.assign(dtype=map_unique(ops["dtypes"], main_dtype))
+    mix = matmul_dtype_mix(trace)
+    if mix:  # a compiled graph: the dtypes of its matmuls, not of its first input
+        graph_dtype = ops["kernel_id"].map(mix)
+        ops["dtype"] = graph_dtype.where(graph_dtype.notna(), ops["dtype"])
     g = ops.groupby(["name", "dtype"], sort=False).agg(
         count=("id", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"),
         dur=("device_dur", "sum")).reset_index()
@@ -48,8 +54,9 @@ def roofline(trace: Trace) -> pd.DataFrame:
     g["intensity"] = np.divide(flops, nbytes, out=np.full(len(g), np.nan), where=nbytes > 0)
     g["achieved_flops_per_s"] = np.divide(flops, dur_s, out=np.full(len(g), np.nan),
                                           where=dur_s > 0)
-    peaks = np.array([peak_flops(figures, d or "bfloat16") or np.nan for d in g["dtype"]],
-                     np.float64)
+    # a mix's peak is its most used dtype's (the first named)
+    peaks = np.array([peak_flops(figures, d.split("+")[0] or "bfloat16") or np.nan
+                      for d in g["dtype"]], np.float64)
     g["ridge"] = peaks / bw if bw else np.nan
     g["attainable_flops_per_s"] = (np.minimum(peaks, g["intensity"].to_numpy() * bw)
                                    if bw else np.nan)

@@ -63,3 +63,15 @@ def test_the_same_graph_with_its_bmm_in_bf16_is_not_flagged(recorded) -> None:
     matmuls = compiled_matmuls(neuron_explorer.load(recorded["bf16"]))
     assert set(matmuls["dtype"]) == {"bfloat16"}
     assert _fp32_finding(recorded["bf16"]) is None
+
+
+def test_a_compiled_graphs_roofline_dtype_is_its_matmuls_mix(recorded) -> None:
+    """Graphs under autocast showed as float32 in the roofline (the dtype of their first
+    input) and were advised bf16: their dtype is now the mix of their matmuls'."""
+    mixed = neuron_explorer.load(recorded["fp32"]).roofline()
+    graphs = mixed[mixed["name"].str.startswith("graph:")]
+    assert set(graphs["dtype"]) >= {"bfloat16+float32"} or \
+        set(graphs["dtype"]) >= {"float32+bfloat16"}, graphs[["name", "dtype"]]
+    bf16 = neuron_explorer.load(recorded["bf16"]).roofline()
+    graphs = bf16[bf16["name"].str.startswith("graph:")]
+    assert "bfloat16" in set(graphs["dtype"]) and "float32" not in set(graphs["dtype"])
