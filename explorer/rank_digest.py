@@ -84,7 +84,7 @@ def _digest_key(folder: str) -> str | None:
     from neuron_explorer.store.parquet import StoreError, read_manifest
 
     try:
-        return f"{read_manifest(folder).get('build')}:{__version__}:2"
+        return f"{read_manifest(folder).get('build')}:{__version__}:3"
     except StoreError:
         return None
 

@@ -341,6 +341,14 @@ class Trace:
 
         return communication(self)
 
+    def kernel_types(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per device: time covered by computation, communication and memory kernels and by
+        their overlaps (HTA's kernel-type breakdown), share, and the plain sum per type;
+        `hta_window`: over the steps HTA keeps (all but the last)."""
+        from neuron_explorer.analyses.communication import kernel_types
+
+        return kernel_types(self, hta_window)
+
     def collectives(self) -> pd.DataFrame:
         """One row per collective call: kind, bytes, group, seq, wait and transfer time."""
         from neuron_explorer.analyses.communication import collectives

@@ -32,7 +32,7 @@ COMMUNICATION_COLUMNS = ["device", "compute_ns", "communication_ns", "overlap_ns
                          "overlap_pct", "exposed_ns", "memory_ns", "collectives"]
 STATS_COLUMNS = ["device", "collective", "count", "bytes", "time_ns", "transfer_ns",
                  "algbw_gbps", "busbw_gbps"]
-KERNEL_TYPE_COLUMNS = ["device", "kernel_type", "ns", "share"]
+KERNEL_TYPE_COLUMNS = ["device", "kernel_type", "ns", "share", "sum_ns"]
 
 # NCCL/RCCL kernel names: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_...
 _COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)\w*?(?:Kernel|DevKernel)_?([A-Za-z]+)",
@@ -304,21 +304,69 @@ def stats_of(coll: pd.DataFrame, keys: tuple[str, ...] = ("device", "collective"
     return g[columns]
 
 
-def kernel_types(trace: Trace) -> pd.DataFrame:
-    """Per device: kernel time split into communication, memory and computation, each with
-    its share of the device's kernel time (HTA's kernel-type breakdown)."""
+def kernel_types(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """Per device, Holistic Trace Analysis's kernel-type breakdown over the whole trace
+    (with `hta_window`, over the kernels HTA keeps: those launched in the steps before
+    the last one, when the trace has two or more; HTA drops the last profiler step):
+    the time covered by computation, communication and memory kernels alone, and by each
+    overlap of them ("computation overlapping communication"), as HTA's
+    `get_gpu_kernel_breakdown` counts it (each type's kernels merged into intervals, then
+    swept; HTA leaves memory out unless asked). `ns` is that time, `share` its part of the
+    device's kernel-covered time (HTA's percentage), `sum_ns` the plain sum of the type's
+    kernel durations (overlap rows: 0)."""
     k = trace.kernels
+    coll = collectives(trace)
+    if hta_window and len(trace.steps) >= 2:
+        # HTA keeps the kernels whose launching CPU op started before the last step
+        last_start = int(trace.steps["ts"].max())
+        s_ts = trace.table("slices")["ts"].to_numpy(np.int64)
+        op = k["op_slice_id"].to_numpy(np.int64)
+        launched = np.where(op >= 0, s_ts[np.maximum(op, 0)], k["ts"].to_numpy(np.int64))
+        k = k[launched < last_start]
+        coll = coll[coll["id"].isin(set(k["id"].tolist())) | (coll["ts"] < last_start)]
     if not len(k):
         return tables.empty(KERNEL_TYPE_COLUMNS)
-    coll = collectives(trace)
     comm_ids = set(coll["id"].tolist())
     kind = np.where(k["id"].isin(comm_ids), "communication",
                     np.where(k["kind"].isin(["memcpy", "memset"]), "memory", "computation"))
-    frames = [k[["device", "dur"]].assign(kernel_type=kind)]
+    frames = [k[["device", "ts", "dur"]].assign(kernel_type=kind)]
     own_queue = coll[~coll["id"].isin(set(k["id"].tolist()))]  # ours: not kernels
     if len(own_queue):
-        frames.append(own_queue[["device", "dur"]].assign(kernel_type="communication"))
-    g = pd.concat(frames, ignore_index=True).groupby(["device", "kernel_type"])["dur"].sum()
-    frame = g.rename("ns").reset_index()
+        frames.append(own_queue[["device", "ts", "dur"]].assign(kernel_type="communication"))
+    every = pd.concat(frames, ignore_index=True)
+    rows = []
+    for device, mine in every.groupby("device", sort=True):
+        sums = mine.groupby("kernel_type")["dur"].sum()
+        for label, ns in _swept(mine).items():
+            rows.append((int(device), label, ns, int(sums.get(label, 0))))
+    frame = pd.DataFrame(rows, columns=["device", "kernel_type", "ns", "sum_ns"])
     frame["share"] = frame["ns"] / frame.groupby("device")["ns"].transform("sum")
     return frame[KERNEL_TYPE_COLUMNS]
+
+
+_TYPE_ORDER = ("computation", "communication", "memory")  # HTA's order, memory last
+
+
+def _swept(kernels: pd.DataFrame) -> dict[str, int]:
+    """Time covered by each combination of kernel types running at once, named as HTA
+    names them ("computation overlapping communication")."""
+    times, steps = [], []
+    for bit, kernel_type in enumerate(_TYPE_ORDER):
+        part = kernels[kernels["kernel_type"] == kernel_type]
+        ts = part["ts"].to_numpy(np.int64)
+        merged = Union(ts, ts + part["dur"].to_numpy(np.int64))
+        times += [merged.starts, merged.ends]
+        steps += [np.full(len(merged.starts), 1 << bit), np.full(len(merged.ends), -(1 << bit))]
+    t = np.concatenate(times)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    running = np.cumsum(np.concatenate(steps)[order])
+    spans = np.diff(t)
+    out: dict[str, int] = {}
+    for state in np.unique(running[:-1]):
+        if state <= 0:
+            continue
+        names = [n for bit, n in enumerate(_TYPE_ORDER) if state & (1 << bit)]
+        label = " overlapping ".join(names)
+        out[label] = out.get(label, 0) + int(spans[running[:-1] == state].sum())
+    return out

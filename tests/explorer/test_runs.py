@@ -186,7 +186,10 @@ def test_kineto_rank_folder_derives_waits_from_arrivals(tmp_path):
     comm = run.communication().set_index("rank")
     assert comm.loc[0, "overlap_pct"] == pytest.approx(100 * 100 / 400)
     types = run.kernel_types()
-    assert set(types["kernel_type"]) == {"communication", "computation"}
+    # rank 0: compute [0, 600) us, the all-reduce kernel [500, 900): HTA's rows
+    zero = types[types["rank"] == 0].set_index("kernel_type")["ns"].to_dict()
+    assert zero == {"computation": 500_000, "computation overlapping communication": 100_000,
+                    "communication": 300_000}
 
 
 def test_ranks_from_file_names_and_duplicates(tmp_path):
