@@ -47,6 +47,7 @@ def report_dict(trace: Trace) -> dict[str, Any]:
     return {
         "summary": trace.summary(),
         "breakdown": records(mean_breakdown(trace)),
+        "critical_path": records(trace.critical_path()),
         "idle": records(idle_summary(trace)),
         "top_ops": records(trace.op_stats().head(TOP)),
         "top_modules": records(trace.module_stats().head(TOP)),
@@ -124,9 +125,29 @@ def report_sections(trace: Trace) -> list[Section]:
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
             Section(_breakdown_title(s), bd_table),
+            Section(_critical_title(s), _critical_table(trace)),
             Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _critical_title(s: dict[str, Any]) -> str:
+    where = _steps_label(s) if s["steps_analysed"] else "the whole trace"
+    return f"Critical path (what sets the step's length, mean per step, {where})"
+
+
+def _critical_table(trace: Trace) -> pd.DataFrame | list[str]:
+    """The critical path's time per kind and category, as a mean per analysed step."""
+    path = trace.critical_path()
+    if not len(path):
+        return ["no steps to walk"]
+    steps = path["step"].nunique()
+    per = path.groupby(["kind", "category"], sort=False)["dur"].sum() / steps
+    per = per.sort_values(ascending=False)
+    total = float(per.sum())
+    return pd.DataFrame({"side": [k for k, _ in per.index], "on the path": [c for _, c in per.index],
+                         "per step": [fmt_ns(v) for v in per],
+                         "share": [fmt_share(v / total if total else 0) for v in per]})
 
 
 def _breakdown_title(s: dict[str, Any]) -> str:

@@ -341,6 +341,14 @@ class Trace:
 
         return communication(self)
 
+    def critical_path(self, step: int | None = None) -> pd.DataFrame:
+        """The chain of host work, launches, kernels and waits that sets each analysed
+        step's length (or `step`'s): step, ts, dur, name, kind, category, track, rank; a
+        step's segments are contiguous and sum to the step."""
+        from neuron_explorer.analyses.critical_path import critical_path
+
+        return memoised(self, f"critical_path:{step}", lambda: critical_path(self, step))
+
     def kernel_types(self, hta_window: bool = False) -> pd.DataFrame:
         """Per device: time covered by computation, communication and memory kernels and by
         their overlaps (HTA's kernel-type breakdown), share, and the plain sum per type;

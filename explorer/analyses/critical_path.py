@@ -11,10 +11,12 @@ op interval covers its kernel's end, and the overlap is the wait).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.intervals import Union
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -78,3 +80,175 @@ def device_wait_saving(trace: Trace, ts: np.ndarray, dur: np.ndarray) -> float:
     if len(saving) > 1:
         saving = saving.clip(upper=float(saving.median()) * CATCH_UP_FACTOR)
     return float(saving.sum())
+
+
+PATH_COLUMNS = ["step", "ts", "dur", "name", "kind", "category", "track", "rank"]
+# kernels closer than this count as back to back (one kernel's end starts the next)
+_TOUCH_NS = 1_000
+_HOST_ORDER = ("dataloader", "compile", "op_dispatch")  # priority, as the step breakdown's
+
+
+def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
+    """The chain of work that sets each analysed step's length (or `step`'s), walked back
+    from the step's end: the host's own work (`python`, `op_dispatch`, `dataloader`,
+    `compile`) until it waited on the device at a sync; from there the device's kernels
+    back along their queue (one kernel's end starting the next), across to another
+    queue's kernel when one waited on it (`dependency`: a copy, a collective, an event),
+    and back to the host where a kernel started only when the host launched it
+    (`launch`: the launch latency). The segments of a step are contiguous and sum to the
+    step. Columns: step, ts, dur, name, kind (host | device), category, track, rank."""
+    from neuron_explorer.analyses.idle import _launch_times
+    from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
+    from neuron_explorer.run_files import distributed_info
+
+    win = step_windows(trace)
+    if step is not None:
+        win = win[win["step"] == step]
+    rank = int(distributed_info(trace.metadata).get("rank") or 0)
+    if not len(win):
+        return pd.DataFrame(columns=PATH_COLUMNS)
+    s = trace.table("slices")
+    hs = host_slices(trace)
+    host = _HostTimeline(hs, *blocking_op_waits(trace))
+    k = trace.kernels
+    device = _DeviceQueues(k, s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
+                           if len(k) else np.zeros(0, np.int64), _launch_times(trace, k)
+                           if len(k) else np.zeros(0, np.int64))
+    main_track = int(s.loc[trace.steps["id"].iloc[0], "track_id"]) if len(trace.steps) else -1
+    rows: list[tuple] = []
+    for w in win.itertuples():
+        segments = _walk(int(w.ts), int(w.ts + w.dur), host, device, main_track)
+        rows += [(int(w.step), *seg, rank) for seg in reversed(segments)]
+    return pd.DataFrame(rows, columns=PATH_COLUMNS)
+
+
+class _HostTimeline:
+    """The host's waits on the device (syncs, and blocking ops' waits) and its work by
+    category, for the walk."""
+
+    def __init__(self, hs: pd.DataFrame, block_ts: np.ndarray, block_dur: np.ndarray) -> None:
+        syncs = hs[hs["kind"] == "sync"]
+        n = len(block_ts)
+        self.sync_start = np.r_[syncs["ts"].to_numpy(np.int64), np.asarray(block_ts, np.int64)]
+        self.sync_end = self.sync_start + np.r_[syncs["dur"].to_numpy(np.int64),
+                                                np.asarray(block_dur, np.int64)]
+        self.sync_name = np.r_[syncs["name"].to_numpy(object), np.full(n, "blocking op", object)]
+        main = int(syncs["track_id"].iloc[0]) if len(syncs) else -1
+        self.sync_track = np.r_[syncs["track_id"].to_numpy(np.int64), np.full(n, main, np.int64)]
+        kinds = {"dataloader": ("dataloader",), "compile": ("compile",),
+                 "op_dispatch": ("op", "runtime")}
+        self.unions = {cat: Union(hs.loc[hs["kind"].isin(kind), "ts"].to_numpy(),
+                                  (hs.loc[hs["kind"].isin(kind), "ts"]
+                                   + hs.loc[hs["kind"].isin(kind), "dur"]).to_numpy())
+                       for cat, kind in kinds.items()}
+
+    def last_sync_ending_by(self, t: int, lo: int) -> int:
+        """Index of the sync that ended last at or before `t` and after `lo` (-1: none)."""
+        order = np.argsort(self.sync_end, kind="stable")
+        ends = self.sync_end[order]
+        i = int(np.searchsorted(ends, t, side="right")) - 1
+        return int(order[i]) if i >= 0 and ends[i] > lo else -1
+
+    def work(self, a: int, b: int, track: int) -> list[tuple]:
+        """Segments of [a, b) by the host's category (latest first)."""
+        cuts = {a, b}
+        for u in self.unions.values():
+            lo = np.searchsorted(u.starts, a, side="left")
+            hi = np.searchsorted(u.starts, b, side="right")
+            cuts.update(int(x) for x in u.starts[max(lo - 1, 0):hi] if a < x < b)
+            cuts.update(int(x) for x in u.ends[max(lo - 1, 0):hi] if a < x < b)
+        points = sorted(cuts)
+        out: list[tuple] = []
+        for x0, x1 in pairwise(points):
+            cat = next((c for c in _HOST_ORDER
+                        if self.unions[c].covered(np.array([x0]), np.array([x1]))[0] == x1 - x0),
+                       "python")
+            if out and out[-1][4] == cat and out[-1][0] + out[-1][1] == x0:
+                out[-1] = (out[-1][0], out[-1][1] + x1 - x0, *out[-1][2:])
+            else:
+                out.append((x0, x1 - x0, cat, "host", cat, track))
+        return out[::-1]
+
+
+class _DeviceQueues:
+    """Kernels by queue (track), sorted, with their launch times."""
+
+    def __init__(self, k: pd.DataFrame, tracks: np.ndarray, launch: np.ndarray) -> None:
+        order = np.argsort(k["ts"].to_numpy(np.int64), kind="stable") if len(k) else []
+        self.ts = k["ts"].to_numpy(np.int64)[order]
+        self.end = self.ts + k["dur"].to_numpy(np.int64)[order]
+        self.name = k["name"].to_numpy()[order]
+        self.track = np.asarray(tracks, np.int64)[order]
+        self.launch = np.asarray(launch, np.int64)[order]
+
+    def ending_by(self, t: int, track: int | None = None, exclude: int = -1) -> int:
+        """The kernel (index) that ended last at or before `t` (on `track`, if given),
+        other than `exclude`."""
+        mask = self.end <= t
+        if track is not None:
+            mask &= self.track == track
+        if exclude >= 0:
+            mask[exclude] = False
+        idx = np.flatnonzero(mask)
+        return int(idx[np.argmax(self.end[idx])]) if len(idx) else -1
+
+
+def _walk(lo: int, hi: int, host: _HostTimeline, dev: _DeviceQueues,
+          main_track: int) -> list[tuple]:
+    """Segments (ts, dur, name, kind, category, track) from `hi` back to `lo`, latest first."""
+    out: list[tuple] = []
+    t, on_host, kernel = hi, True, -1
+    for _ in range(4 * (len(dev.ts) + len(host.sync_end)) + 16):
+        if t <= lo:
+            break
+        if on_host:
+            i = host.last_sync_ending_by(t, lo)
+            start = max(int(host.sync_end[i]) if i >= 0 else lo, lo)
+            out += host.work(start, t, main_track)
+            t = start
+            if i < 0 or t <= lo:
+                break
+            # the host waited on the device until here: the device's last kernel set it
+            kernel = dev.ending_by(t)
+            if kernel < 0 or dev.end[kernel] <= max(lo, int(host.sync_start[i])):
+                # the device had nothing left: the sync itself is the host's time
+                s0 = max(int(host.sync_start[i]), lo)
+                out.append((s0, t - s0, str(host.sync_name[i]), "host", "sync",
+                            int(host.sync_track[i])))
+                t = s0
+                continue
+            if dev.end[kernel] < t:
+                out.append((int(dev.end[kernel]), t - int(dev.end[kernel]), "sync latency",
+                            "host", "sync", int(host.sync_track[i])))
+                t = int(dev.end[kernel])
+            on_host = False
+            continue
+        # on the device, inside `kernel`, at t
+        k0 = max(int(dev.ts[kernel]), lo)
+        out.append((k0, t - k0, str(dev.name[kernel]), "device", "kernel", int(dev.track[kernel])))
+        t = k0
+        if t <= lo:
+            break
+        # what let it start: the latest of its queue's previous kernel ending, another
+        # queue's kernel ending (a copy, a collective, an event), and its launch
+        track = int(dev.track[kernel])
+        prev = dev.ending_by(t, track, exclude=kernel)
+        other = dev.ending_by(t, exclude=kernel)
+        causes = [(int(dev.launch[kernel]), "launch", -1)]
+        if prev >= 0:
+            causes.append((int(dev.end[prev]), "queue", prev))
+        if other >= 0 and other != prev and other != kernel:
+            causes.append((int(dev.end[other]), "dependency", other))
+        when, why, before = max(causes, key=lambda c: (c[0], c[1] != "launch"))
+        when = min(max(when, lo), t)
+        if why == "launch":  # it started only when the host launched it
+            out.append((when, t - when, "launch", "device", "launch", track))
+            t, on_host = when, True
+            continue
+        if when < t:  # a wait with nothing recorded to explain it, or a hop's latency
+            out.append((when, t - when, why, "device", "dependency", track))
+            t = when
+        kernel = before
+    if t > lo:  # the walk's budget ran out: the rest as the host's
+        out.append((lo, t - lo, "unexplained", "host", "python", main_track))
+    return [seg for seg in out if seg[1] > 0]
