@@ -366,10 +366,12 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
     host_end = host_start + overhead
     kernel_ids = tuple(schedule(device, k, op_id, host_end) for k in kernels)
     if hub.active:
+        # a graph holding ops with no device lowering ran them on the host: a fallback op
+        fallback = any(getattr(k, "host_fallbacks", ()) for k in kernels)
         hub.op_launched(OpLaunch(
             op_id, op_name, device.index, host_start, host_end,
             tuple(tuple(s) for s in input_shapes), tuple(str(d) for d in input_dtypes),
-            int(flops), int(hbm_bytes), False, kernel_ids, threading.get_ident(), graph_id,
+            int(flops), int(hbm_bytes), fallback, kernel_ids, threading.get_ident(), graph_id,
         ))
     clock.exclude(_perf_ns() - real_start - queued_ns - overhead)
     if host_costs.per_launch_ns:

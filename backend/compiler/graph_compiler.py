@@ -10,6 +10,7 @@ builds its kernels at run time, once per distinct set of sizes.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -96,6 +97,14 @@ class CompiledGraph:
         return [k.name for k in launch.kernels] if launch else []
 
     @property
+    def fallback_ops(self) -> list[str]:
+        """The graph's ops with no device lowering (they run on the host)."""
+        launch = self.static_launch or next(iter(self._launches.values()), None)
+        found = (name for k in (launch.kernels if launch else ())
+                 for name in getattr(k, "host_fallbacks", ()))
+        return list(dict.fromkeys(found))
+
+    @property
     def section_names(self) -> list[str]:
         """The program's sections (fusion groups, or one op of an attention region)."""
         launch = self.static_launch or next(iter(self._launches.values()), None)
@@ -132,7 +141,8 @@ class CompiledGraph:
                 launch = self._launches[key] = self._plan_launch(binding)
                 span_args.update(op_count=self.op_count, group_count=len(self.groups),
                                  kernel_count=len(launch.kernels),
-                                 kernels=[k.name for k in launch.kernels])
+                                 kernels=[k.name for k in launch.kernels],
+                                 fallback_ops=json.dumps(self.fallback_ops))
         return launch
 
     def __call__(self, *call_args: object) -> list:
@@ -182,5 +192,6 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[object], phase: s
         args.update(op_count=compiled.op_count, group_count=len(compiled.groups),
                     kernel_count=len(compiled.kernel_names), kernels=compiled.kernel_names,
                     sections=compiled.section_names,
+                    fallback_ops=json.dumps(compiled.fallback_ops),
                     dynamic_shapes=compiled.static_launch is None)
     return compiled

@@ -79,6 +79,7 @@ class KernelBuilder:
         # dependencies wait for `after` (what the ops they read from compute).
         self.section = 0
         self.sections: tuple = ()
+        self.host_fallbacks: list[str] = []  # ops emitted as host round trips
         self.after: tuple[int, ...] = ()
 
     def __len__(self) -> int:
@@ -314,6 +315,7 @@ class KernelBuilder:
             section=np.asarray(self._section, dtype=np.int32).reshape(n)
             if self.sections else None,
             sections=self.sections,
+            host_fallbacks=tuple(dict.fromkeys(self.host_fallbacks)),
         )
 
     def _schedule(self) -> tuple[list[float], list[float], float]:

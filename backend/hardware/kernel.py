@@ -38,6 +38,7 @@ class Kernel:
         "hbm_bytes",
         "hbm_read_bytes",
         "hbm_write_bytes",
+        "host_fallbacks",
         "model_flops",
         "name",
         "psum_bytes",
@@ -69,6 +70,7 @@ class Kernel:
         te_cold_ns: float = 0.0,
         section: np.ndarray | None = None,
         sections: tuple = (),
+        host_fallbacks: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.flops = int(flops)
@@ -86,6 +88,8 @@ class Kernel:
         # it belongs to in `sections` (None: a kernel of one op).
         self.sections = sections
         self._section = section
+        # ops of a compiled program that had no device lowering and ran on the host
+        self.host_fallbacks = host_fallbacks
         for array in (engine, opcode, start, dur, nbytes, iflops) + (
                 () if section is None else (section,)):
             array.flags.writeable = False  # kernels are cached and shared

@@ -153,6 +153,7 @@ def emit_host_fallback(b: KernelBuilder, spec: OpSpec) -> None:
     """Emit the device side of running `spec` on the host into `b` (see
     lower_host_fallback); a compiled graph's program holds these too."""
     preset = b.preset
+    b.host_fallbacks.append(spec.name)
     bytes_in = sum(t.nbytes for t in spec.inputs)
     bytes_out = sum(t.nbytes for t in spec.outputs)
     sent = tuple(b.host_transfer("DmaToHost", t.nbytes) for t in spec.inputs if t.nbytes)

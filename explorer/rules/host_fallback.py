@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
@@ -62,6 +64,41 @@ def _advice(name: str, rows: pd.DataFrame) -> str:
             f"supports{move}.")
 
 
+def graph_fallbacks(trace: Trace) -> dict[int, list[str]]:
+    """Per compiled graph id, the ops in it with no device lowering (from its compile
+    span's `fallback_ops`); graphs without any are absent."""
+    import json
+
+    spans = trace.table("slices")
+    spans = spans[spans["kind"] == tf.CAT_COMPILE]
+    ids = spans["id"].to_numpy()
+    graph = tables.number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
+    found: dict[int, list[str]] = {}
+    for g, text in zip(graph.tolist(), tables.text(trace.slice_args.column("fallback_ops", ids)),
+                       strict=True):
+        try:
+            names = json.loads(text) if text else []
+        except ValueError:
+            continue
+        if g >= 0 and isinstance(names, list) and names:
+            found.setdefault(int(g), [])
+            found[int(g)] += [str(n) for n in names if str(n) not in found[int(g)]]
+    return found
+
+
+def _in_graphs(fb: pd.DataFrame, graphs: dict[int, list[str]]) -> pd.DataFrame:
+    """Fallback rows with each compiled graph's launch replaced by the ops that fell back
+    inside it (named `aten::x in graph:N`); their time is part of the graph's, not theirs."""
+    is_graph = fb["graph_id"].to_numpy() >= 0
+    rows = [fb[~is_graph]]
+    for r in fb[is_graph].itertuples():
+        for name in graphs.get(int(r.graph_id), []):
+            rows.append(pd.DataFrame([{**r._asdict(), "name": name, "dur": 0,
+                                       "device_dur": 0, "graph": r.name}]).drop(
+                columns="Index", errors="ignore"))
+    return pd.concat(rows, ignore_index=True) if rows else fb
+
+
 def check(trace: Trace) -> list[Finding]:
     ops = in_analysed_steps(trace, trace.ops)
     if not len(ops):
@@ -69,15 +106,23 @@ def check(trace: Trace) -> list[Finding]:
     fb = ops[ops["fallback"].astype(bool)]
     if len(fb) < th.FALLBACK_MIN_OPS:
         return []
+    fb = _in_graphs(fb, graph_fallbacks(trace))
+    if not len(fb):
+        return []
     lost = float(fb["dur"].sum() + fb["device_dur"].sum())
     per_name = fb.groupby("name")["dur"].agg(["sum", "size"]).sort_values("sum", ascending=False)
     names = ", ".join(f"{n} ({c}x)" for n, (_, c) in per_name.iterrows())
-    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} ran on the host for {us(r.dur)}"
+    inside = fb["graph"].fillna("") if "graph" in fb else pd.Series("", index=fb.index)
+    items = [evidence(r.ts, r.dur, [r.id], (f"{r.name} ran on the host for {us(r.dur)}"
+                                            if not g else f"{r.name} ran on the host inside {g}")
                       + (f" ({r.module})" if r.module else "")
                       + (f" at {r.source}" if r.source else ""))
-             for r in top(fb, "dur").itertuples()]
+             for r, g in zip(top(fb, "dur").itertuples(), inside[top(fb, "dur").index],
+                             strict=True)]
     advice = " ".join(_advice(str(n), fb[fb["name"] == n]) for n in per_name.index[:3])
     return [make(
         trace, RULE_ID, f"{len(fb)} ops fell back to the host", lost, items,
         f"These ops have no device lowering: {names}. Each one copies its inputs to the host, "
-        "waits for the device, computes on the CPU and copies the result back.", advice)]
+        "waits for the device, computes on the CPU and copies the result back."
+        + (" Inside a compiled graph that round trip is part of the graph's device time "
+           "(not counted here)." if inside.astype(bool).any() else ""), advice)]
