@@ -262,7 +262,7 @@ def _depth(value: Any, level: int = 0) -> int:
 def well_formed(item: Any) -> bool:
     """An input or state as Dash sends it: {"id", "property", "value"?}, its id a string or
     (pattern-matching) an object, its property a string; a pattern-matching one is a list
-    of those. A store holding a trace name holds a string or nothing."""
+    of those. A page's store of its trace's name holds a string or nothing."""
     if isinstance(item, list):
         return all(well_formed(i) for i in item)
     if not isinstance(item, dict) or not isinstance(item.get("property"), str):
@@ -270,9 +270,14 @@ def well_formed(item: Any) -> bool:
     ident = item.get("id")
     if not isinstance(ident, (str, dict)):
         return False
-    if isinstance(ident, str) and ident.endswith("-trace") and item["property"] == "data":
+    if ident in TRACE_NAME_STORES and item["property"] == "data":
         return item.get("value") is None or isinstance(item.get("value"), str)
     return True
+
+
+# the stores that hold the name of the trace a page shows (not `loaded-trace`, which
+# records the load that ended: an object)
+TRACE_NAME_STORES = frozenset({"overview-trace", "tables-trace", "kernel-trace"})
 
 
 def _register_error_handlers(app: dash.Dash, ctx: AppContext) -> None:

@@ -113,3 +113,16 @@ def test_malformed_callback_requests_are_client_errors(live_server, body):
     """Each once answered 500: a 400 with a reason now, and the server keeps serving."""
     assert _raw_callback(live_server, body) == 400
     assert _raw_callback(live_server, json.dumps(_findings_body("run_a.pftrace")).encode()) == 200
+
+
+def test_every_page_store_of_a_trace_name_is_checked():
+    """A new page's `<page>-trace` store must be in TRACE_NAME_STORES to be checked."""
+    import re
+    from pathlib import Path
+
+    from neuron_explorer.webapp.app import TRACE_NAME_STORES
+
+    pages = Path(__file__).resolve().parents[2] / "webapp" / "pages"
+    found = {m for p in pages.glob("*.py")
+             for m in re.findall(r'dcc\.Store\(id="([a-z]+-trace)"', p.read_text())}
+    assert found == set(TRACE_NAME_STORES)
