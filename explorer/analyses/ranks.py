@@ -29,8 +29,8 @@ SLOWER_T = 3.0
 MIN_STEPS_TESTED = 4
 STRAGGLER_COLUMNS = ["rank", "arrival_delay_ns", "last_arrivals", "wait_caused_ns",
                      "step_time_ns", "step_excess_ns", "saving_ns", "late_share"]
-# A rank is late when the others lose at least this share of their step time waiting for
-# it, or its steps take at least this much longer than the median rank's.
+# A rank is a straggler when removing its extra work would save at least this share of
+# the run's step time.
 LATE_SHARE = 0.05
 
 
@@ -63,9 +63,7 @@ def matched_collectives(coll: pd.DataFrame, complete: bool = True) -> pd.DataFra
     unmatched = (high > SIZE_MISMATCH * low.clip(lower=1)).to_numpy()
     coll.loc[unmatched, "last_arrival"] = coll.loc[unmatched, "arrival"]
     coll.loc[unmatched, "ranks_arrived"] = 1
-    derived = np.clip(coll["last_arrival"] - coll["arrival"], 0, coll["dur"])
-    if not complete:
-        derived = derived * 0
+    derived = np.clip(coll["last_arrival"] - coll["arrival"], 0, coll["dur"]) if complete else 0
     unknown = coll["wait_ns"].to_numpy() < 0
     coll.loc[unknown, "wait_ns"] = np.where(coll["ranks_arrived"] > 1, derived, 0)[unknown]
     unknown_transfer = coll["transfer_ns"].to_numpy() < 0
@@ -146,7 +144,7 @@ def own_work(run: Run) -> pd.DataFrame:
     wait makes the step longer only when the host then waits for the device: a host-bound
     rank queues its next work meanwhile, and its step is as long without the wait. So the
     critical part of the waits is at most the host's time waiting on the device in the
-    step (syncs, blocking collectives): min(collective waits, host sync time)."""
+    step (syncs, blocking ops): min(collective waits, host waits)."""
     steps = run.steps
     if not len(steps) or "host_sync_ns" not in steps:
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))

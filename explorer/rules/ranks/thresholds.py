@@ -1,11 +1,11 @@
 """Every threshold the run rules use, with the reason for its value. Shares are of the
 run's step time (the mean over ranks of each rank's total step time)."""
 
-# straggler_rank: the other ranks lose this share of their step time waiting for one rank
-# (or its steps run this much longer than the median rank's).
+# straggler_rank: removing one rank's extra work would save this share of the run's step
+# time (analyses/ranks.py `straggler_savings`).
 STRAGGLER_MIN_SHARE = 0.05
 
-# collective_wait: time ranks wait at collectives for the last rank to arrive.
+# collective_wait: the waits at collectives that held up steps (their hosts waited them out).
 COLLECTIVE_WAIT_MIN_SHARE = 0.05
 
 # exposed_communication: time a device only moves data, with no compute to hide it.
