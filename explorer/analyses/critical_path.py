@@ -174,7 +174,7 @@ class _DeviceQueues:
     """Kernels by queue (track), sorted, with their launch times."""
 
     def __init__(self, k: pd.DataFrame, tracks: np.ndarray, launch: np.ndarray) -> None:
-        order = np.argsort(k["ts"].to_numpy(np.int64), kind="stable") if len(k) else []
+        order = np.argsort(k["ts"].to_numpy(np.int64), kind="stable")
         self.ts = k["ts"].to_numpy(np.int64)[order]
         self.end = self.ts + k["dur"].to_numpy(np.int64)[order]
         self.name = k["name"].to_numpy()[order]
