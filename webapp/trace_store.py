@@ -298,6 +298,28 @@ class TraceStore:
             partial.unlink(missing_ok=True)
         return name
 
+    def _check_inflated_size(self, filename: str, f: IO[bytes]) -> None:
+        """Inflate gzip data (every member) a chunk at a time, keeping none of it; refuse
+        it once it passes the upload limit."""
+        import zlib
+
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer
+        inflated = 0
+        while chunk := f.read(CHUNK_BYTES):
+            data = chunk
+            while data:
+                inflated += len(inflater.decompress(data, CHUNK_BYTES))
+                if inflated > self.max_upload_bytes:
+                    raise UploadError(
+                        f"{filename} inflates to more than the "
+                        f"{self.max_upload_bytes / 2**20:.0f} MiB upload limit; put it in the "
+                        "served folder instead")
+                if inflater.eof:  # the bytes after this member start the next one
+                    data = inflater.unused_data
+                    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+                else:
+                    data = inflater.unconsumed_tail
+
     def _check_content(self, filename: str, path: Path) -> None:
         """Refuses an upload that cannot be a trace (its first bytes) or whose gzip data
         inflates past the upload limit: compressed or not, an upload is at most that much
@@ -309,22 +331,10 @@ class TraceStore:
             head = f.read(2)
             if head == b"\x1f\x8b":
                 f.seek(0)
-                inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-                inflated = 0
-                while chunk := f.read(CHUNK_BYTES):
-                    pending = chunk
-                    while pending:
-                        inflated += len(inflater.decompress(pending, CHUNK_BYTES))
-                        if inflated > self.max_upload_bytes:
-                            raise UploadError(
-                                f"{filename} inflates to more than the "
-                                f"{self.max_upload_bytes / 2**20:.0f} MiB upload limit; put it in "
-                                "the served folder instead")
-                        pending = inflater.unconsumed_tail
-                        if inflater.eof:  # a next gzip member, if any
-                            pending = inflater.unused_data + pending
-                            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) \
-                                if pending else inflater
+                try:
+                    self._check_inflated_size(filename, f)
+                except zlib.error as exc:
+                    raise UploadError(f"{filename} is not valid gzip data ({exc})") from None
                 return
         if head[:1] not in TRACE_FIRST_BYTES:
             raise UploadError(f"{filename} is not a trace: it starts with neither a Perfetto "

@@ -179,8 +179,11 @@ def test_a_small_gzip_that_inflates_past_the_limit_is_refused_before_it_loads(tr
         with pytest.raises(UploadError, match="inflates to more than the 2 MiB upload limit"):
             store.save_upload("bomb.json.gz", bomb)
         assert not [n for n in store.list_traces() if n.startswith("upload:")]
-        # a small trace, gzipped, is accepted
+        # a small trace, gzipped, is accepted, in two members too; damaged gzip is refused
         store.save_upload("small.json.gz", gzip.compress(b'{"traceEvents": []}'))
+        store.save_upload("two.json.gz", gzip.compress(b'{"traceEvents": ') + gzip.compress(b"[]}"))
+        with pytest.raises(UploadError, match="is not valid gzip data"):
+            store.save_upload("bad.json.gz", gzip.compress(b"{}")[:-12] + b"\xff" * 40)
     finally:
         store.close()
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
