@@ -270,7 +270,7 @@ def well_formed(item: Any) -> bool:
     ident = item.get("id")
     if not isinstance(ident, (str, dict)):
         return False
-    if ident in TRACE_NAME_STORES and item["property"] == "data":
+    if isinstance(ident, str) and ident in TRACE_NAME_STORES and item["property"] == "data":
         return item.get("value") is None or isinstance(item.get("value"), str)
     return True
 

@@ -126,3 +126,12 @@ def test_every_page_store_of_a_trace_name_is_checked():
     found = {m for p in pages.glob("*.py")
              for m in re.findall(r'dcc\.Store\(id="([a-z]+-trace)"', p.read_text())}
     assert found == set(TRACE_NAME_STORES)
+
+
+def test_pattern_matching_ids_are_well_formed():
+    """A pattern-matching input's id is an object (it once raised TypeError in the check)."""
+    from neuron_explorer.webapp.app import well_formed
+
+    assert well_formed({"id": {"type": "finding-link", "rank": 0}, "property": "n_clicks"})
+    assert well_formed([{"id": {"type": "row", "index": 1}, "property": "value", "value": 3}])
+    assert not well_formed({"id": ["a"], "property": "value"})
