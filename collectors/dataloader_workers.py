@@ -127,6 +127,29 @@ class _DataQueue:
         return getattr(self._queue, name)
 
 
+def wrap_sigchld_setter(original: Callable) -> Callable:
+    """torch's SIGCHLD handler raises in the main thread, wherever it is, once a worker
+    dies: also inside the recorder or the device emulation's deallocation callbacks. It
+    is installed when a DataLoader starts its workers, after the recorder wrapped SIGINT
+    and SIGTERM; wrap it the same way, so it waits for the end of a guarded section and,
+    landing in a finaliser, is sent again a moment later."""
+
+    @functools.wraps(original)
+    def _set_SIGCHLD_handler() -> None:
+        import signal
+
+        from neuron_explorer.collectors import signal_guard
+
+        original()
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread
+            current = signal.getsignal(signal.SIGCHLD)
+            wrapped = signal_guard.deferring(current)
+            if wrapped is not current:
+                signal.signal(signal.SIGCHLD, wrapped)
+
+    return _set_SIGCHLD_handler
+
+
 def wrap_worker_loop(original: Callable) -> Callable:
     """torch's worker loop, logging each batch when started by a recorded process's fork."""
 

@@ -141,6 +141,10 @@ class FrameworkHooks:
         from torch.utils.data._utils import worker
 
         self._patch(worker, "_worker_loop", dataloader_workers.wrap_worker_loop)
+        from torch.utils.data._utils import signal_handling
+
+        self._patch(signal_handling, "_set_SIGCHLD_handler",
+                    dataloader_workers.wrap_sigchld_setter)
         rf = torch.autograd.profiler.record_function
         self._patch(rf, "__enter__", self._wrap_range_enter)
         self._patch(rf, "__exit__", self._wrap_range_exit)

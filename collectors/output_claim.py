@@ -2,9 +2,11 @@
 writing is refused, instead of both printing "trace written" and the second silently
 replacing the first.
 
-The claim is an advisory lock (`flock`) on a file in the temporary folder named after
-the output's absolute path, held by the recording process until it exits (a process
-that dies releases it, so a killed recording never blocks the next one).
+The claim is an advisory POSIX record lock (`lockf`) on a file in the temporary folder
+named after the output's absolute path, held by the recording process until it exits (a
+process that dies releases it, so a killed recording never blocks the next one). Not
+`flock`: a flock is shared with forked children, and DataLoader workers orphaned by a
+killed recording would keep holding it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def claim(path: str) -> bool:
     lock = os.path.join(tempfile.gettempdir(), f"neuron-explorer-output-{key}.lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by another process (EAGAIN or EACCES)
         os.close(fd)
         return False
     _held.append(fd)
