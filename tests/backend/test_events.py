@@ -198,4 +198,7 @@ def test_releasing_device_memory_between_ops_costs_no_host_time(recorder):
     real_start, host_start = time.perf_counter_ns(), clock.now()
     del tensors  # the last references: the buffers go back to the OS here
     real, host = time.perf_counter_ns() - real_start, clock.now() - host_start
-    assert host < real / 2, (host, real)
+    # The program's own `del` and the clock's readings cost some tens of us, charged as
+    # they should be; returning 256 MB to the OS (milliseconds when the OS is slow to
+    # unmap) is not. When the unmapping is quick, the two are alike: hence the slack.
+    assert host < real / 2 + 50_000, (host, real)
