@@ -4,29 +4,20 @@ simulating the kernel is the emulator's work, never the program's host time."""
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import neuron_explorer
-import neuron_explorer.nki.language as nl
 import numpy as np
 import pytest
 import torch
 from neuron_explorer import nki
 from neuron_explorer.backend.hardware import get_preset
 
-
-@nki.jit
-def scaled_rows(a):
-    """A kernel with many tiles, so that its simulation takes milliseconds."""
-    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    rows, n = a.shape
-    i_p = nl.arange(128)[:, None]
-    i_f = nl.arange(n)[None, :]
-    for t in nl.affine_range(rows // 128):
-        x = nl.load(a[t * 128 + i_p, i_f])
-        nl.store(out[t * 128 + i_p, i_f], value=nl.multiply(nl.exp(x), 0.5))
-    return out
-
+# an example kernel over many row tiles, so that its simulation takes milliseconds
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "nki"))
+from norms import softmax
 
 ROWS, WIDTH, CALLS, STEPS = 128 * 24, 256, 3, 4
 
@@ -39,7 +30,7 @@ def recorded(tmp_path, monkeypatch):
         x = torch.randn(ROWS, WIDTH).to("neuron")
         for _ in range(STEPS):
             for _ in range(CALLS):
-                scaled_rows(x)
+                softmax(x)
             neuron_explorer.step()
         torch.neuron.synchronize()
     return neuron_explorer.load(path)
@@ -47,11 +38,11 @@ def recorded(tmp_path, monkeypatch):
 
 def test_the_first_call_compiles_once_and_later_calls_only_launch(recorded):
     slices = recorded.slices
-    compiles = slices[slices["name"].str.startswith("nki::scaled_rows (")]
+    compiles = slices[slices["name"].str.startswith("nki::softmax (")]
     assert len(compiles) == 1, compiles[["name", "ts", "dur"]]
     assert compiles.iloc[0]["category"] == "compile"
     ops = recorded.ops.sort_values("ts")
-    nki_ops = ops[ops["name"] == "nki::scaled_rows"]
+    nki_ops = ops[ops["name"] == "nki::softmax"]
     assert len(nki_ops) == CALLS * STEPS
     launch_ns = get_preset("trn2").host_launch_overhead_ns
     # Between two launches of the kernel the host does nothing but the next launch's
@@ -66,15 +57,15 @@ def test_the_first_call_compiles_once_and_later_calls_only_launch(recorded):
 def test_a_real_measured_clock_charges_no_simulation(tmp_path):
     a = torch.randn(ROWS, WIDTH)
     start = time.perf_counter_ns()
-    nki.simulate_kernel(scaled_rows, a.numpy())
+    nki.simulate_kernel(softmax, a.numpy())
     simulation_ns = time.perf_counter_ns() - start
     path = tmp_path / "measured.pftrace"
     with neuron_explorer.record(path, quiet=True):
         x = a.to("neuron")
-        scaled_rows(x)  # compiles
+        softmax(x)  # compiles
         neuron_explorer.step()
         for _ in range(CALLS):
-            scaled_rows(x)
+            softmax(x)
         neuron_explorer.step()
         torch.neuron.synchronize()
     trace = neuron_explorer.load(path)
