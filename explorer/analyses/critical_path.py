@@ -135,6 +135,8 @@ class _HostTimeline:
         self.sync_name = np.r_[syncs["name"].to_numpy(object), np.full(n, "blocking op", object)]
         main = int(syncs["track_id"].iloc[0]) if len(syncs) else -1
         self.sync_track = np.r_[syncs["track_id"].to_numpy(np.int64), np.full(n, main, np.int64)]
+        self._by_end = np.argsort(self.sync_end, kind="stable")  # sorted once, searched often
+        self._ends_sorted = self.sync_end[self._by_end]
         kinds = {"dataloader": ("dataloader",), "compile": ("compile",),
                  "op_dispatch": ("op", "runtime")}
         self.unions = {cat: Union(hs.loc[hs["kind"].isin(kind), "ts"].to_numpy(),
@@ -144,10 +146,8 @@ class _HostTimeline:
 
     def last_sync_ending_by(self, t: int, lo: int) -> int:
         """Index of the sync that ended last at or before `t` and after `lo` (-1: none)."""
-        order = np.argsort(self.sync_end, kind="stable")
-        ends = self.sync_end[order]
-        i = int(np.searchsorted(ends, t, side="right")) - 1
-        return int(order[i]) if i >= 0 and ends[i] > lo else -1
+        i = int(np.searchsorted(self._ends_sorted, t, side="right")) - 1
+        return int(self._by_end[i]) if i >= 0 and self._ends_sorted[i] > lo else -1
 
     def work(self, a: int, b: int, track: int) -> list[tuple]:
         """Segments of [a, b) by the host's category (latest first)."""
