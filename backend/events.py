@@ -129,6 +129,7 @@ class CollectiveRun:
     start_ns: int
     end_ns: int
     rank: int  # this process's global rank
+    host_wait_ns: int = 0  # the host's wait for the other ranks' clocks (host_alignment)
 
     @property
     def wait_ns(self) -> int:

@@ -44,6 +44,7 @@ from neuron_explorer.trace_format import (
     ARG_FLOPS,
     ARG_GRAPH_ID,
     ARG_GROUP,
+    ARG_HOST_WAIT_NS,
     ARG_HW_FLOPS,
     ARG_KERNEL_ID,
     ARG_MODULE,
@@ -359,6 +360,7 @@ class DeviceSink(EventSink):
             args = {ARG_COLLECTIVE: ev.collective, ARG_BYTES: ev.nbytes,
                     ARG_GROUP: str(list(ev.group)), ARG_SEQ: ev.seq,
                     ARG_ALGORITHM: ev.algorithm, ARG_WAIT_NS: ev.wait_ns,
+                    ARG_HOST_WAIT_NS: ev.host_wait_ns,
                     ARG_TRANSFER_NS: ev.transfer_ns, ARG_KERNEL_ID: ev.kernel_id,
                     ARG_OP_ID: ev.op_id, ARG_RANK: ev.rank, ARG_DEVICE: ev.device,
                     ARG_STEP: rec.step}

@@ -77,6 +77,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
+DIGEST_SCHEMA = 4  # raised whenever a digest's tables change (4: collectives' host_wait_ns)
 
 
 def _digest_key(folder: str) -> str | None:
@@ -84,7 +85,7 @@ def _digest_key(folder: str) -> str | None:
     from neuron_explorer.store.parquet import StoreError, read_manifest
 
     try:
-        return f"{read_manifest(folder).get('build')}:{__version__}:3"
+        return f"{read_manifest(folder).get('build')}:{__version__}:{DIGEST_SCHEMA}"
     except StoreError:
         return None
 

@@ -321,7 +321,9 @@ class Run:
         from neuron_explorer.analyses.ranks import step_collectives
 
         coll = step_collectives(self)
-        wait = coll.groupby("rank")["wait_ns"].sum() if len(coll) else pd.Series(dtype=float)
+        # waiting for other ranks: on the device, and on the host inside the call
+        wait = (coll["wait_ns"].clip(lower=0) + coll["host_wait_ns"]).groupby(coll["rank"]).sum() \
+            if len(coll) else pd.Series(dtype=float)
         late = rank_lateness(self).set_index("rank")
         rows = []
         for rank, d in self.digests.items():

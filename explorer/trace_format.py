@@ -112,6 +112,7 @@ ARG_GROUP = "group"  # str: the group's global ranks, "[0, 1, 2, 3]"
 ARG_SEQ = "seq"  # int: the group's call number, the same on every rank
 ARG_ALGORITHM = "algorithm"  # str: ring, tree, pairwise, p2p, local
 ARG_WAIT_NS = "wait_ns"  # int: waiting for the group's last rank
+ARG_HOST_WAIT_NS = "host_wait_ns"  # int: the host's wait in the call for the others' clocks
 ARG_TRANSFER_NS = "transfer_ns"  # int: moving the data
 ARG_RANK = "rank"  # int: global rank of the recorded process
 META_HOST_CLOCK = "host_clock"  # {"source": "load-free" | "modelled" | "wall", costs...}

@@ -13,10 +13,15 @@ from neuron_explorer.backend import devices
 _finish: dict[int, int] = {}  # device index -> when its last collective ends
 
 
+def ready_ns(device: devices.NeuronDevice) -> int:
+    """When `device` could start a collective launched now: the work queued before it
+    (compute and earlier collectives) is done."""
+    return max(device.timeline.finish_ns, _finish.get(device.index, 0))
+
+
 def arrival(device: devices.NeuronDevice, launch_ns: int) -> int:
     """When a collective launched at host time `launch_ns` is ready to run on `device`."""
-    ready = launch_ns + device.preset.launch_latency_ns
-    return max(ready, device.timeline.finish_ns, _finish.get(device.index, 0))
+    return max(launch_ns + device.preset.launch_latency_ns, ready_ns(device))
 
 
 def place(device: devices.NeuronDevice, arrivals: list[int], transfer_ns: int) -> tuple[int, int]:

@@ -1,9 +1,10 @@
 """`ProcessGroupNeuron`: the torch.distributed backend of the `neuron` device.
 
 The bytes move through gloo, on the zero-copy host views of the device tensors, so the
-numbers are exactly gloo's. Around each collective the ranks also exchange the time they
-reached it on their device clocks: the collective then runs on every rank's collective
-queue from max(arrivals) for its cost on the simulated interconnect
+numbers are exactly gloo's. Around each collective the ranks also exchange the host time
+of the call and when their devices could start it: their host clocks meet there when
+they differ by noise only (`host_alignment`), and the collective runs on every rank's
+collective queue from max(arrivals) for its cost on the simulated interconnect
 (`interconnect.collective_cost`), and its wait and transfer are recorded. The real time
 spent here (gloo, other ranks' emulation) is removed from the host clock, which pays one
 kernel launch per collective instead.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from neuron_explorer.backend import devices, runtime
 from neuron_explorer.backend.clock import clock
-from neuron_explorer.backend.distributed import collective_queue, streams
+from neuron_explorer.backend.distributed import collective_queue, host_alignment, streams
 from neuron_explorer.backend.distributed.interconnect import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -163,9 +164,11 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._pending_in_backward: list[tuple[int, int]] = []
         self._callback_queued = False
         self._links: dict[tuple, Link] = {}
-        # the arrival exchange's buffers, reused: one collective at a time per group
-        self._arrival = torch.zeros(1, dtype=torch.int64)
-        self._arrivals = torch.zeros(size, dtype=torch.int64)
+        self._connected: set[tuple[int, ...] | None] = set()  # communicators set up so far
+        # the call-time exchange's buffers, reused: one collective at a time per group
+        self._call = torch.zeros(3, dtype=torch.int64)
+        self._calls = torch.zeros(size * 3, dtype=torch.int64)
+        self._last_met: dict[tuple[int, ...] | None, int] = {}  # when the hosts last met
         if not dist.is_initialized():  # the default group: this rank's core is LOCAL_RANK's
             _select_local_device()
         # Who is in the group, and a common epoch: every rank leaves here at the same time.
@@ -217,26 +220,40 @@ class ProcessGroupNeuron(dist.ProcessGroup):
              nbytes: int, move: Callable[[], None], result: list[torch.Tensor],
              peers: tuple[int, ...] | None = None, host_waits: bool = False) -> NeuronWork:
         """Exchange arrivals, move the bytes, place the collective; see the module doc."""
-        real_start, host_start = clock.stamp()
+        host_start = clock.now()
+        pair = None if peers is None else tuple(sorted(peers))  # one communicator a pair
+        if pair not in self._connected:
+            self._connect(pair)
+        real_start, called = clock.stamp()
         index = _device_index(tensors)
         device = devices.get(index) if index >= 0 else None
         preset = device.preset if device is not None else devices.preset()
         overhead = preset.host_launch_overhead_ns
-        launch = host_start + overhead
-        arrival = collective_queue.arrival(device, launch) if device is not None else launch
+        # a launch at host time h reaches the device at max(h + delay, ready)
+        delay = overhead + (preset.launch_latency_ns if device is not None else 0)
+        ready = collective_queue.ready_ns(device) if device is not None else 0
         group = self.global_ranks if peers is None else tuple(self.global_ranks[p] for p in peers)
         with self._lock:
             self._seq += 1
             seq = self._seq
         try:
-            # the arrival exchange runs on gloo's other thread while the payload moves
-            arrivals_done = self._exchange_arrivals(arrival, peers)
+            # the exchange of call times runs on gloo's other thread while the payload moves
+            calls_done = self._exchange_calls((called, ready, delay), peers)
             move()
-            arrivals = arrivals_done()
+            calls = calls_done()
         except RuntimeError as exc:
             if isinstance(exc, NeuronExplorerError):
                 raise
             raise self._peer_failure(label, seq, exc) from None
+        hosts = [c[0] for c in calls]
+        met = host_alignment.meeting_times(hosts, self._last_met[pair])
+        if met is not None:
+            hosts = met
+            self._last_met[pair] = met[0]
+        me = self._rank if peers is None else peers.index(self._rank)
+        arrivals = [max(h + c[2], c[1]) for h, c in zip(hosts, calls, strict=True)]
+        arrival, launch = arrivals[me], hosts[me] + overhead
+        host_wait = hosts[me] - called
         cost: Cost = collective_cost(collective, nbytes, len(group),
                                      self._link(preset, group), _start_cost(preset))
         if device is not None:
@@ -245,14 +262,44 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             start, end = max(arrivals), max(arrivals) + cost.transfer_ns
         if hub.active and device is not None:
             self._emit(label, device.index, host_start, launch, tensors, nbytes, group, seq,
-                       cost.algorithm, arrival, start, end)
+                       cost.algorithm, arrival, start, end, host_wait)
         clock.exclude(clock.real_ns() - real_start - overhead)
+        clock.advance_to(launch)
         if host_waits:
             clock.advance_to(end)
         work = NeuronWork(result, index, end)
         if device is not None and torch._C._current_graph_task_id() != -1:
             self._wait_at_backward_end(index, end)
         return work
+
+    def _connect(self, peers: tuple[int, ...] | None) -> None:
+        """Set up the communicator of the group (or of the pair `peers`) at its first
+        collective, as NCCL and the Neuron runtime do: a rendezvous that returns on every
+        rank at once, so the ranks' host clocks leave it aligned (at the latest rank's
+        time). Without it, each rank's start-up (imports, model set-up, first-call costs,
+        measured on its own clock) would leave an offset that no later call removes, and
+        the early rank would wait for it at every collective of the run."""
+        real_start = clock.real_ns()
+        mine = torch.tensor([clock.now()], dtype=torch.int64)
+        try:
+            if peers is None:
+                everyone = torch.empty(self._size, dtype=torch.int64)
+                self._gloo._allgather_base(everyone, mine).wait()
+                latest = int(everyone.max())
+            else:
+                other = peers[1] if peers[0] == self._rank else peers[0]
+                theirs = torch.empty(1, dtype=torch.int64)
+                tag = (1 << 20) + 1
+                sent = self._gloo.send([mine], other, tag)
+                self._gloo.recv([theirs], other, tag).wait()
+                sent.wait()
+                latest = max(int(mine[0]), int(theirs[0]))
+        except RuntimeError as exc:
+            raise self._peer_failure("communicator set-up", self._seq + 1, exc) from None
+        clock.exclude(clock.real_ns() - real_start)
+        clock.advance_to(latest)
+        self._connected.add(peers)
+        self._last_met[peers] = latest
 
     def _link(self, preset, group: tuple[int, ...]) -> Link:
         """The slowest link of `group` (the topology is read once per process group)."""
@@ -262,31 +309,33 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             link = self._links[key] = link_for(preset, topology_for(preset), group)
         return link
 
-    def _exchange_arrivals(self, arrival: int, peers: tuple[int, ...] | None
-                           ) -> Callable[[], list[int]]:
-        """Start exchanging every rank's arrival time on its device clock (just the pair
-        for send/recv); the returned function waits for the exchange and gives them."""
-        mine = self._arrival
-        mine[0] = arrival
+    def _exchange_calls(self, mine: tuple[int, int, int], peers: tuple[int, ...] | None
+                        ) -> Callable[[], list[tuple[int, int, int]]]:
+        """Start exchanging every rank's (host time of the call, device ready time, launch
+        delay) (just the pair's for send/recv, this rank first); the returned function
+        waits for the exchange and gives them, in group rank order."""
+        buffer = self._call
+        buffer[:] = torch.tensor(mine, dtype=torch.int64)
         if peers is None:
-            everyone = self._arrivals
-            work = self._gloo._allgather_base(everyone, mine)
+            everyone = self._calls
+            work = self._gloo._allgather_base(everyone, buffer)
 
-            def gathered() -> list[int]:
+            def gathered() -> list[tuple[int, int, int]]:
                 work.wait()
-                return everyone.numpy().tolist()
+                return [tuple(row) for row in everyone.view(-1, 3).tolist()]
 
             return gathered
         other = peers[1] if peers[0] == self._rank else peers[0]
-        theirs = torch.empty(1, dtype=torch.int64)
+        theirs = torch.empty(3, dtype=torch.int64)
         tag = 1 << 20
-        sent = self._gloo.send([mine], other, tag)
+        sent = self._gloo.send([buffer], other, tag)
         received = self._gloo.recv([theirs], other, tag)
 
-        def exchanged() -> list[int]:
+        def exchanged() -> list[tuple[int, int, int]]:
             received.wait()
             sent.wait()
-            return [arrival, int(theirs.item())]
+            pair = [mine, tuple(theirs.tolist())]
+            return pair if peers[0] == self._rank else pair[::-1]
 
         return exchanged
 
@@ -306,7 +355,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def _emit(self, label: str, index: int, host_start: int, launch: int,
               tensors: Sequence[torch.Tensor], nbytes: int, group: tuple[int, ...], seq: int,
-              algorithm: str, arrival: int, start: int, end: int) -> None:
+              algorithm: str, arrival: int, start: int, end: int, host_wait: int) -> None:
         record_start = clock.real_ns()
         op_id = runtime.new_op_id()
         kernel_id = runtime.new_kernel_id()
@@ -316,7 +365,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             tuple(str(t.dtype).removeprefix("torch.") for t in tensors), 0, nbytes, False,
             (kernel_id,), threading.get_ident()))
         hub.collective_ran(CollectiveRun(kernel_id, op_id, index, label, nbytes, group, seq,
-                                         algorithm, arrival, start, end, self.global_rank))
+                                         algorithm, arrival, start, end, self.global_rank,
+                                         host_wait))
         clock.exclude(clock.real_ns() - record_start)
 
     def _gone_peers(self) -> list[int]:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 COLLECTIVE_COLUMNS = ["id", "device", "seq", "collective", "ts", "dur", "arrival", "bytes",
-                      "group", "group_size", "algorithm", "wait_ns", "transfer_ns", "step"]
+                      "group", "group_size", "algorithm", "wait_ns", "host_wait_ns", "transfer_ns",
+                      "step"]
 COMMUNICATION_COLUMNS = ["device", "compute_ns", "communication_ns", "overlap_ns",
                          "overlap_pct", "exposed_ns", "memory_ns", "collectives"]
 STATS_COLUMNS = ["device", "collective", "count", "bytes", "time_ns", "transfer_ns",
@@ -124,6 +125,7 @@ def _collectives(trace: Trace) -> pd.DataFrame:
     out["algorithm"] = texts(tf.ARG_ALGORITHM, ids)
     out["seq"] = tables.number(trace, tf.ARG_SEQ, ids, default=-1)
     out["wait_ns"] = tables.number(trace, tf.ARG_WAIT_NS, ids, default=-1)
+    out["host_wait_ns"] = tables.number(trace, tf.ARG_HOST_WAIT_NS, ids, default=0)
     transfer = tables.number(trace, tf.ARG_TRANSFER_NS, ids, default=-1)
     known_wait = out["wait_ns"].to_numpy() >= 0
     out["transfer_ns"] = np.where(transfer >= 0, transfer,

@@ -144,7 +144,8 @@ def own_work(run: Run) -> pd.DataFrame:
     wait makes the step longer only when the host then waits for the device: a host-bound
     rank queues its next work meanwhile, and its step is as long without the wait. So the
     critical part of the waits is at most the host's time waiting on the device in the
-    step (syncs, blocking ops): min(collective waits, host waits)."""
+    step (syncs, blocking ops): min(collective waits, host waits). The host's waits inside
+    collective calls for the others' clocks (`host_wait_ns`) are on its path as well."""
     steps = run.steps
     if not len(steps) or "host_sync_ns" not in steps:
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))
@@ -152,12 +153,15 @@ def own_work(run: Run) -> pd.DataFrame:
     dur = steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
     sync = steps.pivot_table(index="rank", columns="step", values="host_sync_ns", aggfunc="sum")
     coll = step_collectives(run)
+    waits, host_waits = dur * 0, dur * 0
     if len(coll):
-        waits = coll.pivot_table(index="rank", columns="step", values="wait_ns", aggfunc="sum")
-        waits = waits.reindex(index=dur.index, columns=dur.columns).fillna(0)
-    else:
-        waits = dur * 0
-    critical = np.minimum(waits, sync.reindex_like(dur).fillna(0))
+        def per_step(column: str) -> pd.DataFrame:
+            table = coll.pivot_table(index="rank", columns="step", values=column, aggfunc="sum")
+            return table.reindex(index=dur.index, columns=dur.columns).fillna(0)
+
+        waits, host_waits = per_step("wait_ns"), per_step("host_wait_ns")
+    # the host's own waits in the calls are on its path as they stand
+    critical = np.minimum(waits, sync.reindex_like(dur).fillna(0)) + host_waits
     # steps every rank analysed: a step missing on one rank cannot be compared
     return (dur - critical).reindex(run.ranks).dropna(axis=1)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
-from neuron_explorer.analyses.ranks import own_work, straggler_savings
+from neuron_explorer.analyses.ranks import own_work, step_collectives, straggler_savings
 
 pytestmark = pytest.mark.slow  # four recorded runs of two ranks each
 
@@ -60,6 +60,21 @@ def test_a_balanced_fsdp_run_has_no_straggler_and_no_wait_finding(runs):
     # either rank's work would save under 5% of the step
     assert not len(run.stragglers())
     assert (straggler_savings(run) < 0.05 * run.step_time_ns()).all()
+
+
+def test_a_balanced_fsdp_run_waits_under_5_percent_of_its_steps_on_every_rank(runs):
+    """The ranks' host clocks meet at the communicator's set-up and where they drift by no
+    more than their noise: neither rank's device waits a whole run for a clock offset.
+    Per step (the median), so that a rank catching up once with the other's longer
+    warm-up step, at the first collective after it, is not counted as a systematic wait."""
+    run = runs["balanced"]
+    coll = step_collectives(run)
+    coll = coll.assign(waits=coll["wait_ns"].clip(lower=0) + coll["host_wait_ns"])
+    waits = coll.groupby(["rank", "step"])["waits"].sum()
+    steps = run.steps.set_index(["rank", "step"])["dur"]
+    share = (waits / steps.reindex(waits.index)).groupby(level="rank").median()
+    assert set(share.index) == set(run.ranks)
+    assert (share < 0.05).all(), share.to_dict()
 
 
 def test_a_rank_sleeping_on_the_host_is_named_with_its_sleep(runs):
