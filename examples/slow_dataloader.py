@@ -31,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="neuron")
+    parser.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -39,7 +40,7 @@ def main() -> None:
         nn.Flatten(), nn.Linear(32 * 16 * 16, 10),
     ).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(SlowImages(), batch_size=32, shuffle=False, num_workers=0)
+    loader = DataLoader(SlowImages(), batch_size=32, shuffle=False, num_workers=args.workers)
     for step, (images, labels) in enumerate(loader):
         if step == args.steps:
             break

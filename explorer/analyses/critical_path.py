@@ -82,6 +82,38 @@ def device_wait_saving(trace: Trace, ts: np.ndarray, dur: np.ndarray) -> float:
     return float(saving.sum())
 
 
+def device_time_saving(trace: Trace, device_ns: float) -> float:
+    """What the analysed steps would save if the device needed `device_ns` less time.
+
+    A step ends when both its host and its device are done: the host's own work H (the
+    steps less the host's waits on the device, W), the device's busy time D (the kernels
+    the steps launched, however far the device lags behind their host windows). The
+    device's share of the steps is what it adds beyond the host: W, plus the lag D - S it
+    builds where the host never waits (S: the steps' total). Making the device faster by
+    X saves min(X, W + max(D - S, 0)): nothing on a host-bound run, X on one the device
+    sets, and only the part above the host's own time between the two.
+
+    Only where the host's time is measured whole (our recordings: every interval of the
+    host is its work or a wait the recorder marks). A PyTorch-profiler trace does not mark
+    every wait (a launch queue that is full blocks inside cudaLaunchKernel), so its host
+    windows are no floor, and the device time is returned as it is."""
+    from neuron_explorer.analyses.statistics import total_step_ns
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.device_terms import device_terms
+
+    if device_ns <= 0:
+        return 0.0
+    kernels = in_analysed_steps(trace, trace.kernels)
+    measured_host = device_terms(trace.metadata).recorded_here
+    if not measured_host or not len(trace.steps) or not len(kernels):
+        return float(device_ns)  # nothing to weigh it against: the device's own time
+    ts = kernels["ts"].to_numpy(np.int64)
+    busy = float(Union(ts, ts + kernels["dur"].to_numpy(np.int64)).total)
+    steps = total_step_ns(trace)
+    waits = float(host_waits_per_step(trace).sum())
+    return float(min(device_ns, waits + max(busy - steps, 0.0)))
+
+
 PATH_COLUMNS = ["step", "ts", "dur", "name", "kind", "category", "track", "rank"]
 # kernels closer than this count as back to back (one kernel's end starts the next)
 _TOUCH_NS = 1_000

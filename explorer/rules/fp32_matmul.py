@@ -19,7 +19,7 @@ from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note, prerequisite
+from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
 from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
 
@@ -88,7 +88,8 @@ def check(trace: Trace) -> list[Finding]:
         explanation += (f" A what-if replay of these matmuls in bfloat16 on "
                         f"{trace.hardware or 'this preset'} predicts {us(predicted)} less "
                         "device time (`neuron-explorer whatif TRACE --dtype bf16`).")
-    explanation += device_time_note(trace)
+    saving = device_saving(trace, lost)
+    explanation += saving.note
     name, module = mm.groupby(["name", "module"], sort=False)["device_dur"].sum().idxmax()
     # the group's first op: the forward's line (backward ops carry the backward() call's)
     first = mm[(mm["name"] == name) & (mm["module"] == module)].sort_values("ts").iloc[0]
@@ -106,5 +107,7 @@ def check(trace: Trace) -> list[Finding]:
                           "dtype=torch.bfloat16) or "
                           "cast the model with model.to(torch.bfloat16), keeping an FP32 master "
                           "copy of weights in the optimizer.")
-    return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", lost, items, explanation,
-                 recommendation, after=prerequisite(trace))]
+    return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", saving.time_lost_ns, items,
+                 explanation, recommendation, symptom_ns=lost,
+                 saving_basis=("replay: " if predicted is not None else "estimate: ")
+                 + saving.basis, after=saving.after)]

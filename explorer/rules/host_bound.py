@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from neuron_explorer.analyses.critical_path import device_time_saving
 from neuron_explorer.analyses.startup import startup_gaps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
@@ -37,13 +39,42 @@ def prerequisite(trace: Trace) -> str:
     return RULE_ID if is_host_bound(trace) else ""
 
 
-def device_time_note(trace: Trace) -> str:
-    """For a rule whose time lost is device time: on a host-bound run that time does not
-    shorten the step until the host launches faster (empty when the run is not host-bound)."""
-    if not is_host_bound(trace):
-        return ""
-    return (" The run is host-bound now, so this is device time rather than step time: "
-            "after you fix the host-bound issue, this is next.")
+@dataclass(frozen=True)
+class DeviceSaving:
+    """What a fix that makes the device faster saves on the steps, for a rule's finding."""
+
+    time_lost_ns: float
+    after: str  # the rule whose fix must come first (`Finding.after`), or ""
+    note: str  # a sentence for the finding's explanation, or ""
+    basis: str  # `Finding.saving_basis`
+
+
+def device_saving(trace: Trace, device_ns: float) -> DeviceSaving:
+    """For a rule whose fix saves `device_ns` of device time: on a host-bound run, that
+    time once the host keeps the device fed (after that fix); otherwise the part of it
+    the steps lose (`critical_path.device_time_saving`: a step can only shorten down to
+    its host's own work)."""
+    if is_host_bound(trace):
+        return DeviceSaving(
+            device_ns, RULE_ID,
+            " The run is host-bound now, so this is device time rather than step time: "
+            "after you fix the host-bound issue, this is next.",
+            "critical path after the host-bound fix: the device time saved, once the host "
+            "keeps the device fed")
+    saved = device_time_saving(trace, device_ns)
+    if saved >= NEAR_ALL * device_ns:
+        return DeviceSaving(saved, "", "", "critical path: the device sets the steps' "
+                                           "length, so device time saved is step time saved")
+    return DeviceSaving(
+        saved, "",
+        f" The host's own work sets most of each step: {us(device_ns)} less device time "
+        f"shortens the steps by {us(saved)} only, down to the time the host needs anyway.",
+        "critical path: the steps shorten only down to the host's own time (the device's "
+        "lead over the host, and the host's waits on it, are what it can save)")
+
+
+# a saving this close to the device time is all of it (rounding, not the host)
+NEAR_ALL = 0.95
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -56,21 +87,48 @@ def check(trace: Trace) -> list[Finding]:
                       f"device idle {us(r.dur)} until the host launched {names[r.next_slice_id]}")
              for r in top(host, "dur").itertuples()]
     median = float(host["dur"].median())
+    explanation = (f"In {len(host)} gaps (median {us(median)}) the next kernel was launched "
+                   "only after the device had gone idle: the host spends longer issuing each "
+                   "op than the device spends running it, so the device is starved.")
+    saving, basis = lost, ("critical path: the host sets the step's length, and a host that "
+                           "kept the device fed would save these gaps (one-time start-up gaps "
+                           "left out)")
+    compiled = compiled_saving_ns(trace)
+    if compiled is not None and compiled < lost:
+        saving, basis = compiled, ("replay: the run replayed compiled (the fix advised) saves "
+                                   "this much; the gaps are the most a faster host could save")
+        explanation += (f" Compiled, a what-if replay saves {us(compiled)} of the "
+                        f"{us(lost)} these gaps cost: the rest is host work that compiling "
+                        "keeps (Python between the model's calls, hooks, the optimizer).")
     return [make(
-        trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", lost, items,
-        f"In {len(host)} gaps (median {us(median)}) the next kernel was launched only after the "
-        "device had gone idle: the host spends longer issuing each op than the device spends "
-        "running it, so the device is starved.",
-        _recommendation(trace),
-        saving_basis="critical path: the host sets the step's length, and a host that kept "
-                     "the device fed would save these gaps (one-time start-up gaps left out)")]
+        trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", saving,
+        items, explanation, _recommendation(trace), symptom_ns=lost, saving_basis=basis)]
+
+
+def compiled_saving_ns(trace: Trace) -> float | None:
+    """What the analysed steps would save compiled (an eager trace with op keys replayed
+    by `whatif --mode compiled`), or None where no replay predicts it."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.whatif_replay import predicted_step_ns
+
+    if _is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
+        return None
+    predicted = predicted_step_ns(trace, "compiled")
+    steps = in_analysed_steps(trace, trace.steps)
+    if predicted is None or not len(steps):
+        return None
+    return max(float(steps["dur"].median()) - predicted, 0.0) * len(steps)
+
+
+def _is_compiled(trace: Trace) -> bool:
+    # a --steps window may leave the compile spans out: the graph launches still say it
+    return len(trace.compile_summary()["graphs"]) > 0 or bool((trace.ops["graph_id"] >= 0).any())
 
 
 def _recommendation(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
     cs = trace.compile_summary()
-    # a --steps window may leave the compile spans out: the graph launches still say it
-    compiled = len(cs["graphs"]) > 0 or bool((trace.ops["graph_id"] >= 0).any())
+    compiled = _is_compiled(trace)
     breaks = ("remove the graph breaks that leave eager ops between graphs, "
               if len(cs["graph_breaks"]) else "")
     inference = is_inference(trace)

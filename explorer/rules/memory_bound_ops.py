@@ -9,7 +9,7 @@ from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note, prerequisite
+from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
@@ -42,18 +42,19 @@ def check(trace: Trace) -> list[Finding]:
             lost += float(k.loc[dma_heavy, "dur"].sum())
     if lost < th.MEMORY_BOUND_MIN_SHARE * step_time(trace) or lost <= 0:
         return []
+    saving = device_saving(trace, lost)
     heavy = k[dma_heavy].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [r.id], f"kernel {r.name}: DMA {us(r.busy_dma)} vs compute "
                       f"{us(r.busy_tensor + r.busy_vector + r.busy_scalar + r.busy_gpsimd)}")
              for r in top(heavy).itertuples()]
     lines.sort(key=lambda x: -x[0])
     return [make(
-        trace, RULE_ID, "Memory-bound ops dominate device time", lost, items,
+        trace, RULE_ID, "Memory-bound ops dominate device time", saving.time_lost_ns, items,
         "These ops move more bytes per FLOP than the hardware can feed its engines, so they "
         "run at memory speed: " + "; ".join(t for _, t in lines[:5])
         + (f"; {int(dma_heavy.sum())} kernels spend at least {th.DMA_DOMINATED_RATIO:g}x more "
-           "time in DMA than computing" if dma_heavy.any() else "") + "." + device_time_note(trace),
+           "time in DMA than computing" if dma_heavy.any() else "") + "." + saving.note,
         "Raise arithmetic intensity: fuse elementwise chains into their producer matmul "
         "(torch.compile does this), avoid materialising intermediates (in-place ops, fused "
         "attention/softmax), use bf16 to halve bytes, and batch small ops together.",
-        after=prerequisite(trace))]
+        symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]

@@ -9,7 +9,7 @@ from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.peaks import dma_bandwidth, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_time_note, prerequisite
+from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
@@ -72,13 +72,14 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"{int(r.bytes)} B transfer took {us(r.dur)}")
              for r in top(small, "dur").itertuples()]
     median = int(small["bytes"].median())
+    saving = device_saving(trace, lost)
     return [make(
-        trace, RULE_ID, f"{len(small)} small DMA transfers", lost, items,
+        trace, RULE_ID, f"{len(small)} small DMA transfers", saving.time_lost_ns, items,
         f"{len(small)} of {len(dma)} DMA transfers (median {median} B) spend most of their "
         "time on the fixed cost of a transfer (~1.3 us) rather than moving data: they are too "
         f"small, or their rows are shorter than {th.SMALL_DMA_BYTES_PER_PARTITION} B per "
         "partition. The time counted is when the device does nothing but these transfers."
-        + device_time_note(trace),
+        + saving.note,
         "Make transfers larger: batch small tensors together (fewer, bigger ops), use larger "
         "tiles, and keep data resident in SBUF across ops instead of spilling to HBM.",
-        after=prerequisite(trace))]
+        symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]

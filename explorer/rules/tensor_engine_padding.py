@@ -9,7 +9,7 @@ import numpy as np
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time
-from neuron_explorer.rules.host_bound import device_time_note, prerequisite
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -56,13 +56,16 @@ def check(trace: Trace) -> list[Finding]:
                               + (f" (shapes {shapes}, odd dims {odd_dims(shapes)})" if shapes
                                  else "")))
     dims = sorted({d for s in shapes_seen for d in odd_dims(s)})
+    saving = device_saving(trace, lost)
     return [make(
-        trace, RULE_ID, "Tensor Engine runs padded tiles (dims not multiples of 128)", lost,
+        trace, RULE_ID, "Tensor Engine runs padded tiles (dims not multiples of 128)",
+        saving.time_lost_ns,
         items,
         f"{int(padded.sum())} matmul kernels execute at least {th.TE_PADDING_MIN_WASTE:.0%} more "
         "FLOPs than the model needs: the 128x128 array pads partial tiles"
         + (f"; dims {dims[:8]} are not multiples of 128" if dims else "") + "."
-        + device_time_note(trace),
+        + saving.note,
         "Choose hidden sizes, head dims and batch x sequence products that are multiples of 128 "
         "(pad the vocabulary or features up to the next multiple of 128 once, in the model), so "
-        "every tile fills the array.", after=prerequisite(trace))]
+        "every tile fills the array.", symptom_ns=lost, saving_basis=saving.basis,
+        after=saving.after)]
