@@ -30,18 +30,22 @@ class TracePlot:
         return figures.breakdown_figure({"": self._trace.breakdown()})
 
     def timeline(self, start_ns: int | None = None, end_ns: int | None = None,
-                 tracks: list[str | int] | None = None, interactive: bool | None = None) -> Any:
+                 tracks: list[str | int] | None = None, interactive: bool | None = None,
+                 critical_path: bool = False) -> Any:
         """Every track (or the `tracks` named, by name or id) over [start_ns, end_ns] (default:
         the recorded steps), level of detail included: slices narrower than a pixel merge into
         grey bars, so a million events draw as a few thousand. `interactive` (default: in
         Jupyter with ipywidgets and anywidget, see `plot.options`) gives a FigureWidget that draws each new window
-        on zoom and pan."""
+        on zoom and pan. `critical_path` draws `Trace.critical_path()` over the bars: the
+        chain of host work, waits and kernels that set each analysed step's length."""
         index = self.timeline_index(tracks)
         default = timeline_module.steps_window(self._trace, index)
         t0 = default[0] if start_ns is None else start_ns
         t1 = default[1] if end_ns is None else end_ns
         _check_window(index, t0, t1)
-        return timeline_module.timeline(index, t0, t1, options.interactive if interactive is None else interactive)
+        path = self._trace.critical_path() if critical_path else None
+        return timeline_module.timeline(index, t0, t1, options.interactive if interactive is None
+                                        else interactive, path=path)
 
     def timeline_index(self, tracks: list[str | int] | None = None) -> TimelineIndex:
         """The level-of-detail index behind `timeline` (built once per set of tracks)."""

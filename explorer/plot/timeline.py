@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.plot.theme import FONT_FAMILY, GRID_COLOUR, SELECTION_COLOUR, category_colour
+from neuron_explorer.plot.theme import (
+    CRITICAL_PATH_COLOUR,
+    FONT_FAMILY,
+    GRID_COLOUR,
+    SELECTION_COLOUR,
+    category_colour,
+)
 from neuron_explorer.plot.timeline_index import SUMMARY_ID, TimelineIndex, WindowRows
 from neuron_explorer.render import fmt_ns
 
@@ -98,11 +104,48 @@ def timeline_figure(
     window: WindowRows,
     selected: int | None = None,
     flow_partners: list[int] | None = None,
+    path: pd.DataFrame | None = None,
 ) -> dict:
-    """A figure dict for dcc.Graph or go.Figure: bars per category, counter lines, the selection."""
+    """A figure dict for dcc.Graph or go.Figure: bars per category, counter lines, the
+    selection, and the critical path (`Trace.critical_path()` rows) when given."""
     traces = slice_bars(window, index.start_ns) + counter_lines(index, window)
+    if path is not None:
+        traces += critical_path_line(index, window, path)
     shapes = selection_shapes(index, window, selected, flow_partners or [])
     return {"data": traces, "layout": timeline_layout(index, window, shapes)}
+
+
+def critical_path_line(index: TimelineIndex, window: WindowRows, path: pd.DataFrame) -> list[dict]:
+    """The critical path's segments in the window as one thick line along the top of each
+    segment's track (its first row), joined across tracks where the path moves from one
+    to another (a sync, a launch, a dependency)."""
+    first_row: dict[int, int] = {}
+    for i, row in enumerate(index.slice_rows):
+        first_row.setdefault(int(row.track_id), i)
+    ts = path["ts"].to_numpy(np.int64)
+    end = ts + path["dur"].to_numpy(np.int64)
+    seen = (end > window.t0) & (ts < window.t1) & path["track"].isin(list(first_row)).to_numpy()
+    if not seen.any():
+        return []
+    part = path[seen]
+    rows = np.array([first_row[int(t)] for t in part["track"]], np.float64) - 0.45
+    x0, x1 = to_us(ts[seen], index.start_ns), to_us(end[seen], index.start_ns)
+    # points in time order: each segment from its start to its end, the next one joined on
+    xs = np.column_stack([x0, x1]).ravel()
+    ys = np.repeat(rows, 2)
+    text = [f"critical path: {n} ({c}) · {fmt_ns(d)}"
+            for n, c, d in zip(part["name"], part["category"], part["dur"], strict=True)]
+    return [{
+        "type": "scatter",
+        "mode": "lines",
+        "name": "critical path",
+        "x": typed_array(xs, "f8"),
+        "y": typed_array(ys, "f8"),
+        "text": [t for t in text for _ in (0, 1)],
+        "hovertemplate": "%{text}<extra></extra>",
+        "line": {"color": CRITICAL_PATH_COLOUR, "width": 3},
+        "showlegend": False,
+    }]
 
 
 def slice_bars(window: WindowRows, origin: int) -> list[dict]:
@@ -266,13 +309,14 @@ def in_notebook() -> bool:
 
 
 def timeline(index: TimelineIndex, t0: int, t1: int, interactive: bool | None = None,
-             width_px: int = WIDTH_PX) -> Any:
-    """A Figure of [t0, t1]; with `interactive` (default: in Jupyter when ipywidgets and
-    anywidget are installed) a FigureWidget that queries the index again on zoom and pan."""
+             width_px: int = WIDTH_PX, path: pd.DataFrame | None = None) -> Any:
+    """A Figure of [t0, t1], with the critical path `path` drawn over it when given; with
+    `interactive` (default: in Jupyter when ipywidgets and anywidget are installed) a
+    FigureWidget that queries the index again on zoom and pan."""
     import plotly.graph_objects as go
 
     t0, t1 = clamp_window(index, t0, t1)
-    figure = timeline_figure(index, index.query(t0, t1, width_px))
+    figure = timeline_figure(index, index.query(t0, t1, width_px), path=path)
     if interactive is None:
         interactive = in_notebook() and widgets_available()
     if not interactive:
@@ -283,25 +327,27 @@ def timeline(index: TimelineIndex, t0: int, t1: int, interactive: bool | None = 
         raise NeuronExplorerError("an interactive timeline needs ipywidgets and anywidget: "
                                   "pip install ipywidgets anywidget (or pass interactive=False)")
     widget = go.FigureWidget(figure)
-    follow_zoom(widget, index, width_px)
+    follow_zoom(widget, index, width_px, path)
     return widget
 
 
-def follow_zoom(widget: Any, index: TimelineIndex, width_px: int = WIDTH_PX) -> None:
+def follow_zoom(widget: Any, index: TimelineIndex, width_px: int = WIDTH_PX,
+                path: pd.DataFrame | None = None) -> None:
     """On every change of the x range, draw the new window from the index (as the dashboard does)."""
     def redraw(_layout: Any, x_range: Any) -> None:
         if not x_range or x_range[0] is None or x_range[1] is None:
             return
         origin = index.start_ns
         t0, t1 = clamp_window(index, origin + x_range[0] * NS_PER_US, origin + x_range[1] * NS_PER_US)
-        redraw_window(widget, index, index.query(t0, t1, width_px))
+        redraw_window(widget, index, index.query(t0, t1, width_px), path)
 
     widget.layout.xaxis.on_change(redraw, "range")
 
 
-def redraw_window(widget: Any, index: TimelineIndex, window: WindowRows) -> None:
+def redraw_window(widget: Any, index: TimelineIndex, window: WindowRows,
+                  path: pd.DataFrame | None = None) -> None:
     """Replace the widget's traces and ticks by those of `window`, keeping its x range."""
-    figure = timeline_figure(index, window)
+    figure = timeline_figure(index, window, path=path)
     ticks = figure["layout"]["xaxis"]
     with widget.batch_update():
         widget.data = ()

@@ -218,3 +218,24 @@ def test_kernel_figure_shows_each_line_and_the_engine_timeline():
     lines = line_profile(trace, kernel)
     assert all(len(b.y) == len(lines) for b in bars)  # one bar per source line, per engine
     assert {t.xaxis for t in segments} == {"x2"}  # the timeline sits beside the profile
+
+
+def test_the_timeline_draws_the_critical_path_over_its_tracks(ours):
+    path = ours.critical_path()
+    figure = ours.plot.timeline(critical_path=True, interactive=False)
+    (line,) = [t for t in figure.data if t.name == "critical path"]
+    index = ours.plot.timeline_index()
+    first_row = {}
+    for i, row in enumerate(index.slice_rows):
+        first_row.setdefault(int(row.track_id), i)
+    x, y = values(line.x), values(line.y)
+    shown = path[(path["ts"] + path["dur"] > index.start_ns)]
+    assert len(x) == len(y) == 2 * len(shown) > 0
+    # each segment from its start to its end, on the top edge of its track's first row
+    origin = index.start_ns
+    assert np.allclose(x[0::2], (shown["ts"].to_numpy() - origin) / 1000)
+    assert np.allclose(x[1::2], (shown["ts"] + shown["dur"] - origin).to_numpy() / 1000)
+    assert np.allclose(y[0::2], [first_row[int(t)] - 0.45 for t in shown["track"]])
+    assert all(name.startswith("critical path: ") for name in line.text)
+    plain = ours.plot.timeline(interactive=False)
+    assert not [t for t in plain.data if t.name == "critical path"]

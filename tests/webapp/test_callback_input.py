@@ -135,3 +135,17 @@ def test_pattern_matching_ids_are_well_formed():
     assert well_formed({"id": {"type": "finding-link", "rank": 0}, "property": "n_clicks"})
     assert well_formed([{"id": {"type": "row", "index": 1}, "property": "value", "value": 3}])
     assert not well_formed({"id": ["a"], "property": "value"})
+
+
+def test_the_critical_path_toggle_draws_it_over_the_window(live_server):
+    values = {"timeline-path.value": ["path"], "timeline-state.data": STATE}
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-path.value")
+    assert status == 200, body[:300]
+    response = json.loads(body)["response"]
+    names = [t.get("name") for t in response["timeline-graph"]["figure"]["data"]]
+    assert "critical path" in names
+    assert response["timeline-state"]["data"]["path"] is True
+    values["timeline-path.value"] = []
+    status, body = call(live_server, "timeline-graph.figure", values, "timeline-path.value")
+    names = [t.get("name") for t in json.loads(body)["response"]["timeline-graph"]["figure"]["data"]]
+    assert status == 200 and "critical path" not in names

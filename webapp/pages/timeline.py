@@ -48,13 +48,20 @@ def timeline_index(store: TraceStore, name: str, fold_dma: bool = True) -> Timel
     return store.derived(name, f"timeline-index-{fold_dma}", lambda trace: build_index(trace, fold_dma))
 
 
+def critical_path(store: TraceStore, name: str) -> pd.DataFrame:
+    """The trace's critical path (every analysed step), computed on first use and kept."""
+    return store.derived(name, "critical-path", lambda trace: trace.critical_path())
+
+
 def window_answer(store: TraceStore, name: str, t0: int, t1: int, selected: int | None,
-                  fold_dma: bool = True) -> tuple[dict, str]:
-    """The figure for a window and the status line saying what it shows."""
+                  fold_dma: bool = True, path: bool = False) -> tuple[dict, str]:
+    """The figure for a window (with the critical path over it, when `path`) and the
+    status line saying what it shows."""
     index = timeline_index(store, name, fold_dma)
     window = index.query(t0, t1, WIDTH_PX)
     partners = flow_partners(store.get(name), selected) if selected is not None else []
-    figure = timeline_figure(index, window, selected, [p for p, _ in partners])
+    figure = timeline_figure(index, window, selected, [p for p, _ in partners],
+                             path=critical_path(store, name) if path else None)
     merged = int(window.count[window.ids == SUMMARY_ID].sum())
     status = (f"{fmt.duration(t1 - t0)} window · {window.n_bars:,} bars"
               + (f" ({merged:,} small slices merged)" if merged else "")
@@ -71,13 +78,18 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     t0, t1 = clamp_window(index, int_or_default(params.get("start"), steps[0]),
                           int_or_default(params.get("end"), steps[1]))
     selected = int_or_default(params.get("select"), None)
-    figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
+    path = params.get("path") == "1"
+    figure, status = window_answer(ctx.store, name, t0, t1, selected, fold, path)
     dma_toggle = dcc.Checklist(
         id="timeline-dma", options=[{"label": " every DMA queue on its own row", "value": "all"}],
         value=[] if fold else ["all"], className="dma-toggle",
         style={} if (index.folded_dma_queues or not fold) else {"display": "none"})
-    details = slice_details(trace, index, selected) if selected is not None else _hint()
     has_steps = steps != (index.start_ns, index.end_ns)
+    path_toggle = dcc.Checklist(
+        id="timeline-path", options=[{"label": " critical path", "value": "path"}],
+        value=["path"] if path else [], className="dma-toggle",
+        style={} if has_steps else {"display": "none"})
+    details = slice_details(trace, index, selected) if selected is not None else _hint()
     return html.Div([
         page_title(TITLE, name),
         html.Div([
@@ -89,6 +101,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
                         title="The recorded steps", style={} if has_steps else {"display": "none"}),
             html.Button("Whole trace", id="timeline-reset", className="button"),
             dma_toggle,
+            path_toggle,
             html.Span(status, id="timeline-status", className="timeline-status"),
         ], className="toolbar"),
         html.Div([
@@ -100,7 +113,8 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         ], className="toolbar timeline-search"),
         legend(index),
         dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1, "selected": selected,
-                                             "fold": fold, "steps": list(steps), "search": "", "match": -1}),
+                                             "fold": fold, "path": path, "steps": list(steps), "search": "",
+                                             "match": -1}),
         dcc.Store(id="timeline-relayout"),
         html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
                  className="panel timeline-panel"),
@@ -143,7 +157,7 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
     if trigger == "timeline-steps":
         steps = state.get("steps") or [index.start_ns, index.end_ns]
         return (*clamp_window(index, finite(steps[0], "steps"), finite(steps[1], "steps")), selected)
-    if trigger == "timeline-dma":
+    if trigger in ("timeline-dma", "timeline-path"):
         return t0, t1, selected
     if trigger == "timeline-graph.relayoutData" and relayout:
         if relayout.get("xaxis.autorange"):
@@ -242,6 +256,7 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         Input("timeline-steps", "n_clicks"),
         Input("timeline-reset", "n_clicks"),
         Input("timeline-dma", "value"),
+        Input("timeline-path", "value"),
         Input("timeline-search", "n_submit"),
         Input("timeline-search-next", "n_clicks"),
         Input("timeline-search-prev", "n_clicks"),
@@ -250,11 +265,12 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         State("timeline-state", "data"),
         prevent_initial_call=True,
     )
-    def update(relayout, click, _zin, _zout, _left, _right, _steps, _reset, dma, _submit, _next, _prev,
-               _links, search_text, state):
+    def update(relayout, click, _zin, _zout, _left, _right, _steps, _reset, dma, path_on, _submit,
+               _next, _prev, _links, search_text, state):
         triggered = dash.ctx.triggered
         trigger = dash.ctx.triggered_id
-        if not state or not triggered or (trigger != "timeline-dma"
+        toggles = ("timeline-dma", "timeline-path")
+        if not state or not triggered or (trigger not in toggles
                                           and triggered[0].get("value") in (None, 0, [])):
             raise PreventUpdate
         if trigger == "timeline-graph":
@@ -265,6 +281,7 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
             raise BadInputError("timeline-state must be an object")
         name = text(state.get("trace"), "timeline-state.trace")
         fold = "all" not in (dma or [])
+        path = "path" in (path_on or [])
         index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
         selected: int | None
@@ -282,12 +299,12 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         else:
             t0, t1, selected = new_window(state, index, trigger, relayout, click)
         t0, t1 = clamp_window(index, t0, t1)
-        figure, status = window_answer(ctx.store, name, t0, t1, selected, fold)
+        figure, status = window_answer(ctx.store, name, t0, t1, selected, fold, path)
         details = dash.no_update
         if selected != old_selected and selected is not None:
             details = slice_details(ctx.store.get(name), index, selected)
         new_state = {"trace": name, "t0": t0, "t1": t1, "selected": selected, "fold": fold,
-                     "steps": state.get("steps"), "search": query, "match": match}
+                     "path": path, "steps": state.get("steps"), "search": query, "match": match}
         return figure, new_state, details, status, search_status
 
 
