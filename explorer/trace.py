@@ -255,7 +255,7 @@ class Trace:
     def _parquet_file(self, name: str) -> str | None:
         """The store's Parquet file of a table (written first for a derived one)."""
         store = self._store
-        if store is None:
+        if store is None or not store.still_current():  # rebuilt since: the frames are ours
             return None
         if name in DERIVED and not store.has(name):
             getattr(self, name)  # computes it and writes it

@@ -56,3 +56,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort
+
+
+# A test (its call, or its setup: a module fixture that records) taking longer than this
+# belongs under the `slow` marker, which schedules its file first; the run's summary
+# lists those that lack it.
+SLOW_TEST_S = 10.0
+_unmarked_slow: list[tuple[float, str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if (report.when in ("setup", "call") and report.duration > SLOW_TEST_S
+            and "slow" not in report.keywords):
+        _unmarked_slow.append((report.duration, report.when, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _unmarked_slow:
+        return
+    terminalreporter.section(f"tests over {SLOW_TEST_S:g} s without the slow marker")
+    for duration, when, nodeid in sorted(_unmarked_slow, reverse=True):
+        terminalreporter.write_line(f"{duration:6.1f} s  {when:5}  {nodeid}")

@@ -258,6 +258,10 @@ class LazyArgs(SliceArgs):
         """The args if they are decoded already, else None."""
         return self._args
 
+    def resolved(self) -> SliceArgs:
+        """The args, decoded now if they are not yet."""
+        return self._get()
+
     def _get(self) -> SliceArgs:
         if self._args is None:
             assert self._build is not None

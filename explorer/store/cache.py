@@ -91,9 +91,12 @@ def read_cached(path: str, read: Any, root: str) -> tuple[RawTrace, Store | None
     """
     store = lookup(path, root)
     if store is not None:
+        opened = store
         try:
-            raw = store.raw(reparse=lambda: read(path))
-        except StoreError:
+            raw = store.raw(reparse=lambda: _read_unchanged(path, read, opened))
+        except StoreError as exc:
+            warnings.warn(f"the cache entry of {path} is damaged ({exc}); it is built "
+                          "again from the trace", CacheWarning, stacklevel=3)
             store = None
         else:
             raw.path = os.fspath(path)
@@ -110,6 +113,16 @@ def read_cached(path: str, read: Any, root: str) -> tuple[RawTrace, Store | None
     for w in caught:  # the load's warnings, heard by the caller as without the cache
         warnings.warn(w.message, w.category, stacklevel=3)
     return raw, entry
+
+
+def _read_unchanged(path: str, read: Any, store: Store) -> RawTrace:
+    """The trace read again for a table its entry could not give, when the trace is
+    still the one the entry was built from (other tables would not match it otherwise)."""
+    key = _key_or_none(path)
+    if key is None or not _same(store.manifest["source"], key):
+        raise StoreError(f"{path} changed since it was loaded, and its cache entry cannot "
+                         "give the rest of its tables: load it again")
+    return read(path)
 
 
 def _key_or_none(path: str) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from neuron_explorer.loaders.args import (
 from neuron_explorer.loaders.raw import RawTrace
 
 FORMAT = "neuron-explorer-store"
-VERSION = 2  # 2: PyTorch-profiler traces' args hold ours beside Kineto's
+VERSION = 3  # 2: PyTorch-profiler traces' args hold ours beside Kineto's; 3: build ids, checksums
 MANIFEST = "trace.json"
 RUN_MANIFEST = "run.json"  # a converted run: one store per rank beside it
 BASE_TABLES = ("slices", "tracks", "counters", "flows", "args")
@@ -58,39 +58,78 @@ def is_store(folder: str | os.PathLike) -> bool:
 
 @dataclass
 class Store:
-    """A trace's store folder: its manifest and its tables' files."""
+    """A trace's store folder: its manifest and its tables' files.
+
+    An open store is one build of the entry: the tables it reads lazily (args, flows)
+    are held open from the start, so another process rebuilding the entry (a changed
+    trace, a newer version) never mixes its tables into this one; any other table is
+    read only when its file carries this build's id. Every page is checksummed, and a
+    table whose pages do not match reads as unreadable, never as other rows."""
 
     folder: str
     manifest: dict[str, Any]
+    pinned: dict[str, Any] = field(default_factory=dict)  # table -> its open file
 
     def file(self, name: str) -> str:
         return os.path.join(self.folder, f"{name}.parquet")
 
     def has(self, name: str) -> bool:
-        return os.path.isfile(self.file(name))
+        return name in self.pinned or os.path.isfile(self.file(name))
 
     def read_table(self, name: str) -> pd.DataFrame | None:
-        """A table, or None when it is absent or unreadable (a derived table is then
-        computed again and written over it)."""
+        """A table of this build, or None when it is absent, unreadable, damaged or of
+        another build (a derived table is then computed again and written over it)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         if not self.has(name):
             return None
+        source = self.pinned.get(name)
         try:
-            return _to_pandas(pq.read_table(self.file(name)))
+            if source is not None:
+                source.seek(0)
+            table = pq.read_table(source if source is not None else self.file(name),
+                                  page_checksum_verification=True)
         except (OSError, pa.ArrowException, ValueError):
             return None
+        if build_of(table.schema) != self.manifest.get("build"):
+            return None
+        return _to_pandas(table)
+
+    def pin(self, names: tuple[str, ...]) -> None:
+        """Hold the files of `names` open (those present), checked to be this build's."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for name in names:
+            try:
+                f = open(self.file(name), "rb")  # noqa: SIM115 - held for the store's life
+            except FileNotFoundError:
+                continue
+            try:
+                build = build_of(pq.read_schema(f))
+            except (OSError, pa.ArrowException, ValueError):
+                build = None
+            if build != self.manifest.get("build"):
+                f.close()
+                raise StoreError(f"{self.folder}: {name} is not of this build (the entry "
+                                 "was rebuilt while it was opened)")
+            self.pinned[name] = f
+
+    def still_current(self) -> bool:
+        """The folder still holds the build this Store read (not rebuilt meanwhile)."""
+        return self._still_current()
 
     def write_table(self, name: str, frame: pd.DataFrame) -> bool:
         """Add or replace one table (atomically); False when it cannot be written (a
-        read-only folder, a column Parquet cannot hold): the caller goes on without."""
+        read-only folder, a column Parquet cannot hold, an entry rebuilt meanwhile): the
+        caller goes on without."""
         import pyarrow as pa
 
         if not self._still_current():
             return False
         try:
-            _write_parquet(self.file(name), frame)
+            _write_parquet(self.file(name), frame, self.manifest["build"])
         except (OSError, pa.ArrowException, ValueError, TypeError):
             return False
         return True
@@ -119,7 +158,8 @@ class Store:
             frame = self.read_table("args")
             if frame is not None:
                 return args_from_frame(frame, n_slices)
-            return self._reparsed(reparse, "args").args
+            again = self._reparsed(reparse, "args").args
+            return again.resolved() if isinstance(again, LazyArgs) else again
 
         def flows() -> pd.DataFrame:
             frame = self.read_table("flows")
@@ -138,6 +178,10 @@ class Store:
     def _reparsed(self, reparse: Callable[[], RawTrace] | None, what: str) -> RawTrace:
         if reparse is None:
             raise StoreError(f"{self.folder}: cannot read {what}")
+        from neuron_explorer.store.cache import CacheWarning
+
+        warnings.warn(f"{self.folder}: the cached {what} are damaged or unreadable; they are "
+                      "read from the trace again", CacheWarning, stacklevel=4)
         return reparse()
 
     def replay_warnings(self, stacklevel: int = 3) -> None:
@@ -168,15 +212,30 @@ def read_manifest(folder: str) -> dict[str, Any]:
     return manifest
 
 
+# The tables a trace reads after opening (on first use): held open from the start.
+LAZY_TABLES = ("args", "flows")
+
+
 def open_store(folder: str) -> Store:
-    """A store folder, its manifest checked and its base tables present."""
+    """A store folder, its manifest checked, its base tables present and the tables read
+    later held open (`Store.pin`)."""
     manifest = read_manifest(folder)
     store = Store(folder, manifest)
     missing = [name for name in BASE_TABLES if not store.has(name)]
     if missing:
         raise StoreError(f"{folder}: {', '.join(missing)} missing")
     _check_footers(store)
+    store.pin(LAZY_TABLES)
     return store
+
+
+BUILD_KEY = b"neuron_explorer.build"  # each Parquet file's schema metadata: its build
+
+
+def build_of(schema: Any) -> str | None:
+    """The build id a table's file was written for (None: none recorded)."""
+    value = (schema.metadata or {}).get(BUILD_KEY)
+    return value.decode() if value is not None else None
 
 
 def _check_footers(store: Store) -> None:
@@ -216,15 +275,16 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=parent)
+    build = uuid.uuid4().hex
     try:
         flows = raw.flows() if callable(raw.flows) else raw.flows
         args = args_frame(raw.args, len(raw.slices))  # decodes them: warnings come now
         tables = {"slices": raw.slices, "tracks": raw.tracks, "counters": raw.counters,
                   "flows": flows, "args": args, **(derived or {})}
         for name, frame in tables.items():
-            _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame)
+            _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame, build)
         manifest = {
-            "format": FORMAT, "version": VERSION, "build": uuid.uuid4().hex,
+            "format": FORMAT, "version": VERSION, "build": build,
             "source": source, "source_format": raw.source_format,
             "metadata": _jsonable(raw.metadata), "skipped": dict(raw.skipped),
             "warnings": caught if caught is not None else
@@ -240,7 +300,10 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Store(folder, manifest)
+    store = Store(folder, manifest)
+    with contextlib.suppress(StoreError, OSError):  # another process's build won the race
+        store.pin(LAZY_TABLES)
+    return store
 
 
 def _move_in(tmp: str, folder: str) -> None:
@@ -260,11 +323,13 @@ def _move_in(tmp: str, folder: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_parquet(path: str, frame: pd.DataFrame) -> None:
+def _write_parquet(path: str, frame: pd.DataFrame, build: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           BUILD_KEY: build.encode()})
     # dictionaries for the text columns only: numbers gain little from them (ids, times
     # are mostly distinct) and hashing every value costs more than compressing it
     texts = [field.name for field in table.schema
@@ -272,7 +337,7 @@ def _write_parquet(path: str, frame: pd.DataFrame) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         pq.write_table(table, tmp, compression="zstd",  # zstd: small files, fast reads
-                       use_dictionary=texts)
+                       use_dictionary=texts, write_page_checksum=True)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

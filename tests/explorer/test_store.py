@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import neuron_explorer
@@ -234,3 +235,47 @@ def test_sql_reads_the_parquet(tmp_path: Path, cache_dir: Path) -> None:
     assert cached.sql("SELECT count(*) AS n FROM slices")["n"].tolist() == [len(fresh.slices)]
     assert cached.sql("SELECT sum(flops) AS f FROM ops")["f"].tolist() == \
         [fresh.ops["flops"].sum()]
+
+
+def test_an_open_trace_keeps_its_entry_when_another_load_rebuilds_it(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """A notebook holds a trace read from its cache entry; the trace file changes and
+    another load rebuilds the entry. The open trace's lazily read tables (args, the ops
+    and kernels derived from them, SQL) stay those of the trace it opened."""
+    path = scenarios.basic().write(tmp_path, "trace")
+    before = neuron_explorer.load(path, cache=False)
+    neuron_explorer.load(path)  # writes the entry
+    held = neuron_explorer.load(path)  # from the entry: args and derived tables not read yet
+    changed = scenarios.basic(steps=3)
+    changed.b.slice(changed.host, 1, 5, "late", "op", {"op_id": 999, "step": 0})
+    changed.write(tmp_path, "trace")
+    os.utime(path, ns=(1, 1))  # a new size and time: the entry is stale
+    rebuilt = neuron_explorer.load(path)
+    assert len(rebuilt.steps) == 3
+    assert len(rebuilt.ops) != len(before.ops)  # and the new entry holds its ops table
+    assert_same(before, held)
+    assert len(held.sql("select * from ops")) == len(before.ops)
+
+
+@pytest.mark.parametrize("table", ["slices", "args", "tracks", "counters", "flows", "ops"])
+def test_a_flipped_bit_in_an_entry_never_gives_other_rows(tmp_path: Path, cache_dir: Path,
+                                                          table: str) -> None:
+    """Every page of the entry's Parquet files is checksummed: a bit flipped anywhere in
+    a table's data reads as damage (the entry is built again, or the table read from the
+    trace again), never as other values."""
+    path = scenarios.basic().write(tmp_path, "trace")
+    fresh = neuron_explorer.load(path, cache=False)
+    first = neuron_explorer.load(path)
+    first.ops  # noqa: B018 - written into the entry
+    target = Path(first.store_folder) / f"{table}.parquet"
+    data = bytearray(target.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8  # metadata length + its frame
+    for offset in range(4, len(data) - footer, max((len(data) - footer) // 12, 1)):
+        flipped = bytearray(data)
+        flipped[offset] ^= 0x10
+        folder = Path(entry_folder(str(path), str(cache_dir)))
+        (folder / f"{table}.parquet").write_bytes(bytes(flipped))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert_same(fresh, neuron_explorer.load(path))
+        neuron_explorer.load(path, cache=False)  # keep the entry as it is for the next flip
