@@ -285,6 +285,15 @@ class Run:
 
         return step_times(self)
 
+    def critical_path(self, step: int | None = None) -> pd.DataFrame:
+        """The chain that set each analysed step's length (or `step`'s), across ranks:
+        each rank's own chain (`Trace.critical_path`), moving at a collective wait to the
+        rank that arrived last; `rank` says whose work each segment is. Empty for a run
+        missing some of its ranks."""
+        from neuron_explorer.analyses.run_critical_path import run_critical_path
+
+        return run_critical_path(self, step)
+
     def stragglers(self) -> pd.DataFrame:
         """Ranks whose steps or arrivals at collectives are late, with by how much."""
         from neuron_explorer.analyses.ranks import stragglers

@@ -76,7 +76,30 @@ def run_report_sections(run: Run) -> list[Section]:
     return [Section("Run", head), Section("Ranks", rank_table),
             Section("Communication per rank", comm_table),
             Section("Collectives per rank", stats_table),
+            *_critical_path_section(run),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+# Walking the run's critical path loads every rank's whole trace into this process.
+CRITICAL_PATH_MAX_RANKS = 8
+
+
+def _critical_path_section(run: Run) -> list[Section]:
+    """Whose work set the steps, by rank and category (mean per analysed step)."""
+    if run.missing_ranks or not 1 < len(run) <= CRITICAL_PATH_MAX_RANKS:
+        return []
+    path = run.critical_path()
+    if not len(path):
+        return []
+    steps = path["step"].nunique()
+    per = path.groupby(["rank", "category"], sort=False)["dur"].sum().div(steps)
+    per = per.sort_values(ascending=False)
+    total = float(per.sum())
+    table = pd.DataFrame({
+        "rank": per.index.get_level_values(0), "on the path": per.index.get_level_values(1),
+        "per step": [fmt_ns(v) for v in per], "share": [fmt_share(v / total) for v in per]})
+    return [Section("Critical path across ranks (whose work set each step, mean per step)",
+                    table)]
 
 
 def render_run_report(run: Run, fmt: str) -> str:

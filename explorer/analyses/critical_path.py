@@ -128,7 +128,9 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     queue's kernel when one waited on it (`dependency`: a copy, a collective, an event),
     and back to the host where a kernel started only when the host launched it
     (`launch`: the launch latency). The segments of a step are contiguous and sum to the
-    step. Columns: step, ts, dur, name, kind (host | device), category, track, rank."""
+    step. A collective is two segments: `collective_wait` (this rank's device waiting for
+    the group's last rank) and `collective` (the transfer). Columns: step, ts, dur, name,
+    kind (host | device), category, track, rank."""
     from neuron_explorer.analyses.idle import _launch_times
     from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
     from neuron_explorer.run_files import distributed_info
@@ -143,9 +145,11 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     hs = host_slices(trace)
     host = _HostTimeline(hs, *blocking_op_waits(trace))
     k = trace.kernels
-    device = _DeviceQueues(k, s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
-                           if len(k) else np.zeros(0, np.int64), _launch_times(trace, k)
-                           if len(k) else np.zeros(0, np.int64))
+    work = pd.DataFrame({
+        "ts": k["ts"], "dur": k["dur"], "name": k["name"], "wait": 0,
+        "track": s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)] if len(k) else [],
+        "launch": _launch_times(trace, k) if len(k) else []})
+    device = _DeviceQueues(pd.concat([work, _collective_work(trace, s)], ignore_index=True))
     main_track = int(s.loc[trace.steps["id"].iloc[0], "track_id"]) if len(trace.steps) else -1
     rows: list[tuple] = []
     for w in win.itertuples():
@@ -202,16 +206,36 @@ class _HostTimeline:
         return out[::-1]
 
 
-class _DeviceQueues:
-    """Kernels by queue (track), sorted, with their launch times."""
+def _collective_work(trace: Trace, s: pd.DataFrame) -> pd.DataFrame:
+    """The collectives as work on their device queues (our recordings: a slice from this
+    rank's arrival through the wait for the group's last rank to the transfer's end)."""
+    coll = trace.collectives()
+    coll = coll[coll["wait_ns"] >= 0]
+    ids = coll["id"].to_numpy(np.int64)
+    op = trace.slice_args.numbers("op_id", ids, default=-1)
+    ops = trace.ops
+    launch = pd.Series(ops["ts"].to_numpy(np.int64), index=ops["op_id"].to_numpy()) \
+        if len(ops) and "op_id" in ops else pd.Series(dtype=np.int64)
+    return pd.DataFrame({
+        "ts": coll["ts"].to_numpy(np.int64), "dur": coll["dur"].to_numpy(np.int64),
+        "name": [f"{c} #{q}" for c, q in zip(coll["collective"], coll["seq"], strict=True)],
+        "wait": coll["wait_ns"].to_numpy(np.int64),
+        "track": s["track_id"].to_numpy()[ids] if len(ids) else np.zeros(0, np.int64),
+        "launch": launch.reindex(op).fillna(-1).to_numpy(np.int64)})
 
-    def __init__(self, k: pd.DataFrame, tracks: np.ndarray, launch: np.ndarray) -> None:
-        order = np.argsort(k["ts"].to_numpy(np.int64), kind="stable")
-        self.ts = k["ts"].to_numpy(np.int64)[order]
-        self.end = self.ts + k["dur"].to_numpy(np.int64)[order]
-        self.name = k["name"].to_numpy()[order]
-        self.track = np.asarray(tracks, np.int64)[order]
-        self.launch = np.asarray(launch, np.int64)[order]
+
+class _DeviceQueues:
+    """Kernels and collectives by queue (track), sorted, with their launch times and (for
+    collectives) their wait for the group's last rank."""
+
+    def __init__(self, work: pd.DataFrame) -> None:
+        order = np.argsort(work["ts"].to_numpy(np.int64), kind="stable")
+        self.ts = work["ts"].to_numpy(np.int64)[order]
+        self.end = self.ts + work["dur"].to_numpy(np.int64)[order]
+        self.name = work["name"].to_numpy()[order]
+        self.wait = work["wait"].to_numpy(np.int64)[order]
+        self.track = work["track"].to_numpy(np.int64)[order]
+        self.launch = work["launch"].to_numpy(np.int64)[order]
 
     def ending_by(self, t: int, track: int | None = None, exclude: int = -1) -> int:
         """The kernel (index) that ended last at or before `t` (on `track`, if given),
@@ -257,13 +281,19 @@ def _walk(lo: int, hi: int, host: _HostTimeline, dev: _DeviceQueues,
             continue
         # on the device, inside `kernel`, at t
         k0 = max(int(dev.ts[kernel]), lo)
-        out.append((k0, t - k0, str(dev.name[kernel]), "device", "kernel", int(dev.track[kernel])))
+        track = int(dev.track[kernel])
+        if dev.wait[kernel] > 0:  # a collective: its transfer, then its wait for the group
+            last = min(max(k0, int(dev.ts[kernel] + dev.wait[kernel])), t)
+            out.append((last, t - last, str(dev.name[kernel]), "device", "collective", track))
+            waiting = f"{dev.name[kernel]}: waiting for the group's last rank"
+            out.append((k0, last - k0, waiting, "device", "collective_wait", track))
+        else:
+            out.append((k0, t - k0, str(dev.name[kernel]), "device", "kernel", track))
         t = k0
         if t <= lo:
             break
         # what let it start: the latest of its queue's previous kernel ending, another
         # queue's kernel ending (a copy, a collective, an event), and its launch
-        track = int(dev.track[kernel])
         prev = dev.ending_by(t, track, exclude=kernel)
         other = dev.ending_by(t, exclude=kernel)
         causes = [(int(dev.launch[kernel]), "launch", -1)]

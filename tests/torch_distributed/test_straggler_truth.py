@@ -98,3 +98,18 @@ def test_a_device_bound_rank_with_more_work_saves_what_the_balanced_run_measures
     found = _findings(slow)
     # the same cause once: no load-imbalance or per-rank wait finding beside it
     assert "load_imbalance" not in found and "dependency_idle" not in found
+
+
+def test_the_runs_critical_path_runs_through_the_rank_that_arrived_last(runs):
+    """Rank 0's own chain stops at the all-reduce it waited for; the run's chain goes on
+    through rank 1's extra device work, and adds up to the step."""
+    run = runs["device"]
+    own = run[0].critical_path()
+    assert own.loc[own["category"] == "collective_wait", "dur"].sum() > 0
+    path = run.critical_path()
+    assert len(path) and not (path["category"] == "collective_wait").any()
+    kernels = path[path["category"] == "kernel"].groupby("rank")["dur"].sum()
+    assert kernels.get(1, 0) > 10 * kernels.get(0, 0)
+    longest = run.steps.groupby("step")["dur"].max()
+    summed = path.groupby("step")["dur"].sum()
+    assert (abs(summed - longest.reindex(summed.index)) <= 0.01 * summed).all()
