@@ -1,6 +1,6 @@
 """The simulated NeuronCores: one `neuron` device per core of one chip of the chosen preset.
 
-The preset comes from `NEURON_HARDWARE` (a name in hardware/presets.py; trn2 by default) and is
+The preset comes from `NEURON_HARDWARE` (a name in common/presets.py; trn2 by default) and is
 resolved on first use, not at `import torch`, so a bad value is reported where the
 device is used, as one clear error.
 """
@@ -11,7 +11,7 @@ import os
 
 import torch
 from neuron_explorer.backend.allocator import MemoryStats
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 PRESET_ENV = "NEURON_HARDWARE"
 
@@ -58,7 +58,7 @@ def initialized() -> bool:
 
 def preset_name() -> str:
     """The preset asked for in the environment (not yet validated)."""
-    from neuron_explorer.backend.hardware.presets import DEFAULT_PRESET
+    from neuron_explorer.common.presets import DEFAULT_PRESET
 
     return os.environ.get(PRESET_ENV, DEFAULT_PRESET).strip() or DEFAULT_PRESET
 
@@ -67,7 +67,7 @@ def preset():
     """The hardware preset of this process's chip (resolved once)."""
     global _preset
     if _preset is None:
-        from neuron_explorer.backend.hardware.presets import (
+        from neuron_explorer.common.presets import (
             DEFAULT_PRESET,
             PRESETS,
             UnknownPresetError,

@@ -36,7 +36,7 @@ from neuron_explorer.backend.hardware import (
 )
 from neuron_explorer.backend.hardware.optable import base_name
 
-# (shape, dtype name) pairs; attrs as (name, value) pairs (explorer/op_key_codec.py)
+# (shape, dtype name) pairs; attrs as (name, value) pairs (common/op_key_codec.py)
 OpKey = tuple[str, tuple, tuple, tuple]
 
 MATMUL_OPS = frozenset({"mm", "bmm", "matmul", "mv", "addmm", "baddbmm", "addbmm", "addmv",

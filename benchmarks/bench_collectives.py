@@ -42,7 +42,7 @@ def bandwidth_table() -> None:
         link_for,
     )
     from neuron_explorer.backend.distributed.topology import topology_for
-    from neuron_explorer.backend.hardware.presets import PRESETS, interconnect_for
+    from neuron_explorer.common.presets import PRESETS, interconnect_for
 
     for name in ("trn1", "trn2"):
         preset = PRESETS[name]

@@ -25,8 +25,8 @@ from types import ModuleType
 import bench_writer
 from neuron_explorer.backend.hardware import gemm
 from neuron_explorer.backend.hardware.builder import KernelBuilder
-from neuron_explorer.backend.hardware.presets import get_preset
 from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
+from neuron_explorer.common.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(m, k, n, batch) for m, k, n in [(64, 512, 512), (1000, 3000, 200), (2048, 2048, 2048),

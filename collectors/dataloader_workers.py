@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from neuron_explorer.trace_format import (
+from neuron_explorer.common.trace_format import (
     ARG_BATCH,
     ARG_SAMPLES,
     ARG_STEP,

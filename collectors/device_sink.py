@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from neuron_explorer import op_key_codec
 from neuron_explorer.backend.events import (
     CollectiveRun,
     CompileEvent,
@@ -30,9 +29,10 @@ from neuron_explorer.backend.events import (
     SyncWait,
 )
 from neuron_explorer.backend.hardware import ENGINE_NAMES
-from neuron_explorer.collectors.source_lines import SourceLocator
+from neuron_explorer.backend.source_lines import SourceLocator
 from neuron_explorer.collectors.trace_writer import RecordingError
-from neuron_explorer.trace_format import (
+from neuron_explorer.common import op_key_codec
+from neuron_explorer.common.trace_format import (
     ARG_ALGORITHM,
     ARG_BYTES,
     ARG_COLLECTIVE,

@@ -38,7 +38,7 @@ from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.host_costs import host_costs
 from neuron_explorer.collectors import dataloader_workers
 from neuron_explorer.collectors.trace_writer import RecordingError
-from neuron_explorer.trace_format import (
+from neuron_explorer.common.trace_format import (
     ARG_BATCH,
     ARG_MODULE,
     ARG_PHASE,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from neuron_explorer.collectors.chunked_output import ChunkedOutput
-from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
+from neuron_explorer.common.trace_format import ARG_METADATA_JSON, CAT_METADATA
 
 _HEAD = b'{"displayTimeUnit": "ns", "traceEvents": [\n'
 _TAIL = b"{}]}\n"

@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from neuron_explorer.collectors import perfetto_fields as F
 from neuron_explorer.collectors import wire
 from neuron_explorer.collectors.chunked_output import ChunkedOutput
-from neuron_explorer.trace_format import ARG_METADATA_JSON, CAT_METADATA
+from neuron_explorer.common import perfetto_fields as F
+from neuron_explorer.common.trace_format import ARG_METADATA_JSON, CAT_METADATA
 
 _TRACE_PACKET = 1  # Trace.packet
 _BEGIN, _END, _INSTANT, _COUNTER = 1, 2, 3, 4

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from neuron_explorer.collectors.output_claim import claim, claim_or_refuse
 from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
-from neuron_explorer.trace_format import LEVELS
+from neuron_explorer.common.trace_format import LEVELS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_explorer.collectors.session import format_for
 
     if args.hardware:  # an unknown name: one error listing the presets
-        from neuron_explorer.backend.hardware.presets import get_preset
+        from neuron_explorer.common.presets import get_preset
 
         get_preset(args.hardware)
     words = list(args.program)
@@ -147,7 +147,7 @@ def _record(program, options) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m neuron_explorer.collectors.record_command ...`: the record command alone."""
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
 
     parser = argparse.ArgumentParser(prog="neuron-explorer record")
     configure(parser)

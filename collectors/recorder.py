@@ -23,7 +23,7 @@ from neuron_explorer.collectors import signal_guard
 from neuron_explorer.collectors.dataloader_workers import WorkerTracks
 from neuron_explorer.collectors.recording_notices import host_clock_metadata, warn_if_large
 from neuron_explorer.collectors.trace_writer import RecordingError, TraceWriter, open_writer
-from neuron_explorer.trace_format import (
+from neuron_explorer.common.trace_format import (
     ARG_PAUSED_NS,
     ARG_STEP,
     CAT_ANNOTATION,
@@ -156,8 +156,8 @@ class Recorder:
         self.recording = not self.stopped and self.step >= self.window_start
 
     def _metadata(self) -> dict[str, Any]:
-        import neuron_explorer
         import torch
+        from neuron_explorer import __version__
 
         hardware, figures = hardware_preset()
         return {
@@ -165,7 +165,7 @@ class Recorder:
             META_HARDWARE_FIGURES: figures,
             META_COMMAND: [str(a) for a in self.options.command],
             META_TORCH: torch.__version__,
-            META_VERSION: neuron_explorer.__version__,
+            META_VERSION: __version__,
             META_START: clock.origin_unix_ns(),
             META_LEVEL: self.options.level,
             META_PID: self.pid,

@@ -104,7 +104,7 @@ def manifest(program, folder: str, level: str, steps, fmt: str,
              outcome_code: int | None = None) -> dict[str, Any]:
     """The run's manifest: what ran, on what, and which traces it left."""
     from neuron_explorer.backend.distributed.topology import topology_for
-    from neuron_explorer.backend.hardware.presets import get_preset, interconnect_for
+    from neuron_explorer.common.presets import get_preset, interconnect_for
 
     preset = get_preset(os.environ.get("NEURON_HARDWARE", "trn2").strip() or "trn2")
     ranks = rank_traces(folder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from neuron_explorer.trace_format import CAT_DMA, CAT_INSTRUCTION, CAT_KERNEL, CAT_OP, LEVELS
+from neuron_explorer.common.trace_format import CAT_DMA, CAT_INSTRUCTION, CAT_KERNEL, CAT_OP, LEVELS
 
 if TYPE_CHECKING:
     from neuron_explorer.collectors.recorder import Recorder

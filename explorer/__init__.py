@@ -17,7 +17,7 @@ _LAZY = {
     "Trace": "neuron_explorer.trace",
     "Run": "neuron_explorer.run",
     "load_run": "neuron_explorer.run",
-    "TraceFormatError": "neuron_explorer.errors",
+    "TraceFormatError": "neuron_explorer.common.errors",
     "diff": "neuron_explorer.trace_diff",
     "whatif": "neuron_explorer.whatif_replay",
     "record": "neuron_explorer.collectors.session",
@@ -30,7 +30,7 @@ __all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff"
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, record, step
-    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.common.errors import TraceFormatError
     from neuron_explorer.run import Run, load_run
     from neuron_explorer.trace import Trace, load
     from neuron_explorer.trace_diff import diff

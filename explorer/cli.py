@@ -13,7 +13,7 @@ import sys
 from types import ModuleType
 
 from neuron_explorer import __version__
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 SUBCOMMANDS = {
     "record": ("neuron_explorer.collectors.record_command", "record a program into a trace"),

@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

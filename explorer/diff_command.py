@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.report_command import FORMATS, load_quietly, write_output
 
 EXIT_REGRESSION = 1

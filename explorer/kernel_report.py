@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.kernel_lines import (
-    ENGINE_COLUMNS,
     kernel_instructions,
     kernel_profile,
     kernel_shapes,
     line_profile,
     nki_kernels,
 )
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS
 from neuron_explorer.render import Section, fmt_ns
 
 if TYPE_CHECKING:

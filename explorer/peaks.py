@@ -1,6 +1,6 @@
 """Peak figures of the traced hardware, read from the trace's `hardware_figures` metadata.
 
-The backend's presets write these keys (backend/hardware/presets.py `figures()`);
+The backend's presets write these keys (common/presets.py `figures()`);
 a trace without them (a PyTorch-profiler trace) gets None from every accessor, and
 the analyses that need a peak return empty or unknown results.
 """

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.analyses import communication as comm
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.run_files import distributed_info
 

@@ -7,7 +7,7 @@ import sys
 import warnings
 from typing import Any
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 FORMATS = ("text", "json", "md", "html")
 

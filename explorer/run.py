@@ -17,7 +17,7 @@ from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pandas as pd
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.rank_digest import RankDigest, digest_file
 from neuron_explorer.run_files import assign_ranks, read_manifest, run_paths
 
@@ -389,7 +389,7 @@ def load_converted_run(folder: str, processes: int | None = None,
     """A run as `neuron-explorer convert RUN_DIR` wrote it: one store per rank."""
     import json
 
-    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.common.errors import TraceFormatError
     from neuron_explorer.store.parquet import RUN_MANIFEST
 
     try:

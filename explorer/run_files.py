@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
 
 TRACE_SUFFIXES = (".pftrace", ".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 MANIFEST = "manifest.json"

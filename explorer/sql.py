@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
-from neuron_explorer.errors import UnknownTableError
+from neuron_explorer.common.errors import UnknownTableError
 
 
 def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.DataFrame],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:

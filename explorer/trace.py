@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from neuron_explorer import tables
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.loaders import read_trace
 from neuron_explorer.loaders.args import SliceArgs
 from neuron_explorer.loaders.huge_pages import small_pages
@@ -82,7 +82,7 @@ def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.Path
 
 def _load_store(folder: str) -> Trace | Run:
     """A trace (or a run) as `convert` wrote it."""
-    from neuron_explorer.errors import TraceFormatError
+    from neuron_explorer.common.errors import TraceFormatError
     from neuron_explorer.store.parquet import RUN_MANIFEST, StoreError, open_store
 
     if os.path.isfile(os.path.join(folder, RUN_MANIFEST)):
@@ -210,7 +210,7 @@ class Trace:
         """A table by name, as `sql` sees it: `slices` without its args column, `args` in
         long form (slice_id, key, kind, int_value, float_value, str_value)."""
         if name not in SQL_TABLES:
-            from neuron_explorer.errors import NeuronExplorerError
+            from neuron_explorer.common.errors import NeuronExplorerError
 
             raise NeuronExplorerError(f"no table {name!r}; tables are {', '.join(SQL_TABLES)}")
         if name == "slices":

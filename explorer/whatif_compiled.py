@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from neuron_explorer import tables
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.trace import Trace
 
 APPROXIMATIONS = (

@@ -19,16 +19,17 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import op_key_codec, tables
-from neuron_explorer import trace_format as tf
+from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import device_data_end, in_analysed_steps
-from neuron_explorer.backend.hardware.presets import PRESETS
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common import op_key_codec
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.presets import PRESETS
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace, load
 from neuron_explorer.whatif_label import META_WHATIF
 
-HARDWARE = tuple(PRESETS)  # the presets a prediction can target (hardware/presets.py)
+HARDWARE = tuple(PRESETS)  # the presets a prediction can target (common/presets.py)
 MODES = ("eager", "compiled")
 DTYPES = ("bf16", "fp8")
 _RECORD_HINT = ("record the program again with `neuron-explorer record --level op` (or "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import tables
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.trace import Trace
 from neuron_explorer.whatif_replay import META_WHATIF, WhatIfOptions
 

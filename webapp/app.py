@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlencode
 import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp import loading
 from neuron_explorer.webapp.components import notice
 from neuron_explorer.webapp.context import AppContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 INT64_MAX = 2**63 - 1
 

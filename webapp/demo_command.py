@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 WORKLOAD = "neuron_explorer.webapp.demo_workload"
 TRACE_NAME = "mlp_eager.pftrace"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp.security import (
     CSP_TEMPLATE,
     TOKEN_PARAM,

@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 import psutil
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.run_files import MANIFEST
 from neuron_explorer.webapp.load_progress import LoadProgress
 

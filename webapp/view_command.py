@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp.security import is_loopback, is_wildcard, new_token
 from neuron_explorer.webapp.trace_store import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_UPLOADS
 

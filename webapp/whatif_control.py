@@ -10,7 +10,7 @@ from typing import Any
 import dash
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp.components import data_table, notice, section
 
 log = logging.getLogger("neuron_explorer.webapp")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 ENV_VAR = "NEURON_EAGER_MODE"
 MODES = ("immediate", "adaptive")

@@ -95,7 +95,7 @@ _TORCH_ROOT = os.path.dirname(torch.__file__) + os.sep
 def _calling_user_line(frame: types.FrameType | None) -> str:
     """The user's frame outward of `frame` (as the recorder finds an op's source line; a
     patched `backward` of the recorder's sits between a lazy backward and its caller)."""
-    from neuron_explorer.collectors.source_lines import SourceLocator
+    from neuron_explorer.backend.source_lines import SourceLocator
 
     user = SourceLocator().user_frame(frame)
     return f"{user.f_code.co_filename}:{user.f_lineno} in {user.f_code.co_name}" if user else ""

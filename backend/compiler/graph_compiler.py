@@ -22,7 +22,7 @@ from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.host_graph import HostRunner
 from neuron_explorer.backend.compiler.program import build_program
 from neuron_explorer.backend.compiler.shapes import ShapeBinder, concrete_shape, is_symbolic
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from torch import fx
 
 _graph_ids = itertools.count(1)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 if TYPE_CHECKING:  # torch is not imported here at run time: this module loads with it
     from torch import fx

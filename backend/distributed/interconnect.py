@@ -22,7 +22,7 @@ import math
 from typing import NamedTuple
 
 from neuron_explorer.backend.distributed.topology import Topology
-from neuron_explorer.backend.hardware.presets import HardwarePreset, interconnect_for
+from neuron_explorer.common.presets import HardwarePreset, interconnect_for
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"

@@ -47,7 +47,7 @@ from neuron_explorer.backend.distributed.interconnect import (
 )
 from neuron_explorer.backend.distributed.topology import topology_for
 from neuron_explorer.backend.events import CollectiveRun, OpLaunch, hub
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 BACKEND_NAME = "neuron"
 
@@ -612,7 +612,7 @@ def _select_local_device() -> None:
 
 
 def _start_cost(preset) -> int:
-    from neuron_explorer.backend.hardware.presets import interconnect_for
+    from neuron_explorer.common.presets import interconnect_for
 
     return interconnect_for(preset).collective_start_ns
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from neuron_explorer.backend.hardware.presets import HardwarePreset, interconnect_for
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.presets import HardwarePreset, interconnect_for
 
 TOPOLOGY_ENV = "NEURON_TOPOLOGY"
 _KEYS = ("ranks_per_chip", "chips_per_instance")

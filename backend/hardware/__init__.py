@@ -19,14 +19,14 @@ from neuron_explorer.backend.hardware.lowering import (
     lower_op,
 )
 from neuron_explorer.backend.hardware.optable import HOST_ONLY, LOWERINGS, NO_DEVICE_WORK
-from neuron_explorer.backend.hardware.presets import (
+from neuron_explorer.backend.hardware.specs import OpSpec, TensorSpec
+from neuron_explorer.backend.hardware.timeline import DeviceTimeline
+from neuron_explorer.common.presets import (
     PRESETS,
     HardwarePreset,
     UnknownPresetError,
     get_preset,
 )
-from neuron_explorer.backend.hardware.specs import OpSpec, TensorSpec
-from neuron_explorer.backend.hardware.timeline import DeviceTimeline
 
 __all__ = [
     "ENGINE_NAMES",

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import numpy as np
 from neuron_explorer.backend.hardware import costs
 from neuron_explorer.backend.hardware.kernel import DMA_QUEUES, FIRST_DMA, Kernel
-from neuron_explorer.backend.hardware.presets import HardwarePreset
+from neuron_explorer.common.presets import HardwarePreset
 
 TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 import math
 
-from neuron_explorer.backend.hardware.presets import (
+from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.presets import (
     FP8_DTYPES,
     HALF_DTYPES,
     HardwarePreset,
     te_rate_factor,
 )
-from neuron_explorer.backend.hardware.specs import dtype_bytes
 
 
 def matmul_ns(p: HardwarePreset, moving_free: int, dtype: str) -> float:

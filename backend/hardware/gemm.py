@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from neuron_explorer.backend.hardware import costs
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
-from neuron_explorer.backend.hardware.presets import HardwarePreset, te_rate_factor
 from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.presets import HardwarePreset, te_rate_factor
 
 SBUF_SHARE = 0.8  # of SBUF a GEMM may use (the rest: output staging, bias, slack)
 BATCH_LOAD_BYTES = 256 * 1024  # operand bytes per batch group's load (fixed cost amortised)

@@ -8,7 +8,7 @@ called, i.e. when engine-level recording wants them.
 from __future__ import annotations
 
 import numpy as np
-from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
+from neuron_explorer.common.trace_format import ENGINE_DMA, ENGINES
 
 # Queues a kernel spreads its transfers over: 4 on each of the 16 DMA engines, the first
 # half for loads and the second for stores, so a store waiting for compute never holds

@@ -15,9 +15,9 @@ from neuron_explorer.backend.hardware.optable import (
     base_name,
     lowering_for,
 )
-from neuron_explorer.backend.hardware.presets import HardwarePreset
 from neuron_explorer.backend.hardware.specs import OpSpec
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.presets import HardwarePreset
 
 MAX_CACHED = 1 << 16  # kernels kept per preset; the oldest go first
 _MISS = object()

@@ -11,7 +11,7 @@ clock's timeline.
 from __future__ import annotations
 
 from neuron_explorer.backend.hardware.kernel import Kernel
-from neuron_explorer.backend.hardware.presets import HardwarePreset
+from neuron_explorer.common.presets import HardwarePreset
 
 
 class DeviceTimeline:

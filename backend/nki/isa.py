@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.nki import dtypes, ops
 from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.language import _Op, add
 from neuron_explorer.nki.tensor import PSUM, SBUF, Tensor
 from neuron_explorer.nki.trace import current, where
-from neuron_explorer.trace_format import ENGINES
 
 tensor_engine, vector_engine, scalar_engine, gpsimd_engine = ENGINES
 

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from neuron_explorer.backend.hardware import KernelBuilder, get_preset
-from neuron_explorer.backend.hardware.kernel import ENGINES, FIRST_DMA, Kernel
+from neuron_explorer.backend.hardware.kernel import FIRST_DMA, Kernel
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.sourced import with_sources
 from neuron_explorer.nki.tensor import HBM, Tensor
 from neuron_explorer.nki.trace import Trace
-
-ENGINE_COLUMNS = ENGINES + ("dma",)
 
 
 class JitKernel:
@@ -211,8 +210,6 @@ class Benchmark:
     def profile(self) -> dict:
         """Engine busy % (DMA: its queues' union), DMA/compute overlap %, SBUF/PSUM
         high-water marks (bytes over all partitions) and the critical engine."""
-        from neuron_explorer.analyses.kernel_lines import engine_profile
-
         a = self.kernel.arrays()
         engine = np.array(ENGINE_COLUMNS)[np.minimum(a["engine"], FIRST_DMA)]
         out = engine_profile(engine, a["start"], a["start"] + a["dur"], self.duration_ns)

@@ -16,7 +16,7 @@ from types import FrameType
 from typing import Self
 
 from neuron_explorer.backend.hardware import KernelBuilder
-from neuron_explorer.backend.hardware.presets import HardwarePreset
+from neuron_explorer.common.presets import HardwarePreset
 from neuron_explorer.nki.errors import NkiError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import tables
-from neuron_explorer import trace_format as tf
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.tables import assign_steps, num, text
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.trace_format import (
+from neuron_explorer.common.trace_format import (
     ARG_ENGINE,
     ARG_KERNEL_ID,
     ARG_MODULE,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common.intervals import Union
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -216,6 +216,7 @@ def _collective_work(trace: Trace, s: pd.DataFrame) -> pd.DataFrame:
     ops = trace.ops
     launch = pd.Series(ops["ts"].to_numpy(np.int64), index=ops["op_id"].to_numpy()) \
         if len(ops) and "op_id" in ops else pd.Series(dtype=np.int64)
+    launch = launch[~launch.index.duplicated()]  # a hostile trace may repeat op ids
     return pd.DataFrame({
         "ts": coll["ts"].to_numpy(np.int64), "dur": coll["dur"].to_numpy(np.int64),
         "name": [f"{c} #{q}" for c, q in zip(coll["collective"], coll["seq"], strict=True)],

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common.intervals import Union
+from neuron_explorer.common.trace_format import ENGINE_DMA, ENGINES
 from neuron_explorer.tables import map_unique
-from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

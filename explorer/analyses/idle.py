@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.intervals import Union
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.tables import assign_steps, launch_calls
 
 if TYPE_CHECKING:

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
-from neuron_explorer.trace_format import ENGINE_DMA, ENGINES
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
-ENGINE_COLUMNS = (*ENGINES, ENGINE_DMA)
 COLUMNS = ["source", "file", "line", *(f"{e}_ns" for e in ENGINE_COLUMNS), "total_ns",
            "stall_ns", "instructions", "share"]
 
@@ -75,27 +74,6 @@ def _stall(ins: pd.DataFrame, kernel_start: pd.Series) -> np.ndarray:
     stall = np.zeros(len(frame), np.int64)
     stall[frame.index.to_numpy()] = np.maximum(frame["ts"].to_numpy() - prev, 0)
     return stall
-
-
-def engine_profile(engine: np.ndarray, start: np.ndarray, end: np.ndarray,
-                   duration: int) -> dict:
-    """Busy % per engine (DMA: the union of its queues), how much of the DMA time
-    overlaps compute, and the engine busiest for longest (the critical one)."""
-    from neuron_explorer.analyses.intervals import Union
-
-    busy = {}
-    unions = {}
-    for e in ENGINE_COLUMNS:
-        keep = engine == e
-        unions[e] = Union(start[keep], end[keep])
-        busy[e] = unions[e].total
-    compute = Union.of(*[(unions[e].starts, unions[e].ends) for e in ENGINES])
-    both = Union.of((compute.starts, compute.ends), (unions["dma"].starts, unions["dma"].ends))
-    overlap = compute.total + unions["dma"].total - both.total
-    duration = max(int(duration), 1)
-    return {"busy_pct": {e: 100.0 * v / duration for e, v in busy.items()},
-            "dma_compute_overlap_pct": 100.0 * overlap / max(unions["dma"].total, 1),
-            "critical_engine": max(busy, key=busy.__getitem__)}
 
 
 def kernel_shapes(trace: Trace, kernel: object) -> pd.DataFrame:
@@ -247,7 +225,7 @@ def nki_instructions(trace: Trace) -> pd.DataFrame:
 
 def dma_compute_overlap(ins: pd.DataFrame) -> tuple[int, int, int]:
     """(DMA busy, compute busy, both at once) in ns over `ins` (one kernel run)."""
-    from neuron_explorer.analyses.intervals import Union
+    from neuron_explorer.common.intervals import Union
 
     dma = ins["engine"].to_numpy() == "dma"
     d = Union(ins["ts"].to_numpy()[dma], ins["end"].to_numpy()[dma])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

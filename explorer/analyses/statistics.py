@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.tables import ancestor_of_kind
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import memoised
 from neuron_explorer.tables import assign_steps
 

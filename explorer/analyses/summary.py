@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.levels import recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.tables import kind_codes, kind_mask, nested_ops
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders.huge_pages import small_pages
 from neuron_explorer.loaders.inflate import (
     ENV_MAX_BYTES,

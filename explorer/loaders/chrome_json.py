@@ -18,8 +18,8 @@ from typing import Any, Self
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import TraceFormatError, TruncatedTraceWarning
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders.args import DictArgs
 from neuron_explorer.loaders.kinds import our_kind
 from neuron_explorer.loaders.kineto import (

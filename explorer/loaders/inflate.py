@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import zlib
 
-from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
 RATIO = 100  # JSON traces compress 5-30x; a bomb, 1000x and more

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 
 OUR_KINDS = {
     tf.CAT_STEP, tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_OP, tf.CAT_KERNEL,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.loaders.args import DictArgs
 
 # Older PyTorch profilers (no schemaVersion) wrote these categories; read as today's.

@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from neuron_explorer import trace_format as tf
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.errors import TraceFormatError
 
 # hardware_figures keys read as numbers (peaks.py, the rules, the roofline page)
 NUMERIC_FIGURES = ("peak_flops", "hbm_bytes_per_s", "memory_bytes_per_s", "dma_bytes_per_s",

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
-from neuron_explorer.collectors import perfetto_fields as F
-from neuron_explorer.errors import (
+from neuron_explorer.common import perfetto_fields as F
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.errors import (
     DamagedTraceWarning,
     TraceFormatError,
     TraceFormatWarning,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.collectors.perfetto_fields import (
+from neuron_explorer.common.perfetto_fields import (
     A_ARRAY,
     A_BOOL,
     A_DICT,
@@ -28,7 +28,7 @@ from neuron_explorer.collectors.perfetto_fields import (
     A_STRING_IID,
     A_UINT,
 )
-from neuron_explorer.collectors.perfetto_fields import E_DEBUG as E_ANNOTATION
+from neuron_explorer.common.perfetto_fields import E_DEBUG as E_ANNOTATION
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.loaders.kinds import DEVICE_PROCESS_NAME
 from neuron_explorer.loaders.raw import TRACK_COLUMNS
 

@@ -86,7 +86,7 @@ class TracePlot:
 def _check_window(index: TimelineIndex, t0: float, t1: float) -> None:
     """A window that is reversed or misses the trace would draw an empty figure with no
     word why (times in seconds, or from 0 instead of the trace's clock, do)."""
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
     from neuron_explorer.units import duration
 
     span = (f"this trace's events run from ts {index.start_ns} to {index.end_ns} ns "

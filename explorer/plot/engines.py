@@ -47,7 +47,7 @@ def engine_use(trace: Trace, step: int | None = None) -> EngineUse | None:
     if step is not None and "step" in steps:
         steps = steps[steps["step"] == step]
         if steps.empty:
-            from neuron_explorer.errors import NeuronExplorerError
+            from neuron_explorer.common.errors import NeuronExplorerError
 
             raise NeuronExplorerError(f"no step {step} in this trace; steps are "
                                       f"{', '.join(str(s) for s in trace.steps['step'].head(20))}")

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.intervals import Union
-from neuron_explorer.analyses.kernel_lines import ENGINE_COLUMNS, kernel_instructions
+from neuron_explorer.analyses.kernel_lines import kernel_instructions
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.plot.figures import new_figure
 from neuron_explorer.plot.theme import BREAKDOWN_COLOURS, GRID_COLOUR
 

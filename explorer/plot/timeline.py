@@ -65,7 +65,7 @@ def build_index(trace: Trace, fold_dma: bool = True, tracks: list[str | int] | N
         keep = track_table[track_table["name"].astype(str).isin(wanted)
                            | track_table["track_id"].astype(str).isin(wanted)]
         if keep.empty:
-            from neuron_explorer.errors import NeuronExplorerError
+            from neuron_explorer.common.errors import NeuronExplorerError
 
             raise NeuronExplorerError(f"no track named {', '.join(sorted(wanted))} in this trace; "
                                       f"tracks are {', '.join(track_table['name'].astype(str).unique()[:20])}")
@@ -322,7 +322,7 @@ def timeline(index: TimelineIndex, t0: int, t1: int, interactive: bool | None = 
     if not interactive:
         return go.Figure(figure)
     if not widgets_available():
-        from neuron_explorer.errors import NeuronExplorerError
+        from neuron_explorer.common.errors import NeuronExplorerError
 
         raise NeuronExplorerError("an interactive timeline needs ipywidgets and anywidget: "
                                   "pip install ipywidgets anywidget (or pass interactive=False)")

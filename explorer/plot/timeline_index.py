@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 
 # Order of track kinds from top to bottom: host first, then each device.
 KIND_ORDER = {"thread": 0, "gpu_stream": 1, "kernels": 2, "engine": 3, "dma": 4, "counter": 6}

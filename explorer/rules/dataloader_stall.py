@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from neuron_explorer.analyses.step_breakdown import host_slices
+from neuron_explorer.common.trace_format import ARG_WORKER, CAT_DATALOADER_WORKER
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import (
@@ -17,7 +18,6 @@ from neuron_explorer.rules.finding import (
     top,
     us,
 )
-from neuron_explorer.trace_format import ARG_WORKER, CAT_DATALOADER_WORKER
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

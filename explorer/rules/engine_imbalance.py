@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
+from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, make, step_time
-from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import (

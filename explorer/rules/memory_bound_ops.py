@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.rules.host_bound import device_saving
-from neuron_explorer.trace_format import ENGINES
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from neuron_explorer.analyses.compilation import compile_spans
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.analyses.intervals import Union
+from neuron_explorer.common.intervals import Union
 from neuron_explorer.peaks import dma_bandwidth, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us

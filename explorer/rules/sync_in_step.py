@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.step_breakdown import host_slices
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
 from neuron_explorer.rules.host_bound import prerequisite

@@ -7,7 +7,7 @@ import os
 from functools import partial
 from typing import Any
 
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.store.parquet import FORMAT, RUN_MANIFEST, VERSION, write_store
 
 

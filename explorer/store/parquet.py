@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.errors import TraceFormatWarning
+from neuron_explorer.common.errors import TraceFormatWarning
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -186,7 +186,7 @@ class Store:
 
     def replay_warnings(self, stacklevel: int = 3) -> None:
         """Warn again what the first load warned (a truncated recording, parts left out)."""
-        from neuron_explorer import errors
+        from neuron_explorer.common import errors
 
         for category, message in self.manifest.get("warnings") or []:
             cls = getattr(errors, category, TraceFormatWarning)

@@ -72,7 +72,7 @@ def test_preset_from_environment_sets_device_count_and_memory(fresh_python):
 def test_unknown_preset_is_one_clear_error(fresh_python):
     result = fresh_python("""
         import torch
-        from neuron_explorer.errors import NeuronExplorerError
+        from neuron_explorer.common.errors import NeuronExplorerError
         torch.manual_seed(0)  # seeding alone does not need the preset
         try:
             torch.zeros(2, device="neuron")

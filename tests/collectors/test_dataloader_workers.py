@@ -8,8 +8,8 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
+from neuron_explorer.common.trace_format import CAT_DATALOADER, CAT_DATALOADER_WORKER
 from neuron_explorer.plot.timeline_index import TimelineIndex
-from neuron_explorer.trace_format import CAT_DATALOADER, CAT_DATALOADER_WORKER
 
 from .trace_reading import parse
 
@@ -75,7 +75,11 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
 
 def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
     proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die")
-    assert proc.returncode == 1 and "exited unexpectedly" in proc.stderr, proc.stderr
+    # torch's own error, either way: it notices the dead worker, or (when the worker died
+    # while the program was receiving a batch's shared memory from it) the transfer fails
+    torch_error = ("exited unexpectedly" in proc.stderr
+                   or "ConnectionResetError: [Errno 104] Connection reset by peer" in proc.stderr)
+    assert proc.returncode == 1 and torch_error, proc.stderr
     assert "trace written to dies.pftrace" in proc.stderr
     trace = parse(programs / "dies.pftrace")
     fetched = sorted(s.args["batch"] for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0)

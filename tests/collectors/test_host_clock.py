@@ -17,7 +17,7 @@ from pathlib import Path
 import neuron_explorer
 import pytest
 from neuron_explorer.backend.clock import HostClock
-from neuron_explorer.trace_format import CAT_UNCOUNTED, META_HOST_CLOCK, META_PID, META_START
+from neuron_explorer.common.trace_format import CAT_UNCOUNTED, META_HOST_CLOCK, META_PID, META_START
 
 from .conftest import CLI, cli_env
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from neuron_explorer.trace_format import CAT_METADATA, ENGINE_TRACKS
+from neuron_explorer.common.trace_format import CAT_METADATA, ENGINE_TRACKS
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from .conftest import CLI, cli_env
@@ -179,7 +179,7 @@ def test_signals_complete_the_trace_or_leave_a_readable_prefix(
     import warnings
 
     import neuron_explorer
-    from neuron_explorer.errors import TruncatedTraceWarning
+    from neuron_explorer.common.errors import TruncatedTraceWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -13,7 +13,7 @@ from neuron_explorer.backend.compiler.inductor_guard import (
     InductorUnsupportedError,
     refuse_neuron_graph,
 )
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 
 def test_default_backend_names_the_neuron_backend():

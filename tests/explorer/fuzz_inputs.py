@@ -18,7 +18,7 @@ from typing import Any
 import neuron_explorer
 import scenarios
 from hypothesis import strategies as st
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.common.errors import TraceFormatError
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

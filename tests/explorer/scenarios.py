@@ -60,7 +60,7 @@ class Scenario:
            source: str = "train.py:10", fallback: bool = False,
            instructions: bool = True, key: str | None = None) -> None:
         """An op on the host and, when `kernel` = (start, dur) is given, its kernel; `key`
-        is its op key arg (explorer/op_key_codec.py), if any."""
+        is its op key arg (common/op_key_codec.py), if any."""
         kid = self.next_kernel if kernel else -1
         args = {"op_id": op_id, "kernel_id": kid, "shapes": shapes, "dtypes": dtypes,
                 "flops": flops, "bytes": nbytes, "module": module, "source": source,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 
 
 @dataclass

@@ -9,7 +9,11 @@ from pathlib import Path
 import neuron_explorer
 import pytest
 import scenarios
-from neuron_explorer.errors import DamagedTraceWarning, TraceFormatError, TruncatedTraceWarning
+from neuron_explorer.common.errors import (
+    DamagedTraceWarning,
+    TraceFormatError,
+    TruncatedTraceWarning,
+)
 
 
 def _error(path: Path) -> TraceFormatError:

@@ -19,7 +19,7 @@ import neuron_explorer
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders import inflate
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus"

@@ -13,7 +13,7 @@ from typing import Any
 import neuron_explorer
 import numpy as np
 import pytest
-from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
 from neuron_explorer.loaders import inflate, nesting
 
 MIB = 1 << 20
@@ -227,7 +227,7 @@ def test_sigkilled_json_recording_loads_its_complete_events(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from neuron_explorer.errors import TruncatedTraceWarning
+    from neuron_explorer.common.errors import TruncatedTraceWarning
     from neuron_explorer.loaders.chrome_json import parse_json
 
     path = tmp_path / "killed.json"
@@ -284,7 +284,7 @@ def test_duplicate_profiler_steps_reach_every_analysis(
 
 
 def test_corrupt_pftrace_annotations_are_left_out_with_a_warning() -> None:
-    from neuron_explorer.errors import TraceFormatWarning
+    from neuron_explorer.common.errors import TraceFormatWarning
     from neuron_explorer.report import render_report
 
     path = Path(__file__).resolve().parents[1] / "data" / "fuzz_corpus" / \

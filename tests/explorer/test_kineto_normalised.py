@@ -14,8 +14,8 @@ from typing import Any
 
 import neuron_explorer
 import pytest
-from neuron_explorer import trace_format as tf
 from neuron_explorer.analyses.idle import idle_summary
+from neuron_explorer.common import trace_format as tf
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import neuron_explorer
 import numpy as np
 import pandas as pd
 import pytest
-from neuron_explorer.errors import TraceFormatError
+from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders import wire_scan
 from neuron_explorer.loaders.wire_scan import WireError, scan
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import run_scenarios as rs
 from neuron_explorer.cli import main
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.render import fmt_ns
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import neuron_explorer
 import pytest
-from neuron_explorer.errors import UnknownTableError
+from neuron_explorer.common.errors import UnknownTableError
 
 
 def test_sql_naming_a_table_the_trace_lacks_lists_the_tables(

@@ -8,7 +8,7 @@ import neuron_explorer
 import pytest
 import scenarios
 from neuron_explorer.analyses.steady_state import analysed_steps
-from neuron_explorer.errors import TruncatedTraceWarning
+from neuron_explorer.common.errors import TruncatedTraceWarning
 from neuron_explorer.report import render_report
 
 COMPILE_NS = 2_000_000  # a compile span far longer than a step

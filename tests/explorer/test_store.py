@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import scenarios
 from neuron_explorer.cli import main as cli_main
-from neuron_explorer.errors import TruncatedTraceWarning
+from neuron_explorer.common.errors import TruncatedTraceWarning
 from neuron_explorer.store import cache as trace_cache
 from neuron_explorer.store.cache import CacheWarning, entry_folder
 from synthetic import TraceBuilder

@@ -21,7 +21,7 @@ from neuron_explorer.backend.hardware import (
     lower_op,
 )
 from neuron_explorer.backend.hardware.optable import base_name
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 T = TensorSpec
 F = "float32"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from neuron_explorer.backend.hardware import PRESETS, UnknownPresetError, get_preset
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 
 GB = 1e9
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from neuron_explorer.backend.hardware import KernelBuilder
 from neuron_explorer.backend.hardware.kernel import Kernel
-from neuron_explorer.backend.hardware.presets import HardwarePreset
+from neuron_explorer.common.presets import HardwarePreset
 
 TILE_K, TILE_M, TILE_N = 128, 128, 512
 BF16 = 2

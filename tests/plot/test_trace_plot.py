@@ -72,7 +72,7 @@ def test_timeline_draws_every_row_over_the_window_asked(ours, kineto):
 
 
 def test_timeline_of_chosen_tracks_and_a_clear_error_for_an_unknown_one(ours):
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
 
     fig = ours.plot.timeline(tracks=["Kernels"], interactive=False)
     assert fig.layout.yaxis.ticktext == ("Kernels",)
@@ -83,7 +83,7 @@ def test_timeline_of_chosen_tracks_and_a_clear_error_for_an_unknown_one(ours):
 
 def test_timeline_window_that_misses_the_trace_says_where_its_events_are(ours):
     """Seconds, or ns from 0 rather than the trace's clock, drew an empty figure."""
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
 
     index = ours.plot.timeline_index()
     where = f"events run from ts {index.start_ns} to {index.end_ns} ns"
@@ -130,7 +130,7 @@ def test_engines_over_the_steps_and_one_step(ours, kineto):
 
 
 def test_engines_of_a_step_that_is_not_there_says_which_are(ours):
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
 
     with pytest.raises(NeuronExplorerError, match="no step 999"):
         ours.plot.engines(step=999)

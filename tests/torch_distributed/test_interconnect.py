@@ -16,7 +16,7 @@ from neuron_explorer.backend.distributed.interconnect import (
     link_for,
 )
 from neuron_explorer.backend.distributed.topology import Topology, TopologyError, topology_for
-from neuron_explorer.backend.hardware.presets import PRESETS, interconnect_for
+from neuron_explorer.common.presets import PRESETS, interconnect_for
 
 TRN1, TRN2 = PRESETS["trn1"], PRESETS["trn2"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer import trace_format as tf
+from neuron_explorer.common import trace_format as tf
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -37,8 +37,8 @@ def events_in(n_steps: int, ops_per_step: int, instructions_per_kernel: int = 3)
 def write_trace(path: Path, n_steps: int = 3, ops_per_step: int = 40, instructions_per_kernel: int = 3,
                 seed: int = 0) -> Path:
     """Write a trace of `n_steps` eager steps to `path` (.pftrace); returns the path."""
-    from neuron_explorer.backend.hardware.presets import get_preset
     from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
+    from neuron_explorer.common.presets import get_preset
 
     rng = np.random.default_rng(seed)
     k = instructions_per_kernel

@@ -32,7 +32,7 @@ def test_demo_trace_opens_on_every_page(recorded_demo):
 
 
 def test_demo_reports_a_folder_it_cannot_create(tmp_path):
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
     from neuron_explorer.webapp.demo_command import record_demo
 
     blocker = tmp_path / "file"

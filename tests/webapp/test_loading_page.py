@@ -73,7 +73,7 @@ def test_the_server_answers_while_the_trace_loads(slow_dashboard):
 
 
 def test_a_file_that_is_not_a_trace_still_fails_before_serving(tmp_path):
-    from neuron_explorer.errors import NeuronExplorerError
+    from neuron_explorer.common.errors import NeuronExplorerError
     from neuron_explorer.webapp.view_command import start_dashboard
 
     bad = tmp_path / "bad.json"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from dash_requests import call, request
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError
 from neuron_explorer.webapp.view_command import start_dashboard
 from trace_files import load_trace, write_synthetic

@@ -8,7 +8,7 @@ import re
 import urllib.request
 
 import pytest
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.webapp import view_command
 from neuron_explorer.webapp.view_command import start_dashboard
 from trace_files import load_trace

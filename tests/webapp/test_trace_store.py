@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from neuron_explorer.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
 from neuron_explorer.webapp.trace_store import TraceNotFoundError, TraceStore, UploadError
 from trace_files import load_trace, write_synthetic
 

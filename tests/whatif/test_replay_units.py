@@ -18,7 +18,7 @@ from neuron_explorer.backend.replay import (
     with_dtype,
 )
 from neuron_explorer.collectors.device_sink import DeviceSink
-from neuron_explorer.op_key_codec import decode
+from neuron_explorer.common.op_key_codec import decode
 from neuron_explorer.whatif_replay import WhatIfError
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"

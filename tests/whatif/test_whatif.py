@@ -108,7 +108,7 @@ def test_compiled_recording_is_refused(recordings):
 def test_cut_short_recording_is_refused(recordings, tmp_path):
     """A killed recording keeps its step marks but loses its last ops: predicting it would
     compare whole steps with steps replayed without their work."""
-    from neuron_explorer.errors import TruncatedTraceWarning
+    from neuron_explorer.common.errors import TruncatedTraceWarning
 
     data = recordings("mlp", "trn1").read_bytes()
     cut = tmp_path / "cut.pftrace"

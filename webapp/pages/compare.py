@@ -9,7 +9,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp import whatif_control

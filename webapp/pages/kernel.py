@@ -9,7 +9,8 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.analyses.kernel_lines import ENGINE_COLUMNS, line_profile, nki_kernels
+from neuron_explorer.analyses.kernel_lines import line_profile, nki_kernels
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS
 from neuron_explorer.kernel_report import kernel_summary
 from neuron_explorer.plot.kernel import kernel_figure
 from neuron_explorer.webapp import formatting as fmt

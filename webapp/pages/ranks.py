@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import dash
 from dash import html
-from neuron_explorer.errors import NeuronExplorerError
+from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.plot.cards import readable_rank_summary
 from neuron_explorer.plot.ranks import collectives_figure, communication_figure, step_times_figure
 from neuron_explorer.run_files import MANIFEST, is_trace_file, rank_from_name

@@ -9,6 +9,7 @@ offset): reading a frame's line number decodes its code's line table each time.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -18,14 +19,10 @@ import torch
 
 
 def _internal_roots() -> tuple[str, ...]:
-    import neuron_explorer.backend
-    import neuron_explorer.collectors
-
     roots = {
         os.path.dirname(torch.__file__),
-        os.path.dirname(neuron_explorer.__file__),
-        os.path.dirname(neuron_explorer.backend.__file__),
-        os.path.dirname(neuron_explorer.collectors.__file__),
+        *(_package_folder(f"neuron_explorer{sub}")
+          for sub in ("", ".common", ".backend", ".collectors", ".webapp")),
         sysconfig.get_paths()["stdlib"],
     }
     return tuple(sorted(r + os.sep for r in roots if r))
@@ -33,9 +30,15 @@ def _internal_roots() -> tuple[str, ...]:
 
 def _workloads_root() -> str:
     """The reference workloads are user code as far as source lines go."""
-    import neuron_explorer.workloads
+    return _package_folder("neuron_explorer.workloads") + os.sep
 
-    return os.path.dirname(neuron_explorer.workloads.__file__) + os.sep
+
+def _package_folder(name: str) -> str:
+    """A subpackage's folder, found without importing it: the backend sits below the
+    collectors and the explorer, and imports neither."""
+    spec = importlib.util.find_spec(name)
+    locations = spec.submodule_search_locations if spec is not None else None
+    return locations[0] if locations else ""
 
 
 class SourceLocator:
