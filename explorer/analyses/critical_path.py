@@ -131,7 +131,7 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     step. A collective is two segments: `collective_wait` (this rank's device waiting for
     the group's last rank) and `collective` (the transfer). Columns: step, ts, dur, name,
     kind (host | device), category, track, rank."""
-    from neuron_explorer.analyses.idle import _launch_times
+    from neuron_explorer.analyses.idle import _launch_times, launch_ends
     from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
     from neuron_explorer.run_files import distributed_info
 
@@ -148,7 +148,8 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     work = pd.DataFrame({
         "ts": k["ts"], "dur": k["dur"], "name": k["name"], "wait": 0,
         "track": s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)] if len(k) else [],
-        "launch": _launch_times(trace, k) if len(k) else []})
+        "launch": _launch_times(trace, k) if len(k) else [],
+        "launch_end": launch_ends(trace, k) if len(k) else []})
     device = _DeviceQueues(pd.concat([work, _collective_work(trace, s)], ignore_index=True))
     main_track = int(s.loc[trace.steps["id"].iloc[0], "track_id"]) if len(trace.steps) else -1
     rows: list[tuple] = []
@@ -222,7 +223,8 @@ def _collective_work(trace: Trace, s: pd.DataFrame) -> pd.DataFrame:
         "name": [f"{c} #{q}" for c, q in zip(coll["collective"], coll["seq"], strict=True)],
         "wait": coll["wait_ns"].to_numpy(np.int64),
         "track": s["track_id"].to_numpy()[ids] if len(ids) else np.zeros(0, np.int64),
-        "launch": launch.reindex(op).fillna(-1).to_numpy(np.int64)})
+        "launch": launch.reindex(op).fillna(-1).to_numpy(np.int64),
+        "launch_end": launch.reindex(op).fillna(-1).to_numpy(np.int64)})
 
 
 class _DeviceQueues:
@@ -237,6 +239,7 @@ class _DeviceQueues:
         self.wait = work["wait"].to_numpy(np.int64)[order]
         self.track = work["track"].to_numpy(np.int64)[order]
         self.launch = work["launch"].to_numpy(np.int64)[order]
+        self.launch_end = np.maximum(work["launch_end"].to_numpy(np.int64)[order], self.launch)
 
     def ending_by(self, t: int, track: int | None = None, exclude: int = -1) -> int:
         """The kernel (index) that ended last at or before `t` (on `track`, if given),
@@ -304,7 +307,9 @@ def _walk(lo: int, hi: int, host: _HostTimeline, dev: _DeviceQueues,
             causes.append((int(dev.end[other]), "dependency", other))
         when, why, before = max(causes, key=lambda c: (c[0], c[1] != "launch"))
         when = min(max(when, lo), t)
-        if why == "launch":  # it started only when the host launched it
+        if why == "launch":  # it started only when the host launched it: from the launch's
+            # return (the host's time inside the call is its own work) to the start
+            when = min(max(int(dev.launch_end[kernel]), when), t)
             out.append((when, t - when, "launch", "device", "launch", track))
             t, on_host = when, True
             continue

@@ -30,6 +30,18 @@ COLUMNS = ["device", "ts", "dur", "step", "reason", "next_kernel_id", "next_slic
 REASONS = ("data", "compile", "sync", "host_launch", "dependency")
 
 
+def launch_ends(trace: Trace, k: pd.DataFrame) -> np.ndarray:
+    """Host time each kernel's launch returned: the end of the runtime call that launched
+    it, else of its op (-1: unknown). A kernel waits for its launch until then at most:
+    the host's time inside the call (a first cuDNN call's set-up) is the host's work."""
+    s = trace.table("slices")
+    end = (s["ts"] + s["dur"]).to_numpy()
+    call = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    op_slice = k["op_slice_id"].to_numpy(np.int64)
+    launch = np.where(op_slice >= 0, end[np.maximum(op_slice, 0)], -1)
+    return np.where(call >= 0, end[np.maximum(call, 0)], launch).astype(np.int64)
+
+
 def _launch_times(trace: Trace, k: pd.DataFrame) -> np.ndarray:
     """Host time each kernel was launched: the runtime call that launched it, where the
     trace records those calls (PyTorch-profiler traces), else its op's start (-1: unknown)."""

@@ -38,8 +38,8 @@ def _summed(path) -> dict:
 
 def test_a_device_bound_step_runs_through_its_kernels(tmp_path):
     """The host launches a, b, c by 10 us and waits [20, 1000) us; the kernels run back to
-    back [12, 400), [400, 700), [700, 950): the path is the host until a's launch, a's
-    launch latency, the three kernels, then the host noticing the end (sync latency)."""
+    back [12, 400), [400, 700), [700, 950): the path is the host until a's launch returns,
+    a's launch latency, the three kernels, then the host noticing the end (sync latency)."""
     trace = _trace(tmp_path, [
         _launch(1, 1), _launch(4, 2), _launch(7, 3),
         _x("cuda_runtime", "cudaStreamSynchronize", 1, 1, 20, 980),
@@ -47,9 +47,10 @@ def test_a_device_bound_step_runs_through_its_kernels(tmp_path):
     path = trace.critical_path()
     assert path["dur"].sum() == STEP_US * 1000
     assert list(path[path["category"] == "kernel"]["name"]) == ["a", "b", "c"]
-    # a's launch call starts at 1 us: from there to a's start is its launch
-    assert _summed(path) == pytest.approx({"python": 1, "launch": 11, "kernel": 938,
-                                           "sync": 50})
+    # a's launch call runs [1, 3) us, the host's own work; from its return to a's start
+    # is the launch
+    assert _summed(path) == pytest.approx({"python": 1, "op_dispatch": 2, "launch": 9,
+                                           "kernel": 938, "sync": 50})
     assert (path["ts"].diff().dropna() > 0).all()  # contiguous, in time order
     assert ((path["ts"] + path["dur"]).shift().dropna() == path["ts"].iloc[1:]).all()
 

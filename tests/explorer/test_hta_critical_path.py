@@ -254,3 +254,16 @@ def test_an_idle_device_is_no_kernel_gap(repo_root, tmp_path):
         .critical_path(step=0)
     assert _us(cp) == hi - lo
     assert _us(cp, ("dependency",)) < 100  # HTA: 11897
+
+
+def test_a_long_launch_call_is_the_hosts_work(repo_root, tmp_path):
+    """The first cuDNN convolution of simple_add holds one cudaLaunchKernel of 4.2 s (the
+    library's set-up), and its kernel starts when the call returns. That time is the
+    host's, inside the runtime call (HTA: cpu_bound), not launch latency: only the time
+    from the call's return to the kernel's start is `launch`."""
+    lo, hi = SIMPLE_ADD_WHOLE
+    src = repo_root / "tests" / "data" / "hta_critical_path" / "simple_add.json.gz"
+    cp = neuron_explorer.load(_with_step(src, tmp_path / "whole.json.gz", lo, hi, 0)) \
+        .critical_path(step=0)
+    assert _us(cp, ("launch",)) < 1_000  # it was 4,219,264 µs counted from the call's start
+    assert _us(cp, ("op_dispatch",)) > 4_219_000
