@@ -349,6 +349,23 @@ class Trace:
 
         return memoised(self, f"critical_path:{step}", lambda: critical_path(self, step))
 
+    def queue_length(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per device queue (stream), its length after each launch and each start: stream,
+        track_id, ts, queue_length (the work launched to it that has not started);
+        `hta_window`: without the last step's launches, as HTA counts."""
+        from neuron_explorer.analyses.queue_length import queue_length
+
+        return memoised(self, f"queue_length:{hta_window}",
+                        lambda: queue_length(self, hta_window))
+
+    def queue_length_summary(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per queue: count, mean, std, min, quartiles and max of its length over its
+        samples (HTA's summary), its time-weighted mean and the share of time it was empty."""
+        from neuron_explorer.analyses.queue_length import queue_length_summary
+
+        return memoised(self, f"queue_length_summary:{hta_window}",
+                        lambda: queue_length_summary(self, hta_window))
+
     def kernel_types(self, hta_window: bool = False) -> pd.DataFrame:
         """Per device: time covered by computation, communication and memory kernels and by
         their overlaps (HTA's kernel-type breakdown), share, and the plain sum per type;

@@ -64,3 +64,59 @@ def test_the_whole_trace_counts_every_kernel(load_real):
     for kernel_type in ("computation", "communication"):
         assert 1.5 < whole.loc[kernel_type, "ns"] / hta.loc[kernel_type, "ns"] < 2.5
     assert whole["sum_ns"].sum() == int(trace.kernels["dur"].sum())  # every kernel, once
+
+
+# HTA 0.5.0 `TraceAnalysis(trace_dir=...).get_queue_length_summary(ranks=[0])` (pandas
+# 2.2.3), per stream: count, mean, std, min, 25%, 50%, 75%, max of the queue length over
+# its change points (one per launch call and one per kernel start, each counted once)
+HTA_QUEUE_LENGTH = {
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz": {
+        "stream 7": (182, 3.346154, 4.699355, 0, 0, 1, 4, 18),
+        "stream 20": (14, 0.642857, 0.633324, 0, 0, 1, 1, 2)},
+    "trace_filter__sampled_rank-0.json.gz": {
+        "stream 7": (1052, 23.619772, 19.977006, 0, 3, 22, 38, 76),
+        "stream 23": (126, 0.595238, 0.683269, 0, 0, 1, 1, 4),
+        "stream 25": (16, 4.0, 2.422120, 0, 2, 4, 6, 8),
+        "stream 84": (8, 0.5, 0.534522, 0, 0, 0.5, 1, 1),
+        "stream 203": (2, 0.5, 0.707107, 0, 0.25, 0.5, 0.75, 1)},
+}
+# the time-weighted means HTA's series give (HTA's summary has none): sampled rank 0
+HTA_TIME_WEIGHTED = {"stream 7": 16.21, "stream 25": 5.27}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_QUEUE_LENGTH))
+def test_queue_length_matches_hta(load_real, name):
+    """A kernel, copy or memset joins its stream's queue at its launch call's start and
+    leaves it when it starts; work whose launch is not in the trace is left out. The
+    sampled trace has two ProfilerSteps, and HTA drops the last (`hta_window`)."""
+    summary = load_real(name).queue_length_summary(hta_window=True).set_index("stream")
+    assert set(summary.index) == set(HTA_QUEUE_LENGTH[name])
+    columns = ["count", "mean", "std", "min", "25%", "50%", "75%", "max"]
+    for stream, expected in HTA_QUEUE_LENGTH[name].items():
+        assert summary.loc[stream, columns].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_queue_is_deep_where_the_host_runs_ahead(load_real):
+    trace = load_real("trace_filter__sampled_rank-0.json.gz")
+    summary = trace.queue_length_summary(hta_window=True).set_index("stream")
+    for stream, mean in HTA_TIME_WEIGHTED.items():
+        assert summary.loc[stream, "time_weighted_mean"] == pytest.approx(mean, abs=0.01)
+    whole = trace.queue_length_summary().set_index("stream")  # both steps: twice the samples
+    assert whole.loc["stream 7", "count"] == 2 * HTA_QUEUE_LENGTH[
+        "trace_filter__sampled_rank-0.json.gz"]["stream 7"][0]
+    series = trace.queue_length(hta_window=True)
+    assert (series.groupby("stream")["queue_length"].last() == 0).all()  # every stream drains
+    assert (series["queue_length"] >= 0).all()
+
+
+def test_our_queue_is_empty_when_host_bound_and_fills_when_device_bound(repo_root):
+    """Our recordings: a kernel joins the queue at its op's start. The eager MLP's host
+    launches slower than the device runs (its queue is empty 99% of the time); the fp32
+    matmuls' device is the slower side (work waits in the queue a third of the time)."""
+    import neuron_explorer
+
+    host_bound = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
+    device_bound = neuron_explorer.load(repo_root / "sample_traces" / "fp32_matmul.pftrace")
+    fed, starved = device_bound.queue_length_summary(), host_bound.queue_length_summary()
+    assert starved["max"].max() == 1 and starved["empty_share"].min() > 0.95
+    assert fed["max"].max() >= 3 and fed["empty_share"].min() < 0.7

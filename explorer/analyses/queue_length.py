@@ -1,0 +1,82 @@
+"""How much work waits in each device queue (a CUDA stream, a NeuronCore's compute or
+collective queue) over time: the kernels, copies and memsets launched to it that have not
+started yet, as Holistic Trace Analysis counts it.
+
+A kernel joins its queue when the host launches it (the runtime call's start in a
+PyTorch-profiler trace: cudaLaunchKernel, cudaMemcpyAsync, cudaMemsetAsync...; the op's
+start in our recordings) and leaves it when it starts. A queue that stays deep means the
+host runs ahead of the device (device-bound); one that is empty while the device idles
+means the host is late (host-bound).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+SERIES_COLUMNS = ["stream", "track_id", "ts", "queue_length"]
+SUMMARY_COLUMNS = ["stream", "track_id", "count", "mean", "std", "min", "25%", "50%", "75%",
+                   "max", "time_weighted_mean", "empty_share"]
+
+
+def queue_length(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """Per queue, its length after each launch and each start, in time order (at equal
+    times, starts first): stream (the queue's track name), track_id, ts, queue_length.
+    Work whose launch is not in the trace (launched before the recording began, or a
+    sampled trace's) is left out, as HTA leaves it out; with `hta_window`, so is work
+    launched in the last step of a trace of two or more (HTA drops the last step)."""
+    from neuron_explorer.analyses.idle import _launch_times
+    from neuron_explorer.device_terms import device_terms
+    from neuron_explorer.tables import launch_calls
+
+    k = trace.kernels
+    if not len(k):
+        return pd.DataFrame(columns=SERIES_COLUMNS)
+    s = trace.table("slices")
+    if device_terms(trace.metadata).recorded_here:
+        launch = _launch_times(trace, k)  # the op's start
+    else:  # the runtime call only, as HTA: an op's start is no launch
+        call = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+        launch = np.where(call >= 0, s["ts"].to_numpy(np.int64)[np.maximum(call, 0)], -1)
+    known = launch >= 0
+    if hta_window and len(trace.steps) >= 2:
+        known &= launch < int(trace.steps["ts"].max())
+    k = k[known]
+    launch = launch[known]
+    track = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
+    start = k["ts"].to_numpy(np.int64)
+    events = pd.DataFrame({
+        "track_id": np.r_[track, track],
+        "ts": np.r_[launch, start],
+        "delta": np.r_[np.ones(len(k), np.int64), -np.ones(len(k), np.int64)]})
+    events = events.sort_values(["track_id", "ts", "delta"], kind="stable", ignore_index=True)
+    events["queue_length"] = events.groupby("track_id")["delta"].cumsum()
+    names = trace.tracks.set_index("track_id")["name"]
+    events["stream"] = names.reindex(events["track_id"]).astype(str).str.strip().to_numpy()
+    return events[SERIES_COLUMNS]
+
+
+def queue_length_summary(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """Per queue: the statistics of its length over its samples (one per launch and start,
+    as HTA's summary gives them, each sample once), its time-weighted mean from its first
+    launch to its last start, and the share of that time it was empty."""
+    series = queue_length(trace, hta_window)
+    if not len(series):
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    rows = []
+    for (stream, track), q in series.groupby(["stream", "track_id"], sort=False):
+        stats = q["queue_length"].describe()
+        ts = q["ts"].to_numpy(np.int64)
+        held = np.diff(ts)  # each length holds until the next sample
+        lengths = q["queue_length"].to_numpy()[:-1]
+        span = float(held.sum())
+        rows.append({"stream": stream, "track_id": int(track),
+                     **{c: float(stats[c]) for c in SUMMARY_COLUMNS[2:10]},
+                     "time_weighted_mean": float((lengths * held).sum() / span) if span else 0.0,
+                     "empty_share": float(held[lengths == 0].sum() / span) if span else 0.0})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
