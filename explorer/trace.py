@@ -366,6 +366,14 @@ class Trace:
         return memoised(self, f"queue_length_summary:{hta_window}",
                         lambda: queue_length_summary(self, hta_window))
 
+    def launch_stats(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per launched kernel, copy or memset: the launch call's (or op's) time, the
+        kernel's, and its launch delay (HTA's kernel launch statistics); `launch_outliers`
+        in `analyses.launch_stats` picks HTA's short, slow-launch and delayed groups."""
+        from neuron_explorer.analyses.launch_stats import launch_stats
+
+        return memoised(self, f"launch_stats:{hta_window}", lambda: launch_stats(self, hta_window))
+
     def kernel_types(self, hta_window: bool = False) -> pd.DataFrame:
         """Per device: time covered by computation, communication and memory kernels and by
         their overlaps (HTA's kernel-type breakdown), share, and the plain sum per type;

@@ -120,3 +120,39 @@ def test_our_queue_is_empty_when_host_bound_and_fills_when_device_bound(repo_roo
     fed, starved = device_bound.queue_length_summary(), host_bound.queue_length_summary()
     assert starved["max"].max() == 1 and starved["empty_share"].min() > 0.95
     assert fed["max"].max() >= 3 and fed["empty_share"].min() < 0.7
+
+
+# HTA 0.5.0 `get_cuda_kernel_launch_stats(ranks=[0], runtime_cutoff=50,
+# launch_delay_cutoff=100, include_memory_events=True)` (pandas 2.2.3): rows; sums of
+# cpu_duration, gpu_duration, launch_delay in us; and the rows its plot picks as short
+# kernels (cpu <= 50 and gpu < cpu), runtime outliers (cpu > 50), launch-delay outliers
+HTA_LAUNCH_STATS = {
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz":
+        (98, 3_113_616, 66_203, 39_283, 23, 11, 43),
+    "trace_filter__sampled_rank-0.json.gz": (602, 5_109, 302_241, 9_880_122, 140, 0, 469),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_LAUNCH_STATS))
+def test_launch_stats_match_hta(load_real, name):
+    from neuron_explorer.analyses.launch_stats import launch_outliers
+
+    stats = load_real(name).launch_stats(hta_window=True)
+    rows, cpu, gpu, delay, short, slow, delayed = HTA_LAUNCH_STATS[name]
+    assert len(stats) == rows and stats["kernel_id"].is_unique
+    assert (stats["cpu_ns"].sum(), stats["gpu_ns"].sum(), stats["launch_delay_ns"].sum()) == \
+        (cpu * 1000, gpu * 1000, delay * 1000)  # these traces hold whole us
+    groups = launch_outliers(stats)
+    assert (len(groups["short"]), len(groups["slow_launch"]), len(groups["delayed"])) == \
+        (short, slow, delayed)
+
+
+def test_our_eager_mlp_launches_kernels_shorter_than_their_launch(repo_root):
+    """Our recordings: the op is the launch. Every kernel of the eager MLP runs shorter
+    than the host takes to launch it, and none waits in its queue."""
+    import neuron_explorer
+    from neuron_explorer.analyses.launch_stats import launch_outliers
+
+    stats = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace").launch_stats()
+    groups = launch_outliers(stats)
+    assert len(stats) and len(groups["short"]) == len(stats) and not len(groups["delayed"])

@@ -1,0 +1,75 @@
+"""Each kernel's launch: how long the host spent in the launch call, how long the kernel
+ran, and how long it waited after the call returned before it started (HTA's
+`get_cuda_kernel_launch_stats`).
+
+A launch is a runtime call that launched a kernel, copy or memset (`cudaLaunchKernel`,
+`cudaLaunchKernelExC`, `cuLaunchKernel`, `cudaMemcpyAsync`, `cudaMemsetAsync` and their
+HIP names) in a PyTorch-profiler trace, and the op in our recordings. A short kernel
+costs the host more to launch than it runs (`cpu_ns` at most the runtime cutoff and
+above `gpu_ns`); a long launch delay is a kernel that waited in its queue.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["id", "name", "stream", "kernel_id", "launch", "cpu_ns", "gpu_ns", "launch_delay_ns"]
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
+    "cudaMemsetAsync", "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel",
+    "hipMemcpyAsync", "hipMemsetAsync"})
+# HTA's default cutoffs, in ns
+RUNTIME_CUTOFF_NS = 50_000
+LAUNCH_DELAY_CUTOFF_NS = 100_000
+
+
+def launch_stats(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """One row per launched kernel, copy or memset: id (the kernel's slice), name, stream,
+    kernel_id (the correlation id), launch (the launching call's or op's slice), cpu_ns
+    (its duration), gpu_ns (the kernel's), launch_delay_ns (from the call's return to the
+    kernel's start, 0 when it started before). `hta_window`: without the launches of the
+    last step of a trace of two or more, which HTA drops."""
+    from neuron_explorer.device_terms import device_terms
+    from neuron_explorer.tables import launch_calls
+
+    k = trace.kernels
+    if not len(k):
+        return pd.DataFrame(columns=COLUMNS)
+    s = trace.table("slices")
+    if device_terms(trace.metadata).recorded_here:
+        launch = k["op_slice_id"].to_numpy(np.int64)
+    else:
+        launch = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+        names = s["name"].to_numpy(object)[np.maximum(launch, 0)]
+        launch = np.where(pd.Series(names).isin(LAUNCH_CALLS).to_numpy(), launch, -1)
+    keep = launch >= 0
+    call_ts = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
+    if hta_window and len(trace.steps) >= 2:
+        keep &= call_ts < int(trace.steps["ts"].max())
+    launch, call_ts, k = launch[keep], call_ts[keep], k[keep]
+    cpu = s["dur"].to_numpy(np.int64)[launch]
+    start = k["ts"].to_numpy(np.int64)
+    track = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
+    streams = trace.tracks.set_index("track_id")["name"].astype(str).str.strip()
+    return pd.DataFrame({
+        "id": k["id"].to_numpy(), "name": k["name"].to_numpy(),
+        "stream": streams.reindex(track).to_numpy(), "kernel_id": k["kernel_id"].to_numpy(),
+        "launch": launch, "cpu_ns": cpu, "gpu_ns": k["dur"].to_numpy(np.int64),
+        "launch_delay_ns": np.maximum(start - (call_ts + cpu), 0)}, columns=COLUMNS)
+
+
+def launch_outliers(stats: pd.DataFrame, runtime_cutoff_ns: int = RUNTIME_CUTOFF_NS,
+                    launch_delay_cutoff_ns: int = LAUNCH_DELAY_CUTOFF_NS) -> dict[str, pd.DataFrame]:
+    """HTA's three groups of `launch_stats` rows: `short` (a launch call of at most the
+    runtime cutoff, longer than its kernel), `slow_launch` (a launch call over the
+    cutoff), `delayed` (a launch delay over its cutoff)."""
+    cpu, gpu = stats["cpu_ns"], stats["gpu_ns"]
+    return {"short": stats[(cpu <= runtime_cutoff_ns) & (gpu < cpu)],
+            "slow_launch": stats[cpu > runtime_cutoff_ns],
+            "delayed": stats[stats["launch_delay_ns"] > launch_delay_cutoff_ns]}
