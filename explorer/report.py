@@ -126,9 +126,35 @@ def report_sections(trace: Trace) -> list[Section]:
     return [Section("Summary", head),
             Section(_breakdown_title(s), bd_table),
             Section(_critical_title(s), _critical_table(trace)),
-            Section("Device idle time by reason", idle_table), Section("Top ops", ops_table),
+            Section("Device idle time by reason", idle_table),
+            *([Section("Queues and launches (per stream, the whole trace)", queues)]
+              if device and len(queues := _queues_table(trace)) else []),
+            Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _queues_table(trace: Trace) -> pd.DataFrame:
+    """Per stream: its launches and HTA's launch groups (short kernels, delayed ones),
+    the median launch delay, and how deep its queue ran (max, time-weighted mean, the
+    share of time it was empty)."""
+    from neuron_explorer.analyses.launch_stats import launch_outliers
+
+    queues = trace.queue_length_summary().set_index("stream")
+    stats = trace.launch_stats()
+    if not len(queues) or not len(stats):
+        return pd.DataFrame()
+    groups = {name: rows.groupby("stream").size() for name, rows in launch_outliers(stats).items()}
+    per = stats.groupby("stream")
+    launches, delay = per.size(), per["launch_delay_ns"].median()
+    rows = [{"stream": stream, "launches": int(launches.get(stream, 0)),
+             "short kernels": int(groups["short"].get(stream, 0)),
+             "delayed > 100 us": int(groups["delayed"].get(stream, 0)),
+             "launch delay (median)": fmt_ns(delay.get(stream, 0)),
+             "queue max": int(q["max"]), "queue mean": f"{q['time_weighted_mean']:.2f}",
+             "empty": fmt_share(q["empty_share"])}
+            for stream, q in queues.iterrows()]
+    return pd.DataFrame(rows)
 
 
 def _critical_title(s: dict[str, Any]) -> str:

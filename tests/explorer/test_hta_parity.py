@@ -156,3 +156,15 @@ def test_our_eager_mlp_launches_kernels_shorter_than_their_launch(repo_root):
     stats = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace").launch_stats()
     groups = launch_outliers(stats)
     assert len(stats) and len(groups["short"]) == len(stats) and not len(groups["delayed"])
+
+
+def test_the_report_shows_each_streams_queue_and_launches(load_real):
+    from neuron_explorer.report import render_report
+
+    text = render_report(load_real("trace_filter__sampled_rank-0.json.gz"), "text")
+    section = text.split("Queues and launches")[1].split("Top ops")[0]
+    row = next(line.split() for line in section.splitlines() if line.startswith("stream 7 "))
+    assert row[2:6] == ["1052", "201", "894", "11.94"]  # the whole trace: both steps
+    cpu_only = render_report(load_real("cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"),
+                             "text")
+    assert "Queues and launches" not in cpu_only
