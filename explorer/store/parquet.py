@@ -116,9 +116,6 @@ class Store:
                                  "was rebuilt while it was opened)")
             self.pinned[name] = f
 
-    def still_current(self) -> bool:
-        """The folder still holds the build this Store read (not rebuilt meanwhile)."""
-        return self._still_current()
 
     def write_table(self, name: str, frame: pd.DataFrame) -> bool:
         """Add or replace one table (atomically); False when it cannot be written (a
@@ -126,7 +123,7 @@ class Store:
         caller goes on without."""
         import pyarrow as pa
 
-        if not self._still_current():
+        if not self.still_current():
             return False
         try:
             _write_parquet(self.file(name), frame, self.manifest["build"])
@@ -134,7 +131,7 @@ class Store:
             return False
         return True
 
-    def _still_current(self) -> bool:
+    def still_current(self) -> bool:
         """The folder still holds the build this Store read (not rebuilt meanwhile)."""
         try:
             return read_manifest(self.folder).get("build") == self.manifest.get("build")
