@@ -30,34 +30,25 @@ def queue_length(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     Work whose launch is not in the trace (launched before the recording began, or a
     sampled trace's) is left out, as HTA leaves it out; with `hta_window`, so is work
     launched in the last step of a trace of two or more (HTA drops the last step)."""
-    from neuron_explorer.analyses.idle import _launch_times
-    from neuron_explorer.device_terms import device_terms
-    from neuron_explorer.tables import launch_calls
+    from neuron_explorer.analyses.launch_stats import launch_stats
 
-    k = trace.kernels
-    if not len(k):
+    launches = launch_stats(trace, hta_window)  # the same launches, found once
+    if not len(launches):
         return pd.DataFrame(columns=SERIES_COLUMNS)
     s = trace.table("slices")
-    if device_terms(trace.metadata).recorded_here:
-        launch = _launch_times(trace, k)  # the op's start
-    else:  # the runtime call only, as HTA: an op's start is no launch
-        call = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
-        launch = np.where(call >= 0, s["ts"].to_numpy(np.int64)[np.maximum(call, 0)], -1)
-    known = launch >= 0
-    if hta_window and len(trace.steps) >= 2:
-        known &= launch < int(trace.steps["ts"].max())
-    k = k[known]
-    launch = launch[known]
-    track = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
-    start = k["ts"].to_numpy(np.int64)
+    launch = s["ts"].to_numpy(np.int64)[launches["launch"].to_numpy(np.int64)]
+    start = s["ts"].to_numpy(np.int64)[launches["id"].to_numpy(np.int64)]
+    track = s["track_id"].to_numpy()[launches["id"].to_numpy(np.int64)]
     events = pd.DataFrame({
         "track_id": np.r_[track, track],
         "ts": np.r_[launch, start],
-        "delta": np.r_[np.ones(len(k), np.int64), -np.ones(len(k), np.int64)]})
+        "delta": np.r_[np.ones(len(track), np.int64), -np.ones(len(track), np.int64)]})
     events = events.sort_values(["track_id", "ts", "delta"], kind="stable", ignore_index=True)
     events["queue_length"] = events.groupby("track_id")["delta"].cumsum()
-    names = trace.tracks.set_index("track_id")["name"]
-    events["stream"] = names.reindex(events["track_id"]).astype(str).str.strip().to_numpy()
+    streams = launches.drop_duplicates("stream")
+    names = pd.Series(streams["stream"].to_numpy(),
+                      index=s["track_id"].to_numpy()[streams["id"].to_numpy(np.int64)])
+    events["stream"] = names.reindex(events["track_id"]).to_numpy()
     return events[SERIES_COLUMNS]
 
 
