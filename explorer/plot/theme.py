@@ -9,7 +9,7 @@ FONT_FAMILY = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 GRID_COLOUR = "#eceff3"
 SELECTION_COLOUR = "#d62728"
 MUTED_COLOUR = "#5b6770"
-CRITICAL_PATH_COLOUR = "#111827"  # the critical path's line over the timeline's bars
+CRITICAL_PATH_COLOUR = "#ff00cc"  # the critical path's line: apart from every bar colour
 
 # Finding severities: (text, background); webapp/assets/style.css uses the same (test_theme checks).
 SEVERITY_COLOURS = {

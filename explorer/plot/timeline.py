@@ -143,7 +143,7 @@ def critical_path_line(index: TimelineIndex, window: WindowRows, path: pd.DataFr
         "y": typed_array(ys, "f8"),
         "text": [t for t in text for _ in (0, 1)],
         "hovertemplate": "%{text}<extra></extra>",
-        "line": {"color": CRITICAL_PATH_COLOUR, "width": 3},
+        "line": {"color": CRITICAL_PATH_COLOUR, "width": 4},
         "showlegend": False,
     }]
 
