@@ -343,8 +343,9 @@ class Trace:
 
     def critical_path(self, step: int | None = None) -> pd.DataFrame:
         """The chain of host work, launches, kernels and waits that sets each analysed
-        step's length (or `step`'s): step, ts, dur, name, kind, category, track, rank; a
-        step's segments are contiguous and sum to the step."""
+        step's length (or any recorded `step`'s, warm-up included): step, ts, dur, name,
+        kind, category, track, rank; a step's segments are contiguous and sum to the
+        step."""
         from neuron_explorer.analyses.critical_path import critical_path
 
         return memoised(self, f"critical_path:{step}", lambda: critical_path(self, step))

@@ -121,7 +121,8 @@ _HOST_ORDER = ("dataloader", "compile", "op_dispatch")  # priority, as the step 
 
 
 def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
-    """The chain of work that sets each analysed step's length (or `step`'s), walked back
+    """The chain of work that sets each analysed step's length (or any recorded `step`'s,
+    warm-up included), walked back
     from the step's end: the host's own work (`python`, `op_dispatch`, `dataloader`,
     `compile`) until it waited on the device at a sync; from there the device's kernels
     back along their queue (one kernel's end starting the next), across to another
@@ -136,8 +137,10 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     from neuron_explorer.run_files import distributed_info
 
     win = step_windows(trace)
-    if step is not None:
-        win = win[win["step"] == step]
+    if step is not None:  # any recorded step, warm-up included
+        steps = trace.steps
+        win = (steps.loc[steps["step"] == step, ["step", "ts", "dur"]] if len(steps)
+               else win[win["step"] == step])
     rank = int(distributed_info(trace.metadata).get("rank") or 0)
     if not len(win):
         return pd.DataFrame(columns=PATH_COLUMNS)
@@ -146,7 +149,7 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     host = _HostTimeline(hs, *blocking_op_waits(trace))
     k = trace.kernels
     work = pd.DataFrame({
-        "ts": k["ts"], "dur": k["dur"], "name": k["name"], "wait": 0,
+        "ts": k["ts"], "dur": k["dur"], "name": k["name"], "wait": 0, "collective": False,
         "track": s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)] if len(k) else [],
         "launch": _launch_times(trace, k) if len(k) else [],
         "launch_end": launch_ends(trace, k) if len(k) else []})
@@ -221,7 +224,7 @@ def _collective_work(trace: Trace, s: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "ts": coll["ts"].to_numpy(np.int64), "dur": coll["dur"].to_numpy(np.int64),
         "name": [f"{c} #{q}" for c, q in zip(coll["collective"], coll["seq"], strict=True)],
-        "wait": coll["wait_ns"].to_numpy(np.int64),
+        "wait": coll["wait_ns"].to_numpy(np.int64), "collective": True,
         "track": s["track_id"].to_numpy()[ids] if len(ids) else np.zeros(0, np.int64),
         "launch": launch.reindex(op).fillna(-1).to_numpy(np.int64),
         "launch_end": launch.reindex(op).fillna(-1).to_numpy(np.int64)})
@@ -237,6 +240,7 @@ class _DeviceQueues:
         self.end = self.ts + work["dur"].to_numpy(np.int64)[order]
         self.name = work["name"].to_numpy()[order]
         self.wait = work["wait"].to_numpy(np.int64)[order]
+        self.collective = work["collective"].to_numpy(bool)[order]
         self.track = work["track"].to_numpy(np.int64)[order]
         self.launch = work["launch"].to_numpy(np.int64)[order]
         self.launch_end = np.maximum(work["launch_end"].to_numpy(np.int64)[order], self.launch)
@@ -286,8 +290,8 @@ def _walk(lo: int, hi: int, host: _HostTimeline, dev: _DeviceQueues,
         # on the device, inside `kernel`, at t
         k0 = max(int(dev.ts[kernel]), lo)
         track = int(dev.track[kernel])
-        if dev.wait[kernel] > 0:  # a collective: its transfer, then its wait for the group
-            last = min(max(k0, int(dev.ts[kernel] + dev.wait[kernel])), t)
+        if dev.collective[kernel]:  # its transfer, then its wait for the group's last rank
+            last = min(max(k0, int(dev.ts[kernel] + max(dev.wait[kernel], 0))), t)
             out.append((last, t - last, str(dev.name[kernel]), "device", "collective", track))
             waiting = f"{dev.name[kernel]}: waiting for the group's last rank"
             out.append((k0, last - k0, waiting, "device", "collective_wait", track))
