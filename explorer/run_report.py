@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 
 if TYPE_CHECKING:
@@ -78,10 +79,6 @@ def run_report_sections(run: Run) -> list[Section]:
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
-
-
-# Walking the run's critical path loads every rank's whole trace into this process.
-CRITICAL_PATH_MAX_RANKS = 8
 
 
 def _critical_path_section(run: Run) -> list[Section]:

@@ -20,6 +20,10 @@ from neuron_explorer.analyses.ranks import MATCH_KEYS
 if TYPE_CHECKING:
     from neuron_explorer.run import Run
 
+# Walking the run's critical path loads every rank's whole trace into this process: the
+# report and the rules walk it for runs up to this size.
+CRITICAL_PATH_MAX_RANKS = 8
+
 
 def run_critical_path(run: Run, step: int | None = None) -> pd.DataFrame:
     """The chain that set each analysed step of the run (or `step`), across ranks:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, make, step_time
+from neuron_explorer.rules.finding import Finding, make, step_time, us
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -38,13 +41,30 @@ def check(trace: Trace) -> list[Finding]:
         others = util.drop(top)
         if util[top] < th.ENGINE_SATURATED or (others > th.ENGINE_IDLE).any():
             continue
-        second = float(others.max()) * total
-        lost = (float(util[top]) * total - second) / 2
+        shorter = _kernel_saving(trace, int(device), str(top))
+        saving = device_saving(trace, shorter)
         findings.append(make(
             trace, RULE_ID, f"{top.capitalize()} Engine saturated while others idle "
-            f"(device {device})", lost, [],
+            f"(device {device})", saving.time_lost_ns, [],
             f"On device {device} the {top} engine is busy {util[top]:.0%} of the step while "
             + ", ".join(f"{e} {u:.0%}" for e, u in others.items())
-            + ". The time lost assumes half the imbalance could be shared out.",
-            ADVICE[top] + "."))
+            + f". Were its work in each kernel cut to the next busiest engine's (or the "
+            f"DMA's), the kernels would take {us(shorter)} less." + saving.note,
+            ADVICE[top] + ".", symptom_ns=shorter, saving_basis=saving.basis,
+            after=saving.after))
     return findings
+
+
+def _kernel_saving(trace: Trace, device: int, engine: str) -> float:
+    """Device time the analysed kernels on `device` would save if `engine` did no more
+    work in each than its next busiest engine or DMA queue (which then bounds the
+    kernel): a kernel bound by another engine saves nothing."""
+    k = in_analysed_steps(trace, trace.kernels)
+    k = k[k["device"].to_numpy() == device]
+    if not len(k):
+        return 0.0
+    busy = k[f"busy_{engine}"].to_numpy(float)
+    rest = np.max([k[f"busy_{e}"].to_numpy(float) for e in (*ENGINES, "dma") if e != engine],
+                  axis=0)
+    return float(np.clip(np.minimum(busy - rest, k["dur"].to_numpy(float) - rest), 0,
+                         None).sum())

@@ -10,6 +10,7 @@ from neuron_explorer.analyses.communication import collectives
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -48,11 +49,13 @@ def check(trace: Trace) -> list[Finding]:
              for r in top(exposed, "exposed").itertuples()]
     kinds = exposed.groupby("collective")["exposed"].sum().sort_values(ascending=False)
     by_kind = ", ".join(f"{name} {us(ns)}" for name, ns in kinds.head(3).items())
+    saving = device_saving(trace, lost)
     return [make(
-        trace, RULE_ID, f"Communication not hidden by compute ({len(coll)} collectives)", lost,
-        items,
+        trace, RULE_ID, f"Communication not hidden by compute ({len(coll)} collectives)",
+        saving.time_lost_ns, items,
         f"Only {overlap:.0f}% of communication time overlaps computation on the same device; "
         f"for {us(lost)} the device only communicates ({by_kind}). Part of it can be waiting "
-        "for other ranks to arrive: load every rank's trace as a run to tell the two apart.",
-        RECOMMENDATION)]
+        "for other ranks to arrive: load every rank's trace as a run to tell the two apart."
+        + saving.note, RECOMMENDATION, symptom_ns=lost, saving_basis=saving.basis,
+        after=saving.after)]
 

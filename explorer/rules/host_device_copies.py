@@ -72,9 +72,10 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
              for r in top(c, "dur").itertuples()]
     terms = device_terms(trace.metadata)
+    saving, basis = _saving(trace, c)
     return [make(
         trace, RULE_ID,
-        f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", lost,
+        f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,
         items,
         f"Data crosses between host and device inside the {step_name(trace)}. Each copy costs "
         "transfer time over the host link and usually a sync that stalls the host.",
@@ -83,4 +84,28 @@ def check(trace: Trace) -> list[Finding]:
         "batches to the device asynchronously"
         + (" (DataLoader pin_memory=True, then .to(device, non_blocking=True))"
            if terms.pinned_memory else "")
-        + ", and keep metrics on the device instead of calling .cpu().")]
+        + ", and keep metrics on the device instead of calling .cpu().",
+        symptom_ns=lost, saving_basis=basis)]
+
+
+def _saving(trace: Trace, c: pd.DataFrame) -> tuple[float, str]:
+    """What the steps would save without these copies (tensors made on the device, or
+    the copies hidden behind compute): by replay where the trace allows, else the
+    copies' time on the critical path."""
+    from neuron_explorer.analyses.path_share import time_on_path
+    from neuron_explorer.whatif_counterfactual import removal_saving_ns
+
+    k = trace.kernels
+    on_device = c["id"].isin(k["id"]) if len(k) else np.zeros(len(c), bool)
+    op_ids = np.r_[k.set_index("id").loc[c.loc[on_device, "id"], "op_slice_id"].to_numpy(),
+                   c.loc[~on_device, "id"].to_numpy()] if len(k) else c["id"].to_numpy()
+    replayed = removal_saving_ns(trace, op_ids[op_ids >= 0].astype(np.int64), RULE_ID)
+    if replayed is not None:
+        return replayed, "replay: the run replayed without these copies"
+    end = (c["ts"] + c["dur"]).to_numpy()
+    device = c[on_device]
+    tracks = trace.table("slices")["track_id"].to_numpy()[device["id"].to_numpy(np.int64)]
+    saved = (time_on_path(trace, device["ts"].to_numpy(), end[on_device], "device",
+                          set(tracks.tolist()))
+             + time_on_path(trace, c.loc[~on_device, "ts"].to_numpy(), end[~on_device], "host"))
+    return saved, "critical path: the copies' time where they set the steps' length"

@@ -110,6 +110,7 @@ def check(trace: Trace) -> list[Finding]:
     if not len(fb):
         return []
     lost = float(fb["dur"].sum() + fb["device_dur"].sum())
+    saving, basis = _saving(trace, fb)
     per_name = fb.groupby("name")["dur"].agg(["sum", "size"]).sort_values("sum", ascending=False)
     names = ", ".join(f"{n} ({c}x)" for n, (_, c) in per_name.iterrows())
     inside = fb["graph"].fillna("") if "graph" in fb else pd.Series("", index=fb.index)
@@ -121,8 +122,32 @@ def check(trace: Trace) -> list[Finding]:
                              strict=True)]
     advice = " ".join(_advice(str(n), fb[fb["name"] == n]) for n in per_name.index[:3])
     return [make(
-        trace, RULE_ID, f"{len(fb)} ops fell back to the host", lost, items,
+        trace, RULE_ID, f"{len(fb)} ops fell back to the host", saving, items,
         f"These ops have no device lowering: {names}. Each one copies its inputs to the host, "
         "waits for the device, computes on the CPU and copies the result back."
         + (" Inside a compiled graph that round trip is part of the graph's device time "
-           "(not counted here)." if inside.astype(bool).any() else ""), advice)]
+           "(not counted here)." if inside.astype(bool).any() else ""), advice,
+        symptom_ns=lost, saving_basis=basis)]
+
+
+def _saving(trace: Trace, fb: pd.DataFrame) -> tuple[float, str]:
+    """What the steps would save if the eager fallback ops ran on the device at no cost
+    (a device version costs its own kernels' time): by replay where the trace allows,
+    else their host time and round trips on the critical path."""
+    from neuron_explorer.analyses.path_share import time_on_path
+    from neuron_explorer.whatif_counterfactual import removal_saving_ns
+
+    eager = fb[fb["graph_id"].to_numpy() < 0]
+    ids = eager["id"].to_numpy()
+    replayed = removal_saving_ns(trace, ids, RULE_ID)
+    if replayed is not None:
+        return replayed, ("replay: the run replayed without these ops' host round trips "
+                          "(as if the device ran them at no cost)")
+    k = trace.kernels
+    k = k[k["op_slice_id"].isin(ids)] if len(k) else k
+    ts = eager["ts"].to_numpy()
+    on_host = time_on_path(trace, ts, ts + eager["dur"].to_numpy(), "host")
+    on_device = time_on_path(trace, k["ts"].to_numpy(), (k["ts"] + k["dur"]).to_numpy(),
+                             "device")
+    return on_host + on_device, ("critical path: these ops' host time and round trips where "
+                                 "they set the steps' length")

@@ -13,6 +13,7 @@ from neuron_explorer.analyses.kernel_lines import (
 )
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -48,15 +49,17 @@ def check(trace: Trace) -> list[Finding]:
         where = "; ".join(f"{s} waits {us(v)} for its inputs"
                           for s, v in zip(waiting["source"], waiting["stall_ns"], strict=True)
                           if v > 0)
+        saving = device_saving(trace, lost)
         findings.append(make(
-            trace, RULE_ID, f"Kernel {name}: DMA and compute not pipelined", lost, items,
+            trace, RULE_ID, f"Kernel {name}: DMA and compute not pipelined", saving.time_lost_ns, items,
             f"{name} runs its DMA transfers and its compute one after the other: of the "
             f"shorter of the two, less than {th.KERNEL_MIN_OVERLAP:.0%} runs under the other, "
             "so each engine waits for the other in turn"
             + (f" ({where})" if where else "") + ". The time counted is the part that could "
-            "have overlapped.",
+            "have overlapped." + saving.note,
             "Pipeline the loads: allocate the tiles a loop iteration loads inside the loop "
             "(so several buffers rotate and the next load runs while this one computes), "
             "loop with nl.affine_range where iterations are independent, load a tile ahead "
-            "of its use, and hoist loads reused across iterations out of the loop."))
+            "of its use, and hoist loads reused across iterations out of the loop.",
+            symptom_ns=lost, saving_basis=saving.basis, after=saving.after))
     return findings

@@ -9,6 +9,7 @@ import numpy as np
 from neuron_explorer.analyses.kernel_lines import nki_instructions, nki_runs
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -46,8 +47,9 @@ def check(trace: Trace) -> list[Finding]:
                            f"{src}: moving free size {c:.0f} columns (up to 512)")
                   for src, c in narrow.items()]
         lines = ", ".join(sorted(per_line.index)[:4])
+        saving = device_saving(trace, lost)
         findings.append(make(
-            trace, RULE_ID, f"Kernel {name}: matmul tiles smaller than the array", lost, items,
+            trace, RULE_ID, f"Kernel {name}: matmul tiles smaller than the array", saving.time_lost_ns, items,
             f"{name}'s matmuls ({lines}) execute {1 / max(fill, 1e-9):.1f}x the FLOPs they "
             "need: the Tensor Engine runs all 128x128 cells whatever the contraction "
             "(partitions, K) and stationary free size (M) of a tile"
@@ -55,9 +57,10 @@ def check(trace: Trace) -> list[Finding]:
                f"{th.KERNEL_MOVING_FREE_MIN} moving columns, so loading the stationary tile "
                "costs as much as the multiply" if len(narrow) else "")
             + f". The time counted ({us(lost)}) is the padded part of the Tensor Engine's "
-            "time and the stationary loads of the narrow matmuls.",
+            "time and the stationary loads of the narrow matmuls." + saving.note,
             "Use tiles of nl.tile_size.pmax (128) partitions for K, "
             "nl.tile_size.gemm_stationary_fmax (128) for the stationary free size and up to "
             "nl.tile_size.gemm_moving_fmax (512) moving columns; reuse a stationary tile "
-            "over several moving tiles."))
+            "over several moving tiles.",
+            symptom_ns=lost, saving_basis=saving.basis, after=saving.after))
     return findings

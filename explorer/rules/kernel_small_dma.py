@@ -9,6 +9,7 @@ import numpy as np
 from neuron_explorer.analyses.kernel_lines import dma_compute_overlap, nki_instructions, nki_runs
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
+from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -49,15 +50,17 @@ def check(trace: Trace) -> list[Finding]:
                           f"(median), {r.overhead / max(r.dur, 1):.0%} of their time overhead (fixed "
                           "cost, short rows)")
                  for src, r in per_line.iterrows()]
+        saving = device_saving(trace, lost)
         findings.append(make(
-            trace, RULE_ID, f"Kernel {name}: small DMA transfers", lost, items,
+            trace, RULE_ID, f"Kernel {name}: small DMA transfers", saving.time_lost_ns, items,
             f"{share:.0%} of {name}'s DMA time is overhead, not moving data at a queue's "
             "full rate: the fixed cost of each transfer (~1.3 us) that the transfers in "
             "flight do not hide, and short contiguous rows (under 4 KiB per partition); "
             f"{len(dma)} transfers of {int(dma['bytes'].median())} B (median, per queue). "
-            "The time counted is that share of the DMA time not hidden under compute.",
+            "The time counted is that share of the DMA time not hidden under compute." + saving.note,
             "Move more per transfer: load larger tiles (a block of several tiles in one "
             "nl.load / nisa.dma_copy, e.g. [128, 2048] instead of [128, 512]), lay data out "
             "so each partition reads a long contiguous row (2 KiB or more), and hoist loads "
-            "reused across loop iterations."))
+            "reused across loop iterations.",
+            symptom_ns=lost, saving_basis=saving.basis, after=saving.after))
     return findings

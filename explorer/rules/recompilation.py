@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.compilation import compile_spans
 from neuron_explorer.common.intervals import Union
@@ -32,12 +33,14 @@ def check(trace: Trace) -> list[Finding]:
         starts, ends = spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy()
         at = in_step_rec["ts"].to_numpy()
         spans = spans[((starts[:, None] <= at) & (at < ends[:, None])).any(axis=1)]
-    lost = 0.0
+    lost = saving = 0.0
     steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     if len(trace.steps) and len(spans):
         u = Union(spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy())
         st = trace.steps
-        lost = float(u.covered(st["ts"].to_numpy(), (st["ts"] + st["dur"]).to_numpy()).sum())
+        inside = u.covered(st["ts"].to_numpy(), (st["ts"] + st["dur"]).to_numpy())
+        lost = float(inside.sum())
+        saving = _saving(trace, spans, st["step"].to_numpy()[inside > 0])
     items = []
     for label, frame in (("graph break", in_step_breaks), ("recompile", in_step_rec)):
         for r in frame.itertuples():
@@ -52,11 +55,23 @@ def check(trace: Trace) -> list[Finding]:
     mode_switch = (not len(in_step_breaks) and not storm and 0 < len(in_step_rec) <= 2
                    and bool(reasons) and all("grad_mode" in r for r in reasons))
     # compile time is not per step: its share is of the recorded steps, warm-up included
-    return [make(trace, RULE_ID, title, lost, items, _explanation(in_step_breaks, recompiles,
-                                                                  reasons),
+    return [make(trace, RULE_ID, title, saving, items, _explanation(in_step_breaks, recompiles,
+                                                                    reasons),
                  _recommendation(breaks, in_step_breaks, in_step_rec, reasons),
                  severity_override="low" if mode_switch else None,
-                 share_of=steps_ns or None)]
+                 share_of=steps_ns or None, symptom_ns=lost,
+                 saving_basis="critical path: the compile time on the critical path of the "
+                              "steps it ran in (a compile the device hid by running queued "
+                              "work saves nothing)" if lost else "")]
+
+
+def _saving(trace: Trace, spans: pd.DataFrame, steps: np.ndarray) -> float:
+    """The compile time on the critical path of the recorded steps it ran in (warm-up
+    included: recompiles are counted over every recorded step)."""
+    from neuron_explorer.analyses.path_share import time_on_path
+
+    ts = spans["ts"].to_numpy()
+    return time_on_path(trace, ts, ts + spans["dur"].to_numpy(), "host", steps=steps.tolist())
 
 
 def _plural(n: int, what: str) -> str:

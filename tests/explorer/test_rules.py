@@ -84,6 +84,17 @@ def test_host_fallback(tmp_path: Path, clean_trace) -> None:
     assert _rule(clean_trace, "host_fallback") == []
 
 
+def test_host_fallback_hidden_behind_device_work_saves_nothing(tmp_path: Path) -> None:
+    """The fallback runs on the host while the device still works through the step's
+    matmul, which the host then waits for: without the fallback the step is as long."""
+    sc = scenarios.clean()
+    sc.op(1000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")
+    sc.b.slice(sc.host, 1700, 8200, "sync", "sync", {"kind": "item", "device": 0, "step": 0})
+    (f,) = _rule(_load(sc, tmp_path, "fb_hidden"), "host_fallback")
+    assert f.symptom_ns == 600 and f.time_lost_ns == 0 and f.severity == "low"
+    assert f.saving_basis.startswith("critical path")
+
+
 def test_host_fallback_names_the_module_api(tmp_path: Path) -> None:
     """nn.MultiheadAttention's eval fast path: not "the data pipeline", but the module, its
     line and a replacement the device runs."""
@@ -163,15 +174,22 @@ def test_fp32_matmul(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
 
 
 def test_engine_imbalance(tmp_path: Path, clean_trace) -> None:
-    sc = scenarios.Scenario()
-    for n in range(2):
-        t = sc.step(n)
-        sc.op(t, 100, "aten::softmax", n + 1, n, kernel=(t + 200, 9500),
-              busy={"vector": 9000, "scalar": 500}, flops=10**9, nbytes=10**5,
-              instructions=False)
-    (f,) = _rule(_load(sc, tmp_path, "imb"), "engine_imbalance")
-    assert f.title.startswith("Vector Engine saturated")
-    assert f.time_lost_ns == (18000 - 1000) // 2
+    for host_waits in (True, False):
+        sc = scenarios.Scenario()
+        for n in range(2):
+            t = sc.step(n)
+            sc.op(t, 100, "aten::softmax", n + 1, n, kernel=(t + 200, 9500),
+                  busy={"vector": 9000, "scalar": 500}, flops=10**9, nbytes=10**5,
+                  instructions=False)
+            if host_waits:  # .item() on the result: the device sets the step
+                sc.b.slice(sc.host, t + 300, 9400, "sync", "sync",
+                           {"kind": "item", "device": 0, "step": n})
+        (f,) = _rule(_load(sc, tmp_path, f"imb{host_waits}"), "engine_imbalance")
+        assert f.title.startswith("Vector Engine saturated")
+        # each kernel's vector work could shrink to its scalar work's: 9000 - 500 ns, twice
+        assert f.symptom_ns == 2 * (9000 - 500)
+        # which the steps save only where the device sets their length
+        assert f.time_lost_ns == (f.symptom_ns if host_waits else 0)
     assert _rule(clean_trace, "engine_imbalance") == []
 
 
@@ -212,6 +230,17 @@ def test_recompilation(tmp_path: Path, basic_pf) -> None:
     assert f.time_lost_ns == 400 and "model.py:12" in f.recommendation
     assert "print() in forward" in f.explanation
     assert _rule(basic_pf, "recompilation") == []
+
+
+def test_recompile_hidden_behind_device_work_saves_nothing(tmp_path: Path) -> None:
+    """A recompile while the device still runs the step's matmul, which the host then
+    waits for: the compile is off the step's critical path."""
+    sc = scenarios.clean()
+    sc.b.slice(sc.host, 1000, 400, "dynamo", "compile", {"graph_id": 2})
+    sc.b.instant(sc.host, 1000, "recompile", "recompile", {"reason": "x.size(0) changed"})
+    sc.b.slice(sc.host, 1500, 8400, "sync", "sync", {"kind": "item", "device": 0, "step": 0})
+    (f,) = _rule(_load(sc, tmp_path, "recomp_hidden"), "recompilation")
+    assert f.symptom_ns == 400 and f.time_lost_ns == 0
 
 
 def test_recompilation_storm(tmp_path: Path) -> None:

@@ -147,6 +147,11 @@ def test_small_collectives_fire_and_balanced_ranks_are_no_stragglers(tmp_path):
     assert "160 small collectives" in small.title
     needed = 4 * 40 * (64 << 10) / (rs.MIB64 / 100_000)  # their bytes at the large calls' rate
     assert small.time_lost_ns == pytest.approx(4 * 40 * 10_000 - needed, abs=1)
+    # the estimate stands: the collectives (no rank waits at them) are on the run's path
+    path = run.critical_path()
+    assert path.loc[path["category"] == "collective", "dur"].sum() == 4 * (40 * 10_000
+                                                                          + 100_000)
+    assert "within the 2 ms the run's critical path spends in collective" in small.saving_basis
     assert not len(run.stragglers())
     assert "straggler_rank" not in found and "load_imbalance" not in found
     assert "collective_wait" not in found

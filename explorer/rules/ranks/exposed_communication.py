@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
-from neuron_explorer.rules.ranks.finding import run_finding
+from neuron_explorer.rules.ranks.finding import capped_by_path, run_finding
 
 if TYPE_CHECKING:
     from neuron_explorer.run import Run
@@ -27,8 +27,11 @@ def check(run: Run) -> list[Finding]:
     kinds = run.collective_stats().groupby("collective")["time_ns"].sum()
     top = ", ".join(f"{k} {us(v / len(run))}" for k, v in
                     kinds.sort_values(ascending=False).head(3).items())
+    saving, basis = capped_by_path(
+        run, lost, "estimate: the transfers no compute hides", ("collective",),
+        "collective transfers")
     return [run_finding(
-        run, RULE_ID, f"Communication not hidden by compute: {us(lost)} per rank", lost, [],
+        run, RULE_ID, f"Communication not hidden by compute: {us(lost)} per rank", saving, [],
         f"Only {overlap:.0f}% of communication time overlaps computation; per rank the devices "
         f"spend {us(lost)} moving data with nothing else to do (by kind, per rank: {top}). "
         "Waits for late ranks are not counted here.",
@@ -37,4 +40,5 @@ def check(run: Run) -> list[Finding]:
         "gradient_as_bucket_view=True); with FSDP2 (fully_shard), prefetch the next "
         "all-gather (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch) and "
         "keep reshard_after_forward for large models only; issue collectives with "
-        "async_op=True and wait on them only where the result is needed.")]
+        "async_op=True and wait on them only where the result is needed.",
+        symptom_ns=lost, saving_basis=basis)]

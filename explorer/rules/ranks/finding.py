@@ -30,3 +30,41 @@ def rank_evidence(rank: int, ts: int, dur: int, slice_ids: list[int],
     """An evidence item on one rank's trace (`slice_ids` are that trace's)."""
     return {"rank": int(rank), "ts": int(ts), "dur": int(dur),
             "slice_ids": [int(i) for i in slice_ids], "description": description}
+
+
+def path_time(run: Run, categories: tuple[str, ...], rank: int | None = None) -> float | None:
+    """ns the run's critical path spends in `categories` (on `rank`, if given) over the
+    analysed steps: the most a fix of that work can save. None where the path is not
+    walked (a partial run, or one of more than `CRITICAL_PATH_MAX_RANKS` ranks)."""
+    from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
+
+    if run.missing_ranks or not 1 < len(run) <= CRITICAL_PATH_MAX_RANKS:
+        return None
+    path = run.critical_path()
+    if not len(path):
+        return None
+    on = path["category"].isin(categories)
+    if rank is not None:
+        on &= path["rank"] == rank
+    return float(path.loc[on, "dur"].sum())
+
+
+def capped_by_path(run: Run, estimate: float, basis: str, categories: tuple[str, ...],
+                   what: str, rank: int | None = None) -> tuple[float, str]:
+    """(saving, `Finding.saving_basis`): the rule's `estimate` (obtained as `basis` says),
+    no more than the time the run's critical path spends in `what` (`categories`): work
+    off the path saves nothing when it shrinks. The estimate alone where the path is not
+    walked."""
+    from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
+    from neuron_explorer.units import duration
+
+    on_path = path_time(run, categories, rank)
+    if on_path is None:
+        return estimate, (f"{basis} (the run's critical path, which would bound it, is "
+                          f"walked for complete runs of up to {CRITICAL_PATH_MAX_RANKS} "
+                          "ranks only)")
+    if on_path < estimate:
+        return on_path, (f"critical path: the time the run's critical path spends in {what} "
+                         f"({basis} gives more, {duration(estimate)})")
+    return estimate, (f"{basis}, within the {duration(on_path)} the run's critical path "
+                      f"spends in {what}")

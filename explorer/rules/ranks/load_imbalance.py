@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
-from neuron_explorer.rules.ranks.finding import run_finding
+from neuron_explorer.rules.ranks.finding import capped_by_path, run_finding
 
 if TYPE_CHECKING:
     from neuron_explorer.run import Run
@@ -29,12 +29,16 @@ def check(run: Run) -> list[Finding]:
     late = run.stragglers()
     if len(late) and int(late.iloc[0]["rank"]) == busiest:
         return []  # the straggler finding names this rank, with what its extra work costs
+    saving, basis = capped_by_path(
+        run, lost, "estimate: the busiest rank's compute above the mean rank's", ("kernel",),
+        f"rank {busiest}'s kernels", rank=int(busiest))
     return [run_finding(
         run, RULE_ID, f"Compute differs across ranks: rank {busiest} works "
-        f"{100 * (hi - lo) / hi:.0f}% longer than rank {idlest}", lost, [],
+        f"{100 * (hi - lo) / hi:.0f}% longer than rank {idlest}", saving, [],
         f"Device compute time ranges from {us(lo)} (rank {idlest}) to {us(hi)} (rank "
         f"{busiest}); synchronous training runs at the pace of the busiest rank, so the "
         f"average rank idles about {us(lost)}.",
         "Give every rank the same work: equal batch sizes, sequence lengths bucketed or "
         "packed the same way on every rank, model shards of equal cost (for pipeline or "
-        "tensor parallelism, balance the layers per stage).")]
+        "tensor parallelism, balance the layers per stage).", symptom_ns=lost,
+        saving_basis=basis)]

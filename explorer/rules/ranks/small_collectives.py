@@ -8,7 +8,7 @@ import numpy as np
 from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
-from neuron_explorer.rules.ranks.finding import rank_evidence, run_finding
+from neuron_explorer.rules.ranks.finding import capped_by_path, rank_evidence, run_finding
 
 if TYPE_CHECKING:
     from neuron_explorer.run import Run
@@ -42,8 +42,12 @@ def check(run: Run) -> list[Finding]:
     items = [rank_evidence(int(r.rank), r.ts, r.dur, [r.id],
                            f"{r.collective} of {int(r.bytes)} bytes took {us(r.dur)}")
              for r in small.sort_values("dur", ascending=False).head(5).itertuples()]
+    saving, basis = capped_by_path(
+        run, lost, "estimate: the per-call latency, at the bandwidth the large messages "
+        "reach", ("collective",), "collective transfers")
     return [run_finding(
-        run, RULE_ID, f"{count:.0f} small collectives per rank are latency-bound", lost, items,
+        run, RULE_ID, f"{count:.0f} small collectives per rank are latency-bound", saving,
+        items,
         f"{count:.0f} collectives per rank move less than "
         f"{th.SMALL_COLLECTIVE_BYTES >> 20} MiB (median {median / 1024:.0f} KiB); each pays "
         "the interconnect's fixed per-call latency, so they reach a fraction of the bandwidth "
@@ -51,4 +55,4 @@ def check(run: Run) -> list[Finding]:
         "Send fewer, larger messages: with DDP raise bucket_cap_mb (gradients are reduced in "
         "buckets), with FSDP2 shard larger modules (fully_shard on blocks, not every layer), "
         "and batch per-tensor collectives into one (all_reduce a flattened tensor, or "
-        "torch.distributed's coalescing manager).")]
+        "torch.distributed's coalescing manager).", symptom_ns=lost, saving_basis=basis)]
