@@ -31,36 +31,54 @@ CASES: dict[str, tuple[str, list[str], list[str], str]] = {
     "host-bound GPT, compiled": ("gpt.py", [], ["--compile"], "host_bound"),
     "fp32 matmuls, bf16 model": ("fp32_matmul.py", ["--steps", "10"],
                                  ["--steps", "10", "--bf16-weights"], "fp32_matmul"),
+    "straggler rank, 2 ranks, no extra work": ("straggler.py", ["--extra-ms", "20"],
+                                               ["--extra-ms", "0"], "straggler_rank"),
     "loss read every step, every 5th": ("item_in_loop.py", [], ["--sync-every", "5"],
                                         "sync_in_step"),
 }
 TOLERANCE = 0.25
 
 
+# scripts run on two ranks under torchrun (recorded as a run folder)
+DISTRIBUTED = {"straggler.py"}
+
+
 def record(folder: str, name: str, script: str, args: list[str]) -> str:
-    out = os.path.join(folder, f"{name}.pftrace")
+    distributed = script in DISTRIBUTED
+    out = os.path.join(folder, f"{name}.run" if distributed else f"{name}.pftrace")
     cli = Path(sys.executable).with_name("neuron-explorer")
-    subprocess.run([str(cli), "record", "-o", out, "--", sys.executable,
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+                if distributed else [sys.executable])
+    subprocess.run([str(cli), "record", "-o", out, "--", *launcher,
                     str(EXAMPLES / script), *args], check=True, capture_output=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "NEURON_EXPLORER_CACHE": "off"})
     return out
 
 
 def per_step(path: str) -> tuple[float, int, object]:
-    """(mean analysed step in ns, analysed steps, the loaded trace). A step lasts until
-    its device work is done too: a device that lags behind its host (no sync in the
-    step) finishes the analysed steps' kernels after their host windows end."""
+    """(mean analysed step in ns, analysed steps, the loaded trace or run). A step lasts
+    until its device work is done too: a device that lags behind its host (no sync in
+    the step) finishes the analysed steps' kernels after their host windows end. A run's
+    step is the mean over its ranks."""
     import neuron_explorer
+
+    loaded = neuron_explorer.load(path)
+    if isinstance(loaded, neuron_explorer.Run):
+        ranks = [_trace_step(loaded[r]) for r in loaded.ranks]
+        return statistics.mean(r[0] for r in ranks), ranks[0][1], loaded
+    return (*_trace_step(loaded), loaded)
+
+
+def _trace_step(trace) -> tuple[float, int]:
     from neuron_explorer.analyses.steady_state import analysed_steps, in_analysed_steps
 
-    trace = neuron_explorer.load(path)
     steps = in_analysed_steps(trace, trace.steps)  # type: ignore[arg-type]
     kernels = in_analysed_steps(trace, trace.kernels)  # type: ignore[arg-type]
     start = float(steps["ts"].min())
     end = max(float((steps["ts"] + steps["dur"]).max()),
               float((kernels["ts"] + kernels["dur"]).max()) if len(kernels) else 0.0)
     n = len(analysed_steps(trace).steps)  # type: ignore[arg-type]
-    return (end - start) / n, n, trace
+    return (end - start) / n, n
 
 
 def one_round(case: str, folder: str) -> tuple[float, float, str, str]:
