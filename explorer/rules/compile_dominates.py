@@ -43,5 +43,7 @@ def check(trace: Trace) -> list[Finding]:
            "profile after the warm-up (torch.profiler.schedule(wait=..., warmup=...))")
         + " and cache compiled graphs between runs"
         + (f"; remove the {churn} that multiply compile work." if churn else "."),
-        share_of=span)]
+        share_of=span, saving_basis="the compile time itself: a run that reuses its compiled "
+                                    "graphs (a warm cache, more steps per compile) pays it "
+                                    "once or not at all")]
 

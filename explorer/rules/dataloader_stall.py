@@ -84,8 +84,9 @@ def check(trace: Trace) -> list[Finding]:
                       + (f" from DataLoader worker {r.worker}" if r.worker >= 0 else ""))
              for r in top(dl).itertuples()]
     phase, phase_advice = _slow_phase(trace)
+    saving = _saving(trace, dl)
     return [make(
-        trace, RULE_ID, "Steps wait for the data loader", lost, items,
+        trace, RULE_ID, "Steps wait for the data loader", saving, items,
         f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
         "do while the host prepares data." + _worker_share(dl) + phase,
         "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
@@ -93,4 +94,14 @@ def check(trace: Trace) -> list[Finding]:
         + (", pin_memory=True" if device_terms(trace.metadata).pinned_memory else "")
         + phase_advice
         + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or into "
-        "the workers' Dataset code.")]
+        "the workers' Dataset code.", symptom_ns=lost,
+        saving_basis="critical path: the waits for batches where they set the steps' length "
+                     "(a wait while the device still runs queued work saves nothing)")]
+
+
+def _saving(trace: Trace, waits: pd.DataFrame) -> float:
+    """The waits for batches on the analysed steps' critical path."""
+    from neuron_explorer.analyses.path_share import time_on_path
+
+    ts = waits["ts"].to_numpy()
+    return time_on_path(trace, ts, ts + waits["dur"].to_numpy(), "host")
