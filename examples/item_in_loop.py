@@ -32,7 +32,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    x = torch.randn(1024, 1024).to(args.device)
+    x = torch.randn(2048, 1024).to(args.device)
     metrics = io.StringIO()
     for step in range(args.steps):
         loss = (model(x) - x).pow(2).mean()

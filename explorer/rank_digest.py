@@ -77,7 +77,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-DIGEST_SCHEMA = 4  # raised whenever a digest's tables change (4: collectives' host_wait_ns)
+DIGEST_SCHEMA = 5  # raised whenever a digest's tables or findings change (5: savings)
 
 
 def _digest_key(folder: str) -> str | None:

@@ -23,7 +23,7 @@ SAMPLES: dict[str, tuple[list[str], str, list[str]]] = {
     "mlp_eager": (["--level", "engine"], "mlp_eager.py", ["--steps", "6"]),
     "gpt_eager": (["--level", "engine", "--steps", "2:4"], "gpt.py", ["--steps", "4"]),
     "gpt_compiled": (["--level", "engine", "--steps", "2:4"], "gpt.py", ["--steps", "4", "--compile"]),
-    "item_in_loop": (["--level", "engine", "--steps", "2:4"], "item_in_loop.py", ["--steps", "4"]),
+    "item_in_loop": (["--level", "engine", "--steps", "2:3"], "item_in_loop.py", ["--steps", "3"]),
     "slow_dataloader": (["--level", "engine", "--steps", "1:4"], "slow_dataloader.py", ["--steps", "4"]),
     "host_fallback": (["--level", "engine", "--steps", "1:3"], "host_fallback.py", ["--steps", "3"]),
     "odd_dims": (["--level", "op", "--steps", "1:3"], "odd_dims.py", ["--steps", "3"]),

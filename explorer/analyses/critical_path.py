@@ -82,6 +82,16 @@ def device_wait_saving(trace: Trace, ts: np.ndarray, dur: np.ndarray) -> float:
     return float(saving.sum())
 
 
+def device_busy_ns(trace: Trace) -> float:
+    """The device's busy time for the analysed steps' kernels (however far it lags
+    behind their host windows)."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    kernels = in_analysed_steps(trace, trace.kernels)
+    ts = kernels["ts"].to_numpy(np.int64)
+    return float(Union(ts, ts + kernels["dur"].to_numpy(np.int64)).total)
+
+
 def device_time_saving(trace: Trace, device_ns: float) -> float:
     """What the analysed steps would save if the device needed `device_ns` less time.
 
@@ -98,17 +108,14 @@ def device_time_saving(trace: Trace, device_ns: float) -> float:
     every wait (a launch queue that is full blocks inside cudaLaunchKernel), so its host
     windows are no floor, and the device time is returned as it is."""
     from neuron_explorer.analyses.statistics import total_step_ns
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
     from neuron_explorer.device_terms import device_terms
 
     if device_ns <= 0:
         return 0.0
-    kernels = in_analysed_steps(trace, trace.kernels)
     measured_host = device_terms(trace.metadata).recorded_here
-    if not measured_host or not len(trace.steps) or not len(kernels):
+    busy = device_busy_ns(trace)
+    if not measured_host or not len(trace.steps) or not busy:
         return float(device_ns)  # nothing to weigh it against: the device's own time
-    ts = kernels["ts"].to_numpy(np.int64)
-    busy = float(Union(ts, ts + kernels["dur"].to_numpy(np.int64)).total)
     steps = total_step_ns(trace)
     waits = float(host_waits_per_step(trace).sum())
     return float(min(device_ns, waits + max(busy - steps, 0.0)))

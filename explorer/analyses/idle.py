@@ -6,7 +6,10 @@ For a gap on a device, in order of precedence:
 - `sync`: the host had just waited on the device (a sync ended at the gap's start
   or inside it), so nothing was queued;
 - `host_launch`: the kernel after the gap was launched after the gap began: the
-  device waited on the host to launch work (host-bound);
+  device waited on the host to launch work (host-bound). Where the kernel then still
+  waited longer than that, and more than `QUEUED_SPLIT_NS`, for something else (queued
+  behind a collective waiting for another rank), the gap is two rows: `host_launch` up
+  to the launch's return, `dependency` after it;
 - `dependency`: the next kernel was already launched but had to wait (on inputs,
   a launch latency, a copy).
 """
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
 COLUMNS = ["device", "ts", "dur", "step", "reason", "next_kernel_id", "next_slice_id",
            "launch_ts"]
 REASONS = ("data", "compile", "sync", "host_launch", "dependency")
+# a launched kernel that waits longer than this after its launch returned is waiting on
+# something other than the host (launch latencies are microseconds)
+QUEUED_SPLIT_NS = 50_000
 
 
 def launch_ends(trace: Trace, k: pd.DataFrame) -> np.ndarray:
@@ -67,6 +73,7 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
     syncs = hs[hs["kind"] == "sync"]
     sync_end = np.sort((syncs["ts"] + syncs["dur"]).to_numpy(np.int64))
     launch_all = _launch_times(trace, k)
+    launch_end_all = launch_ends(trace, k)
     rows = []
     for device, kd in k.groupby("device"):
         u = Union(kd["ts"].to_numpy(), (kd["ts"] + kd["dur"]).to_numpy())
@@ -87,12 +94,19 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
             if len(sync_end) else np.zeros(len(g0), bool)
         host = launch >= g0
         reason = np.select([data, comp, sync, host], list(REASONS[:4]), default="dependency")
-        rows.append(pd.DataFrame({
-            "device": int(device), "ts": g0, "dur": dur,
-            "step": assign_steps(g0, trace.steps), "reason": reason,
+        # a kernel launched early in the gap that then waited on something else
+        returned = launch_end_all[nxt]
+        queued = ((reason == "host_launch") & (returned > g0)
+                  & (g1 - returned > np.maximum(returned - g0, QUEUED_SPLIT_NS)))
+        cut = np.where(queued, returned, g1)
+        frame = pd.DataFrame({
+            "device": int(device), "ts": g0, "dur": cut - g0, "reason": reason,
             "next_kernel_id": k.loc[nxt, "kernel_id"].to_numpy(np.int64),
-            "next_slice_id": k.loc[nxt, "id"].to_numpy(np.int64), "launch_ts": launch,
-        }))
+            "next_slice_id": k.loc[nxt, "id"].to_numpy(np.int64), "launch_ts": launch})
+        rest = frame[queued].assign(ts=cut[queued], dur=(g1 - cut)[queued],
+                                    reason="dependency")
+        frame = pd.concat([frame, rest], ignore_index=True).sort_values("ts", kind="stable")
+        rows.append(frame.assign(step=assign_steps(frame["ts"].to_numpy(), trace.steps)))
     if not rows:
         return idle_gaps_empty()
     gaps = pd.concat(rows, ignore_index=True)[COLUMNS]

@@ -90,19 +90,25 @@ def check(trace: Trace) -> list[Finding]:
     explanation = (f"In {len(host)} gaps (median {us(median)}) the next kernel was launched "
                    "only after the device had gone idle: the host spends longer issuing each "
                    "op than the device spends running it, so the device is starved.")
-    saving, basis = lost, ("critical path: the host sets the step's length, and a host that "
-                           "kept the device fed would save these gaps (one-time start-up gaps "
-                           "left out)")
-    compiled = compiled_saving_ns(trace)
-    if compiled is not None and compiled < lost:
-        saving, basis = compiled, ("replay: the run replayed compiled (the fix advised) saves "
-                                   "this much; the gaps are the most a faster host could save")
-        explanation += (f" Compiled, a what-if replay saves {us(compiled)} of the "
+    saving, basis = fix_saving(trace, lost)
+    if saving < lost:
+        explanation += (f" Compiled, a what-if replay saves {us(saving)} of the "
                         f"{us(lost)} these gaps cost: the rest is host work that compiling "
                         "keeps (Python between the model's calls, hooks, the optimizer).")
     return [make(
         trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", saving,
         items, explanation, _recommendation(trace), symptom_ns=lost, saving_basis=basis)]
+
+
+def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
+    """(what the advised fix saves, `Finding.saving_basis`): the compiled replay's saving
+    where that is less than the launch gaps `gaps_ns`, else the gaps."""
+    compiled = compiled_saving_ns(trace)
+    if compiled is not None and compiled < gaps_ns:
+        return compiled, ("replay: the run replayed compiled (the fix advised) saves this "
+                          "much; the gaps are the most a faster host could save")
+    return gaps_ns, ("critical path: the host sets the step's length, and a host that kept "
+                     "the device fed would save these gaps (one-time start-up gaps left out)")
 
 
 def compiled_saving_ns(trace: Trace) -> float | None:

@@ -9,7 +9,6 @@ from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
-from neuron_explorer.rules.host_bound import prerequisite
 from neuron_explorer.tables import ancestor_of_kind, assign_steps, text
 
 if TYPE_CHECKING:
@@ -25,13 +24,11 @@ def check(trace: Trace) -> list[Finding]:
         syncs = syncs[assign_steps(syncs["ts"].to_numpy(), trace.steps) >= 0]
     if not len(syncs):
         return []
+    # What removing the syncs saves in the run as recorded: a host-bound run's host
+    # reaches each sync about when the device finishes and waits little. (Once the host
+    # launches faster, the device idle after each sync shrinks with it: the idle after
+    # the syncs is no saving to promise for after that fix.)
     lost, symptom = _saving(trace, syncs)
-    # On a host-bound run the host reaches each sync after the device has finished, so it
-    # waits little; once it launches faster, every sync drains the queue and the device
-    # idles as long as the host then takes to launch again: the symptom, after that fix.
-    after = prerequisite(trace) if symptom > lost else ""
-    if after:
-        lost = symptom
     if lost < th.SYNC_MIN_SHARE * step_time(trace):
         return []
     ids = syncs["id"].to_numpy()
@@ -59,20 +56,14 @@ def check(trace: Trace) -> list[Finding]:
         items,
         "Each sync makes the host wait until the device has finished everything queued, then "
         "leaves the device idle while the host queues the next work. Sync sites: "
-        + "; ".join(sites[:5]) + "."
-        + (" The run is host-bound now, so the host reaches each sync about when the "
-           "device finishes and waits little: after you fix the host-bound issue, each "
-           "sync drains the queue, and this is next." if after else ""),
+        + "; ".join(sites[:5]) + ".",
         f"Remove the sync at {top_site}"
         + (" from the step: keep losses and metrics on the device and read them (.item(), "
            ".cpu(), print) every N steps or after the loop" if len(trace.steps) else
            ": keep results on the device and read them once, after the work")
         + "; avoid data-dependent Python control flow on device values.",
-        symptom_ns=symptom, after=after,
-        saving_basis=("critical path after the host-bound fix: a host that runs ahead "
-                      "waits at every sync, and the device then idles until it launches "
-                      "again" if after else
-                      "critical path: without a sync the host would have queued its next "
+        symptom_ns=symptom,
+        saving_basis=("critical path: without a sync the host would have queued its next "
                       "work as much earlier as it waited, so each sync costs the device "
                       "idle after it or the host's wait at it, whichever is less"))]
 
