@@ -34,6 +34,12 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+# Classes whose Python methods C++ calls (device guards, hooks) where a Python exception
+# cannot propagate: a Ctrl-C raised there aborted the process. The recorder's signal
+# guard sends such a signal again a moment later instead (collectors/signal_guard.py).
+CALLED_FROM_NATIVE = (_Hooks, _Guard)
+
+
 def _wrap_storage_new() -> None:
     """`torch.UntypedStorage(n, device="neuron")` (deepcopy, storage.to, load) allocates here."""
     from neuron_explorer.backend import devices

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from neuron_explorer.collectors import signal_guard
 from neuron_explorer.collectors.trace_writer import open_output, write_failed
 
 
@@ -44,19 +45,25 @@ class ChunkedOutput:
         """What ends the file, emitted on close (nothing by default)."""
 
     def flush(self) -> None:
-        """Write the buffered events to the file (whole events only)."""
+        """Write the buffered events to the file (whole events only). A Ctrl-C or `kill`
+        that lands here waits until they are written: raised between taking the buffer and
+        writing it, it would lose the events taken (`signal_guard`)."""
         if not self._buffer or self.closed:
             return
-        data = self._encode(self._buffer)
-        self._buffer.clear()
-        self._buffered = 0
+        signal_guard.enter()
         try:
-            self._file.write(data)
-            self._file.flush()
-        except OSError as exc:
-            self._abandon()
-            raise write_failed(self.path, exc) from None
-        self.bytes_written += len(data)
+            data = self._encode(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            try:
+                self._file.write(data)
+                self._file.flush()
+            except OSError as exc:
+                self._abandon()
+                raise write_failed(self.path, exc) from None
+            self.bytes_written += len(data)
+        finally:
+            signal_guard.leave()
 
     def close(self) -> None:
         """End the file, flush what is buffered and close it (idempotent)."""

@@ -101,8 +101,11 @@ _OP_BATCH = 4096
 _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "step",
            "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
            "device", "graph_id", "key")
+# one row per kernel, appended in one `extend` (a signal between two appends would leave
+# two buffers of different lengths, and the batch unwritable)
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
-               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections")
+               "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections",
+               "flows")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
@@ -246,7 +249,6 @@ class DeviceSink(EventSink):
         self._pending_compile: list[tuple[int, int, str, dict]] = []
         self._ops: list = []  # op slices waiting for their batch, rows of _OP_ROW
         self._kernels: list = []  # kernel slices, rows of _KERNEL_ROW
-        self._kernel_flows: list[Sequence[int]] = []  # per kernel row: flows to instructions
         # op / kernel signatures -> index into `_prepared`: (slice name, prepared args)
         self._op_signatures: dict[tuple, int] = {}
         self._kernel_signatures: dict[tuple, int] = {}
@@ -316,9 +318,9 @@ class DeviceSink(EventSink):
             self._kernels.extend((ev.device, ev.start_ns, ev.end_ns, ev.kernel_id, ev.op_id,
                                   rec.step, index, ev.name, ev.engine_busy_ns, ev.model_flops,
                                   ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
-                                  ev.fallback, _sections_json(ev.kernel) if rec.engine else ""))
-            self._kernel_flows.append(flow_out)
-            if len(self._kernel_flows) >= _KERNEL_BATCH:
+                                  ev.fallback, _sections_json(ev.kernel) if rec.engine else "",
+                                  flow_out))
+            if len(self._kernels) >= _KERNEL_BATCH * len(_KERNEL_ROW):
                 self._flush_kernels()
         except RecordingError as exc:
             rec.fail(exc)
@@ -646,7 +648,7 @@ class DeviceSink(EventSink):
             return
         self._forget_signatures()
         c = self._take(self._kernels, _KERNEL_ROW)
-        flows, self._kernel_flows = self._kernel_flows, []
+        flows = c["flows"]
         # Runs of one kernel share its busy map: kept alive here, its id stands for it.
         busy_maps = self._busy_maps
         for busy in c["busy"]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.host_costs import host_costs
-from neuron_explorer.collectors import dataloader_workers
+from neuron_explorer.collectors import dataloader_workers, signal_guard
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.common.trace_format import (
     ARG_BATCH,
@@ -323,7 +323,11 @@ class FrameworkHooks:
             if _current_node() is not None:  # a backward inside backward (reentrant checkpoint)
                 return original(*args, **kwargs)  # the outer one's slices and map stay
             try:
-                return original(*args, **kwargs)
+                # A Ctrl-C or `kill` raised in a Python callback of the C++ autograd engine
+                # aborted the process ("terminate called without an active exception",
+                # the trace left without its end): it waits for the backward to finish.
+                with signal_guard.guarded():
+                    return original(*args, **kwargs)
             finally:
                 if self.rec.recording:
                     self._timed(self._close_backward)

@@ -8,13 +8,16 @@ signals are wrapped: inside a `guarded()` section they only note the signal, and
 section's end runs the handler, with the recorder's state and the trace agreeing. A
 signal that lands in a garbage-collector callback or a `__del__` (the host clock and the
 device allocator run there), where Python would print the handler's exception as ignored
-and lose it, is sent again a moment later.
+and lose it, or in a device method C++ calls (`CALLED_FROM_NATIVE`), where it would abort
+the process, is sent again a moment later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import inspect
 import os
 import signal
 import threading
@@ -65,13 +68,24 @@ RESEND_S = 0.005
 
 def _swallows_exceptions(frame: FrameType | None) -> bool:
     """Whether `frame` runs inside a garbage-collector callback or a `__del__`, where
-    Python prints an exception as ignored instead of raising it."""
+    Python prints an exception as ignored instead of raising it, or inside a method of
+    the device's that C++ calls where an exception aborts the process ("terminate called
+    without an active exception": the device guard's, in the middle of an op)."""
     callbacks = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
+    callbacks |= _native_callbacks()
     while frame is not None:
         if frame.f_code.co_name == "__del__" or frame.f_code in callbacks:
             return True
         frame = frame.f_back
     return False
+
+
+@functools.cache
+def _native_callbacks() -> frozenset:
+    from neuron_explorer.backend.registration import CALLED_FROM_NATIVE
+
+    return frozenset(f.__code__ for cls in CALLED_FROM_NATIVE for f in vars(cls).values()
+                     if inspect.isfunction(f))
 
 
 def install() -> dict[int, Any]:
@@ -108,6 +122,11 @@ def leave() -> None:
     if _guard.depth == 0 and _guard.pending is not None:
         handler, signum, frame = _guard.pending
         _guard.pending = None
+        if threading.current_thread() is not threading.main_thread():
+            # a recording thread ended the section: the handler's exception belongs to the
+            # main thread, where Python runs signal handlers
+            os.kill(os.getpid(), signum)
+            return
         handler(signum, frame)
 
 

@@ -90,3 +90,40 @@ def test_a_signal_inside_a_del_is_not_lost() -> None:
                 time.sleep(0.001)
     finally:
         signal_guard.restore(previous)
+
+
+def test_a_signal_inside_a_device_method_called_from_cpp_is_sent_again() -> None:
+    """A Ctrl-C that landed in the device guard's Python method, which C++ calls in the
+    middle of an op, aborted the process ("terminate called without an active exception";
+    `benchmarks/bench_signals.py` saw it in 1 of 120 SIGINTs and SIGTERMs each): the
+    handler does not raise there, and the signal is sent again a moment later."""
+    import time
+
+    from neuron_explorer.backend import registration
+
+    in_the_guard = _FakeFrame(registration.CALLED_FROM_NATIVE[1].type_.__code__)
+    assert signal_guard._swallows_exceptions(in_the_guard)
+    assert not signal_guard._swallows_exceptions(_FakeFrame(_FakeFrame.__init__.__code__))
+    previous = signal_guard.install()
+    try:
+        handler = signal.getsignal(signal.SIGINT)
+        try:
+            handler(signal.SIGINT, in_the_guard)
+            raised_in_the_guard = False
+        except KeyboardInterrupt:
+            raised_in_the_guard = True
+        assert not raised_in_the_guard
+        with pytest.raises(KeyboardInterrupt):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the resent signal lands here
+                time.sleep(0.001)
+    finally:
+        signal_guard.restore(previous)
+
+
+class _FakeFrame:
+    """What the handler reads of a frame: its code and its caller."""
+
+    def __init__(self, code) -> None:
+        self.f_code = code
+        self.f_back = None

@@ -112,6 +112,14 @@ def random_bytes() -> st.SearchStrategy[bytes]:
                      st.binary(max_size=512)).map(lambda p: p[0] + p[1])
 
 
+# every Trace analysis that needs no argument (`test_fuzz.py` checks the list is whole)
+ANALYSES = ("bottlenecks", "breakdown", "collectives", "communication", "compile_summary",
+            "critical_path", "efficiency", "engine_utilisation", "idle_reasons",
+            "kernel_stats", "kernel_types", "launch_stats", "memory_at_peak",
+            "memory_timeline", "module_stats", "op_stats", "queue_length",
+            "queue_length_summary", "roofline", "summary")
+
+
 def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:
     """Load, then run everything an analysis or a report reads; only TraceFormatError may
     come out, and only from the load."""
@@ -127,10 +135,8 @@ def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:
         warnings.simplefilter("ignore")
         for name in ("slices", "flows", "steps", "ops", "kernels", "instructions", "modules"):
             getattr(trace, name)
-        trace.breakdown()
-        trace.idle_reasons()
-        trace.memory_timeline()
-        trace.compile_summary()
+        for analysis in ANALYSES:
+            getattr(trace, analysis)()
         render_report(trace, "md")  # the summary, the stats and every rule's findings
     return trace
 

@@ -55,6 +55,18 @@ def test_fuzz_corpus(name: str) -> None:
     assert (trace is not None) == (EXPECTED[name] == "loads")
 
 
+def test_every_analysis_is_fuzzed() -> None:
+    """Each Trace method that takes no argument is an analysis the fuzz inputs go through."""
+    import inspect
+
+    public = {name for name, member in inspect.getmembers(neuron_explorer.Trace)
+              if not name.startswith("_") and callable(member)
+              and not [p for p in list(inspect.signature(member).parameters.values())[1:]
+                       if p.default is inspect.Parameter.empty
+                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]}
+    assert public == set(fz.ANALYSES)
+
+
 def test_corpus_lists_every_file() -> None:
     assert sorted(p.name for p in CORPUS.glob("*trace*")) == sorted(EXPECTED)
 
