@@ -38,6 +38,8 @@ def test_each_page_says_what_a_sparse_trace_lacks(page, app_context):
     app_context.store.add("cpu.json", sparse)
     text = rendered(page.layout(sparse, "cpu.json", {}, app_context))
     assert page.TITLE in text
+    # an analysis that raised shows as a notice too: that is a failure, not a sparse trace
+    assert "Could not compute" not in text
     if page.TITLE in ("Engines", "Roofline", "Memory", "Compile"):
         assert "notice" in text
 
