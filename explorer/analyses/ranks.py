@@ -145,8 +145,7 @@ def own_work(run: Run) -> pd.DataFrame:
     rank queues its next work meanwhile, and its step is as long without the wait. So the
     critical part of the waits is at most the host's time waiting on the device in the
     step (syncs, blocking ops): min(collective waits, host waits). The host's waits inside
-    collective calls for the others' clocks (`host_wait_ns`) are on its path as well.
-    A wait may be waited out in the next step's window (`waited_out`)."""
+    collective calls for the others' clocks (`host_wait_ns`) are on its path as well."""
     steps = run.steps
     if not len(steps) or "host_sync_ns" not in steps:
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))
@@ -162,24 +161,9 @@ def own_work(run: Run) -> pd.DataFrame:
 
         waits, host_waits = per_step("wait_ns"), per_step("host_wait_ns")
     # the host's own waits in the calls are on its path as they stand
-    critical = waited_out(waits, sync.reindex_like(dur).fillna(0)) + host_waits
+    critical = np.minimum(waits, sync.reindex_like(dur).fillna(0)) + host_waits
     # steps every rank analysed: a step missing on one rank cannot be compared
     return (dur - critical).reindex(run.ranks).dropna(axis=1)
-
-
-def waited_out(waits: pd.DataFrame, syncs: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step, the part of the devices' waits (`waits`) that the host's waits
-    on the device (`syncs`) waited out. A host waits out a device wait in its step or in
-    the next (a loss read after `optimizer.step()`, where the step ends, waits for the
-    backward's all-reduce in the next step's window), so a step's wait not waited out
-    there carries into the next step, and no further."""
-    out = waits * 0.0
-    carried = pd.Series(0.0, index=waits.index)
-    for step in waits.columns:
-        pending = waits[step] + carried
-        out[step] = np.minimum(pending, syncs[step])
-        carried = np.minimum(pending - out[step], waits[step])
-    return out
 
 
 def straggler_savings(run: Run) -> pd.Series:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import neuron_explorer
 import numpy as np
-import pandas as pd
 import pytest
 import run_scenarios as rs
 from neuron_explorer.cli import main
@@ -291,17 +290,3 @@ def test_the_recorded_straggler_run_names_its_slow_rank(repo_root):
     waits = run.collectives.groupby("rank")["wait_ns"].sum()
     assert waits[2] < waits[0] / 100 and waits[2] < waits[1] / 100
 
-
-def test_a_wait_waited_out_in_the_next_steps_window_is_critical():
-    """DDP's all-reduce waits at the end of step N's backward; the loss read after
-    optimizer.step() (where the step ends) waits it out in step N+1's window."""
-    from neuron_explorer.analyses.ranks import waited_out
-
-    waits = pd.DataFrame([[17, 20, 20, 0, 5]], columns=range(5))
-    syncs = pd.DataFrame([[0, 37, 0, 20, 0]], columns=range(5))
-    got = waited_out(waits, syncs)
-    # step 1 waits out step 0's 17 and its own 20; step 3 waits out step 2's 20; a wait
-    # not waited out by the next step (step 4's) is not critical
-    assert got.iloc[0].tolist() == [0, 37, 0, 20, 0]
-    # a sync with no device wait pending waits for the device's own work: not a wait
-    assert waited_out(waits * 0, syncs).to_numpy().sum() == 0
