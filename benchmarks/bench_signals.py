@@ -27,10 +27,10 @@ import time
 import warnings
 from pathlib import Path
 
+from neuron_explorer.collectors.recorder import _FLUSH_EVERY_S  # how old a flush may be
+
 PROGRAMS = Path(__file__).resolve().parent.parent / "tests" / "collectors" / "programs"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-# the recorder flushes completed steps at least this often (collectors/recorder.py)
-FLUSH_EVERY_S = 0.5
 
 
 def one_recording(folder: str, signum: int, delay_s: float) -> dict:
@@ -92,7 +92,7 @@ def verdict(signum: int, r: dict) -> tuple[bool, int]:
         return False, len(missing)
     if signum == signal.SIGKILL:
         # steps completed before the last flush that could have happened are written
-        flushed = [s for s, when in r["completed"] if when <= r["sent"] - FLUSH_EVERY_S]
+        flushed = [s for s, when in r["completed"] if when <= r["sent"] - _FLUSH_EVERY_S]
         kept = not (set(flushed) - set(r["steps"]))
         return kept and r["warned"], len(missing)
     return not missing and not r["warned"] and r["returncode"] == -signum, len(missing)

@@ -40,16 +40,12 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | Non
     host, to the end of the last kernel the steps launched."""
     def compute() -> float | None:
         from neuron_explorer.backend.replay import ReplayOptions, replay
-        from neuron_explorer.whatif_replay import WhatIfError, is_prediction, recorded_ops
-        from neuron_explorer.whatif_writer import host_events
+        from neuron_explorer.whatif_replay import replay_inputs
 
-        if is_prediction(trace) or not len(trace.steps):
+        inputs = replay_inputs(trace)
+        if inputs is None:
             return None
-        try:
-            ops = recorded_ops(trace)
-        except WhatIfError:
-            return None
-        rows, events = host_events(trace, ops)
+        rows, events = inputs
         for event, gone in zip(events, np.isin(rows["id"].to_numpy(), removed), strict=True):
             event.removed = bool(gone)
         replayed, shift = replay(events, ReplayOptions(trace.hardware or "trn2"))

@@ -210,20 +210,31 @@ def prediction_too_large(trace: Trace, mode: str = "compiled") -> bool:
     return _prediction(trace, mode)[1]
 
 
+def replay_inputs(trace: Trace) -> tuple[pd.DataFrame, list] | None:
+    """The recording's host rows and replay events (`whatif_writer.host_events`) for the
+    predictions rules state while a report waits; None for a prediction, a trace without
+    steps, or one the replay cannot re-time (no op keys, compiled graphs, cut short)."""
+    from neuron_explorer.whatif_writer import host_events
+
+    if is_prediction(trace) or not len(trace.steps):
+        return None
+    try:
+        ops = recorded_ops(trace)
+    except WhatIfError:
+        return None
+    return host_events(trace, ops)
+
+
 def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
     """(predicted median step ns or None, whether it was given up as too large)."""
     def compute() -> tuple[float | None, bool]:
         from neuron_explorer.backend.replay import ReplayOptions, replay
-        from neuron_explorer.whatif_writer import host_events
 
-        if is_prediction(trace) or not len(trace.steps):
+        inputs = replay_inputs(trace)
+        if inputs is None:
             return None, False
-        try:
-            ops = recorded_ops(trace)
-        except WhatIfError:
-            return None, False
+        rows, events = inputs
         options = ReplayOptions(trace.hardware or "trn2")
-        rows, events = host_events(trace, ops)
         if mode == "compiled":
             from neuron_explorer.whatif_compiled import ProgramTooLarge, replay_compiled
 
