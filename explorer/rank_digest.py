@@ -43,6 +43,9 @@ class RankDigest:
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     store: str | None = None  # the rank's store folder (trace cache), if kept in one
+    # the host's waits on the device (`waits_on_path.host_syncs`)
+    syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["ts", "dur",
+                                                                              "step"]))
 
     def store_file(self, table: str) -> str | None:
         """The Parquet file of one of the rank's tables, if its store holds it."""
@@ -77,7 +80,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-DIGEST_SCHEMA = 5  # raised whenever a digest's tables or findings change (5: savings)
+DIGEST_SCHEMA = 6  # raised whenever a digest's tables or findings change (6: syncs)
 
 
 def _digest_key(folder: str) -> str | None:
@@ -122,26 +125,39 @@ def _keep(folder: str, digest: RankDigest) -> None:
 
 def digest_trace(trace: Any) -> RankDigest:
     """The digest of a loaded trace."""
+    from neuron_explorer.analyses import waits_on_path
+
     info = distributed_info(trace.metadata)
+    syncs = waits_on_path.host_syncs(trace)
+    coll = _with_analysed(trace, comm.collectives(trace))
+    coll["idle_after_ns"] = waits_on_path.idle_after(trace, coll, syncs)
     communication = comm.communication(trace).copy()
     communication["exposed_transfer_ns"] = _exposed_transfer(trace)
     return RankDigest(
         path=trace.path, source_format=trace.source_format, hardware=trace.hardware,
         own_rank=info.get("rank"), world_size=info.get("world_size"),
         summary=trace.summary(), steps=_with_host_sync(trace),
-        collectives=_with_analysed(trace, comm.collectives(trace)), communication=communication,
+        collectives=coll, communication=communication, syncs=syncs,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
         warnings=list(trace.warnings), store=trace.store_folder)
 
 
 def _with_host_sync(trace: Any) -> pd.DataFrame:
-    """The steps with `host_sync_ns`: the time the host spent waiting on the device in
-    each analysed step (-1 in the others), which a straggler's counterfactual reads."""
+    """The steps with `host_sync_ns` (the time the host spent waiting on the device in
+    each analysed step, -1 in the others), which a straggler's counterfactual reads, and
+    `device_busy_ns` (the step's time the device was busy, 0 outside the analysed steps
+    and in traces without a device), which tells work from a host's jitter."""
     from neuron_explorer.analyses.critical_path import host_waits_per_step
 
     steps = trace.steps.copy()
     waits = host_waits_per_step(trace)
     steps["host_sync_ns"] = waits.reindex(steps["step"]).fillna(-1).to_numpy(np.int64) \
+        if len(steps) else np.zeros(0, np.int64)
+    bd = trace.breakdown()
+    device = bd[bd["side"] == "device"]
+    busy = (device[device["category"] != "idle"].groupby("step")["ns"].sum()
+            if len(device) else pd.Series(dtype=np.int64))
+    steps["device_busy_ns"] = busy.reindex(steps["step"]).fillna(0).to_numpy(np.int64) \
         if len(steps) else np.zeros(0, np.int64)
     return steps
 

@@ -197,6 +197,12 @@ class Run:
         return self._concat(lambda d: d.steps)
 
     @cached_property
+    def syncs(self) -> pd.DataFrame:
+        """Every rank's waits of the host on the device: rank, ts, dur, step (-1 outside
+        the analysed steps)."""
+        return self._concat(lambda d: d.syncs)
+
+    @cached_property
     def collectives(self) -> pd.DataFrame:
         """One row per collective call per rank: rank, seq, collective, ts, dur, bytes,
         group, wait_ns, transfer_ns, ... (waits derived across ranks where not recorded)."""

@@ -48,8 +48,8 @@ def matched_collectives(coll: pd.DataFrame, complete: bool = True) -> pd.DataFra
     group's last arrival (`last_arrival`), and `wait_ns`/`transfer_ns` (derived from the
     arrivals where the trace did not record them; not when the run is not `complete`,
     whose missing ranks may have arrived later than every rank here)."""
-    columns = ["rank", *COLLECTIVE_COLUMNS, *(["analysed"] if "analysed" in coll else []),
-               "last_arrival", "ranks_arrived"]
+    extra = [c for c in ("analysed", "idle_after_ns") if c in coll]
+    columns = ["rank", *COLLECTIVE_COLUMNS, *extra, "last_arrival", "ranks_arrived"]
     if not len(coll):
         return pd.DataFrame(columns=columns)
     coll = coll.copy()
@@ -143,27 +143,38 @@ def own_work(run: Run) -> pd.DataFrame:
     A rank's device waits at a collective until the last rank arrives (`wait_ns`); that
     wait makes the step longer only when the host then waits for the device: a host-bound
     rank queues its next work meanwhile, and its step is as long without the wait. So the
-    critical part of the waits is at most the host's time waiting on the device in the
-    step (syncs, blocking ops): min(collective waits, host waits). The host's waits inside
-    collective calls for the others' clocks (`host_wait_ns`) are on its path as well."""
+    critical part of the waits is what the host's waits on the device pay of them
+    (`waits_on_path`: each wait carried forward in time until device idle absorbs it or a
+    sync pays it, in whichever step that sync lies). The host's waits inside collective
+    calls for the others' clocks (`host_wait_ns`) are on its path as they stand."""
     steps = run.steps
     if not len(steps) or "host_sync_ns" not in steps:
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))
     steps = steps[steps["host_sync_ns"] >= 0]
     dur = steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
-    sync = steps.pivot_table(index="rank", columns="step", values="host_sync_ns", aggfunc="sum")
     coll = step_collectives(run)
-    waits, host_waits = dur * 0, dur * 0
+    host_waits = dur * 0
     if len(coll):
-        def per_step(column: str) -> pd.DataFrame:
-            table = coll.pivot_table(index="rank", columns="step", values=column, aggfunc="sum")
-            return table.reindex(index=dur.index, columns=dur.columns).fillna(0)
-
-        waits, host_waits = per_step("wait_ns"), per_step("host_wait_ns")
-    # the host's own waits in the calls are on its path as they stand
-    critical = np.minimum(waits, sync.reindex_like(dur).fillna(0)) + host_waits
+        host_waits = coll.pivot_table(index="rank", columns="step", values="host_wait_ns",
+                                      aggfunc="sum").reindex_like(dur).fillna(0)
+    critical = _waits_paid(run, dur) + host_waits
     # steps every rank analysed: a step missing on one rank cannot be compared
     return (dur - critical).reindex(run.ranks).dropna(axis=1)
+
+
+def _waits_paid(run: Run, dur: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step: what the host's syncs paid of the collectives' waits."""
+    from neuron_explorer.analyses.waits_on_path import delays_at_syncs
+
+    # the waits of set-up and of steps not analysed are a catch-up, not a cost per step
+    coll, syncs = step_collectives(run), run.syncs
+    paid = syncs.assign(paid=np.zeros(len(syncs), np.int64))
+    for rank in dur.index:
+        mine = (syncs["rank"] == rank).to_numpy()
+        paid.loc[mine, "paid"] = delays_at_syncs(coll[coll["rank"] == rank], syncs[mine])
+    paid = paid[paid["step"] >= 0]
+    return paid.pivot_table(index="rank", columns="step", values="paid",
+                            aggfunc="sum").reindex_like(dur).fillna(0)
 
 
 def straggler_savings(run: Run) -> pd.Series:
@@ -223,11 +234,48 @@ def typical_wait_saving(run: Run) -> float:
     """What the analysed steps would save if no rank waited for another at collectives:
     the critical waits (`critical_waits`), the mean over ranks of each rank's total (as
     the run's step time), with each step's wait capped at `CATCH_UP_FACTOR` times the
-    rank's median. The cap leaves out a wait paid once (a rank catching up with one
-    that started late, a clock offset rather than work per step), which no change to
-    the work per step would save."""
+    rank's median, less the waits the ranks' jitter causes (`jitter_wait_ns` per step).
+    The cap leaves out a wait paid once (a rank catching up with one that started late,
+    a clock offset rather than work per step), which no change to the work per step
+    would save; jitter is no work either."""
     waits = critical_waits(run)
     if len(waits) < 2 or not waits.shape[1]:
         return 0.0
     cap = waits.median(axis=1) * CATCH_UP_FACTOR
-    return float(waits.clip(upper=cap, axis=0).sum(axis=1).mean())
+    total = float(waits.clip(upper=cap, axis=0).sum(axis=1).mean())
+    return max(0.0, total - jitter_wait_ns(run) * waits.shape[1])
+
+
+def jitter_wait_ns(run: Run) -> float:
+    """The wait per rank and step that ranks doing the same work would still pay: each
+    step every rank waits for the slowest, so ranks whose own time varies from step to
+    step by a spread s (their own work less the device's busy time: the host's share,
+    which a loaded machine's scheduling moves, where device work is the same every
+    step) wait about E[max of n] * s for each other even when the work is balanced.
+    Variation in device work (longer sequences on some ranks) is work, and not counted
+    here."""
+    work = own_work(run)
+    if len(work) < 2 or work.shape[1] < MIN_STEPS_TESTED:
+        return 0.0
+    steps = run.steps.pivot_table(index="rank", columns="step", values="device_busy_ns",
+                                  aggfunc="sum") if "device_busy_ns" in run.steps else None
+    host_share = work - (steps.reindex_like(work).fillna(0) if steps is not None else 0)
+    # a robust spread per rank (the median absolute deviation, as a standard deviation)
+    deviation = host_share.sub(host_share.median(axis=1), axis=0).abs()
+    spread = float(np.sqrt(((deviation.median(axis=1) * MAD_TO_SD) ** 2).mean()))
+    return spread * (_expected_max_normal(len(work)))
+
+
+# a normal distribution's standard deviation is this many times its median absolute
+# deviation
+MAD_TO_SD = 1.4826
+
+
+def _expected_max_normal(n: int) -> float:
+    """E[max of n standard normals] less their mean (0): 0.56 for 2, 1.03 for 4."""
+    import math
+
+    x = np.linspace(-8, 8, 4001)
+    cdf = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    density = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    return float(np.trapezoid(x * n * density * cdf ** (n - 1), x))

@@ -20,7 +20,8 @@ HERE = Path(__file__).parent
 STEPS = 10
 
 
-def _record(folder: Path, name: str, *script_args: str, modelled: bool = False):
+def _record(folder: Path, name: str, *script_args: str, modelled: bool = False,
+            script: Path = HERE / "imbalance.py"):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NEURON_EXPLORER_CACHE": "off"}
     if modelled:
         env["NEURON_HOST_CLOCK"] = "modelled"
@@ -28,7 +29,7 @@ def _record(folder: Path, name: str, *script_args: str, modelled: bool = False):
     done = subprocess.run(
         [sys.executable, "-m", "neuron_explorer.cli", "record", "-o", str(out), "--",
          sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         str(HERE / "imbalance.py"), "--steps", str(STEPS), *script_args],
+         str(script), "--steps", str(STEPS), *script_args],
         cwd=folder, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return neuron_explorer.load(out)
@@ -115,3 +116,26 @@ def test_the_runs_critical_path_runs_through_the_rank_that_arrived_last(runs):
     longest = run.steps.groupby("step")["dur"].max()
     summed = path.groupby("step")["dur"].sum()
     assert (abs(summed - longest.reindex(summed.index)) <= 0.01 * summed).all()
+
+
+EXAMPLES = HERE.parent.parent / "examples"
+
+
+def test_a_wait_paid_in_the_next_step_counts_for_the_straggler(tmp_path):
+    """`examples/straggler.py`: the last rank works 15 ms on the host before its forward,
+    so the other's device waits for it at the all-reduce of the backward, and its host
+    pays that wait at the loss read after `optimizer.step()`, in the next step's window.
+    The finding predicts what the same script without the extra work measures."""
+    script = EXAMPLES / "straggler.py"
+    slow = _record(tmp_path, "slow", "--extra-ms", "15", script=script)
+    even = _record(tmp_path, "even", "--extra-ms", "0", script=script)
+    straggler = _findings(slow)["straggler_rank"]
+    assert "Rank 1" in straggler.title
+    measured = _per_step(slow, slow.step_time_ns()) - _per_step(even, even.step_time_ns())
+    assert measured > 10e6  # most of the 15 ms a step
+    assert _per_step(slow, straggler.time_lost_ns) == pytest.approx(measured, rel=0.25)
+
+
+def _per_step(run, total_ns: float) -> float:
+    """A run's figure over its analysed steps, per step (the steps a rank analysed)."""
+    return total_ns / ((run.steps["host_sync_ns"] >= 0).sum() / len(run))

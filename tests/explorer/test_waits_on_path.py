@@ -1,0 +1,69 @@
+"""Device waits matched to the host syncs that paid them, by time (`waits_on_path`)."""
+
+from __future__ import annotations
+
+import json
+
+import neuron_explorer
+import pandas as pd
+from neuron_explorer.analyses import communication as comm
+from neuron_explorer.analyses.waits_on_path import delays_at_syncs, host_syncs, idle_after
+from synthetic import TraceBuilder
+
+
+def _coll(*rows: tuple[int, int, int, int]) -> pd.DataFrame:
+    """(ts, dur, wait_ns, idle_after_ns) per call."""
+    return pd.DataFrame(rows, columns=["ts", "dur", "wait_ns", "idle_after_ns"])
+
+
+def _syncs(*rows: tuple[int, int]) -> pd.DataFrame:
+    return pd.DataFrame([(ts, dur, 0) for ts, dur in rows], columns=["ts", "dur", "step"])
+
+
+def test_a_sync_pays_a_wait_up_to_its_own_length():
+    paid = delays_at_syncs(_coll((0, 1000, 400, 0)), _syncs((1000, 300), (2000, 300)))
+    assert paid.tolist() == [300, 0]  # the second sync starts level: nothing left to pay
+
+
+def test_device_idle_before_the_sync_absorbs_the_wait():
+    assert delays_at_syncs(_coll((0, 1000, 400, 250)), _syncs((900, 300))).tolist() == [150]
+
+
+def test_waits_add_up_until_a_sync_and_not_past_it():
+    coll = _coll((0, 100, 100, 50), (200, 100, 100, 0), (750, 100, 70, 0))
+    paid = delays_at_syncs(coll, _syncs((300, 400), (850, 20)))
+    assert paid.tolist() == [150, 20]
+
+
+def test_a_sync_that_ends_before_the_call_ends_pays_none_of_it():
+    # the sync waits for work queued before the call: the call's wait comes after it
+    assert delays_at_syncs(_coll((0, 1000, 500, 0)), _syncs((200, 600))).tolist() == [0]
+
+
+def _trace(tmp_path):
+    """Device: a kernel [0, 100k), an all-reduce [100k, 300k) that waits 150k, a kernel
+    [400k, 500k). Host: a sync [350k, 500k) waiting for that kernel."""
+    b = TraceBuilder()
+    host = b.thread()
+    kernels = b.device_track(0, "Kernels")
+    queue = b.device_track(0, "Collectives")
+    b.metadata(host, {"hardware": "trn2"})
+    b.slice(kernels, 0, 100_000, "k0", "kernel", {"kernel_id": 1, "device": 0})
+    b.slice(queue, 100_000, 200_000, "all_reduce", "collective",
+            {"collective": "all_reduce", "bytes": 1 << 20, "group": json.dumps([0, 1]),
+             "seq": 0, "wait_ns": 150_000, "transfer_ns": 50_000, "device": 0})
+    b.slice(kernels, 400_000, 100_000, "k1", "kernel", {"kernel_id": 2, "device": 0})
+    b.slice(host, 350_000, 150_000, "sync (item)", "sync", {"kind": "item"})
+    return neuron_explorer.load(b.write_pftrace(tmp_path / "t.pftrace"))
+
+
+def test_a_traces_syncs_and_the_idle_after_its_calls(tmp_path):
+    trace = _trace(tmp_path)
+    syncs = host_syncs(trace)
+    assert syncs[["ts", "dur"]].values.tolist() == [[350_000, 150_000]]
+    coll = comm.collectives(trace)
+    # idle from the call's end (300k) until the next kernel (400k), before the sync ends
+    assert idle_after(trace, coll, syncs).tolist() == [100_000]
+    coll = coll.assign(idle_after_ns=idle_after(trace, coll, syncs))
+    # 150k of wait, 100k of it absorbed by the idle device: the sync pays 50k
+    assert delays_at_syncs(coll, syncs).tolist() == [50_000]
