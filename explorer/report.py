@@ -136,8 +136,8 @@ def report_sections(trace: Trace) -> list[Section]:
 
 def _queues_table(trace: Trace) -> pd.DataFrame:
     """Per stream: its launches and HTA's launch groups (short kernels, delayed ones),
-    the median launch delay, and how deep its queue ran (max, time-weighted mean, the
-    share of time it was empty)."""
+    the median launch delay, how deep its queue ran (max, time-weighted mean, the share
+    of time it was empty) and its idle time between kernels in HTA's categories."""
     from neuron_explorer.analyses.launch_stats import launch_outliers
 
     queues = trace.queue_length_summary().set_index("stream")
@@ -147,12 +147,16 @@ def _queues_table(trace: Trace) -> pd.DataFrame:
     groups = {name: rows.groupby("stream").size() for name, rows in launch_outliers(stats).items()}
     per = stats.groupby("stream")
     launches, delay = per.size(), per["launch_delay_ns"].median()
+    idle = trace.stream_idle().pivot_table(index="stream", columns="idle_category",
+                                           values="idle_ns", aggfunc="sum")
     rows = [{"stream": stream, "launches": int(launches.get(stream, 0)),
              "short kernels": int(groups["short"].get(stream, 0)),
              "delayed > 100 us": int(groups["delayed"].get(stream, 0)),
              "launch delay (median)": fmt_ns(delay.get(stream, 0)),
              "queue max": int(q["max"]), "queue mean": f"{q['time_weighted_mean']:.2f}",
-             "empty": fmt_share(q["empty_share"])}
+             "empty": fmt_share(q["empty_share"]),
+             **{f"idle: {name}": fmt_ns(idle.at[stream, name] if stream in idle.index else 0)
+                for name in ("host_wait", "kernel_wait", "other")}}
             for stream, q in queues.iterrows()]
     return pd.DataFrame(rows)
 

@@ -280,6 +280,14 @@ class Trace:
 
         return memoised(self, "idle", lambda: idle_gaps(self))
 
+    def stream_idle(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per device queue (stream): its idle time between kernels in HTA's categories
+        (host_wait, kernel_wait, other), share, gaps; `hta_window`: over the kernels HTA
+        keeps (launched in the trace, before the last step)."""
+        from neuron_explorer.analyses.stream_idle import stream_idle
+
+        return memoised(self, f"stream_idle:{hta_window}", lambda: stream_idle(self, hta_window))
+
     def op_stats(self) -> pd.DataFrame:
         """Per op name: count, host and device time, FLOPs, bytes, share of step time."""
         from neuron_explorer.analyses.statistics import op_stats

@@ -117,7 +117,7 @@ ANALYSES = ("bottlenecks", "breakdown", "collectives", "communication", "compile
             "critical_path", "efficiency", "engine_utilisation", "idle_reasons",
             "kernel_stats", "kernel_types", "launch_stats", "memory_at_peak",
             "memory_timeline", "module_stats", "op_stats", "queue_length",
-            "queue_length_summary", "roofline", "summary")
+            "queue_length_summary", "roofline", "stream_idle", "summary")
 
 
 def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:

@@ -8,6 +8,7 @@ dependency of this project. docs/explorer.md says where our definitions differ.
 
 from __future__ import annotations
 
+import neuron_explorer
 import pytest
 
 # kernel type -> HTA's time in us
@@ -165,6 +166,52 @@ def test_the_report_shows_each_streams_queue_and_launches(load_real):
     section = text.split("Queues and launches")[1].split("Top ops")[0]
     row = next(line.split() for line in section.splitlines() if line.startswith("stream 7 "))
     assert row[2:6] == ["1052", "201", "894", "11.94"]  # the whole trace: both steps
+    assert "idle: host_wait" in section and row[-2:] == ["598.2", "ms"]  # stream 7's other
     cpu_only = render_report(load_real("cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"),
                              "text")
     assert "Queues and launches" not in cpu_only
+
+
+# HTA 0.5.0 `get_idle_time_breakdown(ranks=[0], visualize=False)` (pandas 2.2.3): per
+# stream and category, `idle_time` in us (its default consecutive_kernel_delay, 30 us)
+HTA_IDLE = {
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz": {
+        ("stream 7", "host_wait"): 12855007.0, ("stream 7", "kernel_wait"): 104.0,
+        ("stream 7", "other"): 0.0, ("stream 20", "host_wait"): 12011718.0,
+        ("stream 20", "kernel_wait"): 3.0, ("stream 20", "other"): 0.0},
+    "trace_filter__sampled_rank-0.json.gz": {
+        ("stream 23", "host_wait"): 596037.0, ("stream 23", "kernel_wait"): 70.0,
+        ("stream 23", "other"): 34.0, ("stream 84", "host_wait"): 148934.0,
+        ("stream 84", "kernel_wait"): 6.0, ("stream 84", "other"): 0.0,
+        ("stream 25", "kernel_wait"): 9.0, ("stream 25", "other"): 47865.0,
+        ("stream 7", "host_wait"): 213825.0, ("stream 7", "kernel_wait"): 1985.0,
+        ("stream 7", "other"): 261740.0, ("stream 203", "other"): 0.0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_IDLE))
+def test_stream_idle_matches_hta(load_real, name):
+    """Idle time per stream in HTA's categories, over the kernels HTA keeps. HTA rounds
+    each event's ts and dur down to whole us (ours are ns): within 0.5%, or 1 us per gap
+    of the category where that is more (a category of many short gaps)."""
+    ours = load_real(name).stream_idle(hta_window=True)
+    got = ours.set_index(["stream", "idle_category"])
+    assert {stream for stream, _ in HTA_IDLE[name]} == set(ours["stream"])
+    for key, hta_us in HTA_IDLE[name].items():
+        row = got.loc[key]
+        tolerance = max(0.005 * hta_us, float(row["gaps"]), 1.0)
+        assert row["idle_ns"] / 1e3 == pytest.approx(hta_us, abs=tolerance), key
+    # a category HTA leaves out of its table is an empty one here
+    missing = got.drop(index=list(HTA_IDLE[name]), errors="ignore")
+    assert (missing["idle_ns"] == 0).all()
+
+
+def test_stream_idle_of_our_host_bound_recording_is_host_wait(repo_root):
+    """Our eager MLP (sample_traces/mlp_eager.pftrace) launches each kernel after the one
+    before has finished: its queue's idle time is nearly all host_wait; the whole-trace
+    figure holds more gaps than HTA's window."""
+    trace = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
+    idle = trace.stream_idle()
+    per_category = idle.groupby("idle_category")["idle_ns"].sum()
+    assert per_category["host_wait"] > 0.9 * per_category.sum()
+    assert idle["gaps"].sum() >= trace.stream_idle(hta_window=True)["gaps"].sum()
