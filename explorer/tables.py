@@ -139,6 +139,18 @@ def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
     return found
 
 
+def innermost_in(parent: np.ndarray, mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The nearest of each slice in `ids` and its ancestors (`parent`: each slice's parent
+    id) that `mask` holds, the slice itself first (-1: none)."""
+    found = np.full(len(ids), -1, np.int64)
+    cur = np.asarray(ids, np.int64)
+    while (live := (cur >= 0) & (found < 0)).any():
+        hit = live & mask[np.maximum(cur, 0)]
+        found[hit] = cur[hit]
+        cur = np.where(live & ~hit, parent[np.maximum(cur, 0)], -1)
+    return found
+
+
 def derive_steps(trace: Trace) -> pd.DataFrame:
     s = of_kind(trace, "step")
     if not len(s):

@@ -288,6 +288,27 @@ class Trace:
 
         return memoised(self, f"stream_idle:{hta_window}", lambda: stream_idle(self, hta_window))
 
+    def kernel_sequences(self, n: int = 3, top: int | None = None, op: str | None = None,
+                         hta_window: bool = False) -> pd.DataFrame:
+        """Frequent sequences of `n` kernels run back to back on one queue, launched by one
+        op or one after another (candidates for fusion): sequence, count, total_ns,
+        mean_ns, share, most frequent first (the `top` of them); `op`: HTA's patterns
+        per op whose name holds it; `hta_window`: over the kernels HTA keeps."""
+        from neuron_explorer.analyses.kernel_sequences import kernel_sequences
+
+        key = f"kernel_sequences:{(n, top, op, hta_window)!r}"
+        return memoised(self, key, lambda: kernel_sequences(self, n, top, op, hta_window))
+
+    def annotations(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per user annotation region (`record_function` range) path: name, depth, count,
+        host time, the device time of the work launched inside it (its innermost
+        region's), nested regions' included, its span, share; `hta_window`: over the
+        ranges and kernels HTA keeps (launched in the trace, before the last step)."""
+        from neuron_explorer.analyses.annotations import annotation_regions
+
+        return memoised(self, f"annotations:{hta_window}",
+                        lambda: annotation_regions(self, hta_window))
+
     def op_stats(self) -> pd.DataFrame:
         """Per op name: count, host and device time, FLOPs, bytes, share of step time."""
         from neuron_explorer.analyses.statistics import op_stats

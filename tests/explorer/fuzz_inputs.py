@@ -113,10 +113,10 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 
 
 # every Trace analysis that needs no argument (`test_fuzz.py` checks the list is whole)
-ANALYSES = ("bottlenecks", "breakdown", "collectives", "communication", "compile_summary",
-            "critical_path", "efficiency", "engine_utilisation", "idle_reasons",
-            "kernel_stats", "kernel_types", "launch_stats", "memory_at_peak",
-            "memory_timeline", "module_stats", "op_stats", "queue_length",
+ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communication",
+            "compile_summary", "critical_path", "efficiency", "engine_utilisation",
+            "idle_reasons", "kernel_sequences", "kernel_stats", "kernel_types", "launch_stats",
+            "memory_at_peak", "memory_timeline", "module_stats", "op_stats", "queue_length",
             "queue_length_summary", "roofline", "stream_idle", "summary")
 
 

@@ -1,0 +1,151 @@
+"""Frequent sequences of kernels: candidates for fusion.
+
+A sequence is `n` kernels that ran back to back on one device queue (stream), each
+launched by the same op as the one before it or by the host's very next launch on the
+same thread (no other launch in between). Copies and memsets are not kernels to fuse: one
+launched between two kernels ends a sequence (device-side copies with no launch in the
+trace, as MTIA's DMA requests, are left out). Sequences are counted as sliding windows, so one long run of kernels
+holds several (overlapping) sequences, and the rows' times overlap too.
+
+With `op`, HTA 0.5's definition (`get_frequent_cuda_kernel_sequences`) instead: the host
+slices whose name holds `op`, the shallowest of them, each with at least `n` launches; a
+row per distinct (op name, every kernel, copy and memset it launched, in time order), with
+its count, its kernels' time and the ops' own time. HTA's depth links the autograd thread
+under the main one; here a slice's depth is on its own thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["sequence", "count", "total_ns", "mean_ns", "share"]
+OP_COLUMNS = ["op", "sequence", "kernels", "count", "total_ns", "mean_ns", "op_ns", "share"]
+SEPARATOR = " | "
+
+
+def kernel_sequences(trace: Trace, n: int = 3, top: int | None = None, op: str | None = None,
+                     hta_window: bool = False) -> pd.DataFrame:
+    """The distinct sequences of `n` kernels (`COLUMNS`): sequence (names joined by " | "),
+    count, total_ns (their kernels' time), mean_ns (per occurrence), share (of all kernel,
+    copy and memset time), most frequent first, the `top` of them (all: None). `op`: HTA's
+    per-op patterns instead (`OP_COLUMNS`). `hta_window`: over the kernels HTA keeps:
+    launched in the trace, before the last ProfilerStep of a trace of two or more."""
+    if n < 1:
+        raise ValueError(f"a sequence has at least one kernel, not n={n}")
+    k = launched(trace, hta_window)
+    columns = COLUMNS if op is None else OP_COLUMNS
+    found = _windows(trace, k, n) if op is None else _op_patterns(trace, k, op, n, hta_window)
+    if not len(found):
+        return pd.DataFrame(columns=columns)
+    total = float(k["dur"].sum())
+    found["mean_ns"] = found["total_ns"] / found["count"]
+    found["share"] = found["total_ns"] / total if total > 0 else 0.0
+    found = found.sort_values(["count", "total_ns", "sequence"], ascending=[False, False, True],
+                              ignore_index=True)
+    found = found[columns]
+    return found if top is None else found.head(top)
+
+
+def launched(trace: Trace, hta_window: bool) -> pd.DataFrame:
+    """The kernels table with each one's launch: its runtime call (PyTorch-profiler
+    traces) or op (ours), -1 when not in the trace; `track` is the kernel's queue."""
+    from neuron_explorer.device_terms import device_terms
+    from neuron_explorer.tables import launch_calls
+
+    k = trace.kernels
+    s = trace.table("slices")
+    if device_terms(trace.metadata).recorded_here:
+        launch = k["op_slice_id"].to_numpy(np.int64)
+    else:
+        launch = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    k = k.assign(launch=launch, track=s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)])
+    if hta_window:
+        keep = launch >= 0
+        if len(trace.steps) >= 2:
+            launched_at = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
+            keep &= launched_at < int(trace.steps["ts"].max())
+        k = k[keep]
+    return k
+
+
+def _windows(trace: Trace, k: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Every window of `n` linked kernels on one queue, grouped by their names."""
+    s = trace.table("slices")
+    launch = k["launch"].to_numpy(np.int64)
+    # each launch's place in its thread's order of launches
+    thread = np.where(launch >= 0, s["track_id"].to_numpy()[np.maximum(launch, 0)], -1)
+    launch_ts = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
+    order = np.lexsort((launch, launch_ts, thread))
+    place = np.empty(len(k), np.int64)
+    place[order] = np.arange(len(k))
+    frame = pd.DataFrame({"track": k["track"].to_numpy(), "ts": k["ts"].to_numpy(np.int64),
+                          "dur": k["dur"].to_numpy(np.int64), "name": k["name"].to_numpy(),
+                          "launch": launch, "thread": thread, "place": place,
+                          "op": k["op_slice_id"].to_numpy(np.int64)})
+    # copies and memsets are not fused: their launches count above, they do not below
+    frame = frame[(k["kind"] == "kernel").to_numpy()]
+    if len(frame) < n:
+        return pd.DataFrame()
+    frame = frame.sort_values(["track", "ts"], kind="stable", ignore_index=True)
+    nxt = frame.shift(-1)
+    same_op = (frame["op"] >= 0) & (frame["op"] == nxt["op"])
+    next_launch = ((frame["launch"] >= 0) & (frame["thread"] == nxt["thread"])
+                   & (nxt["place"] == frame["place"] + 1))
+    # links[i]: kernel i and kernel i + 1 may be in one sequence
+    links = ((frame["track"] == nxt["track"]) & (same_op | next_launch)).to_numpy()
+    broken = np.r_[0, np.cumsum(~links)]  # broken[i]: breaks before kernel i
+    starts = np.flatnonzero(broken[n - 1:len(frame)] == broken[:len(frame) - n + 1])
+    if not len(starts):
+        return pd.DataFrame()
+    codes, names = pd.factorize(frame["name"])
+    cum = np.r_[0, np.cumsum(frame["dur"].to_numpy(np.int64))]
+    windows = pd.DataFrame({f"k{j}": codes[starts + j] for j in range(n)})
+    windows["total_ns"] = cum[starts + n] - cum[starts]
+    grouped = windows.groupby([f"k{j}" for j in range(n)], sort=False)["total_ns"].agg(
+        ["size", "sum"]).reset_index()
+    names = np.asarray(names, dtype=object)
+    sequence = [SEPARATOR.join(names[list(row)])
+                for row in grouped[[f"k{j}" for j in range(n)]].itertuples(index=False)]
+    return pd.DataFrame({"sequence": sequence, "count": grouped["size"].to_numpy(np.int64),
+                         "total_ns": grouped["sum"].to_numpy(np.int64)})
+
+
+def _op_patterns(trace: Trace, k: pd.DataFrame, op: str, n: int,
+                 hta_window: bool) -> pd.DataFrame:
+    """HTA's patterns: per shallowest host slice named like `op`, all the work it launched."""
+    from neuron_explorer.tables import innermost_in
+
+    s = trace.table("slices")
+    host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"].to_numpy()
+    names = s["name"].astype(str)
+    candidate = (names.str.contains(op, regex=False)
+                 & s["track_id"].isin(host_tracks)).to_numpy(copy=True)
+    if hta_window and len(trace.steps) >= 2:
+        candidate &= s["ts"].to_numpy(np.int64) < int(trace.steps["ts"].max())
+    if not candidate.any():
+        return pd.DataFrame()
+    depth = s["depth"].to_numpy()
+    root = candidate & (depth == depth[candidate].min())
+    # the root around each kernel's launch (the launch itself included)
+    owner = innermost_in(s["parent_id"].to_numpy(np.int64), root,
+                         k["launch"].to_numpy(np.int64))
+    work = k.assign(owner=owner)
+    work = work[work["owner"] >= 0].sort_values(["owner", "ts"], kind="stable")
+    per_op = work.groupby("owner", sort=False).agg(
+        kernels=("name", list), total_ns=("dur", "sum"), size=("dur", "size"))
+    per_op = per_op[per_op["size"] >= n]
+    if not len(per_op):
+        return pd.DataFrame()
+    ids = per_op.index.to_numpy(np.int64)
+    per_op = per_op.assign(op=names.to_numpy()[ids], op_ns=s["dur"].to_numpy(np.int64)[ids],
+                           sequence=[SEPARATOR.join(map(str, v)) for v in per_op["kernels"]])
+    grouped = per_op.groupby(["op", "sequence"], sort=False).agg(
+        kernels=("size", "first"), count=("size", "size"), total_ns=("total_ns", "sum"),
+        op_ns=("op_ns", "sum")).reset_index()
+    return grouped
