@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
+from typing import Any
 
 from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders.huge_pages import small_pages
@@ -10,9 +13,10 @@ from neuron_explorer.loaders.inflate import (
     ENV_MAX_BYTES,
     GZIP_MAGIC,
     configured_max_bytes,
-    gunzip,
+    gunzip_windows,
     gzip_limit,
 )
+from neuron_explorer.loaders.json_stream import load_json_windows
 from neuron_explorer.loaders.raw import RawTrace
 
 
@@ -40,21 +44,24 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
                                "max_bytes=...)")
     try:
         with open(path, "rb") as f:
-            data: bytes | bytearray = f.read()
+            head = f.read(_SNIFF_BYTES)
+            if head[:2] != GZIP_MAGIC and _looks_like_json(head):
+                # JSON is parsed a window at a time (a large trace never whole in memory)
+                return load_json_windows(path, _file_windows(path, f, head))
+            data: bytes | bytearray = head + f.read()
     except OSError as exc:
-        raise TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
-                               "its permissions") from None
+        raise _unreadable(path, exc) from None
     if not data:
         raise TraceFormatError(path, "the file is empty (was the recording stopped before "
                                "anything was written?)", 0)
     if data[:2] == GZIP_MAGIC:
-        data = gunzip(path, data, gzip_limit(len(data), max_bytes))
-        if not data:
+        windows = gunzip_windows(path, data, gzip_limit(len(data), max_bytes))
+        first = b"".join(itertools.islice(windows, 1))
+        if not first:
             raise TraceFormatError(path, "the compressed file is empty", 0)
-    if _looks_like_json(data):
-        from neuron_explorer.loaders.chrome_json import load_chrome_json
-
-        return load_chrome_json(path, data)
+        if _looks_like_json(first):
+            return load_json_windows(path, itertools.chain([first], windows))
+        data = first + b"".join(windows)
     if data[:1] == b"\x0a":
         from neuron_explorer.loaders.pftrace import load_pftrace
 
@@ -63,6 +70,28 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
         path, "not a trace this tool reads (expected a Perfetto .pftrace, Chrome-trace JSON "
         "or PyTorch-profiler JSON, optionally gzipped)", 0
     )
+
+
+_SNIFF_BYTES = 64  # what tells JSON text from a .pftrace or gzip
+_WINDOW_BYTES = 16 << 20
+
+
+def _unreadable(path: str, exc: OSError) -> TraceFormatError:
+    return TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
+                            "its permissions")
+
+
+def _file_windows(path: str, f: Any, head: bytes) -> Iterator[bytes]:
+    """The file's bytes from the start, a window at a time (`head`: those read already)."""
+    yield head
+    while True:
+        try:
+            window = f.read(_WINDOW_BYTES)
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+        if not window:
+            return
+        yield window
 
 
 def _looks_like_json(data: bytes | bytearray) -> bool:

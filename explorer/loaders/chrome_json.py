@@ -65,13 +65,6 @@ def _written_ns(text: str) -> int:
     return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
-def _inexact(ts_ns: np.ndarray, values: list) -> bool:
-    """Whether a time was a float too large to hold its nanoseconds (`ts_ns`: as read)."""
-    if not len(ts_ns) or np.abs(ts_ns).max() < EXACT_US * 1000:
-        return False
-    return any(v.__class__ is float and abs(v) >= EXACT_US for v in values)
-
-
 _loads: Callable[[bytes | bytearray], Any]
 try:  # orjson parses large traces several times faster; the standard library also works
     from orjson import loads as _loads
@@ -148,20 +141,28 @@ class _Malformed(Exception):
     """One event's field has a type the loader cannot use; the loader adds where."""
 
 
-class _Collector:
-    """Columns of the events read so far."""
+class Collector:
+    """Columns of the events read so far. Events come in chunks (the whole list, or a
+    large document's events a chunk at a time); each chunk's times are converted to ns
+    arrays as it is sealed (`_seal`), so no Python number per slice outlives its chunk."""
 
     def __init__(self) -> None:
         self.track_of: dict[tuple[Any, Any], int] = {}
         self.s_track: list[int] = []
-        self.s_ts: list[Any] = []  # as written (numbers; checked and converted at the end)
+        self.s_ts: list[Any] = []  # this chunk's, as written (checked when it is sealed)
         self.s_dur: list[Any] = []
+        self.sealed = 0  # slices of the chunks sealed before this one
+        self.ts_parts: list[np.ndarray] = []  # ns, per sealed chunk
+        self.dur_parts: list[np.ndarray] = []
+        self.exact = False  # some chunk was parsed keeping the digits of its floats
+        self.strings: dict[str, str] = {}  # names and categories, one object each
         self.s_name: list[str] = []
         self.s_cat: list[str] = []
         self.s_args: list[Any] = []
         self.c_track: list[int] = []
         self.c_ts: list[Any] = []
         self.c_value: list[float] = []
+        self.c_event: list[int] = []  # each counter value's event, for messages
         self.counter_tracks: dict[tuple[Any, str], int] = {}
         self.flow_points: list[tuple[str, Any, str, int, Any, bool, int]] = []
         self.open_begins: dict[int, list[int]] = defaultdict(list)
@@ -189,6 +190,8 @@ class _Collector:
         if args is not None and args.__class__ is not dict:
             raise _Malformed(f"'args' must be an object, not {_shown(args)}")
         name, cat = str(e.get("name", "")), str(e.get("cat", ""))
+        strings = self.strings
+        name, cat = strings.setdefault(name, name), strings.setdefault(cat, cat)
         self.s_track.append(track)  # nothing below can fail: the columns stay aligned
         self.s_ts.append(e.get("ts"))
         self.s_dur.append(dur)
@@ -221,12 +224,13 @@ def _object(e: dict, field: str) -> dict:
     return value
 
 
-def _read_events(path: str, events: list, col: _Collector) -> None:
-    """Collect every event; a known event with a field of the wrong type raises a
-    TraceFormatError naming the event (unknown phases and non-objects are counted)."""
-    index = 0
+def _read_events(path: str, events: list, col: Collector, first: int = 0) -> None:
+    """Collect every event (`first`: the index of `events[0]` in the trace); a known event
+    with a field of the wrong type raises a TraceFormatError naming the event (unknown
+    phases and non-objects are counted)."""
+    index = first
     try:
-        for index, e in enumerate(events):  # one loop, no call per event: the hot path
+        for index, e in enumerate(events, first):  # one loop, no call per event: the hot path
             if e.__class__ is not dict:
                 col.skipped["not an event object"] += 1
                 continue
@@ -240,7 +244,7 @@ def _read_events(path: str, events: list, col: _Collector) -> None:
             elif ph == "B":
                 t = col.track(e.get("pid"), e.get("tid"))
                 col.slice(e, t, 0)
-                col.open_begins[t].append(len(col.s_ts) - 1)
+                col.open_begins[t].append(col.sealed + len(col.s_ts) - 1)
             elif ph == "E":
                 t = col.track(e.get("pid"), e.get("tid"))
                 args = _object(e, "args")
@@ -252,7 +256,7 @@ def _read_events(path: str, events: list, col: _Collector) -> None:
                 else:
                     col.skipped["end without begin"] += 1
             elif ph == "C":
-                _counter(e, col)
+                _counter(e, col, index)
             elif ph in ("s", "t", "f"):
                 t = col.track(e.get("pid"), e.get("tid"))
                 fid = e.get("id")
@@ -267,11 +271,11 @@ def _read_events(path: str, events: list, col: _Collector) -> None:
             else:
                 col.skipped[f"event phase {ph!r}"] += 1
     except (_Malformed, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise TraceFormatError(path, f"{events[index].get('ph')!r} event: {exc}",
+        raise TraceFormatError(path, f"{events[index - first].get('ph')!r} event: {exc}",
                                event=index) from None
 
 
-def _counter(e: dict, col: _Collector) -> None:
+def _counter(e: dict, col: Collector, index: int) -> None:
     args = _object(e, "args")
     name = str(e.get("name", ""))
     pid = e.get("pid")
@@ -285,9 +289,10 @@ def _counter(e: dict, col: _Collector) -> None:
         col.c_track.append(col.counter_tracks.setdefault(key, len(col.counter_tracks)))
         col.c_ts.append(e.get("ts"))
         col.c_value.append(value)
+        col.c_event.append(index)
 
 
-def _metadata_event(e: dict, col: _Collector) -> None:
+def _metadata_event(e: dict, col: Collector) -> None:
     name = e.get("name")
     value = _object(e, "args").get("name")
     pid, tid = e.get("pid"), e.get("tid")
@@ -299,7 +304,7 @@ def _metadata_event(e: dict, col: _Collector) -> None:
         col.thread_names[(pid, tid)] = str(value)
 
 
-def _tracks(col: _Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
+def _tracks(col: Collector, device_pids: set[Any], kineto: bool) -> pd.DataFrame:
     rows = []
     for (pid, tid), t in col.track_of.items():
         pname = col.process_names.get(pid, str(pid))
@@ -357,33 +362,53 @@ def _is_time(value: Any) -> bool:
         return False
 
 
-def _slice_event(events: list) -> Any:
-    """Index of a slice -> index of its event (each event of a slice phase made one)."""
+def _slice_event(events: list, first: int = 0) -> Any:
+    """Index of a slice of `events` -> index of its event in the trace (each event of a
+    slice phase made one; `first`: the index of `events[0]`)."""
     def event_of(k: int) -> int:
         seen = -1
         for i, e in enumerate(events):
             if e.__class__ is dict and e.get("ph") in SLICE_PHASES:
                 seen += 1
                 if seen == k:
-                    return i
+                    return first + i
         return -1
     return event_of
 
 
-def _counter_event(events: list) -> Any:
-    """Index of a counter value -> index of its event (one value per series)."""
-    def event_of(k: int) -> int:
-        seen = 0
-        for i, e in enumerate(events):
-            if e.__class__ is dict and e.get("ph") == "C":
-                seen += len(e.get("args") or {})
-                if seen > k:
-                    return i
-        return -1
-    return event_of
+def _needs_digits(events: list) -> bool:
+    """Whether a time is a float too large to hold its nanoseconds (epoch-scale times
+    with ns fractions): such events are parsed again keeping every digit."""
+    for e in events:
+        if e.__class__ is dict:
+            ts = e.get("ts")
+            if ts.__class__ is float and abs(ts) >= EXACT_US:
+                return True
+    return False
 
 
-def _flows(path: str, col: _Collector, slices: pd.DataFrame, exact: bool = False
+def _seal(path: str, events: list, col: Collector, first: int) -> None:
+    """Convert the times of the slices `events` added (the chunk starting at event
+    `first`) to ns arrays, checked: the first that is no time raises, naming its event."""
+    event_of = _slice_event(events, first)
+    col.ts_parts.append(_times(path, col.s_ts, "ts", event_of, col.exact))
+    col.dur_parts.append(_times(path, col.s_dur, "dur", event_of, col.exact))
+    col.sealed += len(col.s_ts)
+    col.s_ts, col.s_dur = [], []
+
+
+def collect_chunk(path: str, events: list, col: Collector, first: int,
+                  exact_events: Callable[[], list]) -> None:
+    """Read one chunk of events into `col` and seal it (`exact_events`: the same events
+    parsed keeping the digits of floats, asked for when their times need it)."""
+    if _needs_digits(events):
+        events = exact_events()
+        col.exact = True
+    _read_events(path, events, col, first)
+    _seal(path, events, col, first)
+
+
+def _flows(path: str, col: Collector, slices: pd.DataFrame, exact: bool = False
            ) -> tuple[pd.DataFrame, int]:
     if not col.flow_points:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in FLOW_COLUMNS}), 0
@@ -428,30 +453,41 @@ def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
 def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     """Read a Chrome-trace JSON document (ours or Kineto's) into columns."""
     doc, cut_short = parse_json(path, text)
+
+    def exact_events() -> list:
+        again, _ = parse_json(path, bytes(text), _loads_exact)
+        return events_of(path, again)
+
+    col = Collector()
+    collect_chunk(path, events_of(path, doc), col, 0, exact_events)
+    if isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return assemble(path, col, doc, cut_short)
+
+
+def events_of(path: str, doc: Any) -> list:
+    """The event list of a parsed document (`{"traceEvents": [...]}` or a bare list)."""
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        events = doc["traceEvents"]
-    elif isinstance(doc, list):
-        events = doc
-    else:
-        raise TraceFormatError(
-            path, "JSON without a 'traceEvents' list: not a Chrome or PyTorch-profiler trace"
-        )
-    col = _Collector()
-    _read_events(path, events, col)
-    if not col.s_ts and not col.c_ts:
+        return doc["traceEvents"]
+    if isinstance(doc, list):
+        return doc
+    raise TraceFormatError(
+        path, "JSON without a 'traceEvents' list: not a Chrome or PyTorch-profiler trace")
+
+
+def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawTrace:
+    """The trace from the collected events (`doc`: the document without its events, or
+    the list for a bare list of events)."""
+    if not col.sealed and not col.c_ts:
         raise TraceFormatError(path, "the trace holds no slices or counters")
-    ts = _times(path, col.s_ts, "ts", _slice_event(events))
-    exact = _inexact(ts, col.s_ts)
-    if exact:  # epoch-scale times with ns fractions: parse again, keeping every digit
-        doc, _ = parse_json(path, bytes(text), _loads_exact)
-        events = doc["traceEvents"] if isinstance(doc, dict) else doc
-        col = _Collector()
-        _read_events(path, events, col)
-        ts = _times(path, col.s_ts, "ts", _slice_event(events), exact)
+    exact = col.exact
+    empty = np.zeros(0, np.int64)
+    ts = np.concatenate(col.ts_parts) if col.ts_parts else empty
+    dur = np.maximum(np.concatenate(col.dur_parts) if col.dur_parts else empty, 0)
+    col.ts_parts, col.dur_parts = [], []
     cats = set(col.s_cat)
     kineto = is_kineto(doc, cats)
     track = np.asarray(col.s_track, np.int64)
-    dur = np.maximum(_times(path, col.s_dur, "dur", _slice_event(events), exact), 0)
     if col.ends:  # B/E pairs: the duration runs to the end's time
         begun = list(col.ends)
         end_ts, where = zip(*col.ends.values(), strict=True)
@@ -492,7 +528,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     c_track = np.asarray(col.c_track, np.int64)
     counters = pd.DataFrame(
         {
-            "ts": _times(path, col.c_ts, "ts", _counter_event(events), exact),
+            "ts": _times(path, col.c_ts, "ts", col.c_event.__getitem__, exact),
             "value": np.asarray(col.c_value, np.float64),
             "track_id": c_track + len(col.track_of),
             "name": [counter_names[t] for t in col.c_track],
@@ -503,7 +539,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
     metadata = _metadata(path, doc, args, list(slices["category"]), kineto)
     cut_short = cut_short or missing_end_mark(path, metadata)
     if cut_short:
-        warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=3)
+        warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=4)
         warned.append(cut_short)
     return RawTrace(
         path=path,

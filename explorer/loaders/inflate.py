@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterator
 
 from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
 
@@ -59,6 +60,15 @@ def _too_large(path: str, limit: int, position: int) -> TraceFormatError:
 def gunzip(path: str, data: bytes | bytearray, limit: int) -> bytearray:
     """The inflated gzip data (every member), refused once it passes `limit` bytes."""
     out = bytearray()
+    for window in gunzip_windows(path, data, limit):
+        out += window
+    return out
+
+
+def gunzip_windows(path: str, data: bytes | bytearray, limit: int) -> Iterator[bytes]:
+    """The inflated gzip data (every member) a window of at most `_CHUNK` bytes at a time,
+    refused once it passes `limit` bytes in all."""
+    total = 0
     rest = memoryview(data)
     consumed = 0  # compressed bytes of the members finished so far
     while True:
@@ -67,14 +77,16 @@ def gunzip(path: str, data: bytes | bytearray, limit: int) -> bytearray:
         try:
             while not inflater.eof:
                 chunk = inflater.decompress(pending, _CHUNK)
-                out += chunk
-                if len(out) > limit:
+                total += len(chunk)
+                if total > limit:
                     read = consumed + len(rest) - len(inflater.unconsumed_tail)
                     raise _too_large(path, limit, read)
                 pending = inflater.unconsumed_tail
                 if not pending and not chunk:
                     raise TraceFormatError(path, "the gzip stream ends early: the file is "
                                            "truncated", len(data))
+                if chunk:
+                    yield chunk
         except zlib.error as exc:
             raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
         consumed += len(rest) - len(inflater.unused_data)
@@ -84,4 +96,3 @@ def gunzip(path: str, data: bytes | bytearray, limit: int) -> bytearray:
     if rest.tobytes().strip(b"\0"):  # zero padding after the last member is allowed
         raise TraceFormatError(path, "data after the end of the gzip stream: the file is "
                                "corrupt", consumed)
-    return out

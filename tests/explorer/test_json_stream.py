@@ -1,0 +1,180 @@
+"""A large JSON trace is read a window and a chunk of events at a time (`json_stream`):
+the same trace as parsing the whole document, and the same errors and warnings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from neuron_explorer import loaders
+from neuron_explorer.common.errors import TraceFormatError, TruncatedTraceWarning
+from neuron_explorer.loaders import chrome_json, inflate, json_stream
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real_traces"
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """Every JSON document streamed, in tiny windows and chunks: the scan's state crosses
+    many window ends, strings and escapes included."""
+    monkeypatch.setattr(json_stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(json_stream, "CHUNK_BYTES", 3000)
+    monkeypatch.setattr(loaders, "_WINDOW_BYTES", 1021)
+    monkeypatch.setattr(inflate, "_CHUNK", 997)
+
+
+def _read(path: Path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        raw = loaders.read_trace(path)
+    return raw, [str(w.message) for w in caught]
+
+
+def _same(a, b) -> None:
+    pd.testing.assert_frame_equal(a.slices, b.slices)
+    pd.testing.assert_frame_equal(a.tracks, b.tracks)
+    pd.testing.assert_frame_equal(a.counters, b.counters)
+    flows_a = a.flows() if callable(a.flows) else a.flows
+    flows_b = b.flows() if callable(b.flows) else b.flows
+    pd.testing.assert_frame_equal(flows_a, flows_b)
+    assert a.args.dicts() == b.args.dicts()
+    assert (a.source_format, a.metadata, a.skipped) == (b.source_format, b.metadata, b.skipped)
+
+
+JSON_TRACES = sorted(p.name for p in REAL.glob("*.json*"))
+
+
+@pytest.mark.parametrize("name", JSON_TRACES)
+def test_streamed_real_traces_equal_the_whole_document(name, monkeypatch):
+    whole, whole_warnings = _read(REAL / name)
+    monkeypatch.setattr(json_stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(json_stream, "CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(inflate, "_CHUNK", 65_536)
+    streamed, streamed_warnings = _read(REAL / name)
+    _same(whole, streamed)
+    assert whole_warnings == streamed_warnings
+
+
+def _our_json(tmp_path: Path) -> Path:
+    """One of our ranks written as JSON (metadata, steps, kernels, collectives), with B/E
+    pairs, counters and flows added."""
+    from run_scenarios import write_rank
+
+    path = write_rank(tmp_path, 0, 2, compute=600_000, coll_start=400_000, wait=100_000,
+                      fmt="json")
+    doc = json.loads(path.read_text())
+    extra = []
+    for i in range(50):
+        ts = 100.0 + 37.5 * i
+        extra += [{"ph": "B", "name": f"region {i}", "cat": "user", "pid": 7, "tid": 7, "ts": ts},
+                  {"ph": "E", "pid": 7, "tid": 7, "ts": ts + 20, "args": {"closed": i}},
+                  {"ph": "C", "name": "hbm", "pid": 7, "ts": ts, "args": {"used": i * 1.5}},
+                  {"ph": "s", "id": i, "cat": "flow", "name": "f", "pid": 7, "tid": 7,
+                   "ts": ts + 1},
+                  {"ph": "f", "bp": "e", "id": i, "cat": "flow", "name": "f", "pid": 7,
+                   "tid": 7, "ts": ts + 2}]
+    doc["traceEvents"] = extra[:120] + doc["traceEvents"] + extra[120:]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_our_json_export_streamed_in_tiny_windows(tmp_path, monkeypatch):
+    path = _our_json(tmp_path)
+    whole, _ = _read(path)
+    monkeypatch.setattr(json_stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(json_stream, "CHUNK_BYTES", 3000)
+    monkeypatch.setattr(loaders, "_WINDOW_BYTES", 1021)
+    streamed, _ = _read(path)
+    _same(whole, streamed)
+
+
+def _events(n: int) -> list[dict]:
+    """Events whose strings hold what a scan must not count: brackets, commas, quotes and
+    backslashes."""
+    return [{"ph": "X", "cat": "cpu_op", "name": f'op{i} [x, {{"y"}}] \\ "z"', "pid": 1,
+             "tid": 1, "ts": 10.0 * i, "dur": 5.0, "args": {"External id": i,
+                                                          "note": "a,b]}\\\\"}}
+            for i in range(n)]
+
+
+def test_a_document_with_keys_after_the_events_and_a_bare_list(tmp_path, streamed):
+    doc = {"schemaVersion": 1, "traceEvents": _events(300), "traceName": "x,[y]"}
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    raw, _ = _read(path)
+    assert len(raw.slices) == 300 and raw.metadata["traceName"] == "x,[y]"
+    assert raw.slices["name"].iloc[7] == 'op7 [x, {"y"}] \\ "z"'
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(_events(300)))
+    raw, _ = _read(bare)
+    assert len(raw.slices) == 300
+
+
+def test_a_cut_document_keeps_the_events_before_the_cut(tmp_path, streamed):
+    text = json.dumps({"traceEvents": _events(400)}).encode()
+    path = tmp_path / "cut.json"
+    path.write_bytes(text[:len(text) * 3 // 4])
+    raw, caught = _read(path)
+    assert any("the JSON ends early" in w for w in caught)
+    with pytest.warns(TruncatedTraceWarning):  # the document parsed whole, as a small one is
+        whole = chrome_json.load_chrome_json(str(path), path.read_bytes())
+    assert 250 < len(raw.slices) == len(whole.slices)
+    pd.testing.assert_frame_equal(raw.slices, whole.slices)
+
+
+def test_broken_json_in_the_middle_names_where(tmp_path, streamed):
+    text = json.dumps({"traceEvents": _events(400)}).encode()
+    broken = text.replace(b'"ts": 2000.0', b'"ts": 2000.0.5', 1)
+    path = tmp_path / "broken.json"
+    path.write_bytes(broken)
+    with pytest.raises(TraceFormatError, match="invalid JSON") as info:
+        loaders.read_trace(path)
+    where = broken.index(b"2000.0.5")
+    assert abs(info.value.position - where) < 3000  # within the chunk that broke
+
+
+def test_a_bad_event_in_a_later_chunk_is_named_by_its_index(tmp_path, streamed):
+    events = _events(400)
+    events[333]["ts"] = "soon"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(TraceFormatError, match="'ts' is 'soon'") as info:
+        loaders.read_trace(path)
+    assert info.value.event == 333
+
+
+def test_a_truncated_document_without_one_whole_event_is_an_error(tmp_path, streamed):
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1')
+    with pytest.raises(TraceFormatError, match="ends early"):
+        loaders.read_trace(path)
+
+
+def test_epoch_times_keep_their_nanoseconds_in_every_chunk(tmp_path, streamed):
+    base = 1_682_725_898_236_567
+    events = [{"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": f"@{base + i}.047@",
+               "dur": 1.5} for i in range(200)]
+    text = json.dumps({"traceEvents": events}).replace('"@', "").replace('@"', "")
+    path = tmp_path / "epoch.json"
+    path.write_text(text)
+    raw, _ = _read(path)
+    assert raw.slices["ts"].iloc[150] == (base + 150) * 1000 + 47
+
+
+def test_gzip_bomb_refused_while_streaming(tmp_path):
+    path = tmp_path / "bomb.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (8 << 20) + b"]}"))
+    with pytest.raises(TraceFormatError, match="inflates to more than"):
+        loaders.read_trace(path, max_bytes=1 << 20)
+
+
+def test_truncated_trace_warning_is_a_truncated_trace_warning(tmp_path, streamed):
+    text = json.dumps({"traceEvents": _events(100)}).encode()
+    path = tmp_path / "cut.json"
+    path.write_bytes(text[:-40])
+    with pytest.warns(TruncatedTraceWarning):
+        loaders.read_trace(path)
