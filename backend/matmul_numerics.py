@@ -16,17 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from neuron_explorer.common import op_families
 
 LOW_PRECISION = frozenset({
     torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
     torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
 })
-# aten ops (schema names) whose products run on the Tensor Engine.
-MATMUL_OPS = frozenset({
-    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::mv",
-    "aten::addmv", "aten::dot", "aten::vdot", "aten::convolution",
-    "aten::convolution_backward", "aten::_convolution",
-})
+# The families whose products reach the host as kernels of their own (common/op_families.py).
+# Attention is not one: on the device it takes PyTorch's math path, whose bmms are matmuls.
+_FAMILIES = (op_families.MATMUL, op_families.CONVOLUTION)
 _F32 = torch.float32
 
 
@@ -96,7 +94,9 @@ class _one_thread:
 def host_kernel(name: str, call: Callable) -> Callable:
     """`call` (the host kernel of the aten op `name`, e.g. "aten::mm"), computing
     low-precision products the Tensor Engine's way when it is a matmul-like op."""
-    if name in MATMUL_OPS:
+    # aten's functional ops only: an in-place one (addmm_) would write a widened copy
+    functional = name.startswith("aten::") and not name.endswith("_")
+    if functional and op_families.family(name) in _FAMILIES:
         return Fp32Accumulate(name, call)
     return call
 

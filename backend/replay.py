@@ -34,17 +34,14 @@ from neuron_explorer.backend.hardware import (
     lower_host_transfer,
     lower_op,
 )
-from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.common.op_families import is_matmul_like
 
 # (shape, dtype name) pairs; attrs as (name, value) pairs (common/op_key_codec.py)
 OpKey = tuple[str, tuple, tuple, tuple]
 
-MATMUL_OPS = frozenset({"mm", "bmm", "matmul", "mv", "addmm", "baddbmm", "addbmm", "addmv",
-                        "linear", "dot", "vdot", "convolution", "convolution_overrideable",
-                        "_convolution", "conv1d", "conv2d", "conv3d", "convolution_backward",
-                        "convolution_backward_overrideable"})
 # What `dtype=` turns a matmul's float32 tensors into: fp8 operands accumulate and
-# write bf16 (as the Tensor Engine does).
+# write bf16 (as the Tensor Engine does). Matmuls: the matmul, convolution and attention
+# families (common/op_families.py), what autocast runs in the lower precision.
 _DTYPES = {"bf16": ("bfloat16", "bfloat16"), "fp8": ("float8_e4m3fn", "bfloat16")}
 _FLOATS = frozenset({"float32", "float16", "bfloat16"})
 
@@ -124,7 +121,7 @@ class HostShift:
 def with_dtype(key: OpKey, dtype: str | None) -> OpKey:
     """The key of a matmul as if its floating-point tensors had `dtype` ("bf16", "fp8");
     other ops, and every op when `dtype` is None, unchanged."""
-    if dtype is None or base_name(key[0]) not in MATMUL_OPS:
+    if dtype is None or not is_matmul_like(key[0]):
         return key
     operand, result = _DTYPES[dtype]
     name, inputs, outputs, attrs = key

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.op_families import base_name
 from neuron_explorer.trace import Trace
 
 APPROXIMATIONS = (
@@ -129,7 +130,7 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     raises ProgramTooLarge past `max_dependencies` before scheduling it."""
     from neuron_explorer.backend.hardware import KernelBuilder
     from neuron_explorer.backend.hardware.lowering import emit_host_fallback
-    from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
+    from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, lowering_for
     from neuron_explorer.backend.replay import spec_of
 
     b = KernelBuilder(preset, name)

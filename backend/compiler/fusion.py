@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from neuron_explorer.common.op_families import GEMM
 from torch import fx
 
 aten = torch.ops.aten
@@ -39,8 +40,10 @@ class OpKind(enum.Enum):
     CONSTANT = "constant"  # computed at compile time: program data, no device work
 
 
-# Matmuls whose result can stay on chip for an elementwise epilogue.
-_EPILOGUE_ANCHORS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+# Matmuls whose result can stay on chip for an elementwise epilogue: the GEMMs.
+_EPILOGUE_ANCHORS = {getattr(aten, name).default for name in GEMM}
+# Group anchors: the GEMMs and the convolutions as AOTAutograd's graphs hold them. The
+# other matmuls (vector products, addbmm) keep a kernel of their own.
 _MATMULS = _EPILOGUE_ANCHORS | {aten.convolution.default, aten.convolution_backward.default}
 
 # Ops without the `reduction` tag that a vector engine computes row by row, like a

@@ -22,16 +22,15 @@ from neuron_explorer.backend.compiler.region import emit_region
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
 from neuron_explorer.backend.hardware.lowering import emit_host_fallback
-from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, base_name, lowering_for
+from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, lowering_for
 from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
+from neuron_explorer.common.op_families import ADDS_INPUT, GEMM, base_name
 from torch import fx
 
 if TYPE_CHECKING:
     from neuron_explorer.backend.devices import NeuronDevice
 
-# Matmuls whose result can stay in SBUF for an epilogue (A @ B, optional bias).
-_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
 # Concatenations: in SBUF, pieces laid out side by side (no data moves on chip).
 _CONCATS = {"cat", "stack"}
 
@@ -136,15 +135,14 @@ class GroupKernels:
         """Whether the group's kernel loads `value` on its own terms: a GEMM's bias,
         added as the result leaves PSUM."""
         anchor = group.nodes[0]
-        if group.kind is not OpKind.MATMUL or base_name(op_name(anchor)) not in ("addmm",
-                                                                                 "baddbmm"):
+        if group.kind is not OpKind.MATMUL or base_name(op_name(anchor)) not in ADDS_INPUT:
             return False
         return isinstance(anchor.args[0], fx.Node) and _through_views(anchor.args[0]) is value
 
     def _streams(self, node: fx.Node) -> bool:
         """Whether the op has a form that reads its operands from SBUF: a stream of
         steps, or a plain GEMM."""
-        if base_name(op_name(node)) in _GEMM_OPS:
+        if base_name(op_name(node)) in GEMM:
             return self._gemm(node, store=True) is not None
         if base_name(op_name(node)) in _CONCATS:
             return True
@@ -252,11 +250,11 @@ class GroupKernels:
     def _gemm(self, node: fx.Node, store: bool) -> Gemm | None:
         """The GEMM of an mm/addmm/bmm/baddbmm node (bias added on the PSUM copy)."""
         base = base_name(op_name(node))
-        if base not in _GEMM_OPS:
+        if base not in GEMM:
             return None
         key = node_key(node, self.binding)
         inputs = key[1]
-        if base in ("addmm", "baddbmm"):
+        if base in ADDS_INPUT:
             bias, a, w = inputs[0], inputs[1], inputs[2]
         else:
             bias, a, w = None, inputs[0], inputs[1]

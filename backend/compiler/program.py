@@ -24,7 +24,7 @@ from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
 from neuron_explorer.backend.compiler.op_keys import op_name
 from neuron_explorer.backend.compiler.shapes import concrete_shape
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
-from neuron_explorer.backend.hardware.optable import base_name
+from neuron_explorer.common.op_families import base_name, is_matmul_like
 from torch import fx
 
 if TYPE_CHECKING:
@@ -114,15 +114,12 @@ def _call_name(target: object) -> str:
     return f"{prefix}{name}" if prefix else name
 
 
-_MATMULS = re.compile(r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
-                      r"_scaled_dot\w*)$")
-
-
 def matmul_dtype(nodes: Sequence[fx.Node]) -> str:
     """The dtype the first matmul among `nodes` computes in (its output's: a matmul's inputs
-    share it), "" when there is none."""
+    share it), "" when there is none. Matmuls: the matmul, convolution and attention
+    families (common/op_families.py)."""
     for node in nodes:
-        if _MATMULS.match(op_name(node)):
+        if is_matmul_like(op_name(node)):
             val = node.meta.get("val")
             val = val[0] if isinstance(val, (list, tuple)) and val else val
             if isinstance(val, torch.Tensor):

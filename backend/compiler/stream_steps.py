@@ -15,10 +15,10 @@ from neuron_explorer.backend.hardware import lower_pointwise as pointwise
 from neuron_explorer.backend.hardware.optable import (
     NO_DEVICE_WORK,
     STREAM_FAMILIES,
-    base_name,
     lowering_for,
 )
 from neuron_explorer.backend.hardware.streaming import Step, vec
+from neuron_explorer.common.op_families import base_name
 
 _COPY_STEP = vec("TensorCopy", 1, 0.0)
 

@@ -12,16 +12,20 @@ from neuron_explorer.backend.hardware.kernel import Kernel
 from neuron_explorer.backend.hardware.optable import (
     HOST_ONLY,
     NO_DEVICE_WORK,
-    base_name,
     lowering_for,
 )
 from neuron_explorer.backend.hardware.specs import OpSpec
 from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.op_families import GEMM, base_name
 from neuron_explorer.common.presets import HardwarePreset
 
 MAX_CACHED = 1 << 16  # kernels kept per preset; the oldest go first
 _MISS = object()
 _NO_KERNEL = object()  # cached "raises NoLowering"
+# Matmuls named by their dims (batch, m, k, n): the GEMMs, and matmul and linear, which
+# lower onto one. The other matmuls (vector products, addbmm that sums its batch away) are
+# named by their result's shape, as other ops are.
+_NAMED_BY_DIMS = GEMM | {"matmul", "linear"}
 
 _SHORT_DTYPES = {
     "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
@@ -87,7 +91,7 @@ def kernel_name(base: str, spec: OpSpec) -> str:
     if first is None:
         return base
     dtype = _SHORT_DTYPES.get(first.dtype, first.dtype)
-    if base in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear") and len(spec.inputs) >= 2:
+    if base in _NAMED_BY_DIMS and len(spec.inputs) >= 2:
         a, b = spec.inputs[-2], spec.inputs[-1]
         dims: tuple[int, ...]
         if base == "linear":

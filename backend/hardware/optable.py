@@ -1,10 +1,10 @@
 """Which aten ops the device runs, and how: op name -> lowering family.
 
 Names are aten names without namespace, overload or in-place suffix ("add" covers
-add.Tensor, add_.Scalar, ...). `_foreach_<op>` uses the entry of <op> once per
-tensor in one kernel. Ops with no device work (views, metadata, allocation) are in
-NO_DEVICE_WORK; everything else not in LOWERINGS runs on the host (HOST_ONLY lists
-the usual ones so the reason is clear).
+add.Tensor, add_.Scalar, ...: `common.op_families.base_name`). `_foreach_<op>` uses
+the entry of <op> once per tensor in one kernel. Ops with no device work (views,
+metadata, allocation) are in NO_DEVICE_WORK; everything else not in LOWERINGS runs on
+the host (HOST_ONLY lists the usual ones so the reason is clear).
 """
 
 from __future__ import annotations
@@ -270,16 +270,6 @@ HOST_ONLY = frozenset([
     "_linalg_det", "_linalg_slogdet", "triangular_solve", "cholesky_solve", "linalg_lstsq",
     "cholesky", "svd",
 ])
-
-
-def base_name(name: str) -> str:
-    """'aten::add_.Tensor' -> 'add'; '_foreach_mul_' -> '_foreach_mul'."""
-    if "::" in name:
-        name = name.split("::", 1)[1]
-    name = name.split(".", 1)[0]
-    if name.endswith("_") and not name.endswith("__"):
-        name = name[:-1]
-    return name
 
 
 def lowering_for(base: str) -> Lowering | None:

@@ -10,11 +10,11 @@ type or torch function Dynamo recorded, so `aten::native_layer_norm` reads as th
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.common.op_families import is_matmul_like
 from neuron_explorer.common.trace_format import (
     ARG_ENGINE,
     ARG_KERNEL_ID,
@@ -34,8 +34,6 @@ COLUMNS = ["graph", "section", "written", "ops", "module", "source", "runs", "in
            "engine_ns"]
 MATMUL_COLUMNS = ["id", "ts", "dur", "step", "graph", "name", "written", "module", "source",
                   "dtype", "device_dur"]
-_MATMUL_OP = re.compile(r"aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv\w*|"
-                        r"_scaled_dot\w*)\b")
 
 
 def compiled_sections(trace: Trace) -> pd.DataFrame:
@@ -54,6 +52,12 @@ def compiled_sections(trace: Trace) -> pd.DataFrame:
     return out.sort_values(["graph", "first"], kind="stable")[COLUMNS].reset_index(drop=True)
 
 
+def _first_matmul(ops: str) -> str:
+    """The first matmul, convolution or attention op of a section's '+'-joined aten ops
+    (all of them when it has none)."""
+    return next((op for op in ops.split("+") if is_matmul_like(op)), ops)
+
+
 def compiled_matmuls(trace: Trace) -> pd.DataFrame:
     """One row per run of a compiled graph's section holding a matmul: its aten matmul
     (`name`), the dtype it ran in, its Tensor Engine time in that run (`device_dur`), where
@@ -69,7 +73,7 @@ def compiled_matmuls(trace: Trace) -> pd.DataFrame:
     k = trace.kernels.set_index("kernel_id")
     runs = runs[runs["kernel_id"].isin(k.index)]
     kernel = k.loc[runs["kernel_id"]]
-    first_matmul = runs["ops"].map(lambda ops: (_MATMUL_OP.search(ops) or [ops])[0])
+    first_matmul = runs["ops"].map(_first_matmul)
     return pd.DataFrame({
         "id": kernel["id"].to_numpy(np.int64), "ts": kernel["ts"].to_numpy(np.int64),
         "dur": kernel["dur"].to_numpy(np.int64), "step": kernel["step"].to_numpy(),

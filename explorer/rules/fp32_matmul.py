@@ -8,13 +8,13 @@ and fixing the host-bound issue makes it the next bottleneck.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common.op_families import is_matmul_like
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "fp32_matmul"
-MATMUL = re.compile(r"(?:^|::)(?:mm|addmm|bmm|baddbmm|matmul|linear|conv\w*|einsum|"
-                    r"_scaled_dot\w*)(?:\.|$)")
 LOW_PRECISION = ("bfloat16", "float16")
 
 
@@ -40,7 +38,8 @@ def check(trace: Trace) -> list[Finding]:
     compiled = in_analysed_steps(trace, compiled_matmuls(trace))
     if not len(ops) and not len(compiled):
         return []
-    is_mm = map_unique(ops["name"], lambda n: bool(MATMUL.search(str(n))), bool)
+    # matmuls, convolutions and attention (common/op_families.py)
+    is_mm = map_unique(ops["name"], lambda n: is_matmul_like(str(n)), bool)
     dtype = map_unique(ops["dtypes"], main_dtype)
     timed = ops["device_dur"].to_numpy() > 0
     eager = ops[is_mm & (dtype == "float32") & timed].assign(graph="")

@@ -20,8 +20,8 @@ from neuron_explorer.backend.hardware import (
     lower_host_transfer,
     lower_op,
 )
-from neuron_explorer.backend.hardware.optable import base_name
 from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.op_families import base_name
 
 T = TensorSpec
 F = "float32"

@@ -1,0 +1,89 @@
+"""Op families: which aten ops are matmuls, convolutions and attention, in one table.
+
+The backend's lowering, compiler, numerics and what-if replay and the explorer's rules
+and analyses read it. Ops are named by their overload packet (`mm`, `conv2d`,
+`_scaled_dot_product_flash_attention`); `family` and the `is_*` functions also take the
+names a trace records (`aten::addmm`, `aten::add_.Tensor`, a schema name, a bare name).
+Elementwise and reduction ops are not listed here: the compiler reads them from PyTorch's
+own op tags (`torch.Tag.pointwise`, `torch.Tag.reduction`).
+"""
+
+from __future__ import annotations
+
+MATMUL = "matmul"
+CONVOLUTION = "convolution"
+ATTENTION = "attention"
+
+FAMILIES: dict[str, frozenset[str]] = {
+    # Products of matrices and vectors (linear, matmul and einsum decompose into the others).
+    MATMUL: frozenset({
+        "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+        "matmul", "linear", "einsum",
+    }),
+    # Convolutions, forward and backward, at every level PyTorch dispatches them.
+    CONVOLUTION: frozenset({
+        "convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d",
+        "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc",
+        "conv_depthwise3d", "convolution_backward", "convolution_backward_overrideable",
+        "conv_tbc_backward",
+    }),
+    # Scaled dot-product attention, forward and backward, and its per-backend kernels.
+    ATTENTION: frozenset({
+        "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_attention_math_for_mps", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable", "_flash_attention_forward",
+        "_efficient_attention_forward", "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_fused_attention_overrideable_backward",
+        "_flash_attention_backward", "_efficient_attention_backward",
+    }),
+}
+
+# Within the matmul family: the GEMMs, one (batched) product of two matrices, plus an
+# added input for addmm and baddbmm; what the other matmuls become in a compiled graph.
+GEMM = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+# Matmuls whose first operand is the input added to the product (input + A @ B).
+ADDS_INPUT = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
+
+# Ops whose products run on the Tensor Engine in their operands' dtype.
+MATMUL_LIKE = FAMILIES[MATMUL] | FAMILIES[CONVOLUTION] | FAMILIES[ATTENTION]
+
+_FAMILY_OF = {op: name for name, ops in FAMILIES.items() for op in ops}
+
+
+def base_name(name: str) -> str:
+    """The overload packet of an op name: 'aten::add_.Tensor' -> 'add';
+    '_foreach_mul_' -> '_foreach_mul' (an in-place op reads as its functional form)."""
+    if "::" in name:
+        name = name.split("::", 1)[1]
+    name = name.split(".", 1)[0]
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return name
+
+
+def family(name: str) -> str | None:
+    """The family of an op ('aten::addmm' -> 'matmul'); None for an op of no family."""
+    return _FAMILY_OF.get(base_name(name))
+
+
+def is_matmul(name: str) -> bool:
+    return base_name(name) in FAMILIES[MATMUL]
+
+
+def is_convolution(name: str) -> bool:
+    return base_name(name) in FAMILIES[CONVOLUTION]
+
+
+def is_attention(name: str) -> bool:
+    return base_name(name) in FAMILIES[ATTENTION]
+
+
+def is_matmul_like(name: str) -> bool:
+    """A matmul, convolution or attention: its products run on the Tensor Engine, at the
+    rate of its operands' dtype."""
+    return base_name(name) in MATMUL_LIKE
