@@ -74,33 +74,28 @@ def launched(trace: Trace, hta_window: bool) -> pd.DataFrame:
     return k
 
 
+WINDOW_COLUMNS = ["window", "sequence", "position", "id"]
+
+
+def sequence_windows(trace: Trace, n: int = 3) -> pd.DataFrame:
+    """Each window of `n` linked kernels (the occurrences `kernel_sequences` counts), one
+    row per kernel in it (`WINDOW_COLUMNS`): window (its number), sequence, position (0
+    to n - 1, in time order) and id (the kernel's slice)."""
+    frame, starts = _linked(trace, launched(trace, False), n)
+    if not len(starts):
+        return pd.DataFrame(columns=WINDOW_COLUMNS)
+    rows = (starts[:, None] + np.arange(n)[None, :]).ravel()
+    names = frame["name"].to_numpy(object)
+    sequence = [SEPARATOR.join(map(str, names[i:i + n])) for i in starts]
+    return pd.DataFrame({"window": np.repeat(np.arange(len(starts)), n),
+                         "sequence": np.repeat(np.asarray(sequence, object), n),
+                         "position": np.tile(np.arange(n), len(starts)),
+                         "id": frame["id"].to_numpy(np.int64)[rows]}, columns=WINDOW_COLUMNS)
+
+
 def _windows(trace: Trace, k: pd.DataFrame, n: int) -> pd.DataFrame:
     """Every window of `n` linked kernels on one queue, grouped by their names."""
-    s = trace.table("slices")
-    launch = k["launch"].to_numpy(np.int64)
-    # each launch's place in its thread's order of launches
-    thread = np.where(launch >= 0, s["track_id"].to_numpy()[np.maximum(launch, 0)], -1)
-    launch_ts = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
-    order = np.lexsort((launch, launch_ts, thread))
-    place = np.empty(len(k), np.int64)
-    place[order] = np.arange(len(k))
-    frame = pd.DataFrame({"track": k["track"].to_numpy(), "ts": k["ts"].to_numpy(np.int64),
-                          "dur": k["dur"].to_numpy(np.int64), "name": k["name"].to_numpy(),
-                          "launch": launch, "thread": thread, "place": place,
-                          "op": k["op_slice_id"].to_numpy(np.int64)})
-    # copies and memsets are not fused: their launches count above, they do not below
-    frame = frame[(k["kind"] == "kernel").to_numpy()]
-    if len(frame) < n:
-        return pd.DataFrame()
-    frame = frame.sort_values(["track", "ts"], kind="stable", ignore_index=True)
-    nxt = frame.shift(-1)
-    same_op = (frame["op"] >= 0) & (frame["op"] == nxt["op"])
-    next_launch = ((frame["launch"] >= 0) & (frame["thread"] == nxt["thread"])
-                   & (nxt["place"] == frame["place"] + 1))
-    # links[i]: kernel i and kernel i + 1 may be in one sequence
-    links = ((frame["track"] == nxt["track"]) & (same_op | next_launch)).to_numpy()
-    broken = np.r_[0, np.cumsum(~links)]  # broken[i]: breaks before kernel i
-    starts = np.flatnonzero(broken[n - 1:len(frame)] == broken[:len(frame) - n + 1])
+    frame, starts = _linked(trace, k, n)
     if not len(starts):
         return pd.DataFrame()
     codes, names = pd.factorize(frame["name"])
@@ -114,6 +109,38 @@ def _windows(trace: Trace, k: pd.DataFrame, n: int) -> pd.DataFrame:
                 for row in grouped[[f"k{j}" for j in range(n)]].itertuples(index=False)]
     return pd.DataFrame({"sequence": sequence, "count": grouped["size"].to_numpy(np.int64),
                          "total_ns": grouped["sum"].to_numpy(np.int64)})
+
+
+def _linked(trace: Trace, k: pd.DataFrame, n: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """The kernels by queue in time order (copies and memsets left out), and the first
+    row of every window of `n` of them, each linked to the next."""
+    s = trace.table("slices")
+    launch = k["launch"].to_numpy(np.int64)
+    # each launch's place in its thread's order of launches
+    thread = np.where(launch >= 0, s["track_id"].to_numpy()[np.maximum(launch, 0)], -1)
+    launch_ts = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
+    order = np.lexsort((launch, launch_ts, thread))
+    place = np.empty(len(k), np.int64)
+    place[order] = np.arange(len(k))
+    frame = pd.DataFrame({"id": k["id"].to_numpy(np.int64), "track": k["track"].to_numpy(),
+                          "ts": k["ts"].to_numpy(np.int64),
+                          "dur": k["dur"].to_numpy(np.int64), "name": k["name"].to_numpy(),
+                          "launch": launch, "thread": thread, "place": place,
+                          "op": k["op_slice_id"].to_numpy(np.int64)})
+    # copies and memsets are not fused: their launches count above, they do not below
+    frame = frame[(k["kind"] == "kernel").to_numpy()]
+    if len(frame) < n:
+        return frame, np.zeros(0, np.int64)
+    frame = frame.sort_values(["track", "ts"], kind="stable", ignore_index=True)
+    nxt = frame.shift(-1)
+    same_op = (frame["op"] >= 0) & (frame["op"] == nxt["op"])
+    next_launch = ((frame["launch"] >= 0) & (frame["thread"] == nxt["thread"])
+                   & (nxt["place"] == frame["place"] + 1))
+    # links[i]: kernel i and kernel i + 1 may be in one sequence
+    links = ((frame["track"] == nxt["track"]) & (same_op | next_launch)).to_numpy()
+    broken = np.r_[0, np.cumsum(~links)]  # broken[i]: breaks before kernel i
+    starts = np.flatnonzero(broken[n - 1:len(frame)] == broken[:len(frame) - n + 1])
+    return frame, starts
 
 
 def _op_patterns(trace: Trace, k: pd.DataFrame, op: str, n: int,

@@ -35,12 +35,38 @@ def stream_idle(trace: Trace, hta_window: bool = False,
     (`idle_ns`), its share of the stream's idle time and the number of gaps.
     `hta_window`: the kernels HTA keeps: launched in the trace (not before recording
     began) and before the last step of a trace of two or more."""
+    frame = idle_gaps(trace, hta_window, consecutive_kernel_delay_ns, every_kernel=True)
+    if not len(frame):
+        return pd.DataFrame(columns=COLUMNS)
+    rows = []
+    for stream, part in frame.groupby("stream", sort=False):
+        part = part[part["after_gap"]]
+        total = float(part["idle_ns"].sum())
+        for name in CATEGORIES:
+            mine = part[part["idle_category"] == name]
+            idle = int(mine["idle_ns"].sum())
+            rows.append((stream, name, idle, idle / total if total > 0 else 0.0, len(mine)))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+GAP_COLUMNS = ["id", "step", "stream", "track", "previous_end", "ts", "launched_at",
+               "idle_ns", "idle_category"]
+
+
+def idle_gaps(trace: Trace, hta_window: bool = False,
+              consecutive_kernel_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
+              every_kernel: bool = False) -> pd.DataFrame:
+    """One row per gap between two kernels on one stream, by the kernel after it: id (its
+    slice), step, stream, track, previous_end (the gap's start), ts (its end: the kernel's
+    start), launched_at (the kernel's launch call or op, int64 min when not in the trace),
+    idle_ns and idle_category. `every_kernel`: each stream's first kernel too, with
+    `after_gap` False (its idle_ns is NaN)."""
     from neuron_explorer.device_terms import device_terms
     from neuron_explorer.tables import launch_calls
 
     k = trace.kernels
     if not len(k):
-        return pd.DataFrame(columns=COLUMNS)
+        return pd.DataFrame(columns=GAP_COLUMNS)
     s = trace.table("slices")
     if device_terms(trace.metadata).recorded_here:
         launch = k["op_slice_id"].to_numpy(np.int64)
@@ -55,7 +81,8 @@ def stream_idle(trace: Trace, hta_window: bool = False,
         k, launched_at = k[keep], launched_at[keep]
     track = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
     names = trace.tracks.set_index("track_id")["name"].astype(str).str.strip()
-    frame = pd.DataFrame({"stream": names.reindex(track).to_numpy(), "track": track,
+    frame = pd.DataFrame({"id": k["id"].to_numpy(), "step": k["step"].to_numpy(),
+                          "stream": names.reindex(track).to_numpy(), "track": track,
                           "ts": k["ts"].to_numpy(np.int64),
                           "end": k["ts"].to_numpy(np.int64) + k["dur"].to_numpy(np.int64),
                           "launched_at": launched_at})
@@ -66,13 +93,10 @@ def stream_idle(trace: Trace, hta_window: bool = False,
     category = np.where(host_wait, "host_wait",
                         np.where(gap < consecutive_kernel_delay_ns, "kernel_wait", "other"))
     # a stream's first kernel follows no gap; a stream of one kernel still has its rows
-    frame = frame.assign(idle_category=category, idle_ns=gap, after_gap=previous_end.notna())
-    rows = []
-    for stream, part in frame.groupby("stream", sort=False):
-        part = part[part["after_gap"]]
-        total = float(part["idle_ns"].sum())
-        for name in CATEGORIES:
-            mine = part[part["idle_category"] == name]
-            idle = int(mine["idle_ns"].sum())
-            rows.append((stream, name, idle, idle / total if total > 0 else 0.0, len(mine)))
-    return pd.DataFrame(rows, columns=COLUMNS)
+    frame = frame.assign(previous_end=previous_end, idle_category=category, idle_ns=gap,
+                         after_gap=previous_end.notna())
+    if every_kernel:
+        return frame
+    frame = frame[frame["after_gap"]]
+    return frame.assign(previous_end=frame["previous_end"].astype(np.int64),
+                        idle_ns=frame["idle_ns"].astype(np.int64))[GAP_COLUMNS]

@@ -22,9 +22,12 @@ from neuron_explorer.rules import (
     kernel_matmul_tile_shape,
     kernel_memory_pressure,
     kernel_small_dma,
+    launch_delay,
     memory_bound_ops,
     memory_near_capacity,
+    queued_idle,
     recompilation,
+    short_kernel_sequence,
     small_dma,
     sync_in_step,
     tensor_engine_padding,
@@ -37,8 +40,9 @@ if TYPE_CHECKING:
 RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
          memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
          recompilation, compile_dominates, memory_near_capacity, exposed_communication,
-         dependency_idle, kernel_dma_not_pipelined, kernel_memory_pressure,
-         kernel_matmul_tile_shape, kernel_small_dma)
+         dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
+         kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
+         kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 
 

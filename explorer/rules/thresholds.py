@@ -92,3 +92,18 @@ KERNEL_MOVING_FREE_MIN = 128
 KERNEL_SMALL_DMA_OVERHEAD = 0.5
 # a kernel finding counts when its time lost is at least this share of the kernel's time
 KERNEL_MIN_SHARE = 0.05
+
+# queued_idle: a device queue (stream) idle although work was already launched to it (HTA's
+# `other` idle: not a wait on the host, and longer than back-to-back kernel overhead).
+QUEUED_IDLE_MIN_SHARE = 0.01
+
+# launch_delay: a kernel launched onto an idle queue that still waited after its launch
+# returned, longer than HTA's launch-delay cutoff (launch latencies are microseconds).
+LAUNCH_DELAY_MIN_NS = 100_000
+LAUNCH_DELAY_MIN_SHARE = 0.01
+
+# short_kernel_sequence: this many linked kernels, each shorter than its launch (HTA's
+# short kernels), in every analysed step and at least FUSION_MIN_REPEATS times (it repeats).
+FUSION_SEQUENCE_KERNELS = 3
+FUSION_MIN_REPEATS = 2
+FUSION_MIN_SHARE = 0.01

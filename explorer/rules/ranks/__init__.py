@@ -42,7 +42,7 @@ def run_rank_rules(run: Run) -> Findings:
     if any(f.rule_id in WAIT_RULES for f in findings):
         # a device idle at collectives for other ranks: the cross-rank finding says why
         # and what removing the cause saves; the rank's own view would count it again
-        explained.add("dependency_idle")
+        explained.update({"dependency_idle", "queued_idle", "launch_delay"})
     findings.extend(f for f in _worst_rank_findings(run) if f.rule_id not in explained)
     return ranked(findings)
 

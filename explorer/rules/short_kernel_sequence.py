@@ -1,0 +1,153 @@
+"""Short-kernel sequences worth fusing: kernels that each run shorter than their launch,
+back to back, in the same order every step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.kernel_sequences import WINDOW_COLUMNS, sequence_windows
+from neuron_explorer.analyses.launch_stats import launch_outliers
+from neuron_explorer.analyses.path_share import time_on_path
+from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.common.intervals import Union
+from neuron_explorer.device_terms import device_terms
+from neuron_explorer.rules import host_bound
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.queued_idle import held_up
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "short_kernel_sequence"
+OPTIMIZER_KERNELS = ("_foreach_", "multi_tensor_apply")
+
+
+def short_windows(trace: Trace) -> pd.DataFrame:
+    """The windows of `FUSION_SEQUENCE_KERNELS` linked kernels, each shorter than its
+    launch (HTA's short kernels), in the analysed steps, whose sequence recurs in every
+    analysed step and at least `FUSION_MIN_REPEATS` times: one row per
+    kernel, `sequence_windows`' columns with its launch's and the kernel's times."""
+    n = th.FUSION_SEQUENCE_KERNELS
+    short = launch_outliers(trace.launch_stats())["short"].set_index("id")
+    if len(short) < n:
+        return pd.DataFrame(columns=WINDOW_COLUMNS)
+    w = sequence_windows(trace, n)
+    w = w[w["id"].isin(short.index)]
+    w = w[w.groupby("window")["id"].transform("size") == n]
+    if not len(w):
+        return w
+    s = trace.table("slices")
+    k = trace.kernels.set_index("id")
+    ids = w["id"].to_numpy(np.int64)
+    launch = short["launch"].reindex(ids).to_numpy(np.int64)
+    w = w.assign(ts=s["ts"].to_numpy(np.int64)[ids], dur=s["dur"].to_numpy(np.int64)[ids],
+                 track=s["track_id"].to_numpy()[ids], launch=launch,
+                 launch_ts=s["ts"].to_numpy(np.int64)[launch],
+                 cpu_ns=short["cpu_ns"].reindex(ids).to_numpy(np.int64),
+                 step=k["step"].reindex(ids).to_numpy())
+    # a window belongs to the step of its first kernel
+    w = w.assign(step=w.groupby("window")["step"].transform("first"))
+    steps = 0
+    if len(trace.steps):
+        wanted = analysed_steps(trace).steps
+        w = w[w["step"].isin(wanted)]
+        steps = len(wanted)
+    per_seq = w.groupby("sequence").agg(steps=("step", "nunique"), times=("window", "nunique"))
+    recurring = per_seq[(per_seq["steps"] >= steps)
+                        & (per_seq["times"] >= th.FUSION_MIN_REPEATS)].index
+    return w[w["sequence"].isin(recurring)]
+
+
+def removed(w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What fusing each window into one kernel removes: the launches after its first
+    (host: ts, end) and the device's gaps between its kernels (track, ts, end)."""
+    later = w[w["position"] > 0]
+    launches = pd.DataFrame({"ts": later["launch_ts"],
+                             "end": later["launch_ts"] + later["cpu_ns"]})
+    w = w.sort_values(["window", "position"])
+    previous_end = (w["ts"] + w["dur"]).groupby(w["window"]).shift(1)
+    inside = w["position"] > 0
+    gaps = pd.DataFrame({"track": w.loc[inside, "track"], "ts": previous_end[inside],
+                         "end": w.loc[inside, "ts"]})
+    gaps = gaps[gaps["end"] > gaps["ts"]].astype(np.int64)
+    return launches, gaps
+
+
+def saving(trace: Trace, w: pd.DataFrame) -> tuple[float, float]:
+    """(what fusing saves, the symptom): the launches' time on the steps' critical path
+    plus what the device's gaps held the steps up (`queued_idle.held_up`); the launches'
+    and gaps' own total."""
+    launches, gaps = removed(w)
+    ts, end = launches["ts"].to_numpy(np.int64), launches["end"].to_numpy(np.int64)
+    on_path = time_on_path(trace, ts, end, "host")
+    symptom = Union(ts, end).total
+    for _, g in gaps.groupby("track"):
+        symptom += Union(g["ts"].to_numpy(), g["end"].to_numpy()).total
+    on_path += held_up(trace, gaps["ts"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64),
+                       gaps["track"].to_numpy(np.int64))
+    return float(on_path), float(symptom)
+
+
+def check(trace: Trace) -> list[Finding]:
+    w = short_windows(trace)
+    if not len(w):
+        return []
+    lost, symptom = saving(trace, w)
+    if lost < th.FUSION_MIN_SHARE * step_time(trace):
+        return []
+    per_seq = w.groupby("sequence").agg(windows=("window", "nunique"), gpu=("dur", "sum"),
+                                        cpu=("cpu_ns", "sum"))
+    per_seq = per_seq.sort_values(["windows", "cpu"], ascending=False)
+    first = w.groupby("sequence")["window"].min()
+    items = []
+    for seq, r in per_seq.head(th.MAX_EVIDENCE).iterrows():
+        one = w[w["window"] == first[seq]]
+        end = int((one["ts"] + one["dur"]).max())
+        items.append(evidence(
+            int(one["ts"].min()), end - int(one["ts"].min()), one["id"].tolist(),
+            f"{seq}: {r.windows} times; its kernels run {us(r.gpu / r.windows)} per "
+            f"occurrence, their launches take {us(r.cpu / r.windows)}"))
+    every = "in every step" if len(trace.steps) else "over the trace"
+    names = " ".join(per_seq.index)
+    explanation = (
+        f"{len(per_seq)} sequences of {th.FUSION_SEQUENCE_KERNELS} kernels recur {every}, "
+        "back to back on one queue, each kernel running shorter than the host takes to "
+        f"launch it: {w['window'].nunique()} occurrences. Fused, each occurrence is one "
+        f"launch instead of {th.FUSION_SEQUENCE_KERNELS}, without the device's gaps between "
+        f"them. The launches and gaps fusing removes total {us(symptom)}; {us(lost)} of them "
+        "lie on the critical path, and only that is counted")
+    if not device_terms(trace.metadata).recorded_here:  # launches are runtime calls there
+        explanation += (" (the ops' own dispatch around the launch calls would go too, so "
+                        "fusing may save more)")
+    explanation += "."
+    if host_bound.is_host_bound(trace):
+        explanation += " This is part of the host-bound finding's saving, not beside it."
+    return [make(
+        trace, RULE_ID,
+        f"Short kernels launched one by one in a repeating sequence ({len(per_seq)} "
+        "sequences)", lost, items, explanation, _recommendation(trace, names),
+        symptom_ns=symptom,
+        saving_basis="critical path: the launches after each occurrence's first where the "
+                     "critical path runs through them, and the device's gaps between its "
+                     "kernels where they held the steps up (at most the host's waits on the "
+                     "device)")]
+
+
+def _recommendation(trace: Trace, names: str) -> str:
+    """The fused form: the optimizer's fused step for foreach kernels, else compiling."""
+    compile_call = device_terms(trace.metadata).compile_call
+    compiled = (len(trace.compile_summary()["graphs"]) > 0
+                or bool((trace.ops["graph_id"] >= 0).any()))
+    where = ("bring the ops that launch it into the compiled graph (remove the graph break "
+             "that leaves them eager, or compile the loss and optimizer step too)" if compiled
+             else f"wrap the module that runs it in {compile_call}")
+    advice = (f"Fuse each sequence into one kernel: {where}, so its elementwise chain becomes "
+              "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention, "
+              "fused layer norm or bias + activation).")
+    if any(k in names for k in OPTIMIZER_KERNELS):
+        advice += (" The foreach kernels are the optimizer's step: construct the optimizer "
+                   "with fused=True (one kernel per parameter group) or compile its step.")
+    return advice
