@@ -191,6 +191,8 @@ class ColumnArgs(SliceArgs):
         else:
             out = np.full(len(ids), default, np.float64)
             out[hit] = np.where(kind == KIND_INT, self.ival[rows], self.fval[rows])
+            if np.dtype(dtype).kind in "iu":  # past 64 bits: no count
+                out = np.where(np.abs(out) < 2.0**63, out, default)
         return out.astype(dtype, copy=False)
 
     def texts(self, key: str, ids: np.ndarray) -> np.ndarray:
@@ -287,3 +289,96 @@ class LazyArgs(SliceArgs):
 
     def get(self, slice_id: int) -> dict[str, Any] | None:
         return self._get().get(slice_id)
+
+
+INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+class ArgsBuilder:
+    """JSON args dicts turned into `ColumnArgs` rows as they come, a chunk of slices at a
+    time: a large trace never holds a dict per slice. Keys and strings become codes;
+    nested values (lists, objects) and numbers past 64 bits stay objects, each distinct
+    one once; null is an `other` row without a value."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, int] = {}
+        self.values: dict[Any, int] = {}  # strings, and nested values by their JSON text
+        self.distinct: list[Any] = []
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, first_id: int, items: list[dict[str, Any] | None]) -> None:
+        """The args of slices `first_id`, `first_id + 1`, ... (None: no args)."""
+        rows: list[tuple[int, int, int, int, float, int]] = []
+        keys, code_of = self.keys, self._code
+        for i, d in enumerate(items, first_id):
+            if not d:
+                continue
+            for k, v in d.items():
+                key = keys.get(k)
+                if key is None:
+                    key = keys[k] = len(keys)
+                if v is True or v is False:
+                    rows.append((i, key, KIND_BOOL, int(v), 0.0, -1))
+                elif v.__class__ is int and INT64_RANGE[0] <= v <= INT64_RANGE[1]:
+                    rows.append((i, key, KIND_INT, v, 0.0, -1))
+                elif isinstance(v, float):
+                    rows.append((i, key, KIND_FLOAT, 0, float(v), -1))
+                elif v.__class__ is str:
+                    rows.append((i, key, KIND_STR, 0, 0.0, code_of(v)))
+                else:  # null (no value), nested values, numbers past 64 bits
+                    rows.append((i, key, KIND_OTHER, 0, 0.0, -1 if v is None else code_of(v)))
+        if not rows:
+            return
+        self.parts.append(tuple(np.asarray(column, dtype) for column, dtype
+                                in zip(zip(*rows, strict=True), ROW_TYPES, strict=True)))
+
+    def _code(self, value: Any) -> int:
+        """The code of a string or nested value (each distinct one kept once)."""
+        if value.__class__ is str:
+            found = self.values.get(value)
+            if found is None:
+                found = self.values[value] = len(self.distinct)
+                self.distinct.append(value)
+            return found
+        import json
+
+        text = ("\0json", json.dumps(value, sort_keys=True, default=str))
+        found = self.values.get(text)
+        if found is None:
+            found = self.values[text] = len(self.distinct)
+            self.distinct.append(value)
+        return found
+
+    def key_code(self, name: str) -> int:
+        """The code of a key, new keys numbered on."""
+        return self.keys.setdefault(name, len(self.keys))
+
+    def build(self, n_slices: int, new_id: np.ndarray | None = None,
+              derive: Callable[[ArgsBuilder, list[tuple[np.ndarray, ...]]],
+                               list[tuple[np.ndarray, ...]]] | None = None) -> ColumnArgs:
+        """The args, slice ids mapped through `new_id` (old id -> new id) if given, and
+        `derive`d (rows added or dropped, on the new ids). Each part is copied into the
+        result and let go in turn: the args are never held twice."""
+        parts, self.parts = self.parts, []
+        if new_id is not None:
+            ids = np.asarray(new_id, np.int64)
+            parts = [(ids[part[0]], *part[1:]) for part in parts]
+        if derive is not None:
+            parts = derive(self, parts)
+        n = sum(len(part[0]) for part in parts)
+        columns = [np.empty(n, dtype) for dtype in ROW_TYPES]
+        at = 0
+        while parts:
+            part = parts.pop(0)
+            for column, values in zip(columns, part, strict=True):
+                column[at:at + len(values)] = values
+            at += len(part[0])
+        sid, key, kind, ival, fval, scode = columns
+        distinct = np.empty(len(self.distinct), object)
+        distinct[:] = self.distinct
+        return ColumnArgs(sid, key, list(self.keys), kind, ival, fval, (scode, distinct),
+                          n_slices)
+
+
+# an args row's columns: slice id, key code, kind, int value, float value, value code
+ROW_TYPES = (np.int64, np.int32, np.int8, np.int64, np.float64, np.int64)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.errors import TraceFormatError, TruncatedTraceWarning
-from neuron_explorer.loaders.args import DictArgs
+from neuron_explorer.loaders.args import ArgsBuilder, ColumnArgs
 from neuron_explorer.loaders.kinds import our_kind
 from neuron_explorer.loaders.kineto import (
     DEVICE_CATEGORIES,
@@ -148,17 +148,24 @@ class Collector:
 
     def __init__(self) -> None:
         self.track_of: dict[tuple[Any, Any], int] = {}
+        # this chunk's slices: tracks, times as written (checked when it is sealed),
+        # names and categories as codes into `texts`, args as written
         self.s_track: list[int] = []
-        self.s_ts: list[Any] = []  # this chunk's, as written (checked when it is sealed)
+        self.s_ts: list[Any] = []
         self.s_dur: list[Any] = []
-        self.sealed = 0  # slices of the chunks sealed before this one
-        self.ts_parts: list[np.ndarray] = []  # ns, per sealed chunk
-        self.dur_parts: list[np.ndarray] = []
-        self.exact = False  # some chunk was parsed keeping the digits of its floats
-        self.strings: dict[str, str] = {}  # names and categories, one object each
-        self.s_name: list[str] = []
-        self.s_cat: list[str] = []
+        self.s_name: list[int] = []
+        self.s_cat: list[int] = []
         self.s_args: list[Any] = []
+        self.codes: dict[str, int] = {}  # a name or category -> its code
+        self.texts: list[str] = []  # by code
+        # the sealed chunks' slices, as arrays per chunk (track, ts ns, dur ns, name code,
+        # category code) and args as columns
+        self.sealed = 0
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.args = ArgsBuilder()
+        self.exact = False  # some chunk was parsed keeping the digits of its floats
+        # begins not yet ended when their chunk was sealed: an end's args join theirs
+        self.open_args: dict[int, dict[str, Any] | None] = {}
         self.c_track: list[int] = []
         self.c_ts: list[Any] = []
         self.c_value: list[float] = []
@@ -185,19 +192,32 @@ class Collector:
             t = self.track_of[key] = len(self.track_of)
         return t
 
+    def join_args(self, i: int, args: dict[str, Any]) -> None:
+        """An end event's args, added to its begin's (slice `i`)."""
+        if i in self.open_args:
+            self.open_args[i] = {**(self.open_args[i] or {}), **args}
+        else:  # the begin is in this chunk
+            own = self.s_args[i - self.sealed]
+            self.s_args[i - self.sealed] = {**(own or {}), **args}
+
     def slice(self, e: dict, track: int, dur: Any) -> None:
         args = e.get("args") or None
         if args is not None and args.__class__ is not dict:
             raise _Malformed(f"'args' must be an object, not {_shown(args)}")
-        name, cat = str(e.get("name", "")), str(e.get("cat", ""))
-        strings = self.strings
-        name, cat = strings.setdefault(name, name), strings.setdefault(cat, cat)
+        name, cat = self.code(str(e.get("name", ""))), self.code(str(e.get("cat", "")))
         self.s_track.append(track)  # nothing below can fail: the columns stay aligned
         self.s_ts.append(e.get("ts"))
         self.s_dur.append(dur)
         self.s_name.append(name)
         self.s_cat.append(cat)
         self.s_args.append(args)
+
+    def code(self, text: str) -> int:
+        found = self.codes.get(text)
+        if found is None:
+            found = self.codes[text] = len(self.texts)
+            self.texts.append(text)
+        return found
 
 
 def _shown(value: Any) -> str:
@@ -252,7 +272,7 @@ def _read_events(path: str, events: list, col: Collector, first: int = 0) -> Non
                     i = col.open_begins[t].pop()
                     col.ends[i] = (e.get("ts"), index)
                     if args:
-                        col.s_args[i] = {**(col.s_args[i] or {}), **args}
+                        col.join_args(i, args)
                 else:
                     col.skipped["end without begin"] += 1
             elif ph == "C":
@@ -391,10 +411,19 @@ def _seal(path: str, events: list, col: Collector, first: int) -> None:
     """Convert the times of the slices `events` added (the chunk starting at event
     `first`) to ns arrays, checked: the first that is no time raises, naming its event."""
     event_of = _slice_event(events, first)
-    col.ts_parts.append(_times(path, col.s_ts, "ts", event_of, col.exact))
-    col.dur_parts.append(_times(path, col.s_dur, "dur", event_of, col.exact))
+    ts = _times(path, col.s_ts, "ts", event_of, col.exact)
+    dur = _times(path, col.s_dur, "dur", event_of, col.exact)
+    col.parts.append((np.asarray(col.s_track, np.int64), ts, dur,
+                      np.asarray(col.s_name, np.int64), np.asarray(col.s_cat, np.int64)))
+    # begins still open keep their args as dicts until they end
+    for begun in col.open_begins.values():
+        for i in begun:
+            if i >= col.sealed:
+                col.open_args[i] = col.s_args[i - col.sealed]
+                col.s_args[i - col.sealed] = None
+    col.args.add(col.sealed, col.s_args)
     col.sealed += len(col.s_ts)
-    col.s_ts, col.s_dur = [], []
+    col.s_track, col.s_ts, col.s_dur, col.s_name, col.s_cat, col.s_args = [], [], [], [], [], []
 
 
 def collect_chunk(path: str, events: list, col: Collector, first: int,
@@ -436,12 +465,12 @@ def _flows(path: str, col: Collector, slices: pd.DataFrame, exact: bool = False
     return frame, unbound
 
 
-def _metadata(path: str, doc: Any, args: list, cats: list[str], kineto: bool
+def _metadata(path: str, doc: Any, args: ColumnArgs, slices: pd.DataFrame, kineto: bool
               ) -> dict[str, Any]:
     base = {k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {}
-    meta = merge_metadata(path, (a[tf.ARG_METADATA_JSON] for cat, a in zip(cats, args, strict=True)
-                                 if cat == tf.CAT_METADATA and a and tf.ARG_METADATA_JSON in a),
-                          base)
+    ids = np.flatnonzero(slices["category"].to_numpy(object) == tf.CAT_METADATA)
+    texts = [v for v in args.column(tf.ARG_METADATA_JSON, ids).tolist() if v is not None]
+    meta = merge_metadata(path, texts, base)
     if kineto:
         meta.update(HOST_OPS)
         props = meta.get("deviceProperties") or []
@@ -481,13 +510,15 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
     if not col.sealed and not col.c_ts:
         raise TraceFormatError(path, "the trace holds no slices or counters")
     exact = col.exact
-    empty = np.zeros(0, np.int64)
-    ts = np.concatenate(col.ts_parts) if col.ts_parts else empty
-    dur = np.maximum(np.concatenate(col.dur_parts) if col.dur_parts else empty, 0)
-    col.ts_parts, col.dur_parts = [], []
-    cats = set(col.s_cat)
+    track, ts, dur, names, categories = (
+        np.concatenate([part[c] for part in col.parts]) if col.parts else np.zeros(0, np.int64)
+        for c in range(5))
+    col.parts = []
+    dur = np.maximum(dur, 0)
+    texts = col.texts
+    category_codes = np.unique(categories)
+    cats = {texts[c] for c in category_codes.tolist()}
     kineto = is_kineto(doc, cats)
-    track = np.asarray(col.s_track, np.int64)
     if col.ends:  # B/E pairs: the duration runs to the end's time
         begun = list(col.ends)
         end_ts, where = zip(*col.ends.values(), strict=True)
@@ -502,25 +533,23 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
         col.skipped["slice never ended (closed at trace end)"] += n_open
     device_pids: set[Any] = set()
     if kineto:
-        device_cats = {c for c in cats if kineto_category(c) in DEVICE_CATEGORIES}
-        on_dev_tracks = {col.s_track[i] for i, c in enumerate(col.s_cat) if c in device_cats}
+        device_cats = [c for c in category_codes.tolist()
+                       if kineto_category(texts[c]) in DEVICE_CATEGORIES]
+        on_dev_tracks = set(np.unique(track[np.isin(categories, device_cats)]).tolist())
         device_pids = {pid for (pid, tid), t in col.track_of.items() if t in on_dev_tracks}
         device_pids |= {p for p, n in col.process_names.items()
                         if isinstance(p, int) and _looks_like_device(n)}
     tracks = _tracks(col, device_pids, kineto)
-    is_dev = dict(zip(tracks["track_id"], tracks["device"] >= 0, strict=True))
-    if kineto:  # once per distinct (category, name, on a device): names repeat
-        on_device = [is_dev[t] for t in range(len(col.track_of))]
-        memo: dict[tuple[str, str, bool], str] = {}
-        kinds = [memo.get(key) or memo.setdefault(key, kineto_kind(*key))
-                 for key in zip(col.s_cat, col.s_name, map(on_device.__getitem__, col.s_track), strict=True)]
-    else:
-        kinds = [our_kind(c) for c in col.s_cat]
-    slices, order = build_slices(track, ts, dur, np.asarray(col.s_name, object),
-                                 np.asarray(col.s_cat, object), np.asarray(kinds, object))
-    args = [col.s_args[i] for i in order]
-    if kineto:  # our args beside Kineto's: the tables read every trace alike
-        args = our_args(slices, args)
+    kinds = _kinds(col, tracks, track, names, categories, kineto)
+    slices, order = build_slices(track, ts, dur, (names, texts), (categories, texts), kinds)
+    del track, names, categories, kinds  # in the slices now
+    for i, held in sorted(col.open_args.items()):
+        col.args.add(i, [held])
+    new_id = np.empty(len(order), np.int64)
+    new_id[order] = np.arange(len(order))
+    # with Kineto's, ours beside them: the tables read every trace alike
+    args = col.args.build(len(order), new_id,
+                          our_args(slices["kind"].to_numpy(object)) if kineto else None)
     flows, unbound = _flows(path, col, slices, exact)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound
@@ -536,7 +565,7 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
         columns=COUNTER_COLUMNS,
     ).sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
     warned = []
-    metadata = _metadata(path, doc, args, list(slices["category"]), kineto)
+    metadata = _metadata(path, doc, args, slices, kineto)
     cut_short = cut_short or missing_end_mark(path, metadata)
     if cut_short:
         warnings.warn(cut_short, TruncatedTraceWarning, stacklevel=4)
@@ -545,7 +574,7 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
         path=path,
         source_format="kineto_json" if kineto else "chrome_json",
         slices=slices,
-        args=DictArgs(args),
+        args=args,
         tracks=tracks,
         counters=counters,
         flows=flows,
@@ -553,6 +582,26 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
         skipped=dict(col.skipped),
         warnings=warned,
     )
+
+
+def _kinds(col: Collector, tracks: pd.DataFrame, track: np.ndarray, names: np.ndarray,
+           categories: np.ndarray, kineto: bool) -> tuple[np.ndarray, list[str]]:
+    """Each slice's kind as codes into the distinct kinds: found once per distinct
+    (category, name, on a device) of a Kineto trace, per category of ours."""
+    texts = col.texts
+    if kineto:
+        device = tracks.set_index("track_id")["device"].reindex(range(len(col.track_of)))
+        on_device = (device.to_numpy() >= 0).astype(np.int64)
+        key = (categories * len(texts) + names) * 2 + on_device[track]
+        distinct, inverse = np.unique(key, return_inverse=True)
+        kinds = [kineto_kind(texts[k // 2 // len(texts)], texts[k // 2 % len(texts)], bool(k % 2))
+                 for k in distinct.tolist()]
+    else:
+        distinct, inverse = np.unique(categories, return_inverse=True)
+        kinds = [our_kind(texts[c]) for c in distinct.tolist()]
+    values = sorted(set(kinds))
+    code = {kind: i for i, kind in enumerate(values)}
+    return np.asarray([code[k] for k in kinds], np.int64)[inverse.reshape(-1)], values
 
 
 def _looks_like_device(process_name: str) -> bool:

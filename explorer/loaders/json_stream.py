@@ -21,15 +21,16 @@ from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders import chrome_json as cj
 from neuron_explorer.loaders.raw import RawTrace
 
-STREAM_MIN_BYTES = 64 << 20
+STREAM_MIN_BYTES = 16 << 20
 # the events parsed at once: a chunk of text this size (its objects take ~5x that)
 CHUNK_BYTES = 8 << 20
 EVENTS_KEY = b'"traceEvents"'
 
-def _scan(buf: np.ndarray, state: np.ndarray, start: int) -> tuple[int, int]:
-    """Walk `buf` from `start` inside the events list: (the last comma between two
-    events, the `]` that closes the list), -1 for none. `state` (depth inside the list,
-    in a string, after a backslash) carries from one window to the next."""
+def _scan(buf: np.ndarray, state: np.ndarray, start: int, limit: int) -> tuple[int, int, int]:
+    """Walk `buf` from `start` inside the events list, stopping at the first comma between
+    two events at or past `limit`: (that comma, the last comma between events seen, the
+    `]` that closes the list), -1 for none. `state` (depth inside the list, in a string,
+    after a backslash) carries from one window to the next."""
     depth, in_string, escaped = state[0], state[1], state[2]
     last_comma, close = -1, -1
     for i in range(start, len(buf)):
@@ -52,8 +53,11 @@ def _scan(buf: np.ndarray, state: np.ndarray, start: int) -> tuple[int, int]:
                 break
         elif c == 44 and depth == 0:  # a comma between two events
             last_comma = i
+            if i >= limit:
+                state[0], state[1], state[2] = 0, 0, 0
+                return i, last_comma, -1
     state[0], state[1], state[2] = depth, in_string, escaped
-    return last_comma, close
+    return -1, last_comma, close
 
 
 def _depth_at(buf: np.ndarray, end: int) -> int:
@@ -78,7 +82,7 @@ def _depth_at(buf: np.ndarray, end: int) -> int:
 
 
 @functools.cache
-def _compiled() -> tuple[Callable[..., tuple[int, int]], Callable[..., int]]:
+def _compiled() -> tuple[Callable[..., tuple[int, int, int]], Callable[..., int]]:
     """The scans compiled (numba, cached on disk): imported only for a large document."""
     import numba
 
@@ -145,31 +149,33 @@ class _Stream:
         raise _NotStreamable
 
     def _advance(self, n: int) -> None:
-        del self.text[:n]
+        # a new buffer for the rest: deleting from the front would keep the old one's size
+        self.text = self.text[n:]
         self.offset += n
 
     def _collect_events(self) -> tuple[bytes, str | None]:
-        """Parse the events chunk by chunk: (the text after the list, a warning if the
-        document ends before the list does)."""
+        """Parse the events a chunk of about `CHUNK_BYTES` at a time: (the text after the
+        list, a warning if the document ends before the list does)."""
+        scan = _compiled()[0]
         scanned = 0  # of self.text, walked by the scan (its state holds where it ends)
-        comma = -1  # the last comma between two events in self.text
+        last_comma = -1  # the last comma between two events in self.text
         while True:
-            found, close = _compiled()[0](np.frombuffer(self.text, np.uint8), self.state,
-                                          scanned)
-            comma = max(comma, found)
+            comma, last, close = scan(np.frombuffer(self.text, np.uint8), self.state,
+                                      scanned, CHUNK_BYTES)
+            last_comma = max(last_comma, last)
             if close >= 0:
                 self._parse(close)
                 suffix = bytes(self.text[1:]) + b"".join(self.windows)  # after the `]`
                 return suffix, None
-            scanned = len(self.text)
-            if comma >= CHUNK_BYTES:
+            if comma >= 0:  # a chunk's worth: parse it, go on from the comma
                 self._parse(comma)
-                self._advance(1)  # the comma
-                scanned -= comma + 1
-                comma = -1
+                self._advance(1)
+                scanned, last_comma = 0, -1
+                continue
+            scanned = len(self.text)
             window = next(self.windows, None)
             if window is None:
-                return b"", self._cut_short(comma)
+                return b"", self._cut_short(last_comma)
             self.text += window
 
     def _parse(self, end: int) -> None:

@@ -15,12 +15,12 @@ a trace came from (docs/trace-format.md lists the mapping).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.loaders.args import DictArgs
+from neuron_explorer.loaders.args import KIND_FLOAT, KIND_INT, KIND_OTHER, ArgsBuilder, DictArgs
 
 # Older PyTorch profilers (no schemaVersion) wrote these categories; read as today's.
 LEGACY_CATEGORIES = {"kernel": "kernel", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy",
@@ -109,32 +109,57 @@ def _count_or(value: Any, default: int) -> int:
     return count if count >= 0 else default
 
 
-def our_args(slices: pd.DataFrame, args: list[dict[str, Any] | None]
-             ) -> list[dict[str, Any] | None]:
-    """Each slice's args with ours added from Kineto's, as `ARG_SOURCES` says (`slices`:
-    the built slices, `args`: their Kineto args by slice id, which gain our keys)."""
-    codes, kinds = pd.factorize(slices["kind"].to_numpy())
-    kinds = list(kinds)
-    out = list(args)
-    by_kinds: dict[tuple[str, ...], list[tuple[str, str]]] = {}
-    for ours, theirs, on_kinds in ARG_SOURCES:
-        by_kinds.setdefault(on_kinds, []).append((ours, theirs))
-    for on_kinds, pairs in by_kinds.items():
-        ids = np.flatnonzero(np.isin(codes, [kinds.index(k) for k in on_kinds if k in kinds]))
-        numbered = next((theirs for ours, theirs in pairs if ours == tf.ARG_OP_ID), None)
-        copied = [(ours, theirs) for ours, theirs in pairs if ours != tf.ARG_OP_ID]
-        for i in ids.tolist():
-            own = out[i]
-            if own is None:
-                if numbered is None:
+Rows = list[tuple[np.ndarray, ...]]
+
+
+def our_args(kind_of: np.ndarray) -> Callable[[ArgsBuilder, Rows], Rows]:
+    """What adds our args beside Kineto's in `ArgsBuilder.build`, as `ARG_SOURCES` says
+    (`kind_of`: each built slice's kind): a row of ours for each slice of the named kinds
+    that holds the Kineto key (not null), and an op id for every op (its External id read
+    as a count, else its slice id). One of ours the trace held already is replaced."""
+    def derive(builder: ArgsBuilder, parts: Rows) -> Rows:
+        held = {builder.keys[ours] for ours, _, _ in ARG_SOURCES if ours in builder.keys}
+        copies = [(builder.key_code(ours), builder.keys.get(theirs, -1),
+                   np.isin(kind_of, on_kinds)) for ours, theirs, on_kinds in ARG_SOURCES
+                  if ours != tf.ARG_OP_ID]
+        is_op = np.isin(kind_of, OPS)
+        op_ids = np.flatnonzero(is_op)
+        op_values = op_ids.copy()
+        external, op_code = builder.keys.get("External id", -1), builder.key_code(tf.ARG_OP_ID)
+        out: Rows = []
+        for part in parts:
+            sid, key, kind, ival, fval, scode = part
+            has_value = ~((kind == KIND_OTHER) & (scode < 0))  # a JSON null is no value
+            replaced = (key == op_code) & is_op[sid] if op_code in held else None
+            for mine, theirs, target in copies:
+                hit = np.flatnonzero((key == theirs) & target[sid] & has_value)
+                if not len(hit):
                     continue
-                own = out[i] = {}
-            for ours, theirs in copied:
-                value = own.get(theirs)
-                if value is not None:
-                    own[ours] = value
-            if numbered is not None:
-                value = own.get(numbered)
-                own[tf.ARG_OP_ID] = (value if value.__class__ is int and value >= 0
-                                     else _count_or(value, i))
-    return out
+                out.append((sid[hit], np.full(len(hit), mine, np.int32), kind[hit], ival[hit],
+                            fval[hit], scode[hit]))
+                if mine in held:
+                    mask = (key == mine) & np.isin(sid, sid[hit])
+                    replaced = mask if replaced is None else replaced | mask
+            _read_op_ids(builder, part, external, is_op, op_ids, op_values)
+            out.append(part if replaced is None else tuple(c[~replaced] for c in part))
+        n = len(op_ids)
+        out.append((op_ids, np.full(n, op_code, np.int32), np.full(n, KIND_INT, np.int8),
+                    op_values, np.zeros(n), np.full(n, -1, np.int64)))
+        return out
+    return derive
+
+
+def _read_op_ids(builder: ArgsBuilder, part: tuple[np.ndarray, ...], external: int,
+                 is_op: np.ndarray, op_ids: np.ndarray, op_values: np.ndarray) -> None:
+    """Set the op ids of the ops in `part` holding an External id that reads as a count."""
+    sid, key, kind, ival, fval, scode = part
+    rows = np.flatnonzero((key == external) & is_op[sid])
+    if not len(rows):
+        return
+    at = np.searchsorted(op_ids, sid[rows])
+    plain = (kind[rows] == KIND_INT) & (ival[rows] >= 0)
+    op_values[at[plain]] = ival[rows[plain]]
+    for i, r in zip(at[~plain].tolist(), rows[~plain].tolist(), strict=True):
+        value = (fval[r] if kind[r] == KIND_FLOAT else
+                 builder.distinct[scode[r]] if scode[r] >= 0 else None)
+        op_values[i] = _count_or(value, int(op_ids[i]))

@@ -106,9 +106,12 @@ def nest_complete(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[n
     trk = np.r_[track, track]
     who_key = np.r_[idx, -idx]  # equal begins keep file order; their ends reverse it
     order = np.lexsort((who_key, tie, kind, time, trk))
+    del who_key, tie, kind, time, end  # the sort keys: a large trace holds 2n of each
     is_begin = np.r_[np.ones(n, bool), np.zeros(n, bool)][order]
     delta = np.where(is_begin, 1, -1)
+    del is_begin
     depth_after = _running_depth(trk[order], delta)
+    del trk, delta
     pos = np.empty(2 * n, np.int64)
     pos[order] = np.arange(2 * n)
     begin_pos = pos[:n]
