@@ -129,6 +129,8 @@ def report_sections(trace: Trace) -> list[Section]:
             Section("Device idle time by reason", idle_table),
             *([Section("Queues and launches (per stream, the whole trace)", queues)]
               if device and len(queues := _queues_table(trace)) else []),
+            *([Section("Counters (the whole trace)", counters)]
+              if len(counters := _counters_table(trace)) else []),
             Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
@@ -159,6 +161,19 @@ def _queues_table(trace: Trace) -> pd.DataFrame:
                 for name in ("host_wait", "kernel_wait", "other")}}
             for stream, q in queues.iterrows()]
     return pd.DataFrame(rows)
+
+
+def _counters_table(trace: Trace) -> pd.DataFrame:
+    """Per counter series: its samples, mean over time, max and last value."""
+    summary = trace.counter_summary()
+    if not len(summary):
+        return pd.DataFrame()
+    return pd.DataFrame({"series": summary["series"],
+                         "device": summary["device"].map(lambda d: "host" if d < 0 else d),
+                         "samples": summary["samples"],
+                         "mean over time": summary["time_weighted_mean"].map("{:.4g}".format),
+                         "max": summary["max"].map("{:.4g}".format),
+                         "last": summary["last"].map("{:.4g}".format)})
 
 
 def _critical_title(s: dict[str, Any]) -> str:

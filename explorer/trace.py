@@ -309,6 +309,13 @@ class Trace:
         return memoised(self, f"annotations:{hta_window}",
                         lambda: annotation_regions(self, hta_window))
 
+    def counter_summary(self) -> pd.DataFrame:
+        """Per counter series: device, samples, first and last sample, min, max, mean,
+        time-weighted mean, last value (`trace.plot.counters()` draws them)."""
+        from neuron_explorer.analyses.counter_series import counter_summary
+
+        return memoised(self, "counter_summary", lambda: counter_summary(self))
+
     def op_stats(self) -> pd.DataFrame:
         """Per op name: count, host and device time, FLOPs, bytes, share of step time."""
         from neuron_explorer.analyses.statistics import op_stats

@@ -62,6 +62,10 @@ class TracePlot:
         """Device memory in use over time."""
         return figures.memory_figure(self._trace.memory_timeline())
 
+    def counters(self) -> go.Figure:
+        """Every counter series over time (HBM in use, SBUF occupancy, engine use...)."""
+        return figures.counters_figure(self._trace.counters)
+
     def engines(self, step: int | None = None) -> go.Figure:
         """How busy each engine and DMA queue is over the recorded steps (or one `step`)."""
         return engines.utilisation_figure(engines.engine_use(self._trace, step))

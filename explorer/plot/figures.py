@@ -153,6 +153,33 @@ def memory_figure(memory_timeline: pd.DataFrame) -> go.Figure:
     }, height=360)
 
 
+# --- counters ----------------------------------------------------------------------------------
+
+def counters_figure(counters: pd.DataFrame) -> go.Figure:
+    """Every counter series over time, each as a share of its own peak (their units
+    differ: bytes, percent); the hover gives the value itself."""
+    if counters.empty:
+        return empty_figure("no counters in this trace")
+    origin = int(counters["ts"].min())
+    lines = []
+    for (_, name), group in counters.groupby(["track_id", "name"], sort=True):
+        group = group.sort_values("ts", kind="stable")
+        peak = float(group["value"].abs().max()) or 1.0
+        lines.append({
+            "type": "scatter", "mode": "lines", "name": str(name),
+            "x": ((group["ts"] - origin) / 1e3).tolist(),
+            "y": (group["value"] / peak * 100).tolist(),
+            "customdata": group["value"].tolist(), "line": {"shape": "hv", "width": 1.5},
+            "hovertemplate": f"{name}: %{{customdata:.4g}}<extra>%{{x:.1f}} µs</extra>"})
+    return new_figure(lines, {
+        "xaxis": {"title": {"text": "time since first sample"}, "gridcolor": GRID_COLOUR,
+                  **time_ticks(origin, int(counters["ts"].max()), origin)},
+        "yaxis": {"title": {"text": "share of the series' peak (%)"}, "gridcolor": GRID_COLOUR,
+                  "rangemode": "tozero"},
+        "showlegend": True,
+    }, height=360)
+
+
 # --- op statistics -----------------------------------------------------------------------------
 
 def op_stats_figure(op_stats: pd.DataFrame, n: int = 20) -> go.Figure:

@@ -114,10 +114,11 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 
 # every Trace analysis that needs no argument (`test_fuzz.py` checks the list is whole)
 ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communication",
-            "compile_summary", "critical_path", "efficiency", "engine_utilisation",
-            "idle_reasons", "kernel_sequences", "kernel_stats", "kernel_types", "launch_stats",
-            "memory_at_peak", "memory_timeline", "module_stats", "op_stats", "queue_length",
-            "queue_length_summary", "roofline", "stream_idle", "summary")
+            "compile_summary", "counter_summary", "critical_path", "efficiency",
+            "engine_utilisation", "idle_reasons", "kernel_sequences", "kernel_stats",
+            "kernel_types", "launch_stats", "memory_at_peak", "memory_timeline",
+            "module_stats", "op_stats", "queue_length", "queue_length_summary", "roofline",
+            "stream_idle", "summary")
 
 
 def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:
