@@ -1,0 +1,89 @@
+"""Holistic Trace Analysis's own figures on the real traces the parity tests use.
+
+The parity tests (tests/explorer/test_hta_parity.py, test_kernel_sequences.py,
+test_annotations.py) hold HTA 0.5.0's numbers for the traces in tests/data/real_traces;
+HTA is not a dependency of this project. This script computes those numbers again where
+HTA is installed (`pip install HolisticTraceAnalysis==0.5.0` in another environment, or
+`--hta-path` to an unpacked copy), so they can be checked or refreshed:
+
+    python benchmarks/hta_parity_values.py [--hta-path DIR] [--traces tests/data/real_traces]
+
+Each trace is copied into a folder of its own (HTA reads a folder per run). Prints, per
+trace: the kernel-type breakdown (us), the queue-length summary per stream, the launch
+statistics (rows, sums, HTA's outlier groups), the idle-time breakdown per stream, the
+user-annotation breakdown (host time) and the frequent kernel sequences of the ops the
+tests name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+TRACES = ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
+          "trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz",
+          "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+SEQUENCE_OPS = ("AddmmBackward0", "forward")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hta-path", help="a folder holding the `hta` package")
+    parser.add_argument("--traces", default=str(Path(__file__).resolve().parent.parent
+                                                / "tests" / "data" / "real_traces"))
+    args = parser.parse_args()
+    if args.hta_path:
+        sys.path.insert(0, args.hta_path)
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        sys.exit("HTA is not installed here: pip install HolisticTraceAnalysis==0.5.0 in "
+                 "another environment, or pass --hta-path")
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as work:
+        for name in TRACES:
+            folder = Path(work) / name.split(".")[0]
+            folder.mkdir()
+            shutil.copy(Path(args.traces) / name, folder / name)
+            analysis = TraceAnalysis(trace_dir=str(folder))
+            rank = next(iter(analysis.t.traces))
+            print(f"=== {name} (rank {rank})")
+            _report(analysis, rank, work)
+
+
+def _report(a, rank: int, work: str) -> None:
+    kernels = a.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)[0]
+    print("kernel types (us):", dict(zip(kernels["kernel_type"], kernels["sum"], strict=True)))
+    print("queue length summary:\n", a.get_queue_length_summary(ranks=[rank]).to_string())
+    stats = a.get_cuda_kernel_launch_stats(ranks=[rank], runtime_cutoff=50,
+                                           launch_delay_cutoff=100, visualize=False)[rank]
+    cpu, gpu = stats["cpu_duration"], stats["gpu_duration"]
+    print("launch stats: rows", len(stats), "sums (cpu, gpu, delay)",
+          (int(cpu.sum()), int(gpu.sum()), int(stats["launch_delay"].sum())),
+          "short", int(((cpu <= 50) & (gpu < cpu)).sum()), "slow", int((cpu > 50).sum()),
+          "delayed", int((stats["launch_delay"] > 100).sum()))
+    idle, _ = a.get_idle_time_breakdown(ranks=[rank], visualize=False)
+    print("idle time (us):\n", idle.to_string())
+    notes = a.get_gpu_user_annotation_breakdown(use_gpu_annotation=False, visualize=False)
+    if notes is not None:
+        print("annotations, host time (us):",
+              dict(zip(notes["name"], notes["sum (us)"], strict=True)))
+    for op in SEQUENCE_OPS:
+        for n in (1, 2, 3):
+            found = a.get_frequent_cuda_kernel_sequences(
+                operator_name=op, output_dir=work, min_pattern_len=n, rank=rank, top_k=5,
+                visualize=False)
+            if len(found):
+                print(f"sequences of {op!r}, n={n}:", [
+                    (row["pattern"][:60], int(row["count"]),
+                     float(row["GPU kernel duration (us)"])) for _, row in found.iterrows()])
+
+
+if __name__ == "__main__":
+    main()
