@@ -468,7 +468,8 @@ def _flows(path: str, col: Collector, slices: pd.DataFrame, exact: bool = False
 def _metadata(path: str, doc: Any, args: ColumnArgs, slices: pd.DataFrame, kineto: bool
               ) -> dict[str, Any]:
     base = {k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {}
-    ids = np.flatnonzero(slices["category"].to_numpy(object) == tf.CAT_METADATA)
+    # compared in Arrow: no Python string per slice
+    ids = np.flatnonzero((slices["category"] == tf.CAT_METADATA).to_numpy(bool))
     texts = [v for v in args.column(tf.ARG_METADATA_JSON, ids).tolist() if v is not None]
     meta = merge_metadata(path, texts, base)
     if kineto:
@@ -542,14 +543,17 @@ def assemble(path: str, col: Collector, doc: Any, cut_short: str | None) -> RawT
     tracks = _tracks(col, device_pids, kineto)
     kinds = _kinds(col, tracks, track, names, categories, kineto)
     slices, order = build_slices(track, ts, dur, (names, texts), (categories, texts), kinds)
-    del track, names, categories, kinds  # in the slices now
+    kind_codes, kind_values = kinds[0][order], kinds[1]  # by slice id, for our args
+    del track, ts, dur, names, categories, kinds  # in the slices now
     for i, held in sorted(col.open_args.items()):
         col.args.add(i, [held])
     new_id = np.empty(len(order), np.int64)
     new_id[order] = np.arange(len(order))
+    del order
     # with Kineto's, ours beside them: the tables read every trace alike
-    args = col.args.build(len(order), new_id,
-                          our_args(slices["kind"].to_numpy(object)) if kineto else None)
+    args = col.args.build(len(new_id), new_id,
+                          our_args(kind_codes, kind_values) if kineto else None)
+    del new_id, kind_codes
     flows, unbound = _flows(path, col, slices, exact)
     if unbound:
         col.skipped["flow end outside any slice"] += unbound

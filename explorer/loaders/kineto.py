@@ -112,17 +112,20 @@ def _count_or(value: Any, default: int) -> int:
 Rows = list[tuple[np.ndarray, ...]]
 
 
-def our_args(kind_of: np.ndarray) -> Callable[[ArgsBuilder, Rows], Rows]:
+def our_args(kind_codes: np.ndarray, kinds: list[str]) -> Callable[[ArgsBuilder, Rows], Rows]:
     """What adds our args beside Kineto's in `ArgsBuilder.build`, as `ARG_SOURCES` says
-    (`kind_of`: each built slice's kind): a row of ours for each slice of the named kinds
-    that holds the Kineto key (not null), and an op id for every op (its External id read
-    as a count, else its slice id). One of ours the trace held already is replaced."""
+    (`kinds[kind_codes[i]]`: slice i's kind): a row of ours for each slice of the named
+    kinds that holds the Kineto key (not null), and an op id for every op (its External id
+    read as a count, else its slice id). One of ours the trace held already is replaced."""
+    def of_kinds(wanted: tuple[str, ...]) -> np.ndarray:
+        return np.isin(kind_codes, [kinds.index(k) for k in wanted if k in kinds])
+
     def derive(builder: ArgsBuilder, parts: Rows) -> Rows:
         held = {builder.keys[ours] for ours, _, _ in ARG_SOURCES if ours in builder.keys}
         copies = [(builder.key_code(ours), builder.keys.get(theirs, -1),
-                   np.isin(kind_of, on_kinds)) for ours, theirs, on_kinds in ARG_SOURCES
+                   of_kinds(on_kinds)) for ours, theirs, on_kinds in ARG_SOURCES
                   if ours != tf.ARG_OP_ID]
-        is_op = np.isin(kind_of, OPS)
+        is_op = of_kinds(OPS)
         op_ids = np.flatnonzero(is_op)
         op_values = op_ids.copy()
         external, op_code = builder.keys.get("External id", -1), builder.key_code(tf.ARG_OP_ID)

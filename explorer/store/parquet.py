@@ -276,17 +276,23 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
     try:
         flows = raw.flows() if callable(raw.flows) else raw.flows
         args = args_frame(raw.args, len(raw.slices))  # decodes them: warnings come now
+        rows = {"args": len(args)}
+        # written first and let go: the long args table is built for the file alone
+        _write_parquet(os.path.join(tmp, "args.parquet"), args, build)
+        del args
         tables = {"slices": raw.slices, "tracks": raw.tracks, "counters": raw.counters,
-                  "flows": flows, "args": args, **(derived or {})}
+                  "flows": flows, **(derived or {})}
         for name, frame in tables.items():
             _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame, build)
+            rows[name] = len(frame)
+        order = ["slices", "tracks", "counters", "flows", "args", *(derived or {})]
         manifest = {
             "format": FORMAT, "version": VERSION, "build": build,
             "source": source, "source_format": raw.source_format,
             "metadata": _jsonable(raw.metadata), "skipped": dict(raw.skipped),
             "warnings": caught if caught is not None else
             [("TraceFormatWarning", w) for w in raw.warnings],
-            "rows": {name: len(frame) for name, frame in tables.items()},
+            "rows": {name: rows[name] for name in order},
         }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f)
@@ -367,7 +373,7 @@ def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
         "key": text_column(a.key, a.names) if len(a.key) else np.zeros(0, object),
         "kind": np.asarray(a.kind, np.int8), "int_value": np.asarray(a.ival, np.int64),
         "float_value": np.asarray(a.fval, np.float64), "str_value": _str_values(a),
-    }, columns=ARGS_COLUMNS)
+    }, columns=ARGS_COLUMNS, copy=False)  # the arrays as they are: a large trace's args
 
 
 def _str_values(a: ColumnArgs) -> Any:
