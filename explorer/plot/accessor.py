@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from neuron_explorer.plot import engines, figures, ranks
+from neuron_explorer.plot import engines, figures, ranks, streams
 from neuron_explorer.plot import timeline as timeline_module
 from neuron_explorer.plot.options import options
 
@@ -65,6 +65,26 @@ class TracePlot:
     def counters(self) -> go.Figure:
         """Every counter series over time (HBM in use, SBUF occupancy, engine use...)."""
         return figures.counters_figure(self._trace.counters)
+
+    def queue_length(self) -> go.Figure:
+        """How many launched kernels each device queue held over time."""
+        return streams.queue_length_figure(self._trace.queue_length())
+
+    def stream_idle(self) -> go.Figure:
+        """Each queue's idle time between kernels, by HTA's category."""
+        return streams.stream_idle_figure(self._trace.stream_idle())
+
+    def kernel_sequences(self, n: int = 3, top: int = 15) -> go.Figure:
+        """The kernel sequences of length `n` with the most time: candidates for fusion."""
+        return streams.ranked_bars(self._trace.kernel_sequences(n), "sequence", "total_ns",
+                                   f"no repeated sequence of {n} kernels in this trace",
+                                   "time of the sequence's kernels (ms)", top)
+
+    def annotations(self, top: int = 15) -> go.Figure:
+        """The annotated regions (`record_function`) with the most device time."""
+        return streams.ranked_bars(self._trace.annotations(), "path", "device_total_ns",
+                                   "no annotated regions in this trace",
+                                   "device time of the region's kernels (ms)", top)
 
     def engines(self, step: int | None = None) -> go.Figure:
         """How busy each engine and DMA queue is over the recorded steps (or one `step`)."""
