@@ -48,6 +48,19 @@ def lower_mm(b: KernelBuilder, spec: OpSpec, bias_first: bool = False) -> None:
     emit_gemm(b, g)
 
 
+def lower_addbmm(b: KernelBuilder, spec: OpSpec) -> None:
+    """addbmm(input [M, N], b1 [B, M, K], b2 [B, K, N]) = input + sum over the batch of
+    b1 @ b2: the batch sums away, so it is one GEMM whose contraction runs over B*K (the
+    products accumulate in PSUM); its result and added input are [M, N], once."""
+    bias, a, w = spec.inputs[0], spec.inputs[1], spec.inputs[2]
+    m, k = _mat(a)
+    n = w.shape[-1] if len(w.shape) >= 2 else 1
+    batch = max(a.numel // max(m * k, 1), 1)
+    emit_gemm(b, Gemm(m=m, k=batch * k, n=n, dtype=a.dtype,
+                      out_dtype=_out_dtype(spec, a.dtype), a_bytes=a.nbytes,
+                      b_bytes=w.nbytes, bias_bytes=bias.nbytes))
+
+
 def lower_linear(b: KernelBuilder, spec: OpSpec) -> None:
     """linear(x [*, K], W [N, K], bias [N]) = x @ W^T + bias."""
     x, w = spec.inputs[0], spec.inputs[1]

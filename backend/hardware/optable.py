@@ -197,7 +197,7 @@ LOWERINGS.update({
     "mv": mmx.lower_mm,
     "addmm": partial(mmx.lower_mm, bias_first=True),
     "baddbmm": partial(mmx.lower_mm, bias_first=True),
-    "addbmm": partial(mmx.lower_mm, bias_first=True),
+    "addbmm": mmx.lower_addbmm,
     "addmv": partial(mmx.lower_mm, bias_first=True),
     "linear": mmx.lower_linear,
     "dot": mmx.lower_dot,
