@@ -40,6 +40,29 @@ def lower_pointwise(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step],
            inputs=full, small_inputs=small, outputs=[t.nbytes for t in outs])
 
 
+def lower_glu(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step]) -> None:
+    """glu: out = a * sigmoid(b) over the input's two halves: the steps run once per
+    output element (half the input's), and both halves are read."""
+    outs = outputs_of(spec)
+    out = outs[0] if outs else spec.inputs[0]
+    elements = max(out.numel, 1)
+    stream(b, elements, out.dtype, _resolve(steps, 2),
+           inputs=[t.nbytes for t in spec.inputs], outputs=[t.nbytes for t in outs])
+
+
+def lower_slice_scatter(b: KernelBuilder, spec: OpSpec) -> None:
+    """slice_scatter(self, src) and its kin: `self` with `src` written into a slice of
+    it. What lies outside the slice is copied and `src` copied in, HBM to HBM (the two
+    parts are disjoint: the copies run side by side)."""
+    outs = outputs_of(spec)
+    out = outs[0] if outs else spec.inputs[0]
+    src = spec.inputs[1] if len(spec.inputs) > 1 else spec.inputs[0]
+    pieces = b.preset.dma_engines
+    for part in (max(out.nbytes - src.nbytes, 0), min(src.nbytes, out.nbytes)):
+        if part:
+            b.dma_copy(part, 128, row_bytes=max(part / pieces, 1.0))
+
+
 def lower_copy(b: KernelBuilder, spec: OpSpec) -> None:
     """Same dtype: one HBM -> HBM DMA; a dtype change goes through the Vector Engine."""
     outs = outputs_of(spec)

@@ -64,16 +64,18 @@ def lower_nll_loss(b: KernelBuilder, spec: OpSpec) -> None:
 
 
 def lower_nll_loss_backward(b: KernelBuilder, spec: OpSpec) -> None:
-    """nll_loss backward: zero the [N, C] gradient, then scatter -w/N at each target."""
+    """nll_loss backward: zero the [N, C] gradient, then scatter -grad_output * w/N at
+    each target (grad_output: a scalar, or one value per target without reduction)."""
     outs = outputs_of(spec)
     grad_in = outs[0] if spec.outputs else spec.inputs[1]
     target = spec.inputs[2] if len(spec.inputs) > 2 else spec.inputs[-1]
     zeroed = stream(b, grad_in.numel, grad_in.dtype, [vec("Memset", 1, flops=0.0)],
                     outputs=[grad_in.nbytes])
     rows = max(target.numel, 1)
+    grad_out = b.dma_load(spec.inputs[0].nbytes, min(128, max(spec.inputs[0].numel, 1)))
     idx = b.dma_load(target.nbytes, min(128, rows))
     addr = b.gpsimd("IndexCompute", rows, target.dtype, idx)
-    b.dma_store(rows * grad_in.itemsize, min(128, rows), zeroed + (addr,),
+    b.dma_store(rows * grad_in.itemsize, min(128, rows), zeroed + (addr,) + grad_out,
                 row_bytes=grad_in.itemsize)
 
 

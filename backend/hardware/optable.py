@@ -85,10 +85,9 @@ FILLS = [
     "new_ones", "new_full", "scalar_tensor",
 ]
 # Backward of indexing views: a zero-filled gradient with the incoming slice written in.
-SLICE_BACKWARDS = [
-    "select_backward", "slice_backward", "diagonal_backward", "as_strided_scatter",
-    "slice_scatter", "select_scatter", "diagonal_scatter",
-]
+SLICE_BACKWARDS = ["select_backward", "slice_backward", "diagonal_backward"]
+# The same with a real `self` around the slice: it is copied, not zeroed.
+SLICE_SCATTERS = ["as_strided_scatter", "slice_scatter", "select_scatter", "diagonal_scatter"]
 REDUCTIONS = {
     "sum": rw.SUM, "mean": rw.SUM, "nansum": rw.SUM, "nanmean": rw.SUM, "prod": rw.SUM,
     "amax": rw.MINMAX, "amin": rw.MINMAX, "aminmax": rw.MINMAX, "max": rw.MINMAX,
@@ -132,6 +131,7 @@ LOWERINGS.update({n: partial(pw.lower_pointwise, steps=MASK_BACKWARD) for n in M
 LOWERINGS.update({n: pw.lower_copy for n in COPIES})
 LOWERINGS.update({n: partial(pw.lower_generate, steps=MEMSET) for n in FILLS})
 LOWERINGS.update({n: partial(pw.lower_generate, steps=MEMSET) for n in SLICE_BACKWARDS})
+LOWERINGS.update({n: pw.lower_slice_scatter for n in SLICE_SCATTERS})
 LOWERINGS.update({n: partial(rw.lower_reduction, steps=s) for n, s in REDUCTIONS.items()})
 LOWERINGS.update({n: partial(rw.lower_rows, steps=s) for n, s in ROWS.items()})
 LOWERINGS.update({n: partial(rw.lower_reduction, steps=POOL) for n in POOLING})
@@ -141,7 +141,7 @@ LOWERINGS.update({
     "cat": pw.lower_concat,
     "stack": pw.lower_concat,
     "equal": partial(rw.lower_reduction, steps=COMPARE_ALL),
-    "glu": partial(pw.lower_pointwise, steps=ACTIVATION_BACKWARD),
+    "glu": partial(pw.lower_glu, steps=ACTIVATION_BACKWARD),
     "eye": partial(pw.lower_generate, steps=IOTA),
     "_fused_dropout": pw.lower_dropout,
     # AMP grad scaler: unscale every gradient and flag infinities, one kernel per list

@@ -96,7 +96,8 @@ add("native_dropout_backward", (X, XB), (X,), N)
 add("where", (XB, X, X), (X,), 0)  # a select is no arithmetic
 add("masked_fill", (X, XB), (X,), 0)
 add("tril triu", (X,), (X,), N)
-add("glu", (X,), (T((64, 64), F),), None)  # see the xfail test
+# a sigmoid and a product per output element (half the input's); both halves read
+add("glu", (X,), (T((64, 64), F),), 2 * 64 * 64)
 add("_amp_foreach_non_finite_check_and_unscale", (X,), (), 2 * N, writes=X.nbytes)
 ONE = T((1,), F)
 add("_amp_update_scale", (ONE, T((1,), "int32"), ONE), (ONE, T((1,), "int32")), 2)
@@ -138,10 +139,11 @@ add("eye", (), (T((64, 64), F),), 0)
 add("select_backward", (COL,), (X,), 0, dim=0, index=3)
 add("slice_backward", (T((32, 128), F),), (X,), 0)
 add("diagonal_backward", (ROW,), (X,), 0)
-# the *_scatter ops read all of `self`: see the xfail test
+# the *_scatter ops: `self` outside the slice is copied and `src` into it: as many bytes
+# read as `self` holds
 for _name, _src in (("slice_scatter", T((32, 128), F)), ("select_scatter", COL),
                     ("diagonal_scatter", ROW), ("as_strided_scatter", T((32, 128), F))):
-    add(_name, (X, _src), (X,), 0, reads=None)
+    add(_name, (X, _src), (X,), 0, reads=X.nbytes)
 
 # ---- dropout: random bits (0), then mask (1) and scale (1) ---------------------------
 add("native_dropout", (X,), (X, XB), 2 * N)
@@ -212,9 +214,10 @@ add("native_batch_norm_backward batch_norm_backward", (IMG, IMG, CH, CH, CH), (I
 add("nll_loss nll_loss_forward nll_loss2d_forward", (X, IDX), (SCALAR, SCALAR), 64,
     reads=IDX.nbytes + 64 * 4)
 add("nll_loss_nd", (X, IDX), (SCALAR,), 64, reads=IDX.nbytes + 64 * 4)
-# backward: the gradient zeroed, then one element per target written (read: see xfail)
-add("nll_loss_backward nll_loss2d_backward", (SCALAR, X, IDX), (X,), 0, reads=None,
-    writes=X.nbytes + 64 * 4)
+# backward: the gradient zeroed, then one element per target written, scaled by the
+# incoming gradient (read with the targets)
+add("nll_loss_backward nll_loss2d_backward", (SCALAR, X, IDX), (X,), 0,
+    reads=IDX.nbytes + SCALAR.nbytes, writes=X.nbytes + 64 * 4)
 
 # ---- index ops: rows move by indirect DMA, no FLOPs except accumulation -------------
 ROW_BYTES = 128 * 4

@@ -70,22 +70,13 @@ def test_every_table_op_lowers_to_its_flops_and_bytes(name, trn2):
         assert kernel.flops >= kernel.model_flops
 
 
-_SCATTER_READS = X.nbytes  # `self` outside the slice, and the slice's new values
 # What the physics says where the model disagrees: (model FLOPs, bytes read, written).
 PHYSICAL = {
-    # a sigmoid and a product per output element, not per input element
-    "glu": (2 * 64 * 64, None, None),
-    "slice_scatter": (None, _SCATTER_READS, None),
-    "select_scatter": (None, _SCATTER_READS, None),
-    "diagonal_scatter": (None, _SCATTER_READS, None),
-    "as_strided_scatter": (None, _SCATTER_READS, None),
     # grad_input is written at the input's size (the fold to it happens on chip, as the
     # forward's unfold does), not as the unfolded [N*Hout*Wout, Cin*kh*kw] columns
     "convolution_backward": (None, None, IMG.nbytes + W3.nbytes + T((32,), F).nbytes),
     # fills whole rows along dim 0 with a scalar: nothing but the indices read
     "index_fill": (None, IDX.nbytes, 64 * 128 * 4),
-    # the gradient scales every picked element: grad_output is read
-    "nll_loss_backward": (None, IDX.nbytes + 4, None),
 }
 
 
