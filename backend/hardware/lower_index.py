@@ -90,6 +90,27 @@ def lower_scatter(b: KernelBuilder, spec: OpSpec) -> None:
     b.add_model_flops(value.numel if spec.attr("accumulate") or "add" in spec.name else 0)
 
 
+def lower_index_fill(b: KernelBuilder, spec: OpSpec) -> None:
+    """index_fill(self, dim, index, value): whole rows of self set to a scalar. A copy of
+    self first when out of place; then the indices load, GpSimd computes the addresses,
+    and a memset row goes to each by indirect DMA (nothing but the indices read)."""
+    dst = spec.inputs[0]
+    index = _index_of(spec)
+    copied: tuple[int, ...] = ()
+    if spec.outputs:  # out-of-place: the result starts as a copy of self
+        copied = b.dma_copy(dst.nbytes, 128)
+    rows = max(index.numel, 1)
+    dim = int(spec.attr("dim") or 0) % max(len(dst.shape), 1)
+    row = dst.nbytes // max(dst.shape[dim] if dst.shape else 1, 1)  # one slice along dim
+    for lo in range(0, rows, ROWS_PER_TILE):
+        n = min(ROWS_PER_TILE, rows - lo)
+        idx = b.dma_load(index.nbytes * n // rows, min(128, n))
+        elements = n * max(row // dst.itemsize, 1)
+        fill = b.vector("Memset", -(-elements // 128), dst.dtype, 1)  # over 128 partitions
+        addr = b.gpsimd("IndexCompute", n, index.dtype, idx, 2.0)
+        b.dma_store(n * row, min(128, n), copied + (addr, fill), row_bytes=row)
+
+
 def lower_embedding_backward(b: KernelBuilder, spec: OpSpec) -> None:
     """embedding_dense_backward(grad [*, D], indices, V): zero the [V, D] table, then
     scatter-add one gradient row per index."""

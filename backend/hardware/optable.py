@@ -189,7 +189,7 @@ LOWERINGS.update({
     "index_copy": ix.lower_scatter,
     "index_put": ix.lower_scatter,
     "_index_put_impl": ix.lower_scatter,
-    "index_fill": ix.lower_scatter,
+    "index_fill": ix.lower_index_fill,
     "masked_scatter": ix.lower_scatter,
     "mm": mmx.lower_mm,
     "bmm": mmx.lower_mm,

@@ -231,7 +231,8 @@ add("gather", (X, T((64, 1), I64)), (T((64, 1), F),), 0)  # `self` fits in SBUF:
 for _name, _flops in (("scatter", 0), ("scatter_add", N), ("index_add", N), ("index_copy", 0),
                       ("index_put", 0), ("_index_put_impl", 0), ("scatter_reduce", 0)):
     add(_name, (TABLE, IDX, X), (), _flops, reads=IDX.nbytes + X.nbytes, writes=X.nbytes)
-add("index_fill", (TABLE, IDX), (), 0, reads=None, writes=None, dim=0)  # see xfail
+# whole rows along dim 0 set to a scalar: nothing but the indices read
+add("index_fill", (TABLE, IDX), (), 0, reads=IDX.nbytes, writes=64 * ROW_BYTES, dim=0)
 add("masked_scatter", (X, XB, X), (), 0, reads=XB.nbytes + X.nbytes, writes=X.nbytes)
 BAGS, BAG_IDX, OFFSETS = T((16, 128), F), T((200,), I64), T((16,), I64)
 # one add per gathered element into its bag

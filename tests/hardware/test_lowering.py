@@ -75,8 +75,6 @@ PHYSICAL = {
     # grad_input is written at the input's size (the fold to it happens on chip, as the
     # forward's unfold does), not as the unfolded [N*Hout*Wout, Cin*kh*kw] columns
     "convolution_backward": (None, None, IMG.nbytes + W3.nbytes + T((32,), F).nbytes),
-    # fills whole rows along dim 0 with a scalar: nothing but the indices read
-    "index_fill": (None, IDX.nbytes, 64 * 128 * 4),
 }
 
 
