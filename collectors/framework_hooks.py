@@ -10,6 +10,8 @@
   checkpoint's recompute) nests in that backward slice, and adding into an existing
   `.grad` (AccumulateGrad) stays in the module slice open;
 - optimizer: global step pre/post hooks (a step ends a training step), zero_grad;
+- a model's outermost call also records grad mode when it is off and the shape of token
+  ids passed to it, from which the explorer tells training, eval, prefill and decode apart;
 - inference: with no optimizer step and no `neuron_explorer.step()`, the return of the
   outermost module's forward in no-grad or eval mode ends a step (one step per request);
 - data: time in the DataLoader iterator's `__next__`;
@@ -40,9 +42,11 @@ from neuron_explorer.collectors import dataloader_workers, signal_guard
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.common.trace_format import (
     ARG_BATCH,
+    ARG_GRAD,
     ARG_MODULE,
     ARG_PHASE,
     ARG_STEP,
+    ARG_TOKENS,
     ARG_WORKER,
     ARG_WORKER_PID,
     CAT_DATALOADER,
@@ -97,6 +101,19 @@ def _skip_hook_frames() -> None:
     skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
     for hook in (FrameworkHooks._forward_pre, FrameworkHooks._forward_post):
         set_code_exec_strategy(hook.__code__, skip)
+
+
+def _call_args(args: Any) -> dict[str, Any]:
+    """What the explorer needs to split a run into phases, on a model's outermost call:
+    grad off (an eval pass; grad on, the usual case, writes nothing) and, when the first
+    argument holds token ids, their shape (a decode step feeds one new token a sequence)."""
+    out: dict[str, Any] = {} if torch.is_grad_enabled() else {ARG_GRAD: 0}
+    first = args[0] if isinstance(args, tuple) and args else None
+    if (isinstance(first, torch.Tensor) and 1 <= first.dim() <= 2
+            and not first.dtype.is_floating_point and not first.dtype.is_complex
+            and first.dtype != torch.bool):
+        out[ARG_TOKENS] = str(list(first.shape))
+    return out
 
 
 class FrameworkHooks:
@@ -216,24 +233,26 @@ class FrameworkHooks:
             # the compiled wrapper's own model is not recorded again: the wrapper's slice
             # is this call
             if not state.forward or state.forward[-1][2] != self._wrapper_of.get(id(module)):
-                self._begin_forward(module, state, ts)
+                self._begin_forward(module, state, ts, _args)
         except RecordingError as exc:
             self.rec.fail(exc)
         clock.exclude(_perf_ns() - t0)
         if host_costs.module_hook_ns:  # the slow module-call path these hooks cause
             clock.defer(host_costs.module_hook_ns, ts)
 
-    def _begin_forward(self, module: torch.nn.Module, state: _ThreadState, ts: int) -> None:
+    def _begin_forward(self, module: torch.nn.Module, state: _ThreadState, ts: int,
+                       args: Any) -> None:
         rec = self.rec
         parent = state.forward[-1][0] if state.forward else None
         path = self.path_of(module, parent)
+        slice_args: dict[str, Any] = {ARG_MODULE: path, ARG_PHASE: "forward", ARG_STEP: rec.step}
         if not state.forward:
             node = _current_node()
             if node is not None:  # a forward run by a backward node (checkpoint recompute)
                 rec.backward_to(self._seq_module.get(node._sequence_nr(), ""), ts, state)
+            slice_args.update(_call_args(args))
         state.forward.append((path, _get_sequence_nr(), id(module)))
-        rec.begin(path, CAT_MODULE, {ARG_MODULE: path, ARG_PHASE: "forward",
-                                     ARG_STEP: rec.step}, ts=ts, state=state)
+        rec.begin(path, CAT_MODULE, slice_args, ts=ts, state=state)
 
     def _forward_post(self, module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if _is_compiling():

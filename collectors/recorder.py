@@ -350,8 +350,9 @@ class Recorder:
 
     # -- annotations ----------------------------------------------------------------
 
-    def annotation_begin(self, name: str, ts: int | None = None) -> None:
-        self.begin(name, CAT_ANNOTATION, self.step_args(), ts=ts)
+    def annotation_begin(self, name: str, ts: int | None = None,
+                         args: Mapping[str, Any] | None = None) -> None:
+        self.begin(name, CAT_ANNOTATION, {**self.step_args(), **(args or {})}, ts=ts)
 
     def annotation_end(self, ts: int | None = None) -> None:
         self.end(CAT_ANNOTATION, ts=ts)

@@ -1,4 +1,4 @@
-"""The Python API: `neuron_explorer.record(...)`, `neuron_explorer.step()`, `neuron_explorer.annotate(...)`.
+"""The Python API: `neuron_explorer.record(...)`, `step()`, `annotate(...)` and `phase(...)`.
 
     with neuron_explorer.record("run.pftrace", level="op", steps="2:5"):
         for batch in loader:
@@ -22,6 +22,7 @@ from neuron_explorer.backend.clock import clock
 from neuron_explorer.collectors import recording_notices, signal_guard, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
+from neuron_explorer.common.trace_format import ARG_PHASE
 
 if TYPE_CHECKING:
     from neuron_explorer.collectors.device_sink import DeviceSink
@@ -234,6 +235,7 @@ class annotate(contextlib.ContextDecorator):
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
+        self.args: dict[str, str] = {}  # written on the range beside its step
         self._recorder: Recorder | None = None
 
     def _recreate_cm(self) -> annotate:
@@ -244,7 +246,7 @@ class annotate(contextlib.ContextDecorator):
         if recorder is not None and recorder.recording:
             t0, ts = clock.stamp()
             try:
-                recorder.annotation_begin(self.name, ts=ts)
+                recorder.annotation_begin(self.name, ts=ts, args=self.args)
                 self._recorder = recorder
             except RecordingError as exc:
                 recorder.fail(exc)
@@ -260,3 +262,17 @@ class annotate(contextlib.ContextDecorator):
             except RecordingError as err:
                 recorder.fail(err)
             clock.exclude(_perf_ns() - t0)
+
+
+class phase(annotate):
+    """Mark a phase of the run: `with neuron_explorer.phase("prefill"):`. The steps that
+    start their model call inside it are that phase in `Trace.phases()` (train, eval,
+    prefill, decode, or a name of yours), whatever the explorer would have read."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"phase: {name}")
+        self.phase = str(name)
+        self.args = {ARG_PHASE: self.phase}
+
+    def _recreate_cm(self) -> phase:
+        return phase(self.phase)

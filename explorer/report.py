@@ -10,6 +10,7 @@ import pandas as pd
 from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
+from neuron_explorer.analyses.phases import phase_summary, split_phases
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
@@ -54,6 +55,8 @@ def report_dict(trace: Trace) -> dict[str, Any]:
         "top_kernels": records(trace.kernel_stats().head(TOP)),
         "findings": [f.to_dict() for f in trace.bottlenecks()],
         "kernels": kernel_dict(trace),
+        "phases": records(phase_summary(trace)),
+        "serving": records(trace.serving()),
     }
 
 
@@ -80,6 +83,8 @@ def report_sections(trace: Trace) -> list[Section]:
         "ops": s["n_ops"] if device or recorded_level(trace) is None else missing,
         "kernels": s["n_kernels"] if device else missing,
     }
+    if set(phase_summary(trace)["phase"]) - {"train"}:  # a plain training run: no line
+        head["phases"] = _phases_text(trace)
     if prediction_text(trace):
         head["prediction"] = prediction_text(trace)
     if s["compile_ns"]:
@@ -131,9 +136,46 @@ def report_sections(trace: Trace) -> list[Section]:
               if device and len(queues := _queues_table(trace)) else []),
             *([Section("Counters (the whole trace)", counters)]
               if len(counters := _counters_table(trace)) else []),
+            *([Section("Generation (per prefill and its decode steps)", serving)]
+              if len(serving := _serving_table(trace)) else []),
             Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+
+
+def _phases_text(trace: Trace) -> str:
+    """'train: 9 steps, 3.3 ms median; eval: 12 passes, 0.9 ms median (not in the
+    per-step figures)' from the phase summary."""
+    ps = phase_summary(trace)
+    split = split_phases(trace)
+    parts = []
+    for row in ps.itertuples(index=False):
+        noun = "pass" if row.phase == "eval" else "step"
+        unit = noun if row.steps == 1 else noun + ("es" if row.phase == "eval" else "s")
+        text = f"{row.phase}: {row.steps} {unit}, {fmt_ns(row.median_ns)} median"
+        if split and row.phase != "train":
+            text += " (not in the per-step figures)"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _serving_table(trace: Trace) -> pd.DataFrame:
+    """Per generation: time to first token, time per output token, tokens/s."""
+    sv = trace.serving()
+    if not len(sv):
+        return pd.DataFrame()
+
+    def shown(values: pd.Series, form: Any = "{:.0f}".format) -> list[str]:
+        return ["-" if pd.isna(v) else form(v) for v in values]  # unknown: token ids unseen
+
+    return pd.DataFrame({"step": sv["step"], "batch": shown(sv["batch"]),
+                         "prompt tokens": shown(sv["prompt_tokens"]),
+                         "decode steps": sv["decode_steps"],
+                         "new tokens": shown(sv["new_tokens"]),
+                         "time to first token": shown(sv["ttft_ns"], fmt_ns),
+                         "per output token (median)": shown(sv["tpot_median_ns"], fmt_ns),
+                         "per output token (p90)": shown(sv["tpot_p90_ns"], fmt_ns),
+                         "tokens/s": shown(sv["tokens_per_s"])})
 
 
 def _queues_table(trace: Trace) -> pd.DataFrame:

@@ -268,6 +268,20 @@ class Trace:
 
         return memoised(self, "summary", lambda: summary(self))
 
+    def phases(self) -> pd.DataFrame:
+        """The run's steps by phase (train, eval, prefill, decode): phase, step, ts, dur,
+        tokens; an eval pass inside a training step is its own row, not part of the step."""
+        from neuron_explorer.analyses.phases import phases
+
+        return phases(self)
+
+    def serving(self) -> pd.DataFrame:
+        """Per generation (a prefill and its decode steps): batch, prompt and new tokens,
+        time to first token, time per output token (median, p90), tokens/s."""
+        from neuron_explorer.analyses.phases import serving
+
+        return memoised(self, "serving", lambda: serving(self))
+
     def breakdown(self) -> pd.DataFrame:
         """Long form per step: step, side (device|host), category, ns, share."""
         from neuron_explorer.analyses.step_breakdown import breakdown

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.levels import records_device
+from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.peaks import hbm_bandwidth, peak_flops
 
@@ -32,6 +33,7 @@ def efficiency(trace: Trace) -> pd.DataFrame:
     steps = win["step"].to_numpy()
     measured = records_device(trace)  # at --level framework no kernel says what ran
     if len(k) and len(trace.steps):
+        k = without_eval(trace, k)
         g = k.groupby("step")[["flops", "hw_flops", "bytes"]].sum()
         sums = g.reindex(steps, fill_value=0)
     elif len(k):

@@ -2,7 +2,7 @@
 
 Rows and shares are of the analysed steps (`steady_state`: no warm-up or compile
 steps; the trace's span when it has no steps), so a row's share says how much of a
-steady training step it accounts for.
+steady training step it accounts for (without the eval passes recorded in one).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.common import trace_format as tf
@@ -43,7 +44,7 @@ def _empty(columns: list[str]) -> pd.DataFrame:
 
 def op_stats(trace: Trace) -> pd.DataFrame:
     """Per op name, sorted by device time then host time."""
-    ops = in_analysed_steps(trace, trace.ops)
+    ops = without_eval(trace, in_analysed_steps(trace, trace.ops))
     if not len(ops):
         return _empty(OP_STAT_COLUMNS)
     g = ops.groupby("name", sort=False).agg(
@@ -57,7 +58,7 @@ def op_stats(trace: Trace) -> pd.DataFrame:
 
 def module_stats(trace: Trace) -> pd.DataFrame:
     """Per module path and phase: time in the module and device time of the ops it ran."""
-    mods = in_analysed_steps(trace, trace.modules)
+    mods = without_eval(trace, in_analysed_steps(trace, trace.modules))
     if not len(mods):
         return _empty(MODULE_STAT_COLUMNS)
     g = mods.groupby(["module", "phase"], sort=False).agg(count=("id", "size"),
@@ -96,7 +97,7 @@ def _module_op_sums(trace: Trace, mods: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_stats(trace: Trace) -> pd.DataFrame:
     """Per kernel name (copies and memsets included for PyTorch-profiler traces)."""
-    k = in_analysed_steps(trace, trace.kernels)
+    k = without_eval(trace, in_analysed_steps(trace, trace.kernels))
     if not len(k):
         return _empty(KERNEL_STAT_COLUMNS)
     g = k.groupby(["name", "kind"], sort=False).agg(

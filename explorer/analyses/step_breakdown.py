@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.levels import records_device
+from neuron_explorer.analyses.phases import split_phases, training_windows
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.common.trace_format import ENGINES
@@ -30,8 +31,11 @@ HOST_KINDS = {"sync": ("sync",), "dataloader": ("dataloader",), "compile": ("com
 
 def step_windows(trace: Trace) -> pd.DataFrame:
     """Steps to analyse (the steady state: `steady_state.select_steps`); a trace without
-    steps is one window over its whole span."""
+    steps is one window over its whole span. In a run that trains and also evaluates or
+    generates, the training steps alone, without the eval passes recorded in them."""
     if len(trace.steps):
+        if split_phases(trace):
+            return in_analysed_steps(trace, training_windows(trace))
         return in_analysed_steps(trace, trace.steps)[["step", "ts", "dur"]]
     s = trace.table("slices")
     if not len(s):

@@ -1,0 +1,300 @@
+"""The run split into phases: training steps, eval passes, and generation's prefill and decode.
+
+A phase is read from the model's outermost calls (the top-level module with the most
+forward time): the recorder writes on each one `grad: 0` when grad mode is off and,
+when its first argument holds token ids, their shape.
+- `train`: a step with a grad-enabled call, a backward or an optimizer step;
+- `eval`: a call without grad inside a training step (an eval pass between two optimizer
+  steps: the recorder holds it in the next training step, which starts after it here), or
+  an inference step that is not generation;
+- `prefill` and `decode`: inference steps where each call adds one token per sequence
+  (one new token with a KV cache, or the previous length + 1 without one) after a call
+  that took the prompt;
+- whatever `neuron_explorer.phase(name)` marked: the name of the range a model call
+  starts in wins (models called with keyword arguments show no token ids to the hooks).
+Traces where no call ran without grad (older recordings, PyTorch-profiler traces) have
+one phase: `eval` for an inference loop (steps ended by the model's return), `train`
+otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.levels import recorded_level
+from neuron_explorer.analyses.steady_state import completed_steps
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.memo import memoised
+from neuron_explorer.tables import assign_steps, kind_mask
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+COLUMNS = ["phase", "step", "ts", "dur", "tokens"]
+SERVING_COLUMNS = ["generation", "step", "batch", "prompt_tokens", "decode_steps", "new_tokens",
+                   "ttft_ns", "tpot_median_ns", "tpot_p90_ns", "tokens_per_s"]
+TRAIN, EVAL, PREFILL, DECODE = "train", "eval", "prefill", "decode"
+
+
+def _shape(text: str) -> tuple[int, int] | None:
+    """'[4, 39]' -> (batch 4, 39 tokens each); '[39]' -> (1, 39); '' -> None."""
+    try:
+        dims = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(dims, list) or not 1 <= len(dims) <= 2:
+        return None
+    return (1, int(dims[0])) if len(dims) == 1 else (int(dims[0]), int(dims[1]))
+
+
+def model_calls(trace: Trace) -> pd.DataFrame:
+    """The model's outermost forward calls: ts, end, step, grad (1, 0, or -1: unknown,
+    not our trace), batch and new (token ids' shape, -1 where unknown)."""
+    m = trace.modules
+    calls = m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
+    if not len(calls):
+        return pd.DataFrame({c: pd.Series(dtype="int64")
+                             for c in ["ts", "end", "step", "grad", "batch", "new"]})
+    # the model, not a loss function or tokenizer called beside it: the most forward time
+    model = calls.groupby("module")["dur"].sum().idxmax()
+    calls = calls[calls["module"] == model]
+    ids = calls["id"].to_numpy()
+    ts = calls["ts"].to_numpy(np.int64)
+    shapes = [_shape(t) for t in trace.slice_args.texts(tf.ARG_TOKENS, ids).tolist()]
+    return pd.DataFrame({
+        "ts": ts, "end": ts + calls["dur"].to_numpy(np.int64),
+        "step": assign_steps(ts, trace.steps),
+        # ours write grad only when it is off; other traces do not say
+        "grad": trace.slice_args.numbers(tf.ARG_GRAD, ids, 1 if recorded_level(trace) else -1,
+                                         "int64"),
+        "batch": [s[0] if s else -1 for s in shapes],
+        "new": [s[1] if s else -1 for s in shapes],
+    }).sort_values("ts", ignore_index=True)
+
+
+def _training_steps(trace: Trace) -> set[int]:
+    """Steps holding a backward or an optimizer step."""
+    s = trace.table("slices")
+    mask = kind_mask(trace, (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER))
+    found = assign_steps(s["ts"].to_numpy(np.int64)[mask], trace.steps)
+    return {int(x) for x in found if x >= 0}
+
+
+def phases(trace: Trace) -> pd.DataFrame:
+    """One row per step of each phase: phase, step (the recorded step holding it: eval
+    passes share their training step's number), ts, dur, tokens (NA where unknown)."""
+    return memoised(trace, "phases", lambda: _phases(trace))
+
+
+def _phases(trace: Trace) -> pd.DataFrame:
+    steps = trace.steps
+    if not len(steps):
+        return pd.DataFrame({c: pd.Series(dtype="Int64" if c == "tokens" else
+                                          (object if c == "phase" else "int64"))
+                             for c in COLUMNS})
+    calls = model_calls(trace)
+    tails = _eval_tails(trace)
+    training = _training_steps(trace)
+    after_last = set(steps["step"]) - set(completed_steps(trace)["step"])
+    no_args = not len(calls) or not (calls["grad"] == 0).any()  # older or others' traces
+    inference_loop = trace.metadata.get("step_boundary") == "forward"
+    rows: list[dict[str, Any]] = []
+    for step in steps.itertuples(index=False):
+        start, end = int(step.ts), int(step.ts + step.dur)
+        own = calls[calls["step"] == step.step]
+        if step.step in after_last and step.step not in training and not len(own):
+            continue  # the code after the last step mark, with no model call: no phase
+        # inference: every model call without grad (or, unrecorded, a loop of model calls)
+        inference = step.step not in training and (
+            bool(len(own)) and bool((own["grad"] == 0).all()) or (no_args and inference_loop))
+        if not inference:
+            rows.extend(_train_rows(int(step.step), start, end, own, tails))
+            continue
+        first = own.iloc[0] if len(own) else None
+        tokens = int((own["batch"] * own["new"]).sum()) if len(own) and \
+            (own["new"] > 0).all() else None
+        rows.append({"phase": EVAL, "step": int(step.step), "ts": start, "dur": end - start,
+                     "tokens": tokens, "batch": -1 if first is None else int(first["batch"]),
+                     "new": -1 if first is None else int(first["new"]),
+                     "anchor": start if first is None else int(first["ts"])})
+    _mark_generation(rows)
+    _apply_marks(rows, _marks(trace))
+    out = pd.DataFrame(rows)
+    out["tokens"] = out["tokens"].astype("Int64")
+    return out[COLUMNS].sort_values("ts", kind="stable", ignore_index=True)
+
+
+def _eval_tails(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of what may close an eval pass: host syncs (a metric's `.item()`) and
+    outermost module calls without grad (its loss), in time order."""
+    s = trace.table("slices")
+    mask = kind_mask(trace, (tf.CAT_SYNC,))
+    ts, end = s["ts"].to_numpy(np.int64), (s["ts"] + s["dur"]).to_numpy(np.int64)
+    m = trace.modules
+    if len(m):
+        top = m[(m["depth"] == 0) & (m["phase"] == "forward")]
+        grad = trace.slice_args.numbers(tf.ARG_GRAD, top["id"].to_numpy(), -1, "int64")
+        top = top[grad == 0]
+        starts = np.r_[ts[mask], top["ts"].to_numpy(np.int64)]
+        ends = np.r_[end[mask], (top["ts"] + top["dur"]).to_numpy(np.int64)]
+    else:
+        starts, ends = ts[mask], end[mask]
+    order = np.argsort(starts, kind="stable")
+    return starts[order], ends[order]
+
+
+def _train_rows(step: int, start: int, end: int, own: pd.DataFrame,
+                tails: tuple[np.ndarray, np.ndarray]) -> list[dict[str, Any]]:
+    """A training step and the eval passes recorded in it, each its own row: an eval call
+    runs to the next model call; the last one before the training step's own call, to the
+    end of the last loss call or sync after it (what follows prepares the training step's
+    inputs). The training step starts after the eval passes before its own call."""
+    rows: list[dict[str, Any]] = []
+    grad = own[own["grad"] == 1]
+    first_grad = int(grad["ts"].iloc[0]) if len(grad) else end
+    starts = own["ts"].to_numpy(np.int64)
+    train_start, eval_ns = start, 0
+    for i, call in enumerate(own.itertuples(index=False)):
+        if call.grad != 0:
+            continue
+        stop = int(starts[i + 1]) if i + 1 < len(own) else end
+        if stop == first_grad:
+            after = (tails[0] >= call.ts) & (tails[1] <= first_grad)
+            stop = int(max(call.end, tails[1][after].max(initial=0)))
+        known = call.new > 0
+        rows.append({"phase": EVAL, "step": step, "ts": int(call.ts), "dur": stop - int(call.ts),
+                     "tokens": call.batch * call.new if known else None, "batch": -1, "new": -1,
+                     "anchor": int(call.ts)})
+        if call.ts < first_grad:
+            train_start = max(train_start, stop)
+        else:
+            eval_ns += stop - int(call.ts)
+    tokens = int((grad["batch"] * grad["new"]).sum()) if len(grad) and \
+        (grad["new"] > 0).all() else None
+    rows.append({"phase": TRAIN, "step": step, "ts": train_start,
+                 "dur": end - train_start - eval_ns, "tokens": tokens, "batch": -1, "new": -1,
+                 "anchor": first_grad if len(grad) else train_start})
+    return rows
+
+
+def _mark_generation(rows: list[dict[str, Any]]) -> None:
+    """Inference steps that add one token per sequence to the one before are `decode`;
+    the step that starts such a run (the prompt) is `prefill`."""
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        if row["phase"] == TRAIN:
+            previous = None
+            continue
+        if previous is not None and row["batch"] > 0 and row["batch"] == previous["batch"] \
+                and (row["new"] == 1 or row["new"] == previous["new"] + 1):
+            if previous["phase"] == EVAL:
+                previous["phase"] = PREFILL
+            row["phase"] = DECODE
+            row["tokens"] = row["batch"]  # one new token per sequence, cache or not
+        previous = row if row["phase"] != TRAIN and row["new"] > 0 else None
+
+
+def _marks(trace: Trace) -> list[tuple[int, int, str]]:
+    """The ranges marked with `neuron_explorer.phase(name)`: (start, end, name), in time
+    order (a range split at step boundaries is several)."""
+    s = trace.table("slices")[kind_mask(trace, (tf.CAT_ANNOTATION,))]
+    if not len(s):
+        return []
+    names = trace.slice_args.texts(tf.ARG_PHASE, s["id"].to_numpy())
+    ts, end = s["ts"].to_numpy(np.int64), (s["ts"] + s["dur"]).to_numpy(np.int64)
+    marks = [(int(a), int(b), str(n)) for a, b, n in zip(ts, end, names, strict=True) if n]
+    return sorted(marks)
+
+
+def _apply_marks(rows: list[dict[str, Any]], marks: list[tuple[int, int, str]]) -> None:
+    """A row whose model call starts in a marked range is that range's phase (the
+    innermost, latest begun, when ranges nest)."""
+    for row in rows if marks else []:
+        inside = [name for start, end, name in marks if start <= row["anchor"] < end]
+        if inside:
+            row["phase"] = inside[-1]
+            if row["phase"] == DECODE and row["batch"] > 0:
+                row["tokens"] = row["batch"]
+
+
+def split_phases(trace: Trace) -> bool:
+    """Whether the run trains and also does something else (eval passes, generation):
+    per-step figures then count the training steps alone."""
+    names = set(phases(trace)["phase"])
+    return TRAIN in names and len(names) > 1
+
+
+def training_windows(trace: Trace) -> pd.DataFrame:
+    """step, ts, dur of the training steps, without the eval passes recorded in them."""
+    p = phases(trace)
+    return p.loc[p["phase"] == TRAIN, ["step", "ts", "dur"]].reset_index(drop=True)
+
+
+def without_eval(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a table with `step` and `ts` (ops, modules, kernels) less those of the eval
+    passes recorded in a training step: those that start before the step's training part."""
+    if not len(frame) or not split_phases(trace):
+        return frame
+    start = training_windows(trace).set_index("step")["ts"]
+    before = frame["ts"].to_numpy() < start.reindex(frame["step"]).to_numpy()  # NaN: kept
+    return frame[~before]
+
+
+def phase_summary(trace: Trace) -> pd.DataFrame:
+    """Per phase, in the order they first run: steps, median and total time, tokens."""
+    p = phases(trace)
+    if not len(p):
+        return pd.DataFrame(columns=["phase", "steps", "median_ns", "total_ns", "tokens"])
+    g = p.groupby("phase", sort=False)
+    return pd.DataFrame({"steps": g.size(), "median_ns": g["dur"].median(),
+                         "total_ns": g["dur"].sum(),
+                         "tokens": g["tokens"].sum(min_count=1)}).reset_index()
+
+
+def serving(trace: Trace) -> pd.DataFrame:
+    """One row per generation (a prefill and the decode steps after it): batch, prompt
+    tokens, decode steps, new tokens, time to first token, time per output token (median,
+    p90) and tokens/s (token counts NaN where unknown). A token is ready when its step's device work ends (its host step end when
+    the trace has no kernels)."""
+    p = phases(trace)
+    if not len(p) or not (p["phase"] == PREFILL).any():
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in SERVING_COLUMNS})
+    ready = _ready(trace, p)
+    rows: list[dict[str, Any]] = []
+    starts = np.flatnonzero((p["phase"] == PREFILL).to_numpy())
+    for n, i in enumerate(starts):
+        j = i + 1
+        while j < len(p) and p.at[j, "phase"] == DECODE:
+            j += 1
+        times = ready[i:j]
+        # sequences: a decode step's tokens (NA where the model's token ids went unseen)
+        batch = _known(p.at[i + 1, "tokens"]) if j > i + 1 else np.nan
+        gaps = np.diff(times)
+        new = batch * (j - i)  # the prefill's token and one per decode step
+        total = times[-1] - int(p.at[i, "ts"])
+        rows.append({"generation": n, "step": int(p.at[i, "step"]), "batch": batch,
+                     "prompt_tokens": _known(p.at[i, "tokens"]), "decode_steps": j - i - 1,
+                     "new_tokens": new, "ttft_ns": int(times[0] - p.at[i, "ts"]),
+                     "tpot_median_ns": float(np.median(gaps)) if len(gaps) else np.nan,
+                     "tpot_p90_ns": float(np.percentile(gaps, 90)) if len(gaps) else np.nan,
+                     "tokens_per_s": new / (total / 1e9) if total > 0 else np.nan})
+    return pd.DataFrame(rows, columns=SERVING_COLUMNS)
+
+
+def _known(value: Any) -> float:
+    """A token count, NaN where unknown."""
+    return np.nan if pd.isna(value) else float(value)
+
+
+def _ready(trace: Trace, p: pd.DataFrame) -> np.ndarray:
+    """When each phase row's work is done: its host end, or later its kernels' end."""
+    end = (p["ts"] + p["dur"]).to_numpy(np.int64)
+    k = trace.kernels
+    if not len(k):
+        return end
+    last = (k["ts"] + k["dur"]).groupby(k["step"]).max()
+    device = last.reindex(p["step"]).fillna(0).to_numpy(np.int64)
+    return np.maximum(end, device)

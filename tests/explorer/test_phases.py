@@ -1,0 +1,168 @@
+"""Trace.phases() and Trace.serving() on recorded examples: an eval pass between training
+steps is its own phase and inflates no training step; a KV-cache decoder gives a prefill
+then one decode step per new token, with its time to first token and per output token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import neuron_explorer
+import numpy as np
+import pytest
+from neuron_explorer.analyses.phases import _mark_generation
+
+pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).parents[2] / "examples"
+CLI = [sys.executable, "-m", "neuron_explorer.cli"]
+
+
+def _cli(*args: str, cwd: Path) -> str:
+    # the modelled host clock: the same step times every run, whatever shares the machine
+    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("phases")
+    done: dict[tuple[str, ...], Path] = {}
+
+    def record(script: str, *args: str) -> Path:
+        key = (script, *args)
+        if key not in done:
+            out = folder / f"trace{len(done)}.pftrace"
+            _cli("record", "--level", "op", "-o", str(out), "--", "python",
+                 str(EXAMPLES / script), *args, cwd=folder)
+            done[key] = out
+        return done[key]
+
+    return record
+
+
+def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(recorded) -> None:
+    with_eval = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "3"))
+    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+    p = with_eval.phases()
+    train = p[p["phase"] == "train"].set_index("step")["dur"]
+    evals = p[p["phase"] == "eval"]
+    assert len(train) == 12
+    assert len(evals) == 3 * 4 and set(evals["step"]) == {3, 6, 9}  # 4 batches, every 3 steps
+    # the recorder holds each eval pass in the next training step, twice as long as the rest
+    assert with_eval.steps.set_index("step")["dur"][3] > 1.5 * train[4]
+    reference = plain.phases().set_index("step")["dur"]
+    for step in (3, 6, 9):
+        assert train[step] == pytest.approx(reference[step], rel=0.1)
+        # the eval passes come before the training step and end where it starts
+        ev = evals[evals["step"] == step]
+        assert int((ev["ts"] + ev["dur"]).max()) <= int(p[(p["phase"] == "train") &
+                                                          (p["step"] == step)]["ts"].iloc[0])
+    # per-step figures: the training steps alone
+    s, ref = with_eval.summary(), plain.summary()
+    assert s["step_time_ns"] == pytest.approx(ref["step_time_ns"], rel=0.1)
+    mean = s["total_ns"] / len(s["steps_analysed"])  # the breakdown's mean step
+    assert mean == pytest.approx(ref["total_ns"] / len(ref["steps_analysed"]), rel=0.1)
+    flops = with_eval.efficiency().set_index("step")["flops"]
+    assert flops[3] == flops[4]  # the eval passes' kernels are not the training step's
+    assert flops[3] == pytest.approx(plain.efficiency().set_index("step")["flops"][3], rel=0.02)
+    assert s["mfu"] == pytest.approx(ref["mfu"], rel=0.1)
+    ops, ref_ops = with_eval.op_stats(), plain.op_stats()  # no eval op among them
+    assert ops[["name", "count"]].equals(ref_ops[["name", "count"]])
+
+
+def test_a_plain_training_run_has_only_train(recorded) -> None:
+    trace = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+    p = trace.phases()
+    assert set(p["phase"]) == {"train"}
+    np.testing.assert_array_equal(p["step"], trace.steps["step"])
+    np.testing.assert_array_equal(p["dur"], trace.steps["dur"])
+    assert trace.serving().empty
+    report = json.loads(_cli("report", "--format", "json", str(trace.path),
+                             cwd=Path(trace.path).parent))
+    assert [row["phase"] for row in report["phases"]] == ["train"] and not report["serving"]
+
+
+def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded) -> None:
+    path = recorded("generate.py", "--new-tokens", "16", "--prompt", "24", "--batch", "4")
+    trace = neuron_explorer.load(path)
+    p = trace.phases()
+    assert p["phase"].tolist() == ["prefill"] + ["decode"] * 15  # the 16th token: no call
+    assert p["tokens"].tolist() == [4 * 24] + [4] * 15
+    sv = trace.serving()
+    assert len(sv) == 1
+    g = sv.iloc[0]
+    assert (g["batch"], g["prompt_tokens"], g["new_tokens"]) == (4, 96, 64)
+    prefill, decode = p.iloc[0], p.iloc[1:]
+    # a token is ready when its step's kernels end: after the host's step end, and not
+    # much later at this size (the host sets the pace)
+    assert prefill["dur"] <= g["ttft_ns"] < 1.5 * prefill["dur"]
+    assert g["tpot_median_ns"] == pytest.approx(np.median(decode["dur"]), rel=0.25)
+    assert g["tpot_median_ns"] <= g["tpot_p90_ns"] < g["ttft_ns"]  # the prompt costs more
+    span = (g["ttft_ns"] + decode["dur"].sum()) / 1e9
+    assert g["tokens_per_s"] == pytest.approx(64 / span, rel=0.1)
+    text = _cli("report", str(path), cwd=path.parent)
+    assert "prefill: 1 step" in text and "decode: 15 steps" in text
+    assert "time to first token" in text
+
+
+def _rows(shapes: list[tuple[int, int]]) -> list[dict]:
+    return [{"phase": "eval", "step": i, "tokens": b * t, "batch": b, "new": t}
+            for i, (b, t) in enumerate(shapes)]
+
+
+def test_generation_without_a_cache_grows_by_one_token_a_call() -> None:
+    rows = _rows([(2, 10), (2, 11), (2, 12), (2, 13)])
+    _mark_generation(rows)
+    assert [r["phase"] for r in rows] == ["prefill", "decode", "decode", "decode"]
+    assert [r["tokens"] for r in rows] == [20, 2, 2, 2]
+
+
+def test_requests_of_other_lengths_are_eval_passes_not_generation() -> None:
+    rows = _rows([(2, 8), (2, 12), (2, 16), (3, 1)])  # infer_loop.py's requests
+    _mark_generation(rows)
+    assert {r["phase"] for r in rows} == {"eval"}
+
+
+MARKED = '''
+import sys
+import neuron_explorer
+import torch
+sys.path.insert(0, sys.argv[2])
+from generate import Decoder
+
+torch.manual_seed(0)
+model = Decoder().to("neuron").eval()
+prompt = torch.randint(0, 512, (2, 10)).to("neuron")
+with neuron_explorer.record(sys.argv[1], level="op"), torch.no_grad():
+    with neuron_explorer.phase("prefill"):
+        logits, cache = model(ids=prompt)  # keyword arguments: no token ids for the hooks
+    with neuron_explorer.phase("decode"):
+        for _ in range(5):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            token.tolist()
+            logits, cache = model(ids=token, cache=cache)
+'''
+
+
+def test_phases_marked_by_hand(tmp_path: Path) -> None:
+    script = tmp_path / "marked.py"
+    script.write_text(MARKED)
+    out = tmp_path / "marked.pftrace"
+    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    proc = subprocess.run([sys.executable, str(script), str(out), str(EXAMPLES)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trace = neuron_explorer.load(out)
+    p = trace.phases()
+    assert p["phase"].tolist() == ["prefill"] + ["decode"] * 5
+    assert p["tokens"].isna().all()  # unknown: the model took keyword arguments
+    g = trace.serving().iloc[0]
+    assert g["ttft_ns"] >= p["dur"].iloc[0] and g["tpot_median_ns"] > 0
