@@ -117,8 +117,8 @@ ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communica
             "compile_summary", "counter_summary", "critical_path", "efficiency",
             "engine_utilisation", "idle_reasons", "kernel_sequences", "kernel_stats",
             "kernel_types", "launch_stats", "memory_at_peak", "memory_timeline",
-            "module_stats", "op_stats", "queue_length", "queue_length_summary", "roofline",
-            "stream_idle", "summary")
+            "module_stats", "op_stats", "phases", "queue_length", "queue_length_summary",
+            "roofline", "serving", "stream_idle", "summary")
 
 
 def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:
