@@ -96,6 +96,7 @@ def _phases(trace: Trace) -> pd.DataFrame:
                                           (object if c == "phase" else "int64"))
                              for c in COLUMNS})
     calls = model_calls(trace)
+    by_step = {int(n): group for n, group in calls.groupby("step", sort=False)}
     tails = _eval_tails(trace)
     training = _training_steps(trace)
     after_last = set(steps["step"]) - set(completed_steps(trace)["step"])
@@ -104,7 +105,7 @@ def _phases(trace: Trace) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for step in steps.itertuples(index=False):
         start, end = int(step.ts), int(step.ts + step.dur)
-        own = calls[calls["step"] == step.step]
+        own = by_step.get(step.step, calls.iloc[:0])
         if step.step in after_last and step.step not in training and not len(own):
             continue  # the code after the last step mark, with no model call: no phase
         # inference: every model call without grad (or, unrecorded, a loop of model calls)
