@@ -138,6 +138,10 @@ def report_sections(trace: Trace) -> list[Section]:
               if len(counters := _counters_table(trace)) else []),
             *([Section("Generation (per prefill and its decode steps)", serving)]
               if len(serving := _serving_table(trace)) else []),
+            *([Section("Annotated regions (device time, the whole trace)", regions)]
+              if device and len(regions := _regions_table(trace)) else []),
+            *([Section("Frequent kernel sequences (3 kernels, the whole trace)", sequences)]
+              if device and len(sequences := _sequences_table(trace)) else []),
             Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
             Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
@@ -203,6 +207,45 @@ def _queues_table(trace: Trace) -> pd.DataFrame:
                 for name in ("host_wait", "kernel_wait", "other")}}
             for stream, q in queues.iterrows()]
     return pd.DataFrame(rows)
+
+
+REPORT_ROWS = 8  # rows of the regions' and sequences' tables
+
+
+def _regions_table(trace: Trace) -> pd.DataFrame:
+    """The annotated regions (`record_function`) with the most device time."""
+    regions = trace.annotations()
+    regions = regions[regions["device_total_ns"] > 0]
+    if not len(regions):
+        return pd.DataFrame()
+    top = regions.sort_values("device_total_ns", ascending=False).head(REPORT_ROWS)
+    # the name and its depth: whole paths run past the column's width
+    return pd.DataFrame({"region": top["name"].map(lambda n: _short(str(n), 50)),
+                         "depth": top["depth"],
+                         "count": top["count"], "host": top["host_ns"].map(fmt_ns),
+                         "device": top["device_total_ns"].map(fmt_ns),
+                         "share": top["device_total_ns"].map(
+                             lambda v: fmt_share(v / max(float(trace.kernels["dur"].sum()), 1)))})
+
+
+def _sequences_table(trace: Trace) -> pd.DataFrame:
+    """The sequences of three kernels that repeat most (fusion candidates), with their
+    time; only those seen more than once."""
+    sequences = trace.kernel_sequences(3)
+    sequences = sequences[sequences["count"] > 1].head(REPORT_ROWS)
+    if not len(sequences):
+        return pd.DataFrame()
+    # each kernel's name cut short, so that all three show
+    short = sequences["sequence"].map(
+        lambda q: " | ".join(_short(part, 18) for part in str(q).split(" | ")))
+    return pd.DataFrame({"sequence": short,
+                         "count": sequences["count"],
+                         "time": sequences["total_ns"].map(fmt_ns),
+                         "share": sequences["share"].map(fmt_share)})
+
+
+def _short(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _counters_table(trace: Trace) -> pd.DataFrame:

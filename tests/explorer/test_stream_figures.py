@@ -50,3 +50,20 @@ def test_our_recording_draws_its_queue(repo_root):
     trace = neuron_explorer.load(repo_root / "sample_traces" / "fp32_matmul.pftrace")
     figure = trace.plot.queue_length()
     assert figure.data and max(max(line.y) for line in figure.data) >= 3  # device-bound
+
+
+def test_the_report_lists_regions_and_repeated_sequences(load_real, repo_root):
+    from neuron_explorer.report import render_report
+
+    text = render_report(load_real(SAMPLED), "text")
+    regions = text.split("Annotated regions (device time, the whole trace)")[1]
+    first = regions.splitlines()[3]  # after the rule and the header
+    assert first.split()[:2] == ["DistributedDataParallel.forward", "1"]
+    assert "188.7 ms" in first  # the most device time, nested regions' work included
+    mlp = render_report(neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace"),
+                        "text")
+    sequences = mlp.split("Frequent kernel sequences (3 kernels, the whole trace)")[1]
+    row = next(line for line in sequences.splitlines() if line.startswith("_foreach_lerp"))
+    # Adam's foreach kernels, once in each of the 6 steps: a fusion candidate
+    assert row.split()[-4:] == ["6", "401.8", "us", "21.5%"]
+    assert "Annotated regions" not in mlp  # no record_function ranges recorded
