@@ -27,6 +27,20 @@ def _fresh_dynamo_per_file():
     (so one more `neuron_compile` span, at its first launch). Per file, not per test: a
     file's tests share compiled models (module fixtures) and expect them compiled once.
     Under xdist (--dist loadfile) a worker runs whole files in any order."""
+    _reset_dynamo()
+    yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo as in a new process for one test: for tests that count the compiles of a
+    function from its first call, which another test in the file may have compiled at
+    other sizes (its automatic-dynamic state would make the first compile symbolic)."""
+    _reset_dynamo()
+    yield
+
+
+def _reset_dynamo() -> None:
     if "torch._dynamo" in sys.modules:  # nothing compiled yet otherwise; don't import it
         sys.modules["torch._dynamo"].reset()
         # reset() drops Dynamo's compile callbacks too: the backend's compile-event
@@ -35,7 +49,6 @@ def _fresh_dynamo_per_file():
         events = sys.modules.get("neuron_explorer.backend.compiler.compile_events")
         if events is not None:
             events.recorder.install()
-    yield
 
 
 @pytest.fixture(scope="session")

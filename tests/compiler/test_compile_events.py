@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
+
+# each test counts its own function's compiles from the first call: in shuffled order
+# another test's compiles of the same function at other sizes made the first symbolic
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def line_of(fn, text: str) -> int:

@@ -47,12 +47,15 @@ def check(run: Run) -> list[Finding]:
         f"{len(waits)} collective calls started before every rank of their group had arrived; "
         f"the early ranks idled until the last one came ({spread}), {us(symptom)} per rank "
         f"in all.{cause} Only the waits that held up a rank's step count as lost: those "
-        "its host waited out (a host-bound rank queues its next work meanwhile), less a "
-        "wait paid once to catch up with a rank that started late.",
+        "its host paid when it next waited for the device, in that step or the next (a "
+        "host-bound rank queues its next work meanwhile, and the device's idle time "
+        "absorbs the wait), less a wait paid once to catch up with a rank that started "
+        "late, and less what the ranks' jitter costs even with balanced work.",
         "Even out the work between collectives across ranks (same batch size and sequence "
         "lengths per rank, no work done by one rank only), and launch collectives where every "
         "rank reaches them at the same point of the step.",
         symptom_ns=symptom,
-        saving_basis="critical path: the waits each rank's host waited out, each step's "
-                     "capped at 3x the rank's median (a one-time catch-up saves nothing "
-                     "per step)")]
+        saving_basis="critical path: the waits each rank's host paid (each carried to "
+                     "the next sync unless device idle absorbed it), each step's capped at "
+                     "3x the rank's median (a one-time catch-up saves nothing per step), "
+                     "less the jitter floor of ranks doing the same work")]

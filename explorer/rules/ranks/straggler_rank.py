@@ -53,5 +53,5 @@ def check(run: Run) -> list[Finding]:
         "rank the same amount of data per step.",
         symptom_ns=float(worst["wait_caused_ns"]),
         saving_basis="critical path: the slowest rank's own work per step (its length less "
-                     "the waits for others that its host waited out) against the next "
-                     "slowest rank's")]
+                     "the waits for others that its host paid, matched to its syncs in "
+                     "time) against the next slowest rank's")]
