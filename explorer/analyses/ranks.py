@@ -32,6 +32,9 @@ STRAGGLER_COLUMNS = ["rank", "arrival_delay_ns", "last_arrivals", "wait_caused_n
 # A rank is a straggler when removing its extra work would save at least this share of
 # the run's step time.
 LATE_SHARE = 0.05
+# a normal distribution's standard deviation is this many times its median absolute
+# deviation (the jitter floor's robust spread)
+MAD_TO_SD = 1.4826
 
 
 def step_times(run: Run) -> pd.DataFrame:
@@ -263,12 +266,7 @@ def jitter_wait_ns(run: Run) -> float:
     # a robust spread per rank (the median absolute deviation, as a standard deviation)
     deviation = host_share.sub(host_share.median(axis=1), axis=0).abs()
     spread = float(np.sqrt(((deviation.median(axis=1) * MAD_TO_SD) ** 2).mean()))
-    return spread * (_expected_max_normal(len(work)))
-
-
-# a normal distribution's standard deviation is this many times its median absolute
-# deviation
-MAD_TO_SD = 1.4826
+    return spread * _expected_max_normal(len(work))
 
 
 def _expected_max_normal(n: int) -> float:

@@ -6,6 +6,7 @@ import json
 
 import neuron_explorer
 import pandas as pd
+import pytest
 from neuron_explorer.analyses import communication as comm
 from neuron_explorer.analyses.waits_on_path import delays_at_syncs, host_syncs, idle_after
 from synthetic import TraceBuilder
@@ -67,3 +68,15 @@ def test_a_traces_syncs_and_the_idle_after_its_calls(tmp_path):
     coll = coll.assign(idle_after_ns=idle_after(trace, coll, syncs))
     # 150k of wait, 100k of it absorbed by the idle device: the sync pays 50k
     assert delays_at_syncs(coll, syncs).tolist() == [50_000]
+
+
+def test_the_jitter_floor_uses_the_expected_maximum_of_normals():
+    """Ranks that wait for the slowest of n equally noisy peers wait E[max of n] spreads:
+    1/sqrt(pi) for two, 1.0294 for four (tables of normal order statistics)."""
+    import math
+
+    from neuron_explorer.analyses.ranks import _expected_max_normal
+
+    assert _expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
+    assert _expected_max_normal(4) == pytest.approx(1.0294, abs=1e-4)
+    assert _expected_max_normal(1) == pytest.approx(0.0, abs=1e-9)
