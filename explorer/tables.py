@@ -274,6 +274,18 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     return out[KERNEL_COLUMNS].sort_values("ts", ignore_index=True)
 
 
+def kernel_launches(trace: Trace) -> np.ndarray:
+    """Per row of `trace.kernels`: the slice that launched it: its op in our recordings,
+    the runtime call sharing its correlation id in a PyTorch-profiler trace; -1 where the
+    trace does not hold it."""
+    from neuron_explorer.device_terms import device_terms
+
+    k = trace.kernels
+    if device_terms(trace.metadata).recorded_here:
+        return k["op_slice_id"].to_numpy(np.int64)
+    return launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+
+
 def launch_calls(trace: Trace, kernel_ids: np.ndarray) -> np.ndarray:
     """Slice id of the runtime call (or sync) that launched each kernel id, where the trace
     holds such calls (PyTorch-profiler traces: the call shares the kernel's correlation id,

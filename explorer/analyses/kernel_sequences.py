@@ -55,15 +55,11 @@ def kernel_sequences(trace: Trace, n: int = 3, top: int | None = None, op: str |
 def launched(trace: Trace, hta_window: bool) -> pd.DataFrame:
     """The kernels table with each one's launch: its runtime call (PyTorch-profiler
     traces) or op (ours), -1 when not in the trace; `track` is the kernel's queue."""
-    from neuron_explorer.device_terms import device_terms
-    from neuron_explorer.tables import launch_calls
+    from neuron_explorer.tables import kernel_launches
 
     k = trace.kernels
     s = trace.table("slices")
-    if device_terms(trace.metadata).recorded_here:
-        launch = k["op_slice_id"].to_numpy(np.int64)
-    else:
-        launch = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    launch = kernel_launches(trace)
     k = k.assign(launch=launch, track=s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)])
     if hta_window:
         keep = launch >= 0

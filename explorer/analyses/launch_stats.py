@@ -36,16 +36,14 @@ def launch_stats(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     kernel's start, 0 when it started before). `hta_window`: without the launches of the
     last step of a trace of two or more, which HTA drops."""
     from neuron_explorer.device_terms import device_terms
-    from neuron_explorer.tables import launch_calls
+    from neuron_explorer.tables import kernel_launches
 
     k = trace.kernels
     if not len(k):
         return pd.DataFrame(columns=COLUMNS)
     s = trace.table("slices")
-    if device_terms(trace.metadata).recorded_here:
-        launch = k["op_slice_id"].to_numpy(np.int64)
-    else:
-        launch = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    launch = kernel_launches(trace)
+    if not device_terms(trace.metadata).recorded_here:  # the launch calls only, as HTA
         names = s["name"].to_numpy(object)[np.maximum(launch, 0)]
         launch = np.where(pd.Series(names).isin(LAUNCH_CALLS).to_numpy(), launch, -1)
     keep = launch >= 0

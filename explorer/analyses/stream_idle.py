@@ -61,17 +61,13 @@ def idle_gaps(trace: Trace, hta_window: bool = False,
     start), launched_at (the kernel's launch call or op, int64 min when not in the trace),
     idle_ns and idle_category. `every_kernel`: each stream's first kernel too, with
     `after_gap` False (its idle_ns is NaN)."""
-    from neuron_explorer.device_terms import device_terms
-    from neuron_explorer.tables import launch_calls
+    from neuron_explorer.tables import kernel_launches
 
     k = trace.kernels
     if not len(k):
         return pd.DataFrame(columns=GAP_COLUMNS)
     s = trace.table("slices")
-    if device_terms(trace.metadata).recorded_here:
-        launch = k["op_slice_id"].to_numpy(np.int64)
-    else:
-        launch = launch_calls(trace, k["kernel_id"].to_numpy(np.int64))
+    launch = kernel_launches(trace)
     launched_at = np.where(launch >= 0, s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)],
                            np.iinfo(np.int64).min)  # no launch call: never a host wait
     if hta_window:
