@@ -1,7 +1,13 @@
 """A straggler finding's time lost is what removing the straggler's extra work saves,
 on runs recorded under torchrun (`imbalance.py`): a balanced FSDP2 run has none, whatever
 offset its ranks' host clocks keep; a rank that sleeps on the host or does 3x the device
-work is named, with a saving close to the step time the balanced run measures."""
+work is named, with a saving close to the step time the balanced run measures.
+
+"Balanced" is the script's work, not the machine's: on a loaded machine one rank's CPU can
+run the same code slower (a memory-bound process beside it: 14% in one recording, seen in
+plain PyTorch as much as in the recording), and then that rank really is a straggler. So
+the balanced run also times its step's model in plain PyTorch on each rank's CPU, in the
+same run (`--cpu-probe`), and what the machine slowed a rank by is allowed for."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import sys
 from pathlib import Path
 
 import neuron_explorer
+import numpy as np
 import pytest
 from neuron_explorer.analyses.ranks import own_work, step_collectives, straggler_savings
 
@@ -18,6 +25,9 @@ pytestmark = pytest.mark.slow  # four recorded runs of two ranks each
 
 HERE = Path(__file__).parent
 STEPS = 10
+# The plain-PyTorch twin's CPU time may differ between the ranks by this share before the
+# machine counts as having run one rank slower: its own noise over the steps.
+EVEN_MACHINE = 0.03
 
 
 def _record(folder: Path, name: str, *script_args: str, modelled: bool = False,
@@ -38,8 +48,10 @@ def _record(folder: Path, name: str, *script_args: str, modelled: bool = False,
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stragglers")
+    probe = folder / "balanced.probe"
     return {
-        "balanced": _record(folder, "balanced", "--model", "fsdp"),
+        "balanced": _record(folder, "balanced", "--model", "fsdp", "--cpu-probe", str(probe)),
+        "balanced_slowdown": _machine_slowdown(probe),
         "host": _record(folder, "host", "--model", "fsdp", "--sleep-ms", "15"),
         "device_balanced": _record(folder, "device_balanced", "--model", "stream",
                                    modelled=True),
@@ -48,19 +60,40 @@ def runs(tmp_path_factory):
     }
 
 
+def _machine_slowdown(probe: Path) -> dict[int, float]:
+    """Per rank: how much slower than the fastest rank the machine ran the step's model in
+    plain PyTorch (median CPU time per step, the first step left out as warm-up)."""
+    medians = {}
+    for part in sorted(probe.parent.glob(probe.name + ".*")):
+        times = [int(line) for line in part.read_text().split()][1:]
+        medians[int(part.suffix[1:])] = float(np.median(times))
+    assert len(medians) == 2, medians
+    fastest = min(medians.values())
+    return {rank: t / fastest - 1 for rank, t in medians.items()}
+
+
 def _findings(run) -> dict:
     return {f.rule_id: f for f in run.bottlenecks()}
 
 
 def test_a_balanced_fsdp_run_has_no_straggler_and_no_wait_finding(runs):
-    run = runs["balanced"]
+    run, slowdown = runs["balanced"], runs["balanced_slowdown"]
     found = _findings(run)
-    for rule in ("straggler_rank", "collective_wait", "load_imbalance"):
+    for rule in ("collective_wait", "load_imbalance"):
         assert rule not in found, found[rule].title
     # the ranks' clocks may keep an offset, and its waits stay as evidence, but removing
-    # either rank's work would save under 5% of the step
-    assert not len(run.stragglers())
-    assert (straggler_savings(run) < 0.05 * run.step_time_ns()).all()
+    # either rank's work would save under 5% of the run (the clocks' noise) on top of what
+    # the machine itself slowed that rank by
+    own = own_work(run).sum(axis=1)
+    for rank, saving in straggler_savings(run).items():
+        allowed = 1.05 * (1 + slowdown[rank]) - 1
+        assert saving < allowed * own.min(), (rank, saving, own.to_dict(), slowdown)
+    slowest = max(slowdown, key=slowdown.__getitem__)
+    if slowdown[slowest] <= EVEN_MACHINE:
+        assert "straggler_rank" not in found, (found["straggler_rank"].title, slowdown)
+        assert not len(run.stragglers())
+    elif "straggler_rank" in found:
+        assert f"Rank {slowest} " in found["straggler_rank"].title, slowdown
 
 
 def test_a_balanced_fsdp_run_waits_a_small_share_of_its_steps_on_every_rank(runs):
@@ -69,15 +102,26 @@ def test_a_balanced_fsdp_run_waits_a_small_share_of_its_steps_on_every_rank(runs
     (93% of each step on one rank before). Per step (the median), so that a rank catching
     up once with the other's longer warm-up step is not counted as a systematic wait.
     What remains is the clocks' own noise: 1-4% idle (docs/distributed.md), up to 6% with
-    this suite's other worker beside the two ranks on two cores; 10% is the bound."""
-    run = runs["balanced"]
+    this suite's other worker beside the two ranks on two cores; 10% is the bound.
+
+    Where the machine ran one rank's plain-PyTorch twin slower, the other rank's device
+    really waits for it at every collective until the clocks meet again (57% of a step
+    for a 14% slower rank): then only the slower rank must wait little, and its own work
+    must show what the machine did."""
+    run, slowdown = runs["balanced"], runs["balanced_slowdown"]
     coll = step_collectives(run)
     coll = coll.assign(waits=coll["wait_ns"].clip(lower=0) + coll["host_wait_ns"])
     waits = coll.groupby(["rank", "step"])["waits"].sum()
     steps = run.steps.set_index(["rank", "step"])["dur"]
     share = (waits / steps.reindex(waits.index)).groupby(level="rank").median()
     assert set(share.index) == set(run.ranks)
-    assert (share < 0.10).all(), share.to_dict()
+    slowest = max(slowdown, key=slowdown.__getitem__)
+    if slowdown[slowest] <= EVEN_MACHINE:
+        assert (share < 0.10).all(), (share.to_dict(), slowdown)
+    else:
+        assert share[slowest] < 0.10, (share.to_dict(), slowdown)
+        own = own_work(run).sum(axis=1)
+        assert own[slowest] > own.drop(index=slowest).max(), (own.to_dict(), slowdown)
 
 
 def test_a_rank_sleeping_on_the_host_is_named_with_its_sleep(runs):
