@@ -16,6 +16,7 @@ from neuron_explorer.analyses.steady_state import analysed_steps, compiling_step
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules.finding import SHARE_BASES
+from neuron_explorer.units import size
 from neuron_explorer.whatif_label import prediction_text
 
 if TYPE_CHECKING:
@@ -67,11 +68,7 @@ def report_sections(trace: Trace) -> list[Section]:
     missing = not_recorded(trace)
 
     def device_share(value: Any) -> str:
-        if not device:
-            return missing
-        if isinstance(value, float) and 0 < value < 0.0005:  # a toy model: not "0.0%"
-            return f"{100 * value:.2g}%"
-        return fmt_share(value)
+        return _small_share(value) if device else missing
 
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
@@ -179,7 +176,19 @@ def _serving_table(trace: Trace) -> pd.DataFrame:
                          "time to first token": shown(sv["ttft_ns"], fmt_ns),
                          "per output token (median)": shown(sv["tpot_median_ns"], fmt_ns),
                          "per output token (p90)": shown(sv["tpot_p90_ns"], fmt_ns),
-                         "tokens/s": shown(sv["tokens_per_s"])})
+                         "tokens/s": shown(sv["tokens_per_s"]),
+                         # what bounds each part: compute for the prompt, bytes per token
+                         "prefill MFU": shown(sv["prefill_mfu"], _small_share),
+                         "decode MBU": shown(sv["decode_mbu"], _small_share),
+                         "KV cache": shown(sv["kv_bytes"], size),
+                         "KV per token": shown(sv["kv_bytes_per_token"], size)})
+
+
+def _small_share(value: Any) -> str:
+    """A share that a toy model makes tiny: two significant digits, not "0.0%"."""
+    if isinstance(value, float) and 0 < value < 0.0005:
+        return f"{100 * value:.2g}%"
+    return fmt_share(value)
 
 
 def _queues_table(trace: Trace) -> pd.DataFrame:

@@ -277,10 +277,18 @@ class Trace:
 
     def serving(self) -> pd.DataFrame:
         """Per generation (a prefill and its decode steps): batch, prompt and new tokens,
-        time to first token, time per output token (median, p90), tokens/s."""
+        time to first token, time per output token (median, p90), tokens/s, the prefill's
+        MFU, the decode steps' MBU, the KV cache held and its bytes per token."""
         from neuron_explorer.analyses.phases import serving
 
         return memoised(self, "serving", lambda: serving(self))
+
+    def kv_cache(self) -> pd.DataFrame:
+        """Per prefill and decode step: generation, phase, step, ts, held_bytes (device
+        memory held through the step over its generation's prefill: the KV cache)."""
+        from neuron_explorer.analyses.phases import kv_cache
+
+        return memoised(self, "kv_cache", lambda: kv_cache(self))
 
     def breakdown(self) -> pd.DataFrame:
         """Long form per step: step, side (device|host), category, ns, share."""

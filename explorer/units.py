@@ -1,4 +1,4 @@
-"""How a duration reads, everywhere: report, findings, diff and dashboard."""
+"""How a duration and a size read, everywhere: report, findings, diff and dashboard."""
 
 from __future__ import annotations
 
@@ -19,3 +19,14 @@ def duration(ns: Any, *, digits: int = 3, micro: str = "us", missing: str = "-")
         if abs(ns) >= size:
             return f"{ns / size:.{digits}g} {unit}"
     return f"{ns:.0f} ns"
+
+
+def size(n: Any, *, missing: str = "-") -> str:
+    """Bytes with binary units: 1536 -> '1.5 KiB'."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return missing
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -18,13 +18,7 @@ def duration(ns) -> str:
 
 def size(n) -> str:
     """Bytes with binary units: 1536 -> '1.5 KiB'."""
-    if _is_missing(n):
-        return "–"
-    n = float(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
+    return "–" if _is_missing(n) else units.size(n)
 
 
 def share(x) -> str:

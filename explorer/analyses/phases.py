@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 COLUMNS = ["phase", "step", "ts", "dur", "tokens"]
 SERVING_COLUMNS = ["generation", "step", "batch", "prompt_tokens", "decode_steps", "new_tokens",
-                   "ttft_ns", "tpot_median_ns", "tpot_p90_ns", "tokens_per_s"]
+                   "ttft_ns", "tpot_median_ns", "tpot_p90_ns", "tokens_per_s", "prefill_mfu",
+                   "decode_mbu", "kv_bytes", "kv_bytes_per_token"]
+KV_COLUMNS = ["generation", "phase", "step", "ts", "held_bytes"]
 TRAIN, EVAL, PREFILL, DECODE = "train", "eval", "prefill", "decode"
 
 
@@ -258,18 +260,23 @@ def phase_summary(trace: Trace) -> pd.DataFrame:
 def serving(trace: Trace) -> pd.DataFrame:
     """One row per generation (a prefill and the decode steps after it): batch, prompt
     tokens, decode steps, new tokens, time to first token, time per output token (median,
-    p90) and tokens/s (token counts NaN where unknown). A token is ready when its step's device work ends (its host step end when
-    the trace has no kernels)."""
+    p90) and tokens/s (token counts NaN where unknown). A token is ready when its step's
+    device work ends (its host step end when the trace has no kernels).
+
+    Then the figures that matter for each part: the prefill's MFU (it is compute-bound:
+    a whole prompt through every matmul) and the decode steps' MBU (memory-bound: every
+    weight and the whole cache read for one token each); NaN where the trace records no
+    device work or no hardware figures. And the KV cache from the allocator (`kv_cache`):
+    what the generation holds at its last step's start (`kv_bytes`) and what each new
+    token adds per sequence (`kv_bytes_per_token`, the median over the decode steps)."""
     p = phases(trace)
     if not len(p) or not (p["phase"] == PREFILL).any():
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in SERVING_COLUMNS})
     ready = _ready(trace, p)
+    work = _device_work(trace, p)
+    held = kv_cache(trace)
     rows: list[dict[str, Any]] = []
-    starts = np.flatnonzero((p["phase"] == PREFILL).to_numpy())
-    for n, i in enumerate(starts):
-        j = i + 1
-        while j < len(p) and p.at[j, "phase"] == DECODE:
-            j += 1
+    for n, (i, j) in enumerate(_generations(p)):
         times = ready[i:j]
         # sequences: a decode step's tokens (NA where the model's token ids went unseen)
         batch = _known(p.at[i + 1, "tokens"]) if j > i + 1 else np.nan
@@ -281,8 +288,88 @@ def serving(trace: Trace) -> pd.DataFrame:
                      "new_tokens": new, "ttft_ns": int(times[0] - p.at[i, "ts"]),
                      "tpot_median_ns": float(np.median(gaps)) if len(gaps) else np.nan,
                      "tpot_p90_ns": float(np.percentile(gaps, 90)) if len(gaps) else np.nan,
-                     "tokens_per_s": new / (total / 1e9) if total > 0 else np.nan})
+                     "tokens_per_s": new / (total / 1e9) if total > 0 else np.nan,
+                     "prefill_mfu": work["flops"][i] / (work["peak"] * (times[0] - p.at[i, "ts"])
+                                                        / 1e9),
+                     "decode_mbu": (work["bytes"][i + 1:j].sum() / (work["bw"] * gaps.sum() / 1e9)
+                                    if len(gaps) and gaps.sum() > 0 else np.nan),
+                     **_kv_figures(held[held["generation"] == n], batch)})
     return pd.DataFrame(rows, columns=SERVING_COLUMNS)
+
+
+def _generations(p: pd.DataFrame) -> list[tuple[int, int]]:
+    """(first row, row after the last) of each prefill and the decode steps after it."""
+    phase = p["phase"].to_numpy()
+    spans = []
+    for i in np.flatnonzero(phase == PREFILL).tolist():
+        j = i + 1
+        while j < len(p) and phase[j] == DECODE:
+            j += 1
+        spans.append((i, j))
+    return spans
+
+
+def _device_work(trace: Trace, p: pd.DataFrame) -> dict[str, Any]:
+    """Per phase row: its kernels' model FLOPs and HBM bytes; the hardware's peaks (NaN
+    where the trace has no kernels or no figures, so the ratios are NaN)."""
+    from neuron_explorer.analyses.levels import records_device
+    from neuron_explorer.peaks import hbm_bandwidth, peak_flops
+
+    k = trace.kernels
+    steps = p["step"].to_numpy()
+    if len(k) and records_device(trace):
+        sums = k.groupby("step")[["flops", "bytes"]].sum().reindex(steps, fill_value=0)
+        flops, moved = sums["flops"].to_numpy(np.float64), sums["bytes"].to_numpy(np.float64)
+    else:
+        flops = moved = np.full(len(steps), np.nan)
+    figures = trace.hardware_figures
+    return {"flops": flops, "bytes": moved, "peak": peak_flops(figures) or np.nan,
+            "bw": hbm_bandwidth(figures) or np.nan}
+
+
+def kv_cache(trace: Trace) -> pd.DataFrame:
+    """Per prefill and decode step: the least device memory in use during the step, less
+    the same during its generation's prefill (`held_bytes`). The least is what stays
+    allocated through the step: the weights and the KV cache the step reads, without the
+    call's temporaries or the previous cache (freed as the step starts, when the caller
+    lets go of it). Empty without memory events."""
+    p = phases(trace)
+    memory = trace.memory_timeline() if len(p) else pd.DataFrame()
+    rows = []
+    for n, (i, j) in enumerate(_generations(p) if len(memory) else []):
+        ts = p["ts"].to_numpy(np.int64)[i:j]
+        floor = _least_in_use(memory, ts, ts + p["dur"].to_numpy(np.int64)[i:j])
+        rows.append(pd.DataFrame({"generation": n, "phase": p["phase"].to_numpy()[i:j],
+                                  "step": p["step"].to_numpy()[i:j], "ts": ts,
+                                  "held_bytes": floor - floor[0]}))
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in KV_COLUMNS})
+    return pd.concat(rows, ignore_index=True)[KV_COLUMNS]
+
+
+def _least_in_use(memory: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The least device memory in use in each window [start, end), each device's least
+    (its samples in the window and the one in force when it opens) summed."""
+    total = np.zeros(len(start), np.int64)
+    for _, samples in memory.groupby("device"):
+        times = samples["ts"].to_numpy(np.int64)
+        values = samples["in_use_bytes"].to_numpy(np.int64)
+        first = np.searchsorted(times, start, side="left")
+        last = np.searchsorted(times, end, side="left")
+        for w, (a, b) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+            window = values[max(a - 1, 0):b] if b > 0 else values[:0]
+            total[w] += int(window.min()) if len(window) else 0
+    return total
+
+
+def _kv_figures(held: pd.DataFrame, batch: float) -> dict[str, float]:
+    """The generation's KV cache at its last step's start, and its growth per new token
+    and sequence (the median step's growth over the batch)."""
+    if not len(held):
+        return {"kv_bytes": np.nan, "kv_bytes_per_token": np.nan}
+    grown = np.diff(held.loc[held["phase"] == DECODE, "held_bytes"].to_numpy())
+    per_token = float(np.median(grown)) / batch if len(grown) and batch > 0 else np.nan
+    return {"kv_bytes": float(held["held_bytes"].iloc[-1]), "kv_bytes_per_token": per_token}
 
 
 def _known(value: Any) -> float:

@@ -116,7 +116,7 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communication",
             "compile_summary", "counter_summary", "critical_path", "efficiency",
             "engine_utilisation", "idle_reasons", "kernel_sequences", "kernel_stats",
-            "kernel_types", "launch_stats", "memory_at_peak", "memory_timeline",
+            "kernel_types", "kv_cache", "launch_stats", "memory_at_peak", "memory_timeline",
             "module_stats", "op_stats", "phases", "queue_length", "queue_length_summary",
             "roofline", "serving", "stream_idle", "summary")
 

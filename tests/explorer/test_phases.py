@@ -14,6 +14,7 @@ import neuron_explorer
 import numpy as np
 import pytest
 from neuron_explorer.analyses.phases import _mark_generation
+from neuron_explorer.peaks import peak_flops
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -107,9 +108,23 @@ def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded) -> None:
     assert g["tpot_median_ns"] <= g["tpot_p90_ns"] < g["ttft_ns"]  # the prompt costs more
     span = (g["ttft_ns"] + decode["dur"].sum()) / 1e9
     assert g["tokens_per_s"] == pytest.approx(64 / span, rel=0.1)
+    # the cache grows by one token's keys and values a step: k and v of 2 layers of width
+    # 128 in fp32, per sequence, as the allocator counts them
+    assert g["kv_bytes_per_token"] == 2 * 2 * 128 * 4
+    held = trace.kv_cache()
+    assert held["phase"].tolist() == p["phase"].tolist()
+    assert (np.diff(held["held_bytes"].to_numpy()[2:]) == 4 * 2048).all()
+    assert g["kv_bytes"] == held["held_bytes"].iloc[-1] >= (24 + 14) * 4 * 2048
+    # the prompt runs its matmuls on 24 tokens a sequence, a decode step on one: the
+    # prefill's FLOP rate is the higher, and decode moves bytes (its MBU) for each token
+    k = trace.kernels
+    decode_flops = k.loc[k["step"].isin(decode["step"]), "flops"].sum()
+    decode_mfu = decode_flops / (peak_flops(trace.hardware_figures) * decode["dur"].sum() / 1e9)
+    assert g["prefill_mfu"] > 2 * decode_mfu > 0
+    assert 0 < g["decode_mbu"] < 1
     text = _cli("report", str(path), cwd=path.parent)
     assert "prefill: 1 step" in text and "decode: 15 steps" in text
-    assert "time to first token" in text
+    assert "time to first token" in text and "KV per token" in text and "2 KiB" in text
 
 
 def _rows(shapes: list[tuple[int, int]]) -> list[dict]:
