@@ -1,8 +1,9 @@
 """Concrete shapes for a graph traced with symbolic sizes (dynamic shapes).
 
-After a size change Dynamo may trace a graph with symbolic sizes (s0, s1, ...);
-kernels are planned for concrete shapes, so at run time the symbols are bound from
-the actual inputs and every node's shape is evaluated, once per distinct binding.
+After a size change (or `mark_dynamic`, `dynamic=True`) Dynamo traces a graph with
+symbolic sizes (s0, s1, ...); the cost model times kernels of concrete shapes, so at
+run time the symbols are bound from the actual inputs and every node's shape is
+evaluated, once per distinct binding.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ class ShapeBinder:
         for pos, dim, symbol in self._slots:
             arg = args[pos]
             binding[symbol] = int(arg) if dim is None else int(arg.shape[dim])
+        return binding
+
+    def bind_hints(self, example_inputs: Sequence[Any]) -> dict | None:
+        """Symbol -> int from the sizes the graph was traced with (the example inputs'
+        hints), or None when one has no hint. Read as hints, not `int()`: that would add
+        a guard and specialise the graph to these sizes."""
+        binding = {}
+        for pos, dim, symbol in self._slots:
+            arg = example_inputs[pos]
+            size = arg if dim is None else arg.shape[dim]
+            hint = size.node.hint if isinstance(size, torch.SymInt) else size
+            if not isinstance(hint, int):
+                return None
+            binding[symbol] = hint
         return binding
 
     @staticmethod
