@@ -16,7 +16,7 @@ import json
 import operator
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 from neuron_explorer.backend.events import (
@@ -226,14 +226,25 @@ class DeviceTracks:
 
 # A compiled graph's section labels: (ops, source line, module, section name)
 _SectionLabel = tuple[str, str, str, str]
-# One kernel's buffered instructions: kernel id, device, engine names, engine index,
-# opcode names, opcode index, start, dur, bytes, flops, then its program ((section per
-# instruction, section labels), None for a kernel of one op) and its NKI source lines
-# ((names, index per instruction), or None)
-_InstructionRow = tuple[int, DeviceTracks, Sequence[str], np.ndarray, Sequence[str], np.ndarray,
-                        np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                        tuple[np.ndarray, list[_SectionLabel]] | None,
-                        tuple[list[str], np.ndarray] | None]
+
+
+class _InstructionRow(NamedTuple):
+    """One kernel's buffered instructions, a column per field, until the batch is written."""
+
+    kernel_id: int
+    dev: DeviceTracks
+    engine_names: Sequence[str]
+    engine_index: np.ndarray  # per instruction, into engine_names
+    opcode_names: Sequence[str]
+    opcode_index: np.ndarray  # per instruction, into opcode_names
+    start: np.ndarray
+    dur: np.ndarray
+    nbytes: np.ndarray
+    flops: np.ndarray
+    # a compiled graph's program: (section per instruction, section labels); None for a
+    # kernel of one op
+    program: tuple[np.ndarray, list[_SectionLabel]] | None
+    sources: tuple[list[str], np.ndarray] | None  # NKI: (names, index per instruction)
 
 
 class DeviceSink(EventSink):
@@ -415,10 +426,11 @@ class DeviceSink(EventSink):
         if kernel is not None:  # the simulator's arrays, start times relative to the kernel
             arrays = kernel.arrays()
             engine_index = arrays["engine"]
-            row = (ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
-                   arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
-                   arrays["bytes"], arrays["flops"], self._program_labels(kernel),
-                   getattr(kernel, "instruction_sources", None))  # NKI: (names, index) or None
+            row = _InstructionRow(
+                ev.kernel_id, dev, ENGINE_NAMES, engine_index, kernel.opcodes,
+                arrays["opcode"], arrays["start"] + ev.start_ns, arrays["dur"],
+                arrays["bytes"], arrays["flops"], self._program_labels(kernel),
+                getattr(kernel, "instruction_sources", None))
             # the engines a kernel uses never change: compute its flow slots once
             cached = self._kernel_slots.get(id(kernel))
             if cached is None or cached[0] is not kernel:
@@ -433,12 +445,13 @@ class DeviceSink(EventSink):
                                                                       ev.instructions), strict=True)
             engine_names, engine_index = _factorize(engines)
             opcode_names, opcode_index = _factorize(opcodes)
-            row = (ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
-                   np.array(starts, np.int64), np.array(durs, np.int64),
-                   np.array(nbytes, np.int64), np.array(flops, np.int64), None, None)
+            row = _InstructionRow(
+                ev.kernel_id, dev, engine_names, engine_index, opcode_names, opcode_index,
+                np.array(starts, np.int64), np.array(durs, np.int64),
+                np.array(nbytes, np.int64), np.array(flops, np.int64), None, None)
             slots = sorted({engine_index_of(e) for e in engine_names})
         self._instructions.append(row)
-        self._buffered_instructions += len(row[3])
+        self._buffered_instructions += len(row.engine_index)
         if self._buffered_instructions >= _BATCH:
             self._flush_instructions()
         base = _FLOW_KERNEL_TO_INSTRUCTION | (ev.kernel_id << 4)
@@ -486,30 +499,30 @@ class DeviceSink(EventSink):
         devices: dict[int, DeviceTracks] = {}
         opcode_ids: dict[str, int] = {}
         engine_parts, opcode_parts, counts = [], [], []
-        for _, dev, engine_names, engine_index, opcode_names, opcode_index, *_ in rows:
-            devices[id(dev)] = dev
-            engine_map = np.array([engine_keys.setdefault((e, id(dev)), len(engine_keys))
-                                   for e in engine_names], np.int64)
+        for r in rows:
+            devices[id(r.dev)] = r.dev
+            engine_map = np.array([engine_keys.setdefault((e, id(r.dev)), len(engine_keys))
+                                   for e in r.engine_names], np.int64)
             opcode_map = np.array([opcode_ids.setdefault(o, len(opcode_ids))
-                                   for o in opcode_names], np.int64)
-            engine_parts.append(engine_map[engine_index])
-            opcode_parts.append(opcode_map[opcode_index])
-            counts.append(len(engine_index))
+                                   for o in r.opcode_names], np.int64)
+            engine_parts.append(engine_map[r.engine_index])
+            opcode_parts.append(opcode_map[r.opcode_index])
+            counts.append(len(r.engine_index))
         eidx = np.concatenate(engine_parts)
         name_index = np.concatenate(opcode_parts)
-        ts = np.concatenate([r[6] for r in rows]).astype(np.int64, copy=False)
-        dur = np.concatenate([r[7] for r in rows]).astype(np.int64, copy=False)
-        nbytes = np.concatenate([r[8] for r in rows]).astype(np.int64, copy=False)
-        flops = np.concatenate([r[9] for r in rows]).astype(np.int64, copy=False)
-        kernel_ids = np.repeat(np.array([r[0] for r in rows], np.int64), counts)
+        ts = np.concatenate([r.start for r in rows]).astype(np.int64, copy=False)
+        dur = np.concatenate([r.dur for r in rows]).astype(np.int64, copy=False)
+        nbytes = np.concatenate([r.nbytes for r in rows]).astype(np.int64, copy=False)
+        flops = np.concatenate([r.flops for r in rows]).astype(np.int64, copy=False)
+        kernel_ids = np.repeat(np.array([r.kernel_id for r in rows], np.int64), counts)
         # a compiled graph's instructions: the section (op, source line, module) of each
         labels: dict[tuple[str, str, str, str], int] = {}
         label_parts = []
         for row, count in zip(rows, counts, strict=True):
-            if row[10] is None:
+            if row.program is None:
                 label_parts.append(np.full(count, -1, np.int64))
             else:
-                section, sections = row[10]
+                section, sections = row.program
                 local = np.array([labels.setdefault(x, len(labels)) for x in sections], np.int64)
                 label_parts.append(local[section])
         label = np.concatenate(label_parts)
@@ -517,10 +530,10 @@ class DeviceSink(EventSink):
         source_ids: dict[str, int] = {"": 0}
         source_parts = []
         for r, count in zip(rows, counts, strict=True):
-            if r[11] is None:
+            if r.sources is None:
                 source_parts.append(np.zeros(count, np.int64))
             else:
-                names, index = r[11]
+                names, index = r.sources
                 lookup = np.array([source_ids.setdefault(n, len(source_ids)) for n in names],
                                   np.int64)
                 source_parts.append(lookup[index])
