@@ -27,6 +27,7 @@ from neuron_explorer.rules import (
     memory_near_capacity,
     queued_idle,
     recompilation,
+    shape_recompiles,
     short_kernel_sequence,
     small_dma,
     sync_in_step,
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
 
 RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader_stall,
          memory_bound_ops, tensor_engine_padding, fp32_matmul, engine_imbalance, small_dma,
-         recompilation, compile_dominates, memory_near_capacity, exposed_communication,
-         dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
+         recompilation, shape_recompiles, compile_dominates, memory_near_capacity,
+         exposed_communication, dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)

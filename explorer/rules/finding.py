@@ -114,7 +114,8 @@ def step_time(trace: Trace) -> float:
 
 
 # rules whose share is not of a step; the others, in a trace without steps, of the trace
-SHARE_BASES = {"compile_dominates": "the run", "recompilation": "the recorded steps"}
+SHARE_BASES = {"compile_dominates": "the run", "recompilation": "the recorded steps",
+               "shape_recompiles": "the recorded steps"}
 
 
 def share_base(rule_id: str, has_steps: bool) -> str:

@@ -10,6 +10,7 @@ from neuron_explorer.analyses.compilation import compile_spans
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
+from neuron_explorer.rules.shape_recompiles import repeated_size_recompiles
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -21,6 +22,9 @@ def check(trace: Trace) -> list[Finding]:
     cs = trace.compile_summary()
     breaks = cs["graph_breaks"]
     recompiles = cs["recompiles"]
+    # recompiles for each new size of one dimension are shape_recompiles' finding
+    per_size = repeated_size_recompiles(trace)["id"]
+    recompiles = recompiles[~recompiles["id"].isin(per_size)]
     in_step_breaks = breaks[breaks["step"] >= 0] if len(trace.steps) else breaks
     in_step_rec = recompiles[recompiles["step"] >= 0] if len(trace.steps) else recompiles
     storm = len(recompiles) >= th.RECOMPILE_STORM

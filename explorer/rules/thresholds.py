@@ -63,6 +63,10 @@ SMALL_DMA_MIN_SHARE = 0.01
 # recompilation: graph breaks or recompiles inside steps; a storm from this many.
 RECOMPILE_STORM = 3
 
+# shape_recompiles: one input dimension recompiled for this many new sizes (Dynamo's
+# automatic dynamic shapes absorb a single change: after it, the size is symbolic).
+SHAPE_RECOMPILES_MIN = 3
+
 # compile_dominates: compilation takes this share of the recorded run.
 COMPILE_DOMINANT_SHARE = 0.50
 

@@ -1,0 +1,164 @@
+"""shape_recompiles: a compiled function that recompiles for each new size of one input
+dimension (a decoder's growing KV cache) is named with that dimension, its sizes and
+what its compiles cost; what fixing it saves is all but one of those compiles."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer.analyses.steady_state import compiling_steps
+from neuron_explorer.rules import thresholds as th
+from scenarios import Scenario
+
+STEP_NS = 1_000_000
+GUARD = "0/{n}: tensor '{name}' size mismatch at index 2. expected {old}, actual {new}"
+
+
+def _growing(sizes: list[int], name: str = "cache[0][0]") -> list[str]:
+    """The failed guards of a function called with each of `sizes` in turn."""
+    return [GUARD.format(n=n, name=name, old=old, new=new)
+            for n, (old, new) in enumerate(itertools.pairwise(sizes), start=1)]
+
+
+def _trace(tmp: Path, reasons: list[str]) -> neuron_explorer.Trace:
+    """A decode loop on the host alone: step 0 launches one op; step n (from 1)
+    recompiles for reasons[n - 1] in a compile span of (n + 3) * 100 us, then launches
+    its op."""
+    sc = Scenario()
+    for n in range(len(reasons) + 1):
+        t = n * STEP_NS
+        sc.b.slice(sc.host, t, STEP_NS, f"step {n}", "step", {"step": n})
+        compile_ns = (n + 3) * 100_000 if n else 0
+        if n:
+            sc.b.instant(sc.host, t + 10_000, "recompile", "recompile",
+                         {"reason": reasons[n - 1], "source": "gen.py:30 in forward"})
+            sc.b.slice(sc.host, t + 10_000, compile_ns, f"dynamo 0/{n}", "compile", {})
+        sc.op(t + 20_000 + compile_ns, 20_000, "graph:1", n + 1, n,
+              kernel=(t + 50_000 + compile_ns, 100_000))
+    return neuron_explorer.load(sc.write(tmp, f"shapes_{abs(hash(tuple(reasons)))}"))
+
+
+def _findings(trace: neuron_explorer.Trace, rule_id: str) -> list:
+    return [f for f in trace.bottlenecks() if f.rule_id == rule_id]
+
+
+def test_a_recompile_per_new_length_names_the_dimension_its_sizes_and_cost(tmp_path) -> None:
+    sizes = [24, 25, 26, 27, 28]
+    (f,) = _findings(_trace(tmp_path, _growing(sizes)), "shape_recompiles")
+    n = len(sizes) - 1
+    compiles = [(k + 3) * 100_000 for k in range(1, n + 1)]
+    assert f.title == f"{n} recompiles, one per new size of cache[0][0] dim 2"
+    assert "dim 2 of its input cache[0][0]" in f.explanation
+    assert "sizes 24, 25, 26, 27, 28" in f.explanation and "KV cache" in f.explanation
+    assert "gen.py:30 in forward" in f.explanation
+    assert "550 us of host time each, 2.2 ms in all, in steps 1–4" in f.explanation
+    assert f.symptom_ns == sum(compiles)
+    # the compiles are the host's own work, all on the critical path: the fix keeps one
+    assert f.time_lost_ns == pytest.approx(sum(compiles) * (n - 1) / n, abs=1)
+    for fix in ("static KV cache", "mark_dynamic(t, 2)", "dynamic=True", "bucket"):
+        assert fix in f.recommendation
+    assert [e["dur"] for e in f.evidence] == compiles
+
+
+def test_lengths_that_jump_between_calls_get_advice_to_pad(tmp_path) -> None:
+    (f,) = _findings(_trace(tmp_path, _growing([12, 30, 17, 21])), "shape_recompiles")
+    assert "differs between calls" in f.explanation and "KV cache" not in f.explanation
+    assert "pad the inputs to one fixed size" in f.recommendation
+
+
+def test_fewer_size_recompiles_than_the_threshold_are_the_general_finding(tmp_path) -> None:
+    """Dynamo's automatic dynamic shapes absorb a single change: one or two are not a
+    recompile per length, and the general recompilation finding covers them."""
+    reasons = _growing(list(range(24, 24 + th.SHAPE_RECOMPILES_MIN)))  # threshold - 1
+    trace = _trace(tmp_path, reasons)
+    assert _findings(trace, "shape_recompiles") == []
+    (general,) = _findings(trace, "recompilation")
+    assert general.title == f"{len(reasons)} recompiles in steps"
+
+
+def test_size_recompiles_of_different_inputs_are_not_one_dimension(tmp_path) -> None:
+    reasons = [GUARD.format(n=n, name=name, old=3, new=4)
+               for n, name in enumerate("xyzw", start=1)]
+    assert _findings(_trace(tmp_path, reasons), "shape_recompiles") == []
+    same = [GUARD.format(n=n, name="x", old=n, new=n + 1) for n in range(1, 5)]
+    assert len(_findings(_trace(tmp_path, same), "shape_recompiles")) == 1
+
+
+def test_the_general_finding_leaves_the_per_length_recompiles_out(tmp_path) -> None:
+    other = "0/5: tensor 'ids' dispatch key set mismatch"
+    trace = _trace(tmp_path, [*_growing([24, 25, 26, 27, 28]), other])
+    assert len(_findings(trace, "shape_recompiles")) == 1
+    (general,) = _findings(trace, "recompilation")
+    assert general.title == "1 recompile in steps" and "dispatch key" in general.explanation
+    assert general.symptom_ns == 800_000  # that recompile's own compile span alone
+
+
+# -- recorded: examples/generate.py compiled three ways, and eager ---------------------
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "generate.py"
+ARGS = ["--new-tokens", "8", "--prompt", "8", "--batch", "2"]
+
+
+def _record(folder: Path, name: str, *flags: str) -> neuron_explorer.Trace:
+    # the measured host clock: the modelled one counts no compile time
+    env = dict(os.environ)
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    env.pop("NEURON_HOST_CLOCK", None)
+    out = folder / f"{name}.pftrace"
+    cmd = [sys.executable, "-m", "neuron_explorer.cli", "record", "--level", "op", "-o",
+           str(out), "--", sys.executable, str(EXAMPLE), *ARGS, *flags]
+    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return neuron_explorer.load(out)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, neuron_explorer.Trace]:
+    folder = tmp_path_factory.mktemp("generate")
+    return {"static_shapes": _record(folder, "static_shapes", "--compile", "--static-shapes"),
+            "static_cache": _record(folder, "static_cache", "--compile", "--static-cache"),
+            "dynamic": _record(folder, "dynamic", "--compile", "--dynamic"),
+            "eager": _record(folder, "eager")}
+
+
+@pytest.mark.slow
+def test_compiled_decoding_with_static_shapes_recompiles_per_length(generated) -> None:
+    trace = generated["static_shapes"]
+    (f,) = _findings(trace, "shape_recompiles")
+    # the prompt's 8 positions, then one more per decode step: each new length from the
+    # second decode step on recompiles (the first recompiles for its token ids)
+    assert "dim 2 of its input cache[0][0]" in f.explanation
+    assert "KV cache" in f.explanation and "examples/generate.py:" in f.explanation
+    assert f.title == "6 recompiles, one per new size of cache[0][0] dim 2"
+    assert "sizes 8 to 14" in f.explanation
+    assert 0 < f.time_lost_ns < f.symptom_ns
+    # the report, through the command line, leads with it among the recompile findings
+    text = subprocess.run([sys.executable, "-m", "neuron_explorer.cli", "report",
+                           str(trace.path)], capture_output=True, text=True, timeout=300,
+                          check=True).stdout
+    assert f.title in text and "Recompilation storm" not in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["static_cache", "dynamic"])
+def test_a_static_cache_or_a_dynamic_length_compiles_a_few_times(generated, variant) -> None:
+    trace = generated[variant]
+    assert _findings(trace, "shape_recompiles") == []
+    cs = trace.compile_summary()
+    # the prefill's graph and the decode step's (a recompile or two: the token ids are
+    # inference tensors, the prefill's cache a strided view), then none however long
+    assert 2 <= len(cs["graphs"][cs["graphs"]["graph_id"] >= 0]) <= 3
+    decode = trace.phases()
+    decode = decode[decode["phase"] == "decode"]
+    assert len(decode) == 7 and not compiling_steps(trace) & set(decode["step"].iloc[2:])
+    # so the time per output token is lower than eager's (several times: one launch a
+    # step against one per op)
+    assert trace.serving()["tpot_median_ns"].iloc[0] < \
+        generated["eager"].serving()["tpot_median_ns"].iloc[0] / 2
