@@ -39,7 +39,14 @@ from neuron_explorer.loaders.pftrace_annotations import (
 )
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import our_device, track_table
-from neuron_explorer.loaders.wire_scan import Scan, WireError, packet_offsets, read_message, scan
+from neuron_explorer.loaders.wire_scan import (
+    Fields,
+    Scan,
+    WireError,
+    packet_offsets,
+    read_message,
+    scan,
+)
 
 # where wire_scan puts each TrackEvent field read; both counter fields share slot 4
 EVENT_SLOTS = {F.E_TYPE: 0, F.E_NAME_IID: 1, F.E_TRACK: 2, F.E_NAME: 3, F.E_COUNTER: 4,
@@ -307,9 +314,17 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     for i in np.flatnonzero(pk.scan.field[5] != 0).tolist():  # in file order
         state.read(data, int(starts[i]), int(ends[i]), int(pk.seq[i]), int(pk.gen[i]))
     state.pairs = pk.pairs
-    ev = _events(buf, pk, state, skipped)
+    # only the track events' packets matter from here: the packets' scan is let go before
+    # the events are scanned, so the two largest scans are never held at once
+    at = _EventPackets.of(pk)
     del pk
+    ev = _events(buf, at, state, skipped)
+    del at
     ev_name, ev_cat = _names(data, ev, state)
+    # the events' repeated fields (a row per field of every event, the load's largest
+    # arrays) are read for the last time: what the args and flows need later is kept
+    ann_rows, flow_ids = ev.scan.rows.select(F.E_DEBUG), _flow_ids(ev.scan.rows)
+    ev.scan.rows = Fields.empty()
     tracks, track_of = _tracks(state, np.sort(pd.unique(ev.track_uuid)))
     ev_track = _track_ids(track_of, ev.track_uuid)
     sl = _slices(ev, ev_track, skipped)
@@ -318,7 +333,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
                                  ev_cat.coded(sl.events, our_kind), sl.depth, sl.parent)
     slice_of_event, new_id = _slice_of_event(len(ev.ts), sl, order)
     counters = _counters(ev.scan, ev.type, ev.ts, ev_track, tracks)
-    ann = Annotations.of(ev.scan.rows, slice_of_event)
+    ann = Annotations.of(ann_rows, slice_of_event)
     n_slices = len(slices)
     # args are decoded on first use; the metadata instant's now (the hardware figures)
     meta_codes = [i for i, c in enumerate(ev_cat.values) if c == tf.CAT_METADATA]
@@ -339,13 +354,14 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
         warn.append(msg)
         skipped_now["corrupt debug annotation"] = count
 
-    args = LazyArgs(lambda: decode_annotations(data, buf, ann, ev.seqgen, state, n_slices,
+    seqgen, ts = ev.seqgen, ev.ts
+    del ev  # the args and flows read on first use hold only what they need
+    args = LazyArgs(lambda: decode_annotations(data, buf, ann, seqgen, state, n_slices,
                                                dropped))
-    rows, ts = ev.scan.rows, ev.ts
     # flows are linked on first use: the overview does not need them
     return RawTrace(path=path, source_format="pftrace", slices=slices, args=args,
                     tracks=tracks, counters=counters,
-                    flows=lambda: _flows(rows, ts, slice_of_event), metadata=metadata,
+                    flows=lambda: _flows(flow_ids, ts, slice_of_event), metadata=metadata,
                     skipped=skipped_now, warnings=warn)
 
 
@@ -410,24 +426,40 @@ class _Events:
     track_uuid: np.ndarray
 
 
-def _events(buf: np.ndarray, pk: _Packets, state: _State, skipped: Counter[str]) -> _Events:
+@dataclass
+class _EventPackets:
+    """The packets holding a track event: their numbers, the event's bytes (offset,
+    length), and the packet's time, sequence and (sequence, generation) pair number."""
+
+    packet: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    ts: np.ndarray
+    seq: np.ndarray
+    pair: np.ndarray
+
+    @classmethod
+    def of(cls, pk: _Packets) -> _EventPackets:
+        at = np.flatnonzero(pk.scan.field[4] != 0)
+        return cls(at, pk.scan.offset[4][at], pk.scan.value[4][at].astype(np.int64),
+                   pk.ts[at], pk.seq[at], pk.pair[at].astype(np.int64))
+
+
+def _events(buf: np.ndarray, at: _EventPackets, state: _State,
+            skipped: Counter[str]) -> _Events:
     """Scan every track event's fields."""
-    ev_pkt = np.flatnonzero(pk.scan.field[4] != 0)
-    ev_off = pk.scan.offset[4][ev_pkt]
-    ev_len = pk.scan.value[4][ev_pkt].astype(np.int64)
-    es = scan(buf, ev_off, ev_off + ev_len, EVENT_SLOTS, EVENT_REPEATED, offsets={3})
+    es = scan(buf, at.offset, at.offset + at.length, EVENT_SLOTS, EVENT_REPEATED, offsets={3})
     ev_type = es.value[0].astype(np.int64)
     track_uuid = es.value[2].copy()
     has_track = es.field[2] != 0
     if (~has_track).any():
         seq_default = np.array([state.default_track.get(int(s), 0)
-                                for s in pk.seq[ev_pkt[~has_track]].tolist()], np.uint64)
+                                for s in at.seq[~has_track].tolist()], np.uint64)
         track_uuid[~has_track] = seq_default
     known = (ev_type >= F.TYPE_SLICE_BEGIN) & (ev_type <= F.TYPE_COUNTER)
     for t, count in Counter(ev_type[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
-    return _Events(es, ev_pkt, pk.ts[ev_pkt], pk.pair[ev_pkt].astype(np.int64), ev_type,
-                   track_uuid)
+    return _Events(es, at.packet, at.ts, at.pair, ev_type, track_uuid)
 
 
 def _names(data: bytes | bytearray, ev: _Events, state: _State) -> tuple[_EventTexts, _EventTexts]:
@@ -537,17 +569,22 @@ def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.nda
     return frame.sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
 
 
-def _flows(ef: Any, ev_ts: np.ndarray, slice_of_event: np.ndarray) -> pd.DataFrame:
-    """Flow edges: consecutive events carrying the same flow id, cut after a terminating one."""
+def _flow_ids(ef: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The events' flow ids: (flow id, event, whether it terminates the flow)."""
     parts = []
     for field, terminating in ((F.E_FLOW_IDS, False), (F.E_FLOW_IDS_OLD, False),
                                (F.E_TERMINATING_FLOW_IDS, True),
                                (F.E_TERMINATING_FLOW_IDS_OLD, True)):
         m, _, v, _ = ef.select(field)
         parts.append((v.view(np.int64), m, np.full(len(m), terminating)))
-    fid = np.concatenate([p[0] for p in parts])
-    ev = np.concatenate([p[1] for p in parts])
-    term = np.concatenate([p[2] for p in parts])
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]))
+
+
+def _flows(flow_ids: tuple[np.ndarray, np.ndarray, np.ndarray], ev_ts: np.ndarray,
+           slice_of_event: np.ndarray) -> pd.DataFrame:
+    """Flow edges: consecutive events carrying the same flow id, cut after a terminating one."""
+    fid, ev, term = flow_ids
     sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
     keep = sid >= 0
     fid, ev, term, sid = fid[keep], ev[keep], term[keep], sid[keep]

@@ -28,7 +28,6 @@ from neuron_explorer.common.perfetto_fields import (
     A_STRING_IID,
     A_UINT,
 )
-from neuron_explorer.common.perfetto_fields import E_DEBUG as E_ANNOTATION
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -37,7 +36,7 @@ from neuron_explorer.loaders.args import (
     KIND_STR,
     ColumnArgs,
 )
-from neuron_explorer.loaders.wire_scan import Fields, Scan, WireError, scan
+from neuron_explorer.loaders.wire_scan import Scan, WireError, scan
 
 # slots: 0 name iid, 1 inline name, 2 the scalar value (one field of the oneof), 3 nested
 SLOTS = {A_NAME_IID: 0, A_NAME: 1, A_BOOL: 2, A_UINT: 2, A_INT: 2, A_DOUBLE: 2, A_STRING: 2,
@@ -160,8 +159,10 @@ class Annotations:
     length: np.ndarray
 
     @classmethod
-    def of(cls, ef: Fields, slice_of_event: np.ndarray) -> Annotations:
-        ev, _, length, offset = ef.select(E_ANNOTATION)
+    def of(cls, rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+           slice_of_event: np.ndarray) -> Annotations:
+        """From the events' annotation rows (`Fields.select` of the debug annotation field)."""
+        ev, _, length, offset = rows
         sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
         keep = sid >= 0
         return cls(ev[keep], sid[keep], offset[keep], length[keep].astype(np.int64))

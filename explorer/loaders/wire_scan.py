@@ -125,6 +125,12 @@ class Fields:
         self._groups = {int(numbers[a]): slice(int(a), int(b))
                         for a, b in pairwise(bounds.tolist())}
 
+    @classmethod
+    def empty(cls) -> Fields:
+        none = np.zeros(0, np.int64)
+        return cls(none.astype(np.int32), none, none.astype(np.uint8), none.astype(np.uint64),
+                   none)
+
     def select(self, field: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(msg, wire, value, offset) of one field number; a message's rows in file order."""
         if self._groups is None:
