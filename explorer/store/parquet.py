@@ -288,7 +288,7 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
     build = uuid.uuid4().hex
     try:
         flows = raw.flows() if callable(raw.flows) else raw.flows
-        args = args_frame(raw.args, len(raw.slices))  # decodes them: warnings come now
+        args = args_table(raw.args, len(raw.slices))  # decodes them: warnings come now
         rows = {"args": len(args)}
         # written first and let go: the long args table is built for the file alone
         _write_parquet(os.path.join(tmp, "args.parquet"), args, build)
@@ -339,11 +339,13 @@ def _move_in(tmp: str, folder: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_parquet(path: str, frame: pd.DataFrame, build: str) -> None:
+def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
+    """Write a frame (or an Arrow table) as one Parquet file, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = (frame if isinstance(frame, pa.Table)
+             else pa.Table.from_pandas(frame, preserve_index=False))
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            BUILD_KEY: build.encode()})
     # dictionaries for the text columns only: numbers gain little from them (ids, times
@@ -361,6 +363,14 @@ def _write_parquet(path: str, frame: pd.DataFrame, build: str) -> None:
 
 
 def _to_pandas(table: Any) -> pd.DataFrame:
+    """A frame of the table; columns written dictionary-encoded (the args' keys and
+    strings) come back as the text columns they stand for, not as categoricals."""
+    import pyarrow as pa
+
+    for i, column in enumerate(table.schema):
+        if pa.types.is_dictionary(column.type):
+            table = table.set_column(i, column.name,
+                                     table.column(i).cast(column.type.value_type))
     return table.to_pandas()
 
 
@@ -370,6 +380,36 @@ def _jsonable(value: Any) -> Any:
 
 
 # --- args as a long table ---------------------------------------------------------------
+def args_table(args: SliceArgs, n_slices: int) -> Any:
+    """`args_frame` as an Arrow table for the store's file: from columnar args, the keys
+    and strings go in as dictionaries over their codes, so no string is made per row and
+    Parquet writes the dictionaries as they are instead of hashing every value again."""
+    import pyarrow as pa
+
+    inner = args._get() if isinstance(args, LazyArgs) else args
+    if not isinstance(inner, ColumnArgs) or inner.scode is None or not len(inner.key):
+        return pa.Table.from_pandas(args_frame(inner, n_slices), preserve_index=False)
+    codes, values = _str_codes(inner)
+    return pa.table({
+        "slice_id": np.asarray(inner.slice_id, np.int64),
+        "key": _dictionary(np.asarray(inner.key, np.int64), inner.names),
+        "kind": np.asarray(inner.kind, np.int8), "int_value": np.asarray(inner.ival, np.int64),
+        "float_value": np.asarray(inner.fval, np.float64),
+        "str_value": _dictionary(codes, values)})
+
+
+def _dictionary(codes: np.ndarray, values: list[Any]) -> Any:
+    """A dictionary array of `values` indexed by `codes` (-1, or a None value: null)."""
+    import pyarrow as pa
+
+    missing = np.array([v is None for v in values] + [True])  # code -1: the last entry
+    null = missing[codes]
+    # Parquet takes no null inside a dictionary: those rows are nulls of their own
+    indices = pa.array(codes.astype(np.int32), mask=null)
+    dictionary = pa.array(["" if v is None else v for v in values], pa.large_string())
+    return pa.DictionaryArray.from_arrays(indices, dictionary)
+
+
 def args_frame(args: SliceArgs, n_slices: int) -> pd.DataFrame:
     """The args of every slice: one row per (slice, key), a typed value per row (ints,
     floats, strings apart; anything else as JSON text with kind `other`)."""
@@ -392,19 +432,26 @@ def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
 def _str_values(a: ColumnArgs) -> Any:
     """The str_value column: strings, JSON text of other values, NaN elsewhere; from the
     string codes when the args have them (no Python object per row)."""
-    other = np.flatnonzero(a.kind == KIND_OTHER)
     if a.scode is None or not len(a.scode):
+        other = np.flatnonzero(a.kind == KIND_OTHER)
         sval = np.asarray(a.sval, object).copy()
         if len(other):
             sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
         return sval
+    return text_column(*_str_codes(a))
+
+
+def _str_codes(a: ColumnArgs) -> tuple[np.ndarray, list[Any]]:
+    """str_value as (codes, distinct values) from the args' string codes: strings, and
+    other values as their JSON text; -1 (null) elsewhere."""
+    assert a.scode is not None
     codes = a.scode.copy()
     values = [v if isinstance(v, str) else None for v in a.svalues.tolist()]
-    for i in other.tolist():  # rare (nested values): their JSON text, each its own entry
-        code = int(codes[i])
+    for i in np.flatnonzero(a.kind == KIND_OTHER).tolist():  # rare: nested values, each
+        code = int(codes[i])                                  # its own entry
         codes[i] = len(values)
         values.append(json.dumps(a.svalues[code] if code >= 0 else None, default=str))
-    return text_column(codes, values)
+    return codes, values
 
 
 def _dicts_frame(items: list[dict[str, Any] | None]) -> pd.DataFrame:
