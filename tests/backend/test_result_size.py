@@ -106,7 +106,7 @@ print(json.dumps(results))
     (lambda d: torch.empty_strided((2,), (-1,), device=d), "Storage size calculation overflowed"),
 ])
 def test_negative_and_overflowing_sizes_say_so_like_the_cpu(make, message):
-    with pytest.raises(RuntimeError, match="") as on_cpu:
+    with pytest.raises(RuntimeError) as on_cpu:
         make("cpu")
     with pytest.raises(RuntimeError) as on_neuron:
         make("neuron")

@@ -45,7 +45,9 @@ def _same(a, b) -> None:
     assert (a.source_format, a.metadata, a.skipped) == (b.source_format, b.metadata, b.skipped)
 
 
-JSON_TRACES = sorted(p.name for p in REAL.glob("*.json*"))
+# the large real trace (3 MB gzip, 12 s) runs with the slow tests
+JSON_TRACES = [pytest.param(p.name, marks=[pytest.mark.slow] if p.stat().st_size > 1 << 20
+                            else []) for p in sorted(REAL.glob("*.json*"))]
 
 
 @pytest.mark.parametrize("name", JSON_TRACES)
