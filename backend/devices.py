@@ -80,7 +80,8 @@ def preset():
         except UnknownPresetError:
             raise UnknownHardwareError(
                 f"unknown hardware preset {name!r} in {PRESET_ENV}: "
-                f"set {PRESET_ENV} to one of {', '.join(PRESETS)} (or unset it for {DEFAULT_PRESET})"
+                f"set {PRESET_ENV} to one of {', '.join(PRESETS)} "
+                f"(or unset it for {DEFAULT_PRESET})"
             ) from None
     return _preset
 

@@ -73,7 +73,8 @@ def meta_result_bytes(info, args: tuple, kwargs: dict) -> int | None:
     if info.out_args:
         written = [meta_kwargs[name] for name in info.out_args if name in meta_kwargs]
         olds = [kwargs[name] for name in info.out_args if name in kwargs]
-        return sum(_storage_bytes(new) for new, old in zip(_tensors(written), _tensors(olds), strict=True)
+        return sum(_storage_bytes(new)
+                   for new, old in zip(_tensors(written), _tensors(olds), strict=True)
                    if _storage_bytes(new) > old.untyped_storage().nbytes())
     return sum(_storage_bytes(t) for t in _tensors(result))
 
@@ -81,7 +82,8 @@ def meta_result_bytes(info, args: tuple, kwargs: dict) -> int | None:
 def _storage_bytes(t: _Tensor) -> int:
     if not t.numel():
         return 0
-    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))) * t.element_size()
+    return ((1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)))
+            * t.element_size())
 
 
 def _check_window(device, info, args, kwargs, numel: int, dtype: torch.dtype | None) -> None:
