@@ -72,7 +72,8 @@ def findings(command: list[str], folder: str, name: str) -> list[tuple[str, str,
 def near_threshold(share: float) -> bool:
     from neuron_explorer.rules import thresholds as th
 
-    return any(abs(share - t) <= 0.2 * t for t in (th.SEVERITY_HIGH_SHARE, th.SEVERITY_MEDIUM_SHARE))
+    return any(abs(share - t) <= 0.2 * t
+               for t in (th.SEVERITY_HIGH_SHARE, th.SEVERITY_MEDIUM_SHARE))
 
 
 def _only_at_thresholds(a: list[tuple[str, str, float]], b: list[tuple[str, str, float]]) -> bool:

@@ -126,7 +126,8 @@ for _ in range(pairs):
     ratios.append(medians[1] / medians[0])
 print(" ".join(f"{r:.4f}" for r in ratios))
 '''
-BUSY = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
+BUSY = ("import time, sys\nend = time.monotonic() + float(sys.argv[1])\n"
+        "while time.monotonic() < end: pass\n")
 
 TINY_OPS = r'''
 import sys, time, torch
@@ -213,7 +214,8 @@ def loaded_record(argv: list[str], out: str, clock: str, busy: int,
 
 def pair(argv: list[str], folder: str, clock: str, busy: int, busy_seconds: float,
          loaded_first: bool) -> dict:
-    idle_path, loaded_path = (os.path.join(folder, f"{kind}.pftrace") for kind in ("idle", "loaded"))
+    idle_path, loaded_path = (os.path.join(folder, f"{kind}.pftrace")
+                              for kind in ("idle", "loaded"))
     if loaded_first:
         loaded = loaded_record(argv, loaded_path, clock, busy, busy_seconds)
         idle = probed_record(argv, idle_path, clock)

@@ -62,7 +62,8 @@ def timed(function, repeat: int) -> tuple[list[float], object]:
 
 
 def spread(times: list[float]) -> str:
-    return f"median {statistics.median(times) * 1e3:,.0f} ms (min {min(times) * 1e3:,.0f}, max {max(times) * 1e3:,.0f})"
+    return (f"median {statistics.median(times) * 1e3:,.0f} ms "
+            f"(min {min(times) * 1e3:,.0f}, max {max(times) * 1e3:,.0f})")
 
 
 def main() -> None:
@@ -90,11 +91,13 @@ def main() -> None:
     plot.timeline_index()
     window, figure = timed(lambda: plot.timeline(t0, t1, interactive=False), args.repeat)
     print(f"one step:     {spread(window)}, {marks(figure):,} marks")
-    tenth, small = timed(lambda: plot.timeline(t0, t0 + (t1 - t0) // 10, interactive=False), args.repeat)
+    tenth, small = timed(lambda: plot.timeline(t0, t0 + (t1 - t0) // 10, interactive=False),
+                         args.repeat)
     print(f"tenth step:   {spread(tenth)}, {marks(small):,} marks")
     base, every = timed(lambda: naive(trace, t0, t1), max(args.repeat // 2, 1))
     print(f"baseline:     {spread(base)}, {marks(every):,} marks (one bar per slice, one step)")
-    print(f"one step with level of detail / baseline: {statistics.median(window) / statistics.median(base):.2f}x time, "
+    print(f"one step with level of detail / baseline: "
+          f"{statistics.median(window) / statistics.median(base):.2f}x time, "
           f"{marks(figure) / max(marks(every), 1):.3f}x marks; target {TARGET_S:.1f} s: "
           f"{statistics.median(window) / TARGET_S:.2f}x of it")
 

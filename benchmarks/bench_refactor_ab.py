@@ -102,7 +102,8 @@ def main() -> None:
         old, new = sides["old"], sides["new"]
         print(f"{case:10s} old {statistics.median(old) * 1e3:8.1f} ms [{min(old) * 1e3:.1f}-"
               f"{max(old) * 1e3:.1f}]  new {statistics.median(new) * 1e3:8.1f} ms "
-              f"[{min(new) * 1e3:.1f}-{max(new) * 1e3:.1f}]  new/old {statistics.median(ratios):.3f}"
+              f"[{min(new) * 1e3:.1f}-{max(new) * 1e3:.1f}]  "
+              f"new/old {statistics.median(ratios):.3f}"
               f" [{min(ratios):.3f}-{max(ratios):.3f}]  ({args.rounds} rounds)")
 
 

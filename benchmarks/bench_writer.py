@@ -67,7 +67,8 @@ class Mix:
         kernel_ids = np.where(ids % 3 == 0, -1, ids)
         self.w.slices(np.full(n, self.thread), self.t + np.arange(n) * 1000, np.full(n, 500),
                       ["aten::addmm", "aten::view"], (kernel_ids < 0).astype(np.int64), "op",
-                      {"op_id": ids, "step": np.full(n, 3), "kernel_id": (kernel_ids, kernel_ids >= 0)},
+                      {"op_id": ids, "step": np.full(n, 3),
+                       "kernel_id": (kernel_ids, kernel_ids >= 0)},
                       flow_out=np.where(kernel_ids >= 0, ids, 0).astype(np.uint64),
                       prepared=([self.prepared], np.zeros(n, np.int64)))
         self.t += n * 1000
@@ -90,7 +91,8 @@ class Mix:
         flows = np.where(rng.random(n) < 0.05, rng.integers(1, 1 << 40, n), 0)
         self.w.slices(self.engine_tracks[engine], ts, rng.integers(5, 150, n), OPCODES,
                       rng.integers(0, len(OPCODES), n), "instruction",
-                      {"kernel_id": rng.integers(1, 1 << 20, n), "bytes": rng.integers(0, 1 << 16, n),
+                      {"kernel_id": rng.integers(1, 1 << 20, n),
+                       "bytes": rng.integers(0, 1 << 16, n),
                        "flops": rng.integers(0, 1 << 24, n)},
                       {"engine": (ENGINES, engine)}, flow_in=flows)
         return n
