@@ -14,8 +14,9 @@ torch's worker loop is wrapped (a fork inherits the wrapper):
   a slice naming the worker and batch, linked to the worker's batch by a flow.
 
 Workers started with `spawn` or `forkserver` find the log folder in the environment
-(their own recording wraps the loop again); modelled recordings (`NEURON_HOST_CLOCK=modelled`) leave worker tracks
-out, their times being measured. docs/recording.md says more.
+(their own recording wraps the loop again); modelled recordings
+(`NEURON_HOST_CLOCK=modelled`) leave worker tracks out, their times being measured.
+docs/recording.md says more.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class _BatchLog:
             self.samples = len(r[1]) if hasattr(r[1], "__len__") else 1
 
     def sent(self, item: Any) -> None:
-        if self.fd is None or self.idx is None or not isinstance(item, tuple) or item[0] != self.idx:
+        if (self.fd is None or self.idx is None or not isinstance(item, tuple)
+                or item[0] != self.idx):
             return
         line = (f"{self.idx} {self.worker_id} {self.got} {self.collate_start} "
                 f"{self.collate_end} {_mono_ns()} {self.samples}\n")
@@ -308,7 +310,8 @@ class WorkerTracks:
                 break
         return Receipt(batch, worker_id, pid, flow)
 
-    def _write(self, pid: int, log: _WorkerLog, batches: list[WorkerBatch], flow: int | None) -> None:
+    def _write(self, pid: int, log: _WorkerLog, batches: list[WorkerBatch],
+               flow: int | None) -> None:
         if not batches or not self._walls:
             return
         writer = self.rec.writer

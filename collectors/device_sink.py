@@ -1,4 +1,4 @@
-"""Turns the device's events (ops, kernels, instructions, memory, syncs, compiles) into trace events.
+"""Turns device events (ops, kernels, instructions, memory, syncs, compiles) into trace events.
 
 Subscribed to `neuron_explorer.backend.events.hub`. The backend already removes
 the time spent in these callbacks from the host clock (it measures its own
@@ -110,7 +110,8 @@ _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
 
-_INSTRUCTION_FIELDS = operator.attrgetter("engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
+_INSTRUCTION_FIELDS = operator.attrgetter(
+    "engine", "opcode", "start_ns", "dur_ns", "bytes", "flops")
 
 
 def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
