@@ -15,7 +15,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="neuron")
-    parser.add_argument("--bf16", action="store_true", help="run the forward pass under bf16 autocast")
+    parser.add_argument("--bf16", action="store_true",
+                        help="run the forward pass under bf16 autocast")
     parser.add_argument("--bf16-weights", action="store_true",
                         help="keep the model and its input in bf16 (no casts per step)")
     args = parser.parse_args()

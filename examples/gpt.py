@@ -20,7 +20,8 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
@@ -29,7 +30,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int = 512, d_model: int = 128, n_heads: int = 4, n_layers: int = 2, seq: int = 64) -> None:
+    def __init__(self, vocab: int = 512, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
+                 seq: int = 64) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
@@ -47,10 +49,12 @@ class GPT(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="neuron")
-    parser.add_argument("--compile", action="store_true", help='torch.compile(model, backend="neuron")')
+    parser.add_argument("--compile", action="store_true",
+                        help='torch.compile(model, backend="neuron")')
     args = parser.parse_args()
 
     torch.manual_seed(0)

@@ -15,7 +15,8 @@ from torch import nn
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--fraction", type=float, default=0.9, help="share of HBM given to the KV cache")
+    parser.add_argument("--fraction", type=float, default=0.9,
+                        help="share of HBM given to the KV cache")
     args = parser.parse_args()
 
     device = torch.device("neuron")
@@ -37,7 +38,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
     used = torch.neuron.max_memory_allocated(device)
-    print(f"peak memory {used / 2**30:.2f} GiB of {total / 2**30:.1f} GiB; final loss {loss.item():.4f}")
+    print(f"peak memory {used / 2**30:.2f} GiB of {total / 2**30:.1f} GiB; "
+          f"final loss {loss.item():.4f}")
 
 
 if __name__ == "__main__":
