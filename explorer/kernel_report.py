@@ -51,7 +51,8 @@ def kernel_summary(trace: Trace, kernel: str, shapes: str | None = None) -> dict
         "dma_compute_overlap_pct": float(prof["dma_compute_overlap_pct"].mean()),
         "sbuf_bytes": int(prof["sbuf_bytes"].max()), "psum_bytes": int(prof["psum_bytes"].max()),
         "critical_engine": str(prof["critical_engine"].mode().iloc[0]),
-        "dma_transfers": len(dma), "dma_median_bytes": int(dma["bytes"].median()) if len(dma) else 0,
+        "dma_transfers": len(dma),
+        "dma_median_bytes": int(dma["bytes"].median()) if len(dma) else 0,
         "dma_bytes_per_s": float(dma["bytes"].sum()) / dma_ns * 1e9 if dma_ns else 0.0,
         "dma_peak_bytes_per_s": peak,
     }

@@ -284,7 +284,8 @@ def _critical_table(trace: Trace) -> pd.DataFrame | list[str]:
     per = path.groupby(["kind", "category"], sort=False)["dur"].sum() / steps
     per = per.sort_values(ascending=False)
     total = float(per.sum())
-    return pd.DataFrame({"side": [k for k, _ in per.index], "on the path": [c for _, c in per.index],
+    return pd.DataFrame({"side": [k for k, _ in per.index],
+                         "on the path": [c for _, c in per.index],
                          "per step": [fmt_ns(v) for v in per],
                          "share": [fmt_share(v / total if total else 0) for v in per]})
 

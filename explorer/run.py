@@ -147,7 +147,8 @@ class Run:
         if rank not in self._traces:
             from neuron_explorer.trace import load
 
-            self._traces[rank] = cast("Trace", load(self.digests[rank].path, cache=self._cache_setting))
+            self._traces[rank] = cast("Trace", load(self.digests[rank].path,
+                                                    cache=self._cache_setting))
         return self._traces[rank]
 
     @property
@@ -366,7 +367,8 @@ class Run:
     # --- display --------------------------------------------------------------------------
     @cached_property
     def plot(self) -> RunPlot:
-        """The run's figures (plotly): `run.plot.step_times()`, `.communication()`, `.collectives()`."""
+        """The run's figures (plotly): `run.plot.step_times()`, `.communication()`,
+        `.collectives()`."""
         from neuron_explorer.plot import RunPlot
 
         return RunPlot(self)

@@ -41,7 +41,8 @@ def run_report_sections(run: Run) -> list[Section]:
         # A synchronous run moves at its slowest rank's pace.
         slowest = medians.loc[medians["step_time_ns"].idxmax()]
         head["step time (median over ranks)"] = fmt_ns(medians["step_time_ns"].median())
-        head["slowest rank"] = f"rank {int(slowest['rank'])}: {fmt_ns(slowest['step_time_ns'])} a step"
+        head["slowest rank"] = (f"rank {int(slowest['rank'])}: "
+                                f"{fmt_ns(slowest['step_time_ns'])} a step")
     head["analysed time per rank (mean)"] = fmt_ns(run.step_time_ns())
     missing = run.missing_ranks
     if missing:

@@ -69,7 +69,8 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
     None and the other missing markers (NaN) are passed on as they are."""
     array = np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(array)
-    results: np.ndarray = np.empty(len(uniques) + 1, dtype=dtype)  # the last: missing (code -1), set below
+    # one slot per distinct value, then one for missing values (code -1), set below
+    results: np.ndarray = np.empty(len(uniques) + 1, dtype=dtype)
     results[: len(uniques)] = [function(u) for u in uniques.tolist()]
     out = results[codes]
     missing = np.flatnonzero(codes < 0)

@@ -465,7 +465,8 @@ class Trace:
     # --- display --------------------------------------------------------------------------
     @cached_property
     def plot(self) -> TracePlot:
-        """The trace's figures (plotly): `trace.plot.timeline()`, `.breakdown()`, `.roofline()`..."""
+        """The trace's figures (plotly): `trace.plot.timeline()`, `.breakdown()`,
+        `.roofline()`..."""
         from neuron_explorer.plot import TracePlot
 
         return TracePlot(self)

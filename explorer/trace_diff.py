@@ -123,7 +123,8 @@ class TraceDiff:
                     if steps == StepSelection((), (), "").describe()]
         if not stepless:
             return ""
-        return f" ({' and '.join(stepless)}: the whole trace, {'it has' if len(stepless) == 1 else 'they have'} no steps)"
+        have = "it has" if len(stepless) == 1 else "they have"
+        return f" ({' and '.join(stepless)}: the whole trace, {have} no steps)"
 
     def _repr_html_(self) -> str:
         from neuron_explorer.plot.cards import diff_tables
@@ -286,10 +287,12 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
     bda, bdb = mean_breakdown(ta), mean_breakdown(tb)
     bd = _outer(bda, bdb, ["side", "category"], {"ns": "ns"})
     bd["delta_ns"] = bd["b_ns"] - bd["a_ns"]
-    oa = ta.op_stats().assign(device_ns=lambda f: f["device_ns"] / na, count=lambda f: f["count"] / na) \
-        if len(ta.ops) else pd.DataFrame(columns=["name", "count", "device_ns"])
-    ob = tb.op_stats().assign(device_ns=lambda f: f["device_ns"] / nb, count=lambda f: f["count"] / nb) \
-        if len(tb.ops) else pd.DataFrame(columns=["name", "count", "device_ns"])
+    oa = (ta.op_stats().assign(device_ns=lambda f: f["device_ns"] / na,
+                               count=lambda f: f["count"] / na)
+          if len(ta.ops) else pd.DataFrame(columns=["name", "count", "device_ns"]))
+    ob = (tb.op_stats().assign(device_ns=lambda f: f["device_ns"] / nb,
+                               count=lambda f: f["count"] / nb)
+          if len(tb.ops) else pd.DataFrame(columns=["name", "count", "device_ns"]))
     ops = _outer(oa, ob, ["name"], {"count": "count", "device_ns": "device_ns"})
     ops["delta_ns"] = ops["b_device_ns"] - ops["a_device_ns"]
     ops.loc[(ops["status"] == "common") & (ops["delta_ns"] != 0), "status"] = "changed"
@@ -310,7 +313,8 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
                   summary=_summary(ta, tb), breakdown=bd, ops=ops,
                   modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
                   engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
-                  hardware=(hardware_label(ta), hardware_label(tb)), kernels=_kernels(ta, tb, na, nb),
+                  hardware=(hardware_label(ta), hardware_label(tb)),
+                  kernels=_kernels(ta, tb, na, nb),
                   steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
     return _mark_unrecorded(d, ta, tb)
 

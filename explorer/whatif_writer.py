@@ -40,7 +40,8 @@ def _plain(value: Any) -> Any:
 
 
 def _args(trace: Trace, slice_id: int, **changes: Any) -> dict[str, Any]:
-    args = {k: _plain(v) for k, v in (trace.slice_args.get(slice_id) or {}).items() if v is not None}
+    args = {k: _plain(v) for k, v in (trace.slice_args.get(slice_id) or {}).items()
+            if v is not None}
     args.update({k: v for k, v in changes.items() if v is not None})
     return args
 

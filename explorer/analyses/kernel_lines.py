@@ -25,8 +25,8 @@ def kernel_lines(trace: Trace, kernel: object) -> pd.DataFrame:
     """One row per source line of `kernel` (its name, or the @nki.jit kernel itself):
     busy ns per engine, total, stall (how long the compute engines sat idle just before
     the line's instructions, waiting for their inputs), instruction count and share of
-    the kernel's instruction time, in file and line order. Empty when the trace holds no engine-level records
-    of the kernel."""
+    the kernel's instruction time, in file and line order. Empty when the trace holds no
+    engine-level records of the kernel."""
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
     kernels = trace.kernels
     ids = kernels.loc[kernels["name"] == name, "kernel_id"].to_numpy()
@@ -138,7 +138,8 @@ def nki_kernels(trace: Trace) -> list[str]:
     mine = nki_runs(trace)
     if not len(mine):
         return []
-    total = mine.groupby("name", sort=False)["dur"].sum().sort_values(ascending=False, kind="stable")
+    total = (mine.groupby("name", sort=False)["dur"].sum()
+             .sort_values(ascending=False, kind="stable"))
     return [str(n) for n in total.index]
 
 

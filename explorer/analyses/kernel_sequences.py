@@ -4,8 +4,9 @@ A sequence is `n` kernels that ran back to back on one device queue (stream), ea
 launched by the same op as the one before it or by the host's very next launch on the
 same thread (no other launch in between). Copies and memsets are not kernels to fuse: one
 launched between two kernels ends a sequence (device-side copies with no launch in the
-trace, as MTIA's DMA requests, are left out). Sequences are counted as sliding windows, so one long run of kernels
-holds several (overlapping) sequences, and the rows' times overlap too.
+trace, as MTIA's DMA requests, are left out). Sequences are counted as sliding windows,
+so one long run of kernels holds several (overlapping) sequences, and the rows' times
+overlap too.
 
 With `op`, HTA 0.5's definition (`get_frequent_cuda_kernel_sequences`) instead: the host
 slices whose name holds `op`, the shallowest of them, each with at least `n` launches; a

@@ -62,8 +62,10 @@ def launch_stats(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
         "launch_delay_ns": np.maximum(start - (call_ts + cpu), 0)}, columns=COLUMNS)
 
 
-def launch_outliers(stats: pd.DataFrame, runtime_cutoff_ns: int = RUNTIME_CUTOFF_NS,
-                    launch_delay_cutoff_ns: int = LAUNCH_DELAY_CUTOFF_NS) -> dict[str, pd.DataFrame]:
+def launch_outliers(
+    stats: pd.DataFrame, runtime_cutoff_ns: int = RUNTIME_CUTOFF_NS,
+    launch_delay_cutoff_ns: int = LAUNCH_DELAY_CUTOFF_NS,
+) -> dict[str, pd.DataFrame]:
     """HTA's three groups of `launch_stats` rows: `short` (a launch call of at most the
     runtime cutoff, longer than its kernel), `slow_launch` (a launch call over the
     cutoff), `delayed` (a launch delay over its cutoff)."""

@@ -41,7 +41,8 @@ def memory_timeline(trace: Trace) -> pd.DataFrame:
         ids = mem["id"].to_numpy()
         total = pd.to_numeric(pd.Series(trace.slice_args.column("Total Allocated", ids)),
                               errors="coerce")
-        device = pd.to_numeric(pd.Series(trace.slice_args.column("Device Id", ids)), errors="coerce")
+        device = pd.to_numeric(pd.Series(trace.slice_args.column("Device Id", ids)),
+                               errors="coerce")
         ok = total.notna().to_numpy()
         parts.append(pd.DataFrame({"ts": mem["ts"].to_numpy()[ok],
                                    "device": device.fillna(-1).to_numpy()[ok].astype(np.int64),

@@ -10,9 +10,10 @@ million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
   optimizer's state, first allocations, the framework's caches) the later steps do not;
 - in both cases without the code after the last step mark (the recorder writes
   which steps a mark ended), unless nothing else is left;
-- and, in a recording cut short (killed, or damaged part-way: the loader warned), only the steps that end
-  before its ops or kernels stop (or, when none does, the step they stop in): the trace
-  lost the later steps' device events, which would read as a device idle all step.
+- and, in a recording cut short (killed, or damaged part-way: the loader warned), only
+  the steps that end before its ops or kernels stop (or, when none does, the step they
+  stop in): the trace lost the later steps' device events, which would read as a device
+  idle all step.
 Compile time is reported on its own (`compile_summary`).
 """
 

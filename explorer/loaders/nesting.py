@@ -90,7 +90,9 @@ def _track_time_order(track: np.ndarray, ts: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(track)), ts, track))
 
 
-def nest_complete(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nest_complete(
+    track: np.ndarray, ts: np.ndarray, dur: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Depth and parent index of complete slices (parent -1 at the top of a track)."""
     n = len(ts)
     if n == 0:

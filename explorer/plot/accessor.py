@@ -35,9 +35,10 @@ class TracePlot:
         """Every track (or the `tracks` named, by name or id) over [start_ns, end_ns] (default:
         the recorded steps), level of detail included: slices narrower than a pixel merge into
         grey bars, so a million events draw as a few thousand. `interactive` (default: in
-        Jupyter with ipywidgets and anywidget, see `plot.options`) gives a FigureWidget that draws each new window
-        on zoom and pan. `critical_path` draws `Trace.critical_path()` over the bars: the
-        chain of host work, waits and kernels that set each analysed step's length."""
+        Jupyter with ipywidgets and anywidget, see `plot.options`) gives a FigureWidget that
+        draws each new window on zoom and pan. `critical_path` draws `Trace.critical_path()`
+        over the bars: the chain of host work, waits and kernels that set each analysed step's
+        length."""
         index = self.timeline_index(tracks)
         default = timeline_module.steps_window(self._trace, index)
         t0 = default[0] if start_ns is None else start_ns

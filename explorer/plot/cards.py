@@ -32,7 +32,8 @@ def finding_card(finding: Finding) -> str:
     badge = (f"<span style='background:{background};color:{ink};font-size:11px;font-weight:650;"
              f"text-transform:uppercase;letter-spacing:.5px;padding:2px 8px;border-radius:10px'>"
              f"{_e(finding.severity)}</span>")
-    cost = f"{fmt_ns(finding.time_lost_ns)} lost · {fmt_share(finding.share_of_step)} of {finding.share_base}"
+    cost = (f"{fmt_ns(finding.time_lost_ns)} lost · "
+            f"{fmt_share(finding.share_of_step)} of {finding.share_base}")
     evidence = "".join(
         f"<li>{_e(fmt_ns(item.get('dur', 0)))} at {int(item.get('ts', 0)) / 1e9:.6f} s: "
         f"{_e(item.get('description', ''))}</li>"
@@ -51,7 +52,8 @@ def finding_card(finding: Finding) -> str:
         + (f"<p style='margin:4px 0;color:{MUTED_COLOUR}'>{_e(finding.saving_note())}</p>"
            if finding.saving_note() else "")
         + (f"<ul style='margin:4px 0;color:{MUTED_COLOUR}'>{evidence}</ul>" if evidence else "")
-        + f"<div style='color:{MUTED_COLOUR};font-size:12px'>rule {_e(finding.rule_id)}</div></div>")
+        + f"<div style='color:{MUTED_COLOUR};font-size:12px'>"
+          f"rule {_e(finding.rule_id)}</div></div>")
 
 
 def findings_cards(findings: Iterable[Finding], title: str = "Findings") -> str:
@@ -89,7 +91,8 @@ def diff_tables(diff: TraceDiff) -> str:
 def readable_rank_summary(run: Run) -> pd.DataFrame:
     """`run.rank_summary()` with its times as a person reads them."""
     summary = run.rank_summary()
-    shown = pd.DataFrame({"rank": summary["rank"], "trace": summary["path"], "steps": summary["steps"]})
+    shown = pd.DataFrame({"rank": summary["rank"], "trace": summary["path"],
+                          "steps": summary["steps"]})
     for column in ("step_time_ns", "compute_ns", "communication_ns", "exposed_ns", "wait_ns",
                    "wait_caused_ns"):
         shown[column.removesuffix("_ns").replace("_", " ")] = [fmt_ns(v) for v in summary[column]]

@@ -62,7 +62,8 @@ def engine_use(trace: Trace, step: int | None = None) -> EngineUse | None:
         if df.empty:
             df = every
     several = "device" in df.columns and df["device"].nunique() > 1
-    label = (df["device"].astype(str) + " · " + df["engine"].astype(str)) if several else df["engine"].astype(str)
+    label = ((df["device"].astype(str) + " · " + df["engine"].astype(str)) if several
+             else df["engine"].astype(str))
     return EngineUse(df.assign(label=label), bin_ns, window is not None, steps)
 
 
@@ -93,7 +94,8 @@ def utilisation_figure(use: EngineUse | None) -> go.Figure:
         "hovertemplate": f"{label}: " + "%{y:.1f}%<extra>%{x:.1f} µs</extra>",
     } for label, group in df.groupby("label", sort=True)]
     return new_figure(lines, {
-        "xaxis": {"title": {"text": "time since the first step" if use.over_steps else "time since first sample"},
+        "xaxis": {"title": {"text": ("time since the first step" if use.over_steps
+                                     else "time since first sample")},
                   "gridcolor": GRID_COLOUR, **time_ticks(origin, int(df["ts"].max()), origin)},
         "yaxis": {"title": {"text": "busy (%)"}, "range": [0, 105], "gridcolor": GRID_COLOUR},
         "legend": {"orientation": "h", "y": 1.12},
@@ -112,16 +114,19 @@ def per_step_figure(use: EngineUse | None) -> go.Figure:
             "type": "bar", "x": means.index.tolist(), "y": means.tolist(),
             "marker": {"color": [colours.get(e, "#9aa5b1") for e in means.index]},
             "hovertemplate": "%{x}: %{y:.1f}%<extra></extra>",
-        }], {"yaxis": {"title": {"text": "mean busy (%)"}, "range": [0, 100], "gridcolor": GRID_COLOUR}},
+        }], {"yaxis": {"title": {"text": "mean busy (%)"}, "range": [0, 100],
+                       "gridcolor": GRID_COLOUR}},
             height=300)
     per_step = per_step_utilisation(use)
     if per_step.empty:
         return empty_figure("no engine ran during the recorded steps")
     bars = [{
         "type": "bar", "name": engine, "x": [f"step {s}" for s in group["step"]],
-        "y": (group["utilisation"] * 100).tolist(), "marker": {"color": colours.get(engine, "#9aa5b1")},
+        "y": (group["utilisation"] * 100).tolist(),
+        "marker": {"color": colours.get(engine, "#9aa5b1")},
         "hovertemplate": f"{engine}: " + "%{y:.1f}%<extra>%{x}</extra>",
     } for engine, group in per_step.groupby("engine", sort=True)]
     return new_figure(bars, {
-        "barmode": "group", "yaxis": {"title": {"text": "busy (%)"}, "range": [0, 100], "gridcolor": GRID_COLOUR},
+        "barmode": "group",
+        "yaxis": {"title": {"text": "busy (%)"}, "range": [0, 100], "gridcolor": GRID_COLOUR},
         "legend": {"orientation": "h", "y": 1.12}}, height=320)

@@ -45,10 +45,12 @@ def empty_figure(note: str) -> go.Figure:
 def mean_per_step(breakdown: pd.DataFrame) -> pd.DataFrame:
     """side, category, ns: the breakdown's mean time per step."""
     n_steps = max(int(breakdown["step"].nunique()), 1) if len(breakdown) else 1
-    return breakdown.groupby(["side", "category"], sort=False)["ns"].sum().div(n_steps).reset_index()
+    return (breakdown.groupby(["side", "category"], sort=False)["ns"].sum().div(n_steps)
+            .reset_index())
 
 
-def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame], axis_title: str = "ms per step") -> go.Figure:
+def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame],
+                     axis_title: str = "ms per step") -> go.Figure:
     """Mean time per step, host and device, stacked by category; one pair of bars per trace
     when several are given ({label: trace.breakdown()}), a single trace's bars named by side."""
     frames = [mean_per_step(df).assign(trace=label) for label, df in breakdowns.items() if len(df)]
@@ -76,7 +78,7 @@ def breakdown_figure(breakdowns: Mapping[str, pd.DataFrame], axis_title: str = "
 # --- roofline ----------------------------------------------------------------------------------
 
 def roofs(figures: dict | None) -> tuple[dict[str, float], float | None]:
-    """Peak FLOP/s per dtype and the memory bandwidth (bytes/s) from the trace's hardware figures."""
+    """Peak FLOP/s per dtype and memory bandwidth (bytes/s) from the trace's hardware figures."""
     if not isinstance(figures, dict):
         return {}, None
     peaks = figures.get("tensor_peak_flops") or {}
@@ -98,11 +100,14 @@ def roofline_figure(roofline: pd.DataFrame, hardware_figures: dict | None) -> go
         "type": "scatter", "mode": "markers", "name": f"{bound}-bound",
         "x": group["intensity"].tolist(), "y": group["achieved_flops_per_s"].tolist(),
         "text": group["name"].astype(str).tolist(), "customdata": (group["dur"] / 1e3).tolist(),
-        "marker": {"size": group["_size"].tolist(), "color": BOUND_COLOURS.get(str(bound), "#9aa5b1"),
+        "marker": {"size": group["_size"].tolist(),
+                   "color": BOUND_COLOURS.get(str(bound), "#9aa5b1"),
                    "opacity": 0.75, "line": {"width": 1, "color": "#ffffff"}},
-        "hovertemplate": "%{text}<br>%{x:.3g} FLOP/byte · %{y:.3s}FLOP/s · %{customdata:,.1f} µs<extra></extra>",
+        "hovertemplate": "%{text}<br>%{x:.3g} FLOP/byte · %{y:.3s}FLOP/s · "
+                         "%{customdata:,.1f} µs<extra></extra>",
     } for bound, group in df.assign(_size=size).groupby("bound", sort=True)]
-    data += roof_lines(hardware_figures, float(df["intensity"].min()) / 4, float(df["intensity"].max()) * 4)
+    data += roof_lines(hardware_figures, float(df["intensity"].min()) / 4,
+                       float(df["intensity"].max()) * 4)
     return new_figure(data, {
         "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP / HBM byte)"},
                   "gridcolor": GRID_COLOUR},
@@ -125,7 +130,8 @@ def roof_lines(hardware_figures: dict | None, lo: float, hi: float) -> list[dict
         lines.append({
             "type": "scatter", "mode": "lines", "name": f"roof ({dtype})",
             "x": xs, "y": [xs[0] * bandwidth, peak, peak],
-            "line": {"color": MUTED_COLOUR, "width": 1.5, "dash": "solid" if dtype == "bfloat16" else "dot"},
+            "line": {"color": MUTED_COLOUR, "width": 1.5,
+                     "dash": "solid" if dtype == "bfloat16" else "dot"},
             "hoverinfo": "skip",
         })
     return lines
@@ -148,7 +154,8 @@ def memory_figure(memory_timeline: pd.DataFrame) -> go.Figure:
     return new_figure(lines, {
         "xaxis": {"title": {"text": "time since first sample"}, "gridcolor": GRID_COLOUR,
                   **time_ticks(origin, int(df["ts"].max()), origin)},
-        "yaxis": {"title": {"text": "HBM in use (MiB)"}, "gridcolor": GRID_COLOUR, "rangemode": "tozero"},
+        "yaxis": {"title": {"text": "HBM in use (MiB)"}, "gridcolor": GRID_COLOUR,
+                  "rangemode": "tozero"},
         "showlegend": len(lines) > 1,
     }, height=360)
 
@@ -183,7 +190,8 @@ def counters_figure(counters: pd.DataFrame) -> go.Figure:
 # --- op statistics -----------------------------------------------------------------------------
 
 def op_stats_figure(op_stats: pd.DataFrame, n: int = 20) -> go.Figure:
-    """The `n` ops with the most time: device time (and host time where recorded), longest on top."""
+    """The `n` ops with the most time: device time (and host time where recorded), longest
+    on top."""
     if op_stats.empty:
         return empty_figure("no ops in this trace")
     key = "device_ns" if "device_ns" in op_stats and op_stats["device_ns"].sum() > 0 else "host_ns"

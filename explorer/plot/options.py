@@ -1,4 +1,4 @@
-"""Settings of the figures, set once per notebook: `neuron_explorer.plot.options.interactive = False`."""
+"""Figure settings, set once per notebook: `neuron_explorer.plot.options.interactive = False`."""
 
 from __future__ import annotations
 

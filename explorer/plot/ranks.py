@@ -56,7 +56,8 @@ def collectives_figure(run: Run) -> go.Figure:
     height = 120 + 40 * len(run)
     coll = step_collectives(run)
     if not len(coll):
-        return new_figure([], {"annotations": [{"text": "no collectives in this run", "showarrow": False}]},
+        return new_figure([], {"annotations": [{"text": "no collectives in this run",
+                                                "showarrow": False}]},
                           height=height)
     first_calls = coll.drop_duplicates(["group", "collective", "seq"]).sort_values("arrival")
     shown = first_calls.head(MAX_LINKED_CALLS)[["group", "collective", "seq"]]
@@ -74,7 +75,8 @@ def collectives_figure(run: Run) -> go.Figure:
     ]
     return new_figure(data, {
         "barmode": "overlay", "bargap": 0.35,
-        "xaxis": {"title": {"text": "time since the first call"}, **time_ticks(origin, end, origin)},
+        "xaxis": {"title": {"text": "time since the first call"},
+                  **time_ticks(origin, end, origin)},
         "yaxis": {"tickvals": list(y.values()), "ticktext": [f"rank {r}" for r in y],
                   "autorange": "reversed"},
         "legend": {"orientation": "h", "y": 1.2}}, height=height)

@@ -57,7 +57,8 @@ def slice_args(trace: Trace, slice_id: int) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
-def build_index(trace: Trace, fold_dma: bool = True, tracks: list[str | int] | None = None) -> TimelineIndex:
+def build_index(trace: Trace, fold_dma: bool = True,
+                tracks: list[str | int] | None = None) -> TimelineIndex:
     """The level-of-detail index of a trace, or of the tracks named (track names or ids)."""
     slices, track_table, counters = slice_table(trace), trace.tracks, trace.counters
     if tracks is not None:
@@ -67,8 +68,9 @@ def build_index(trace: Trace, fold_dma: bool = True, tracks: list[str | int] | N
         if keep.empty:
             from neuron_explorer.common.errors import NeuronExplorerError
 
+            known = ", ".join(track_table["name"].astype(str).unique()[:20])
             raise NeuronExplorerError(f"no track named {', '.join(sorted(wanted))} in this trace; "
-                                      f"tracks are {', '.join(track_table['name'].astype(str).unique()[:20])}")
+                                      f"tracks are {known}")
         ids = set(keep["track_id"])
         slices = slices[slices["track_id"].isin(ids)]
         counters = counters[counters["track_id"].isin(ids)] if "track_id" in counters else counters
@@ -237,14 +239,16 @@ def timeline_layout(index: TimelineIndex, window: WindowRows, shapes: list[dict]
 
 
 def time_ticks(t0: int, t1: int, origin: int, target: int = 8) -> dict:
-    """About `target` ticks at round times, labelled in the unit that reads best (2.221 s, 14.5 ms)."""
+    """About `target` ticks at round times, labelled in the unit that reads best
+    (2.221 s, 14.5 ms)."""
     span = max(t1 - t0, 1)
     raw = span / target
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     first = math.ceil((t0 - origin) / step) * step
     ticks = np.arange(first, t1 - origin + 1, step)
-    unit, size = next((u, z) for u, z in (("s", 1e9), ("ms", 1e6), ("µs", 1e3), ("ns", 1.0)) if step / z >= 1e-3)
+    unit, size = next((u, z) for u, z in (("s", 1e9), ("ms", 1e6), ("µs", 1e3), ("ns", 1.0))
+                      if step / z >= 1e-3)
     decimals = max(0, math.ceil(-math.log10(step / size) - 1e-9))
     labels = [f"{t / size:,.{decimals}f} {unit}" for t in ticks]
     return {"tickmode": "array", "tickvals": (ticks / NS_PER_US).tolist(), "ticktext": labels}
@@ -260,7 +264,8 @@ def selection_shapes(index: TimelineIndex, window: WindowRows, selected: int | N
         return []
     origin = index.start_ns
     row, ts, end = box
-    x0, x1 = float(to_us(int(ts), origin)), float(to_us(int(max(end, ts + window.bucket_ns)), origin))
+    x0 = float(to_us(int(ts), origin))
+    x1 = float(to_us(int(max(end, ts + window.bucket_ns)), origin))
     shapes = [{
         "type": "rect", "x0": x0, "x1": x1, "y0": row - 0.5, "y1": row + 0.5,
         "line": {"color": SELECTION_COLOUR, "width": 2}, "fillcolor": "rgba(0,0,0,0)",
@@ -333,12 +338,13 @@ def timeline(index: TimelineIndex, t0: int, t1: int, interactive: bool | None = 
 
 def follow_zoom(widget: Any, index: TimelineIndex, width_px: int = WIDTH_PX,
                 path: pd.DataFrame | None = None) -> None:
-    """On every change of the x range, draw the new window from the index (as the dashboard does)."""
+    """On each change of the x range, draw the new window from the index (as the dashboard does)."""
     def redraw(_layout: Any, x_range: Any) -> None:
         if not x_range or x_range[0] is None or x_range[1] is None:
             return
         origin = index.start_ns
-        t0, t1 = clamp_window(index, origin + x_range[0] * NS_PER_US, origin + x_range[1] * NS_PER_US)
+        t0, t1 = clamp_window(index, origin + x_range[0] * NS_PER_US,
+                              origin + x_range[1] * NS_PER_US)
         redraw_window(widget, index, index.query(t0, t1, width_px), path)
 
     widget.layout.xaxis.on_change(redraw, "range")

@@ -108,7 +108,8 @@ class TimelineIndex:
         folded = _dma_groups(tracks) if fold_dma else {}
         if folded:
             # A device has up to 256 DMA queues: one row per device keeps the timeline readable.
-            group = pd.Series(track_id).map({t: g for g, members in folded.items() for t in members})
+            group = pd.Series(track_id).map({t: g for g, members in folded.items()
+                                             for t in members})
             in_group = group.notna().to_numpy()
             track_id = np.where(in_group, group.fillna(-1).to_numpy(dtype=np.int64), track_id)
             depth = np.where(in_group, 0, depth)
@@ -188,7 +189,8 @@ class TimelineIndex:
     def labels(self) -> list[str]:
         """Row names for the axis: a track's name on its first row; nested rows say what they hold
         (`↳ module`, `↳ op`), so a deep host stack reads without hovering."""
-        return ([_short(r.label) if r.depth == 0 else "↳ " + _contents(r.categories) for r in self.slice_rows]
+        return ([_short(r.label) if r.depth == 0 else "↳ " + _contents(r.categories)
+                 for r in self.slice_rows]
                 + [_short(r.label) for r in self.counter_rows])
 
     @property
@@ -210,7 +212,8 @@ class TimelineIndex:
         found_ts, found_ids = [], []
         for r in self.slice_rows:
             names = self._lower_names(r)
-            hit = np.flatnonzero(pd.Series(names, copy=False).str.contains(needle, regex=False).to_numpy())
+            matches = pd.Series(names, copy=False).str.contains(needle, regex=False)
+            hit = np.flatnonzero(matches.to_numpy())
             found_ts.append(r.ts[hit])
             found_ids.append(r.ids[hit])
         ts, ids = np.concatenate(found_ts), np.concatenate(found_ids)
@@ -238,7 +241,8 @@ class TimelineIndex:
 
     @property
     def n_events(self) -> int:
-        return int(sum(r.ids.size for r in self.slice_rows) + sum(r.ts.size for r in self.counter_rows))
+        return int(sum(r.ids.size for r in self.slice_rows)
+                   + sum(r.ts.size for r in self.counter_rows))
 
     def row_of(self, slice_id: int) -> int | None:
         """The timeline row a slice is drawn in, or None for an unknown id."""
@@ -321,7 +325,8 @@ class TimelineIndex:
             out_count.append(counts.astype(np.int64))
             first_names = r.names[lo:hi][first]
             first_cats = r.categories[lo:hi][first]
-            names += [n if one else f"{k:,} slices" for n, one, k in zip(first_names, single, counts, strict=True)]
+            names += [n if one else f"{k:,} slices"
+                      for n, one, k in zip(first_names, single, counts, strict=True)]
             cats += [c if one else "merged" for c, one in zip(first_cats, single, strict=True)]
         start = np.concatenate(out_start)
         return (
@@ -368,7 +373,8 @@ def _dma_groups(tracks: pd.DataFrame) -> dict[int, list[int]]:
 
 def _natural(text: str) -> tuple:
     """Sort key that puts "DMA q2" before "DMA q10"."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text))
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", text))
 
 
 def _engine_rank(track_name: str) -> int:
@@ -389,7 +395,8 @@ def _track_info(tracks: pd.DataFrame) -> dict[int, tuple[str, str, str, int]]:
         device = getattr(row, "device", -1)
         device = -1 if device is None or pd.isna(device) else int(device)
         info[int(row.track_id)] = (
-            str(row.name), str(getattr(row, "kind", "thread")), str(getattr(row, "process", "")), device,
+            str(row.name), str(getattr(row, "kind", "thread")),
+            str(getattr(row, "process", "")), device,
         )
     return info
 
