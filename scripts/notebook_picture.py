@@ -21,9 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 PLOTLY = "application/vnd.plotly.v1+json"
-# (notebook, the cells shown: their first line starts so); the picture keeps to what reads at a glance
+# (notebook, the cells shown: their first line starts so); the picture keeps to what reads
+# at a glance
 SHOWN = [
-    ("analysis.ipynb", ("trace.plot.breakdown()", "findings = ", "step = trace.steps", "trace.plot.op_stats")),
+    ("analysis.ipynb", ("trace.plot.breakdown()", "findings = ", "step = trace.steps",
+                        "trace.plot.op_stats")),
     ("compare.ipynb", ("compare_breakdowns(", "run.plot.step_times()")),
 ]
 STATIC = "import neuron_explorer.plot\nneuron_explorer.plot.options.interactive = False"
@@ -74,10 +76,11 @@ def page(notebooks: list[tuple[str, list]]) -> str:
         for cell in cells:
             parts.append(f"<pre class='code'>{html.escape(cell.source)}</pre>")
             parts += [output_html(o, figure_number) for o in cell.get("outputs", [])]
-    style = (f"body{{font-family:system-ui,sans-serif;width:{WIDTH_PX}px;margin:16px;color:#1f2933}}"
+    style = (f"body{{font-family:system-ui,sans-serif;width:{WIDTH_PX}px;margin:16px;"
+             "color:#1f2933}"
              "h1{font-size:18px;margin:18px 0 6px;border-bottom:1px solid #d5dae0}"
-             "pre.code{background:#f5f7fa;border-left:3px solid #2f6db5;padding:6px 10px;font-size:12px;"
-             "margin:10px 0 4px}pre.out{font-size:12px}.figure{margin:2px 0}"
+             "pre.code{background:#f5f7fa;border-left:3px solid #2f6db5;padding:6px 10px;"
+             "font-size:12px;margin:10px 0 4px}pre.out{font-size:12px}.figure{margin:2px 0}"
              ".html table{border-collapse:collapse;font-size:12px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style>"
             f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
@@ -98,7 +101,8 @@ def screenshot(html_path: Path, out: Path) -> None:
         height = driver.execute_script("return document.body.scrollHeight")
         driver.set_window_size(WIDTH_PX + 40, height + 40)
         time.sleep(1)
-        png = driver.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True})["data"]
+        png = driver.execute_cdp_cmd("Page.captureScreenshot",
+                                     {"captureBeyondViewport": True})["data"]
     out.write_bytes(base64.b64decode(png))
 
 
