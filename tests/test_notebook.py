@@ -34,7 +34,8 @@ def test_analysis_notebook_draws_the_dashboards_figures() -> None:
     outputs = executed("analysis.ipynb")
     figures = [o["data"][PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]
     assert len(figures) >= 5  # breakdown, op stats, roofline, engines, memory
-    assert any(t.get("type") == "scatter" and "roof" in str(t.get("name")) for f in figures for t in f["data"])
+    assert any(t.get("type") == "scatter" and "roof" in str(t.get("name"))
+               for f in figures for t in f["data"])
     # the timeline: a FigureWidget where ipywidgets is installed, else a sixth static figure
     assert any(WIDGET in o.get("data", {}) for o in outputs) or len(figures) >= 6
     cards = html_of(outputs)

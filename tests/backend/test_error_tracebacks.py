@@ -14,7 +14,8 @@ BACKEND = str(Path(neuron_explorer.backend.__file__).parent)
 
 
 def _backend_frames(error: BaseException) -> list[str]:
-    return [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_tb(error.__traceback__)
+    return [f"{f.filename}:{f.lineno} in {f.name}"
+            for f in traceback.extract_tb(error.__traceback__)
             if f.filename.startswith(BACKEND)]
 
 

@@ -85,7 +85,8 @@ def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs:
     assert proc.returncode == 1 and torch_error, proc.stderr
     assert "trace written to dies.pftrace" in proc.stderr
     trace = parse(programs / "dies.pftrace")
-    fetched = sorted(s.args["batch"] for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0)
+    fetched = sorted(s.args["batch"] for s in trace.by_category(CAT_DATALOADER_WORKER)
+                     if s.depth == 0)
     # batch 3 holds sample 13: worker 1 died fetching it, after it had sent batch 1
     assert 1 in fetched and 3 not in fetched, fetched
     waits = [s for s in trace.by_category(CAT_DATALOADER) if "batch" in s.args]

@@ -23,7 +23,8 @@ from .conftest import CLI, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF = [CLI[0], "-m", "neuron_explorer.cli", "diff"]
-_BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
+_BUSY = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
+         "while time.monotonic() < end: pass\n")
 
 
 def _ops(path: Path):

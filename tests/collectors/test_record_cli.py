@@ -84,7 +84,8 @@ def test_records_a_training_script_into_a_complete_trace(record_cli, programs: P
     kernels = {k.args["kernel_id"]: k for k in trace.by_category("kernel")}
     ops_by_flow = {f: o for o in ops for f in o.flow_out}
     for kernel in kernels.values():
-        assert kernel.flow_in and ops_by_flow[kernel.flow_in[0]].args["op_id"] == kernel.args["op_id"]
+        assert (kernel.flow_in
+                and ops_by_flow[kernel.flow_in[0]].args["op_id"] == kernel.args["op_id"])
     assert ops_by_flow[first.flow_out[0]] is first
     kernel_of_flow = {f: k for k in kernels.values() for f in k.flow_out}
     instructions = trace.by_category("instruction") + trace.by_category("dma")

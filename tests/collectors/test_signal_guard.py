@@ -14,7 +14,8 @@ from .trace_reading import parse
 
 
 def _start(path: Path):
-    return session.start(RecordOptions(str(path), level="framework", quiet=True), record_children=False)
+    return session.start(RecordOptions(str(path), level="framework", quiet=True),
+                         record_children=False)
 
 
 def _signal_at(recorder, method: str, after: bool = False) -> None:

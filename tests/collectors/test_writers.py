@@ -213,7 +213,8 @@ def test_batched_slices_with_prepared_args_and_several_flows(tmp_path) -> None:
     flow_out = np.array([[1 << 62 | 5, 0], [0, 0], [11, 12]], np.uint64)
     w.slices(np.full(3, lane), np.array([0, 100, 200]), np.array([50, 50, 50]), ["a", "b"],
              np.array([0, 1, 0]), "kernel", {"kernel_id": np.array([1, 2, 3])},
-             flow_out=flow_out, flow_in=np.array([4, 5, 6]), prepared=(prepared, np.array([0, 1, 1])))
+             flow_out=flow_out, flow_in=np.array([4, 5, 6]),
+             prepared=(prepared, np.array([0, 1, 1])))
     w.close()
     kernels = parse(path).by_category("kernel")
     assert [k.name for k in kernels] == ["a", "b", "a"]

@@ -90,7 +90,8 @@ def parse(path: str | Path) -> ParsedTrace:
             s.dur = ts - s.ts
             continue
         if te.type == pb.TrackEvent.TYPE_COUNTER:
-            value = te.double_counter_value if te.HasField("double_counter_value") else te.counter_value
+            value = (te.double_counter_value if te.HasField("double_counter_value")
+                     else te.counter_value)
             out.counters.append((te.track_uuid, ts, value))
             continue
         args = {anames[a.name_iid]: _value(a) for a in te.debug_annotations}

@@ -167,7 +167,8 @@ def test_facade_on_real_traces(load_real, name: str) -> None:
     if len(t.kernels):
         assert 0 < s["device_busy_share"] <= 1
         # the statistics are of the analysed steps: kernels launched outside them are not in
-        in_steps = t.kernels["step"].isin(t.steps["step"]) if len(t.steps) else t.kernels["step"] > -2
+        in_steps = (t.kernels["step"].isin(t.steps["step"]) if len(t.steps)
+                    else t.kernels["step"] > -2)
         assert t.kernel_stats()["count"].sum() == int(in_steps.sum()) > 0
 
 

@@ -29,7 +29,8 @@ HTA_HOST = {
         "## DisaggregatedTowerArchAwaitable wait() ##": (1235, 1),
         "## KJTAllToAllSplitsAwaitable wait() ##": (1616, 1),
         "## KJTAllToAllTensorsAwaitable wait() ##": (1361, 1),
-        "## KJTListAwaitable wait() ##": (1392, 1), "## KJTListSplitsAwaitable wait() ##": (1662, 1),
+        "## KJTListAwaitable wait() ##": (1392, 1),
+        "## KJTListSplitsAwaitable wait() ##": (1662, 1),
         "## PooledEmbeddingsAwaitable wait() ##": (1068, 1), "## Request wait() ##": (1046, 1),
         "## all2all_data:kjt splits ##": (424, 1), "## all2all_data:recat_permute_gen ##": (472, 1),
         "## all2all_data:recat_values ##": (300, 1), "## alltoall_fwd_single ##": (290, 1),
@@ -47,7 +48,8 @@ HTA_HOST = {
         "<class '<torch_package_0>.dper3.modules.position_weighted.PositionWeighted'>": (600, 1),
         "DistributedDataParallel.forward": (132750, 1),
         "Optimizer.step#EMAOptimizer.step": (13316, 1), "Optimizer.step#Shampoo.step": (190900, 1),
-        "nccl:_all_gather_base": (135, 1), "nccl:all_reduce": (218, 2), "nccl:all_to_all": (436, 2)},
+        "nccl:_all_gather_base": (135, 1), "nccl:all_reduce": (218, 2),
+        "nccl:all_to_all": (436, 2)},
 }
 
 

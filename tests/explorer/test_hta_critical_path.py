@@ -4,11 +4,15 @@ own critical-path test traces.
 Data: tests/data/hta_critical_path/<name>.json.gz are HTA's files (MIT License, Copyright
 (c) Meta Platforms, Inc. and affiliates; https://github.com/facebookresearch/
 HolisticTraceAnalysis), byte for byte:
-    simple_add.json.gz                   tests/data/critical_path/simple_add/benchmark_result_493459_1694039959_trace.json.gz
-                                         (also HTA's end_to_end/simple_add/input/trace.json.gz: same bytes)
-    alexnet.json.gz                      tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz
-    cuda_event_sync.json.gz              tests/data/critical_path/cuda_event_sync/event_sync_trace.json.gz
-    cuda_event_sync_multi_stream.json.gz tests/data/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz
+    simple_add.json.gz
+        tests/data/critical_path/simple_add/benchmark_result_493459_1694039959_trace.json.gz
+        (also HTA's end_to_end/simple_add/input/trace.json.gz: same bytes)
+    alexnet.json.gz
+        tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz
+    cuda_event_sync.json.gz
+        tests/data/critical_path/cuda_event_sync/event_sync_trace.json.gz
+    cuda_event_sync_multi_stream.json.gz
+        tests/data/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz
 
 Expected figures: HTA 0.5.0, `TraceAnalysis(trace_dir=...).critical_path_analysis(rank=0,
 annotation=..., instance_id=...)` with the annotation and instance of HTA's own test for

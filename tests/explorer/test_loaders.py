@@ -86,7 +86,8 @@ def test_formats_give_the_same_tables(traces_dir: Path) -> None:
     for t in loaded[1:]:
         pd.testing.assert_frame_equal(t.table("slices")[cols].reset_index(drop=True), ref)
         assert t.ops["flops"].tolist() == loaded[0].ops["flops"].tolist()
-        assert [t.slice_args.get(i) for i in range(3)] == [loaded[0].slice_args.get(i) for i in range(3)]
+        assert ([t.slice_args.get(i) for i in range(3)]
+                == [loaded[0].slice_args.get(i) for i in range(3)])
 
 
 def test_fast_reader_matches_perfetto_protos(traces_dir: Path) -> None:
@@ -128,12 +129,15 @@ def test_sql_and_html(basic_pf: neuron_explorer.Trace) -> None:
 
 
 REAL = {
-    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz": {"kernel": 14, "memcpy": 2, "runtime": 20},
+    "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz":
+        {"kernel": 14, "memcpy": 2, "runtime": 20},
     "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz":
         {"kernel": 79, "memcpy": 16, "memset": 3, "runtime": 340, "sync": 21},
     "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": {"op": 4},
-    "trace_filter__sampled_rank-0.json.gz": {"kernel": 1154, "memcpy": 40, "memset": 10, "runtime": 1204},
-    "mtia_trace_single_rank__mtia_rank_0.json.gz": {"kernel": 3453, "memcpy": 22361, "runtime": 3453},
+    "trace_filter__sampled_rank-0.json.gz":
+        {"kernel": 1154, "memcpy": 40, "memset": 10, "runtime": 1204},
+    "mtia_trace_single_rank__mtia_rank_0.json.gz":
+        {"kernel": 3453, "memcpy": 22361, "runtime": 3453},
 }
 
 

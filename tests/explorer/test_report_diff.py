@@ -12,6 +12,8 @@ import scenarios
 from neuron_explorer import cli
 from neuron_explorer.rules.finding import Findings
 
+ALEXNET = "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+
 
 @pytest.fixture()
 def explorer_cli(monkeypatch: pytest.MonkeyPatch):
@@ -200,8 +202,7 @@ def test_diff_of_a_trace_with_itself_says_the_step_time_is_unchanged(pair) -> No
 def test_findings_of_a_trace_without_steps_are_shares_of_the_trace(real_traces_dir: Path) -> None:
     """AlexNet's PyTorch-profiler trace has no step marks: its findings' shares are of the
     whole trace, as the dashboard says, not "of step time" (report, cards, JSON alike)."""
-    trace = neuron_explorer.load(
-        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    trace = neuron_explorer.load(real_traces_dir / ALEXNET)
     from neuron_explorer.report import render_report
 
     # its 11.9 s of start-up gaps (cuDNN's first convolution: 10 s) are said once, apart
@@ -227,7 +228,7 @@ def test_diff_with_a_trace_without_steps_titles_its_figures_as_whole(real_traces
     whole 43 s trace, and the section titles say so."""
     d = neuron_explorer.diff(
         real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
-        real_traces_dir / "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+        real_traces_dir / ALEXNET)
     titles = [s.title for s in d.sections()]
     assert "Breakdown per step (b: the whole trace, it has no steps)" in titles
     same = neuron_explorer.diff(

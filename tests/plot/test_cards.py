@@ -37,7 +37,8 @@ def test_the_findings_of_a_trace_render_as_cards_worst_first():
     assert isinstance(findings, Findings) and findings
     html = findings._repr_html_()
     assert f"({len(findings)}, worst first)" in html
-    positions = [html.index(f.title.replace("<", "&lt;").replace(">", "&gt;")) for f in findings[:3]]
+    positions = [html.index(f.title.replace("<", "&lt;").replace(">", "&gt;"))
+                 for f in findings[:3]]
     assert positions == sorted(positions)
     assert "no bottleneck found" in Findings()._repr_html_()
 
@@ -45,7 +46,8 @@ def test_the_findings_of_a_trace_render_as_cards_worst_first():
 def test_a_diff_renders_its_sections_as_tables():
     import neuron_explorer
 
-    html = neuron_explorer.diff(SAMPLES / "gpt_eager.pftrace", SAMPLES / "gpt_compiled.pftrace")._repr_html_()
+    html = neuron_explorer.diff(SAMPLES / "gpt_eager.pftrace",
+                                SAMPLES / "gpt_compiled.pftrace")._repr_html_()
     assert "gpt_eager.pftrace" in html and "gpt_compiled.pftrace" in html
     assert "Summary (per step)" in html and "step time" in html
     assert html.count("<table") >= 3

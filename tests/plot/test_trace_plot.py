@@ -49,7 +49,8 @@ def test_breakdown_stacks_host_and_device_by_category(ours, kineto):
     names = {t.name for t in ours.plot.breakdown().data}
     assert {"tensor", "vector", "idle"} <= names
     mean = ours.breakdown().groupby(["side"])["ns"].sum() / ours.breakdown()["step"].nunique()
-    drawn = sum(x for t in ours.plot.breakdown().data for x, y in zip(t.x, t.y, strict=True) if y == "device")
+    drawn = sum(x for t in ours.plot.breakdown().data
+                for x, y in zip(t.x, t.y, strict=True) if y == "device")
     assert drawn == pytest.approx(mean["device"] / 1e6)
 
 
@@ -100,8 +101,9 @@ def test_roofline_puts_ops_under_the_hardware_roofs(ours, kineto):
     markers = [t for t in fig.data if t.mode == "markers"]
     roofs = [t for t in fig.data if t.mode == "lines"]
     assert markers and {t.name for t in roofs} == {"roof (bfloat16)", "roof (float32)"}
-    assert sum(len(t.x) for t in markers) == int(((ours.roofline()["intensity"] > 0)
-                                                 & (ours.roofline()["achieved_flops_per_s"] > 0)).sum())
+    assert sum(len(t.x) for t in markers) == int(
+        ((ours.roofline()["intensity"] > 0)
+         & (ours.roofline()["achieved_flops_per_s"] > 0)).sum())
     empty = kineto.plot.roofline()  # no FLOPs or bytes in this trace: a note, not a failure
     assert not empty.data and "FLOPs" in empty.layout.annotations[0].text
 
@@ -151,7 +153,8 @@ def test_a_cpu_only_trace_draws_what_it_has(real_traces_dir):
 
     trace = neuron_explorer.load(real_traces_dir / CPU_ONLY)
     assert trace.plot.timeline(interactive=False).data
-    for figure in (trace.plot.roofline(), trace.plot.memory(), trace.plot.engines(), trace.plot.op_stats()):
+    for figure in (trace.plot.roofline(), trace.plot.memory(), trace.plot.engines(),
+                   trace.plot.op_stats()):
         assert isinstance(figure, go.Figure)  # empty with a note, never an error
 
 

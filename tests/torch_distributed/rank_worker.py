@@ -92,7 +92,8 @@ def collectives() -> dict:
     out["async_future"] = [t.cpu().tolist() for t in work.get_future().value()]
     dist.barrier()
     for label, call in (
-        ("complex_avg", lambda: dist.all_reduce(torch.ones(2, device=dev, dtype=torch.float8_e4m3fn))),
+        ("complex_avg",
+         lambda: dist.all_reduce(torch.ones(2, device=dev, dtype=torch.float8_e4m3fn))),
         ("all_to_all", lambda: dist.all_to_all([torch.ones(2, device=dev)] * world,
                                                [torch.ones(2, device=dev)] * world)),
         ("premul", lambda: dist.all_reduce(torch.ones(2, device=dev),

@@ -20,8 +20,9 @@ LAUNCH = ["--", "python", "-m", "torch.distributed.run", "--nproc_per_node=2"]
 
 def _record(tmp_path: Path, *args: str, script_args: tuple[str, ...] = ()):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*CLI, *args, *LAUNCH, str(HERE / "train_tiny.py"), *script_args], check=False,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
+    return subprocess.run([*CLI, *args, *LAUNCH, str(HERE / "train_tiny.py"), *script_args],
+                          check=False, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240, env=env)
 
 
 def _collectives(trace) -> list[dict]:

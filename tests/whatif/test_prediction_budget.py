@@ -42,4 +42,5 @@ def test_the_host_bound_finding_on_odd_dims_skips_the_prediction() -> None:
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_bound"]
     assert "what-if replay predicts" not in finding.recommendation
     # ... and points to the command that replays it whole
-    assert "`neuron-explorer whatif TRACE --mode compiled` replays the run" in finding.recommendation
+    assert ("`neuron-explorer whatif TRACE --mode compiled` replays the run"
+            in finding.recommendation)

@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-CHILD_CODE = "import torch; x = torch.ones(8, 8, device='neuron'); print('child', (x @ x).sum().item())"
+CHILD_CODE = ("import torch; x = torch.ones(8, 8, device='neuron'); "
+              "print('child', (x @ x).sum().item())")
 
 
 def work() -> None:
