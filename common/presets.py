@@ -65,7 +65,13 @@ class HardwarePreset:
     dma_engines: int
     dma_queues_per_engine: int
     dma_engine_bytes_per_ns: float  # per DMA engine; x engines = the core's DMA bandwidth
-    dma_fixed_ns: float  # fixed cost of one transfer
+    dma_fixed_ns: float  # latency of one transfer from its trigger to its first byte
+    dma_descriptor_ns: float  # a DMA engine's cost per descriptor (contiguous row) it moves
+    # Hardware descriptor generation (DGE): time one DMA instruction holds its DGE block
+    # before it triggers; 0 where descriptors are pre-computed (no DGE block)
+    dma_issue_ns: float
+    # Software descriptor generation on GpSimd: cycles per descriptor written
+    swdge_descriptor_cycles: float
     dma_saturation_bytes: int  # bytes per partition at which a transfer reaches full rate
     # (bytes per descriptor row, fraction of the engine's rate) points, increasing
     dma_efficiency_curve: tuple[tuple[int, float], ...]
@@ -180,15 +186,17 @@ _COMMON = {
     "psum_banks": 8,
     "dma_engines": 16,
     "dma_queues_per_engine": 16,
-    "dma_fixed_ns": 1300.0,
+    # A DMA engine's cost per descriptor (one contiguous row): the NKI DMA overview's
+    # profile of a [128, 128] bf16 load on trn2 shows each engine's 2 KiB (8 rows x 256 B)
+    # taking 97 ns, of which 89 ns is 2 KiB at 23 B/ns: about 1 ns per descriptor.
+    "dma_descriptor_ns": 1.0,
+    # Software DGE (descriptors written by GpSimd, as in the DMA overview's examples,
+    # triggered from qGpSimdDynamic): fitted to the overview's throughput curve of [128, F]
+    # loads (relative 0.10 / 0.21 / 0.42 / 0.81 / 0.97 at F = 256 B .. 4 KiB), which is
+    # flat in time per transfer (~860 ns on trn2) until the data phase takes longer:
+    # 128 descriptors x 8 cycles at 1.2 GHz = 853 ns.
+    "swdge_descriptor_cycles": 8.0,
     "dma_saturation_bytes": 4 * KiB,
-    # DMA efficiency by contiguous bytes per descriptor row. Calibrated on AWS's measured
-    # NKI matmul tutorial (trn1, bf16 [4096,8192]@[8192,8192]): its unoptimised versions
-    # load 128-partition tiles with 256 B and 1 KiB rows and reach 100-104 GB/s of the
-    # 272 GB/s (0.37) whatever the row size in that range; the DMA guides say >= 2 KiB
-    # "approaches peak" (the performance guide's large-transfer profile shows about 70%)
-    # and >= 4 KiB saturates. Below 256 B a row is overhead-bound (proportional).
-    "dma_efficiency_curve": ((256, 0.37), (1 * KiB, 0.37), (2 * KiB, 0.70), (4 * KiB, 1.0)),
     "sbuf_to_hbm_bandwidth_ratio": 20.0,
     # A kernel's descriptors reach the engines a couple of microseconds after the
     # runtime call returns; no published figure, a modelling choice.
@@ -230,6 +238,20 @@ PRESETS: dict[str, HardwarePreset] = {
         gpsimd_clock_ghz=1.4,
         sbuf_bytes=24 * MiB,
         dma_engine_bytes_per_ns=17.0,  # 272 GB/s per core
+        # NeuronCore-v2 has no DGE block (hardware DGE needs NeuronCore-v3, NKI DGE
+        # reference): descriptors are pre-computed in HBM, so an instruction waits for
+        # no generator, and its start latency is the DMA bandwidth guide's ~1300 ns
+        # (descriptor fetch, synchronisation, semaphore to start).
+        dma_issue_ns=0.0,
+        dma_fixed_ns=1300.0,
+        # Efficiency by contiguous bytes per descriptor row, calibrated on AWS's measured
+        # NKI matmul tutorial (bf16 [4096,8192]@[8192,8192]): its unoptimised versions load
+        # 128-partition tiles with 256 B and 1 KiB rows and reach 100-104 GB/s (0.37 of
+        # 272) whatever the row size in that range and whatever the count of transfers
+        # (the tiled version issues twice as many as hoist_load for 25% more bytes); the
+        # guides say >= 2 KiB "approaches peak" and >= 4 KiB saturates. Below 256 B a row
+        # is overhead-bound (proportional).
+        dma_efficiency_curve=((256, 0.37), (1 * KiB, 0.37), (2 * KiB, 0.70), (4 * KiB, 1.0)),
         chip_hbm_bytes=32 * GiB,
         chip_hbm_bytes_per_ns=820.0,
         neuronlink_bytes_per_ns=384.0,
@@ -251,6 +273,20 @@ PRESETS: dict[str, HardwarePreset] = {
         gpsimd_clock_ghz=1.2,
         sbuf_bytes=28 * MiB,
         dma_engine_bytes_per_ns=23.0,  # 368 GB/s per core
+        # Hardware DGE: "each hardware-DGE DMA instruction takes approximately 600 ns"
+        # (NKI DGE reference; NeuronCore-v3 and later). The kernel-optimisation tutorial's
+        # fp32 tiled matmul on trn2 (39.9 ms) issues two loads per 853 ns matmul and runs
+        # at 1.22 us per pair: one DGE issuing its loads back to back.
+        dma_issue_ns=600.0,
+        # Trigger to completion of the DMA overview's [128, 128] bf16 load is about 1.2 us,
+        # 97 ns of it the data phase: 1.1 us from trigger to first byte (the DMA bandwidth
+        # guide rounds descriptor setup, synchronisation and semaphore-to-start to ~1300).
+        dma_fixed_ns=1100.0,
+        # A single transfer of 256 B rows moves at the engine's full rate (97 ns for 2 KiB,
+        # DMA overview); what the guides call small-transfer inefficiency is the cost of
+        # each instruction (DGE) and descriptor, not the data phase. Below 256 B a row
+        # is overhead-bound (proportional).
+        dma_efficiency_curve=((256, 1.0),),
         chip_hbm_bytes=96 * GiB,
         # The Trainium2 guide says 2.9 TB/s, another guide 3 TB/s: 2.9 TB/s is used
         # (362.5 GB/s per core).
@@ -274,6 +310,10 @@ PRESETS: dict[str, HardwarePreset] = {
         gpsimd_clock_ghz=1.2,
         sbuf_bytes=32 * MiB,
         dma_engine_bytes_per_ns=33.0,  # 528 GB/s per core
+        # No Trainium3 DMA timings are published: trn2's DGE, latency and row efficiency.
+        dma_issue_ns=600.0,
+        dma_fixed_ns=1100.0,
+        dma_efficiency_curve=((256, 1.0),),
         chip_hbm_bytes=144 * GiB,
         # The Trainium3 guide says 4.9 TB/s, another guide 4.7 TB/s: 4.9 TB/s is used.
         chip_hbm_bytes_per_ns=4900.0,

@@ -10,7 +10,9 @@ Scalar or GpSimd instruction that waits for its data (it depends on the one just
 it, or the engine was idle) pays the static overhead and access latency that
 back-to-back independent instructions hide. Kernels are scheduled with a warm Tensor
 Engine; `Kernel.te_cold_ns` is what the throttle ramp adds when the device timeline
-finds the engine cold (idle for `te_throttle_idle_ns`).
+finds the engine cold (idle for `te_throttle_idle_ns`). A DMA transfer waits for its
+descriptors (the DGE block of loads or of stores, granted in time order like the
+engines, or a GpSimd instruction), then for its trigger-to-first-byte latency.
 A compiled graph's program puts many ops in one builder: `section` labels the
 instructions of each op, `after` is what an op's first instructions wait for,
 and `finished` gives the ids a later op waits on.
@@ -36,8 +38,8 @@ _PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA, _HBM_COPY = range(6)
 # each); pieces are never smaller than this (tiny transfers stay whole).
 PARTITIONS_PER_DMA_ENGINE = 8
 MIN_DMA_PIECE = 512
-# Transfers a DMA queue keeps in flight: a transfer's fixed cost (descriptor fetch and
-# latency) runs while the earlier ones move data, so a queue of back-to-back transfers
+# Transfers a DMA queue keeps in flight: a transfer's latency from trigger to first byte
+# runs while the earlier ones move data, so a queue of back-to-back transfers
 # is bound by its engine's data rate, not by one fixed cost per transfer. Calibrated on
 # AWS's measured NKI matmul tutorial (trn1): its tiled version issues one transfer per
 # [128, 128] / [128, 512] tile and runs at the data rate of its 256 B-1 KiB rows
@@ -65,6 +67,10 @@ class KernelBuilder:
         self._bytes: list[int] = []
         self._flops: list[int] = []
         self._gap: dict[int, float] = {}  # extra wait after deps (host compute in fallbacks)
+        # DMA: the transfer (DMA instruction) each piece belongs to, by its first piece's
+        # id, and per transfer its DGE block (0 loads, 1 stores) and generation time
+        self._transfer: dict[int, int] = {}
+        self._dge: dict[int, tuple[int, float, int]] = {}
         self._section: list[int] = []
         self._opcodes: dict[str, int] = {}
         self._next_queue = [0, DMA_QUEUES // 2]  # next load queue, next store queue
@@ -144,17 +150,27 @@ class KernelBuilder:
     # --- DMA -----------------------------------------------------------------------
     def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
              kind: int, row_bytes: float | None = None, store: bool = False,
-             pieces: int | None = None) -> tuple[int, ...]:
+             pieces: int | None = None, transfers: int = 1,
+             software_dge: bool = False) -> tuple[int, ...]:
+        """One DMA instruction (or `transfers` identical ones folded into one record): its
+        descriptors are generated first (by the preset's DGE block, or by GpSimd when
+        `software_dge`), then its pieces move on up to 16 engines."""
         nbytes = int(nbytes)
         if nbytes <= 0:
             return ()
-        partitions = max(1, min(int(partitions), self.preset.partitions))
+        p = self.preset
+        partitions = max(1, min(int(partitions), p.partitions))
         if row_bytes is None:  # one descriptor row per partition
             row_bytes = nbytes / partitions
-        most = self.preset.dma_engines if pieces is None else max(1, pieces)
+        most = p.dma_engines if pieces is None else max(1, pieces)
         pieces = max(1, min(most, -(-partitions // PARTITIONS_PER_DMA_ENGINE),
                             nbytes // MIN_DMA_PIECE))
         deps = tuple(deps)
+        issue = p.dma_issue_ns * max(transfers, 1)
+        if software_dge:
+            gen = costs.swdge_ns(p, costs.dma_descriptors(nbytes, row_bytes))
+            deps = (self.add(GPSIMD, "DmaDescriptors", gen, deps),)
+            issue = 0.0
         ids = []
         done = 0
         for i in range(pieces):
@@ -162,6 +178,9 @@ class KernelBuilder:
             done += size
             ids.append(self.add(FIRST_DMA + self._queue(store), opcode, row_bytes, deps,
                                 nbytes=size, kind=kind))
+        for i in ids:
+            self._transfer[i] = ids[0]
+        self._dge[ids[0]] = (int(store), issue, max(transfers, 1))
         return tuple(ids)
 
     def _queue(self, store: bool) -> int:
@@ -173,22 +192,28 @@ class KernelBuilder:
 
     def dma_load(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
                  spill: bool = False, row_bytes: float | None = None,
-                 pieces: int | None = None) -> tuple[int, ...]:
+                 pieces: int | None = None, transfers: int = 1,
+                 software_dge: bool = False) -> tuple[int, ...]:
         """HBM -> SBUF; large loads are spread over up to `pieces` (default 16) DMA queues
         and engines. `spill=True` marks a reload of data that did not fit in SBUF;
-        `row_bytes` is the contiguous run per descriptor (default: bytes per partition)."""
+        `row_bytes` is the contiguous run per descriptor (default: bytes per partition);
+        `transfers` folds that many DMA instructions of the same rows into one record;
+        `software_dge` has GpSimd write the descriptors."""
         if spill:
             self.spill_bytes += int(nbytes)
         self.hbm_read_bytes += max(int(nbytes), 0)
         opcode = "DmaReload" if spill else "DmaLoad"
-        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, pieces=pieces)
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, pieces=pieces,
+                         transfers=transfers, software_dge=software_dge)
 
     def dma_store(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
-                  spill: bool = False, row_bytes: float | None = None) -> tuple[int, ...]:
+                  spill: bool = False, row_bytes: float | None = None,
+                  transfers: int = 1) -> tuple[int, ...]:
         """SBUF -> HBM (`spill=True`: an intermediate written out because SBUF was full)."""
         self.hbm_write_bytes += max(int(nbytes), 0)
         opcode = "DmaSpill" if spill else "DmaStore"
-        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, store=True)
+        return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, store=True,
+                         transfers=transfers)
 
     def spill(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
               ) -> tuple[int, ...]:
@@ -342,6 +367,11 @@ class KernelBuilder:
         free = [0.0] * n_streams
 
         dma_engine_free = [0.0] * p.dma_engines  # data phase of each DMA engine
+        dge_free = [0.0, 0.0]  # the DGE blocks generating loads' and stores' descriptors
+        # transfer -> when its first and last folded instruction's descriptors are ready
+        triggered: dict[int, tuple[float, float]] = {}
+        transfer_of = self._transfer
+        dge = self._dge
         host_free = 0.0  # the host link
         te_active = 0.0  # Tensor Engine busy time so far
         mm_start = mm_end = ls_end = 0.0  # the last MultiplyMoving / LoadStationary
@@ -376,10 +406,22 @@ class KernelBuilder:
             elif kind in (_DMA, _HBM_COPY):
                 eng = (e - FIRST_DMA) % p.dma_engines
                 size = nbytes[i]
-                data_start = max(s + fixed, dma_engine_free[eng])
-                dma_engine_free[eng] = data_start + costs.dma_data_ns(
-                    p, size, cost[i], hbm_to_hbm=kind == _HBM_COPY)
-                f = dma_engine_free[eng]
+                first = transfer_of.get(i, i)
+                block, gen, count = dge.get(first, (0, 0.0, 1))
+                trigger = triggered.get(first)
+                if trigger is None:  # the transfer's first piece: generate its descriptors
+                    begin = max(s, dge_free[block]) if gen else s
+                    # folded instructions: the first triggers after its own descriptors,
+                    # the last after all of them
+                    trigger = (begin + gen / count, begin + gen)
+                    if gen:
+                        dge_free[block] = begin + gen
+                    triggered[first] = trigger
+                data = costs.dma_data_ns(p, size, cost[i], hbm_to_hbm=kind == _HBM_COPY)
+                triggered_at = max(s, trigger[0])
+                data_start = max(triggered_at + fixed, dma_engine_free[eng])
+                f = max(data_start + data, trigger[1] + fixed + data / count)
+                dma_engine_free[eng] = f
                 ends = in_flight[e]
                 ends.append(f)
                 if len(ends) > DMA_QUEUE_DEPTH:
@@ -391,9 +433,10 @@ class KernelBuilder:
             start[i] = s
             end[i] = f
             if kind in (_DMA, _HBM_COPY):
-                # the record starts where the queue's previous transfer ends, so a queue's
-                # slices never overlap (a fixed cost run under earlier transfers is not shown)
-                start[i] = min(max(s, queue_end[e]), f)
+                # the record runs from the trigger (descriptor generation comes before it)
+                # or where the queue's previous transfer ends, so a queue's slices never
+                # overlap (a fixed cost run under earlier transfers is not shown)
+                start[i] = min(max(triggered_at, queue_end[e]), f)
                 queue_end[e] = f
                 ends = in_flight[e]
                 free[e] = max(s, ends[0]) if len(ends) == DMA_QUEUE_DEPTH else s

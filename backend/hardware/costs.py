@@ -120,13 +120,25 @@ def dma_copy_engine_rate(p: HardwarePreset) -> float:
     return min(p.dma_engine_bytes_per_ns, p.hbm_bytes_per_ns / (2 * p.dma_engines))
 
 
+def dma_descriptors(nbytes: int, row_bytes: float) -> int:
+    """Descriptors (contiguous rows) that carry `nbytes` in rows of `row_bytes`."""
+    return max(1, math.ceil(nbytes / max(row_bytes, 1.0) - 1e-9))
+
+
 def dma_data_ns(p: HardwarePreset, nbytes: int, row_bytes: float,
                 hbm_to_hbm: bool = False) -> float:
-    """Time one DMA engine spends moving `nbytes` in contiguous rows of `row_bytes`."""
+    """Time one DMA engine spends moving `nbytes` in contiguous rows of `row_bytes`: its
+    cost per descriptor, then the bytes at its rate times the row-size efficiency."""
     if nbytes <= 0:
         return 0.0
     rate = dma_copy_engine_rate(p) if hbm_to_hbm else dma_engine_rate(p)
-    return nbytes / (rate * dma_efficiency(p, row_bytes))
+    return (dma_descriptors(nbytes, row_bytes) * p.dma_descriptor_ns
+            + nbytes / (rate * dma_efficiency(p, row_bytes)))
+
+
+def swdge_ns(p: HardwarePreset, descriptors: int) -> float:
+    """GpSimd time to write `descriptors` DMA descriptors (software DGE)."""
+    return descriptors * p.swdge_descriptor_cycles / p.gpsimd_clock_ghz
 
 
 def throttled_ns(p: HardwarePreset, nominal_ns: float, active_ns: float) -> float:

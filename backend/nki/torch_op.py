@@ -91,6 +91,10 @@ def lower_into(b, spec) -> bool:
                   latency=traced._latency[j])
         if j in traced._gap:
             b._gap[i] = traced._gap[j]
+        if j in traced._transfer:  # a DMA piece: its transfer and descriptor generation
+            b._transfer[i] = offset + traced._transfer[j]
+            if j in traced._dge:
+                b._dge[i] = traced._dge[j]
     b.add_model_flops(traced.model_flops)
     b.hbm_read_bytes += traced.hbm_read_bytes
     b.hbm_write_bytes += traced.hbm_write_bytes

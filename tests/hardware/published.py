@@ -27,6 +27,27 @@ PERF_GUIDE = ("NKI performance guide, Opt #5a 'Use sufficiently large input tile
               "dimension' (aws-neuron-sdk nki/deep-dives/nki_perf_guide.rst)")
 ARCH_GUIDE = ("Trainium/Inferentia2 architecture guide, Tensor Engine 'Cost Model' "
               "(aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst)")
+DMA_OVERVIEW_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/about/nki-dma-overview.html"
+DMA_CURVE = ("NKI DMA bandwidth guide, achieved DMA throughput against bytes per partition "
+             "for [128, F] transfers, relative to peak (https://awsdocs-neuron.readthedocs-"
+             "hosted.com/en/latest/nki/deep-dives/nki-dma-bandwidth-guide.html; the same "
+             "sweep is the DMA overview's figure, " + DMA_OVERVIEW_URL + ")")
+DMA_PROFILE = ("NKI 'DMA overview', Example 2: Move A[128,128] HBM -> SBUF, profile screenshots "
+               "(" + DMA_OVERVIEW_URL + "; descriptors written by GpSimd, the transfer "
+               "triggered from qGpSimdDynamic)")
+DGE_GUIDE = ("NKI 'Descriptor Generation Engine (DGE) Reference', hwdge trade-offs "
+             "(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/deep-dives/"
+             "nki-dge.html)")
+KERNEL_OPT = ("NKI 'Introduction to NKI Kernel Optimization', the matrix multiply kernel's "
+              "profiles on trn2, fp32 lhsT [8192, 4096] x rhs [8192, 8192] (https://awsdocs-"
+              "neuron.readthedocs-hosted.com/en/latest/nki/how-to-guides/"
+              "kernel-optimization.html; durations from the profile screenshots)")
+TRN2_DMA_PEAK = 16 * 23.0  # B/ns: the DMA bandwidth guide's trn2 aggregate, the curve's 1.0
+
+
+def _per_transfer_ns(free_bytes: int, relative: float) -> float:
+    """A [128, free_bytes] transfer's time at `relative` of trn2's DMA peak."""
+    return 128 * free_bytes / (relative * TRN2_DMA_PEAK)
 
 
 @dataclass(frozen=True)
@@ -41,7 +62,9 @@ class Published:
     measured_ns: float
     kind: str  # "kernel" (25% tolerance) or "instruction" (10%)
     kernel: tuple  # (tutorial_kernels function name, kwargs)
-    what: str = "kernel duration"  # or "dma data phase", "initiation interval"
+    # or "dma data phase", "trigger to completion", "time per transfer",
+    # "initiation interval"
+    what: str = "kernel duration"
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -95,10 +118,45 @@ MEASURED: tuple[Published, ...] = (
               ("mamba", {"version": "v3", "channels": 4096, "seq_len": 8192})),
     Published("DMA HBM -> SBUF, 32 KiB on one engine", DMA_OVERVIEW, "trn2", "bfloat16",
               "[4, 4096] (4 partitions, 8 KiB each)", 1416.0, "instruction",
-              ("dma_load_rows", {"partitions": 4, "free_bytes": 8192}),
+              ("dma_load_rows", {"partitions": 4, "free_bytes": 8192, "software_dge": True}),
               what="dma data phase",
-              notes="'the first DMA engine takes 1416 ns to load 32 KiB'; the ~1.3 us "
-                    "semaphore-to-start latency is not part of the engine's bar"),
+              notes="'the first DMA engine takes 1416 ns to load 32 KiB'; the time from "
+                    "trigger to first byte is not part of the engine's bar"),
+    Published("DMA HBM -> SBUF, 2 KiB on one engine (8 rows x 256 B)", DMA_PROFILE, "trn2",
+              "bfloat16", "[128, 128] (16 engines, 8 partitions x 256 B each)", 97.0,
+              "instruction",
+              ("dma_load_rows", {"partitions": 128, "free_bytes": 256, "software_dge": True}),
+              what="dma data phase",
+              notes="each engine's 2 KiB read in the profile; calibrates dma_descriptor_ns "
+                    "(about 1 ns per row beyond 2 KiB at 23 B/ns)"),
+    Published("DMA trigger to completion, [128, 128] bf16 load", DMA_PROFILE, "trn2",
+              "bfloat16", "[128, 128] (16 engines, 2 KiB each)", 1200.0, "instruction",
+              ("dma_load_rows", {"partitions": 128, "free_bytes": 256, "software_dge": True}),
+              what="trigger to completion",
+              notes="about 1.2 us from the GpSimd trigger to the semaphore; calibrates "
+                    "dma_fixed_ns (trigger to first byte)"),
+    *(Published(f"DMA throughput, [128, {free}] loads back to back ({rel:.2f} of peak)",
+                DMA_CURVE, "trn2", "uint8", f"[128, {free} B] per transfer",
+                _per_transfer_ns(free, rel), "instruction",
+                ("dma_stream", {"free_bytes": free, "software_dge": True}),
+                what="time per transfer",
+                notes=f"relative throughput {rel} of {TRN2_DMA_PEAK:.0f} GB/s, as a time per "
+                      "transfer; calibrates swdge_descriptor_cycles (GpSimd writes 128 "
+                      "descriptors per transfer), the longer rows check the data phase")
+      for free, rel in ((256, 0.10), (512, 0.21), (1024, 0.42), (2048, 0.81), (4096, 0.97))),
+    Published("kernel-optimisation matmul v2 (tiled)", KERNEL_OPT, "trn2", "float32",
+              "lhsT [8192, 4096] x rhs [8192, 8192]", 39.9e6, "kernel",
+              ("matmul_tutorial", {"version": "tiled", "m_size": 4096, "k_size": 8192,
+                                   "n_size": 8192, "dtype": "float32", "fold": 1}),
+              notes="DMA-bound: 'DMA engines were active 99.93%', 'TensorE was only active "
+                    "about 69.83%'; two loads ([128, 128] and [128, 512] fp32: 512 B and "
+                    "2 KiB rows) per 853 ns matmul"),
+    Published("kernel-optimisation matmul v3 (hoisted loads)", KERNEL_OPT, "trn2", "float32",
+              "lhsT [8192, 4096] x rhs [8192, 8192]", 28.2e6, "kernel",
+              ("matmul_tutorial", {"version": "hoist_load", "m_size": 4096, "k_size": 8192,
+                                   "n_size": 8192, "dtype": "float32", "fold": 1}),
+              notes="'the TensorE is busy 99.85% of the time', DMA 99.73%: the Tensor "
+                    "Engine's fp32 rate bounds it"),
     Published("ScalarE tiny dependent instructions", PERF_GUIDE, "trn1", "float32",
               "activation (identity, scale/bias tensors) on [128, 1], each reading the "
               "previous output", 189.0, "instruction",
@@ -114,6 +172,11 @@ DOCUMENTED: tuple[Published, ...] = (
     Published("MultiplyMoving issue interval, N=32", ARCH_GUIDE, "trn1", "bfloat16",
               "moving [128, 32]", 64 / 2.8, "instruction", ("matmul_ns", {"n": 32}),
               what="initiation interval", notes="MM_INIT_LATENCY = 64 cycles"),
+    Published("hardware DGE DMA instruction", DGE_GUIDE, "trn2", "uint8",
+              "[128, 256 B] loads back to back", 600.0, "instruction",
+              ("dma_stream", {"free_bytes": 256, "software_dge": False}),
+              what="time per transfer",
+              notes="'each hardware-DGE DMA instruction takes approximately 600 ns'"),
     Published("LoadStationary issue interval", PERF_GUIDE.replace("Opt #5a 'Use sufficiently "
               "large input tiles in free dimension'", "TensorE section"), "trn1", "bfloat16",
               "stationary [128, 128]", 32 / 2.8, "instruction", ("load_stationary_ns", {}),
@@ -134,7 +197,4 @@ NOT_SIMULATED: tuple[tuple[str, str, str], ...] = (
      "fit, which the tutorial does not describe instruction by instruction")),
     ("Mamba PyTorch reference: 151.83 ms", MAMBA_TUTORIAL,
      "a whole compiled PyTorch graph, not a kernel whose instructions are known"),
-    ("hardware DGE DMA instruction ~600 ns", "aws-neuron-sdk nki/deep-dives/nki-dge.rst",
-     ("descriptor generation on the issuing engine is not modelled (the ~1.3 us DMA fixed "
-     "cost stands for the whole start latency)")),
 )

@@ -28,8 +28,10 @@ def _wait(users: list[int], depth: int) -> tuple[int, ...]:
 
 
 def matmul_tutorial(p: HardwarePreset, version: str, m_size: int, k_size: int,
-                    n_size: int, fold: int = 8) -> Kernel:
-    """The NKI matrix multiplication tutorial, bf16 lhsT [K, M] @ rhs [K, N].
+                    n_size: int, fold: int = 8, dtype: str = "bfloat16") -> Kernel:
+    """The NKI matrix multiplication tutorial, lhsT [K, M] @ rhs [K, N] in `dtype` (bf16 in
+    the NKI tutorial on trn1; fp32 in the kernel-optimisation guide on trn2, whose v2 is
+    "tiled" and v3 "hoist_load"; the output is stored in the same dtype).
 
     version "tiled": per (m, n) output tile, per k: load a [128, 128] lhsT tile (256 B
     rows) and a [128, 512] rhs tile (1 KiB rows), one matmul into PSUM; copy out, store.
@@ -42,16 +44,17 @@ def matmul_tutorial(p: HardwarePreset, version: str, m_size: int, k_size: int,
     nm, nn, nk = m_size // TILE_M, n_size // TILE_N, k_size // TILE_K
     fold = max(1, min(fold, nk))
     groups = nk // fold
-    lhs_bytes = TILE_K * TILE_M * BF16 * fold
-    rhs_bytes = TILE_K * TILE_N * BF16 * fold
-    lhs_row, rhs_row = TILE_M * BF16, TILE_N * BF16
+    esize = FP32 if dtype == "float32" else BF16
+    lhs_bytes = TILE_K * TILE_M * esize * fold
+    rhs_bytes = TILE_K * TILE_N * esize * fold
+    lhs_row, rhs_row = TILE_M * esize, TILE_N * esize
     b.add_model_flops(2 * m_size * n_size * k_size)
     evacs: list[int] = []
     lhs_users: list[int] = []
     rhs_users: list[int] = []
 
     def load(nbytes: int, row: int, users: list[int]) -> tuple[int, ...]:
-        ids = b.dma_load(nbytes, 128, _wait(users, 2), row_bytes=row)
+        ids = b.dma_load(nbytes, 128, _wait(users, 2), row_bytes=row, transfers=fold)
         users.append(-1)
         return ids
 
@@ -59,11 +62,11 @@ def matmul_tutorial(p: HardwarePreset, version: str, m_size: int, k_size: int,
         bank = (evacs[-p.psum_banks],) if len(evacs) >= p.psum_banks else ()
         mm = -1
         for g in range(groups):
-            mm = b.matmul(TILE_K, TILE_M, TILE_N, "bfloat16", lhs[g] + rhs[g] + bank,
+            mm = b.matmul(TILE_K, TILE_M, TILE_N, dtype, lhs[g] + rhs[g] + bank,
                           weight_deps=lhs[g], repeat=fold)
             bank = ()
         ev = b.vector("TensorCopy", TILE_N, "float32", 1, (mm,))
-        b.dma_store(TILE_M * TILE_N * BF16, 128, (ev,), row_bytes=rhs_row)
+        b.dma_store(TILE_M * TILE_N * esize, 128, (ev,), row_bytes=rhs_row)
         evacs.append(ev)
         return mm
 
@@ -81,7 +84,8 @@ def matmul_tutorial(p: HardwarePreset, version: str, m_size: int, k_size: int,
                 rhs_users[-groups:] = [mm] * groups
     elif version == "hoist_load":
         for _m in range(nm):
-            lhs = [b.dma_load(lhs_bytes, 128, row_bytes=lhs_row) for _g in range(groups)]
+            lhs = [b.dma_load(lhs_bytes, 128, row_bytes=lhs_row, transfers=fold)
+                   for _g in range(groups)]
             for _n in range(nn):
                 rhs = [load(rhs_bytes, rhs_row, rhs_users) for _g in range(groups)]
                 mm = accumulate(lhs, rhs)
@@ -89,8 +93,8 @@ def matmul_tutorial(p: HardwarePreset, version: str, m_size: int, k_size: int,
     elif version == "block_free":
         bm_tiles, bn_tiles = 2, 2
         for _mb in range(nm // bm_tiles):
-            lhs = [[b.dma_load(lhs_bytes, 128, row_bytes=lhs_row) for _g in range(groups)]
-                   for _bm in range(bm_tiles)]
+            lhs = [[b.dma_load(lhs_bytes, 128, row_bytes=lhs_row, transfers=fold)
+                    for _g in range(groups)] for _bm in range(bm_tiles)]
             for _nb in range(nn // bn_tiles):
                 rhs = [[load(rhs_bytes, rhs_row, rhs_users) for _g in range(groups)]
                        for _bn in range(bn_tiles)]
@@ -234,10 +238,23 @@ def _mamba_state(b: KernelBuilder, dt: str, free: int, chains: dict, hoisted: bo
             for t in chains}
 
 
-def dma_load_rows(p: HardwarePreset, partitions: int, free_bytes: int) -> Kernel:
-    """One HBM -> SBUF load of a [partitions, free_bytes] tensor (NKI DMA overview)."""
+def dma_load_rows(p: HardwarePreset, partitions: int, free_bytes: int,
+                  software_dge: bool = False) -> Kernel:
+    """One HBM -> SBUF load of a [partitions, free_bytes] tensor (NKI DMA overview; its
+    examples generate descriptors on GpSimd: `software_dge`)."""
     b = KernelBuilder(p, "dma_load")
-    b.dma_load(partitions * free_bytes, partitions)
+    b.dma_load(partitions * free_bytes, partitions, software_dge=software_dge)
+    return b.build()
+
+
+def dma_stream(p: HardwarePreset, free_bytes: int, count: int = 64,
+               software_dge: bool = True) -> Kernel:
+    """`count` independent [128, free_bytes] HBM -> SBUF loads back to back, the DMA
+    overview's throughput sweep over bytes per partition (its examples generate
+    descriptors on GpSimd)."""
+    b = KernelBuilder(p, "dma_stream")
+    for _ in range(count):
+        b.dma_load(128 * free_bytes, 128, software_dge=software_dge)
     return b.build()
 
 

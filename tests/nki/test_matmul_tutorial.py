@@ -91,24 +91,42 @@ def test_optimised_versions_get_faster_in_the_tutorials_order():
 
 
 PUBLISHED = {pub.kernel[1].get("version", "fully_optimized"): pub for pub in MEASURED
-             if pub.kernel[0] in ("matmul_tutorial", "matmul_fully_optimized")}
+             if pub.kernel[0] in ("matmul_tutorial", "matmul_fully_optimized")
+             and pub.hardware == "trn1"}
 
 
 FULL_TUTORIAL = "NKI_FULL_TUTORIAL"  # set to 1 to also run the tiled version (~2-3 min)
 _TILED = pytest.param("tiled", marks=pytest.mark.skipif(
     not os.environ.get(FULL_TUTORIAL), reason=f"1.1 M instructions, 2-3 minutes: set "
-    f"{FULL_TUTORIAL}=1 to run it (54.02 ms simulated against 51.80 ms, +4.3%)"))
+    f"{FULL_TUTORIAL}=1 to run it (54.54 ms simulated against 51.80 ms, +5.3%)"))
 
 
 @pytest.mark.slow  # 20 s to 1.5 min each
 @pytest.mark.parametrize("name", [_TILED, "hoist_load", "block_free", "fully_optimized"])
 def test_simulated_time_matches_awss_measurement(name):
     """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance
-    (measured on this language: +4.3%, +2.4%, +2.8%, -5.7%; docs/nki.md)."""
+    (measured on this language: +5.3%, +3.1%, +3.5%, -5.6%; docs/nki.md)."""
     pub = PUBLISHED[name]
     kw = pub.kernel[1]
     args = (Spec((kw["k_size"], kw["m_size"])), Spec((kw["k_size"], kw["n_size"])))
     simulated = nki.benchmark(matmul.VERSIONS[name], *args, preset=pub.hardware).duration_ns
+    assert abs(simulated / pub.measured_ns - 1) <= pub.tolerance, (simulated, pub.measured_ns)
+
+
+TRN2_FP32 = {pub.kernel[1]["version"]: pub for pub in MEASURED
+             if pub.kernel[0] == "matmul_tutorial" and pub.hardware == "trn2"}
+
+
+@pytest.mark.slow  # 15-25 s each
+@pytest.mark.parametrize("name", sorted(TRN2_FP32))
+def test_the_kernel_optimisation_guides_fp32_versions_on_trn2(name):
+    """The same tiled and hoisted kernels with fp32 inputs on trn2, the kernel
+    optimisation guide's v2 and v3 (measured -1.4% and +0.3%)."""
+    pub = TRN2_FP32[name]
+    kw = pub.kernel[1]
+    args = (Spec((kw["k_size"], kw["m_size"]), "float32"),
+            Spec((kw["k_size"], kw["n_size"]), "float32"))
+    simulated = nki.benchmark(matmul.VERSIONS[name], *args, preset="trn2").duration_ns
     assert abs(simulated / pub.measured_ns - 1) <= pub.tolerance, (simulated, pub.measured_ns)
 
 
