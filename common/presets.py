@@ -237,7 +237,12 @@ PRESETS: dict[str, HardwarePreset] = {
         scalar_lanes_16bit=128,
         gpsimd_clock_ghz=1.4,
         sbuf_bytes=24 * MiB,
-        dma_engine_bytes_per_ns=17.0,  # 272 GB/s per core
+        # 272 GB/s per core, the DMA bandwidth guide's sustained per-engine figure. The
+        # NKI DMA overview gives 27.2 GB/s for NeuronCore-v2 and -v3 alike, but its own
+        # trn2 profile moves 32 KiB in 1416 ns on one engine (23.1 B/ns): the guide's
+        # NeuronCore-v3 figure, not 27.2. So the guide's 17 B/ns is kept for v2, and a
+        # streaming kernel on trn1 is capped at 272 GB/s, below the core's 410 GB/s of HBM.
+        dma_engine_bytes_per_ns=17.0,
         # NeuronCore-v2 has no DGE block (hardware DGE needs NeuronCore-v3, NKI DGE
         # reference): descriptors are pre-computed in HBM, so an instruction waits for
         # no generator, and its start latency is the DMA bandwidth guide's ~1300 ns

@@ -195,6 +195,14 @@ NOT_SIMULATED: tuple[tuple[str, str, str], ...] = (
      MAMBA_TUTORIAL,
      ("dominated by the compiler's SBUF spill/reload decisions for a kernel that does not "
      "fit, which the tutorial does not describe instruction by instruction")),
+    (("NKIBench's best SiLU kernel, [4096, 7168] fp32, said to stream 294 GB/s on one "
+      "trn1 core (issue 31)"),
+     ("NKIBench (github.com/zhang677/AccelOpt, NKIBench/kernels/silu_M4096_N7168_0.py); "
+      "the runs found of it are third-party notes on trn2"),
+     ("no AWS or NKIBench publication of a trn1 time was found; the notes found report "
+      "0.2938 ms on one trn2 core (235 MB, 800 GB/s: over any per-core DMA or HBM "
+      "figure), so the 294 GB/s may be that 0.2938 ms misread. The model streams "
+      "SiLU at 271 GB/s on trn1 (capped by 16 x 17 B/ns, the DMA bandwidth guide)")),
     ("Mamba PyTorch reference: 151.83 ms", MAMBA_TUTORIAL,
      "a whole compiled PyTorch graph, not a kernel whose instructions are known"),
 )
