@@ -15,7 +15,7 @@ from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
-from neuron_explorer.rules.finding import SHARE_BASES
+from neuron_explorer.rules import SHARE_BASES
 from neuron_explorer.units import size
 from neuron_explorer.whatif_label import prediction_text
 

@@ -45,6 +45,8 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
+# rules whose share of time is not of the steps (compile time), as each declares it
+SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}
 
 
 def run_rules(trace: Trace) -> Findings:
@@ -56,4 +58,4 @@ def run_rules(trace: Trace) -> Findings:
     return ranked(findings)
 
 
-__all__ = ["RULES", "RULE_IDS", "Finding", "Findings", "run_rules"]
+__all__ = ["RULES", "RULE_IDS", "SHARE_BASES", "Finding", "Findings", "run_rules"]

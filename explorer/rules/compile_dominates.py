@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "compile_dominates"
+# what its share of time is of: its time lies outside the analysed steps
+SHARE_BASE = "the run"
 
 
 def check(trace: Trace) -> list[Finding]:

@@ -113,13 +113,12 @@ def step_time(trace: Trace) -> float:
     return total_step_ns(trace)
 
 
-# rules whose share is not of a step; the others, in a trace without steps, of the trace
-SHARE_BASES = {"compile_dominates": "the run", "recompilation": "the recorded steps",
-               "shape_recompiles": "the recorded steps"}
-
-
 def share_base(rule_id: str, has_steps: bool) -> str:
-    """What a finding's share of time is of, in the report's words."""
+    """What a finding's share of time is of, in the report's words: what its rule says
+    (`SHARE_BASE`, for time outside the steps), else step time (the trace's, without
+    steps)."""
+    from neuron_explorer.rules import SHARE_BASES  # the rules import this module
+
     return SHARE_BASES.get(rule_id, "step time" if has_steps else "the trace")
 
 

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "recompilation"
+# what its share of time is of: its time lies outside the analysed steps
+SHARE_BASE = "the recorded steps"
 
 
 def check(trace: Trace) -> list[Finding]:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "shape_recompiles"
+# what its share of time is of: its time lies outside the analysed steps
+SHARE_BASE = "the recorded steps"
 
 # Dynamo's failed size guard, after the compile id ("0/3: ") of the entry that failed
 _SIZE_GUARD = re.compile(r"^(\d+)/\d+: tensor '([^']+)' size mismatch at index (\d+)\. "

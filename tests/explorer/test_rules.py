@@ -229,6 +229,8 @@ def test_recompilation(tmp_path: Path, basic_pf) -> None:
     (f,) = _rule(_load(sc, tmp_path, "recomp"), "recompilation")
     assert f.time_lost_ns == 400 and "model.py:12" in f.recommendation
     assert "print() in forward" in f.explanation
+    # compile time is a share of what the rule declares, not of the steps it lies outside
+    assert f.share_base == "the recorded steps" and "of the recorded steps)" in f.line()
     assert _rule(basic_pf, "recompilation") == []
 
 
