@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import dash_ag_grid as dag
 import numpy as np
 import pandas as pd
-from dash import dash_table, dcc, html
+from dash import dcc, html
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -51,7 +52,7 @@ def page_title(title: str, subtitle: str | None = None) -> html.Div:
 
 
 def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
-    """Columns a DataTable can show: numbers stay numbers, everything else becomes text."""
+    """Columns the grid can show: numbers stay numbers, everything else becomes text."""
     out = pd.DataFrame(index=df.index)
     for col in df.columns:
         s = df[col]
@@ -85,45 +86,72 @@ def _header(column: str) -> str:
     return column[:-len(_US_SUFFIX)] + " (µs)" if column.endswith(_US_SUFFIX) else column
 
 
-def data_table(df: pd.DataFrame, table_id, page_size: int = 20, selectable: bool = False, **kwargs):
-    """A sortable, filterable DataTable that exports CSV; numbers keep a numeric type for sorting."""
+# d3-format specifiers (the grid formats numbers in the browser with d3-format).
+_US_FORMAT, _SHARE_FORMAT, _FLOAT_FORMAT, _INT_FORMAT = ",.1f", ".2~%", ",.4~r", ","
+
+
+def _number_format(column: str, values: pd.Series) -> str:
+    if column.endswith(_US_SUFFIX):
+        return _US_FORMAT
+    if "share" in column:
+        return _SHARE_FORMAT
+    return _FLOAT_FORMAT if pd.api.types.is_float_dtype(values) else _INT_FORMAT
+
+
+def _column_def(column: str, values: pd.Series) -> dict[str, Any]:
+    spec: dict[str, Any] = {"field": column, "headerName": _header(column)}
+    if pd.api.types.is_numeric_dtype(values):
+        specifier = _number_format(column, values)
+        # A missing figure stays blank: d3.format would print null as 0.
+        spec.update(cellDataType="number", filter="agNumberColumnFilter", type="rightAligned",
+                    valueFormatter={"function": f"params.value == null ? '' : "
+                                                f"d3.format('{specifier}')(params.value)"},
+                    # the box under the header keeps rows at or above the number typed
+                    filterParams={"defaultOption": "greaterThanOrEqual"})
+    else:
+        spec.update(cellDataType="text", filter="agTextColumnFilter", tooltipField=column)
+    return spec
+
+
+# The grid's look, close to the page's panels; fonts come from the page (nothing is fetched).
+_THEME = ("themeQuartz.withParams({fontFamily: 'inherit', fontSize: 13, spacing: 6,"
+          " headerBackgroundColor: '#f3f5f8', headerFontWeight: 600, wrapperBorderRadius: 6})")
+
+
+def data_table(df: pd.DataFrame, table_id: str, page_size: int = 20,
+               selectable: bool = False) -> html.Div:
+    """A paged grid that sorts, filters (a box under each header) and exports CSV (the Export
+    button, assets/grid_export.js); numbers keep a numeric type for sorting and filtering.
+    `selectable`: a row can be picked (the grid's `selectedRows`)."""
     clean = _jsonable(_ns_as_us(df))
-    columns = []
-    for col in clean.columns:
-        spec: dict[str, Any] = {"name": _header(str(col)), "id": str(col)}
-        if pd.api.types.is_numeric_dtype(clean[col]):
-            spec["type"] = "numeric"
-            if str(col).endswith(_US_SUFFIX):
-                spec["format"] = {"specifier": ",.1f"}
-            elif "share" in str(col):
-                spec["format"] = {"specifier": ".2~%"}
-            elif pd.api.types.is_float_dtype(clean[col]):
-                spec["format"] = {"specifier": ",.4~r"}
-            else:
-                spec["format"] = {"specifier": ","}
-        columns.append(spec)
     records = clean.astype(object).where(clean.notna(), None).to_dict("records")
-    return dash_table.DataTable(
+    options: dict[str, Any] = {
+        "theme": {"function": _THEME},
+        "pagination": True,
+        "paginationPageSize": page_size,
+        "paginationPageSizeSelector": False,
+        "domLayout": "autoHeight",  # as tall as its page: no scroll box inside the page
+        "suppressFieldDotNotation": True,  # a '.' in a column name is not a nested field
+        "tooltipShowMode": "whenTruncated",  # long names are cut with an ellipsis
+        "tooltipShowDelay": 300,
+        "enableCellTextSelection": True,
+    }
+    if selectable:
+        options["rowSelection"] = {"mode": "singleRow", "checkboxes": True,
+                                   "enableClickSelection": True}
+    grid = dag.AgGrid(
         id=table_id,
-        columns=columns,
-        data=records,
-        sort_action="native",
-        filter_action="native",
-        page_action="native",
-        page_size=page_size,
-        export_format="csv",
-        export_headers="display",
-        row_selectable="single" if selectable else False,
-        style_table={"overflowX": "auto"},
-        style_cell={
-            "fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px",
-            "textAlign": "left", "maxWidth": "420px", "overflow": "hidden", "textOverflow": "ellipsis",
-        },
-        style_header={"backgroundColor": "#f3f5f8", "fontWeight": "600", "borderBottom": "1px solid #d5dae0"},
-        style_data={"borderBottom": "1px solid #eceff3"},
-        style_filter={"backgroundColor": "#fbfcfd"},
-        **kwargs,
+        columnDefs=[_column_def(str(col), clean[col]) for col in clean.columns],
+        rowData=records,
+        defaultColDef={"sortable": True, "floatingFilter": True, "resizable": True,
+                       "minWidth": 90, "maxWidth": 420,
+                       "useValueFormatterForExport": False},  # CSV keeps full numbers
+        columnSize="autoSize",
+        dashGridOptions=options,
+        style={"height": None},  # domLayout sets the height
     )
+    export = html.Button("Export CSV", className="grid-export", **{"data-grid": table_id})
+    return html.Div([export, grid], className="data-grid")
 
 
 def graph(figure: go.Figure, graph_id: str | None = None, **kwargs: Any) -> dcc.Graph:

@@ -147,25 +147,81 @@ def _bar_of_category(driver, category: str):
     return points[len(points) // 2]
 
 
+def grid_column(driver, grid: str, column: str, until, timeout: float = 10.0) -> list[str]:
+    """The shown cells of a grid's column, top to bottom, once `until(cells)` holds. AG Grid
+    sorts by moving rows on screen (their order in the DOM is not the order shown) and fades
+    filtered-out rows before it removes them; a row not yet drawn reads as ''."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    cells: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(StaleElementReferenceException):  # re-rendered under us
+            rows = driver.find_elements(
+                By.CSS_SELECTOR, f"#{grid} .ag-center-cols-container .ag-row:not(.ag-opacity-zero)")
+            rows.sort(key=lambda row: int(row.get_attribute("row-index")))
+            cells = [row.find_element(By.CSS_SELECTOR, f'.ag-cell[col-id="{column}"]').text
+                     for row in rows]
+            if cells and all(cells) and until(cells):
+                return cells
+        time.sleep(0.1)
+    raise AssertionError(f"{grid}'s {column} column shows {cells}")
+
+
 def test_table_row_opens_in_the_timeline(served, driver):
     url, _ = served
     driver.get(f"{url}/tables?trace=run_a.pftrace")
     search = wait_for(driver, "#tables-search")
     search.send_keys("addmm\n")  # the search box filters the table to matching names
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    names: list[str] = []
-    for _ in range(100):
-        with contextlib.suppress(StaleElementReferenceException):  # the table re-rendered under us
-            names = [r.text for r in driver.find_elements("css selector", "#stats-table td[data-dash-column=name]")]
-            if names and all("addmm" in n for n in names):
-                break
-        time.sleep(0.1)
+    names = grid_column(driver, "stats-table", "name", lambda names: "aten::add" not in names)
     assert names == ["aten::addmm"]
-    wait_for(driver, "#stats-table input[type=radio]").click()
+    row = wait_for(driver, "#stats-table .ag-row:not(.ag-opacity-zero)", text="aten::addmm")
+    row.find_element("css selector", ".ag-selection-checkbox").click()
     wait_for(driver, "#tables-open-timeline").click()
     fields = wait_for(driver, "#slice-fields", text="op")
     assert "aten::addmm" in fields.text
+    no_console_errors(driver)
+
+
+def test_table_sorts_filters_and_exports_what_it_shows(served, driver, tmp_path):
+    """A header click sorts, the box under a number's header keeps rows at or above it (and
+    the name search keeps that filter), and Export CSV writes the rows shown, full numbers
+    under the headers shown."""
+    import csv
+
+    url, folder = served
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                           {"behavior": "allow", "downloadPath": str(tmp_path)})
+    driver.get(f"{url}/tables?trace=run_a.pftrace")
+    first = [int(c) for c in grid_column(driver, "stats-table", "count", lambda cells: True)]
+    assert first != sorted(first)  # opened by share of the step, not by count
+    wait_for(driver, '#stats-table .ag-header-cell[col-id="count"] .ag-header-cell-label').click()
+    grid_column(driver, "stats-table", "count",
+                lambda cells: [int(c) for c in cells] == sorted(first))
+    floor = sorted(first)[len(first) // 2]
+    wait_for(driver, '#stats-table .ag-floating-filter[col-id="count"] input').send_keys(str(floor))
+    kept = [c for c in sorted(first) if c >= floor]
+    grid_column(driver, "stats-table", "count", lambda cells: [int(c) for c in cells] == kept)
+    wait_for(driver, "#tables-search").send_keys("m\n")
+    names = grid_column(driver, "stats-table", "name", lambda cells: all("m" in n for n in cells))
+    counts = [int(c) for c in grid_column(driver, "stats-table", "count", lambda cells: True)]
+    assert counts and all(c >= floor for c in counts) and counts == sorted(counts)
+
+    wait_for(driver, 'button.grid-export[data-grid="stats-table"]').click()
+    exported = tmp_path / "stats-table.csv"
+    deadline = time.monotonic() + 10
+    while not exported.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert exported.exists(), "Export CSV wrote no file"
+    rows = list(csv.DictReader(exported.read_text(encoding="utf-8-sig").splitlines()))
+    assert [r["name"] for r in rows] == names and [int(r["count"]) for r in rows] == counts
+    ops = load_trace(folder / "run_a.pftrace").op_stats().set_index("name")
+    device_us = [ops.loc[name, "device_ns"] / 1e3 for name in names]
+    # the file has the full µs, the cells show them to 0.1 µs ("131.8")
+    assert [float(r["device (µs)"]) for r in rows] == pytest.approx(device_us)
+    shown = grid_column(driver, "stats-table", "device_us", lambda cells: True)
+    assert shown == [f"{us:,.1f}" for us in device_us]
     no_console_errors(driver)
 
 

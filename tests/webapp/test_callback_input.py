@@ -23,11 +23,17 @@ STATE = {"trace": "run_a.pftrace", "t0": 0, "t1": 5_000_000, "selected": None, "
     ("timeline-graph.figure", {"timeline-state.data": {**STATE, "t0": "x"}, "timeline-zoom-in.n_clicks": 1},
      "timeline-zoom-in.n_clicks"),
     ("tables-selection.children",
-     {"stats-table.selected_rows": [99], "stats-table.data": [{"name": "a"}], "tables-kind.data": "ops",
-      "tables-trace.data": "run_a.pftrace"}, "stats-table.selected_rows"),
+     {"stats-table.selectedRows": [99], "tables-kind.data": "ops",
+      "tables-trace.data": "run_a.pftrace"}, "stats-table.selectedRows"),
     ("tables-selection.children",
-     {"stats-table.selected_rows": [0], "stats-table.data": [{"name": "a"}], "tables-kind.data": "nope",
-      "tables-trace.data": "run_a.pftrace"}, "stats-table.selected_rows"),
+     {"stats-table.selectedRows": {"name": "a"}, "tables-kind.data": "ops",
+      "tables-trace.data": "run_a.pftrace"}, "stats-table.selectedRows"),
+    ("tables-selection.children",
+     {"stats-table.selectedRows": [{"name": "a"}], "tables-kind.data": "nope",
+      "tables-trace.data": "run_a.pftrace"}, "stats-table.selectedRows"),
+    ("stats-table.filterModel",
+     {"tables-search.value": 12, "tables-name-column.data": "name", "stats-table.filterModel": {}},
+     "tables-search.value"),
 ])
 def test_a_bad_name_or_value_in_a_callback_is_a_client_error(live_server, output, values, changed):
     status, body = call(live_server, output, values, changed)

@@ -57,7 +57,7 @@ def _rows(page: str, table_id: str) -> list[dict]:
     def find(node):
         if isinstance(node, dict):
             if node.get("props", {}).get("id") == table_id:
-                return node["props"]["data"]
+                return node["props"]["rowData"]
             for value in node.values():
                 found = find(value)
                 if found is not None:

@@ -165,14 +165,54 @@ def test_compare_and_tables_show_durations_in_units_not_raw_ns(app_context):
     for name in ("gpt_eager.pftrace", "gpt_compiled.pftrace"):
         app_context.store.add(name, neuron_explorer.load(SAMPLES / name))
     parts = compare.comparison(app_context, "gpt_eager.pftrace", "gpt_compiled.pftrace")
-    (headline,) = [c for p in parts for c in p.children
-                   if getattr(c, "id", None) == "diff-summary"]
-    step = next(r for r in headline.data if r["metric"] == "step time")
+    (headline,) = [grid for p in parts for c in p.children for grid in _grids(c)
+                   if grid.id == "diff-summary"]
+    step = next(r for r in headline.rowData if r["metric"] == "step time")
     assert step["a"].endswith(" ms") and step["b"].endswith(" ms")
-    mfu = next(r for r in headline.data if r["metric"] == "MFU")
+    mfu = next(r for r in headline.rowData if r["metric"] == "MFU")
     assert mfu["a"].endswith("%")
 
-    table = data_table(neuron_explorer.load(SAMPLES / "gpt_eager.pftrace").op_stats(), "t")
-    headers = {c["id"]: c["name"] for c in table.columns}
+    ops = neuron_explorer.load(SAMPLES / "gpt_eager.pftrace").op_stats()
+    (table,) = _grids(data_table(ops, "t"))
+    headers = {c["field"]: c["headerName"] for c in table.columnDefs}
     assert not any(i.endswith("_ns") for i in headers)
     assert headers["device_us"] == "device (µs)"
+
+
+def _grids(component) -> list:
+    """The AG Grids in a component tree."""
+    import dash_ag_grid as dag
+
+    if isinstance(component, dag.AgGrid):
+        return [component]
+    children = getattr(component, "children", None)
+    children = children if isinstance(children, list | tuple) else [children]
+    return [grid for child in children if child is not None for grid in _grids(child)]
+
+
+def test_tables_format_filter_sort_page_and_export_as_the_data_asks():
+    """Each column's filter, formatting and type follow its data; the grid pages, and the
+    Export button names its grid (assets/grid_export.js exports that grid)."""
+    import pandas as pd
+    from neuron_explorer.webapp.components import data_table
+
+    df = pd.DataFrame({"name": ["a", None], "count": [3, 4], "device_ns": [1500.0, None],
+                       "share_of_step": [0.25, 0.5], "ratio": [1.5, 2.0]})
+    table = data_table(df, "t", page_size=7, selectable=True)
+    export, grid = table.children
+    assert export.className == "grid-export" and getattr(export, "data-grid") == "t"
+    columns = {c["field"]: c for c in grid.columnDefs}
+    assert columns["name"]["filter"] == "agTextColumnFilter"
+    formats = {field: c.get("valueFormatter", {}).get("function", "") for field, c in columns.items()}
+    assert "d3.format(',')" in formats["count"] and "d3.format(',.1f')" in formats["device_us"]
+    assert "d3.format('.2~%')" in formats["share_of_step"]
+    assert "d3.format(',.4~r')" in formats["ratio"] and formats["name"] == ""
+    assert all(columns[f]["filter"] == "agNumberColumnFilter" for f in ("count", "device_us", "ratio"))
+    assert grid.rowData == [
+        {"name": "a", "count": 3, "device_us": 1.5, "share_of_step": 0.25, "ratio": 1.5},
+        {"name": "", "count": 4, "device_us": None, "share_of_step": 0.5, "ratio": 2.0}]
+    assert grid.defaultColDef["sortable"] and grid.defaultColDef["floatingFilter"]
+    options = grid.dashGridOptions
+    assert options["pagination"] and options["paginationPageSize"] == 7
+    assert options["rowSelection"]["mode"] == "singleRow"
+    assert "rowSelection" not in data_table(df, "u").children[1].dashGridOptions

@@ -1,4 +1,5 @@
-"""Tables of ops, modules and kernels: sort, filter, search, export CSV, open a row in the timeline."""
+"""Tables of ops, modules and kernels: sort, filter, search, export CSV, open a row in the
+timeline."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.webapp.callback_input import BadInputError, finite
+from neuron_explorer.webapp.callback_input import BadInputError
 from neuron_explorer.webapp.components import data_table, notice, page_title, page_url, section
 from neuron_explorer.webapp.page_data import fetch
 
@@ -60,9 +61,11 @@ def _tab_body(trace: Trace, tab: str) -> list:
                   placeholder=f"Search {label} by name…"),
         dcc.Store(id="tables-name-column", data=name_column),
         html.Div(id="tables-selection", className="selection-bar",
-                 children=html.Span("Select a row to open its longest call in the timeline.", className="hint")),
+                 children=html.Span("Select a row to open its longest call in the timeline.",
+                                    className="hint")),
         data_table(df.reset_index(drop=True), "stats-table", page_size=20, selectable=True),
-        subtitle="Filter with the boxes under the headers (e.g. >1000, contains text); Export writes CSV",
+        subtitle="Filter with the boxes under the headers (a number keeps rows at or above it, "
+                 "text keeps rows that contain it; the funnel beside a box picks another test)",
     ), dcc.Store(id="tables-kind", data=tab)]
 
 
@@ -92,34 +95,36 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         return _tab_body(ctx.store.get(name), tab)
 
     @app.callback(
-        Output("stats-table", "filter_query"),
+        Output("stats-table", "filterModel"),
         Input("tables-search", "value"),
         State("tables-name-column", "data"),
+        State("stats-table", "filterModel"),
         prevent_initial_call=True,
     )
-    def search(text, column):
-        """The search box filters the name column (the per-column boxes stay available)."""
-        text = (text or "").strip().replace('"', "")
-        return f'{{{column}}} icontains "{text}"' if text else ""
+    def search(query, column, model):
+        """The search box filters the name column; the other columns' filters stay as set."""
+        if not isinstance(query, str | None) or not isinstance(column, str):
+            raise BadInputError("a search is a text over a named column")
+        model = dict(model) if isinstance(model, dict) else {}
+        model.pop(column, None)
+        if query and query.strip():
+            model[column] = {"filterType": "text", "type": "contains", "filter": query.strip()}
+        return model
 
     @app.callback(
         Output("tables-selection", "children"),
-        Input("stats-table", "selected_rows"),
-        State("stats-table", "data"),
+        Input("stats-table", "selectedRows"),
         State("tables-kind", "data"),
         State("tables-trace", "data"),
         prevent_initial_call=True,
     )
-    def show_selection(selected, rows, tab, name):
-        if not selected or not rows or not name:
+    def show_selection(selected, tab, name):
+        if not selected or not name:
             raise PreventUpdate
-        if tab not in TABLES or not isinstance(rows, list) or not isinstance(selected, list):
-            raise BadInputError("a table selection needs a known tab and a list of rows")
-        position = int(finite(selected[0], "selected row"))
-        if not 0 <= position < len(rows) or not isinstance(rows[position], dict):
-            raise BadInputError(f"no row {position} in this table")
+        if tab not in TABLES or not isinstance(selected, list) or not isinstance(selected[0], dict):
+            raise BadInputError("a table selection needs a known tab and a row")
+        row = selected[0]
         _, _, _, column = TABLES[tab]
-        row = rows[position]
         key = str(row.get(column, row.get("name", "")))
         found = longest_instance(ctx.store.get(name), tab, key)
         if found is None:
