@@ -38,11 +38,11 @@ def bandwidth_table() -> None:
         ALL_GATHER,
         ALL_REDUCE,
         bus_bandwidth,
-        collective_cost,
         link_for,
+        preset_collective_cost,
     )
     from neuron_explorer.backend.distributed.topology import topology_for
-    from neuron_explorer.common.presets import PRESETS, interconnect_for
+    from neuron_explorer.common.presets import PRESETS
 
     for name in ("trn1", "trn2"):
         preset = PRESETS[name]
@@ -50,18 +50,17 @@ def bandwidth_table() -> None:
         per_instance = topo.ranks_per_chip * topo.chips_per_instance
         groups = {"1 chip": topo.ranks_per_chip, "1 instance": per_instance,
                   "4 instances": 4 * per_instance}
-        start = interconnect_for(preset).collective_start_ns
         for collective in (ALL_REDUCE, ALL_GATHER):
-            print(f"\n{name} {collective}: bus bandwidth GB/s (algorithm)")
+            print(f"\n{name} {collective}, fp32: bus bandwidth GB/s (algorithm)")
             print(f"{'size':>8} " + " ".join(f"{g + f' ({n})':>22}" for g, n in groups.items()))
             for nbytes in SIZES:
                 cells = []
                 for n in groups.values():
                     ranks = tuple(range(n))
-                    cost = collective_cost(collective, nbytes, n,
-                                           link_for(preset, topo, ranks), start)
+                    cost = preset_collective_cost(preset, collective, nbytes, n,
+                                                  link_for(preset, topo, ranks), 4)
                     bw = bus_bandwidth(collective, nbytes, n, cost.transfer_ns / 1e9) / 1e9
-                    cells.append(f"{bw:14.1f} ({cost.algorithm:>4})")
+                    cells.append(f"{bw:14.1f} ({cost.algorithm.split()[0]:>4})")
                 print(f"{_size(nbytes):>8} " + " ".join(f"{c:>22}" for c in cells))
 
 

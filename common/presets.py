@@ -353,11 +353,26 @@ def get_preset(name: str) -> HardwarePreset:
 # - EFA between instances: trn1.32xlarge 800 Gbps (100 GB/s), trn2.48xlarge 3.2 Tbps
 #   (400 GB/s) (AWS EC2 instance pages). No per-instance EFA figure is published for Trn3
 #   here: trn2's 3.2 Tbps is used.
-# - Cores on one chip exchange data through HBM with their DMA engines: the core's DMA
-#   bandwidth above (272 / 368 / 528 GB/s) is the intra-chip link.
-# Per-step latencies are modelling choices (no published figure): about 1 us between cores
-# of one chip, 2 us per NeuronLink hop, 15 us per EFA hop, and 5 us to start a collective
-# kernel on the device.
+# Measured, on trn1 (AWS's nccom-test user guide, examples run on trn1.32xlarge: the page
+# covers trn1 and inf2, its 32-rank example needs trn1.32xlarge's 32 NeuronCores and its
+# two-instance example is Trainium only; tests/hardware/published.py lists each point):
+# - two ranks (the two NeuronCores of one chip) all-reduce in 58 us whatever the size up to
+#   256 KiB: a collective's start (56 us) and two ring steps between the cores (1 us each,
+#   a modelling choice that cannot be told apart from the start);
+# - their 1 GiB fp32 all-reduce takes 18.93 ms and a 32 MiB uint8 one 768 us: 61 GB/s
+#   between the cores of a chip, far below the 272 GB/s of the DMA engines, and 105
+#   elements reduced per ns, which makes a narrow dtype slower per byte;
+# - 32 ranks (16 chips) all-gather in about 150 us up to 512 KiB: 3.4 us a NeuronLink step;
+# - 64 ranks on two instances all-reduce 8-128 B in 520 us (a tree of 12 steps: 39 us an
+#   EFA step) and 128 MiB-1 GiB at 47 GiB/s of bus bandwidth: 55 GB/s per instance, a
+#   little over half of its 800 Gbps.
+# trn2 and trn3 have no published collective timings: their core and EFA links are their
+# nominal figures (DMA bandwidth, EFA) scaled by the fraction trn1 reaches of its own, and
+# they share trn1's start, step latencies and reduction rate.
+_TRN1_CORE_LINK = 61.0  # GB/s, two cores of one chip (nccom-test)
+_TRN1_EFA_LINK = 55.4  # GB/s per instance (nccom-test, two instances)
+_CORE_LINK_SHARE = _TRN1_CORE_LINK / PRESETS["trn1"].dma_bytes_per_ns
+_EFA_SHARE = _TRN1_EFA_LINK / 100.0  # of trn1.32xlarge's 800 Gbps
 
 
 @dataclass(frozen=True)
@@ -366,20 +381,26 @@ class InterconnectFigures:
 
     chips_per_instance: int
     topology: str  # how the chips of an instance are joined
-    instance_link_bytes_per_ns: float  # EFA per instance
+    core_link_bytes_per_ns: float  # between the cores of one chip, in a collective
+    instance_link_bytes_per_ns: float  # EFA per instance, in a collective
+    reduce_elements_per_ns: float  # elements a reducing collective combines per ns
     core_step_ns: int  # latency of one algorithm step between cores of one chip
     chip_step_ns: int  # ... between chips (one NeuronLink hop)
     instance_step_ns: int  # ... between instances (EFA)
-    collective_start_ns: int  # fixed cost of starting a collective kernel
+    collective_start_ns: int  # fixed cost of starting a collective
+
+
+def _interconnect(name: str, chips: int, topology: str, efa_bytes_per_ns: float
+                  ) -> InterconnectFigures:
+    return InterconnectFigures(
+        chips, topology, _CORE_LINK_SHARE * PRESETS[name].dma_bytes_per_ns,
+        _EFA_SHARE * efa_bytes_per_ns, 104.6, 1_000, 3_400, 38_700, 56_000)
 
 
 INTERCONNECTS: dict[str, InterconnectFigures] = {
-    "trn1": InterconnectFigures(16, "2D torus (NeuronLink-v2)", 100.0, 1_000, 2_000,
-                                15_000, 5_000),
-    "trn2": InterconnectFigures(16, "2D torus (NeuronLink-v3)", 400.0, 1_000, 2_000,
-                                15_000, 5_000),
-    "trn3": InterconnectFigures(144, "NeuronSwitch (UltraServer)", 400.0, 1_000, 2_000,
-                                15_000, 5_000),
+    "trn1": _interconnect("trn1", 16, "2D torus (NeuronLink-v2)", 100.0),
+    "trn2": _interconnect("trn2", 16, "2D torus (NeuronLink-v3)", 400.0),
+    "trn3": _interconnect("trn3", 144, "NeuronSwitch (UltraServer)", 400.0),
 }
 
 

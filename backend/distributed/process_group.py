@@ -5,7 +5,7 @@ numbers are exactly gloo's. Around each collective the ranks also exchange the h
 of the call and when their devices could start it: their host clocks meet there when
 they differ by noise only (`host_alignment`), and the collective runs on every rank's
 collective queue from max(arrivals) for its cost on the simulated interconnect
-(`interconnect.collective_cost`), and its wait and transfer are recorded. The real time
+(`interconnect.preset_collective_cost`), and its wait and transfer are recorded. The real time
 spent here (gloo, other ranks' emulation) is removed from the host clock, which pays one
 kernel launch per collective instead.
 
@@ -42,8 +42,8 @@ from neuron_explorer.backend.distributed.interconnect import (
     SEND,
     Cost,
     Link,
-    collective_cost,
     link_for,
+    preset_collective_cost,
 )
 from neuron_explorer.backend.distributed.topology import topology_for
 from neuron_explorer.backend.events import CollectiveRun, OpLaunch, hub
@@ -254,8 +254,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         arrivals = [max(h + c[2], c[1]) for h, c in zip(hosts, calls, strict=True)]
         arrival, launch = arrivals[me], hosts[me] + overhead
         host_wait = hosts[me] - called
-        cost: Cost = collective_cost(collective, nbytes, len(group),
-                                     self._link(preset, group), _start_cost(preset))
+        itemsize = tensors[0].element_size() if tensors else 1
+        cost: Cost = preset_collective_cost(preset, collective, nbytes, len(group),
+                                            self._link(preset, group), itemsize)
         if device is not None:
             start, end = collective_queue.place(device, arrivals, cost.transfer_ns)
         else:
@@ -609,12 +610,6 @@ def _select_local_device() -> None:
     if local.isdigit():
         index = int(local)
         devices.set_current(index if index < devices.device_count() else 0)
-
-
-def _start_cost(preset) -> int:
-    from neuron_explorer.common.presets import interconnect_for
-
-    return interconnect_for(preset).collective_start_ns
 
 
 def _host_id() -> int:
