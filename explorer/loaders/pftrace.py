@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,10 +41,10 @@ from neuron_explorer.loaders.pftrace_annotations import (
 from neuron_explorer.loaders.raw import COUNTER_COLUMNS, FLOW_COLUMNS, RawTrace, build_slices
 from neuron_explorer.loaders.track_kinds import our_device, track_table
 from neuron_explorer.loaders.wire_scan import (
-    Fields,
     Scan,
     WireError,
     packet_offsets,
+    prefer_compiled_for,
     read_message,
     scan,
 )
@@ -318,13 +319,9 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     # the events are scanned, so the two largest scans are never held at once
     at = _EventPackets.of(pk)
     del pk
-    ev = _events(buf, at, state, skipped)
+    ev = _events(data, buf, at, state, skipped)
     del at
-    ev_name, ev_cat = _names(data, ev, state)
-    # the events' repeated fields (a row per field of every event, the load's largest
-    # arrays) are read for the last time: what the args and flows need later is kept
-    ann_rows, flow_ids = ev.scan.rows.select(F.E_DEBUG), _flow_ids(ev.scan.rows)
-    ev.scan.rows = Fields.empty()
+    ev_name, ev_cat = ev.name, ev.cat
     tracks, track_of = _tracks(state, np.sort(pd.unique(ev.track_uuid)))
     ev_track = _track_ids(track_of, ev.track_uuid)
     sl = _slices(ev, ev_track, skipped)
@@ -332,8 +329,8 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
                                  ev_name.coded(sl.events), ev_cat.coded(sl.events),
                                  ev_cat.coded(sl.events, our_kind), sl.depth, sl.parent)
     slice_of_event, new_id = _slice_of_event(len(ev.ts), sl, order)
-    counters = _counters(ev.scan, ev.type, ev.ts, ev_track, tracks)
-    ann = Annotations.of(ann_rows, slice_of_event)
+    counters = _counters(ev, ev_track, tracks)
+    ann = Annotations.of(ev.annotations, slice_of_event)
     n_slices = len(slices)
     # args are decoded on first use; the metadata instant's now (the hardware figures)
     meta_codes = [i for i, c in enumerate(ev_cat.values) if c == tf.CAT_METADATA]
@@ -354,7 +351,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
         warn.append(msg)
         skipped_now["corrupt debug annotation"] = count
 
-    seqgen, ts = ev.seqgen, ev.ts
+    seqgen, ts, flow_ids = ev.seqgen, ev.ts, ev.flow_ids
     del ev  # the args and flows read on first use hold only what they need
     args = LazyArgs(lambda: decode_annotations(data, buf, ann, seqgen, state, n_slices,
                                                dropped))
@@ -414,19 +411,6 @@ def _packets(path: str, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 
 @dataclass
-class _Events:
-    """Per track event: its scan, packet, time, (sequence, generation) pair, type and
-    track uuid (the sequence's default where the event names none)."""
-
-    scan: Scan
-    packet: np.ndarray
-    ts: np.ndarray
-    seqgen: np.ndarray
-    type: np.ndarray
-    track_uuid: np.ndarray
-
-
-@dataclass
 class _EventPackets:
     """The packets holding a track event: their numbers, the event's bytes (offset,
     length), and the packet's time, sequence and (sequence, generation) pair number."""
@@ -445,41 +429,96 @@ class _EventPackets:
                    pk.ts[at], pk.seq[at], pk.pair[at].astype(np.int64))
 
 
-def _events(buf: np.ndarray, at: _EventPackets, state: _State,
+# Track events scanned at once: a chunk's field scan (slots and a row per repeated
+# field) is the load's largest transient, so a chunk at a time keeps it small whatever
+# the trace's size; each chunk leaves only compact columns behind.
+EVENTS_PER_CHUNK = 1 << 18
+
+
+@dataclass
+class _Events:
+    """Per track event, compact: packet, time, (sequence, generation) pair, type, track
+    uuid (the sequence's default where the event names none), name and first category;
+    and the rows later phases read: debug annotations (event, wire, length, offset),
+    flow ids (id, event, terminating) and counter values (event, raw, is a double)."""
+
+    packet: np.ndarray
+    ts: np.ndarray
+    seqgen: np.ndarray
+    type: np.ndarray
+    track_uuid: np.ndarray
+    name: _EventTexts
+    cat: _EventTexts
+    annotations: list[np.ndarray]
+    flow_ids: list[np.ndarray]
+    counter_values: list[np.ndarray]
+
+
+def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: _State,
             skipped: Counter[str]) -> _Events:
-    """Scan every track event's fields."""
-    es = scan(buf, at.offset, at.offset + at.length, EVENT_SLOTS, EVENT_REPEATED, offsets={3})
-    ev_type = es.value[0].astype(np.int64)
-    track_uuid = es.value[2].copy()
-    has_track = es.field[2] != 0
-    if (~has_track).any():
-        seq_default = np.array([state.default_track.get(int(s), 0)
-                                for s in at.seq[~has_track].tolist()], np.uint64)
-        track_uuid[~has_track] = seq_default
+    """Scan every track event's fields, a chunk of events at a time."""
+    n = len(at.offset)
+    prefer_compiled_for(int(at.length.sum()))  # chunks of a large trace: worth compiling
+    ev_type = np.zeros(n, np.int64)
+    track_uuid = np.zeros(n, np.uint64)
+    name, cat = _EventTexts(n), _EventTexts(n)
+    annotations, flows, counters = _Chunks(4), _Chunks(3), _Chunks(3)
+    for lo in range(0, n, EVENTS_PER_CHUNK):
+        part = slice(lo, min(lo + EVENTS_PER_CHUNK, n))
+        es = scan(buf, at.offset[part], at.offset[part] + at.length[part], EVENT_SLOTS,
+                  EVENT_REPEATED, offsets={3})
+        ev_type[part] = es.value[0]
+        uuid = es.value[2]
+        has_track = es.field[2] != 0
+        if not has_track.all():
+            uuid = uuid.copy()
+            uuid[~has_track] = np.array([state.default_track.get(int(q), 0)
+                                         for q in at.seq[part][~has_track].tolist()], np.uint64)
+        track_uuid[part] = uuid
+        _names(data, es, at.pair[part], lo, state, name, cat)
+        ev, wire, length, offset = es.rows.select(F.E_DEBUG)
+        annotations.add(ev.astype(np.int64) + lo, wire, length, offset)
+        fid, ev, term = _flow_ids(es.rows)
+        flows.add(fid, ev.astype(np.int64) + lo, term)
+        idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
+        counters.add(idx + lo, es.value[4][idx], es.field[4][idx] == F.E_DOUBLE_COUNTER)
+        del es
     known = (ev_type >= F.TYPE_SLICE_BEGIN) & (ev_type <= F.TYPE_COUNTER)
     for t, count in Counter(ev_type[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
-    return _Events(es, at.packet, at.ts, at.pair, ev_type, track_uuid)
+    return _Events(at.packet, at.ts, at.pair, ev_type, track_uuid, name, cat,
+                   annotations.joined(), flows.joined(), counters.joined())
 
 
-def _names(data: bytes | bytearray, ev: _Events, state: _State) -> tuple[_EventTexts, _EventTexts]:
-    """Each event's name (interned or inline) and first category."""
-    es, ef, pairs = ev.scan, ev.scan.rows, state.pairs
-    ne = len(ev.ts)
-    ev_name = _EventTexts(ne)
+class _Chunks:
+    """Columns gathered a chunk at a time, concatenated at the end."""
+
+    def __init__(self, width: int) -> None:
+        self.parts: list[list[np.ndarray]] = [[] for _ in range(width)]
+
+    def add(self, *columns: np.ndarray) -> None:
+        for part, column in zip(self.parts, columns, strict=True):
+            part.append(column)
+
+    def joined(self) -> list[np.ndarray]:
+        return [np.concatenate(part) if part else np.zeros(0, np.int64) for part in self.parts]
+
+
+def _names(data: bytes | bytearray, es: Scan, seqgen: np.ndarray, first: int, state: _State,
+           name: _EventTexts, cat: _EventTexts) -> None:
+    """Each event's name (interned or inline) and first category, for the chunk of events
+    scanned in `es` (event `first` onwards)."""
+    ef, pairs = es.rows, state.pairs
     m = np.flatnonzero(es.field[1] == F.E_NAME_IID)
-    ev_name.put(m, *_resolve_codes(state, "name", ev.seqgen[m], es.value[1][m], pairs, ""))
+    name.put(m + first, *_resolve_codes(state, "name", seqgen[m], es.value[1][m], pairs, ""))
     m = np.flatnonzero(es.field[3] == F.E_NAME)
-    ev_name.put_strings(m, _strings(data, es.offset[3][m], es.value[3][m]))
-    ev_cat = _EventTexts(ne)
+    name.put_strings(m + first, _strings(data, es.offset[3][m], es.value[3][m]))
     m, _, v, _ = ef.select(F.E_CATEGORY_IIDS)
-    _, first = np.unique(m, return_index=True)  # rows come in file order: first = earliest
-    ev_cat.put(m[first], *_resolve_codes(state, "cat", ev.seqgen[m[first]], v[first], pairs,
-                                         ""))
+    _, at = np.unique(m, return_index=True)  # rows come in file order: first = earliest
+    cat.put(m[at] + first, *_resolve_codes(state, "cat", seqgen[m[at]], v[at], pairs, ""))
     m, _, v, o = ef.select(F.E_CATEGORIES)
-    _, first = np.unique(m, return_index=True)
-    ev_cat.put_strings(m[first], _strings(data, o[first], v[first]))
-    return ev_name, ev_cat
+    _, at = np.unique(m, return_index=True)
+    cat.put_strings(m[at] + first, _strings(data, o[at], v[at]))
 
 
 def _track_ids(track_of: dict[int, int], track_uuid: np.ndarray) -> np.ndarray:
@@ -556,14 +595,11 @@ def _slice_of_event(n_events: int, sl: _SliceEvents, order: np.ndarray
     return slice_of_event, new_id
 
 
-def _counters(es: Scan, ev_type: np.ndarray, ev_ts: np.ndarray, ev_track: np.ndarray,
-              tracks: pd.DataFrame) -> pd.DataFrame:
-    idx = np.flatnonzero(ev_type == F.TYPE_COUNTER)
-    raw = es.value[4][idx]
-    value = np.where(es.field[4][idx] == F.E_DOUBLE_COUNTER, raw.view(np.float64),
-                     raw.view(np.int64).astype(np.float64))
+def _counters(ev: _Events, ev_track: np.ndarray, tracks: pd.DataFrame) -> pd.DataFrame:
+    idx, raw, double = ev.counter_values
+    value = np.where(double, raw.view(np.float64), raw.view(np.int64).astype(np.float64))
     names = tracks.set_index("track_id")["name"]
-    frame = pd.DataFrame({"ts": ev_ts[idx], "value": value, "track_id": ev_track[idx]},
+    frame = pd.DataFrame({"ts": ev.ts[idx], "value": value, "track_id": ev_track[idx]},
                          columns=COUNTER_COLUMNS[:3])
     frame["name"] = names.reindex(frame["track_id"]).to_numpy()
     return frame.sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
@@ -581,7 +617,7 @@ def _flow_ids(ef: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.concatenate([p[2] for p in parts]))
 
 
-def _flows(flow_ids: tuple[np.ndarray, np.ndarray, np.ndarray], ev_ts: np.ndarray,
+def _flows(flow_ids: Sequence[np.ndarray], ev_ts: np.ndarray,
            slice_of_event: np.ndarray) -> pd.DataFrame:
     """Flow edges: consecutive events carrying the same flow id, cut after a terminating one."""
     fid, ev, term = flow_ids

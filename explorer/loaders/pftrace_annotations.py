@@ -7,7 +7,7 @@ caller asks for dicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,8 +159,7 @@ class Annotations:
     length: np.ndarray
 
     @classmethod
-    def of(cls, rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-           slice_of_event: np.ndarray) -> Annotations:
+    def of(cls, rows: Sequence[np.ndarray], slice_of_event: np.ndarray) -> Annotations:
         """From the events' annotation rows (`Fields.select` of the debug annotation field)."""
         ev, _, length, offset = rows
         sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)

@@ -27,6 +27,7 @@ CHUNK = 1 << 17  # messages walked together; small enough for the CPU caches
 COMPILED_MIN = 20_000
 COMPILED_FIRST_BYTES = 96 << 20
 _compiled_warm = False
+_compiled_wanted = False  # a caller scanning a large whole in pieces asked for it
 
 
 class WireError(ValueError):
@@ -366,7 +367,16 @@ def _use_compiled(start: np.ndarray, end: np.ndarray) -> bool:
     """Whether the compiled walk is worth its start-up for these messages."""
     if len(start) < COMPILED_MIN or not _compiled_available():
         return False
-    return _compiled_warm or int(np.maximum(end - start, 0).sum()) >= COMPILED_FIRST_BYTES
+    return (_compiled_warm or _compiled_wanted
+            or int(np.maximum(end - start, 0).sum()) >= COMPILED_FIRST_BYTES)
+
+
+def prefer_compiled_for(nbytes: int) -> None:
+    """A caller about to scan `nbytes` of messages in pieces: the compiled walk takes the
+    pieces when the whole is worth its start-up, as one scan of them all would."""
+    global _compiled_wanted
+    if nbytes >= COMPILED_FIRST_BYTES:
+        _compiled_wanted = True
 
 
 @cache

@@ -260,3 +260,25 @@ def test_interned_names_follow_sequence_and_generation(tmp_path: Path,
     t = neuron_explorer.load(_interning_trace(tmp_path / "interned.pftrace", sequences))
     expected = [f"seq{s} gen{g}" for g in range(2) for s in sequences]
     assert t.table("slices").sort_values("ts")["name"].tolist() == expected
+
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+
+
+@pytest.mark.parametrize("name", ["nki_kernels.pftrace", "gpt_compiled.pftrace"])
+def test_events_scanned_a_few_at_a_time_give_the_same_trace(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events' fields are scanned a chunk at a time (bounded memory on large traces):
+    with chunks of 7 events, names interned in one chunk and used in another, slices
+    begun in one and ended in another, args, flows and counters come out the same."""
+    from neuron_explorer.loaders import pftrace
+
+    path = SAMPLES / name
+    whole = neuron_explorer.load(path, cache=False)
+    monkeypatch.setattr(pftrace, "EVENTS_PER_CHUNK", 7)
+    chunked = neuron_explorer.load(path, cache=False)
+    for table in ("slices", "tracks", "counters", "flows"):
+        pd.testing.assert_frame_equal(whole.table(table), chunked.table(table), obj=table)
+    assert len(whole.counters) and len(whole.flows)
+    assert whole.slice_args.dicts() == chunked.slice_args.dicts()
+    assert whole.metadata == chunked.metadata and whole.skipped == chunked.skipped
