@@ -1,4 +1,5 @@
-"""The Dash application: the page shell (navigation, trace picker, upload, error banner) and routing.
+"""The Dash application: the page shell (navigation, trace picker, upload, error banner)
+and routing.
 
 Everything the browser needs (scripts, styles, fonts) is served by the app itself:
 no CDN, no web fonts, so it works offline.
@@ -39,7 +40,8 @@ log = logging.getLogger("neuron_explorer.webapp")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOAD_PATH = "/_upload"
-UPLOAD_NAME_HEADER = "X-Upload-Name"  # a custom header: a cross-site page cannot send it without CORS
+# a custom header: a cross-site page cannot send it without CORS
+UPLOAD_NAME_HEADER = "X-Upload-Name"
 MAX_CALLBACK_BYTES = 32 * 2**20  # callbacks carry small JSON; traces come through UPLOAD_PATH
 PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks,
          kernel]
@@ -90,7 +92,8 @@ def _shell(ctx: AppContext) -> html.Div:
     return html.Div([
         dcc.Location(id="url", refresh="callback-nav"),
         html.Header([
-            html.Div([html.Span("◆", className="brand-mark"), "Neuron Explorer"], className="brand"),
+            html.Div([html.Span("◆", className="brand-mark"), "Neuron Explorer"],
+                     className="brand"),
             html.Nav(nav, className="nav"),
             html.Div([
                 dcc.Dropdown(id="trace-picker", placeholder="Open a trace…", clearable=False,
@@ -100,8 +103,9 @@ def _shell(ctx: AppContext) -> html.Div:
                               title=f"Open a trace from this computer (up to "
                                     f"{ctx.store.max_upload_bytes / 2**20:.0f} MiB)"),
                     dcc.Input(type="file", id="trace-upload-file", className="upload-input"),
-                ], id="trace-upload", className="upload", **{"data-max-bytes": str(ctx.store.max_upload_bytes),
-                                                              "data-upload-url": UPLOAD_PATH}),
+                ], id="trace-upload", className="upload",
+                   **{"data-max-bytes": str(ctx.store.max_upload_bytes),
+                      "data-upload-url": UPLOAD_PATH}),
             ], className="trace-controls"),
         ], className="topbar"),
         html.Div(id="error-banner"),
@@ -124,7 +128,8 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         Input("trace-picker", "value"),
     )
     def sync_trace_choice(search, picked):
-        return trace_choice(ctx, query_params(search), picked, dash.ctx.triggered_id == "trace-picker")
+        from_picker = dash.ctx.triggered_id == "trace-picker"
+        return trace_choice(ctx, query_params(search), picked, from_picker)
 
     @app.callback(
         Output("page", "children"),
@@ -144,7 +149,8 @@ def _register_shell_callbacks(app: dash.Dash, ctx: AppContext) -> None:
         return body, banner, *nav_state(page, params.get("trace"))
 
 
-def trace_choice(ctx: AppContext, params: dict[str, str], picked: str | None, from_picker: bool) -> tuple:
+def trace_choice(ctx: AppContext, params: dict[str, str], picked: str | None,
+                 from_picker: bool) -> tuple:
     """(URL query, picker value, picker options): the URL names the open trace; the picker
     mirrors it, and a pick changes it."""
     options = [{"label": name, "value": name} for name in ctx.store.list_traces()]
@@ -160,7 +166,8 @@ def trace_choice(ctx: AppContext, params: dict[str, str], picked: str | None, fr
 
 
 def nav_state(page: Any, name: str | None) -> list:
-    """Each navigation link's href (keeping the open trace), then its class (the page's is active)."""
+    """Each navigation link's href (keeping the open trace), then its class (the page's
+    is active)."""
     hrefs = [p.PATH + (f"?{urlencode({'trace': name})}" if name else "") for p in PAGES]
     classes = ["nav-link active" if p is page else "nav-link" for p in PAGES]
     return hrefs + classes
@@ -184,7 +191,8 @@ def page_body(ctx: AppContext, page: Any, pathname: str | None, params: dict[str
     except Exception as exc:  # a bug must not take the app down: say so, log the traceback
         log.exception("showing %s of %s failed", pathname, name)
         banner = error_banner(ctx.store.public_message(
-            f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} (the server log has the details)"))
+            f"Cannot show {name}: unexpected {type(exc).__name__}: {exc} "
+            "(the server log has the details)"))
         return notice("Pick another trace or page.", "info"), banner
 
 
@@ -208,9 +216,11 @@ def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
 
         filename = unquote(request.headers.get(UPLOAD_NAME_HEADER, ""))
         if not filename:
-            return jsonify(error=f"an upload needs its file name in the {UPLOAD_NAME_HEADER} header"), 400
+            message = f"an upload needs its file name in the {UPLOAD_NAME_HEADER} header"
+            return jsonify(error=message), 400
         try:
-            stream = get_input_stream(request.environ, max_content_length=ctx.store.max_upload_bytes)
+            stream = get_input_stream(request.environ,
+                                      max_content_length=ctx.store.max_upload_bytes)
             name = ctx.store.save_upload_stream(filename, stream)
             ctx.store.get_upload(name)  # load now, so a bad file is reported here (and not kept)
         except RequestEntityTooLarge:
@@ -221,7 +231,8 @@ def _register_upload(app: dash.Dash, ctx: AppContext) -> None:
             status = 413 if "upload limit" in str(exc) else 400
             return jsonify(error=ctx.store.public_message(str(exc))), status
         except NeuronExplorerError as exc:
-            return jsonify(error=ctx.store.public_message(f"Cannot open the upload {filename}: {exc}")), 400
+            message = ctx.store.public_message(f"Cannot open the upload {filename}: {exc}")
+            return jsonify(error=message), 400
         except Exception as exc:  # an unexpected loader failure: report it, keep the app up
             log.exception("opening the upload %s failed", filename)
             return jsonify(error=ctx.store.public_message(

@@ -13,7 +13,8 @@ from dash import dcc, html
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-GRAPH_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True,
+                "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
 
 def page_url(path: str, trace: str | None, **params) -> str:
@@ -30,7 +31,8 @@ def notice(message: str, kind: str = "info") -> html.Div:
 
 def metric(label: str, value: str, hint: str | None = None) -> html.Div:
     """One figure in a card: a big value over a small label."""
-    children = [html.Div(value, className="metric-value"), html.Div(label, className="metric-label")]
+    children = [html.Div(value, className="metric-value"),
+                html.Div(label, className="metric-label")]
     if hint:
         children.append(html.Div(hint, className="metric-hint"))
     return html.Div(children, className="metric")
@@ -63,7 +65,8 @@ def _jsonable(df: pd.DataFrame) -> pd.DataFrame:
         elif pd.api.types.is_float_dtype(s):
             out[col] = s.astype("float64").round(6).replace([np.inf, -np.inf], np.nan)
         else:
-            out[col] = s.map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
+            out[col] = s.map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v))
+                             else str(v))
     return out
 
 
@@ -155,6 +158,7 @@ def data_table(df: pd.DataFrame, table_id: str, page_size: int = 20,
 
 
 def graph(figure: go.Figure, graph_id: str | None = None, **kwargs: Any) -> dcc.Graph:
-    """A figure of `neuron_explorer.plot` (which gives it the app's look) with a trimmed mode bar."""
+    """A figure of `neuron_explorer.plot` (which gives it the app's look) with a trimmed mode
+    bar."""
     extra = {"id": graph_id} if graph_id else {}
     return dcc.Graph(figure=figure, config=GRAPH_CONFIG, **extra, **kwargs)

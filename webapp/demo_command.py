@@ -16,10 +16,14 @@ TRACE_NAME = "mlp_eager.pftrace"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="neuron-explorer-demo",
                         help="folder for the demo trace (default: ./neuron-explorer-demo)")
-    parser.add_argument("--train-steps", type=int, default=6, help="training steps to record (default 6)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0: any free)")
-    parser.add_argument("--no-browser", action="store_true", help="print the URL but do not open a browser")
+    parser.add_argument("--train-steps", type=int, default=6,
+                        help="training steps to record (default 6)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8050,
+                        help="port to listen on (default 8050; 0: any free)")
+    parser.add_argument("--no-browser", action="store_true",
+                        help="print the URL but do not open a browser")
 
 
 def record_demo(folder: Path, train_steps: int = 6) -> Path:
@@ -27,7 +31,8 @@ def record_demo(folder: Path, train_steps: int = 6) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise NeuronExplorerError(f"cannot create {folder} ({exc.strerror}); pass another --output-dir") from None
+        raise NeuronExplorerError(
+            f"cannot create {folder} ({exc.strerror}); pass another --output-dir") from None
     trace = folder / TRACE_NAME
     command = [sys.executable, "-m", "neuron_explorer", "record", "-o", str(trace),
                "--", "python", "-m", WORKLOAD, "--train-steps", str(train_steps)]
@@ -35,7 +40,8 @@ def record_demo(folder: Path, train_steps: int = 6) -> Path:
     result = subprocess.run(command, check=False)
     if result.returncode != 0 or not trace.is_file():
         raise NeuronExplorerError(
-            f"recording the demo workload failed (exit status {result.returncode}); see the messages above")
+            f"recording the demo workload failed (exit status {result.returncode}); "
+            "see the messages above")
     return trace
 
 

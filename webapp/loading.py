@@ -70,7 +70,8 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         progress = ctx.store.load_progress(name) if name else None
         if progress is None or progress.finished.is_set():
             # loaded (or failed, or evicted meanwhile): the page's own route says which
-            return {"width": "100%"}, "loading-fill", "loaded", True, {"name": name, "at": time.time()}
+            loaded = {"name": name, "at": time.time()}
+            return {"width": "100%"}, "loading-fill", "loaded", True, loaded
         share = progress.fraction()
         css = "loading-fill" if share is not None else "loading-fill indeterminate"
         return _fill_style(progress), css, status_text(progress), False, dash.no_update

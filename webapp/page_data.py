@@ -47,7 +47,8 @@ def fetch(compute: Callable[[], T], label: str) -> PageData[T]:
         value = compute()
     except Exception as exc:  # a page must keep working whatever one analysis does
         log.exception("computing the %s failed", label)
-        return PageData(missing=hide_paths(f"Could not compute the {label} for this trace: {exc}", {}))
+        return PageData(missing=hide_paths(
+            f"Could not compute the {label} for this trace: {exc}", {}))
     if _is_empty(value):
         return PageData(missing=f"This trace has no {label}.")
     return PageData(value=value)

@@ -22,8 +22,10 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 TOKEN_PARAM = "token"
 
 # Dash serves its scripts from this app; the one inline script (the renderer's start) is
-# allowed by its hash. Plotly sets inline styles and draws with data:/blob: images.
-CSP_TEMPLATE = ("default-src 'self'; script-src 'self' {script_hashes}; style-src 'self' 'unsafe-inline'; "
+# allowed by its hash. Plotly sets inline styles (so does AG Grid, whose theme is a style
+# element it writes) and draws with data:/blob: images.
+CSP_TEMPLATE = ("default-src 'self'; script-src 'self' {script_hashes}; "
+                "style-src 'self' 'unsafe-inline'; "
                 "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
                 "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
 
@@ -115,14 +117,16 @@ class RequestGuard:
 
         if host_name(environ.get("HTTP_HOST", "")) not in self.allowed_hosts:
             return _plain(secured, "400 Bad Request",
-                          "This dashboard does not answer to that host name; open the URL `view` printed.")
+                          "This dashboard does not answer to that host name; open the URL "
+                          "`view` printed.")
         if self.token is None:
             return self.app(environ, secured)
         query = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
         if self._matches(query.get(TOKEN_PARAM)):
             if environ.get("REQUEST_METHOD") == "GET":  # swap the token in the URL for a cookie
                 rest = urlencode({k: v for k, v in query.items() if k != TOKEN_PARAM})
-                location = local_location(environ.get("PATH_INFO", "/")) + ("?" + rest if rest else "")
+                location = local_location(environ.get("PATH_INFO", "/")) + \
+                    ("?" + rest if rest else "")
                 cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
                 secured("302 Found", [("Location", location), ("Set-Cookie", cookie),
                                       ("Content-Length", "0")])
@@ -131,7 +135,8 @@ class RequestGuard:
         if self._matches(self._cookie_token(environ)) or self._matches(_header_token(environ)):
             return self.app(environ, secured)
         return _plain(secured, "403 Forbidden",
-                      "This dashboard needs its token: open the URL with ?token=... that `view` printed.")
+                      "This dashboard needs its token: open the URL with ?token=... that "
+                      "`view` printed.")
 
     def _matches(self, candidate: str | None) -> bool:
         if not candidate or self.token is None:
@@ -156,5 +161,6 @@ def _header_token(environ: dict) -> str | None:
 
 def _plain(start_response: Callable, status: str, message: str) -> list[bytes]:
     body = (message + "\n").encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(body)))])
     return [body]

@@ -40,9 +40,11 @@ class DashboardServer:
     With a `token`, every request must carry it (as `?token=`, then a cookie, or an
     `Authorization: token ...` header)."""
 
-    def __init__(self, wsgi_app, host: str = LOOPBACK, port: int = 0, token: str | None = None) -> None:
+    def __init__(self, wsgi_app, host: str = LOOPBACK, port: int = 0,
+                 token: str | None = None) -> None:
         try:
-            self._server = make_server(host, port, wsgi_app, threaded=True, request_handler=_QuietHandler)
+            self._server = make_server(host, port, wsgi_app, threaded=True,
+                                       request_handler=_QuietHandler)
         except OSError as exc:
             raise ServerError(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port"
@@ -50,9 +52,11 @@ class DashboardServer:
         self.host = host
         self.port = self._server.server_port
         self.token = token
-        csp = getattr(wsgi_app, "config", {}).get("CONTENT_SECURITY_POLICY") or CSP_TEMPLATE.format(script_hashes="")
+        csp = getattr(wsgi_app, "config", {}).get("CONTENT_SECURITY_POLICY") \
+            or CSP_TEMPLATE.format(script_hashes="")
         self._server.app = RequestGuard(wsgi_app, allowed_host_names(host), token, self.port, csp)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="dashboard", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="dashboard",
+                                        daemon=True)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     @property
@@ -62,7 +66,8 @@ class DashboardServer:
 
     def url_for(self, host: str) -> str:
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/" + (f"?{TOKEN_PARAM}={self.token}" if self.token else "")
+        query = f"?{TOKEN_PARAM}={self.token}" if self.token else ""
+        return f"http://{host}:{self.port}/{query}"
 
     def start(self) -> DashboardServer:
         self._thread.start()

@@ -75,7 +75,8 @@ class TraceStore:
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
-            raise TraceNotFoundError(f"{root} is not a folder; pass a trace file or a folder of traces")
+            raise TraceNotFoundError(
+                f"{root} is not a folder; pass a trace file or a folder of traces")
         self.loader = loader
         self.max_cache_bytes = default_cache_bytes() if max_cache_bytes is None else max_cache_bytes
         self.max_upload_bytes = max_upload_bytes
@@ -84,9 +85,11 @@ class TraceStore:
         remove_abandoned_upload_folders()
         self._uploads = Path(tempfile.mkdtemp(prefix=f"{UPLOADS_DIR_PREFIX}{os.getpid()}-"))
         self._cache: OrderedDict[str, Any] = OrderedDict()
-        self._sizes: dict[str, int] = {}  # estimated bytes of each cached trace and what derives from it
+        # estimated bytes of each cached trace and what derives from it
+        self._sizes: dict[str, int] = {}
         self._pinned: dict[str, Any] = {}  # traces handed over in-process, never evicted
-        self._extras: dict[tuple[str, str], Any] = {}  # per-trace derived objects (timeline index, ...)
+        # per-trace derived objects (timeline index, ...)
+        self._extras: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # one lock per trace being loaded
@@ -137,20 +140,23 @@ class TraceStore:
             base, rel = self._uploads, name[len(UPLOAD_PREFIX):]
         else:
             base, rel = self.root, name
+        outside = f"{name!r} is outside the served folder; pick a trace from the list"
         if os.path.isabs(rel) or ".." in Path(rel).parts:
-            raise TraceNotFoundError(f"{name!r} is outside the served folder; pick a trace from the list")
+            raise TraceNotFoundError(outside)
         if not rel.lower().endswith(TRACE_SUFFIXES):
             raise TraceNotFoundError(f"{name!r} is not a trace file (the dashboard opens "
                                      f"{', '.join(TRACE_SUFFIXES)}); pick a trace from the list")
         path = (base / rel).resolve()
         if not path.is_relative_to(base):
-            raise TraceNotFoundError(f"{name!r} is outside the served folder; pick a trace from the list")
+            raise TraceNotFoundError(outside)
         if not path.is_file():
-            raise TraceNotFoundError(f"no trace file {name!r} in the served folder; pick one from the list")
+            raise TraceNotFoundError(
+                f"no trace file {name!r} in the served folder; pick one from the list")
         return path
 
     def public_message(self, message: str) -> str:
-        """A message fit for the page: served paths relative to the folder, no other absolute path."""
+        """A message fit for the page: served paths relative to the folder, no other absolute
+        path."""
         return hide_paths(message, {self._uploads: UPLOAD_PREFIX, self.root: ""})
 
     # -- loading ----------------------------------------------------------------
@@ -268,15 +274,18 @@ class TraceStore:
 
     def save_upload_stream(self, filename: str, stream: IO[bytes]) -> str:
         """Copies an upload to the uploads folder chunk by chunk, refusing it as soon as it passes
-        the size limit (so a huge upload never sits in memory); then trims the uploads to the quota."""
+        the size limit (so a huge upload never sits in memory); then trims the uploads to the
+        quota."""
         safe = "".join(ch for ch in Path(filename or "").name if ch.isalnum() or ch in "._-+")
         if not safe or safe.startswith("."):
-            raise UploadError(f"cannot use {filename!r} as a file name; rename the trace and upload again")
+            raise UploadError(
+                f"cannot use {filename!r} as a file name; rename the trace and upload again")
         if len(safe) > MAX_NAME_CHARS:
             raise UploadError(f"the file name is {len(safe)} characters long; rename the trace to "
                               f"at most {MAX_NAME_CHARS} and upload again")
         if not safe.lower().endswith(TRACE_SUFFIXES):
-            raise UploadError(f"{safe} is not a trace file (the dashboard opens {', '.join(TRACE_SUFFIXES)})")
+            raise UploadError(
+                f"{safe} is not a trace file (the dashboard opens {', '.join(TRACE_SUFFIXES)})")
         partial = Path(tempfile.mkstemp(dir=self._uploads, prefix=".partial-")[1])
         size = 0
         try:
@@ -349,8 +358,8 @@ class TraceStore:
             raise
 
     def too_large(self, filename: str) -> UploadError:
-        return UploadError(f"{filename} is over the {self.max_upload_bytes / 2**20:.0f} MiB upload limit; "
-                           "put it in the served folder instead")
+        return UploadError(f"{filename} is over the {self.max_upload_bytes / 2**20:.0f} MiB "
+                           "upload limit; put it in the served folder instead")
 
     def _upload_files(self) -> list[Path]:
         """The kept uploads, oldest first."""
@@ -413,9 +422,11 @@ def estimated_bytes(obj: Any, _seen: set[int] | None = None, _depth: int = 0) ->
     seen.add(id(obj))
     if isinstance(obj, pd.DataFrame):
         return int(obj.memory_usage(index=True, deep=False).sum()) + sum(
-            _strings_bytes(obj[c]) for c in obj.columns if not pd.api.types.is_numeric_dtype(obj[c]))
+            _strings_bytes(obj[c]) for c in obj.columns
+            if not pd.api.types.is_numeric_dtype(obj[c]))
     if isinstance(obj, (pd.Series, pd.Index)):
-        return int(obj.memory_usage(deep=False)) + (0 if pd.api.types.is_numeric_dtype(obj) else _strings_bytes(obj))
+        strings = 0 if pd.api.types.is_numeric_dtype(obj) else _strings_bytes(obj)
+        return int(obj.memory_usage(deep=False)) + strings
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
     if isinstance(obj, (bytes, bytearray, memoryview)):

@@ -26,10 +26,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1: this machine only; "
                              "any other address needs --allow-remote)")
     parser.add_argument("--allow-remote", action="store_true",
-                        help="allow a --host other machines can reach; every request then needs the "
-                             "printed token")
-    parser.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0: any free)")
-    parser.add_argument("--no-browser", action="store_true", help="print the URL but do not open a browser")
+                        help="allow a --host other machines can reach; every request then "
+                             "needs the printed token")
+    parser.add_argument("--port", type=int, default=8050,
+                        help="port to listen on (default 8050; 0: any free)")
+    parser.add_argument("--no-browser", action="store_true",
+                        help="print the URL but do not open a browser")
     parser.add_argument("--max-upload-mb", type=float, default=DEFAULT_MAX_UPLOAD_BYTES / 2**20,
                         help="largest trace the page accepts as an upload, in MiB")
     parser.add_argument("--max-uploads", type=int, default=DEFAULT_MAX_UPLOADS,
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_host(host: str, allow_remote: bool) -> str | None:
-    """The token remote serving needs, None on loopback; refuses a remote host without allow_remote."""
+    """The token remote serving needs, None on loopback; refuses a remote host without
+    allow_remote."""
     if is_loopback(host):
         return None
     if not allow_remote:
@@ -63,8 +66,10 @@ def start_dashboard(target: Path, host: str = "127.0.0.1", port: int = 8050,
 
     token = check_host(host, allow_remote)
     if not target.exists():
-        raise NeuronExplorerError(f"{target} does not exist; pass a trace file or a folder of traces")
-    folder = target.resolve().parent if target.is_file() else target  # a linked file: its real folder
+        raise NeuronExplorerError(
+            f"{target} does not exist; pass a trace file or a folder of traces")
+    # a linked file: its real folder
+    folder = target.resolve().parent if target.is_file() else target
     store = TraceStore(folder, loader=loader or default_loader, max_upload_bytes=max_upload_bytes,
                        max_uploads=max_uploads)
     default: str | None
@@ -103,7 +108,8 @@ def serve(target: Path, host: str = "127.0.0.1", port: int = 8050, open_browser:
         if server.token:
             print(f"warning: serving to other machines on {host}: anyone with the token can read "
                   "these traces and upload files", file=sys.stderr, flush=True)
-        print(f"Neuron Explorer is serving {store.root} at {server.url}  (Ctrl-C to stop)", flush=True)
+        print(f"Neuron Explorer is serving {store.root} at {server.url}  (Ctrl-C to stop)",
+              flush=True)
         if server.token and is_wildcard(host):
             print(f"  or {server.url_for('127.0.0.1')}", flush=True)
         if not store.list_traces():

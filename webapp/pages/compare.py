@@ -25,7 +25,8 @@ PATH = "/compare"
 TITLE = "Compare"
 SUMMARY_ROWS = [
     ("step time", "step_time_ns", fmt.duration), ("steps", "n_steps", fmt.count),
-    ("time analysed", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share), ("HFU", "hfu", fmt.share),
+    ("time analysed", "total_ns", fmt.duration), ("MFU", "mfu", fmt.share),
+    ("HFU", "hfu", fmt.share),
     ("MBU", "mbu", fmt.share), ("device busy", "device_busy_share", fmt.share),
     ("hardware", "hardware", str), ("source", "source_format", str),
 ]
@@ -33,7 +34,8 @@ SUMMARY_ROWS = [
 
 DIFF_TITLES = {
     "summary": "Change in the headline figures", "breakdown": "Change in time per step",
-    "ops": "Ops that changed", "modules": "Modules that changed", "engines": "Engine utilisation change",
+    "ops": "Ops that changed", "modules": "Modules that changed",
+    "engines": "Engine utilisation change",
 }
 
 
@@ -52,7 +54,8 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         ], className="toolbar"),
         html.Div(comparison(ctx, name, other) if other else notice(
             "Pick a second trace to compare with." if others else
-            "There is no other trace in the served folder: upload one or serve a folder of traces."),
+            "There is no other trace in the served folder: upload one or serve a folder of "
+            "traces."),
             id="compare-body"),
         whatif_control.layout(name),
     ])
@@ -70,12 +73,16 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
             f"Cannot open {name_b}: unexpected {type(exc).__name__}: {exc}"), "error")]
     sa, sb = fetch(a.summary, "summary").value or {}, fetch(b.summary, "summary").value or {}
     header = html.Tr([html.Th(""), html.Th(name_a), html.Th(name_b)])
-    rows = [html.Tr([html.Th(label), html.Td(_show(sa.get(key), f)), html.Td(_show(sb.get(key), f))])
+    rows = [html.Tr([html.Th(label), html.Td(_show(sa.get(key), f)),
+                     html.Td(_show(sb.get(key), f))])
             for label, key, f in SUMMARY_ROWS]
-    parts = [section("Summary", html.Table([html.Thead(header), html.Tbody(rows)], className="compare-table"))]
-    stepless = [n for n, summary in ((name_a, sa), (name_b, sb)) if not summary.get("steps_analysed")]
+    parts = [section("Summary", html.Table([html.Thead(header), html.Tbody(rows)],
+                                           className="compare-table"))]
+    stepless = [n for n, summary in ((name_a, sa), (name_b, sb))
+                if not summary.get("steps_analysed")]
     labels = [_bar_label(n, stepless) for n in (name_a, name_b)]
-    parts.append(section("Time per step", _breakdowns(a, b, *labels), subtitle=_stepless_note(stepless)))
+    parts.append(section("Time per step", _breakdowns(a, b, *labels),
+                         subtitle=_stepless_note(stepless)))
     try:
         result = ctx.differ(a, b)
     except NeuronExplorerError as exc:
@@ -137,8 +144,8 @@ def _show(value, f) -> str:
 def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
     """The diff's public DataFrame attributes, the known ones first."""
     out = []
-    known = list(DIFF_TITLES)
-    for attr in sorted(dir(result), key=lambda a: (known.index(a) if a in known else len(known), a)):
+    rank = {attr: i for i, attr in enumerate(DIFF_TITLES)}
+    for attr in sorted(dir(result), key=lambda a: (rank.get(a, len(rank)), a)):
         if attr.startswith("_"):
             continue
         value = getattr(result, attr, None)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 PATH = "/compile"
 TITLE = "Compile"
-PARTS = [("graphs", "Compiled graphs"), ("graph_breaks", "Graph breaks"), ("recompiles", "Recompiles")]
+PARTS = [("graphs", "Compiled graphs"), ("graph_breaks", "Graph breaks"),
+         ("recompiles", "Recompiles")]
 
 
 def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
@@ -42,18 +43,21 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         metric("compile time", fmt.duration(compile_time_ns(trace, summary))),
     ], className="metrics"))
     origin = trace_start_ns(trace)
-    shown = {"graphs": real, "graph_breaks": summary.get("graph_breaks"), "recompiles": summary.get("recompiles")}
+    shown = {"graphs": real, "graph_breaks": summary.get("graph_breaks"),
+             "recompiles": summary.get("recompiles")}
     for key, title in PARTS:
         df = shown.get(key)
         if isinstance(df, pd.DataFrame) and not df.empty:
-            parts.append(section(title, data_table(readable(df, origin), f"compile-{key}", page_size=10)))
+            table = data_table(readable(df, origin), f"compile-{key}", page_size=10)
+            parts.append(section(title, table))
         else:
             parts.append(section(title, notice(f"No {title.lower()} in this trace.")))
     parts.append(section("What the graphs run", sections_table(trace)))
     if isinstance(loose, pd.DataFrame) and not loose.empty:
         ns = int(loose["dur"].sum())
-        parts.append(notice(f"{fmt.duration(ns)} of compile work belongs to no graph (tracing and "
-                            "set-up before a graph exists); it counts in the compile time, not as a graph."))
+        parts.append(notice(f"{fmt.duration(ns)} of compile work belongs to no graph (tracing "
+                            "and set-up before a graph exists); it counts in the compile time, "
+                            "not as a graph."))
     return html.Div(parts)
 
 

@@ -21,7 +21,8 @@ TITLE = "Engines"
 def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> html.Div:
     data = fetch(lambda: engine_use(trace), "engine utilisation (it needs device engine events)")
     if data.value is None:
-        return html.Div([page_title(TITLE, name), section("Utilisation over time", notice(str(data.missing)))])
+        return html.Div([page_title(TITLE, name),
+                         section("Utilisation over time", notice(str(data.missing)))])
     use: EngineUse = data.value
     return html.Div([
         page_title(TITLE, name),

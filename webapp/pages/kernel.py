@@ -65,8 +65,9 @@ def kernel_body(trace: Any, kernel: str) -> list:
         section("Why", html.Ul([html.Li(w) for w in s["why"]], id="kernel-why")),
         section("Line profile and engine timeline",
                 graph(kernel_figure(trace, kernel, lines), "kernel-figure"),
-                subtitle="Left: each source line's time per engine (DMA summed over its queues). "
-                         "Right: the first run's instructions, coloured by the line that issued them"),
+                subtitle="Left: each source line's time per engine (DMA summed over its "
+                         "queues). Right: the first run's instructions, coloured by the line "
+                         "that issued them"),
         section("Source", data_table(source_table(lines), "kernel-lines", page_size=50),
                 subtitle="Each line of the kernel that issued instructions, with its time, engine "
                          "and stall (compute engines idle just before it, waiting for inputs)"),

@@ -76,15 +76,16 @@ def _breakdown(trace: Trace, s: dict) -> html.Div | dcc.Graph:
 
 
 def findings(trace: Trace, name: str) -> html.Div:
-    """The findings as cards, worst first (filled in after the rest of the page: rules take longest)."""
+    """The findings as cards, worst first (filled in after the rest of the page: rules take
+    longest)."""
     data = fetch(trace.bottlenecks, "findings")
     if data.value is None:
         missing = str(data.missing)
         return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
     ranked = sorted(data.value, key=lambda f: -f.time_lost_ns)
     has_steps = bool((fetch(trace.summary, "summary").value or {}).get("steps_analysed"))
-    return html.Div([_finding_card(f, i, name, share_of(f, has_steps)) for i, f in enumerate(ranked)],
-                    className="findings")
+    return html.Div([_finding_card(f, i, name, share_of(f, has_steps))
+                     for i, f in enumerate(ranked)], className="findings")
 
 
 def share_of(finding: Finding, has_steps: bool) -> str:
@@ -105,8 +106,9 @@ def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time")
         ids = first.get("slice_ids") or []
         href = page_url("/timeline", name, start=ts - pad, end=ts + dur + pad,
                         select=int(ids[0]) if len(ids) else None)
-        link = dcc.Link(f"Show in timeline ({len(evidence)} place{'s' if len(evidence) != 1 else ''}) ▸",
-                        href=href, className="finding-link", id={"type": "finding-link", "rank": rank})
+        places = f"{len(evidence)} place{'s' if len(evidence) != 1 else ''}"
+        link = dcc.Link(f"Show in timeline ({places}) ▸", href=href, className="finding-link",
+                        id={"type": "finding-link", "rank": rank})
     return html.Div([
         html.Div([
             html.Span(severity, className=f"badge badge-{severity}"),

@@ -1,4 +1,5 @@
-"""Roofline: each op's arithmetic intensity against the FLOP rate it reached, under the preset's roof."""
+"""Roofline: each op's arithmetic intensity against the FLOP rate it reached, under the
+preset's roof."""
 
 from __future__ import annotations
 
@@ -24,13 +25,15 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         return html.Div([page_title(TITLE, name), section("Roofline", notice(str(data.missing)))])
     df = data.value
     if df[(df["intensity"] > 0) & (df["achieved_flops_per_s"] > 0)].empty:
-        return html.Div([page_title(TITLE, name), section("Roofline", notice("No op in this trace has both FLOPs and bytes."))])
+        return html.Div([page_title(TITLE, name), section("Roofline", notice(
+            "No op in this trace has both FLOPs and bytes."))])
     peaks, bandwidth = roofs(trace.hardware_figures)
     note = None if peaks and bandwidth else notice(
         "The trace carries no hardware figures, so the roof is not drawn.", "info")
     return html.Div([
         page_title(TITLE, name),
-        section("Ops against the roofline", note, graph(roofline_figure(df, trace.hardware_figures), "roofline-graph"),
+        section("Ops against the roofline", note,
+                graph(roofline_figure(df, trace.hardware_figures), "roofline-graph"),
                 subtitle="Marker area grows with the op's total time"),
     ])
 

@@ -133,4 +133,5 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         pad = max(dur, 1000)
         href = page_url("/timeline", name, start=ts - pad, end=ts + dur + pad, select=slice_id)
         return [html.Span(f"{key}: ", className="selection-name"),
-                dcc.Link("Show the longest call in the timeline ▸", href=href, id="tables-open-timeline")]
+                dcc.Link("Show the longest call in the timeline ▸", href=href,
+                         id="tables-open-timeline")]

@@ -40,12 +40,14 @@ PATH = "/timeline"
 TITLE = "Timeline"
 MAX_LINKS = 24
 ARG_ORDER = ["shapes", "dtypes", "flops", "hw_flops", "bytes", "module", "source", "phase", "step",
-             "op_id", "kernel_id", "engine", "opcode", "device", "fallback", "graph_id", "kind", "reason"]
+             "op_id", "kernel_id", "engine", "opcode", "device", "fallback", "graph_id", "kind",
+             "reason"]
 
 
 def timeline_index(store: TraceStore, name: str, fold_dma: bool = True) -> TimelineIndex:
     """The trace's timeline index, built on first use and kept with the trace."""
-    return store.derived(name, f"timeline-index-{fold_dma}", lambda trace: build_index(trace, fold_dma))
+    return store.derived(name, f"timeline-index-{fold_dma}",
+                         lambda trace: build_index(trace, fold_dma))
 
 
 def critical_path(store: TraceStore, name: str) -> pd.DataFrame:
@@ -73,7 +75,8 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     fold = params.get("dma") != "all"
     index = timeline_index(ctx.store, name, fold)
     if not index.slice_rows and not index.counter_rows:
-        return html.Div([page_title(TITLE, name), notice("This trace has no slices or counters to draw.")])
+        return html.Div([page_title(TITLE, name),
+                         notice("This trace has no slices or counters to draw.")])
     steps = steps_window(trace, index)
     t0, t1 = clamp_window(index, int_or_default(params.get("start"), steps[0]),
                           int_or_default(params.get("end"), steps[1]))
@@ -93,10 +96,14 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
     return html.Div([
         page_title(TITLE, name),
         html.Div([
-            html.Button("◀", id="timeline-pan-left", className="button", title="Pan left (A or ←)"),
-            html.Button("▶", id="timeline-pan-right", className="button", title="Pan right (D or →)"),
-            html.Button("Zoom in", id="timeline-zoom-in", className="button", title="Zoom in (W or ↑)"),
-            html.Button("Zoom out", id="timeline-zoom-out", className="button", title="Zoom out (S or ↓)"),
+            html.Button("◀", id="timeline-pan-left", className="button",
+                        title="Pan left (A or ←)"),
+            html.Button("▶", id="timeline-pan-right", className="button",
+                        title="Pan right (D or →)"),
+            html.Button("Zoom in", id="timeline-zoom-in", className="button",
+                        title="Zoom in (W or ↑)"),
+            html.Button("Zoom out", id="timeline-zoom-out", className="button",
+                        title="Zoom out (S or ↓)"),
             html.Button("Steps", id="timeline-steps", className="button",
                         title="The recorded steps", style={} if has_steps else {"display": "none"}),
             html.Button("Whole trace", id="timeline-reset", className="button"),
@@ -112,11 +119,12 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
             html.Span(id="timeline-search-status", className="timeline-status"),
         ], className="toolbar timeline-search"),
         legend(index),
-        dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1, "selected": selected,
-                                             "fold": fold, "path": path, "steps": list(steps), "search": "",
-                                             "match": -1}),
+        dcc.Store(id="timeline-state", data={"trace": name, "t0": t0, "t1": t1,
+                                             "selected": selected, "fold": fold, "path": path,
+                                             "steps": list(steps), "search": "", "match": -1}),
         dcc.Store(id="timeline-relayout"),
-        html.Div(dcc.Graph(id="timeline-graph", figure=figure, config={**GRAPH_CONFIG, "scrollZoom": True}),
+        html.Div(dcc.Graph(id="timeline-graph", figure=figure,
+                           config={**GRAPH_CONFIG, "scrollZoom": True}),
                  className="panel timeline-panel"),
         html.Div(details, id="timeline-details", className="panel details"),
     ])
@@ -126,21 +134,27 @@ def legend(index: TimelineIndex) -> html.Div:
     """One swatch per category drawn, and the grey of merged bars."""
     items = [html.Span([html.Span(className="swatch", style={"background": category_colour(c)}), c],
                        className="legend-item") for c in index.categories]
-    items.append(html.Span([html.Span(className="swatch", style={"background": category_colour("merged")}),
-                            "merged (narrower than a pixel)"], className="legend-item"))
+    merged = html.Span(className="swatch", style={"background": category_colour("merged")})
+    items.append(html.Span([merged, "merged (narrower than a pixel)"], className="legend-item"))
     return html.Div(items, id="timeline-legend", className="legend")
 
 
 def _hint():
-    return html.P("Drag to pan, scroll to zoom (or W/S, A/D and the arrow keys), click a slice for its "
-                  "details and flows. "
+    return html.P("Drag to pan, scroll to zoom (or W/S, A/D and the arrow keys), click a slice "
+                  "for its details and flows. "
                   "Grey bars merge slices narrower than a pixel: click one to zoom into it.",
                   className="hint")
 
 
-def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> tuple[int, int, int | None]:
+def state_window(state: dict, index: TimelineIndex) -> tuple[int, int]:
+    """The window the timeline state holds, checked and clamped to the trace."""
+    return clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+
+
+def new_window(state: dict, index: TimelineIndex, trigger, relayout,
+               click) -> tuple[int, int, int | None]:
     """The window and selection after one user action."""
-    t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+    t0, t1 = state_window(state, index)
     selected = state.get("selected")
     selected = None if selected is None else int(finite(selected, "selected"))
     origin = index.start_ns
@@ -156,7 +170,8 @@ def new_window(state: dict, index: TimelineIndex, trigger, relayout, click) -> t
         return (*clamp_window(index, t0 + shift, t1 + shift), selected)
     if trigger == "timeline-steps":
         steps = state.get("steps") or [index.start_ns, index.end_ns]
-        return (*clamp_window(index, finite(steps[0], "steps"), finite(steps[1], "steps")), selected)
+        start, end = finite(steps[0], "steps"), finite(steps[1], "steps")
+        return (*clamp_window(index, start, end), selected)
     if trigger in ("timeline-dma", "timeline-path"):
         return t0, t1, selected
     if trigger == "timeline-graph.relayoutData" and relayout:
@@ -211,7 +226,8 @@ def focus(t0: int, t1: int, ts: int, end: int) -> tuple[int, int]:
 SEARCH_TRIGGERS = ("timeline-search", "timeline-search-next", "timeline-search-prev")
 
 
-def search_step(state: dict, index: TimelineIndex, trigger: str, text: str | None) -> tuple[str, int, np.ndarray]:
+def search_step(state: dict, index: TimelineIndex, trigger: str,
+                text: str | None) -> tuple[str, int, np.ndarray]:
     """(query, match position, matches) after Enter in the search box or Next/Previous."""
     query = text.strip() if isinstance(text, str) else ""
     matches = index.search(query[:200])
@@ -285,7 +301,8 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
         index = timeline_index(ctx.store, name, fold)
         old_selected = state.get("selected")
         selected: int | None
-        query, match, search_status = state.get("search", ""), state.get("match", -1), dash.no_update
+        query, match = state.get("search", ""), state.get("match", -1)
+        search_status = dash.no_update
         if trigger in SEARCH_TRIGGERS:
             query, match, matches = search_step(state, index, trigger, search_text)
             if match < 0:
@@ -293,7 +310,7 @@ def register(app: dash.Dash, ctx: AppContext) -> None:
                 return dash.no_update, {**state, "search": query, "match": -1}, dash.no_update, \
                     dash.no_update, message
             selected = int(matches[match])
-            t0, t1 = clamp_window(index, finite(state.get("t0"), "t0"), finite(state.get("t1"), "t1"))
+            t0, t1 = state_window(state, index)
             t0, t1 = focus(t0, t1, *(index.slice_span(selected) or (t0, t1)))
             search_status = f"{match + 1:,} of {matches.size:,} matches"
         else:
@@ -340,7 +357,8 @@ def slice_details(trace: Trace, index: TimelineIndex, slice_id: int) -> list:
         if key in args and args[key] is not None:
             fields.append((key, _format_arg(key, args[key])))
     rows = [html.Tr([html.Th(k), html.Td(v)]) for k, v in fields]
-    parts = [html.H2(str(s["name"])), html.Table(html.Tbody(rows), className="kv", id="slice-fields")]
+    parts = [html.H2(str(s["name"])),
+             html.Table(html.Tbody(rows), className="kv", id="slice-fields")]
     links = _linked(trace, slices, index, slice_id, s)
     if links:
         parts.append(html.H3("Linked slices"))
@@ -382,6 +400,7 @@ def _format_arg(key: str, value) -> str:
         with contextlib.suppress(ValueError):
             value = json.loads(value)  # engine_busy_ns is stored as a JSON object
     if key.endswith("_ns") and isinstance(value, dict):  # per engine
-        busy = [f"{k} {fmt.duration(v)}" for k, v in value.items() if isinstance(v, (int, float)) and v]
+        busy = [f"{k} {fmt.duration(v)}" for k, v in value.items()
+                if isinstance(v, (int, float)) and v]
         return " · ".join(busy) or "none"
     return str(value)
