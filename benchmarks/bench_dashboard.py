@@ -41,11 +41,13 @@ LOAD_P95_TARGET_S = 0.500
 
 
 def write_trace(path: Path, events: int) -> int:
-    """A Perfetto trace with about `events` events: steps > modules > ops, kernels, engines, DMA, HBM."""
+    """A Perfetto trace with about `events` events: steps > modules > ops, kernels, engines,
+    DMA, HBM."""
     from synthetic_trace import events_in
     from synthetic_trace import write_trace as write_synthetic
 
-    k = 3  # instructions per kernel; each op gives op + kernel + k instructions + DMA + 2 counter samples
+    # instructions per kernel; each op gives op + kernel + k instructions + DMA + 2 counter samples
+    k = 3
     n_steps = 20
     ops_per_step = max(events // (n_steps * (k + 5)), 1)
     write_synthetic(path, n_steps, ops_per_step, instructions_per_kernel=k)
@@ -83,7 +85,8 @@ def overview_in_browser(url: str) -> tuple[float, float] | None:
         while time.perf_counter() - start < 300:
             if shown is None and driver.find_elements(By.CSS_SELECTOR, "#page .metrics"):
                 shown = time.perf_counter() - start
-            if driver.find_elements(By.CSS_SELECTOR, "#overview-findings .finding, #overview-findings .notice"):
+            if driver.find_elements(By.CSS_SELECTOR,
+                                    "#overview-findings .finding, #overview-findings .notice"):
                 return shown or time.perf_counter() - start, time.perf_counter() - start
             time.sleep(0.02)
     return None
@@ -107,7 +110,8 @@ class TimelineClient:
 
         def items(kind):
             return [[] if i["id"].startswith("{") else
-                    {"id": i["id"], "property": i["property"], "value": values.get(f"{i['id']}.{i['property']}")}
+                    {"id": i["id"], "property": i["property"],
+                     "value": values.get(f"{i['id']}.{i['property']}")}
                     for i in self.spec[kind]]
         body = json.dumps({
             "output": self.spec["output"],
@@ -131,7 +135,8 @@ def naive_window(index, t0: int, t1: int) -> tuple[float, int]:
     for i, r in enumerate(index.slice_rows):
         lo = int(np.searchsorted(r.end_max, t0, side="right"))
         hi = int(np.searchsorted(r.ts, t1, side="left"))
-        rows.append({"row": i, "ts": r.ts[lo:hi].tolist(), "dur": (r.end[lo:hi] - r.ts[lo:hi]).tolist(),
+        rows.append({"row": i, "ts": r.ts[lo:hi].tolist(),
+                     "dur": (r.end[lo:hi] - r.ts[lo:hi]).tolist(),
                      "id": r.ids[lo:hi].tolist(), "name": r.names[lo:hi].tolist()})
     size = len(json.dumps(rows))
     return time.perf_counter() - start, size
@@ -141,8 +146,9 @@ def start_view(folder: Path):
     """`neuron-explorer view FOLDER` in its own process; (process, port)."""
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(folder), "--no-browser",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(folder),
+                             "--no-browser", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if "http://127.0.0.1:" not in line:
         proc.kill()
@@ -165,33 +171,44 @@ class PageClient:
         spec = next(d for d in self.deps if output in d["output"])
         def items(kind):
             return [[] if i["id"].startswith("{") else
-                    {"id": i["id"], "property": i["property"], "value": values.get(f"{i['id']}.{i['property']}")}
+                    {"id": i["id"], "property": i["property"],
+                     "value": values.get(f"{i['id']}.{i['property']}")}
                     for i in spec[kind]]
-        outputs = [{"id": o.split(".")[0], "property": o.split(".")[1]} for o in spec["output"].strip(".").split("...")]
-        body = json.dumps({"output": spec["output"], "outputs": outputs if len(outputs) > 1 else outputs[0],
-                           "inputs": items("inputs"), "state": items("state"), "changedPropIds": [changed]})
+        outputs = [{"id": o.split(".")[0], "property": o.split(".")[1]}
+                   for o in spec["output"].strip(".").split("...")]
+        body = json.dumps({"output": spec["output"],
+                           "outputs": outputs if len(outputs) > 1 else outputs[0],
+                           "inputs": items("inputs"), "state": items("state"),
+                           "changedPropIds": [changed]})
         conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=120)
         conn.request("POST", "/_dash-update-component", body=body,
-                     headers={"Content-Type": "application/json", "Host": f"127.0.0.1:{self.server.port}"})
+                     headers={"Content-Type": "application/json",
+                              "Host": f"127.0.0.1:{self.server.port}"})
         response = conn.getresponse()
         response.read()
         conn.close()
         return response.status
 
     def page(self, path: str, trace: str) -> int:
-        return self._call("page.children", {"url.pathname": path, "url.search": f"?trace={trace}"}, "url.search")
+        return self._call("page.children", {"url.pathname": path, "url.search": f"?trace={trace}"},
+                          "url.search")
 
     def findings(self, trace: str) -> int:
-        return self._call("overview-findings.children", {"overview-trace.data": trace}, "overview-trace.data")
+        return self._call("overview-findings.children", {"overview-trace.data": trace},
+                          "overview-trace.data")
 
     def window(self, trace: str, lo_frac: float, width_frac: float, span_ns: int) -> int:
         t0 = int(lo_frac * span_ns)
-        values = {"timeline-relayout.data": {"xaxis.range[0]": t0 / 1e3, "xaxis.range[1]": (t0 + width_frac * span_ns) / 1e3},
-                  "timeline-state.data": {"trace": trace, "t0": 0, "t1": span_ns, "selected": None, "fold": True}}
+        t1 = t0 + width_frac * span_ns
+        values = {"timeline-relayout.data": {"xaxis.range[0]": t0 / 1e3,
+                                             "xaxis.range[1]": t1 / 1e3},
+                  "timeline-state.data": {"trace": trace, "t0": 0, "t1": span_ns, "selected": None,
+                                          "fold": True}}
         return self._call("timeline-graph.figure", values, "timeline-relayout.data")
 
 
-def one_action(client: PageClient, rng, traces: list[str], spans: dict[str, int]) -> tuple[float, int]:
+def one_action(client: PageClient, rng, traces: list[str],
+               spans: dict[str, int]) -> tuple[float, int]:
     """A random user action on a random trace: (seconds, HTTP status)."""
     trace = traces[int(rng.integers(len(traces)))]
     kind = rng.choice(["overview", "findings", "timeline", "window", "tables"])
@@ -202,7 +219,8 @@ def one_action(client: PageClient, rng, traces: list[str], spans: dict[str, int]
         width = float(10 ** rng.uniform(-4, 0))
         status = client.window(trace, float(rng.uniform(0, 1 - width)), width, spans[trace])
     else:
-        status = client.page({"overview": "/", "timeline": "/timeline", "tables": "/tables"}[kind], trace)
+        path = {"overview": "/", "timeline": "/timeline", "tables": "/tables"}[kind]
+        status = client.page(path, trace)
     return time.perf_counter() - start, status
 
 
@@ -241,7 +259,8 @@ def load_test(folder: Path, clients: int, seconds: float, actions_per_client: in
         spans = {}
         for trace in traces:
             t = neuron_explorer.load(folder / trace)
-            spans[trace] = int((t.table("slices")["ts"] + t.table("slices")["dur"]).max() - t.table("slices")["ts"].min())
+            slices = t.table("slices")
+            spans[trace] = int((slices["ts"] + slices["dur"]).max() - slices["ts"].min())
 
         def run_clients(n: int, per_client: int) -> tuple[list[float], list[int]]:
             times, statuses = [], []
@@ -276,9 +295,11 @@ def load_test(folder: Path, clients: int, seconds: float, actions_per_client: in
     errors = sum(1 for s in statuses if s >= 500)
     print(f"load, 1 client ({len(base_times)} actions): p50 {p(base_times, 50):.0f} ms, "
           f"p95 {p(base_times, 95):.0f} ms")
-    print(f"load, {clients} clients ({len(times)} actions, {errors} server errors): p50 {p(times, 50):.0f} ms, "
-          f"p95 {p(times, 95):.0f} ms, max {max(times) * 1e3:.0f} ms (target p95 {LOAD_P95_TARGET_S * 1e3:.0f} ms, "
-          f"ratio {p(times, 95) / 1e3 / LOAD_P95_TARGET_S:.2f}; ratio to 1 client {p(times, 95) / p(base_times, 95):.1f})")
+    print(f"load, {clients} clients ({len(times)} actions, {errors} server errors): "
+          f"p50 {p(times, 50):.0f} ms, p95 {p(times, 95):.0f} ms, max {max(times) * 1e3:.0f} ms "
+          f"(target p95 {LOAD_P95_TARGET_S * 1e3:.0f} ms, "
+          f"ratio {p(times, 95) / 1e3 / LOAD_P95_TARGET_S:.2f}; "
+          f"ratio to 1 client {p(times, 95) / p(base_times, 95):.1f})")
     print(f"load: server peak memory {peak[0] / 2**20:.0f} MiB")
     return errors == 0 and p(times, 95) / 1e3 <= LOAD_P95_TARGET_S
 
@@ -289,8 +310,10 @@ def main() -> int:
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--load-only", action="store_true", help="run only the 20-client load test")
     parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=60.0, help="time limit of each load phase")
-    parser.add_argument("--actions", type=int, default=25, help="actions per client in the load test")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="time limit of each load phase")
+    parser.add_argument("--actions", type=int, default=25,
+                        help="actions per client in the load test")
     args = parser.parse_args()
     load_ok = load_test(REPO / "sample_traces", args.clients, args.seconds, args.actions)
     if args.load_only:
@@ -303,7 +326,8 @@ def main() -> int:
     path = folder / "million.pftrace"
     start = time.perf_counter()
     n = write_trace(path, args.events)
-    print(f"trace: {n:,} events, {path.stat().st_size / 2**20:.1f} MiB, written in {time.perf_counter() - start:.1f} s")
+    print(f"trace: {n:,} events, {path.stat().st_size / 2**20:.1f} MiB, "
+          f"written in {time.perf_counter() - start:.1f} s")
 
     load_s, page_s, findings_s = overview_in_server(path)
     server_s = load_s + page_s
@@ -319,7 +343,8 @@ def main() -> int:
         if browser_s is not None:
             shown_s = startup_s + browser_s[0]
             print(f"`view TRACE` to overview on screen in Chromium: load {startup_s:.2f} s + page "
-                  f"{browser_s[0]:.2f} s = {shown_s:.2f} s (ratio to target {shown_s / OVERVIEW_TARGET_S:.2f}); "
+                  f"{browser_s[0]:.2f} s = {shown_s:.2f} s "
+                  f"(ratio to target {shown_s / OVERVIEW_TARGET_S:.2f}); "
                   f"findings on screen after {startup_s + browser_s[1]:.2f} s")
             browser_s = shown_s
         start = time.perf_counter()
@@ -348,13 +373,16 @@ def main() -> int:
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
     worst, median = max(times), statistics.median(times)
-    print(f"zoom/pan over HTTP ({len(times)} windows from the whole trace down to {span_us * 1e-5:.1f} µs): "
+    print(f"zoom/pan over HTTP ({len(times)} windows from the whole trace down to "
+          f"{span_us * 1e-5:.1f} µs): "
           f"median {median * 1e3:.0f} ms, worst {worst * 1e3:.0f} ms "
           f"(target {ZOOM_TARGET_S * 1e3:.0f} ms, ratio {worst / ZOOM_TARGET_S:.2f})")
-    print(f"payload per update: median {statistics.median(sizes) / 1e3:.0f} kB, largest {max(sizes) / 1e3:.0f} kB "
+    print(f"payload per update: median {statistics.median(sizes) / 1e3:.0f} kB, "
+          f"largest {max(sizes) / 1e3:.0f} kB "
           f"(target {PAYLOAD_TARGET_B / 1e6:.0f} MB, ratio {max(sizes) / PAYLOAD_TARGET_B:.3f})")
     print(f"baseline without level of detail, whole trace: {naive_s * 1e3:.0f} ms to build, "
-          f"{naive_b / 1e6:.1f} MB; whole-trace update with it: {times[0] * 1e3:.0f} ms, {sizes[0] / 1e3:.0f} kB "
+          f"{naive_b / 1e6:.1f} MB; whole-trace update with it: {times[0] * 1e3:.0f} ms, "
+          f"{sizes[0] / 1e3:.0f} kB "
           f"(size ratio {sizes[0] / naive_b:.4f})")
     ok = (load_ok and server_s <= OVERVIEW_TARGET_S and (browser_s or 0) <= OVERVIEW_TARGET_S
           and worst <= ZOOM_TARGET_S and max(sizes) < PAYLOAD_TARGET_B)

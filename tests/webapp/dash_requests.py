@@ -11,7 +11,8 @@ def request(server, method: str, path: str, body: bytes | None = None,
             headers: dict | None = None) -> tuple[int, dict, bytes]:
     """(status, headers, body) of one raw HTTP request to the server."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.request(method, path, body=body, headers={"Host": f"127.0.0.1:{server.port}", **(headers or {})})
+    conn.request(method, path, body=body,
+                 headers={"Host": f"127.0.0.1:{server.port}", **(headers or {})})
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -30,7 +31,8 @@ def dependencies(server, headers: dict | None = None) -> list[dict]:
     return _DEPENDENCIES[server.port]
 
 
-def call(server, output: str, values: dict, changed: str, headers: dict | None = None) -> tuple[int, bytes]:
+def call(server, output: str, values: dict, changed: str,
+         headers: dict | None = None) -> tuple[int, bytes]:
     """Sends the callback whose output names `output`, with inputs and states from `values`
     ("component.property" -> value; pattern-matching inputs get [])."""
     spec = next(d for d in dependencies(server, headers) if output in d["output"])
@@ -47,7 +49,8 @@ def call(server, output: str, values: dict, changed: str, headers: dict | None =
 
     outputs = [{"id": o.split(".")[0], "property": o.split(".")[1]}
                for o in spec["output"].strip(".").split("...")]
-    body = json.dumps({"output": spec["output"], "outputs": outputs if len(outputs) > 1 else outputs[0],
+    body = json.dumps({"output": spec["output"],
+                       "outputs": outputs if len(outputs) > 1 else outputs[0],
                        "inputs": items("inputs"), "state": items("state"),
                        "changedPropIds": [changed]}).encode()
     status, _, data = request(server, "POST", "/_dash-update-component", body,

@@ -31,11 +31,12 @@ OP_SOURCE = "train.py:42"
 def events_in(n_steps: int, ops_per_step: int, instructions_per_kernel: int = 3) -> int:
     """How many events `write_trace` writes (slices and counter samples)."""
     n_ops = n_steps * ops_per_step
-    return 2 * n_steps + n_steps * MODULES_PER_STEP + n_ops * (3 + instructions_per_kernel) + 2 * n_ops
+    return (2 * n_steps + n_steps * MODULES_PER_STEP + n_ops * (3 + instructions_per_kernel)
+            + 2 * n_ops)
 
 
-def write_trace(path: Path, n_steps: int = 3, ops_per_step: int = 40, instructions_per_kernel: int = 3,
-                seed: int = 0) -> Path:
+def write_trace(path: Path, n_steps: int = 3, ops_per_step: int = 40,
+                instructions_per_kernel: int = 3, seed: int = 0) -> Path:
     """Write a trace of `n_steps` eager steps to `path` (.pftrace); returns the path."""
     from neuron_explorer.collectors.perfetto_writer import PerfettoWriter
     from neuron_explorer.common.presets import get_preset
@@ -60,7 +61,8 @@ def write_trace(path: Path, n_steps: int = 3, ops_per_step: int = 40, instructio
     engines = {e: w.track(tf.ENGINE_TRACKS[e], device) for e in ENGINES}
     dma = w.track(tf.DMA_TRACK.format(queue=0), device)
     hbm = w.counter_track(tf.COUNTER_HBM, device, "bytes")
-    w.metadata(main, 0, {tf.META_HARDWARE: "trn2", tf.META_HARDWARE_FIGURES: get_preset("trn2").figures(),
+    w.metadata(main, 0, {tf.META_HARDWARE: "trn2",
+                         tf.META_HARDWARE_FIGURES: get_preset("trn2").figures(),
                          tf.META_LEVEL: "engine"})
 
     def batch(track, ts, dur, names: list[str], index, category: str, **kw) -> None:
@@ -70,28 +72,33 @@ def write_trace(path: Path, n_steps: int = 3, ops_per_step: int = 40, instructio
 
     # host: steps > modules > ops, a sync at the end of each step
     steps_ts = np.arange(n_steps) * step_len
-    batch(main, steps_ts, np.full(n_steps, step_len - 50_000), [f"step {i}" for i in range(n_steps)],
-          np.arange(n_steps), tf.CAT_STEP, int_args={tf.ARG_STEP: np.arange(n_steps)})
+    batch(main, steps_ts, np.full(n_steps, step_len - 50_000),
+          [f"step {i}" for i in range(n_steps)], np.arange(n_steps), tf.CAT_STEP,
+          int_args={tf.ARG_STEP: np.arange(n_steps)})
     per_module = ops_per_step // MODULES_PER_STEP * OP_GAP_NS
     module_index = np.tile(np.arange(MODULES_PER_STEP), n_steps)
     module_names = [f"model.{i}" for i in range(MODULES_PER_STEP)]
     batch(main, np.repeat(steps_ts, MODULES_PER_STEP) + 10_000 + module_index * per_module,
-          np.full(n_steps * MODULES_PER_STEP, per_module - 5_000), module_names, module_index, tf.CAT_MODULE,
-          str_args={tf.ARG_MODULE: (module_names, module_index), tf.ARG_PHASE: (["forward"], np.zeros_like(module_index))})
+          np.full(n_steps * MODULES_PER_STEP, per_module - 5_000), module_names, module_index,
+          tf.CAT_MODULE, str_args={tf.ARG_MODULE: (module_names, module_index),
+                                   tf.ARG_PHASE: (["forward"], np.zeros_like(module_index))})
     op_flow = np.arange(n_ops, dtype=np.uint64) + 1
     kernel_flow = op_flow + n_ops
     flops = np.array([OP_FLOPS.get(n, 32_768) for n in OP_NAMES])[name_index]
     zeros = np.zeros(n_ops, np.int64)
     batch(main, op_ts, np.full(n_ops, 30_000), OP_NAMES, name_index, tf.CAT_OP,
-          int_args={tf.ARG_OP_ID: np.arange(n_ops), tf.ARG_KERNEL_ID: np.arange(n_ops), tf.ARG_FLOPS: flops,
-                    tf.ARG_BYTES: np.full(n_ops, OP_BYTES), tf.ARG_STEP: step_of_op},
-          str_args={tf.ARG_MODULE: (module_names, module_of_op), tf.ARG_SOURCE: ([OP_SOURCE], zeros),
+          int_args={tf.ARG_OP_ID: np.arange(n_ops), tf.ARG_KERNEL_ID: np.arange(n_ops),
+                    tf.ARG_FLOPS: flops, tf.ARG_BYTES: np.full(n_ops, OP_BYTES),
+                    tf.ARG_STEP: step_of_op},
+          str_args={tf.ARG_MODULE: (module_names, module_of_op),
+                    tf.ARG_SOURCE: ([OP_SOURCE], zeros),
                     tf.ARG_SHAPES: (["[[64, 512], [512, 512]]"], zeros),
                     tf.ARG_DTYPES: (["[float32, float32]"], zeros)},
           flow_out=op_flow)
     sync_index = np.zeros(n_steps, np.int64)
-    batch(main, steps_ts + step_len - 190_000, np.full(n_steps, 120_000), ["aten::item"], sync_index, tf.CAT_SYNC,
-          str_args={tf.ARG_SYNC_KIND: (["item"], sync_index), tf.ARG_SOURCE: ([SYNC_SOURCE], sync_index)})
+    batch(main, steps_ts + step_len - 190_000, np.full(n_steps, 120_000), ["aten::item"],
+          sync_index, tf.CAT_SYNC, str_args={tf.ARG_SYNC_KIND: (["item"], sync_index),
+                                             tf.ARG_SOURCE: ([SYNC_SOURCE], sync_index)})
     # device: a kernel per op, its instructions across the engines, a DMA load before it
     kernel_names = [f"kernel_{n}" for n in OP_NAMES]
     batch(kernels, kernel_ts, kernel_dur, kernel_names, name_index, tf.CAT_KERNEL,

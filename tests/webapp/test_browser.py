@@ -13,7 +13,8 @@ from trace_files import load_trace, write_synthetic
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
+    pytest.mark.skipif(not browser_available(),
+                       reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
 ]
 
 
@@ -78,8 +79,9 @@ def no_console_errors(driver, refused: str | None = None) -> None:
 
 def test_every_page_loads_without_console_errors(served, driver):
     url, _ = served
-    pages = {"/": "Findings", "/timeline": "Zoom in", "/tables": "Ops (", "/engines": "Utilisation over time",
-             "/roofline": "Ops against the roofline", "/memory": "HBM in use", "/compile": "torch.compile",
+    pages = {"/": "Findings", "/timeline": "Zoom in", "/tables": "Ops (",
+             "/engines": "Utilisation over time", "/roofline": "Ops against the roofline",
+             "/memory": "HBM in use", "/compile": "torch.compile",
              "/compare": "Pick a second trace"}
     for path, marker in pages.items():
         driver.get(f"{url}{path}?trace=run_a.pftrace")
@@ -87,7 +89,8 @@ def test_every_page_loads_without_console_errors(served, driver):
         no_console_errors(driver)
         fetched = driver.execute_script(
             "return performance.getEntriesByType('resource').map(e => e.name);")
-        assert fetched and all(u.startswith(url) for u in fetched), fetched  # offline: nothing external
+        # offline: nothing external
+        assert fetched and all(u.startswith(url) for u in fetched), fetched
 
 
 def test_finding_opens_the_timeline_at_its_evidence(served, driver):
@@ -116,9 +119,11 @@ def test_zoom_select_and_follow_flows(served, driver):
         if after != before:
             break
         time.sleep(0.1)
-    assert after != before, (status, driver.find_element(By.ID, "timeline-status").text, console_errors(driver))
+    assert after != before, (status, driver.find_element(By.ID, "timeline-status").text,
+                             console_errors(driver))
     assert (after[1] - after[0]) == pytest.approx((before[1] - before[0]) / 2, rel=0.01)
-    assert driver.find_elements(By.CSS_SELECTOR, "#timeline-graph g.trace.bars g.point path"), "no bars"
+    bars = driver.find_elements(By.CSS_SELECTOR, "#timeline-graph g.trace.bars g.point path")
+    assert bars, "no bars"
     from selenium.webdriver.common.action_chains import ActionChains
 
     # Plotly listens on its drag layer: hover the bar's spot, then click there
@@ -231,7 +236,8 @@ def test_compare_two_traces(served, driver):
     url, _ = served
     driver.get(f"{url}/compare?trace=run_a.pftrace")
     wait_for(driver, "#compare-other").click()
-    option = wait_for(driver, ".dash-dropdown-options [role=option]", text="run_b.pftrace")  # a portal
+    # the options open in a portal, outside the dropdown
+    option = wait_for(driver, ".dash-dropdown-options [role=option]", text="run_b.pftrace")
     option.click()
     table = wait_for(driver, ".compare-table", text="run_b.pftrace")
     assert "step time" in table.text
@@ -294,11 +300,14 @@ def test_a_recorded_trace_from_finding_to_evidence(recorded_demo, driver):
         driver.get(f"{url}/?trace={recorded_demo.name}")
         wait_for(driver, "#overview-findings .finding", timeout=30).find_element(
             "css selector", ".finding-link").click()
-        wait_for(driver, "#slice-fields", timeout=20, text="category kernel")  # an idle gap's kernel
+        # an idle gap's kernel
+        wait_for(driver, "#slice-fields", timeout=20, text="category kernel")
         assert "/timeline" in driver.current_url and "select=" in driver.current_url
-        wait_for(driver, ".link-button", text="comes from op").click()  # back to the op that launched it
+        # back to the op that launched it
+        wait_for(driver, ".link-button", text="comes from op").click()
         wait_for(driver, "#slice-fields", text="category op")
-        rows = "return document.querySelector('#timeline-graph .js-plotly-plot').layout.yaxis.ticktext.length;"
+        rows = ("return document.querySelector('#timeline-graph .js-plotly-plot')"
+                ".layout.yaxis.ticktext.length;")
         folded = driver.execute_script(rows)
         driver.execute_script("window.scrollTo(0, 0);")  # the sticky header must not cover the box
         wait_for(driver, "#timeline-dma input").click()  # unfold the DMA queues

@@ -10,7 +10,8 @@ from trace_files import load_trace
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
+    pytest.mark.skipif(not browser_available(),
+                       reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
 ]
 
 

@@ -13,7 +13,8 @@ from test_browser import wait_for, x_range
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
+    pytest.mark.skipif(not browser_available(),
+                       reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
 ]
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "mlp_eager.pftrace"
@@ -50,7 +51,8 @@ def _changed(driver, before: list[float], timeout: float = 15.0) -> list[float]:
         if now != before:
             return now
         time.sleep(0.1)
-    raise AssertionError(f"the window did not move from {before}; console: {console_errors(driver)}")
+    raise AssertionError(
+        f"the window did not move from {before}; console: {console_errors(driver)}")
 
 
 def _whole_and_steps_us(store) -> tuple[float, float, float, float]:
@@ -141,10 +143,12 @@ def test_nested_rows_are_labelled_and_every_category_has_its_own_colour(served, 
     ticks = driver.execute_script(
         "return document.querySelector('#timeline-graph .js-plotly-plot').layout.yaxis.ticktext;")
     assert ticks[0] == "MainThread" and all(t for t in ticks), ticks
-    assert sum(t.startswith("↳ ") for t in ticks) >= 3 and any("op" in t for t in ticks if t.startswith("↳ ")), ticks
+    nested = [t for t in ticks if t.startswith("↳ ")]
+    assert len(nested) >= 3 and any("op" in t for t in nested), ticks
     items = driver.find_elements("css selector", "#timeline-legend .legend-item")
     names = [i.text for i in items]
-    colours = [i.find_element("css selector", ".swatch").value_of_css_property("background-color") for i in items]
+    colours = [i.find_element("css selector", ".swatch").value_of_css_property("background-color")
+               for i in items]
     assert {"step", "op", "module", "kernel", "instruction", "dma"} <= set(names)
     assert len(set(colours)) == len(colours), dict(zip(names, colours, strict=True))
     bars = driver.execute_script(

@@ -12,7 +12,8 @@ STATE = {"trace": "run_a.pftrace", "t0": 0, "t1": 5_000_000, "selected": None, "
 
 
 @pytest.mark.parametrize("output, values, changed", [
-    ("tables-body.children", {"tables-tab.value": "ops", "tables-trace.data": "nope.json"}, "tables-tab.value"),
+    ("tables-body.children", {"tables-tab.value": "ops", "tables-trace.data": "nope.json"},
+     "tables-tab.value"),
     ("tables-body.children", {"tables-tab.value": "ops", "tables-trace.data": "../../etc/passwd"},
      "tables-tab.value"),
     ("overview-findings.children", {"overview-trace.data": "nope.json"}, "overview-trace.data"),
@@ -20,8 +21,8 @@ STATE = {"trace": "run_a.pftrace", "t0": 0, "t1": 5_000_000, "selected": None, "
                                "timeline-zoom-in.n_clicks": 1}, "timeline-zoom-in.n_clicks"),
     ("timeline-graph.figure", {"timeline-state.data": "not a dict", "timeline-zoom-in.n_clicks": 1},
      "timeline-zoom-in.n_clicks"),
-    ("timeline-graph.figure", {"timeline-state.data": {**STATE, "t0": "x"}, "timeline-zoom-in.n_clicks": 1},
-     "timeline-zoom-in.n_clicks"),
+    ("timeline-graph.figure", {"timeline-state.data": {**STATE, "t0": "x"},
+                               "timeline-zoom-in.n_clicks": 1}, "timeline-zoom-in.n_clicks"),
     ("tables-selection.children",
      {"stats-table.selectedRows": [99], "tables-kind.data": "ops",
       "tables-trace.data": "run_a.pftrace"}, "stats-table.selectedRows"),
@@ -53,15 +54,18 @@ def test_timeline_ranges_out_of_any_scale_never_fail_the_server(live_server, lo,
         assert abs(state["t0"]) < 1e12 and abs(state["t1"]) < 1e12
 
 
-@pytest.mark.parametrize("click", [{"points": []}, {"points": [{}]}, {"nope": 1}, {"points": ["x"]}])
+@pytest.mark.parametrize("click", [{"points": []}, {"points": [{}]}, {"nope": 1},
+                                   {"points": ["x"]}])
 def test_a_click_that_hit_nothing_changes_nothing(live_server, click):
     values = {"timeline-graph.clickData": click, "timeline-state.data": STATE}
     status, body = call(live_server, "timeline-graph.figure", values, "timeline-graph.clickData")
     assert status in (204, 400), (status, body[:300])
 
 
-@pytest.mark.parametrize("query", ["?trace=run_a.pftrace&select=1e30", "?trace=run_a.pftrace&select=nan",
-                                   "?trace=run_a.pftrace&start=-1e30&end=1e30", "?trace=run_a.pftrace&select=-9e18"])
+@pytest.mark.parametrize("query", ["?trace=run_a.pftrace&select=1e30",
+                                   "?trace=run_a.pftrace&select=nan",
+                                   "?trace=run_a.pftrace&start=-1e30&end=1e30",
+                                   "?trace=run_a.pftrace&select=-9e18"])
 def test_timeline_url_with_huge_values_opens_the_page(live_server, query):
     values = {"url.pathname": "/timeline", "url.search": query}
     status, body = call(live_server, "page.children", values, "url.search")
@@ -71,10 +75,12 @@ def test_timeline_url_with_huge_values_opens_the_page(live_server, query):
 
 
 @pytest.mark.parametrize("state, text", [
-    ({**STATE, "t0": "x"}, "op"), ({**STATE, "match": "nan", "search": "op"}, "op"), (STATE, 12), (STATE, None),
+    ({**STATE, "t0": "x"}, "op"), ({**STATE, "match": "nan", "search": "op"}, "op"), (STATE, 12),
+    (STATE, None),
 ])
 def test_a_crafted_search_is_a_client_error_or_no_change(live_server, state, text):
-    values = {"timeline-search.n_submit": 1, "timeline-search.value": text, "timeline-state.data": state}
+    values = {"timeline-search.n_submit": 1, "timeline-search.value": text,
+              "timeline-state.data": state}
     status, body = call(live_server, "timeline-graph.figure", values, "timeline-search.n_submit")
     assert status < 500, (status, body[:300])
 
@@ -87,8 +93,8 @@ def test_a_crafted_search_is_a_client_error_or_no_change(live_server, state, tex
 def test_a_malformed_callback_request_is_a_client_error(live_server, body):
     from dash_requests import request
 
-    status, _, data = request(live_server, "POST", "/_dash-update-component", json.dumps(body).encode(),
-                              {"Content-Type": "application/json"})
+    status, _, data = request(live_server, "POST", "/_dash-update-component",
+                              json.dumps(body).encode(), {"Content-Type": "application/json"})
     assert 400 <= status < 500, (status, data[:300])
 
 
@@ -112,8 +118,10 @@ def _findings_body(value) -> dict:
     json.dumps(_findings_body({"a": 1})).encode(),  # a trace name that is an object
     json.dumps(_findings_body(7)).encode(),  # ... or a number
     json.dumps({**_findings_body("run_a.pftrace"), "inputs": ["not an item"]}).encode(),
-    json.dumps({**_findings_body("run_a.pftrace"), "inputs": [{"id": 3, "property": "data"}]}).encode(),
-    json.dumps({"output": "timeline-relayout.data", "outputs": {}, "inputs": [], "state": []}).encode(),
+    json.dumps({**_findings_body("run_a.pftrace"),
+                "inputs": [{"id": 3, "property": "data"}]}).encode(),
+    json.dumps({"output": "timeline-relayout.data", "outputs": {}, "inputs": [],
+                "state": []}).encode(),
 ])
 def test_malformed_callback_requests_are_client_errors(live_server, body):
     """Each once answered 500: a 400 with a reason now, and the server keeps serving."""
@@ -153,5 +161,6 @@ def test_the_critical_path_toggle_draws_it_over_the_window(live_server):
     assert response["timeline-state"]["data"]["path"] is True
     values["timeline-path.value"] = []
     status, body = call(live_server, "timeline-graph.figure", values, "timeline-path.value")
-    names = [t.get("name") for t in json.loads(body)["response"]["timeline-graph"]["figure"]["data"]]
+    figure = json.loads(body)["response"]["timeline-graph"]["figure"]
+    names = [t.get("name") for t in figure["data"]]
     assert status == 200 and "critical path" not in names

@@ -43,14 +43,16 @@ def compiled_trace(tmp_path_factory) -> Path:
     """A compiled script recorded with `neuron-explorer record` (a real trace)."""
     folder = tmp_path_factory.mktemp("compiled")
     (folder / "block.py").write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "neuron_explorer.cli", "record", "-o", "block.pftrace",
-                           "block.py"], cwd=folder, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-m", "neuron_explorer.cli", "record",
+                           "-o", "block.pftrace", "block.py"],
+                          cwd=folder, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     return folder / "block.pftrace"
 
 
 def _page(trace) -> str:
-    return json.dumps(json.loads(pio_json.to_json_plotly(compile_page.layout(trace, "t.pftrace", {}, None))))
+    page = compile_page.layout(trace, "t.pftrace", {}, None)
+    return json.dumps(json.loads(pio_json.to_json_plotly(page)))
 
 
 def _rows(page: str, table_id: str) -> list[dict]:
@@ -115,18 +117,22 @@ class _StandIn:
 
     def __init__(self) -> None:
         t0 = self.T0
-        self.graphs = pd.DataFrame({"graph_id": [-1, 0, 1], "name": ["dynamo", "graph 0", "graph 1"],
+        self.graphs = pd.DataFrame({"graph_id": [-1, 0, 1],
+                                    "name": ["dynamo", "graph 0", "graph 1"],
                                     "ts": [t0, t0 + 1_000_000, t0 + 900_000_000],
                                     "dur": [2_500_000, 1_250_000_000, 40_000_000],
                                     "spans": [3, 5, 2], "step": [0, 0, 2]})
-        self.breaks = pd.DataFrame({"id": [7], "ts": [t0 + 2_000_000_000], "reason": ["data-dependent"],
-                                    "source": ["a.py:3"], "step": [3]})
-        self.slices = pd.DataFrame({"ts": [t0], "dur": [1], "category": ["compile"], "id": [1], "parent_id": [-1]})
+        self.breaks = pd.DataFrame({"id": [7], "ts": [t0 + 2_000_000_000],
+                                    "reason": ["data-dependent"], "source": ["a.py:3"],
+                                    "step": [3]})
+        self.slices = pd.DataFrame({"ts": [t0], "dur": [1], "category": ["compile"], "id": [1],
+                                    "parent_id": [-1]})
 
     def compile_summary(self) -> dict:
-        return {"graphs": self.graphs, "graph_breaks": self.breaks, "recompiles": self.breaks.iloc[:0],
-                "totals": pd.DataFrame([{"compile_ns": 1_292_500_000, "graphs": 2, "graph_breaks": 1,
-                                         "recompiles": 0}])}
+        return {"graphs": self.graphs, "graph_breaks": self.breaks,
+                "recompiles": self.breaks.iloc[:0],
+                "totals": pd.DataFrame([{"compile_ns": 1_292_500_000, "graphs": 2,
+                                         "graph_breaks": 1, "recompiles": 0}])}
 
     def table(self, name: str) -> pd.DataFrame:
         return self.slices

@@ -22,7 +22,8 @@ def test_demo_trace_opens_on_every_page(recorded_demo):
         name = recorded_demo.name
         trace = store.get(name)
         for page in PAGES:
-            text = json.dumps(json.loads(pio_json.to_json_plotly(page.layout(trace, name, {}, ctx))))
+            layout = page.layout(trace, name, {}, ctx)
+            text = json.dumps(json.loads(pio_json.to_json_plotly(layout)))
             assert "Could not compute" not in text, page.TITLE
         cards = json.dumps(json.loads(pio_json.to_json_plotly(overview.findings(trace, name))))
         assert "host" in cards.lower() and "/timeline?trace=" in cards  # eager MLP: host-bound

@@ -62,7 +62,8 @@ def test_each_step_shows_the_share_of_the_step_each_engine_ran(page):
         lo, hi = int(step["ts"]), int(step["ts"] + step["dur"])
         for engine in ("tensor", "vector"):
             expected = 100 * _busy_share(ins, engine, lo, hi)
-            assert bars[engine][f"step {int(step['step'])}"] == pytest.approx(expected, abs=1.5), engine
+            shown = bars[engine][f"step {int(step['step'])}"]
+            assert shown == pytest.approx(expected, abs=1.5), engine
     # not the ~0.02% of a whole-trace average (startup and exit included)
     assert max(max(v.values()) for v in bars.values()) > 2
 

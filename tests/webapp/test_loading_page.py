@@ -83,7 +83,8 @@ def test_a_file_that_is_not_a_trace_still_fails_before_serving(tmp_path):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver (scripts/install_browser.sh)")
+@pytest.mark.skipif(not browser_available(),
+                    reason="needs chromium and chromedriver (scripts/install_browser.sh)")
 def test_the_page_shows_the_load_progress_then_the_trace(slow_dashboard):
     server, _, loader, _ = slow_dashboard
     with chromium() as driver:

@@ -48,8 +48,8 @@ def test_overview_ranks_findings_and_links_them_to_the_timeline(app_context):
     from neuron_explorer.webapp.pages import overview
 
     text = rendered(overview.findings(app_context.store.get("run_a.pftrace"), "run_a.pftrace"))
-    first, second = text.index("Device waits on the host to launch work"), text.index("Host waits on the device")
-    assert first < second
+    first = text.index("Device waits on the host to launch work")
+    assert first < text.index("Host waits on the device")
     assert "/timeline?trace=run_a.pftrace&start=" in text and "select=" in text
 
 
@@ -83,7 +83,8 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 def test_overview_names_the_analysed_steps_and_a_small_models_mfu(app_context):
     """A recorded window of steps 1–3: the page says the time is of those steps (not the
-    trace's length, seconds longer), and a toy model's MFU reads in two significant digits (0.007%), not 0.0%."""
+    trace's length, seconds longer), and a toy model's MFU reads in two significant digits
+    (0.007%), not 0.0%."""
     import neuron_explorer
     from neuron_explorer.webapp.pages import overview
 
@@ -152,7 +153,8 @@ def test_compare_with_a_trace_without_steps_says_its_bars_are_the_whole_trace(ap
     app_context.store.add(ALEXNET, neuron_explorer.load(CPU_ONLY.parent / ALEXNET))
     text = rendered(compare.comparison(app_context, "odd_dims.pftrace", ALEXNET))
     assert f"{ALEXNET} has no step marks" in text
-    assert f"{ALEXNET} (whole trace) \\u00b7 device" in text and "odd_dims.pftrace \\u00b7 device" in text
+    assert f"{ALEXNET} (whole trace) \\u00b7 device" in text
+    assert "odd_dims.pftrace \\u00b7 device" in text
 
 
 def test_compare_and_tables_show_durations_in_units_not_raw_ns(app_context):
@@ -203,11 +205,13 @@ def test_tables_format_filter_sort_page_and_export_as_the_data_asks():
     assert export.className == "grid-export" and getattr(export, "data-grid") == "t"
     columns = {c["field"]: c for c in grid.columnDefs}
     assert columns["name"]["filter"] == "agTextColumnFilter"
-    formats = {field: c.get("valueFormatter", {}).get("function", "") for field, c in columns.items()}
+    formats = {field: c.get("valueFormatter", {}).get("function", "")
+               for field, c in columns.items()}
     assert "d3.format(',')" in formats["count"] and "d3.format(',.1f')" in formats["device_us"]
     assert "d3.format('.2~%')" in formats["share_of_step"]
     assert "d3.format(',.4~r')" in formats["ratio"] and formats["name"] == ""
-    assert all(columns[f]["filter"] == "agNumberColumnFilter" for f in ("count", "device_us", "ratio"))
+    assert all(columns[f]["filter"] == "agNumberColumnFilter"
+               for f in ("count", "device_us", "ratio"))
     assert grid.rowData == [
         {"name": "a", "count": 3, "device_us": 1.5, "share_of_step": 0.25, "ratio": 1.5},
         {"name": "", "count": 4, "device_us": None, "share_of_step": 0.5, "ratio": 2.0}]

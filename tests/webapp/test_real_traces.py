@@ -17,6 +17,11 @@ KINETO = [
 ]
 
 
+def _text(component) -> str:
+    """A component as the JSON the browser gets."""
+    return json.dumps(json.loads(pio_json.to_json_plotly(component)))
+
+
 @pytest.fixture(scope="module")
 def context(real_traces_dir):
     store = TraceStore(real_traces_dir)
@@ -28,12 +33,12 @@ def context(real_traces_dir):
 def test_every_page_renders_a_pytorch_profiler_trace(context, name):
     trace = context.store.get(name)
     for page in PAGES:
-        text = json.dumps(json.loads(pio_json.to_json_plotly(page.layout(trace, name, {}, context))))
+        text = _text(page.layout(trace, name, {}, context))
         assert page.TITLE in text
         assert "Could not compute" not in text, (page.TITLE, text[:2000])
-    found = json.dumps(json.loads(pio_json.to_json_plotly(overview.findings(trace, name))))
+    found = _text(overview.findings(trace, name))
     assert "Could not compute" not in found
-    page = json.dumps(json.loads(pio_json.to_json_plotly(roofline.layout(trace, name, {}, context))))
+    page = _text(roofline.layout(trace, name, {}, context))
     assert "no hardware figures" in page or "notice" in page  # a GPU trace has no Trainium roof
 
 
@@ -43,16 +48,16 @@ def test_clicked_kineto_op_shows_its_args_and_flows(context):
     index = timeline.timeline_index(context.store, name)
     flows = trace.flows
     op_id = int(flows["src_id"].iloc[0])
-    text = json.dumps(json.loads(pio_json.to_json_plotly(timeline.slice_details(trace, index, op_id))))
+    text = _text(timeline.slice_details(trace, index, op_id))
     assert "Linked slices" in text and "leads to" in text
     kernel_id = int(flows["dst_id"].iloc[0])
-    back = json.dumps(json.loads(pio_json.to_json_plotly(timeline.slice_details(trace, index, kernel_id))))
+    back = _text(timeline.slice_details(trace, index, kernel_id))
     assert "comes from" in back
 
 
 def test_compare_two_pytorch_profiler_traces_with_the_explorers_diff(context):
     from neuron_explorer.webapp.pages import compare
 
-    text = json.dumps(json.loads(pio_json.to_json_plotly(compare.comparison(context, KINETO[0], KINETO[2]))))
+    text = _text(compare.comparison(context, KINETO[0], KINETO[2]))
     assert "Change in time per step" in text and "Ops that changed" in text
     assert "Could not compare" not in text

@@ -49,17 +49,20 @@ def test_a_remote_server_needs_its_token_for_every_request(remote_server, tmp_pa
         status, _, _ = request(remote_server, method, path, body, headers)
         assert status == 403, (method, path, headers)
     # the token once in the URL, then a cookie; or an Authorization header
-    status, headers, _ = request(remote_server, "GET", f"/timeline?token={token}&trace=run_a.pftrace")
+    status, headers, _ = request(remote_server, "GET",
+                                 f"/timeline?token={token}&trace=run_a.pftrace")
     assert status == 302 and headers["location"] == "/timeline?trace=run_a.pftrace"
     cookie = headers["set-cookie"].split(";")[0]
     assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
     assert request(remote_server, "GET", "/assets/style.css", headers={"Cookie": cookie})[0] == 200
-    status, body = call(remote_server, "overview-findings.children", {"overview-trace.data": "run_a.pftrace"},
-                        "overview-trace.data", headers={"Cookie": cookie})
+    status, body = call(remote_server, "overview-findings.children",
+                        {"overview-trace.data": "run_a.pftrace"}, "overview-trace.data",
+                        headers={"Cookie": cookie})
     assert status == 200 and b"finding" in body
     for auth in (f"token {token}", f"Bearer {token}"):
         assert request(remote_server, "GET", "/", headers={"Authorization": auth})[0] == 200
-    status, _, body = request(remote_server, "POST", "/_upload", trace_bytes, {**upload, "Cookie": cookie})
+    status, _, body = request(remote_server, "POST", "/_upload", trace_bytes,
+                              {**upload, "Cookie": cookie})
     assert status == 200 and json.loads(body)["trace"] == "upload:a.pftrace"
 
 
@@ -89,8 +92,8 @@ def test_a_host_header_with_more_than_a_name_and_port_is_refused(live_server):
 
 def test_view_with_allow_remote_prints_a_warning_and_the_token_url(trace_folder):
     write_synthetic(trace_folder / "run_a.pftrace")
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--host",
-                             "0.0.0.0", "--allow-remote", "--port", "0", "--no-browser"],
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder),
+                             "--host", "0.0.0.0", "--allow-remote", "--port", "0", "--no-browser"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -102,8 +105,9 @@ def test_view_with_allow_remote_prints_a_warning_and_the_token_url(trace_folder)
 
 
 def test_view_refuses_a_remote_host_without_allow_remote_in_one_line(trace_folder):
-    proc = subprocess.run([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--host",
-                           "0.0.0.0", "--port", "0", "--no-browser"], check=False, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder),
+                           "--host", "0.0.0.0", "--port", "0", "--no-browser"],
+                          check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--allow-remote" in proc.stderr, proc.stderr
 
@@ -134,7 +138,8 @@ def test_every_answer_carries_the_security_headers_and_no_versions(live_server):
         script_src = csp.split("script-src", 1)[1].split(";", 1)[0]
         assert "unsafe-inline" not in script_src and "unsafe-eval" not in script_src
         assert headers["server"] == "neuron-explorer", headers["server"]
-        assert "python" not in json.dumps(headers).lower() and "werkzeug" not in json.dumps(headers).lower()
+        sent = json.dumps(headers).lower()
+        assert "python" not in sent and "werkzeug" not in sent
 
 
 def test_only_trace_files_can_be_opened_from_the_served_folder(app_context, trace_folder):
@@ -150,12 +155,13 @@ def test_only_trace_files_can_be_opened_from_the_served_folder(app_context, trac
 
 def test_messages_name_files_relative_to_the_served_folder(live_server, trace_folder):
     for query in ("?trace=corrupt.json", "?trace=missing.json", "?trace=sub/missing.pftrace"):
-        status, body = call(live_server, "page.children", {"url.pathname": "/", "url.search": query},
-                            "url.search")
+        status, body = call(live_server, "page.children",
+                            {"url.pathname": "/", "url.search": query}, "url.search")
         text = json.dumps(json.loads(body))
         assert status == 200 and "Error" in text, text[:300]
         assert str(trace_folder) not in text and "/tmp" not in text, text[:500]
         assert query.split("=", 1)[1] in text
-    status, body = call(live_server, "overview-findings.children", {"overview-trace.data": "corrupt.json"},
-                        "overview-trace.data")
-    assert 400 <= status < 500 and str(trace_folder) not in body.decode() and "corrupt.json" in body.decode()
+    status, body = call(live_server, "overview-findings.children",
+                        {"overview-trace.data": "corrupt.json"}, "overview-trace.data")
+    assert 400 <= status < 500
+    assert str(trace_folder) not in body.decode() and "corrupt.json" in body.decode()

@@ -64,7 +64,8 @@ def _view_args(*argv):
 
 def test_view_reports_a_bad_path_or_a_bad_trace_as_a_user_error(trace_folder):
     with pytest.raises(NeuronExplorerError, match="missing.json does not exist"):
-        view_command.run(_view_args(str(trace_folder / "missing.json"), "--no-browser", "--port", "0"))
+        view_command.run(_view_args(str(trace_folder / "missing.json"), "--no-browser",
+                                    "--port", "0"))
     with pytest.raises(NeuronExplorerError, match="corrupt.json"):
         start_dashboard(trace_folder / "corrupt.json", port=0, loader=load_trace)
 

@@ -30,7 +30,8 @@ def test_pan_and_zoom_from_the_graph_read_the_axis_in_microseconds(index):
     got = new_window(state(index), index, "timeline-graph.relayoutData",
                      {"xaxis.range[0]": 10.5, "xaxis.range[1]": 20}, None)
     assert got == (origin + 10_500, origin + 20_000, None)
-    got = new_window(state(index), index, "timeline-graph.relayoutData", {"xaxis.range": [1, 2]}, None)
+    got = new_window(state(index), index, "timeline-graph.relayoutData",
+                     {"xaxis.range": [1, 2]}, None)
     assert got[:2] == (origin + 1_000, origin + 2_000)
     with pytest.raises(PreventUpdate):  # plotly's own resize events change nothing
         new_window(state(index), index, "timeline-graph.relayoutData", {"autosize": True}, None)
@@ -41,8 +42,9 @@ def test_clicking_a_slice_selects_it_and_a_merged_bar_zooms_into_it(index):
                         {"points": [{"customdata": 7, "base": 1.0, "x": 2.0}]})
     assert picked[2] == 7
     origin = index.start_ns
+    # x is the bar's end
     zoomed = new_window(state(index), index, "timeline-graph.clickData", None,
-                        {"points": [{"customdata": -1, "base": 100.0, "x": 300.0}]})  # x is the bar's end
+                        {"points": [{"customdata": -1, "base": 100.0, "x": 300.0}]})
     assert zoomed[0] < origin + 100_000 < origin + 300_000 < zoomed[1]
     assert zoomed[1] - zoomed[0] == pytest.approx(240_000, rel=0.01)
 
@@ -68,7 +70,10 @@ def test_a_kernels_details_read_in_units():
     trace = neuron_explorer.load(Path(__file__).parents[2] / "sample_traces" / "odd_dims.pftrace")
     kernels = trace.kernels
     kernel = int(kernels.loc[kernels["psum_bytes"].idxmax(), "id"])
-    table = next(p for p in slice_details(trace, build_index(trace), kernel) if isinstance(p, html.Table))
-    fields = {row.children[0].children: row.children[1].children for row in table.children.children}
+    table = next(p for p in slice_details(trace, build_index(trace), kernel)
+                 if isinstance(p, html.Table))
+    fields = {row.children[0].children: row.children[1].children
+              for row in table.children.children}
     assert fields["psum_bytes"].split(" (")[0].endswith(("KiB", "MiB")), fields["psum_bytes"]
-    assert "{" not in fields["engine_busy_ns"] and "s" in fields["engine_busy_ns"], fields["engine_busy_ns"]
+    busy = fields["engine_busy_ns"]
+    assert "{" not in busy and "s" in busy, busy

@@ -16,14 +16,17 @@ def _slices(rows):
     return df
 
 
-TRACKS = pd.DataFrame({"track_id": [1, 2], "name": ["main", "Kernels"], "kind": ["thread", "kernels"],
-                       "process": ["host", "neuron:0 (trn2)"], "pid": [1, 2], "tid": [1, 2], "device": [-1, 0]})
+TRACKS = pd.DataFrame({"track_id": [1, 2], "name": ["main", "Kernels"],
+                       "kind": ["thread", "kernels"], "process": ["host", "neuron:0 (trn2)"],
+                       "pid": [1, 2], "tid": [1, 2], "device": [-1, 0]})
 
 
 def test_rows_follow_tracks_and_depths_host_first():
-    df = _slices([(1, 0, 100, "k", "kernel", 2, 0), (2, 0, 100, "step", "step", 1, 0), (3, 10, 50, "op", "op", 1, 1)])
+    df = _slices([(1, 0, 100, "k", "kernel", 2, 0), (2, 0, 100, "step", "step", 1, 0),
+                  (3, 10, 50, "op", "op", 1, 1)])
     index = TimelineIndex(df, TRACKS, pd.DataFrame())
-    assert index.labels == ["main", "↳ op", "Kernels"]  # the name on its first row; nested rows say what they hold
+    # the name on its first row; nested rows say what they hold
+    assert index.labels == ["main", "↳ op", "Kernels"]
     assert index.slice_rows[1].label == "main" and index.slice_rows[1].depth == 1
     assert index.row_of(3) == 1 and index.row_of(1) == 2 and index.row_of(99) is None
     assert (index.start_ns, index.end_ns) == (0, 100)
@@ -104,12 +107,13 @@ def test_table_position_points_into_the_slices_table(tmp_path):
 
 
 def test_dma_queues_fold_into_one_row_per_device_unless_asked():
-    tracks = pd.DataFrame({"track_id": [1, 5, 6, 7], "name": ["main", "DMA q0", "DMA q1", "DMA q10"],
+    tracks = pd.DataFrame({"track_id": [1, 5, 6, 7],
+                           "name": ["main", "DMA q0", "DMA q1", "DMA q10"],
                            "kind": ["thread", "dma", "dma", "dma"],
-                           "process": ["host", "neuron:0 (trn2)", "neuron:0 (trn2)", "neuron:0 (trn2)"],
+                           "process": ["host"] + ["neuron:0 (trn2)"] * 3,
                            "pid": [1, 2, 2, 2], "tid": [1, 5, 6, 7], "device": [-1, 0, 0, 0]})
-    df = _slices([(1, 0, 100, "op", "op", 1, 0), (2, 0, 50, "d", "dma", 5, 0), (3, 10, 50, "d", "dma", 6, 0),
-                  (4, 20, 50, "d", "dma", 7, 0)])
+    df = _slices([(1, 0, 100, "op", "op", 1, 0), (2, 0, 50, "d", "dma", 5, 0),
+                  (3, 10, 50, "d", "dma", 6, 0), (4, 20, 50, "d", "dma", 7, 0)])
     folded = TimelineIndex(df, tracks, pd.DataFrame())
     assert folded.labels == ["main", "DMA (3 queues)"]
     assert folded.row_of(4) == 1 and folded.query(0, 100, 1000).n_bars == 4

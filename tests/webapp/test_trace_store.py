@@ -21,7 +21,8 @@ def test_lists_trace_files_in_the_folder(store, trace_folder):
     (trace_folder / "notes.txt").write_text("not a trace")
     (trace_folder / "sub").mkdir()
     write_synthetic(trace_folder / "sub" / "c.pftrace")
-    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace", "sub/c.pftrace"]
+    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace",
+                                   "sub/c.pftrace"]
 
 
 def test_a_run_folders_manifest_is_not_offered_as_a_trace(store, trace_folder):
@@ -31,7 +32,8 @@ def test_a_run_folders_manifest_is_not_offered_as_a_trace(store, trace_folder):
     (run / "manifest.json").write_text('{"ranks": []}')
     write_synthetic(run / "rank0.pftrace")
     (trace_folder / "manifest.json").write_text('{"ranks": []}')  # beside traces, the same file
-    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace", "train.run/rank0.pftrace"]
+    assert store.list_traces() == ["corrupt.json", "run_a.pftrace", "run_b.pftrace",
+                                   "train.run/rank0.pftrace"]
 
 
 @pytest.mark.parametrize("name", [
@@ -100,7 +102,8 @@ def test_pages_asking_for_one_trace_at_once_share_a_single_load(trace_folder):
 
     store = TraceStore(trace_folder, loader=slow_loader)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(store.get("run_a.pftrace"))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(store.get("run_a.pftrace")))
+               for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -118,8 +121,9 @@ def test_view_of_a_folder_skips_a_link_leading_out_with_a_warning(trace_folder, 
     write_synthetic(secret)
     os.symlink(secret, trace_folder / "link.json")
     (trace_folder / "corrupt.json").unlink()
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder), "--no-browser",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(trace_folder),
+                             "--no-browser", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
     finally:
@@ -162,7 +166,8 @@ def test_a_link_leading_out_is_not_listed(store, trace_folder, tmp_path_factory)
     secret = tmp_path_factory.mktemp("elsewhere") / "secret.json"
     write_synthetic(secret)
     os.symlink(secret, trace_folder / "link.json")
-    os.symlink(trace_folder / "run_a.pftrace", trace_folder / "inside.json")  # a link within is fine
+    # a link within the folder is fine
+    os.symlink(trace_folder / "run_a.pftrace", trace_folder / "inside.json")
     assert store.list_traces() == ["corrupt.json", "inside.json", "run_a.pftrace", "run_b.pftrace"]
     assert "link.json" in store.skipped
 
@@ -203,7 +208,8 @@ def test_a_trace_is_estimated_at_what_its_tables_hold(trace_folder):
     from neuron_explorer.webapp.trace_store import estimated_bytes
 
     trace = load_trace(str(trace_folder / "run_b.pftrace"))
-    frames = sum(int(df.memory_usage(deep=True).sum()) for df in (trace.slices, trace.ops, trace.kernels))
+    frames = sum(int(df.memory_usage(deep=True).sum())
+                 for df in (trace.slices, trace.ops, trace.kernels))
     assert estimated_bytes(trace) >= frames
 
 

@@ -65,20 +65,25 @@ def test_a_streamed_upload_is_refused_as_soon_as_it_passes_the_limit(live_server
     assert request(live_server, "GET", "/_dash-layout")[0] == 200  # the server is still up
 
 
+def _upload(server, name: str, data) -> tuple[int, dict, bytes]:
+    return request(server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": name})
+
+
 def test_an_upload_is_saved_loaded_and_named(live_server, tmp_path):
     data = write_synthetic(tmp_path / "mine.pftrace").read_bytes()
-    status, _, body = request(live_server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": "mine.pftrace"})
+    status, _, body = _upload(live_server, "mine.pftrace", data)
     assert status == 200 and json.loads(body) == {"trace": "upload:mine.pftrace"}
-    status, _, body = request(live_server, "POST", "/_upload", b"garbage", {**UPLOAD_HEADERS, "X-Upload-Name": "bad.json"})
+    status, _, body = _upload(live_server, "bad.json", b"garbage")
     assert status == 400 and "bad.json" in json.loads(body)["error"]
-    status, _, body = request(live_server, "POST", "/_upload", data, {**UPLOAD_HEADERS, "X-Upload-Name": "a.txt"})
+    status, _, body = _upload(live_server, "a.txt", data)
     assert status == 400 and "not a trace file" in json.loads(body)["error"]
     status, _, body = request(live_server, "POST", "/_upload", data, {"Content-Type": "text/plain"})
     assert status == 400  # a cross-site form cannot set the name header
 
 
 def test_uploads_are_kept_within_a_quota_the_oldest_going_first(trace_folder):
-    store = TraceStore(trace_folder, loader=load_trace, max_uploads=3, max_upload_total_bytes=10_000)
+    store = TraceStore(trace_folder, loader=load_trace, max_uploads=3,
+                       max_upload_total_bytes=10_000)
     data = b'{"kept": "never loaded"}'
     try:
         for i in range(6):
@@ -86,7 +91,8 @@ def test_uploads_are_kept_within_a_quota_the_oldest_going_first(trace_folder):
             time.sleep(0.01)  # distinct modification times
         uploads = [n for n in store.list_traces() if n.startswith("upload:")]
         assert uploads == ["upload:u3.json", "upload:u4.json", "upload:u5.json"]
-        store.save_upload("big.json", b"[" + b" " * 9_989)  # over the total with the others: they go
+        # over the total with the others: they go
+        store.save_upload("big.json", b"[" + b" " * 9_989)
         assert [n for n in store.list_traces() if n.startswith("upload:")] == ["upload:big.json"]
         with pytest.raises(UploadError, match="upload limit"):
             store.save_upload("huge.json", b"x" * (store.max_upload_bytes + 1))
@@ -102,9 +108,11 @@ def _uploads_folders(pid: int) -> list[Path]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_upload_folder_is_removed_when_view_stops(real_traces_dir, tmp_path, sig):
-    shutil.copy(real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz", tmp_path / "a.json.gz")
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(tmp_path), "--no-browser",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shutil.copy(real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+                tmp_path / "a.json.gz")
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(tmp_path),
+                             "--no-browser", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         port = int(line.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
@@ -149,11 +157,10 @@ def test_an_upload_is_copied_to_disk_without_being_held_in_memory(trace_folder):
     server = DashboardServer(create_app(AppContext(store)).server).start()
     body = b"[" + b" " * (96 * 2**20 - 1)
     try:
-        request(server, "POST", "/_upload", b"[warm]", {**UPLOAD_HEADERS, "X-Upload-Name": "warm.json"})
+        _upload(server, "warm.json", b"[warm]")
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
-        status, _, answer = request(server, "POST", "/_upload", memoryview(body),
-                                    {**UPLOAD_HEADERS, "X-Upload-Name": "large.json"})
+        status, _, answer = _upload(server, "large.json", memoryview(body))
         peak = tracemalloc.get_traced_memory()[1] - before
         tracemalloc.stop()
         assert status == 200, answer

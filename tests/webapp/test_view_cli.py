@@ -1,4 +1,5 @@
-"""`neuron-explorer view` as a user runs it: prints the URL, serves, stops on Ctrl-C, one-line errors."""
+"""`neuron-explorer view` as a user runs it: prints the URL, serves, stops on Ctrl-C, one-line
+errors."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ KINETO = "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 
 def test_view_serves_a_folder_on_loopback_and_stops_on_ctrl_c(real_traces_dir, tmp_path):
     shutil.copy(real_traces_dir / KINETO, tmp_path / KINETO)
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(tmp_path), "--no-browser",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_explorer", "view", str(tmp_path),
+                             "--no-browser", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert "http://127.0.0.1:" in line, \
+            (line, proc.stderr.read() if proc.poll() is not None else "")
         url = line.split(" at ", 1)[1].split()[0]
         page = urllib.request.urlopen(url, timeout=20).read().decode()
         assert "Neuron Explorer" in page
@@ -31,7 +34,8 @@ def test_view_serves_a_folder_on_loopback_and_stops_on_ctrl_c(real_traces_dir, t
 def test_view_of_a_bad_trace_fails_in_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_bytes(b"\x00\x01garbage")
-    proc = subprocess.run([sys.executable, "-m", "neuron_explorer", "view", str(bad), "--no-browser",
-                           "--port", "0"], check=False, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "neuron_explorer", "view", str(bad),
+                           "--no-browser", "--port", "0"],
+                          check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "bad.json" in proc.stderr, proc.stderr
