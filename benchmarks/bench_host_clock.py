@@ -115,7 +115,8 @@ ratios = []
 for _ in range(pairs):
     medians = []
     for busy in (False, True):
-        procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", busy_code, "30"])
+        procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
+                                   busy_code, "30"])
                  for cpu in others for _ in range(2)] if busy else []
         time.sleep(0.2 if busy else 0.05)
         medians.append(statistics.median([step() for _ in range(170)][20:]))

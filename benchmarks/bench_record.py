@@ -27,10 +27,12 @@ RUNNER = r'''
 import json, sys, time
 import torch
 import neuron_explorer
-from neuron_explorer.collectors import session  # noqa: F401 - imported before timing, as the CLI does
+# imported before timing, as the CLI does
+from neuron_explorer.collectors import session  # noqa: F401
 from neuron_explorer.workloads.training import make_model, train
 
-name, device, mode, steps, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+name, device, mode, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[5]
+steps = int(sys.argv[4])
 torch.autograd.set_multithreading_enabled(False)
 torch.set_num_threads(1)  # steadier timings; the same for every mode
 

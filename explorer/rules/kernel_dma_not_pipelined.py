@@ -51,7 +51,8 @@ def check(trace: Trace) -> list[Finding]:
                           if v > 0)
         saving = device_saving(trace, lost)
         findings.append(make(
-            trace, RULE_ID, f"Kernel {name}: DMA and compute not pipelined", saving.time_lost_ns, items,
+            trace, RULE_ID, f"Kernel {name}: DMA and compute not pipelined",
+            saving.time_lost_ns, items,
             f"{name} runs its DMA transfers and its compute one after the other: of the "
             f"shorter of the two, less than {th.KERNEL_MIN_OVERLAP:.0%} runs under the other, "
             "so each engine waits for the other in turn"

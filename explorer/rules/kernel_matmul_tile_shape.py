@@ -49,7 +49,8 @@ def check(trace: Trace) -> list[Finding]:
         lines = ", ".join(sorted(per_line.index)[:4])
         saving = device_saving(trace, lost)
         findings.append(make(
-            trace, RULE_ID, f"Kernel {name}: matmul tiles smaller than the array", saving.time_lost_ns, items,
+            trace, RULE_ID, f"Kernel {name}: matmul tiles smaller than the array",
+            saving.time_lost_ns, items,
             f"{name}'s matmuls ({lines}) execute {1 / max(fill, 1e-9):.1f}x the FLOPs they "
             "need: the Tensor Engine runs all 128x128 cells whatever the contraction "
             "(partitions, K) and stationary free size (M) of a tile"

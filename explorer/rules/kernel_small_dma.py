@@ -47,8 +47,8 @@ def check(trace: Trace) -> list[Finding]:
         run = mine.iloc[0]
         items = [evidence(run["ts"], run["dur"], [run["id"]],
                           f"{src}: {int(r.transfers)} transfers of {int(r.median_bytes)} B "
-                          f"(median), {r.overhead / max(r.dur, 1):.0%} of their time overhead (fixed "
-                          "cost, short rows)")
+                          f"(median), {r.overhead / max(r.dur, 1):.0%} of their time overhead "
+                          "(fixed cost, short rows)")
                  for src, r in per_line.iterrows()]
         saving = device_saving(trace, lost)
         findings.append(make(
@@ -57,7 +57,8 @@ def check(trace: Trace) -> list[Finding]:
             "full rate: the fixed cost of each transfer (~1.3 us) that the transfers in "
             "flight do not hide, and short contiguous rows (under 4 KiB per partition); "
             f"{len(dma)} transfers of {int(dma['bytes'].median())} B (median, per queue). "
-            "The time counted is that share of the DMA time not hidden under compute." + saving.note,
+            "The time counted is that share of the DMA time not hidden under compute."
+            + saving.note,
             "Move more per transfer: load larger tiles (a block of several tiles in one "
             "nl.load / nisa.dma_copy, e.g. [128, 2048] instead of [128, 512]), lay data out "
             "so each partition reads a long contiguous row (2 KiB or more), and hoist loads "

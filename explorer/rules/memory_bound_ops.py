@@ -1,4 +1,5 @@
-"""Memory-bound ops: low arithmetic intensity (below the roofline ridge) or DMA-dominated kernels."""
+"""Memory-bound ops: low arithmetic intensity (below the roofline ridge) or DMA-dominated
+kernels."""
 
 from __future__ import annotations
 

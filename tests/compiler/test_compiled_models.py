@@ -50,7 +50,8 @@ class TrainPair:
         return loss_e, loss_c
 
     def params_match(self) -> bool:
-        pairs = zip(self.eager.state_dict().values(), self.compiled_model.state_dict().values(), strict=True)
+        pairs = zip(self.eager.state_dict().values(),
+                    self.compiled_model.state_dict().values(), strict=True)
         return all(close(a, b) for a, b in pairs)
 
 

@@ -53,7 +53,8 @@ def test_matmul_takes_bias_activation_and_residual_as_epilogue():
     group = groups[0]
     assert group.kind is OpKind.MATMUL
     assert group.anchor.target is aten.mm.default
-    assert [n.target for n in group.nodes[1:]] == [aten.add.Tensor, aten.gelu.default, aten.add.Tensor]
+    assert [n.target for n in group.nodes[1:]] == [aten.add.Tensor, aten.gelu.default,
+                                                   aten.add.Tensor]
     # Only the final sum leaves the kernel: the matmul result stays on chip.
     assert [n.target for n in group.outputs] == [aten.add.Tensor]
     assert group.outputs[0] is group.nodes[-1]

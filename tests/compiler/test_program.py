@@ -74,8 +74,9 @@ def test_one_program_overlaps_independent_ops():
         starts.setdefault(section[i], start)
     names = [s.name for s in program.sections]
     second = names.index("fused_mm_sigmoid")
-    first_end = max(int(s + d) for s, d, sec in zip(program.arrays()["start"].tolist(),
-                                                      program.arrays()["dur"].tolist(), section, strict=True)
+    arrays = program.arrays()
+    first_end = max(int(s + d) for s, d, sec in zip(arrays["start"].tolist(),
+                                                      arrays["dur"].tolist(), section, strict=True)
                     if sec == names.index("fused_mm_relu"))
     assert starts[second] < first_end  # the second branch starts before the first ends
 
