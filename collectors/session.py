@@ -1,4 +1,5 @@
-"""The Python API: `neuron_explorer.record(...)`, `step()`, `annotate(...)` and `phase(...)`.
+"""The Python API: `neuron_explorer.record(...)`, `step()`, `annotate(...)`, `phase(...)` and
+`request(...)`.
 
     with neuron_explorer.record("run.pftrace", level="op", steps="2:5"):
         for batch in loader:
@@ -14,6 +15,7 @@ are recorded into traces of their own (see `child_processes`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Self
@@ -22,7 +24,7 @@ from neuron_explorer.backend.clock import clock
 from neuron_explorer.collectors import recording_notices, signal_guard, status_line
 from neuron_explorer.collectors.recorder import Recorder, RecordOptions, parse_steps
 from neuron_explorer.collectors.trace_writer import RecordingError
-from neuron_explorer.common.trace_format import ARG_PHASE
+from neuron_explorer.common.trace_format import ARG_PHASE, ARG_REQUEST
 
 if TYPE_CHECKING:
     from neuron_explorer.collectors.device_sink import DeviceSink
@@ -276,3 +278,23 @@ class phase(annotate):
 
     def _recreate_cm(self) -> phase:
         return phase(self.phase)
+
+
+class request(annotate):
+    """Mark the request(s) a model call serves: `with neuron_explorer.request(7):`, or one
+    id per batch row, `with neuron_explorer.request([3, 7, 9]):` (row 0 serves request 3).
+    `Trace.requests()` gives each request's time to first token and per output token from
+    the calls it marks. The first range naming a request is its arrival: entered when the
+    request comes in, even with no call in it, it shows the request's time in the queue."""
+
+    def __init__(self, ids: int | str | Sequence[int | str]) -> None:
+        self.ids = [ids] if isinstance(ids, int | str) else list(ids)
+        if not all(isinstance(i, int | str) for i in self.ids):
+            raise TypeError("neuron_explorer.request takes an id or a list of ids (int or str)")
+        # one name for every request range: the report's regions table shows them as one
+        # region, and the ids are in the range's args
+        super().__init__("request")
+        self.args = {ARG_REQUEST: json.dumps(self.ids)}
+
+    def _recreate_cm(self) -> request:
+        return request(self.ids)

@@ -39,7 +39,15 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        if positions is not None:  # a static cache: write these positions in place
+        if positions is not None and positions.dim() == 2:  # a position per sequence
+            # (serve.py's requests, each at its own length): write each row's own positions
+            at = positions[:, None, :, None].expand(b, self.heads, t, d // self.heads)
+            cache[0].scatter_(2, at, k)
+            cache[1].scatter_(2, at, v)
+            k, v = cache
+            mask = torch.arange(k.shape[2], device=x.device) <= positions[:, None, :, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif positions is not None:  # a static cache: write these positions in place
             cache[0].index_copy_(2, positions, k)
             cache[1].index_copy_(2, positions, v)
             k, v = cache
@@ -66,8 +74,9 @@ class Decoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: list | None = None,
                 positions: torch.Tensor | None = None) -> tuple:
-        """`positions` (those of `ids`' tokens) means `cache` is a static one, from
-        `static_cache`, written in place; without it the cache grows by concatenation."""
+        """`positions` (those of `ids`' tokens: `[t]` for the whole batch, or `[b, t]`, a
+        row per sequence) means `cache` is a static one, from `static_cache`, written in
+        place; without it the cache grows by concatenation."""
         static = positions is not None
         if positions is None:
             past = 0 if cache is None else cache[0][0].shape[2]

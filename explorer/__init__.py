@@ -24,13 +24,14 @@ _LAZY = {
     "step": "neuron_explorer.collectors.session",
     "annotate": "neuron_explorer.collectors.session",
     "phase": "neuron_explorer.collectors.session",
+    "request": "neuron_explorer.collectors.session",
 }
 
 __all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff", "load",
-           "load_run", "phase", "record", "step", "whatif"]
+           "load_run", "phase", "record", "request", "step", "whatif"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
-    from neuron_explorer.collectors.session import annotate, phase, record, step
+    from neuron_explorer.collectors.session import annotate, phase, record, request, step
     from neuron_explorer.common.errors import TraceFormatError
     from neuron_explorer.run import Run, load_run
     from neuron_explorer.trace import Trace, load

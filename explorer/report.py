@@ -11,6 +11,7 @@ from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
 from neuron_explorer.analyses.phases import phase_summary, split_phases
+from neuron_explorer.analyses.requests import marked_requests, request_percentiles
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
@@ -58,6 +59,10 @@ def report_dict(trace: Trace) -> dict[str, Any]:
         "kernels": kernel_dict(trace),
         "phases": records(phase_summary(trace)),
         "serving": records(trace.serving()),
+        # per request only where marked: unmarked rows of a batch share their generation's
+        "requests": records(trace.requests()) if marked_requests(trace) else [],
+        "request_percentiles": records(request_percentiles(trace.requests()))
+        if marked_requests(trace) else [],
     }
 
 
@@ -133,8 +138,10 @@ def report_sections(trace: Trace) -> list[Section]:
               if device and len(queues := _queues_table(trace)) else []),
             *([Section("Counters (the whole trace)", counters)]
               if len(counters := _counters_table(trace)) else []),
-            *([Section("Generation (per prefill and its decode steps)", serving)]
+            *([Section(_serving_title(trace), serving)]
               if len(serving := _serving_table(trace)) else []),
+            *([Section(_requests_title(trace), requests)]
+              if len(requests := _requests_table(trace)) else []),
             *([Section("Annotated regions (device time, the whole trace)", regions)]
               if device and len(regions := _regions_table(trace)) else []),
             *([Section("Frequent kernel sequences (3 kernels, the whole trace)", sequences)]
@@ -182,6 +189,28 @@ def _serving_table(trace: Trace) -> pd.DataFrame:
                          "decode MBU": shown(sv["decode_mbu"], _small_share),
                          "KV cache": shown(sv["kv_bytes"], size),
                          "KV per token": shown(sv["kv_bytes_per_token"], size)})
+
+
+def _serving_title(trace: Trace) -> str:
+    if marked_requests(trace):
+        return "Serving (the marked requests pooled, first prefill to last token)"
+    return "Generation (per prefill and its decode steps)"
+
+
+def _requests_title(trace: Trace) -> str:
+    n = len(marked_requests(trace))
+    return f"Requests ({n} marked; percentiles over requests)"
+
+
+def _requests_table(trace: Trace) -> pd.DataFrame:
+    """Percentiles over the marked requests of queueing, time to first token, time per
+    output token and end-to-end latency (none without marks: a batch's unmarked rows share
+    their figures)."""
+    if not marked_requests(trace):
+        return pd.DataFrame()
+    pct = request_percentiles(trace.requests())
+    return pd.DataFrame({"figure": pct["figure"], "requests": pct["requests"],
+                         **{c: pct[c].map(fmt_ns) for c in pct.columns[2:]}})
 
 
 def _small_share(value: Any) -> str:

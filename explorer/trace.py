@@ -290,6 +290,14 @@ class Trace:
 
         return memoised(self, "kv_cache", lambda: kv_cache(self))
 
+    def requests(self) -> pd.DataFrame:
+        """Per request (marked with `neuron_explorer.request`, else each batch row of a
+        generation): arrival, queueing, prompt and output tokens, time to first token,
+        time per output token (median, p90), end-to-end latency."""
+        from neuron_explorer.analyses.requests import requests
+
+        return memoised(self, "requests", lambda: requests(self))
+
     def breakdown(self) -> pd.DataFrame:
         """Long form per step: step, side (device|host), category, ns, share."""
         from neuron_explorer.analyses.step_breakdown import breakdown

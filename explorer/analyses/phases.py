@@ -10,6 +10,9 @@ when its first argument holds token ids, their shape.
 - `prefill` and `decode`: inference steps where each call adds one token per sequence
   (one new token with a KV cache, or the previous length + 1 without one) after a call
   that took the prompt;
+- with requests marked (`neuron_explorer.request`), a call is `prefill` when it serves
+  requests no call served before, `decode` when it serves only requests served before
+  (a continuous-batching server's batch changes every few steps);
 - whatever `neuron_explorer.phase(name)` marked: the name of the range a model call
   starts in wins (models called with keyword arguments show no token ids to the hooks).
 Traces where no call ran without grad (older recordings, PyTorch-profiler traces) have
@@ -124,6 +127,7 @@ def _phases(trace: Trace) -> pd.DataFrame:
                      "new": -1 if first is None else int(first["new"]),
                      "anchor": start if first is None else int(first["ts"])})
     _mark_generation(rows)
+    _apply_requests(rows, trace, calls)
     _apply_marks(rows, _marks(trace))
     out = pd.DataFrame(rows)
     out["tokens"] = out["tokens"].astype("Int64")
@@ -200,6 +204,26 @@ def _mark_generation(rows: list[dict[str, Any]]) -> None:
         previous = row if row["phase"] != TRAIN and row["new"] > 0 else None
 
 
+def _apply_requests(rows: list[dict[str, Any]], trace: Trace, calls: pd.DataFrame) -> None:
+    """Inference rows whose model call serves marked requests: prefill or decode by
+    whether those requests were served before (`requests.call_phases`)."""
+    from neuron_explorer.analyses.requests import call_phases, request_marks
+
+    marks = request_marks(trace)
+    if not marks:
+        return
+    by_start = dict(zip(calls["ts"].tolist(), call_phases(marks, calls), strict=True))
+    for row in rows:
+        phase = by_start.get(row["anchor"]) if row["phase"] != TRAIN else None
+        if phase is None:
+            continue
+        row["phase"] = phase
+        known = row["batch"] > 0 and row["new"] > 0
+        # a decode step: one new token a sequence; a prefill: every prompt token it read
+        row["tokens"] = (row["batch"] if phase == DECODE else row["batch"] * row["new"]) \
+            if known else None
+
+
 def _marks(trace: Trace) -> list[tuple[int, int, str]]:
     """The ranges marked with `neuron_explorer.phase(name)`: (start, end, name), in time
     order (a range split at step boundaries is several)."""
@@ -268,15 +292,21 @@ def serving(trace: Trace) -> pd.DataFrame:
     weight and the whole cache read for one token each); NaN where the trace records no
     device work or no hardware figures. And the KV cache from the allocator (`kv_cache`):
     what the generation holds at its last step's start (`kv_bytes`) and what each new
-    token adds per sequence (`kv_bytes_per_token`, the median over the decode steps)."""
+    token adds per sequence (`kv_bytes_per_token`, the median over the decode steps).
+
+    With requests marked (`neuron_explorer.request`), requests join and leave the batch
+    at every step, so the run is one row pooling them (`_pooled_requests`), and
+    `requests()` has each request's figures."""
     p = phases(trace)
     if not len(p) or not (p["phase"] == PREFILL).any():
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in SERVING_COLUMNS})
-    ready = _ready(trace, p)
+    ready = token_ready(trace, p)
     work = _device_work(trace, p)
+    if _marked(trace):
+        return pd.DataFrame([_pooled_requests(trace, p, ready, work)], columns=SERVING_COLUMNS)
     held = kv_cache(trace)
     rows: list[dict[str, Any]] = []
-    for n, (i, j) in enumerate(_generations(p)):
+    for n, (i, j) in enumerate(generations(trace, p)):
         times = ready[i:j]
         # sequences: a decode step's tokens (NA where the model's token ids went unseen)
         batch = _known(p.at[i + 1, "tokens"]) if j > i + 1 else np.nan
@@ -297,9 +327,57 @@ def serving(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SERVING_COLUMNS)
 
 
-def _generations(p: pd.DataFrame) -> list[tuple[int, int]]:
-    """(first row, row after the last) of each prefill and the decode steps after it."""
+def _pooled_requests(trace: Trace, p: pd.DataFrame, ready: np.ndarray,
+                     work: dict[str, Any]) -> dict[str, Any]:
+    """The serving row of a run with requests marked, from its first prefill to its last
+    token: batch (the median decode step's sequences), prompt tokens (every prefill's),
+    new tokens (every request's), time to first token (the median request's), time per
+    output token (median and p90 of every gap between a request's consecutive tokens),
+    tokens/s, MFU over the prefill steps and MBU over the decode steps (each step from its
+    start to its token). No KV cache figures: the allocator cannot tell one request's
+    cache from another's as they come and go, nor see a cache allocated up front."""
+    from neuron_explorer.analyses.requests import marked_requests
+
+    served = marked_requests(trace)
+    ((i, j),) = generations(trace, p)
+    phase = p["phase"].to_numpy()[i:j]
+    pre, dec = phase == PREFILL, phase == DECODE
+    tokens = p["tokens"].to_numpy(dtype=object)[i:j]
+    busy = (ready - p["ts"].to_numpy(np.int64))[i:j]  # each step: its start to its token
+    gaps = np.concatenate([np.diff(r.times) for r in served])
+    new = sum(r.tokens for r in served)
+    total = ready[i:j].max() - int(p.at[i, "ts"])
+    flops, moved = work["flops"][i:j], work["bytes"][i:j]
+    return {
+        "generation": 0, "step": int(p.at[i, "step"]),
+        "batch": float(np.median([_known(t) for t in tokens[dec]])) if dec.any() else np.nan,
+        "prompt_tokens": float(sum(_known(t) for t in tokens[pre])),
+        "decode_steps": int(dec.sum()), "new_tokens": new,
+        "ttft_ns": float(np.median([r.times[0] - r.arrival for r in served])),
+        "tpot_median_ns": float(np.median(gaps)) if len(gaps) else np.nan,
+        "tpot_p90_ns": float(np.percentile(gaps, 90)) if len(gaps) else np.nan,
+        "tokens_per_s": new / (total / 1e9) if total > 0 else np.nan,
+        "prefill_mfu": flops[pre].sum() / (work["peak"] * busy[pre].sum() / 1e9),
+        "decode_mbu": (moved[dec].sum() / (work["bw"] * busy[dec].sum() / 1e9)
+                       if dec.any() and busy[dec].sum() > 0 else np.nan),
+        "kv_bytes": np.nan, "kv_bytes_per_token": np.nan}
+
+
+def _marked(trace: Trace) -> bool:
+    """Whether `neuron_explorer.request` marked the model's calls."""
+    from neuron_explorer.analyses.requests import marked_requests
+
+    return bool(marked_requests(trace))
+
+
+def generations(trace: Trace, p: pd.DataFrame) -> list[tuple[int, int]]:
+    """(first row, row after the last) of each prefill and the decode steps after it; with
+    requests marked, one span from the first prefill to the last prefill or decode step
+    (requests interleave: a prefill does not end the decode steps before it)."""
     phase = p["phase"].to_numpy()
+    if _marked(trace) and (phase == PREFILL).any():
+        rows = np.flatnonzero((phase == PREFILL) | (phase == DECODE))
+        return [(int(rows[0]), int(rows[-1]) + 1)]
     spans = []
     for i in np.flatnonzero(phase == PREFILL).tolist():
         j = i + 1
@@ -336,7 +414,7 @@ def kv_cache(trace: Trace) -> pd.DataFrame:
     p = phases(trace)
     memory = trace.memory_timeline() if len(p) else pd.DataFrame()
     rows = []
-    for n, (i, j) in enumerate(_generations(p) if len(memory) else []):
+    for n, (i, j) in enumerate(generations(trace, p) if len(memory) else []):
         ts = p["ts"].to_numpy(np.int64)[i:j]
         floor = _least_in_use(memory, ts, ts + p["dur"].to_numpy(np.int64)[i:j])
         rows.append(pd.DataFrame({"generation": n, "phase": p["phase"].to_numpy()[i:j],
@@ -377,7 +455,7 @@ def _known(value: Any) -> float:
     return np.nan if pd.isna(value) else float(value)
 
 
-def _ready(trace: Trace, p: pd.DataFrame) -> np.ndarray:
+def token_ready(trace: Trace, p: pd.DataFrame) -> np.ndarray:
     """When each phase row's work is done: its host end, or later its kernels' end."""
     end = (p["ts"] + p["dur"]).to_numpy(np.int64)
     k = trace.kernels

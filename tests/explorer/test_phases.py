@@ -127,6 +127,21 @@ def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded) -> None:
     assert "time to first token" in text and "KV per token" in text and "2 KiB" in text
 
 
+def test_without_marks_each_batch_row_is_a_request(recorded) -> None:
+    path = recorded("generate.py", "--new-tokens", "16", "--prompt", "24", "--batch", "4")
+    trace = neuron_explorer.load(path)
+    rq, g = trace.requests(), trace.serving().iloc[0]
+    assert rq["request"].tolist() == ["0/0", "0/1", "0/2", "0/3"]
+    assert (rq["tokens"] == 16).all() and (rq["prompt_tokens"] == 24).all()
+    assert (rq["ttft_ns"] == g["ttft_ns"]).all() and rq["queue_ns"].isna().all()
+    assert (rq["tpot_median_ns"] == g["tpot_median_ns"]).all()
+    # all 64 tokens over the generation's time: the end to end latency of each row
+    assert rq["e2e_ns"].iloc[0] / 1e9 == pytest.approx(64 / g["tokens_per_s"])
+    # the report's request percentiles are for marked requests only: these share figures
+    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    assert report["requests"] == [] and report["request_percentiles"] == []
+
+
 def _rows(shapes: list[tuple[int, int]]) -> list[dict]:
     return [{"phase": "eval", "step": i, "tokens": b * t, "batch": b, "new": t}
             for i, (b, t) in enumerate(shapes)]
