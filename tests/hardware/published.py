@@ -27,7 +27,8 @@ PERF_GUIDE = ("NKI performance guide, Opt #5a 'Use sufficiently large input tile
               "dimension' (aws-neuron-sdk nki/deep-dives/nki_perf_guide.rst)")
 ARCH_GUIDE = ("Trainium/Inferentia2 architecture guide, Tensor Engine 'Cost Model' "
               "(aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst)")
-DMA_OVERVIEW_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/about/nki-dma-overview.html"
+DMA_OVERVIEW_URL = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/about/"
+                    "nki-dma-overview.html")
 DMA_CURVE = ("NKI DMA bandwidth guide, achieved DMA throughput against bytes per partition "
              "for [128, F] transfers, relative to peak (https://awsdocs-neuron.readthedocs-"
              "hosted.com/en/latest/nki/deep-dives/nki-dma-bandwidth-guide.html; the same "
