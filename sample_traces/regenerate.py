@@ -33,6 +33,8 @@ SAMPLES: dict[str, tuple[list[str], str, list[str]]] = {
     "fp32_matmul": (["--level", "engine", "--steps", "1:2"], "fp32_matmul.py", ["--steps", "2"]),
     "near_memory": (["--level", "op"], "near_memory.py", ["--steps", "3"]),
     "nki_kernels": (["--level", "engine"], "nki/profile_kernels.py", []),
+    "generate": (["--level", "op"], "generate.py", []),
+    "serve": (["--level", "op"], "serve.py", ["--requests", "8"]),
 }
 
 

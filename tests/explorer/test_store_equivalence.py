@@ -21,7 +21,7 @@ from neuron_explorer.report import render_report
 
 ROOT = Path(__file__).parents[2]
 SAMPLES = ["gpt_compiled.pftrace", "nki_kernels.pftrace", "slow_dataloader.pftrace",
-           "odd_dims.pftrace"]
+           "odd_dims.pftrace", "serve.pftrace"]
 TRACES = ([ROOT / "sample_traces" / name for name in SAMPLES]
           + sorted((ROOT / "tests" / "data" / "real_traces").glob("*.json.gz"))
           + sorted((ROOT / "tests" / "data" / "fuzz_corpus").glob("*.pftrace")))
