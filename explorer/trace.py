@@ -290,6 +290,13 @@ class Trace:
 
         return memoised(self, "kv_cache", lambda: kv_cache(self))
 
+    def token_times(self) -> pd.DataFrame:
+        """Per generated token: generation, token, phase, step, ready (ns) and gap_ns (the
+        time to first token, then each token's time after the one before)."""
+        from neuron_explorer.analyses.phases import token_times
+
+        return memoised(self, "token_times", lambda: token_times(self))
+
     def requests(self) -> pd.DataFrame:
         """Per request (marked with `neuron_explorer.request`, else each batch row of a
         generation): arrival, queueing, prompt and output tokens, time to first token,

@@ -23,6 +23,7 @@ from neuron_explorer.webapp.pages import (
     compare,
     compile_page,
     engines,
+    generation,
     kernel,
     memory,
     overview,
@@ -43,8 +44,8 @@ UPLOAD_PATH = "/_upload"
 # a custom header: a cross-site page cannot send it without CORS
 UPLOAD_NAME_HEADER = "X-Upload-Name"
 MAX_CALLBACK_BYTES = 32 * 2**20  # callbacks carry small JSON; traces come through UPLOAD_PATH
-PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, compare, ranks,
-         kernel]
+PAGES = [overview, timeline, tables, engines, roofline, memory, compile_page, generation,
+         compare, ranks, kernel]
 PAGE_BY_PATH = {page.PATH: page for page in PAGES}
 
 

@@ -25,6 +25,7 @@ class PageData(Generic[T]):
 
     value: T | None = None
     missing: str | None = None  # shown to the user when value is None
+    empty: bool = False  # the analysis ran and found nothing (not a failure)
 
     @property
     def ok(self) -> bool:
@@ -50,5 +51,5 @@ def fetch(compute: Callable[[], T], label: str) -> PageData[T]:
         return PageData(missing=hide_paths(
             f"Could not compute the {label} for this trace: {exc}", {}))
     if _is_empty(value):
-        return PageData(missing=f"This trace has no {label}.")
+        return PageData(missing=f"This trace has no {label}.", empty=True)
     return PageData(value=value)

@@ -41,6 +41,7 @@ SERVING_COLUMNS = ["generation", "step", "batch", "prompt_tokens", "decode_steps
                    "ttft_ns", "tpot_median_ns", "tpot_p90_ns", "tokens_per_s", "prefill_mfu",
                    "decode_mbu", "kv_bytes", "kv_bytes_per_token"]
 KV_COLUMNS = ["generation", "phase", "step", "ts", "held_bytes"]
+TOKEN_COLUMNS = ["generation", "token", "phase", "step", "ready", "gap_ns"]
 TRAIN, EVAL, PREFILL, DECODE = "train", "eval", "prefill", "decode"
 
 
@@ -453,6 +454,25 @@ def _kv_figures(held: pd.DataFrame, batch: float) -> dict[str, float]:
 def _known(value: Any) -> float:
     """A token count, NaN where unknown."""
     return np.nan if pd.isna(value) else float(value)
+
+
+def token_times(trace: Trace) -> pd.DataFrame:
+    """Per generated token (a prefill's or a decode step's, for the whole batch): its
+    generation, number, phase, step, when it was ready (`ready`, ns) and the time it took
+    (`gap_ns`: from the prefill's start for the first token, the time to first token;
+    from the token before for the others, the time per output token)."""
+    p = phases(trace)
+    ready = token_ready(trace, p) if len(p) else np.zeros(0, np.int64)
+    parts = []
+    for n, (i, j) in enumerate(generations(trace, p)):
+        times = ready[i:j]
+        parts.append(pd.DataFrame({
+            "generation": n, "token": np.arange(j - i), "phase": p["phase"].to_numpy()[i:j],
+            "step": p["step"].to_numpy()[i:j], "ready": times,
+            "gap_ns": np.diff(times, prepend=int(p.at[i, "ts"]))}))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in TOKEN_COLUMNS})
+    return pd.concat(parts, ignore_index=True)[TOKEN_COLUMNS]
 
 
 def token_ready(trace: Trace, p: pd.DataFrame) -> np.ndarray:

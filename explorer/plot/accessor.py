@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from neuron_explorer.plot import engines, figures, ranks, streams
+from neuron_explorer.plot import engines, figures, generation, ranks, streams
 from neuron_explorer.plot import timeline as timeline_module
 from neuron_explorer.plot.options import options
 
@@ -74,6 +74,14 @@ class TracePlot:
     def stream_idle(self) -> go.Figure:
         """Each queue's idle time between kernels, by HTA's category."""
         return streams.stream_idle_figure(self._trace.stream_idle())
+
+    def tokens(self) -> go.Figure:
+        """Each generated token's time: the time to first token, then per output token."""
+        return generation.token_figure(self._trace.token_times())
+
+    def kv_cache(self) -> go.Figure:
+        """The KV cache held through each prefill and decode step."""
+        return generation.kv_cache_figure(self._trace.kv_cache())
 
     def kernel_sequences(self, n: int = 3, top: int = 15) -> go.Figure:
         """The kernel sequences of length `n` with the most time: candidates for fusion."""
