@@ -149,6 +149,15 @@ def is_inference(trace: Trace) -> bool:
     return trace.metadata.get("step_boundary") == "forward"
 
 
+def trains(trace: Trace) -> bool:
+    """Whether the run trains: it records a backward or an optimizer step. Advice about
+    optimizers, master weights, gradients or saved activations fits only such runs."""
+    from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.tables import kind_mask
+
+    return bool(kind_mask(trace, (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER)).any())
+
+
 def step_name(trace: Trace) -> str:
     return "forward call" if is_inference(trace) else "training step"
 

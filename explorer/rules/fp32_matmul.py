@@ -18,7 +18,7 @@ from neuron_explorer.common.op_families import is_matmul_like
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, trains, us
 from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
 from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
@@ -101,11 +101,13 @@ def check(trace: Trace) -> list[Finding]:
                           "attention with F.scaled_dot_product_attention on bfloat16 q, k "
                           "and v.")
     else:
+        # a master copy is for training: an optimizer's updates are too small for bf16 weights
+        master = (", keeping an FP32 master copy of weights in the optimizer" if trains(trace)
+                  else "")
         recommendation = (f"Run the model's matmuls ({where} first) in bfloat16: wrap the "
                           f"forward pass in torch.autocast('{device_terms(trace.metadata).name}', "
-                          "dtype=torch.bfloat16) or "
-                          "cast the model with model.to(torch.bfloat16), keeping an FP32 master "
-                          "copy of weights in the optimizer.")
+                          f"dtype=torch.bfloat16) or cast the model with model.to(torch.bfloat16)"
+                          f"{master}.")
     return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", saving.time_lost_ns, items,
                  explanation, recommendation, symptom_ns=lost,
                  saving_basis=("replay: " if predicted is not None else "estimate: ")

@@ -10,7 +10,16 @@ from neuron_explorer.analyses.critical_path import device_time_saving
 from neuron_explorer.analyses.startup import startup_gaps
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, is_inference, make, step_time, top, us
+from neuron_explorer.rules.finding import (
+    Finding,
+    evidence,
+    is_inference,
+    make,
+    step_time,
+    top,
+    trains,
+    us,
+)
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -94,7 +103,8 @@ def check(trace: Trace) -> list[Finding]:
     if saving < lost:
         explanation += (f" Compiled, a what-if replay saves {us(saving)} of the "
                         f"{us(lost)} these gaps cost: the rest is host work that compiling "
-                        "keeps (Python between the model's calls, hooks, the optimizer).")
+                        "keeps (Python between the model's calls, hooks"
+                        + (", the optimizer)." if trains(trace) else ")."))
     return [make(
         trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", saving,
         items, explanation, _recommendation(trace), symptom_ns=lost, saving_basis=basis)]

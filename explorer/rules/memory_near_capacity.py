@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.memory import peak_memory
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import hbm_capacity
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make
+from neuron_explorer.rules.finding import Finding, evidence, make, trains
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -45,8 +46,19 @@ def check(trace: Trace) -> list[Finding]:
             [evidence(ts, 0, [], f"peak {peak / 2**30:.2f} GiB of {cap / 2**30:.2f} GiB")],
             f"Peak device memory reaches {use:.0%} of the {cap / 2**30:.2f} GiB available"
             + (f"; largest holders at the peak: {names}" if names else "") + ".",
-            "Cut activation memory before it runs out: activation checkpointing "
-            "(torch.utils.checkpoint) on the largest modules, a smaller micro-batch with "
-            "gradient accumulation, bf16 activations, and freeing tensors kept for logging.",
+            _advice(trace),
             severity_override="high" if use >= th.MEMORY_CRITICAL else "medium"))
     return findings
+
+
+def _advice(trace: Trace) -> str:
+    """What frees memory: in training, the activations kept for backward; in inference
+    (nothing kept for a backward), the cache and batch sized to leave headroom."""
+    if trains(trace):
+        return ("Cut activation memory before it runs out: activation checkpointing "
+                "(torch.utils.checkpoint) on the largest modules, a smaller micro-batch with "
+                "gradient accumulation, bf16 activations, and freeing tensors kept for logging.")
+    free = f"torch.{device_terms(trace.metadata).name}.mem_get_info()"
+    return ("Leave headroom for each call's temporaries: size the KV cache or batch from the "
+            f"memory actually free ({free}) rather than a fixed share, keep weights and cache "
+            "in bf16, serve fewer sequences at once, and free tensors kept for logging.")

@@ -15,7 +15,7 @@ from neuron_explorer.common.intervals import Union
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
 from neuron_explorer.rules.queued_idle import held_up
 
 if TYPE_CHECKING:
@@ -141,8 +141,9 @@ def _recommendation(trace: Trace, names: str) -> str:
     compile_call = device_terms(trace.metadata).compile_call
     compiled = (len(trace.compile_summary()["graphs"]) > 0
                 or bool((trace.ops["graph_id"] >= 0).any()))
+    also = ", or compile the loss and optimizer step too" if trains(trace) else ""
     where = ("bring the ops that launch it into the compiled graph (remove the graph break "
-             "that leaves them eager, or compile the loss and optimizer step too)" if compiled
+             f"that leaves them eager{also})" if compiled
              else f"wrap the module that runs it in {compile_call}")
     advice = (f"Fuse each sequence into one kernel: {where}, so its elementwise chain becomes "
               "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention, "

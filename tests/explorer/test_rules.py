@@ -265,9 +265,14 @@ def test_memory_near_capacity(tmp_path: Path, basic_pf) -> None:
     sc = scenarios.basic()
     sc.b.counter(sc.hbm, 12_000, 980_000_000)
     (f,) = _rule(_load(sc, tmp_path, "mem"), "memory_near_capacity")
-    assert f.severity == "high" and "98%" in f.title and "checkpoint" in f.recommendation
-    assert "aten::mm" in f.explanation
+    assert f.severity == "high" and "98%" in f.title and "aten::mm" in f.explanation
+    # no optimizer and no backward: nothing is kept for a backward, so no checkpointing
+    assert "mem_get_info" in f.recommendation and "checkpoint" not in f.recommendation
     assert _rule(basic_pf, "memory_near_capacity") == []
+    # a training run: its activations are what to cut
+    sc.b.slice(sc.host, 9_600, 300, "AdamW.step", "optimizer", {"step": 0})
+    (f,) = _rule(_load(sc, tmp_path, "mem_training"), "memory_near_capacity")
+    assert "checkpoint" in f.recommendation and "gradient accumulation" in f.recommendation
 
 
 @pytest.mark.parametrize("name", ["amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",

@@ -1,0 +1,80 @@
+"""Advice fits the run: a run without an optimizer (inference, serving) gets no advice about
+optimizers, FP32 master weights, gradients or activations kept for backward; a training
+run keeps it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+
+SAMPLES = Path(__file__).parents[2] / "sample_traces"
+CLI = [sys.executable, "-m", "neuron_explorer.cli"]
+TRAINING_WORDS = re.compile(r"optimizer|master cop|gradient|checkpoint", re.IGNORECASE)
+
+INFER = '''
+import torch
+from torch import nn
+
+device = torch.device("neuron")
+total = torch.neuron.get_device_properties(device).total_memory
+# a KV cache reserving 90% of HBM, as a server sizes it up front
+cache = torch.empty(int(total * 0.9) // 2, dtype=torch.bfloat16, device=device)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(2048, 4096), nn.GELU(), nn.Linear(4096, 2048)).to(device).eval()
+x = torch.randn(512, 2048).to(device)
+with torch.inference_mode():
+    for _ in range(4):
+        model(x).sum().item()
+'''
+
+
+def _advice(findings: list) -> str:
+    return " ".join(f.title + " " + f.explanation + " " + f.recommendation for f in findings)
+
+
+@pytest.mark.slow
+def test_an_inference_run_gets_no_training_advice(tmp_path: Path) -> None:
+    script = tmp_path / "infer.py"
+    script.write_text(INFER)
+    out = tmp_path / "infer.pftrace"
+    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    for args in (["record", "--level", "op", "-o", str(out), "--", "python", str(script)],
+                 ["report", str(out)], ["report", "--format", "json", str(out)]):
+        proc = subprocess.run([*CLI, *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)  # the JSON report, run last
+    fired = {f["rule_id"] for f in report["findings"]}
+    # the fp32 matmuls and the full HBM are still found, with advice for inference
+    assert {"fp32_matmul", "memory_near_capacity"} <= fired
+    assert not TRAINING_WORDS.search(json.dumps(report["findings"]))
+    findings = neuron_explorer.load(out).bottlenecks()
+    fp32 = next(f for f in findings if f.rule_id == "fp32_matmul")
+    assert "model.to(torch.bfloat16)" in fp32.recommendation
+    memory = next(f for f in findings if f.rule_id == "memory_near_capacity")
+    assert "torch.neuron.mem_get_info()" in memory.recommendation
+    assert not TRAINING_WORDS.search(_advice(findings))
+
+
+@pytest.mark.parametrize("name", ["generate.pftrace", "serve.pftrace"])
+def test_generation_and_serving_samples_get_no_training_advice(name: str) -> None:
+    findings = neuron_explorer.load(SAMPLES / name).bottlenecks()
+    assert findings  # host_bound and short_kernel_sequence among them: their advice too
+    assert not TRAINING_WORDS.search(_advice(findings)), _advice(findings)
+
+
+def test_training_runs_keep_the_optimizer_advice() -> None:
+    fp32 = next(f for f in neuron_explorer.load(SAMPLES / "fp32_matmul.pftrace").bottlenecks()
+                if f.rule_id == "fp32_matmul")
+    assert "FP32 master copy of weights in the optimizer" in fp32.recommendation
+    memory = next(f for f in neuron_explorer.load(SAMPLES / "near_memory.pftrace").bottlenecks()
+                  if f.rule_id == "memory_near_capacity")
+    assert "gradient accumulation" in memory.recommendation
