@@ -136,6 +136,8 @@ class HardwarePreset:
             "partitions": self.partitions,
             "dma_engines": self.dma_engines,
             "dma_queues_per_engine": self.dma_queues_per_engine,
+            # a transfer's fixed cost: its descriptors' generation, then trigger to first byte
+            "dma_fixed_ns": self.dma_issue_ns + self.dma_fixed_ns,
             "clocks_ghz": {
                 "tensor": self.te_clock_ghz,
                 "vector": self.vector_clock_ghz,

@@ -55,3 +55,10 @@ def hbm_capacity(figures: dict[str, Any] | None) -> int | None:
 def partitions(figures: dict[str, Any] | None) -> int:
     """SBUF partitions (engine lanes); 128 on every Trainium generation."""
     return int((figures or {}).get("partitions") or 128)
+
+
+def dma_fixed_text(figures: dict[str, Any] | None) -> str:
+    """The fixed cost of one DMA transfer as the rules' texts give it ('~1.7 us'), or ''
+    for a trace whose hardware figures do not say (recorded before they did)."""
+    value = (figures or {}).get("dma_fixed_ns")
+    return f" (~{float(value) / 1e3:.1f} us on this hardware)" if value else ""

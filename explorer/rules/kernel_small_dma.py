@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.analyses.kernel_lines import dma_compute_overlap, nki_instructions, nki_runs
+from neuron_explorer.peaks import dma_fixed_text
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
 from neuron_explorer.rules.host_bound import device_saving
@@ -54,7 +55,8 @@ def check(trace: Trace) -> list[Finding]:
         findings.append(make(
             trace, RULE_ID, f"Kernel {name}: small DMA transfers", saving.time_lost_ns, items,
             f"{share:.0%} of {name}'s DMA time is overhead, not moving data at a queue's "
-            "full rate: the fixed cost of each transfer (~1.3 us) that the transfers in "
+            f"full rate: the fixed cost of each transfer{dma_fixed_text(figures)} that the "
+            "transfers in "
             "flight do not hide, and short contiguous rows (under 4 KiB per partition); "
             f"{len(dma)} transfers of {int(dma['bytes'].median())} B (median, per queue). "
             "The time counted is that share of the DMA time not hidden under compute."

@@ -1,4 +1,5 @@
-"""Small DMA transfers: the ~1.3 us fixed cost of each transfer dominates its time."""
+"""Small DMA transfers: the fixed cost of each transfer (generating its descriptors, then
+trigger to first byte) dominates its time."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.common.intervals import Union
-from neuron_explorer.peaks import dma_bandwidth, partitions
+from neuron_explorer.peaks import dma_bandwidth, dma_fixed_text, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.rules.host_bound import device_saving
@@ -76,7 +77,8 @@ def check(trace: Trace) -> list[Finding]:
     return [make(
         trace, RULE_ID, f"{len(small)} small DMA transfers", saving.time_lost_ns, items,
         f"{len(small)} of {len(dma)} DMA transfers (median {median} B) spend most of their "
-        "time on the fixed cost of a transfer (~1.3 us) rather than moving data: they are too "
+        f"time on the fixed cost of a transfer{dma_fixed_text(trace.hardware_figures)} rather "
+        "than moving data: they are too "
         f"small, or their rows are shorter than {th.SMALL_DMA_BYTES_PER_PARTITION} B per "
         "partition. The time counted is when the device does nothing but these transfers."
         + saving.note,

@@ -51,8 +51,8 @@ FP32_MATMUL_MIN_PREDICTED_GAIN = 0.05
 ENGINE_SATURATED = 0.80
 ENGINE_IDLE = 0.20
 
-# small_dma: DMA bandwidth saturates at 4 KiB per partition; below that the ~1.3 us
-# fixed cost dominates.
+# small_dma: DMA bandwidth saturates at 4 KiB per partition; below that a transfer's fixed
+# cost (descriptor generation, then 1.1-1.3 us from trigger to first byte) dominates.
 SMALL_DMA_BYTES_PER_PARTITION = 4096
 # A transfer is small when it takes over twice as long as its bytes need at one DMA
 # engine's bandwidth: more than half its time is fixed cost.

@@ -53,6 +53,10 @@ def test_tiny_tiles_are_small_dma_and_large_ones_are_not(findings):
     assert any("kernel_cases.py:" in e["description"] and "overhead" in e["description"]
                for e in f.evidence)
     assert f.time_lost_ns > 0
+    # the fixed cost it names is this hardware's: descriptor generation, then trigger to
+    # first byte (the preset's figures, recorded in the trace)
+    fixed = findings[0].hardware_figures["dma_fixed_ns"]
+    assert fixed > 0 and f"~{fixed / 1e3:.1f} us on this hardware" in f.explanation
 
 
 def test_the_report_shows_each_kernels_line_profile_and_why(findings):
