@@ -29,7 +29,8 @@ DTYPE_BYTES: dict[str, int] = {
     "complex64": 8,
     "complex128": 16,
 }
-_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32"}
+_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64",
+            "int": "int32"}
 
 
 def normalize_dtype(dtype: Any) -> str:
