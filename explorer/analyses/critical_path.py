@@ -85,9 +85,9 @@ def device_wait_saving(trace: Trace, ts: np.ndarray, dur: np.ndarray) -> float:
 def device_busy_ns(trace: Trace) -> float:
     """The device's busy time for the analysed steps' kernels (however far it lags
     behind their host windows)."""
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.analyses.phases import in_analysed_work
 
-    kernels = in_analysed_steps(trace, trace.kernels)
+    kernels = in_analysed_work(trace, trace.kernels)
     ts = kernels["ts"].to_numpy(np.int64)
     return float(Union(ts, ts + kernels["dur"].to_numpy(np.int64)).total)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.common.trace_format import ENGINE_DMA, ENGINES
 from neuron_explorer.tables import map_unique
@@ -97,7 +97,7 @@ def engine_busy_totals(trace: Trace, analysed: bool = False) -> pd.DataFrame:
     ins = trace.instructions
     kernels = trace.kernels
     if analysed and len(trace.steps):
-        kernels = in_analysed_steps(trace, kernels)
+        kernels = in_analysed_work(trace, kernels)
         if len(ins):
             ins = ins[ins["kernel_id"].isin(kernels["kernel_id"])]
     rows = []

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.tables import assign_steps, launch_calls
@@ -110,7 +110,9 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
     if not rows:
         return idle_gaps_empty()
     gaps = pd.concat(rows, ignore_index=True)[COLUMNS]
-    return in_analysed_steps(trace, gaps).reset_index(drop=True)
+    # an eval pass inside a training step is no part of it (a gap running into the
+    # training part counts from the part's start)
+    return in_analysed_work(trace, gaps, clip=True).reset_index(drop=True)
 
 
 def idle_gaps_empty() -> pd.DataFrame:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.levels import recorded_level
-from neuron_explorer.analyses.steady_state import completed_steps
+from neuron_explorer.analyses.steady_state import completed_steps, in_analysed_steps
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import memoised
 from neuron_explorer.tables import assign_steps, kind_mask
@@ -261,14 +261,32 @@ def training_windows(trace: Trace) -> pd.DataFrame:
     return p.loc[p["phase"] == TRAIN, ["step", "ts", "dur"]].reset_index(drop=True)
 
 
-def without_eval(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
+def without_eval(trace: Trace, frame: pd.DataFrame, clip: bool = False) -> pd.DataFrame:
     """Rows of a table with `step` and `ts` (ops, modules, kernels) less those of the eval
-    passes recorded in a training step: those that start before the step's training part."""
+    passes recorded in a training step: those that start before the step's training part.
+    `clip` (a table of spans with `dur`: idle gaps): a row that runs into the training part
+    is kept, from the part's start."""
     if not len(frame) or not split_phases(trace):
         return frame
-    start = training_windows(trace).set_index("step")["ts"]
-    before = frame["ts"].to_numpy() < start.reindex(frame["step"]).to_numpy()  # NaN: kept
+    start = training_windows(trace).set_index("step")["ts"].reindex(frame["step"]).to_numpy()
+    ts = frame["ts"].to_numpy()
+    before = ts < start  # NaN (a step without a training part): kept
+    if clip:
+        end = ts + frame["dur"].to_numpy()
+        across = before & (end > start)
+        if across.any():
+            frame = frame.copy()
+            frame.loc[across, "ts"] = start[across].astype(np.int64)
+            frame.loc[across, "dur"] = (end[across] - start[across]).astype(np.int64)
+            before &= ~across
     return frame[~before]
+
+
+def in_analysed_work(trace: Trace, frame: pd.DataFrame, clip: bool = False) -> pd.DataFrame:
+    """Rows of an event table (ops, kernels, idle gaps: `step`, `ts`) in the analysed steps,
+    without the eval passes recorded inside training steps (`without_eval`): what the
+    per-step figures and the findings count."""
+    return without_eval(trace, in_analysed_steps(trace, frame), clip)
 
 
 def phase_summary(trace: Trace) -> pd.DataFrame:

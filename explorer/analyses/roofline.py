@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.compiled_sections import matmul_dtype_mix
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.peaks import hbm_bandwidth, peak_flops
 from neuron_explorer.tables import map_unique
 
@@ -35,7 +35,7 @@ def main_dtype(dtypes: str) -> str:
 
 def roofline(trace: Trace) -> pd.DataFrame:
     """Per (op name, dtype): totals, intensity, achieved and attainable FLOP/s, bound."""
-    ops = in_analysed_steps(trace, trace.ops)
+    ops = in_analysed_work(trace, trace.ops)
     if not len(ops):
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     ops = ops.assign(dtype=map_unique(ops["dtypes"], main_dtype))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, make, step_time, us
@@ -59,7 +59,7 @@ def _kernel_saving(trace: Trace, device: int, engine: str) -> float:
     """Device time the analysed kernels on `device` would save if `engine` did no more
     work in each than its next busiest engine or DMA queue (which then bounds the
     kernel): a kernel bound by another engine saves nothing."""
-    k = in_analysed_steps(trace, trace.kernels)
+    k = in_analysed_work(trace, trace.kernels)
     k = k[k["device"].to_numpy() == device]
     if not len(k):
         return 0.0

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
-from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common.op_families import is_matmul_like
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
@@ -34,8 +34,8 @@ _SHOWN = ["id", "ts", "dur", "name", "module", "source", "device_dur", "graph"]
 
 
 def check(trace: Trace) -> list[Finding]:
-    ops = in_analysed_steps(trace, trace.ops)
-    compiled = in_analysed_steps(trace, compiled_matmuls(trace))
+    ops = in_analysed_work(trace, trace.ops)
+    compiled = in_analysed_work(trace, compiled_matmuls(trace))
     if not len(ops) and not len(compiled):
         return []
     # matmuls, convolutions and attention (common/op_families.py)
@@ -52,7 +52,7 @@ def check(trace: Trace) -> list[Finding]:
     slowdown = bf16 / f32 if bf16 and f32 and f32 < bf16 else th.FP32_SLOWDOWN_DEFAULT
     fp32_ns = float(mm["device_dur"].sum())
     lost = fp32_ns * (1 - 1 / slowdown)
-    device_ns = float(in_analysed_steps(trace, trace.kernels)["dur"].sum())
+    device_ns = float(in_analysed_work(trace, trace.kernels)["dur"].sum())
     device_share = fp32_ns / device_ns if device_ns else 0.0
     matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum()) + float(compiled["device_dur"].sum())
     on_device = (fp32_ns >= th.FP32_MATMUL_MIN_MATMUL_SHARE * matmul_ns

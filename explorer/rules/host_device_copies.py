@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.device_terms import device_terms
@@ -62,7 +63,7 @@ def check(trace: Trace) -> list[Finding]:
     c = copies(trace)
     if not len(c) or not len(steps):
         return []
-    c = in_analysed_steps(trace, c[c["step"] >= 0])
+    c = in_analysed_work(trace, c[c["step"] >= 0])
     steps = in_analysed_steps(trace, steps)
     steps_with = c["step"].nunique()
     lost = float(c["dur"].sum())

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from neuron_explorer import tables
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
@@ -100,7 +100,7 @@ def _in_graphs(fb: pd.DataFrame, graphs: dict[int, list[str]]) -> pd.DataFrame:
 
 
 def check(trace: Trace) -> list[Finding]:
-    ops = in_analysed_steps(trace, trace.ops)
+    ops = in_analysed_work(trace, trace.ops)
     if not len(ops):
         return []
     fb = ops[ops["fallback"].astype(bool)]

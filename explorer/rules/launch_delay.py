@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.stream_idle import idle_gaps
 from neuron_explorer.rules import dependency_idle
 from neuron_explorer.rules import thresholds as th
@@ -34,7 +34,7 @@ def idle_delays(trace: Trace) -> pd.DataFrame:
                              step=empty["step"].reindex(delayed["id"]).to_numpy(),
                              ts=empty["ts"].reindex(delayed["id"]).to_numpy(np.int64))
     delayed = delayed.assign(returned=delayed["ts"] - delayed["launch_delay_ns"])
-    return in_analysed_steps(trace, delayed)
+    return in_analysed_work(trace, delayed)
 
 
 def check(trace: Trace) -> list[Finding]:

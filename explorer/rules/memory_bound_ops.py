@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
@@ -21,7 +21,7 @@ RULE_ID = "memory_bound_ops"
 
 def check(trace: Trace) -> list[Finding]:
     rf = trace.roofline()
-    k = in_analysed_steps(trace, trace.kernels)
+    k = in_analysed_work(trace, trace.kernels)
     lost = 0.0
     lines = []
     if len(rf):

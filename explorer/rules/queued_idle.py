@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.critical_path import host_waits_per_step
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.stream_idle import GAP_COLUMNS, idle_gaps
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import dependency_idle
@@ -30,7 +30,7 @@ def queued_gaps(trace: Trace) -> pd.DataFrame:
     # a kernel whose launch the trace lacks (launched before recording, a device-side
     # request) says nothing about its queue
     gaps = gaps[(gaps["idle_category"] == "other") & (gaps["launched_at"] != NO_LAUNCH)]
-    gaps = in_analysed_steps(trace, gaps)
+    gaps = in_analysed_work(trace, gaps)
     if not len(gaps):
         return gaps.assign(depth=pd.Series(dtype=np.int64))
     depth = np.zeros(len(gaps), np.int64)

@@ -10,6 +10,7 @@ import pandas as pd
 from neuron_explorer.analyses.kernel_sequences import WINDOW_COLUMNS, sequence_windows
 from neuron_explorer.analyses.launch_stats import launch_outliers
 from neuron_explorer.analyses.path_share import time_on_path
+from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.device_terms import device_terms
@@ -55,6 +56,9 @@ def short_windows(trace: Trace) -> pd.DataFrame:
         wanted = analysed_steps(trace).steps
         w = w[w["step"].isin(wanted)]
         steps = len(wanted)
+        # not the eval passes recorded in a training step: whole windows of its own part
+        w = without_eval(trace, w)
+        w = w[w.groupby("window")["id"].transform("size") == n]
     per_seq = w.groupby("sequence").agg(steps=("step", "nunique"), times=("window", "nunique"))
     recurring = per_seq[(per_seq["steps"] >= steps)
                         & (per_seq["times"] >= th.FUSION_MIN_REPEATS)].index

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time
 from neuron_explorer.rules.host_bound import device_saving
@@ -25,7 +25,7 @@ def odd_dims(shapes: str) -> list[int]:
 
 
 def check(trace: Trace) -> list[Finding]:
-    k = in_analysed_steps(trace, trace.kernels)
+    k = in_analysed_work(trace, trace.kernels)
     if not len(k):
         return []
     flops = k["flops"].to_numpy(np.float64)

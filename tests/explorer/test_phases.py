@@ -13,6 +13,7 @@ from pathlib import Path
 import neuron_explorer
 import numpy as np
 import pytest
+from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.phases import _mark_generation
 from neuron_explorer.peaks import peak_flops
 
@@ -76,6 +77,31 @@ def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(recorded) 
     assert s["mfu"] == pytest.approx(ref["mfu"], rel=0.1)
     ops, ref_ops = with_eval.op_stats(), plain.op_stats()  # no eval op among them
     assert ops[["name", "count"]].equals(ref_ops[["name", "count"]])
+
+
+def test_eval_passes_fold_into_no_idle_figure_or_finding(recorded) -> None:
+    """The idle gaps, the findings' evidence and their savings are the training steps'
+    alone: the same as a run without eval passes."""
+    with_eval = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "3"))
+    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+    idle, ref = idle_summary(with_eval), idle_summary(plain)  # the report's idle table
+    # the eval passes' own gaps (their launches, their .item() syncs) are not counted: as
+    # many gaps as without them, as long. Only the reason of each training part's first
+    # gap differs: the device idles from the eval's last sync, not behind the step before
+    assert idle["gaps"].sum() == ref["gaps"].sum()
+    assert idle.set_index("reason").at["host_launch", "gaps"] == \
+        ref.set_index("reason").at["host_launch", "gaps"]
+    assert idle["ns"].sum() == pytest.approx(ref["ns"].sum(), rel=0.05)
+    found = {f.rule_id: f for f in with_eval.bottlenecks()}
+    expected = {f.rule_id: f for f in plain.bottlenecks()}
+    assert set(found) == set(expected)
+    for rule, f in found.items():
+        # counts of gaps, matmuls; of sequences, fewer: those running on from one step's
+        # end into the next's start recur in every step only without eval passes between
+        if rule != "short_kernel_sequence":
+            assert f.title == expected[rule].title
+        assert f.symptom_ns == pytest.approx(expected[rule].symptom_ns, rel=0.1), rule
+        assert f.time_lost_ns == pytest.approx(expected[rule].time_lost_ns, rel=0.1), rule
 
 
 def test_a_plain_training_run_has_only_train(recorded) -> None:
