@@ -163,7 +163,7 @@ class GroupKernels:
             # The pieces are in SBUF already: laid out side by side, they are the
             # result; only its store to HBM remains.
             out = spec.outputs[0]
-            b.dma_store(out.nbytes, min(128, max(out.shape[0] if out.shape else 1, 1)))
+            b.dma_store(out.nbytes, min(b.partitions, max(out.shape[0] if out.shape else 1, 1)))
             return
         fn = lowering_for(base)
         if fn is None and spec.name.startswith("nki::"):

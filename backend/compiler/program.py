@@ -255,7 +255,7 @@ class _Program:
                     and not self.emitter.loads_itself(group, v)):
                 if group.kind is OpKind.ATTENTION:
                     self.enter(next(n for n in group.nodes if v in group.reads.get(n, ())))
-                self.loaded[v] = b.dma_load(size, 128)
+                self.loaded[v] = b.dma_load(size)
                 held += size
                 self.most_held = max(self.most_held, held)
                 self.emitter.on_chip.add(v)

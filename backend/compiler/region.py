@@ -69,7 +69,7 @@ def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
             continue
         if enter is not None:
             enter(next(n for n in group.nodes if src in group.reads.get(n, ())))
-        loads[src] = b.dma_load(_bytes(src, binding), 128)
+        loads[src] = b.dma_load(_bytes(src, binding))
     done: dict[fx.Node, list[tuple[int, ...]]] = {}
     for node in group.nodes:
         if enter is not None:
@@ -86,7 +86,7 @@ def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
             else:
                 tail = _score_math(b, node, binding, chunks, deps, len(inside))
             if node in group.outputs:
-                tail = b.dma_store(_bytes(node, binding) // chunks, 128, tail)
+                tail = b.dma_store(_bytes(node, binding) // chunks, deps=tail)
             tails.append(tail or deps)
         done[node] = tails
 

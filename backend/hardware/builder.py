@@ -33,6 +33,9 @@ TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
 # scheduling kinds
 _PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA, _HBM_COPY = range(6)
 
+# An indirect DMA (gather, scatter) moves a descriptor per row, this many per partition
+# in one tile.
+GATHER_DESCRIPTORS_PER_PARTITION = 16
 # A transfer is split over the DMA engines by partitions: each engine serves 8 SBUF
 # partitions (NKI DMA overview: a [128, 128] bf16 load runs on all 16 engines, 2 KiB
 # each); pieces are never smaller than this (tiny transfers stay whole).
@@ -58,6 +61,7 @@ class KernelBuilder:
     def __init__(self, preset: HardwarePreset, name: str) -> None:
         self.preset = preset
         self.name = name
+        self.partitions = preset.partitions  # SBUF partitions: the lowerings' tile height
         self._engine: list[int] = []
         self._opcode: list[int] = []
         self._cost: list[float] = []  # ns; for DMA: bytes per descriptor row
@@ -148,7 +152,12 @@ class KernelBuilder:
         self.psum_peak = max(self.psum_peak, int(nbytes))
 
     # --- DMA -----------------------------------------------------------------------
-    def _dma(self, opcode: str, nbytes: int, partitions: int, deps: Iterable[int],
+    def gather_rows_per_tile(self) -> int:
+        """Rows an indirect (gather/scatter) DMA moves per tile: a descriptor per row,
+        `GATHER_DESCRIPTORS_PER_PARTITION` of them on each partition."""
+        return self.partitions * GATHER_DESCRIPTORS_PER_PARTITION
+
+    def _dma(self, opcode: str, nbytes: int, partitions: int | None, deps: Iterable[int],
              kind: int, row_bytes: float | None = None, store: bool = False,
              pieces: int | None = None, transfers: int = 1,
              software_dge: bool = False) -> tuple[int, ...]:
@@ -159,7 +168,8 @@ class KernelBuilder:
         if nbytes <= 0:
             return ()
         p = self.preset
-        partitions = max(1, min(int(partitions), p.partitions))
+        partitions = p.partitions if partitions is None else max(1, min(int(partitions),
+                                                                         p.partitions))
         if row_bytes is None:  # one descriptor row per partition
             row_bytes = nbytes / partitions
         most = p.dma_engines if pieces is None else max(1, pieces)
@@ -190,7 +200,7 @@ class KernelBuilder:
         self._next_queue[store] = (q + 1) % half + (half if store else 0)
         return q
 
-    def dma_load(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+    def dma_load(self, nbytes: int, partitions: int | None = None, deps: Iterable[int] = (),
                  spill: bool = False, row_bytes: float | None = None,
                  pieces: int | None = None, transfers: int = 1,
                  software_dge: bool = False) -> tuple[int, ...]:
@@ -206,7 +216,7 @@ class KernelBuilder:
         return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, pieces=pieces,
                          transfers=transfers, software_dge=software_dge)
 
-    def dma_store(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+    def dma_store(self, nbytes: int, partitions: int | None = None, deps: Iterable[int] = (),
                   spill: bool = False, row_bytes: float | None = None,
                   transfers: int = 1) -> tuple[int, ...]:
         """SBUF -> HBM (`spill=True`: an intermediate written out because SBUF was full)."""
@@ -215,18 +225,18 @@ class KernelBuilder:
         return self._dma(opcode, nbytes, partitions, deps, _DMA, row_bytes, store=True,
                          transfers=transfers)
 
-    def spill(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = ()
+    def spill(self, nbytes: int, partitions: int | None = None, deps: Iterable[int] = ()
               ) -> tuple[int, ...]:
         """An intermediate that does not fit in SBUF: store it to HBM and reload it.
         Returns the reload's ids (the data is usable when they finish)."""
         out = self.dma_store(nbytes, partitions, deps, spill=True)
         return self.dma_load(nbytes, partitions, out, spill=True)
 
-    def dma_copy(self, nbytes: int, partitions: int = 128, deps: Iterable[int] = (),
+    def dma_copy(self, nbytes: int, partitions: int | None = None, deps: Iterable[int] = (),
                  row_bytes: float | None = None) -> tuple[int, ...]:
         """HBM -> HBM, no engine involved (same-dtype copies). Every byte is read and
         written, so a copy moves at half the HBM share. Contiguous data needs no
-        partitions: pass `row_bytes` (its contiguous runs) and the default 128."""
+        partitions: pass `row_bytes` (its contiguous runs) and the default (all)."""
         self.hbm_read_bytes += max(int(nbytes), 0)
         self.hbm_write_bytes += max(int(nbytes), 0)
         return self._dma("DmaCopy", nbytes, partitions, deps, _HBM_COPY, row_bytes,

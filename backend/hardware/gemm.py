@@ -55,10 +55,10 @@ class _Plan:
     mov_resident: bool  # the whole moving operand stays in SBUF
 
 
-def _te_cycles(x: int, y: int, k: int) -> int:
+def _te_cycles(p: HardwarePreset, x: int, y: int, k: int) -> int:
     """Issue cycles with x on the stationary side and y moving."""
-    per_y = sum(max(t, 64) for t in tiles(y, 512))
-    return -(-k // 128) * -(-x // 128) * per_y
+    per_y = sum(max(t, p.te_min_issue_cycles) for t in tiles(y, p.te_moving_free_max))
+    return -(-k // p.te_rows) * -(-x // p.te_cols) * per_y
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -150,7 +150,7 @@ def _layout(p: HardwarePreset, g: Gemm) -> _Layout:
     matmul folding that keeps a kernel to MAX_MATMULS instructions."""
     es = dtype_bytes(g.dtype)
     m, n, k = max(g.m, 1), max(g.n, 1), max(g.k, 1)
-    swap = _te_cycles(n, m, k) < _te_cycles(m, n, k)
+    swap = _te_cycles(p, n, m, k) < _te_cycles(p, m, n, k)
     x_dim, y_dim = (n, m) if swap else (m, n)
     a_total = g.a_bytes if g.a_bytes is not None else m * k * es
     b_total = g.b_bytes if g.b_bytes is not None else k * n * es
@@ -162,7 +162,7 @@ def _layout(p: HardwarePreset, g: Gemm) -> _Layout:
     k_tiles = tiles(k, p.te_rows)
     # at the dtype's rate: planning FP8 (or FP32) at the BF16 rate picks blockings that
     # leave the Tensor Engine waiting
-    te_ns = _te_cycles(x_dim, y_dim, k) / p.te_clock_ghz / te_rate_factor(p, g.dtype)
+    te_ns = _te_cycles(p, x_dim, y_dim, k) / p.te_clock_ghz / te_rate_factor(p, g.dtype)
     plan = _plan(p, es, x_dim, y_dim, k, stat_total if load_stat else 0,
                  mov_total if load_mov else 0, te_ns)
     chunks = [k_tiles[i:i + plan.kc] for i in range(0, len(k_tiles), plan.kc)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from neuron_explorer.backend.hardware.builder import KernelBuilder
 from neuron_explorer.backend.hardware.specs import OpSpec
 
-ROWS_PER_TILE = 128 * 16  # rows gathered per tile (16 descriptors per partition)
 _INDEX_DTYPES = frozenset({"int64", "int32"})
 
 
@@ -26,16 +25,16 @@ def lower_embedding_bag(b: KernelBuilder, spec: OpSpec) -> None:
     row = row_elems * weight.itemsize
     rows = max(indices.numel, 1)
     out = spec.outputs[0] if spec.outputs else weight
-    pre = b.dma_load(offsets.nbytes, min(128, max(offsets.numel, 1))) if offsets else ()
+    pre = b.dma_load(offsets.nbytes, min(b.partitions, max(offsets.numel, 1))) if offsets else ()
     for t in per_sample:  # per_sample_weights: multiplied into the rows before the reduce
-        pre = pre + b.dma_load(t.nbytes, min(128, t.numel))
+        pre = pre + b.dma_load(t.nbytes, min(b.partitions, t.numel))
     reduced: tuple[int, ...] = ()
-    for lo in range(0, rows, ROWS_PER_TILE):
-        n = min(ROWS_PER_TILE, rows - lo)
-        idx = b.dma_load(indices.nbytes * n // rows, min(128, n))
+    for lo in range(0, rows, b.gather_rows_per_tile()):
+        n = min(b.gather_rows_per_tile(), rows - lo)
+        idx = b.dma_load(indices.nbytes * n // rows, min(b.partitions, n))
         addr = b.gpsimd("IndexCompute", n, indices.dtype, idx + pre)
-        got = b.dma_load(n * row, min(128, n), (addr,), row_bytes=row)
-        free = max(1, n * row_elems // min(128, n))
+        got = b.dma_load(n * row, min(b.partitions, n), (addr,), row_bytes=row)
+        free = max(1, n * row_elems // min(b.partitions, n))
         last = got
         if per_sample:
             last = (b.vector("TensorTensor", free, weight.dtype, 2, last, flops=n * row_elems),)
@@ -43,8 +42,9 @@ def lower_embedding_bag(b: KernelBuilder, spec: OpSpec) -> None:
         reduced = reduced + (b.vector("TensorReduce", free, weight.dtype, 1, last + reduced[-1:],
                                       flops=n * row_elems),)
     b.add_model_flops(rows * row_elems)
-    b.note_sbuf(min(rows, ROWS_PER_TILE) * row * 2 + out.nbytes)
-    b.dma_store(out.nbytes, min(128, max(out.shape[0] if out.shape else 1, 1)), reduced[-1:])
+    b.note_sbuf(min(rows, b.gather_rows_per_tile()) * row * 2 + out.nbytes)
+    rows_out = max(out.shape[0] if out.shape else 1, 1)
+    b.dma_store(out.nbytes, min(b.partitions, rows_out), reduced[-1:])
     for extra in spec.outputs[1:]:  # offset2bag, bag_size, max_indices
         if extra.nbytes:
-            b.dma_store(extra.nbytes, min(128, max(extra.numel, 1)), reduced[-1:])
+            b.dma_store(extra.nbytes, min(b.partitions, max(extra.numel, 1)), reduced[-1:])

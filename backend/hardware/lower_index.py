@@ -13,7 +13,6 @@ from neuron_explorer.backend.hardware.lower_pointwise import outputs_of
 from neuron_explorer.backend.hardware.specs import OpSpec, TensorSpec
 from neuron_explorer.backend.hardware.streaming import simd, stream, vec
 
-ROWS_PER_TILE = 128 * 16  # rows gathered per tile (16 descriptors per partition)
 INDEX_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})
 
 
@@ -21,13 +20,13 @@ def _gather_rows(b: KernelBuilder, rows: int, row_bytes: int, index: TensorSpec,
                  store_bytes_per_row: int) -> None:
     """Gather `rows` rows of `row_bytes` by index, tile by tile, and store them."""
     rows = max(rows, 1)
-    for lo in range(0, rows, ROWS_PER_TILE):
-        n = min(ROWS_PER_TILE, rows - lo)
-        idx = b.dma_load(index.nbytes * n // rows, min(128, n))
+    for lo in range(0, rows, b.gather_rows_per_tile()):
+        n = min(b.gather_rows_per_tile(), rows - lo)
+        idx = b.dma_load(index.nbytes * n // rows, min(b.partitions, n))
         addr = b.gpsimd("IndexCompute", n, index.dtype, idx)
-        got = b.dma_load(n * row_bytes, min(128, n), (addr,), row_bytes=row_bytes)
-        b.dma_store(n * store_bytes_per_row, min(128, n), got)
-    b.note_sbuf(min(rows, ROWS_PER_TILE) * row_bytes * 2)
+        got = b.dma_load(n * row_bytes, min(b.partitions, n), (addr,), row_bytes=row_bytes)
+        b.dma_store(n * store_bytes_per_row, min(b.partitions, n), got)
+    b.note_sbuf(min(rows, b.gather_rows_per_tile()) * row_bytes * 2)
 
 
 def _index_of(spec: OpSpec) -> TensorSpec:
@@ -77,16 +76,16 @@ def lower_scatter(b: KernelBuilder, spec: OpSpec) -> None:
                                                                         dst.dtype)
     copied: tuple[int, ...] = ()
     if spec.outputs:  # out-of-place: the result starts as a copy of self
-        copied = b.dma_copy(dst.nbytes, 128)
+        copied = b.dma_copy(dst.nbytes)
     rows = max(index.numel, 1)
     row_elems = max(1, value.numel // rows)
     row = row_elems * dst.itemsize
-    for lo in range(0, rows, ROWS_PER_TILE):
-        n = min(ROWS_PER_TILE, rows - lo)
-        idx = b.dma_load(index.nbytes * n // rows, min(128, n))
-        vals = b.dma_load(value.nbytes * n // rows, min(128, n))
+    for lo in range(0, rows, b.gather_rows_per_tile()):
+        n = min(b.gather_rows_per_tile(), rows - lo)
+        idx = b.dma_load(index.nbytes * n // rows, min(b.partitions, n))
+        vals = b.dma_load(value.nbytes * n // rows, min(b.partitions, n))
         addr = b.gpsimd("IndexCompute", n, index.dtype, idx + vals, 2.0)
-        b.dma_store(n * row, min(128, n), copied + (addr,), row_bytes=row)
+        b.dma_store(n * row, min(b.partitions, n), copied + (addr,), row_bytes=row)
     b.add_model_flops(value.numel if spec.attr("accumulate") or "add" in spec.name else 0)
 
 
@@ -98,17 +97,17 @@ def lower_index_fill(b: KernelBuilder, spec: OpSpec) -> None:
     index = _index_of(spec)
     copied: tuple[int, ...] = ()
     if spec.outputs:  # out-of-place: the result starts as a copy of self
-        copied = b.dma_copy(dst.nbytes, 128)
+        copied = b.dma_copy(dst.nbytes)
     rows = max(index.numel, 1)
     dim = int(spec.attr("dim") or 0) % max(len(dst.shape), 1)
     row = dst.nbytes // max(dst.shape[dim] if dst.shape else 1, 1)  # one slice along dim
-    for lo in range(0, rows, ROWS_PER_TILE):
-        n = min(ROWS_PER_TILE, rows - lo)
-        idx = b.dma_load(index.nbytes * n // rows, min(128, n))
+    for lo in range(0, rows, b.gather_rows_per_tile()):
+        n = min(b.gather_rows_per_tile(), rows - lo)
+        idx = b.dma_load(index.nbytes * n // rows, min(b.partitions, n))
         elements = n * max(row // dst.itemsize, 1)
-        fill = b.vector("Memset", -(-elements // 128), dst.dtype, 1)  # over 128 partitions
+        fill = b.vector("Memset", -(-elements // b.partitions), dst.dtype, 1)  # all partitions
         addr = b.gpsimd("IndexCompute", n, index.dtype, idx, 2.0)
-        b.dma_store(n * row, min(128, n), copied + (addr, fill), row_bytes=row)
+        b.dma_store(n * row, min(b.partitions, n), copied + (addr, fill), row_bytes=row)
 
 
 def lower_embedding_backward(b: KernelBuilder, spec: OpSpec) -> None:
@@ -124,10 +123,10 @@ def lower_embedding_backward(b: KernelBuilder, spec: OpSpec) -> None:
                     outputs=[out.nbytes])
     rows = max(index.numel, 1)
     row = dim * out.itemsize
-    for lo in range(0, rows, ROWS_PER_TILE):
-        n = min(ROWS_PER_TILE, rows - lo)
-        idx = b.dma_load(index.nbytes * n // rows, min(128, n))
-        g = b.dma_load(grad.nbytes * n // rows, min(128, n))
+    for lo in range(0, rows, b.gather_rows_per_tile()):
+        n = min(b.gather_rows_per_tile(), rows - lo)
+        idx = b.dma_load(index.nbytes * n // rows, min(b.partitions, n))
+        g = b.dma_load(grad.nbytes * n // rows, min(b.partitions, n))
         addr = b.gpsimd("ScatterAdd", n * dim, grad.dtype, idx + g, 1.0, flops=n * dim)
-        b.dma_store(n * row, min(128, n), zeroed + (addr,), row_bytes=row)
+        b.dma_store(n * row, min(b.partitions, n), zeroed + (addr,), row_bytes=row)
     b.add_model_flops(math.prod(grad.shape))

@@ -161,7 +161,7 @@ def lower_attention(b: KernelBuilder, spec: OpSpec) -> None:
     # scores while Vector and Scalar run this head's softmax.
     _pipeline_heads(b, heads, fold, q, k, (lq, s, e), dtype, masks, finish)
     for extra in spec.outputs[1:2]:  # logsumexp, when the op returns it
-        b.dma_store(extra.nbytes, min(128, max(extra.numel, 1)))
+        b.dma_store(extra.nbytes, min(b.partitions, max(extra.numel, 1)))
 
 
 def lower_attention_backward(b: KernelBuilder, spec: OpSpec) -> None:
@@ -219,7 +219,7 @@ def _load_extras(b: KernelBuilder, extras: tuple[TensorSpec, ...]) -> tuple[int,
     ids: tuple[int, ...] = ()
     for t in extras:
         if t.numel > 1:
-            ids = ids + b.dma_load(t.nbytes, min(128, t.numel))
+            ids = ids + b.dma_load(t.nbytes, min(b.partitions, t.numel))
     return ids
 
 
@@ -234,16 +234,16 @@ def lower_transpose_copy(b: KernelBuilder, spec: OpSpec) -> None:
         dims = tuple(d1 if i == d0 else d0 if i == d1 else i for i in range(len(src.shape)))
     last = len(src.shape) - 1
     if len(src.shape) < 2 or (dims is not None and dims[-1] % len(src.shape) == last):
-        b.dma_copy(src.nbytes, 128)
+        b.dma_copy(src.nbytes)
         return
     cols = src.shape[-1]
     rows = max(src.numel // max(cols, 1), 1)
     pieces = max(1, min(64, -(-src.nbytes // (2 << 20))))
     for i in range(pieces):
         share = src.nbytes * (i + 1) // pieces - src.nbytes * i // pieces
-        loaded = b.dma_load(share, 128)
+        loaded = b.dma_load(share)
         done = b.transpose(max(rows // pieces, 1), cols, src.dtype, loaded)
-        b.dma_store(share, 128, done)
+        b.dma_store(share, deps=done)
     b.note_sbuf(min(src.nbytes, 4 << 20))
 
 

@@ -60,7 +60,7 @@ def lower_slice_scatter(b: KernelBuilder, spec: OpSpec) -> None:
     pieces = b.preset.dma_engines
     for part in (max(out.nbytes - src.nbytes, 0), min(src.nbytes, out.nbytes)):
         if part:
-            b.dma_copy(part, 128, row_bytes=max(part / pieces, 1.0))
+            b.dma_copy(part, row_bytes=max(part / pieces, 1.0))
 
 
 def lower_copy(b: KernelBuilder, spec: OpSpec) -> None:
@@ -74,7 +74,7 @@ def lower_copy(b: KernelBuilder, spec: OpSpec) -> None:
         # HBM -> HBM needs no partitions: the 16 DMA engines each copy one contiguous
         # piece, whatever the tensor's rank
         pieces = b.preset.dma_engines
-        b.dma_copy(dst.nbytes, 128, row_bytes=max(dst.nbytes / pieces, 1.0))
+        b.dma_copy(dst.nbytes, row_bytes=max(dst.nbytes / pieces, 1.0))
         return
     stream(b, dst.numel, dst.dtype, [vec("TensorCopy", 1, flops=0.0)],
            inputs=[src.nbytes] if src.numel == dst.numel else [],
@@ -86,7 +86,7 @@ def lower_concat(b: KernelBuilder, spec: OpSpec) -> None:
     """cat/stack: each input is copied by DMA into its slice of the output."""
     for t in spec.inputs:
         if t.nbytes:
-            rows = max(1, min(128, t.numel // max(t.shape[-1] if t.shape else 1, 1)))
+            rows = max(1, min(b.partitions, t.numel // max(t.shape[-1] if t.shape else 1, 1)))
             b.dma_copy(t.nbytes, rows)
 
 

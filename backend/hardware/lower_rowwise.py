@@ -54,10 +54,11 @@ def lower_nll_loss(b: KernelBuilder, spec: OpSpec) -> None:
     elements), then reduce; the logits are never read in full."""
     logits, target = spec.inputs[0], spec.inputs[1]
     rows = max(target.numel, 1)
-    idx = b.dma_load(target.nbytes, min(128, rows))
+    idx = b.dma_load(target.nbytes, min(b.partitions, rows))
     addr = b.gpsimd("IndexCompute", rows, target.dtype, idx)
-    got = b.dma_load(rows * logits.itemsize, min(128, rows), (addr,), row_bytes=logits.itemsize)
-    red = b.vector("TensorReduce", -(-rows // 128), logits.dtype, 1, got, flops=rows)
+    got = b.dma_load(rows * logits.itemsize, min(b.partitions, rows), (addr,),
+                     row_bytes=logits.itemsize)
+    red = b.vector("TensorReduce", -(-rows // b.partitions), logits.dtype, 1, got, flops=rows)
     b.add_model_flops(rows)
     for out in outputs_of(spec)[:2]:
         b.dma_store(out.nbytes, 1, (red,))
@@ -72,10 +73,10 @@ def lower_nll_loss_backward(b: KernelBuilder, spec: OpSpec) -> None:
     zeroed = stream(b, grad_in.numel, grad_in.dtype, [vec("Memset", 1, flops=0.0)],
                     outputs=[grad_in.nbytes])
     rows = max(target.numel, 1)
-    grad_out = b.dma_load(spec.inputs[0].nbytes, min(128, max(spec.inputs[0].numel, 1)))
-    idx = b.dma_load(target.nbytes, min(128, rows))
+    grad_out = b.dma_load(spec.inputs[0].nbytes, min(b.partitions, max(spec.inputs[0].numel, 1)))
+    idx = b.dma_load(target.nbytes, min(b.partitions, rows))
     addr = b.gpsimd("IndexCompute", rows, target.dtype, idx)
-    b.dma_store(rows * grad_in.itemsize, min(128, rows), zeroed + (addr,) + grad_out,
+    b.dma_store(rows * grad_in.itemsize, min(b.partitions, rows), zeroed + (addr,) + grad_out,
                 row_bytes=grad_in.itemsize)
 
 
