@@ -102,7 +102,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=24)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--device", default="neuron")
-    parser.add_argument("--compile", action="store_true", help='torch.compile(model, backend="neuron")')
+    parser.add_argument("--compile", action="store_true",
+                        help='torch.compile(model, backend="neuron")')
     shapes = parser.add_mutually_exclusive_group()
     shapes.add_argument("--static-cache", action="store_true",
                         help="a cache of fixed length written in place: the same sizes every call")

@@ -54,7 +54,8 @@ def check(trace: Trace) -> list[Finding]:
     lost = fp32_ns * (1 - 1 / slowdown)
     device_ns = float(in_analysed_work(trace, trace.kernels)["dur"].sum())
     device_share = fp32_ns / device_ns if device_ns else 0.0
-    matmul_ns = float(ops.loc[is_mm & timed, "device_dur"].sum()) + float(compiled["device_dur"].sum())
+    matmul_ns = (float(ops.loc[is_mm & timed, "device_dur"].sum())
+                 + float(compiled["device_dur"].sum()))
     on_device = (fp32_ns >= th.FP32_MATMUL_MIN_MATMUL_SHARE * matmul_ns
                  and device_share >= th.FP32_MATMUL_MIN_DEVICE_SHARE)
     if lost < th.FP32_MATMUL_MIN_SHARE * step_time(trace) and not on_device:
