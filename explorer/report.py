@@ -131,6 +131,8 @@ def report_sections(trace: Trace) -> list[Section]:
             ops_table = [f"ops: {missing}"]
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
+            *([Section("Phases (every recorded step of each; MFU and MBU over its time)",
+                       phases)] if len(phases := _phases_table(trace)) else []),
             Section(_breakdown_title(s), bd_table),
             Section(_critical_title(s), _critical_table(trace)),
             Section("Device idle time by reason", idle_table),
@@ -189,6 +191,27 @@ def _serving_table(trace: Trace) -> pd.DataFrame:
                          "decode MBU": shown(sv["decode_mbu"], _small_share),
                          "KV cache": shown(sv["kv_bytes"], size),
                          "KV per token": shown(sv["kv_bytes_per_token"], size)})
+
+
+def _phases_table(trace: Trace) -> pd.DataFrame:
+    """Each phase's own figures (an eval pass's, a prefill's apart from the training or
+    decode steps'); none for a plain training run, whose figures are the report's."""
+    ps = phase_summary(trace)
+    if not set(ps["phase"]) - {"train"}:
+        return pd.DataFrame()
+    busy = ps["device_ns"] / ps["total_ns"].where(ps["total_ns"] > 0)
+
+    def shown(values: pd.Series, form: Any) -> list[str]:
+        return ["-" if pd.isna(v) else form(v) for v in values]
+
+    return pd.DataFrame({"phase": ps["phase"], "steps": ps["steps"],
+                         "median": shown(ps["median_ns"], fmt_ns),
+                         "total": shown(ps["total_ns"], fmt_ns),
+                         "device": shown(ps["device_ns"], fmt_ns),
+                         "device busy": shown(busy, fmt_share),
+                         "MFU": shown(ps["mfu"], _small_share),
+                         "MBU": shown(ps["mbu"], _small_share),
+                         "tokens/s": shown(ps["tokens_per_s"], "{:.0f}".format)})
 
 
 def _serving_title(trace: Trace) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.phases import _mark_generation
 from neuron_explorer.peaks import peak_flops
+from neuron_explorer.render import fmt_ns
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -102,6 +104,35 @@ def test_eval_passes_fold_into_no_idle_figure_or_finding(recorded) -> None:
             assert f.title == expected[rule].title
         assert f.symptom_ns == pytest.approx(expected[rule].symptom_ns, rel=0.1), rule
         assert f.time_lost_ns == pytest.approx(expected[rule].time_lost_ns, rel=0.1), rule
+
+
+def test_eval_passes_get_their_own_figures_in_the_report(recorded) -> None:
+    path = recorded("finetune_eval.py", "--eval-every", "3")
+    trace = neuron_explorer.load(path)
+    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    rows = {r["phase"]: r for r in report["phases"]}
+    ref = {r["phase"]: r for r in json.loads(_cli(
+        "report", "--format", "json", str(plain.path), cwd=path.parent))["phases"]}
+    # the eval passes' device work: the kernels that start inside them
+    p, k = trace.phases(), trace.kernels
+    evals = p[p["phase"] == "eval"]
+    inside = np.zeros(len(k), bool)
+    for row in evals.itertuples():
+        inside |= ((k["ts"] >= row.ts) & (k["ts"] < row.ts + row.dur)).to_numpy()
+    assert rows["eval"]["steps"] == 12 and rows["eval"]["total_ns"] == evals["dur"].sum()
+    assert rows["eval"]["device_ns"] == pytest.approx(k.loc[inside, "dur"].sum(), rel=0.02)
+    peak = peak_flops(trace.hardware_figures)
+    assert rows["eval"]["mfu"] == pytest.approx(
+        k.loc[inside, "flops"].sum() / (peak * evals["dur"].sum() / 1e9), rel=0.02)
+    # the training steps' own figures: as in the run without eval passes
+    for figure in ("median_ns", "device_ns", "mfu", "mbu"):
+        assert rows["train"][figure] == pytest.approx(ref["train"][figure], rel=0.1), figure
+    assert rows["eval"]["mfu"] != pytest.approx(rows["train"]["mfu"], rel=0.1)
+    text = _cli("report", str(path), cwd=path.parent)
+    section = text[text.index("Phases (every recorded step"):]
+    median = fmt_ns(evals["dur"].median())
+    assert re.search(rf"\neval +12 +{median} ", section), section[:600]
 
 
 def test_a_plain_training_run_has_only_train(recorded) -> None:
