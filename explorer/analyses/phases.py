@@ -298,6 +298,8 @@ def phase_summary(trace: Trace) -> pd.DataFrame:
     median and total time, tokens, and its own figures: the device time of its kernels
     (`device_ns`), MFU and MBU over its total time, tokens/s (NaN where unknown). An eval
     pass's kernels are its own, not its training step's."""
+    from neuron_explorer.peaks import hbm_bandwidth, peak_flops
+
     p = phases(trace)
     if not len(p):
         return pd.DataFrame(columns=PHASE_SUMMARY_COLUMNS)
@@ -308,8 +310,6 @@ def phase_summary(trace: Trace) -> pd.DataFrame:
     work = _work_per_phase(trace, p).reindex(out.index)
     total_s = out["total_ns"].to_numpy(np.float64) / 1e9
     figures = trace.hardware_figures
-    from neuron_explorer.peaks import hbm_bandwidth, peak_flops
-
     out["device_ns"] = work["dur"]
     out["mfu"] = work["flops"] / ((peak_flops(figures) or np.nan) * total_s)
     out["mbu"] = work["bytes"] / ((hbm_bandwidth(figures) or np.nan) * total_s)
