@@ -288,8 +288,9 @@ class request(annotate):
     request comes in, even with no call in it, it shows the request's time in the queue."""
 
     def __init__(self, ids: int | str | Sequence[int | str]) -> None:
-        self.ids = [ids] if isinstance(ids, int | str) else list(ids)
-        if not all(isinstance(i, int | str) for i in self.ids):
+        given: list[object] = list(ids) if isinstance(ids, list | tuple) else [ids]
+        self.ids = [i for i in given if isinstance(i, int | str) and not isinstance(i, bool)]
+        if len(self.ids) != len(given):
             raise TypeError("neuron_explorer.request takes an id or a list of ids (int or str)")
         # one name for every request range: the report's regions table shows them as one
         # region, and the ids are in the range's args

@@ -197,3 +197,10 @@ def test_a_call_serves_the_requests_of_every_range_it_starts_in() -> None:
     calls = pd.DataFrame({"ts": starts})
     # request 4's zero-length range is its arrival: its first call is still its prefill
     assert call_phases(marks, calls) == ["prefill", "prefill", "decode", None, "prefill", None]
+
+
+def test_request_ids_are_ints_or_strings() -> None:
+    assert neuron_explorer.request([3, "b"]).args == {"request": '[3, "b"]'}
+    for bad in (1.5, [True], [None]):
+        with pytest.raises(TypeError, match="an id or a list of ids"):
+            neuron_explorer.request(bad)
