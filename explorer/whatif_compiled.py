@@ -105,11 +105,15 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
 
 
 def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
-    """Consecutive ops with one label are one graph; keyed by its first event."""
+    """Consecutive ops with one label are one graph; keyed by its first event. An eager op
+    between them (a read of a device value, a host copy) ends the graph, as it breaks
+    torch.compile's: a graph launched before a sync and holding the ops after it made the
+    sync wait for the whole step (a decode step's `token.tolist()` before its model call)."""
     graphs: dict[int, _Graph] = {}
     first = -1
     for i, label in enumerate(labels.tolist()):
         if not label:
+            first = -1
             continue
         if first >= 0 and labels[first] == label:
             graphs[first].events.append(i)
