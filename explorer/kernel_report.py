@@ -1,7 +1,7 @@
 """The kernel part of the report: per NKI kernel and set of input shapes (the most-run
-first) its profile (engine busy %, DMA/compute overlap, SBUF/PSUM high-water, critical
-engine, DMA sizes) and why it is as fast as it is, and the kernel's line profile (each
-source line with its time, engine and stall)."""
+first) its profile (engine busy %, DMA/compute overlap, SBUF/PSUM high-water, SBUF
+spills, critical engine, DMA sizes) and why it is as fast as it is, and the kernel's
+line profile (each source line with its time, engine and stall)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def kernel_summary(trace: Trace, kernel: str, shapes: str | None = None) -> dict
         "dma_compute_overlap_pct": float(prof["dma_compute_overlap_pct"].mean()),
         "sbuf_bytes": int(prof["sbuf_bytes"].max()), "psum_bytes": int(prof["psum_bytes"].max()),
         "critical_engine": str(prof["critical_engine"].mode().iloc[0]),
+        "spill_bytes": float(prof["spill_bytes"].mean()),
+        "reload_bytes": float(prof["reload_bytes"].mean()),
+        "spill_ns": float(prof["spill_ns"].mean()),
         "dma_transfers": len(dma),
         "dma_median_bytes": int(dma["bytes"].median()) if len(dma) else 0,
         "dma_bytes_per_s": float(dma["bytes"].sum()) / dma_ns * 1e9 if dma_ns else 0.0,
@@ -80,6 +83,12 @@ def explain(s: dict[str, Any]) -> list[str]:
                      "ahead of use).")
     else:
         lines.append(f"{overlap:.0f}% of the DMA time is hidden under compute.")
+    if s.get("spill_bytes"):
+        stored = (s["spill_bytes"] - s["reload_bytes"]) / 2**20
+        lines.append(f"Its live SBUF tiles do not fit: it spills {stored:.1f} MiB to HBM and "
+                     f"reloads {s['reload_bytes'] / 2**20:.1f} MiB per run, "
+                     f"{fmt_ns(s['spill_ns'])} of it with no compute engine busy (smaller "
+                     "tiles, or tiles live for a shorter time, keep it on chip).")
     if s["dma_transfers"]:
         rate = s["dma_bytes_per_s"] / 1e9
         peak = s["dma_peak_bytes_per_s"] / 1e9
@@ -98,6 +107,10 @@ def _profile_content(s: dict[str, Any]) -> dict[str, Any]:
             "DMA/compute overlap": f"{s['dma_compute_overlap_pct']:.1f}% of DMA time",
             "SBUF high-water": f"{s['sbuf_bytes'] / 2**10:.0f} KiB",
             "PSUM high-water": f"{s['psum_bytes'] / 2**10:.0f} KiB",
+            "SBUF spills": (f"{(s['spill_bytes'] - s['reload_bytes']) / 2**20:.1f} MiB stored, "
+                            f"{s['reload_bytes'] / 2**20:.1f} MiB reloaded, "
+                            f"{fmt_ns(s['spill_ns'])} not under compute")
+            if s.get("spill_bytes") else "none",
             "critical engine": s["critical_engine"],
             "DMA transfers (first run)": f"{s['dma_transfers']}, median {s['dma_median_bytes']} B",
             "why": " ".join(s["why"])}

@@ -21,11 +21,18 @@ and `finished` gives the ids a later op waits on.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterable
 
 import numpy as np
-from neuron_explorer.backend.hardware import costs
-from neuron_explorer.backend.hardware.kernel import DMA_QUEUES, FIRST_DMA, Kernel
+from neuron_explorer.backend.hardware import costs, spills
+from neuron_explorer.backend.hardware.kernel import (
+    DMA_QUEUES,
+    FIRST_DMA,
+    IO_QUEUES,
+    SPILL_QUEUES,
+    Kernel,
+)
 from neuron_explorer.common.presets import HardwarePreset
 
 TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
@@ -77,7 +84,20 @@ class KernelBuilder:
         self._dge: dict[int, tuple[int, float, int]] = {}
         self._section: list[int] = []
         self._opcodes: dict[str, int] = {}
-        self._next_queue = [0, DMA_QUEUES // 2]  # next load queue, next store queue
+        self._next_queue = [0, IO_QUEUES // 2]  # next load queue, next store queue
+        self._next_spill_queue = [0, SPILL_QUEUES // 2]  # next reload, next spill queue
+        # SBUF tiles a kernel declares (bytes per partition, partitions, name) and their
+        # accesses (tile, first and last instruction id of the access, spills.READ,
+        # WRITE or WHOLE): the
+        # allocation that spills what does not fit (spills.py)
+        self._tiles: list[tuple[int, int, str]] = []
+        self._touch_tile = array("q")
+        self._touch_lo = array("q")
+        self._touch_hi = array("q")
+        self._touch_write = array("b")
+        self._placed = False
+        self.spill_origin: list[int] = []  # per spill instruction, the one it serves
+        self.sbuf_tile_peak = 0  # the declared tiles' SBUF high-water, per partition
         self.model_flops = 0
         self.hbm_read_bytes = 0
         self.hbm_write_bytes = 0
@@ -151,6 +171,71 @@ class KernelBuilder:
     def note_psum(self, nbytes: int) -> None:
         self.psum_peak = max(self.psum_peak, int(nbytes))
 
+    # --- SBUF tiles and spills -------------------------------------------------------
+    def sbuf_tile(self, partition_bytes: int, partitions: int | None = None,
+                  name: str = "") -> int:
+        """Declare an SBUF tile of `partition_bytes` per partition; returns its handle for
+        `touch`. A kernel that declares its tiles gets the compiler's allocation (each
+        tile lives from its first access to its last) and spills when they do not fit."""
+        parts = self.partitions if partitions is None else max(1, int(partitions))
+        self._tiles.append((int(partition_bytes), parts, name))
+        return len(self._tiles) - 1
+
+    def touch(self, tile: int, ids: Iterable[int], write: bool = False,
+              whole: bool = False) -> None:
+        """Instructions `ids` (one instruction, or a transfer's pieces) read or write `tile`
+        (`whole`: they overwrite all of it, so what it held before is dead: never stored
+        nor reloaded). An instruction that updates a tile in place touches it twice: a
+        read and a write."""
+        ids = sorted(ids)
+        if not ids:
+            return
+        code = spills.WHOLE if write and whole else spills.WRITE if write else spills.READ
+        start = prev = ids[0]
+        for i in ids[1:] + [-1]:
+            if i != prev + 1:  # one access per run of consecutive ids
+                self._touch_tile.append(tile)
+                self._touch_lo.append(start)
+                self._touch_hi.append(prev)
+                self._touch_write.append(code)
+                start = i
+            prev = i
+
+    def wait_for(self, ids: Iterable[int], deps: Iterable[int]) -> None:
+        """Make instructions `ids` also wait for `deps` (which may come later in issue
+        order: the stores and reloads the SBUF allocation adds)."""
+        deps = tuple(deps)
+        if deps:
+            for i in ids:
+                self._deps[i] = tuple(dict.fromkeys(self._deps[i] + deps))
+
+    def spill_transfer(self, nbytes: int, partitions: int, deps: Iterable[int],
+                       store: bool) -> tuple[int, ...]:
+        """A spill store (SBUF -> HBM) or a reload (HBM -> SBUF) on the spill queues."""
+        self.spill_bytes += int(nbytes)
+        if store:
+            self.hbm_write_bytes += int(nbytes)
+        else:
+            self.hbm_read_bytes += int(nbytes)
+        return self._dma("DmaSpill" if store else "DmaReload", nbytes, partitions, deps,
+                         _DMA, store=store, spill_queue=True)
+
+    def live_tile_peak(self) -> int:
+        """The declared tiles' bytes per partition live at once at most (each from its
+        first access to its last), before any spill: over the preset's SBUF, they spill."""
+        return spills.Accesses(self).live_peak()
+
+    def place_tiles(self) -> list[int]:
+        """Allocate the declared tiles, adding spills and reloads where they do not fit
+        (once; `build` does it too). Returns, per instruction added, the id of the
+        instruction it serves."""
+        if not self._placed:
+            self._placed = True
+            if self._tiles:
+                self.spill_origin = spills.place(self)
+                self.note_sbuf(self.sbuf_tile_peak * self.partitions)
+        return self.spill_origin
+
     # --- DMA -----------------------------------------------------------------------
     def gather_rows_per_tile(self) -> int:
         """Rows an indirect (gather/scatter) DMA moves per tile: a descriptor per row,
@@ -160,10 +245,11 @@ class KernelBuilder:
     def _dma(self, opcode: str, nbytes: int, partitions: int | None, deps: Iterable[int],
              kind: int, row_bytes: float | None = None, store: bool = False,
              pieces: int | None = None, transfers: int = 1,
-             software_dge: bool = False) -> tuple[int, ...]:
+             software_dge: bool = False, spill_queue: bool = False) -> tuple[int, ...]:
         """One DMA instruction (or `transfers` identical ones folded into one record): its
         descriptors are generated first (by the preset's DGE block, or by GpSimd when
-        `software_dge`), then its pieces move on up to 16 engines."""
+        `software_dge`), then its pieces move on up to 16 engines (`spill_queue`: on the
+        queues of spills and reloads)."""
         nbytes = int(nbytes)
         if nbytes <= 0:
             return ()
@@ -186,8 +272,9 @@ class KernelBuilder:
         for i in range(pieces):
             size = nbytes * (i + 1) // pieces - done
             done += size
-            ids.append(self.add(FIRST_DMA + self._queue(store), opcode, row_bytes, deps,
-                                nbytes=size, kind=kind))
+            queue = self._spill_queue(store) if spill_queue else self._queue(store)
+            ids.append(self.add(FIRST_DMA + queue, opcode, row_bytes, deps, nbytes=size,
+                                kind=kind))
         for i in ids:
             self._transfer[i] = ids[0]
         self._dge[ids[0]] = (int(store), issue, max(transfers, 1))
@@ -195,10 +282,17 @@ class KernelBuilder:
 
     def _queue(self, store: bool) -> int:
         """Next queue, round robin within the load half or the store half."""
-        half = DMA_QUEUES // 2
+        half = IO_QUEUES // 2
         q = self._next_queue[store]
         self._next_queue[store] = (q + 1) % half + (half if store else 0)
         return q
+
+    def _spill_queue(self, store: bool) -> int:
+        """Next spill (store) or reload queue, round robin: one per DMA engine each."""
+        half = SPILL_QUEUES // 2
+        q = self._next_spill_queue[store]
+        self._next_spill_queue[store] = (q + 1) % half + (half if store else 0)
+        return IO_QUEUES + q
 
     def dma_load(self, nbytes: int, partitions: int | None = None, deps: Iterable[int] = (),
                  spill: bool = False, row_bytes: float | None = None,
@@ -324,6 +418,7 @@ class KernelBuilder:
     # --- scheduling ------------------------------------------------------------------
     def build(self, fallback: bool = False) -> Kernel:
         """List-schedule the instructions and return the Kernel (times relative to 0)."""
+        self.place_tiles()
         start, end, te_nominal = self._schedule()
         n = len(start)
         s = np.rint(np.asarray(start, dtype=np.float64)).astype(np.int64)

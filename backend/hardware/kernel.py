@@ -12,8 +12,12 @@ from neuron_explorer.common.trace_format import ENGINE_DMA, ENGINES
 
 # Queues a kernel spreads its transfers over: 4 on each of the 16 DMA engines, the first
 # half for loads and the second for stores, so a store waiting for compute never holds
-# up the loads queued behind it (each queue is FIFO).
-DMA_QUEUES = 64
+# up the loads queued behind it (each queue is FIFO). Then one reload and one spill
+# queue on each engine, for the SBUF spills (the Neuron profiler shows them apart, as
+# its SpillReload queues).
+IO_QUEUES = 64
+SPILL_QUEUES = 32
+DMA_QUEUES = IO_QUEUES + SPILL_QUEUES
 ENGINE_NAMES: tuple[str, ...] = ENGINES + tuple(f"dma.{q}" for q in range(DMA_QUEUES))
 FIRST_DMA = len(ENGINES)
 BUSY_KEYS = (*ENGINES, ENGINE_DMA)

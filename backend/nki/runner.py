@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from neuron_explorer.backend.hardware import KernelBuilder, get_preset
 from neuron_explorer.backend.hardware.kernel import FIRST_DMA, Kernel
-from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile
+from neuron_explorer.backend.hardware.spills import SbufOverflow
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile, spill_profile
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
 from neuron_explorer.nki.sourced import with_sources
@@ -129,15 +130,22 @@ def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True)
         for program in np.ndindex(*grid) if grid else [()]:
             trace.start_program(program)
             result = func(*hbm_args, **kwargs)
-    trace.builder.note_sbuf(trace.sbuf.peak * p.partitions)
-    trace.builder.note_psum(trace.psum.peak * p.partitions)
-    built = trace.builder.build()
+    b = trace.builder
     trace.tag(("<kernel>", 0))
-    built = with_sources(built, trace.lines)
+    try:  # the compiler's allocation: what does not fit spills (backend/hardware/spills.py)
+        served = b.place_tiles()
+    except SbufOverflow as e:
+        path, line = trace.lines[e.instruction]
+        raise NkiError(str(e), f"{os.path.basename(path)}:{line}") from None
+    trace.lines.extend(trace.lines[i] for i in served)  # a spill counts for its line
+    # referenced tiles past the capacity: the high-water is the allocation's
+    sbuf_peak = trace.sbuf.peak if trace.sbuf.peak <= trace.sbuf.capacity else b.sbuf_tile_peak
+    b.note_sbuf(sbuf_peak * p.partitions)
+    b.note_psum(trace.psum.peak * p.partitions)
+    built = with_sources(b.build(), trace.lines)
     outputs = _outputs(result) if numerics else None
     return Run(func.__name__, outputs, built, trace.lines, _output_meta(result, "dtype"),
-               _output_meta(result, "shape"),
-               trace.sbuf.peak, trace.psum.peak, trace.builder)
+               _output_meta(result, "shape"), sbuf_peak, trace.psum.peak, b)
 
 
 def simulate_kernel(kernel, *args, preset="trn2", **kwargs):
@@ -209,12 +217,18 @@ class Benchmark:
 
     def profile(self) -> dict:
         """Engine busy % (DMA: its queues' union), DMA/compute overlap %, SBUF/PSUM
-        high-water marks (bytes over all partitions) and the critical engine."""
+        high-water marks (bytes over all partitions), the critical engine, and SBUF
+        spills: `spill_bytes` (stores and reloads), `reload_bytes`, `spill_ns` (their
+        time with no compute engine busy)."""
         a = self.kernel.arrays()
         engine = np.array(ENGINE_COLUMNS)[np.minimum(a["engine"], FIRST_DMA)]
-        out = engine_profile(engine, a["start"], a["start"] + a["dur"], self.duration_ns)
+        end = a["start"] + a["dur"]
+        out = engine_profile(engine, a["start"], end, self.duration_ns)
+        opcode = np.array(self.kernel.opcodes, dtype=object)[a["opcode"]]
+        spills = spill_profile(engine, opcode, a["bytes"], a["start"], end)
         p = self.kernel
-        return {**out, "sbuf_bytes": int(p.sbuf_bytes), "psum_bytes": int(p.psum_bytes)}
+        return {**out, "sbuf_bytes": int(p.sbuf_bytes), "psum_bytes": int(p.psum_bytes),
+                **spills}
 
     def sources(self) -> list[str]:
         """'file:line' of each instruction, in issue order."""

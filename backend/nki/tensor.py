@@ -119,6 +119,8 @@ class Tensor(Operand):
         else:
             self.data = None
         self.written = None if initialized else np.zeros(self.shape, bool)
+        self.builder = None  # SBUF: the builder allocating it, and its tile there
+        self.tile: int | None = None
         if buffer != HBM:
             self._place_on_chip(trace)
 
@@ -134,8 +136,10 @@ class Tensor(Operand):
                            self.at)
         per_partition = math.prod(self.shape) // p * dtypes.ITEMSIZE[self.dtype]
         self.accesses = []  # writes and reads: shared with the allocator's free list
-        deps = trace.track(self, self.buffer, per_partition, self.describe(), self.at,
-                           self.accesses)
+        deps, self.tile = trace.track(self, self.buffer, per_partition, self.describe(),
+                                      self.at, self.accesses, p)
+        if self.tile is not None:
+            self.builder = trace.builder
         if deps:  # memory reused: the first write waits for the previous tenant
             self.reads.append((self.full_box(), tuple(deps)))
 
@@ -180,6 +184,8 @@ class Tensor(Operand):
         ids = tuple(ids)
         if not ids:
             return
+        if self.builder is not None:
+            self.builder.touch(self.tile, ids, write, whole=box == self.full_box())
         if write:  # accesses this write covers are ordered before it: forget them
             self.writes[:] = [a for a in self.writes if not _contains(box, a[0])]
             self.reads[:] = [a for a in self.reads if not _contains(box, a[0])]

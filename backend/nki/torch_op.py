@@ -86,9 +86,13 @@ def lower_into(b, spec) -> bool:
     offset = len(b)
     for j in range(len(traced)):
         deps = tuple(offset + d for d in traced._deps[j])
-        i = b.add(traced._engine[j], opcodes[traced._opcode[j]], traced._cost[j], deps,
-                  nbytes=traced._bytes[j], flops=traced._flops[j], kind=traced._kind[j],
-                  latency=traced._latency[j])
+        # the spills' stores and reloads come last in issue order: wait for them once added
+        i = b.add(traced._engine[j], opcodes[traced._opcode[j]], traced._cost[j],
+                  tuple(d for d in deps if d < offset + j), nbytes=traced._bytes[j],
+                  flops=traced._flops[j], kind=traced._kind[j], latency=traced._latency[j])
+        later = tuple(d for d in deps if d >= offset + j)
+        if later:
+            b._deps[i] = b._deps[i] + later
         if j in traced._gap:
             b._gap[i] = traced._gap[j]
         if j in traced._transfer:  # a DMA piece: its transfer and descriptor generation
@@ -98,6 +102,7 @@ def lower_into(b, spec) -> bool:
     b.add_model_flops(traced.model_flops)
     b.hbm_read_bytes += traced.hbm_read_bytes
     b.hbm_write_bytes += traced.hbm_write_bytes
+    b.spill_bytes += traced.spill_bytes
     b.note_sbuf(traced.sbuf_peak)
     b.note_psum(traced.psum_peak)
     return True

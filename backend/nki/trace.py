@@ -62,11 +62,15 @@ class Allocator:
     reference to it. A new tile takes free space while there is some; when the memory
     is full it takes the space of the tiles freed longest ago, and its first write
     waits until their last accesses are done (buffer reuse, as the compiler rotates
-    buffers). Tiles still referenced past the capacity are an error."""
+    buffers). PSUM tiles still referenced past the capacity are an error; SBUF ones
+    (`spills`) are the builder's to place: tiles live only from their first access to
+    their last, and those that still do not fit spill to HBM (backend/hardware/spills.py).
+    A single tile larger than the memory is an error."""
 
-    def __init__(self, name: str, capacity: int) -> None:
+    def __init__(self, name: str, capacity: int, spills: bool = False) -> None:
         self.name = name
         self.capacity = capacity
+        self.spills = spills
         self.live: dict[int, tuple[int, str]] = {}  # tile id -> (bytes, description)
         self.freed: list[tuple[int, list]] = []  # (bytes, accesses list), oldest first
         self.retained = 0  # bytes of freed tiles not yet reused
@@ -76,7 +80,11 @@ class Allocator:
     def allocate(self, key: int, nbytes: int, what: str, at: str) -> list[int]:
         """Reserve `nbytes` per partition; returns the instruction ids to wait for."""
         used = sum(b for b, _ in self.live.values())
-        if used + nbytes > self.capacity:
+        if nbytes > self.capacity:
+            raise NkiError(f"{self.name} overflow: {what} needs {nbytes} B per partition, "
+                           f"more than the {self.capacity} B of a partition: split it into "
+                           "smaller tiles", at)
+        if used + nbytes > self.capacity and not self.spills:
             biggest = sorted(self.live.values(), reverse=True)[:3]
             held = "; ".join(f"{d} ({b} B)" for b, d in biggest)
             raise NkiError(
@@ -109,7 +117,7 @@ class Trace:
         self.builder = KernelBuilder(preset, name)
         self.numerics = numerics
         self.lines: list[tuple[str, int]] = []  # per instruction id
-        self.sbuf = Allocator("SBUF", preset.sbuf_partition_bytes)
+        self.sbuf = Allocator("SBUF", preset.sbuf_partition_bytes, spills=True)
         self.psum = Allocator("PSUM", preset.psum_partition_bytes)
         self._next_tile = 0
         self._token: Token[Trace | None] | None = None
@@ -155,11 +163,14 @@ class Trace:
             self.lines.extend([line] * missing)
 
     def track(self, tile: object, buffer: str, nbytes: int, what: str, at: str,
-              accesses: list) -> list[int]:
-        """Allocate an on-chip tile; free its space when the kernel drops it."""
+              accesses: list, partitions: int) -> tuple[list[int], int | None]:
+        """Allocate an on-chip tile; free its space when the kernel drops it. Returns the
+        instruction ids its first write waits for and, for SBUF, its handle in the
+        builder's allocation (`KernelBuilder.touch` its accesses)."""
         memory = self.sbuf if buffer == "sbuf" else self.psum
         key = self._next_tile
         self._next_tile += 1
         deps = memory.allocate(key, nbytes, what, at)
         weakref.finalize(tile, memory.release, key, accesses)
-        return deps
+        handle = self.builder.sbuf_tile(nbytes, partitions, what) if memory.spills else None
+        return deps, handle

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile
+from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile, spill_profile
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -98,7 +98,9 @@ def kernel_shapes(trace: Trace, kernel: object) -> pd.DataFrame:
 def kernel_profile(trace: Trace, kernel: object,
                    kernel_ids: list[int] | None = None) -> pd.DataFrame:
     """One row per run of `kernel` (those in `kernel_ids`, if given): duration, engine
-    busy %, DMA/compute overlap %, SBUF/PSUM high-water marks and the critical engine."""
+    busy %, DMA/compute overlap %, SBUF/PSUM high-water marks, the critical engine, and
+    SBUF spills: bytes its spill stores and reloads moved, reload bytes and the time they
+    ran with no compute engine busy (`spill_bytes`, `reload_bytes`, `spill_ns`)."""
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__name__", str(kernel))
     runs = trace.kernels[trace.kernels["name"] == name]
     if kernel_ids is not None:
@@ -110,12 +112,15 @@ def kernel_profile(trace: Trace, kernel: object,
         engine = np.where(mine["engine"].str.startswith("dma").to_numpy(), "dma",
                           mine["engine"].to_numpy())
         ts = mine["ts"].to_numpy()
-        prof = engine_profile(engine, ts, ts + mine["dur"].to_numpy(), run.dur)
+        end = ts + mine["dur"].to_numpy()
+        prof = engine_profile(engine, ts, end, run.dur)
+        spills = spill_profile(engine, mine["opcode"].astype(str).to_numpy(),
+                               mine["bytes"].to_numpy(), ts, end)
         rows.append({"kernel_id": run.kernel_id, "dur_ns": int(run.dur),
                      **{f"busy_{e}_pct": v for e, v in prof["busy_pct"].items()},
                      "dma_compute_overlap_pct": prof["dma_compute_overlap_pct"],
                      "sbuf_bytes": int(run.sbuf_bytes), "psum_bytes": int(run.psum_bytes),
-                     "critical_engine": prof["critical_engine"]})
+                     "critical_engine": prof["critical_engine"], **spills})
     return pd.DataFrame(rows)
 
 

@@ -43,6 +43,10 @@ KERNEL_OPT = ("NKI 'Introduction to NKI Kernel Optimization', the matrix multipl
               "profiles on trn2, fp32 lhsT [8192, 4096] x rhs [8192, 8192] (https://awsdocs-"
               "neuron.readthedocs-hosted.com/en/latest/nki/how-to-guides/"
               "kernel-optimization.html; durations from the profile screenshots)")
+MAMBA_V2_SPILLS = ("its profile: 'The new profile now takes 53.33 ms', VectorE active 58.93%, "
+                   "new DMA rows qSyncSpillReload0 and qVectorSpillReload0 ('intermediate "
+                   "data spill from SBUF into device memory or reload back to SBUF'), VectorE "
+                   "idle on a semaphore wait for them")
 TRN2_DMA_PEAK = 16 * 23.0  # B/ns: the DMA bandwidth guide's trn2 aggregate, the curve's 1.0
 
 
@@ -106,17 +110,26 @@ MEASURED: tuple[Published, ...] = (
               "device execution time is now 1.61 ms')", "trn1", "float32",
               "batch 1, seq_len 512, channels 4096, state 16", 1.61e6, "kernel",
               ("mamba", {"version": "v2", "channels": 4096, "seq_len": 512})),
-    Published("fused Mamba v3, seq_len 2048", MAMBA_TUTORIAL + ", 'Increasing input seq_len "
-              "size', scaling table", "trn1", "float32",
-              "batch 1, seq_len 2048, channels 4096, state 16", 6.6e6, "kernel",
-              ("mamba", {"version": "v3", "channels": 4096, "seq_len": 2048})),
-    Published("fused Mamba v3, seq_len 4096", MAMBA_TUTORIAL + ", scaling table", "trn1",
-              "float32", "batch 1, seq_len 4096, channels 4096, state 16", 13.3e6, "kernel",
-              ("mamba", {"version": "v3", "channels": 4096, "seq_len": 4096})),
-    Published("fused Mamba v3, seq_len 8192", MAMBA_TUTORIAL + ", seq_len tiling ('the "
-              "kernel now takes 27.8 ms')", "trn1", "float32",
-              "batch 1, seq_len 8192, channels 4096, state 16", 27.8e6, "kernel",
-              ("mamba", {"version": "v3", "channels": 4096, "seq_len": 8192})),
+    # the tutorial's scaling table, v3 (seq_len tiled by 512) at each seq_len
+    *(Published(f"fused Mamba v3, seq_len {seq}", MAMBA_TUTORIAL + where, "trn1", "float32",
+                f"batch 1, seq_len {seq}, channels 4096, state 16", ms * 1e6, "kernel",
+                ("mamba", {"version": "v3", "channels": 4096, "seq_len": seq}), notes=notes)
+      for seq, ms, where, notes in (
+          (1024, 3.3, ", scaling table", ""),
+          (2048, 6.6, ", 'Increasing input seq_len size', scaling table", ""),
+          (3072, 10.1, ", scaling table", ""), (4096, 13.3, ", scaling table", ""),
+          (5120, 17.3, ", scaling table", ""), (6144, 19.6, ", scaling table", ""),
+          (7168, 24.2, ", scaling table", ""),
+          (8192, 27.8, ", seq_len tiling ('the kernel now takes 27.8 ms')",
+           "VectorE 94.85% active, 'no longer ... spilling related DMA activities'"))),
+    # v2 at every seq_len of the scaling table: from 7168 on its live tiles do not fit
+    # in SBUF and it spills (the model's allocation spills from 5120 on)
+    *(Published(f"fused Mamba v2, seq_len {seq}", MAMBA_TUTORIAL + ", scaling table", "trn1",
+                "float32", f"batch 1, seq_len {seq}, channels 4096, state 16", ms * 1e6,
+                "kernel", ("mamba", {"version": "v2", "channels": 4096, "seq_len": seq}),
+                notes=MAMBA_V2_SPILLS if seq == 8192 else "")
+      for seq, ms in ((1024, 4.4), (2048, 8.9), (3072, 13.1), (4096, 17.6), (5120, 23.7),
+                      (6144, 27.5), (7168, 41.3), (8192, 52.2))),
     Published("DMA HBM -> SBUF, 32 KiB on one engine", DMA_OVERVIEW, "trn2", "bfloat16",
               "[4, 4096] (4 partitions, 8 KiB each)", 1416.0, "instruction",
               ("dma_load_rows", {"partitions": 4, "free_bytes": 8192, "software_dge": True}),
@@ -192,10 +205,6 @@ NOT_SIMULATED: tuple[tuple[str, str, str], ...] = (
      ("the kernel's own work is ~15 us of Vector Engine cycles and 2.4 MB of DMA; the "
      "benchmark's NCLatency evidently includes per-execution overhead the guide does not "
      "break down, so no instruction stream can be checked against it")),
-    ("fused Mamba v2, seq_len 8192: 53.33 ms, and the v2 column of the scaling table",
-     MAMBA_TUTORIAL,
-     ("dominated by the compiler's SBUF spill/reload decisions for a kernel that does not "
-     "fit, which the tutorial does not describe instruction by instruction")),
     (("NKIBench's best SiLU kernel, [4096, 7168] fp32, said to stream 294 GB/s on one "
       "trn1 core (issue 31)"),
      ("NKIBench (github.com/zhang677/AccelOpt, NKIBench/kernels/silu_M4096_N7168_0.py); "

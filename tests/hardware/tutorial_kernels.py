@@ -156,7 +156,8 @@ def matmul_fully_optimized(p: HardwarePreset, m_size: int, k_size: int, n_size: 
 
 
 def mamba(p: HardwarePreset, version: str, channels: int, seq_len: int,
-          state_size: int = 16, batch: int = 1, interleave: int = 2) -> Kernel:
+          state_size: int = 16, batch: int = 1, interleave: int = 2,
+          across: str = "auto") -> Kernel:
     """The NKI fused Mamba tutorial kernels, fp32 (the tutorial's perf runs).
 
     Per channel tile (128 channels) and state: exp(delta * A) on the Scalar Engine;
@@ -169,14 +170,22 @@ def mamba(p: HardwarePreset, version: str, channels: int, seq_len: int,
     depend on the state, so it is computed once per tile (loop-invariant: the v1 -> v2
     reordering cut VectorE work, not only its idle time, per the tutorial's profile).
     v3: v2 with seq_len in tiles of 512; the scan carries its last column over.
-    Independent iterations (`affine_range` channel tiles) are interleaved `interleave`
-    at a time in the instruction stream, so no instruction waits for the one just
-    before it, as the compiler schedules them."""
+    Independent iterations (`affine_range` loops) are interleaved `interleave` at a time
+    in the instruction stream, so no instruction waits for the one just before it, as
+    the compiler schedules them: in v1 channel tiles; in v2 and v3 channel tiles when
+    their tiles fit in SBUF together, else the states of one channel tile (`across`:
+    "auto", "channels" or "states"). At seq_len 8192 two channel tiles' delta, u and
+    accumulator alone fill SBUF (3 x 32 KiB per partition each), and AWS's v3 profile
+    there shows no spill: the compiler does not hold two tiles then.
+    v2 and v3 declare their SBUF tiles as the tutorial's code names them (delta_i, u_i,
+    scanC_accum, A, per state B_i, C_i, deltaA, deltaBu, scan_res, scanC; deltaU per
+    seq tile; scan_init carries the scan between seq tiles), so the builder allocates
+    them by live range and spills what does not fit (v2 from seq_len 5120: AWS's
+    profile of v2 at 8192 shows the spill and reload queues)."""
     b = KernelBuilder(p, f"mamba_{version}")
     dt = "float32"
     tiles = channels // 128
     seq_tile = 512 if version == "v3" else seq_len
-    n_seq = seq_len // seq_tile
     full = 128 * seq_len * FP32
     b.add_model_flops(batch * channels * seq_len * state_size * 10)
     for _batch in range(batch):
@@ -195,26 +204,115 @@ def mamba(p: HardwarePreset, version: str, channels: int, seq_len: int,
             for _t in range(tiles):
                 b.dma_store(full, 128, row_bytes=seq_len * FP32)
             continue
-        for t0 in range(0, tiles, interleave):
-            group = list(range(t0, min(t0 + interleave, tiles)))
-            inputs = {t: (b.dma_load(full, 128, row_bytes=seq_len * FP32),
-                          b.dma_load(full, 128, row_bytes=seq_len * FP32),
-                          b.dma_load(128 * state_size * FP32, 128)) for t in group}
-            acc: dict[int, int] = {}
-            for _ in range(n_seq):
-                dus = {t: b.vector("TensorTensor", seq_tile, dt, 2, inputs[t][0] + inputs[t][1])
-                       for t in group}
-                carry: dict[int, int] = {}
-                for _s in range(state_size):
-                    bc = {t: b.dma_load(2 * seq_tile * FP32, 1) for t in group}
-                    chains = {t: (inputs[t][0], (dus[t],), inputs[t][2], bc[t]) for t in group}
-                    ends = _mamba_state(b, dt, seq_tile, chains, hoisted=True, acc=acc,
-                                        carry=carry)
-                    acc.update(ends)
-            stores = {t: b.dma_store(full, 128, (acc[t],), row_bytes=seq_len * FP32)
-                      for t in group}
-            del stores
+        for group in _channel_groups(tiles, interleave, across):
+            _mamba_channel_tiles(b, dt, group, seq_len, seq_tile, state_size,
+                                 interleave if across == "states" else 1)
+    if across == "auto" and version != "v1":
+        fits = b.live_tile_peak() <= p.sbuf_partition_bytes
+        return mamba(p, version, channels, seq_len, state_size, batch, interleave,
+                     "channels" if fits else "states")
     return b.build()
+
+
+def _channel_groups(tiles: int, interleave: int, across: str) -> list[list[int]]:
+    """The channel tiles processed together: `interleave` at a time across channels."""
+    if across == "states":
+        return [[t] for t in range(tiles)]
+    return [list(range(t0, min(t0 + interleave, tiles))) for t0 in range(0, tiles, interleave)]
+
+
+def _mamba_channel_tiles(b: KernelBuilder, dt: str, group: list[int], seq_len: int,
+                         seq_tile: int, state_size: int, per_state: int) -> None:
+    """v2/v3 for the channel tiles of `group`, their states `per_state` at a time."""
+    row = seq_len * FP32
+    full = 128 * row
+    tile, touch = b.sbuf_tile, b.touch
+    acc_t = {t: tile(row, name="scanC_accum") for t in group}
+    delta_t = {t: tile(row, name="delta_i") for t in group}
+    u_t = {t: tile(row, name="u_i") for t in group}
+    a_t = {t: tile(state_size * FP32, name="A") for t in group}
+    inputs = {}
+    for t in group:
+        loads = (b.dma_load(full, 128, row_bytes=row), b.dma_load(full, 128, row_bytes=row),
+                 b.dma_load(128 * state_size * FP32, 128))
+        for handle, ids in zip((delta_t[t], u_t[t], a_t[t]), loads, strict=True):
+            touch(handle, ids, write=True, whole=True)
+        inputs[t] = loads
+    acc: dict[tuple, int] = {}
+    carry: dict[tuple, int] = {}
+    carry_t = {(t, s): tile(FP32, name="scan_init") for t in group for s in range(state_size)
+               } if seq_tile < seq_len else {}
+    for _q in range(seq_len // seq_tile):
+        dus = {}
+        for t in group:
+            dus[t] = b.vector("TensorTensor", seq_tile, dt, 2, inputs[t][0] + inputs[t][1])
+            touch(delta_t[t], (dus[t],))
+            touch(u_t[t], (dus[t],))
+        du_t = {t: tile(seq_tile * FP32, name="deltaU") for t in group}
+        for t in group:
+            touch(du_t[t], (dus[t],), write=True, whole=True)
+        for s0 in range(0, state_size, per_state):
+            keys = [(t, s) for t in group for s in range(s0, min(s0 + per_state, state_size))]
+            _mamba_states(b, dt, seq_tile, keys, inputs, dus, du_t, delta_t, a_t, acc_t,
+                          carry_t, acc, carry)
+    for t in group:
+        last = acc[(t,)]
+        ids = b.dma_store(full, 128, (last,), row_bytes=row)
+        touch(acc_t[t], ids)
+
+
+def _mamba_states(b: KernelBuilder, dt: str, free: int, keys: list[tuple[int, int]],
+                  inputs: dict, dus: dict, du_t: dict, delta_t: dict, a_t: dict, acc_t: dict,
+                  carry_t: dict, acc: dict, carry: dict) -> None:
+    """States `keys` ((channel tile, state)) of one seq tile, stage by stage."""
+    tile, touch = b.sbuf_tile, b.touch
+    row = free * FP32
+    bc = {}
+    for k in keys:
+        bc[k] = b.dma_load(2 * row, 1)
+        bc_t = (tile(row, 1, "B_i"), tile(row, 1, "C_i"))
+        for handle in bc_t:
+            touch(handle, bc[k], write=True, whole=True)
+        bc[k] = (bc[k], bc_t)
+    exp, dbu, scan, sc = {}, {}, {}, {}
+    exp_t = {k: tile(row, name="deltaA") for k in keys}
+    for t, s in keys:
+        exp[(t, s)] = b.scalar("Activation", free, dt, 1, inputs[t][0] + inputs[t][2])
+        touch(delta_t[t], (exp[(t, s)],))
+        touch(a_t[t], (exp[(t, s)],))
+        touch(exp_t[(t, s)], (exp[(t, s)],), write=True, whole=True)
+    dbu_t = {k: tile(row, name="deltaBu") for k in keys}
+    for t, s in keys:
+        ids, (b_t, _c) = bc[(t, s)]
+        dbu[(t, s)] = b.vector("TensorTensor", free, dt, 2, (dus[t],) + ids)
+        touch(du_t[t], (dbu[(t, s)],))
+        touch(b_t, (dbu[(t, s)],))
+        touch(dbu_t[(t, s)], (dbu[(t, s)],), write=True, whole=True)
+    scan_t = {k: tile(row, name="scan_res") for k in keys}
+    for k in keys:
+        prev = (carry[k],) if k in carry else ()
+        scan[k] = b.vector("TensorTensorScan", free, dt, 2, (exp[k], dbu[k]) + prev)
+        for handle in (exp_t[k], dbu_t[k]) + ((carry_t[k],) if prev else ()):
+            touch(handle, (scan[k],))
+        touch(scan_t[k], (scan[k],), write=True, whole=True)
+        if carry_t:
+            touch(carry_t[k], (scan[k],), write=True, whole=True)
+            carry[k] = scan[k]
+    sc_t = {k: tile(row, name="scanC") for k in keys}
+    for k in keys:
+        ids, (_b, c_t) = bc[k]
+        sc[k] = b.vector("TensorTensor", free, dt, 2, (scan[k],) + ids)
+        touch(scan_t[k], (sc[k],))
+        touch(c_t, (sc[k],))
+        touch(sc_t[k], (sc[k],), write=True, whole=True)
+    for k in keys:
+        t = k[0]
+        prev = (acc[(t,)],) if (t,) in acc else ()
+        acc[(t,)] = b.vector("TensorTensor", free, dt, 2, (sc[k],) + prev)
+        touch(sc_t[k], (acc[(t,)],))
+        if prev:  # scanC_accum += scanC: reads and writes its seq tile's columns
+            touch(acc_t[t], (acc[(t,)],))
+        touch(acc_t[t], (acc[(t,)],), write=True)
 
 
 def _mamba_state(b: KernelBuilder, dt: str, free: int, chains: dict, hoisted: bool,

@@ -74,6 +74,19 @@ def big_sbuf(a):
 
 
 @nki.jit
+def spilling(a):
+    """Eight [128, 8192] fp32 blocks loaded, then summed: with the sum, 9 x 32 KiB per
+    partition live, 2 blocks more than a trn2 partition's 224 KiB."""
+    out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    blocks = [nl.load(a[t * 128:(t + 1) * 128, :]) for t in range(a.shape[0] // 128)]
+    acc = nl.add(blocks[0], blocks[1])
+    for block in blocks[2:]:
+        acc = nl.add(acc, block)
+    nl.store(out, value=acc)
+    return out
+
+
+@nki.jit
 def full_matmul(lhsT, rhs):
     """[128, 128] stationary tiles, 512 moving columns: the whole array."""
     out = nl.ndarray((128, rhs.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -101,6 +114,7 @@ def record(path) -> neuron_explorer.Trace:
         tiny_loads(randn(128, 512))
         big_sbuf(randn(128, 512))
         full_matmul(randn(128, 128).bfloat16(), randn(128, 2048).bfloat16())
+        spilling(randn(8 * 128, 8192))
         torch.neuron.synchronize()
         neuron_explorer.step()
     return neuron_explorer.load(path)

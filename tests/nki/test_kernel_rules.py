@@ -34,8 +34,27 @@ def test_a_single_buffer_serialises_dma_and_compute(findings):
 
 def test_sbuf_near_capacity_is_pressure(findings):
     found = flagged(findings, "kernel_memory_pressure")
-    assert set(found) == {"big_sbuf"}
+    assert set(found) == {"big_sbuf", "spilling"}
     assert "SBUF 8" in found["big_sbuf"].title and found["big_sbuf"].severity == "medium"
+
+
+def test_live_tiles_past_sbuf_are_spills_with_their_bytes_and_time(findings):
+    f = flagged(findings, "kernel_memory_pressure")["spilling"]
+    assert f.title == "Kernel spilling: SBUF spills"
+    # two 4 MiB blocks go to HBM and come back (closed form: 9 live, 7 fit)
+    assert "stores 8.0 MiB" in f.explanation and "reloads 8.0 MiB" in f.explanation
+    assert f.time_lost_ns > 0 and "no compute engine works" in f.explanation
+    assert any("kernel_cases.py:" in e["description"] for e in f.evidence)
+    assert "tile the free dimension" in f.recommendation
+
+
+def test_the_kernel_report_shows_the_spills(findings):
+    from neuron_explorer.kernel_report import kernel_summary
+
+    s = kernel_summary(findings[0], "spilling")
+    assert s["spill_bytes"] == 4 * 4 * 2**20 and s["reload_bytes"] == 2 * 4 * 2**20
+    assert s["spill_ns"] > 0 and any("do not fit" in line for line in s["why"])
+    assert kernel_summary(findings[0], "pipelined")["spill_bytes"] == 0
 
 
 def test_matmuls_that_fill_a_sixteenth_of_the_array(findings):

@@ -176,8 +176,8 @@ def too_many_partitions(x):
 
 @nki.jit
 def sbuf_overflow(x):
-    keep = [nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.sbuf) for _ in range(8)]
-    return keep
+    # one tile larger than a partition's SBUF (live tiles past it spill instead)
+    return nl.ndarray((128, 65536), dtype=nl.float32, buffer=nl.sbuf)
 
 
 @nki.jit
@@ -211,7 +211,7 @@ def dma_cast(x):
 
 @pytest.mark.parametrize("kernel, args, text, message", [
     (too_many_partitions, (rand(4, 4),), "nl.ndarray((256", "partition dimension 256"),
-    (sbuf_overflow, (rand(4, 4),), "nl.ndarray((128, 8192)", "SBUF overflow"),
+    (sbuf_overflow, (rand(4, 4),), "nl.ndarray((128, 65536)", "SBUF overflow"),
     (psum_overflow, (rand(4, 4),), "nl.ndarray((128, 512)", "PSUM overflow"),
     (read_before_write, (rand(4, 4),), "nl.exp(t)", "read before it is written"),
     (int_matmul, (np.ones((128, 4), np.int32),), "nl.matmul(t, t", "cannot take int32"),

@@ -57,6 +57,9 @@ def kernel_body(trace: Any, kernel: str) -> list:
         metric("DMA under compute", f"{s['dma_compute_overlap_pct']:.0f}%"),
         metric("SBUF high-water", f"{s['sbuf_bytes'] / 2**10:,.0f} KiB"),
         metric("PSUM high-water", f"{s['psum_bytes'] / 2**10:,.0f} KiB"),
+        *([metric("SBUF spills", f"{s['spill_bytes'] / 2**20:,.1f} MiB",
+                  f"stores and reloads; {fmt.duration(s['spill_ns'])} not under compute")]
+          if s.get("spill_bytes") else []),
         *[metric(f"{e} busy", f"{s['busy_pct'][e]:.0f}%") for e in ENGINE_COLUMNS
           if s["busy_pct"][e] > 0],
     ], className="metrics")
