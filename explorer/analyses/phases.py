@@ -499,8 +499,8 @@ def _least_in_use(memory: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> n
 
 
 def _kv_figures(held: pd.DataFrame, batch: float) -> dict[str, float]:
-    """The generation's KV cache at its last step's start, and its growth per new token
-    and sequence (the median step's growth over the batch)."""
+    """The generation's KV cache held through its last step, and its growth per new
+    token and sequence (the median step's growth over the batch)."""
     if not len(held):
         return {"kv_bytes": np.nan, "kv_bytes_per_token": np.nan}
     grown = np.diff(held.loc[held["phase"] == DECODE, "held_bytes"].to_numpy())
