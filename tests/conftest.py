@@ -13,6 +13,8 @@ import pytest
 os.environ.setdefault("NEURON_EXPLORER_CACHE", "off")
 
 REPO = Path(__file__).resolve().parents[1]
+# helpers every test folder imports by name (cli_runner)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Real PyTorch-profiler traces from other tools, kept in the repository (origin and license
 # in their README), so a clone needs nothing beside it.
 REAL_TRACES = Path(__file__).resolve().parent / "data" / "real_traces"

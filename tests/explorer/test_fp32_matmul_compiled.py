@@ -4,28 +4,16 @@ attention bmm kept in fp32 is flagged, through `neuron-explorer record` and `rep
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import neuron_explorer
 import pytest
+from cli_runner import run_cli
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "compiled_attention_autocast.py"
-CLI = [sys.executable, "-m", "neuron_explorer.cli"]
-
-
-def _cli(*args: str, cwd: Path) -> str:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("NEURON_EXPLORER_RECORD", None)
-    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +22,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     traces = {}
     for mode in ("fp32", "bf16"):
         out = folder / f"{mode}.pftrace"
-        _cli("record", "-o", str(out), "--", "python", str(PROGRAM), mode, cwd=folder)
+        run_cli("record", "-o", str(out), "--", "python", str(PROGRAM), mode, cwd=folder)
         traces[mode] = out
     return traces
 
 
 def _fp32_finding(path: Path) -> dict | None:
-    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    report = json.loads(run_cli("report", "--format", "json", str(path), cwd=path.parent))
     return next((f for f in report["findings"] if f["rule_id"] == "fp32_matmul"), None)
 
 

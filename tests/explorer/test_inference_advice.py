@@ -5,17 +5,14 @@ run keeps it."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import neuron_explorer
 import pytest
+from cli_runner import run_cli
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
-CLI = [sys.executable, "-m", "neuron_explorer.cli"]
 TRAINING_WORDS = re.compile(r"optimizer|master cop|gradient|checkpoint", re.IGNORECASE)
 
 INFER = '''
@@ -44,14 +41,11 @@ def test_an_inference_run_gets_no_training_advice(tmp_path: Path) -> None:
     script = tmp_path / "infer.py"
     script.write_text(INFER)
     out = tmp_path / "infer.pftrace"
-    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
-    env.pop("NEURON_EXPLORER_RECORD", None)
     for args in (["record", "--level", "op", "-o", str(out), "--", "python", str(script)],
-                 ["report", str(out)], ["report", "--format", "json", str(out)]):
-        proc = subprocess.run([*CLI, *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout)  # the JSON report, run last
+                 ["report", str(out)]):
+        run_cli(*args, cwd=tmp_path, modelled=True)
+    report = json.loads(run_cli("report", "--format", "json", str(out), cwd=tmp_path,
+                                modelled=True))
     fired = {f["rule_id"] for f in report["findings"]}
     # the fp32 matmuls and the full HBM are still found, with advice for inference
     assert {"fp32_matmul", "memory_near_capacity"} <= fired

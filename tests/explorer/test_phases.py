@@ -14,6 +14,7 @@ from pathlib import Path
 import neuron_explorer
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from neuron_explorer.analyses.idle import idle_summary
 from neuron_explorer.analyses.phases import _mark_generation
 from neuron_explorer.peaks import peak_flops
@@ -21,17 +22,11 @@ from neuron_explorer.render import fmt_ns
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).parents[2] / "examples"
-CLI = [sys.executable, "-m", "neuron_explorer.cli"]
 
 
 def _cli(*args: str, cwd: Path) -> str:
     # the modelled host clock: the same step times every run, whatever shares the machine
-    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
-    env.pop("NEURON_EXPLORER_RECORD", None)
-    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
+    return run_cli(*args, cwd=cwd, modelled=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,11 +14,11 @@ import neuron_explorer
 import numpy as np
 import pandas as pd
 import pytest
+from cli_runner import run_cli
 from neuron_explorer.analyses.requests import call_phases, served
 from neuron_explorer.render import fmt_ns
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
-CLI = [sys.executable, "-m", "neuron_explorer.cli"]
 
 
 def make_requests(n: int, every: float, seed: int, vocab: int) -> list:
@@ -32,18 +31,9 @@ def make_requests(n: int, every: float, seed: int, vocab: int) -> list:
     return serve.make_requests(n, every, seed, vocab)
 
 
-def _env() -> dict[str, str]:
-    # the modelled host clock: the same times every run, whatever shares the machine
-    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
-    env.pop("NEURON_EXPLORER_RECORD", None)
-    return env
-
-
 def _cli(*args: str, cwd: Path) -> str:
-    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=_env(),
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
+    # the modelled host clock: the same times every run, whatever shares the machine
+    return run_cli(*args, cwd=cwd, modelled=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +157,8 @@ def test_batch_rows_are_requests_and_no_arrival_means_no_queueing(tmp_path: Path
     script = tmp_path / "marked.py"
     script.write_text(MARKED)
     out = tmp_path / "marked.pftrace"
-    env = dict(_env(), PYTHONPATH=str(EXAMPLES))
-    proc = subprocess.run([*CLI, "record", "--level", "op", "-o", str(out), "--", "python",
-                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_cli("record", "--level", "op", "-o", str(out), "--", "python", str(script),
+            cwd=tmp_path, modelled=True, env=dict(os.environ, PYTHONPATH=str(EXAMPLES)))
     trace = neuron_explorer.load(out)
     p = trace.phases()
     assert p["phase"].tolist() == ["prefill"] + ["decode"] * 4

@@ -6,14 +6,13 @@ says what would show there."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import neuron_explorer
 import plotly.io.json as pio_json
 import pytest
+from cli_runner import run_cli
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -21,13 +20,8 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 @pytest.fixture(scope="module")
 def generation_trace(tmp_path_factory: pytest.TempPathFactory) -> neuron_explorer.Trace:
     out = tmp_path_factory.mktemp("generation") / "generate.pftrace"
-    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
-    env.pop("NEURON_EXPLORER_RECORD", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "neuron_explorer.cli", "record", "--level", "op", "-o", str(out),
-         "--", sys.executable, str(EXAMPLES / "generate.py"), "--new-tokens", "8"],
-        capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_cli("record", "--level", "op", "-o", str(out), "--", sys.executable,
+            str(EXAMPLES / "generate.py"), "--new-tokens", "8", cwd=out.parent, modelled=True)
     return neuron_explorer.load(out, cache=False)
 
 

@@ -6,13 +6,12 @@ compiling saves 0 ns (3.91 ms predicted for a 3.90 ms step, 0.21 ms compiled).""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import neuron_explorer
 import pytest
+from cli_runner import run_cli
 
 pytestmark = pytest.mark.slow  # two recordings of a small decoder
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -20,13 +19,9 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 
 def _record(folder: Path, name: str, *args: str) -> neuron_explorer.Trace:
     out = folder / f"{name}.pftrace"
-    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
-    env.pop("NEURON_EXPLORER_RECORD", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "neuron_explorer.cli", "record", "--level", "op", "-o", str(out),
-         "--", sys.executable, str(EXAMPLES / "generate.py"), "--new-tokens", "8", *args],
-        capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_cli("record", "--level", "op", "-o", str(out), "--", sys.executable,
+            str(EXAMPLES / "generate.py"), "--new-tokens", "8", *args, cwd=folder,
+            modelled=True)
     return neuron_explorer.load(out, cache=False)
 
 
