@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_cases import spilling as sum_of_loaded  # every block loaded, then summed
 from neuron_explorer import nki
 from neuron_explorer.backend.hardware import KernelBuilder, get_preset
 from neuron_explorer.nki import language as nl
 
 WIDTH = 8192  # fp32: 32 KiB per partition per tile, 6 of them fill a trn1 partition
-
-
-@nki.jit
-def sum_of_loaded(a):
-    """Loads every [128, WIDTH] block first, then sums them: all live at once."""
-    out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
-    blocks = [nl.load(a[t * 128:(t + 1) * 128, :]) for t in range(a.shape[0] // 128)]
-    acc = nl.add(blocks[0], blocks[1])
-    for block in blocks[2:]:
-        acc = nl.add(acc, block)
-    nl.store(out, value=acc)
-    return out
 
 
 @nki.jit
@@ -65,7 +54,7 @@ def test_live_blocks_past_sbuf_spill_as_many_blocks_as_the_excess(n):
         rows = spill_rows(bench)
         # reloads are charged to the line that reads the block, on the spill queues
         reload_lines = {r["source"] for r in rows if r["opcode"] == "DmaReload"}
-        assert all("test_spills.py:" in s for s in reload_lines)
+        assert all("kernel_cases.py:" in s for s in reload_lines)
         assert all(int(r["engine"].split(".")[1]) >= 64 for r in rows)
         lines = {lt.source for lt in bench.line_times() if lt.ns.get("dma")}
         assert "acc = nl.add(acc, block)" in lines

@@ -1,0 +1,6 @@
+"""The NKI tests: their shared kernels (kernel_cases) import by name."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
