@@ -349,7 +349,7 @@ def serving(trace: Trace) -> pd.DataFrame:
     a whole prompt through every matmul) and the decode steps' MBU (memory-bound: every
     weight and the whole cache read for one token each); NaN where the trace records no
     device work or no hardware figures. And the KV cache from the allocator (`kv_cache`):
-    what the generation holds at its last step's start (`kv_bytes`) and what each new
+    what the generation holds through its last step (`kv_bytes`) and what each new
     token adds per sequence (`kv_bytes_per_token`, the median over the decode steps).
 
     With requests marked (`neuron_explorer.request`), requests join and leave the batch
