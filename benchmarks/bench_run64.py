@@ -52,7 +52,7 @@ def measure(kind: str, folder: str, cache: str, processes: int) -> dict[str, flo
 import json, resource, time
 PATH, P = {folder!r}, {processes}
 import neuron_explorer as ne, pandas, numpy, pyarrow.parquet
-import neuron_explorer.run, neuron_explorer.rules, neuron_explorer.store.cache
+import neuron_explorer.runs.run, neuron_explorer.rules, neuron_explorer.store.cache
 query_s = None
 def hwm():  # this process's peak RSS (ru_maxrss would count the parent's, kept by exec)
     for line in open("/proc/self/status"):

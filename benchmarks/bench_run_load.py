@@ -67,7 +67,7 @@ def measure(kind: str, folder: str) -> dict[str, float]:
 import json, resource, time
 PATH = {folder!r}
 import neuron_explorer as ne, pandas, numpy
-import neuron_explorer.run, neuron_explorer.rules
+import neuron_explorer.runs.run, neuron_explorer.rules
 t0, c0 = time.perf_counter(), time.process_time()
 {MEASURE[kind]}
 dt, cpu = time.perf_counter() - t0, time.process_time() - c0

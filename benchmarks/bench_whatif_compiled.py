@@ -82,7 +82,7 @@ def one_round(folder: str, name: str, steps: int) -> tuple[float, float]:
     import warnings
 
     import neuron_explorer as ne
-    from neuron_explorer.whatif_replay import predicted_step_ns
+    from neuron_explorer.what_if.replay import predicted_step_ns
 
     eager, compiled = (os.path.join(folder, f"{name}_{k}.pftrace") for k in ("eager", "compiled"))
     record(eager, name, False, steps)

@@ -15,11 +15,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "neuron_explorer.trace",
     "Trace": "neuron_explorer.trace",
-    "Run": "neuron_explorer.run",
-    "load_run": "neuron_explorer.run",
+    "Run": "neuron_explorer.runs.run",
+    "load_run": "neuron_explorer.runs.run",
     "TraceFormatError": "neuron_explorer.common.errors",
     "diff": "neuron_explorer.trace_diff",
-    "whatif": "neuron_explorer.whatif_replay",
+    "whatif": "neuron_explorer.what_if.replay",
     "record": "neuron_explorer.collectors.session",
     "step": "neuron_explorer.collectors.session",
     "annotate": "neuron_explorer.collectors.session",
@@ -33,10 +33,10 @@ __all__ = ["Run", "Trace", "TraceFormatError", "__version__", "annotate", "diff"
 if TYPE_CHECKING:  # pragma: no cover - for type checkers; at run time __getattr__ imports
     from neuron_explorer.collectors.session import annotate, phase, record, request, step
     from neuron_explorer.common.errors import TraceFormatError
-    from neuron_explorer.run import Run, load_run
+    from neuron_explorer.runs.run import Run, load_run
     from neuron_explorer.trace import Trace, load
     from neuron_explorer.trace_diff import diff
-    from neuron_explorer.whatif_replay import whatif
+    from neuron_explorer.what_if.replay import whatif
 
 
 def __getattr__(name: str) -> Any:

@@ -17,11 +17,12 @@ from neuron_explorer.common.errors import NeuronExplorerError
 
 SUBCOMMANDS = {
     "record": ("neuron_explorer.collectors.record_command", "record a program into a trace"),
-    "report": ("neuron_explorer.report_command", "summarise a trace: breakdown, top ops, findings"),
-    "diff": ("neuron_explorer.diff_command", "compare two traces"),
-    "whatif": ("neuron_explorer.whatif_command",
+    "report": ("neuron_explorer.commands.report",
+               "summarise a trace: breakdown, top ops, findings"),
+    "diff": ("neuron_explorer.commands.diff", "compare two traces"),
+    "whatif": ("neuron_explorer.commands.what_if",
                "predict a recorded run on other hardware, mode or dtype"),
-    "convert": ("neuron_explorer.convert_command", "write a trace's or a run's tables as Parquet"),
+    "convert": ("neuron_explorer.commands.convert", "write a trace's or a run's tables as Parquet"),
     "view": ("neuron_explorer.webapp.view_command", "open traces in the dashboard"),
     "demo": ("neuron_explorer.webapp.demo_command", "record a sample workload and open it"),
 }

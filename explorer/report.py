@@ -18,7 +18,7 @@ from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules import SHARE_BASES
 from neuron_explorer.units import size
-from neuron_explorer.whatif_label import prediction_text
+from neuron_explorer.what_if.label import prediction_text
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

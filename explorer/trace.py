@@ -28,7 +28,7 @@ from neuron_explorer.memo import memoised
 if TYPE_CHECKING:
     from neuron_explorer.plot import TracePlot
     from neuron_explorer.rules.finding import Findings
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
     from neuron_explorer.store.parquet import Store
 
 SQL_TABLES = ("slices", "args", "tracks", "counters", "flows", "steps", "ops", "kernels",
@@ -61,7 +61,7 @@ def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.Path
     if not isinstance(path, (list, tuple)) and os.path.isdir(path) and is_store(path):
         return _load_store(os.fspath(path))
     if isinstance(path, (list, tuple)) or os.path.isdir(path):
-        from neuron_explorer.run import load_run
+        from neuron_explorer.runs.run import load_run
 
         return load_run(path, processes=processes, progress=progress, cache=cache,
                         scheduler=scheduler)
@@ -86,7 +86,7 @@ def _load_store(folder: str) -> Trace | Run:
     from neuron_explorer.store.parquet import RUN_MANIFEST, StoreError, open_store
 
     if os.path.isfile(os.path.join(folder, RUN_MANIFEST)):
-        from neuron_explorer.run import load_converted_run
+        from neuron_explorer.runs.run import load_converted_run
 
         return load_converted_run(folder)
     try:

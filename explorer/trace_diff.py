@@ -22,7 +22,7 @@ from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
-from neuron_explorer.whatif_label import hardware_label
+from neuron_explorer.what_if.label import hardware_label
 
 SUMMARY_METRICS = ("step_time_ns", "n_steps", "mfu", "hfu", "mbu", "device_busy_share",
                    "n_ops", "n_kernels", "compile_ns")

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import psutil
 from neuron_explorer.common.errors import NeuronExplorerError
-from neuron_explorer.run_files import MANIFEST
+from neuron_explorer.runs.files import MANIFEST
 from neuron_explorer.webapp.load_progress import LoadProgress
 
 log = logging.getLogger("neuron_explorer.webapp")

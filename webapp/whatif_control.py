@@ -42,7 +42,7 @@ def layout(name: str) -> html.Div:
 def prediction(ctx: Any, name: str, hardware: str, mode: str, dtype: str) -> list:
     """The predicted trace's breakdown beside the recorded one, and the diff."""
     from neuron_explorer.webapp.pages.compare import _breakdowns, _frames
-    from neuron_explorer.whatif_replay import whatif
+    from neuron_explorer.what_if.replay import whatif
 
     try:
         recorded = ctx.store.get(name)

@@ -206,7 +206,7 @@ def _group_size(group: Any) -> int:
 
 
 def _world_size(trace: Trace) -> int:
-    from neuron_explorer.run_files import distributed_info
+    from neuron_explorer.runs.files import distributed_info
 
     info = distributed_info(trace.metadata)
     return int(info.get("world_size") or 1)

@@ -141,7 +141,7 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     kind (host | device), category, track, rank."""
     from neuron_explorer.analyses.idle import _launch_times, launch_ends
     from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
-    from neuron_explorer.run_files import distributed_info
+    from neuron_explorer.runs.files import distributed_info
 
     win = step_windows(trace)
     if step is not None:  # any recorded step, warm-up included

@@ -3,7 +3,7 @@ to first order.
 
 A slice off the critical path can shrink without shortening the step; one on it saves
 the time the path spends in it (removing it may expose a path that was nearly as long,
-so this is an upper bound; `whatif_counterfactual` replays the run without the slices
+so this is an upper bound; `what_if.counterfactual` replays the run without the slices
 where the trace allows)."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from neuron_explorer.analyses.communication import COLLECTIVE_COLUMNS
 from neuron_explorer.analyses.critical_path import CATCH_UP_FACTOR
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 MATCH_KEYS = ["group", "collective", "seq"]
 # The same call on every rank moves about the same bytes: past this ratio, not one call.

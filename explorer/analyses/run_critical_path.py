@@ -18,7 +18,7 @@ from neuron_explorer.analyses.critical_path import PATH_COLUMNS
 from neuron_explorer.analyses.ranks import MATCH_KEYS
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 # Walking the run's critical path loads every rank's whole trace into this process: the
 # report and the rules walk it for runs up to this size.

@@ -13,7 +13,7 @@ from neuron_explorer.plot.options import options
 if TYPE_CHECKING:
     import plotly.graph_objects as go
     from neuron_explorer.plot.timeline_index import TimelineIndex
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
     from neuron_explorer.trace import Trace
 
 

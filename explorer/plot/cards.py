@@ -14,7 +14,7 @@ from neuron_explorer.render import fmt_ns, fmt_share
 
 if TYPE_CHECKING:
     from neuron_explorer.rules.finding import Finding
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
     from neuron_explorer.trace_diff import TraceDiff
 
 MAX_EVIDENCE_SHOWN = 3

@@ -13,7 +13,7 @@ from neuron_explorer.render import fmt_ns
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 WAIT_COLOUR, TRANSFER_COLOUR, OVERLAP_COLOUR = "#d9534f", "#4a7bd0", "#5cb85c"
 LINK_COLOUR = "rgba(90, 90, 90, 0.35)"

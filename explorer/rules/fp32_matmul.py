@@ -21,7 +21,7 @@ from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, trains, us
 from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
-from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
+from neuron_explorer.what_if.replay import predicted_bf16_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

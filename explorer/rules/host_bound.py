@@ -125,7 +125,7 @@ def compiled_saving_ns(trace: Trace) -> float | None:
     """What the analysed steps would save compiled (an eager trace with op keys replayed
     by `whatif --mode compiled`), or None where no replay predicts it."""
     from neuron_explorer.analyses.steady_state import in_analysed_steps
-    from neuron_explorer.whatif_replay import predicted_step_ns
+    from neuron_explorer.what_if.replay import predicted_step_ns
 
     if _is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
         return None
@@ -163,7 +163,7 @@ def _recommendation(trace: Trace) -> str:
 
 def _predicted_compile(trace: Trace) -> str:
     """What a compiled what-if replay predicts for the step time (traces with op keys)."""
-    from neuron_explorer.whatif_replay import predicted_step_ns, prediction_too_large
+    from neuron_explorer.what_if.replay import predicted_step_ns, prediction_too_large
 
     predicted = predicted_step_ns(trace, "compiled")
     recorded = float(trace.steps["dur"].median()) if len(trace.steps) else 0.0

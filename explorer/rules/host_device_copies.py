@@ -94,7 +94,7 @@ def _saving(trace: Trace, c: pd.DataFrame) -> tuple[float, str]:
     the copies hidden behind compute): by replay where the trace allows, else the
     copies' time on the critical path."""
     from neuron_explorer.analyses.path_share import time_on_path
-    from neuron_explorer.whatif_counterfactual import removal_saving_ns
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
     k = trace.kernels
     on_device = c["id"].isin(k["id"]) if len(k) else np.zeros(len(c), bool)

@@ -135,7 +135,7 @@ def _saving(trace: Trace, fb: pd.DataFrame) -> tuple[float, str]:
     (a device version costs its own kernels' time): by replay where the trace allows,
     else their host time and round trips on the critical path."""
     from neuron_explorer.analyses.path_share import time_on_path
-    from neuron_explorer.whatif_counterfactual import removal_saving_ns
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
     eager = fb[fb["graph_id"].to_numpy() < 0]
     ids = eager["id"].to_numpy()

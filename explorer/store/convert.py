@@ -16,7 +16,7 @@ def convert_trace(path: str, out: str, progress: bool | None = None) -> tuple[in
     slices and the rank it states (None if it states none)."""
     from neuron_explorer.loaders import read_trace
     from neuron_explorer.progress import steps
-    from neuron_explorer.run_files import distributed_info
+    from neuron_explorer.runs.files import distributed_info
     from neuron_explorer.store.cache import source_key
     from neuron_explorer.trace import DERIVED, Trace
 
@@ -49,8 +49,8 @@ def convert_run(source: str, out: str, progress: bool | None = None,
                 processes: int | None = None, scheduler: str | None = None) -> dict[int, str]:
     """Write every rank's store into `out/<trace file name>/` (in worker processes) and
     `run.json`, which maps ranks to those folders; returns that map."""
-    from neuron_explorer.run import map_ranks
-    from neuron_explorer.run_files import assign_ranks, read_manifest, run_paths
+    from neuron_explorer.runs.files import assign_ranks, read_manifest, run_paths
+    from neuron_explorer.runs.run import map_ranks
 
     paths = run_paths(source)
     os.makedirs(out, exist_ok=True)

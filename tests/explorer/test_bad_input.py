@@ -148,7 +148,7 @@ def test_unknown_pftrace_events_are_counted(tmp_path: Path) -> None:
 
 
 def test_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from neuron_explorer import report_command
+    from neuron_explorer.commands import report as report_command
 
     path = tmp_path / "empty.json"
     path.write_text("")

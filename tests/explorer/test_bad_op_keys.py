@@ -10,7 +10,7 @@ import neuron_explorer
 import pytest
 import scenarios
 from neuron_explorer.cli import main
-from neuron_explorer.whatif_replay import predicted_step_ns, recorded_ops
+from neuron_explorer.what_if.replay import predicted_step_ns, recorded_ops
 
 GOOD = '[[[[8, 8], "float32"]]]'
 BROKEN = ("[[[", '[[["x"]]]', "[]", '[[[8, 8]]]', "null")

@@ -9,7 +9,7 @@ from pathlib import Path
 import neuron_explorer
 import torch
 from neuron_explorer.rules import fp32_matmul
-from neuron_explorer.whatif_replay import predicted_bf16_saving_ns
+from neuron_explorer.what_if.replay import predicted_bf16_saving_ns
 
 
 def _record(tmp_path: Path, inner: int, rows: int = 64) -> neuron_explorer.Trace:

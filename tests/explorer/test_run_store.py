@@ -73,7 +73,7 @@ def test_run_sql_reads_every_ranks_parquet(run_dir: Path, cache_dir: Path, plain
         raise AssertionError("a kept digest was computed again")
 
     with monkeypatch.context() as m:  # a reload reads each rank's kept digest
-        m.setattr("neuron_explorer.rank_digest.digest_trace", refuse)
+        m.setattr("neuron_explorer.runs.digest.digest_trace", refuse)
         assert_same_results(expected, results(neuron_explorer.load(run_dir, processes=1)))
     counts = stored.sql("SELECT rank, count(*) AS n FROM slices GROUP BY rank ORDER BY rank")
     assert counts["rank"].tolist() == list(range(WORLD))

@@ -255,7 +255,7 @@ def test_diff_of_two_runs(run_dir, tmp_path, capsys):
 
 
 def test_the_loader_uses_worker_processes_for_several_files(run_dir, monkeypatch):
-    import neuron_explorer.run as run_module
+    import neuron_explorer.runs.run as run_module
 
     seen = []
     original = run_module.ProcessPoolExecutor

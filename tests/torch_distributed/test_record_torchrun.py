@@ -76,7 +76,7 @@ def test_a_killed_rank_leaves_a_prefix_and_the_other_trace_is_complete(tmp_path)
     prefix = neuron_explorer.load(killed)  # what it wrote before SIGKILL reads
     assert len(prefix.slices) > 0
     assert any("no end mark" in w for w in prefix.warnings)  # and says it is cut short
-    from neuron_explorer.run_report import render_run_report
+    from neuron_explorer.runs.report import render_run_report
 
     text = render_run_report(neuron_explorer.load(run), "text")
     assert "cut short" in text and "rank 1: the recording stopped before its end" in text

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
-from neuron_explorer import whatif_replay
-from neuron_explorer.whatif_compiled import ProgramTooLarge
+from neuron_explorer.what_if import replay as whatif_replay
+from neuron_explorer.what_if.compiled import ProgramTooLarge
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def test_a_program_over_the_budget_is_not_scheduled(monkeypatch) -> None:
-    from neuron_explorer import whatif_compiled
+    from neuron_explorer.what_if import compiled as whatif_compiled
 
     trace = neuron_explorer.load(SAMPLES / "mlp_eager.pftrace")
     assert whatif_replay.predicted_step_ns(trace, "compiled") is not None  # small: predicted
@@ -31,7 +31,7 @@ def test_a_program_over_the_budget_is_not_scheduled(monkeypatch) -> None:
     assert not whatif_replay.prediction_too_large(trace, "compiled")
     with pytest.raises(ProgramTooLarge):
         from neuron_explorer.backend.replay import ReplayOptions
-        from neuron_explorer.whatif_writer import host_events
+        from neuron_explorer.what_if.writer import host_events
 
         rows, events = host_events(small, whatif_replay.recorded_ops(small))
         whatif_compiled.replay_compiled(small, rows, events, ReplayOptions("trn2"), 0)

@@ -19,7 +19,7 @@ from neuron_explorer.backend.replay import (
 )
 from neuron_explorer.collectors.device_sink import DeviceSink
 from neuron_explorer.common.op_key_codec import decode
-from neuron_explorer.whatif_replay import WhatIfError
+from neuron_explorer.what_if.replay import WhatIfError
 
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
 REAL = Path(__file__).parents[1] / "data" / "real_traces"

@@ -11,7 +11,7 @@ from neuron_explorer import load, whatif
 from neuron_explorer.cli import main
 from neuron_explorer.report import render_report
 from neuron_explorer.trace_diff import diff
-from neuron_explorer.whatif_replay import WhatIfError
+from neuron_explorer.what_if.replay import WhatIfError
 
 pytestmark = pytest.mark.slow  # each workload is recorded in its own process
 
@@ -138,8 +138,8 @@ def test_rules_state_the_predicted_saving(recordings):
 def test_report_and_whatif_state_one_compiled_prediction(recordings, tmp_path):
     """`report`'s prediction line (host_bound) and `whatif --mode compiled` once differed
     (6.16 against 5.06 ms): they come from one replay over the same analysed steps."""
-    from neuron_explorer.whatif_compiled import compiled_call_host_ns
-    from neuron_explorer.whatif_replay import predicted_step_ns
+    from neuron_explorer.what_if.compiled import compiled_call_host_ns
+    from neuron_explorer.what_if.replay import predicted_step_ns
 
     source = load(recordings("mlp", "trn1"))
     predicted = whatif(source, mode="compiled", output=tmp_path / "p.pftrace")

@@ -18,7 +18,7 @@ from dash import html
 from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.plot.cards import readable_rank_summary
 from neuron_explorer.plot.ranks import collectives_figure, communication_figure, step_times_figure
-from neuron_explorer.run_files import MANIFEST, is_trace_file, rank_from_name
+from neuron_explorer.runs.files import MANIFEST, is_trace_file, rank_from_name
 from neuron_explorer.webapp.components import (
     data_table,
     graph,
@@ -30,7 +30,7 @@ from neuron_explorer.webapp.components import (
 from neuron_explorer.webapp.formatting import duration, share
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
     from neuron_explorer.trace import Trace
     from neuron_explorer.webapp.context import AppContext
 
@@ -61,7 +61,7 @@ def run_folder(trace: Trace, ctx: AppContext, name: str) -> Path | None:
 
 def load_folder(folder: Path) -> Run:
     """The run of a folder, loaded once while its files stay as they are."""
-    from neuron_explorer.run import load_run
+    from neuron_explorer.runs.run import load_run
 
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
                    if p.is_file())

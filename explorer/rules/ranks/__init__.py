@@ -21,7 +21,7 @@ from neuron_explorer.rules.ranks import (
 from neuron_explorer.rules.ranks.finding import run_finding
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 RANK_RULES = (straggler_rank, collective_wait, exposed_communication, small_collectives,
               load_imbalance)

@@ -9,7 +9,7 @@ from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import capped_by_path, run_finding
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 RULE_ID = "exposed_communication"
 

@@ -8,7 +8,7 @@ from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, severity
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 
 def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,

@@ -10,8 +10,8 @@ import argparse
 import os
 import sys
 
-from neuron_explorer.report_command import FORMATS, load_quietly, write_output
-from neuron_explorer.whatif_replay import DTYPES, HARDWARE, MODES
+from neuron_explorer.commands.report import FORMATS, load_quietly, write_output
+from neuron_explorer.what_if.replay import DTYPES, HARDWARE, MODES
 
 
 def _microseconds(text: str) -> float:
@@ -50,7 +50,7 @@ def default_output(args: argparse.Namespace, hardware: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from neuron_explorer.trace_diff import diff
-    from neuron_explorer.whatif_replay import WhatIfError, whatif
+    from neuron_explorer.what_if.replay import WhatIfError, whatif
 
     trace = load_quietly(args.trace, "whatif")
     if not hasattr(trace, "base_slices"):

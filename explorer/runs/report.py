@@ -11,7 +11,7 @@ from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 
 if TYPE_CHECKING:
-    from neuron_explorer.run import Run
+    from neuron_explorer.runs.run import Run
 
 _PER_RANK_NS = ("compute_ns", "communication_ns", "exposed_ns", "wait_ns")
 

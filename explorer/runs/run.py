@@ -2,7 +2,7 @@
 
 `neuron_explorer.load(folder)` or `load([paths...])` returns a Run. It loads the
 ranks in parallel worker processes (one per core) and keeps only each rank's digest
-(rank_digest.py), so a run larger than memory still loads; `run[rank]` loads one
+(runs/digest.py), so a run larger than memory still loads; `run[rank]` loads one
 rank's full `Trace` when asked. Tables carry a `rank` column; analyses that compare
 ranks live in `analyses/ranks.py`, their rules in `rules/ranks/`.
 """
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pandas as pd
 from neuron_explorer.common.errors import NeuronExplorerError
-from neuron_explorer.rank_digest import RankDigest, digest_file
-from neuron_explorer.run_files import assign_ranks, read_manifest, run_paths
+from neuron_explorer.runs.digest import RankDigest, digest_file
+from neuron_explorer.runs.files import assign_ranks, read_manifest, run_paths
 
 if TYPE_CHECKING:
     from neuron_explorer.plot import RunPlot
@@ -64,7 +64,7 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
                disable=(not progress) if progress is not None else None, leave=False)
     try:
         if scheduler:
-            from neuron_explorer.cluster import dask_map
+            from neuron_explorer.runs.cluster import dask_map
 
             return dask_map(function, paths, scheduler, processes, bar.update)
         if workers <= 1:
@@ -384,7 +384,7 @@ class Run:
 
 
 def _digest_store(folder: str) -> RankDigest:
-    from neuron_explorer.rank_digest import digest_trace
+    from neuron_explorer.runs.digest import digest_trace
     from neuron_explorer.trace import load
 
     digest = digest_trace(load(folder))

@@ -20,7 +20,7 @@ from neuron_explorer import tables
 from neuron_explorer.analyses import communication as comm
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules.finding import Finding
-from neuron_explorer.run_files import distributed_info
+from neuron_explorer.runs.files import distributed_info
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace

@@ -3,9 +3,9 @@ hardware, in another mode or dtype, without running it again.
 
 The recording's op stream (each op slice's op key, `op_key_codec`) is lowered and
 scheduled again by the backend's own lowering and timeline (`backend/replay.py`, or
-`whatif_compiled` for `mode="compiled"`); host time between launches is kept from the
+`what_if.compiled` for `mode="compiled"`); host time between launches is kept from the
 recording and sync waits are re-derived. The result is written as a trace with the
-recorded layout (`whatif_writer`) and loaded, so `report`, `diff` and the dashboard
+recorded layout (`what_if.writer`) and loaded, so `report`, `diff` and the dashboard
 read it like any other; its metadata's "whatif" entry says it is a prediction and of
 what. docs/whatif.md explains what is exact and what is approximated.
 """
@@ -27,7 +27,7 @@ from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.common.presets import PRESETS
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace, load
-from neuron_explorer.whatif_label import META_WHATIF
+from neuron_explorer.what_if.label import META_WHATIF
 
 HARDWARE = tuple(PRESETS)  # the presets a prediction can target (common/presets.py)
 MODES = ("eager", "compiled")
@@ -139,7 +139,7 @@ def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
     trn2, trn3; default: as recorded), in `mode` (eager or compiled), with matmuls in
     `dtype` (bf16, fp8) and `launch_overhead_us` of host time per launch; written to
     `output` (default: a file in the temporary folder) and returned as a Trace."""
-    from neuron_explorer.whatif_writer import write_prediction
+    from neuron_explorer.what_if.writer import write_prediction
 
     if not isinstance(trace, Trace):
         loaded = load(trace)
@@ -211,10 +211,10 @@ def prediction_too_large(trace: Trace, mode: str = "compiled") -> bool:
 
 
 def replay_inputs(trace: Trace) -> tuple[pd.DataFrame, list] | None:
-    """The recording's host rows and replay events (`whatif_writer.host_events`) for the
+    """The recording's host rows and replay events (`what_if.writer.host_events`) for the
     predictions rules state while a report waits; None for a prediction, a trace without
     steps, or one the replay cannot re-time (no op keys, compiled graphs, cut short)."""
-    from neuron_explorer.whatif_writer import host_events
+    from neuron_explorer.what_if.writer import host_events
 
     if is_prediction(trace) or not len(trace.steps):
         return None
@@ -236,7 +236,7 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
         rows, events = inputs
         options = ReplayOptions(trace.hardware or "trn2")
         if mode == "compiled":
-            from neuron_explorer.whatif_compiled import ProgramTooLarge, replay_compiled
+            from neuron_explorer.what_if.compiled import ProgramTooLarge, replay_compiled
 
             try:
                 _, shift, _ = replay_compiled(trace, rows, events, options,

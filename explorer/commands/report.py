@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     trace = load_quietly(args.trace, "report", args)
     if not hasattr(trace, "slice_args"):  # a run folder: one trace per rank
-        from neuron_explorer.run_report import render_run_report
+        from neuron_explorer.runs.report import render_run_report
 
         write_output(render_run_report(trace, args.format), args.output)
         return 0

@@ -40,7 +40,7 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | Non
     host, to the end of the last kernel the steps launched."""
     def compute() -> float | None:
         from neuron_explorer.backend.replay import ReplayOptions, replay
-        from neuron_explorer.whatif_replay import replay_inputs
+        from neuron_explorer.what_if.replay import replay_inputs
 
         inputs = replay_inputs(trace)
         if inputs is None:

@@ -12,8 +12,8 @@ import argparse
 import math
 import sys
 
+from neuron_explorer.commands.report import FORMATS, load_quietly, write_output
 from neuron_explorer.common.errors import NeuronExplorerError
-from neuron_explorer.report_command import FORMATS, load_quietly, write_output
 
 EXIT_REGRESSION = 1
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if not all(runs):
             raise NeuronExplorerError(f"cannot compare a run with a single trace ({args.a}, "
                                       f"{args.b}): give both runs or both traces")
-        from neuron_explorer.run_report import render_run_diff
+        from neuron_explorer.runs.report import render_run_diff
 
         write_output(render_run_diff(a, b, args.format), args.output)
         if args.fail_above is None:

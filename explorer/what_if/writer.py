@@ -19,7 +19,7 @@ import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.trace import Trace
-from neuron_explorer.whatif_replay import META_WHATIF, WhatIfOptions
+from neuron_explorer.what_if.replay import META_WHATIF, WhatIfOptions
 
 _INSTANTS = frozenset({tf.CAT_GRAPH_BREAK, tf.CAT_RECOMPILE, tf.CAT_UNCOUNTED})
 _DEVICE_KINDS_REPLACED = frozenset({"kernel", "instruction", "dma", "memcpy", "memset"})
@@ -167,7 +167,7 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
     rows, events = host_events(trace, ops)
     notes: list[str] = []
     if options.mode == "compiled":
-        from neuron_explorer.whatif_compiled import replay_compiled
+        from neuron_explorer.what_if.compiled import replay_compiled
 
         replayed, shift, notes = replay_compiled(trace, rows, events, replay_options)
     else:

@@ -1,0 +1,1 @@
+"""The explorer's command-line subcommands: `report`, `diff`, `convert` and `whatif`."""

@@ -1,0 +1,6 @@
+"""What-if: replay a recorded run on the simulator with one thing changed.
+
+`replay` re-times a run (another chip, a compiled graph, other dtypes), `counterfactual`
+gives a finding's saving by removing its cause, `compiled` replays eager ops as graphs,
+`writer` writes the predicted trace and `label` says in reports that it is one.
+"""
