@@ -9,10 +9,11 @@ HTA is installed (`pip install HolisticTraceAnalysis==0.5.0` in another environm
     python benchmarks/hta_parity_values.py [--hta-path DIR] [--traces tests/data/real_traces]
 
 Each trace is copied into a folder of its own (HTA reads a folder per run). Prints, per
-trace: the kernel-type breakdown (us), the queue-length summary per stream, the launch
-statistics (rows, sums, HTA's outlier groups), the idle-time breakdown per stream, the
-user-annotation breakdown (host time) and the frequent kernel sequences of the ops the
-tests name.
+trace: the temporal breakdown and the communication/computation overlap, the kernel-type
+breakdown (us), the queue-length summary per stream, the launch statistics (rows, sums,
+HTA's outlier groups), the idle-time breakdown per stream, the user-annotation breakdown
+(host time) and the frequent kernel sequences of the ops the tests name. The MTIA trace
+(slow to load) gets the temporal breakdown only; docs/explorer.md gives it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 TRACES = ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz",
           "trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz",
           "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+BREAKDOWN_ONLY = ("mtia_trace_single_rank__mtia_rank_0.json.gz",)
 SEQUENCE_OPS = ("AddmmBackward0", "forward")
 
 
@@ -47,14 +49,26 @@ def main() -> None:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory() as work:
-        for name in TRACES:
+        for name in TRACES + BREAKDOWN_ONLY:
             folder = Path(work) / name.split(".")[0]
             folder.mkdir()
             shutil.copy(Path(args.traces) / name, folder / name)
             analysis = TraceAnalysis(trace_dir=str(folder))
             rank = next(iter(analysis.t.traces))
             print(f"=== {name} (rank {rank})")
-            _report(analysis, rank, work)
+            _breakdowns(analysis)
+            if name not in BREAKDOWN_ONLY:
+                _report(analysis, rank, work)
+
+
+def _breakdowns(a) -> None:
+    temporal = a.get_temporal_breakdown(visualize=False)
+    print("temporal breakdown (us): idle, compute, non-compute, kernel time:", [
+        (int(row["idle_time(us)"]), int(row["compute_time(us)"]),
+         int(row["non_compute_time(us)"]), int(row["kernel_time(us)"]))
+        for _, row in temporal.iterrows()])
+    overlap = a.get_comm_comp_overlap(visualize=False)
+    print("comm/comp overlap (%):", overlap["comp_comm_overlap_pctg"].tolist())
 
 
 def _report(a, rank: int, work: str) -> None:

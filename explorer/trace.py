@@ -20,7 +20,7 @@ import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.loaders import read_trace
-from neuron_explorer.loaders.args import SliceArgs
+from neuron_explorer.loaders.args import SliceArgs, tidy_categoricals
 from neuron_explorer.loaders.huge_pages import small_pages
 from neuron_explorer.loaders.raw import RawTrace
 from neuron_explorer.memo import memoised
@@ -183,7 +183,9 @@ class Trace:
             if frame is not None:
                 return frame
         with small_pages():
-            frame = DERIVED[name](self)
+            # text columns taken from the slices stay categorical: with the categories a
+            # read of the stored table gives (those used, in lexical order)
+            frame = tidy_categoricals(DERIVED[name](self))
         if store is not None and self._store_writable:
             store.write_table(name, frame)
         return frame
@@ -407,12 +409,23 @@ class Trace:
 
         return memoised(self, "compile", lambda: compile_summary(self))
 
-    def communication(self) -> pd.DataFrame:
+    def communication(self, hta_window: bool = False) -> pd.DataFrame:
         """Per device: compute and communication time, the overlapped part (`overlap_pct`:
-        share of communication time that overlaps compute), exposed communication."""
+        share of communication time that overlaps compute), exposed communication; over
+        the analysed steps, or with `hta_window` over the kernels HTA keeps (HTA's
+        `get_comm_comp_overlap`)."""
         from neuron_explorer.analyses.communication import communication
 
-        return communication(self)
+        return communication(self, hta_window)
+
+    def temporal_breakdown(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per device, HTA's temporal breakdown: from the first kernel's start to the last
+        one's end, the time idle, running computation, and only communication or memory
+        work (ns and share); `hta_window`: over the kernels HTA keeps."""
+        from neuron_explorer.analyses.communication import temporal_breakdown
+
+        return memoised(self, f"temporal_breakdown:{hta_window}",
+                        lambda: temporal_breakdown(self, hta_window))
 
     def critical_path(self, step: int | None = None) -> pd.DataFrame:
         """The chain of host work, launches, kernels and waits that sets each analysed

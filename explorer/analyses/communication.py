@@ -34,6 +34,8 @@ COMMUNICATION_COLUMNS = ["device", "compute_ns", "communication_ns", "overlap_ns
 STATS_COLUMNS = ["device", "collective", "count", "bytes", "time_ns", "transfer_ns",
                  "algbw_gbps", "busbw_gbps"]
 KERNEL_TYPE_COLUMNS = ["device", "kernel_type", "ns", "share", "sum_ns"]
+TEMPORAL_COLUMNS = ["device", "span_ns", "idle_ns", "compute_ns", "non_compute_ns",
+                    "idle_share", "compute_share", "non_compute_share"]
 
 # NCCL/RCCL kernel names: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_...
 _COMM_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)\w*?(?:Kernel|DevKernel)_?([A-Za-z]+)",
@@ -240,15 +242,21 @@ def in_steps(trace: Trace) -> Any:
     return lambda u: int(u.covered(windows.starts, windows.ends).sum())
 
 
-def communication(trace: Trace) -> pd.DataFrame:
+def communication(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     """Per device: compute, communication and memory time inside the steps, how much of the
-    communication overlaps compute (`overlap_pct`, 0..100) and how much is exposed."""
+    communication overlaps compute (`overlap_pct`, 0..100) and how much is exposed.
+    `hta_window`: over the kernels HTA keeps (`hta_kept`) from the first to the last,
+    not the analysed steps: HTA's `get_comm_comp_overlap`."""
+    if hta_window:
+        return memoised(trace, "communication:hta", lambda: _communication(trace, True))
     return memoised(trace, "communication", lambda: _communication(trace))
 
 
-def _communication(trace: Trace) -> pd.DataFrame:
+def _communication(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     coll = collectives(trace)
     k = trace.kernels
+    if hta_window:
+        k, coll = hta_kept(trace, k, coll)
     if not len(coll) and not len(k):
         return tables.empty(COMMUNICATION_COLUMNS)
     comm_ids = set(coll["id"].tolist())
@@ -257,7 +265,7 @@ def _communication(trace: Trace) -> pd.DataFrame:
     compute = k[~is_comm & ~is_memory]
     memory = k[is_memory]
     rows = []
-    measure = in_steps(trace)
+    measure = (lambda u: u.total) if hta_window else in_steps(trace)
     devices = sorted(set(k["device"].tolist()) | set(coll["device"].tolist()))
     for device in devices:
         comp = _intervals(compute[compute["device"] == device])
@@ -272,8 +280,8 @@ def _communication(trace: Trace) -> pd.DataFrame:
             "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
             "exposed_ns": comm_ns - overlap,
             "memory_ns": measure(_intervals(memory[memory["device"] == device])),
-            "collectives": int((comm_rows["step"] >= 0).sum()) if len(trace.steps)
-            else len(comm_rows),
+            "collectives": int((comm_rows["step"] >= 0).sum())
+            if len(trace.steps) and not hta_window else len(comm_rows),
         })
     return pd.DataFrame(rows, columns=COMMUNICATION_COLUMNS)
 
@@ -316,26 +324,9 @@ def kernel_types(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     swept; HTA leaves memory out unless asked). `ns` is that time, `share` its part of the
     device's kernel-covered time (HTA's percentage), `sum_ns` the plain sum of the type's
     kernel durations (overlap rows: 0)."""
-    k = trace.kernels
-    coll = collectives(trace)
-    if hta_window and len(trace.steps) >= 2:
-        # HTA keeps the kernels whose launching CPU op started before the last step
-        last_start = int(trace.steps["ts"].max())
-        s_ts = trace.table("slices")["ts"].to_numpy(np.int64)
-        op = k["op_slice_id"].to_numpy(np.int64)
-        launched = np.where(op >= 0, s_ts[np.maximum(op, 0)], k["ts"].to_numpy(np.int64))
-        k = k[launched < last_start]
-        coll = coll[coll["id"].isin(set(k["id"].tolist())) | (coll["ts"] < last_start)]
-    if not len(k):
+    every = _typed_work(trace, hta_window)
+    if not len(every):
         return tables.empty(KERNEL_TYPE_COLUMNS)
-    comm_ids = set(coll["id"].tolist())
-    kind = np.where(k["id"].isin(comm_ids), "communication",
-                    np.where(k["kind"].isin(["memcpy", "memset"]), "memory", "computation"))
-    frames = [k[["device", "ts", "dur"]].assign(kernel_type=kind)]
-    own_queue = coll[~coll["id"].isin(set(k["id"].tolist()))]  # ours: not kernels
-    if len(own_queue):
-        frames.append(own_queue[["device", "ts", "dur"]].assign(kernel_type="communication"))
-    every = pd.concat(frames, ignore_index=True)
     rows = []
     for device, mine in every.groupby("device", sort=True):
         sums = mine.groupby("kernel_type")["dur"].sum()
@@ -344,6 +335,64 @@ def kernel_types(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["device", "kernel_type", "ns", "sum_ns"])
     frame["share"] = frame["ns"] / frame.groupby("device")["ns"].transform("sum")
     return frame[KERNEL_TYPE_COLUMNS]
+
+
+def hta_kept(trace: Trace, k: pd.DataFrame,
+             coll: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The kernels and collectives HTA keeps when the trace has two or more steps: those
+    whose launching CPU op started before the last step (HTA drops the last profiler
+    step); all of them otherwise."""
+    if len(trace.steps) < 2:
+        return k, coll
+    last_start = int(trace.steps["ts"].max())
+    s_ts = trace.table("slices")["ts"].to_numpy(np.int64)
+    op = k["op_slice_id"].to_numpy(np.int64)
+    launched = np.where(op >= 0, s_ts[np.maximum(op, 0)], k["ts"].to_numpy(np.int64))
+    k = k[launched < last_start]
+    coll = coll[coll["id"].isin(set(k["id"].tolist())) | (coll["ts"] < last_start)]
+    return k, coll
+
+
+def _typed_work(trace: Trace, hta_window: bool) -> pd.DataFrame:
+    """Every kernel and collective (device, ts, dur) with its HTA kernel type."""
+    k = trace.kernels
+    coll = collectives(trace)
+    if hta_window:
+        k, coll = hta_kept(trace, k, coll)
+    comm_ids = set(coll["id"].tolist())
+    kind = np.where(k["id"].isin(comm_ids), "communication",
+                    np.where(k["kind"].isin(["memcpy", "memset"]), "memory", "computation"))
+    frames = [k[["device", "ts", "dur"]].assign(kernel_type=kind)]
+    own_queue = coll[~coll["id"].isin(set(k["id"].tolist()))]  # ours: not kernels
+    if len(own_queue):
+        frames.append(own_queue[["device", "ts", "dur"]].assign(kernel_type="communication"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def temporal_breakdown(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """Per device, Holistic Trace Analysis's temporal breakdown over the whole trace (with
+    `hta_window`, over the kernels HTA keeps): `span_ns` from the first kernel's start to
+    the last one's end (HTA's kernel_time), `idle_ns` the part of it no kernel, copy,
+    memset or collective covers, `compute_ns` the part computation kernels cover,
+    `non_compute_ns` the rest (communication and memory alone), and each as a share of
+    the span."""
+    every = _typed_work(trace, hta_window)
+    if not len(every):
+        return tables.empty(TEMPORAL_COLUMNS)
+    rows = []
+    for device, mine in every.groupby("device", sort=True):
+        ts = mine["ts"].to_numpy(np.int64)
+        end = ts + mine["dur"].to_numpy(np.int64)
+        span = int(end.max() - ts.min())
+        busy = Union(ts, end).total
+        comp = mine["kernel_type"].to_numpy() == "computation"
+        compute = Union(ts[comp], end[comp]).total
+        rows.append((int(device), span, span - busy, compute, busy - compute))
+    frame = pd.DataFrame(rows, columns=TEMPORAL_COLUMNS[:5])
+    for part in ("idle", "compute", "non_compute"):
+        frame[f"{part}_share"] = frame[f"{part}_ns"] / frame["span_ns"].where(
+            frame["span_ns"] > 0)
+    return frame[TEMPORAL_COLUMNS]
 
 
 _TYPE_ORDER = ("computation", "communication", "memory")  # HTA's order, memory last
