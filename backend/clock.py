@@ -119,12 +119,17 @@ class HostClock:
     def stamp(self) -> tuple[int, int]:
         """(`real_ns()`, `now()`) from one reading of the source: a timestamp at the start
         of work to exclude. Read apart, the time between the readings would count in the
-        timestamp and then be excluded with the work, stepping the clock back below it."""
+        timestamp and then be excluded with the work, stepping the clock back below it.
+        Both come from the reading before anything that allocates (the settle, the tuple):
+        a garbage collection started there takes its pause off the offset and the
+        exclusions alike, and one of the pair read after it would count the pause twice
+        (the exclusion this stamp starts would take it off again)."""
         raw = self._read()
+        real = raw - self._excluded
         t = raw + self._offset
         if self._pending:
             t = self._settle(t)
-        return raw - self._excluded, t
+        return real, t
 
     def exclude(self, ns: int) -> None:
         """Remove `ns` (a difference of `real_ns()` readings, minus what is charged for
@@ -152,9 +157,13 @@ class HostClock:
         self._floor = max(self._floor, floor_ns)
 
     def _settle(self, t: int) -> int:
+        # Comparisons, not min()/max(): on Python 3.11 those build an argument tuple, an
+        # allocation that can start a garbage collection in the middle of a reading.
         pending, self._pending = self._pending, 0
         if pending > 0:
-            pending = min(pending, max(t - self._floor, 0))
+            room = t - self._floor
+            if pending > room:
+                pending = room if room > 0 else 0  # noqa: FURB136 (no max(): above)
         self._offset -= pending
         return t - pending
 
