@@ -21,6 +21,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 LOOPBACK = "127.0.0.1"
 SERVER_NAME = "neuron-explorer"
+POLL_S = 0.05  # how often the serving loop checks for stop() (socketserver's default: 0.5 s)
 
 
 class ServerError(NeuronExplorerError):
@@ -55,8 +56,9 @@ class DashboardServer:
         csp = getattr(wsgi_app, "config", {}).get("CONTENT_SECURITY_POLICY") \
             or CSP_TEMPLATE.format(script_hashes="")
         self._server.app = RequestGuard(wsgi_app, allowed_host_names(host), token, self.port, csp)
+        # stop() waits for the serving loop's next poll: a short one stops it at once
         self._thread = threading.Thread(target=self._server.serve_forever, name="dashboard",
-                                        daemon=True)
+                                        kwargs={"poll_interval": POLL_S}, daemon=True)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     @property
