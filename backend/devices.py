@@ -94,6 +94,18 @@ def devices() -> list[NeuronDevice]:
     return _devices
 
 
+def restart_clocks() -> None:
+    """Every device idle at host time 0, for a host clock restarted there (a modelled
+    recording starts at 0). Work queued before, timed on the old clock, would otherwise
+    lie up to the whole run so far in the new clock's future, and the first wait for the
+    device would stand still that long (1.86 s after a 20-step warm-up)."""
+    from neuron_explorer.backend.distributed import collective_queue
+
+    for device in _devices:
+        device.timeline.restart()
+    collective_queue.restart()
+
+
 def device_count() -> int:
     """Number of NeuronCores on the simulated chip."""
     return len(devices())

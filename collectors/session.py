@@ -105,6 +105,7 @@ _measured_costs: list[int] = []  # (boxing ns per op, module hook ns per call)
 def _start_host_clock() -> None:
     """Switch the host clock to the source NEURON_HOST_CLOCK asks for (load-free by
     default) and measure the per-op costs that are ours, not the program's."""
+    from neuron_explorer.backend import devices
     from neuron_explorer.backend.clock import LOAD_FREE, MODELLED, requested_source
     from neuron_explorer.backend.host_costs import (
         host_costs,
@@ -120,6 +121,7 @@ def _start_host_clock() -> None:
     if source == MODELLED:
         clock.use(MODELLED)
         clock.reset()  # every modelled recording starts at 0
+        devices.restart_clocks()  # ... and so do the devices' queues
         host_costs.configure(MODELLED)
         return
     clock.use(source)

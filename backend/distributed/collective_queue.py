@@ -34,3 +34,8 @@ def place(device: devices.NeuronDevice, arrivals: list[int], transfer_ns: int) -
 
 def finish_ns(device_index: int) -> int:
     return _finish.get(device_index, 0)
+
+
+def restart() -> None:
+    """No collective queued, for a restarted host clock (`devices.restart_clocks`)."""
+    _finish.clear()

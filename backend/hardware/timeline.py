@@ -26,6 +26,11 @@ class DeviceTimeline:
         self.kernels = 0
         self.te_idle_since: int | None = None  # end of the last kernel using the Tensor Engine
 
+    def restart(self) -> None:
+        """Idle from time 0 of a restarted clock, the Tensor Engine cold; the totals stay."""
+        self.finish_ns = 0
+        self.te_idle_since = None
+
     def schedule(self, kernel: Kernel, launch_ns: int) -> tuple[int, int]:
         """Queue `kernel` launched at host time `launch_ns`; return its (start, end)."""
         start = launch_ns + self.preset.launch_latency_ns

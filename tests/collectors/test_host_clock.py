@@ -419,3 +419,28 @@ def test_record_lets_openmp_workers_sleep_unless_the_user_chose(record_cli, prog
     assert proc.stdout.split()[:2] == [expected, expected]
     meta = neuron_explorer.load(str(programs / "policy.pftrace")).metadata[META_HOST_CLOCK]
     assert meta["omp_wait_policy"] == expected
+
+
+def test_a_modelled_recording_after_device_work_starts_with_an_idle_device(
+        tmp_path, monkeypatch) -> None:
+    """A modelled recording restarts the host clock at 0: work the device ran before it
+    (timed on the wall clock, seconds into the process) must not lie in the new clock's
+    future, or the first wait for the device stands still that long (one step of 1.86 s
+    among steps of 1.1 ms, after a warm-up in the same process)."""
+    import torch
+
+    monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")
+    model = torch.nn.Linear(64, 64).to("neuron")
+    x = torch.randn(32, 64).to("neuron")
+    for _ in range(3):  # warm-up before the recording
+        model(x).sum().item()
+    out = tmp_path / "after_warm_up.pftrace"
+    with neuron_explorer.record(str(out)):
+        for _ in range(3):
+            model(x).sum().item()
+            neuron_explorer.step()
+    trace = neuron_explorer.load(out)
+    steps = trace.steps
+    assert len(steps) >= 3
+    assert steps["dur"].max() < 2 * steps["dur"].min()  # no step waits out the warm-up
+    assert trace.kernels["ts"].min() < steps["dur"].min()  # the device starts at once
