@@ -12,8 +12,10 @@ Each trace is copied into a folder of its own (HTA reads a folder per run). Prin
 trace: the temporal breakdown and the communication/computation overlap, the kernel-type
 breakdown (us), the queue-length summary per stream, the launch statistics (rows, sums,
 HTA's outlier groups), the idle-time breakdown per stream, the user-annotation breakdown
-(host time) and the frequent kernel sequences of the ops the tests name. The MTIA trace
-(slow to load) gets the temporal breakdown only; docs/explorer.md gives it.
+(host time), the frequent kernel sequences of the ops the tests name, the memory-bandwidth
+summary and the time blocked on a full launch queue. The MTIA trace (slow to load) gets
+the temporal breakdown only, docs/explorer.md gives it; the CUPTI-profiler trace its
+counter data with operators (per innermost op: kernels and each counter's sum).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ TRACES = ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.jso
           "trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz",
           "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
 BREAKDOWN_ONLY = ("mtia_trace_single_rank__mtia_rank_0.json.gz",)
+CUPTI = ("cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz",)
 SEQUENCE_OPS = ("AddmmBackward0", "forward")
 
 
@@ -49,16 +52,30 @@ def main() -> None:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory() as work:
-        for name in TRACES + BREAKDOWN_ONLY:
+        for name in TRACES + BREAKDOWN_ONLY + CUPTI:
             folder = Path(work) / name.split(".")[0]
             folder.mkdir()
             shutil.copy(Path(args.traces) / name, folder / name)
             analysis = TraceAnalysis(trace_dir=str(folder))
             rank = next(iter(analysis.t.traces))
             print(f"=== {name} (rank {rank})")
+            if name in CUPTI:
+                _cupti(analysis, rank)
+                continue
             _breakdowns(analysis)
             if name not in BREAKDOWN_ONLY:
                 _report(analysis, rank, work)
+
+
+def _cupti(a, rank: int) -> None:
+    kernels = a.get_cupti_counter_data_with_operators(ranks=[rank])[0]
+    counters = sorted(c for c in kernels.columns if c.startswith("smsp__"))
+    print("CUPTI kernels:", len(kernels))
+    print("counter sums:", {c: int(kernels[c].sum()) for c in counters})
+    per_op = kernels.groupby("bottom_level_op")
+    print("per innermost op (kernels, all counters' sum):", {
+        op: (len(part), int(part[counters].to_numpy().sum())) for op, part in per_op})
+    print("per outermost op (kernels):", kernels["top_level_op"].value_counts().to_dict())
 
 
 def _breakdowns(a) -> None:
@@ -88,6 +105,12 @@ def _report(a, rank: int, work: str) -> None:
     if notes is not None:
         print("annotations, host time (us):",
               dict(zip(notes["name"], notes["sum (us)"], strict=True)))
+    bandwidth = a.get_memory_bw_summary(ranks=[rank])
+    if bandwidth is not None and len(bandwidth):
+        print("memory bandwidth summary (GB/s):\n", bandwidth.to_string())
+    blocked = a.get_time_spent_blocked_on_full_queue(a.get_queue_length_time_series([rank]))
+    print("blocked on a full queue:", "none" if blocked is None or not len(blocked)
+          else blocked.to_string())
     for op in SEQUENCE_OPS:
         for n in (1, 2, 3):
             found = a.get_frequent_cuda_kernel_sequences(

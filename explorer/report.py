@@ -140,6 +140,8 @@ def report_sections(trace: Trace) -> list[Section]:
               if device and len(queues := _queues_table(trace)) else []),
             *([Section("Counters (the whole trace)", counters)]
               if len(counters := _counters_table(trace)) else []),
+            *([Section("CUPTI counters per op (the profiled kernels)", cupti)]
+              if len(cupti := _cupti_table(trace)) else []),
             *([Section(_serving_title(trace), serving)]
               if len(serving := _serving_table(trace)) else []),
             *([Section(_requests_title(trace), requests)]
@@ -310,8 +312,10 @@ def _short(text: str, width: int = 90) -> str:
 
 
 def _counters_table(trace: Trace) -> pd.DataFrame:
-    """Per counter series: its samples, mean over time, max and last value."""
+    """Per counter series: its samples, mean over time, max and last value (the CUPTI
+    counters are per op in a section of their own)."""
     summary = trace.counter_summary()
+    summary = summary[~summary["series"].isin(trace.cupti_counters().columns)]
     if not len(summary):
         return pd.DataFrame()
     return pd.DataFrame({"series": summary["series"],
@@ -320,6 +324,28 @@ def _counters_table(trace: Trace) -> pd.DataFrame:
                          "mean over time": summary["time_weighted_mean"].map("{:.4g}".format),
                          "max": summary["max"].map("{:.4g}".format),
                          "last": summary["last"].map("{:.4g}".format)})
+
+
+def _cupti_table(trace: Trace) -> pd.DataFrame:
+    """Per innermost op around the profiled kernels' launches: the kernels, the ops they
+    ran under, and the FLOPs their SASS instruction counters give, most first."""
+    kernels = trace.cupti_counters()
+    if not len(kernels):
+        return pd.DataFrame()
+    per = kernels.groupby(kernels["bottom_level_op"].replace("", "(no op)"), sort=False)
+    table = pd.DataFrame({
+        "kernels": per.size(),
+        "under": per["top_level_op"].agg(lambda ops: ", ".join(sorted(set(ops) - {""}))),
+        "flops": per["flops"].sum(min_count=1)})
+    total = table["flops"].sum()
+    table = table.sort_values(["flops", "kernels"], ascending=False, na_position="last")
+    return pd.DataFrame({
+        "op": table.index, "kernels": table["kernels"].to_numpy(),
+        "under": table["under"].to_numpy(),
+        "FLOPs": table["flops"].map(lambda f: "n/a" if pd.isna(f) else f"{f:.4g}").to_numpy(),
+        "share": (table["flops"] / total).map(
+            lambda f: "n/a" if pd.isna(f) else f"{f:.1%}").to_numpy()
+        if total > 0 else "n/a"})
 
 
 def _critical_title(s: dict[str, Any]) -> str:

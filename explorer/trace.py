@@ -349,11 +349,35 @@ class Trace:
                         lambda: annotation_regions(self, hta_window))
 
     def counter_summary(self) -> pd.DataFrame:
-        """Per counter series: device, samples, first and last sample, min, max, mean,
-        time-weighted mean, last value (`trace.plot.counters()` draws them)."""
+        """Per counter series (`counter_series()`): device, samples, first and last sample,
+        min, max, mean, time-weighted mean, last value (`trace.plot.counters()` draws them)."""
         from neuron_explorer.analyses.counter_series import counter_summary
 
         return memoised(self, "counter_summary", lambda: counter_summary(self))
+
+    def counter_series(self) -> pd.DataFrame:
+        """Every counter series' samples (series, track_id, device, ts, value): the trace's
+        counter tracks, each copy kind's bandwidth (GB/s) and each CUPTI counter."""
+        from neuron_explorer.analyses.counter_series import counter_series
+
+        return memoised(self, "counter_series", lambda: counter_series(self))
+
+    def copy_bandwidth(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per device and copy kind (`Memcpy HtoD`, `Memset`...), the bandwidth its copies
+        use over time: device, copy, ts, gbps (HTA's memory-bandwidth series);
+        `hta_window`: the copies HTA keeps."""
+        from neuron_explorer.analyses.counter_series import copy_bandwidth
+
+        return memoised(self, f"copy_bandwidth:{hta_window}",
+                        lambda: copy_bandwidth(self, hta_window))
+
+    def cupti_counters(self) -> pd.DataFrame:
+        """Per kernel profiled by CUPTI's range profiler: id, ts, dur, name, track_id,
+        device, launch, top_level_op, bottom_level_op, flops (from the SASS instruction
+        counters), then each counter (HTA's counter data with operators)."""
+        from neuron_explorer.analyses.counter_series import cupti_counters
+
+        return memoised(self, "cupti_counters", lambda: cupti_counters(self))
 
     def op_stats(self) -> pd.DataFrame:
         """Per op name: count, host and device time, FLOPs, bytes, share of step time."""

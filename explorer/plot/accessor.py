@@ -64,8 +64,9 @@ class TracePlot:
         return figures.memory_figure(self._trace.memory_timeline())
 
     def counters(self) -> go.Figure:
-        """Every counter series over time (HBM in use, SBUF occupancy, engine use...)."""
-        return figures.counters_figure(self._trace.counters)
+        """Every counter series over time (HBM in use, SBUF occupancy, engine use; copy
+        bandwidth per kind; CUPTI counters per profiled kernel)."""
+        return figures.counters_figure(self._trace.counter_series())
 
     def queue_length(self) -> go.Figure:
         """How many launched kernels each device queue held over time."""

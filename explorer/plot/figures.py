@@ -163,13 +163,14 @@ def memory_figure(memory_timeline: pd.DataFrame) -> go.Figure:
 # --- counters ----------------------------------------------------------------------------------
 
 def counters_figure(counters: pd.DataFrame) -> go.Figure:
-    """Every counter series over time, each as a share of its own peak (their units
-    differ: bytes, percent); the hover gives the value itself."""
+    """Every counter series over time (`counter_series`: series, track_id, device, ts,
+    value), each as a share of its own peak (their units differ: bytes, percent, GB/s,
+    instructions); the hover gives the value itself."""
     if counters.empty:
         return empty_figure("no counters in this trace")
     origin = int(counters["ts"].min())
     lines = []
-    for (_, name), group in counters.groupby(["track_id", "name"], sort=True):
+    for (name, _, _), group in counters.groupby(["series", "device", "track_id"], sort=True):
         group = group.sort_values("ts", kind="stable")
         peak = float(group["value"].abs().max()) or 1.0
         lines.append({

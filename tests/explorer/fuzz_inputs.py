@@ -114,8 +114,9 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 
 # every Trace analysis that needs no argument (`test_fuzz.py` checks the list is whole)
 ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communication",
-            "compile_summary", "counter_summary", "critical_path", "efficiency",
-            "engine_utilisation", "idle_reasons", "kernel_sequences", "kernel_stats",
+            "compile_summary", "copy_bandwidth", "counter_series", "counter_summary",
+            "critical_path", "cupti_counters", "efficiency", "engine_utilisation",
+            "idle_reasons", "kernel_sequences", "kernel_stats",
             "kernel_types", "kv_cache", "launch_stats", "memory_at_peak", "memory_timeline",
             "module_stats", "op_stats", "phases", "queue_length", "queue_length_summary",
             "requests", "roofline", "serving", "stream_idle", "summary", "temporal_breakdown",
