@@ -34,6 +34,7 @@ TRACES = ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.jso
 BREAKDOWN_ONLY = ("mtia_trace_single_rank__mtia_rank_0.json.gz",)
 CUPTI = ("cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz",)
 SEQUENCE_OPS = ("AddmmBackward0", "forward")
+BLOCKED_AT = (1024, 50, 30, 10)
 
 
 def main() -> None:
@@ -108,9 +109,12 @@ def _report(a, rank: int, work: str) -> None:
     bandwidth = a.get_memory_bw_summary(ranks=[rank])
     if bandwidth is not None and len(bandwidth):
         print("memory bandwidth summary (GB/s):\n", bandwidth.to_string())
-    blocked = a.get_time_spent_blocked_on_full_queue(a.get_queue_length_time_series([rank]))
-    print("blocked on a full queue:", "none" if blocked is None or not len(blocked)
-          else blocked.to_string())
+    series = a.get_queue_length_time_series([rank])
+    for full in BLOCKED_AT:  # CUDA's 1024, then lower bars that the sampled traces pass
+        blocked = a.get_time_spent_blocked_on_full_queue(series, max_queue_length=full)
+        print(f"blocked on a queue of {full} (us):", "none" if blocked is None or not len(blocked)
+              else dict(zip(blocked["stream"], blocked["duration_at_max_queue_length"],
+                            strict=True)))
     for op in SEQUENCE_OPS:
         for n in (1, 2, 3):
             found = a.get_frequent_cuda_kernel_sequences(

@@ -469,13 +469,15 @@ class Trace:
         return memoised(self, f"queue_length:{hta_window}",
                         lambda: queue_length(self, hta_window))
 
-    def queue_length_summary(self, hta_window: bool = False) -> pd.DataFrame:
+    def queue_length_summary(self, hta_window: bool = False, full: int = 1024) -> pd.DataFrame:
         """Per queue: count, mean, std, min, quartiles and max of its length over its
-        samples (HTA's summary), its time-weighted mean and the share of time it was empty."""
+        samples (HTA's summary), its time-weighted mean, the share of time it was empty,
+        and the time it held `full` launches or more (a CUDA stream's launch queue is full
+        at 1024: the next launch blocks the host) and that time's share."""
         from neuron_explorer.analyses.queue_length import queue_length_summary
 
-        return memoised(self, f"queue_length_summary:{hta_window}",
-                        lambda: queue_length_summary(self, hta_window))
+        return memoised(self, f"queue_length_summary:{hta_window}:{full}",
+                        lambda: queue_length_summary(self, hta_window, full))
 
     def launch_stats(self, hta_window: bool = False) -> pd.DataFrame:
         """Per launched kernel, copy or memset: the launch call's (or op's) time, the

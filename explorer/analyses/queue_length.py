@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 SERIES_COLUMNS = ["stream", "track_id", "ts", "queue_length"]
 SUMMARY_COLUMNS = ["stream", "track_id", "count", "mean", "std", "min", "25%", "50%", "75%",
-                   "max", "time_weighted_mean", "empty_share"]
+                   "max", "time_weighted_mean", "empty_share", "full_ns", "full_share"]
+# the launches a CUDA stream holds before a launch call blocks (HTA's
+# CUDA_MAX_LAUNCH_QUEUE_PER_STREAM)
+CUDA_FULL_QUEUE = 1024
 
 
 def queue_length(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
@@ -52,10 +55,13 @@ def queue_length(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     return events[SERIES_COLUMNS]
 
 
-def queue_length_summary(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+def queue_length_summary(trace: Trace, hta_window: bool = False,
+                         full: int = CUDA_FULL_QUEUE) -> pd.DataFrame:
     """Per queue: the statistics of its length over its samples (one per launch and start,
     as HTA's summary gives them, each sample once), its time-weighted mean from its first
-    launch to its last start, and the share of that time it was empty."""
+    launch to its last start, and the share of that time it was empty; `full_ns`, the
+    time it held `full` or more (a full queue: the next launch call blocks the host,
+    HTA's time blocked on a full queue) and `full_share`, that time's share."""
     series = queue_length(trace, hta_window)
     if not len(series):
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -69,5 +75,7 @@ def queue_length_summary(trace: Trace, hta_window: bool = False) -> pd.DataFrame
         rows.append({"stream": stream, "track_id": int(track),
                      **{c: float(stats[c]) for c in SUMMARY_COLUMNS[2:10]},
                      "time_weighted_mean": float((lengths * held).sum() / span) if span else 0.0,
-                     "empty_share": float(held[lengths == 0].sum() / span) if span else 0.0})
+                     "empty_share": float(held[lengths == 0].sum() / span) if span else 0.0,
+                     "full_ns": int(held[lengths >= full].sum()),
+                     "full_share": float(held[lengths >= full].sum() / span) if span else 0.0})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

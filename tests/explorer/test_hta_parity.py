@@ -110,6 +110,30 @@ def test_the_queue_is_deep_where_the_host_runs_ahead(load_real):
     assert (series["queue_length"] >= 0).all()
 
 
+# HTA 0.5.0 `get_time_spent_blocked_on_full_queue(get_queue_length_time_series([rank]),
+# max_queue_length=full)`: us per stream at `full` or more; none at CUDA's 1024 on any
+# trace (HTA keeps one stream per rank: the others here stay under 10)
+HTA_BLOCKED = {
+    "trace_filter__sampled_rank-0.json.gz": {50: 16855, 30: 155089, 10: 287139},
+    "trace_filter__sampled_rank-1.json.gz": {50: 44806, 30: 102917, 10: 294261},
+    "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz": {10: 1316},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_BLOCKED))
+def test_time_on_a_full_queue_matches_hta(load_real, name):
+    trace = load_real(name)
+    assert (trace.queue_length_summary(hta_window=True)["full_ns"] == 0).all()  # 1024
+    for full in (50, 30, 10):
+        summary = trace.queue_length_summary(hta_window=True, full=full).set_index("stream")
+        blocked = summary[summary["full_ns"] > 0]
+        expected = HTA_BLOCKED[name].get(full)
+        assert list(blocked.index) == (["stream 7"] if expected else [])
+        if expected:
+            assert blocked.loc["stream 7", "full_ns"] == expected * 1000
+            assert 0 < blocked.loc["stream 7", "full_share"] < 1
+
+
 def test_our_queue_is_empty_when_host_bound_and_fills_when_device_bound(repo_root):
     """Our recordings: a kernel joins the queue at its op's start. The eager MLP's host
     launches slower than the device runs (its queue is empty 99% of the time); the fp32
