@@ -29,6 +29,7 @@ def context(real_traces_dir):
     store.close()
 
 
+@pytest.mark.slow  # the first: ~10 s, the Ranks page loads the folder's 8 traces as a run
 @pytest.mark.parametrize("name", KINETO)
 def test_every_page_renders_a_pytorch_profiler_trace(context, name):
     trace = context.store.get(name)

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 PATH = "/ranks"
 TITLE = "Ranks"
 
-_runs: OrderedDict[tuple, Run] = OrderedDict()  # (folder, files' sizes and times) -> Run
+# (folder, files' sizes and times) -> its Run, or why it does not load as one
+_runs: OrderedDict[tuple, Run | NeuronExplorerError] = OrderedDict()
 _runs_lock = threading.Lock()
 MAX_RUNS = 2
 
@@ -60,22 +61,30 @@ def run_folder(trace: Trace, ctx: AppContext, name: str) -> Path | None:
 
 
 def load_folder(folder: Path) -> Run:
-    """The run of a folder, loaded once while its files stay as they are."""
+    """The run of a folder, loaded once while its files stay as they are; a folder that
+    does not load as one run (two traces of one rank, say) raises its error again without
+    loading every rank anew."""
     from neuron_explorer.runs.run import load_run
 
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
                    if p.is_file())
     key = (str(folder), tuple(files))
     with _runs_lock:
-        if key in _runs:
+        found = _runs.get(key)
+        if found is not None:
             _runs.move_to_end(key)
-            return _runs[key]
-    run = load_run(folder, progress=False)
-    with _runs_lock:
-        _runs[key] = run
-        while len(_runs) > MAX_RUNS:
-            _runs.popitem(last=False)
-    return run
+    if found is None:
+        try:
+            found = load_run(folder, progress=False)
+        except NeuronExplorerError as exc:
+            found = exc
+        with _runs_lock:
+            _runs[key] = found
+            while len(_runs) > MAX_RUNS:
+                _runs.popitem(last=False)
+    if isinstance(found, NeuronExplorerError):
+        raise found.with_traceback(None)
+    return found
 
 
 def slowest_step_ns(run: Run) -> float | None:
