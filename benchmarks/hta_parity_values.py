@@ -13,9 +13,10 @@ trace: the temporal breakdown and the communication/computation overlap, the ker
 breakdown (us), the queue-length summary per stream, the launch statistics (rows, sums,
 HTA's outlier groups), the idle-time breakdown per stream, the user-annotation breakdown
 (host time), the frequent kernel sequences of the ops the tests name, the memory-bandwidth
-summary and the time blocked on a full launch queue. The MTIA trace (slow to load) gets
-the temporal breakdown only, docs/explorer.md gives it; the CUPTI-profiler trace its
-counter data with operators (per innermost op: kernels and each counter's sum).
+summary, the time blocked on a full launch queue and the aten ops' kernels and delays.
+The MTIA trace (slow to load) gets the temporal breakdown only, docs/explorer.md gives
+it; the CUPTI-profiler trace its counter data with operators (per innermost op: kernels
+and each counter's sum).
 """
 
 from __future__ import annotations
@@ -115,6 +116,23 @@ def _report(a, rank: int, work: str) -> None:
         print(f"blocked on a queue of {full} (us):", "none" if blocked is None or not len(blocked)
               else dict(zip(blocked["stream"], blocked["duration_at_max_queue_length"],
                             strict=True)))
+    try:
+        ops = a.get_aten_op_kernels_and_delay(ranks=[rank]).get(rank)
+    except KeyError as error:  # HTA 0.5.0 fails on a trace with no CUDA launch (AMD's)
+        print("aten ops' kernels: HTA fails,", repr(error))
+        ops = None
+    if ops is not None and len(ops):
+        calls = ops["occurrence_count"]
+
+        def total(part, column):
+            return round(float((part["occurrence_count"] * part[column]).sum()), 1)
+
+        print("aten ops' kernels: rows", len(ops), "per op (calls, summed first-launch delay"
+              " us, summed runtime delay us):", {
+                  op: (int(part["occurrence_count"].sum()),
+                       total(part, "avg_aten_op_launch_delay"), total(part, "avg_runtime_delay"))
+                  for op, part in ops.groupby("aten_op_name")},
+              "total calls", int(calls.sum()))
     for op in SEQUENCE_OPS:
         for n in (1, 2, 3):
             found = a.get_frequent_cuda_kernel_sequences(

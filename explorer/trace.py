@@ -487,6 +487,15 @@ class Trace:
 
         return memoised(self, f"launch_stats:{hta_window}", lambda: launch_stats(self, hta_window))
 
+    def op_kernels(self, hta_window: bool = False) -> pd.DataFrame:
+        """Per ATen op and the kernels one call of it launched (in launch order): count,
+        the mean delay from the op's start to its first launch call and from that call to
+        its kernel (HTA's `get_aten_op_kernels_and_delay`); `hta_window`: the launches HTA
+        keeps."""
+        from neuron_explorer.analyses.launch_stats import op_kernels
+
+        return memoised(self, f"op_kernels:{hta_window}", lambda: op_kernels(self, hta_window))
+
     def kernel_types(self, hta_window: bool = False) -> pd.DataFrame:
         """Per device: time covered by computation, communication and memory kernels and by
         their overlaps (HTA's kernel-type breakdown), share, and the plain sum per type;

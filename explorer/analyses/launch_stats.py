@@ -73,3 +73,49 @@ def launch_outliers(
     return {"short": stats[(cpu <= runtime_cutoff_ns) & (gpu < cpu)],
             "slow_launch": stats[cpu > runtime_cutoff_ns],
             "delayed": stats[stats["launch_delay_ns"] > launch_delay_cutoff_ns]}
+
+
+OP_KERNEL_COLUMNS = ["op", "kernel_sequence", "count", "op_launch_delay_ns", "runtime_delay_ns"]
+
+
+def op_kernels(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
+    """Per ATen op and the kernels it launched (HTA's `get_aten_op_kernels_and_delay`):
+    each launched kernel (not a copy or memset) belongs to the innermost `aten::` op
+    around its launch on the launching thread (in our recordings the op is the launch);
+    the kernels of one op call, in launch order, are its `kernel_sequence` (names joined
+    by ` -> `). One row per op name and sequence: count (the op calls), and the means of
+    `op_launch_delay_ns` (from the op's start to its first launch call's) and
+    `runtime_delay_ns` (from that call's start to its kernel's), most frequent first."""
+    stats = launch_stats(trace, hta_window)
+    kernels = trace.kernels.set_index("id")
+    stats = stats[(kernels["kind"].reindex(stats["id"]) == "kernel").to_numpy()]
+    if not len(stats):
+        return pd.DataFrame(columns=OP_KERNEL_COLUMNS)
+    s = trace.table("slices")
+    parent = s["parent_id"].to_numpy(np.int64)
+    is_aten = ((s["kind"].astype(str) == "op")
+               & s["name"].astype(str).str.startswith("aten::")).to_numpy()
+    ts = s["ts"].to_numpy(np.int64)
+    ops = []
+    for launch in stats["launch"].to_numpy(np.int64):
+        node = int(launch)
+        while node >= 0 and not is_aten[node]:
+            node = int(parent[node])
+        ops.append(node)
+    frame = stats.assign(op_id=ops, call_ts=ts[stats["launch"].to_numpy(np.int64)],
+                         kernel_ts=kernels["ts"].reindex(stats["id"]).to_numpy(np.int64))
+    frame = frame[frame["op_id"] >= 0].sort_values(["op_id", "call_ts"], kind="stable")
+    if not len(frame):
+        return pd.DataFrame(columns=OP_KERNEL_COLUMNS)
+    calls = frame.groupby("op_id", sort=False).agg(
+        kernel_sequence=("name", lambda names: " -> ".join(map(str, names))),
+        call_ts=("call_ts", "first"), kernel_ts=("kernel_ts", "first")).reset_index()
+    op_ids = calls["op_id"].to_numpy(np.int64)
+    calls["op"] = s["name"].astype(str).to_numpy()[op_ids]
+    calls["op_launch_delay_ns"] = calls["call_ts"] - ts[op_ids]
+    calls["runtime_delay_ns"] = calls["kernel_ts"] - calls["call_ts"]
+    table = calls.groupby(["op", "kernel_sequence"], sort=True).agg(
+        count=("op_id", "size"), op_launch_delay_ns=("op_launch_delay_ns", "mean"),
+        runtime_delay_ns=("runtime_delay_ns", "mean")).reset_index()
+    return table.sort_values("count", ascending=False, kind="stable",
+                             ignore_index=True)[OP_KERNEL_COLUMNS]

@@ -116,10 +116,10 @@ def random_bytes() -> st.SearchStrategy[bytes]:
 ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communication",
             "compile_summary", "copy_bandwidth", "counter_series", "counter_summary",
             "critical_path", "cupti_counters", "efficiency", "engine_utilisation",
-            "idle_reasons", "kernel_sequences", "kernel_stats",
-            "kernel_types", "kv_cache", "launch_stats", "memory_at_peak", "memory_timeline",
-            "module_stats", "op_stats", "phases", "queue_length", "queue_length_summary",
-            "requests", "roofline", "serving", "stream_idle", "summary", "temporal_breakdown",
+            "idle_reasons", "kernel_sequences", "kernel_stats", "kernel_types", "kv_cache",
+            "launch_stats", "memory_at_peak", "memory_timeline", "module_stats", "op_kernels",
+            "op_stats", "phases", "queue_length", "queue_length_summary", "requests",
+            "roofline", "serving", "stream_idle", "summary", "temporal_breakdown",
             "token_times")
 
 

@@ -172,6 +172,73 @@ def test_launch_stats_match_hta(load_real, name):
         (short, slow, delayed)
 
 
+# HTA 0.5.0 `get_aten_op_kernels_and_delay(ranks=[rank])` (pandas 2.2.3): its rows, and
+# per ATen op: the op calls, and the sums over them of the first launch's delay after the
+# op's start and of its kernel's after the launch call (occurrence_count times the
+# average, in us)
+HTA_OP_KERNELS_ALEXNET = (10, {
+    "aten::_adaptive_avg_pool2d": (2, 83, 1483), "aten::add_": (10, 183, 6090),
+    "aten::addmm": (6, 21903, 2380), "aten::clamp_min_": (14, 131, 9879),
+    "aten::cudnn_convolution": (10, 8856213, 3058470),
+    "aten::max_pool2d_with_indices": (6, 833576, 2234), "aten::native_dropout": (4, 231, 2955),
+    "aten::uniform_": (1, 94, 35)})
+# the sampled traces: rows and every op's sums, equal but where HTA gives a call's kernels
+# to another op than the innermost one around the launch (its outer op when both start in
+# the same us; an op of another thread that started later): those ops' sums together
+HTA_OP_KERNELS_SAMPLED = {
+    "trace_filter__sampled_rank-0.json.gz": (179, {
+        ("aten::linalg_norm", "aten::linalg_vector_norm"): (2, 153, 129506),
+        ("aten::matmul", "aten::mm"): (115, 3908, 1787976)}, (487, 12476, 6712799)),
+    "trace_filter__sampled_rank-1.json.gz": (175, {
+        ("aten::matmul", "aten::mm"): (112, 3749, 1888432),
+        ("aten::mul", "aten::mul_"): (29, 225, 855627)}, (481, 12149, 7544099)),
+}
+
+
+def _op_sums(table) -> dict[str, tuple[int, float, float]]:
+    return {op: (int(part["count"].sum()),
+                 float((part["count"] * part["op_launch_delay_ns"]).sum()) / 1e3,
+                 float((part["count"] * part["runtime_delay_ns"]).sum()) / 1e3)
+            for op, part in table.groupby("op")}
+
+
+def test_op_kernels_match_hta_on_alexnet(load_real):
+    ours = load_real(
+        "critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz"
+    ).op_kernels(hta_window=True)
+    rows, per_op = HTA_OP_KERNELS_ALEXNET
+    assert len(ours) == rows
+    sums = _op_sums(ours)
+    assert set(sums) == set(per_op)
+    for op, expected in per_op.items():
+        assert sums[op] == pytest.approx(expected, abs=0.5), op
+    conv = ours[ours["op"] == "aten::cudnn_convolution"]
+    assert sorted(conv["count"]) == [2, 2, 6] and conv["kernel_sequence"].str.contains(" -> ").all()
+
+
+@pytest.mark.parametrize("name", sorted(HTA_OP_KERNELS_SAMPLED))
+def test_op_kernels_match_hta_on_the_sampled_traces(load_real, name):
+    ours = load_real(name).op_kernels(hta_window=True)
+    hta_rows, groups, totals = HTA_OP_KERNELS_SAMPLED[name]
+    sums = _op_sums(ours)
+    assert [sum(v[i] for v in sums.values()) for i in range(3)] == pytest.approx(totals, abs=1)
+    for ops, expected in groups.items():
+        together = [sum(sums.get(op, (0, 0, 0))[i] for op in ops) for i in range(3)]
+        assert together == pytest.approx(expected, abs=0.5), ops
+    assert hta_rows - 7 <= len(ours) < hta_rows  # HTA's other ops make rows of their own
+
+
+def test_op_kernels_of_our_recording_are_launched_by_the_op_itself(repo_root):
+    """In our recordings the op is the launch: no delay before it, and the kernel's start
+    after the op's is its runtime delay."""
+    trace = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
+    ours = trace.op_kernels()
+    assert len(ours) and (ours["op_launch_delay_ns"] == 0).all()
+    assert (ours["runtime_delay_ns"] >= 0).all() and ours["op"].str.startswith("aten::").all()
+    kernels = trace.kernels
+    assert ours["count"].sum() <= int((kernels["kind"] == "kernel").sum())
+
+
 def test_our_eager_mlp_launches_kernels_shorter_than_their_launch(repo_root):
     """Our recordings: the op is the launch. Every kernel of the eager MLP runs shorter
     than the host takes to launch it, and none waits in its queue."""
