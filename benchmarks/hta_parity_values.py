@@ -16,7 +16,7 @@ HTA's outlier groups), the idle-time breakdown per stream, the user-annotation b
 summary, the time blocked on a full launch queue and the aten ops' kernels and delays.
 The MTIA trace (slow to load) gets the temporal breakdown only, docs/explorer.md gives
 it; the CUPTI-profiler trace its counter data with operators (per innermost op: kernels
-and each counter's sum).
+and each counter's sum); the two sampled ranks, as one run, HTA's potential stragglers.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ TRACES = ("critical_path__alexnet__benchmark_result_2869224_1695835535_trace.jso
           "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
 BREAKDOWN_ONLY = ("mtia_trace_single_rank__mtia_rank_0.json.gz",)
 CUPTI = ("cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz",)
+SAMPLED_RUN = ("trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz")
 SEQUENCE_OPS = ("AddmmBackward0", "forward")
 BLOCKED_AT = (1024, 50, 30, 10)
 
@@ -67,6 +68,14 @@ def main() -> None:
             _breakdowns(analysis)
             if name not in BREAKDOWN_ONLY:
                 _report(analysis, rank, work)
+        # the two sampled ranks as one run (2 of a world of 128): HTA's stragglers
+        run = Path(work) / "sampled_run"
+        run.mkdir()
+        for name in SAMPLED_RUN:
+            shutil.copy(Path(args.traces) / name, run / name)
+        analysis = TraceAnalysis(trace_dir=str(run))
+        print("=== the sampled ranks as a run: potential stragglers",
+              {n: analysis.get_potential_stragglers(num_candidates=n) for n in (1, 2)})
 
 
 def _cupti(a, rank: int) -> None:
