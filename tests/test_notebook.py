@@ -33,7 +33,9 @@ def html_of(outputs: list[dict]) -> str:
 def test_analysis_notebook_draws_the_dashboards_figures() -> None:
     outputs = executed("analysis.ipynb")
     figures = [o["data"][PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]
-    assert len(figures) >= 5  # breakdown, op stats, roofline, engines, memory
+    assert len(figures) >= 9  # breakdown, op stats, roofline, engines, memory, HTA's views
+    titles = {str(f["layout"].get("yaxis", {}).get("title", {}).get("text")) for f in figures}
+    assert {"kernels queued", "share of the series' peak (%)"} <= titles  # queues, counters
     assert any(t.get("type") == "scatter" and "roof" in str(t.get("name"))
                for f in figures for t in f["data"])
     # the timeline: a FigureWidget where ipywidgets is installed, else a sixth static figure

@@ -382,3 +382,14 @@ def test_comm_comp_overlap_matches_hta(load_real, name):
     assert ours["overlap_ns"] == both
     # over the analysed steps (both of the file's), another window, another figure
     assert abs(trace.communication().iloc[0]["overlap_pct"] - HTA_OVERLAP_PCT[name]) > 0.01
+
+
+def test_a_trace_without_device_work_has_no_rows_in_htas_tables(load_real):
+    """HTA's CPU-only test trace: nothing launched, nothing to break down (HTA's temporal
+    breakdown raises on it); each table is empty with its columns."""
+    trace = load_real("cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+    for table in (trace.kernel_types(), trace.temporal_breakdown(), trace.launch_stats(),
+                  trace.op_kernels(), trace.queue_length_summary(), trace.stream_idle(),
+                  trace.communication(hta_window=True), trace.copy_bandwidth(),
+                  trace.cupti_counters()):
+        assert table.empty and len(table.columns)
