@@ -293,7 +293,10 @@ def _regions_table(trace: Trace) -> pd.DataFrame:
 
 def _sequences_table(trace: Trace) -> pd.DataFrame:
     """The sequences of three kernels that repeat most (fusion candidates), with their
-    time; only those seen more than once."""
+    time; only those seen more than once. On our device, also each occurrence's kernel
+    time and its ops' as one compiled program (`compiled_times`)."""
+    from neuron_explorer.analyses.kernel_sequences import compiled_times
+
     sequences = trace.kernel_sequences(3)
     sequences = sequences[sequences["count"] > 1].head(REPORT_ROWS)
     if not len(sequences):
@@ -301,10 +304,16 @@ def _sequences_table(trace: Trace) -> pd.DataFrame:
     # each kernel's name cut short, so that all three show
     short = sequences["sequence"].map(
         lambda q: " | ".join(_short(part, 18) for part in str(q).split(" | ")))
-    return pd.DataFrame({"sequence": short,
-                         "count": sequences["count"],
-                         "time": sequences["total_ns"].map(fmt_ns),
-                         "share": sequences["share"].map(fmt_share)})
+    table = pd.DataFrame({"sequence": short,
+                          "count": sequences["count"],
+                          "time": sequences["total_ns"].map(fmt_ns),
+                          "share": sequences["share"].map(fmt_share)})
+    compiled = pd.Series(compiled_times(trace, sequences["sequence"].tolist(), 3),
+                         index=sequences.index)
+    if compiled.notna().any():
+        table["each"] = sequences["mean_ns"].map(fmt_ns)
+        table["compiled"] = compiled.map(lambda ns: "n/a" if pd.isna(ns) else fmt_ns(ns))
+    return table
 
 
 def _short(text: str, width: int = 90) -> str:

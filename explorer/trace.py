@@ -328,15 +328,18 @@ class Trace:
         return memoised(self, f"stream_idle:{hta_window}", lambda: stream_idle(self, hta_window))
 
     def kernel_sequences(self, n: int = 3, top: int | None = None, op: str | None = None,
-                         hta_window: bool = False) -> pd.DataFrame:
+                         hta_window: bool = False, compiled: bool = False) -> pd.DataFrame:
         """Frequent sequences of `n` kernels run back to back on one queue, launched by one
         op or one after another (candidates for fusion): sequence, count, total_ns,
         mean_ns, share, most frequent first (the `top` of them); `op`: HTA's patterns
-        per op whose name holds it; `hta_window`: over the kernels HTA keeps."""
+        per op whose name holds it; `hta_window`: over the kernels HTA keeps; `compiled`:
+        with compiled_ns, the device time of an occurrence's ops compiled into one
+        program on our device (NaN where the trace cannot say)."""
         from neuron_explorer.analyses.kernel_sequences import kernel_sequences
 
-        key = f"kernel_sequences:{(n, top, op, hta_window)!r}"
-        return memoised(self, key, lambda: kernel_sequences(self, n, top, op, hta_window))
+        key = f"kernel_sequences:{(n, top, op, hta_window, compiled)!r}"
+        return memoised(self, key,
+                        lambda: kernel_sequences(self, n, top, op, hta_window, compiled))
 
     def annotations(self, hta_window: bool = False) -> pd.DataFrame:
         """Per user annotation region (`record_function` range) path: name, depth, count,

@@ -31,16 +31,20 @@ SEPARATOR = " | "
 
 
 def kernel_sequences(trace: Trace, n: int = 3, top: int | None = None, op: str | None = None,
-                     hta_window: bool = False) -> pd.DataFrame:
+                     hta_window: bool = False, compiled: bool = False) -> pd.DataFrame:
     """The distinct sequences of `n` kernels (`COLUMNS`): sequence (names joined by " | "),
     count, total_ns (their kernels' time), mean_ns (per occurrence), share (of all kernel,
     copy and memset time), most frequent first, the `top` of them (all: None). `op`: HTA's
     per-op patterns instead (`OP_COLUMNS`). `hta_window`: over the kernels HTA keeps:
-    launched in the trace, before the last ProfilerStep of a trace of two or more."""
+    launched in the trace, before the last ProfilerStep of a trace of two or more.
+    `compiled` (without `op`): a column `compiled_ns` too, the fusion the compiler would
+    do on our device (`compiled_times`; NaN where the trace cannot say)."""
     if n < 1:
         raise ValueError(f"a sequence has at least one kernel, not n={n}")
     k = launched(trace, hta_window)
     columns = COLUMNS if op is None else OP_COLUMNS
+    if compiled and op is None:
+        columns = [*COLUMNS, "compiled_ns"]
     found = _windows(trace, k, n) if op is None else _op_patterns(trace, k, op, n, hta_window)
     if not len(found):
         return pd.DataFrame(columns=columns)
@@ -49,8 +53,59 @@ def kernel_sequences(trace: Trace, n: int = 3, top: int | None = None, op: str |
     found["share"] = found["total_ns"] / total if total > 0 else 0.0
     found = found.sort_values(["count", "total_ns", "sequence"], ascending=[False, False, True],
                               ignore_index=True)
-    found = found[columns]
-    return found if top is None else found.head(top)
+    found = found if top is None else found.head(top)
+    if "compiled_ns" in columns:
+        found = found.assign(compiled_ns=compiled_times(trace, found["sequence"].tolist(), n))
+    return found[columns]
+
+
+def compiled_times(trace: Trace, sequences: list[str], n: int) -> list[float]:
+    """Per sequence of `n` kernels, the device time of its first occurrence's ops (those
+    that launched its kernels) run as one compiled program on the recorded hardware, as
+    `whatif --mode compiled` builds a graph (every op's lowering in one kernel: no launch
+    or fixed kernel cost between them, one op's loads overlapping the compute before it;
+    values still through HBM). NaN where the trace holds no op keys for those ops (a
+    PyTorch-profiler trace, a compiled run's graph launches, a prediction) or the program
+    is too large to schedule while a report waits."""
+    from neuron_explorer.backend.hardware import DeviceTimeline
+    from neuron_explorer.backend.replay import ReplayOptions
+    from neuron_explorer.common import op_key_codec
+    from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.device_terms import device_terms
+    from neuron_explorer.what_if.compiled import ProgramTooLarge, build_program
+    from neuron_explorer.what_if.replay import PREDICTION_MAX_DEPENDENCIES, is_prediction
+
+    out = [float("nan")] * len(sequences)
+    if not sequences or is_prediction(trace) or not device_terms(trace.metadata).recorded_here:
+        return out
+    windows = sequence_windows(trace, n)
+    first = windows[windows["sequence"].isin(sequences)].groupby("sequence")["window"].min()
+    op_of = trace.kernels.set_index("id")["op_slice_id"]
+    names = trace.table("slices")["name"].to_numpy(object)
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    for i, sequence in enumerate(sequences):
+        if sequence not in first.index:
+            continue
+        ids = windows.loc[windows["window"] == first[sequence], "id"].to_numpy(np.int64)
+        ops = np.asarray(list(dict.fromkeys(op_of.reindex(ids).tolist())), np.int64)
+        if (ops < 0).any():
+            continue
+        keys = trace.slice_args.column(tf.ARG_OP_KEY, ops)
+        if any(key is None for key in keys):
+            continue
+        shapes = trace.slice_args.texts(tf.ARG_SHAPES, ops)
+        dtypes = trace.slice_args.texts(tf.ARG_DTYPES, ops)
+        try:
+            decoded = [op_key_codec.decode(*row) for row in
+                       zip(names[ops].tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(),
+                           strict=True)]
+            program = build_program(decoded, preset, "fused", PREDICTION_MAX_DEPENDENCIES)
+        except (op_key_codec.OpKeyError, ProgramTooLarge):
+            continue
+        if program is not None:
+            start, end = DeviceTimeline(preset).schedule(program, 0)
+            out[i] = float(end - start)
+    return out
 
 
 def launched(trace: Trace, hta_window: bool) -> pd.DataFrame:

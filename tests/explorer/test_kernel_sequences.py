@@ -182,3 +182,26 @@ def test_op_patterns_take_every_launch_of_the_op(two_blocks):
     singles = two_blocks.kernel_sequences(n=1, op="aten::").set_index("op")
     assert singles.loc["aten::to", "sequence"] == "Memcpy HtoD (Pageable -> Device)"
     assert singles["count"].sum() == 12  # a, b, c, d, to, e in each block
+
+
+def test_compiled_fusion_of_our_sequences(repo_root, load_real):
+    """On our device, an occurrence's ops compiled into one program (as `whatif --mode
+    compiled` builds a graph): the GPT's matmul chains lose the fixed cost of each kernel
+    and overlap one op's loads with the compute before it; Adam's memory-bound foreach
+    kernels, whose values still go through HBM, gain nothing. A PyTorch-profiler trace
+    and a compiled run's graph launches hold no op keys to compile: NaN."""
+    gpt = neuron_explorer.load(repo_root / "sample_traces" / "gpt_eager.pftrace")
+    rows = gpt.kernel_sequences(3, top=8, compiled=True)
+    assert list(rows.columns) == ["sequence", "count", "total_ns", "mean_ns", "share",
+                                  "compiled_ns"]
+    assert rows["compiled_ns"].notna().all() and (rows["compiled_ns"] > 0).all()
+    matmuls = rows[rows["sequence"].str.contains("mm_f32")]
+    assert len(matmuls) and (matmuls["compiled_ns"] < 0.9 * matmuls["mean_ns"]).all()
+    mlp = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
+    foreach = mlp.kernel_sequences(3, top=1, compiled=True).iloc[0]
+    assert "_foreach_" in foreach["sequence"]
+    assert foreach["compiled_ns"] == pytest.approx(foreach["mean_ns"], rel=0.05)
+    for trace in (load_real(SAMPLED_0),
+                  neuron_explorer.load(repo_root / "sample_traces" / "gpt_compiled.pftrace")):
+        assert trace.kernel_sequences(3, top=3, compiled=True)["compiled_ns"].isna().all()
+    assert "compiled_ns" not in gpt.kernel_sequences(3, top=3).columns
