@@ -11,7 +11,7 @@ import os
 import sys
 
 from neuron_explorer.commands.report import FORMATS, load_quietly, write_output
-from neuron_explorer.what_if.replay import DTYPES, HARDWARE, MODES
+from neuron_explorer.what_if.options import DTYPES, HARDWARE, MODES
 
 
 def _microseconds(text: str) -> float:

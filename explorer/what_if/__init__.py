@@ -2,5 +2,6 @@
 
 `replay` re-times a run (another chip, a compiled graph, other dtypes), `counterfactual`
 gives a finding's saving by removing its cause, `compiled` replays eager ops as graphs,
-`writer` writes the predicted trace and `label` says in reports that it is one.
+`writer` writes the predicted trace, `label` says in reports that it is one and `options`
+lists what a prediction can change.
 """

@@ -24,14 +24,11 @@ from neuron_explorer.analyses.steady_state import device_data_end, in_analysed_s
 from neuron_explorer.common import op_key_codec
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.errors import NeuronExplorerError
-from neuron_explorer.common.presets import PRESETS
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace, load
 from neuron_explorer.what_if.label import META_WHATIF
+from neuron_explorer.what_if.options import DTYPES, HARDWARE, MODES
 
-HARDWARE = tuple(PRESETS)  # the presets a prediction can target (common/presets.py)
-MODES = ("eager", "compiled")
-DTYPES = ("bf16", "fp8")
 _RECORD_HINT = ("record the program again with `neuron-explorer record --level op` (or "
                 "--level engine) in eager mode")
 # Why a trace holds no op keys, in the words of its format (for the message only)
