@@ -28,7 +28,11 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+def build_parser(command: str | None = None,
+                 ) -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    """The parser of every subcommand, with the options of `command`'s only (of all when
+    None): only that module is imported, so `record` does not load what `whatif` or
+    `view` need (pandas, the dashboard's store)."""
     parser = argparse.ArgumentParser(
         prog="neuron-explorer",
         description="Profile PyTorch on a simulated Trainium NeuronCore and explore the traces.",
@@ -37,16 +41,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        module.configure(sp)
-        modules[name] = module
+        if command is None or name == command:
+            module = importlib.import_module(module_name)
+            module.configure(sp)
+            modules[name] = module
     return parser, modules
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser, modules = build_parser()
+    # the first word that is no option names the subcommand (no top-level option takes a
+    # value); none, or one that is no subcommand, configures none: argparse says what is wrong
+    command = next((a for a in argv if not a.startswith("-")), "")
+    parser, modules = build_parser(command)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
