@@ -1,9 +1,9 @@
 """Figures Holistic Trace Analysis computes, against HTA's own numbers on the same files.
 
-The expected values were computed with HolisticTraceAnalysis 0.5.0 (`TraceAnalysis(
-trace_dir=...).get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)`,
-its `sum` column, in us) on the real traces in tests/data/real_traces; HTA itself is not a
-dependency of this project. docs/explorer.md says where our definitions differ.
+The expected values were computed with HolisticTraceAnalysis 0.5.0 (pandas 2.2.3) on the
+real traces in tests/data/real_traces, each call named beside its values;
+benchmarks/hta_parity_values.py prints them all again where HTA is installed. HTA itself is
+not a dependency of this project. docs/explorer.md says where our definitions differ.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import neuron_explorer
 import pytest
 
-# kernel type -> HTA's time in us
+# HTA 0.5.0 `get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True)`, its
+# `sum` column: kernel type -> HTA's time in us
 HTA_KERNEL_TYPES = {
     "trace_filter__sampled_rank-0.json.gz": {
         "communication": 171780, "computation": 83182,
