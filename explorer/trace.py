@@ -374,6 +374,14 @@ class Trace:
         return memoised(self, f"copy_bandwidth:{hta_window}",
                         lambda: copy_bandwidth(self, hta_window))
 
+    def write_with_counters(self, path: str, hta_window: bool = False) -> str:
+        """A copy of this PyTorch-profiler JSON trace at `path` with each stream's queue
+        length and each copy kind's bandwidth as counter events (HTA's counters-augmented
+        trace); returns the path."""
+        from neuron_explorer.analyses.counter_series import write_with_counters
+
+        return write_with_counters(self, path, hta_window)
+
     def cupti_counters(self) -> pd.DataFrame:
         """Per kernel profiled by CUPTI's range profiler: id, ts, dur, name, track_id,
         device, launch, top_level_op, bottom_level_op, flops (from the SASS instruction

@@ -184,3 +184,60 @@ def _op_stack(slices: pd.DataFrame, launch: int) -> list[str]:
             names.append(str(slices.at[parent, "name"]))
         parent = int(slices.at[parent, "parent_id"])
     return names[::-1]
+
+
+QUEUE_COUNTER = "Queue Length"  # HTA's counter names in its counters-augmented trace
+BANDWIDTH_COUNTER = "Memcpy BW"
+
+
+def write_with_counters(trace: Trace, path: str, hta_window: bool = False) -> str:
+    """A copy of a PyTorch-profiler JSON trace with two series added as counter events,
+    as HTA's `generate_trace_with_counters` adds them (for Perfetto or chrome://tracing):
+    each stream's queue length (`queue_length`, a counter `Queue Length (<stream>)`) and
+    each copy kind's bandwidth (`copy_bandwidth`, `<kind> bandwidth (GB/s)`), under the
+    device's pid. One series per counter name, where HTA tells its streams apart by an
+    `id` that not every reader keeps. Written to `path` (gzipped if it ends in `.gz`);
+    returns it. Our recordings are refused: their counters are in the trace already,
+    and queue length is a table (`queue_length()`)."""
+    import gzip
+    import json
+
+    from neuron_explorer.common.errors import NeuronExplorerError
+
+    if trace.source_format not in ("kineto_json", "chrome_json") or not trace.path:
+        raise NeuronExplorerError(
+            f"{trace.path or 'this trace'} is not a PyTorch-profiler JSON trace: only those get "
+            "HTA's counters-augmented copy (queue length and copy bandwidth are tables here: "
+            "trace.queue_length(), trace.copy_bandwidth())")
+    with open(trace.path, "rb") as f:
+        data = f.read()
+    raw = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    events = raw["traceEvents"] if isinstance(raw, dict) else raw
+    tracks = trace.tracks.set_index("track_id")
+    added = []
+    for (stream, track), part in trace.queue_length(hta_window).groupby(
+            ["stream", "track_id"], sort=True):
+        pid = tracks.at[track, "pid"]
+        added += [{"ph": "C", "name": f"{QUEUE_COUNTER} ({stream})", "pid": pid, "ts": _us(ts),
+                   "args": {QUEUE_COUNTER: int(value)}}
+                  for ts, value in zip(part["ts"], part["queue_length"], strict=True)]
+    device_pid = tracks[tracks["device"] >= 0].groupby("device")["pid"].first()
+    for (device, copy), part in copy_bandwidth(trace, hta_window).groupby(
+            ["device", "copy"], sort=True):
+        pid = device_pid.get(device, device)
+        added += [{"ph": "C", "name": f"{copy} bandwidth (GB/s)", "pid": pid, "ts": _us(ts),
+                   "args": {BANDWIDTH_COUNTER: float(value)}}
+                  for ts, value in zip(part["ts"], part["gbps"], strict=True)]
+    for event in added:  # numpy scalars are not JSON
+        event["pid"] = event["pid"].item() if hasattr(event["pid"], "item") else event["pid"]
+    events.extend(added)
+    text = json.dumps(raw).encode()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(text) if str(path).endswith(".gz") else text)
+    return str(path)
+
+
+def _us(ts_ns: Any) -> int | float:
+    """A time in ns as the JSON trace's us: whole where it is."""
+    ts_ns = int(ts_ns)
+    return ts_ns // 1000 if ts_ns % 1000 == 0 else ts_ns / 1000

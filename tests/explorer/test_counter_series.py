@@ -185,3 +185,31 @@ def test_cupti_counters_are_series_and_a_report_section(load_real):
     assert "CUPTI counters" not in text
     counters = text.split("Counters (the whole trace)")[1].split("\n\n")[0]
     assert "Memcpy DtoD bandwidth (GB/s)" in counters
+
+
+def test_a_counters_augmented_copy_of_a_pytorch_trace(load_real, tmp_path, repo_root):
+    """HTA's generate_trace_with_counters: the queue length of each stream and the
+    bandwidth of each copy kind added to a copy of the trace as counter events, here one
+    counter per stream (HTA's `id` is lost on readers that key a counter by its name).
+    Read back, the counters are the tables' series; the trace's own events are all there.
+    HTA 0.5.0's queue length holds 1052 samples on stream 7 (test_hta_parity.py)."""
+    from neuron_explorer.common.errors import NeuronExplorerError
+
+    trace = load_real("trace_filter__sampled_rank-0.json.gz")
+    out = trace.write_with_counters(str(tmp_path / "with_counters.json.gz"), hta_window=True)
+    again = neuron_explorer.load(out)
+    assert len(again.slices) == len(trace.slices) and len(again.kernels) == len(trace.kernels)
+    counters = again.counters
+    queue = trace.queue_length(hta_window=True)
+    for stream, part in queue.groupby("stream"):
+        written = counters[counters["name"] == f"Queue Length ({stream})"]
+        assert written["ts"].tolist() == part["ts"].tolist()
+        assert written["value"].tolist() == part["queue_length"].tolist()
+    assert (counters["name"] == "Queue Length (stream 7)").sum() == 1052
+    bandwidth = trace.copy_bandwidth(hta_window=True)
+    for copy, part in bandwidth.groupby("copy"):
+        written = counters[counters["name"] == f"{copy} bandwidth (GB/s)"]
+        assert written["value"].tolist() == pytest.approx(part["gbps"].tolist())
+    ours = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
+    with pytest.raises(NeuronExplorerError, match="not a PyTorch-profiler JSON trace"):
+        ours.write_with_counters(str(tmp_path / "ours.json"))
