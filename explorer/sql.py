@@ -32,7 +32,7 @@ def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.Dat
             if files:
                 con.execute(f"CREATE VIEW {name} AS {_select(files)}")
             else:
-                con.register(name, table(name))
+                con.register(name, _plain_texts(table(name)))
         try:
             return con.execute(query).df()
         except duckdb.CatalogException as exc:
@@ -45,6 +45,15 @@ def query_tables(query: str, names: Iterable[str], table: Callable[[str], pd.Dat
                 f"{', '.join(names)}") from None
     finally:
         con.close()
+
+
+def _plain_texts(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its categorical text columns as strings: DuckDB would read those as
+    ENUMs, and a query's result should not depend on whether the table came from a frame
+    or from its Parquet file (read as VARCHAR)."""
+    texts = {name: "str" for name, dtype in frame.dtypes.items()
+             if isinstance(dtype, pd.CategoricalDtype)}
+    return frame.astype(texts) if texts else frame
 
 
 def _select(files: str | Mapping[int, str]) -> str:

@@ -217,7 +217,8 @@ def _all_op_counts(trace: Trace) -> pd.Series:
     from neuron_explorer.tables import of_kind
 
     names = of_kind(trace, "op")["name"]
-    return names.value_counts() / _per_step(trace)
+    counts = names.value_counts()  # a categorical counts its every category: those run
+    return counts[counts > 0] / _per_step(trace)
 
 
 def _nesting_status(ops: pd.DataFrame, ta: Trace, tb: Trace) -> pd.DataFrame:

@@ -92,6 +92,50 @@ def text_column(codes: np.ndarray, values: Any) -> Any:
     return pd.array(strings, dtype=STR)
 
 
+def categorical(codes: np.ndarray, values: Any) -> pd.Categorical:
+    """values[codes] (missing where a code is -1 or its value None) as a pandas categorical
+    whose categories are the distinct values used, in lexical order: a column built from the
+    same strings has the same categories however the loader coded them (a fresh load and
+    the trace cache's Parquet agree), and sorting it sorts by the text. No Python string
+    is made per row: the codes are remapped through the distinct values."""
+    codes = np.asarray(codes, np.int64)
+    values = list(values)
+    used = np.bincount(codes + 1, minlength=len(values) + 1)[1:] > 0  # code -1: slot 0
+    kept = sorted({v for v, u in zip(values, used.tolist(), strict=True) if u and v is not None})
+    rank = {v: i for i, v in enumerate(kept)}
+    remap = np.array([rank.get(v, -1) if v is not None else -1 for v in values] + [-1],
+                     np.int64)  # the last slot: code -1 stays missing
+    dtype = pd.CategoricalDtype(pd.Index(kept, dtype=STR), ordered=False)
+    return pd.Categorical.from_codes(remap[codes], dtype=dtype)
+
+
+def categorical_of(values: Any) -> pd.Categorical:
+    """Strings (an array, a column; None or NaN: missing) as `categorical` makes them."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        cat = pd.Categorical(values)
+        return categorical(cat.codes, cat.categories.tolist())
+    codes, uniques = pd.factorize(np.asarray(values, object))
+    return categorical(codes, list(uniques))
+
+
+def tidy_categoricals(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with each categorical column's categories as `categorical` makes them
+    (the distinct values used, in lexical order), so that equal columns have equal
+    categories wherever they were made (a subset of the slices, a Parquet file read
+    back: Parquet keeps its own order of a dictionary). Columns already so are kept."""
+    for name in frame.columns:
+        column = frame[name]
+        if not isinstance(column.dtype, pd.CategoricalDtype):
+            continue
+        cat = column.array
+        codes, kept = np.asarray(cat.codes), cat.categories
+        if (kept.dtype == STR and kept.is_monotonic_increasing
+                and (not len(kept) or np.bincount(codes + 1, minlength=len(kept) + 1)[1:].all())):
+            continue
+        frame[name] = categorical(codes, kept.tolist())
+    return frame
+
+
 class ColumnArgs(SliceArgs):
     """Args as typed columns, one row per (slice, key): ints, floats and strings apart.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.loaders.args import SliceArgs, text_column
+from neuron_explorer.loaders.args import SliceArgs, categorical, categorical_of
 from neuron_explorer.loaders.nesting import nest_complete
 
 SLICE_COLUMNS = ["id", "ts", "dur", "name", "category", "kind", "track_id", "depth", "parent_id"]
@@ -41,11 +41,14 @@ class RawTrace:
 Texts = np.ndarray | tuple[np.ndarray, list[str]]
 
 
-def _texts(column: Texts, order: np.ndarray) -> Any:
+def _texts(column: Texts, order: np.ndarray) -> pd.Categorical:
+    """A text column of the slices: categorical (a few distinct names, categories, kinds
+    over many rows: a code per row, and the trace cache's Parquet dictionaries read back
+    as they are)."""
     if isinstance(column, tuple):
         codes, values = column
-        return text_column(np.asarray(codes)[order], values)
-    return np.asarray(column, object)[order]
+        return categorical(np.asarray(codes)[order], values)
+    return categorical_of(np.asarray(column, object)[order])
 
 
 def build_slices(

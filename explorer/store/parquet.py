@@ -33,6 +33,7 @@ from neuron_explorer.loaders.args import (
     LazyArgs,
     SliceArgs,
     text_column,
+    tidy_categoricals,
 )
 from neuron_explorer.loaders.raw import RawTrace
 
@@ -80,7 +81,7 @@ class Store:
         """A table of this build, or None when it is absent, unreadable, damaged or of
         another build (a derived table is then computed again and written over it)."""
         table = self._read_arrow(name)
-        return None if table is None else _to_pandas(table)
+        return None if table is None else _to_pandas(table, categories=name != "args")
 
     def read_args(self, n_slices: int) -> ColumnArgs | None:
         """The slices' args as columns straight from the file's pages: keys and strings
@@ -362,16 +363,19 @@ def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
             os.remove(tmp)
 
 
-def _to_pandas(table: Any) -> pd.DataFrame:
-    """A frame of the table; columns written dictionary-encoded (the args' keys and
-    strings) come back as the text columns they stand for, not as categoricals."""
+def _to_pandas(table: Any, categories: bool = True) -> pd.DataFrame:
+    """A frame of the table. Columns written dictionary-encoded come back as categoricals
+    (the text columns the tables hold as categoricals: Parquet's dictionary is their
+    categories, no string made per row), or, without `categories` (the args' keys and
+    strings, a str column in the args table), as the text they stand for."""
     import pyarrow as pa
 
-    for i, column in enumerate(table.schema):
-        if pa.types.is_dictionary(column.type):
-            table = table.set_column(i, column.name,
-                                     table.column(i).cast(column.type.value_type))
-    return table.to_pandas()
+    if not categories:
+        for i, column in enumerate(table.schema):
+            if pa.types.is_dictionary(column.type):
+                table = table.set_column(i, column.name,
+                                         table.column(i).cast(column.type.value_type))
+    return tidy_categoricals(table.to_pandas())
 
 
 def _jsonable(value: Any) -> Any:
