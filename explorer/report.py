@@ -14,6 +14,7 @@ from neuron_explorer.analyses.phases import phase_summary, split_phases
 from neuron_explorer.analyses.requests import marked_requests, request_percentiles
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
+from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules import SHARE_BASES
@@ -66,6 +67,17 @@ def report_dict(trace: Trace) -> dict[str, Any]:
     }
 
 
+def _device_paced_text(s: dict[str, Any]) -> str:
+    """The device's time per step, where it exceeds the host's step windows."""
+    if not device_paces(s):
+        return ""
+    paced, host = s["device_paced_step_ns"], s["step_time_ns"]
+    return (f"{fmt_ns(paced)}: the device needs {fmt_ns(paced - host)} a step more than its "
+            "host and nothing in a step waits for it, so it falls further behind every "
+            "step; a longer run goes at the device's pace (the breakdown, critical path and "
+            "findings read the host's windows)")
+
+
 def report_sections(trace: Trace) -> list[Section]:
     """The report as titled sections for the text, Markdown and HTML renderers."""
     s = trace.summary()
@@ -79,6 +91,7 @@ def report_sections(trace: Trace) -> list[Section]:
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
         "step time (median)": fmt_ns(s["step_time_ns"]),
+        **({"step time, device-paced": paced} if (paced := _device_paced_text(s)) else {}),
         "time analysed": fmt_ns(s["total_ns"]), "MFU": device_share(s["mfu"]),
         "HFU": device_share(s["hfu"]), "MBU": device_share(s["mbu"]),
         "device busy": device_share(s["device_busy_share"]),
@@ -359,6 +372,9 @@ def _cupti_table(trace: Trace) -> pd.DataFrame:
 
 def _critical_title(s: dict[str, Any]) -> str:
     where = _steps_label(s) if s["steps_analysed"] else "the whole trace"
+    if _device_paced_text(s):  # the host's windows are not what paces the run
+        return (f"Critical path (of the host's step windows, mean per step, {where}; the "
+                "device paces the run: see the device-paced step time)")
     return f"Critical path (what sets the step's length, mean per step, {where})"
 
 

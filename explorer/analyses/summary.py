@@ -39,11 +39,42 @@ def _kind_counts(trace: Trace) -> dict[str, int]:
     return {str(k): int(v) for k, v in counts.items()}
 
 
+# Pairs of consecutive steps needed to time the device per step.
+DEVICE_PACED_MIN_INTERVALS = 2
+# The device's time per step is shown beside the host's from this ratio on.
+DEVICE_PACED_SHOWN = 1.05
+
+
+def device_paced_step_ns(trace: Trace, windows: pd.DataFrame) -> float | None:
+    """The analysed steps' median time between the ends of consecutive steps' device work
+    (each step's last kernel, against the step before's). Where a step waits for nothing
+    on the device (no sync, no read), the host's window is not the step's cost: a device
+    that needs longer than its host falls further behind every step, and a run longer
+    than the recording is paced by the device, as a full launch queue would make the
+    host wait. None without `DEVICE_PACED_MIN_INTERVALS` such pairs of steps."""
+    kernels = trace.kernels
+    if not len(windows) or not len(kernels) or int(windows["step"].iloc[0]) < 0:
+        return None
+    ends = (kernels["ts"] + kernels["dur"]).groupby(kernels["step"]).max()
+    intervals = [float(ends[n] - ends[n - 1]) for n in windows["step"].astype(int)
+                 if n in ends.index and n - 1 in ends.index]
+    if len(intervals) < DEVICE_PACED_MIN_INTERVALS:
+        return None
+    return float(np.median(intervals))
+
+
+def device_paces(s: dict[str, Any]) -> bool:
+    """Whether a summary's device needs clearly longer per step than its host's windows."""
+    paced, host = s.get("device_paced_step_ns"), s.get("step_time_ns")
+    return bool(paced and host and paced >= DEVICE_PACED_SHOWN * host)
+
+
 def summary(trace: Trace) -> dict[str, Any]:
     """hardware, source_format, n_steps, steps_analysed (the steady state, and in words),
-    step_time_ns (median over them), compile_ns (on its own), total_ns, mfu, hfu, mbu,
-    device_busy_share (None at --level framework), n_ops, n_kernels, and counts of
-    slices by kind."""
+    step_time_ns (median over them: the host's step windows), device_paced_step_ns (the
+    device's time per step, `device_paced_step_ns`), compile_ns (on its own), total_ns,
+    mfu, hfu, mbu, device_busy_share (None at --level framework), n_ops, n_kernels, and
+    counts of slices by kind."""
     s = trace.table("slices")
     win = step_windows(trace)
     selection = analysed_steps(trace)
@@ -61,6 +92,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "steps_analysed": list(selection.steps),
         "steps_analysed_text": selection.describe(),
         "step_time_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
+        "device_paced_step_ns": device_paced_step_ns(trace, win),
         "compile_ns": int(trace.compile_summary()["totals"]["compile_ns"].iloc[0]),
         "level": recorded_level(trace),
         "total_ns": total,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
+from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.report import RUN_SHARE_RULES
 from neuron_explorer.rules.finding import Finding
@@ -50,7 +51,9 @@ def _metrics(s: dict) -> list[html.Div]:
         metric("hardware", str(hardware), str(source) if source else None),
         metric("steps", fmt.count(n_steps) if n_steps is not None else "–",
                f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
-        metric("step time", fmt.duration(s.get("step_time_ns")), "median per step"),
+        metric("step time", fmt.duration(s.get("step_time_ns")),
+               f"the host's; the device needs {fmt.duration(s['device_paced_step_ns'])}"
+               if device_paces(s) else "median per step"),
         # total_ns covers the analysed steps only (the trace may span seconds of setup more)
         metric("time analysed", fmt.duration(s.get("total_ns")),
                "the analysed steps" if analysed else "the whole trace"),

@@ -1,0 +1,43 @@
+"""A device that needs longer per step than its host, with nothing in a step waiting for
+it, falls further behind every step: the run goes at the device's pace, which the host's
+step windows do not show."""
+
+from __future__ import annotations
+
+import neuron_explorer
+from neuron_explorer.report import render_report
+from scenarios import STEP, Scenario
+
+
+def _launches_each_step(tmp_path, kernel_ns: int, steps: int = 5):
+    """One op per 10 us host step, launching a kernel of `kernel_ns` that starts when the
+    device is free (no sync anywhere)."""
+    sc = Scenario()
+    free = 0
+    for n in range(steps):
+        t = sc.step(n)
+        start = max(t + 100, free)
+        free = start + kernel_ns
+        sc.op(t, 500, "aten::mm", n + 1, n, kernel=(start, kernel_ns),
+              busy={"tensor": kernel_ns}, flops=1_000_000, nbytes=1000, instructions=False)
+    return neuron_explorer.load(sc.write(tmp_path, f"paced_{kernel_ns}"))
+
+
+def test_a_device_behind_its_host_paces_the_run(tmp_path) -> None:
+    trace = _launches_each_step(tmp_path, kernel_ns=13_000)
+    s = trace.summary()
+    assert s["step_time_ns"] == STEP  # the host's windows
+    assert s["device_paced_step_ns"] == 13_000  # the device ends a step every 13 us
+    text = render_report(trace, "text")
+    line = next(x for x in text.splitlines() if x.startswith("step time, device-paced"))
+    assert "13 us" in line and "3 us a step more than its host" in line
+    assert "the device paces the run" in text
+
+
+def test_a_device_that_keeps_up_adds_no_line(tmp_path) -> None:
+    trace = _launches_each_step(tmp_path, kernel_ns=8_000)
+    s = trace.summary()
+    assert s["device_paced_step_ns"] == STEP  # each step's work ends a step apart
+    text = render_report(trace, "text")
+    assert "device-paced" not in text
+    assert "Critical path (what sets the step's length" in text
