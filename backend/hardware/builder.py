@@ -489,6 +489,8 @@ class KernelBuilder:
         # a new transfer when the oldest in flight is done)
         in_flight: list[list[float]] = [[] for _ in range(n_streams)]
         queue_end = [0.0] * n_streams  # the end of each queue's last transfer
+        # (bytes, row bytes, kind) -> a transfer's data phase: a kernel has few distinct
+        data_ns: dict[tuple[int, float, int], float] = {}
         while heap:
             s, i = heapq.heappop(heap)
             e = engines[i]
@@ -526,7 +528,10 @@ class KernelBuilder:
                     if gen:
                         dge_free[block] = begin + gen
                     triggered[first] = trigger
-                data = costs.dma_data_ns(p, size, cost[i], hbm_to_hbm=kind == _HBM_COPY)
+                data = data_ns.get((size, cost[i], kind))
+                if data is None:
+                    data = data_ns[size, cost[i], kind] = costs.dma_data_ns(
+                        p, size, cost[i], hbm_to_hbm=kind == _HBM_COPY)
                 triggered_at = max(s, trigger[0])
                 data_start = max(triggered_at + fixed, dma_engine_free[eng])
                 f = max(data_start + data, trigger[1] + fixed + data / count)
