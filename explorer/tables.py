@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.loaders.args import categorical_of
 from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
@@ -372,8 +373,9 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         codes, names = pd.factorize(s["name"].array[no_opcode])
         opcode = _filled(opcode, no_opcode, codes, np.asarray(names, object).tolist())
     out = pd.DataFrame({
-        "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(), "engine": engine,
-        "opcode": opcode,
+        # a few engines and opcodes over many rows: categorical, as the slices' texts
+        "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
+        "engine": categorical_of(engine), "opcode": categorical_of(opcode),
         "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
         "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,

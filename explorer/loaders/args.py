@@ -118,11 +118,14 @@ def categorical_of(values: Any) -> pd.Categorical:
     return categorical(codes, list(uniques))
 
 
-def tidy_categoricals(frame: pd.DataFrame) -> pd.DataFrame:
+def tidy_categoricals(frame: pd.DataFrame, all_used: bool = False) -> pd.DataFrame:
     """The frame with each categorical column's categories as `categorical` makes them
     (the distinct values used, in lexical order), so that equal columns have equal
     categories wherever they were made (a subset of the slices, a Parquet file read
-    back: Parquet keeps its own order of a dictionary). Columns already so are kept."""
+    back: Parquet keeps its own order of a dictionary). Columns already so are kept.
+    `all_used`: every category is known to be used (a file written from tidy columns,
+    whose dictionary Parquet keeps or, re-encoding, builds from the values), only the
+    order is checked."""
     for name in frame.columns:
         column = frame[name]
         if not isinstance(column.dtype, pd.CategoricalDtype):
@@ -130,7 +133,8 @@ def tidy_categoricals(frame: pd.DataFrame) -> pd.DataFrame:
         cat = column.array
         codes, kept = np.asarray(cat.codes), cat.categories
         if (kept.dtype == STR and kept.is_monotonic_increasing
-                and (not len(kept) or np.bincount(codes + 1, minlength=len(kept) + 1)[1:].all())):
+                and (all_used or not len(kept)
+                     or np.bincount(codes + 1, minlength=len(kept) + 1)[1:].all())):
             continue
         frame[name] = categorical(codes, kept.tolist())
     return frame

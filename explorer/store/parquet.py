@@ -38,7 +38,9 @@ from neuron_explorer.loaders.args import (
 from neuron_explorer.loaders.raw import RawTrace
 
 FORMAT = "neuron-explorer-store"
-VERSION = 3  # 2: PyTorch-profiler traces' args hold ours beside Kineto's; 3: build ids, checksums
+# 2: PyTorch-profiler traces' args hold ours beside Kineto's; 3: build ids, checksums;
+# 4: the slices' text columns categorical (dictionaries as they are)
+VERSION = 4
 MANIFEST = "trace.json"
 RUN_MANIFEST = "run.json"  # a converted run: one store per rank beside it
 BASE_TABLES = ("slices", "tracks", "counters", "flows", "args")
@@ -350,9 +352,11 @@ def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            BUILD_KEY: build.encode()})
     # dictionaries for the text columns only: numbers gain little from them (ids, times
-    # are mostly distinct) and hashing every value costs more than compressing it
+    # are mostly distinct) and hashing every value costs more than compressing it; a
+    # categorical's dictionary is written as it is (its order kept, nothing hashed)
     texts = [field.name for field in table.schema
-             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)]
+             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+             or pa.types.is_dictionary(field.type)]
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         pq.write_table(table, tmp, compression="zstd",  # zstd: small files, fast reads
@@ -375,7 +379,7 @@ def _to_pandas(table: Any, categories: bool = True) -> pd.DataFrame:
             if pa.types.is_dictionary(column.type):
                 table = table.set_column(i, column.name,
                                          table.column(i).cast(column.type.value_type))
-    return tidy_categoricals(table.to_pandas())
+    return tidy_categoricals(table.to_pandas(), all_used=True)
 
 
 def _jsonable(value: Any) -> Any:
