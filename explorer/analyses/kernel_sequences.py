@@ -2,9 +2,11 @@
 
 A sequence is `n` kernels that ran back to back on one device queue (stream), each
 launched by the same op as the one before it or by the host's very next launch on the
-same thread (no other launch in between). Copies and memsets are not kernels to fuse: one
-launched between two kernels ends a sequence (device-side copies with no launch in the
-trace, as MTIA's DMA requests, are left out). Sequences are counted as sliding windows,
+same thread (no other launch in between). Copies and memsets are not kernels to fuse
+(`transfers`: kind memcpy or memset, a name that says it crosses the host link, as our
+`copy_host_to_device`, or an op with a host<->device `direction`): one launched between
+two kernels ends a sequence (device-side copies with no launch in the trace, as MTIA's
+DMA requests, are left out). Sequences are counted as sliding windows,
 so one long run of kernels holds several (overlapping) sequences, and the rows' times
 overlap too.
 
@@ -17,6 +19,7 @@ under the main one; here a slice's depth is on its own thread.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +31,29 @@ if TYPE_CHECKING:
 COLUMNS = ["sequence", "count", "total_ns", "mean_ns", "share"]
 OP_COLUMNS = ["op", "sequence", "kernels", "count", "total_ns", "mean_ns", "op_ns", "share"]
 SEPARATOR = " | "
+# names of copies across the host link (Kineto's Memcpy HtoD/DtoH, our copy_host_to_device)
+CROSSING = re.compile(r"htod|dtoh|h2d|d2h|host_to_device|device_to_host|to_host|to_device",
+                      re.IGNORECASE)
+CROSSING_DIRECTIONS = ("host_to_device", "device_to_host")
+
+
+def transfers(trace: Trace, k: pd.DataFrame) -> np.ndarray:
+    """Which rows of the kernels table `k` are copies or memsets rather than kernels: kind
+    memcpy or memset, a name that crosses the host link (our recordings write transfers
+    as kind `kernel`, named `copy_host_to_device` / `copy_device_to_host`), or launched by
+    an op whose `direction` arg is host_to_device or device_to_host."""
+    from neuron_explorer.tables import map_unique, text
+
+    if not len(k):
+        return np.zeros(0, bool)
+    out = k["kind"].isin(["memcpy", "memset"]).to_numpy(bool, na_value=False).copy()
+    out |= map_unique(k["name"], lambda n: bool(CROSSING.search(str(n))), bool)
+    ops = k["op_slice_id"].to_numpy(np.int64)
+    has_op = np.flatnonzero(ops >= 0)
+    if len(has_op):
+        direction = text(trace.slice_args.column("direction", ops[has_op]))
+        out[has_op] |= np.isin(direction, CROSSING_DIRECTIONS)
+    return out
 
 
 def kernel_sequences(trace: Trace, n: int = 3, top: int | None = None, op: str | None = None,
@@ -180,7 +206,8 @@ def _linked(trace: Trace, k: pd.DataFrame, n: int) -> tuple[pd.DataFrame, np.nda
                           "launch": launch, "thread": thread, "place": place,
                           "op": k["op_slice_id"].to_numpy(np.int64)})
     # copies and memsets are not fused: their launches count above, they do not below
-    frame = frame[(k["kind"] == "kernel").to_numpy()]
+    frame = frame[(k["kind"] == "kernel").to_numpy(bool, na_value=False)
+                  & ~transfers(trace, k)]
     if len(frame) < n:
         return frame, np.zeros(0, np.int64)
     frame = frame.sort_values(["track", "ts"], kind="stable", ignore_index=True)

@@ -42,7 +42,19 @@ def short_windows(trace: Trace) -> pd.DataFrame:
         return w
     s = trace.table("slices")
     k = trace.kernels.set_index("id")
+    # the optimizer's step is its own program (fused=True, or its own compiled graph): a
+    # window that runs from the backward into it fuses nothing a fix would fuse
+    optimizer = np.asarray([any(o in str(name) for o in OPTIMIZER_KERNELS)
+                            for name in k["name"].reindex(w["id"]).tolist()], bool)
+    w = w.assign(optimizer=optimizer)
+    mixed = w.groupby("window")["optimizer"].transform("nunique") > 1
+    w = w[~mixed.to_numpy()]
+    if not len(w):
+        return w
     ids = w["id"].to_numpy(np.int64)
+    graph_of = trace.ops.set_index("id")["graph_id"]
+    op_ids = k["op_slice_id"].reindex(ids).to_numpy(np.int64)
+    w = w.assign(graph=graph_of.reindex(op_ids).fillna(-1).to_numpy(np.int64) >= 0)
     launch = short["launch"].reindex(ids).to_numpy(np.int64)
     w = w.assign(ts=s["ts"].to_numpy(np.int64)[ids], dur=s["dur"].to_numpy(np.int64)[ids],
                  track=s["track_id"].to_numpy()[ids], launch=launch,
@@ -67,8 +79,9 @@ def short_windows(trace: Trace) -> pd.DataFrame:
 
 def removed(w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What fusing each window into one kernel removes: the launches after its first
-    (host: ts, end) and the device's gaps between its kernels (track, ts, end)."""
-    later = w[w["position"] > 0]
+    (host: ts, end) and the device's gaps between its kernels (track, ts, end). A compiled
+    graph's launch stays: it is the kernel the eager ops around it would join."""
+    later = w[(w["position"] > 0) & ~w["graph"]] if "graph" in w else w[w["position"] > 0]
     launches = pd.DataFrame({"ts": later["launch_ts"],
                              "end": later["launch_ts"] + later["cpu_ns"]})
     w = w.sort_values(["window", "position"])
@@ -115,7 +128,7 @@ def check(trace: Trace) -> list[Finding]:
             f"{seq}: {r.windows} times; its kernels run {us(r.gpu / r.windows)} per "
             f"occurrence, their launches take {us(r.cpu / r.windows)}"))
     every = "in every step" if len(trace.steps) else "over the trace"
-    names = " ".join(per_seq.index)
+    optimizer_sequence = bool(w.groupby("window")["optimizer"].all().any())
     explanation = (
         f"{len(per_seq)} sequences of {th.FUSION_SEQUENCE_KERNELS} kernels recur {every}, "
         "back to back on one queue, each kernel running shorter than the host takes to "
@@ -132,7 +145,7 @@ def check(trace: Trace) -> list[Finding]:
     return [make(
         trace, RULE_ID,
         f"Short kernels launched one by one in a repeating sequence ({len(per_seq)} "
-        "sequences)", lost, items, explanation, _recommendation(trace, names),
+        "sequences)", lost, items, explanation, _recommendation(trace, optimizer_sequence),
         symptom_ns=symptom,
         saving_basis="critical path: the launches after each occurrence's first where the "
                      "critical path runs through them, and the device's gaps between its "
@@ -140,8 +153,10 @@ def check(trace: Trace) -> list[Finding]:
                      "device)")]
 
 
-def _recommendation(trace: Trace, names: str) -> str:
-    """The fused form: the optimizer's fused step for foreach kernels, else compiling."""
+def _recommendation(trace: Trace, optimizer_sequence: bool) -> str:
+    """The fused form: compiling, and the optimizer's fused step where its foreach kernels
+    run as a sequence (`optimizer_sequence`; an optimizer already one kernel per step
+    gains nothing from it)."""
     compile_call = device_terms(trace.metadata).compile_call
     compiled = (len(trace.compile_summary()["graphs"]) > 0
                 or bool((trace.ops["graph_id"] >= 0).any()))
@@ -152,7 +167,7 @@ def _recommendation(trace: Trace, names: str) -> str:
     advice = (f"Fuse each sequence into one kernel: {where}, so its elementwise chain becomes "
               "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention, "
               "fused layer norm or bias + activation).")
-    if any(k in names for k in OPTIMIZER_KERNELS):
+    if optimizer_sequence:
         advice += (" The foreach kernels are the optimizer's step: construct the optimizer "
                    "with fused=True (one kernel per parameter group) or compile its step.")
     return advice

@@ -31,6 +31,86 @@ def _trace(tmp: Path, kernel_ns: int = 10_000, every: int = 1) -> neuron_explore
     return neuron_explorer.load(sc.write(tmp, f"seq_{kernel_ns}_{every}"))
 
 
+def _launch(sc: Scenario, ts: int, name: str, op_id: int, step: int, kernel_ns: int,
+            kernel: str | None = None, **args) -> None:
+    """A 40 us op launching one `kernel_ns` kernel (named `kernel`, default k_<op>) 5 us
+    after it returns, with extra op `args` (a copy's direction, a graph's id)."""
+    kid = sc.next_kernel
+    sc.next_kernel += 1
+    sc.b.slice(sc.host, ts, 40_000, name, "op",
+               {"op_id": op_id, "kernel_id": kid, "device": 0, "step": step, **args},
+               flow_out=[op_id])
+    sc.b.slice(sc.kernels, ts + 45_000, kernel_ns, kernel or f"k_{name.split('::')[-1]}",
+               "kernel", {"kernel_id": kid, "op_id": op_id, "step": step}, flow_in=[op_id])
+
+
+def _ops_trace(tmp: Path, ops: list[tuple], name: str) -> neuron_explorer.Trace:
+    """Per 1 ms step, `ops` one after another as `_launch` makes them: (op name, kernel
+    name or None, args); 10 us kernels, no sync."""
+    sc = Scenario()
+    for n in range(STEPS):
+        t = n * STEP_NS
+        sc.b.slice(sc.host, t, STEP_NS, f"step {n}", "step", {"step": n})
+        for i, (op, kernel, args) in enumerate(ops):
+            _launch(sc, t + 100_000 + 40_000 * i, op, 100 * n + i, n, 10_000, kernel, **args)
+    return neuron_explorer.load(sc.write(tmp, name))
+
+
+TO_DEVICE = ("aten::_to_copy", "copy_host_to_device", {"direction": "host_to_device"})
+
+
+def test_host_to_device_copies_are_not_kernels_to_fuse(tmp_path):
+    """Our recordings write a transfer as a kernel named copy_host_to_device: five short
+    copies a step are no sequence to fuse (batching them is host_device_copies' advice),
+    nor are copies known only by their op's direction."""
+    copies = _ops_trace(tmp_path, [TO_DEVICE] * 5, "copies")
+    assert (copies.kernels["kind"] == "kernel").all()
+    assert not len(copies.kernel_sequences(3))
+    assert not len(rule.short_windows(copies)) and not rule.check(copies)
+    by_arg = _ops_trace(tmp_path, [("aten::_to_copy", "k_dma", {"direction": "host_to_device"})]
+                        * 5, "by_arg")
+    assert not len(by_arg.kernel_sequences(3)) and not rule.check(by_arg)
+    # a copy launched between kernels ends their sequence; on the device it is no kernel
+    mixed = _ops_trace(tmp_path, [("aten::mul", None, {}), ("aten::add", None, {}), TO_DEVICE,
+                                  ("aten::relu", None, {}), ("aten::neg", None, {}),
+                                  ("aten::exp", None, {})], "mixed")
+    pairs = mixed.kernel_sequences(2)["sequence"].tolist()
+    assert "k_mul | k_add" in pairs and "k_relu | k_neg" in pairs
+    assert "k_add | k_relu" not in pairs and not any("copy" in p for p in pairs)
+    cast = _ops_trace(tmp_path, [("aten::_to_copy", "k__to_copy", {"direction":
+                                                                    "device_to_device"})] * 3,
+                      "cast")
+    assert cast.kernel_sequences(3)["sequence"].tolist() == [" | ".join(["k__to_copy"] * 3)]
+
+
+def test_fused_optimizer_only_where_its_step_is_a_sequence(tmp_path):
+    """One foreach kernel after the backward (SGD without momentum) is the optimizer
+    already in one kernel: fusing it into the backward is no fix, and fused=True saves
+    nothing. Adam's chain of foreach kernels is what fused=True fuses."""
+    one = _ops_trace(tmp_path, [("aten::mul", None, {}), ("aten::add", None, {}),
+                                ("aten::relu", None, {}), ("aten::_foreach_add_", None, {})],
+                     "sgd")
+    (f,) = rule.check(one)
+    assert f.time_lost_ns == 80_000 * _analysed(one)
+    assert "fused=True" not in f.recommendation
+    adam = _ops_trace(tmp_path, [("aten::mul", None, {}), ("aten::_foreach_mul_", None, {}),
+                                 ("aten::_foreach_add_", None, {}),
+                                 ("aten::_foreach_sqrt", None, {})], "adam")
+    (f,) = rule.check(adam)
+    assert f.time_lost_ns == 80_000 * _analysed(adam)
+    assert "fused=True" in f.recommendation
+
+
+def test_a_compiled_graph_launch_is_not_fused_away(tmp_path):
+    """Eager loss ops between a compiled forward and backward join the graphs when
+    compiled with them: their launches go, the graphs' own launches stay."""
+    graph = _ops_trace(tmp_path, [("graph:1", "graph_1_forward", {"graph_id": 1}),
+                                  ("aten::neg", None, {}), ("aten::exp", None, {}),
+                                  ("graph:2", "graph_2_backward", {"graph_id": 2})], "graph")
+    (f,) = rule.check(graph)
+    assert f.time_lost_ns == 80_000 * _analysed(graph)
+
+
 def _analysed(trace: neuron_explorer.Trace) -> int:
     from neuron_explorer.analyses.steady_state import analysed_steps
 
@@ -64,10 +144,11 @@ def test_a_sequence_missing_from_some_steps_is_not_repeated_every_step(tmp_path)
 
 def test_fires_on_our_eager_recordings(repo_root):
     """The eager MLP's Adam foreach kernels (and its layers') recur every step: fusing
-    names the fused optimizer; it is part of host_bound's saving, which is larger."""
+    names the fused optimizer; it is part of host_bound's saving, which is larger. The
+    optimizer's first launch stays (it is not fused into the backward)."""
     mlp = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
     (f,) = rule.check(mlp)
-    assert f.time_lost_ns == 7_250_000 and f.severity == "medium"
+    assert f.time_lost_ns == 6_500_000 and f.severity == "medium"
     assert f.time_lost_ns < f.symptom_ns
     assert "fused=True" in f.recommendation
     assert any("_foreach_" in e["description"] for e in f.evidence)
@@ -75,7 +156,7 @@ def test_fires_on_our_eager_recordings(repo_root):
     assert f.time_lost_ns < host.time_lost_ns and "part of the host-bound" in f.explanation
     gpt = neuron_explorer.load(repo_root / "sample_traces" / "gpt_eager.pftrace")
     (f,) = rule.check(gpt)
-    assert f.time_lost_ns == 14_400_000 and f.severity == "high"
+    assert f.time_lost_ns == 14_200_000 and f.severity == "high"
 
 
 def test_a_compiled_run_is_told_to_bring_its_eager_ops_into_the_graph(repo_root):
