@@ -141,7 +141,52 @@ def _is_compiled(trace: Trace) -> bool:
     return len(trace.compile_summary()["graphs"]) > 0 or bool((trace.ops["graph_id"] >= 0).any())
 
 
+# copies whose ops take this share of the host's op time are the launches to fix first
+COPIES_MIN_SHARE = 0.4
+
+
+def copies_starving(trace: Trace) -> tuple[float, float]:
+    """(copies a step, their ops' share of the host's op time) in the analysed steps:
+    the host<->device copies (`host_device_copies.copies`) among the launches that keep
+    the device waiting."""
+    import numpy as np
+    from neuron_explorer.analyses.phases import in_analysed_work
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.common.intervals import Union
+    from neuron_explorer.rules.host_device_copies import copies, copy_ops
+
+    c = copies(trace)
+    ops = in_analysed_steps(trace, trace.ops[trace.ops["step"] >= 0])
+    if not len(c) or not len(ops):
+        return 0.0, 0.0
+    c = in_analysed_work(trace, c[c["step"] >= 0])
+    ids = copy_ops(trace, c)
+    s = trace.table("slices")
+    ts, dur = s["ts"].to_numpy(np.int64), s["dur"].to_numpy(np.int64)
+    every = Union(ops["ts"].to_numpy(np.int64),
+                  (ops["ts"] + ops["dur"]).to_numpy(np.int64)).total
+    mine = Union(ts[ids], ts[ids] + dur[ids]).total
+    steps = max(ops["step"].nunique(), 1)
+    return len(c) / steps, (mine / every if every else 0.0)
+
+
+def _copies_first(trace: Trace) -> str:
+    """Advice to batch the copies, where they are most of what the host launches."""
+    per_step, share = copies_starving(trace)
+    if share < COPIES_MIN_SHARE:
+        return ""
+    return (f"Most of the host's launches are host<->device copies ({per_step:.0f} a step, "
+            f"{share:.0%} of its op time): move each batch in one copy (torch.cat or "
+            "torch.stack on the host, then one .to(device)) or create the tensors on the "
+            "device (see the host<->device copies finding). ")
+
+
 def _recommendation(trace: Trace) -> str:
+    """Fewer, larger launches, in the terms of what the script already does."""
+    return _copies_first(trace) + _launch_advice(trace)
+
+
+def _launch_advice(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
     cs = trace.compile_summary()
     compiled = _is_compiled(trace)

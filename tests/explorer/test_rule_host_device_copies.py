@@ -1,0 +1,68 @@
+"""host_device_copies where the replay cannot re-time the run (a compiled run's eager
+uploads between its graphs): the copies' ops on the host's critical path are what
+batching them saves; host_bound names the copies when they are most of its launches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import neuron_explorer
+import pytest
+from neuron_explorer.rules import host_bound, host_device_copies
+from scenarios import Scenario
+
+STEP_NS = 1_000_000
+STEPS = 5
+COPY_OP_NS = 40_000
+
+
+def _trace(tmp: Path, uploads: int, graphs: int = 1) -> neuron_explorer.Trace:
+    """Per 1 ms step: `uploads` 40 us aten::_to_copy ops, each launching a 1 us
+    copy_host_to_device, then `graphs` compiled graphs' 40 us launches of a 20 us kernel;
+    no sync, so the host's ops set the step and the device waits on them."""
+    sc = Scenario()
+    for n in range(STEPS):
+        t = n * STEP_NS
+        sc.b.slice(sc.host, t, STEP_NS, f"step {n}", "step", {"step": n})
+        ops = [("aten::_to_copy", "copy_host_to_device", 1_000,
+                {"direction": "host_to_device"})] * uploads
+        ops += [("graph:1", "graph_1_forward", 20_000, {"graph_id": 1})] * graphs
+        for i, (op, kernel, kernel_ns, args) in enumerate(ops):
+            op0, op_id, kid = t + 100_000 + COPY_OP_NS * i, 100 * n + i, sc.next_kernel
+            sc.next_kernel += 1
+            sc.b.slice(sc.host, op0, COPY_OP_NS, op, "op",
+                       {"op_id": op_id, "kernel_id": kid, "device": 0, "step": n, **args},
+                       flow_out=[op_id])
+            sc.b.slice(sc.kernels, op0 + COPY_OP_NS + 5_000, kernel_ns, kernel, "kernel",
+                       {"kernel_id": kid, "op_id": op_id, "step": n}, flow_in=[op_id])
+    return neuron_explorer.load(sc.write(tmp, f"uploads_{uploads}_{graphs}"))
+
+
+def _analysed(trace: neuron_explorer.Trace) -> int:
+    from neuron_explorer.analyses.steady_state import analysed_steps
+
+    return len(analysed_steps(trace).steps)
+
+
+def test_many_small_uploads_cost_their_ops_on_the_host_path(tmp_path):
+    """Ten uploads a step: 1 us each on the link, but 400 us of the host's dispatch on
+    the critical path, which one batched copy saves (less the one left)."""
+    trace = _trace(tmp_path, 10)
+    (f,) = host_device_copies.check(trace)
+    assert f.time_lost_ns == pytest.approx(10 * COPY_OP_NS * _analysed(trace), rel=0.05)
+    assert f.symptom_ns == 10 * 1_000 * _analysed(trace)
+    assert "the ops that issue them" in f.saving_basis
+
+
+def test_host_bound_names_the_copies_when_they_are_most_launches(tmp_path):
+    many = _trace(tmp_path, 10)
+    per_step, share = host_bound.copies_starving(many)
+    assert per_step == 10 and share == pytest.approx(10 / 11)
+    (f,) = host_bound.check(many)
+    assert f.recommendation.startswith("Most of the host's launches are host<->device copies")
+    assert "already compiled" in f.recommendation
+    few = _trace(tmp_path, 1, graphs=3)
+    assert host_bound.copies_starving(few)[1] == pytest.approx(0.25)
+    (f,) = host_bound.check(few)
+    assert "copies" not in f.recommendation
+    assert host_bound.copies_starving(_trace(tmp_path, 0)) == (0.0, 0.0)
