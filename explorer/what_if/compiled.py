@@ -2,20 +2,23 @@
 
 The FX graphs torch.compile would trace are not in an eager trace, so the compile path
 is approximated from the op stream, in the shape `train(..., compile=True)` runs:
-- each step's forward and loss ops (those before its first backward slice) become one
-  graph launch, and its backward ops another; host<->device copies, reads of device
-  values, the optimizer and zero_grad stay eager, as they do in a compiled run;
+- each step's forward ops inside the model's module ranges become one graph launch, and
+  its backward ops inside them another, as torch.compile(model) compiles them; the loss
+  and its backward (outside the ranges), host<->device copies, reads of device values,
+  the optimizer and zero_grad stay eager, as they do in a compiled run; an optimizer
+  call (zero_grad before loss.backward()) ends the forward;
 - a graph launch is one program, as the compile path makes it: every op's own lowering
   emitted into one `KernelBuilder`, so one op's loads overlap the compute before it and
   no launch latency or fixed kernel cost is paid between ops. The trace holds no data
   flow: an op waits for the last op that made a tensor of one of its input shapes and
   dtypes. Values go through HBM between ops (the compile path's fusion keeps some in
   SBUF and streams elementwise chains), so the device time errs on the slow side;
-- the host pays one launch per graph instead of each op's launch and Python time, plus
-  torch.compile's own work per call (`compiled_call_host_ns`: Dynamo's guards,
-  AOTAutograd's runtime wrappers, the autograd function around the backward), half
-  before the launch and half after; host slices inside a graph's span (module ranges)
-  shrink onto its call.
+- the host pays one launch per graph instead of each op's launch and the module's Python
+  (from the start of the module range around its first op to the end of the one around
+  its last), plus torch.compile's own work per call (`compiled_call_host_ns`: Dynamo's
+  guards, AOTAutograd's runtime wrappers, the autograd function around the backward; a
+  fixed part and a part per tensor the graph takes in), half before the launch and half
+  after; the graph's op slice is its launch only, as in a compiled recording.
 """
 
 from __future__ import annotations
@@ -30,31 +33,35 @@ from neuron_explorer.common.op_families import base_name
 from neuron_explorer.trace import Trace
 
 APPROXIMATIONS = (
-    ("compiled mode: each step's forward+loss ops and its backward ops are one graph launch "
-    "each (the FX graphs are not in an eager trace)"),
+    ("compiled mode: each step's forward ops and backward ops inside the model's module "
+    "ranges are one graph launch each, the loss stays eager (the FX graphs are not in an "
+    "eager trace)"),
     ("compiled mode: a graph's ops run as one program; an op waits for the last op that made "
     "a tensor of its input shapes (no data flow is recorded); values go through HBM (no "
     "fusion of elementwise chains, no on-chip attention)"),
     ("compiled mode: the host pays one launch per graph and torch.compile's work per call "
-    "(a constant measured on a reference host, or the modelled clock's per-launch cost); "
-    "host slices inside a graph shrink onto its call"),
+    "(fitted on a reference host: a fixed part and a part per graph input, or the "
+    "modelled clock's per-launch cost) instead of the module's Python and launches"),
 )
-# torch.compile's host work per graph call besides the launch, on the project's reference
-# host (2 cores): Dynamo's guard checks, AOTAutograd's runtime wrappers and, for a
-# backward graph, the autograd function that calls it. Measured as what each workload of
-# benchmarks/bench_whatif_compiled.py needs per call for its compiled step, load-free
-# clock: 570 (MLP), 740 (transformer), 950 (transformer, bf16 autocast), 800 (conv net)
-# and 600 us (inference loop); docs/whatif.md.
-COMPILED_CALL_HOST_NS = 650_000
+# torch.compile's host work per graph call besides the launch, on a measured clock: Dynamo's
+# guard checks, AOTAutograd's runtime wrappers and, for a backward graph, the autograd
+# function that calls it; a fixed part and a part per tensor the graph takes in
+# (`graph_inputs`), fitted to compiled recordings on the project's reference host
+# (docs/whatif.md).
+COMPILED_CALL_HOST_NS = 60_000
+COMPILED_CALL_HOST_NS_PER_INPUT = 12_000
 
 
-def compiled_call_host_ns(trace: Trace) -> int:
-    """The host time one compiled graph call costs besides its launch, on the clock the
-    recording used: the modelled clock's per-launch Python, or the measured constant."""
+def compiled_call_host_ns(trace: Trace, inputs: int = 0) -> int:
+    """The host time one compiled graph call taking `inputs` tensors costs besides its
+    launch, on the clock the recording used: the modelled clock's per-launch Python, or
+    the measured cost."""
     host_clock = trace.metadata.get("host_clock") or {}
     if host_clock.get("source") == "modelled":
         return int(host_clock.get("python_per_op_ns") or 0)
-    return COMPILED_CALL_HOST_NS
+    return COMPILED_CALL_HOST_NS + COMPILED_CALL_HOST_NS_PER_INPUT * inputs
+
+
 _EAGER_ONLY = frozenset({"aten::_local_scalar_dense"})
 
 
@@ -87,18 +94,31 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
         return labels
     optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0
     backward = tables.ancestor_of_kind(trace, ids, (tf.CAT_BACKWARD,)) >= 0
-    step = tables.assign_steps(rows["ts"].to_numpy(np.int64), trace.steps)
+    # torch.compile(model) compiles the model's forward, and AOTAutograd its backward:
+    # ops outside the model's ranges (the loss and its backward) stay eager; a trace
+    # without module ranges is compiled whole
+    ranges = tables.of_kind(trace, tf.CAT_MODULE, tf.CAT_BACKWARD)
+    in_model = (tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD)) >= 0
+                if len(ranges) else np.ones(len(rows), bool))
+    ts = rows["ts"].to_numpy(np.int64)
+    step = tables.assign_steps(ts, trace.steps)
+    # optimizer calls (zero_grad, step) begun before each op: one between a step's forward
+    # ops and a later op (zero_grad before loss.backward()) ends the forward, and the
+    # loss's own backward ops (outside any module's backward range) start the backward
+    calls = np.sort(tables.of_kind(trace, tf.CAT_OPTIMIZER)["ts"].to_numpy(np.int64))
+    calls_before = np.searchsorted(calls, ts, side="right")
     keys = rows["key"].tolist()
     in_backward: dict[int, bool] = {}
+    forward_calls: dict[int, int] = {}  # per step: optimizer calls before its first op
     for i in range(len(rows)):
         key = keys[i]
         if key is None or optimizer[i] or step[i] < 0:
             continue
-        if key[0] in _EAGER_ONLY or any(n == "direction" and v != "device_to_device"
-                                        for n, v in key[3]):
-            continue
-        if backward[i]:
+        if backward[i] or calls_before[i] > forward_calls.setdefault(step[i], calls_before[i]):
             in_backward[step[i]] = True
+        if not in_model[i] or key[0] in _EAGER_ONLY or any(
+                n == "direction" and v != "device_to_device" for n, v in key[3]):
+            continue
         phase = "backward" if in_backward.get(step[i]) else "forward"
         labels[i] = f"{step[i]}:{phase}"
     return labels
@@ -178,43 +198,91 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
-    call = compiled_call_host_ns(trace)
     graphs = _graphs(_phases(trace, rows))
     member = {i: g for g in graphs.values() for i in g.events[1:]}
+    spans = _call_spans(trace, rows, events, graphs)
     timelines: dict[int, DeviceTimeline] = {}
     out: list = [None] * len(events)
     ends, deltas, collapsed = [], [], []
-    shift = 0
+    shift = forward_inputs = 0
     for i, ev in enumerate(events):
         if i in member:  # inside a graph launched at its first op
             continue
         timeline = timelines.setdefault(ev.device, DeviceTimeline(preset))
-        ts = ev.ts + shift
         graph = graphs.get(i)
         if graph is None:
-            new = replay_one(ev, ts, timeline, options, preset)
+            new = replay_one(ev, ev.ts + shift, timeline, options, preset)
             out[i] = new
             if new.dur != ev.dur:
                 ends.append(ev.ts + ev.dur)
                 deltas.append(new.dur - ev.dur)
                 shift += new.dur - ev.dur
             continue
-        last = events[graph.events[-1]]
-        span = last.ts + last.dur - ev.ts
-        kernel = build_program([events[j].key for j in graph.events], preset, graph.name,
-                               max_dependencies)
-        new = ReplayedOp(ts, call, name=graph.launch_name)
+        begin, finish = spans[i]
+        keys = [events[j].key for j in graph.events]
+        inputs = graph_inputs(keys)
+        if graph.name.endswith("_forward"):
+            forward_inputs = inputs
+        else:  # the forward's saved tensors and parameters (shapes alias too much to count)
+            inputs = max(inputs, forward_inputs)
+        call = compiled_call_host_ns(trace, inputs)
+        before = call // 2
+        kernel = build_program(keys, preset, graph.name, max_dependencies)
+        ts = begin + shift + before  # the launch, after the call's work before it
+        new = ReplayedOp(ts, 0, name=graph.launch_name)
         if kernel is not None:
-            launch = ts + call // 2 + overhead
-            start, end = timeline.schedule(kernel, launch)
-            new = ReplayedOp(ts, call + overhead, [ReplayedKernel(kernel, ev.device, launch,
-                                                                  start, end, False)],
+            start, end = timeline.schedule(kernel, ts + overhead)
+            new = ReplayedOp(ts, overhead, [ReplayedKernel(kernel, ev.device, ts + overhead,
+                                                           start, end, False)],
                              kernel.model_flops, kernel.hbm_bytes, name=graph.launch_name)
         out[i] = new  # the graph's other ops are not launched: they stay None
-        collapsed.append((ev.ts, last.ts + last.dur))
-        ends.append(last.ts + last.dur)
-        deltas.append(new.dur - span)
-        shift += new.dur - span
+        # the host's time for the call: its launch and torch.compile's work around it,
+        # in place of the recorded span (the ops' launches and the Python between them)
+        collapsed.append((begin, finish))
+        ends.append(finish)
+        deltas.append(call + new.dur - (finish - begin))
+        shift += call + new.dur - (finish - begin)
     host_shift = HostShift(np.array(ends, np.int64), np.array(deltas, np.int64),
                            collapsed=collapsed)
     return out, host_shift, list(APPROXIMATIONS)
+
+
+def graph_inputs(keys: list) -> int:
+    """The tensors a graph of the ops `keys` takes from outside it (parameters, buffers,
+    its inputs; for a backward graph also the forward's saved tensors): each op input of
+    a shape and dtype no earlier op of the graph made. torch.compile's work per call
+    (guards, runtime wrappers) grows with them."""
+    made: set[tuple] = set()
+    count = 0
+    for _, inputs, outputs, _ in keys:
+        for tensor in inputs:
+            if tuple(tensor) not in made:
+                count += 1
+        made.update(tuple(t) for t in outputs)
+    return count
+
+
+def _call_spans(trace: Trace, rows: pd.DataFrame, events: list,
+                graphs: dict[int, _Graph]) -> dict[int, tuple[int, int]]:
+    """Per graph (keyed by its first event): the recorded host span its call replaces,
+    from its first op to its last op's end, widened to the module ranges (forward or
+    backward) that overlap it: the module's Python around its first and last op is what
+    the compiled call runs instead. Not widened over an event that is not the graph's."""
+    s = trace.table("slices")
+    ranges = s[s["kind"].isin([tf.CAT_MODULE, tf.CAT_BACKWARD])]
+    starts = ranges["ts"].to_numpy(np.int64)
+    stops = starts + ranges["dur"].to_numpy(np.int64)
+    recorded = rows["ts"].to_numpy(np.int64)
+    spans = {}
+    for first, graph in graphs.items():
+        last = events[graph.events[-1]]
+        begin, finish = events[first].ts, last.ts + last.dur
+        near = (starts < finish) & (stops > begin)
+        if near.any():
+            wide = min(begin, int(starts[near].min())), max(finish, int(stops[near].max()))
+            inside = np.flatnonzero((recorded >= wide[0]) & (recorded < wide[1]))
+            if inside.min(initial=first) >= first and \
+                    inside.max(initial=graph.events[-1]) <= graph.events[-1]:
+                begin, finish = wide
+        spans[first] = (begin, finish)
+    return spans
