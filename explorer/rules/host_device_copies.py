@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "host_device_copies"
+# copies a step from which the advice is to batch them into one
+MANY_PER_STEP = 4
 COPY_OPS = {"aten::_copy_from", "aten::_to_copy", "aten::copy_", "aten::to"}
 CROSSING = re.compile(r"htod|dtoh|h2d|d2h|host_to_device|device_to_host|to_host|to_device",
                       re.IGNORECASE)
@@ -88,13 +90,18 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
              for r in top(c, "dur").itertuples()]
     terms = device_terms(trace.metadata)
+    per_step = len(c) / max(steps_with, 1)
+    batch = (f"Move each step's small tensors in one copy ({per_step:.0f} copies a step here: "
+             "torch.cat or torch.stack them on the host, then one .to(device)). "
+             if per_step >= MANY_PER_STEP else "")
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,
         items,
         f"Data crosses between host and device inside the {step_name(trace)}. Each copy costs "
-        "transfer time over the host link and usually a sync that stalls the host.",
-        f"Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
+        "transfer time over the host link, an op the host dispatches, and usually a sync that "
+        "stalls the host.",
+        f"{batch}Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
         "move the model and constant tensors to the device once before the loop, prefetch "
         "batches to the device asynchronously"
         + (" (DataLoader pin_memory=True, then .to(device, non_blocking=True))"
