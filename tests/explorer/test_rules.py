@@ -446,6 +446,22 @@ def test_a_finding_that_needs_another_fix_first_never_outranks_it(basic_pf) -> N
     assert alone.severity == "high"
 
 
+def test_findings_stay_in_order_of_saving_around_a_fix_others_wait_on(basic_pf) -> None:
+    """A host-bound finding saving 0 ns ranked its waiting findings (1.21 ms, 487 us) at 0
+    too: they and it came below a 450 us finding. The fix others wait on moves up to just
+    above the first of them; every other finding keeps its place by saving."""
+    from neuron_explorer.rules.finding import make, ranked
+
+    host = make(basic_pf, "host_bound", "host", 0, [], "e", "r")
+    memory = make(basic_pf, "memory_bound_ops", "m", 1_210_000, [], "e", "r", after="host_bound")
+    dma = make(basic_pf, "small_dma", "d", 487_000, [], "e", "r", after="host_bound")
+    fallback = make(basic_pf, "host_fallback", "f", 450_000, [], "e", "r")
+    short = make(basic_pf, "short_kernel_sequence", "s", 7_200_000, [], "e", "r")
+    order = [f.rule_id for f in ranked([fallback, dma, host, memory, short])]
+    assert order == ["short_kernel_sequence", "host_bound", "memory_bound_ops", "small_dma",
+                     "host_fallback"]
+
+
 def test_a_sync_costs_the_hosts_wait_when_that_is_less_than_the_idle_after_it(tmp_path) -> None:
     """One 1 ms step: kernel A [0, 600) us; the host syncs [580, 600) (a 20 us wait), works
     until 900 and launches kernel B, which runs [902, 950). The device idles 302 us after
