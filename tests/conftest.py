@@ -11,6 +11,15 @@ import pytest
 # The suite loads thousands of throw-away traces: it runs without the trace cache (and
 # never writes into the user's), except the tests of the cache, which turn it on.
 os.environ.setdefault("NEURON_EXPLORER_CACHE", "off")
+# One intra-op thread per process, here and in every program a test starts: pytest-xdist
+# runs a worker per core already, and torch's default of a thread per core then has four
+# threads spin against each other on two cores (the compiled-transformer test took 59 s
+# of wall time and 29 s of CPU beside a busy neighbour, 21 s and 8.5 s with one thread).
+# Set before torch is imported (it reads the variable as its thread pool starts); a value
+# already in the environment is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): set it there too
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parents[1]
 # helpers every test folder imports by name (cli_runner)
