@@ -67,15 +67,15 @@ def report_dict(trace: Trace) -> dict[str, Any]:
     }
 
 
-def _device_paced_text(s: dict[str, Any]) -> str:
-    """The device's time per step, where it exceeds the host's step windows."""
+def _host_windows_text(s: dict[str, Any]) -> str:
+    """The host's step windows, where the device paces the run instead."""
     if not device_paces(s):
         return ""
-    paced, host = s["device_paced_step_ns"], s["step_time_ns"]
-    return (f"{fmt_ns(paced)}: the device needs {fmt_ns(paced - host)} a step more than its "
+    host, paced = s["host_step_ns"], s["device_paced_step_ns"]
+    return (f"{fmt_ns(host)}: the device needs {fmt_ns(paced - host)} a step more than its "
             "host and nothing in a step waits for it, so it falls further behind every "
-            "step; a longer run goes at the device's pace (the breakdown, critical path and "
-            "findings read the host's windows)")
+            "step and sets the run's pace (the step time, MFU, MBU and the findings' shares "
+            "are the device's; the breakdown and critical path read the host's windows)")
 
 
 def report_sections(trace: Trace) -> list[Section]:
@@ -90,8 +90,9 @@ def report_sections(trace: Trace) -> list[Section]:
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
-        "step time (median)": fmt_ns(s["step_time_ns"]),
-        **({"step time, device-paced": paced} if (paced := _device_paced_text(s)) else {}),
+        "step time (median)": fmt_ns(s["step_time_ns"])
+        + (" (the device's pace)" if device_paces(s) else ""),
+        **({"host's step windows": host} if (host := _host_windows_text(s)) else {}),
         "time analysed": fmt_ns(s["total_ns"]), "MFU": device_share(s["mfu"]),
         "HFU": device_share(s["hfu"]), "MBU": device_share(s["mbu"]),
         "device busy": device_share(s["device_busy_share"]),
@@ -372,9 +373,9 @@ def _cupti_table(trace: Trace) -> pd.DataFrame:
 
 def _critical_title(s: dict[str, Any]) -> str:
     where = _steps_label(s) if s["steps_analysed"] else "the whole trace"
-    if _device_paced_text(s):  # the host's windows are not what paces the run
+    if device_paces(s):  # the host's windows are not what paces the run
         return (f"Critical path (of the host's step windows, mean per step, {where}; the "
-                "device paces the run: see the device-paced step time)")
+                "device paces the run: see the step time)")
     return f"Critical path (what sets the step's length, mean per step, {where})"
 
 

@@ -99,15 +99,17 @@ def device_time_saving(trace: Trace, device_ns: float) -> float:
     steps less the host's waits on the device, W), the device's busy time D (the kernels
     the steps launched, however far the device lags behind their host windows). The
     device's share of the steps is what it adds beyond the host: W, plus the lag D - S it
-    builds where the host never waits (S: the steps' total). Making the device faster by
-    X saves min(X, W + max(D - S, 0)): nothing on a host-bound run, X on one the device
-    sets, and only the part above the host's own time between the two.
+    builds where the host never waits (S: the host windows' total; D also as the device's
+    pace measures it, `device_pace`, its idle between kernels included). Making the
+    device faster by X saves min(X, W + max(D - S, 0)): nothing on a host-bound run, X on
+    one the device sets, and only the part above the host's own time between the two.
 
     Only where the host's time is measured whole (our recordings: every interval of the
     host is its work or a wait the recorder marks). A PyTorch-profiler trace does not mark
     every wait (a launch queue that is full blocks inside cudaLaunchKernel), so its host
     windows are no floor, and the device time is returned as it is."""
     from neuron_explorer.analyses.statistics import total_step_ns
+    from neuron_explorer.analyses.step_breakdown import step_windows
     from neuron_explorer.device_terms import device_terms
 
     if device_ns <= 0:
@@ -116,9 +118,11 @@ def device_time_saving(trace: Trace, device_ns: float) -> float:
     busy = device_busy_ns(trace)
     if not measured_host or not len(trace.steps) or not busy:
         return float(device_ns)  # nothing to weigh it against: the device's own time
-    steps = total_step_ns(trace)
+    steps = float(step_windows(trace)["dur"].sum())  # the host's windows
+    # the lag, also as the device's pace measures it (its idle between kernels included)
+    lag = max(busy, total_step_ns(trace)) - steps
     waits = float(host_waits_per_step(trace).sum())
-    return float(min(device_ns, waits + max(busy - steps, 0.0)))
+    return float(min(device_ns, waits + max(lag, 0.0)))
 
 
 PATH_COLUMNS = ["step", "ts", "dur", "name", "kind", "category", "track", "rank"]

@@ -4,7 +4,8 @@ MFU = model FLOPs / (peak FLOP/s x step time); HFU counts the FLOPs the hardware
 executed (padding included); MBU = HBM bytes moved / (peak bandwidth x step time).
 The peak is the Tensor Engine's BF16 dense rate of the trace's hardware. Without
 hardware figures (a PyTorch-profiler trace), or at `--level framework` (no kernels),
-the ratios are NaN. Steps are the analysed ones (`steady_state`).
+the ratios are NaN. Steps are the analysed ones (`steady_state`), as long as the run's
+pace makes them (`device_pace`: a device behind its host sets it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.device_pace import paced_durations
 from neuron_explorer.analyses.levels import records_device
 from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.step_breakdown import step_windows
@@ -40,10 +42,11 @@ def efficiency(trace: Trace) -> pd.DataFrame:
         sums = pd.DataFrame([k[["flops", "hw_flops", "bytes"]].sum()], index=steps)
     else:
         sums = pd.DataFrame(0, index=steps, columns=["flops", "hw_flops", "bytes"])
-    dur_s = win["dur"].to_numpy(np.float64) / 1e9
+    dur_ns = paced_durations(trace)  # a device behind its host paces the run
+    dur_s = dur_ns / 1e9
     peak = peak_flops(trace.hardware_figures)
     bw = hbm_bandwidth(trace.hardware_figures)
-    frame = pd.DataFrame({"step": steps, "dur": win["dur"].to_numpy(np.int64),
+    frame = pd.DataFrame({"step": steps, "dur": dur_ns.round().astype(np.int64),
                           "flops": sums["flops"].to_numpy(np.int64),
                           "hw_flops": sums["hw_flops"].to_numpy(np.int64),
                           "bytes": sums["bytes"].to_numpy(np.int64)})

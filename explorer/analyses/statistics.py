@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.device_pace import paced_durations
 from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.steady_state import in_analysed_steps
-from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.tables import ancestor_of_kind
 
@@ -29,8 +29,9 @@ KERNEL_STAT_COLUMNS = ["name", "kind", "count", "total_ns", "mean_ns", "min_ns",
 
 
 def total_step_ns(trace: Trace) -> float:
-    """Total analysed time: the sum of step durations, or the trace's span."""
-    return float(step_windows(trace)["dur"].sum())
+    """Total analysed time: the sum of step durations (as long as the run's pace makes
+    them: `device_pace`), or the trace's span."""
+    return float(paced_durations(trace).sum())
 
 
 def _share(values: pd.Series, total: float) -> np.ndarray:

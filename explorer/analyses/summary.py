@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses import device_pace as pace
 from neuron_explorer.analyses.levels import recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.analyses.step_breakdown import step_windows
@@ -39,40 +40,29 @@ def _kind_counts(trace: Trace) -> dict[str, int]:
     return {str(k): int(v) for k, v in counts.items()}
 
 
-# Pairs of consecutive steps needed to time the device per step.
-DEVICE_PACED_MIN_INTERVALS = 2
-# The device's time per step is shown beside the host's from this ratio on.
-DEVICE_PACED_SHOWN = 1.05
+def _device_busy_from(trace: Trace, start: int) -> float:
+    """The analysed steps' kernels' busy time from `start` (the first analysed step's) on:
+    work the first step launched before its window is not in the paced steps."""
+    from neuron_explorer.analyses.phases import in_analysed_work
+    from neuron_explorer.common.intervals import Union
 
-
-def device_paced_step_ns(trace: Trace, windows: pd.DataFrame) -> float | None:
-    """The analysed steps' median time between the ends of consecutive steps' device work
-    (each step's last kernel, against the step before's). Where a step waits for nothing
-    on the device (no sync, no read), the host's window is not the step's cost: a device
-    that needs longer than its host falls further behind every step, and a run longer
-    than the recording is paced by the device, as a full launch queue would make the
-    host wait. None without `DEVICE_PACED_MIN_INTERVALS` such pairs of steps."""
-    kernels = trace.kernels
-    if not len(windows) or not len(kernels) or int(windows["step"].iloc[0]) < 0:
-        return None
-    ends = (kernels["ts"] + kernels["dur"]).groupby(kernels["step"]).max()
-    intervals = [float(ends[n] - ends[n - 1]) for n in windows["step"].astype(int)
-                 if n in ends.index and n - 1 in ends.index]
-    if len(intervals) < DEVICE_PACED_MIN_INTERVALS:
-        return None
-    return float(np.median(intervals))
+    kernels = in_analysed_work(trace, trace.kernels)
+    ts = np.maximum(kernels["ts"].to_numpy(np.int64), start)
+    end = np.maximum((kernels["ts"] + kernels["dur"]).to_numpy(np.int64), start)
+    return float(Union(ts, end).total)
 
 
 def device_paces(s: dict[str, Any]) -> bool:
-    """Whether a summary's device needs clearly longer per step than its host's windows."""
-    paced, host = s.get("device_paced_step_ns"), s.get("step_time_ns")
-    return bool(paced and host and paced >= DEVICE_PACED_SHOWN * host)
+    """Whether a summary's device needs clearly longer per step than its host's windows
+    (its step time is then the device's: `analyses.device_pace`)."""
+    return pace.device_paces(s.get("host_step_ns"), s.get("device_paced_step_ns"))
 
 
 def summary(trace: Trace) -> dict[str, Any]:
     """hardware, source_format, n_steps, steps_analysed (the steady state, and in words),
-    step_time_ns (median over them: the host's step windows), device_paced_step_ns (the
-    device's time per step, `device_paced_step_ns`), compile_ns (on its own), total_ns,
+    step_time_ns (median over them, each as long as the run's pace makes it:
+    `analyses.device_pace`), host_step_ns (the median of the host's step windows),
+    device_paced_step_ns (the device's time per step), compile_ns (on its own), total_ns,
     mfu, hfu, mbu, device_busy_share (None at --level framework), n_ops, n_kernels, and
     counts of slices by kind."""
     s = trace.table("slices")
@@ -81,8 +71,11 @@ def summary(trace: Trace) -> dict[str, Any]:
     eff = trace.efficiency()
     bd = trace.breakdown()
     dev = bd[bd["side"] == "device"]
-    busy = dev.loc[dev["category"] != "idle", "ns"].sum()
-    total = int(win["dur"].sum()) if len(win) else 0
+    busy = float(dev.loc[dev["category"] != "idle", "ns"].sum())
+    paced = pace.paced_durations(trace)
+    total = int(paced.sum()) if len(win) else 0
+    if len(win) and total > win["dur"].sum():  # the device paces: its work, not windows'
+        busy = _device_busy_from(trace, int(win["ts"].min()))
     span = int((s["ts"] + s["dur"]).max() - s["ts"].min()) if len(s) else 0
     return {
         "path": trace.path,
@@ -91,8 +84,9 @@ def summary(trace: Trace) -> dict[str, Any]:
         "n_steps": len(trace.steps),
         "steps_analysed": list(selection.steps),
         "steps_analysed_text": selection.describe(),
-        "step_time_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
-        "device_paced_step_ns": device_paced_step_ns(trace, win),
+        "step_time_ns": _median(paced.tolist()) if len(trace.steps) else None,
+        "host_step_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
+        "device_paced_step_ns": pace.device_paced_step_ns(trace),
         "compile_ns": int(trace.compile_summary()["totals"]["compile_ns"].iloc[0]),
         "level": recorded_level(trace),
         "total_ns": total,

@@ -26,11 +26,18 @@ def _launches_each_step(tmp_path, kernel_ns: int, steps: int = 5):
 def test_a_device_behind_its_host_paces_the_run(tmp_path) -> None:
     trace = _launches_each_step(tmp_path, kernel_ns=13_000)
     s = trace.summary()
-    assert s["step_time_ns"] == STEP  # the host's windows
+    assert s["host_step_ns"] == STEP  # the host's windows
     assert s["device_paced_step_ns"] == 13_000  # the device ends a step every 13 us
+    assert s["step_time_ns"] == 13_000  # ... and so sets the run's pace
+    # the first step lasts until its own kernel is done: 100 ns of launch latency + 13 us
+    assert s["total_ns"] == 13_100 + 4 * 13_000
+    assert s["device_busy_share"] == 5 * 13_000 / s["total_ns"]
+    eff = trace.efficiency()
+    assert eff["dur"].tolist() == [13_100] + [13_000] * 4  # MFU and MBU per paced step
     text = render_report(trace, "text")
-    line = next(x for x in text.splitlines() if x.startswith("step time, device-paced"))
-    assert "13 us" in line and "3 us a step more than its host" in line
+    assert "13 us (the device's pace)" in text
+    line = next(x for x in text.splitlines() if x.startswith("host's step windows"))
+    assert "10 us" in line and "3 us a step more than its host" in line
     assert "the device paces the run" in text
 
 
@@ -38,6 +45,8 @@ def test_a_device_that_keeps_up_adds_no_line(tmp_path) -> None:
     trace = _launches_each_step(tmp_path, kernel_ns=8_000)
     s = trace.summary()
     assert s["device_paced_step_ns"] == STEP  # each step's work ends a step apart
+    assert s["step_time_ns"] == s["host_step_ns"] == STEP
+    assert s["total_ns"] == 5 * STEP
     text = render_report(trace, "text")
-    assert "device-paced" not in text
+    assert "host's step windows" not in text and "device's pace" not in text
     assert "Critical path (what sets the step's length" in text

@@ -52,7 +52,7 @@ def _metrics(s: dict) -> list[html.Div]:
         metric("steps", fmt.count(n_steps) if n_steps is not None else "–",
                f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
         metric("step time", fmt.duration(s.get("step_time_ns")),
-               f"the host's; the device needs {fmt.duration(s['device_paced_step_ns'])}"
+               f"the device's pace; the host's windows {fmt.duration(s['host_step_ns'])}"
                if device_paces(s) else "median per step"),
         # total_ns covers the analysed steps only (the trace may span seconds of setup more)
         metric("time analysed", fmt.duration(s.get("total_ns")),
