@@ -197,22 +197,28 @@ def write_with_counters(trace: Trace, path: str, hta_window: bool = False) -> st
     each copy kind's bandwidth (`copy_bandwidth`, `<kind> bandwidth (GB/s)`), under the
     device's pid. One series per counter name, where HTA tells its streams apart by an
     `id` that not every reader keeps. Written to `path` (gzipped if it ends in `.gz`);
-    returns it. Our recordings are refused: their counters are in the trace already,
-    and queue length is a table (`queue_length()`)."""
+    returns it. A trace that is no JSON event list (our .pftrace recordings: their
+    counters are in the trace already, and queue length is a table) is refused."""
     import gzip
     import json
 
     from neuron_explorer.common.errors import NeuronExplorerError
 
-    if trace.source_format not in ("kineto_json", "chrome_json") or not trace.path:
-        raise NeuronExplorerError(
-            f"{trace.path or 'this trace'} is not a PyTorch-profiler JSON trace: only those get "
-            "HTA's counters-augmented copy (queue length and copy bandwidth are tables here: "
-            "trace.queue_length(), trace.copy_bandwidth())")
+    refused = NeuronExplorerError(
+        f"{trace.path or 'this trace'} is not a PyTorch-profiler JSON trace: only those get "
+        "HTA's counters-augmented copy (queue length and copy bandwidth are tables here: "
+        "trace.queue_length(), trace.copy_bandwidth())")
+    if not trace.path:
+        raise refused
     with open(trace.path, "rb") as f:
         data = f.read()
-    raw = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
-    events = raw["traceEvents"] if isinstance(raw, dict) else raw
+    try:  # the file itself says what it is (a .pftrace is no JSON)
+        raw = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    except (ValueError, OSError):
+        raise refused from None
+    events = raw.get("traceEvents") if isinstance(raw, dict) else raw
+    if not isinstance(events, list):
+        raise refused
     tracks = trace.tracks.set_index("track_id")
     added = []
     for (stream, track), part in trace.queue_length(hta_window).groupby(
