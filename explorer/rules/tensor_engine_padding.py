@@ -43,6 +43,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     ops = trace.ops.set_index("id") if len(trace.ops) else None
     items, shapes_seen = [], []
+    recoverable = 0.0
     order = np.argsort(-(busy * w))
     for i in order.tolist():
         r = pk.iloc[i]
@@ -51,21 +52,37 @@ def check(trace: Trace) -> list[Finding]:
             shapes = str(ops.at[r["op_slice_id"], "shapes"])
         if shapes and shapes not in shapes_seen:
             shapes_seen.append(shapes)
+        if _past_a_multiple(odd_dims(shapes)):
+            recoverable += float(busy[i] * w[i])
         items.append(evidence(r["ts"], r["dur"], [r["id"]],
                               f"{r['name']}: {w[i]:.0%} of executed FLOPs are padding"
                               + (f" (shapes {shapes}, odd dims {odd_dims(shapes)})" if shapes
                                  else "")))
     dims = sorted({d for s in shapes_seen for d in odd_dims(s)})
-    saving = device_saving(trace, lost)
+    saving = device_saving(trace, recoverable)
     return [make(
         trace, RULE_ID, "Tensor Engine runs padded tiles (dims not multiples of 128)",
         saving.time_lost_ns,
         items,
         f"{int(padded.sum())} matmul kernels execute at least {th.TE_PADDING_MIN_WASTE:.0%} more "
         "FLOPs than the model needs: the 128x128 array pads partial tiles"
-        + (f"; dims {dims[:8]} are not multiples of 128" if dims else "") + "."
-        + saving.note,
-        "Choose hidden sizes, head dims and batch x sequence products that are multiples of 128 "
-        "(pad the vocabulary or features up to the next multiple of 128 once, in the model), so "
-        "every tile fills the array.", symptom_ns=lost, saving_basis=saving.basis,
+        + (f"; dims {dims[:8]} are not multiples of 128" if dims else "") + ". A partial "
+        "tile takes as long as a full one: only a dim just past a multiple of 128 (130, 200) "
+        "costs time it could save, at the multiple below; a dim under 128 is one tile at any "
+        "size, so filling it up is work for free, not time saved"
+        + ("" if recoverable else " (all of them here: nothing to save in step time)")
+        + "." + saving.note,
+        "Where a dim is just past a multiple of 128, the multiple below (128 rather than 130) "
+        "saves its extra tiles. Dims under 128 cost a whole tile anyway: a batch x sequence, "
+        "hidden size or head dim raised to 128 does more work in the same time (padding a "
+        "vocabulary or feature count up to a multiple of 128 costs nothing).",
+        symptom_ns=lost, saving_basis=saving.basis
+        + ("; only the kernels with a dim past a multiple of 128 count: padding up "
+           "saves no time" if recoverable < lost else ""),
         after=saving.after)]
+
+
+def _past_a_multiple(dims: list[int]) -> bool:
+    """Whether a dim is above 128 and off its multiples: its last partial tile is time a
+    slightly smaller dim would save (a dim under 128 is one tile at any size)."""
+    return any(d > th.TE_TILE for d in dims)
