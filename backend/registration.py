@@ -122,17 +122,11 @@ def _wrap_dataloader_pin_memory() -> None:
 
 
 def hide_from_dynamo() -> None:
-    """Stop dynamo from tracing into the device's Python callbacks (call before compiling)."""
-    from neuron_explorer.backend import device_module
-    from torch._dynamo.eval_frame import skip_code
+    """Stop Dynamo from compiling the device's Python code, the kernels it reaches from C++
+    and all they call (again for modules loaded since; see compiler/dynamo_skip.py)."""
+    from neuron_explorer.backend.compiler.dynamo_skip import skip_backend_frames
 
-    for obj in (_Hooks, _Guard):
-        for value in vars(obj).values():
-            if callable(value) and hasattr(value, "__code__"):
-                skip_code(value.__code__)
-    for value in vars(device_module).values():
-        if callable(value) and hasattr(value, "__code__"):
-            skip_code(value.__code__)
+    skip_backend_frames()
 
 
 def register() -> None:
@@ -184,3 +178,7 @@ def register() -> None:
     from neuron_explorer.backend.distributed import register as register_distributed
 
     register_distributed(device_module)
+
+    # Under torch.compile (any backend), a compiled function's code outside its graphs
+    # reaches the kernels above: Dynamo must run them, and all they call, as they are.
+    hide_from_dynamo()

@@ -41,6 +41,7 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[object], **kwarg
     from torch._dynamo.backends.common import aot_autograd
 
     compile_events.recorder.install()
+    _hide_device_from_dynamo()  # the backend modules loaded since the last compile
     compile_id = _current_compile_id()
     source = compile_events.source_of_graph(gm) or compile_events.compiling_code_location()
     compile_events.recorder.note_graph_source(compile_id, source)
