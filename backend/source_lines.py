@@ -61,6 +61,11 @@ class SourceLocator:
         self._is_internal[filename] = internal
         return internal
 
+    def is_internal(self, filename: str) -> bool:
+        """Whether a file is torch's, this project's or the stdlib's (not the user's)."""
+        internal = self._is_internal.get(filename)
+        return self._classify(filename) if internal is None else internal
+
     def user_frame(self, frame: FrameType | None) -> FrameType | None:
         """The first frame from `frame` outward that is outside torch, this project and
         the stdlib (`locate` is the same walk, inlined for the per-op path)."""

@@ -13,19 +13,32 @@ import os
 import re
 import sys
 import threading
+import traceback
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.events import CompileEvent, hub
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.source_lines import SourceLocator
 
 # "Failed to trace builtin operator\n  Explanation: ...\n  Hint: ..." -> its parts.
 _EXPLANATION = re.compile(r"^\s*Explanation:\s*(.*)$", re.MULTILINE)
 _HINT = re.compile(r"^\s*Hint:\s*(.*)$", re.MULTILINE)
 # 'File "/path/train.py", line 42, in forward' in an FX node's stack trace.
 _STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+# A branch on a tensor's value in the frame Dynamo compiles: its compile reason names
+# only the bytecode ("generic_jump TensorVariable()"); these are the words Dynamo's own
+# graph-break message gives it (they come with the reason when the branch is in a
+# function it inlined).
+_JUMP = "generic_jump"
+_JUMP_REASON = ("Data-dependent branching: Detected data-dependent branching (e.g. `if "
+                "my_tensor.sum() > 0:`). Dynamo does not support tracing dynamic control flow.")
+_JUMP_HINT = "Use `torch.cond` to express dynamic control flow."
 
 
 def emit(kind: str, name: str, start_ns: int, end_ns: int | None = None, **args: object) -> None:
@@ -49,6 +62,8 @@ def summarize_break_reason(text: str) -> tuple[str, str]:
     """Dynamo's multi-line graph-break text -> (one-line reason, first hint)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     head = lines[0] if lines else "unknown"
+    if head.startswith(_JUMP):
+        return _JUMP_REASON, _JUMP_HINT
     explanation = _EXPLANATION.search(text)
     reason = f"{head}: {explanation.group(1)}" if explanation else head
     hint = _HINT.search(text)
@@ -99,6 +114,19 @@ def _calling_user_line(frame: types.FrameType | None) -> str:
 
     user = SourceLocator().user_frame(frame)
     return f"{user.f_code.co_filename}:{user.f_lineno} in {user.f_code.co_name}" if user else ""
+
+
+def _break_site(stack: list[traceback.FrameSummary] | None, source: str,
+                locator: SourceLocator) -> str:
+    """"file:line in function" of a graph break in the user's code: the innermost frame of
+    its stack in the user's files (a break inside torch or this package, in a function
+    or hook Dynamo inlined, is the user's line that led there); else the source of the
+    frame being compiled, when that is the user's; else ""."""
+    for frame in reversed(stack or ()):
+        if not locator.is_internal(frame.filename):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    path = source.rpartition(":")[0]
+    return source if path and not locator.is_internal(path) else ""
 
 
 class CompileEventRecorder:
@@ -165,12 +193,15 @@ class CompileEventRecorder:
         if guard:
             emit("recompile", f"recompile {compile_id}", start, compile_id=compile_id,
                  reason=str(guard), guard=str(guard), source=source)
+        if not new_breaks:
+            return
+        from neuron_explorer.backend.source_lines import SourceLocator
+
+        locator = SourceLocator()
         for brk in new_breaks:
             reason, hint = summarize_break_reason(brk.reason)
-            frame = brk.user_stack[-1] if brk.user_stack else None
-            where = f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else source
             emit("graph_break", "graph break", end, compile_id=compile_id,
-                 reason=reason, hint=hint, source=where)
+                 reason=reason, hint=hint, source=_break_site(brk.user_stack, source, locator))
 
 
 recorder = CompileEventRecorder()

@@ -1,4 +1,5 @@
-"""A graph break in the user's compiled code: the program runs as it does on the CPU.
+"""A graph break in the user's compiled code: the program runs as it does on the CPU, and
+the recorded break names the user's line and Dynamo's reason, never the tool's own code.
 
 At a break, the compiled function runs the user's `if` on a tensor outside its graphs,
 which reaches the device's kernels from C++ while Dynamo still watches every new frame:
@@ -6,9 +7,19 @@ Dynamo must leave the device's own Python code alone."""
 
 from __future__ import annotations
 
+import os
+
+import neuron_explorer
+import neuron_explorer.backend
+import neuron_explorer.collectors
 import pytest
 import torch
+from neuron_explorer.trace import load
 from torch import nn
+
+_PACKAGE_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (neuron_explorer.backend, neuron_explorer.collectors))
 
 
 def _forward(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -16,6 +27,9 @@ def _forward(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if h.mean() > 0.5:  # a data-dependent branch: Dynamo breaks the graph here
         h = h * 0.5
     return h.sum()
+
+
+_BRANCH_LINE = _forward.__code__.co_firstlineno + 2
 
 
 def _run(device: str, backend: str) -> tuple[list[float], list[torch.Tensor]]:
@@ -44,3 +58,29 @@ def test_a_data_dependent_branch_runs_compiled_on_neuron_as_on_the_cpu() -> None
     for grad, cpu_grad in zip(grads, cpu_grads, strict=True):
         torch.testing.assert_close(grad, cpu_grad, rtol=1e-5, atol=1e-6)
 
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_the_graph_break_finding_names_the_users_line_not_the_tools(tmp_path) -> None:
+    from neuron_explorer.rules import recompilation
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to("neuron")
+    step = torch.compile(lambda x: _forward(lin, x), backend="neuron")
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    path = tmp_path / "break.pftrace"
+    with neuron_explorer.record(path, level="framework", quiet=True):
+        for _ in range(3):
+            step(torch.randn(4, 8, device="neuron")).backward()
+            opt.step()
+            opt.zero_grad()
+    trace = load(str(path))
+    breaks = trace.compile_summary()["graph_breaks"]
+    # Dynamo breaks the lambda's graph at its call of `_forward`, then `_forward`'s own
+    # graph at the `if`: both at the user's line, for the same reason
+    assert len(breaks) and set(breaks["source"]) == {f"{__file__}:{_BRANCH_LINE} in _forward"}
+    assert all(r.startswith("Data-dependent branching") for r in breaks["reason"]), breaks
+    (finding,) = recompilation.check(trace)
+    text = f"{finding.title} {finding.explanation} {finding.recommendation}"
+    assert f"{__file__}:{_BRANCH_LINE}" in finding.recommendation
+    assert "Data-dependent branching" in finding.explanation
+    assert not any(d in text for d in _PACKAGE_DIRS), text
