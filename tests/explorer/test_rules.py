@@ -147,6 +147,20 @@ def test_memory_bound_ops(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     assert _rule(clean_trace, "memory_bound_ops") == []
 
 
+def test_memory_bound_ops_leaves_host_fallbacks_to_their_rule(tmp_path: Path) -> None:
+    """An op that ran on the host spends its device time on the round trip, not on memory
+    bandwidth: a compiled graph holding an FFT read 33 FLOP/byte and 340 us a step, and
+    28.5 us once the FFT ran on the device."""
+    sc = scenarios.Scenario()
+    for n in range(2):
+        t = sc.step(n)
+        sc.op(t, 500, "graph:1", n + 1, n, kernel=(t + 600, 8000), busy={"dma": 1000},
+              flops=1000, nbytes=1_000_000, fallback=True, instructions=False)
+    trace = _load(sc, tmp_path, "fallback")
+    assert trace.roofline().loc[0, "bound"] == "memory"  # by its intensity alone
+    assert _rule(trace, "memory_bound_ops") == []
+
+
 def test_memory_bound_dma_dominated(tmp_path: Path) -> None:
     sc = scenarios.Scenario()
     sc.step(0)
