@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +20,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "recompilation"
+# a file of the installed package (its reference workloads are user code)
+_INSTALLED = re.compile(r"[/\\](?:site|dist)-packages[/\\]neuron_explorer[/\\](?!workloads)")
 # what its share of time is of: its time lies outside the analysed steps
 SHARE_BASE = "the recorded steps"
 
@@ -23,6 +29,9 @@ SHARE_BASE = "the recorded steps"
 def check(trace: Trace) -> list[Finding]:
     cs = trace.compile_summary()
     breaks = cs["graph_breaks"]
+    # breaks in the tool's own code are none of the user's to fix (traces recorded while
+    # Dynamo still compiled the device's kernels after a break of the user's)
+    breaks = breaks[~breaks["source"].map(_in_the_tool).astype(bool)]
     recompiles = cs["recompiles"]
     # recompiles for each new size of one dimension are shape_recompiles' finding
     per_size = repeated_size_recompiles(trace)["id"]
@@ -69,6 +78,26 @@ def check(trace: Trace) -> list[Finding]:
                  saving_basis="critical path: the compile time on the critical path of the "
                               "steps it ran in (a compile the device hid by running queued "
                               "work saves nothing)" if lost else "")]
+
+
+@functools.cache
+def _tool_folders() -> tuple[str, ...]:
+    """This package's folders, the reference workloads left out (they are user code)."""
+    folders = []
+    for name in ("neuron_explorer", "neuron_explorer.backend", "neuron_explorer.collectors",
+                 "neuron_explorer.common", "neuron_explorer.webapp"):
+        spec = importlib.util.find_spec(name)
+        locations = spec.submodule_search_locations if spec is not None else None
+        if locations:
+            folders.append(os.path.join(locations[0], ""))
+    return tuple(folders)
+
+
+def _in_the_tool(source: str) -> bool:
+    """Whether a "file:line in function" lies in this package's code (as installed here,
+    or as an installed `neuron_explorer` package on the machine that recorded it)."""
+    path = source.rpartition(":")[0]
+    return bool(path) and (path.startswith(_tool_folders()) or bool(_INSTALLED.search(path)))
 
 
 def _saving(trace: Trace, spans: pd.DataFrame, steps: np.ndarray) -> float:
