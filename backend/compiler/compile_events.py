@@ -37,7 +37,7 @@ _STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 # function it inlined).
 _JUMP = "generic_jump"
 _JUMP_REASON = ("Data-dependent branching: Detected data-dependent branching (e.g. `if "
-                "my_tensor.sum() > 0:`). Dynamo does not support tracing dynamic control flow.")
+                "my_tensor.sum() > 0:`). Dynamo does not support tracing dynamic control flow")
 _JUMP_HINT = "Use `torch.cond` to express dynamic control flow."
 
 
@@ -59,13 +59,14 @@ def span(kind: str, name: str, args: dict | None = None) -> Iterator[dict]:
 
 
 def summarize_break_reason(text: str) -> tuple[str, str]:
-    """Dynamo's multi-line graph-break text -> (one-line reason, first hint)."""
+    """Dynamo's multi-line graph-break text -> (one-line reason, without a closing period
+    as the findings end it, and first hint)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     head = lines[0] if lines else "unknown"
     if head.startswith(_JUMP):
         return _JUMP_REASON, _JUMP_HINT
     explanation = _EXPLANATION.search(text)
-    reason = f"{head}: {explanation.group(1)}" if explanation else head
+    reason = (f"{head}: {explanation.group(1)}" if explanation else head).removesuffix(".")
     hint = _HINT.search(text)
     return reason, hint.group(1) if hint else ""
 

@@ -91,5 +91,6 @@ def test_the_graph_break_finding_names_the_users_line_not_the_tools(tmp_path) ->
     text = f"{finding.title} {finding.explanation} {finding.recommendation}"
     assert f"{__file__}:{_BRANCH_LINE}" in finding.recommendation
     assert "Data-dependent branching" in finding.explanation
+    assert "flow.." not in finding.explanation  # the finding ends the reasons itself
     assert "perf_counter_ns" not in text
     assert not any(d in text for d in _PACKAGE_DIRS), text
