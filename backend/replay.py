@@ -96,6 +96,7 @@ class HostEvent:
     device: int
     key: OpKey | None = None  # None: a sync point
     removed: bool = False  # a counterfactual: the op as if the program never issued it
+    backward: bool = False  # run by autograd's backward (what autocast casts differs)
 
 
 class HostShift:
@@ -128,6 +129,24 @@ def with_dtype(key: OpKey, dtype: str | None) -> OpKey:
     ins = tuple((s, operand if d in _FLOATS else d) for s, d in inputs)
     outs = tuple((s, result if d in _FLOATS else d) for s, d in outputs)
     return name, ins, outs, attrs
+
+
+def autocast_casts(key: OpKey, dtype: str | None, backward: bool = False) -> list[OpKey]:
+    """The casts autocast adds around a float32 matmul it runs in `dtype`, as an eager
+    recording under autocast shows them: in the forward each float32 input cast to the
+    operand dtype and each output back to float32 for the float32 ops after it (batch
+    norm, the loss); in the backward the incoming gradient (the first input) cast down
+    and each gradient it makes cast back up to float32 (the inputs autograd saved are
+    already in the lower precision). Each is an `aten::_to_copy` of its own: a kernel
+    and, eagerly, a launch."""
+    if dtype is None or not is_matmul_like(key[0]):
+        return []
+    operand = _DTYPES[dtype][0]
+    _, inputs, outputs, _ = key
+    down = [s for s, d in inputs if d == "float32"][: 1 if backward else None]
+    up = [s for s, d in outputs if d == "float32"]
+    return ([("aten::_to_copy", ((s, "float32"),), ((s, operand),), ()) for s in down]
+            + [("aten::_to_copy", ((s, operand),), ((s, "float32"),), ()) for s in up])
 
 
 def _transfer(attrs: tuple) -> str | None:
@@ -172,11 +191,19 @@ def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: Replay
     if kernel is None:
         return ReplayedOp(ts, 0, fallback=fallback)
     overhead = preset.host_launch_overhead_ns
-    launch = ts + overhead
-    start, end = timeline.schedule(kernel, launch)
-    return ReplayedOp(ts, overhead, [ReplayedKernel(kernel, ev.device, launch, start, end,
-                                                    fallback)],
-                      kernel.model_flops, kernel.hbm_bytes, fallback)
+    # in another dtype, autocast's casts run around the matmul, each launched on its own
+    casts = [lower_key(c, preset)[0] for c in autocast_casts(ev.key, options.dtype,
+                                                              ev.backward)]
+    out = ReplayedOp(ts, 0, fallback=fallback)
+    for k in [c for c in casts if c is not None] + [kernel]:
+        launch = ts + out.dur + overhead
+        start, end = timeline.schedule(k, launch)
+        out.kernels.append(ReplayedKernel(k, ev.device, launch, start, end,
+                                          fallback and k is kernel))
+        out.dur += overhead
+        out.flops += k.model_flops
+        out.hbm_bytes += k.hbm_bytes
+    return out
 
 
 def replay(events: Iterable[HostEvent], options: ReplayOptions

@@ -156,11 +156,19 @@ def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
     return predicted
 
 
-def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
+def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray,
+                             casts: bool = True) -> float | None:
     """Device time the matmul op slices `op_ids` would save in bf16, on the recorded
-    preset, from their op keys (each distinct key lowered once); None when the trace has
-    no op keys for them (then rules keep their rule of thumb)."""
-    from neuron_explorer.backend.replay import ReplayOptions, lower_key, with_dtype
+    preset, from their op keys (each distinct key lowered once), less the casts autocast
+    adds around them (`backend.replay.autocast_casts`; `casts=False`: a model cast whole,
+    which pays none); None when the trace has no op keys for them (then rules keep their
+    rule of thumb)."""
+    from neuron_explorer.backend.replay import (
+        ReplayOptions,
+        autocast_casts,
+        lower_key,
+        with_dtype,
+    )
 
     if is_prediction(trace) or not len(op_ids):
         return None
@@ -171,19 +179,24 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray) -> float | None:
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
     dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
     preset = ReplayOptions(trace.hardware or "trn2").preset()
+    backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,)) >= 0
     saved: dict[tuple, float] = {}
     total = 0.0
-    for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(), strict=True):
+    for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(),
+                   backward.tolist(), strict=True):
         if row not in saved:
             try:
-                key = op_key_codec.decode(*row)
+                key = op_key_codec.decode(*row[:4])
             except op_key_codec.OpKeyError:
                 return None  # a damaged key: the rule keeps its rule of thumb
             old, _ = lower_key(key, preset)
             new, _ = lower_key(with_dtype(key, "bf16"), preset)
             if old is None or new is None:
                 return None
-            saved[row] = float(old.duration_ns - new.duration_ns)
+            added = [lower_key(c, preset)[0] for c in autocast_casts(key, "bf16", row[4])
+                     if casts]
+            saved[row] = float(old.duration_ns - new.duration_ns
+                               - sum(c.duration_ns for c in added if c is not None))
         total += saved[row]
     return total
 

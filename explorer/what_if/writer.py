@@ -60,9 +60,10 @@ def host_events(trace: Trace, ops: pd.DataFrame):
                       "dur": syncs["dur"].to_numpy(), "device": sync_dev,
                       "key": np.full(len(syncs), None, dtype=object)}),
     ], ignore_index=True).sort_values(["ts", "id"], kind="stable", ignore_index=True)
-    events = [HostEvent(int(t), int(d), int(v), k) for t, d, v, k in
+    backward = tables.ancestor_of_kind(trace, rows["id"].to_numpy(), (tf.CAT_BACKWARD,)) >= 0
+    events = [HostEvent(int(t), int(d), int(v), k, backward=bool(b)) for t, d, v, k, b in
               zip(rows["ts"].tolist(), rows["dur"].tolist(), rows["device"].tolist(),
-                  rows["key"].tolist(), strict=True)]
+                  rows["key"].tolist(), backward.tolist(), strict=True)]
     return rows, events
 
 

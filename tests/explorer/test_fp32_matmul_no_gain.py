@@ -39,11 +39,12 @@ def test_no_finding_when_the_bf16_replay_saves_nothing(tmp_path: Path) -> None:
 
 
 def test_matmuls_that_gain_from_bf16_are_still_flagged(tmp_path: Path) -> None:
-    """[128, 128] @ [128, 1024]: the replay predicts bf16 saves about a fifth of the matmuls'
-    device time. (A [64, 64] @ [64, 1024] product gained 2%: its time is the transfers'
-    fixed cost, descriptor generation and trigger to first byte, which bf16 does not
-    shorten.)"""
-    trace = _record(tmp_path, inner=1024, rows=128)
+    """[1024, 1024] @ [1024, 1024]: the replay predicts bf16 saves about a fifth of the
+    matmuls' device time, autocast's casts of both inputs and the output included. (A
+    [128, 128] @ [128, 1024] product gains 24% at the BF16 rate but its three casts cost
+    twice its time: autocast makes it slower. A [64, 64] @ [64, 1024] product gained 2%:
+    its time is the transfers' fixed cost, which bf16 does not shorten.)"""
+    trace = _record(tmp_path, inner=1024, rows=1024)
     findings = _fp32_findings(trace)
     assert len(findings) == 1 and findings[0].time_lost_ns > 0
     assert "predicts" in findings[0].explanation

@@ -1,0 +1,48 @@
+"""`fp32_matmul` and `whatif --dtype bf16` against an eager CNN recorded again under bf16
+autocast: the casts autocast adds (627 us a step on the audited CNN) outweigh what its
+convolutions gain, so the replay predicts the autocast run's device time and the rule
+gives no advice that would make the run slower."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+from neuron_explorer import load
+from neuron_explorer.analyses.phases import in_analysed_work
+from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).parent / "programs" / "small_cnn_bn.py"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("fp32_autocast")
+    out = {}
+    for mode, extra in (("fp32", []), ("bf16", ["--bf16"])):
+        path = folder / f"{mode}.pftrace"
+        run_cli("record", "-o", str(path), "--", "python", str(PROGRAM), *extra, cwd=folder)
+        out[mode] = load(path)
+    return out
+
+
+def _device_per_step(trace) -> float:
+    steps = in_analysed_steps(trace, trace.steps)
+    return float(in_analysed_work(trace, trace.kernels)["dur"].sum()) / len(steps)
+
+
+def test_the_bf16_replay_predicts_the_autocast_runs_device_time(recorded, tmp_path) -> None:
+    from neuron_explorer.what_if.replay import whatif
+
+    predicted = whatif(recorded["fp32"], dtype="bf16", output=tmp_path / "bf16.pftrace")
+    measured = _device_per_step(recorded["bf16"])
+    assert abs(_device_per_step(predicted) / measured - 1) < 0.05
+    assert measured > _device_per_step(recorded["fp32"])  # autocast made it slower
+
+
+def test_no_fp32_advice_where_autocast_makes_the_device_slower(recorded) -> None:
+    from neuron_explorer.rules import fp32_matmul
+
+    assert fp32_matmul.check(recorded["fp32"]) == []
