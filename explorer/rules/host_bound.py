@@ -76,8 +76,8 @@ def device_saving(trace: Trace, device_ns: float) -> DeviceSaving:
                                            "length, so device time saved is step time saved")
     return DeviceSaving(
         saved, "",
-        f" The host's own work sets most of each step: {us(device_ns)} less device time "
-        f"shortens the steps by {us(saved)} only, down to the time the host needs anyway.",
+        f" {us(device_ns)} less device time shortens the steps by {us(saved)} only: past "
+        "that, the host's own work sets their length.",
         "critical path: the steps shorten only down to the host's own time (the device's "
         "lead over the host, and the host's waits on it, are what it can save)")
 
