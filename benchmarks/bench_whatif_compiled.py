@@ -6,8 +6,9 @@ BatchNorm, and an inference loop (a transformer's forward under no_grad).
 
     python benchmarks/bench_whatif_compiled.py [--rounds 3] [--steps 8]
 
-The MLP and the transformer (fp32) set `whatif_compiled.COMPILED_CALL_HOST_NS`; the other
-three are not used for it. Prints each round's error and the spread per workload.
+`what_if.compiled.COMPILED_CALL_HOST_NS` and its per-input part are fitted on compiled
+MLPs (docs/whatif.md); these workloads check them. Prints each round's error and the
+spread per workload.
 """
 
 from __future__ import annotations
