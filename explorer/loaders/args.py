@@ -97,16 +97,28 @@ def categorical(codes: np.ndarray, values: Any) -> pd.Categorical:
     whose categories are the distinct values used, in lexical order: a column built from the
     same strings has the same categories however the loader coded them (a fresh load and
     the trace cache's Parquet agree), and sorting it sorts by the text. No Python string
-    is made per row: the codes are remapped through the distinct values."""
+    is made per row: the codes are remapped through the distinct values, sorted in Arrow
+    (UTF-8 bytes: the order of code points, as Python's)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     codes = np.asarray(codes, np.int64)
-    values = list(values)
-    used = np.bincount(codes + 1, minlength=len(values) + 1)[1:] > 0  # code -1: slot 0
-    kept = sorted({v for v, u in zip(values, used.tolist(), strict=True) if u and v is not None})
-    rank = {v: i for i, v in enumerate(kept)}
-    remap = np.array([rank.get(v, -1) if v is not None else -1 for v in values] + [-1],
-                     np.int64)  # the last slot: code -1 stays missing
-    dtype = pd.CategoricalDtype(pd.Index(kept, dtype=STR), ordered=False)
-    return pd.Categorical.from_codes(remap[codes], dtype=dtype)
+    strings = pa.array(values if isinstance(values, list) else list(values), pa.large_string())
+    used = np.bincount(codes + 1, minlength=len(strings) + 1)[1:] > 0  # code -1: slot 0
+    if strings.null_count:
+        used &= np.asarray(strings.is_valid())
+    candidates = np.flatnonzero(used)
+    chosen = strings.take(candidates)
+    order = np.asarray(pc.array_sort_indices(chosen), np.int64)
+    ordered = chosen.take(order)
+    first = np.ones(len(ordered), bool)  # the first of each run of equal strings
+    if len(ordered) > 1:
+        first[1:] = np.asarray(pc.not_equal(ordered[1:], ordered[:-1]))
+    remap = np.full(len(strings) + 1, -1, np.int64)  # the last slot: code -1 stays missing
+    remap[candidates[order]] = np.cumsum(first) - 1
+    kept = pd.Index(pd.array(ordered.filter(pa.array(first)), dtype=STR))
+    return pd.Categorical.from_codes(remap[codes],
+                                     dtype=pd.CategoricalDtype(kept, ordered=False))
 
 
 def categorical_of(values: Any) -> pd.Categorical:
