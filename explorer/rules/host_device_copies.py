@@ -21,7 +21,7 @@ from neuron_explorer.rules.finding import (
     top,
     us,
 )
-from neuron_explorer.tables import map_unique, text
+from neuron_explorer.tables import assign_steps, map_unique, text
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -42,7 +42,7 @@ def copies(trace: Trace) -> pd.DataFrame:
         crossing = map_unique(k["name"], lambda n: bool(CROSSING.search(str(n))), bool)
         dtod = map_unique(k["name"], lambda n: "dtod" in str(n).lower(), bool)
         kc = k[((k["kind"].to_numpy() == "memcpy") | crossing) & ~dtod]
-        parts.append(kc[["ts", "dur", "id", "step", "name"]])
+        parts.append(kc[["ts", "dur", "id", "step", "name"]].assign(step=_issued_in(trace, kc)))
     ops = trace.ops
     if len(ops) and not trace.metadata.get(tf.META_HOST_OPS):
         # An op that launched a kernel is judged by its kernel above (a dtype cast on the
@@ -58,6 +58,23 @@ def copies(trace: Trace) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=["ts", "dur", "id", "step", "name"])
     return pd.concat(parts, ignore_index=True)
+
+
+def _issued_in(trace: Trace, kc: pd.DataFrame) -> np.ndarray:
+    """The step of each transfer kernel: the one recorded, but none where the op that
+    issued it ran outside every step. Device work issued before the first step began
+    carries step 0: the setup before the loop (model.to(device), the first batch's upload)
+    would count as the first step's copies, where the host's ops (`trace.ops`) are in no
+    step, and a run with eval passes left it out (step 0's training part starts after it)."""
+    step = kc["step"].to_numpy(np.int64).copy()
+    op = kc["op_slice_id"].to_numpy(np.int64)
+    if not len(trace.steps) or not (op >= 0).any():
+        return step
+    issued = trace.table("slices")["ts"].to_numpy(np.int64)[op[op >= 0]]
+    outside = np.zeros(len(step), bool)
+    outside[op >= 0] = assign_steps(issued, trace.steps) < 0
+    step[outside] = -1
+    return step
 
 
 def copy_ops(trace: Trace, c: pd.DataFrame) -> np.ndarray:
