@@ -92,7 +92,7 @@ def device_busy_ns(trace: Trace) -> float:
     return float(Union(ts, ts + kernels["dur"].to_numpy(np.int64)).total)
 
 
-def device_time_saving(trace: Trace, device_ns: float) -> float:
+def device_time_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) -> float:
     """What the analysed steps would save if the device needed `device_ns` less time.
 
     A step ends when both its host and its device are done: the host's own work H (the
@@ -103,6 +103,8 @@ def device_time_saving(trace: Trace, device_ns: float) -> float:
     pace measures it, `device_pace`, its idle between kernels included). Making the
     device faster by X saves min(X, W + max(D - S, 0)): nothing on a host-bound run, X on
     one the device sets, and only the part above the host's own time between the two.
+    A fix that also adds host work H (autocast's casts, each an op to launch) saves
+    min(X, W + max(D - S, 0) - H): the host's own time grows by H.
 
     Only where the host's time is measured whole (our recordings: every interval of the
     host is its work or a wait the recorder marks). A PyTorch-profiler trace does not mark
@@ -122,7 +124,7 @@ def device_time_saving(trace: Trace, device_ns: float) -> float:
     # the lag, also as the device's pace measures it (its idle between kernels included)
     lag = max(busy, total_step_ns(trace)) - steps
     waits = float(host_waits_per_step(trace).sum())
-    return float(min(device_ns, waits + max(lag, 0.0)))
+    return float(min(device_ns, waits + max(lag, 0.0) - host_added_ns))
 
 
 PATH_COLUMNS = ["step", "ts", "dur", "name", "kind", "category", "track", "rank"]

@@ -58,11 +58,11 @@ class DeviceSaving:
     basis: str  # `Finding.saving_basis`
 
 
-def device_saving(trace: Trace, device_ns: float) -> DeviceSaving:
-    """For a rule whose fix saves `device_ns` of device time: on a host-bound run, that
-    time once the host keeps the device fed (after that fix); otherwise the part of it
-    the steps lose (`critical_path.device_time_saving`: a step can only shorten down to
-    its host's own work)."""
+def device_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) -> DeviceSaving:
+    """For a rule whose fix saves `device_ns` of device time (and adds `host_added_ns` of
+    host work): on a host-bound run, that time once the host keeps the device fed (after
+    that fix); otherwise the part of it the steps lose (`critical_path.device_time_saving`:
+    a step can only shorten down to its host's own work, grown by what the fix adds)."""
     if is_host_bound(trace):
         return DeviceSaving(
             device_ns, RULE_ID,
@@ -70,7 +70,15 @@ def device_saving(trace: Trace, device_ns: float) -> DeviceSaving:
             "after you fix the host-bound issue, this is next.",
             "critical path after the host-bound fix: the device time saved, once the host "
             "keeps the device fed")
-    saved = device_time_saving(trace, device_ns)
+    saved = max(device_time_saving(trace, device_ns, host_added_ns), 0.0)
+    if host_added_ns and saved < NEAR_ALL * device_ns:
+        return DeviceSaving(
+            saved, "",
+            f" {us(device_ns)} less device time shortens the steps by {us(saved)} only: the "
+            f"fix also adds {us(host_added_ns)} of host work, and past that the host's own "
+            "work sets their length.",
+            "critical path: the steps shorten only down to the host's own time, grown by the "
+            "host work the fix adds")
     if saved >= NEAR_ALL * device_ns:
         return DeviceSaving(saved, "", "", "critical path: the device sets the steps' "
                                            "length, so device time saved is step time saved")

@@ -170,6 +170,41 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray,
         with_dtype,
     )
 
+    rows = _matmul_keys(trace, op_ids)
+    if rows is None:
+        return None
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    saved: dict[tuple, float] = {}
+    total = 0.0
+    for key, backward in rows:
+        if (key, backward) not in saved:
+            old, _ = lower_key(key, preset)
+            new, _ = lower_key(with_dtype(key, "bf16"), preset)
+            if old is None or new is None:
+                return None
+            added = [lower_key(c, preset)[0] for c in autocast_casts(key, "bf16", backward)
+                     if casts]
+            saved[key, backward] = float(old.duration_ns - new.duration_ns
+                                         - sum(c.duration_ns for c in added if c is not None))
+        total += saved[key, backward]
+    return total
+
+
+def autocast_cast_count(trace: Trace, op_ids: np.ndarray) -> int | None:
+    """How many casts autocast adds around the matmul op slices `op_ids`
+    (`backend.replay.autocast_casts`): each is an op the host launches too. None when
+    the trace has no op keys for them."""
+    from neuron_explorer.backend.replay import autocast_casts
+
+    rows = _matmul_keys(trace, op_ids)
+    if rows is None:
+        return None
+    return sum(len(autocast_casts(key, "bf16", backward)) for key, backward in rows)
+
+
+def _matmul_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
+    """(op key, in the backward) per op slice of `op_ids`; None where a key is missing or
+    damaged, or the trace is a prediction."""
     if is_prediction(trace) or not len(op_ids):
         return None
     keys = trace.slice_args.column(tf.ARG_OP_KEY, op_ids)
@@ -178,27 +213,15 @@ def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray,
     names = trace.table("slices")["name"].to_numpy()[op_ids]
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
     dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
-    preset = ReplayOptions(trace.hardware or "trn2").preset()
     backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,)) >= 0
-    saved: dict[tuple, float] = {}
-    total = 0.0
+    rows = []
     for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(),
                    backward.tolist(), strict=True):
-        if row not in saved:
-            try:
-                key = op_key_codec.decode(*row[:4])
-            except op_key_codec.OpKeyError:
-                return None  # a damaged key: the rule keeps its rule of thumb
-            old, _ = lower_key(key, preset)
-            new, _ = lower_key(with_dtype(key, "bf16"), preset)
-            if old is None or new is None:
-                return None
-            added = [lower_key(c, preset)[0] for c in autocast_casts(key, "bf16", row[4])
-                     if casts]
-            saved[row] = float(old.duration_ns - new.duration_ns
-                               - sum(c.duration_ns for c in added if c is not None))
-        total += saved[row]
-    return total
+        try:
+            rows.append((op_key_codec.decode(*row[:4]), row[4]))
+        except op_key_codec.OpKeyError:
+            return None  # a damaged key: the rule keeps its rule of thumb
+    return rows
 
 
 # A rule's compiled prediction gives up past this many dependencies in one program: the

@@ -11,7 +11,7 @@ from neuron_explorer.rules import host_bound
 def test_a_capped_saving_says_where_it_stops_not_that_the_host_sets_the_step(
         monkeypatch) -> None:
     monkeypatch.setattr(host_bound, "is_host_bound", lambda trace: False)
-    monkeypatch.setattr(host_bound, "device_time_saving", lambda trace, ns: min(ns, 21_710_000))
+    monkeypatch.setattr(host_bound, "device_time_saving", lambda trace, ns, *_: min(ns, 21_710_000))
     capped = host_bound.device_saving(object(), 30_000_000)
     assert capped.time_lost_ns == 21_710_000
     assert "sets most of each step" not in capped.note

@@ -43,8 +43,11 @@ def test_matmuls_that_gain_from_bf16_are_still_flagged(tmp_path: Path) -> None:
     matmuls' device time, autocast's casts of both inputs and the output included. (A
     [128, 128] @ [128, 1024] product gains 24% at the BF16 rate but its three casts cost
     twice its time: autocast makes it slower. A [64, 64] @ [64, 1024] product gained 2%:
-    its time is the transfers' fixed cost, which bf16 does not shorten.)"""
+    its time is the transfers' fixed cost, which bf16 does not shorten.) But each cast is
+    also an op the host launches: in this loop, which reads a result every matmul, the
+    host's casts outweigh the device's gain (recorded under autocast: 5.6 ms a step
+    before, 9.1 ms after), so the finding saves no step time and says why."""
     trace = _record(tmp_path, inner=1024, rows=1024)
     findings = _fp32_findings(trace)
-    assert len(findings) == 1 and findings[0].time_lost_ns > 0
-    assert "predicts" in findings[0].explanation
+    assert len(findings) == 1 and "predicts" in findings[0].explanation
+    assert findings[0].time_lost_ns == 0 and "of host work" in findings[0].explanation
