@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.phases import split_phases
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.memo import memoised
 
@@ -35,7 +36,10 @@ def device_intervals(trace: Trace) -> pd.Series:
     windows = step_windows(trace)
     steps = windows["step"].astype(np.int64)
     kernels = trace.kernels
-    if not len(windows) or not len(kernels) or int(steps.iloc[0]) < 0:
+    # a run that also evaluates: its training windows leave the eval passes out, the
+    # ends of the steps' device work do not (those steps are timed by their windows)
+    if (not len(windows) or not len(kernels) or int(steps.iloc[0]) < 0
+            or split_phases(trace)):
         return pd.Series(np.nan, index=windows.index)
     ends = _device_ends(trace)
     mine = ends.reindex(steps.to_numpy()).to_numpy(np.float64)
