@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import torch  # noqa: F401  (first, as programs do: torch then loads the backend whole)
 from neuron_explorer.backend import devices
 from neuron_explorer.workloads.training import make_model, train
 
