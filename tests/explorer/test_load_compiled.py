@@ -111,6 +111,8 @@ def test_the_compiled_walk_starts_only_where_it_pays(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(wire_scan, "COMPILED_MIN", 10)
     monkeypatch.setattr(wire_scan, "COMPILED_FIRST_BYTES", 1000)
     monkeypatch.setattr(wire_scan, "_compiled_warm", False)
+    # as in a new process: a large load earlier in this one asked for the compiled walk
+    monkeypatch.setattr(wire_scan, "_compiled_wanted", False)
 
     def spans(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         starts = np.arange(n, dtype=np.int64) * size

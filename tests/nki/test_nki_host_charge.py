@@ -14,6 +14,7 @@ import pytest
 import torch
 from neuron_explorer import nki
 from neuron_explorer.backend.hardware import get_preset
+from neuron_explorer.nki import launch as nki_launch
 
 # an example kernel over many row tiles, so that its simulation takes milliseconds
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "nki"))
@@ -25,6 +26,9 @@ ROWS, WIDTH, CALLS, STEPS = 128 * 24, 256, 3, 4
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")
+    # the kernel's first call compiles, as in a new process: not if another test in this
+    # one already called it at these shapes
+    monkeypatch.setattr(nki_launch, "_compiled", set())
     path = tmp_path / "nki.pftrace"
     with neuron_explorer.record(path, quiet=True):
         x = torch.randn(ROWS, WIDTH).to("neuron")
