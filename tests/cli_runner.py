@@ -24,3 +24,15 @@ def run_cli(*args: str, cwd: Path, modelled: bool = False, env: dict | None = No
                           timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
+
+
+def record_variants(folder: Path, program: Path,
+                    variants: dict[str, list[str]]) -> dict[str, Path]:
+    """`neuron-explorer record -- python PROGRAM ARGS` once per variant (name -> ARGS), each
+    into `folder/<name>.pftrace`: a script as it is and with a fix applied, for instance."""
+    paths = {}
+    for name, args in variants.items():
+        path = folder / f"{name}.pftrace"
+        run_cli("record", "-o", str(path), "--", "python", str(program), *args, cwd=folder)
+        paths[name] = path
+    return paths

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.steady_state import in_analysed_steps
@@ -19,13 +19,9 @@ PROGRAM = Path(__file__).parent / "programs" / "small_cnn_bn.py"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("fp32_autocast")
-    out = {}
-    for mode, extra in (("fp32", []), ("bf16", ["--bf16"])):
-        path = folder / f"{mode}.pftrace"
-        run_cli("record", "-o", str(path), "--", "python", str(PROGRAM), *extra, cwd=folder)
-        out[mode] = load(path)
-    return out
+    paths = record_variants(tmp_path_factory.mktemp("fp32_autocast"), PROGRAM,
+                            {"fp32": [], "bf16": ["--bf16"]})
+    return {mode: load(path) for mode, path in paths.items()}
 
 
 def _device_per_step(trace) -> float:

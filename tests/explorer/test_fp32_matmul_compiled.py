@@ -9,7 +9,7 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
-from cli_runner import run_cli
+from cli_runner import record_variants, run_cli
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
 
 pytestmark = pytest.mark.slow
@@ -18,13 +18,8 @@ PROGRAM = Path(__file__).parent / "programs" / "compiled_attention_autocast.py"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("compiled_fp32")
-    traces = {}
-    for mode in ("fp32", "bf16"):
-        out = folder / f"{mode}.pftrace"
-        run_cli("record", "-o", str(out), "--", "python", str(PROGRAM), mode, cwd=folder)
-        traces[mode] = out
-    return traces
+    return record_variants(tmp_path_factory.mktemp("compiled_fp32"), PROGRAM,
+                           {"fp32": ["fp32"], "bf16": ["bf16"]})
 
 
 def _fp32_finding(path: Path) -> dict | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_runner import run_cli
+from cli_runner import record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 
@@ -20,14 +20,9 @@ PROGRAM = Path(__file__).parent / "programs" / "small_mlp.py"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("compiled_host")
-    out = {}
-    for mode, extra in (("eager", []), ("compiled", ["--compile"])):
-        path = folder / f"{mode}.pftrace"
-        run_cli("record", "-o", str(path), "--", "python", str(PROGRAM), "8", *extra,
-                cwd=folder)
-        out[mode] = load(path)
-    return out
+    paths = record_variants(tmp_path_factory.mktemp("compiled_host"), PROGRAM,
+                            {"eager": ["8"], "compiled": ["8", "--compile"]})
+    return {mode: load(path) for mode, path in paths.items()}
 
 
 def _median_step(trace) -> float:
