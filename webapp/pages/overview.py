@@ -67,7 +67,9 @@ def _breakdown_subtitle(s: dict) -> str:
     """Which steps the mean is over: the warm-up and compile steps are often left out."""
     if not s.get("steps_analysed"):
         return "Time on the device and on the host over the whole trace (it has no steps)"
-    return f"Mean time per step on the device and on the host, over {s.get('steps_analysed_text')}"
+    windows = " (the host's step windows: the device paces the run)" if device_paces(s) else ""
+    return (f"Mean time per step on the device and on the host, over "
+            f"{s.get('steps_analysed_text')}{windows}")
 
 
 def _breakdown(trace: Trace, s: dict) -> html.Div | dcc.Graph:
