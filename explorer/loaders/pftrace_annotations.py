@@ -122,31 +122,36 @@ def _text_codes(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarra
     return coded.indices.to_numpy(zero_copy_only=False).astype(np.int64), values
 
 
+class _KeyNames:
+    """The distinct key names met so far, each with its code (shared by every chunk)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._code_of: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        if name not in self._code_of:
+            self._code_of[name] = len(self.names)
+            self.names.append(name)
+        return self._code_of[name]
+
+
 def _key_codes(state: Any, data: bytes | bytearray, sc: Scan, n: int, ev_seqgen: np.ndarray,
-               ev: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Each annotation's key as a code into a list of distinct key names."""
-    names: list[str] = []
-    code_of: dict[str, int] = {}
-
-    def code(name: str) -> int:
-        if name not in code_of:
-            code_of[name] = len(names)
-            names.append(name)
-        return code_of[name]
-
-    codes = np.full(n, code("?"), np.int32)
+               ev: np.ndarray, keys: _KeyNames) -> np.ndarray:
+    """Each annotation's key as a code into `keys`' names."""
+    codes = np.full(n, keys.code("?"), np.int32)
     m = np.flatnonzero(sc.field[0] == A_NAME_IID)
     if len(m):
-        inverse, keys = interned_keys(ev_seqgen[ev[m]], sc.value[0][m])
+        inverse, pairs = interned_keys(ev_seqgen[ev[m]], sc.value[0][m])
         mapped = []
-        for seqgen, iid in keys:
+        for seqgen, iid in pairs:
             seq, gen = state.pairs[seqgen]
-            mapped.append(code(state.interned.get((seq, gen, "ann"), {}).get(iid, "?")))
+            mapped.append(keys.code(state.interned.get((seq, gen, "ann"), {}).get(iid, "?")))
         codes[m] = np.asarray(mapped, np.int32)[inverse]
     m = np.flatnonzero(sc.field[1] == A_NAME)
     if len(m):
-        codes[m] = [code(t) for t in _texts(data, sc.offset[1][m], sc.value[1][m])]
-    return codes, names
+        codes[m] = [keys.code(t) for t in _texts(data, sc.offset[1][m], sc.value[1][m])]
+    return codes
 
 
 @dataclass
@@ -170,27 +175,57 @@ class Annotations:
         return Annotations(self.ev[mask], self.sid[mask], self.offset[mask], self.length[mask])
 
 
+# Annotations scanned at once: the field scan (a slot per field of every annotation) is
+# the largest transient of decoding the args, so a chunk at a time keeps it small.
+ANNOTATIONS_PER_CHUNK = 1 << 18
+
+
 def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotations,
                        ev_seqgen: np.ndarray, state: Any, n_slices: int,
                        dropped: Callable[[int, int], None] | None = None) -> ColumnArgs:
     """Typed args of the given annotations. Corrupt ones (a broken field, a nested value
     protobuf cannot parse) are left out: `dropped(count, first byte offset)` hears of them."""
-    ev, sid, offset, length = ann.ev, ann.sid, ann.offset, ann.length
-    n = len(ev)
-    bad = None
+    n = len(ann.ev)
+    keys = _KeyNames()
+    codes = np.empty(n, np.int32)
+    kind = np.empty(n, np.int8)
+    ival = np.empty(n, np.int64)
+    fval = np.empty(n, np.float64)
+    scode = np.empty(n, np.int64)  # each row's string: a code into svalues
+    bad = np.zeros(n, bool)
+    svalues: list[Any] = []
+    for lo in range(0, n, ANNOTATIONS_PER_CHUNK):
+        part = slice(lo, min(lo + ANNOTATIONS_PER_CHUNK, n))
+        _decode_chunk(data, buf, ann.ev[part], ann.offset[part], ann.length[part], ev_seqgen,
+                      state, keys, svalues, (codes[part], kind[part], ival[part], fval[part],
+                                             scode[part], bad[part]))
+    sid = ann.sid
+    if bad.any():
+        if dropped is not None:
+            dropped(int(bad.sum()), int(ann.offset[np.flatnonzero(bad)[0]]))
+        keep = ~bad
+        sid, codes, kind, ival, fval, scode = (sid[keep], codes[keep], kind[keep], ival[keep],
+                                               fval[keep], scode[keep])
+    values = np.empty(len(svalues), object)
+    for i, v in enumerate(svalues):  # one by one: a nested list must stay one value
+        values[i] = v
+    return ColumnArgs(sid, codes, keys.names, kind, ival, fval, (scode, values), n_slices)
+
+
+def _decode_chunk(data: bytes | bytearray, buf: np.ndarray, ev: np.ndarray, offset: np.ndarray,
+                  length: np.ndarray, ev_seqgen: np.ndarray, state: Any, keys: _KeyNames,
+                  svalues: list[Any], out: tuple[np.ndarray, ...]) -> None:
+    """Decode one chunk of annotations into `out` (views of the whole columns: key code,
+    kind, int, float, string code, broken); their strings are appended to `svalues`."""
+    codes, kind, ival, fval, scode, bad = out
     try:
         sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2})
     except WireError:  # rare: walk again, marking the broken annotations
-        bad = np.zeros(n, bool)
         sc = scan(buf, offset, offset + length, SLOTS, set(), offsets={1, 2}, bad=bad)
-    codes, names = _key_codes(state, data, sc, n, ev_seqgen, ev)
+    codes[:] = _key_codes(state, data, sc, len(ev), ev_seqgen, ev, keys)
     which = sc.field[2]
     raw = sc.value[2]
-    kind = np.full(n, KIND_OTHER, np.int8)
-    ival = np.zeros(n, np.int64)
-    fval = np.zeros(n, np.float64)
-    scode = np.full(n, -1, np.int64)  # each row's string: a code into svalues
-    svalues: list[Any] = []
+    kind[:], ival[:], fval[:], scode[:] = KIND_OTHER, 0, 0.0, -1
 
     def put(rows: np.ndarray, codes: np.ndarray, values: Any) -> None:
         scode[rows] = np.asarray(codes, np.int64) + len(svalues)
@@ -216,18 +251,7 @@ def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotation
         try:
             value = _nested_value(data[start:start + int(length[i])])
         except _Unreadable:
-            bad = np.zeros(n, bool) if bad is None else bad
             bad[i] = True
         else:
             scode[i] = len(svalues)
             svalues.append(value)
-    if bad is not None and bad.any():
-        if dropped is not None:
-            dropped(int(bad.sum()), int(offset[np.flatnonzero(bad)[0]]))
-        keep = ~bad
-        sid, codes, kind, ival, fval, scode = (sid[keep], codes[keep], kind[keep], ival[keep],
-                                               fval[keep], scode[keep])
-    values = np.empty(len(svalues), object)
-    for i, v in enumerate(svalues):  # one by one: a nested list must stay one value
-        values[i] = v
-    return ColumnArgs(sid, codes, names, kind, ival, fval, (scode, values), n_slices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import neuron_explorer
@@ -265,20 +266,47 @@ def test_interned_names_follow_sequence_and_generation(tmp_path: Path,
 SAMPLES = Path(__file__).parents[2] / "sample_traces"
 
 
-@pytest.mark.parametrize("name", ["nki_kernels.pftrace", "gpt_compiled.pftrace"])
-def test_events_scanned_a_few_at_a_time_give_the_same_trace(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The events' fields are scanned a chunk at a time (bounded memory on large traces):
-    with chunks of 7 events, names interned in one chunk and used in another, slices
-    begun in one and ended in another, args, flows and counters come out the same."""
-    from neuron_explorer.loaders import pftrace
+def _by_slice(args: pd.DataFrame) -> pd.DataFrame:
+    return args.sort_values("slice_id", kind="stable").reset_index(drop=True)
 
-    path = SAMPLES / name
-    whole = neuron_explorer.load(path, cache=False)
+
+CORRUPT_ANNOTATION = Path(__file__).parents[1] / "data" / "fuzz_corpus" / \
+    "corrupt_annotation.pftrace"
+
+
+@pytest.mark.parametrize("path", [SAMPLES / "nki_kernels.pftrace",
+                                  SAMPLES / "gpt_compiled.pftrace", CORRUPT_ANNOTATION],
+                         ids=lambda p: p.name)
+def test_events_scanned_a_few_at_a_time_give_the_same_trace(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events' and the debug annotations' fields are scanned a chunk at a time
+    (bounded memory on large traces): with chunks of 7 events and 5 annotations, names
+    interned in one chunk and used in another, slices begun in one and ended in another,
+    args (corrupt ones left out, and said so, the same), flows and counters come out the
+    same."""
+    from neuron_explorer.loaders import pftrace, pftrace_annotations
+
+    def loaded() -> tuple[neuron_explorer.Trace, list[str]]:
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            trace = neuron_explorer.load(path, cache=False)
+            trace.table("args")  # decoded on first use: its warnings are heard here
+        return trace, [str(w.message) for w in heard]
+
+    whole, whole_heard = loaded()
     monkeypatch.setattr(pftrace, "EVENTS_PER_CHUNK", 7)
-    chunked = neuron_explorer.load(path, cache=False)
+    monkeypatch.setattr(pftrace_annotations, "ANNOTATIONS_PER_CHUNK", 5)
+    chunked, chunked_heard = loaded()
     for table in ("slices", "tracks", "counters", "flows"):
         pd.testing.assert_frame_equal(whole.table(table), chunked.table(table), obj=table)
-    assert len(whole.counters) and len(whole.flows)
+    # the args' rows come a chunk of events at a time: the same rows, each slice's in order
+    pd.testing.assert_frame_equal(_by_slice(whole.table("args")),
+                                  _by_slice(chunked.table("args")), obj="args")
+    assert len(whole.table("args")) > 5
     assert whole.slice_args.dicts() == chunked.slice_args.dicts()
     assert whole.metadata == chunked.metadata and whole.skipped == chunked.skipped
+    assert whole_heard == chunked_heard
+    if path == CORRUPT_ANNOTATION:
+        assert whole.skipped.get("corrupt debug annotation")
+    else:
+        assert len(whole.counters) and len(whole.flows)
