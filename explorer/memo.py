@@ -8,7 +8,7 @@ from dataclasses import is_dataclass
 from typing import Any, TypeVar
 
 import pandas as pd
-from neuron_explorer.loaders.huge_pages import small_pages
+from neuron_explorer.loaders.build_memory import building
 
 T = TypeVar("T")
 
@@ -19,7 +19,7 @@ def memoised(owner: Any, key: str, compute: Callable[[], T]) -> T:
     inplace=True)` once emptied every later `t.op_stats()`)."""
     memo = owner.__dict__.setdefault("_memo", {})
     if key not in memo:
-        with small_pages():  # analyses, like loads, make many short-lived arrays
+        with building():  # analyses, like loads, make many short-lived arrays
             memo[key] = compute()
     return _copy(memo[key])
 

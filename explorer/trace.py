@@ -21,7 +21,7 @@ from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.loaders import read_trace
 from neuron_explorer.loaders.args import SliceArgs, tidy_categoricals
-from neuron_explorer.loaders.huge_pages import small_pages
+from neuron_explorer.loaders.build_memory import building
 from neuron_explorer.loaders.raw import RawTrace
 from neuron_explorer.memo import memoised
 
@@ -69,7 +69,9 @@ def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.Path
     from neuron_explorer.store import cache as trace_cache
 
     root = trace_cache.cache_root() if cache is not False else None
-    with steps(1, f"loading {os.path.basename(path)}", progress, unit="trace") as bar:
+    # one build: the memory the parse and the cache's writing free goes back at its end
+    with steps(1, f"loading {os.path.basename(path)}", progress, unit="trace") as bar, \
+            building():
         if root is None:
             trace = Trace(read_trace(path, max_bytes=max_bytes))
         else:
@@ -182,7 +184,7 @@ class Trace:
             frame = store.read_table(name)
             if frame is not None:
                 return frame
-        with small_pages():
+        with building():
             # text columns taken from the slices stay categorical: with the categories a
             # read of the stored table gives (those used, in lexical order)
             frame = tidy_categoricals(DERIVED[name](self))

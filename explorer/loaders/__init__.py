@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from neuron_explorer.common.errors import TraceFormatError
-from neuron_explorer.loaders.huge_pages import small_pages
+from neuron_explorer.loaders.build_memory import building
 from neuron_explorer.loaders.inflate import (
     ENV_MAX_BYTES,
     GZIP_MAGIC,
@@ -26,7 +26,7 @@ def read_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> RawT
     `max_bytes` caps the trace data read (after decompression); see `inflate`.
     """
     limit = configured_max_bytes(max_bytes)
-    with small_pages():  # a load makes many large short-lived arrays
+    with building():  # a load makes many large short-lived arrays
         return _read(os.fspath(path), limit)
 
 

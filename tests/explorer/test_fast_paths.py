@@ -1,12 +1,16 @@
 """The fast paths give the answers of the plain ones: typed arg columns, per-distinct-value
-maps, factorised kinds, evidence picked before it is built, small pages while loading."""
+maps, factorised kinds, evidence picked before it is built, small pages while loading and
+freed memory given back after."""
 
 from __future__ import annotations
+
+import os
 
 import neuron_explorer
 import numpy as np
 import pandas as pd
 import pytest
+from neuron_explorer.loaders import build_memory
 from neuron_explorer.loaders.args import (
     KIND_BOOL,
     KIND_FLOAT,
@@ -16,7 +20,7 @@ from neuron_explorer.loaders.args import (
     DictArgs,
     SliceArgs,
 )
-from neuron_explorer.loaders.huge_pages import _switch, small_pages
+from neuron_explorer.loaders.build_memory import _switch, building
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import top
 from neuron_explorer.tables import flag, kind_mask, map_unique, text
@@ -109,15 +113,47 @@ def test_top_keeps_the_rows_a_full_sort_would() -> None:
 
 
 @pytest.mark.skipif(_switch() is None, reason="this numpy has no huge-page switch")
-def test_small_pages_restores_the_setting() -> None:
+def test_building_restores_the_page_setting() -> None:
     switch = _switch()
     before = switch(True)
     try:
-        with small_pages():
+        with building():
             assert switch(False) is False  # off inside
         assert switch(True) is True  # back on after
-        with pytest.raises(RuntimeError), small_pages():
+        with pytest.raises(RuntimeError), building():
             raise RuntimeError("boom")
         assert switch(True) is True
     finally:
         switch(before)
+
+
+def test_the_outermost_build_gives_freed_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load's parse, its cache writing and each analysis are builds, nested; the heap's
+    free pages go back to the system once, as the outermost ends (also when it raises)."""
+    given: list[int] = []
+    monkeypatch.setattr(build_memory, "give_back_freed_memory", lambda: given.append(1))
+    with building():
+        with building():
+            pass
+        assert given == []
+    assert given == [1]
+    with pytest.raises(RuntimeError), building():
+        raise RuntimeError("boom")
+    assert given == [1, 1]
+
+
+@pytest.mark.skipif(build_memory._malloc_trim() is None, reason="not glibc")
+def test_freed_heap_memory_goes_back_to_the_system() -> None:
+    """Arrays below glibc's mmap threshold live in the heap; freed, their pages stay
+    resident until trimmed."""
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    with building():
+        arrays = [np.ones(8_000, np.float64) for _ in range(8_000)]  # 64 KiB each: heap
+        kept = arrays[-1]  # the heap's top stays in use: only a trim can give the rest back
+        del arrays
+        held = resident()
+    assert held - resident() > 256 << 20  # of the 512 MiB freed
+    assert kept.sum() == 8_000

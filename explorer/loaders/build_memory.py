@@ -1,0 +1,77 @@
+"""How the explorer's column builds use memory: small pages while they run, and the
+memory they freed given back to the system when the outermost one ends.
+
+numpy asks Linux for transparent huge pages (madvise) on every large array. Where
+the kernel compacts memory on such faults (THP `defrag=madvise`, a common
+default), each fresh array of a load pays for compaction, and a load makes many
+short-lived arrays: its system time doubles. Inside `building()` numpy asks for
+ordinary pages; the previous setting comes back on exit.
+
+glibc keeps what a build frees (its arrays below the mmap threshold, which rises to
+32 MiB as large arrays are freed) in the process's heap for reuse: a notebook holding a
+loaded 1 M-slice trace kept about 480 MiB resident where its tables take 240. When the
+outermost build ends, `malloc_trim` hands the free pages back (a few ms).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import numpy as np
+
+_depth = 0  # builds running now, in any thread
+_depth_lock = threading.Lock()
+
+
+def _switch() -> Callable[[bool], bool] | None:
+    """numpy's (private) huge-page switch, where this numpy has one."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, where the C library is glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # another C library (musl has no malloc_trim)
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap's free pages to the system (a no-op without glibc)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@contextmanager
+def building() -> Iterator[None]:
+    """Small pages for the block (where numpy can be told); when the outermost build
+    ends, the memory freed meanwhile goes back to the system."""
+    global _depth
+    with _depth_lock:
+        _depth += 1
+    switch = _switch()
+    previous = switch(False) if switch is not None else None
+    try:
+        yield
+    finally:
+        if switch is not None and previous is not None:
+            switch(previous)
+        with _depth_lock:
+            _depth -= 1
+            outermost = _depth == 0
+        if outermost:
+            give_back_freed_memory()
