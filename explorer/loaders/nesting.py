@@ -17,11 +17,11 @@ import pandas as pd
 
 def _running_depth(track: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """Depth after each event of a stream sorted by track (resets at each new track)."""
-    depth = np.cumsum(delta)
+    depth = np.cumsum(delta, dtype=np.int64)
     if len(track):
         first = np.r_[True, track[1:] != track[:-1]]
-        base = (depth - delta)[first]  # depth before the track's first event
-        depth = depth - np.repeat(base, np.diff(np.r_[np.flatnonzero(first), len(track)]))
+        base = depth[first] - delta[first]  # depth before the track's first event
+        depth -= np.repeat(base, np.diff(np.r_[np.flatnonzero(first), len(track)]))
     return depth
 
 
@@ -86,7 +86,11 @@ def _track_time_order(track: np.ndarray, ts: np.ndarray) -> np.ndarray:
     lo = int(ts.min())
     span = int(ts.max()) - lo + 1
     if (int(track.max()) + 1) * span < (1 << 62):  # one int64 key: a single stable sort
-        return np.argsort(track.astype(np.int64) * span + (ts - lo), kind="stable")
+        key = track.astype(np.int64)  # built in place: one array of the trace's size
+        key *= span
+        key += ts
+        key -= lo
+        return np.argsort(key, kind="stable")
     return np.lexsort((np.arange(len(track)), ts, track))
 
 
@@ -135,18 +139,19 @@ def match_begin_end(
     order = _track_time_order(track, ts)
     trk = track[order]
     beg = is_begin[order]
-    delta = np.where(beg, 1, -1)
-    depth_after = _running_depth(trk, delta)
+    depth_after = _running_depth(trk, _steps(beg))
     # An end that would take a track below zero closes nothing: drop it.
     if ((~beg) & (depth_after < 0)).any():
         keep = ~_stray_ends(trk, beg, depth_after)
         order, trk, beg = order[keep], trk[keep], beg[keep]
-        depth_after = _running_depth(trk, np.where(beg, 1, -1))
-    stream_pos = np.arange(len(order))
-    b_pos = stream_pos[beg]
-    b_depth = depth_after[beg] - 1
-    e_pos = stream_pos[~beg]
-    e_depth = depth_after[~beg]  # an end at depth d closes the latest begin at depth d
+        depth_after = _running_depth(trk, _steps(beg))
+    del trk  # a large trace's arrays: each one dropped once used
+    b_pos = np.flatnonzero(beg)  # positions in the sorted stream
+    b_depth = depth_after[b_pos] - 1
+    e_pos = np.flatnonzero(~beg)
+    del beg
+    e_depth = depth_after[e_pos]  # an end at depth d closes the latest begin at depth d
+    del depth_after
     end_of = np.full(len(b_pos), -1, np.int64)
     levels = _present(e_depth)
     if len(levels) > FEW_DEPTHS:
@@ -159,8 +164,14 @@ def match_begin_end(
         j = np.searchsorted(b_pos[bi], e_pos[ei]) - 1
         ok = j >= 0
         end_of[bi[j[ok]]] = order[e_pos[ei[ok]]]
+    del e_pos, e_depth
     parent = _parents(b_pos, b_depth)
-    return order[b_pos], end_of, b_depth.astype(np.int64), parent
+    return order[b_pos], end_of, b_depth, parent
+
+
+def _steps(is_begin: np.ndarray) -> np.ndarray:
+    """+1 for a begin, -1 for an end (one byte each)."""
+    return np.where(is_begin, np.int8(1), np.int8(-1))
 
 
 def _stray_ends(track: np.ndarray, is_begin: np.ndarray, depth_after: np.ndarray) -> np.ndarray:

@@ -186,7 +186,7 @@ class _EventTexts:
     slices need the column: events outnumber distinct names many times over."""
 
     def __init__(self, n: int) -> None:
-        self.codes = np.zeros(n, np.int64)
+        self.codes = np.zeros(n, np.int32)  # distinct texts are few
         self.values: list[str] = [""]
 
     def put(self, events: np.ndarray, codes: np.ndarray, values: list[str]) -> None:
@@ -426,7 +426,13 @@ class _EventPackets:
     def of(cls, pk: _Packets) -> _EventPackets:
         at = np.flatnonzero(pk.scan.field[4] != 0)
         return cls(at, pk.scan.offset[4][at], pk.scan.value[4][at].astype(np.int64),
-                   pk.ts[at], pk.seq[at], pk.pair[at].astype(np.int64))
+                   pk.ts[at], pk.seq[at], _narrow(pk.pair[at]))
+
+
+def _narrow(numbers: np.ndarray) -> np.ndarray:
+    """Small non-negative numbers (one per event) as int32 where they fit: half the memory."""
+    fits = not len(numbers) or int(numbers.max()) < 2**31
+    return numbers.astype(np.int32 if fits else np.int64)
 
 
 # Track events scanned at once: a chunk's field scan (slots and a row per repeated
@@ -437,12 +443,12 @@ EVENTS_PER_CHUNK = 1 << 18
 
 @dataclass
 class _Events:
-    """Per track event, compact: packet, time, (sequence, generation) pair, type, track
-    uuid (the sequence's default where the event names none), name and first category;
+    """Per track event, compact: time, (sequence, generation) pair number, type (one
+    byte; types past what it holds were counted as skipped and read as 0), track uuid
+    (the sequence's default where the event names none), name and first category;
     and the rows later phases read: debug annotations (event, wire, length, offset),
     flow ids (id, event, terminating) and counter values (event, raw, is a double)."""
 
-    packet: np.ndarray
     ts: np.ndarray
     seqgen: np.ndarray
     type: np.ndarray
@@ -459,7 +465,7 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
     """Scan every track event's fields, a chunk of events at a time."""
     n = len(at.offset)
     prefer_compiled_for(int(at.length.sum()))  # chunks of a large trace: worth compiling
-    ev_type = np.zeros(n, np.int64)
+    ev_type = np.zeros(n, np.int8)
     track_uuid = np.zeros(n, np.uint64)
     name, cat = _EventTexts(n), _EventTexts(n)
     annotations, flows, counters = _Chunks(4), _Chunks(3), _Chunks(3)
@@ -467,7 +473,7 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
         part = slice(lo, min(lo + EVENTS_PER_CHUNK, n))
         es = scan(buf, at.offset[part], at.offset[part] + at.length[part], EVENT_SLOTS,
                   EVENT_REPEATED, offsets={3})
-        ev_type[part] = es.value[0]
+        ev_type[part] = _event_types(es.value[0], skipped)
         uuid = es.value[2]
         has_track = es.field[2] != 0
         if not has_track.all():
@@ -483,11 +489,19 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
         idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
         counters.add(idx + lo, es.value[4][idx], es.field[4][idx] == F.E_DOUBLE_COUNTER)
         del es
-    known = (ev_type >= F.TYPE_SLICE_BEGIN) & (ev_type <= F.TYPE_COUNTER)
-    for t, count in Counter(ev_type[~known].tolist()).items():
+    return _Events(at.ts, at.pair, ev_type, track_uuid, name, cat, annotations.joined(),
+                   flows.joined(), counters.joined())
+
+
+def _event_types(types: np.ndarray, skipped: Counter[str]) -> np.ndarray:
+    """A chunk's event types in one byte each: the unknown ones counted as skipped and
+    read as 0 (unspecified), which no later phase takes."""
+    known = (types >= F.TYPE_SLICE_BEGIN) & (types <= F.TYPE_COUNTER)
+    if known.all():
+        return types.astype(np.int8)
+    for t, count in Counter(types[~known].tolist()).items():
         skipped[f"track event type {t}"] += count
-    return _Events(at.packet, at.ts, at.pair, ev_type, track_uuid, name, cat,
-                   annotations.joined(), flows.joined(), counters.joined())
+    return np.where(known, types, 0).astype(np.int8)
 
 
 class _Chunks:

@@ -168,8 +168,11 @@ class Annotations:
         """From the events' annotation rows (`Fields.select` of the debug annotation field)."""
         ev, _, length, offset = rows
         sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
+        length = length.astype(np.int64, copy=False)
         keep = sid >= 0
-        return cls(ev[keep], sid[keep], offset[keep], length[keep].astype(np.int64))
+        if keep.all():  # as a rule: no copy of a large trace's rows
+            return cls(ev, sid, offset, length)
+        return cls(ev[keep], sid[keep], offset[keep], length[keep])
 
     def subset(self, mask: np.ndarray) -> Annotations:
         return Annotations(self.ev[mask], self.sid[mask], self.offset[mask], self.length[mask])
