@@ -10,7 +10,9 @@ ordinary pages; the previous setting comes back on exit.
 glibc keeps what a build frees (its arrays below the mmap threshold, which rises to
 32 MiB as large arrays are freed) in the process's heap for reuse: a notebook holding a
 loaded 1 M-slice trace kept about 480 MiB resident where its tables take 240. When the
-outermost build ends, `malloc_trim` hands the free pages back (a few ms).
+outermost build ends, `malloc_trim` hands the free pages back (a few ms). Arrow's pool
+(mimalloc) keeps what the Parquet reads of a cached load decoded the same way: a cached
+load of every table held 400 MiB for 225 of tables; it is released at the same time.
 """
 
 from __future__ import annotations
@@ -50,10 +52,14 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def give_back_freed_memory() -> None:
-    """Return the heap's free pages to the system (a no-op without glibc)."""
+    """Return the free pages of the C heap (glibc's) and of Arrow's memory pool (where
+    the Parquet reads decode, and the pandas 3 string columns live) to the system."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    pyarrow = sys.modules.get("pyarrow")  # nothing to give back where it is not in use
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from neuron_explorer.loaders.args import (
     text_column,
     tidy_categoricals,
 )
+from neuron_explorer.loaders.build_memory import building
 from neuron_explorer.loaders.raw import RawTrace
 
 FORMAT = "neuron-explorer-store"
@@ -82,16 +83,18 @@ class Store:
     def read_table(self, name: str) -> pd.DataFrame | None:
         """A table of this build, or None when it is absent, unreadable, damaged or of
         another build (a derived table is then computed again and written over it)."""
-        table = self._read_arrow(name)
-        return None if table is None else _to_pandas(table, categories=name != "args")
+        with building():  # the pages decoded and let go go back to the system after
+            table = self._read_arrow(name)
+            return None if table is None else _to_pandas(table, categories=name != "args")
 
     def read_args(self, n_slices: int) -> ColumnArgs | None:
         """The slices' args as columns straight from the file's pages: keys and strings
         stay the codes Parquet's dictionaries hold, so no Python object is made per row
         (the long table's 2.4 M rows of a 1 M-slice trace took 0.4-1.2 s through pandas
         objects, and most of its memory). None as `read_table`."""
-        table = self._read_arrow("args", dictionaries=("key", "str_value"))
-        return None if table is None else args_from_arrow(table, n_slices)
+        with building():
+            table = self._read_arrow("args", dictionaries=("key", "str_value"))
+            return None if table is None else args_from_arrow(table, n_slices)
 
     def _read_arrow(self, name: str, dictionaries: tuple[str, ...] = ()) -> Any:
         import pyarrow as pa

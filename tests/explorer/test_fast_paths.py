@@ -5,6 +5,7 @@ freed memory given back after."""
 from __future__ import annotations
 
 import os
+import sys
 
 import neuron_explorer
 import numpy as np
@@ -157,3 +158,21 @@ def test_freed_heap_memory_goes_back_to_the_system() -> None:
         held = resident()
     assert held - resident() > 256 << 20  # of the 512 MiB freed
     assert kept.sum() == 8_000
+
+
+def test_arrows_pool_gives_its_free_memory_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Parquet reads decode into Arrow's pool (mimalloc), which keeps what it frees."""
+    released: list[int] = []
+
+    class Pool:
+        def release_unused(self) -> None:
+            released.append(1)
+
+    class Arrow:
+        @staticmethod
+        def default_memory_pool() -> Pool:
+            return Pool()
+
+    monkeypatch.setitem(sys.modules, "pyarrow", Arrow)
+    build_memory.give_back_freed_memory()
+    assert released == [1]
