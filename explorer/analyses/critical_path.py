@@ -180,7 +180,9 @@ class _HostTimeline:
     category, for the walk."""
 
     def __init__(self, hs: pd.DataFrame, block_ts: np.ndarray, block_dur: np.ndarray) -> None:
-        syncs = hs[hs["kind"] == "sync"]
+        # a sync of no length (the device was done) is no wait: the walk, stepping back to
+        # its end, would find it again at once and never get past it
+        syncs = hs[(hs["kind"] == "sync") & (hs["dur"] > 0)]
         n = len(block_ts)
         self.sync_start = np.r_[syncs["ts"].to_numpy(np.int64), np.asarray(block_ts, np.int64)]
         self.sync_end = self.sync_start + np.r_[syncs["dur"].to_numpy(np.int64),
