@@ -458,10 +458,13 @@ def _str_codes(a: ColumnArgs) -> tuple[np.ndarray, list[Any]]:
     assert a.scode is not None
     codes = a.scode.copy()
     values = [v if isinstance(v, str) else None for v in a.svalues.tolist()]
-    for i in np.flatnonzero(a.kind == KIND_OTHER).tolist():  # rare: nested values, each
-        code = int(codes[i])                                  # its own entry
-        codes[i] = len(values)
-        values.append(json.dumps(a.svalues[code] if code >= 0 else None, default=str))
+    other = np.flatnonzero(a.kind == KIND_OTHER)
+    if len(other):  # nested values: the JSON text of each distinct one, once (a real trace
+        # repeats a few input shapes over 100k ops)
+        distinct, inverse = np.unique(codes[other], return_inverse=True)
+        codes[other] = len(values) + inverse
+        values += [json.dumps(a.svalues[c] if c >= 0 else None, default=str)
+                   for c in distinct.tolist()]
     return codes, values
 
 
@@ -511,12 +514,13 @@ def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
     values = np.empty(len(str_values), object)
     values[:] = str_values
     other = np.flatnonzero(kind == KIND_OTHER)
-    if len(other):  # rare (nested values): parsed from their JSON text, each its own entry
-        parsed = np.empty(len(other), object)
-        parsed[:] = [json.loads(str_values[c]) if c >= 0 else None
-                     for c in str_codes[other].tolist()]
+    if len(other):  # nested values: each distinct JSON text parsed once, its rows sharing
+        # the value (as the parser's args keep them)
+        distinct, inverse = np.unique(str_codes[other], return_inverse=True)
+        parsed = np.empty(len(distinct), object)
+        parsed[:] = [json.loads(str_values[c]) if c >= 0 else None for c in distinct.tolist()]
         str_codes = str_codes.copy()
-        str_codes[other] = len(values) + np.arange(len(other))
+        str_codes[other] = len(values) + inverse
         values = np.concatenate([values, parsed])
     return ColumnArgs(table.column("slice_id").to_numpy().astype(np.int64, copy=False),
                       key_codes, [str(k) for k in key_names], kind,
