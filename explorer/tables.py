@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.loaders.args import categorical_of
+from neuron_explorer.loaders.args import categorical
 from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
@@ -353,10 +353,10 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(INSTRUCTION_COLUMNS)
     ids = s["id"].to_numpy()
-    # text columns stay in Arrow (codes into distinct values), fallbacks included
-    engine = trace.slice_args.text_column(tf.ARG_ENGINE, ids)
+    # text columns stay codes into distinct values, fallbacks included, until categorical
+    engine, engines = trace.slice_args.text_codes(tf.ARG_ENGINE, ids)
     kind = s["kind"].array
-    missing = np.flatnonzero(np.asarray(engine == "", bool))
+    missing = np.flatnonzero(_blank(engine, engines))
     if len(missing):  # no engine arg: the engine its track is named after
         by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
         track_engine = trace.tracks["name"].map(by_track)
@@ -366,16 +366,19 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         pair_codes, pairs = pd.factorize(s["track_id"].to_numpy()[missing] * 2 + is_dma)
         named = track_engine.reindex(pairs // 2).to_numpy()
         values = np.where(pd.isna(named), np.where(pairs % 2 == 1, "dma", ""), named)
-        engine = _filled(engine, missing, pair_codes, values.tolist())
-    opcode = trace.slice_args.text_column(tf.ARG_OPCODE, ids)
-    no_opcode = np.flatnonzero(np.asarray(opcode == "", bool))
-    if len(no_opcode):  # the slice's name instead
-        codes, names = pd.factorize(s["name"].array[no_opcode])
-        opcode = _filled(opcode, no_opcode, codes, np.asarray(names, object).tolist())
+        engine[missing] = pair_codes + len(engines)
+        engines = [*engines, *values.tolist()]
+    opcode, opcodes = trace.slice_args.text_codes(tf.ARG_OPCODE, ids)
+    no_opcode = np.flatnonzero(_blank(opcode, opcodes))
+    if len(no_opcode):  # the slice's name instead (a missing name stays missing)
+        names = s["name"].array
+        name_codes = np.asarray(names.codes, np.int64)[no_opcode]
+        opcode[no_opcode] = np.where(name_codes >= 0, name_codes + len(opcodes), -1)
+        opcodes = [*opcodes, *names.categories.tolist()]
     out = pd.DataFrame({
         # a few engines and opcodes over many rows: categorical, as the slices' texts
         "id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
-        "engine": categorical_of(engine), "opcode": categorical_of(opcode),
+        "engine": categorical(engine, engines), "opcode": categorical(opcode, opcodes),
         "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
         "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
         "device": _device_of_tracks(trace, s["track_id"].to_numpy()), "kind": kind,
@@ -383,14 +386,9 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
     return out.sort_values("ts", ignore_index=True)
 
 
-def _filled(column: Any, rows: np.ndarray, codes: np.ndarray, values: list[str]) -> Any:
-    """A str column with the given rows set to values[codes], built in Arrow."""
-    from neuron_explorer.loaders.args import text_column
-
-    own, uniques = pd.factorize(column)  # Arrow's dictionary encoding
-    own = own.astype(np.int64)
-    own[rows] = np.asarray(codes, np.int64) + len(uniques)
-    return text_column(own, [*np.asarray(uniques, object).tolist(), *values])
+def _blank(codes: np.ndarray, values: list[str]) -> np.ndarray:
+    """Which rows' text is '' (an absent arg), looked up once per distinct value."""
+    return np.asarray([v == "" for v in values] or [False], bool)[codes]
 
 
 def derive_modules(trace: Trace) -> pd.DataFrame:

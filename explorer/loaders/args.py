@@ -46,7 +46,13 @@ class SliceArgs:
 
     def text_column(self, key: str, ids: np.ndarray) -> Any:
         """`texts` as a pandas str column (what a table column of them becomes)."""
-        return pd.array(self.texts(key, ids), dtype=STR)
+        return text_column(*self.text_codes(key, ids))
+
+    def text_codes(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """`texts` as a code per slice into distinct strings: columns are built from them
+        (`text_column`, `categorical`) without a string per row."""
+        codes, values = pd.factorize(self.texts(key, ids))
+        return codes.astype(np.int64), list(values)
 
     def dicts(self) -> list[dict[str, Any] | None]:
         """One dict (or None) per slice, indexed by slice id."""
@@ -269,11 +275,11 @@ class ColumnArgs(SliceArgs):
             out[hit] = values
         return out
 
-    def text_column(self, key: str, ids: np.ndarray) -> Any:
+    def text_codes(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
         found = self._key_rows(key)
         if self.scode is None or (found is not None
                                   and not (self.kind[found[0]] == KIND_STR).all()):
-            return super().text_column(key, ids)
+            return super().text_codes(key, ids)
         codes = np.full(len(ids), -1, np.int64)
         hits = self._hits(key, ids)
         if hits is not None:
@@ -282,7 +288,7 @@ class ColumnArgs(SliceArgs):
         # the distinct strings these rows use, '' for absent or unresolved ones
         codes, used = pd.factorize(codes)  # hashing: no sort of every row
         values = [self.svalues[c] if c >= 0 else None for c in used.tolist()]
-        return text_column(codes, ["" if v is None else v for v in values])
+        return codes.astype(np.int64), ["" if v is None else v for v in values]
 
     def dicts(self) -> list[dict[str, Any] | None]:
         if self._dicts is None:
@@ -343,6 +349,9 @@ class LazyArgs(SliceArgs):
 
     def text_column(self, key: str, ids: np.ndarray) -> Any:
         return self._get().text_column(key, ids)
+
+    def text_codes(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        return self._get().text_codes(key, ids)
 
     def dicts(self) -> list[dict[str, Any] | None]:
         return self._get().dicts()

@@ -169,6 +169,32 @@ def test_kineto_steps_and_flows(load_real) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["pftrace", "json"])
+def test_instructions_without_engine_or_opcode_args(tmp_path: Path, fmt: str) -> None:
+    """An instruction without an engine arg takes its track's engine ('dma' for a DMA
+    slice on another track, '' else); one without an opcode arg takes its name."""
+    from neuron_explorer.collectors.trace_writer import open_writer
+
+    path = tmp_path / f"instructions.{fmt}"
+    w = open_writer(str(path), fmt)
+    dev = w.process(200, "neuron:0 (trn2)")
+    ve, queue, other = (w.track("Vector Engine", dev), w.track("DMA q0", dev),
+                        w.track("Misc", dev))
+    w.slice(ve, 10, 5, "ADD", "instruction", {"engine": "scalar", "opcode": "ACT"})
+    w.slice(ve, 20, 5, "ADD", "instruction", {})
+    w.slice(queue, 30, 5, "copy", "dma", {"opcode": "DMA_IN"})
+    w.slice(other, 40, 5, "MUL", "instruction", {"opcode": ""})
+    w.slice(ve, 50, 5, "SUB", "instruction", {"engine": "vector"})
+    w.close()
+    ins = neuron_explorer.load(path, cache=False).instructions
+    assert ins[["engine", "opcode"]].values.tolist() == [
+        ["scalar", "ACT"], ["vector", "ADD"], ["dma", "DMA_IN"], ["", "MUL"],
+        ["vector", "SUB"]]
+    for column in ("engine", "opcode"):  # categories: the values used, in lexical order
+        categories = ins[column].cat.categories.tolist()
+        assert categories == sorted(set(ins[column]))
+
+
+@pytest.mark.parametrize("fmt", ["pftrace", "json"])
 def test_collectors_writer_output(tmp_path: Path, fmt: str) -> None:
     """Traces written by the collectors' own writers, batches included, load as written."""
     from neuron_explorer.collectors.trace_writer import open_writer
