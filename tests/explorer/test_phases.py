@@ -46,9 +46,41 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     return record
 
 
-def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(recorded) -> None:
-    with_eval = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "3"))
-    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+@pytest.fixture(scope="module")
+def loaded(recorded):
+    """A recording of `recorded`'s, loaded once for the tests that read it (they read,
+    never change: the analyses give copies)."""
+    done: dict[tuple[str, ...], neuron_explorer.Trace] = {}
+
+    def load(script: str, *args: str) -> neuron_explorer.Trace:
+        key = (script, *args)
+        if key not in done:
+            done[key] = neuron_explorer.load(recorded(script, *args))
+        return done[key]
+
+    return load
+
+
+@pytest.fixture(scope="module")
+def reported():
+    """`neuron-explorer report [--format json] PATH`'s output, run once per path and format
+    (two tests read the plain run's JSON report)."""
+    done: dict[tuple[str, bool], str] = {}
+
+    def report(path: Path | str, json_format: bool = False) -> str:
+        path = Path(path)
+        key = (str(path), json_format)
+        if key not in done:
+            fmt = ("--format", "json") if json_format else ()
+            done[key] = _cli("report", *fmt, str(path), cwd=path.parent)
+        return done[key]
+
+    return report
+
+
+def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(loaded) -> None:
+    with_eval = loaded("finetune_eval.py", "--eval-every", "3")
+    plain = loaded("finetune_eval.py", "--eval-every", "0")
     p = with_eval.phases()
     train = p[p["phase"] == "train"].set_index("step")["dur"]
     evals = p[p["phase"] == "eval"]
@@ -76,11 +108,11 @@ def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(recorded) 
     assert ops[["name", "count"]].equals(ref_ops[["name", "count"]])
 
 
-def test_eval_passes_fold_into_no_idle_figure_or_finding(recorded) -> None:
+def test_eval_passes_fold_into_no_idle_figure_or_finding(loaded) -> None:
     """The idle gaps, the findings' evidence and their savings are the training steps'
     alone: the same as a run without eval passes."""
-    with_eval = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "3"))
-    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+    with_eval = loaded("finetune_eval.py", "--eval-every", "3")
+    plain = loaded("finetune_eval.py", "--eval-every", "0")
     idle, ref = idle_summary(with_eval), idle_summary(plain)  # the report's idle table
     # the eval passes' own gaps (their launches, their .item() syncs) are not counted: as
     # many gaps as without them, as long. Only the reason of each training part's first
@@ -101,14 +133,13 @@ def test_eval_passes_fold_into_no_idle_figure_or_finding(recorded) -> None:
         assert f.time_lost_ns == pytest.approx(expected[rule].time_lost_ns, rel=0.1), rule
 
 
-def test_eval_passes_get_their_own_figures_in_the_report(recorded) -> None:
+def test_eval_passes_get_their_own_figures_in_the_report(recorded, loaded, reported) -> None:
     path = recorded("finetune_eval.py", "--eval-every", "3")
-    trace = neuron_explorer.load(path)
-    plain = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
-    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    trace = loaded("finetune_eval.py", "--eval-every", "3")
+    plain = loaded("finetune_eval.py", "--eval-every", "0")
+    report = json.loads(reported(path, json_format=True))
     rows = {r["phase"]: r for r in report["phases"]}
-    ref = {r["phase"]: r for r in json.loads(_cli(
-        "report", "--format", "json", str(plain.path), cwd=path.parent))["phases"]}
+    ref = {r["phase"]: r for r in json.loads(reported(plain.path, json_format=True))["phases"]}
     # the eval passes' device work: the kernels that start inside them
     p, k = trace.phases(), trace.kernels
     evals = p[p["phase"] == "eval"]
@@ -124,27 +155,29 @@ def test_eval_passes_get_their_own_figures_in_the_report(recorded) -> None:
     for figure in ("median_ns", "device_ns", "mfu", "mbu"):
         assert rows["train"][figure] == pytest.approx(ref["train"][figure], rel=0.1), figure
     assert rows["eval"]["mfu"] != pytest.approx(rows["train"]["mfu"], rel=0.1)
-    text = _cli("report", str(path), cwd=path.parent)
+    text = reported(path)
     section = text[text.index("Phases (every recorded step"):]
     median = fmt_ns(evals["dur"].median())
     assert re.search(rf"\neval +12 +{median} ", section), section[:600]
 
 
-def test_a_plain_training_run_has_only_train(recorded) -> None:
-    trace = neuron_explorer.load(recorded("finetune_eval.py", "--eval-every", "0"))
+def test_a_plain_training_run_has_only_train(loaded, reported) -> None:
+    trace = loaded("finetune_eval.py", "--eval-every", "0")
     p = trace.phases()
     assert set(p["phase"]) == {"train"}
     np.testing.assert_array_equal(p["step"], trace.steps["step"])
     np.testing.assert_array_equal(p["dur"], trace.steps["dur"])
     assert trace.serving().empty
-    report = json.loads(_cli("report", "--format", "json", str(trace.path),
-                             cwd=Path(trace.path).parent))
+    report = json.loads(reported(trace.path, json_format=True))
     assert [row["phase"] for row in report["phases"]] == ["train"] and not report["serving"]
 
 
-def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded) -> None:
-    path = recorded("generate.py", "--new-tokens", "16", "--prompt", "24", "--batch", "4")
-    trace = neuron_explorer.load(path)
+GENERATE = ("generate.py", "--new-tokens", "16", "--prompt", "24", "--batch", "4")
+
+
+def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded, loaded, reported) -> None:
+    path = recorded(*GENERATE)
+    trace = loaded(*GENERATE)
     p = trace.phases()
     assert p["phase"].tolist() == ["prefill"] + ["decode"] * 15  # the 16th token: no call
     assert p["tokens"].tolist() == [4 * 24] + [4] * 15
@@ -174,14 +207,14 @@ def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded) -> None:
     decode_mfu = decode_flops / (peak_flops(trace.hardware_figures) * decode["dur"].sum() / 1e9)
     assert g["prefill_mfu"] > 2 * decode_mfu > 0
     assert 0 < g["decode_mbu"] < 1
-    text = _cli("report", str(path), cwd=path.parent)
+    text = reported(path)
     assert "prefill: 1 step" in text and "decode: 15 steps" in text
     assert "time to first token" in text and "KV per token" in text and "2 KiB" in text
 
 
-def test_without_marks_each_batch_row_is_a_request(recorded) -> None:
-    path = recorded("generate.py", "--new-tokens", "16", "--prompt", "24", "--batch", "4")
-    trace = neuron_explorer.load(path)
+def test_without_marks_each_batch_row_is_a_request(recorded, loaded, reported) -> None:
+    path = recorded(*GENERATE)
+    trace = loaded(*GENERATE)
     rq, g = trace.requests(), trace.serving().iloc[0]
     assert rq["request"].tolist() == ["0/0", "0/1", "0/2", "0/3"]
     assert (rq["tokens"] == 16).all() and (rq["prompt_tokens"] == 24).all()
@@ -190,7 +223,7 @@ def test_without_marks_each_batch_row_is_a_request(recorded) -> None:
     # all 64 tokens over the generation's time: the end to end latency of each row
     assert rq["e2e_ns"].iloc[0] / 1e9 == pytest.approx(64 / g["tokens_per_s"])
     # the report's request percentiles are for marked requests only: these share figures
-    report = json.loads(_cli("report", "--format", "json", str(path), cwd=path.parent))
+    report = json.loads(reported(path, json_format=True))
     assert report["requests"] == [] and report["request_percentiles"] == []
 
 
