@@ -173,32 +173,9 @@ def _start_looping(programs: Path, out: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize(("signum", "trace_complete"), [
-    (signal.SIGTERM, True),
-    (signal.SIGINT, True),
-    (signal.SIGKILL, False),
-])
-def test_signals_complete_the_trace_or_leave_a_readable_prefix(
-        programs: Path, signum: int, trace_complete: bool) -> None:
-    proc = _start_looping(programs, "s.pftrace")
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == -signum  # as `python train_small.py` ends on that signal
-    if signum == signal.SIGINT:
-        assert "KeyboardInterrupt" in stderr
-    data = (programs / "s.pftrace").read_bytes()
-    packets = pb.Trace.FromString(data).packet  # whole packets only
-    trace = parse(programs / "s.pftrace") if trace_complete else None
-    if trace_complete:
-        assert "trace written to s.pftrace" in stderr
-        assert len(trace.by_category("step")) >= 3
-        assert trace.by_category("op")
-    else:
-        # completed steps were flushed before the kill
-        assert any(p.HasField("track_event") for p in packets)
-    # killed or not, the loaded trace says whether it is complete: a SIGKILL between two
-    # flushes leaves whole packets, and only the missing end mark tells
+def _assert_the_loaded_trace_says_whether_it_is_complete(path: Path, complete: bool) -> None:
+    """Killed or not, the loaded trace says whether it is complete: a SIGKILL between two
+    flushes leaves whole packets, and only the missing end mark tells."""
     import warnings
 
     import neuron_explorer
@@ -206,28 +183,55 @@ def test_signals_complete_the_trace_or_leave_a_readable_prefix(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loaded = neuron_explorer.load(programs / "s.pftrace", cache=False)
+        loaded = neuron_explorer.load(path, cache=False)
     cut = [w for w in caught if issubclass(w.category, TruncatedTraceWarning)]
-    assert bool(cut) == (not trace_complete), [str(w.message) for w in caught]
-    if not trace_complete:
+    assert bool(cut) == (not complete), [str(w.message) for w in caught]
+    if not complete:
         assert "no end mark" in str(cut[0].message)
         assert any("no end mark" in w for w in loaded.warnings)
 
 
-def test_a_second_record_of_an_output_being_written_is_refused(record_cli, programs: Path):
-    """Two `record`s with one -o both said "trace written", the second silently replacing
-    the first: while one writes it, the other is refused in one line; once it ends, the
-    output is free again (a killed recording releases it too)."""
-    first = _start_looping(programs, "same.pftrace")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_complete_the_trace(programs: Path, signum: int) -> None:
+    proc = _start_looping(programs, "s.pftrace")
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == -signum  # as `python train_small.py` ends on that signal
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr
+    pb.Trace.FromString((programs / "s.pftrace").read_bytes())  # whole packets only
+    trace = parse(programs / "s.pftrace")
+    assert "trace written to s.pftrace" in stderr
+    assert len(trace.by_category("step")) >= 3
+    assert trace.by_category("op")
+    _assert_the_loaded_trace_says_whether_it_is_complete(programs / "s.pftrace", True)
+
+
+def test_a_killed_recording_leaves_a_readable_prefix_and_refuses_a_second_meanwhile(
+        record_cli, programs: Path) -> None:
+    """A SIGKILL leaves the steps flushed before it, in whole packets, read as cut short.
+    And two `record`s with one -o both said "trace written", the second silently replacing
+    the first: while one writes it, the other is refused in one line; once it ends, even
+    killed, the output is free again. (One looping recording for both: each recording
+    costs seconds of imports.)"""
+    out = programs / "same.pftrace"
+    first = _start_looping(programs, out.name)
     try:
-        second = record_cli("-o", "same.pftrace", "--level", "op", "train_small.py", "1")
+        second = record_cli("-o", out.name, "--level", "op", "train_small.py", "1")
         assert second.returncode == 2
         assert "same.pftrace is being written by another `neuron-explorer record`" in \
             second.stderr and second.stderr.count("\n") == 1, second.stderr
+        time.sleep(0.5)
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=60)
-    again = record_cli("-o", "same.pftrace", "--level", "op", "train_small.py", "1")
+    assert first.returncode == -signal.SIGKILL  # as `python train_small.py` ends on it
+    packets = pb.Trace.FromString(out.read_bytes()).packet  # whole packets only
+    # completed steps were flushed before the kill
+    assert any(p.HasField("track_event") for p in packets)
+    _assert_the_loaded_trace_says_whether_it_is_complete(out, False)
+    again = record_cli("-o", out.name, "--level", "op", "train_small.py", "1")
     assert again.returncode == 0, again.stderr
 
 
