@@ -11,7 +11,7 @@ op interval covers its kernel's end, and the overlap is the wait).
 
 from __future__ import annotations
 
-from itertools import pairwise
+from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -190,39 +190,58 @@ class _HostTimeline:
         self.sync_name = np.r_[syncs["name"].to_numpy(object), np.full(n, "blocking op", object)]
         main = int(syncs["track_id"].iloc[0]) if len(syncs) else -1
         self.sync_track = np.r_[syncs["track_id"].to_numpy(np.int64), np.full(n, main, np.int64)]
-        self._by_end = np.argsort(self.sync_end, kind="stable")  # sorted once, searched often
-        self._ends_sorted = self.sync_end[self._by_end]
+        # sorted once, searched once per step of the walk: Python lists, whose bisect costs a
+        # fraction of a numpy search for one value
+        self._by_end = np.argsort(self.sync_end, kind="stable").tolist()
+        self._ends_sorted = self.sync_end[self._by_end].tolist()
         kinds = {"dataloader": ("dataloader",), "compile": ("compile",),
                  "op_dispatch": ("op", "runtime")}
-        self.unions = {cat: Union(hs.loc[hs["kind"].isin(kind), "ts"].to_numpy(),
-                                  (hs.loc[hs["kind"].isin(kind), "ts"]
-                                   + hs.loc[hs["kind"].isin(kind), "dur"]).to_numpy())
-                       for cat, kind in kinds.items()}
+        unions = {cat: Union(hs.loc[hs["kind"].isin(kind), "ts"].to_numpy(),
+                             (hs.loc[hs["kind"].isin(kind), "ts"]
+                              + hs.loc[hs["kind"].isin(kind), "dur"]).to_numpy())
+                  for cat, kind in kinds.items()}
+        starts, self._run_category = _host_runs(unions)
+        self._run_start = starts.tolist()
 
     def last_sync_ending_by(self, t: int, lo: int) -> int:
         """Index of the sync that ended last at or before `t` and after `lo` (-1: none)."""
-        i = int(np.searchsorted(self._ends_sorted, t, side="right")) - 1
-        return int(self._by_end[i]) if i >= 0 and self._ends_sorted[i] > lo else -1
+        i = bisect_right(self._ends_sorted, t) - 1
+        return self._by_end[i] if i >= 0 and self._ends_sorted[i] > lo else -1
 
     def work(self, a: int, b: int, track: int) -> list[tuple]:
         """Segments of [a, b) by the host's category (latest first)."""
-        cuts = {a, b}
-        for u in self.unions.values():
-            lo = np.searchsorted(u.starts, a, side="left")
-            hi = np.searchsorted(u.starts, b, side="right")
-            cuts.update(int(x) for x in u.starts[max(lo - 1, 0):hi] if a < x < b)
-            cuts.update(int(x) for x in u.ends[max(lo - 1, 0):hi] if a < x < b)
-        points = sorted(cuts)
+        if b <= a:
+            return []
+        starts = self._run_start
+        first = bisect_right(starts, a) - 1  # the run holding a
+        last = bisect_left(starts, b) - 1  # the last run starting before b
         out: list[tuple] = []
-        for x0, x1 in pairwise(points):
-            cat = next((c for c in _HOST_ORDER
-                        if self.unions[c].covered(np.array([x0]), np.array([x1]))[0] == x1 - x0),
-                       "python")
-            if out and out[-1][4] == cat and out[-1][0] + out[-1][1] == x0:
-                out[-1] = (out[-1][0], out[-1][1] + x1 - x0, *out[-1][2:])
-            else:
-                out.append((x0, x1 - x0, cat, "host", cat, track))
+        for k in range(first, last + 1):
+            x0 = max(int(starts[k]), a)
+            x1 = min(int(starts[k + 1]), b) if k + 1 < len(starts) else b
+            cat = self._run_category[k]
+            out.append((x0, x1 - x0, cat, "host", cat, track))
         return out[::-1]
+
+
+def _host_runs(unions: dict[str, Union]) -> tuple[np.ndarray, list[str]]:
+    """The host's time cut into runs of one category, once for the walk: each stretch
+    between the unions' bounds takes the first category (in `_HOST_ORDER`) whose union
+    covers it, else "python"; equal neighbours are one run. Returns each run's start (the
+    first from the earliest time there is) and its category; a run lasts to the next."""
+    bounds = np.unique(np.concatenate([np.r_[u.starts, u.ends] for u in unions.values()]))
+    if not len(bounds):  # no host work recorded: all python
+        return np.array([np.iinfo(np.int64).min]), ["python"]
+    names = [*_HOST_ORDER, "python"]
+    which = np.full(max(len(bounds) - 1, 0), len(_HOST_ORDER), np.int64)
+    for i in reversed(range(len(_HOST_ORDER))):  # the first in the order wins
+        a, b = bounds[:-1], bounds[1:]
+        which[unions[_HOST_ORDER[i]].covered(a, b) == b - a] = i
+    # before the first bound and after the last: python
+    which = np.r_[len(_HOST_ORDER), which, len(_HOST_ORDER)]
+    starts = np.r_[np.iinfo(np.int64).min, bounds]
+    change = np.r_[True, which[1:] != which[:-1]]
+    return starts[change], [names[i] for i in which[change].tolist()]
 
 
 def _collective_work(trace: Trace, s: pd.DataFrame) -> pd.DataFrame:
@@ -259,17 +278,40 @@ class _DeviceQueues:
         self.track = work["track"].to_numpy(np.int64)[order]
         self.launch = work["launch"].to_numpy(np.int64)[order]
         self.launch_end = np.maximum(work["launch_end"].to_numpy(np.int64)[order], self.launch)
+        # kernels by end time (and index at equal ends), all and per queue: the walk asks
+        # which ended last before a time once per kernel on the path, each a binary search
+        self._by_end = _EndOrder(np.arange(len(self.end)), self.end)
+        self._queue_by_end = {int(q): _EndOrder(np.flatnonzero(self.track == q), self.end)
+                              for q in np.unique(self.track)}
 
     def ending_by(self, t: int, track: int | None = None, exclude: int = -1) -> int:
         """The kernel (index) that ended last at or before `t` (on `track`, if given),
-        other than `exclude`."""
-        mask = self.end <= t
-        if track is not None:
-            mask &= self.track == track
-        if exclude >= 0:
-            mask[exclude] = False
-        idx = np.flatnonzero(mask)
-        return int(idx[np.argmax(self.end[idx])]) if len(idx) else -1
+        other than `exclude`; the first of those ending at the same time."""
+        if track is None:
+            return self._by_end.last_by(t, exclude)
+        queue = self._queue_by_end.get(track)
+        return queue.last_by(t, exclude) if queue is not None else -1
+
+
+class _EndOrder:
+    """Some kernels sorted by (end, index), for `last_by`."""
+
+    def __init__(self, kernels: np.ndarray, end: np.ndarray) -> None:
+        order = np.lexsort((kernels, end[kernels]))
+        self.kernel = kernels[order].tolist()  # lists: bisect, as in _HostTimeline
+        self.end = end[kernels][order].tolist()
+
+    def last_by(self, t: int, exclude: int) -> int:
+        """The kernel that ended last at or before `t`, other than `exclude`: of those
+        ending at that time, the lowest index."""
+        i = bisect_right(self.end, t) - 1
+        while i >= 0:
+            first = bisect_left(self.end, self.end[i])
+            for j in range(first, i + 1):  # ties at that end: lowest index first
+                if self.kernel[j] != exclude:
+                    return self.kernel[j]
+            i = first - 1  # only `exclude` ended then: the end before
+        return -1
 
 
 def _walk(lo: int, hi: int, host: _HostTimeline, dev: _DeviceQueues,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import neuron_explorer
+import numpy as np
 import pytest
 from neuron_explorer.report import render_report
 
@@ -88,3 +89,61 @@ def test_every_step_of_a_sample_sums_to_the_step(repo_root, name):
     assert len(total) and (total == steps.reindex(total.index)).all()
     text = render_report(trace, "text")
     assert "Critical path (what sets the step's length" in text
+
+
+def test_kernel_ending_last_by_a_time_found_by_search() -> None:
+    """The walk asks, once per kernel on the path, which kernel (of all, or of one queue)
+    ended last at or before a time, other than one: a binary search over the kernels by
+    end time gives what a scan of every kernel gives, ties (the lowest index) included."""
+    from neuron_explorer.analyses.critical_path import _EndOrder
+
+    def scanned(end, queue_of, t, queue, exclude):
+        mask = end <= t
+        if queue is not None:
+            mask &= queue_of == queue
+        if exclude >= 0:
+            mask[exclude] = False
+        idx = np.flatnonzero(mask)
+        return int(idx[np.argmax(end[idx])]) if len(idx) else -1
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        end = rng.integers(0, 15, n).astype(np.int64)  # few distinct ends: many ties
+        queue_of = rng.integers(0, 3, n).astype(np.int64)
+        every = _EndOrder(np.arange(n), end)
+        queues = {int(q): _EndOrder(np.flatnonzero(queue_of == q), end)
+                  for q in np.unique(queue_of)}
+        for _ in range(30):
+            t, exclude = int(rng.integers(-2, 17)), int(rng.integers(-1, n)) if n else -1
+            queue = None if rng.random() < 0.5 else int(rng.integers(0, 4))
+            searched = every.last_by(t, exclude) if queue is None else \
+                queues[queue].last_by(t, exclude) if queue in queues else -1
+            assert searched == scanned(end, queue_of, t, queue, exclude)
+
+
+def test_host_time_cut_into_runs_of_one_category() -> None:
+    """The walk reads the host's category at any time from runs cut once: the first
+    category in priority order covering a stretch, python where none does."""
+    from neuron_explorer.analyses.critical_path import _host_runs, _HostTimeline
+    from neuron_explorer.common.intervals import Union
+
+    def union(*spans: tuple[int, int]) -> Union:
+        return Union(np.array([a for a, _ in spans]), np.array([b for _, b in spans]))
+
+    empty = union()
+    assert _host_runs({"dataloader": empty, "compile": empty, "op_dispatch": empty})[1] == \
+        ["python"]
+    starts, categories = _host_runs({"dataloader": union((10, 20)), "compile": union((15, 40)),
+                                     "op_dispatch": union((0, 12), (30, 50))})
+    assert starts[1:].tolist() == [0, 10, 20, 40, 50]
+    assert categories == ["python", "op_dispatch", "dataloader", "compile", "op_dispatch",
+                          "python"]
+    host = _HostTimeline.__new__(_HostTimeline)
+    host._run_start, host._run_category = starts, categories
+    assert host.work(5, 45, 7) == [(40, 5, "op_dispatch", "host", "op_dispatch", 7),
+                                   (20, 20, "compile", "host", "compile", 7),
+                                   (10, 10, "dataloader", "host", "dataloader", 7),
+                                   (5, 5, "op_dispatch", "host", "op_dispatch", 7)]
+    assert host.work(60, 70, 1) == [(60, 10, "python", "host", "python", 1)]
+    assert host.work(3, 3, 1) == []
