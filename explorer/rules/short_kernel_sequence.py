@@ -18,6 +18,7 @@ from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
 from neuron_explorer.rules.queued_idle import held_up
+from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -44,8 +45,8 @@ def short_windows(trace: Trace) -> pd.DataFrame:
     k = trace.kernels.set_index("id")
     # the optimizer's step is its own program (fused=True, or its own compiled graph): a
     # window that runs from the backward into it fuses nothing a fix would fuse
-    optimizer = np.asarray([any(o in str(name) for o in OPTIMIZER_KERNELS)
-                            for name in k["name"].reindex(w["id"]).tolist()], bool)
+    optimizer = map_unique(k["name"].reindex(w["id"]).to_numpy(object),  # per distinct name
+                           lambda name: any(o in str(name) for o in OPTIMIZER_KERNELS), bool)
     w = w.assign(optimizer=optimizer)
     mixed = w.groupby("window")["optimizer"].transform("nunique") > 1
     w = w[~mixed.to_numpy()]
