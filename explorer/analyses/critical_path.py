@@ -12,6 +12,7 @@ op interval covers its kernel's end, and the overlap is the wait).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -168,11 +169,78 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
         "launch_end": launch_ends(trace, k) if len(k) else []})
     device = _DeviceQueues(pd.concat([work, _collective_work(trace, s)], ignore_index=True))
     main_track = int(s.loc[trace.steps["id"].iloc[0], "track_id"]) if len(trace.steps) else -1
+    if _compiled_walk_pays(len(device.ts)):
+        return _compiled_paths(win, host, device, main_track, rank)
     rows: list[tuple] = []
     for w in win.itertuples():
         segments = _walk(int(w.ts), int(w.ts + w.dur), host, device, main_track)
         rows += [(int(w.step), *seg, rank) for seg in reversed(segments)]
     return pd.DataFrame(rows, columns=PATH_COLUMNS)
+
+
+# Kernels from which the compiled walk is worth its start-up (importing numba and loading
+# its cached code: about a second); below, the Python walk takes well under a second.
+COMPILED_WALK_MIN = 100_000
+
+
+def _compiled_walk_pays(n_kernels: int) -> bool:
+    from neuron_explorer.loaders.wire_scan import _compiled_available
+
+    return n_kernels >= COMPILED_WALK_MIN and _compiled_available()
+
+
+def _compiled_paths(win: pd.DataFrame, host: _HostTimeline, dev: _DeviceQueues,
+                    main_track: int, rank: int) -> pd.DataFrame:
+    """The paths of the step windows from the compiled walk, as the Python walk's rows."""
+    from neuron_explorer.analyses import critical_path_compiled as cc
+
+    parts, steps = [], []
+    for w in win.itertuples():
+        lo, hi = int(w.ts), int(w.ts + w.dur)
+        budget = 4 * (len(dev.ts) + len(host.sync_end)) + 16
+        seg = cc.walk(lo, hi, budget, host, dev)
+        kept = seg[1][::-1] > 0  # earliest first, as the rows go; none of no length
+        parts.append(tuple(a[::-1][kept] for a in seg))
+        steps.append(np.full(int(kept.sum()), int(w.step), np.int64))
+    ts, dur, what, ref = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    names, kinds, categories, tracks = _segment_texts(what, ref, host, dev, main_track)
+    return pd.DataFrame({"step": np.concatenate(steps), "ts": ts, "dur": dur, "name": names,
+                         "kind": kinds, "category": categories, "track": tracks,
+                         "rank": np.full(len(ts), rank, np.int64)}, columns=PATH_COLUMNS)
+
+
+def _segment_texts(what: np.ndarray, ref: np.ndarray, host: _HostTimeline,
+                   dev: _DeviceQueues, main_track: int) -> tuple[np.ndarray, ...]:
+    """Name, kind, category and track of the compiled walk's segments, as the Python walk
+    words them."""
+    from neuron_explorer.analyses import critical_path_compiled as cc
+
+    n = len(what)
+    name, kind, category = (np.empty(n, object) for _ in range(3))
+    track = np.full(n, main_track, np.int64)
+    host_names = np.array([*_HOST_ORDER, "python"], object)
+    m = what == cc.HOST_WORK
+    name[m] = category[m] = host_names[ref[m]]
+    kind[m] = "host"
+    for code, text in ((cc.SYNC, None), (cc.SYNC_LATENCY, "sync latency")):
+        m = what == code
+        name[m] = [str(v) for v in host.sync_name[ref[m]]] if text is None else text
+        kind[m], category[m], track[m] = "host", "sync", host.sync_track[ref[m]]
+    device = {cc.KERNEL: (None, "kernel"), cc.COLLECTIVE: (None, "collective"),
+              cc.COLLECTIVE_WAIT: (": waiting for the group's last rank", "collective_wait"),
+              cc.LAUNCH: ("launch", "launch"), cc.QUEUE: ("queue", "dependency"),
+              cc.DEPENDENCY: ("dependency", "dependency")}
+    for code, (text, cat) in device.items():
+        m = what == code
+        if code in (cc.KERNEL, cc.COLLECTIVE, cc.COLLECTIVE_WAIT):
+            kernel_names = pd.Series(dev.name[ref[m]], dtype=object).map(str)
+            name[m] = (kernel_names + text if text else kernel_names).to_numpy(object)
+        else:
+            name[m] = text
+        kind[m], category[m], track[m] = "device", cat, dev.track[ref[m]]
+    m = what == cc.UNEXPLAINED
+    name[m], kind[m], category[m] = "unexplained", "host", "python"
+    return name, kind, category, track
 
 
 class _HostTimeline:
@@ -192,8 +260,8 @@ class _HostTimeline:
         self.sync_track = np.r_[syncs["track_id"].to_numpy(np.int64), np.full(n, main, np.int64)]
         # sorted once, searched once per step of the walk: Python lists, whose bisect costs a
         # fraction of a numpy search for one value
-        self._by_end = np.argsort(self.sync_end, kind="stable").tolist()
-        self._ends_sorted = self.sync_end[self._by_end].tolist()
+        by_end = np.argsort(self.sync_end, kind="stable")
+        self._by_end, self._ends_sorted = by_end.tolist(), self.sync_end[by_end].tolist()
         kinds = {"dataloader": ("dataloader",), "compile": ("compile",),
                  "op_dispatch": ("op", "runtime")}
         unions = {cat: Union(hs.loc[hs["kind"].isin(kind), "ts"].to_numpy(),
@@ -202,6 +270,15 @@ class _HostTimeline:
                   for cat, kind in kinds.items()}
         starts, self._run_category = _host_runs(unions)
         self._run_start = starts.tolist()
+        names = [*_HOST_ORDER, "python"]
+        self._arrays = (self.sync_start, self.sync_end, self.sync_end[by_end], by_end, starts,
+                        np.array([names.index(c) for c in self._run_category], np.int64))
+
+    def compiled(self) -> tuple[np.ndarray, ...]:
+        """What the compiled walk reads: the syncs' starts and ends, their ends sorted and
+        that order, the host's runs' starts and category codes (in `_HOST_ORDER`, then
+        python)."""
+        return self._arrays
 
     def last_sync_ending_by(self, t: int, lo: int) -> int:
         """Index of the sync that ended last at or before `t` and after `lo` (-1: none)."""
@@ -281,8 +358,21 @@ class _DeviceQueues:
         # kernels by end time (and index at equal ends), all and per queue: the walk asks
         # which ended last before a time once per kernel on the path, each a binary search
         self._by_end = _EndOrder(np.arange(len(self.end)), self.end)
-        self._queue_by_end = {int(q): _EndOrder(np.flatnonzero(self.track == q), self.end)
-                              for q in np.unique(self.track)}
+        queues, self._queue_of = np.unique(self.track, return_inverse=True)
+        self._queue_by_end = {int(q): _EndOrder(np.flatnonzero(self._queue_of == i), self.end)
+                              for i, q in enumerate(queues.tolist())}
+
+    def compiled(self) -> tuple[np.ndarray, ...]:
+        """What the compiled walk reads: the kernels' times, waits, kinds and launches,
+        each one's queue, the kernels by end (all, then per queue, one after another)."""
+        per_queue = list(self._queue_by_end.values())
+        ptr = np.cumsum([0, *(len(q.kernel_array) for q in per_queue)])
+        return (self.ts, self.end, self.wait, self.collective, self.launch, self.launch_end,
+                self._queue_of.astype(np.int64), self._by_end.end_array,
+                self._by_end.kernel_array, ptr.astype(np.int64),
+                np.concatenate([q.end_array for q in per_queue] or [np.zeros(0, np.int64)]),
+                np.concatenate([q.kernel_array for q in per_queue]
+                               or [np.zeros(0, np.int64)]))
 
     def ending_by(self, t: int, track: int | None = None, exclude: int = -1) -> int:
         """The kernel (index) that ended last at or before `t` (on `track`, if given),
@@ -298,8 +388,16 @@ class _EndOrder:
 
     def __init__(self, kernels: np.ndarray, end: np.ndarray) -> None:
         order = np.lexsort((kernels, end[kernels]))
-        self.kernel = kernels[order].tolist()  # lists: bisect, as in _HostTimeline
-        self.end = end[kernels][order].tolist()
+        self.kernel_array = kernels[order].astype(np.int64)
+        self.end_array = end[kernels][order].astype(np.int64)
+
+    @cached_property
+    def kernel(self) -> list[int]:  # lists: bisect, as in _HostTimeline
+        return self.kernel_array.tolist()
+
+    @cached_property
+    def end(self) -> list[int]:
+        return self.end_array.tolist()
 
     def last_by(self, t: int, exclude: int) -> int:
         """The kernel that ended last at or before `t`, other than `exclude`: of those

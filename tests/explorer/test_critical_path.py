@@ -4,6 +4,7 @@ end across the host, launches, device queues and waits; its segments sum to the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import neuron_explorer
 import numpy as np
@@ -147,3 +148,67 @@ def test_host_time_cut_into_runs_of_one_category() -> None:
                                    (5, 5, "op_dispatch", "host", "op_dispatch", 7)]
     assert host.work(60, 70, 1) == [(60, 10, "python", "host", "python", 1)]
     assert host.work(3, 3, 1) == []
+
+
+@pytest.mark.parametrize("name", ["fsdp.run/rank0.pftrace", "straggler.run/rank2.pftrace",
+                                  "serve.pftrace", "gpt_compiled.pftrace",
+                                  "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+                                  "mtia_trace_single_rank__mtia_rank_0.json.gz"])
+def test_compiled_walk_gives_the_python_walks_path(name: str, real_traces_dir,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traces with many kernels walk their critical path compiled: the same segments,
+    names and tracks as the Python walk (collectives and their waits, syncs of no length,
+    launches, dependencies, every step and one step), on our recordings and real ones."""
+    import pandas as pd
+    from neuron_explorer.analyses import critical_path as cp
+
+    sample = Path(__file__).parents[2] / "sample_traces" / name
+    trace = neuron_explorer.load(sample if sample.exists() else real_traces_dir / name)
+    steps = [None, *trace.steps["step"].tolist()[:2]]
+    python = [cp.critical_path(trace, step) for step in steps]
+    monkeypatch.setattr(cp, "COMPILED_WALK_MIN", 0)
+    compiled = [cp.critical_path(trace, step) for step in steps]
+    assert len(python[0]) > 0
+    for want, got in zip(python, compiled, strict=True):
+        pd.testing.assert_frame_equal(want, got)
+
+
+def test_compiled_walk_on_random_timelines() -> None:
+    """Random host and device timelines on a coarse clock (many equal times: the ties of
+    the walk's choices): the compiled walk takes the Python walk's every step."""
+    import pandas as pd
+    from neuron_explorer.analyses import critical_path_compiled as cc
+    from neuron_explorer.analyses.critical_path import (
+        _DeviceQueues,
+        _HostTimeline,
+        _segment_texts,
+        _walk,
+    )
+
+    rng = np.random.default_rng(7)
+    for _ in range(150):
+        n_host, n_dev = int(rng.integers(1, 12)), int(rng.integers(0, 14))
+        hs = pd.DataFrame({"kind": rng.choice(["sync", "op", "dataloader", "compile",
+                                               "python"], n_host),
+                           "ts": rng.integers(0, 40, n_host), "dur": rng.integers(0, 8, n_host),
+                           "name": [f"h{i}" for i in range(n_host)], "track_id": 1})
+        blocks = rng.integers(0, 40, 2), rng.integers(0, 5, 2)
+        ts = rng.integers(0, 40, n_dev)
+        launch = np.maximum(ts - rng.integers(0, 6, n_dev), 0)
+        work = pd.DataFrame({"ts": ts, "dur": rng.integers(0, 6, n_dev),
+                             "name": [f"k{i}" for i in range(n_dev)],
+                             "wait": rng.integers(-1, 3, n_dev),
+                             "collective": rng.random(n_dev) < 0.2,
+                             "track": rng.integers(2, 5, n_dev), "launch": launch,
+                             "launch_end": launch + rng.integers(0, 3, n_dev)})
+        host, dev = _HostTimeline(hs, *blocks), _DeviceQueues(work)
+        budget = 4 * (len(dev.ts) + len(host.sync_end)) + 16
+        python = _walk(0, 48, host, dev, 1)
+        seg_ts, seg_dur, what, ref = cc.walk(0, 48, budget, host, dev)
+        kept = seg_dur > 0
+        assert list(zip(seg_ts[kept].tolist(), seg_dur[kept].tolist(), strict=True)) == \
+            [(s[0], s[1]) for s in python]
+        # which segment each is: the categories the rows get from it
+        _, kinds, categories, tracks = _segment_texts(what[kept], ref[kept], host, dev, 1)
+        assert list(zip(kinds, categories, tracks.tolist(), strict=True)) == \
+            [(s[3], s[4], s[5]) for s in python]
