@@ -83,7 +83,7 @@ class Store:
     def read_table(self, name: str) -> pd.DataFrame | None:
         """A table of this build, or None when it is absent, unreadable, damaged or of
         another build (a derived table is then computed again and written over it)."""
-        with building():  # the pages decoded and let go go back to the system after
+        with building():  # what the read decodes and lets go returns to the system
             table = self._read_arrow(name)
             return None if table is None else _to_pandas(table, categories=name != "args")
 
