@@ -122,35 +122,24 @@ def _text_codes(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarra
     return coded.indices.to_numpy(zero_copy_only=False).astype(np.int64), values
 
 
-class _KeyNames:
-    """The distinct key names met so far, each with its code (shared by every chunk)."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self._code_of: dict[str, int] = {}
-
-    def code(self, name: str) -> int:
-        if name not in self._code_of:
-            self._code_of[name] = len(self.names)
-            self.names.append(name)
-        return self._code_of[name]
-
-
 def _key_codes(state: Any, data: bytes | bytearray, sc: Scan, n: int, ev_seqgen: np.ndarray,
-               ev: np.ndarray, keys: _KeyNames) -> np.ndarray:
-    """Each annotation's key as a code into `keys`' names."""
-    codes = np.full(n, keys.code("?"), np.int32)
+               ev: np.ndarray, keys: dict[str, int]) -> np.ndarray:
+    """Each annotation's key as a code into `keys` (the key names met so far, shared by
+    every chunk, each coded in the order met; new ones added)."""
+    codes = np.full(n, keys.setdefault("?", len(keys)), np.int32)
     m = np.flatnonzero(sc.field[0] == A_NAME_IID)
     if len(m):
         inverse, pairs = interned_keys(ev_seqgen[ev[m]], sc.value[0][m])
         mapped = []
         for seqgen, iid in pairs:
             seq, gen = state.pairs[seqgen]
-            mapped.append(keys.code(state.interned.get((seq, gen, "ann"), {}).get(iid, "?")))
+            name = state.interned.get((seq, gen, "ann"), {}).get(iid, "?")
+            mapped.append(keys.setdefault(name, len(keys)))
         codes[m] = np.asarray(mapped, np.int32)[inverse]
     m = np.flatnonzero(sc.field[1] == A_NAME)
     if len(m):
-        codes[m] = [keys.code(t) for t in _texts(data, sc.offset[1][m], sc.value[1][m])]
+        codes[m] = [keys.setdefault(t, len(keys))
+                    for t in _texts(data, sc.offset[1][m], sc.value[1][m])]
     return codes
 
 
@@ -189,7 +178,7 @@ def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotation
     """Typed args of the given annotations. Corrupt ones (a broken field, a nested value
     protobuf cannot parse) are left out: `dropped(count, first byte offset)` hears of them."""
     n = len(ann.ev)
-    keys = _KeyNames()
+    keys: dict[str, int] = {}
     codes = np.empty(n, np.int32)
     kind = np.empty(n, np.int8)
     ival = np.empty(n, np.int64)
@@ -212,11 +201,11 @@ def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotation
     values = np.empty(len(svalues), object)
     for i, v in enumerate(svalues):  # one by one: a nested list must stay one value
         values[i] = v
-    return ColumnArgs(sid, codes, keys.names, kind, ival, fval, (scode, values), n_slices)
+    return ColumnArgs(sid, codes, list(keys), kind, ival, fval, (scode, values), n_slices)
 
 
 def _decode_chunk(data: bytes | bytearray, buf: np.ndarray, ev: np.ndarray, offset: np.ndarray,
-                  length: np.ndarray, ev_seqgen: np.ndarray, state: Any, keys: _KeyNames,
+                  length: np.ndarray, ev_seqgen: np.ndarray, state: Any, keys: dict[str, int],
                   svalues: list[Any], out: tuple[np.ndarray, ...]) -> None:
     """Decode one chunk of annotations into `out` (views of the whole columns: key code,
     kind, int, float, string code, broken); their strings are appended to `svalues`."""
