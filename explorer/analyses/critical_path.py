@@ -271,14 +271,12 @@ class _HostTimeline:
         starts, self._run_category = _host_runs(unions)
         self._run_start = starts.tolist()
         names = [*_HOST_ORDER, "python"]
-        self._arrays = (self.sync_start, self.sync_end, self.sync_end[by_end], by_end, starts,
-                        np.array([names.index(c) for c in self._run_category], np.int64))
+        # what the compiled walk reads: the syncs' starts and ends, their ends sorted and
+        # that order, the host's runs' starts and category codes (`_HOST_ORDER`, python)
+        self.compiled = (self.sync_start, self.sync_end, self.sync_end[by_end], by_end,
+                         starts, np.array([names.index(c) for c in self._run_category],
+                                          np.int64))
 
-    def compiled(self) -> tuple[np.ndarray, ...]:
-        """What the compiled walk reads: the syncs' starts and ends, their ends sorted and
-        that order, the host's runs' starts and category codes (in `_HOST_ORDER`, then
-        python)."""
-        return self._arrays
 
     def last_sync_ending_by(self, t: int, lo: int) -> int:
         """Index of the sync that ended last at or before `t` and after `lo` (-1: none)."""
@@ -362,6 +360,7 @@ class _DeviceQueues:
         self._queue_by_end = {int(q): _EndOrder(np.flatnonzero(self._queue_of == i), self.end)
                               for i, q in enumerate(queues.tolist())}
 
+    @cached_property  # the walk of each step window reads them: built once
     def compiled(self) -> tuple[np.ndarray, ...]:
         """What the compiled walk reads: the kernels' times, waits, kinds and launches,
         each one's queue, the kernels by end (all, then per queue, one after another)."""

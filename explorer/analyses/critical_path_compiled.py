@@ -168,13 +168,13 @@ def _walk(lo: int, hi: int, budget: int, sync_start: np.ndarray, sync_end: np.nd
 
 def walk(lo: int, hi: int, budget: int, host: Any, dev: Any) -> tuple[np.ndarray, ...]:
     """The walk from `hi` back to `lo` over the Python walk's `_HostTimeline` and
-    `_DeviceQueues` (their `compiled()` arrays): (ts, dur, what, ref) per segment, latest
+    `_DeviceQueues` (their `compiled` arrays): (ts, dur, what, ref) per segment, latest
     first."""
     cap = 4096
     while True:
         out = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
                np.empty(cap, np.int64))
-        n = _walk(lo, hi, budget, *host.compiled(), *dev.compiled(), *out)
+        n = _walk(lo, hi, budget, *host.compiled, *dev.compiled, *out)
         if n >= 0:
             return tuple(a[:n] for a in out)
         cap *= 4
