@@ -228,6 +228,8 @@ def _shown(value: Any) -> str:
 
 def _check_id(field: str, value: Any) -> None:
     """pid and tid: a number or a string (or absent), an integer within 64 bits."""
+    if value.__class__ is int and -INT64_MAX - 1 <= value <= INT64_MAX:
+        return  # the common case first: every metadata event names two of them
     if value is None or isinstance(value, str | float):
         return
     if isinstance(value, int):

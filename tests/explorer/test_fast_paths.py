@@ -176,3 +176,26 @@ def test_arrows_pool_gives_its_free_memory_back_too(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "pyarrow", Arrow)
     build_memory.give_back_freed_memory()
     assert released == [1]
+
+
+def test_nested_arg_values_keep_their_own_value_whichever_text_tells_them_apart() -> None:
+    """Equal nested values share one stored value; values orjson would write alike (NaN and
+    null), or cannot write (past 64 bits, floats keeping their digits), stay apart."""
+    from neuron_explorer.loaders.args import ArgsBuilder
+    from neuron_explorer.loaders.chrome_json import _Written
+
+    values = [[1, 2], [float("nan")], [None], [1 << 70], [_Written(1.5)], ["1.5"], [1.5],
+              {"b": 1, "a": [2]}, {"a": [2], "b": 1}, [1, 2], [1.0, 2]]
+    builder = ArgsBuilder()
+    builder.add(0, [{"v": v} for v in values])
+    args = builder.build(len(values))
+    got = [args.get(i)["v"] for i in range(len(values))]
+    for value, back in zip(values, got, strict=True):
+        assert back == value or repr(back) == repr(value)  # NaN is no NaN's equal
+        assert type(back[0] if isinstance(back, list) else back) is \
+            type(value[0] if isinstance(value, list) else value)
+    scode = args.scode
+    assert scode is not None
+    assert scode[0] == scode[9]  # [1, 2] twice: one stored value
+    assert scode[7] == scode[8]  # the same object, keys in another order
+    assert len(set(scode.tolist())) == len(values) - 2
