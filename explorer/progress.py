@@ -23,11 +23,8 @@ def steps(total: int, what: str, enabled: bool | None = None, unit: str = "step"
           ) -> Iterator[Any]:
     """A bar of `total` steps (call `.update()` after each); `enabled`: None shows it when
     stderr is a terminal or in a notebook, False never, True always."""
-    from tqdm.auto import tqdm
-
     disable = (not enabled) if enabled is not None else not (_is_terminal() or _in_notebook())
-    bar = tqdm(total=total, desc=what, unit=unit, file=sys.stderr, delay=1.0,
-               disable=disable, leave=False)
+    bar: Any = _Hidden() if disable else _drawn(total, what, unit)
     listener: Listener | None = getattr(_listeners, "current", None)
     try:
         if listener is None:
@@ -49,6 +46,27 @@ def observe(listener: Listener) -> Iterator[None]:
         yield
     finally:
         _listeners.current = previous
+
+
+def _drawn(total: int, what: str, unit: str) -> Any:
+    from tqdm.auto import tqdm  # 30 ms to import: only for a bar that may be drawn
+
+    return tqdm(total=total, desc=what, unit=unit, file=sys.stderr, delay=1.0, leave=False)
+
+
+class _Hidden:
+    """A bar that is never drawn: counts its steps, as a disabled tqdm bar does."""
+
+    disable = True
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
 
 
 class _Reported:
