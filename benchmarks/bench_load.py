@@ -23,12 +23,16 @@ reload of every table, and of the slices and steps alone, target >= 10 M slices/
 memory above the imports <= 3x the file. The rates are judged on CPU time (the fairer
 figure on a shared machine); the wall-clock rates are printed beside them.
 
+First, each real PyTorch-profiler trace the tests keep (HTA's own test traces among them)
+against HTA's parser, in fresh processes: CPU time after the imports and with them, peak
+memory above the imports. Target: 5x faster than HTA, no more memory.
+
 Then the nesting case: N identical slices (each nests in the one before: depth N)
 in both formats, at N and 4N; the load must grow about linearly (target: 4N takes
 at most 6x N's time; a pass per depth made it 16x).
 Run:
     .venv/bin/python benchmarks/bench_load.py [--slices 1000000] [--keep DIR]
-        [--recorded TRACE | --record-steps 30] [--store-only]
+        [--recorded TRACE | --record-steps 30] [--store-only | --real-only]
 (needs the `bench` extra: pip install -c constraints.txt -e .[bench])
 """
 
@@ -185,7 +189,13 @@ MEASURE = {
     "cached_load": ("ours", "t = ne.load(PATH); n = len(t.table('slices')); t.steps", "warm"),
     "hta": ("hta", ("meta, df, symbols = parse_trace_dataframe(PATH, ParserConfig())\n"
                     "n = len(df)"), "off"),
+    # a real trace: its events as HTA's parser gives them, then with the ops and kernels
+    "ours_real": ("ours", "t = ne.load(PATH); n = len(t.table('slices'))", "off"),
+    "ours_real_derived": ("ours", ("t = ne.load(PATH); n = len(t.table('slices')); t.ops; "
+                                   "t.kernels"), "off"),
 }
+# HTA's own test traces and the other real PyTorch-profiler traces kept for the tests
+REAL_TRACES = ("tests/data/real_traces", "tests/data/hta_critical_path")
 
 
 def write_identical(folder: Path, n: int) -> tuple[Path, Path]:
@@ -246,6 +256,7 @@ s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
 dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({{"seconds": dt, "cpu_seconds": cpu, "sys_seconds": usage.ru_stime - s0,
+                  "cpu_with_imports": time.process_time(),
                   "peak_bytes": hwm(), "base_bytes": base, "rows": n}}))
 """
     env = {**os.environ, "NEURON_EXPLORER_CACHE": "off" if cache == "off" else str(CACHE)}
@@ -293,6 +304,27 @@ def store_targets(label: str, path: Path, best: Callable[[str, Path], dict[str, 
           f"(target <= 3x: {'met' if peak <= 3 * size else 'MISSED'})")
 
 
+def real_traces(best: Callable[[str, Path], dict[str, float]]) -> None:
+    """Each real trace against HTA's parser: CPU time after the imports and with them, and
+    peak memory above the imports (targets: 5x faster, no more memory)."""
+    root = Path(__file__).resolve().parents[1]
+    paths = sorted(p for folder in REAL_TRACES for p in (root / folder).glob("*.json.gz"))
+    print("real traces against HTA (CPU s after the imports / with them; peak MiB above the "
+          "imports); ours: the events, then with the ops and kernels tables")
+    for path in paths:
+        runs = {kind: best(kind, path) for kind in ("ours_real", "ours_real_derived", "hta")}
+        ours, derived, hta = runs["ours_real"], runs["ours_real_derived"], runs["hta"]
+        mib = {k: (r["peak_bytes"] - r["base_bytes"]) / 2**20 for k, r in runs.items()}
+        print(f"  {path.name[:44]:44s} {ours['rows']:>8,} slices  "
+              f"ours {ours['cpu_seconds']:.3f}/{ours['cpu_with_imports']:.2f} "
+              f"(+tables {derived['cpu_seconds']:.3f})  HTA {hta['cpu_seconds']:.3f}/"
+              f"{hta['cpu_with_imports']:.2f}  HTA/ours "
+              f"{hta['cpu_seconds'] / ours['cpu_seconds']:.1f}x "
+              f"({hta['cpu_with_imports'] / ours['cpu_with_imports']:.1f}x with imports)  "
+              f"MiB {mib['ours_real']:.0f} (+tables {mib['ours_real_derived']:.0f}) "
+              f"/ HTA {mib['hta']:.0f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slices", type=int, default=1_000_000)
@@ -308,7 +340,18 @@ def main() -> int:
                         help="steps of examples/gpt.py to record (about 13k slices a step)")
     parser.add_argument("--store-only", action="store_true",
                         help="only the store targets (first load, cached reload)")
+    parser.add_argument("--real-only", action="store_true",
+                        help="only the real traces against HTA")
     args = parser.parse_args()
+    # each figure is the best of `--repeat` fresh processes: the least disturbed by other work
+    def best(kind: str, path: Path, times: int) -> dict[str, float]:
+        runs = [measure(kind, str(path)) for _ in range(times)]
+        return {k: min(r[k] for r in runs) for k in runs[0]}
+
+    if not args.no_hta:
+        real_traces(lambda kind, p: best(kind, p, args.repeat))
+        if args.real_only:
+            return 0
     folder = Path(args.keep or tempfile.mkdtemp(prefix="bench_load_"))
     folder.mkdir(parents=True, exist_ok=True)
     pf, js = folder / "bench.pftrace", folder / "bench_kineto.json"
@@ -318,11 +361,6 @@ def main() -> int:
     write_kineto(js, ev)
     print(f"wrote {args.slices:,} slices in {time.perf_counter() - t0:.1f} s: "
           f"{pf.stat().st_size / 2**20:.0f} MiB .pftrace, {js.stat().st_size / 2**20:.0f} MiB JSON")
-    # each figure is the best of `--repeat` fresh processes: the least disturbed by other work
-    def best(kind: str, path: Path, times: int) -> dict[str, float]:
-        runs = [measure(kind, str(path)) for _ in range(times)]
-        return {k: min(r[k] for r in runs) for k in runs[0]}
-
     recorded = Path(args.recorded) if args.recorded else record_engine_trace(
         folder / "recorded_engine.pftrace", args.record_steps)
     for label, path in (("synthetic", pf), ("recorded engine-level", recorded)):
