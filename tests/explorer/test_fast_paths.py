@@ -143,6 +143,30 @@ def test_the_outermost_build_gives_freed_memory_back(monkeypatch: pytest.MonkeyP
     assert given == [1, 1]
 
 
+def test_builds_pause_the_cyclic_collector_and_restore_it() -> None:
+    """Off from the outermost build's start to its end, nested builds included; back as it
+    was found (on, or off where the caller had turned it off), also after a raise."""
+    import gc
+
+    assert gc.isenabled()
+    with building():
+        assert not gc.isenabled()
+        with building():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer build still runs
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), building():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with building():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.skipif(build_memory._malloc_trim() is None, reason="not glibc")
 def test_freed_heap_memory_goes_back_to_the_system() -> None:
     """Arrays below glibc's mmap threshold live in the heap; freed, their pages stay
