@@ -163,10 +163,13 @@ def sequence_windows(trace: Trace, n: int = 3) -> pd.DataFrame:
     if not len(starts):
         return pd.DataFrame(columns=WINDOW_COLUMNS)
     rows = (starts[:, None] + np.arange(n)[None, :]).ravel()
-    names = frame["name"].to_numpy(object)
-    sequence = [SEPARATOR.join(map(str, names[i:i + n])) for i in starts]
+    # each distinct run of names worded once: a trace holds few sequences, many windows
+    codes, names = pd.factorize(frame["name"], use_na_sentinel=False)
+    runs, which = np.unique(codes[rows].reshape(-1, n), axis=0, return_inverse=True)
+    names = np.asarray(names, object)
+    sequence = np.array([SEPARATOR.join(map(str, names[run])) for run in runs], object)
     return pd.DataFrame({"window": np.repeat(np.arange(len(starts)), n),
-                         "sequence": np.repeat(np.asarray(sequence, object), n),
+                         "sequence": np.repeat(sequence[which.ravel()], n),
                          "position": np.tile(np.arange(n), len(starts)),
                          "id": frame["id"].to_numpy(np.int64)[rows]}, columns=WINDOW_COLUMNS)
 

@@ -161,6 +161,24 @@ def two_blocks(tmp_path_factory) -> neuron_explorer.Trace:
     return neuron_explorer.load(path)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_each_window_names_its_own_kernels(repo_root, load_real, n):
+    """A window's sequence is its kernels' names in position order, on our eager and
+    compiled recordings and on a real trace (each distinct sequence is worded once)."""
+    from neuron_explorer.analyses.kernel_sequences import SEPARATOR, sequence_windows
+
+    traces = [neuron_explorer.load(repo_root / "sample_traces" / name)
+              for name in ("mlp_eager.pftrace", "gpt_compiled.pftrace")]
+    for trace in [*traces, load_real(SAMPLED_0)]:
+        w = sequence_windows(trace, n)
+        assert len(w) and (w.groupby("window")["position"].count() == n).all()
+        names = trace.table("slices")["name"].astype(str).to_numpy()
+        w = w.sort_values(["window", "position"])
+        worded = w.groupby("window")["id"].agg(lambda ids, names=names:
+                                               SEPARATOR.join(names[ids]))
+        assert (w.groupby("window")["sequence"].first() == worded).all()
+
+
 def test_a_sequence_breaks_at_another_queues_launch_and_at_a_copy(two_blocks):
     """k_a1 -> k_a2 (one op) -> k_b (the next launch) link; k_b -> k_d does not (k_c was
     launched between them), nor k_d -> copy -> k_e; the first block's k_e links to the
