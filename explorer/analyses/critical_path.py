@@ -304,7 +304,11 @@ def _host_runs(unions: dict[str, Union]) -> tuple[np.ndarray, list[str]]:
     between the unions' bounds takes the first category (in `_HOST_ORDER`) whose union
     covers it, else "python"; equal neighbours are one run. Returns each run's start (the
     first from the earliest time there is) and its category; a run lasts to the next."""
-    bounds = np.unique(np.concatenate([np.r_[u.starts, u.ends] for u in unions.values()]))
+    bounds = np.concatenate([np.r_[u.starts, u.ends] for u in unions.values()])
+    # sorted runs, merged by a stable sort, then deduplicated: numpy 2.4's np.unique hashes
+    # every value, 2 s where they are millions and distinct, against 40 ms for this
+    bounds.sort(kind="stable")
+    bounds = bounds[np.r_[True, bounds[1:] != bounds[:-1]]] if len(bounds) else bounds
     if not len(bounds):  # no host work recorded: all python
         return np.array([np.iinfo(np.int64).min]), ["python"]
     names = [*_HOST_ORDER, "python"]
