@@ -165,13 +165,26 @@ def sequence_windows(trace: Trace, n: int = 3) -> pd.DataFrame:
     rows = (starts[:, None] + np.arange(n)[None, :]).ravel()
     # each distinct run of names worded once: a trace holds few sequences, many windows
     codes, names = pd.factorize(frame["name"], use_na_sentinel=False)
-    runs, which = np.unique(codes[rows].reshape(-1, n), axis=0, return_inverse=True)
+    runs, which = _distinct_rows(codes[rows].reshape(-1, n), len(names))
     names = np.asarray(names, object)
     sequence = np.array([SEPARATOR.join(map(str, names[run])) for run in runs], object)
     return pd.DataFrame({"window": np.repeat(np.arange(len(starts)), n),
-                         "sequence": np.repeat(sequence[which.ravel()], n),
+                         "sequence": np.repeat(sequence[which], n),
                          "position": np.tile(np.arange(n), len(starts)),
                          "id": frame["id"].to_numpy(np.int64)[rows]}, columns=WINDOW_COLUMNS)
+
+
+def _distinct_rows(rows: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of small codes (each below `base`) and each row's number among
+    them. A row is one number in base `base` where it fits 63 bits, hashed by pandas
+    (np.unique's rows sort as records: 9% of a 3 M-event trace's findings)."""
+    n = rows.shape[1]
+    if base ** n >= 1 << 62:
+        runs, which = np.unique(rows, axis=0, return_inverse=True)
+        return runs, which.ravel()
+    place = np.int64(max(base, 1)) ** np.arange(n, dtype=np.int64)
+    which, keys = pd.factorize(rows.astype(np.int64) @ place)
+    return (keys[:, None] // place[None, :]) % max(base, 1), which
 
 
 def _windows(trace: Trace, k: pd.DataFrame, n: int) -> pd.DataFrame:

@@ -179,6 +179,19 @@ def test_each_window_names_its_own_kernels(repo_root, load_real, n):
         assert (w.groupby("window")["sequence"].first() == worded).all()
 
 
+@pytest.mark.parametrize(("base", "n"), [(5, 3), (1, 2), (300, 3), (70_000, 4)])
+def test_distinct_rows_of_codes(base, n):
+    """Rows as one number in base `base` (the last case past 63 bits: rows sorted as
+    records): every distinct row once, each row's number pointing at its own."""
+    import numpy as np
+    from neuron_explorer.analyses.kernel_sequences import _distinct_rows
+
+    rows = np.random.default_rng(base).integers(0, base, (1000, n))
+    runs, which = _distinct_rows(rows, base)
+    assert (runs[which] == rows).all()
+    assert len(runs) == len(np.unique(rows, axis=0))
+
+
 def test_a_sequence_breaks_at_another_queues_launch_and_at_a_copy(two_blocks):
     """k_a1 -> k_a2 (one op) -> k_b (the next launch) link; k_b -> k_d does not (k_c was
     launched between them), nor k_d -> copy -> k_e; the first block's k_e links to the
