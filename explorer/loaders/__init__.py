@@ -48,7 +48,7 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
             if head[:2] != GZIP_MAGIC and _looks_like_json(head):
                 # JSON is parsed a window at a time (a large trace never whole in memory)
                 return load_json_windows(path, _file_windows(path, f, head))
-            data: bytes | bytearray = head + f.read()
+            data = _read_whole(f, head, size)
     except OSError as exc:
         raise _unreadable(path, exc) from None
     if not data:
@@ -79,6 +79,26 @@ _WINDOW_BYTES = 16 << 20
 def _unreadable(path: str, exc: OSError) -> TraceFormatError:
     return TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
                             "its permissions")
+
+
+def _read_whole(f: Any, head: bytes, size: int) -> bytearray:
+    """The file's bytes in one buffer, read into place (`head`: those read already). Not
+    `head + f.read()`: that held the file twice, and faulted in twice its pages."""
+    data = bytearray(max(size, len(head)))
+    data[:len(head)] = head
+    at = len(head)
+    with memoryview(data) as view:
+        while at < len(data):
+            got = f.readinto(view[at:])
+            if not got:
+                break
+            at += got
+    more = f.read() if at == len(data) else b""  # it grew since its size was taken
+    if more:
+        data += more
+    else:
+        del data[at:]  # or shrank
+    return data
 
 
 def _file_windows(path: str, f: Any, head: bytes) -> Iterator[bytes]:

@@ -336,3 +336,16 @@ def test_events_scanned_a_few_at_a_time_give_the_same_trace(
         assert whole.skipped.get("corrupt debug annotation")
     else:
         assert len(whole.counters) and len(whole.flows)
+
+
+@pytest.mark.parametrize("size", [0, 4, 4096, 10_000, 20_000])
+def test_a_trace_is_read_whole_into_one_buffer_whatever_its_size_said(size) -> None:
+    """The size taken before reading may be stale: a file that grew or shrank since is
+    read to its end, no byte lost or added."""
+    import io
+
+    from neuron_explorer.loaders import _read_whole
+
+    body = bytes(range(256)) * 40  # 10,240 bytes
+    data = _read_whole(io.BytesIO(body[64:]), body[:64], size)
+    assert bytes(data) == body
