@@ -48,7 +48,7 @@ def _read(path: str, max_bytes: int | None) -> RawTrace:
             if head[:2] != GZIP_MAGIC and _looks_like_json(head):
                 # JSON is parsed a window at a time (a large trace never whole in memory)
                 return load_json_windows(path, _file_windows(path, f, head))
-            data = _read_whole(f, head, size)
+            data: bytes | bytearray = _read_whole(f, head, size)
     except OSError as exc:
         raise _unreadable(path, exc) from None
     if not data:
