@@ -312,7 +312,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     skipped: Counter[str] = Counter()
     pk = _packets(path, buf, starts, ends, skipped)
     state = _State()
-    for i in np.flatnonzero(pk.scan.field[5] != 0).tolist():  # in file order
+    for i in pk.stateful.tolist():  # in file order
         state.read(data, int(starts[i]), int(ends[i]), int(pk.seq[i]), int(pk.gen[i]))
     state.pairs = pk.pairs
     # only the track events' packets matter from here: the packets' scan is let go before
@@ -324,6 +324,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     ev_name, ev_cat = ev.name, ev.cat
     tracks, track_of = _tracks(state, np.sort(pd.unique(ev.track_uuid)))
     ev_track = _track_ids(track_of, ev.track_uuid)
+    ev.track_uuid = ev.track_uuid[:0]  # the track ids say it from here: let it go
     sl = _slices(ev, ev_track, skipped)
     slices, order = build_slices(ev_track[sl.events], ev.ts[sl.events], sl.dur,
                                  ev_name.coded(sl.events), ev_cat.coded(sl.events),
@@ -364,34 +365,55 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
 
 @dataclass
 class _Packets:
-    """Per packet: its scan, timestamp, sequence, generation of incremental state and the
-    number of its (sequence, generation) pair; `pairs` lists those pairs."""
+    """Per packet: timestamp, sequence, generation of incremental state and the number of
+    its (sequence, generation) pair; `pairs` lists those pairs. `event` names the packets
+    holding a track event, with the event's bytes (`event_offset`, `event_length`);
+    `stateful` those holding interned data, a track descriptor or defaults."""
 
-    scan: Scan
     ts: np.ndarray
     seq: np.ndarray
     gen: np.ndarray
     pair: np.ndarray
     pairs: list[tuple[int, int]]
+    event: np.ndarray
+    event_offset: np.ndarray
+    event_length: np.ndarray
+    stateful: np.ndarray
+
+
+# Packets scanned at once: the scan's slots (six numbers per packet, and their fields)
+# were the load's largest transient when every packet was scanned together.
+PACKETS_PER_CHUNK = 1 << 18
 
 
 def _packets(path: str, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
              skipped: Counter[str]) -> _Packets:
-    """Scan every packet's fields; count the unknown ones; number the sequences'
-    incremental-state generations."""
+    """Scan every packet's fields, a chunk at a time; count the unknown ones; number the
+    sequences' incremental-state generations."""
     n = len(starts)
-    pk = scan(buf, starts, ends, PACKET_SLOTS, set(), offsets={4})
-    for number, count in Counter(pk.others[~np.isin(pk.others, list(IGNORED_PACKET_FIELDS))]
-                                 .tolist()).items():
-        skipped[f"packet field {number}"] += count
-    late = np.flatnonzero(pk.value[0] >= np.uint64(1 << 63))
-    if len(late):
-        raise TraceFormatError(path, f"packet timestamp {int(pk.value[0][late[0]])} ns is past "
-                               "what 64-bit signed times hold", int(starts[late[0]]))
-    p_ts = pk.value[0].astype(np.int64)
-    p_seq = pk.value[1].astype(np.int64)
-    cleared = (((pk.value[2] & np.uint64(F.SEQ_INCREMENTAL_STATE_CLEARED)) != 0)
-               | (pk.value[3] != 0))
+    prefer_compiled_for(int((ends - starts).sum()))  # chunks of a large trace: compiled
+    p_ts, p_seq, cleared = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, bool)
+    events, stateful = _Chunks(3), _Chunks(1)
+    for lo in range(0, n, PACKETS_PER_CHUNK):
+        part = slice(lo, min(lo + PACKETS_PER_CHUNK, n))
+        pk = scan(buf, starts[part], ends[part], PACKET_SLOTS, set(), offsets={4})
+        for number, count in Counter(pk.others[~np.isin(pk.others,
+                                                        list(IGNORED_PACKET_FIELDS))]
+                                     .tolist()).items():
+            skipped[f"packet field {number}"] += count
+        late = np.flatnonzero(pk.value[0] >= np.uint64(1 << 63))
+        if len(late):
+            raise TraceFormatError(path, f"packet timestamp {int(pk.value[0][late[0]])} ns is "
+                                   "past what 64-bit signed times hold",
+                                   int(starts[lo + late[0]]))
+        p_ts[part] = pk.value[0].astype(np.int64)
+        p_seq[part] = pk.value[1].astype(np.int64)
+        cleared[part] = (((pk.value[2] & np.uint64(F.SEQ_INCREMENTAL_STATE_CLEARED)) != 0)
+                         | (pk.value[3] != 0))
+        at = np.flatnonzero(pk.field[4] != 0)
+        events.add(at + lo, pk.offset[4][at], pk.value[4][at].astype(np.int64))
+        stateful.add(np.flatnonzero(pk.field[5] != 0) + lo)
+        del pk
     if n and (p_seq == p_seq[0]).all():
         # one sequence (one writer, as ours): generations count up from the first packet's,
         # so each packet's (sequence, generation) pair is numbered by its generation
@@ -407,7 +429,9 @@ def _packets(path: str, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
         combo = p_seq * (1 << 32) + p_gen
         p_pair, uniq_combo = pd.factorize(combo)  # hashing: no sort of every packet
     pairs = [(int(c) >> 32, int(c) & 0xFFFFFFFF) for c in uniq_combo.tolist()]
-    return _Packets(pk, p_ts, p_seq, p_gen, p_pair, pairs)
+    event, event_offset, event_length = events.joined()
+    return _Packets(p_ts, p_seq, p_gen, p_pair, pairs, event, event_offset, event_length,
+                    stateful.joined()[0])
 
 
 @dataclass
@@ -424,9 +448,9 @@ class _EventPackets:
 
     @classmethod
     def of(cls, pk: _Packets) -> _EventPackets:
-        at = np.flatnonzero(pk.scan.field[4] != 0)
-        return cls(at, pk.scan.offset[4][at], pk.scan.value[4][at].astype(np.int64),
-                   pk.ts[at], pk.seq[at], _narrow(pk.pair[at]))
+        at = pk.event
+        return cls(at, pk.event_offset, pk.event_length, pk.ts[at], pk.seq[at],
+                   _narrow(pk.pair[at]))
 
 
 def _narrow(numbers: np.ndarray) -> np.ndarray:
@@ -483,7 +507,8 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
         track_uuid[part] = uuid
         _names(data, es, at.pair[part], lo, state, name, cat)
         ev, wire, length, offset = es.rows.select(F.E_DEBUG)
-        annotations.add(ev.astype(np.int64) + lo, wire, length, offset)
+        # a row per annotation, millions of them: event numbers and lengths in 32 bits
+        annotations.add(_narrow(ev.astype(np.int64) + lo), wire, _narrow(length), offset)
         fid, ev, term = _flow_ids(es.rows)
         flows.add(fid, ev.astype(np.int64) + lo, term)
         idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
@@ -583,9 +608,10 @@ def _slices(ev: _Events, ev_track: np.ndarray, skipped: Counter[str]) -> _SliceE
     if n_inst and len(b_ev):
         # an instant's parent: the deepest slice holding it, among its tracks' slices only
         near = np.flatnonzero(np.isin(ev_track[b_ev], np.unique(ev_track[inst_ev])))
-        pre = pd.DataFrame({"id": np.arange(len(b_ev)), "ts": ev_ts[b_ev], "dur": b_dur,
-                            "track_id": ev_track[b_ev], "depth": depth, "parent_id": parent}
-                           ).iloc[near]
+        b_near = b_ev[near]  # selected before the frame is made: no frame of every slice
+        pre = pd.DataFrame({"id": near, "ts": ev_ts[b_near], "dur": b_dur[near],
+                            "track_id": ev_track[b_near], "depth": depth[near],
+                            "parent_id": parent[near]}, index=near)
         host = bind_flow_points(pre, ev_track[inst_ev], ev_ts[inst_ev],
                                 np.ones(n_inst, bool), parent_of=parent, begin_ts=ev_ts[b_ev],
                                 begin_end=ev_ts[b_ev] + b_dur)

@@ -157,7 +157,8 @@ class Annotations:
         """From the events' annotation rows (`Fields.select` of the debug annotation field)."""
         ev, _, length, offset = rows
         sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
-        length = length.astype(np.int64, copy=False)
+        if length.dtype.kind == "u":  # as the wire scan reads them: signed for arithmetic
+            length = length.astype(np.int64)
         keep = sid >= 0
         if keep.all():  # as a rule: no copy of a large trace's rows
             return cls(ev, sid, offset, length)

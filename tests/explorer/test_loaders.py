@@ -305,8 +305,9 @@ CORRUPT_ANNOTATION = Path(__file__).parents[1] / "data" / "fuzz_corpus" / \
                          ids=lambda p: p.name)
 def test_events_scanned_a_few_at_a_time_give_the_same_trace(
         path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The events' and the debug annotations' fields are scanned a chunk at a time
-    (bounded memory on large traces): with chunks of 7 events and 5 annotations, names
+    """The packets', events' and debug annotations' fields are scanned a chunk at a time
+    (bounded memory on large traces): with chunks of 97 packets, 7 events and 5
+    annotations, names
     interned in one chunk and used in another, slices begun in one and ended in another,
     args (corrupt ones left out, and said so, the same), flows and counters come out the
     same."""
@@ -321,6 +322,7 @@ def test_events_scanned_a_few_at_a_time_give_the_same_trace(
 
     whole, whole_heard = loaded()
     monkeypatch.setattr(pftrace, "EVENTS_PER_CHUNK", 7)
+    monkeypatch.setattr(pftrace, "PACKETS_PER_CHUNK", 97)
     monkeypatch.setattr(pftrace_annotations, "ANNOTATIONS_PER_CHUNK", 5)
     chunked, chunked_heard = loaded()
     for table in ("slices", "tracks", "counters", "flows"):
