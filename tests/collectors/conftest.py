@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_command
 
 PROGRAMS = Path(__file__).parent / "programs"
 CLI = [sys.executable, "-m", "neuron_explorer.cli", "record"]
@@ -31,10 +32,16 @@ def programs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def record_cli(programs: Path):
-    """Run `neuron-explorer record ARGS` in the programs folder; return the CompletedProcess."""
+    """Run `neuron-explorer record ARGS` in the programs folder; return the CompletedProcess.
+    It runs forked from the record server (cli_runner.py: where a fresh process is once
+    it has imported torch, without those seconds), or with `fresh` in a fresh process:
+    for what happens before torch loads."""
 
-    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([*CLI, *args], cwd=programs, capture_output=True, text=True,
-                              env=cli_env(), timeout=timeout, check=False)
+    def run(*args: str, timeout: float = 120, fresh: bool = False
+            ) -> subprocess.CompletedProcess:
+        if fresh:
+            return subprocess.run([*CLI, *args], cwd=programs, capture_output=True,
+                                  text=True, env=cli_env(), timeout=timeout, check=False)
+        return run_command("record", *args, cwd=programs, env=cli_env(), timeout=timeout)
 
     return run

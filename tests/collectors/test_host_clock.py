@@ -421,7 +421,8 @@ def test_record_lets_openmp_workers_sleep_unless_the_user_chose(record_cli, prog
     else:
         monkeypatch.setenv("OMP_WAIT_POLICY", user_choice)
     (programs / "show_policy.py").write_text(_SHOW_POLICY)
-    proc = record_cli("-o", "policy.pftrace", "--level", "op", "show_policy.py")
+    # a fresh process: `record` chooses the policy before it imports torch
+    proc = record_cli("-o", "policy.pftrace", "--level", "op", "show_policy.py", fresh=True)
     assert proc.returncode == 0, proc.stderr
     expected = user_choice or "PASSIVE"
     assert proc.stdout.split()[:2] == [expected, expected]

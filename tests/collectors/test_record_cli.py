@@ -266,7 +266,7 @@ def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs
 def test_bad_input_is_one_clear_line_before_anything_runs(record_cli, programs: Path,
                                                           args: list[str], message: str) -> None:
     before = set(os.listdir(programs))
-    proc = record_cli(*args, timeout=60)
+    proc = record_cli(*args, timeout=60, fresh=True)  # before torch loads
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr

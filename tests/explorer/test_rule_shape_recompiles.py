@@ -12,6 +12,7 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
+from cli_runner import run_command
 from neuron_explorer.analyses.steady_state import compiling_steps
 from neuron_explorer.rules import thresholds as th
 from scenarios import Scenario
@@ -111,10 +112,9 @@ def _record(folder: Path, name: str, *flags: str) -> neuron_explorer.Trace:
     env.pop("NEURON_EXPLORER_RECORD", None)
     env.pop("NEURON_HOST_CLOCK", None)
     out = folder / f"{name}.pftrace"
-    cmd = [sys.executable, "-m", "neuron_explorer.cli", "record", "--level", "op", "-o",
-           str(out), "--", sys.executable, str(EXAMPLE), *ARGS, *flags]
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    # as a user runs it (forked after a recording's imports: cli_runner)
+    proc = run_command("record", "--level", "op", "-o", str(out), "--", sys.executable,
+                       str(EXAMPLE), *ARGS, *flags, cwd=folder, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return neuron_explorer.load(out)
 

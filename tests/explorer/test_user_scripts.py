@@ -7,23 +7,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import neuron_explorer
 import numpy as np
 import pytest
+from cli_runner import run_command
 
 pytestmark = pytest.mark.slow
 PROGRAMS = Path(__file__).parent / "programs"
-CLI = [sys.executable, "-m", "neuron_explorer.cli"]
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The command as a user runs it (a `record` forked after its imports: cli_runner)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("NEURON_EXPLORER_RECORD", None)
-    proc = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    proc = run_command(*args, cwd=cwd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 

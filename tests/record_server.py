@@ -1,0 +1,72 @@
+"""`neuron-explorer record ...` run in processes forked from one that has imported what a
+recording imports before the program starts (torch, the backend, the recorder):
+
+    python record_server.py     # one request a line, JSON: [ARGV, CWD, ENV, STDOUT, STDERR]
+
+For each request it forks a child that runs the command as `python -m neuron_explorer.cli
+ARGV` would in CWD with ENV, its output into the files STDOUT and STDERR, and answers the
+child's pid in a line, then its exit status in another. The child is where a fresh process
+would be when `record` starts the program (a modelled recording has the same bytes:
+tests/test_record_server.py), without its 2-3 s of imports. Only ENV's NEURON_HOST_CLOCK
+and NEURON_HARDWARE may differ from the server's own environment (both are read when the
+recording starts); cli_runner.py starts the server and runs other commands afresh.
+
+The child leaves the server's loop by the way `python -m neuron_explorer.cli` ends: the
+`SystemExit` of `sys.exit(main())`, or an uncaught exception, ends the interpreter with
+its exit handlers run and its exit status."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+import neuron_explorer.cli
+from neuron_explorer.collectors import thread_pool_wait
+
+# As `record` does before it imports torch (libgomp reads it as torch loads it).
+PASSIVE = thread_pool_wait.wait_asleep()
+for _module in ("torch", "neuron_explorer", "neuron_explorer.collectors.record_command",
+                "neuron_explorer.collectors.session", "neuron_explorer.collectors.program",
+                "neuron_explorer.collectors.device_sink",
+                "neuron_explorer.collectors.framework_hooks"):  # what a recording's start imports
+    importlib.import_module(_module)
+
+
+def _child(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """Become `python -m neuron_explorer.cli ARGV`, started in CWD with ENV."""
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        new = os.open(path, flags, 0o644)
+        os.dup2(new, fd)
+        os.close(new)
+    # not the server's requests, read ahead into its buffer
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's stdin until it ends
+    os.chdir(cwd)
+    # what a process started in CWD takes for its starting folder (spawned workers find
+    # the program's relative path from it), read as multiprocessing is imported
+    if "multiprocessing.process" in sys.modules:
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.path.abspath(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if PASSIVE:
+        os.environ[thread_pool_wait.WAIT_POLICY_ENV] = "PASSIVE"
+    sys.argv = [neuron_explorer.cli.__file__, *argv]
+    sys.path[0] = cwd  # as `python -m` sets it
+    sys.exit(neuron_explorer.cli.main(argv))
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        argv, cwd, env, out, err = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # never back into this loop: the child ends as the command would
+            _child(argv, cwd, env, out, err)
+        print(pid, flush=True)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+
+
+if __name__ == "__main__":
+    serve()

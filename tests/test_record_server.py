@@ -1,0 +1,45 @@
+"""The record server (record_server.py, through cli_runner.py) records as a fresh process
+does: the tests that record through it would otherwise test something else."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from cli_runner import CLI, run_command
+
+PROGRAM = Path(__file__).parent / "collectors" / "programs" / "train_small.py"
+
+
+def test_a_forked_recording_is_a_fresh_processs_byte_for_byte(tmp_path) -> None:
+    """The same modelled recording (a program that fails at its second step: its exit
+    status and traceback too) in a fresh process and forked from the server: the same
+    trace bytes, output and exit status."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NEURON_HOST_CLOCK="modelled")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    args = ("record", "--level", "op", "-o", "t.pftrace", "--", "python", "train_small.py",
+            "3", "raise")
+    done = {}
+    for name in ("fresh", "forked"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(PROGRAM, folder)
+        if name == "fresh":
+            done[name] = subprocess.run([*CLI, *args], cwd=folder, capture_output=True,
+                                        text=True, env=env, timeout=300, check=False)
+        else:
+            done[name] = run_command(*args, cwd=folder, env=env)
+    fresh, forked = done["fresh"], done["forked"]
+    assert fresh.returncode == 1 and "ValueError: boom at step 2" in fresh.stderr
+    # the losses are the unseeded program's own random numbers, in any process
+    assert (forked.returncode, _unseeded(forked.stdout), forked.stderr) == \
+        (fresh.returncode, _unseeded(fresh.stdout), fresh.stderr)
+    trace = (tmp_path / "fresh" / "t.pftrace").read_bytes()
+    assert len(trace) > 1000 and (tmp_path / "forked" / "t.pftrace").read_bytes() == trace
+
+
+def _unseeded(stdout: str) -> str:
+    return re.sub(r"loss \S+", "loss ?", stdout)
