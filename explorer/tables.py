@@ -68,6 +68,8 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
                dtype: type = object) -> np.ndarray:
     """`function` of each value, called once per distinct value (columns repeat a few names);
     None and the other missing markers (NaN) are passed on as they are."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        return _map_categories(pd.Categorical(values), function, dtype)
     array = np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(array)
     # one slot per distinct value, then one for missing values (code -1), set below
@@ -81,6 +83,20 @@ def map_unique(values: pd.Series | np.ndarray, function: Callable[[Any], Any],
             if len(part):
                 out[part] = function(array[part[0]])
     return out
+
+
+def _map_categories(values: pd.Categorical, function: Callable[[Any], Any],
+                    dtype: type) -> np.ndarray:
+    """`map_unique` of a categorical: from its codes, no object per row. `function` sees
+    the categories in use, and NaN for the missing values, as the object path does."""
+    codes = np.asarray(values.codes, np.int64)
+    categories = values.categories
+    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(categories)))
+    results: np.ndarray = np.empty(len(categories) + 1, dtype=dtype)
+    results[used] = [function(c) for c in categories[used].tolist()]
+    if (codes < 0).any():
+        results[-1] = function(np.nan)
+    return results[codes]
 
 
 def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:

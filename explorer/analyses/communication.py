@@ -97,7 +97,7 @@ def _collectives(trace: Trace) -> pd.DataFrame:
     comm_kernel = np.zeros(len(s), bool)
     if kernels.any():
         kernel_rows = np.flatnonzero(kernels)
-        names = s["name"].to_numpy()[kernel_rows]
+        names = s["name"].array[kernel_rows]  # categorical: no string per slice
         hit = tables.map_unique(names, lambda n: comm_kernel_name(str(n)) is not None, bool)
         tagged = trace.slice_args.texts(tf.ARG_COLLECTIVE, s["id"].to_numpy()[kernel_rows]) != ""
         comm_kernel[kernel_rows[hit | tagged]] = True

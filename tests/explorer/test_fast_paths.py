@@ -99,6 +99,28 @@ def test_map_unique_calls_once_per_value() -> None:
     assert map_unique(np.zeros(0, object), str.upper, bool).shape == (0,)
 
 
+def test_map_unique_of_a_categorical_reads_its_codes() -> None:
+    """A categorical column (a subset of the slices' names keeps every name as a
+    category): the function sees the categories in use once each and NaN once for the
+    missing values, and the result is the object path's."""
+    names = pd.Categorical(["dma0", "tensor", None, "dma1", "tensor", "dma0"],
+                           categories=["unused", "dma0", "tensor", "dma1"])
+    for values in (names, pd.Series(names), pd.Series(names)[1:3]):
+        calls: list[object] = []
+
+        def family(v: object, calls: list[object] = calls) -> object:
+            calls.append(v)
+            return "dma" if str(v).startswith("dma") else str(v)
+
+        got = map_unique(values, family)
+        want = map_unique(np.asarray(values, dtype=object), family)
+        assert got.tolist() == want.tolist()
+        assert "unused" not in calls
+        mask = map_unique(values, lambda v: str(v).startswith("dma"), bool)
+        assert mask.tolist() == [str(v).startswith("dma") for v in np.asarray(values, object)]
+    assert map_unique(pd.Categorical([]), str.upper, bool).shape == (0,)
+
+
 def test_kind_mask_matches_isin(basic_trace: neuron_explorer.Trace) -> None:
     kinds = basic_trace.table("slices")["kind"]
     for wanted in [("op",), ("kernel", "memcpy", "memset"), ("no such kind",)]:
