@@ -2,7 +2,7 @@
 reports through the command line share this one runner.
 
 A `record` runs in a process forked from a server that has made a recording's imports
-already (record_server.py: torch and the backend, 2-3 s of CPU a recording), where the
+already (cli_server.py: torch and the backend, 2-3 s of CPU a recording), where the
 process would be after them; any other command, and a `record` whose environment differs
 from the server's in more than the host clock and the hardware preset, in a fresh one."""
 
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "neuron_explorer.cli"]
-SERVER = Path(__file__).with_name("record_server.py")
+SERVER = Path(__file__).with_name("cli_server.py")
 # May differ from the server's environment: read as a recording starts, or never (pytest
 # names the test running in each)
 RUNTIME_ENV = ("NEURON_HOST_CLOCK", "NEURON_HARDWARE", "PYTEST_CURRENT_TEST")
