@@ -1,10 +1,11 @@
 """`neuron-explorer ARGS` as a user runs it: the tests that record examples and read their
 reports through the command line share this one runner.
 
-A `record` runs in a process forked from a server that has made a recording's imports
-already (cli_server.py: torch and the backend, 2-3 s of CPU a recording), where the
-process would be after them; any other command, and a `record` whose environment differs
-from the server's in more than the host clock and the hardware preset, in a fresh one."""
+`record`, `report` and `diff` run in processes forked from a server that has made the
+command's imports already (cli_server.py: torch and the backend for a recording, 2-3 s of
+CPU; pandas and the analyses for a report, 0.7 s), where a fresh process would be after
+them; any other command, and one whose environment differs from its server's in more than
+what is read as the command runs, in a fresh process."""
 
 from __future__ import annotations
 
@@ -16,34 +17,46 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "neuron_explorer.cli"]
 SERVER = Path(__file__).with_name("cli_server.py")
+SERVED = ("record", "report", "diff")
 # May differ from the server's environment: read as a recording starts, or never (pytest
 # names the test running in each)
 RUNTIME_ENV = ("NEURON_HOST_CLOCK", "NEURON_HARDWARE", "PYTEST_CURRENT_TEST")
 
 
-class RecordServer:
-    """record_server.py, started on the first `record` asked for (one per test process)."""
+class CommandServer:
+    """cli_server.py for one command, started on its first run asked for (one per test
+    process); one command at a time (a test may ask from several threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: str) -> None:
+        self.command = command
         self.proc: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
-
-    def serves(self, env: dict[str, str]) -> bool:
-        return self.proc is None or _static(env) == self.env
+        self.lock = threading.Lock()
 
     def run(self, args: tuple[str, ...], cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess:
-        if self.proc is None:
-            self.env = _static(env)
-            self.proc = subprocess.Popen([sys.executable, str(SERVER)], env=self.env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
-            atexit.register(self.close)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+            timeout: float) -> subprocess.CompletedProcess | None:
+        """The command run in a child of the server; None where `env` differs from the
+        server's in what the command reads on import."""
+        with self.lock:
+            if self.proc is None:
+                self.env = _static(env)
+                self.proc = subprocess.Popen([sys.executable, str(SERVER), self.command],
+                                             env=self.env, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True)
+                atexit.register(self.close)
+            elif _static(env) != self.env:
+                return None
+            return self._run(args, cwd, env, timeout)
+
+    def _run(self, args: tuple[str, ...], cwd: Path, env: dict[str, str],
+             timeout: float) -> subprocess.CompletedProcess:
+        assert self.proc is not None and self.proc.stdin is not None
+        assert self.proc.stdout is not None
         with tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             request = [list(args), str(Path(cwd).resolve()), env, str(out), str(err)]
@@ -70,15 +83,18 @@ def _static(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in RUNTIME_ENV}
 
 
-_server = RecordServer()
+_servers = {command: CommandServer(command) for command in SERVED}
 
 
 def run_command(*args: str, cwd: Path, env: dict[str, str],
                 timeout: float = 300) -> subprocess.CompletedProcess:
     """`neuron-explorer ARGS` in `cwd` with the environment `env`, its output captured: a
-    `record` in a process forked from the record server, where its environment allows."""
-    if args[:1] == ("record",) and _server.serves(env):
-        return _server.run(args, cwd, env, timeout)
+    `record`, `report` or `diff` in a process forked from its server, where its
+    environment allows."""
+    server = _servers.get(args[0]) if args else None
+    done = server.run(args, cwd, env, timeout) if server is not None else None
+    if done is not None:
+        return done
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=timeout, check=False)
 

@@ -1,15 +1,17 @@
-"""`neuron-explorer record ...` run in processes forked from one that has imported what a
-recording imports before the program starts (torch, the backend, the recorder):
+"""`neuron-explorer COMMAND ...` run in processes forked from one that has imported what
+the command imports before it does its work (for `record`: torch, the backend, the
+recorder, up to where the program starts; for `report` and `diff`: the loaders, the
+analyses and pandas):
 
-    python record_server.py     # one request a line, JSON: [ARGV, CWD, ENV, STDOUT, STDERR]
+    python cli_server.py COMMAND   # one request a line, JSON: [ARGV, CWD, ENV, STDOUT, STDERR]
 
-For each request it forks a child that runs the command as `python -m neuron_explorer.cli
-ARGV` would in CWD with ENV, its output into the files STDOUT and STDERR, and answers the
-child's pid in a line, then its exit status in another. The child is where a fresh process
-would be when `record` starts the program (a modelled recording has the same bytes:
-tests/test_record_server.py), without its 2-3 s of imports. Only ENV's NEURON_HOST_CLOCK
-and NEURON_HARDWARE may differ from the server's own environment (both are read when the
-recording starts); cli_runner.py starts the server and runs other commands afresh.
+For each request it forks a child that runs `python -m neuron_explorer.cli ARGV` (ARGV
+starts with COMMAND) as a fresh process would in CWD with ENV, its output into the files
+STDOUT and STDERR, and answers the child's pid in a line, then its exit status in another.
+The child is where a fresh process would be, without its seconds of imports: a modelled
+recording has the same bytes, a report the same text (tests/test_cli_server.py). ENV may
+differ from the server's own environment only in what is read as the command runs, not
+on import (cli_runner.py, which starts the servers, runs anything else afresh).
 
 The child leaves the server's loop by the way `python -m neuron_explorer.cli` ends: the
 `SystemExit` of `sys.exit(main())`, or an uncaught exception, ends the interpreter with
@@ -25,12 +27,19 @@ import sys
 import neuron_explorer.cli
 from neuron_explorer.collectors import thread_pool_wait
 
+COMMAND = sys.argv[1]
 # As `record` does before it imports torch (libgomp reads it as torch loads it).
-PASSIVE = thread_pool_wait.wait_asleep()
-for _module in ("torch", "neuron_explorer", "neuron_explorer.collectors.record_command",
-                "neuron_explorer.collectors.session", "neuron_explorer.collectors.program",
-                "neuron_explorer.collectors.device_sink",
-                "neuron_explorer.collectors.framework_hooks"):  # what a recording's start imports
+PASSIVE = COMMAND == "record" and thread_pool_wait.wait_asleep()
+neuron_explorer.cli.build_parser(COMMAND)  # the command's own module
+PREPARED = {
+    "record": ("torch", "neuron_explorer", "neuron_explorer.collectors.session",
+               "neuron_explorer.collectors.program", "neuron_explorer.collectors.device_sink",
+               "neuron_explorer.collectors.framework_hooks"),  # as a recording starts
+    "report": ("neuron_explorer.trace", "neuron_explorer.report"),
+    "diff": ("neuron_explorer.trace", "neuron_explorer.report", "neuron_explorer.render",
+             "neuron_explorer.trace_diff"),
+}
+for _module in PREPARED[COMMAND]:
     importlib.import_module(_module)
 
 

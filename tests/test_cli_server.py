@@ -1,5 +1,6 @@
-"""The record server (record_server.py, through cli_runner.py) records as a fresh process
-does: the tests that record through it would otherwise test something else."""
+"""The command servers (cli_server.py, through cli_runner.py) run a command as a fresh
+process does: the tests that run commands through them would otherwise test something
+else."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_a_forked_recording_is_a_fresh_processs_byte_for_byte(tmp_path) -> None:
 
 def _unseeded(stdout: str) -> str:
     return re.sub(r"loss \S+", "loss ?", stdout)
+
+
+def test_a_forked_diff_is_a_fresh_processs(repo_root) -> None:
+    """`diff` (two loads, the analyses and findings of each, a report) forked from its
+    server prints what a fresh process prints."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    args = ("diff", "near_memory.pftrace", "odd_dims.pftrace")
+    samples = repo_root / "sample_traces"
+    fresh = subprocess.run([*CLI, *args], cwd=samples, capture_output=True, text=True,
+                           env=env, timeout=300, check=False)
+    forked = run_command(*args, cwd=samples, env=env)
+    assert fresh.returncode == 0 and len(fresh.stdout) > 500, fresh.stderr
+    assert (forked.returncode, forked.stdout, forked.stderr) == \
+        (fresh.returncode, fresh.stdout, fresh.stderr)

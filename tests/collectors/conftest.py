@@ -33,7 +33,7 @@ def programs(tmp_path: Path) -> Path:
 @pytest.fixture
 def record_cli(programs: Path):
     """Run `neuron-explorer record ARGS` in the programs folder; return the CompletedProcess.
-    It runs forked from the record server (cli_runner.py: where a fresh process is once
+    It runs forked from a record server (cli_runner.py: where a fresh process is once
     it has imported torch, without those seconds), or with `fresh` in a fresh process:
     for what happens before torch loads."""
 

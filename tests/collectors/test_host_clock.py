@@ -17,13 +17,13 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
+from cli_runner import run_command
 from neuron_explorer.backend.clock import HostClock
 from neuron_explorer.common.trace_format import CAT_UNCOUNTED, META_HOST_CLOCK, META_PID, META_START
 
 from .conftest import CLI, PROGRAMS, cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
-DIFF = [CLI[0], "-m", "neuron_explorer.cli", "diff"]
 _BUSY = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
          "while time.monotonic() < end: pass\n")
 
@@ -128,8 +128,8 @@ def test_a_bad_host_clock_setting_is_one_clear_line(record_cli) -> None:
 
 
 def _diff(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*DIFF, *args], capture_output=True, text=True, env=cli_env(),
-                          timeout=120, check=False)
+    """`neuron-explorer diff ARGS` (forked after its imports: cli_runner)."""
+    return run_command("diff", *args, cwd=ROOT, env=cli_env(), timeout=120)
 
 
 def test_diff_fail_above_exit_codes() -> None:
@@ -143,8 +143,7 @@ def test_diff_fail_above_exit_codes() -> None:
              (faster, slower, "--fail-above", f"{growth + 1:.1f}"),
              (slower, faster, "--fail-above", "0"), (faster, faster, "--fail-above", "0"),
              (faster, slower), (faster, slower, "--fail-above", "-3")]
-    with ThreadPoolExecutor(os.cpu_count()) as pool:  # independent commands: run at once
-        regressed, within, improved, same, plain, bad = pool.map(lambda c: _diff(*c), calls)
+    regressed, within, improved, same, plain, bad = (_diff(*c) for c in calls)
     assert regressed.returncode == 1
     assert "step time grew" in regressed.stderr and "more than --fail-above 5%" in regressed.stderr
     assert "Summary" in regressed.stdout  # the diff itself is still printed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -140,9 +139,10 @@ def test_compiled_decoding_with_static_shapes_recompiles_per_length(generated) -
     assert "sizes 8 to 14" in f.explanation
     assert 0 < f.time_lost_ns < f.symptom_ns
     # the report, through the command line, leads with it among the recompile findings
-    text = subprocess.run([sys.executable, "-m", "neuron_explorer.cli", "report",
-                           str(trace.path)], capture_output=True, text=True, timeout=300,
-                          check=True).stdout
+    report = run_command("report", str(trace.path), cwd=Path(trace.path).parent,
+                         env=dict(os.environ), timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = report.stdout
     assert f.title in text and "Recompilation storm" not in text
 
 

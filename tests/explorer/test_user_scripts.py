@@ -19,7 +19,7 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The command as a user runs it (a `record` forked after its imports: cli_runner)."""
+    """The command as a user runs it (forked after the command's imports: cli_runner)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("NEURON_EXPLORER_RECORD", None)
     proc = run_command(*args, cwd=cwd, env=env, timeout=300)

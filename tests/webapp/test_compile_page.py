@@ -4,14 +4,14 @@ as the user wrote it (`LayerNorm`, `F.layer_norm`) beside the aten ops it became
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import plotly.io.json as pio_json
 import pytest
+from cli_runner import run_command
 from neuron_explorer.webapp.pages import compile_page
 
 SCRIPT = textwrap.dedent("""
@@ -43,9 +43,9 @@ def compiled_trace(tmp_path_factory) -> Path:
     """A compiled script recorded with `neuron-explorer record` (a real trace)."""
     folder = tmp_path_factory.mktemp("compiled")
     (folder / "block.py").write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "neuron_explorer.cli", "record",
-                           "-o", "block.pftrace", "block.py"],
-                          cwd=folder, capture_output=True, text=True, timeout=300, check=False)
+    # as a user runs it (forked after a recording's imports: cli_runner)
+    proc = run_command("record", "-o", "block.pftrace", "block.py", cwd=folder,
+                       env=dict(os.environ), timeout=300)
     assert proc.returncode == 0, proc.stderr
     return folder / "block.pftrace"
 
