@@ -459,7 +459,7 @@ ROW_RECORD = np.dtype(list(zip(ROW_FIELDS, ROW_TYPES, strict=True)))
 
 def _nested_key(value: Any) -> tuple[str, Any]:
     """What tells a nested value from another: its JSON text, keys sorted. orjson writes
-    it ten times faster than the standard library; the standard library's text is taken
+    it many times faster than the standard library; the standard library's text is taken
     where orjson's could be ambiguous (it writes NaN as null) or orjson cannot write the
     value (numbers past 64 bits, floats that keep their digits)."""
     try:

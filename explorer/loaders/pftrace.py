@@ -315,8 +315,8 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     for i in pk.stateful.tolist():  # in file order
         state.read(data, int(starts[i]), int(ends[i]), int(pk.seq[i]), int(pk.gen[i]))
     state.pairs = pk.pairs
-    # only the track events' packets matter from here: the packets' scan is let go before
-    # the events are scanned, so the two largest scans are never held at once
+    # only the track events' packets matter from here: the other packets' columns are let
+    # go before the events are scanned
     at = _EventPackets.of(pk)
     del pk
     ev = _events(data, buf, at, state, skipped)
