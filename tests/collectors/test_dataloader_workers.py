@@ -74,10 +74,7 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
 
 
 def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
-    # a fresh process: forked from the record server, it recorded no batch waits once in a
-    # shuffled full run (seed 20261204; the cause is not found yet)
-    proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die",
-                      fresh=True)
+    proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die")
     # torch's own error, either way: it notices the dead worker, or (when the worker died
     # while the program was receiving a batch's shared memory from it) the transfer fails;
     # where writing that traceback fails partway ("lost sys.stderr"), Python dumps the

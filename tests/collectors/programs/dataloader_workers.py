@@ -1,6 +1,11 @@
 """A training loop fed by a DataLoader with two worker processes, used by the record tests.
 
     python dataloader_workers.py STEPS [fork|spawn] [die]   (die: a worker dies at sample 13)
+
+A worker that dies does so once the loop has finished its first step (it waits for the
+file FIRST_STEP_DONE): how the machine schedules the processes does not change what the
+trace holds. Dying at once, it raced the loop by a few milliseconds: where the loop was
+slower to take batch 0, torch's error came before any batch was received.
 """
 
 import os
@@ -10,6 +15,9 @@ import time
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+FIRST_STEP_DONE = "first-step.done"
+DIE_WAIT_S = 60
 
 
 class SlowDataset(Dataset):
@@ -25,6 +33,9 @@ class SlowDataset(Dataset):
     def __getitem__(self, i: int):
         time.sleep(0.001)
         if i == self.die_at:
+            deadline = time.monotonic() + DIE_WAIT_S
+            while not os.path.exists(FIRST_STEP_DONE) and time.monotonic() < deadline:
+                time.sleep(0.001)
             os._exit(1)  # the worker dies as if killed: no cleanup, no last words
         return torch.full((16,), float(i)), torch.zeros(4)
 
@@ -33,6 +44,8 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     method = sys.argv[2] if len(sys.argv) > 2 else "fork"
     die_at = 13 if sys.argv[3:] == ["die"] else None
+    if os.path.exists(FIRST_STEP_DONE):
+        os.remove(FIRST_STEP_DONE)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(SlowDataset(4 * steps, die_at), batch_size=4, num_workers=2,
@@ -44,6 +57,8 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         print("step", step, "first sample", int(x[0, 0].item()), flush=True)
+        if step == 0 and die_at is not None:
+            open(FIRST_STEP_DONE, "w").close()
 
 
 if __name__ == "__main__":  # spawned workers import this file again
