@@ -19,6 +19,7 @@ import numpy as np
 from neuron_explorer.backend.hardware import KernelBuilder, get_preset
 from neuron_explorer.backend.hardware.kernel import FIRST_DMA, Kernel
 from neuron_explorer.backend.hardware.spills import SbufOverflow
+from neuron_explorer.common.collector_pause import collector_paused
 from neuron_explorer.common.engine_profile import ENGINE_COLUMNS, engine_profile, spill_profile
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
@@ -117,6 +118,12 @@ def _output_meta(result, field: str):
 
 
 def run(kernel, args: tuple, kwargs: dict, preset="trn2", numerics: bool = True) -> Run:
+    """`kernel` traced, scheduled and (with `numerics`) computed on the simulated core."""
+    with collector_paused():  # a kernel's objects accumulate until its end
+        return _run(kernel, args, kwargs, preset, numerics)
+
+
+def _run(kernel, args: tuple, kwargs: dict, preset, numerics: bool) -> Run:
     func = kernel.func if isinstance(kernel, JitKernel) else kernel
     p = get_preset(preset) if isinstance(preset, str) else preset
     trace = Trace(p, func.__name__, numerics)

@@ -14,17 +14,16 @@ outermost build ends, `malloc_trim` hands the free pages back (a few ms). Arrow'
 (mimalloc) keeps what the Parquet reads of a cached load decoded the same way: a cached
 load of every table held 400 MiB for 225 of tables; it is released at the same time.
 
-Python's cyclic garbage collector is paused while builds run. A JSON trace's parse makes
-millions of dicts and lists that live until their chunk is collected into columns, and
-the collector walked them all again and again: 1.4-1.9 s of a 5 s load of a real
-138 K-slice trace. Those objects hold no cycles; refcounting frees them as before.
+Python's cyclic garbage collector is paused while builds run (common/collector_pause.py).
+A JSON trace's parse makes millions of dicts and lists that live until their chunk is
+collected into columns, and the collector walked them all again and again: 1.4-1.9 s of
+a 5 s load of a real 138 K-slice trace.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -32,10 +31,10 @@ from contextlib import contextmanager
 from functools import cache
 
 import numpy as np
+from neuron_explorer.common.collector_pause import collector_paused
 
 _depth = 0  # builds running now, in any thread
 _depth_lock = threading.Lock()
-_collector_was_on = False  # whether the outermost build found the cyclic collector on
 
 
 def _switch() -> Callable[[bool], bool] | None:
@@ -73,23 +72,19 @@ def give_back_freed_memory() -> None:
 def building() -> Iterator[None]:
     """Small pages for the block (where numpy can be told) and no cyclic collection;
     when the outermost build ends, the memory freed meanwhile goes back to the system."""
-    global _depth, _collector_was_on
+    global _depth
     with _depth_lock:
-        if _depth == 0:
-            _collector_was_on = gc.isenabled()
-            gc.disable()
         _depth += 1
     switch = _switch()
     previous = switch(False) if switch is not None else None
     try:
-        yield
+        with collector_paused():
+            yield
     finally:
         if switch is not None and previous is not None:
             switch(previous)
         with _depth_lock:
             _depth -= 1
             outermost = _depth == 0
-            if outermost and _collector_was_on:
-                gc.enable()
         if outermost:
             give_back_freed_memory()

@@ -411,3 +411,32 @@ def test_storing_a_psum_tile_says_to_copy_it_out():
     with pytest.raises(nki.NkiError, match=r"copy it out first") as info:
         nki.simulate_kernel(store_from_psum, rand(128, 4))
     assert str(info.value).startswith(line_of(store_from_psum.func, "nl.store(out") + ":")
+
+
+def test_a_kernel_runs_with_the_cyclic_collector_paused_and_restores_it():
+    """A kernel's instructions, tiles and views accumulate until it ends: the collector
+    would walk them again and again (15% of a large GEMM's scheduling). It is back on
+    after the kernel, also after one that raises."""
+    import gc
+
+    seen = []
+
+    @nki.jit
+    def copy(x):
+        seen.append(gc.isenabled())
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x))
+        return out
+
+    @nki.jit
+    def fails(x):
+        seen.append(gc.isenabled())
+        raise ValueError("in the kernel")
+
+    x = rand(128, 8)
+    assert gc.isenabled()
+    np.testing.assert_array_equal(nki.simulate_kernel(copy, x), x)
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="in the kernel"):
+        nki.simulate_kernel(fails, x)
+    assert seen == [False, False] and gc.isenabled()
