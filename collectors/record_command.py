@@ -11,7 +11,7 @@ import os
 import sys
 from typing import NoReturn
 
-from neuron_explorer.collectors.output_claim import claim, claim_or_refuse
+from neuron_explorer.collectors.output_claim import claim, claim_or_refuse, release
 from neuron_explorer.collectors.trace_writer import FORMATS, RecordingError
 from neuron_explorer.common.trace_format import LEVELS
 
@@ -142,6 +142,7 @@ def _record(program, options) -> int:
         outcome = run_program(program)
     finally:
         recorder.stop()
+        release()  # the trace is written: another record may take its path now
     return end_like_python(outcome)
 
 

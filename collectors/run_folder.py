@@ -155,7 +155,7 @@ def summary(folder: str, data: dict[str, Any]) -> str:
 
 def record_run(program, folder: str, level: str, steps, fmt: str) -> int:
     """Run the launcher with every rank recording into `folder`; return its exit code."""
-    from neuron_explorer.collectors import child_processes
+    from neuron_explorer.collectors import child_processes, output_claim
     from neuron_explorer.collectors.program import end_like_python, run_program
     from neuron_explorer.collectors.recorder import RecordOptions
 
@@ -171,5 +171,6 @@ def record_run(program, folder: str, level: str, steps, fmt: str) -> int:
         child_processes.stop_exporting()
     data = manifest(program, folder, level, steps, fmt, outcome.code)
     write_manifest(folder, data)
+    output_claim.release()  # the folder is written: another record may take it now
     print(summary(folder, data), file=sys.stderr)
     return end_like_python(outcome)

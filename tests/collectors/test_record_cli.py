@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from neuron_explorer.collectors.output_claim import lock_file
 from neuron_explorer.common.trace_format import CAT_METADATA, ENGINE_TRACKS
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
@@ -203,6 +204,7 @@ def test_signals_complete_the_trace(programs: Path, signum: int) -> None:
     pb.Trace.FromString((programs / "s.pftrace").read_bytes())  # whole packets only
     trace = parse(programs / "s.pftrace")
     assert "trace written to s.pftrace" in stderr
+    assert not os.path.exists(lock_file(str(programs / "s.pftrace")))  # its claim is gone
     assert len(trace.by_category("step")) >= 3
     assert trace.by_category("op")
     _assert_the_loaded_trace_says_whether_it_is_complete(programs / "s.pftrace", True)
@@ -231,8 +233,10 @@ def test_a_killed_recording_leaves_a_readable_prefix_and_refuses_a_second_meanwh
     # completed steps were flushed before the kill
     assert any(p.HasField("track_event") for p in packets)
     _assert_the_loaded_trace_says_whether_it_is_complete(out, False)
+    assert os.path.exists(lock_file(str(out)))  # a killed recording leaves its claim's file
     again = record_cli("-o", out.name, "--level", "op", "train_small.py", "1")
     assert again.returncode == 0, again.stderr
+    assert not os.path.exists(lock_file(str(out)))  # ... which the next one removes
 
 
 def test_child_processes_are_recorded_into_their_own_traces(record_cli, programs: Path) -> None:
