@@ -28,10 +28,11 @@ STEPS = 10
 # The plain-PyTorch twin's CPU time may differ between the ranks by this share before the
 # machine counts as having run one rank slower: its own noise over the steps.
 EVEN_MACHINE = 0.03
-# glibc hands each freed 64 MiB tensor of the device-bound model back to the OS and faults
-# the next one in page by page (4M page faults, 17-19 s of CPU for the 3x-work run; 0.6M
-# and 8-15 s when glibc keeps them). Kept, in the modelled runs only: their times do not
-# depend on the machine (their traces are the same bytes either way).
+# glibc hands each freed tensor of the device-bound model back to the OS and faults the
+# next one in page by page (at 64 MiB tensors: 4M page faults, 17-19 s of CPU for the
+# 3x-work run; 0.6M and 8-15 s when glibc keeps them; the tensors are 16 MiB now). Kept,
+# in the modelled runs only: their times do not depend on the machine (their traces are
+# the same bytes either way).
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32),
                      "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 
