@@ -33,6 +33,7 @@ from neuron_explorer.backend.hardware.kernel import (
     SPILL_QUEUES,
     Kernel,
 )
+from neuron_explorer.common.collector_pause import collector_paused
 from neuron_explorer.common.presets import HardwarePreset
 
 TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
@@ -419,7 +420,8 @@ class KernelBuilder:
     def build(self, fallback: bool = False) -> Kernel:
         """List-schedule the instructions and return the Kernel (times relative to 0)."""
         self.place_tiles()
-        start, end, te_nominal = self._schedule()
+        with collector_paused():  # the schedule's lists hold an entry per instruction
+            start, end, te_nominal = self._schedule()
         n = len(start)
         s = np.rint(np.asarray(start, dtype=np.float64)).astype(np.int64)
         e = np.rint(np.asarray(end, dtype=np.float64)).astype(np.int64)
