@@ -20,7 +20,10 @@ and `finished` gives the ids a later op waits on.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import importlib.util
+import itertools
 from array import array
 from collections.abc import Iterable
 
@@ -420,11 +423,10 @@ class KernelBuilder:
     def build(self, fallback: bool = False) -> Kernel:
         """List-schedule the instructions and return the Kernel (times relative to 0)."""
         self.place_tiles()
-        with collector_paused():  # the schedule's lists hold an entry per instruction
-            start, end, te_nominal = self._schedule()
+        start, end, te_nominal = self._scheduled()
         n = len(start)
-        s = np.rint(np.asarray(start, dtype=np.float64)).astype(np.int64)
-        e = np.rint(np.asarray(end, dtype=np.float64)).astype(np.int64)
+        s = np.rint(start).astype(np.int64)
+        e = np.rint(end).astype(np.int64)
         opcodes = tuple(sorted(self._opcodes, key=self._opcodes.__getitem__))
         return Kernel(
             self.name,
@@ -449,6 +451,15 @@ class KernelBuilder:
             sections=self.sections,
             host_fallbacks=tuple(dict.fromkeys(self.host_fallbacks)),
         )
+
+    def _scheduled(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """Each instruction's start and end, and the Tensor Engine's busy time: from the
+        compiled schedule for large kernels, the same times as the Python one."""
+        if len(self) >= COMPILED_SCHEDULE_MIN and _numba_available():
+            return self._schedule_compiled()
+        with collector_paused():  # the schedule's lists hold an entry per instruction
+            start, end, te_nominal = self._schedule()
+        return np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64), te_nominal
 
     def _schedule(self) -> tuple[list[float], list[float], float]:
         """Event-driven list scheduling: repeatedly start the stream head (the next
@@ -578,6 +589,49 @@ class KernelBuilder:
             raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
         return start, end, te_active
 
+    def _schedule_compiled(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """`_schedule` compiled (schedule_compiled.py): the same times, to the last bit."""
+        from neuron_explorer.backend.hardware import schedule_compiled
+
+        p = self.preset
+        n = len(self._engine)
+        kind = np.asarray(self._kind, dtype=np.int64).reshape(n)
+        gap = np.zeros(n)
+        for i, wait in self._gap.items():
+            gap[i] = wait
+        dep_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, self._deps), np.int64, n), out=dep_ptr[1:])
+        dep_idx = np.fromiter(itertools.chain.from_iterable(self._deps), np.int64,
+                              int(dep_ptr[-1]))
+        first = np.arange(n, dtype=np.int64)
+        for i, transfer in self._transfer.items():
+            first[i] = transfer
+        dge_block = np.zeros(n, dtype=np.int64)
+        dge_gen = np.zeros(n)
+        dge_count = np.ones(n, dtype=np.int64)
+        for t, (block, gen, count) in self._dge.items():
+            dge_block[t], dge_gen[t], dge_count[t] = block, gen, count
+        # each DMA piece's data phase, computed once per distinct (bytes, rows, kind)
+        data = np.zeros(n)
+        data_ns: dict[tuple[int, float, int], float] = {}
+        for i in np.flatnonzero((kind == _DMA) | (kind == _HBM_COPY)).tolist():
+            key = (self._bytes[i], self._cost[i], self._kind[i])
+            value = data_ns.get(key)
+            if value is None:
+                value = data_ns[key] = costs.dma_data_ns(p, key[0], key[1],
+                                                         hbm_to_hbm=key[2] == _HBM_COPY)
+            data[i] = value
+        start, end, te_active, complete = schedule_compiled.schedule(
+            np.asarray(self._engine, dtype=np.int64).reshape(n), kind,
+            np.asarray(self._cost, dtype=np.float64).reshape(n),
+            np.asarray(self._latency, dtype=np.float64).reshape(n),
+            np.asarray(self._bytes, dtype=np.int64).reshape(n), data, gap, dep_ptr, dep_idx,
+            first, dge_block, dge_gen, dge_count, FIRST_DMA + DMA_QUEUES, p.dma_engines,
+            float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns), DMA_QUEUE_DEPTH)
+        if not complete:  # a dependency on a later id
+            raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
+        return start, end, float(te_active)
+
     def _dependency_graph(self) -> tuple[list[list[int]], list[list[int]], list[int],
                                          list[tuple[float, int]]]:
         """The schedule's starting point: each engine's and queue's stream of instructions
@@ -603,6 +657,18 @@ class KernelBuilder:
         r = ready[j] + gaps.get(j, 0.0) if gaps else ready[j]
         f = free[self._engine[j]]
         heapq.heappush(heap, (max(f, r), j))
+
+
+# Instructions from which the compiled schedule is worth its start-up (importing numba
+# and loading its cached code: 0.5 s of CPU once per process); the Python schedule takes
+# about 6 us an instruction, the compiled one 1.4 (with its arrays' set-up).
+COMPILED_SCHEDULE_MIN = 100_000
+
+
+@functools.cache
+def _numba_available() -> bool:
+    """Whether numba is installed (found without importing it: that takes a while)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def tiles(total: int, size: int) -> list[int]:

@@ -225,3 +225,76 @@ def test_the_schedule_runs_with_the_cyclic_collector_paused(trn2, monkeypatch):
     assert gc.isenabled()
     assert lower_op(spec, trn2).duration_ns > 0
     assert seen == [False] and gc.isenabled()
+
+
+def _every_kind_of_instruction(p, seed: int) -> KernelBuilder:
+    """A kernel with every scheduling kind, in a random order of dependencies: matmuls
+    and weight loads (hidden and not), engine ops waiting for data, DMA loads, stores,
+    spills and HBM copies (pieces, folded transfers, software descriptors), host
+    transfers with a wait after their dependencies."""
+    import random
+
+    rng = random.Random(seed)
+    b = KernelBuilder(p, f"mixed_{seed}")
+    done: list[int] = []
+
+    def some() -> tuple[int, ...]:
+        return tuple(rng.sample(done, min(len(done), rng.randint(0, 3))))
+
+    for _ in range(400):
+        pick = rng.randrange(9)
+        if pick == 0:
+            ids = b.dma_load(rng.choice([512, 4096, 65536, 1 << 20]), rng.choice([8, 64, 128]),
+                             some(), row_bytes=rng.choice([None, 256.0, 2048.0]),
+                             transfers=rng.choice([1, 1, 4]),
+                             software_dge=rng.random() < 0.2)
+        elif pick == 1:
+            ids = b.dma_store(rng.choice([2048, 1 << 18]), 128, some(),
+                              spill=rng.random() < 0.2)
+        elif pick == 2:
+            ids = b.dma_copy(rng.choice([4096, 1 << 20]), None, some(),
+                             row_bytes=rng.choice([512.0, 8192.0]))
+        elif pick == 3:
+            ids = (b.host_transfer(rng.choice(["DmaToHost", "DmaFromHost"]),
+                                   rng.choice([64, 1 << 16]), some(),
+                                   wait_ns=rng.choice([0.0, 1500.0])),)
+        elif pick in (4, 5):
+            ids = (b.matmul(128, rng.choice([64, 128]), rng.choice([128, 512]),
+                            rng.choice(["bfloat16", "float32"]), some()),)
+        elif pick == 6:
+            ids = b.spill(rng.choice([8192, 1 << 19]), 128, some())
+        else:
+            ids = (b.add(rng.randrange(4), "Op", rng.uniform(10, 900), some(),
+                         latency=rng.choice([0.0, 64.0])),)
+        done.extend(ids)
+    return b
+
+
+@pytest.mark.parametrize("preset", ["trn1", "trn2"])
+def test_the_compiled_schedule_gives_the_python_schedules_times_to_the_last_bit(preset):
+    """Large kernels are scheduled by compiled code (schedule_compiled.py); every start and
+    end, and the Tensor Engine's busy time, must be the Python schedule's exactly."""
+    import numpy as np
+
+    p = get_preset(preset)
+    builders = [_every_kind_of_instruction(p, seed) for seed in range(6)]
+    gemm = KernelBuilder(p, "gemm")
+    emit_gemm(gemm, Gemm(1024, 768, 3072, "bfloat16"))
+    builders.append(gemm)
+    for b in builders:
+        start, end, busy = b._schedule()
+        c_start, c_end, c_busy = b._schedule_compiled()
+        assert np.array_equal(np.asarray(start), c_start), b.name
+        assert np.array_equal(np.asarray(end), c_end), b.name
+        assert busy == c_busy, b.name
+
+
+def test_a_dependency_on_a_later_instruction_is_refused_by_the_compiled_schedule_too(trn2):
+    b = KernelBuilder(trn2, "backwards")
+    first = b.add(0, "Op", 10.0)
+    b.add(1, "Op", 10.0, (first,))
+    b._deps[0] = (1,)  # as a corrupted program would hold it
+    with pytest.raises(ValueError, match="depends on a later one"):
+        b._schedule()
+    with pytest.raises(ValueError, match="depends on a later one"):
+        b._schedule_compiled()
