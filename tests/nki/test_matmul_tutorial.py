@@ -102,13 +102,13 @@ PUBLISHED = {pub.kernel[1].get("version", "fully_optimized"): pub for pub in MEA
              and pub.hardware == "trn1"}
 
 
-FULL_TUTORIAL = "NKI_FULL_TUTORIAL"  # set to 1 to also run the tiled version (~2-3 min)
+FULL_TUTORIAL = "NKI_FULL_TUTORIAL"  # set to 1 to also run the tiled version (~15 s)
 _TILED = pytest.param("tiled", marks=pytest.mark.skipif(
-    not os.environ.get(FULL_TUTORIAL), reason=f"1.1 M instructions, 2-3 minutes: set "
+    not os.environ.get(FULL_TUTORIAL), reason=f"1.1 M instructions, 15 s: set "
     f"{FULL_TUTORIAL}=1 to run it (54.54 ms simulated against 51.80 ms, +5.3%)"))
 
 
-@pytest.mark.slow  # 20 s to 1.5 min each
+@pytest.mark.slow  # 5-10 s each
 @pytest.mark.parametrize("name", [_TILED, "hoist_load", "block_free", "fully_optimized"])
 def test_simulated_time_matches_awss_measurement(name):
     """At the tutorial's shape on trn1, within test_published.py's 25% kernel tolerance
@@ -124,7 +124,7 @@ TRN2_FP32 = {pub.kernel[1]["version"]: pub for pub in MEASURED
              if pub.kernel[0] == "matmul_tutorial" and pub.hardware == "trn2"}
 
 
-@pytest.mark.slow  # 15-25 s each
+@pytest.mark.slow  # 10-15 s each
 @pytest.mark.parametrize("name", sorted(TRN2_FP32))
 def test_the_kernel_optimisation_guides_fp32_versions_on_trn2(name):
     """The same tiled and hoisted kernels with fp32 inputs on trn2, the kernel
