@@ -604,28 +604,34 @@ class KernelBuilder:
         dep_idx = np.fromiter(itertools.chain.from_iterable(self._deps), np.int64,
                               int(dep_ptr[-1]))
         first = np.arange(n, dtype=np.int64)
-        for i, transfer in self._transfer.items():
-            first[i] = transfer
+        pieces = len(self._transfer)
+        first[np.fromiter(self._transfer.keys(), np.int64, pieces)] = np.fromiter(
+            self._transfer.values(), np.int64, pieces)
         dge_block = np.zeros(n, dtype=np.int64)
         dge_gen = np.zeros(n)
         dge_count = np.ones(n, dtype=np.int64)
         for t, (block, gen, count) in self._dge.items():
             dge_block[t], dge_gen[t], dge_count[t] = block, gen, count
+        cost = np.asarray(self._cost, dtype=np.float64).reshape(n)
+        nbytes = np.asarray(self._bytes, dtype=np.int64).reshape(n)
         # each DMA piece's data phase, computed once per distinct (bytes, rows, kind)
         data = np.zeros(n)
-        data_ns: dict[tuple[int, float, int], float] = {}
-        for i in np.flatnonzero((kind == _DMA) | (kind == _HBM_COPY)).tolist():
-            key = (self._bytes[i], self._cost[i], self._kind[i])
-            value = data_ns.get(key)
-            if value is None:
-                value = data_ns[key] = costs.dma_data_ns(p, key[0], key[1],
-                                                         hbm_to_hbm=key[2] == _HBM_COPY)
-            data[i] = value
+        dma = np.flatnonzero((kind == _DMA) | (kind == _HBM_COPY))
+        if len(dma):
+            keys = (nbytes[dma], cost[dma], kind[dma])
+            order = np.lexsort(keys[::-1])
+            ordered = [key[order] for key in keys]
+            new_key = np.ones(len(dma), dtype=bool)
+            new_key[1:] = np.logical_or.reduce([np.diff(key) != 0 for key in ordered])
+            firsts = np.flatnonzero(new_key)
+            values = np.array([costs.dma_data_ns(p, size, rows, hbm_to_hbm=k == _HBM_COPY)
+                               for size, rows, k in zip(*(key[firsts].tolist()
+                                                          for key in ordered), strict=True)])
+            data[dma[order]] = values[np.cumsum(new_key) - 1]
         start, end, te_active, complete = schedule_compiled.schedule(
-            np.asarray(self._engine, dtype=np.int64).reshape(n), kind,
-            np.asarray(self._cost, dtype=np.float64).reshape(n),
-            np.asarray(self._latency, dtype=np.float64).reshape(n),
-            np.asarray(self._bytes, dtype=np.int64).reshape(n), data, gap, dep_ptr, dep_idx,
+            np.asarray(self._engine, dtype=np.int64).reshape(n), kind, cost,
+            np.asarray(self._latency, dtype=np.float64).reshape(n), nbytes, data, gap,
+            dep_ptr, dep_idx,
             first, dge_block, dge_gen, dge_count, FIRST_DMA + DMA_QUEUES, p.dma_engines,
             float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns), DMA_QUEUE_DEPTH)
         if not complete:  # a dependency on a later id
