@@ -614,26 +614,13 @@ class KernelBuilder:
             dge_block[t], dge_gen[t], dge_count[t] = block, gen, count
         cost = np.asarray(self._cost, dtype=np.float64).reshape(n)
         nbytes = np.asarray(self._bytes, dtype=np.int64).reshape(n)
-        # each DMA piece's data phase, computed once per distinct (bytes, rows, kind)
-        data = np.zeros(n)
-        dma = np.flatnonzero((kind == _DMA) | (kind == _HBM_COPY))
-        if len(dma):
-            keys = (nbytes[dma], cost[dma], kind[dma])
-            order = np.lexsort(keys[::-1])
-            ordered = [key[order] for key in keys]
-            new_key = np.ones(len(dma), dtype=bool)
-            new_key[1:] = np.logical_or.reduce([np.diff(key) != 0 for key in ordered])
-            firsts = np.flatnonzero(new_key)
-            values = np.array([costs.dma_data_ns(p, size, rows, hbm_to_hbm=k == _HBM_COPY)
-                               for size, rows, k in zip(*(key[firsts].tolist()
-                                                          for key in ordered), strict=True)])
-            data[dma[order]] = values[np.cumsum(new_key) - 1]
+        data = _data_phases(p, kind, nbytes, cost)
         start, end, te_active, complete = schedule_compiled.schedule(
             np.asarray(self._engine, dtype=np.int64).reshape(n), kind, cost,
             np.asarray(self._latency, dtype=np.float64).reshape(n), nbytes, data, gap,
-            dep_ptr, dep_idx,
-            first, dge_block, dge_gen, dge_count, FIRST_DMA + DMA_QUEUES, p.dma_engines,
-            float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns), DMA_QUEUE_DEPTH)
+            dep_ptr, dep_idx, first, dge_block, dge_gen, dge_count, FIRST_DMA + DMA_QUEUES,
+            p.dma_engines, float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns),
+            DMA_QUEUE_DEPTH)
         if not complete:  # a dependency on a later id
             raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")
         return start, end, float(te_active)
@@ -663,6 +650,27 @@ class KernelBuilder:
         r = ready[j] + gaps.get(j, 0.0) if gaps else ready[j]
         f = free[self._engine[j]]
         heapq.heappush(heap, (max(f, r), j))
+
+
+def _data_phases(p: HardwarePreset, kind: np.ndarray, nbytes: np.ndarray,
+                 cost: np.ndarray) -> np.ndarray:
+    """Each DMA piece's data phase (`costs.dma_data_ns`; 0 for other instructions),
+    computed once per distinct (bytes, row bytes, kind), as the Python schedule caches it."""
+    data = np.zeros(len(kind))
+    dma = np.flatnonzero((kind == _DMA) | (kind == _HBM_COPY))
+    if not len(dma):
+        return data
+    keys = (nbytes[dma], cost[dma], kind[dma])
+    order = np.lexsort(keys[::-1])  # by bytes, then rows, then kind
+    ordered = [key[order] for key in keys]
+    new_key = np.ones(len(dma), dtype=bool)
+    new_key[1:] = np.logical_or.reduce([np.diff(key) != 0 for key in ordered])
+    firsts = np.flatnonzero(new_key)
+    values = np.array([costs.dma_data_ns(p, size, rows, hbm_to_hbm=k == _HBM_COPY)
+                       for size, rows, k in zip(*(key[firsts].tolist() for key in ordered),
+                                                strict=True)])
+    data[dma[order]] = values[np.cumsum(new_key) - 1]
+    return data
 
 
 # Instructions from which the compiled schedule is worth its start-up (importing numba
