@@ -20,9 +20,7 @@ and `finished` gives the ids a later op waits on.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import importlib.util
 import itertools
 from array import array
 from collections.abc import Iterable
@@ -37,6 +35,7 @@ from neuron_explorer.backend.hardware.kernel import (
     Kernel,
 )
 from neuron_explorer.common.collector_pause import collector_paused
+from neuron_explorer.common.numba_available import numba_available
 from neuron_explorer.common.presets import HardwarePreset
 
 TENSOR, VECTOR, SCALAR, GPSIMD = 0, 1, 2, 3
@@ -455,7 +454,7 @@ class KernelBuilder:
     def _scheduled(self) -> tuple[np.ndarray, np.ndarray, float]:
         """Each instruction's start and end, and the Tensor Engine's busy time: from the
         compiled schedule for large kernels, the same times as the Python one."""
-        if len(self) >= COMPILED_SCHEDULE_MIN and _numba_available():
+        if len(self) >= COMPILED_SCHEDULE_MIN and numba_available():
             return self._schedule_compiled()
         with collector_paused():  # the schedule's lists hold an entry per instruction
             start, end, te_nominal = self._schedule()
@@ -677,12 +676,6 @@ def _data_phases(p: HardwarePreset, kind: np.ndarray, nbytes: np.ndarray,
 # and loading its cached code: 0.5 s of CPU once per process); the Python schedule takes
 # about 6 us an instruction, the compiled one 1.4 (with its arrays' set-up).
 COMPILED_SCHEDULE_MIN = 100_000
-
-
-@functools.cache
-def _numba_available() -> bool:
-    """Whether numba is installed (found without importing it: that takes a while)."""
-    return importlib.util.find_spec("numba") is not None
 
 
 def tiles(total: int, size: int) -> list[int]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.common.intervals import Union
+from neuron_explorer.common.numba_available import numba_available
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -184,9 +185,7 @@ COMPILED_WALK_MIN = 100_000
 
 
 def _compiled_walk_pays(n_kernels: int) -> bool:
-    from neuron_explorer.loaders.wire_scan import _compiled_available
-
-    return n_kernels >= COMPILED_WALK_MIN and _compiled_available()
+    return n_kernels >= COMPILED_WALK_MIN and numba_available()
 
 
 def _compiled_paths(win: pd.DataFrame, host: _HostTimeline, dev: _DeviceQueues,

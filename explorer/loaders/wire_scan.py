@@ -8,15 +8,14 @@ takes as many rounds as its longest message has fields.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from functools import cache
 from itertools import pairwise
 from typing import NoReturn
 
 import numpy as np
+from neuron_explorer.common.numba_available import numba_available
 
 WT_VARINT, WT_FIXED64, WT_LEN, WT_FIXED32 = 0, 1, 2, 5
 CHUNK = 1 << 17  # messages walked together; small enough for the CPU caches
@@ -365,7 +364,7 @@ def _compiled_scan(buf: np.ndarray, start: np.ndarray, end: np.ndarray, code_of:
 
 def _use_compiled(start: np.ndarray, end: np.ndarray) -> bool:
     """Whether the compiled walk is worth its start-up for these messages."""
-    if len(start) < COMPILED_MIN or not _compiled_available():
+    if len(start) < COMPILED_MIN or not numba_available():
         return False
     return (_compiled_warm or _compiled_wanted
             or int(np.maximum(end - start, 0).sum()) >= COMPILED_FIRST_BYTES)
@@ -377,12 +376,6 @@ def prefer_compiled_for(nbytes: int) -> None:
     global _compiled_wanted
     if nbytes >= COMPILED_FIRST_BYTES:
         _compiled_wanted = True
-
-
-@cache
-def _compiled_available() -> bool:
-    """Whether numba is installed (found without importing it: that takes a while)."""
-    return importlib.util.find_spec("numba") is not None
 
 
 def _reason(buf: np.ndarray, reason: int, position: int) -> str:
