@@ -113,13 +113,15 @@ def run_cli(*args: str, cwd: Path, modelled: bool = False, env: dict | None = No
     return proc.stdout
 
 
-def record_variants(folder: Path, program: Path,
-                    variants: dict[str, list[str]]) -> dict[str, Path]:
+def record_variants(folder: Path, program: Path, variants: dict[str, list[str]],
+                    modelled: bool = False) -> dict[str, Path]:
     """`neuron-explorer record -- python PROGRAM ARGS` once per variant (name -> ARGS), each
-    into `folder/<name>.pftrace`: a script as it is and with a fix applied, for instance."""
+    into `folder/<name>.pftrace`: a script as it is and with a fix applied, for instance
+    (`modelled`: on the modelled host clock)."""
     paths = {}
     for name, args in variants.items():
         path = folder / f"{name}.pftrace"
-        run_cli("record", "-o", str(path), "--", "python", str(program), *args, cwd=folder)
+        run_cli("record", "-o", str(path), "--", "python", str(program), *args, cwd=folder,
+                modelled=modelled)
         paths[name] = path
     return paths

@@ -1,8 +1,18 @@
-"""`whatif --mode compiled` against a compiled recording of the same script, on the measured
-clock. Each graph call once cost 650 us in the graph op's own slice, the loss and zero_grad
-were folded into the forward graph, and the module's Python around the graph was kept: a
-host-bound script that compiling made 34% faster was predicted no faster, with host
-op_dispatch rising (tmp audit s3, 1.63 ms predicted against 1.06 ms compiled)."""
+"""`whatif --mode compiled` against a compiled recording of the same script. Each graph call
+once cost 650 us in the graph op's own slice, the loss and zero_grad were folded into the
+forward graph, and the module's Python around the graph was kept: a host-bound script that
+compiling made 34% faster was predicted no faster, with host op_dispatch rising (tmp audit
+s3, 1.63 ms predicted against 1.06 ms compiled).
+
+The prediction is compared with the compiled recording on the modelled host clock, where
+both are the same every run: there the replay's shape of a compiled step (which ops become
+graphs, what the host pays per call) is the only thing that can differ. On the measured
+clock the prediction adds torch.compile's per-call host work as figures fitted on a
+reference host (docs/whatif.md), while the compiled recording measures it on this machine
+as loaded as it is: beside a memory-bound and a CPU-bound process, the compiled recording's
+step grew 40% and the prediction 10%. How close they come there is a benchmark's figure
+on a quiet host (`benchmarks/bench_whatif_compiled.py`), not a test's; what the measured
+clock must show whatever the load is checked here within one recording."""
 
 from __future__ import annotations
 
@@ -20,28 +30,42 @@ PROGRAM = Path(__file__).parent / "programs" / "small_mlp.py"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    paths = record_variants(tmp_path_factory.mktemp("compiled_host"), PROGRAM,
-                            {"eager": ["8"], "compiled": ["8", "--compile"]})
-    return {mode: load(path) for mode, path in paths.items()}
+    folder = tmp_path_factory.mktemp("compiled_host")
+    paths = record_variants(folder, PROGRAM, {"eager": ["8"]})
+    paths |= record_variants(folder, PROGRAM, {"modelled_eager": ["8"],
+                                               "modelled_compiled": ["8", "--compile"]},
+                             modelled=True)
+    return {name: load(path) for name, path in paths.items()}
 
 
 def _median_step(trace) -> float:
     return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
-def test_the_compiled_prediction_is_near_the_compiled_recording(recorded, tmp_path) -> None:
+def test_the_compiled_prediction_is_the_compiled_recording_on_the_modelled_clock(
+        recorded) -> None:
+    from neuron_explorer.what_if.replay import predicted_step_ns
+
+    eager, compiled = recorded["modelled_eager"], recorded["modelled_compiled"]
+    predicted = predicted_step_ns(eager)
+    assert predicted is not None
+    assert predicted < 0.5 * _median_step(eager), "compiling this host-bound MLP helps"
+    assert predicted == pytest.approx(_median_step(compiled), rel=0.02)
+
+
+def test_the_measured_prediction_keeps_what_a_compiled_run_keeps(recorded, tmp_path) -> None:
     from neuron_explorer.what_if.replay import predicted_step_ns, whatif
 
-    eager, compiled = recorded["eager"], recorded["compiled"]
+    eager = recorded["eager"]
     predicted = predicted_step_ns(eager)
     assert predicted is not None
     assert predicted < 0.9 * _median_step(eager), "compiling this host-bound MLP helps"
-    assert abs(predicted / _median_step(compiled) - 1) < 0.3
-    # a graph's op slice is its launch, as in the compiled recording: torch.compile's own
+    # a graph's op slice is its launch, as in a compiled recording: torch.compile's own
     # work is the host's Python around it, not op dispatch
     trace = whatif(eager, mode="compiled", output=tmp_path / "p.pftrace")
     graphs = trace.ops[trace.ops["name"].str.startswith("graph:")]
-    recorded_graphs = compiled.ops[compiled.ops["name"].str.startswith("graph:")]
+    recorded_graphs = recorded["modelled_compiled"].ops
+    recorded_graphs = recorded_graphs[recorded_graphs["name"].str.startswith("graph:")]
     assert len(graphs) and np.allclose(graphs["dur"], recorded_graphs["dur"].median())
     # the loss stays eager, as torch.compile(model) leaves it
     assert {"aten::pow", "aten::mean"} <= set(trace.ops["name"])
