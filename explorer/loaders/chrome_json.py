@@ -596,8 +596,10 @@ def _kinds(col: Collector, tracks: pd.DataFrame, track: np.ndarray, names: np.nd
     (category, name, on a device) of a Kineto trace, per category of ours."""
     texts = col.texts
     if kineto:
-        device = tracks.set_index("track_id")["device"].reindex(range(len(col.track_of)))
-        on_device = (device.to_numpy() >= 0).astype(np.int64)
+        on_device = np.zeros(len(col.track_of), np.int64)  # per thread track (ids 0..n-1)
+        ids = tracks["track_id"].to_numpy()
+        thread = ids < len(on_device)
+        on_device[ids[thread]] = tracks["device"].to_numpy()[thread] >= 0
         key = (categories * len(texts) + names) * 2 + on_device[track]
         distinct, inverse = np.unique(key, return_inverse=True)
         kinds = [kineto_kind(texts[k // 2 // len(texts)], texts[k // 2 % len(texts)], bool(k % 2))
