@@ -23,7 +23,10 @@ is approximated from the op stream, in the shape `train(..., compile=True)` runs
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -31,6 +34,9 @@ from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import base_name
 from neuron_explorer.trace import Trace
+
+if TYPE_CHECKING:
+    from neuron_explorer.backend.hardware.kernel import Kernel
 
 APPROXIMATIONS = (
     ("compiled mode: each step's forward ops and backward ops inside the model's module "
@@ -153,11 +159,23 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     """One kernel running `keys` in order (see the module doc), or None with no device work;
     raises ProgramTooLarge past `max_dependencies` before scheduling it."""
     from neuron_explorer.backend.hardware import KernelBuilder
+    from neuron_explorer.backend.hardware.builder import DependencyBudgetExceeded
+
+    b = KernelBuilder(preset, name)
+    if max_dependencies is not None:
+        b.dependency_budget = max_dependencies
+    try:
+        return _emitted(b, keys)
+    except DependencyBudgetExceeded:
+        raise ProgramTooLarge(name) from None
+
+
+def _emitted(b, keys: list):
+    """`build_program`'s kernel from builder `b`, its ops emitted and scheduled."""
     from neuron_explorer.backend.hardware.lowering import emit_host_fallback
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, lowering_for
     from neuron_explorer.backend.replay import spec_of
 
-    b = KernelBuilder(preset, name)
     sections: list[Section] = []
     made: dict[tuple, tuple[int, ...]] = {}  # (shape, dtype) -> the last op that made one
     for key in keys:
@@ -182,8 +200,9 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     b.after = ()
     if not len(b):
         return None
-    if max_dependencies is not None and b.dependency_count() > max_dependencies:
-        raise ProgramTooLarge(name)
+    if b.dependency_count() > b.dependency_budget:  # waits added to earlier instructions
+        raise ProgramTooLarge(b.name)
+    b.dependency_budget = math.inf  # what scheduling adds (spills) is not the program's
     b.sections = tuple(sections)
     return b.build()
 
@@ -202,6 +221,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)
     timelines: dict[int, DeviceTimeline] = {}
+    programs: dict[tuple, Kernel | None] = {}  # by its ops: each step's graphs are alike
     out: list = [None] * len(events)
     ends, deltas, collapsed = [], [], []
     shift = forward_inputs = 0
@@ -227,7 +247,10 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
             inputs = max(inputs, forward_inputs)
         call = compiled_call_host_ns(trace, inputs)
         before = call // 2
-        kernel = build_program(keys, preset, graph.name, max_dependencies)
+        ops = tuple(keys)
+        if ops not in programs:
+            programs[ops] = build_program(keys, preset, graph.name, max_dependencies)
+        kernel = _named(programs[ops], graph.name)
         ts = begin + shift + before  # the launch, after the call's work before it
         new = ReplayedOp(ts, 0, name=graph.launch_name)
         if kernel is not None:
@@ -245,6 +268,15 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     host_shift = HostShift(np.array(ends, np.int64), np.array(deltas, np.int64),
                            collapsed=collapsed)
     return out, host_shift, list(APPROXIMATIONS)
+
+
+def _named(kernel: Kernel | None, name: str) -> Kernel | None:
+    """`kernel` under another graph's name (its arrays are read-only: shared, not copied)."""
+    if kernel is None or kernel.name == name:
+        return kernel
+    renamed = copy.copy(kernel)
+    renamed.name = name
+    return renamed
 
 
 def graph_inputs(keys: list) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from itertools import pairwise
 
@@ -16,6 +17,7 @@ from neuron_explorer.backend.hardware import (
     get_preset,
     lower_op,
 )
+from neuron_explorer.backend.hardware.builder import DependencyBudgetExceeded
 from neuron_explorer.backend.hardware.streaming import act, stream, vec
 
 T = TensorSpec
@@ -165,6 +167,23 @@ def test_dependencies_must_point_backwards(trn2):
     b = KernelBuilder(trn2, "bad")
     with pytest.raises(ValueError, match="depends on an instruction not yet added"):
         b.vector("TensorCopy", 16, "float32", 1, (0,))
+
+
+def test_a_dependency_budget_stops_the_adding_at_the_instruction_past_it(trn2):
+    b = KernelBuilder(trn2, "budget")
+    b.dependency_budget = 3
+    a = b.vector("TensorCopy", 16, "float32", 1)
+    c = b.vector("TensorCopy", 16, "float32", 1, (a,))
+    b.vector("TensorTensor", 16, "float32", 2, (a, c))
+    assert b.dependency_count() == 3 and len(b) == 3
+    with pytest.raises(DependencyBudgetExceeded):
+        b.vector("TensorCopy", 16, "float32", 1, (c,))
+    assert b.dependency_count() == 3 and len(b) == 3  # nothing of it added
+    b.dependency_budget = math.inf
+    d = b.vector("TensorCopy", 16, "float32", 1)
+    b.wait_for((d,), (a, c))
+    b.wait_for((d,), (a,))  # waited for already: no new dependency
+    assert b.dependency_count() == 5
 
 
 def test_transposes_are_identity_matmuls_copied_out_a_bank_at_a_time(trn2):

@@ -44,3 +44,23 @@ def test_the_host_bound_finding_on_odd_dims_skips_the_prediction() -> None:
     # ... and points to the command that replays it whole
     assert ("`neuron-explorer whatif TRACE --mode compiled` replays the run"
             in finding.recommendation)
+
+
+def test_a_program_past_the_budget_is_given_up_as_it_passes_it(monkeypatch) -> None:
+    """Its instructions stop being added once their dependencies pass the budget: odd_dims'
+    backward program was added whole (82 K instructions, 36 M dependencies, 1.3 s) before
+    it was refused."""
+    from neuron_explorer.backend.hardware.builder import KernelBuilder
+
+    added = []
+    add = KernelBuilder.add
+
+    def counted(self, *args, **kwargs):
+        added.append(self.name)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(KernelBuilder, "add", counted)
+    trace = neuron_explorer.load(SAMPLES / "odd_dims.pftrace")
+    assert whatif_replay.prediction_too_large(trace, "compiled")
+    refused = [name for name in dict.fromkeys(added) if name.startswith("graph_")][-1]
+    assert added.count(refused) < 50_000, added.count(refused)
