@@ -174,7 +174,25 @@ class KernelBuilder:
                 out.extend(self._deps[i])
             else:
                 out.append(i)
-        return tuple(dict.fromkeys(out))
+        return self._last_to_end(tuple(dict.fromkeys(out)))
+
+    def _last_to_end(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        """`ids` less those another of them cannot end before: waiting for the rest is
+        waiting for all (the schedule is the same). An engine runs its instructions one
+        after another, so each starts once those issued before it on that engine end,
+        save a weight load hidden under a matmul (LoadStationary); a DMA queue keeps
+        several in flight. A padded GEMM's op finished with 2,048 stores' evacuations,
+        every instruction of the next op waited for each, and its program took minutes
+        to schedule."""
+        last: dict[int, int] = {}  # engine -> the last id of `ids` issued on it, not a load
+        for i in ids:
+            e = self._engine[i]
+            if e < FIRST_DMA and self._kind[i] != _LOAD_STATIONARY and i > last.get(e, -1):
+                last[e] = i
+        if len(last) == len(ids):
+            return ids
+        return tuple(i for i in ids if self._engine[i] >= FIRST_DMA
+                     or i >= last.get(self._engine[i], -1))
 
     def add_model_flops(self, flops: int) -> None:
         """FLOPs the op needs (without padding), multiply-add = 2."""

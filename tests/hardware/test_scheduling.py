@@ -317,3 +317,48 @@ def test_a_dependency_on_a_later_instruction_is_refused_by_the_compiled_schedule
         b._schedule()
     with pytest.raises(ValueError, match="depends on a later one"):
         b._schedule_compiled()
+
+
+@pytest.mark.parametrize("preset", ["trn1", "trn2"])
+def test_waiting_for_the_last_to_end_of_each_engine_is_waiting_for_all(preset):
+    """An op's next op waits for the instructions it finished with; of those, only the last
+    each engine ran can end last (`_last_to_end`: a padded GEMM finished with 2,048, each
+    a dependency of every instruction of the next op). Kernels of every scheduling kind,
+    then instructions of each kind waiting for a random set of their instructions, all of
+    it or only what `_last_to_end` keeps: the same start and end for every instruction."""
+    import random
+
+    import numpy as np
+
+    p = get_preset(preset)
+    for seed in range(8):
+        rng = random.Random(seed)
+        waits = None
+        times = []
+        for pruned in (False, True):
+            b = _every_kind_of_instruction(p, seed)
+            if waits is None:
+                waits = sorted(rng.sample(range(len(b)), rng.randint(20, 200)))
+            deps = b._last_to_end(tuple(waits)) if pruned else tuple(waits)
+            assert set(deps) <= set(waits)
+            b.dma_load(65536, 128, deps)
+            b.dma_store(2048, 128, deps)
+            b.matmul(128, 128, 512, "bfloat16", deps)
+            for engine in range(4):
+                b.add(engine, "Op", 100.0, deps, latency=64.0)
+            times.append(b._schedule())
+        (start, end, busy), (p_start, p_end, p_busy) = times
+        assert np.array_equal(start, p_start) and np.array_equal(end, p_end), seed
+        assert busy == p_busy
+
+
+def test_a_weight_load_hidden_under_a_matmul_does_not_stand_for_it(trn2):
+    """The one instruction that can end before one issued ahead of it on its engine: a
+    LoadStationary run under the previous matmul. Waiting for both is not waiting for it."""
+    b = KernelBuilder(trn2, "hidden")
+    first = b.matmul(128, 128, 512, "bfloat16")
+    b.matmul(128, 128, 512, "bfloat16")
+    load = first + 1  # the second matmul's weights, loaded under the first
+    _, end, _ = b._schedule()
+    assert end[load] < end[first]
+    assert b._last_to_end((first, load)) == (first, load)
