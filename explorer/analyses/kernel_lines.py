@@ -67,8 +67,10 @@ def _stall(ins: pd.DataFrame, kernel_start: pd.Series) -> np.ndarray:
                           "engine": ins["engine"].to_numpy(), "ts": ts,
                           "end": ts + ins["dur"].to_numpy()})  # positional index
     frame = frame.sort_values(["kernel", "engine", "ts"], kind="stable")
-    prev = frame.groupby(["kernel", "engine"])["end"].transform(
-        lambda end: end.shift(1).cummax())
+    # the latest end before each: shifted, then a running max, per (kernel, engine), in
+    # pandas' compiled group ops (a Python function per group took 0.4 s for 536 groups)
+    keys = [frame["kernel"], frame["engine"]]
+    prev = frame["end"].groupby(keys).shift(1).groupby(keys).cummax()
     first = kernel_start.reindex(frame["kernel"].to_numpy()).to_numpy()
     prev = np.where(prev.isna().to_numpy(), first, prev.to_numpy())
     stall = np.zeros(len(frame), np.int64)
