@@ -181,9 +181,9 @@ class KernelBuilder:
         waiting for all (the schedule is the same). An engine runs its instructions one
         after another, so each starts once those issued before it on that engine end,
         save a weight load hidden under a matmul (LoadStationary); a DMA queue keeps
-        several in flight. A padded GEMM's op finished with 2,048 stores' evacuations,
-        every instruction of the next op waited for each, and its program took minutes
-        to schedule."""
+        several in flight. A padded GEMM's op finished with 2,048 stores' evacuations and
+        every instruction of the next op waited for each: 36-75 M dependencies in one
+        compiled program."""
         last: dict[int, int] = {}  # engine -> the last id of `ids` issued on it, not a load
         for i in ids:
             e = self._engine[i]
