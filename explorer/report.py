@@ -18,6 +18,7 @@ from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules import SHARE_BASES
+from neuron_explorer.rules.finding import FINDINGS_TITLE
 from neuron_explorer.units import size
 from neuron_explorer.what_if.label import prediction_text
 
@@ -166,7 +167,7 @@ def report_sections(trace: Trace) -> list[Section]:
               if device and len(sequences := _sequences_table(trace)) else []),
             Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
-            Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+            Section(FINDINGS_TITLE, findings or ["no bottleneck found"])]
 
 
 def _phases_text(trace: Trace) -> str:

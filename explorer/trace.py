@@ -533,7 +533,8 @@ class Trace:
         return kernel_profile(self, kernel)
 
     def bottlenecks(self) -> Findings:
-        """Findings of every bottleneck rule, ranked by time lost."""
+        """Findings of every bottleneck rule, ranked by time lost, each after the fix it
+        waits on."""
         from neuron_explorer.rules import run_rules
 
         return memoised(self, "bottlenecks", lambda: run_rules(self))

@@ -69,6 +69,8 @@ class Findings(list):
 
 
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+# the title reports give the findings `ranked` orders
+FINDINGS_TITLE = "Findings (ranked by time lost, each after the fix it waits on)"
 
 
 def ranked(findings: list[Finding]) -> Findings:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
+from neuron_explorer.rules.finding import FINDINGS_TITLE
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -79,7 +80,7 @@ def run_report_sections(run: Run) -> list[Section]:
             Section("Communication per rank", comm_table),
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
-            Section("Findings (ranked by time lost)", findings or ["no bottleneck found"])]
+            Section(FINDINGS_TITLE, findings or ["no bottleneck found"])]
 
 
 def _critical_path_section(run: Run) -> list[Section]:
