@@ -1,6 +1,7 @@
-"""A rule's compiled prediction stays within what a report can wait for: the padded matmuls
-of odd_dims.pftrace made one program of 75 M dependencies, 25-80 s of scheduling in
-`neuron-explorer report`; the rule now gives up on it, and on small programs still predicts."""
+"""A rule's compiled prediction stays within what a report can wait for: a program over the
+dependency budget is given up, as soon as it passes it (the padded matmuls of
+odd_dims.pftrace once made one of 75 M dependencies, 25-80 s of scheduling in
+`neuron-explorer report`; they are predicted now), and small programs are predicted."""
 
 from __future__ import annotations
 
