@@ -165,13 +165,17 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     if max_dependencies is not None:
         b.dependency_budget = max_dependencies
     try:
-        return _emitted(b, keys)
-    except DependencyBudgetExceeded:
+        _emit_ops(b, keys)
+    except DependencyBudgetExceeded:  # stopped at the instruction past the budget
         raise ProgramTooLarge(name) from None
+    if not len(b):
+        return None
+    b.dependency_budget = math.inf  # what scheduling adds (spills) is not the program's
+    return b.build()
 
 
-def _emitted(b, keys: list):
-    """`build_program`'s kernel from builder `b`, its ops emitted and scheduled."""
+def _emit_ops(b, keys: list) -> None:
+    """Emit the ops `keys` into builder `b`, one section each (see the module doc)."""
     from neuron_explorer.backend.hardware.lowering import emit_host_fallback
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, lowering_for
     from neuron_explorer.backend.replay import spec_of
@@ -198,13 +202,7 @@ def _emitted(b, keys: list):
             for t in spec.outputs:
                 made[t] = done
     b.after = ()
-    if not len(b):
-        return None
-    if b.dependency_count() > b.dependency_budget:  # waits added to earlier instructions
-        raise ProgramTooLarge(b.name)
-    b.dependency_budget = math.inf  # what scheduling adds (spills) is not the program's
     b.sections = tuple(sections)
-    return b.build()
 
 
 def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
