@@ -651,7 +651,7 @@ class KernelBuilder:
             np.asarray(self._engine, dtype=np.int64).reshape(n), kind, cost,
             np.asarray(self._latency, dtype=np.float64).reshape(n), nbytes, data, gap,
             dep_ptr, dep_idx, first, dge_block, dge_gen, dge_count, FIRST_DMA + DMA_QUEUES,
-            p.dma_engines, float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns),
+            FIRST_DMA, p.dma_engines, float(p.dma_fixed_ns), float(p.host_link_bytes_per_ns),
             DMA_QUEUE_DEPTH)
         if not complete:  # a dependency on a later id
             raise ValueError(f"kernel {self.name!r}: an instruction depends on a later one")

@@ -22,9 +22,10 @@ import heapq
 
 import numba
 import numpy as np
-from neuron_explorer.backend.hardware.kernel import FIRST_DMA
 
-# scheduling kinds, as builder.py numbers them
+# scheduling kinds, as builder.py numbers them: written here, not imported, because
+# numba's disk cache is checked against this file only (the compiled-against-Python
+# test fails where the two differ); the first DMA stream comes in as an argument
 _PLAIN, _LOAD_STATIONARY, _MATMUL, _DMA, _HOST_DMA, _HBM_COPY = range(6)
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -51,8 +52,8 @@ def _csr(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
 def schedule(engine: np.ndarray, kind: np.ndarray, cost: np.ndarray, latency: np.ndarray,
              nbytes: np.ndarray, data: np.ndarray, gap: np.ndarray, dep_ptr: np.ndarray,
              dep_idx: np.ndarray, first: np.ndarray, dge_block: np.ndarray,
-             dge_gen: np.ndarray, dge_count: np.ndarray, n_streams: int, dma_engines: int,
-             dma_fixed: float, host_rate: float, queue_depth: int
+             dge_gen: np.ndarray, dge_count: np.ndarray, n_streams: int, first_dma: int,
+             dma_engines: int, dma_fixed: float, host_rate: float, queue_depth: int
              ) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """(start, end, Tensor Engine busy time, whether every instruction was scheduled)."""
     n = len(engine)
@@ -114,7 +115,7 @@ def schedule(engine: np.ndarray, kind: np.ndarray, cost: np.ndarray, latency: np
             f = s + d
             ls_end = f
         elif k in (_DMA, _HBM_COPY):
-            eng = (e - FIRST_DMA) % dma_engines
+            eng = (e - first_dma) % dma_engines
             t = first[i]
             count = dge_count[t]
             gen = dge_gen[t]
