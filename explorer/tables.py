@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -142,9 +142,20 @@ def assign_steps(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 def ancestor_of_kind(trace: Trace, ids: np.ndarray, kinds: tuple[str, ...],
                      outermost: bool = False) -> np.ndarray:
     """Nearest (or outermost) ancestor of each slice whose kind is in `kinds` (-1: none)."""
-    s = trace.table("slices")
-    parent = s["parent_id"].to_numpy()
-    match = kind_mask(trace, kinds)
+    return ancestor_in(trace, ids, kind_mask(trace, kinds), outermost)
+
+
+def op_named(trace: Trace, names: Collection[str]) -> np.ndarray:
+    """Which slices are ops named one of `names`."""
+    return (kind_mask(trace, ("op",))
+            & map_unique(trace.table("slices")["name"], lambda n: n in names, bool))
+
+
+def ancestor_in(trace: Trace, ids: np.ndarray, match: np.ndarray,
+                outermost: bool = False) -> np.ndarray:
+    """Nearest (or outermost) ancestor of each slice that `match` (one flag per slice)
+    holds (-1: none)."""
+    parent = trace.table("slices")["parent_id"].to_numpy()
     found = np.full(len(ids), -1, np.int64)
     cur = parent[ids] if len(ids) else np.zeros(0, np.int64)
     for _ in range(256):

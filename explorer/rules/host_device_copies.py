@@ -21,7 +21,14 @@ from neuron_explorer.rules.finding import (
     top,
     us,
 )
-from neuron_explorer.tables import assign_steps, map_unique, text
+from neuron_explorer.tables import (
+    ancestor_in,
+    assign_steps,
+    kernel_launches,
+    map_unique,
+    op_named,
+    text,
+)
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -78,14 +85,22 @@ def _issued_in(trace: Trace, kc: pd.DataFrame) -> np.ndarray:
 
 
 def copy_ops(trace: Trace, c: pd.DataFrame) -> np.ndarray:
-    """The op slices that issued the copies `c` (rows of `copies`): a transfer kernel's
-    launching op (those with none left out), a copy op that launched nothing itself."""
+    """The slices that issued the copies `c` (rows of `copies`): a transfer kernel's
+    launching op in our recordings; in other traces the outermost copy op around the
+    runtime call that launched it (aten::to around aten::copy_ around cudaMemcpyAsync),
+    else the call itself, and never the module op around them all (those with none left
+    out); a copy op that launched nothing itself."""
     k = trace.kernels
     if not len(k):
         return c["id"].to_numpy(np.int64)
     on_device = c["id"].isin(k["id"]).to_numpy()
-    ops = np.r_[k.set_index("id")["op_slice_id"].reindex(c.loc[on_device, "id"]).to_numpy(),
-                c.loc[~on_device, "id"].to_numpy()]
+    row = pd.Series(np.arange(len(k)), index=k["id"]).reindex(c.loc[on_device, "id"]).to_numpy()
+    launcher = kernel_launches(trace)[row]
+    if not device_terms(trace.metadata).recorded_here:
+        around = ancestor_in(trace, np.maximum(launcher, 0), op_named(trace, COPY_OPS),
+                             outermost=True)
+        launcher = np.where((launcher >= 0) & (around >= 0), around, launcher)
+    ops = np.r_[launcher, c.loc[~on_device, "id"].to_numpy()]
     return ops[ops >= 0].astype(np.int64)
 
 

@@ -2,33 +2,43 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
+from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
-from neuron_explorer.tables import ancestor_of_kind, assign_steps, text
+from neuron_explorer.tables import ancestor_of_kind, assign_steps, map_unique, text
+from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "sync_in_step"
+# copies to the host (Kineto's Memcpy DtoH, our copy_device_to_host)
+TO_HOST = re.compile(r"dtoh|d2h|device_to_host", re.IGNORECASE)
 
 
 def check(trace: Trace) -> list[Finding]:
     hs = host_slices(trace)
     syncs = hs[hs["kind"] == "sync"]
-    if len(trace.steps):
-        syncs = syncs[assign_steps(syncs["ts"].to_numpy(), trace.steps) >= 0]
+    if len(trace.steps):  # the analysed steps' training work, as every finding counts
+        syncs = syncs.assign(step=assign_steps(syncs["ts"].to_numpy(), trace.steps))
+        syncs = in_analysed_work(trace, syncs[syncs["step"] >= 0])
     if not len(syncs):
         return []
     # What removing the syncs saves in the run as recorded: a host-bound run's host
     # reaches each sync about when the device finishes and waits little. (Once the host
     # launches faster, the device idle after each sync shrinks with it: the idle after
     # the syncs is no saving to promise for after that fix.)
-    lost, symptom = _saving(trace, syncs)
+    critical, symptom = _saving(trace, syncs)
+    replayed = removal_saving_ns(trace, np.r_[syncs["id"].to_numpy(np.int64),
+                                              reads(trace, syncs)], RULE_ID)
+    lost = critical if replayed is None else replayed
     if lost < th.SYNC_MIN_SHARE * step_time(trace):
         return []
     ids = syncs["id"].to_numpy()
@@ -63,9 +73,36 @@ def check(trace: Trace) -> list[Finding]:
            ": keep results on the device and read them once, after the work")
         + "; avoid data-dependent Python control flow on device values.",
         symptom_ns=symptom,
-        saving_basis=("critical path: without a sync the host would have queued its next "
-                      "work as much earlier as it waited, so each sync costs the device "
-                      "idle after it or the host's wait at it, whichever is less"))]
+        saving_basis=(
+            "critical path: without a sync the host would have queued its next work as "
+            "much earlier as it waited, so each sync costs the device idle after it or the "
+            "host's wait at it, whichever is less" if replayed is None else
+            "replay: the run replayed without the syncs and the reads that make them (the "
+            "host's wait, and the copy it waited for)"))]
+
+
+def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:
+    """The op slices that made the host read the device at each sync, as removing the
+    sync removes them too: the op the sync ran inside (a PyTorch profiler's aten::item
+    around its copy and wait), else the device-to-host copy just before it on its
+    thread (our recordings: the copy's op, then the wait)."""
+    ids = syncs["id"].to_numpy(np.int64)
+    around = ancestor_of_kind(trace, ids, ("op",), outermost=True)
+    k = trace.kernels
+    to_host = map_unique(k["name"], lambda n: bool(TO_HOST.search(str(n))), bool)
+    launched = np.unique(k["op_slice_id"].to_numpy(np.int64)[to_host])
+    s = trace.table("slices")
+    reading = s.iloc[launched[launched >= 0]].sort_values("ts", kind="stable")
+    before = np.full(len(ids), -1, np.int64)
+    for track, rows in reading.groupby("track_id"):
+        mine = np.flatnonzero(syncs["track_id"].to_numpy() == track)
+        ends = (rows["ts"] + rows["dur"]).to_numpy(np.int64)
+        at = np.searchsorted(ends, syncs["ts"].to_numpy(np.int64)[mine], side="right") - 1
+        before[mine[at >= 0]] = rows["id"].to_numpy(np.int64)[at[at >= 0]]
+    same_parent = (before >= 0) & (s["parent_id"].to_numpy()[np.maximum(before, 0)]
+                                   == s["parent_id"].to_numpy()[ids])
+    found = np.where(around >= 0, around, np.where(same_parent, before, -1))
+    return np.unique(found[found >= 0])
 
 
 def _saving(trace: Trace, syncs) -> tuple[float, float]:
@@ -78,8 +115,9 @@ def _saving(trace: Trace, syncs) -> tuple[float, float]:
     if not len(trace.kernels) or not len(idle):
         waits = float(syncs["dur"].sum())
         return waits, waits
-    in_steps = idle["step"] >= 0 if len(trace.steps) else True
-    gaps = idle[(idle["reason"] == "sync") & in_steps]
+    gaps = idle[idle["reason"] == "sync"]
+    if len(trace.steps):
+        gaps = in_analysed_work(trace, gaps[gaps["step"] >= 0])
     if not len(gaps):
         return 0.0, 0.0
     ordered = syncs.sort_values("ts")

@@ -1,12 +1,13 @@
 """What a finding's fix saves, by replaying the run with its cause removed.
 
-An eager recording with op keys is replayed twice by the what-if replay
-(`backend/replay.py`): as recorded, and with the cause's op slices removed (their host
-time and their device work gone; sync waits are derived again, so a step that waited
-for them waits less). The analysed steps' difference between the two replays is the
-fix's saving; the cost model's own error is in both and largely cancels. Traces the
-replay cannot re-time (compiled graphs, PyTorch-profiler traces, predictions) get None,
-and rules fall back on the critical path (`analyses.path_share`).
+The run is re-timed from its recorded kernels (`kernel_retime`) twice: as recorded, and
+with the cause's slices removed (their host time and their device work gone; sync waits
+derived again, so a step that waited for them waits less). The analysed steps'
+difference between the two is the fix's saving. Each kernel keeps its recorded length,
+so an eager recording, a compiled one, a `--steps` window and a PyTorch-profiler trace
+from any device are replayed alike. Traces it cannot replay (no steps, or kernels that
+name no launching slice) get None, and rules fall back on the critical path
+(`analyses.path_share`).
 """
 
 from __future__ import annotations
@@ -35,28 +36,46 @@ def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str) -> float | N
 
 
 def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | None:
-    """The analysed steps' replayed length, with the op slices `removed` left out: from
-    the first step's start to the last step's end or, where the device lags behind its
-    host, to the end of the last kernel the steps launched."""
+    """The analysed steps' replayed length, with the slices `removed` left out: from the
+    first step's start to the last step's end or, where the device lags behind its host,
+    to the end of the last kernel the steps launched."""
     def compute() -> float | None:
-        from neuron_explorer.backend.replay import ReplayOptions, replay
-        from neuron_explorer.what_if.replay import replay_inputs
-
-        inputs = replay_inputs(trace)
-        if inputs is None:
+        if not len(trace.steps):
             return None
-        rows, events = inputs
-        for event, gone in zip(events, np.isin(rows["id"].to_numpy(), removed), strict=True):
-            event.removed = bool(gone)
-        replayed, shift = replay(events, ReplayOptions(trace.hardware or "trn2"))
         steps = in_analysed_steps(trace, trace.steps)
         start = int(steps["ts"].min())
         end = int((steps["ts"] + steps["dur"]).max())
-        recorded_ts = rows["ts"].to_numpy(np.int64)
-        inside = np.flatnonzero((recorded_ts >= start) & (recorded_ts < end))
-        device_end = max((k.end_ns for i in inside.tolist() for k in replayed[i].kernels),
-                         default=0)
-        new_start, new_end = shift(np.array([start, end]))
-        return float(max(int(new_end), device_end) - int(new_start))
+        return _span(trace, removed, start, end)
 
     return memoised(trace, f"counterfactual:{cause}", compute)
+
+
+def _between_removed(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the host time between two removed slices that follow each other
+    under one parent on one thread: the Python that issued the second (a `.item()`'s
+    read, then its wait), which goes with them."""
+    s = trace.table("slices")
+    parent = s["parent_id"].to_numpy()
+    family = s[np.isin(parent, np.unique(parent[removed]))].sort_values(
+        ["track_id", "parent_id", "ts"], kind="stable")
+    track, up = family["track_id"].to_numpy(), family["parent_id"].to_numpy()
+    ts = family["ts"].to_numpy(np.int64)
+    end = ts + family["dur"].to_numpy(np.int64)
+    gone = np.isin(family["id"].to_numpy(), removed)
+    pair = (track[1:] == track[:-1]) & (up[1:] == up[:-1]) & gone[1:] & gone[:-1]
+    pair &= ts[1:] > end[:-1]
+    return end[:-1][pair], ts[1:][pair]
+
+
+def _span(trace: Trace, removed: np.ndarray, start: int, end: int) -> float | None:
+    """The span from `start` to `end` (recorded host times) re-timed without `removed`,
+    to the last kernel launched inside it where that ends later."""
+    from neuron_explorer.what_if.kernel_retime import retime
+
+    retimed = retime(trace, removed, _between_removed(trace, removed))
+    if retimed is None:
+        return None
+    inside = (retimed.launch >= start) & (retimed.launch < end) & (retimed.end >= 0)
+    device_end = int(retimed.end[inside].max()) if inside.any() else 0
+    new_start, new_end = retimed.host_time(np.array([start, end]))
+    return float(max(int(new_end), device_end) - int(new_start))
