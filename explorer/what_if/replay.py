@@ -272,17 +272,42 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
             from neuron_explorer.what_if.compiled import ProgramTooLarge, replay_compiled
 
             try:
-                _, shift, _ = replay_compiled(trace, rows, events, options,
-                                              PREDICTION_MAX_DEPENDENCIES)
+                replayed, shift, _ = replay_compiled(trace, rows, events, options,
+                                                     PREDICTION_MAX_DEPENDENCIES)
             except ProgramTooLarge:
                 return None, True
         else:
-            _, shift = replay(events, options)
+            replayed, shift = replay(events, options)
         # the steps every per-step figure uses (after the warm-up), as the predicted
         # trace's own report does: `report` and `whatif` state one figure
         steps = in_analysed_steps(trace, trace.steps)
         start = steps["ts"].to_numpy(np.int64)
-        new = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
-        return float(np.median(new)), False
+        host = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
+        return _paced_median(steps, host, rows["ts"].to_numpy(np.int64), replayed), False
 
     return memoised(trace, f"whatif_step_ns:{mode}", compute)
+
+
+def _paced_median(steps: pd.DataFrame, host: np.ndarray, recorded_ts: np.ndarray,
+                  replayed: list) -> float:
+    """The predicted median step: the host's windows `host`, or where the predicted device
+    falls behind its host, the time between the ends of consecutive steps' device work
+    (`analyses.device_pace`, as the predicted trace's report reads it)."""
+    from neuron_explorer.analyses.device_pace import MIN_INTERVALS, device_paces
+
+    start = steps["ts"].to_numpy(np.int64)
+    end = start + steps["dur"].to_numpy(np.int64)
+    device_end = np.full(len(steps), np.nan)
+    for i, op in enumerate(replayed):
+        if op is None or not op.kernels:
+            continue
+        at = int(np.searchsorted(start, recorded_ts[i], side="right")) - 1
+        if at >= 0 and recorded_ts[i] < end[at]:
+            device_end[at] = np.fmax(device_end[at], max(k.end_ns for k in op.kernels))
+    number = steps["step"].to_numpy(np.int64)
+    consecutive = np.diff(number) == 1
+    intervals = np.diff(device_end)[consecutive]
+    intervals = intervals[~np.isnan(intervals)]
+    host_median = float(np.median(host))
+    paced = float(np.median(intervals)) if len(intervals) >= MIN_INTERVALS else None
+    return paced if paced is not None and device_paces(host_median, paced) else host_median

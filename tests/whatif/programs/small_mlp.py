@@ -1,5 +1,6 @@
-"""A small MLP trained eagerly or compiled: `small_mlp.py LAYERS [--compile] [--item]`
-(`--item`: read the loss on the host every step, as a training log does)."""
+"""A small MLP trained eagerly or compiled:
+`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B]` (`--item`: read the
+loss on the host every step, as a training log does; width 64 and batch 32 unless given)."""
 
 import sys
 
@@ -9,14 +10,21 @@ from torch import nn
 LAYERS = int(sys.argv[1])
 COMPILE = "--compile" in sys.argv
 ITEM = "--item" in sys.argv
+
+
+def _option(name: str, default: int) -> int:
+    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+WIDTH, BATCH = _option("--width", 64), _option("--batch", 32)
 torch.manual_seed(0)
 layers: list[nn.Module] = []
 for _ in range(LAYERS):
-    layers += [nn.Linear(64, 64), nn.ReLU()]
+    layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
 model = nn.Sequential(*layers).to("neuron")
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
-x = torch.randn(32, 64).to("neuron")
+x = torch.randn(BATCH, WIDTH).to("neuron")
 losses = []
 for _ in range(12):
     loss = fwd(x).square().mean()
