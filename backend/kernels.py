@@ -26,6 +26,25 @@ TO_DEVICE = (("direction", "host_to_device"),)
 TO_HOST = (("direction", "device_to_host"),)
 ON_DEVICE = (("direction", "device_to_device"),)
 
+# An upload of a host tensor already uploaded unchanged (the same tensor object, its
+# version counter unmoved): a constant the program could move to the device once. The
+# mark is an attribute on the host tensor: a weak reference to it would make
+# `torch.utils.swap_tensors` refuse it (module_conversion swaps moved parameters).
+SAME_HOST_TENSOR = (("same_host_tensor", True),)
+_UPLOADED_VERSION = "_neuron_uploaded_version"
+
+
+def _upload_attrs(host: torch.Tensor) -> tuple:
+    """The attrs of an upload of `host` (direction, and whether it was uploaded before)."""
+    try:
+        version = host._version
+        repeated = getattr(host, _UPLOADED_VERSION, None) == version
+        setattr(host, _UPLOADED_VERSION, version)
+    except (RuntimeError, AttributeError):  # an inference tensor keeps no version
+        return TO_DEVICE
+    return TO_DEVICE + SAME_HOST_TENSOR if repeated else TO_DEVICE
+
+
 # Sync kind of the next device-to-host copy, set by the wrappers that know why the
 # host reads (printing, tolist, item); "copy_to_host" otherwise.
 sync_kind: list[str] = []
@@ -138,7 +157,7 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         attrs = ON_DEVICE
     else:
         _logical_host_view(dst).copy_(self)
-        attrs = TO_DEVICE
+        attrs = _upload_attrs(self)
     _account(dev, "aten::_copy_from", ((self.shape, self.dtype),), ((dst.shape, dst.dtype),),
              attrs, real_start, host_start)
     return dst
@@ -166,7 +185,8 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         dst_dev = devices.get(target.index)
         out = dispatch.to_device(host, dst_dev)
         _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),),
-                 ((out.shape, out.dtype),), TO_DEVICE, real_start, host_start, op_id)
+                 ((out.shape, out.dtype),), _upload_attrs(self), real_start, host_start,
+                 op_id)
         return out
     src_dev = devices.get(self.device.index)
     if target.type != "neuron":

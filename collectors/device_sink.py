@@ -55,6 +55,7 @@ from neuron_explorer.common.trace_format import (
     ARG_PSUM,
     ARG_RANK,
     ARG_REASON,
+    ARG_SAME_HOST_TENSOR,
     ARG_SBUF,
     ARG_SECTION,
     ARG_SECTIONS,
@@ -618,6 +619,8 @@ class DeviceSink(EventSink):
             args[ARG_GRAPH_ID] = graph_id
         if op_key:  # (outputs, attrs): what the what-if replay lowers again
             args[ARG_OP_KEY] = op_key_codec.encode(*op_key)
+            if (ARG_SAME_HOST_TENSOR, True) in op_key[1]:
+                args[ARG_SAME_HOST_TENSOR] = True
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:

@@ -56,6 +56,8 @@ ARG_GRAPH_ID = "graph_id"
 ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
 ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
+# bool, on an upload: the host tensor was uploaded before, unchanged (a constant)
+ARG_SAME_HOST_TENSOR = "same_host_tensor"
 ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
 ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"

@@ -24,6 +24,7 @@ from neuron_explorer.rules.finding import (
 from neuron_explorer.tables import (
     ancestor_in,
     assign_steps,
+    flag,
     kernel_launches,
     map_unique,
     op_named,
@@ -85,14 +86,22 @@ def _issued_in(trace: Trace, kc: pd.DataFrame) -> np.ndarray:
 
 
 def copy_ops(trace: Trace, c: pd.DataFrame) -> np.ndarray:
-    """The slices that issued the copies `c` (rows of `copies`): a transfer kernel's
-    launching op in our recordings; in other traces the outermost copy op around the
-    runtime call that launched it (aten::to around aten::copy_ around cudaMemcpyAsync),
-    else the call itself, and never the module op around them all (those with none left
-    out); a copy op that launched nothing itself."""
+    """The slices that issued the copies `c` (rows of `copies`), those with none left out
+    (`issuers`)."""
+    ops = issuers(trace, c)
+    return ops[ops >= 0]
+
+
+def issuers(trace: Trace, c: pd.DataFrame) -> np.ndarray:
+    """Per row of `c` (rows of `copies`), the slice that issued the copy (-1: none known):
+    a transfer kernel's launching op in our recordings; in other traces the outermost copy
+    op around the runtime call that launched it (aten::to around aten::copy_ around
+    cudaMemcpyAsync), else the call itself, and never the module op around them all; a
+    copy op that launched nothing is its own."""
     k = trace.kernels
+    out = c["id"].to_numpy(np.int64).copy()
     if not len(k):
-        return c["id"].to_numpy(np.int64)
+        return out
     on_device = c["id"].isin(k["id"]).to_numpy()
     row = pd.Series(np.arange(len(k)), index=k["id"]).reindex(c.loc[on_device, "id"]).to_numpy()
     launcher = kernel_launches(trace)[row]
@@ -100,8 +109,8 @@ def copy_ops(trace: Trace, c: pd.DataFrame) -> np.ndarray:
         around = ancestor_in(trace, np.maximum(launcher, 0), op_named(trace, COPY_OPS),
                              outermost=True)
         launcher = np.where((launcher >= 0) & (around >= 0), around, launcher)
-    ops = np.r_[launcher, c.loc[~on_device, "id"].to_numpy()]
-    return ops[ops >= 0].astype(np.int64)
+    out[on_device] = launcher
+    return out
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -115,17 +124,27 @@ def check(trace: Trace) -> list[Finding]:
     lost = float(c["dur"].sum())
     if steps_with < th.COPY_MIN_STEP_FRACTION * len(steps) or not len(c):
         return []
+    issued = issuers(trace, c)
+    constant = _constant(trace, issued)
+    per_step = len(c) / max(steps_with, 1)
+    batched = per_step >= MANY_PER_STEP
     # tiny transfers can cost their host far more than the link: either may be the share
-    saving, basis = _saving(trace, c)
+    saving, basis = _saving(trace, c, issued, constant, batched)
     if max(lost, saving) < th.COPY_MIN_SHARE * step_time(trace):
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name}: {us(r.dur)}")
              for r in top(c, "dur").itertuples()]
     terms = device_terms(trace.metadata)
-    per_step = len(c) / max(steps_with, 1)
-    batch = (f"Move each step's small tensors in one copy ({per_step:.0f} copies a step here: "
-             "torch.cat or torch.stack them on the host, then one .to(device)). "
-             if per_step >= MANY_PER_STEP else "")
+    first = ""
+    if constant.any():
+        sites = pd.Series(text(trace.slice_args.column(tf.ARG_SOURCE, issued[constant])))
+        sites = [str(x) for x in sites[sites != ""].value_counts().index[:3]]
+        first = (f"Move the host tensors uploaded unchanged every step ({constant.sum()} of "
+                 f"the {len(c)} copies{', at ' + ', '.join(sites) if sites else ''}) to the "
+                 "device once, before the loop. ")
+    if batched and not constant.all():
+        first += (f"Move each step's small tensors in one copy ({per_step:.0f} copies a step "
+                  "here: torch.cat or torch.stack them on the host, then one .to(device)). ")
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,
@@ -133,7 +152,7 @@ def check(trace: Trace) -> list[Finding]:
         f"Data crosses between host and device inside the {step_name(trace)}. Each copy costs "
         "transfer time over the host link, an op the host dispatches, and usually a sync that "
         "stalls the host.",
-        f"{batch}Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
+        f"{first}Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
         "move the model and constant tensors to the device once before the loop, prefetch "
         "batches to the device asynchronously"
         + (" (DataLoader pin_memory=True, then .to(device, non_blocking=True))"
@@ -142,10 +161,49 @@ def check(trace: Trace) -> list[Finding]:
         symptom_ns=lost, saving_basis=basis)]
 
 
-def _saving(trace: Trace, c: pd.DataFrame) -> tuple[float, str]:
-    """What the steps would save without these copies (tensors made on the device, or
-    the copies hidden behind compute): by replay where the trace allows, else the
-    copies' time on the critical path."""
+def _constant(trace: Trace, issued: np.ndarray) -> np.ndarray:
+    """Per copy, whether it uploads a host tensor uploaded before unchanged (our
+    recordings say so on the copy's op)."""
+    out = np.zeros(len(issued), bool)
+    known = issued >= 0
+    out[known] = flag(trace.slice_args.column(tf.ARG_SAME_HOST_TENSOR, issued[known]))
+    return out
+
+
+def _removed(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.ndarray,
+             batched: bool) -> tuple[np.ndarray, str]:
+    """The slices the advised fixes remove, and how the replay's basis says so. A constant
+    is uploaded once before the loop: its copy goes. Data new every step still crosses:
+    batched into one copy a step, all but one copy's op go; otherwise (created on the
+    device, prefetched) the transfer goes and the op that issues it stays. Traces from
+    elsewhere: the copies' ops go (a PyTorch profiler's blocking copy holds the host)."""
+    if not device_terms(trace.metadata).recorded_here:
+        return issued[issued >= 0], "the run replayed without these copies"
+    fresh = ~constant & (issued >= 0)
+    parts, says = [issued[constant]], []
+    if constant.any():
+        says.append("the tensors uploaded unchanged every step uploaded once before the loop")
+    if fresh.any() and batched:
+        rows = np.flatnonzero(fresh)
+        step, ts = c["step"].to_numpy()[rows], c["ts"].to_numpy()[rows]
+        rows = rows[np.lexsort((ts, step))]
+        first = np.r_[True, np.diff(c["step"].to_numpy()[rows]) != 0]
+        parts.append(issued[rows[~first]])
+        says.append("each step's other copies batched into one (their ops gone)")
+    elif fresh.any():
+        k = trace.kernels
+        transfer = fresh & c["id"].isin(k["id"]).to_numpy()
+        parts += [c["id"].to_numpy(np.int64)[transfer], issued[fresh & ~transfer]]
+        says.append("the data new every step no longer crossing the link (the ops that "
+                    "issue it stay: created on the device or prefetched, it still costs "
+                    "an op)")
+    return np.concatenate(parts).astype(np.int64), "the run replayed with " + "; ".join(says)
+
+
+def _saving(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.ndarray,
+            batched: bool) -> tuple[float, str]:
+    """What the steps would save with the advised fixes (`_removed`): by replay where the
+    trace allows, else the copies' time on the critical path."""
     from neuron_explorer.analyses.path_share import time_on_path
     from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
@@ -153,9 +211,10 @@ def _saving(trace: Trace, c: pd.DataFrame) -> tuple[float, str]:
     on_device = c["id"].isin(k["id"]) if len(k) else np.zeros(len(c), bool)
     op_ids = np.r_[k.set_index("id").loc[c.loc[on_device, "id"], "op_slice_id"].to_numpy(),
                    c.loc[~on_device, "id"].to_numpy()] if len(k) else c["id"].to_numpy()
-    replayed = removal_saving_ns(trace, copy_ops(trace, c), RULE_ID)
+    removed, says = _removed(trace, c, issued, constant, batched)
+    replayed = removal_saving_ns(trace, removed, f"{RULE_ID}:{says}")
     if replayed is not None:
-        return replayed, "replay: the run replayed without these copies"
+        return replayed, f"replay: {says}"
     end = (c["ts"] + c["dur"]).to_numpy()
     device = c[on_device]
     s = trace.table("slices")

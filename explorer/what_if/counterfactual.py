@@ -56,7 +56,9 @@ def _between_removed(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.
     read, then its wait), which goes with them."""
     s = trace.table("slices")
     parent = s["parent_id"].to_numpy()
-    family = s[np.isin(parent, np.unique(parent[removed]))].sort_values(
+    host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"].to_numpy()
+    family = s[np.isin(parent, np.unique(parent[removed]))
+               & np.isin(s["track_id"].to_numpy(), host_tracks)].sort_values(
         ["track_id", "parent_id", "ts"], kind="stable")
     track, up = family["track_id"].to_numpy(), family["parent_id"].to_numpy()
     ts = family["ts"].to_numpy(np.int64)

@@ -52,9 +52,9 @@ class Retimed:
 
 def retime(trace: Trace, removed: np.ndarray,
            host_gaps: tuple[np.ndarray, np.ndarray] | None = None) -> Retimed | None:
-    """The trace re-timed without the slices `removed` (ids) and the host time between
-    them in `host_gaps` (starts, ends); None for a trace whose kernels name no launching
-    slice."""
+    """The trace re-timed without the slices `removed` (ids: host slices, with the kernels
+    they launched, or kernels by themselves) and the host time between them in
+    `host_gaps` (starts, ends); None for a trace whose kernels name no launching slice."""
     k = trace.kernels
     launcher = kernel_launches(trace) if len(k) else np.zeros(0, np.int64)
     if not (launcher >= 0).any():
@@ -73,6 +73,7 @@ def retime(trace: Trace, removed: np.ndarray,
     launch[known] = np.minimum(start[known], (s_ts + s_dur)[launcher[known]])
     kept = ~known.copy()
     kept[known] = innermost_in(parent, gone, launcher[known]) < 0
+    kept &= ~gone[k["id"].to_numpy(np.int64)]  # a kernel removed by itself
     queue = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
     slack = _slack(start, dur, launch, queue)
 

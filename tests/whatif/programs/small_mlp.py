@@ -1,6 +1,9 @@
 """A small MLP trained eagerly or compiled:
-`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B]` (`--item`: read the
-loss on the host every step, as a training log does; width 64 and batch 32 unless given)."""
+`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW]`
+(`--item`: read the loss on the host every step, as a training log does; width 64 and
+batch 32 unless given). `--input`: `once` (the default: one host tensor uploaded before
+the loop), `every-step` (the same host tensor uploaded in every step), `fresh` (a new
+host tensor uploaded every step) or `on-device` (a new one made on the device)."""
 
 import sys
 
@@ -17,6 +20,7 @@ def _option(name: str, default: int) -> int:
 
 
 WIDTH, BATCH = _option("--width", 64), _option("--batch", 32)
+INPUT = sys.argv[sys.argv.index("--input") + 1] if "--input" in sys.argv else "once"
 torch.manual_seed(0)
 layers: list[nn.Module] = []
 for _ in range(LAYERS):
@@ -24,9 +28,16 @@ for _ in range(LAYERS):
 model = nn.Sequential(*layers).to("neuron")
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
-x = torch.randn(BATCH, WIDTH).to("neuron")
+host_x = torch.randn(BATCH, WIDTH)
+x = host_x.to("neuron")
 losses = []
 for _ in range(12):
+    if INPUT == "every-step":
+        x = host_x.to("neuron")
+    elif INPUT == "fresh":
+        x = torch.randn(BATCH, WIDTH).to("neuron")
+    elif INPUT == "on-device":
+        x = torch.randn(BATCH, WIDTH, device="neuron")
     loss = fwd(x).square().mean()
     opt.zero_grad()
     loss.backward()
