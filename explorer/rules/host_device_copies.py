@@ -178,7 +178,12 @@ def _removed(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.nda
     device, prefetched) the transfer goes and the op that issues it stays. Traces from
     elsewhere: the copies' ops go (a PyTorch profiler's blocking copy holds the host)."""
     if not device_terms(trace.metadata).recorded_here:
-        return issued[issued >= 0], "the run replayed without these copies"
+        # whether a copy's data is a constant the trace does not say: the most, moving
+        # every one to the device once, is what the replay states
+        return issued[issued >= 0], (
+            "the run replayed without these copies' ops (what uploading them once before "
+            "the loop saves; data new every step, pinned and copied asynchronously, "
+            "saves less: its op stays)")
     fresh = ~constant & (issued >= 0)
     parts, says = [issued[constant]], []
     if constant.any():
