@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common.trace_format import ARG_WORKER, CAT_DATALOADER_WORKER
@@ -84,7 +85,7 @@ def check(trace: Trace) -> list[Finding]:
                       + (f" from DataLoader worker {r.worker}" if r.worker >= 0 else ""))
              for r in top(dl).itertuples()]
     phase, phase_advice = _slow_phase(trace)
-    saving = _saving(trace, dl)
+    saving, basis = _saving(trace, dl)
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", saving, items,
         f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
@@ -94,14 +95,22 @@ def check(trace: Trace) -> list[Finding]:
         + (", pin_memory=True" if device_terms(trace.metadata).pinned_memory else "")
         + phase_advice
         + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or into "
-        "the workers' Dataset code.", symptom_ns=lost,
-        saving_basis="critical path: the waits for batches where they set the steps' length "
-                     "(a wait while the device still runs queued work saves nothing)")]
+        "the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
 
 
-def _saving(trace: Trace, waits: pd.DataFrame) -> float:
-    """The waits for batches on the analysed steps' critical path."""
+def _saving(trace: Trace, waits: pd.DataFrame) -> tuple[float, str]:
+    """What the steps would save if no step waited for its batch (workers that keep up):
+    by replay where the trace allows, else the waits on the analysed steps' critical
+    path."""
     from neuron_explorer.analyses.path_share import time_on_path
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
+    replayed = removal_saving_ns(trace, waits["id"].to_numpy(np.int64), RULE_ID)
+    if replayed is not None:
+        return replayed, ("replay: the run replayed without the waits for batches (workers "
+                          "that keep up; a wait while the device still runs queued work "
+                          "saves nothing)")
     ts = waits["ts"].to_numpy()
-    return time_on_path(trace, ts, ts + waits["dur"].to_numpy(), "host")
+    return time_on_path(trace, ts, ts + waits["dur"].to_numpy(), "host"), (
+        "critical path: the waits for batches where they set the steps' length (a wait "
+        "while the device still runs queued work saves nothing)")
