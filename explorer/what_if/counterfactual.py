@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import memoised
+from neuron_explorer.tables import of_kind
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -50,10 +52,14 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | Non
     return memoised(trace, f"counterfactual:{cause}", compute)
 
 
-def _between_removed(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the host time between two removed slices that follow each other
-    under one parent on one thread: the Python that issued the second (a `.item()`'s
-    read, then its wait), which goes with them."""
+def _host_gaps(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the host time that goes with the removed slices, though in none
+    of them: between two removed slices that follow each other under one parent on one
+    thread, the Python that issued the second (a `.item()`'s read, then its wait); and
+    beside a removed op of our recordings, its own front end (the line that calls it,
+    PyTorch's binding): on the modelled clock the per-op cost it charged, after the op
+    (to the next interval); on a measured one before the op, at most the run's typical
+    gap between two ops (`_op_gap_ns`). Other traces say nothing of it: none."""
     s = trace.table("slices")
     parent = s["parent_id"].to_numpy()
     host_tracks = trace.tracks.loc[trace.tracks["device"] < 0, "track_id"].to_numpy()
@@ -64,9 +70,39 @@ def _between_removed(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.
     ts = family["ts"].to_numpy(np.int64)
     end = ts + family["dur"].to_numpy(np.int64)
     gone = np.isin(family["id"].to_numpy(), removed)
-    pair = (track[1:] == track[:-1]) & (up[1:] == up[:-1]) & gone[1:] & gone[:-1]
-    pair &= ts[1:] > end[:-1]
-    return end[:-1][pair], ts[1:][pair]
+    next_to = (track[1:] == track[:-1]) & (up[1:] == up[:-1]) & (ts[1:] > end[:-1])
+    both = next_to & gone[1:] & gone[:-1]
+    starts, ends = [end[:-1][both]], [ts[1:][both]]
+    op = (family["kind"].to_numpy() == tf.CAT_OP) & gone
+    clock = trace.metadata.get(tf.META_HOST_CLOCK) or {}
+    if clock.get("source") == "modelled":  # the op's front end follows it, as charged
+        cap = int(clock.get("python_per_op_ns", 0)) + int(clock.get("backend_op_ns", 0))
+        lone = next_to & op[:-1] & ~gone[1:]
+        starts.append(end[:-1][lone])
+        ends.append(np.minimum(ts[1:][lone], end[:-1][lone] + cap))
+    elif clock:  # measured: it precedes the op
+        cap = _op_gap_ns(trace)
+        lone = next_to & op[1:] & ~gone[:-1]
+        starts.append(np.maximum(end[:-1][lone], ts[1:][lone] - cap))
+        ends.append(ts[1:][lone])
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def _op_gap_ns(trace: Trace) -> int:
+    """The run's typical host time between two ops that follow each other under one
+    parent (the median): on a measured clock, what issuing one more op costs the host
+    besides its slice."""
+    def compute() -> int:
+        ops = of_kind(trace, tf.CAT_OP).sort_values(["track_id", "parent_id", "ts"],
+                                                    kind="stable")
+        track, up = ops["track_id"].to_numpy(), ops["parent_id"].to_numpy()
+        ts = ops["ts"].to_numpy(np.int64)
+        end = ts + ops["dur"].to_numpy(np.int64)
+        gap = (ts[1:] - end[:-1])[(track[1:] == track[:-1]) & (up[1:] == up[:-1])]
+        gap = gap[gap > 0]
+        return int(np.median(gap)) if len(gap) else 0
+
+    return memoised(trace, "counterfactual:op_gap", compute)
 
 
 def _span(trace: Trace, removed: np.ndarray, start: int, end: int) -> float | None:
@@ -74,7 +110,7 @@ def _span(trace: Trace, removed: np.ndarray, start: int, end: int) -> float | No
     to the last kernel launched inside it where that ends later."""
     from neuron_explorer.what_if.kernel_retime import retime
 
-    retimed = retime(trace, removed, _between_removed(trace, removed))
+    retimed = retime(trace, removed, _host_gaps(trace, removed))
     if retimed is None:
         return None
     inside = (retimed.launch >= start) & (retimed.launch < end) & (retimed.end >= 0)

@@ -2,9 +2,10 @@
 length: the counterfactual for traces the backend replay cannot re-lower (compiled
 graphs, PyTorch-profiler traces from any device).
 
-The host keeps its recorded time less the removed slices (and the time between two
-removed slices that follow each other: the Python that issued the second): every later
-host time moves earlier by as much. A kernel is launched when its launching slice issued
+The host keeps its recorded time less the removed slices and the host time that goes
+with them (`host_gaps`: the Python between two removed slices, a removed op's own front
+end; `what_if.counterfactual` says which): every later host time moves earlier by as
+much. A kernel is launched when its launching slice issued
 it (its recorded start or the launching slice's end, whichever came first) and starts
 once its queue is free, plus any delay the recording shows beyond both (a wait on
 another queue, kept as it was). A sync waits for the queues it waited for in the
