@@ -123,8 +123,9 @@ def check(trace: Trace) -> list[Finding]:
     advice = " ".join(_advice(str(n), fb[fb["name"] == n]) for n in per_name.index[:3])
     return [make(
         trace, RULE_ID, f"{len(fb)} ops fell back to the host", saving, items,
-        f"These ops have no device lowering: {names}. Each one copies its inputs to the host, "
-        "waits for the device, computes on the CPU and copies the result back."
+        f"These ops have no device lowering: {names}. Each one holds up the device's queue: "
+        "its inputs are copied to the host, the device waits while the CPU computes, and "
+        "the result is copied back."
         + (" Inside a compiled graph that round trip is part of the graph's device time "
            "(not counted here)." if inside.astype(bool).any() else ""), advice,
         symptom_ns=lost, saving_basis=basis)]
