@@ -12,13 +12,23 @@ from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
-from neuron_explorer.tables import ancestor_of_kind, assign_steps, map_unique, text
+from neuron_explorer.tables import (
+    ancestor_in,
+    ancestor_of_kind,
+    assign_steps,
+    map_unique,
+    op_named,
+    text,
+)
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "sync_in_step"
+# the ops that read a device value on the host (a PyTorch profiler's ops around a sync)
+READ_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::to", "aten::_to_copy",
+                      "aten::copy_", "aten::cpu", "aten::tolist", "aten::is_nonzero"})
 # copies to the host (Kineto's Memcpy DtoH, our copy_device_to_host)
 TO_HOST = re.compile(r"dtoh|d2h|device_to_host", re.IGNORECASE)
 
@@ -83,11 +93,12 @@ def check(trace: Trace) -> list[Finding]:
 
 def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:
     """The op slices that made the host read the device at each sync, as removing the
-    sync removes them too: the op the sync ran inside (a PyTorch profiler's aten::item
-    around its copy and wait), else the device-to-host copy just before it on its
-    thread (our recordings: the copy's op, then the wait)."""
+    sync removes them too: the outermost read op the sync ran inside (a PyTorch
+    profiler's aten::item around its copy and wait), else the device-to-host copy just
+    before it on its thread (our recordings: the copy's op, then the wait)."""
     ids = syncs["id"].to_numpy(np.int64)
-    around = ancestor_of_kind(trace, ids, ("op",), outermost=True)
+    # the read ops around it, never a module's op around them all (a profiler's forward)
+    around = ancestor_in(trace, ids, op_named(trace, READ_OPS), outermost=True)
     k = trace.kernels
     to_host = map_unique(k["name"], lambda n: bool(TO_HOST.search(str(n))), bool)
     launched = np.unique(k["op_slice_id"].to_numpy(np.int64)[to_host])

@@ -523,3 +523,31 @@ def test_a_sync_costs_the_hosts_wait_when_that_is_less_than_the_idle_after_it(tm
     (f,) = _rule(neuron_explorer.load(path), "sync_in_step")
     assert f.symptom_ns == 302_000 and f.time_lost_ns == 20_000 and not f.after
     assert f.severity == "low" and f.saving_basis.startswith("replay")
+
+
+def test_a_syncs_read_is_its_item_op_not_the_module_around_it(tmp_path) -> None:
+    """A PyTorch profiler records `.item()` as aten::item around the copy and its wait,
+    inside the module's own op: removing the sync removes aten::item, not the forward."""
+    import json
+
+    from neuron_explorer.analyses.step_breakdown import host_slices
+    from neuron_explorer.rules.sync_in_step import reads
+
+    def op(name: str, ts: int, dur: int) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+                "dur": dur}
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+         "ts": 0, "dur": 1000},
+        op("forward", 10, 900), op("aten::item", 500, 100),
+        op("aten::_local_scalar_dense", 505, 90),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
+         "tid": 1, "ts": 520, "dur": 60},
+    ]
+    path = tmp_path / "item.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    t = neuron_explorer.load(path)
+    hs = host_slices(t)
+    names = t.table("slices")["name"].to_numpy()
+    assert [names[i] for i in reads(t, hs[hs["kind"] == "sync"])] == ["aten::item"]
