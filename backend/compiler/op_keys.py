@@ -60,7 +60,9 @@ def _attr_value(value: object) -> object | None:
         return None
     if isinstance(value, (bool, int, str)):
         return value
-    if isinstance(value, (list, tuple)) and value and all(type(v) is int for v in value):
+    # ints (sizes, strides) or bools (a backward's output_mask: which grads it computes)
+    if isinstance(value, (list, tuple)) and value and (
+            all(type(v) is int for v in value) or all(type(v) is bool for v in value)):
         return tuple(value)
     return None
 

@@ -75,3 +75,22 @@ def test_an_op_of_its_own_gets_exactly_the_eager_kernels_instructions():
     assert program.duration_ns == kernel.duration_ns
     for name, values in kernel.arrays().items():
         assert (program.arrays()[name] == values).all(), name
+
+
+def test_a_backwards_output_mask_reaches_its_graph_kernel():
+    """A first layer's convolution_backward computes no grad_input (its output_mask is
+    [False, True, True]). The graph's key once dropped the mask (a list of bools, where
+    only lists of ints were kept), so a compiled CNN's backward computed grad_input too:
+    955 us against 451 us for the same ops eagerly."""
+    def first_conv_grads(grad, x, w):
+        return torch.ops.aten.convolution_backward(grad, x, w, [16], [1, 1], [1, 1], [1, 1],
+                                                   False, [0, 0], 1, [False, True, True])
+
+    gm = make_fx(first_conv_grads)(torch.randn(8, 16, 32, 32), torch.randn(8, 3, 32, 32),
+                                   torch.randn(16, 3, 3, 3))
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"
+               and "convolution_backward" in str(n.target)]
+    assert ("output_mask", (False, True, True)) in node_key(node)[3]
+    (program,), (kernel,) = fused_and_eager(first_conv_grads, (8, 16, 32, 32),
+                                            (8, 3, 32, 32), (16, 3, 3, 3))
+    assert program.duration_ns == kernel.duration_ns
