@@ -95,7 +95,6 @@ class HostEvent:
     dur: int
     device: int
     key: OpKey | None = None  # None: a sync point
-    removed: bool = False  # a counterfactual: the op as if the program never issued it
     backward: bool = False  # run by autograd's backward (what autocast casts differs)
 
 
@@ -183,8 +182,6 @@ def lower_key(key: OpKey, preset: HardwarePreset) -> tuple[Kernel | None, bool]:
 def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: ReplayOptions,
                preset: HardwarePreset) -> ReplayedOp:
     """One op or sync point issued at host time `ts` on `timeline`, as a live run would."""
-    if ev.removed:  # neither host time nor device work
-        return ReplayedOp(ts, 0)
     if ev.key is None:  # a sync point: wait for what this device still has queued
         return ReplayedOp(ts, max(0, timeline.finish_ns - ts))
     kernel, fallback = lower_key(with_dtype(ev.key, options.dtype), preset)

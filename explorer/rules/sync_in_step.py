@@ -12,6 +12,7 @@ from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.host_device_copies import COPY_OPS
 from neuron_explorer.tables import (
     ancestor_in,
     ancestor_of_kind,
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 
 RULE_ID = "sync_in_step"
 # the ops that read a device value on the host (a PyTorch profiler's ops around a sync)
-READ_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::to", "aten::_to_copy",
-                      "aten::copy_", "aten::cpu", "aten::tolist", "aten::is_nonzero"})
+READ_OPS = COPY_OPS | {"aten::item", "aten::_local_scalar_dense", "aten::cpu",
+                      "aten::tolist", "aten::is_nonzero"}
 # copies to the host (Kineto's Memcpy DtoH, our copy_device_to_host)
 TO_HOST = re.compile(r"dtoh|d2h|device_to_host", re.IGNORECASE)
 
