@@ -106,5 +106,8 @@ def node_key(node: fx.Node, binding: dict | None = None) -> tuple:
     target = node.target
     outputs = output_sigs(node, binding)
     if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable and not outputs:
-        outputs = input_sigs(node, binding)[:1]
+        # what it writes, as eager dispatch keys it: self, or a whole first list
+        first = node.args[0] if node.args else None
+        written = input_sigs(node, binding)
+        outputs = written[:len(first)] if isinstance(first, (list, tuple)) else written[:1]
     return (op_name(node), input_sigs(node, binding), outputs, node_attrs(node))

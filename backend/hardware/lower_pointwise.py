@@ -132,10 +132,22 @@ def lower_foreach(b: KernelBuilder, spec: OpSpec, base: Callable[..., None], **p
         base(b, spec.replace(inputs=ins, outputs=outs), **params)
 
 
+def _parameter_count(spec: OpSpec, tensors: Sequence[TensorSpec]) -> int:
+    """How many parameters a fused optimizer step updates: its outputs (the parameter
+    list it writes), else its 0-d state steps (one a parameter, in keys recorded with the
+    first parameter as the only output), else the shortest period of the shapes."""
+    if len(spec.outputs) > 1:
+        return len(spec.outputs)
+    steps = len(spec.inputs) - len(tensors)
+    if steps and len(tensors) % steps == 0:
+        return steps
+    return _group_size(tensors, 0)
+
+
 def lower_fused_optimizer(b: KernelBuilder, spec: OpSpec, steps: Sequence[Step]) -> None:
     """_fused_adam(w): per parameter read param, grad and two moments; write three back."""
     tensors = [t for t in spec.inputs if t.shape != ()]  # state steps are 0-d scalars
-    n = _group_size(tensors, 0)
+    n = _parameter_count(spec, tensors)
     lists = max(1, len(tensors) // max(n, 1))
     for j in range(n):
         group = [tensors[j + k * n] for k in range(lists) if j + k * n < len(tensors)]

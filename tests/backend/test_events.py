@@ -202,3 +202,25 @@ def test_releasing_device_memory_between_ops_costs_no_host_time(recorder):
     # they should be; returning 256 MB to the OS (milliseconds when the OS is slow to
     # unmap) is not. When the unmapping is quick, the two are alike: hence the slack.
     assert host < real / 2 + 50_000, (host, real)
+
+
+def test_an_optimizer_step_writes_every_parameter_it_updates(recorder):
+    """An in-place op over tensor lists (foreach Adam's `_foreach_mul_`, fused Adam)
+    writes its whole first list: its key says so, and its kernel stores every tensor.
+    Keyed with the first tensor as the only output, foreach Adam's passes stored one
+    parameter of the list and fused Adam, its parameters of one shape, three tensors."""
+    params = [torch.zeros(64, 64).to("neuron") for _ in range(3)]
+    for p in params:
+        p.grad = torch.ones(64, 64).to("neuron")
+    size = sum(p.nbytes for p in params)
+    for fused in (False, True):
+        recorder.ops.clear()
+        recorder.kernels.clear()
+        torch.optim.Adam(params, lr=0.1, fused=fused, foreach=not fused).step()
+        name = "aten::_fused_adam_" if fused else "aten::_foreach_mul_"
+        (op,) = [o for o in recorder.ops if o.name == name]
+        assert op.key[2] == (((64, 64), torch.float32),) * 3
+        (kernel,) = [k for k in recorder.kernels if k.op_id == op.op_id]
+        # foreach: a moment read and written back; fused: parameters, grads and both
+        # moments read, parameters and moments written
+        assert kernel.hbm_bytes == (7 if fused else 2) * size

@@ -88,6 +88,17 @@ def test_physical_numbers_where_the_model_disagrees(name, trn2):
     assert tuple(g if w is not None else None for g, w in zip(got, want, strict=True)) == want
 
 
+def test_a_fused_optimizer_updates_each_parameter_of_one_shape(trn2):
+    """Parameters all of one shape: the shapes have no period to tell the lists apart,
+    the written list or the state steps (one a parameter) say how many there are."""
+    p, step = T((256, 256), F), T((), F)
+    written = lower_op(OpSpec("aten::_fused_adam_", (p,) * 12 + (step,) * 3, (p,) * 3), trn2)
+    recorded_before = lower_op(OpSpec("aten::_fused_adam_", (p,) * 12 + (step,) * 3, (p,)),
+                               trn2)
+    for kernel in (written, recorded_before):
+        assert (kernel.hbm_read_bytes, kernel.hbm_write_bytes) == (12 * p.nbytes, 9 * p.nbytes)
+
+
 def test_foreach_ops_use_their_base_op_per_tensor(trn2):
     a, b = T((256, 256), F), T((1024,), F)
     foreach = lower_op(OpSpec("aten::_foreach_mul_", (a, b, a, b), ()), trn2)
