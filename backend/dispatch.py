@@ -461,7 +461,7 @@ def run_op(op, args: tuple, kwargs: dict):
         result = _map_back(result, conv, device)
         # what it writes: self, or a `_foreach_*_`'s or fused optimizer's whole first list
         first = args[0] if args else None
-        out_sig = tuple(conv.sig[:len(first) if type(first) in (list, tuple) else 1])
+        out_sig = tuple(conv.sig[:len(first) if isinstance(first, (list, tuple)) else 1])
     elif isinstance(result, _Tensor):  # the common case, without the two helpers
         out_sig = ((result.shape, result.dtype),)
         result = to_device(result, device)

@@ -139,7 +139,7 @@ def compiled_saving_ns(trace: Trace) -> float | None:
     from neuron_explorer.analyses.steady_state import in_analysed_steps
     from neuron_explorer.what_if.replay import predicted_step_ns
 
-    if _is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
+    if is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
         return None
     predicted = predicted_step_ns(trace, "compiled")
     steps = in_analysed_steps(trace, trace.steps)
@@ -148,7 +148,22 @@ def compiled_saving_ns(trace: Trace) -> float | None:
     return max(float(steps["dur"].median()) - predicted, 0.0) * len(steps)
 
 
-def _is_compiled(trace: Trace) -> bool:
+def compiled_device_saving_ns(trace: Trace) -> float | None:
+    """The device time the analysed steps would save compiled: their kernels replayed by
+    `whatif --mode compiled` against the same ops lowered again eagerly; None where no
+    replay predicts it (see `compiled_saving_ns`)."""
+    from neuron_explorer.what_if.replay import predicted_device_ns
+
+    if is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
+        return None
+    eager, compiled = predicted_device_ns(trace, "eager"), predicted_device_ns(trace, "compiled")
+    if eager is None or compiled is None:
+        return None
+    return max(eager - compiled, 0.0)
+
+
+def is_compiled(trace: Trace) -> bool:
+    """Whether the trace runs compiled graphs."""
     # a --steps window may leave the compile spans out: the graph launches still say it
     return len(trace.compile_summary()["graphs"]) > 0 or bool((trace.ops["graph_id"] >= 0).any())
 
@@ -201,7 +216,7 @@ def _recommendation(trace: Trace) -> str:
 def _launch_advice(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
     cs = trace.compile_summary()
-    compiled = _is_compiled(trace)
+    compiled = is_compiled(trace)
     breaks = ("remove the graph breaks that leave eager ops between graphs, "
               if len(cs["graph_breaks"]) else "")
     inference = is_inference(trace)

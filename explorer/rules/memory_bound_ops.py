@@ -3,15 +3,17 @@ kernels."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common.trace_format import ENGINES
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.rules.host_bound import device_saving
+from neuron_explorer.rules.host_bound import compiled_device_saving_ns, device_saving, is_compiled
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -42,9 +44,11 @@ def check(trace: Trace) -> list[Finding]:
             k["busy_dma"].to_numpy() >= th.DMA_DOMINATED_RATIO * compute)
         if not len(rf) or not lines:
             lost += float(k.loc[dma_heavy, "dur"].sum())
-    if lost < th.MEMORY_BOUND_MIN_SHARE * step_time(trace) or lost <= 0:
+    fixes = _replayed_fixes(trace)
+    device_ns = lost if fixes is None else sum(f.device_ns for f in fixes)
+    if device_ns < th.MEMORY_BOUND_MIN_SHARE * step_time(trace) or device_ns <= 0:
         return []
-    saving = device_saving(trace, lost)
+    saving = device_saving(trace, device_ns)
     heavy = k[dma_heavy].sort_values("dur", ascending=False)
     items = [evidence(r.ts, r.dur, [r.id], f"kernel {r.name}: DMA {us(r.busy_dma)} vs compute "
                       f"{us(r.busy_tensor + r.busy_vector + r.busy_scalar + r.busy_gpsimd)}")
@@ -55,11 +59,74 @@ def check(trace: Trace) -> list[Finding]:
         "These ops move more bytes per FLOP than the hardware can feed its engines, so they "
         "run at memory speed: " + "; ".join(t for _, t in lines[:5])
         + (f"; {int(dma_heavy.sum())} kernels spend at least {th.DMA_DOMINATED_RATIO:g}x more "
-           "time in DMA than computing" if dma_heavy.any() else "") + "." + saving.note,
-        "Raise arithmetic intensity: fuse elementwise chains into their producer matmul "
-        "(torch.compile does this), avoid materialising intermediates (in-place ops, fused "
-        "attention/softmax), use bf16 to halve bytes, and batch small ops together.",
-        symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]
+           "time in DMA than computing" if dma_heavy.any() else "") + "."
+        + _replayed_sentence(fixes, lost) + saving.note,
+        _recommendation(fixes), symptom_ns=lost,
+        saving_basis=saving.basis if fixes is None else (
+            "replay: " + " and ".join(f.basis for f in fixes) + "; " + saving.basis),
+        after=saving.after)]
+
+
+@dataclass(frozen=True)
+class _Fix:
+    """One fix this rule advises, with the device time its replay saves."""
+
+    device_ns: float
+    advice: str  # the recommendation's sentence
+    replayed: str  # what the replay found, for the explanation
+    basis: str  # for `Finding.saving_basis`
+
+
+def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
+    """The advised fixes a replay of this recording can apply, each with its device-time
+    saving; None for a trace no replay applies to (not recorded by this backend, a
+    prediction, no op keys, or programs too large to replay while a report waits), whose
+    time lost stays the time above the compute roof. A compiled trace's graphs are fused
+    already: only its optimizer is replayed."""
+    from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
+    from neuron_explorer.what_if.replay import is_prediction
+
+    if is_prediction(trace) or not device_terms(trace.metadata).recorded_here:
+        return None
+    compiled = compiled_device_saving_ns(trace)
+    if compiled is None and not is_compiled(trace):  # no op keys, or too large to replay
+        return None
+    fixes = []
+    if compiled:
+        fixes.append(_Fix(
+            compiled, "Compile the model (torch.compile): its elementwise chains fuse with "
+            "their producers and stay on chip.",
+            f"compiled, the replayed steps' device work takes {us(compiled)} less (the "
+            "replay keeps values in HBM between the fused ops, so this errs low)",
+            "the steps replayed compiled"))
+    fused = fused_optimizer_saving(trace)
+    if fused is not None and fused.device_ns > 0:
+        names = "/".join(fused.optimizers)
+        fixes.append(_Fix(
+            fused.device_ns, f"Pass fused=True to {names}: one kernel a step updates every "
+            f"parameter, instead of {fused.passes} passes over them.",
+            f"{names} with fused=True updates the parameters in one kernel instead of "
+            f"{fused.passes} passes: {us(fused.device_ns)} less",
+            "the optimizer steps replayed fused"))
+    return fixes
+
+
+def _replayed_sentence(fixes: list[_Fix] | None, above_roof: float) -> str:
+    if not fixes:
+        return ""
+    return (f" Of the {us(above_roof)} these ops spend above the compute roof, the advised "
+            "fixes save what their replays do: " + "; ".join(f.replayed for f in fixes) + ".")
+
+
+def _recommendation(fixes: list[_Fix] | None) -> str:
+    general = ("Raise arithmetic intensity: fuse elementwise chains into their producer "
+               "matmul (torch.compile does this), avoid materialising intermediates (in-place "
+               "ops, fused attention/softmax), use bf16 to halve bytes, and batch small ops "
+               "together.")
+    if not fixes:
+        return general
+    return " ".join(f.advice for f in fixes) + " Beyond these: " + general[0].lower() + \
+        general[1:]
 
 
 def _fallback_names(trace: Trace) -> set[str]:

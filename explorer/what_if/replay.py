@@ -237,6 +237,14 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
     return _prediction(trace, mode)[0]
 
 
+def predicted_device_ns(trace: Trace, mode: str = "compiled") -> float | None:
+    """The device time (every kernel's length, summed) of the analysed steps' ops in a
+    what-if replay in `mode` on the recorded preset; None where `predicted_step_ns` is.
+    Mode "eager" gives the recorded kernels' lengths back, lowered again: the baseline a
+    rule compares another mode's device time with."""
+    return _prediction(trace, mode)[2]
+
+
 def prediction_too_large(trace: Trace, mode: str = "compiled") -> bool:
     """Whether `predicted_step_ns` gave up because the programs are too large to schedule
     while a report waits (`neuron-explorer whatif` still replays them whole)."""
@@ -258,14 +266,15 @@ def replay_inputs(trace: Trace) -> tuple[pd.DataFrame, list] | None:
     return host_events(trace, ops)
 
 
-def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
-    """(predicted median step ns or None, whether it was given up as too large)."""
-    def compute() -> tuple[float | None, bool]:
+def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool, float | None]:
+    """(predicted median step ns or None, whether it was given up as too large, the
+    analysed steps' predicted device ns or None)."""
+    def compute() -> tuple[float | None, bool, float | None]:
         from neuron_explorer.backend.replay import ReplayOptions, replay
 
         inputs = replay_inputs(trace)
         if inputs is None:
-            return None, False
+            return None, False, None
         rows, events = inputs
         options = ReplayOptions(trace.hardware or "trn2")
         if mode == "compiled":
@@ -275,7 +284,7 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
                 replayed, shift, _ = replay_compiled(trace, rows, events, options,
                                                      PREDICTION_MAX_DEPENDENCIES)
             except ProgramTooLarge:
-                return None, True
+                return None, True, None
         else:
             replayed, shift = replay(events, options)
         # the steps every per-step figure uses (after the warm-up), as the predicted
@@ -283,9 +292,21 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool]:
         steps = in_analysed_steps(trace, trace.steps)
         start = steps["ts"].to_numpy(np.int64)
         host = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
-        return _paced_median(steps, host, rows["ts"].to_numpy(np.int64), replayed), False
+        recorded_ts = rows["ts"].to_numpy(np.int64)
+        return (_paced_median(steps, host, recorded_ts, replayed), False,
+                _device_ns(steps, recorded_ts, replayed))
 
     return memoised(trace, f"whatif_step_ns:{mode}", compute)
+
+
+def _device_ns(steps: pd.DataFrame, recorded_ts: np.ndarray, replayed: list) -> float:
+    """The length of every kernel the replayed ops launched from inside `steps`."""
+    start = steps["ts"].to_numpy(np.int64)
+    end = start + steps["dur"].to_numpy(np.int64)
+    at = np.searchsorted(start, recorded_ts, side="right") - 1
+    inside = (at >= 0) & (recorded_ts < end[np.maximum(at, 0)])
+    return float(sum(k.end_ns - k.start_ns for i in np.flatnonzero(inside)
+                     if replayed[i] is not None for k in replayed[i].kernels))
 
 
 def _paced_median(steps: pd.DataFrame, host: np.ndarray, recorded_ts: np.ndarray,

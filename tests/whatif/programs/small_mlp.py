@@ -1,9 +1,11 @@
 """A small MLP trained eagerly or compiled:
-`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW]`
+`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW] [--optimizer O]`
 (`--item`: read the loss on the host every step, as a training log does; width 64 and
 batch 32 unless given). `--input`: `once` (the default: one host tensor uploaded before
 the loop), `every-step` (the same host tensor uploaded in every step), `fresh` (a new
-host tensor uploaded every step) or `on-device` (a new one made on the device)."""
+host tensor uploaded every step) or `on-device` (a new one made on the device).
+`--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
+(`fused=True`) or `adam-loop` (`foreach=False`)."""
 
 import sys
 
@@ -26,7 +28,12 @@ layers: list[nn.Module] = []
 for _ in range(LAYERS):
     layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
 model = nn.Sequential(*layers).to("neuron")
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+OPTIMIZER = sys.argv[sys.argv.index("--optimizer") + 1] if "--optimizer" in sys.argv else "sgd"
+if OPTIMIZER == "sgd":
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+else:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=OPTIMIZER == "adam-fused" or None,
+                           foreach=False if OPTIMIZER == "adam-loop" else None)
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
 host_x = torch.randn(BATCH, WIDTH)
 x = host_x.to("neuron")

@@ -1,0 +1,166 @@
+"""The optimizer steps of a recording replayed as `fused=True` would run them.
+
+A foreach optimizer (PyTorch's default for Adam, AdamW and SGD) updates the parameters in
+one pass over every parameter-sized list per formula term: Adam's step reads and writes
+its moments about seven times. `fused=True` runs the whole update as one kernel that
+reads each parameter, gradient and moment once and writes them back once. The saving is
+the recorded passes' device time less that kernel's, lowered by the simulator for the
+parameters the passes updated (`backend.replay.lower_key`), per optimizer step of the
+analysed steps. The state-step increments stay: the fused step keeps them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from neuron_explorer import tables
+from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.common import op_key_codec
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.trace import Trace
+
+# optimizer class -> its fused op, as `fused=True` calls it
+FUSED_OPS = {"Adam": "aten::_fused_adam_", "AdamW": "aten::_fused_adamw_",
+             "SGD": "aten::_fused_sgd_"}
+
+
+@dataclass(frozen=True)
+class FusedOptimizerSaving:
+    """What `fused=True` saves on the analysed steps' optimizer steps."""
+
+    device_ns: float  # device time saved over the analysed steps
+    optimizers: tuple[str, ...]  # the classes replayed ("Adam")
+    passes: int  # the kernels a recorded step ran over each parameter (or list of them)
+    steps: int  # optimizer steps replayed
+
+
+def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
+    """The device time the analysed steps' unfused optimizer steps would save fused;
+    None where there are none (already fused, another optimizer, no op keys)."""
+    calls = _optimizer_steps(trace)
+    if calls is None or not len(calls):
+        return None
+    from neuron_explorer.backend.replay import ReplayOptions, lower_key
+
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    ops = tables.of_kind(trace, tf.CAT_OP)
+    op_ids = ops["id"].to_numpy(np.int64)
+    is_call = np.zeros(len(trace.table("slices")), bool)
+    is_call[calls["id"].to_numpy(np.int64)] = True
+    owner = tables.ancestor_in(trace, op_ids, is_call)
+    device_dur = trace.ops.set_index("id")["device_dur"].reindex(op_ids).fillna(0).to_numpy()
+    fused_ns: dict[tuple, float] = {}
+    saved, passes, names = 0.0, 0, set()
+    for call in calls.itertuples():
+        mine = np.flatnonzero(owner == call.id)
+        keys = _keys(trace, op_ids[mine])
+        if keys is None or any("_fused_" in k[0] for k in keys):
+            continue
+        over_parameters = [i for i, k in enumerate(keys) if any(s for s, _ in k[1])]
+        found = _parameters([keys[i] for i in over_parameters])
+        if found is None:
+            continue
+        params, per_parameter = found
+        cls = str(call.name).split(".")[0]
+        # the fused step's state steps live on the device: a foreach step kept them on
+        # the host, and their increments cost the device nothing there
+        increments = cls != "SGD" and len(over_parameters) == len(keys)
+        key = (_fused_key(cls, params, per_parameter), increments)
+        if key not in fused_ns:
+            fused_ns[key] = _lowered_ns(lower_key, preset, key[0], len(params) if increments
+                                        else 0)
+        if np.isnan(fused_ns[key]):
+            continue
+        saved += float(device_dur[mine[over_parameters]].sum()) - fused_ns[key]
+        passes = max(passes, per_parameter)
+        names.add(cls)
+    if not names:
+        return None
+    return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), passes, len(calls))
+
+
+def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
+    """The device time of the fused step `key` and of `increments` state-step increments
+    (`_foreach_add_` over 0-d tensors, as the fused step makes them); NaN where the
+    simulator has no lowering."""
+    step = ((), "float32")
+    keys = [key] + ([("aten::_foreach_add_", (step,) * increments, (step,) * increments, ())]
+                    if increments else [])
+    kernels = [lower_key(k, preset)[0] for k in keys]
+    if any(k is None for k in kernels):
+        return float("nan")
+    return float(sum(k.duration_ns for k in kernels))
+
+
+def _optimizer_steps(trace: Trace):
+    """The `<Optimizer>.step` ranges of a class `FUSED_OPS` knows, in the analysed steps."""
+    ranges = tables.of_kind(trace, tf.CAT_OPTIMIZER)
+    if not len(ranges) or not len(trace.steps):
+        return None
+    names = ranges["name"].astype(str)
+    known = names.str.endswith(".step") & names.str.split(".").str[0].isin(list(FUSED_OPS))
+    calls = ranges[known.to_numpy()].copy()
+    calls["step"] = tables.assign_steps(calls["ts"].to_numpy(np.int64), trace.steps)
+    return in_analysed_steps(trace, calls)
+
+
+def _keys(trace: Trace, ids: np.ndarray) -> list[tuple] | None:
+    """The decoded op keys of op slices `ids`; None when one is missing or damaged."""
+    if not len(ids):
+        return None
+    keys = trace.slice_args.column(tf.ARG_OP_KEY, ids)
+    if any(k is None for k in keys):
+        return None
+    names = trace.table("slices")["name"].to_numpy()[ids]
+    shapes = trace.args.texts(tf.ARG_SHAPES, ids)
+    dtypes = trace.args.texts(tf.ARG_DTYPES, ids)
+    try:
+        return [op_key_codec.decode(*row) for row in zip(names, shapes, dtypes, keys,
+                                                          strict=True)]
+    except op_key_codec.OpKeyError:
+        return None
+
+
+def _parameters(keys: list[tuple]) -> tuple[tuple, int] | None:
+    """(the (shape, dtype) of each parameter the passes update, the passes a step makes
+    over them), or None where the keys do not tell. A foreach step makes each pass once,
+    over every parameter: the longest list a pass writes (`_foreach_sqrt`'s results, an
+    in-place pass's first list), or the period of a pass's inputs (older recordings keyed
+    an in-place pass by its first tensor only). A single-tensor step (`foreach=False`)
+    makes each pass once a parameter: the op made least often writes one tensor of each
+    parameter's shape."""
+    counts = Counter(k[0] for k in keys)
+    if not keys:
+        return None
+    if max(counts.values()) == 1:
+        longest = max(keys, key=lambda k: len(k[2]))
+        params = tuple(longest[2]) if len(longest[2]) > 1 else _period(keys[0][1])
+        return (params, len(keys)) if params else None
+    rarest = min(counts, key=counts.__getitem__)
+    params = tuple(sig for k in keys if k[0] == rarest for sig in k[2][:1])
+    return params, len(keys) // len(params)
+
+
+def _period(sigs: tuple) -> tuple | None:
+    """The parameters of a pass's input lists: the shortest period of their shapes (one
+    shape throughout tells no lists apart: None)."""
+    tensors = [sig for sig in sigs if sig[0]]
+    for size in range(2, len(tensors)):
+        if len(tensors) % size == 0 and all(
+                tensors[i][0] == tensors[i % size][0] for i in range(len(tensors))):
+            return tuple(tensors[:size])
+    return None
+
+
+def _fused_key(cls: str, params: tuple, passes: int) -> tuple:
+    """The op key `fused=True` records for one step over `params`: Adam's parameters,
+    gradients, two moments and state steps; SGD's parameters, gradients and, with
+    momentum (more than one pass), their momentum buffers."""
+    step = ((), "float32")
+    if cls == "SGD":
+        lists = 3 if passes > 1 else 2
+        return (FUSED_OPS[cls], params * lists, params, ())
+    return (FUSED_OPS[cls], params * 4 + (step,) * len(params), params,
+            (("amsgrad", False), ("maximize", False)))
