@@ -21,8 +21,10 @@ ADVICE = {
               "recomputations) or overlap more vector/scalar work with it",
     "vector": "move elementwise work off the Vector Engine: fuse it into matmul epilogues, "
               "use activations that run on the Scalar Engine, or cut redundant copies/casts",
-    "scalar": "activations saturate the Scalar Engine: fuse them, use cheaper activations "
-              "(relu/gelu-tanh) or run them in bf16",
+    "scalar": "activations saturate the Scalar Engine, which runs every activation function "
+              "at one element a cycle per lane whatever the function (and, before trn3, the "
+              "dtype): compute fewer of them (drop redundant ones, apply one to a smaller "
+              "tensor before a broadcast or an expansion); on trn3, bf16 doubles the lanes",
     "gpsimd": "gathers/scatters/iota saturate GpSimd: replace index ops with dense "
               "equivalents (one-hot matmul, precomputed indices)",
 }
@@ -49,8 +51,12 @@ def check(trace: Trace) -> list[Finding]:
             f"On device {device} the {top} engine is busy {util[top]:.0%} of the step while "
             + ", ".join(f"{e} {u:.0%}" for e, u in others.items())
             + f". Were its work in each kernel cut to the next busiest engine's (or the "
-            f"DMA's), the kernels would take {us(shorter)} less." + saving.note,
-            ADVICE[top] + ".", symptom_ns=shorter, saving_basis=saving.basis,
+            f"DMA's), the kernels would take {us(shorter)} less: an upper bound, which the "
+            "advice below reaches only as far as it cuts that engine's work (no replay "
+            "measures it)." + saving.note,
+            ADVICE[top] + ".", symptom_ns=shorter,
+            saving_basis="estimate: at most, the engine's work in each kernel cut to the next "
+                         "busiest engine's; " + saving.basis,
             after=saving.after))
     return findings
 

@@ -226,6 +226,8 @@ def test_engine_imbalance(tmp_path: Path, clean_trace) -> None:
         assert f.symptom_ns == 2 * (9000 - 500)
         # which the steps save only where the device sets their length
         assert f.time_lost_ns == (f.symptom_ns if host_waits else 0)
+        # no advised fix reaches it for sure: an upper bound, said so
+        assert f.saving_basis.startswith("estimate: at most") and "upper bound" in f.explanation
     assert _rule(clean_trace, "engine_imbalance") == []
 
 
