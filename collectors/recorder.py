@@ -275,7 +275,14 @@ class Recorder:
 
     def _end_step(self, explicit: bool, ts: int | None, by: str) -> None:
         if explicit:
+            first_mark = not self.explicit_steps
             self.explicit_steps = True
+            if (first_mark and self.steps_completed and not self.step_open
+                    and self.first_event_ts is None):
+                # nothing ran since the optimizer step or the model's return that just
+                # ended a step: this first mark ends that step too, not an empty one of its own
+                self.step_boundary = "explicit"
+                return
             by = "explicit"
         elif self.explicit_steps:
             return  # explicit step marks override optimizer steps

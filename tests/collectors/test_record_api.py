@@ -53,6 +53,22 @@ def test_explicit_steps_override_optimizer_steps(explicit_steps_trace) -> None:
     assert [o.args["step"] for o in optimizer] == [1, 1, 2, 2]
 
 
+def test_a_first_mark_right_after_a_step_ends_that_step(tmp_path) -> None:
+    """A no-grad loop marking steps after each model call: the model's return ends the
+    first step before the first mark, which ended an empty step of its own (0 ns, read
+    as a training step among eval passes: a report's step time of 0 and shares of inf)."""
+    model = nn.Linear(8, 2).to("neuron")
+    x = torch.randn(4, 8, device="neuron")
+    path = tmp_path / "marks.pftrace"
+    with neuron_explorer.record(path, level="op", quiet=True) as rec, torch.no_grad():
+        for _ in range(3):
+            model(x)
+            neuron_explorer.step()
+    assert rec.recorder.steps_completed == [0, 1, 2]
+    steps = parse(path).by_category("step")
+    assert len(steps) == 3 and min(s.dur for s in steps) > 0
+
+
 def test_annotations_nest_and_decorate(explicit_steps_trace) -> None:
     annotations = explicit_steps_trace.by_category("annotation")
     iterations = [a for a in annotations if a.name == "iteration"]
