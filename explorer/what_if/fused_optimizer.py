@@ -19,11 +19,17 @@ from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import op_key_codec
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.op_families import base_name
 from neuron_explorer.trace import Trace
 
 # optimizer class -> its fused op, as `fused=True` calls it
 FUSED_OPS = {"Adam": "aten::_fused_adam_", "AdamW": "aten::_fused_adamw_",
              "SGD": "aten::_fused_sgd_"}
+
+
+# ops that make a first step's state (moments zeroed): the fused step makes them too
+_STATE_INIT = frozenset({"empty", "empty_like", "empty_strided", "zero", "zeros", "zeros_like",
+                         "fill", "full", "full_like"})  # base names: no trailing "_"
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,8 @@ def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
         keys = _keys(trace, op_ids[mine])
         if keys is None or any("_fused_" in k[0] for k in keys):
             continue
-        over_parameters = [i for i, k in enumerate(keys) if any(s for s, _ in k[1])]
+        over_parameters = [i for i, k in enumerate(keys) if any(s for s, _ in k[1])
+                           and base_name(k[0]) not in _STATE_INIT]
         found = _parameters([keys[i] for i in over_parameters])
         if found is None:
             continue
