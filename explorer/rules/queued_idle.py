@@ -30,6 +30,11 @@ def queued_gaps(trace: Trace) -> pd.DataFrame:
     # a kernel whose launch the trace lacks (launched before recording, a device-side
     # request) says nothing about its queue
     gaps = gaps[(gaps["idle_category"] == "other") & (gaps["launched_at"] != NO_LAUNCH)]
+    # queued means launched: a launch call still running as the queue went idle (an NKI
+    # kernel's 50 us of dispatch after a sync, a host fallback computing between its copies)
+    # is the host's time, not a wait of work already queued
+    gaps = gaps[_launch_ends(trace, gaps["id"].to_numpy(np.int64))
+                <= gaps["previous_end"].to_numpy(np.int64)]
     gaps = in_analysed_work(trace, gaps)
     if not len(gaps):
         return gaps.assign(depth=pd.Series(dtype=np.int64))
@@ -41,6 +46,18 @@ def queued_gaps(trace: Trace) -> pd.DataFrame:
         depth[mine] = np.where(at >= 0, q["queue_length"].to_numpy()[np.maximum(at, 0)], 0)
     # the queue series knows only the launches it can name (runtime calls, our ops)
     return gaps.assign(depth=depth)[depth > 0]
+
+
+def _launch_ends(trace: Trace, kernel_slices: np.ndarray) -> np.ndarray:
+    """When the launch call (or op) of each kernel slice returned."""
+    from neuron_explorer.tables import kernel_launches
+
+    s = trace.table("slices")
+    launch = kernel_launches(trace)
+    ends = (s["ts"].to_numpy(np.int64) + s["dur"].to_numpy(np.int64))[np.maximum(launch, 0)]
+    by_kernel = pd.Series(np.where(launch >= 0, ends, NO_LAUNCH),
+                          index=trace.kernels["id"].to_numpy(np.int64))
+    return by_kernel.reindex(kernel_slices).fillna(NO_LAUNCH).to_numpy(np.int64)
 
 
 def held_up(trace: Trace, ts: np.ndarray, end: np.ndarray, track: np.ndarray) -> float:

@@ -64,6 +64,18 @@ def test_a_host_late_to_launch_is_no_queued_idle(tmp_path):
     assert not queued_idle.check(trace)
 
 
+def test_a_launch_still_running_as_the_queue_idles_is_no_queued_idle(tmp_path):
+    """b's launch began before a ended but returned after (an NKI kernel's 50 us of
+    dispatch after a sync): HTA calls the gap `other`, yet nothing was queued while the
+    queue idled; the host was still launching."""
+    trace = _trace(tmp_path, 50_000, b_launch=220_000)  # its op: [220, 240) us, a ends at 230
+    from neuron_explorer.analyses.stream_idle import idle_gaps
+
+    assert "other" in set(idle_gaps(trace)["idle_category"])
+    assert not len(queued_idle.queued_gaps(trace))
+    assert not queued_idle.check(trace)
+
+
 def test_dependency_idle_reports_the_waits_where_it_fires(tmp_path):
     """A 150 us wait (15% of the step) is dependency_idle's: not counted twice."""
     trace = _trace(tmp_path, 150_000)
