@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -73,11 +74,9 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
                 results.append(function(path))
                 bar.update()
             return results
-        import multiprocessing
-
-        # fork: workers start at once and inherit the imported explorer; the explorer
-        # runs no threads of its own that a fork could break
-        context = multiprocessing.get_context("fork")
+        context = _context()
+        if context.get_start_method() != "fork":  # the server's environment is its start's
+            function = _InEnvironment(function, dict(os.environ))
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures = [pool.submit(function, p) for p in paths]
             for future in futures:
@@ -85,6 +84,38 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
             return [f.result() for f in futures]
     finally:
         bar.close()
+
+
+def _context():
+    """fork where this process runs one thread: workers start at once and inherit the
+    imported explorer. With other threads (the dashboard's server and its background
+    findings, a notebook's), a fork copies whatever lock one of them held at that moment,
+    locked for good: a worker then hung in `functools.cached_property`, whose lock Python
+    3.11 shares across instances. Those workers come from a fork server instead, a
+    single-threaded process that imports the explorer once."""
+    import multiprocessing
+    import threading
+
+    if threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["neuron_explorer.trace", "neuron_explorer.runs.digest"])
+    return context
+
+
+@dataclass(frozen=True)
+class _InEnvironment:
+    """`function` run under the environment the caller had (the cache folder, the clock):
+    a fork server's workers inherit the server's, from when it started."""
+
+    function: Callable
+    environ: dict[str, str]
+
+    def __call__(self, path: str):
+        for name in set(os.environ) - set(self.environ):
+            del os.environ[name]
+        os.environ.update(self.environ)
+        return self.function(path)
 
 
 def _load_table(path: str, name: str, cache: bool | None = None) -> pd.DataFrame:

@@ -290,3 +290,37 @@ def test_the_recorded_straggler_run_names_its_slow_rank(repo_root):
     waits = run.collectives.groupby("rank")["wait_ns"].sum()
     assert waits[2] < waits[0] / 100 and waits[2] < waits[1] / 100
 
+
+
+HELD_LOCK_RUN = """
+import functools, sys, threading
+import neuron_explorer
+from neuron_explorer.trace import Trace
+
+held, release = threading.Event(), threading.Event()
+
+def hold():  # another thread inside a Trace property as the workers start (the dashboard)
+    with vars(Trace)["instructions"].lock:
+        held.set()
+        release.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+run = neuron_explorer.load(sys.argv[1], cache=False, processes=2)
+release.set()
+print(run.ranks)
+"""
+
+
+def test_a_run_loads_while_another_thread_holds_a_lock(run_dir, tmp_path):
+    """Rank workers forked from a process whose other thread held a lock inherited it
+    locked for good: a run folder opened in the dashboard, whose findings compute in the
+    background, hung in `functools.cached_property` (Python 3.11 shares its lock across
+    instances). With other threads running, the workers come from a fork server."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HELD_LOCK_RUN, str(run_dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("[0, 1]")
