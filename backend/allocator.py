@@ -84,12 +84,15 @@ class MemoryStats:
 class Block:
     """Owns the host buffer behind one neuron storage; releasing it frees device bytes."""
 
-    __slots__ = ("__weakref__", "host", "max_view_numel", "nbytes", "stats", "views")
+    __slots__ = ("__weakref__", "host", "made_by", "max_view_numel", "nbytes", "stats", "views")
 
     def __init__(self, host: torch.UntypedStorage, nbytes: int, stats: MemoryStats) -> None:
         self.host = host
         self.nbytes = nbytes
         self.stats = stats
+        # the id of the op that last wrote it while recorded (0: none): the data flow a
+        # what-if replay of the run compiled fuses along
+        self.made_by = 0
         # At least the elements of any view of this memory (zero sizes read as 1): its
         # bytes, until a larger (expanded) view is made; unknown for an empty block,
         # whose (n, 0) views can still make an (n, m) product.

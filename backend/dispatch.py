@@ -211,13 +211,14 @@ def _device_mismatch(a: torch.device, b: torch.device) -> RuntimeError:
 class _Converter:
     """Turns an op's arguments into host views, noting the device and the input signature."""
 
-    __slots__ = ("bound", "index", "info", "originals", "sig")
+    __slots__ = ("bound", "index", "info", "made_by", "originals", "sig")
 
     def __init__(self, info: OpInfo) -> None:
         self.info = info
         self.index = -1
         self.bound = result_size.MAX_ITEMSIZE  # bytes that bound the result (see run_op)
         self.sig: list = []
+        self.made_by: list = []  # per tensor input, the op that made it (`Block.made_by`)
         self.originals: dict[int, torch.Tensor] | None = (
             {} if info.kind == MUTATING else None
         )
@@ -235,6 +236,7 @@ class _Converter:
         shape, dtype = t.shape, t.dtype
         self.sig.append((shape, dtype))
         block = t.untyped_storage()._neuron_block  # type: ignore[attr-defined]  # block_of inlined
+        self.made_by.append(block.made_by)
         geometry = (t.storage_offset(), shape, t.stride(), dtype)
         host = block.views.get(geometry)
         if host is None:
@@ -305,6 +307,21 @@ def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
             value = str(value)
         out.append((name, value))
     return tuple(out)
+
+
+def _data_flow(op_id: int, made_by: list, args: tuple, result, mutating: bool
+               ) -> tuple[int, ...]:
+    """Per tensor input, how many op ids back the op that made it was (0: none recorded);
+    marks what this op wrote (its result; for an in-place op over lists, its first list)
+    as its own."""
+    producers = tuple(op_id - m if m else 0 for m in made_by)
+    written = args[0] if mutating and args and isinstance(args[0], (list, tuple)) else result
+    for t in written if isinstance(written, (list, tuple)) else (written,):
+        block = getattr(t.untyped_storage(), "_neuron_block", None) \
+            if isinstance(t, _Tensor) else None
+        if block is not None:
+            block.made_by = op_id
+    return producers
 
 
 def _out_sig(result) -> tuple:
@@ -471,7 +488,9 @@ def run_op(op, args: tuple, kwargs: dict):
 
     if _state.accounting:
         key = (info.name, tuple(conv.sig), out_sig, _attrs(info, args, kwargs))
-        _record(device, key, real_start, host_start, op_id)
+        _record(device, key, real_start, host_start, op_id,
+                _data_flow(op_id, conv.made_by, args, result, info.kind == MUTATING)
+                if _hub.active else ())
         if not isinstance(result, (_Tensor, list, tuple)) and result is not None:
             runtime.synchronize(device.index, "item")  # the host read device data
     else:

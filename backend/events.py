@@ -35,6 +35,9 @@ class OpLaunch:
     # the runtime's op key (name, input and output (shape, dtype)s, attrs) the device
     # lowered: what a what-if replay lowers again; None for compiled-graph launches
     key: tuple | None = None
+    # per tensor input: how many op ids back the op that made it was (0: not a recorded
+    # op's result): the data flow a compiled what-if replay fuses along
+    producers: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -307,7 +307,8 @@ def abandon_op() -> None:
 
 
 def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
-                 host_start_ns: int, op_id: int | None = None) -> int:
+                 host_start_ns: int, op_id: int | None = None,
+                 producers: tuple[int, ...] = ()) -> int:
     """Account one dispatched eager op: submit it, emit its OpLaunch, settle the host clock.
 
     Called at the end of the op's emulation; `real_start_ns`/`host_start_ns` are the real
@@ -338,7 +339,7 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
         hub.op_launched(OpLaunch(
             op_id, key[0], device.index, host_start_ns, host_end, shapes, dtypes,
             launched.flops, launched.hbm_bytes, launched.fallback, launched.kernel_ids,
-            threading.get_ident(), None, key,
+            threading.get_ident(), None, key, producers,
         ))
     # The host clock moves by the modelled launch overhead, not by the emulation time.
     spent = _perf_ns() - real_start_ns

@@ -52,6 +52,7 @@ from neuron_explorer.common.trace_format import (
     ARG_OP_KEY,
     ARG_OPCODE,
     ARG_OPS,
+    ARG_PRODUCERS,
     ARG_PSUM,
     ARG_RANK,
     ARG_REASON,
@@ -101,7 +102,7 @@ _OP_BATCH = 4096
 # The fields of one buffered row, in order. Rows are plain values, no event objects.
 _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "step",
            "name", "shapes", "dtypes", "flops", "bytes", "module", "source", "fallback",
-           "device", "graph_id", "key")
+           "device", "graph_id", "key", "producers")
 # one row per kernel, appended in one `extend` (a signal between two appends would leave
 # two buffers of different lengths, and the batch unwritable)
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
@@ -308,7 +309,8 @@ class DeviceSink(EventSink):
                               kernels[0] if kernels else -1, len(kernels), rec.step, ev.name,
                               ev.input_shapes, ev.input_dtypes, ev.flops, ev.hbm_bytes, module,
                               self.source.locate(), ev.fallback, ev.device, ev.graph_id,
-                              ev.key and ev.key[2:]))  # the inputs are the shapes
+                              ev.key and ev.key[2:],  # the inputs are the shapes
+                              ev.producers))
             if len(self._ops) >= _OP_BUFFER:
                 self._flush_ops()
         except RecordingError as exc:
@@ -604,7 +606,7 @@ class DeviceSink(EventSink):
     @staticmethod
     def _op_args(key: tuple) -> tuple[str, dict]:
         (name, shapes, dtypes, flops, nbytes, module, source, fallback, device, graph_id,
-         op_key) = key
+         op_key, producers) = key
         args = {
             ARG_SHAPES: str([list(s) for s in shapes]),
             ARG_DTYPES: "[" + ", ".join(dtypes) + "]",
@@ -621,6 +623,8 @@ class DeviceSink(EventSink):
             args[ARG_OP_KEY] = op_key_codec.encode(*op_key)
             if (ARG_SAME_HOST_TENSOR, True) in op_key[1]:
                 args[ARG_SAME_HOST_TENSOR] = True
+        if any(producers):
+            args[ARG_PRODUCERS] = json.dumps(list(producers), separators=(",", ":"))
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
@@ -706,7 +710,7 @@ class DeviceSink(EventSink):
         c = self._take(self._ops, _OP_ROW)
         keys = list(zip(c["name"], c["shapes"], c["dtypes"], c["flops"], c["bytes"],
                         c["module"], c["source"], c["fallback"], c["device"], c["graph_id"],
-                        c["key"], strict=True))
+                        c["key"], c["producers"], strict=True))
         signatures = self._signature_values(keys, self._op_signatures, self._op_args)
         op_ids = np.array(c["op_id"], np.int64)
         counts = np.array(c["kernel_count"], np.int64)

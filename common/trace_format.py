@@ -58,6 +58,9 @@ ARG_REASON = "reason"  # graph break / recompile reason
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
 # bool, on an upload: the host tensor was uploaded before, unchanged (a constant)
 ARG_SAME_HOST_TENSOR = "same_host_tensor"
+# str JSON list on eager ops: per tensor input, how many op ids back the op that made it
+# was (0: not a recorded op's result); the data flow `whatif --mode compiled` fuses along
+ARG_PRODUCERS = "producers"
 ARG_ENGINE_BUSY = "engine_busy_ns"  # JSON str {"tensor": ns, ...} on kernels
 ARG_SBUF = "sbuf_bytes"
 ARG_PSUM = "psum_bytes"

@@ -9,10 +9,11 @@ is approximated from the op stream, in the shape `train(..., compile=True)` runs
   call (zero_grad before loss.backward()) ends the forward;
 - a graph launch is one program, as the compile path makes it: every op's own lowering
   emitted into one `KernelBuilder`, so one op's loads overlap the compute before it and
-  no launch latency or fixed kernel cost is paid between ops. The trace holds no data
-  flow: an op waits for the last op that made a tensor of one of its input shapes and
-  dtypes. Values go through HBM between ops (the compile path's fusion keeps some in
-  SBUF and streams elementwise chains), so the device time errs on the slow side;
+  no launch latency or fixed kernel cost is paid between ops; fused along the recorded
+  data flow (`fused_program`) as the compile path fuses. A recording without its data
+  flow (older ones): an op waits for the last op that made a tensor of one of its input
+  shapes and dtypes, and values go through HBM between ops, so the device time errs on
+  the slow side;
 - the host pays one launch per graph instead of each op's launch and the module's Python
   (from the start of the module range around its first op to the end of the one around
   its last), plus torch.compile's own work per call (`compiled_call_host_ns`: Dynamo's
@@ -42,13 +43,17 @@ APPROXIMATIONS = (
     ("compiled mode: each step's forward ops and backward ops inside the model's module "
     "ranges are one graph launch each, the loss stays eager (the FX graphs are not in an "
     "eager trace)"),
-    ("compiled mode: a graph's ops run as one program; an op waits for the last op that made "
-    "a tensor of its input shapes (no data flow is recorded); values go through HBM (no "
-    "fusion of elementwise chains, no on-chip attention)"),
+    ("compiled mode: a graph's ops run as one program, fused along the recorded data flow "
+    "(elementwise chains, GEMM epilogues); attention stays a kernel per op, and values "
+    "AOTAutograd would recompute in the backward are stored"),
     ("compiled mode: the host pays one launch per graph and torch.compile's work per call "
     "(fitted on a reference host: a fixed part and a part per graph input, or the "
     "modelled clock's per-launch cost) instead of the module's Python and launches"),
 )
+UNFUSED = ("compiled mode: a graph's ops run as one program; an op waits for the last op "
+           "that made a tensor of its input shapes (this recording holds no data flow: "
+           "record it again to have it); values go through HBM (no fusion of elementwise "
+           "chains, no on-chip attention)")
 # torch.compile's host work per graph call besides the launch, on a measured clock: Dynamo's
 # guard checks, AOTAutograd's runtime wrappers and, for a backward graph, the autograd
 # function that calls it; a fixed part and a part per tensor the graph takes in
@@ -155,8 +160,10 @@ class ProgramTooLarge(Exception):
     not make a report wait; the `whatif` command sets none)."""
 
 
-def build_program(keys: list, preset, name: str, max_dependencies: int | None = None):
-    """One kernel running `keys` in order (see the module doc), or None with no device work;
+def build_program(keys: list, preset, name: str, max_dependencies: int | None = None,
+                  flow=None):
+    """One kernel running `keys` in order (see the module doc), fused along `flow` (a
+    `fused_program.DataFlow`) where the recording gives one; None with no device work;
     raises ProgramTooLarge past `max_dependencies` before scheduling it."""
     from neuron_explorer.backend.hardware import KernelBuilder
     from neuron_explorer.backend.hardware.builder import DependencyBudgetExceeded
@@ -165,7 +172,12 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     if max_dependencies is not None:
         b.dependency_budget = max_dependencies
     try:
-        _emit_ops(b, keys)
+        if flow is None:
+            _emit_ops(b, keys)
+        else:
+            from neuron_explorer.what_if.fused_program import emit_fused
+
+            b.sections = tuple(emit_fused(b, keys, flow))
     except DependencyBudgetExceeded:  # stopped at the instruction past the budget
         raise ProgramTooLarge(name) from None
     if not len(b):
@@ -218,6 +230,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     graphs = _graphs(_phases(trace, rows))
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)
+    data_flow = recorded_data_flow(trace, rows)
     timelines: dict[int, DeviceTimeline] = {}
     programs: dict[tuple, Kernel | None] = {}  # by its ops: each step's graphs are alike
     out: list = [None] * len(events)
@@ -245,9 +258,14 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
             inputs = max(inputs, forward_inputs)
         call = compiled_call_host_ns(trace, inputs)
         before = call // 2
-        ops = tuple(keys)
+        flow = None
+        if data_flow is not None:
+            from neuron_explorer.what_if.fused_program import program_flow
+
+            flow = program_flow(graph.events, *data_flow)
+        ops = (tuple(keys), flow)
         if ops not in programs:
-            programs[ops] = build_program(keys, preset, graph.name, max_dependencies)
+            programs[ops] = build_program(keys, preset, graph.name, max_dependencies, flow)
         kernel = _named(programs[ops], graph.name)
         ts = begin + shift + before  # the launch, after the call's work before it
         new = ReplayedOp(ts, 0, name=graph.launch_name)
@@ -265,7 +283,35 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
         shift += call + new.dur - (finish - begin)
     host_shift = HostShift(np.array(ends, np.int64), np.array(deltas, np.int64),
                            collapsed=collapsed)
-    return out, host_shift, list(APPROXIMATIONS)
+    approximations = list(APPROXIMATIONS)
+    if data_flow is None:
+        approximations[1] = UNFUSED
+    return out, host_shift, approximations
+
+
+def recorded_data_flow(trace: Trace, rows: pd.DataFrame
+                       ) -> tuple[list[tuple[int, ...]], dict[int, set[int]]] | None:
+    """Per row of the op stream `rows`: the rows that made its tensor inputs (-1: none
+    recorded), and per row the rows that read its results; None for a recording without
+    its data flow (`producers`, recorded since it was added)."""
+    import json
+
+    ids = rows["id"].to_numpy(np.int64)
+    texts = trace.slice_args.column(tf.ARG_PRODUCERS, ids)
+    if all(t is None for t in texts):
+        return None
+    op_ids = tables.number(trace, tf.ARG_OP_ID, ids, default=-1)
+    row_of = {int(o): i for i, o in enumerate(op_ids.tolist()) if o >= 0}
+    producers: list[tuple[int, ...]] = []
+    readers: dict[int, set[int]] = {}
+    for i, (op_id, text) in enumerate(zip(op_ids.tolist(), texts, strict=True)):
+        made = tuple(row_of.get(op_id - d, -1) if d else -1
+                     for d in (json.loads(text) if text else ()))
+        producers.append(made)
+        for p in made:
+            if p >= 0:
+                readers.setdefault(p, set()).add(i)
+    return producers, readers
 
 
 def _named(kernel: Kernel | None, name: str) -> Kernel | None:

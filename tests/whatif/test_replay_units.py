@@ -30,7 +30,7 @@ def _args_of(key: tuple) -> dict:
     shapes = tuple(tuple(s) for s, _ in key[1])
     dtypes = tuple(str(d).removeprefix("torch.") for _, d in key[1])
     _, args = DeviceSink._op_args((key[0], shapes, dtypes, 0, 0, "", "", False, 0, None,
-                                   key[2:]))
+                                   key[2:], ()))
     return args
 
 
