@@ -135,7 +135,10 @@ def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
 
 def compiled_saving_ns(trace: Trace) -> float | None:
     """What the analysed steps would save compiled (an eager trace with op keys replayed
-    by `whatif --mode compiled`), or None where no replay predicts it."""
+    by `whatif --mode compiled`), or None where no replay predicts it. The recorded steps
+    last as the run's pace sets them (`device_pace`): a device behind its host sets it."""
+    import numpy as np
+    from neuron_explorer.analyses.device_pace import paced_durations
     from neuron_explorer.analyses.steady_state import in_analysed_steps
     from neuron_explorer.what_if.replay import predicted_step_ns
 
@@ -145,7 +148,9 @@ def compiled_saving_ns(trace: Trace) -> float | None:
     steps = in_analysed_steps(trace, trace.steps)
     if predicted is None or not len(steps):
         return None
-    return max(float(steps["dur"].median()) - predicted, 0.0) * len(steps)
+    paced = paced_durations(trace)
+    recorded = float(np.median(paced)) if len(paced) else float(steps["dur"].median())
+    return max(recorded - predicted, 0.0) * len(steps)
 
 
 def compiled_device_saving_ns(trace: Trace) -> float | None:
