@@ -181,6 +181,7 @@ def attach(stats: MemoryStats, storage: torch.UntypedStorage, host: torch.Untype
             op_id, now = context.op_id, context.host_ns
         else:
             now = clock.now()
+        block.made_by = op_id or 0  # the op whose result this memory holds
         hub.memory_changed(MemoryChange(stats.device, now, nbytes, in_use, op_id))
     return block
 

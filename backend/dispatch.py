@@ -311,16 +311,17 @@ def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
 
 def _data_flow(op_id: int, made_by: list, args: tuple, result, mutating: bool
                ) -> tuple[int, ...]:
-    """Per tensor input, how many op ids back the op that made it was (0: none recorded);
-    marks what this op wrote (its result; for an in-place op over lists, its first list)
-    as its own."""
-    producers = tuple(op_id - m if m else 0 for m in made_by)
-    written = args[0] if mutating and args and isinstance(args[0], (list, tuple)) else result
-    for t in written if isinstance(written, (list, tuple)) else (written,):
-        block = getattr(t.untyped_storage(), "_neuron_block", None) \
-            if isinstance(t, _Tensor) else None
-        if block is not None:
-            block.made_by = op_id
+    """Per tensor input, how many op ids back the op that made it was (0: none recorded).
+    A result's new memory names its op as it is allocated (`allocator.attach`); an op that
+    writes in place (self, `out=`, a foreach op's first list) marks what it wrote here."""
+    producers = tuple([op_id - m if m else 0 for m in made_by])
+    if mutating:
+        written = args[0] if args and type(args[0]) in (list, tuple) else result
+        for t in written if isinstance(written, (list, tuple)) else (written,):
+            block = getattr(t.untyped_storage(), "_neuron_block", None) \
+                if isinstance(t, _Tensor) else None
+            if block is not None:
+                block.made_by = op_id
     return producers
 
 
