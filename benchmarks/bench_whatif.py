@@ -1,7 +1,8 @@
 """What-if accuracy on the reference transformer: an eager trn1 recording predicted
-(a) on trn3, against a real trn3 recording, and (b) compiled, against a real compiled
-trn1 recording. Prints per-kernel and step-time errors; recordings use the modelled
-host clock so they are reproducible.
+(a) on trn3, against a real trn3 recording, and (b) compiled, against a real trn1
+recording of the model under torch.compile (the loss eager, as `--mode compiled` models
+it). Prints per-kernel and step-time errors; recordings use the modelled host clock so
+they are reproducible.
 
     python benchmarks/bench_whatif.py [--steps 3]
 """
@@ -22,7 +23,10 @@ import sys, torch, neuron_explorer
 from neuron_explorer.workloads.training import make_model, train
 torch.set_num_threads(1)
 with neuron_explorer.record(sys.argv[1], level="op", quiet=True):
-    train(make_model("gpt"), "neuron", int(sys.argv[2]), compile=sys.argv[3] == "1")
+    model = make_model("gpt")
+    if sys.argv[3] == "1":  # torch.compile(model), the loss eager: what `--mode compiled` models
+        model = torch.compile(model, backend="neuron")
+    train(model, "neuron", int(sys.argv[2]))
 '''
 
 
