@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "memory_bound_ops"
+# where no replay of the fixes applies (no op keys; compiled programs too large to replay
+# while a report waits): the symptom, an upper bound that had read as a measured saving
+# (twice what compiling saved a mixer MLP whose programs were too large)
+ESTIMATE = ("estimate: at most, the memory-bound ops' time above the compute roof (no replay "
+            "of the fixes); ")
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -75,7 +80,7 @@ def check(trace: Trace) -> list[Finding]:
            "time in DMA than computing" if dma_heavy.any() else "") + "."
         + _replayed_sentence(fixes, lost) + (saving.note if device_ns else ""),
         _recommendation(fixes), symptom_ns=lost,
-        saving_basis=saving.basis if fixes is None else (
+        saving_basis=ESTIMATE + saving.basis if fixes is None else (
             "replay: " + " and ".join(f.basis for f in fixes)
             + (f"; for the device time: {saving.basis}" if device_ns else "")),
         after=saving.after if device_ns else "")]

@@ -73,7 +73,8 @@ def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
         cls = str(call.name).split(".")[0]
         # the fused step's state steps live on the device: a foreach step kept them on
         # the host, and their increments cost the device nothing there
-        increments = cls != "SGD" and len(over_parameters) == len(keys)
+        increments = cls != "SGD" and not any(k[1] and not any(s for s, _ in k[1])
+                                              for k in keys)
         key = (_fused_key(cls, params, per_parameter), increments)
         if key not in fused_ns:
             fused_ns[key] = _lowered_ns(lower_key, preset, key[0], len(params) if increments

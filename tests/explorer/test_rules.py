@@ -147,6 +147,8 @@ def test_memory_bound_ops(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     (f,) = _rule(basic_pf, "memory_bound_ops")
     # relu: 1000 ns each, ideal 1000 FLOPs / 1e14 = 0.01 ns; add: 200 ns, same FLOPs
     assert f.time_lost_ns == pytest.approx(2 * (1000 + 200), abs=1)
+    # no op keys: nothing replays the fixes, and the basis says the figure is a bound
+    assert f.saving_basis.startswith("estimate: at most")
     assert "aten::relu" in f.explanation
     assert _rule(clean_trace, "memory_bound_ops") == []
 
