@@ -213,9 +213,45 @@ def _copies_first(trace: Trace) -> str:
             "device (see the host<->device copies finding). ")
 
 
+def optimizer_starving(trace: Trace) -> tuple[float, float]:
+    """(op launches a step inside an unfused optimizer's step, their share of the host's
+    op time) in the analysed steps: a foreach=False optimizer launches a kernel per
+    parameter and formula term, more than the model it trains."""
+    import numpy as np
+    from neuron_explorer import tables
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.common.intervals import Union
+
+    ops = in_analysed_steps(trace, trace.ops[trace.ops["step"] >= 0])
+    if not len(ops) or ops["name"].astype(str).str.contains("_fused_").any():
+        return 0.0, 0.0
+    ids = ops["id"].to_numpy(np.int64)
+    mine = ops[tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0]
+    if not len(mine):
+        return 0.0, 0.0
+
+    def covered(frame) -> float:
+        start = frame["ts"].to_numpy(np.int64)
+        return Union(start, start + frame["dur"].to_numpy(np.int64)).total
+
+    every = covered(ops)
+    return len(mine) / max(ops["step"].nunique(), 1), (covered(mine) / every if every else 0.0)
+
+
+def _optimizer_first(trace: Trace) -> str:
+    """Advice to fuse the optimizer's step, where it is most of what the host launches."""
+    per_step, share = optimizer_starving(trace)
+    if share < COPIES_MIN_SHARE:
+        return ""
+    return (f"Most of the host's launches are the optimizer's step ({per_step:.0f} ops a "
+            f"step, {share:.0%} of its op time): construct the optimizer with fused=True (one "
+            "kernel a step) or compile its step. ")
+
+
 def _recommendation(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
-    return _copies_first(trace) + _launch_advice(trace)
+    return _copies_first(trace) + _optimizer_first(trace) + _launch_advice(trace)
 
 
 def _launch_advice(trace: Trace) -> str:

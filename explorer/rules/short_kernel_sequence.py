@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer import tables
 from neuron_explorer.analyses.kernel_sequences import WINDOW_COLUMNS, sequence_windows
 from neuron_explorer.analyses.launch_stats import launch_outliers
 from neuron_explorer.analyses.path_share import time_on_path
 from neuron_explorer.analyses.phases import without_eval
 from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import host_bound
@@ -47,7 +49,14 @@ def short_windows(trace: Trace) -> pd.DataFrame:
     # window that runs from the backward into it fuses nothing a fix would fuse
     optimizer = map_unique(k["name"].reindex(w["id"]).to_numpy(object),  # per distinct name
                            lambda name: any(o in str(name) for o in OPTIMIZER_KERNELS), bool)
-    w = w.assign(optimizer=optimizer)
+    # ... or launched inside the optimizer's step (foreach=False: one kernel per parameter
+    # and formula term, named for its op)
+    launched_by = k["op_slice_id"].reindex(w["id"]).fillna(-1).to_numpy(np.int64)
+    in_step = np.zeros(len(w), bool)
+    known = launched_by >= 0
+    in_step[known] = tables.ancestor_of_kind(trace, launched_by[known],
+                                             (tf.CAT_OPTIMIZER,)) >= 0
+    w = w.assign(optimizer=optimizer | in_step)
     mixed = w.groupby("window")["optimizer"].transform("nunique") > 1
     w = w[~mixed.to_numpy()]
     if not len(w):
@@ -169,6 +178,7 @@ def _recommendation(trace: Trace, optimizer_sequence: bool) -> str:
               "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention, "
               "fused layer norm or bias + activation).")
     if optimizer_sequence:
-        advice += (" The foreach kernels are the optimizer's step: construct the optimizer "
-                   "with fused=True (one kernel per parameter group) or compile its step.")
+        advice += (" The optimizer's step runs these kernels (foreach passes, or with "
+                   "foreach=False one per parameter): construct the optimizer with fused=True "
+                   "(one kernel per parameter group) or compile its step.")
     return advice
