@@ -98,8 +98,9 @@ class _Fix:
 
 
 def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
-    """The advised fixes a replay of this recording can apply, each with its device-time
-    saving; None for a trace no replay applies to (not recorded by this backend, a
+    """The advised fixes a replay of this recording can apply, each with the device time
+    it saves (and the step time, where its replay gives one); None for a trace no replay
+    applies to (not recorded by this backend, a
     prediction, no op keys, or programs too large to replay while a report waits), whose
     time lost stays the time above the compute roof. A compiled trace's graphs are fused
     already: only its optimizer is replayed."""
