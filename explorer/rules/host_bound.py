@@ -181,25 +181,36 @@ def copies_starving(trace: Trace) -> tuple[float, float]:
     """(copies a step, their ops' share of the host's op time) in the analysed steps:
     the host<->device copies (`host_device_copies.copies`) among the launches that keep
     the device waiting."""
-    import numpy as np
     from neuron_explorer.analyses.phases import in_analysed_work
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
-    from neuron_explorer.common.intervals import Union
     from neuron_explorer.rules.host_device_copies import copies, copy_ops
 
     c = copies(trace)
-    ops = in_analysed_steps(trace, trace.ops[trace.ops["step"] >= 0])
+    ops = _analysed_ops(trace)
     if not len(c) or not len(ops):
         return 0.0, 0.0
     c = in_analysed_work(trace, c[c["step"] >= 0])
-    ids = copy_ops(trace, c)
+    return len(c) / max(ops["step"].nunique(), 1), _op_time_share(trace, ops,
+                                                                  copy_ops(trace, c))
+
+
+def _analysed_ops(trace: Trace):
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    return in_analysed_steps(trace, trace.ops[trace.ops["step"] >= 0])
+
+
+def _op_time_share(trace: Trace, ops, ids) -> float:
+    """The share of the host's op time (`ops`' slices, overlaps counted once) that the
+    slices `ids` cover."""
+    import numpy as np
+    from neuron_explorer.common.intervals import Union
+
     s = trace.table("slices")
     ts, dur = s["ts"].to_numpy(np.int64), s["dur"].to_numpy(np.int64)
-    every = Union(ops["ts"].to_numpy(np.int64),
-                  (ops["ts"] + ops["dur"]).to_numpy(np.int64)).total
+    every_ids = ops["id"].to_numpy(np.int64)
+    every = Union(ts[every_ids], ts[every_ids] + dur[every_ids]).total
     mine = Union(ts[ids], ts[ids] + dur[ids]).total
-    steps = max(ops["step"].nunique(), 1)
-    return len(c) / steps, (mine / every if every else 0.0)
+    return mine / every if every else 0.0
 
 
 def _copies_first(trace: Trace) -> str:
@@ -219,24 +230,16 @@ def optimizer_starving(trace: Trace) -> tuple[float, float]:
     parameter and formula term, more than the model it trains."""
     import numpy as np
     from neuron_explorer import tables
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
     from neuron_explorer.common import trace_format as tf
-    from neuron_explorer.common.intervals import Union
 
-    ops = in_analysed_steps(trace, trace.ops[trace.ops["step"] >= 0])
+    ops = _analysed_ops(trace)
     if not len(ops) or ops["name"].astype(str).str.contains("_fused_").any():
         return 0.0, 0.0
     ids = ops["id"].to_numpy(np.int64)
-    mine = ops[tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0]
+    mine = ids[tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0]
     if not len(mine):
         return 0.0, 0.0
-
-    def covered(frame) -> float:
-        start = frame["ts"].to_numpy(np.int64)
-        return Union(start, start + frame["dur"].to_numpy(np.int64)).total
-
-    every = covered(ops)
-    return len(mine) / max(ops["step"].nunique(), 1), (covered(mine) / every if every else 0.0)
+    return len(mine) / max(ops["step"].nunique(), 1), _op_time_share(trace, ops, mine)
 
 
 def _optimizer_first(trace: Trace) -> str:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import in_analysed_steps
-from neuron_explorer.common import op_key_codec
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import base_name
 from neuron_explorer.trace import Trace
@@ -49,6 +48,7 @@ def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
     if calls is None or not len(calls):
         return None
     from neuron_explorer.backend.replay import ReplayOptions, lower_key
+    from neuron_explorer.what_if.replay import op_keys
 
     preset = ReplayOptions(trace.hardware or "trn2").preset()
     ops = tables.of_kind(trace, tf.CAT_OP)
@@ -61,7 +61,7 @@ def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
     saved, passes, names = 0.0, 0, set()
     for call in calls.itertuples():
         mine = np.flatnonzero(owner == call.id)
-        keys = _keys(trace, op_ids[mine])
+        keys = op_keys(trace, op_ids[mine])
         if keys is None or any("_fused_" in k[0] for k in keys):
             continue
         over_parameters = [i for i, k in enumerate(keys) if any(s for s, _ in k[1])
@@ -112,23 +112,6 @@ def _optimizer_steps(trace: Trace):
     calls = ranges[known.to_numpy()].copy()
     calls["step"] = tables.assign_steps(calls["ts"].to_numpy(np.int64), trace.steps)
     return in_analysed_steps(trace, calls)
-
-
-def _keys(trace: Trace, ids: np.ndarray) -> list[tuple] | None:
-    """The decoded op keys of op slices `ids`; None when one is missing or damaged."""
-    if not len(ids):
-        return None
-    keys = trace.slice_args.column(tf.ARG_OP_KEY, ids)
-    if any(k is None for k in keys):
-        return None
-    names = trace.table("slices")["name"].to_numpy()[ids]
-    shapes = trace.args.texts(tf.ARG_SHAPES, ids)
-    dtypes = trace.args.texts(tf.ARG_DTYPES, ids)
-    try:
-        return [op_key_codec.decode(*row) for row in zip(names, shapes, dtypes, keys,
-                                                          strict=True)]
-    except op_key_codec.OpKeyError:
-        return None
 
 
 def _parameters(keys: list[tuple]) -> tuple[tuple, int] | None:

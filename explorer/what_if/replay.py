@@ -205,7 +205,19 @@ def autocast_cast_count(trace: Trace, op_ids: np.ndarray) -> int | None:
 def _matmul_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
     """(op key, in the backward) per op slice of `op_ids`; None where a key is missing or
     damaged, or the trace is a prediction."""
-    if is_prediction(trace) or not len(op_ids):
+    if is_prediction(trace):
+        return None
+    keys = op_keys(trace, op_ids)
+    if keys is None:
+        return None  # the rule keeps its rule of thumb
+    backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,)) >= 0
+    return list(zip(keys, backward.tolist(), strict=True))
+
+
+def op_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
+    """The decoded op key of each op slice of `op_ids`; None where there are none, or one
+    is missing or damaged."""
+    if not len(op_ids):
         return None
     keys = trace.slice_args.column(tf.ARG_OP_KEY, op_ids)
     if any(k is None for k in keys):
@@ -213,15 +225,11 @@ def _matmul_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
     names = trace.table("slices")["name"].to_numpy()[op_ids]
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
     dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
-    backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,)) >= 0
-    rows = []
-    for row in zip(names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(),
-                   backward.tolist(), strict=True):
-        try:
-            rows.append((op_key_codec.decode(*row[:4]), row[4]))
-        except op_key_codec.OpKeyError:
-            return None  # a damaged key: the rule keeps its rule of thumb
-    return rows
+    try:
+        return [op_key_codec.decode(*row) for row in zip(
+            names.tolist(), shapes.tolist(), dtypes.tolist(), keys.tolist(), strict=True)]
+    except op_key_codec.OpKeyError:
+        return None
 
 
 # A rule's compiled prediction gives up past this many dependencies in one program: the
