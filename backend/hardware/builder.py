@@ -133,15 +133,8 @@ class KernelBuilder:
             nbytes: int = 0, flops: int = 0, kind: int = _PLAIN, latency: float = 0.0) -> int:
         """Append one instruction; `cost` is its duration in ns (plain engines), `latency`
         what it adds when it waits for its data instead of following an independent one."""
-        deps = tuple(deps) or self.after
-        if deps and max(deps) >= len(self._engine):
-            raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
-                             "yet added (dependencies must come first)")
-        if self._dependencies + len(deps) > self.dependency_budget:
-            raise DependencyBudgetExceeded(self.name)
-        code = self._opcodes.get(opcode)
-        if code is None:
-            code = self._opcodes[opcode] = len(self._opcodes)
+        deps = self._checked_deps(opcode, deps, 1)
+        code = self._opcode_code(opcode)
         self._engine.append(engine)
         self._opcode.append(code)
         self._cost.append(cost)
@@ -153,6 +146,42 @@ class KernelBuilder:
         self._flops.append(int(flops))
         self._section.append(self.section)
         return len(self._engine) - 1
+
+    def _add_pieces(self, engines: list[int], opcode: str, cost: float, deps: Iterable[int],
+                    sizes: list[int], kind: int) -> range:
+        """`add` for the pieces of one DMA at once (a piece per engine and size, the same
+        cost, dependencies and kind): an NKI GEMM adds a million pieces."""
+        n = len(engines)
+        deps = self._checked_deps(opcode, deps, n)
+        start = len(self._engine)
+        self._engine.extend(engines)
+        self._opcode.extend([self._opcode_code(opcode)] * n)
+        self._cost.extend([cost] * n)
+        self._latency.extend([0.0] * n)
+        self._kind.extend([kind] * n)
+        self._deps.extend([deps] * n)
+        self._dependencies += len(deps) * n
+        self._bytes.extend(sizes)
+        self._flops.extend([0] * n)
+        self._section.extend([self.section] * n)
+        return range(start, start + n)
+
+    def _checked_deps(self, opcode: str, deps: Iterable[int], count: int) -> tuple[int, ...]:
+        """`deps` as a tuple (no dependencies: `after`), checked for `count` instructions
+        that each wait for them."""
+        deps = tuple(deps) or self.after
+        if deps and max(deps) >= len(self._engine):
+            raise ValueError(f"kernel {self.name!r}: {opcode} depends on an instruction not "
+                             "yet added (dependencies must come first)")
+        if self._dependencies + len(deps) * count > self.dependency_budget:
+            raise DependencyBudgetExceeded(self.name)
+        return deps
+
+    def _opcode_code(self, opcode: str) -> int:
+        code = self._opcodes.get(opcode)
+        if code is None:
+            code = self._opcodes[opcode] = len(self._opcodes)
+        return code
 
     def dependency_count(self) -> int:
         """Dependencies between the instructions so far: the scheduling work grows with it."""
@@ -303,16 +332,11 @@ class KernelBuilder:
             gen = costs.swdge_ns(p, costs.dma_descriptors(nbytes, row_bytes))
             deps = (self.add(GPSIMD, "DmaDescriptors", gen, deps),)
             issue = 0.0
-        ids = []
-        done = 0
-        for i in range(pieces):
-            size = nbytes * (i + 1) // pieces - done
-            done += size
-            queue = self._spill_queue(store) if spill_queue else self._queue(store)
-            ids.append(self.add(FIRST_DMA + queue, opcode, row_bytes, deps, nbytes=size,
-                                kind=kind))
-        for i in ids:
-            self._transfer[i] = ids[0]
+        next_queue = self._spill_queue if spill_queue else self._queue
+        engines = [FIRST_DMA + next_queue(store) for _ in range(pieces)]
+        sizes = [nbytes * (i + 1) // pieces - nbytes * i // pieces for i in range(pieces)]
+        ids = self._add_pieces(engines, opcode, row_bytes, deps, sizes, kind)
+        self._transfer.update(dict.fromkeys(ids, ids[0]))
         self._dge[ids[0]] = (int(store), issue, max(transfers, 1))
         return tuple(ids)
 
