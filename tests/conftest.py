@@ -72,10 +72,22 @@ def real_traces_dir() -> Path:
     return REAL_TRACES
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true",
+                     help="also run the `full` tests: the larger versions of checks the "
+                          "suite makes at a smaller size or on a sample")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the files holding `slow` tests run first (each file whole, in
-    collection order otherwise): the long files start at once and the many short ones fill
-    the workers in at the end, instead of one long file running alone last."""
+    """Without --full, the `full` tests are deselected. Under pytest-xdist, the files
+    holding `slow` tests run first (each file whole, in collection order otherwise): the
+    long files start at once and the many short ones fill the workers in at the end,
+    instead of one long file running alone last."""
+    if not config.getoption("--full"):
+        full = [item for item in items if item.get_closest_marker("full")]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if not item.get_closest_marker("full")]
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

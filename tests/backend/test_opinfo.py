@@ -6,9 +6,10 @@ crash and a new child carries on after it. No crash is allowed, and the ops that
 must be exactly those listed in `opinfo_known_failures.toml`, each with its reason: a
 listed op that passes fails the test too, so the list cannot go stale.
 
-The default test compares the first samples of each op (10 s of CPU); the `slow` one
-compares every sample (40 s). When both run, one child (`opinfo_passes.py`) makes both
-passes, the first samples' before every sample's: one start-up instead of two.
+The default test compares the first samples of each op (10 s of CPU); the `full` one
+(`pytest --full`) compares every sample (40 s). When both run, one child
+(`opinfo_passes.py`) makes both passes, the first samples' before every sample's: one
+start-up instead of two.
 """
 
 from __future__ import annotations
@@ -163,16 +164,17 @@ SAMPLED_TEST = "test_opinfo_samples_match_the_cpu"
 @pytest.fixture(scope="module")
 def opinfo_runs(request: pytest.FixtureRequest) -> dict[int, OpInfoRun]:
     """Each pass's reports by its samples per op: the first samples' for the default test,
-    every sample's for the slow one; one child makes the passes of the tests this
-    session runs (`-m "not slow"`: the first samples' alone)."""
+    every sample's for the full one; one child makes the passes of the tests this
+    session runs (without --full: the first samples' alone)."""
     selected = {item.name for item in request.session.items if item.path == request.path}
     passes = tuple(n for name, n in ((SAMPLED_TEST, SAMPLES_PER_OP), (EVERY_SAMPLE_TEST, 0))
                    if name in selected)
     return dict(zip(passes, run_opinfo(passes), strict=True))
 
 
-# (first: the child's run is this test's setup, the one marked slow)
+# (first: with --full, the child's run is this test's setup)
 @pytest.mark.slow
+@pytest.mark.full
 def test_opinfo_every_sample_matches_the_cpu(opinfo_runs):
     expected = known_failures("sampled") | known_failures("every_sample")
     _check(opinfo_runs[0], expected)
