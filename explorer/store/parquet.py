@@ -386,7 +386,11 @@ def _to_pandas(table: Any, categories: bool = True) -> pd.DataFrame:
             if pa.types.is_dictionary(column.type):
                 table = table.set_column(i, column.name,
                                          table.column(i).cast(column.type.value_type))
-    return tidy_categoricals(table.to_pandas(), all_used=True)
+    # each column let go once converted (split_blocks: no consolidation copy): the read
+    # peaks near the frame, not at the Arrow table and the frame together
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
+    return tidy_categoricals(frame, all_used=True)
 
 
 def _jsonable(value: Any) -> Any:
