@@ -140,10 +140,13 @@ class Trace:
     # --- tables ---------------------------------------------------------------------------
     @cached_property
     def slices(self) -> pd.DataFrame:
-        """Every slice with its args dict (built on first use: large traces pay once; for
-        a few args of many slices, `table("slices")` and `slice_args` cost less)."""
-        frame = self._slices.copy()
-        frame["args"] = pd.Series(self.slice_args.dicts(), dtype=object)
+        """Every slice with its args: a dict per row, made when that row's args are read
+        (`args_column`); for a few args of many slices, `slice_args` reads them as
+        columns."""
+        from neuron_explorer.args_column import args_column
+
+        frame = self._slices.copy(deep=False)  # copy-on-write: the table stays as it is
+        frame["args"] = args_column(self.slice_args, len(frame))
         return frame
 
     @cached_property

@@ -64,6 +64,14 @@ class SliceArgs:
         """The args of one slice."""
         raise NotImplementedError
 
+    def dicts_of(self, ids: np.ndarray) -> list[dict[str, Any] | None]:
+        """The dicts (or None) of the given slice ids only (-1: None), in their order."""
+        return [self.get(i) if i >= 0 else None for i in np.asarray(ids).tolist()]
+
+    def has_args(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of the given slice ids has args (-1: no)."""
+        return np.asarray([d is not None for d in self.dicts_of(ids)], bool)
+
 
 class DictArgs(SliceArgs):
     """Args as a list of dicts, one per slice id."""
@@ -82,6 +90,10 @@ class DictArgs(SliceArgs):
 
     def get(self, slice_id: int) -> dict[str, Any] | None:
         return self._items[slice_id]
+
+    def dicts_of(self, ids: np.ndarray) -> list[dict[str, Any] | None]:
+        items = self._items
+        return [items[i] if i >= 0 else None for i in np.asarray(ids).tolist()]
 
 
 KIND_INT, KIND_FLOAT, KIND_STR, KIND_BOOL, KIND_OTHER = 0, 1, 2, 3, 4
@@ -182,6 +194,7 @@ class ColumnArgs(SliceArgs):
             self.scode, self.svalues, self._sval = None, np.empty(0, object), sval
         self._n = n_slices
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._by_slice: tuple[np.ndarray, np.ndarray] | None = None
         self._dicts: list[dict[str, Any] | None] | None = None
 
     @property
@@ -307,13 +320,41 @@ class ColumnArgs(SliceArgs):
         return self._dicts
 
     def get(self, slice_id: int) -> dict[str, Any] | None:
+        return self.dicts_of(np.array([slice_id]))[0]
+
+    def _slice_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows in slice-id order (file order within a slice), and their slice ids."""
+        if self._by_slice is None:
+            order = np.argsort(self.slice_id, kind="stable")
+            self._by_slice = (order, self.slice_id[order])
+        return self._by_slice
+
+    def dicts_of(self, ids: np.ndarray) -> list[dict[str, Any] | None]:
+        ids = np.asarray(ids, np.int64)
         if self._dicts is not None:
-            return self._dicts[slice_id]
-        rows = np.flatnonzero(self.slice_id == slice_id)
-        if not len(rows):
-            return None
-        keys = [self.names[k] for k in self.key[rows].tolist()]
-        return dict(zip(keys, self._values(rows).tolist(), strict=True))
+            items = self._dicts
+            return [items[i] if i >= 0 else None for i in ids.tolist()]
+        order, sids = self._slice_rows()
+        lo, hi = np.searchsorted(sids, ids, "left"), np.searchsorted(sids, ids, "right")
+        counts = hi - lo
+        # each id's rows, one after another: lo of its run plus 0, 1, ... within it
+        starts = np.repeat(lo - np.r_[0, np.cumsum(counts)[:-1]], counts)
+        rows = order[starts + np.arange(int(counts.sum()))]
+        keys = np.asarray(self.names, object)[self.key[rows]].tolist()
+        values = self._values(rows).tolist()
+        out: list[dict[str, Any] | None] = []
+        at = 0
+        for n in counts.tolist():
+            out.append(dict(zip(keys[at:at + n], values[at:at + n], strict=True)) if n
+                       else None)
+            at += n
+        return out
+
+    def has_args(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        has = np.zeros(self._n + 1, bool)  # the last: what -1 reads
+        has[self.slice_id] = True
+        return has[ids]
 
 
 class LazyArgs(SliceArgs):
@@ -360,6 +401,12 @@ class LazyArgs(SliceArgs):
 
     def get(self, slice_id: int) -> dict[str, Any] | None:
         return self._get().get(slice_id)
+
+    def dicts_of(self, ids: np.ndarray) -> list[dict[str, Any] | None]:
+        return self._get().dicts_of(ids)
+
+    def has_args(self, ids: np.ndarray) -> np.ndarray:
+        return self._get().has_args(ids)
 
 
 INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
