@@ -44,8 +44,9 @@ def launch_stats(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     s = trace.table("slices")
     launch = kernel_launches(trace)
     if not device_terms(trace.metadata).recorded_here:  # the launch calls only, as HTA
-        names = s["name"].to_numpy(object)[np.maximum(launch, 0)]
-        launch = np.where(pd.Series(names).isin(LAUNCH_CALLS).to_numpy(), launch, -1)
+        # the launches' names only (a categorical's codes taken), not a string per slice
+        names = s["name"].iloc[np.maximum(launch, 0)]
+        launch = np.where(names.isin(LAUNCH_CALLS).to_numpy(), launch, -1)
     keep = launch >= 0
     call_ts = s["ts"].to_numpy(np.int64)[np.maximum(launch, 0)]
     if hta_window and len(trace.steps) >= 2:

@@ -51,7 +51,7 @@ ONE_PHASE_SHARE = 0.6  # a phase taking this much of the workers' batch time is 
 def _slow_phase(trace: Trace) -> tuple[str, str]:
     """(explanation, recommendation) naming the part of the workers' batches that takes the
     time, when the recording followed the workers; ("", "") otherwise."""
-    sl = trace.slices
+    sl = trace.table("slices")
     parts = sl[(sl["category"] == CAT_DATALOADER_WORKER) & sl["name"].isin(list(_PHASES))]
     by_phase = parts.groupby("name")["dur"].sum()
     total = float(by_phase.sum())
