@@ -105,8 +105,9 @@ def _load_store(folder: str) -> Trace | Run:
 class Trace:
     """A loaded trace: pandas tables (int64 ns ts/dur) and analyses over them.
 
-    Tables: `slices` (with an `args` dict per slice), `tracks`, `counters`, `flows`,
-    and, derived on first use, `steps`, `ops`, `kernels`, `instructions`, `modules`;
+    Tables: `slices` (with an `args` column: a dict per slice, made when read), `tracks`,
+    `counters`, `flows`, and, derived on first use, `steps`, `ops`, `kernels`,
+    `instructions`, `modules`;
     `table(name)` and `sql(query)` give the same tables, `slices` without its args
     (those are the `args` table: one row per slice and key). `slice_args` reads one
     arg of many slices at once. `metadata`, `warnings` (parts of the file that could not
