@@ -57,8 +57,15 @@ def partitions(figures: dict[str, Any] | None) -> int:
     return int((figures or {}).get("partitions") or 128)
 
 
+def dma_fixed_ns(figures: dict[str, Any] | None) -> float | None:
+    """The fixed cost of one DMA transfer in ns (its descriptors, then trigger to first
+    byte), or None for a trace whose hardware figures do not say."""
+    value = (figures or {}).get("dma_fixed_ns")
+    return float(value) if value else None
+
+
 def dma_fixed_text(figures: dict[str, Any] | None) -> str:
     """The fixed cost of one DMA transfer as the rules' texts give it ('~1.7 us'), or ''
     for a trace whose hardware figures do not say (recorded before they did)."""
-    value = (figures or {}).get("dma_fixed_ns")
-    return f" (~{float(value) / 1e3:.1f} us on this hardware)" if value else ""
+    value = dma_fixed_ns(figures)
+    return f" (~{value / 1e3:.1f} us on this hardware)" if value else ""

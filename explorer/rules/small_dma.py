@@ -1,20 +1,27 @@
 """Small DMA transfers: the fixed cost of each transfer (generating its descriptors, then
-trigger to first byte) dominates its time."""
+trigger to first byte) dominates its time.
+
+Small in what it carries, not slow in what it took: a transfer sharing its engine's
+bandwidth with others in flight takes longer than it would alone, yet a larger one would
+share it all the same. And small because its tensors are: an op that moves many bytes in
+small pieces has them cut so by the compiler's tiling, which no change to the program's
+tensors alters (an NKI kernel's author chooses its tiles: `kernel_small_dma`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 from neuron_explorer.common.intervals import Union
-from neuron_explorer.peaks import dma_bandwidth, dma_fixed_text, partitions
+from neuron_explorer.common.op_key_codec import parse_dtypes, parse_shapes
+from neuron_explorer.peaks import dma_bandwidth, dma_fixed_ns, dma_fixed_text, partitions
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
 
 if TYPE_CHECKING:
-    import pandas as pd
     from neuron_explorer.trace import Trace
 
 RULE_ID = "small_dma"
@@ -27,22 +34,71 @@ def _engine_bandwidth(trace: Trace) -> float | None:
     return bw / 1e9 / int(figures.get("dma_engines") or 16) if bw else None
 
 
-def _small(dma: pd.DataFrame, per_engine: float | None, parts: int) -> np.ndarray:
-    """Transfers that run below half an engine's bandwidth (fixed cost, short rows); with no
-    hardware figures, those under 4 KiB per partition."""
+def _small(dma: pd.DataFrame, per_engine: float | None, fixed: float | None,
+           parts: int) -> np.ndarray:
+    """Transfers whose bytes take less time at an engine's bandwidth than the fixed cost of
+    a transfer. A trace whose figures lack the fixed cost: those that ran below half an
+    engine's bandwidth; with no figures, those under 4 KiB per partition."""
     nbytes = dma["bytes"].to_numpy(np.float64)
+    if per_engine and fixed:
+        return nbytes / per_engine < fixed
     if per_engine:
         ideal = nbytes / per_engine
         return dma["dur"].to_numpy(np.float64) > th.SMALL_DMA_SLOWDOWN * ideal
     return nbytes / parts < th.SMALL_DMA_BYTES_PER_PARTITION
 
 
-def _time_lost(trace: Trace, small: pd.DataFrame, per_engine: float | None) -> float:
+def _itemsize(dtype: str) -> int:
+    name = dtype.strip().removeprefix("torch.")
+    if name.startswith("float8"):
+        return 1
+    try:
+        return np.dtype("float16" if name == "bfloat16" else name).itemsize
+    except TypeError:
+        return 4
+
+
+def _largest_tensor(shapes: str, dtypes: str) -> int:
+    """Bytes of an op's largest tensor, from its `shapes` and `dtypes` args (0: unknown)."""
+    try:
+        dims = parse_shapes(shapes)
+    except ValueError:
+        return 0
+    sizes = [_itemsize(d) for d in parse_dtypes(dtypes)]
+    return max((int(np.prod(d, dtype=np.float64)) * (sizes[i] if i < len(sizes) else 4)
+                for i, d in enumerate(dims) if isinstance(d, list)), default=0)
+
+
+def _tiled(trace: Trace, dma: pd.DataFrame, small_bytes: float, engines: int) -> np.ndarray:
+    """Transfers of kernels whose op has a tensor large enough to give every DMA engine a
+    transfer past `small_bytes`: their small pieces are the compiler's tiles of it. (An op
+    over many small tensors, a foreach optimizer step, moves many bytes in small transfers
+    because its tensors are small.)"""
+    ops = trace.ops
+    # once per distinct (shapes, dtypes): ops repeat them every step
+    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([ops["shapes"], ops["dtypes"]]))
+    sizes = np.array([_largest_tensor(str(a), str(b)) for a, b in pairs], np.float64)
+    largest = pd.Series(sizes[codes], index=ops["op_id"])
+    largest = largest[~largest.index.duplicated()]
+    k = trace.kernels
+    by_kernel = pd.Series(largest.reindex(k["op_id"]).fillna(0).to_numpy(),
+                          index=pd.MultiIndex.from_arrays([k["device"], k["kernel_id"]]))
+    by_kernel = by_kernel[~by_kernel.index.duplicated()]
+    at = pd.MultiIndex.from_arrays([dma["device"], dma["kernel_id"]])
+    return by_kernel.reindex(at).fillna(0).to_numpy() >= engines * small_bytes
+
+
+def _time_lost(trace: Trace, small: pd.DataFrame, per_engine: float | None,
+               fixed: float | None) -> float:
     """The part of the small transfers' fixed cost the device cannot hide: their time with no
     compute engine busy, scaled by the share of that time that is fixed cost."""
     dur = small["dur"].to_numpy(np.float64)
-    ideal = small["bytes"].to_numpy(np.float64) / per_engine if per_engine else 0.0
-    overhead_share = float(np.clip(dur - ideal, 0, None).sum() / max(dur.sum(), 1.0))
+    if fixed:
+        overhead = np.minimum(dur, fixed)
+    else:
+        ideal = small["bytes"].to_numpy(np.float64) / per_engine if per_engine else 0.0
+        overhead = np.clip(dur - ideal, 0, None)
+    overhead_share = float(overhead.sum() / max(dur.sum(), 1.0))
     ins = trace.instructions
     compute = ins[~map_unique(ins["engine"], lambda e: str(e).startswith("dma"), bool)]
     exposed = 0
@@ -63,11 +119,23 @@ def check(trace: Trace) -> list[Finding]:
     on_dma = map_unique(ins["engine"], lambda e: str(e).startswith("dma"), bool)
     dma = ins[on_dma | (ins["kind"].to_numpy() == "dma")]
     dma = dma[dma["bytes"] > 0]
-    per_engine = _engine_bandwidth(trace)
-    small = dma[_small(dma, per_engine, partitions(trace.hardware_figures))]
+    figures = trace.hardware_figures
+    per_engine, fixed = _engine_bandwidth(trace), dma_fixed_ns(figures)
+    small_mask = _small(dma, per_engine, fixed, partitions(figures))
+    tiling = ""
+    if per_engine and fixed and small_mask.any():
+        engines = int((figures or {}).get("dma_engines") or 16)
+        tiled = small_mask & _tiled(trace, dma, per_engine * fixed, engines)
+        if tiled.any():
+            tiling = (f" Left out: {int(tiled.sum())} small transfers of ops with a tensor "
+                      f"of {engines * per_engine * fixed / 1024:.0f} KiB or more (the "
+                      "compiler's tiles of it, which no change to the program's tensors "
+                      "would make larger).")
+        small_mask &= ~tiled
+    small = dma[small_mask]
     if len(small) < th.SMALL_DMA_MIN_TRANSFERS:
         return []
-    lost = _time_lost(trace, small, per_engine)
+    lost = _time_lost(trace, small, per_engine, fixed)
     if lost < th.SMALL_DMA_MIN_SHARE * step_time(trace):
         return []
     items = [evidence(r.ts, r.dur, [r.id], f"{int(r.bytes)} B transfer took {us(r.dur)}")
@@ -77,11 +145,11 @@ def check(trace: Trace) -> list[Finding]:
     return [make(
         trace, RULE_ID, f"{len(small)} small DMA transfers", saving.time_lost_ns, items,
         f"{len(small)} of {len(dma)} DMA transfers (median {median} B) spend most of their "
-        f"time on the fixed cost of a transfer{dma_fixed_text(trace.hardware_figures)} rather "
+        f"time on the fixed cost of a transfer{dma_fixed_text(figures)} rather "
         "than moving data: they are too "
         f"small, or their rows are shorter than {th.SMALL_DMA_BYTES_PER_PARTITION} B per "
         "partition. The time counted is when the device does nothing but these transfers."
-        + saving.note,
+        + tiling + saving.note,
         "Make transfers larger: batch small tensors together (fewer, bigger ops), use larger "
         "tiles, and keep data resident in SBUF across ops instead of spilling to HBM.",
         symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]

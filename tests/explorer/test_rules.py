@@ -260,6 +260,33 @@ def test_small_dma_hidden_behind_compute(tmp_path: Path) -> None:
     assert _rule(_load(sc, tmp_path, "dma_hidden"), "small_dma") == []
 
 
+def test_small_dma_counts_transfers_small_in_bytes_and_not_the_tiles_of_large_tensors(
+        tmp_path: Path) -> None:
+    """With the fixed cost in the figures (300 ns; an engine moves 1e11/16 B/s, 1,875 B in
+    that time): 512 B transfers of an op on small tensors are small; the same of an op on a
+    64 MiB tensor are its tiles, left out and said so; 10 kB transfers taking 2.5x their
+    time alone (the bandwidth they share with others in flight) are not small."""
+    sc = scenarios.Scenario()
+    sc.b.metadata(sc.host, {"hardware_figures": {**scenarios.FIGURES, "dma_fixed_ns": 300}})
+    layouts = [("[[16, 16]]", 512, 300, 20), ("[[4096, 4096]]", 512, 300, 20),
+               ("[[16, 16]]", 10_000, 4000, 2)]
+    for n, (shapes, nbytes, dur, count) in enumerate(layouts):
+        t = sc.step(n)
+        sc.op(t, 500, "aten::add", n + 1, n, kernel=(t + 600, 9000), shapes=shapes,
+              dtypes="[float32]", instructions=False)
+        for i in range(count):
+            sc.b.slice(sc.dma, t + 1000 + i * max(400, dur + 100), dur, "DmaLoad", "dma",
+                       {"kernel_id": n + 1, "engine": "dma.0", "opcode": "DmaLoad",
+                        "bytes": nbytes})
+    (f,) = _rule(_load(sc, tmp_path, "dma_tiles"), "small_dma")
+    assert f.title == "20 small DMA transfers"
+    # the small tensors' transfers (step 0) only
+    assert f.evidence and all(e["ts"] < scenarios.STEP for e in f.evidence)
+    assert f.symptom_ns == pytest.approx(20 * 300)  # all fixed cost, nothing beside them
+    assert "Left out: 20 small transfers of ops with a tensor of 29 KiB or more" in \
+        f.explanation
+
+
 def test_recompilation(tmp_path: Path, basic_pf) -> None:
     sc = scenarios.basic()
     sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {"graph_id": 2})
