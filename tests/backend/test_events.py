@@ -190,14 +190,28 @@ def test_releases_inside_an_op_name_it_and_releases_between_ops_do_not(recorder)
     assert release.delta_bytes == -256 and release.op_id is None
 
 
+def _run_delay_ns() -> int:
+    """This thread's time runnable but not running so far (0 where the kernel lacks it)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except OSError:
+        return 0
+
+
 def test_releasing_device_memory_between_ops_costs_no_host_time(recorder):
     # Returning a large buffer to the host OS is emulation work: the chip frees HBM for free.
     tensors = [torch.empty(64 * 2**20, dtype=torch.uint8, device="neuron").fill_(1)
                for _ in range(4)]
     torch.neuron.synchronize()
+    waited = _run_delay_ns()
     real_start, host_start = time.perf_counter_ns(), clock.now()
     del tensors  # the last references: the buffers go back to the OS here
     real, host = time.perf_counter_ns() - real_start, clock.now() - host_start
+    # Time the thread waited for a CPU (a loaded machine) counts in both (the clock's
+    # source outside a recording is the wall): 18.7 ms of 33.8 once, beside other tests.
+    waited = _run_delay_ns() - waited
+    real, host = real - waited, host - waited
     # The program's own `del` and the clock's readings cost some tens of us, charged as
     # they should be; returning 256 MB to the OS (milliseconds when the OS is slow to
     # unmap) is not. When the unmapping is quick, the two are alike: hence the slack.
