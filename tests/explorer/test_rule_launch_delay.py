@@ -92,10 +92,11 @@ def test_fires_on_htas_sampled_trace(load_real):
 
 def test_silent_where_the_delays_cost_little_or_queue_behind_work(repo_root, load_real):
     """AlexNet's one idle-queue delay (432 us) is under 1% of its 43 s; the fp32 matmul
-    recording's ten delayed kernels all waited behind queued matmuls."""
+    recording's delayed kernels (25: HTA's launch delay over 100 us) all waited behind
+    queued work (the matmuls, the optimizer's passes)."""
     alexnet = load_real(ALEXNET)
     assert launch_delay.idle_delays(alexnet)["launch_delay_ns"].tolist() == [432_000]
     assert not launch_delay.check(alexnet)
     fp32 = neuron_explorer.load(repo_root / "sample_traces" / "fp32_matmul.pftrace")
-    assert len(launch_outliers(fp32.launch_stats())["delayed"]) == 10
+    assert len(launch_outliers(fp32.launch_stats())["delayed"]) == 25
     assert not len(launch_delay.idle_delays(fp32)) and not launch_delay.check(fp32)
