@@ -102,7 +102,7 @@ def test_fires_on_htas_sampled_trace(load_real):
 def test_silent_on_an_empty_queue(repo_root):
     """The eager MLP's queue is empty while its device idles: it is host-bound."""
     mlp = neuron_explorer.load(repo_root / "sample_traces" / "mlp_eager.pftrace")
-    assert mlp.queue_length_summary()["empty_share"].iloc[0] > 0.99
+    assert mlp.queue_length_summary()["empty_share"].iloc[0] > 0.98
     assert not len(queued_idle.queued_gaps(mlp)) and not queued_idle.check(mlp)
 
 
