@@ -53,7 +53,8 @@ class ArgsArray(ExtensionArray):
         items = list(scalars)
         for at, value in enumerate(items):
             if not isinstance(value, dict):
-                if value is not None and not pd.isna(value):
+                if value is not None and not (pd.api.types.is_scalar(value)
+                                              and pd.isna(value)):
                     # not args (a function's results over them): pandas keeps them as
                     # objects
                     raise TypeError(f"slice args are dicts, not {type(value).__name__}")
