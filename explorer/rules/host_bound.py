@@ -213,15 +213,22 @@ def _op_time_share(trace: Trace, ops, ids) -> float:
     return mine / every if every else 0.0
 
 
-def _copies_first(trace: Trace) -> str:
-    """Advice to batch the copies, where they are most of what the host launches."""
-    per_step, share = copies_starving(trace)
+def _most_launches(starving: tuple[float, float], what: str, unit: str, fix: str) -> str:
+    """Advice to fix `what` first, where (launches a step, share of the host's op time)
+    `starving` says it is most of what the host launches."""
+    per_step, share = starving
     if share < COPIES_MIN_SHARE:
         return ""
-    return (f"Most of the host's launches are host<->device copies ({per_step:.0f} a step, "
-            f"{share:.0%} of its op time): move each batch in one copy (torch.cat or "
-            "torch.stack on the host, then one .to(device)) or create the tensors on the "
-            "device (see the host<->device copies finding). ")
+    return (f"Most of the host's launches are {what} ({per_step:.0f}{unit} a step, "
+            f"{share:.0%} of its op time): {fix} ")
+
+
+def _copies_first(trace: Trace) -> str:
+    """Advice to batch the copies, where they are most of what the host launches."""
+    return _most_launches(copies_starving(trace), "host<->device copies", "",
+                          "move each batch in one copy (torch.cat or torch.stack on the "
+                          "host, then one .to(device)) or create the tensors on the device "
+                          "(see the host<->device copies finding).")
 
 
 def optimizer_starving(trace: Trace) -> tuple[float, float]:
@@ -244,12 +251,9 @@ def optimizer_starving(trace: Trace) -> tuple[float, float]:
 
 def _optimizer_first(trace: Trace) -> str:
     """Advice to fuse the optimizer's step, where it is most of what the host launches."""
-    per_step, share = optimizer_starving(trace)
-    if share < COPIES_MIN_SHARE:
-        return ""
-    return (f"Most of the host's launches are the optimizer's step ({per_step:.0f} ops a "
-            f"step, {share:.0%} of its op time): construct the optimizer with fused=True (one "
-            "kernel a step) or compile its step. ")
+    return _most_launches(optimizer_starving(trace), "the optimizer's step", " ops",
+                          "construct the optimizer with fused=True (one kernel a step) or "
+                          "compile its step.")
 
 
 def _recommendation(trace: Trace) -> str:
