@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from neuron_explorer.backend import runtime
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
-from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.op_families import base_name
 from neuron_explorer.common.presets import HardwarePreset
 

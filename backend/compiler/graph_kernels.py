@@ -23,8 +23,8 @@ from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
 from neuron_explorer.backend.hardware.lowering import emit_host_fallback
 from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK, lowering_for
-from neuron_explorer.backend.hardware.specs import dtype_bytes
 from neuron_explorer.backend.hardware.streaming import Step, stream
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.op_families import ADDS_INPUT, GEMM, base_name
 from torch import fx
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.presets import (
     FP8_DTYPES,
     HALF_DTYPES,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from neuron_explorer.backend.hardware import costs
 from neuron_explorer.backend.hardware.builder import KernelBuilder, tiles
-from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.presets import HardwarePreset, te_rate_factor
 
 SBUF_SHARE = 0.8  # of SBUF a GEMM may use (the rest: output staging, bias, slack)

@@ -10,42 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Self
 
-# bytes per element; names as torch prints them without the "torch." prefix
-DTYPE_BYTES: dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "complex64": 8,
-    "complex128": 16,
-}
-_ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64",
-            "int": "int32"}
-
-
-def normalize_dtype(dtype: Any) -> str:
-    """'torch.float32', torch.float32 or 'float' -> 'float32'."""
-    name = str(dtype)
-    name = name.removeprefix("torch.")
-    return _ALIASES.get(name, name)
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Element size of `dtype` in bytes (4 for names this table does not know)."""
-    size = DTYPE_BYTES.get(dtype)
-    if size is None:
-        size = DTYPE_BYTES.get(normalize_dtype(dtype), 4)
-    return size
+from neuron_explorer.common.dtypes import dtype_bytes
 
 
 class TensorSpec(NamedTuple):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_explorer.backend.hardware.builder import GPSIMD, SCALAR, VECTOR, KernelBuilder
-from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.dtypes import dtype_bytes
 
 BUFFERS = 3  # tiles in flight per operand: load, compute, store overlap
 MAX_TILE_BYTES = 16 * 1024  # per partition and operand; >= 4 KiB keeps DMA at full rate

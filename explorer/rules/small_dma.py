@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.common.op_key_codec import parse_dtypes, parse_shapes
 from neuron_explorer.peaks import dma_bandwidth, dma_fixed_ns, dma_fixed_text, partitions
@@ -48,23 +49,13 @@ def _small(dma: pd.DataFrame, per_engine: float | None, fixed: float | None,
     return nbytes / parts < th.SMALL_DMA_BYTES_PER_PARTITION
 
 
-def _itemsize(dtype: str) -> int:
-    name = dtype.strip().removeprefix("torch.")
-    if name.startswith("float8"):
-        return 1
-    try:
-        return np.dtype("float16" if name == "bfloat16" else name).itemsize
-    except TypeError:
-        return 4
-
-
 def _largest_tensor(shapes: str, dtypes: str) -> int:
     """Bytes of an op's largest tensor, from its `shapes` and `dtypes` args (0: unknown)."""
     try:
         dims = parse_shapes(shapes)
     except ValueError:
         return 0
-    sizes = [_itemsize(d) for d in parse_dtypes(dtypes)]
+    sizes = [dtype_bytes(d) for d in parse_dtypes(dtypes)]
     return max((int(np.prod(d, dtype=np.float64)) * (sizes[i] if i < len(sizes) else 4)
                 for i, d in enumerate(dims) if isinstance(d, list)), default=0)
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.op_families import ADDS_INPUT, GEMM, base_name
 
 # as the compile path bounds a group (backend/compiler/fusion.py MAX_GROUP_OPS)
@@ -208,7 +209,6 @@ def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Seque
 def _gemm(spec, store: bool = True):
     """The GEMM of an mm/addmm/bmm/baddbmm op (its bias added on the PSUM copy), or None."""
     from neuron_explorer.backend.hardware import Gemm
-    from neuron_explorer.backend.hardware.specs import dtype_bytes
 
     base = base_name(spec.name)
     if base not in GEMM:

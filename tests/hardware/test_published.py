@@ -22,7 +22,7 @@ from neuron_explorer.backend.hardware import (
     get_preset,
     lower_op,
 )
-from neuron_explorer.backend.hardware.specs import dtype_bytes
+from neuron_explorer.common.dtypes import dtype_bytes
 from published import COLLECTIVES, DOCUMENTED, MEASURED, Published, PublishedCollective
 
 T = TensorSpec
