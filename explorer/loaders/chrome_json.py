@@ -9,6 +9,7 @@ epoch-based timestamps Kineto writes.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -62,6 +63,11 @@ class _Written(float):
 
 def _written_ns(text: str) -> int:
     """Microseconds as written (`1682725898236567.047`) to int ns, exactly."""
+    whole, _, fraction = text.partition(".")
+    if len(fraction) <= 3 and whole.lstrip("-").isdigit() and fraction.isdigit():
+        # the common form (Kineto writes three decimals), without a Decimal
+        ns = abs(int(whole)) * 1000 + int(fraction.ljust(3, "0"))
+        return -ns if whole.startswith("-") else ns
     return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
@@ -398,15 +404,43 @@ def _slice_event(events: list, first: int = 0) -> Any:
     return event_of
 
 
-def _needs_digits(events: list) -> bool:
-    """Whether a time is a float too large to hold its nanoseconds (epoch-scale times
-    with ns fractions): such events are parsed again keeping every digit."""
-    for e in events:
-        if e.__class__ is dict:
-            ts = e.get("ts")
-            if ts.__class__ is float and abs(ts) >= EXACT_US:
-                return True
-    return False
+# A time field written as a float of 8e12 or more (13 digits before the point starting
+# with 8 or 9, or more digits): from 2**43 us, a float no longer holds the nanoseconds.
+LARGE_US = 8e12
+_LARGE_FLOAT = {key: re.compile(rb'"' + key.encode() + rb'"\s*:\s*(-?(?:[89]\d{12}|[1-9]\d{13,})'
+                                rb'(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
+                for key in ("ts", "dur")}
+
+
+def _written_times(text: bytes | bytearray, events: list) -> bool | None:
+    """Give each event time too large for a float to hold its nanoseconds (epoch-scale
+    times with ns fractions) its written digits, in place: a `_Written` for the float.
+
+    The digits are the text's `"ts": <float>` fields of 8e12 or more (and `"dur"`'s,
+    where a `ts` needs them), in order, one per event with such a float time, each
+    checked to read as the float the parser made. None when no time needs them; False
+    when the fields do not line up with the events (a nested object with a "ts" key, a
+    time written with an exponent): the caller parses again keeping every float's
+    digits, the slow way that cannot be misled."""
+    if not _LARGE_FLOAT["ts"].search(text):
+        return None  # the common case: a scan of the text, no event looked at
+    needed = None
+    for key, large_float in _LARGE_FLOAT.items():
+        if key != "ts" and not large_float.search(text):
+            continue
+        holders = [e for e in events if e.__class__ is dict
+                   and (v := e.get(key)).__class__ is float and abs(v) >= LARGE_US]
+        written = large_float.findall(text)
+        if len(written) != len(holders) or not np.array_equal(
+                np.array(written, dtype=bytes).astype(np.float64),
+                np.fromiter((e[key] for e in holders), np.float64, len(holders))):
+            return False
+        make = float.__new__
+        for e, digits in zip(holders, written, strict=True):
+            e[key] = value = make(_Written, e[key])
+            value.text = digits.decode()
+        needed = True
+    return needed
 
 
 def _seal(path: str, events: list, col: Collector, first: int) -> None:
@@ -428,13 +462,15 @@ def _seal(path: str, events: list, col: Collector, first: int) -> None:
     col.s_track, col.s_ts, col.s_dur, col.s_name, col.s_cat, col.s_args = [], [], [], [], [], []
 
 
-def collect_chunk(path: str, events: list, col: Collector, first: int,
-                  exact_events: Callable[[], list]) -> None:
-    """Read one chunk of events into `col` and seal it (`exact_events`: the same events
-    parsed keeping the digits of floats, asked for when their times need it)."""
-    if _needs_digits(events):
+def collect_chunk(path: str, text: bytes | bytearray, events: list, col: Collector,
+                  first: int, exact_events: Callable[[], list]) -> None:
+    """Read one chunk of events (parsed from `text`) into `col` and seal it
+    (`exact_events`: the same events parsed keeping the digits of floats, asked for when
+    their times need digits that `_written_times` cannot find)."""
+    digits = _written_times(text, events)
+    if digits is False:
         events = exact_events()
-        col.exact = True
+    col.exact = col.exact or digits is not None
     _read_events(path, events, col, first)
     _seal(path, events, col, first)
 
@@ -491,7 +527,7 @@ def load_chrome_json(path: str, text: bytes | bytearray) -> RawTrace:
         return events_of(path, again)
 
     col = Collector()
-    collect_chunk(path, events_of(path, doc), col, 0, exact_events)
+    collect_chunk(path, text, events_of(path, doc), col, 0, exact_events)
     if isinstance(doc, dict):
         doc = {k: v for k, v in doc.items() if k != "traceEvents"}
     return assemble(path, col, doc, cut_short)

@@ -187,7 +187,7 @@ class _Stream:
             def exact() -> list:
                 return self._loads(chunk, cj._loads_exact)
 
-            cj.collect_chunk(self.path, events, self.col, self.events, exact)
+            cj.collect_chunk(self.path, chunk, events, self.col, self.events, exact)
             self.events += len(events)
             del events
         self._advance(end)

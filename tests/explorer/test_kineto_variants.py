@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import neuron_explorer
+import pytest
 
 
 def _x(cat: str, name: str, pid: int, tid: int, ts: float, dur: float,
@@ -67,3 +68,44 @@ def test_epoch_times_keep_their_nanoseconds(tmp_path: Path) -> None:
     s = neuron_explorer.load(path).table("slices")
     assert s["ts"].tolist() == [1682725898236567047, 1682725898236569999, 1682725898236571000]
     assert s["dur"].tolist() == [1500, 1, 2000]
+
+
+def _epoch_trace(path: Path, extra_args: str = "", ts_b: str = "1682725898236569.999") -> Path:
+    path.write_text(
+        '{"traceEvents": ['
+        '{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, '
+        f'"ts": 1682725898236567.047, "dur": 1.5, "args": {{{extra_args}}}}},'
+        '{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "ts": 0.0, '
+        '"args": {"name": "main"}},'
+        '{"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, '
+        f'"ts": {ts_b}, "dur": 0.001}},'
+        '{"ph": "s", "cat": "ac2g", "name": "f", "id": 7, "pid": 1, "tid": 1, '
+        '"ts": 1682725898236567.048},'
+        '{"ph": "f", "cat": "ac2g", "name": "f", "id": 7, "pid": 1, "tid": 1, '
+        f'"ts": {ts_b}, "bp": "e"}}]}}')
+    return path
+
+
+@pytest.mark.parametrize("extra_args, ts_b", [
+    ("", "1682725898236569.999"),
+    # a nested "ts" the text's fields would count as an event's: the digits are read by
+    # parsing again, not from misaligned fields
+    ('"ts": 1682725898236000.001, "n": 1', "1682725898236569.999"),
+    # a time with an exponent is no field the text scan reads: parsed again too
+    ("", "1.682725898236569999e15"),
+    # a negative epoch time (a clock before its zero) keeps its digits
+    ("", "-1682725898236569.999"),
+])
+def test_epoch_times_keep_their_digits_however_they_are_written(
+        tmp_path: Path, extra_args: str, ts_b: str) -> None:
+    t = neuron_explorer.load(_epoch_trace(tmp_path / "epoch.json", extra_args, ts_b),
+                             cache=False)
+    s = t.slices.set_index("name")
+    b = -1682725898236569999 if ts_b.startswith("-") else 1682725898236569999
+    assert s.loc["a", "ts"] == 1682725898236567047
+    assert s.loc["b", "ts"] == b
+    assert s.loc["b", "dur"] == 1
+    if extra_args:  # the nested value is the float the args keep
+        assert s.loc["a", "args"]["ts"] == 1682725898236000.001
+    # the flow binds by exact times: its start into a, its end onto b
+    assert t.flows[["src_id", "dst_id"]].values.tolist() == [[s.loc["a", "id"], s.loc["b", "id"]]]
