@@ -443,8 +443,10 @@ class ArgsBuilder:
                     rows.append((i, key, KIND_FLOAT, 0, float(v), -1))
                 elif v.__class__ is str:
                     rows.append((i, key, KIND_STR, 0, 0.0, code_of(v)))
-                else:  # null (no value), nested values, numbers past 64 bits
-                    rows.append((i, key, KIND_OTHER, 0, 0.0, -1 if v is None else code_of(v)))
+                elif v is None:
+                    rows.append((i, key, KIND_OTHER, 0, 0.0, -1))
+                else:  # nested values, numbers past 64 bits
+                    rows.append((i, key, KIND_OTHER, 0, 0.0, code_of(v)))
         if not rows:
             return
         # one structured array straight from the tuples, then a column per field: half the
@@ -504,7 +506,7 @@ ROW_FIELDS = ("slice_id", "key", "kind", "ival", "fval", "scode")
 ROW_RECORD = np.dtype(list(zip(ROW_FIELDS, ROW_TYPES, strict=True)))
 
 
-def _nested_key(value: Any) -> tuple[str, Any]:
+def _nested_key(value: Any) -> bytes | tuple[str, str]:
     """What tells a nested value from another: its JSON text, keys sorted. orjson writes
     it many times faster than the standard library; the standard library's text is taken
     where orjson's could be ambiguous (it writes NaN as null) or orjson cannot write the
@@ -515,5 +517,5 @@ def _nested_key(value: Any) -> tuple[str, Any]:
         pass
     else:
         if b"null" not in text:
-            return ("\0orjson", text)
+            return text  # bytes: never equal to a string's key, nor to the tuples below
     return ("\0json", json.dumps(value, sort_keys=True, default=str))

@@ -295,7 +295,8 @@ def _read_events(path: str, events: list, col: Collector, first: int = 0) -> Non
                 col.flow_points.append((str(e.get("cat", "")), fid, ph, t, e.get("ts"),
                                         enclosing, index))
             elif ph == "M":
-                _metadata_event(e, col)
+                if e.get("name") in NAMING_EVENTS:  # sort indexes, labels: nothing read
+                    _metadata_event(e, col)
             else:
                 col.skipped[f"event phase {ph!r}"] += 1
     except (_Malformed, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -318,6 +319,11 @@ def _counter(e: dict, col: Collector, index: int) -> None:
         col.c_ts.append(e.get("ts"))
         col.c_value.append(value)
         col.c_event.append(index)
+
+
+# the metadata events read (a device's trace can repeat the others, sort indexes and
+# labels, hundreds of thousands of times)
+NAMING_EVENTS = frozenset(("process_name", "thread_name"))
 
 
 def _metadata_event(e: dict, col: Collector) -> None:
