@@ -25,7 +25,10 @@ DTYPE_BYTES: dict[str, int] = {
     "complex128": 16,
 }
 _ALIASES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64",
-            "int": "int32"}
+            "int": "int32",
+            # as PyTorch-profiler traces name them (C++ types, lowercased)
+            "c10::half": "float16", "c10::bfloat16": "bfloat16", "long int": "int64",
+            "short": "int16", "signed char": "int8", "unsigned char": "uint8"}
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -35,9 +38,9 @@ def normalize_dtype(dtype: Any) -> str:
     return _ALIASES.get(name, name)
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Element size of `dtype` in bytes (4 for names this table does not know)."""
+def dtype_bytes(dtype: str, default: int = 4) -> int:
+    """Element size of `dtype` in bytes (`default` for names this table does not know)."""
     size = DTYPE_BYTES.get(dtype)
     if size is None:
-        size = DTYPE_BYTES.get(normalize_dtype(dtype), 4)
+        size = DTYPE_BYTES.get(normalize_dtype(dtype), default)
     return size

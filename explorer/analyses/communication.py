@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.dtypes import dtype_bytes
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.memo import memoised
 
@@ -56,10 +57,6 @@ _BUS_FACTOR = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
 }
-_DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-                "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4,
-                "long": 8, "long int": 8, "int64": 8, "int8": 1, "uint8": 1,
-                "unsigned char": 1, "signed char": 1, "bool": 1, "short": 2, "int16": 2}
 
 
 def canonical_collective(name: Any) -> str:
@@ -158,7 +155,7 @@ def _message_bytes(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     ours = tables.number(trace, tf.ARG_BYTES, ids, default=-1)
     nelems = tables.number(trace, "In msg nelems", ids, default=-1)
     dtype = trace.slice_args.texts("dtype", ids)
-    size = np.asarray([_DTYPE_BYTES.get(str(d).lower(), 0) for d in dtype], np.int64)
+    size = np.asarray([_element_bytes(d) for d in dtype], np.int64)
     kineto = np.where((nelems >= 0) & (size > 0), nelems * size, -1)
     return np.where(ours >= 0, ours, kineto)
 
@@ -198,8 +195,14 @@ def _dims_bytes(dims: str, types: str) -> int:
     if not numbers:
         return 0
     first_type = re.findall(r"[A-Za-z:][\w: ]*", types)
-    size = _DTYPE_BYTES.get(first_type[0].strip().lower(), 0) if first_type else 0
+    size = _element_bytes(first_type[0]) if first_type else 0
     return int(np.prod([int(n) for n in numbers], dtype=np.int64)) * size
+
+
+def _element_bytes(dtype: Any) -> int:
+    """A dtype's element size as a trace names it (torch's names, or the C++ types
+    PyTorch-profiler traces give); 0 for a name the table does not know."""
+    return dtype_bytes(str(dtype).strip().lower(), default=0)
 
 
 def _group_size(group: Any) -> int:
