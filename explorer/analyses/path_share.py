@@ -26,8 +26,9 @@ def time_on_path(trace: Trace, ts: np.ndarray, end: np.ndarray, kind: str,
     spends inside the intervals [ts, end) on `kind` ("host" or "device") tracks, on
     `tracks` only if given (a device queue is one track; the host's path is on its main
     thread whichever thread the slice ran on)."""
-    if not len(ts):
-        return 0.0
+    steps = None if steps is None else list(steps)
+    if not len(ts) or steps == []:  # no steps: no path (compile spans of no length on the
+        return 0.0  # modelled clock overlap none)
     path = (trace.critical_path() if steps is None else
             pd.concat([trace.critical_path(int(s)) for s in steps], ignore_index=True))
     if not len(path):

@@ -582,3 +582,17 @@ def test_a_syncs_read_is_its_item_op_not_the_module_around_it(tmp_path) -> None:
     hs = host_slices(t)
     names = t.table("slices")["name"].to_numpy()
     assert [names[i] for i in reads(t, hs[hs["kind"] == "sync"])] == ["aten::item"]
+
+
+def test_a_graph_break_on_the_modelled_clock_costs_nothing_and_reports() -> None:
+    """On the modelled host clock a compile takes no time: no step holds compile time, and
+    the graph-break finding says 0 ns (it asked for the critical path of no steps, and
+    `report` failed)."""
+    from neuron_explorer.report import render_report
+
+    trace = neuron_explorer.load(Path(__file__).parents[1] / "data"
+                                 / "graph_break_modelled_clock.pftrace", cache=False)
+    (found,) = [f for f in trace.bottlenecks() if f.rule_id == "recompilation"]
+    assert "1 graph break" in found.title and found.time_lost_ns == 0
+    assert "gb_min.py:7" in found.recommendation
+    assert found.title in render_report(trace, "md")
