@@ -22,9 +22,11 @@ class ChunkedOutput:
     `_emit`, or inline on a hot path, and may add what ends the file in `_finish`.
     """
 
-    def __init__(self, path: str, chunk_bytes: int) -> None:
+    def __init__(self, path: str, chunk_bytes: int, create_on_write: bool = False) -> None:
         self.path = str(path)
-        self._file = open_output(self.path)
+        # `create_on_write`: the file is made by the first write (a child process that
+        # records nothing, or is killed before it writes, leaves no empty file behind)
+        self._file = None if create_on_write else open_output(self.path)
         self._chunk_bytes = chunk_bytes
         self._buffer: list[Any] = []
         self._buffered = 0
@@ -56,6 +58,8 @@ class ChunkedOutput:
             self._buffer.clear()
             self._buffered = 0
             try:
+                if self._file is None:
+                    self._file = open_output(self.path)
                 self._file.write(data)
                 self._file.flush()
             except OSError as exc:
@@ -84,5 +88,6 @@ class ChunkedOutput:
     def _abandon(self) -> None:
         self.closed = True
         self._buffer.clear()
-        with contextlib.suppress(OSError):
-            self._file.close()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()

@@ -31,8 +31,8 @@ class JsonWriter(ChunkedOutput):
     """Writes Chrome-trace JSON events to `path`, buffered in chunks of about `chunk_bytes`."""
 
     def __init__(self, path: str, *, chunk_bytes: int = 1 << 20, uuid_base: int = 1,
-                 **_ignored: Any) -> None:
-        super().__init__(path, chunk_bytes)
+                 create_on_write: bool = False, **_ignored: Any) -> None:
+        super().__init__(path, chunk_bytes, create_on_write)
         self.events = 0
         self.counts: dict[str, int] = {}
         self._next_handle = uuid_base

@@ -56,9 +56,10 @@ class PerfettoWriter(ChunkedOutput):
     """Writes TrackEvent packets to `path`, buffered in chunks of about `chunk_bytes`."""
 
     def __init__(
-        self, path: str, *, chunk_bytes: int = 1 << 20, sequence_id: int = 1, uuid_base: int = 1
+        self, path: str, *, chunk_bytes: int = 1 << 20, sequence_id: int = 1, uuid_base: int = 1,
+        create_on_write: bool = False,
     ) -> None:
-        super().__init__(path, chunk_bytes)
+        super().__init__(path, chunk_bytes, create_on_write)
         self.events = 0
         self.counts: dict[str, int] = {}
         self._seq = wire.field_varint(F.P_SEQ_ID, sequence_id)

@@ -120,7 +120,8 @@ class Recorder:
         self.modelled = clock.source == MODELLED
         self.pid = _modelled_pid() if self.modelled else os.getpid()
         self.writer: TraceWriter = open_writer(options.path, options.fmt,
-                                               uuid_base=(self.pid << 24) + 1)
+                                               uuid_base=(self.pid << 24) + 1,
+                                               create_on_write=options.drop_if_empty)
         self._uncounted_track: int | None = None
         self._marks_written = 0  # GC and recording pauses: a trace of only these is empty
         self.status: Any = None  # the live status line, when stderr is a terminal
@@ -135,6 +136,7 @@ class Recorder:
         self.first_event_ts: int | None = None  # first device event of a step not yet begun
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
         self.steps_completed: list[int] = []  # ended by a step mark
+        self.optimizer_step_compiled = False  # traced by torch.compile: it marks no steps
         self.window_start, self.window_stop = options.steps or (0, None)
         self._update_recording()  # sets `recording`
         self._threads: dict[int, _ThreadState] = {}

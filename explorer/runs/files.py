@@ -13,11 +13,16 @@ import ast
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.common.errors import NeuronExplorerError, TraceFormatError
+from neuron_explorer.common.errors import (
+    NeuronExplorerError,
+    TraceFormatError,
+    TraceFormatWarning,
+)
 
 TRACE_SUFFIXES = (".pftrace", ".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 MANIFEST = "manifest.json"
@@ -42,11 +47,26 @@ def run_paths(source: str | os.PathLike | Iterable[str | os.PathLike]) -> list[s
                 folder, "the folder holds no trace files (.pftrace, .json, .json.gz); give a "
                 "trace file, a run folder written by `neuron-explorer record -- torchrun ...` "
                 "or a folder of per-rank PyTorch-profiler traces")
-        return paths
+        return _without_empty(folder, paths)
     paths = [os.fspath(p) for p in source]
     if not paths:
         raise NeuronExplorerError("an empty list of traces: give at least one path")
     return paths
+
+
+def _without_empty(folder: str, paths: list[str]) -> list[str]:
+    """A folder's trace files less the empty ones (left by a process killed before it wrote
+    anything), said in one warning; none left is an error."""
+    empty = [p for p in paths if os.path.getsize(p) == 0]
+    if not empty:
+        return paths
+    names = ", ".join(os.path.basename(p) for p in empty[:3]) + (", ..." if len(empty) > 3
+                                                                 else "")
+    if len(empty) == len(paths):
+        raise TraceFormatError(folder, f"every trace file in the folder is empty ({names})")
+    warnings.warn(f"{folder}: left out {len(empty)} empty trace file(s) ({names}): a process "
+                  "killed before it wrote anything leaves one", TraceFormatWarning, stacklevel=4)
+    return [p for p in paths if p not in empty]
 
 
 def read_manifest(folder: str) -> dict[str, Any]:

@@ -20,15 +20,19 @@ def _worker_log_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("neuron-explorer-workers-*")}
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method, workers", [("fork", ""), ("spawn", ""),
+                                             ("fork", "persistent")])
 def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
-        record_cli, programs: Path, method: str) -> None:
+        record_cli, programs: Path, method: str, workers: str) -> None:
     folders_before = _worker_log_folders()
-    proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS), method)
+    proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS), method,
+                      *([workers] if workers else []))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") == STEPS
-    # the workers' own traces held nothing (no device work): none is left beside the trace
+    # the workers' own traces held nothing (no device work): none is left beside the trace,
+    # not even by persistent workers, which the loader ends before they can finish theirs
     assert sorted(p.name for p in programs.glob("dl*.pftrace")) == ["dl.pftrace"], proc.stderr
+    assert "child processes" not in proc.stderr
     assert _worker_log_folders() == folders_before  # the workers' logs are cleaned up
 
     trace = parse(programs / "dl.pftrace")

@@ -218,6 +218,24 @@ def test_a_folder_without_traces_is_a_clear_error(tmp_path):
         neuron_explorer.load(tmp_path)
 
 
+def test_an_empty_trace_in_a_folder_is_left_out_with_a_warning(run_dir, tmp_path):
+    """A process killed before it wrote anything (an older recording's DataLoader worker)
+    leaves an empty file: the folder still loads, and says what it left out."""
+    import shutil
+
+    folder = tmp_path / "train.run"
+    shutil.copytree(run_dir, folder)
+    (folder / "train.pid4242.pftrace").write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"left out 1 empty trace file\(s\) \(train.pid4242"):
+        loaded = neuron_explorer.load(folder, cache=False)
+    assert loaded.ranks == [0, 1]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.pftrace").write_bytes(b"")
+    with pytest.raises(NeuronExplorerError, match="every trace file in the folder is empty"):
+        neuron_explorer.load(empty)
+
+
 def run_step_medians(run_dir: Path) -> list[float]:
     loaded = neuron_explorer.load(run_dir)
     return [float(loaded[rank].steps["dur"].median()) for rank in loaded.ranks]

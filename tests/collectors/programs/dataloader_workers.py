@@ -1,6 +1,8 @@
 """A training loop fed by a DataLoader with two worker processes, used by the record tests.
 
-    python dataloader_workers.py STEPS [fork|spawn] [die]   (die: a worker dies at sample 13)
+    python dataloader_workers.py STEPS [fork|spawn] [die|persistent]
+    (die: a worker dies at sample 13; persistent: persistent workers, the loader kept to
+    the end as a script's global is: Python's exit ends them, without letting them finish)
 
 A worker that dies does so once the loop has finished its first step (it waits for the
 file FIRST_STEP_DONE): how the machine schedules the processes does not change what the
@@ -17,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 FIRST_STEP_DONE = "first-step.done"
+KEPT: list = []
 DIE_WAIT_S = 60
 
 
@@ -44,12 +47,15 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     method = sys.argv[2] if len(sys.argv) > 2 else "fork"
     die_at = 13 if sys.argv[3:] == ["die"] else None
+    persistent = sys.argv[3:] == ["persistent"]
     if os.path.exists(FIRST_STEP_DONE):
         os.remove(FIRST_STEP_DONE)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(SlowDataset(4 * steps, die_at), batch_size=4, num_workers=2,
-                        multiprocessing_context=method)
+                        multiprocessing_context=method, persistent_workers=persistent)
+    if persistent:
+        KEPT.append(loader)  # the workers live until the interpreter exits
     for step, (x, y) in enumerate(loader):
         x, y = x.to("neuron"), y.to("neuron")
         loss = (model(x) - y).square().mean()
