@@ -361,7 +361,10 @@ class FrameworkHooks:
     # -- optimizer ----------------------------------------------------------------------
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, _args: Any, _kw: Any) -> None:
-        if _is_compiling() or not self.rec.recording:
+        if _is_compiling():  # a compiled optimizer step: its calls run no hook, end no step
+            self.rec.optimizer_step_compiled = True
+            return
+        if not self.rec.recording:
             return
         self._timed(self._optimizer_begin, f"{type(optimizer).__name__}.step")
 

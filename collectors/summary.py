@@ -35,8 +35,12 @@ def human_size(n: float) -> str:
     return f"{n} bytes"
 
 
-def _steps_text(recorded: list[int], completed: list[int]) -> str:
+def _steps_text(recorded: list[int], completed: list[int],
+                optimizer_step_compiled: bool = False) -> str:
     if not completed:
+        if recorded and optimizer_step_compiled:
+            return ("1 (the whole run: optimizer.step() ran inside a compiled function, "
+                    "where it ends no step; call neuron_explorer.step() after it)")
         if recorded:
             return "1 (the whole run: no optimizer.step() or neuron_explorer.step() ended a step)"
         return "none"
@@ -62,7 +66,8 @@ def summary(recorder: Recorder) -> str:
         (f"neuron-explorer: trace written to {path} ({human_size(size)}, level "
         f"{recorder.options.level})"),
         f"  events: {', '.join(shown)}",
-        f"  steps recorded: {_steps_text(recorder.steps_recorded, recorder.steps_completed)}"
+        "  steps recorded: " + _steps_text(recorder.steps_recorded, recorder.steps_completed,
+                                           recorder.optimizer_step_compiled)
         + (" (a step per call of the model: no optimizer step ran)"
            if recorder.step_boundary == "forward" else ""),
     ]

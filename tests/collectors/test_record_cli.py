@@ -301,6 +301,33 @@ def test_compiled_modules_record_without_torchs_global_hook_warning(record_cli, 
     assert "steps recorded: 3" in proc.stderr  # a step per call of the model, not two
 
 
+_COMPILED_OPTIMIZER_STEP = """
+import torch
+m = torch.nn.Linear(16, 16).to("neuron")
+opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+
+@torch.compile(backend="neuron")
+def opt_step():
+    opt.step()
+
+for _ in range(3):
+    m(torch.randn(4, 16, device="neuron")).sum().backward()
+    opt_step()
+    opt.zero_grad()
+"""
+
+
+def test_a_compiled_optimizer_step_says_how_to_mark_steps(record_cli, programs):
+    """An optimizer step inside a compiled function runs no step hook: the summary says
+    why the run is one step and what marks steps, not that no optimizer step ran."""
+    (programs / "compiled_step.py").write_text(_COMPILED_OPTIMIZER_STEP)
+    proc = record_cli("-o", "cs.pftrace", "--level", "op", "compiled_step.py")
+    assert proc.returncode == 0, proc.stderr
+    assert ("steps recorded: 1 (the whole run: optimizer.step() ran inside a compiled "
+            "function, where it ends no step; call neuron_explorer.step() after it)"
+            in proc.stderr), proc.stderr
+
+
 _TRAIN_THEN_EVAL = """
 import torch
 net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
