@@ -86,16 +86,28 @@ def check(trace: Trace) -> list[Finding]:
              for r in top(dl).itertuples()]
     phase, phase_advice = _slow_phase(trace)
     saving, basis = _saving(trace, dl)
+    workers = len(set(dl["worker"].tolist()) - {-1})  # the waits name the workers they met
+    pinned = device_terms(trace.metadata).pinned_memory
+    if workers:  # the loader has workers already: more of the same is no sure cure
+        advice = (f"The loader's worker processes (the waits met {workers}) do not keep up, and "
+                  "more of them help only while the machine has idle cores (each is a process "
+                  "competing with the training loop): make each batch cheaper"
+                  + (phase_advice or "; when the samples are already in memory (a "
+                     "TensorDataset), index whole batches at once (a __getitem__ taking a list "
+                     "of indices, with DataLoader(..., batch_size=None, "
+                     "sampler=BatchSampler(...))) instead of fetching and stacking them one "
+                     "by one") + ("; set pin_memory=True" if pinned else ""))
+        basis += "; the saving assumes batches ready in time, which more workers may not give"
+    else:
+        advice = ("Load batches in parallel with the step: give your DataLoader num_workers=4 "
+                  "or more, persistent_workers=True and prefetch_factor=2 or more"
+                  + (", pin_memory=True" if pinned else "") + phase_advice)
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", saving, items,
         f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
         "do while the host prepares data." + _worker_share(dl) + phase,
-        "Load batches in parallel with the step: give your DataLoader num_workers=4 or more, "
-        "persistent_workers=True and prefetch_factor=2 or more"
-        + (", pin_memory=True" if device_terms(trace.metadata).pinned_memory else "")
-        + phase_advice
-        + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or into "
-        "the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
+        advice + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or "
+        "into the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
 
 
 def _saving(trace: Trace, waits: pd.DataFrame) -> tuple[float, str]:

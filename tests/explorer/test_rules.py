@@ -430,6 +430,22 @@ def test_dataloader_finding_names_the_worker_behind_the_waits(tmp_path: Path) ->
     assert "spread over 2 workers" in even.explanation and "Worker 0 is" not in even.explanation
 
 
+def test_a_loader_with_workers_is_not_told_to_add_workers(tmp_path: Path,
+                                                          basic_pf: neuron_explorer.Trace) -> None:
+    """Waits that name workers: the loader has them already (four of them, persistent, slowed
+    a user's 2-core run and the finding said to set them again). It says they do not keep up,
+    to make batches cheaper, and that its saving is not what more workers give."""
+    (f,) = _rule(_load(_waits_on_workers([0, 1, 0, 1]), tmp_path, "workers"), "dataloader_stall")
+    assert "num_workers=4" not in f.recommendation
+    assert f.recommendation.startswith("The loader's worker processes (the waits met 2) do not "
+                                       "keep up")
+    assert "index whole batches" in f.recommendation and "idle cores" in f.recommendation
+    assert "which more workers may not give" in f.saving_basis
+    (plain,) = _rule(basic_pf, "dataloader_stall")  # no workers: add them
+    assert "give your DataLoader num_workers=4 or more" in plain.recommendation
+    assert "more workers may not give" not in plain.saving_basis
+
+
 def _worker_batches(sc: scenarios.Scenario, fetch: int, collate: int) -> None:
     """Worker 1's batches as the recorder writes them: fetching, then collating."""
     track = sc.b.thread(pid=200, tid=200, name="DataLoader worker 1",
