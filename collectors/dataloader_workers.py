@@ -252,7 +252,8 @@ class WorkerTracks:
             return
         if self.dir is None:
             try:
-                self.dir = tempfile.mkdtemp(prefix="neuron-explorer-workers-")
+                # named by the recording process: whose a folder left behind is
+                self.dir = tempfile.mkdtemp(prefix=f"neuron-explorer-workers-{os.getpid()}-")
             except OSError:
                 self.enabled = False  # no temporary folder: no worker tracks, nothing else lost
                 return

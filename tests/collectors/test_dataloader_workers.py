@@ -16,15 +16,17 @@ from .trace_reading import parse
 STEPS = 6
 
 
-def _worker_log_folders() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("neuron-explorer-workers-*")}
+def _worker_log_folders(stdout: str) -> list[str]:
+    """The workers' log folders the recorded program (its pid printed first) left behind:
+    those of other tests' recordings running beside it are not its."""
+    pid = stdout.split()[1]
+    return [p.name for p in Path(tempfile.gettempdir()).glob(f"neuron-explorer-workers-{pid}-*")]
 
 
 @pytest.mark.parametrize("method, workers", [("fork", ""), ("spawn", ""),
                                              ("fork", "persistent")])
 def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
         record_cli, programs: Path, method: str, workers: str) -> None:
-    folders_before = _worker_log_folders()
     proc = record_cli("-o", "dl.pftrace", "dataloader_workers.py", str(STEPS), method,
                       *([workers] if workers else []))
     assert proc.returncode == 0, proc.stderr
@@ -33,7 +35,7 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
     # not even by persistent workers, which the loader ends before they can finish theirs
     assert sorted(p.name for p in programs.glob("dl*.pftrace")) == ["dl.pftrace"], proc.stderr
     assert "child processes" not in proc.stderr
-    assert _worker_log_folders() == folders_before  # the workers' logs are cleaned up
+    assert _worker_log_folders(proc.stdout) == []  # the workers' logs are cleaned up
 
     trace = parse(programs / "dl.pftrace")
     batches = [s for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0]

@@ -48,6 +48,7 @@ def main() -> None:
     method = sys.argv[2] if len(sys.argv) > 2 else "fork"
     die_at = 13 if sys.argv[3:] == ["die"] else None
     persistent = sys.argv[3:] == ["persistent"]
+    print("pid", os.getpid(), flush=True)  # the recording's: its workers' log folder is named so
     if os.path.exists(FIRST_STEP_DONE):
         os.remove(FIRST_STEP_DONE)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("neuron")
