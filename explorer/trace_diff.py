@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
 from neuron_explorer.analyses.levels import recorded_level, records_device
-from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps
+from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps, cut_short
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
@@ -43,6 +43,14 @@ class TraceDiff:
     # name, kind, status, a_count, b_count, a_ns, b_ns, a_mean_ns, b_mean_ns, delta_ns
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     steps: tuple[str, str] = field(default=("", ""))  # the steps each side analysed, in words
+    # each side's recording was cut short (a killed run, a damaged file): its figures are of
+    # the part it holds, no measure of the program against the other's
+    cut_short: tuple[bool, bool] = field(default=(False, False))
+
+    @property
+    def comparable(self) -> bool:
+        """Neither side is a recording cut short."""
+        return not any(self.cut_short)
 
     @property
     def added_ops(self) -> list[str]:
@@ -58,7 +66,7 @@ class TraceDiff:
             return json.loads(frame.to_json(orient="records"))
 
         return {"a": self.a, "b": self.b, "hardware": list(self.hardware),
-                "steps_analysed": list(self.steps),
+                "steps_analysed": list(self.steps), "cut_short": list(self.cut_short),
                 "summary": records(self.summary), "breakdown": records(self.breakdown),
                 "ops": records(self.ops), "modules": records(self.modules),
                 "engines": records(self.engines), "kernels": records(self.kernels),
@@ -73,7 +81,7 @@ class TraceDiff:
         for r in s.itertuples():
             if r.metric == "step_time_ns":
                 summary["step time"] = (f"{fmt_ns(r.a)} -> {fmt_ns(r.b)} "
-                                        f"({_ratio_text(r.ratio)})")
+                                        f"({_ratio_text(r.ratio)}{self._cut_short_note()})")
             elif r.metric == "compile_ns":
                 summary["compile (on its own)"] = f"{fmt_ns(r.a)} -> {fmt_ns(r.b)}"
             elif r.metric in ("mfu", "hfu", "mbu", "device_busy_share"):
@@ -116,6 +124,13 @@ class TraceDiff:
                 Section("Ops added / removed",
                         [f"added: {', '.join(self.added_ops) or 'none'}",
                          f"removed: {', '.join(self.removed_ops) or 'none'}"])]
+
+    def _cut_short_note(self) -> str:
+        cut = [side for side, short in zip("ab", self.cut_short, strict=True) if short]
+        if not cut:
+            return ""
+        return (f"; {' and '.join(cut)} {'is' if len(cut) == 1 else 'are'} a recording cut "
+                "short: not a like-for-like comparison")
 
     def _stepless_note(self) -> str:
         """A side without step marks is compared whole: its figures are not per step."""
@@ -316,7 +331,8 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
                   engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
                   hardware=(hardware_label(ta), hardware_label(tb)),
                   kernels=_kernels(ta, tb, na, nb),
-                  steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()))
+                  steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()),
+                  cut_short=(cut_short(ta), cut_short(tb)))
     return _mark_unrecorded(d, ta, tb)
 
 

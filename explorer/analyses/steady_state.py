@@ -114,12 +114,18 @@ def completed_steps(trace: Trace) -> pd.DataFrame:
 CUT_SHORT = ("(was the recording killed?)", "the rest of the file is lost")
 
 
+def cut_short(trace: Trace) -> bool:
+    """Whether the recording was cut short (killed, or its file damaged part-way): it holds
+    the run up to the cut."""
+    return any(mark in w for w in trace.warnings for mark in CUT_SHORT)
+
+
 def device_data_end(trace: Trace) -> tuple[int, int] | None:
     """Where a recording cut short stops holding ops and kernels, as (start, end) of the
     last event of the family that stops first: each family is written in time order, so a
     step that ends before that start holds all its events (None: not cut short, or it
     recorded neither)."""
-    if not any(mark in w for w in trace.warnings for mark in CUT_SHORT):
+    if not cut_short(trace):
         return None
     last = [(int(t["ts"].max()), int((t["ts"] + t["dur"]).max()))
             for t in (trace.ops, trace.kernels) if len(t)]

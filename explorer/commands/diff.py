@@ -86,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
         write_output(result.render(args.format), args.output)
         if args.fail_above is None:
             return 0
+        if not result.comparable:  # a damaged file must not pass, nor fail, as a regression
+            cut = [name for name, short in zip((args.a, args.b), result.cut_short, strict=True)
+                   if short]
+            raise NeuronExplorerError(
+                f"cannot check --fail-above: {' and '.join(cut)} "
+                f"{'is a recording' if len(cut) == 1 else 'are recordings'} cut short (killed, "
+                "or the file damaged), whose step time measures only the part kept; record "
+                "it again")
         a_ns, b_ns, growth = step_time_growth(result)
     if growth > args.fail_above:
         print(f"neuron-explorer diff: step time grew {growth:.1f}% ({fmt_ns(a_ns)} -> "

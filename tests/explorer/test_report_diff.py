@@ -138,6 +138,24 @@ def test_report_of_truncated_trace_warns_in_one_line(explorer_cli, tmp_path: Pat
     assert len(lines) == 1 and "warning" in lines[0] and "killed.pftrace" in lines[0]
 
 
+def test_diff_against_a_recording_cut_short_says_so_and_fails_no_guard(
+        explorer_cli, tmp_path: Path, capsys) -> None:
+    """A killed run's file holds part of a step: its step time is no measure of the
+    program. The diff says so beside the step time, and `--fail-above` refuses to judge
+    (exit 2) rather than report a regression, or pass, on it."""
+    whole = scenarios.basic().b.write_pftrace(tmp_path / "whole.pftrace")
+    killed = scenarios.basic().b.write_pftrace(tmp_path / "killed.pftrace", truncate=3)
+    assert explorer_cli(["diff", str(whole), str(killed), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cut_short"] == [False, True]
+    assert explorer_cli(["diff", str(whole), str(killed)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step time"))
+    assert line.endswith("b is a recording cut short: not a like-for-like comparison)")
+    assert explorer_cli(["diff", str(whole), str(killed), "--fail-above", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot check --fail-above: " in err and "killed.pftrace is a recording cut short" in err
+    assert explorer_cli(["diff", str(whole), str(whole), "--fail-above", "5"]) == 0
+
+
 def test_report_breakdown_shares_are_of_the_mean_step_they_sit_beside(repo_root: Path) -> None:
     """Each share is its mean time over the side's mean step. A mean of per-step shares does not
     add up with the times beside it when steps differ (a slow first step): 1.2 ms read 16% of
