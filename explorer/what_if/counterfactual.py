@@ -24,20 +24,23 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 
-def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str) -> float | None:
+def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str,
+                      lengths: dict[int, int] | None = None) -> float | None:
     """ns the analysed steps would save if the program never issued the op slices
-    `op_ids` (`cause` names them, for the cache), by replay; None where the trace
-    cannot be replayed."""
+    `op_ids` (`cause` names them, for the cache), and the kernels of `lengths` (row of
+    `trace.kernels` -> ns) ran that long, by replay; None where the trace cannot be
+    replayed."""
     base = _replayed_span(trace, "as recorded", np.zeros(0, np.int64))
     if base is None or not len(op_ids):
         return None
-    without = _replayed_span(trace, cause, np.asarray(op_ids, np.int64))
+    without = _replayed_span(trace, cause, np.asarray(op_ids, np.int64), lengths)
     if without is None:
         return None
     return float(max(base - without, 0.0))
 
 
-def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | None:
+def _replayed_span(trace: Trace, cause: str, removed: np.ndarray,
+                   lengths: dict[int, int] | None = None) -> float | None:
     """The analysed steps' replayed length, with the slices `removed` left out: from the
     first step's start to the last step's end or, where the device lags behind its host,
     to the end of the last kernel the steps launched."""
@@ -47,7 +50,7 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray) -> float | Non
         steps = in_analysed_steps(trace, trace.steps)
         start = int(steps["ts"].min())
         end = int((steps["ts"] + steps["dur"]).max())
-        return _span(trace, removed, start, end)
+        return _span(trace, removed, start, end, lengths)
 
     return memoised(trace, f"counterfactual:{cause}", compute)
 
@@ -105,12 +108,14 @@ def _op_gap_ns(trace: Trace) -> int:
     return memoised(trace, "counterfactual:op_gap", compute)
 
 
-def _span(trace: Trace, removed: np.ndarray, start: int, end: int) -> float | None:
-    """The span from `start` to `end` (recorded host times) re-timed without `removed`,
-    to the last kernel launched inside it where that ends later."""
+def _span(trace: Trace, removed: np.ndarray, start: int, end: int,
+          lengths: dict[int, int] | None = None) -> float | None:
+    """The span from `start` to `end` (recorded host times) re-timed without `removed`
+    (and with the kernel `lengths`), to the last kernel launched inside it where that ends
+    later."""
     from neuron_explorer.what_if.kernel_retime import retime
 
-    retimed = retime(trace, removed, _host_gaps(trace, removed))
+    retimed = retime(trace, removed, _host_gaps(trace, removed), lengths)
     if retimed is None:
         return None
     inside = (retimed.launch >= start) & (retimed.launch < end) & (retimed.end >= 0)

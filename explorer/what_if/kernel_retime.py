@@ -52,10 +52,13 @@ class Retimed:
 
 
 def retime(trace: Trace, removed: np.ndarray,
-           host_gaps: tuple[np.ndarray, np.ndarray] | None = None) -> Retimed | None:
+           host_gaps: tuple[np.ndarray, np.ndarray] | None = None,
+           lengths: dict[int, int] | None = None) -> Retimed | None:
     """The trace re-timed without the slices `removed` (ids: host slices, with the kernels
     they launched, or kernels by themselves) and the host time between them in
-    `host_gaps` (starts, ends); None for a trace whose kernels name no launching slice."""
+    `host_gaps` (starts, ends), the kernels of `lengths` (row of `trace.kernels` -> ns)
+    running that long instead (a fix that changes a kernel: one fused kernel for many);
+    None for a trace whose kernels name no launching slice."""
     k = trace.kernels
     launcher = kernel_launches(trace) if len(k) else np.zeros(0, np.int64)
     if not (launcher >= 0).any():
@@ -77,6 +80,9 @@ def retime(trace: Trace, removed: np.ndarray,
     kept &= ~gone[k["id"].to_numpy(np.int64)]  # a kernel removed by itself
     queue = s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)]
     slack = _slack(start, dur, launch, queue)
+    runs = dur.copy()
+    for row, ns in (lengths or {}).items():
+        runs[row] = ns
 
     syncs = of_kind(trace, tf.CAT_SYNC)
     sync_kept = innermost_in(parent, gone, syncs["id"].to_numpy(np.int64)) < 0
@@ -84,7 +90,7 @@ def retime(trace: Trace, removed: np.ndarray,
     removed_host = Union(np.r_[s_ts[gone & on_host], gap_starts],
                          np.r_[(s_ts + s_dur)[gone & on_host], gap_ends])
     end, sync_at, sync_by = _walk(
-        launch, start, dur, slack, kept, queue, k["device"].to_numpy(np.int64),
+        launch, start, dur, runs, slack, kept, queue, k["device"].to_numpy(np.int64),
         syncs["ts"].to_numpy(np.int64), syncs["dur"].to_numpy(np.int64), sync_kept,
         number(trace, tf.ARG_DEVICE, syncs["id"].to_numpy(), default=-1).astype(np.int64),
         removed_host)
@@ -108,10 +114,11 @@ def _slack(start: np.ndarray, dur: np.ndarray, launch: np.ndarray,
     return out
 
 
-def _walk(launch, start, dur, slack, kept, queue, device, sync_ts, sync_dur, sync_kept,
+def _walk(launch, start, dur, runs, slack, kept, queue, device, sync_ts, sync_dur, sync_kept,
           sync_device, removed_host: Union):
-    """Place the kept kernels and re-time the kept syncs in recorded host order: (each
-    kernel's new end, -1 if removed; each sync's recorded end and its change in length)."""
+    """Place the kept kernels (each running `runs` long, recorded `dur`) and re-time the
+    kept syncs in recorded host order: (each kernel's new end, -1 if removed; each sync's
+    recorded end and its change in length)."""
     host_shift = -_removed_before(removed_host, launch)
     sync_shift = -_removed_before(removed_host, sync_ts)
     # kernels before syncs at the same time: a sync waits for what was launched by then
@@ -140,7 +147,7 @@ def _walk(launch, start, dur, slack, kept, queue, device, sync_ts, sync_dur, syn
         device_state.recorded[q] = (dev, int(start[i] + dur[i]))
         if kept[i]:
             begin = max(t + int(host_shift[i]) + passed, device_state.free(q, dev)) + int(slack[i])
-            end[i] = device_state.new[q] = begin + int(dur[i])
+            end[i] = device_state.new[q] = begin + int(runs[i])
     return end, np.array(at, np.int64), np.array(by, np.int64)
 
 
