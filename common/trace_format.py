@@ -55,6 +55,9 @@ ARG_SECTIONS = "sections"
 ARG_GRAPH_ID = "graph_id"
 ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
 ARG_REASON = "reason"  # graph break / recompile reason
+# str, on a graph break raised inside torch's own code: where ("torch/optim/optimizer.py:
+# 85 in _use_grad"); `source` is still the user's line that led there
+ARG_WITHIN = "within"
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
 # bool, on an upload: the host tensor was uploaded before, unchanged (a constant)
 ARG_SAME_HOST_TENSOR = "same_host_tensor"

@@ -130,6 +130,19 @@ def _break_site(stack: list[traceback.FrameSummary] | None, source: str,
     return source if path and not locator.is_internal(path) else ""
 
 
+def _torch_site(stack: list[traceback.FrameSummary] | None) -> str | None:
+    """Where in torch's own code a graph break was raised ("torch/optim/optimizer.py:85 in
+    _use_grad"), when its innermost frame is torch's; else None."""
+    if not stack:
+        return None
+    frame = stack[-1]
+    path = frame.filename.replace("\\", "/")
+    at = path.rfind("/torch/")
+    if at < 0:
+        return None
+    return f"{path[at + 1:]}:{frame.lineno} in {frame.name}"
+
+
 class CompileEventRecorder:
     """Turns Dynamo's compile callbacks into CompileEvents (installed once)."""
 
@@ -202,7 +215,8 @@ class CompileEventRecorder:
         for brk in new_breaks:
             reason, hint = summarize_break_reason(brk.reason)
             emit("graph_break", "graph break", end, compile_id=compile_id,
-                 reason=reason, hint=hint, source=_break_site(brk.user_stack, source, locator))
+                 reason=reason, hint=hint, source=_break_site(brk.user_stack, source, locator),
+                 within=_torch_site(brk.user_stack))
 
 
 recorder = CompileEventRecorder()

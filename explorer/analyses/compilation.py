@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 GRAPH_COLUMNS = ["graph_id", "name", "ts", "dur", "spans", "step"]
-EVENT_COLUMNS = ["id", "ts", "reason", "source", "step"]
+EVENT_COLUMNS = ["id", "ts", "reason", "source", "step", "within"]
 
 
 def _events(trace: Trace, kind: str) -> pd.DataFrame:
@@ -25,7 +25,9 @@ def _events(trace: Trace, kind: str) -> pd.DataFrame:
     return pd.DataFrame({"id": ids, "ts": ts,
                          "reason": text(trace.slice_args.column(tf.ARG_REASON, ids)),
                          "source": text(trace.slice_args.column(tf.ARG_SOURCE, ids)),
-                         "step": assign_steps(ts, trace.steps)}, columns=EVENT_COLUMNS)
+                         "step": assign_steps(ts, trace.steps),
+                         "within": text(trace.slice_args.column(tf.ARG_WITHIN, ids))},
+                        columns=EVENT_COLUMNS)
 
 
 def compile_spans(trace: Trace) -> pd.DataFrame:

@@ -128,17 +128,36 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
                     reasons: list[str]) -> str:
     """Advice for what happened: graph-break advice only when there are graph breaks."""
     advice = []
-    break_sites = sorted({s for s in breaks["source"] if s})
-    if len(breaks):
+    # torch's Optimizer.step breaks the graph on purpose, around its update (so that
+    # AOTAutograd sees the no_grad region): a compiled optimizer step has them, whatever
+    # the user's code does
+    in_optimizer = breaks["within"].str.contains("torch/optim/", regex=False).to_numpy(bool)
+    break_sites = sorted({s for s in breaks["source"][~in_optimizer] if s})
+    if (~in_optimizer).any():
         advice.append("fix the graph breaks" + (f" at {', '.join(break_sites[:3])}"
                                                 if break_sites else "")
                       + " (torch._dynamo.explain(model)(inputs) lists them)")
+    if in_optimizer.any():
+        sites = sorted({s for s in breaks["source"][in_optimizer] if s})
+        many = in_optimizer.sum() > 1
+        advice.append(f"the graph break{'s' if many else ''} "
+                      + (f"at {', '.join(sites[:3])} " if sites else "")
+                      + f"{'are' if many else 'is'} torch's own: Optimizer.step breaks the "
+                      "graph around its update "
+                      "on purpose; compile the model and the loss, and leave the optimizer's "
+                      "step out of the compiled function (fused=True makes it one kernel a "
+                      "step)")
     if len(recompiles) or not len(all_breaks):
         shapes = any(w in r.lower() for r in reasons for w in ("size", "shape", "stride"))
         sites = sorted({s for s in recompiles["source"] if s})
         where = f" at {', '.join(sites[:3])}" if sites else ""
         grad_mode = bool(reasons) and all("grad_mode" in r for r in reasons)
-        if grad_mode:
+        optimizer_state = bool(sites) and all("torch/optim/" in s for s in sites)
+        if optimizer_state:
+            advice.append(f"the recompile{where} is the optimizer's: its state is made on "
+                          "its first step, and the next step's guards see it; once, nothing "
+                          "to fix")
+        elif grad_mode:
             advice.append(f"the recompile{where} follows a change of grad mode (the model "
                           "ran under torch.no_grad() or inference_mode() after training, "
                           "or back): Dynamo keeps both graphs, so it happens once per "

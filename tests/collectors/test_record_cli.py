@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import neuron_explorer
 import pytest
 from neuron_explorer.collectors.output_claim import lock_file
 from neuron_explorer.common.trace_format import CAT_METADATA, ENGINE_TRACKS
@@ -326,6 +327,10 @@ def test_a_compiled_optimizer_step_says_how_to_mark_steps(record_cli, programs):
     assert ("steps recorded: 1 (the whole run: optimizer.step() ran inside a compiled "
             "function, where it ends no step; call neuron_explorer.step() after it)"
             in proc.stderr), proc.stderr
+    # its graph breaks are torch's (Optimizer.step breaks around its update), and say so
+    breaks = neuron_explorer.load(programs / "cs.pftrace").compile_summary()["graph_breaks"]
+    assert len(breaks) and breaks["within"].str.startswith("torch/optim/optimizer.py:").all()
+    assert (breaks["source"] == "compiled_step.py:8 in opt_step").all()  # the call of step()
 
 
 _TRAIN_THEN_EVAL = """

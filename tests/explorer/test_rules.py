@@ -301,6 +301,33 @@ def test_recompilation(tmp_path: Path, basic_pf) -> None:
     assert _rule(basic_pf, "recompilation") == []
 
 
+def test_a_compiled_optimizer_steps_own_breaks_are_not_the_users_to_fix(tmp_path: Path) -> None:
+    """torch's Optimizer.step breaks the graph around its update on purpose, and its state,
+    made on the first step, recompiles the second once: a compiled optimizer step has them
+    whatever the user's code does. The advice says so, where it told the user to fix
+    breaks at the line calling opt.step(); a break of the user's own is still theirs."""
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {"graph_id": 2})
+    for ts in (15_050, 15_055):
+        sc.b.instant(sc.host, ts, "graph_break", "graph_break",
+                     {"reason": "Call to `torch._dynamo.graph_break()`: User-inserted graph "
+                      "break", "source": "train.py:25 in opt_step",
+                      "within": "torch/optim/optimizer.py:85 in _use_grad"})
+    sc.b.instant(sc.host, 15_060, "recompile", "recompile",
+                 {"reason": "len(self.state[list(dict.keys(self.state))[0]]) != 0",
+                  "source": "/venv/torch/optim/sgd.py:415 in _multi_tensor_sgd"})
+    (f,) = _rule(_load(sc, tmp_path, "optim"), "recompilation")
+    assert f.recommendation.startswith("The graph breaks at train.py:25 in opt_step are "
+                                       "torch's own: Optimizer.step breaks the graph")
+    assert "fix the graph breaks" not in f.recommendation.lower()
+    assert "is the optimizer's: its state is made on its first step" in f.recommendation
+    sc.b.instant(sc.host, 15_070, "graph_break", "graph_break",
+                 {"reason": "print() in forward", "source": "model.py:12"})
+    (mixed,) = _rule(_load(sc, tmp_path, "optim_and_user"), "recompilation")
+    assert mixed.recommendation.startswith("Fix the graph breaks at model.py:12 (")
+    assert "train.py:25 in opt_step are torch's own" in mixed.recommendation
+
+
 def test_recompile_hidden_behind_device_work_saves_nothing(tmp_path: Path) -> None:
     """A recompile while the device still runs the step's matmul, which the host then
     waits for: the compile is off the step's critical path."""
