@@ -219,8 +219,9 @@ def _most_launches(starving: tuple[float, float], what: str, unit: str, fix: str
     per_step, share = starving
     if share < COPIES_MIN_SHARE:
         return ""
-    return (f"Most of the host's launches are {what} ({per_step:.0f}{unit} a step, "
-            f"{share:.0%} of its op time): {fix} ")
+    lead = "Most of the host's launches are" if share >= 0.5 else \
+        "The largest part of the host's launches is"
+    return f"{lead} {what} ({per_step:.0f}{unit} a step, {share:.0%} of its op time): {fix} "
 
 
 def _copies_first(trace: Trace) -> str:
@@ -251,12 +252,30 @@ def optimizer_starving(trace: Trace) -> tuple[float, float]:
 
 def _optimizer_first(trace: Trace) -> str:
     """Advice to fuse the optimizer's step, where it is most of what the host launches."""
+    from neuron_explorer.what_if.fused_optimizer import FUSED_OPS  # what fused=True makes
+
     starving = optimizer_starving(trace)
     if starving[1] < COPIES_MIN_SHARE:
         return ""
+    others = sorted(_optimizer_classes(trace) - set(FUSED_OPS))
+    if others:  # a class without fused=True (Shampoo, a custom one): compiling is the fix
+        return _most_launches(starving, "the optimizer's step", " ops",
+                              f"compile its step ({', '.join(others)} "
+                              f"{'has' if len(others) == 1 else 'have'} no fused=True), or "
+                              "use its foreach implementation where it has one.")
     return _most_launches(starving, "the optimizer's step", " ops",
                           "construct the optimizer with fused=True (one kernel a step"
                           + _fused_step_saving(trace) + ") or compile its step.")
+
+
+def _optimizer_classes(trace: Trace) -> set[str]:
+    """The classes of the optimizers whose steps the trace holds ("AdamW" of our
+    "AdamW.step", "Shampoo" of PyTorch's profiler's "Optimizer.step#Shampoo.step")."""
+    from neuron_explorer import tables
+    from neuron_explorer.common import trace_format as tf
+
+    names = tables.of_kind(trace, tf.CAT_OPTIMIZER)["name"].astype(str)
+    return {n.rpartition("#")[2].removesuffix(".step") for n in names if n.endswith(".step")}
 
 
 def _fused_step_saving(trace: Trace) -> str:

@@ -64,6 +64,12 @@ def test_a_real_gpu_trace_with_nccl_gets_communication_and_dependency_findings(r
     assert "all_to_all" in exposed.explanation
     # its 312 ms of cross-stream waits are hidden: the host never waits for the device
     assert "dependency_idle" not in found
+    # its optimizers (Shampoo, an EMA wrapper) have no fused=True, and at 45% of the host's
+    # op time they are not "most" of its launches
+    advice = found["host_bound"].recommendation
+    assert advice.startswith("The largest part of the host's launches is the optimizer's step")
+    assert "compile its step (EMAOptimizer, Shampoo have no fused=True)" in advice
+    assert "fused=True (one kernel" not in advice
 
 
 def test_two_gpus_each_half_busy_are_half_idle(tmp_path):
