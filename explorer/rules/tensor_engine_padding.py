@@ -67,9 +67,10 @@ def check(trace: Trace) -> list[Finding]:
         f"{int(padded.sum())} matmul kernels execute at least {th.TE_PADDING_MIN_WASTE:.0%} more "
         "FLOPs than the model needs: the 128x128 array pads partial tiles"
         + (f"; dims {dims[:8]} are not multiples of 128" if dims else "") + ". A partial "
-        "tile takes as long as a full one: only a dim just past a multiple of 128 (130, 200) "
-        "costs time it could save, at the multiple below; a dim under 128 is one tile at any "
-        "size, so filling it up is work for free, not time saved"
+        "tile takes as long as a full one: only a dim just past a multiple of 128 (130, 160: "
+        "a last tile at most half full) costs time it could save, at the multiple below; a "
+        "dim under 128 is one tile at any size, so filling it up is work for free, not time "
+        "saved"
         + ("" if recoverable else " (all of them here: nothing to save in step time)")
         + "." + saving.note,
         "Where a dim is just past a multiple of 128, the multiple below (128 rather than 130) "
@@ -83,6 +84,9 @@ def check(trace: Trace) -> list[Finding]:
 
 
 def _past_a_multiple(dims: list[int]) -> bool:
-    """Whether a dim is above 128 and off its multiples: its last partial tile is time a
-    slightly smaller dim would save (a dim under 128 is one tile at any size)."""
-    return any(d > th.TE_TILE for d in dims)
+    """Whether a dim is just past a multiple of 128 (above 128, its last tile at most half
+    full): that tile is time a slightly smaller dim would save. A dim under 128 is one tile
+    at any size; one whose last tile is mostly full (a vocabulary of 1000: 7 tiles and
+    104 of 128) would have to shrink by most of a tile, which is no tuning but another
+    model."""
+    return any(d > th.TE_TILE and d % th.TE_TILE <= th.TE_TILE // 2 for d in dims)
