@@ -363,26 +363,45 @@ def serving(trace: Trace) -> pd.DataFrame:
     if _marked(trace):
         return pd.DataFrame([_pooled_requests(trace, p, ready, work)], columns=SERVING_COLUMNS)
     held = kv_cache(trace)
+    compiling = _compile_time(trace)
     rows: list[dict[str, Any]] = []
     for n, (i, j) in enumerate(generations(trace, p)):
         times = ready[i:j]
+        start = int(p.at[i, "ts"])
         # sequences: a decode step's tokens (NA where the model's token ids went unseen)
         batch = _known(p.at[i + 1, "tokens"]) if j > i + 1 else np.nan
         gaps = np.diff(times)
+        # compile time is left out (the compile findings' own): a compiled generation's
+        # first steps compile for seconds, which no serving rate should average in
+        ttft = times[0] - start - compiling(start, times[0])
+        decoding = times[-1] - times[0] - compiling(times[0], times[-1]) if len(gaps) else 0
         new = batch * (j - i)  # the prefill's token and one per decode step
-        total = times[-1] - int(p.at[i, "ts"])
+        total = ttft + decoding
         rows.append({"generation": n, "step": int(p.at[i, "step"]), "batch": batch,
                      "prompt_tokens": _known(p.at[i, "tokens"]), "decode_steps": j - i - 1,
-                     "new_tokens": new, "ttft_ns": int(times[0] - p.at[i, "ts"]),
+                     "new_tokens": new, "ttft_ns": int(ttft),
                      "tpot_median_ns": float(np.median(gaps)) if len(gaps) else np.nan,
                      "tpot_p90_ns": float(np.percentile(gaps, 90)) if len(gaps) else np.nan,
                      "tokens_per_s": new / (total / 1e9) if total > 0 else np.nan,
-                     "prefill_mfu": work["flops"][i] / (work["peak"] * (times[0] - p.at[i, "ts"])
-                                                        / 1e9),
-                     "decode_mbu": (work["bytes"][i + 1:j].sum() / (work["bw"] * gaps.sum() / 1e9)
-                                    if len(gaps) and gaps.sum() > 0 else np.nan),
+                     "prefill_mfu": work["flops"][i] / (work["peak"] * ttft / 1e9),
+                     "decode_mbu": (work["bytes"][i + 1:j].sum() / (work["bw"] * decoding / 1e9)
+                                    if decoding > 0 else np.nan),
                      **_kv_figures(held[held["generation"] == n], batch)})
     return pd.DataFrame(rows, columns=SERVING_COLUMNS)
+
+
+def _compile_time(trace: Trace) -> Any:
+    """ns of compiling (Dynamo's spans) between two times, as a function of them."""
+    from neuron_explorer.analyses.compilation import compile_spans
+    from neuron_explorer.common.intervals import Union
+
+    spans = compile_spans(trace)
+    ts = spans["ts"].to_numpy(np.int64)
+    union = Union(ts, ts + spans["dur"].to_numpy(np.int64))
+
+    def within(a: int, b: int) -> int:
+        return int(union.covered(np.array([a], np.int64), np.array([b], np.int64))[0])
+    return within
 
 
 def _pooled_requests(trace: Trace, p: pd.DataFrame, ready: np.ndarray,

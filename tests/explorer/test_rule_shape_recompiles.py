@@ -162,3 +162,7 @@ def test_a_static_cache_or_a_dynamic_length_compiles_a_few_times(generated, vari
     # step against one per op)
     assert trace.serving()["tpot_median_ns"].iloc[0] < \
         generated["eager"].serving()["tpot_median_ns"].iloc[0] / 2
+    # and its tokens/s beat eager's too: the seconds its first steps compile are left out
+    # (they made a compiled decoder serve 11 tokens/s against a steady 2,500)
+    assert trace.serving()["tokens_per_s"].iloc[0] > \
+        generated["eager"].serving()["tokens_per_s"].iloc[0]
