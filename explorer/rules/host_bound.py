@@ -327,6 +327,10 @@ def _predicted_compile(trace: Trace) -> str:
                 "while the report waits).")
     if predicted is None or not recorded:
         return ""
+    saved = recorded - predicted
     return (f" A compiled what-if replay predicts a step of {us(predicted)} instead of "
             f"{us(recorded)} ({recorded / max(predicted, 1):.1f}x; `neuron-explorer whatif "
-            "TRACE --mode compiled`).")
+            "TRACE --mode compiled`), after compiling, which takes seconds at the first "
+            "call and again for each new input shape"
+            + (f": each second of compiling pays back over about {1e9 / saved:,.0f} steps"
+               if saved > 0 else "") + ".")

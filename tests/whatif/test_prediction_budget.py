@@ -5,6 +5,7 @@ odd_dims.pftrace once made one of 75 M dependencies, 25-80 s of scheduling in
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import neuron_explorer
@@ -56,6 +57,13 @@ def test_odd_dims_padded_matmuls_are_predicted_within_the_budget() -> None:
     assert whatif_replay.predicted_step_ns(trace, "compiled") is not None
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_bound"]
     assert "what-if replay predicts" in finding.recommendation
+    # with what compiling costs first, and over how many steps it pays back
+    said = re.search(r"each second of compiling pays back over about ([\d,]+) steps",
+                     finding.recommendation)
+    assert said and "again for each new input shape" in finding.recommendation
+    recorded = float(trace.steps["dur"].median())
+    predicted = whatif_replay.predicted_step_ns(trace, "compiled")
+    assert int(said.group(1).replace(",", "")) == round(1e9 / (recorded - predicted))
 
 
 def test_a_program_past_the_budget_is_given_up_as_it_passes_it(monkeypatch) -> None:
