@@ -45,8 +45,11 @@ def test_the_fused_optimizers_saving_is_what_fused_true_saves(tmp_path) -> None:
         # the compiled model leaves the optimizer's launches most of the host's: host_bound
         # names them first, where it told a compiled run only to raise the batch size
         (host,) = [f for f in trace.bottlenecks() if f.rule_id == "host_bound"]
-        assert host.recommendation.startswith("Most of the host's launches are the "
-                                              "optimizer's step")
+        # (most of them for the per-parameter loop; 44% of its op time for foreach Adam)
+        lead = "Most of the host's launches are" if unfused == "adam-loop" else \
+            "The largest part of the host's launches is"
+        assert host.recommendation.startswith(f"{lead} the optimizer's step"), \
+            host.recommendation
         # and says what fused=True saves a step, host and device, by replay: its launches
         # gone (the state-step increments stay, as the fused step makes them too)
         said = re.search(r"fused=True \(one kernel a step: replayed so, each step takes "
