@@ -139,10 +139,13 @@ def check(trace: Trace) -> list[Finding]:
             f"occurrence, their launches take {us(r.cpu / r.windows)}"))
     every = "in every step" if len(trace.steps) else "over the trace"
     optimizer_sequence = bool(w.groupby("window")["optimizer"].all().any())
+    named = "; ".join(f"{seq} ({r.windows} times)" for seq, r in per_seq.head(3).iterrows())
     explanation = (
-        f"{len(per_seq)} sequences of {th.FUSION_SEQUENCE_KERNELS} kernels recur {every}, "
-        "back to back on one queue, each kernel running shorter than the host takes to "
-        f"launch it: {w['window'].nunique()} occurrences. Fused, each occurrence is one "
+        f"{len(per_seq)} sequence{'s' if len(per_seq) > 1 else ''} of "
+        f"{th.FUSION_SEQUENCE_KERNELS} kernels recur{'' if len(per_seq) > 1 else 's'} {every}, "
+        "back to back on one queue, each "
+        f"kernel running shorter than the host takes to launch it: {named}; "
+        f"{w['window'].nunique()} occurrences in all. Fused, each occurrence is one "
         f"launch instead of {th.FUSION_SEQUENCE_KERNELS}, without the device's gaps between "
         f"them. The launches and gaps fusing removes total {us(symptom)}; {us(lost)} of them "
         "lie on the critical path, and only that is counted")
@@ -160,7 +163,8 @@ def check(trace: Trace) -> list[Finding]:
     return [make(
         trace, RULE_ID,
         f"Short kernels launched one by one in a repeating sequence ({len(per_seq)} "
-        "sequences)", lost, items, explanation, _recommendation(trace, optimizer_sequence),
+        f"sequence{'s' if len(per_seq) > 1 else ''})", lost, items, explanation,
+        _recommendation(trace, optimizer_sequence),
         symptom_ns=symptom,
         saving_basis="critical path: the launches after each occurrence's first where the "
                      "critical path runs through them, and the device's gaps between its "

@@ -152,6 +152,10 @@ def test_fires_on_our_eager_recordings(repo_root):
     assert f.time_lost_ns < f.symptom_ns
     assert "fused=True" in f.recommendation
     assert any("_foreach_" in e["description"] for e in f.evidence)
+    # the text names the most frequent sequences with their counts, not only the evidence
+    counts = rule.short_windows(mlp).groupby("sequence")["window"].nunique()
+    top = counts.idxmax()
+    assert f"{top} ({counts[top]} times)" in f.explanation
     host = {g.rule_id: g for g in neuron_explorer.rules.run_rules(mlp)}["host_bound"]
     assert f.time_lost_ns < host.time_lost_ns and "part of the host-bound" in f.explanation
     gpt = neuron_explorer.load(repo_root / "sample_traces" / "gpt_eager.pftrace")
