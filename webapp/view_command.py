@@ -108,7 +108,9 @@ def serve(target: Path, host: str = "127.0.0.1", port: int = 8050, open_browser:
         if server.token:
             print(f"warning: serving to other machines on {host}: anyone with the token can read "
                   "these traces and upload files", file=sys.stderr, flush=True)
-        print(f"Neuron Explorer is serving {store.root} at {server.url}  (Ctrl-C to stop)",
+        served = (f"{target.name} (and the other traces in {store.root})" if target.is_file()
+                  else str(store.root))
+        print(f"Neuron Explorer is serving {served} at {server.url}  (Ctrl-C to stop)",
               flush=True)
         if server.token and is_wildcard(host):
             print(f"  or {server.url_for('127.0.0.1')}", flush=True)
