@@ -69,27 +69,28 @@ def check(trace: Trace) -> list[Finding]:
     # is real, but there is nothing to fix, so it does not rank with the ones to fix
     mode_switch = (not len(in_step_breaks) and not storm and 0 < len(in_step_rec) <= 2
                    and bool(reasons) and all("grad_mode" in r for r in reasons))
-    # in a generation's decode steps, each new size of a tensor's dim recompiled once, after
-    # which Dynamo compiles the dim as dynamic: the prompt's length giving way to one token
-    # at a time, a cache that grows. No change to the program removes them (a graph for
-    # prefill and one for decode is what generating takes; dynamic=True up front compiled
-    # slower graphs and more of them)
+    # in a generation's decode steps, each input guard failing once as decoding starts: the
+    # prompt's length giving way to one token at a time (and token ids made under
+    # inference_mode), a cache that grows, after which Dynamo compiles the dim as dynamic.
+    # No change to the program removes them (a graph for prefill and one for decode is what
+    # generating takes; dynamic=True up front compiled slower graphs and more of them)
     decoding = (not len(in_step_breaks) and not storm and len(in_step_rec) > 0
-                and _each_size_change_once(recompiles)
+                and _each_input_guard_once(recompiles)
                 and _in_decode_steps(trace, in_step_rec["step"].to_numpy()))
     basis = ("critical path: the compile time on the critical path of the steps it ran in "
              "(a compile the device hid by running queued work saves nothing)" if lost else "")
     recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons)
     if decoding:
-        saving, basis = 0.0, ("estimate: none, each dim's new size recompiles once (the "
-                              "compile time itself is compile_dominates' finding)")
-        recommendation = ("Nothing to fix: each of these recompiles is a dim's first new size "
-                          "as decoding starts (the prompt's length giving way to one token at "
-                          "a time, a cache that grows), after which Dynamo compiles the dim as "
-                          "dynamic and later sizes reuse the graph; torch.compile(..., "
-                          "dynamic=True) or mark_dynamic compile dynamic graphs from the "
-                          "start, which run slower. Only a recompile for every new length is "
-                          "worth a change (see shape_recompiles).")
+        saving, basis = 0.0, ("estimate: none, each input guard fails once as decoding "
+                              "starts (the compile time itself is compile_dominates' finding)")
+        recommendation = ("Nothing to fix: each of these recompiles is an input of the first "
+                          "decode steps differing from the prompt's (its length giving way to "
+                          "one token at a time, token ids made under inference_mode, a cache "
+                          "that grows), once each: the decode graph is another graph anyway, "
+                          "and Dynamo then compiles a growing dim as dynamic, so later sizes "
+                          "reuse it; torch.compile(..., dynamic=True) or mark_dynamic compile "
+                          "dynamic graphs from the start, which run slower. Only a recompile "
+                          "for every new length is worth a change (see shape_recompiles).")
     # compile time is not per step: its share is of the recorded steps, warm-up included
     return [make(trace, RULE_ID, title, saving, items, _explanation(in_step_breaks, recompiles,
                                                                     reasons),
@@ -98,7 +99,9 @@ def check(trace: Trace) -> list[Finding]:
                  share_of=steps_ns or None, symptom_ns=lost, saving_basis=basis)]
 
 
-_SIZE_CHANGE = re.compile(r"tensor '([^']+)' size mismatch at index (\d+)")
+# a guard on an input tensor: "tensor 'idx' size mismatch at index 1", "tensor 'ids'
+# dispatch key set mismatch"
+_INPUT_GUARD = re.compile(r"tensor '([^']+)' ([a-z ]+?) mismatch(?: at index (\d+))?")
 
 
 def _in_decode_steps(trace: Trace, steps: np.ndarray) -> bool:
@@ -110,13 +113,14 @@ def _in_decode_steps(trace: Trace, steps: np.ndarray) -> bool:
     return bool(len(steps)) and all(int(s) in decode for s in steps)
 
 
-def _each_size_change_once(recompiles: pd.DataFrame) -> bool:
-    """Whether every recompile is a tensor's dim changing size, each (tensor, dim) once."""
-    keys = [_SIZE_CHANGE.search(str(r)) for r in recompiles["reason"]]
-    if not keys or not all(keys):
+def _each_input_guard_once(recompiles: pd.DataFrame) -> bool:
+    """Whether every recompile is a guard on an input tensor failing (its size at a dim,
+    its dispatch keys, ...), each (tensor, guard, dim) once."""
+    found = [_INPUT_GUARD.search(str(r)) for r in recompiles["reason"]]
+    if not found or not all(found):
         return False
-    pairs = [(m.group(1), m.group(2)) for m in keys if m]
-    return len(set(pairs)) == len(pairs)
+    keys = [m.groups() for m in found if m]
+    return len(set(keys)) == len(keys)
 
 
 @functools.cache

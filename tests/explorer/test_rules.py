@@ -547,8 +547,8 @@ def test_decodings_first_new_sizes_recompile_once_and_are_nothing_to_fix(
         {"phase": ["decode"] * 4, "step": range(4)}))
     (f,) = _rule(trace, "recompilation")
     assert f.time_lost_ns == 0 and f.severity == "low" and f.symptom_ns > 0
-    assert f.recommendation.startswith("Nothing to fix: each of these recompiles is a dim's "
-                                       "first new size as decoding starts")
+    assert f.recommendation.startswith("Nothing to fix: each of these recompiles is an input "
+                                       "of the first decode steps differing from the prompt's")
     training = _load(sc, tmp_path, "last_batch")  # no generation: the shapes advice
     (g,) = _rule(training, "recompilation")
     assert g.time_lost_ns > 0 and "mark_dynamic(x, dim)" in g.recommendation
