@@ -17,6 +17,7 @@ from neuron_explorer.backend.clock import clock
 aten = torch.ops.aten
 _perf_ns = clock.real_ns
 _state = runtime.state
+_hub = runtime.hub
 _CPU_KEYS = dispatch._CPU_KEYS
 _set_storage = dispatch._set_storage
 host_view = dispatch.host_view
@@ -60,10 +61,11 @@ def _contiguous_strides(size) -> tuple[int, ...]:
 
 
 def _account(device, name: str, inputs: tuple, outputs: tuple, attrs: tuple,
-             real_start: int, host_start: int, op_id: int | None = None) -> None:
+             real_start: int, host_start: int, op_id: int | None = None,
+             producers: tuple[int, ...] = ()) -> None:
     if _state.accounting:
         runtime.record_eager(device, (name, inputs, outputs, attrs), real_start, host_start,
-                             op_id)
+                             op_id, producers)
     else:
         clock.exclude(_perf_ns() - real_start)
 
@@ -158,9 +160,25 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     else:
         _logical_host_view(dst).copy_(self)
         attrs = _upload_attrs(self)
+    op_id, producers = _copy_data_flow(self, dst)
     _account(dev, "aten::_copy_from", ((self.shape, self.dtype),), ((dst.shape, dst.dtype),),
-             attrs, real_start, host_start)
+             attrs, real_start, host_start, op_id, producers)
     return dst
+
+
+def _copy_data_flow(src: torch.Tensor, dst: torch.Tensor) -> tuple[int | None, tuple[int, ...]]:
+    """A recorded copy's op id and the op that made its source (how many ids back, 0: none);
+    the copy is what made `dst` now (`dispatch._data_flow` does this for other ops):
+    `x.contiguous()` is an `empty` then this copy, and the ops reading the copy read
+    what the copy made, not the `empty`."""
+    if not (_hub.active and _state.accounting):
+        return None, ()
+    op_id = runtime.next_op_id()
+    made = getattr(src.untyped_storage(), "_neuron_block", None) \
+        if src.device.type == "neuron" else None
+    producer = op_id - made.made_by if made is not None and made.made_by else 0
+    block_of(dst.untyped_storage()).made_by = op_id
+    return op_id, (producer,)
 
 
 def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

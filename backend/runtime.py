@@ -69,6 +69,11 @@ new_op_id = _op_ids.__next__
 new_kernel_id = _kernel_ids.__next__  # collectives (backend/distributed) share the ids
 
 
+def next_op_id() -> int:
+    """A fresh op id, for an op that allocates nothing (`record_eager` takes it)."""
+    return next(_op_ids)
+
+
 def begin_op(host_start_ns: int) -> int:
     """A fresh op id for the op about to be emulated (from `host_start_ns` on the host
     clock); its allocations will name it and be dated at its start."""
