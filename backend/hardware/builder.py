@@ -214,14 +214,20 @@ class KernelBuilder:
         every instruction of the next op waited for each: 36-75 M dependencies in one
         compiled program."""
         last: dict[int, int] = {}  # engine -> the last id of `ids` issued on it, not a load
+        last_load: dict[int, int] = {}  # engine -> the last weight load (they run in order)
         for i in ids:
             e = self._engine[i]
-            if e < FIRST_DMA and self._kind[i] != _LOAD_STATIONARY and i > last.get(e, -1):
-                last[e] = i
-        if len(last) == len(ids):
+            if e >= FIRST_DMA:
+                continue
+            latest = last_load if self._kind[i] == _LOAD_STATIONARY else last
+            if i > latest.get(e, -1):
+                latest[e] = i
+        if len(last) + len(last_load) == len(ids):
             return ids
         return tuple(i for i in ids if self._engine[i] >= FIRST_DMA
-                     or i >= last.get(self._engine[i], -1))
+                     or i == last.get(self._engine[i])
+                     or (i == last_load.get(self._engine[i])
+                         and i > last.get(self._engine[i], -1)))
 
     def add_model_flops(self, flops: int) -> None:
         """FLOPs the op needs (without padding), multiply-add = 2."""
