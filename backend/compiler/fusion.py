@@ -90,7 +90,17 @@ _VIEW_EXTRA = {aten._unsafe_view.default, aten.lift_fresh.default}
 _BATCHED_MATMULS = {aten.bmm.default}
 # A region keeps its operands and intermediates in SBUF: it stays within this share.
 ATTENTION_SBUF_SHARE = 0.5
-_SBUF_BYTES = 24 * 1024 * 1024  # the smallest preset's SBUF (trn1)
+SBUF_BYTES = 24 * 1024 * 1024  # the smallest preset's SBUF (trn1)
+
+
+def is_reduction(op_name: str) -> bool:
+    """Whether the aten op `op_name` ("sum", "aten::_softmax") fuses as a reduction, as
+    `classify` says of its nodes: it needs whole rows, so no GEMM takes it as epilogue."""
+    packet = getattr(torch.ops.aten, op_name.removeprefix("aten::"), None)
+    if packet is None:
+        return False
+    overloads = [getattr(packet, name) for name in packet.overloads()]
+    return any(o in _ROW_REDUCTIONS or torch.Tag.reduction in o.tags for o in overloads)
 
 
 def is_batched_matmul(node: fx.Node) -> bool:
@@ -194,7 +204,7 @@ def _fits_on_chip(node: fx.Node) -> bool:
     """Whether a node's operands and result fit in an attention region's SBUF share."""
     sizes = [_bytes(n) for n in [*node.all_input_nodes, node]]
     known = [s for s in sizes if s is not None]
-    return len(known) == len(sizes) and sum(known) <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+    return len(known) == len(sizes) and sum(known) <= ATTENTION_SBUF_SHARE * SBUF_BYTES
 
 
 def _batched(node: fx.Node) -> bool:
@@ -299,7 +309,7 @@ class _Planner:
             if size > biggest:
                 return False
         held = self.region_bytes.get(group.group_id, 0) + size
-        return held <= ATTENTION_SBUF_SHARE * _SBUF_BYTES
+        return held <= ATTENTION_SBUF_SHARE * SBUF_BYTES
 
     def plan(self) -> list[FusionGroup]:
         for node in self.graph.nodes:

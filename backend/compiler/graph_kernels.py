@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, OpKind, classify
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, op_name, tensor_sig
-from neuron_explorer.backend.compiler.region import emit_region
+from neuron_explorer.backend.compiler.region import FxRegion, emit_region
 from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
 from neuron_explorer.backend.hardware.lowering import emit_host_fallback
@@ -113,7 +113,7 @@ class GroupKernels:
              enter: Callable[[fx.Node], None] | None = None) -> None:
         reads_on_chip = any(v in self.on_chip for v in group.inputs)
         if group.kind is OpKind.ATTENTION:
-            emit_region(b, group, self.binding, enter, self.on_chip)
+            emit_region(b, FxRegion(group, self.binding), enter, self.on_chip)
         elif len(group.nodes) == 1 and (base_name(op_name(group.nodes[0])) in _CONCATS
                                         or not (reads_on_chip
                                                 and self._streams(group.nodes[0]))):

@@ -15,100 +15,167 @@ region are stored.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Any, Protocol
 
 import torch
 from neuron_explorer.backend.compiler.fusion import FusionGroup, is_batched_matmul
 from neuron_explorer.backend.compiler.op_keys import node_key, node_value, tensor_sig
 from neuron_explorer.backend.compiler.stream_steps import steps_for
 from neuron_explorer.backend.hardware import Gemm, KernelBuilder, emit_gemm
-from neuron_explorer.backend.hardware.streaming import stream
+from neuron_explorer.backend.hardware.streaming import Step, stream
 from torch import fx
 
 MAX_CHUNKS = 8  # groups of heads the region is pipelined over
 
-
-def _dtype(node: fx.Node) -> str:
-    val = node_value(node)
-    return str(val.dtype).removeprefix("torch.") if isinstance(val, torch.Tensor) else "float32"
+Op = Any  # a member of a region, or a value it reads (hashable)
 
 
-def _numel(node: fx.Node, binding: dict | None) -> int:
-    sig = tensor_sig(node_value(node), binding)
-    return math.prod(sig[0]) if sig is not None else 0
+class Region(Protocol):
+    """What the emission reads of a region: the compile path's fusion group (`FxRegion`)
+    or a recorded program's ops (what_if/fused_program.py)."""
+
+    @property
+    def members(self) -> Sequence[Op]:
+        """In program order."""
+
+    def reads(self, op: Op) -> Sequence[Op]:
+        """The values `op` reads: members, or values made outside the region."""
+
+    def stored(self, op: Op) -> bool:
+        """Whether `op`'s result is read outside the region (stored to HBM)."""
+
+    def nbytes(self, value: Op) -> int: ...
+
+    def numel(self, op: Op) -> int: ...
+
+    def dtype(self, op: Op) -> str: ...
+
+    def is_matmul(self, op: Op) -> bool:
+        """A batched matmul, [batch, m, k] @ [batch, k, n]."""
+
+    def matmul_dims(self, op: Op) -> tuple[int, int, int, int, str]:
+        """batch, m, k, n and the operands' dtype."""
+
+    def score_math_only(self, op: Op) -> bool:
+        """Whether only the region's score math (not a matmul, nothing outside) reads `op`."""
+
+    def steps(self, op: Op) -> list[Step]:
+        """Per-tile steps of a score-math op ([]: no device work)."""
 
 
-def _bytes(node: fx.Node, binding: dict | None) -> int:
-    sig = tensor_sig(node_value(node), binding)
-    return math.prod(sig[0]) * sig[1].itemsize if sig is not None else 0
-
-
-def _batch(group: FusionGroup, binding: dict | None) -> int:
-    """Matrices per batched matmul (batch x heads), the count the region chunks over."""
-    sizes = [1]
-    for n in group.nodes:
-        if is_batched_matmul(n):
-            sig = tensor_sig(node_value(n), binding)
-            assert sig is not None  # a batched matmul's value is a tensor
-            sizes.append(sig[0][0])
-    return max(sizes)
-
-
-def emit_region(b: KernelBuilder, group: FusionGroup, binding: dict | None,
-                enter: Callable[[fx.Node], None] | None = None,
-                on_chip: AbstractSet[fx.Node] = frozenset()) -> None:
-    """Emit `group` (an ATTENTION group) into `b`; `enter(node)` is called before each
-    op's instructions (the program labels them with that op); inputs in `on_chip` are
-    already in SBUF."""
-    members = set(group.nodes)
-    chunks = max(1, min(_batch(group, binding), MAX_CHUNKS))
-    loads: dict[fx.Node, tuple[int, ...]] = {}
-    for src in group.inputs_of(group.nodes):
-        if src in on_chip:
-            continue
-        if enter is not None:
-            enter(next(n for n in group.nodes if src in group.reads.get(n, ())))
-        loads[src] = b.dma_load(_bytes(src, binding))
-    done: dict[fx.Node, list[tuple[int, ...]]] = {}
-    for node in group.nodes:
+def emit_region(b: KernelBuilder, region: Region,
+                enter: Callable[[Op], None] | None = None,
+                on_chip: AbstractSet[Op] = frozenset()) -> None:
+    """Emit `region` into `b`; `enter(op)` is called before each op's instructions (the
+    program labels them with that op); inputs in `on_chip` are already in SBUF."""
+    members = set(region.members)
+    batch = max([1] + [region.matmul_dims(n)[0] for n in region.members if region.is_matmul(n)])
+    chunks = max(1, min(batch, MAX_CHUNKS))
+    loads: dict[Op, tuple[int, ...]] = {}
+    for node in region.members:
+        for src in region.reads(node):
+            if src in members or src in on_chip or src in loads:
+                continue
+            if enter is not None:
+                enter(node)
+            loads[src] = b.dma_load(region.nbytes(src))
+    done: dict[Op, list[tuple[int, ...]]] = {}
+    for node in region.members:
         if enter is not None:
             enter(node)
-        sources = group.reads.get(node, [])
+        sources = region.reads(node)
         inside = [s for s in sources if s in members]
         outside: tuple[int, ...] = tuple(i for s in sources if s not in members
                                          for i in loads.get(s, ()))
         tails = []
         for c in range(chunks):
             deps = outside + tuple(i for s in inside for i in done[s][c])
-            if is_batched_matmul(node):
-                tail = _matmul(b, node, binding, chunks, deps, group, members)
+            if region.is_matmul(node):
+                tail = _matmul(b, region, node, chunks, deps, members)
             else:
-                tail = _score_math(b, node, binding, chunks, deps, len(inside))
-            if node in group.outputs:
-                tail = b.dma_store(_bytes(node, binding) // chunks, deps=tail)
+                tail = _score_math(b, region, node, chunks, deps, len(inside))
+            if region.stored(node):
+                tail = b.dma_store(region.nbytes(node) // chunks, deps=tail)
             tails.append(tail or deps)
         done[node] = tails
 
 
-def _matmul(b: KernelBuilder, node: fx.Node, binding: dict | None, chunks: int,
-            deps: tuple[int, ...], group: FusionGroup, members: set[fx.Node]) -> tuple[int, ...]:
-    (a_shape, a_dtype), (w_shape, _) = node_key(node, binding)[1][:2]
-    batch, m, k = a_shape[0], a_shape[1], a_shape[2]
-    n = w_shape[-1]
+def _matmul(b: KernelBuilder, region: Region, node: Op, chunks: int, deps: tuple[int, ...],
+            members: set[Op]) -> tuple[int, ...]:
+    batch, m, k, n, dtype = region.matmul_dims(node)
     nb = max(1, -(-batch // chunks))
-    dtype = str(a_dtype).removeprefix("torch.")
-    a_src = group.reads.get(node, [None])[0]
+    a_src = next(iter(region.reads(node)), None)
     if a_src in members:
         # Made on chip with its rows on the partitions: the contraction needs it the
         # other way round.
         deps = b.transpose(m * nb, k, dtype, deps)
     # Scores only the score math reads stay in PSUM; anything else is copied to SBUF.
-    readers_inside = all(u in members and not is_batched_matmul(u) for u in _readers(node))
-    gemm = Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=_dtype(node), batch=nb, a_bytes=0,
-                b_bytes=0, load_a=False, load_b=False, store=False,
-                evacuate=not readers_inside or node in group.outputs)
+    gemm = Gemm(m=m, k=k, n=n, dtype=dtype, out_dtype=region.dtype(node), batch=nb,
+                a_bytes=0, b_bytes=0, load_a=False, load_b=False, store=False,
+                evacuate=not region.score_math_only(node) or region.stored(node))
     return emit_gemm(b, gemm, deps=deps)
+
+
+def _score_math(b: KernelBuilder, region: Region, node: Op, chunks: int,
+                deps: tuple[int, ...], resident: int) -> tuple[int, ...]:
+    steps = region.steps(node)
+    if not steps:
+        return deps
+    return stream(b, max(1, region.numel(node) // chunks), region.dtype(node), steps,
+                  deps=deps, resident_inputs=max(resident, 1))
+
+
+class FxRegion:
+    """An ATTENTION fusion group of a graph, for `emit_region`."""
+
+    def __init__(self, group: FusionGroup, binding: dict | None) -> None:
+        self.group = group
+        self.binding = binding
+        self.members = group.nodes
+        self._members = set(group.nodes)
+        self._stored = set(group.outputs)
+
+    def reads(self, op: fx.Node) -> list[fx.Node]:
+        return self.group.reads.get(op, [])
+
+    def stored(self, op: fx.Node) -> bool:
+        return op in self._stored
+
+    def nbytes(self, value: fx.Node) -> int:
+        sig = tensor_sig(node_value(value), self.binding)
+        return math.prod(sig[0]) * sig[1].itemsize if sig is not None else 0
+
+    def numel(self, op: fx.Node) -> int:
+        sig = tensor_sig(node_value(op), self.binding)
+        return math.prod(sig[0]) if sig is not None else 0
+
+    def dtype(self, op: fx.Node) -> str:
+        val = node_value(op)
+        return str(val.dtype).removeprefix("torch.") if isinstance(val, torch.Tensor) \
+            else "float32"
+
+    def is_matmul(self, op: fx.Node) -> bool:
+        return is_batched_matmul(op)
+
+    def matmul_dims(self, op: fx.Node) -> tuple[int, int, int, int, str]:
+        (a_shape, a_dtype), (w_shape, _) = node_key(op, self.binding)[1][:2]
+        return (a_shape[0], a_shape[1], a_shape[2], w_shape[-1],
+                str(a_dtype).removeprefix("torch."))
+
+    def score_math_only(self, op: fx.Node) -> bool:
+        return all(u in self._members and not is_batched_matmul(u) for u in _readers(op))
+
+    def steps(self, op: fx.Node) -> list[Step]:
+        values = [node_value(a) for a in op.all_input_nodes]
+        tensors = [t for t in values if isinstance(t, torch.Tensor)]
+        out = node_value(op)
+        converts = bool(tensors) and isinstance(out, torch.Tensor) \
+            and out.dtype != tensors[0].dtype
+        target = op.target
+        assert isinstance(target, torch._ops.OpOverload)  # region members are aten ops
+        return steps_for(str(target._schema.name), len(tensors), converts) or []
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:
@@ -119,18 +186,3 @@ def _readers(node: fx.Node) -> list[fx.Node]:
         else:
             out.append(user)
     return out
-
-
-def _score_math(b: KernelBuilder, node: fx.Node, binding: dict | None, chunks: int,
-                deps: tuple[int, ...], resident: int) -> tuple[int, ...]:
-    values = [node_value(a) for a in node.all_input_nodes]
-    tensors = [t for t in values if isinstance(t, torch.Tensor)]
-    out = node_value(node)
-    converts = bool(tensors) and isinstance(out, torch.Tensor) and out.dtype != tensors[0].dtype
-    target = node.target
-    assert isinstance(target, torch._ops.OpOverload)  # region members are aten ops
-    steps = steps_for(str(target._schema.name), len(tensors), converts) or []
-    if not steps:
-        return deps
-    return stream(b, max(1, _numel(node, binding) // chunks), _dtype(node), steps, deps=deps,
-                  resident_inputs=max(resident, 1))

@@ -44,8 +44,8 @@ APPROXIMATIONS = (
     "ranges are one graph launch each, the loss stays eager (the FX graphs are not in an "
     "eager trace)"),
     ("compiled mode: a graph's ops run as one program, fused along the recorded data flow "
-    "(elementwise chains, GEMM epilogues); attention stays a kernel per op, and values "
-    "AOTAutograd would recompute in the backward are stored"),
+    "(elementwise chains, GEMM epilogues, attention on chip, values kept in SBUF between "
+    "kernels); values AOTAutograd would recompute in the backward are stored"),
     ("compiled mode: the host pays one launch per graph and torch.compile's work per call "
     "(fitted on a reference host: a fixed part and a part per graph input, or the "
     "modelled clock's per-launch cost) instead of the module's Python and launches"),

@@ -2,11 +2,14 @@
 
 An eager recording at op level says, for each tensor an op read, which recorded op made it
 (`producers`, how many op ids back). With it a compiled what-if replay fuses as the compile
-path does (backend/compiler/graph_kernels.py): a chain of elementwise and reduction ops
-is one stream whose tiles load the chain's inputs once, run every op's steps in SBUF and
-store only what another kernel reads; a GEMM keeps its result in SBUF for the elementwise
-ops that consume it (its epilogue). An op joins the group of the op before it when it
-reads a value that group made; other ops keep their eager kernel. What is stored is what
+path does: the same greedy plan (backend/compiler/fusion.py) over the recorded ops. A chain
+of elementwise and reduction ops is one stream whose tiles load the chain's inputs once,
+run every op's steps in SBUF and store only what another kernel reads; a GEMM keeps its
+result in SBUF for the elementwise ops that consume it (its epilogue); batched matmuls and
+the score math between them are an attention region, emitted by the compile path's own
+code (backend/compiler/region.py); other ops keep their eager kernel. As in a compiled
+program (backend/compiler/program.py), values handed between groups stay in SBUF when
+they fit, and inputs from outside are loaded a few groups ahead. What is stored is what
 an op outside the group reads, or what nobody recorded reading (a result the host or a
 later step may read). Without the producers a program is emitted op by op (`compiled`).
 """
@@ -47,8 +50,10 @@ def program_flow(events: Sequence[int], producer_rows: Sequence[tuple[int, ...]]
 
 @dataclass
 class _Group:
-    kind: str  # "gemm" (a GEMM and its epilogue), "stream" or "single"
+    kind: str  # "gemm" (a GEMM and its epilogue), "stream", "attention" or "single"
     members: list[int] = field(default_factory=list)
+    reads: set[int] = field(default_factory=set)  # the groups it reads from
+    held: int = 0  # an attention group's bytes in SBUF
 
 
 def emit_fused(b, keys: list, flow: DataFlow) -> list:
@@ -62,40 +67,197 @@ def emit_fused(b, keys: list, flow: DataFlow) -> list:
                  or (s.outputs and all(t.numel == 0 for t in s.outputs))) for s in specs]
     groups = _groups(specs, work, flow)
     group_of = {m: g for g, group in enumerate(groups) for m in group.members}
+    on_chip = _kept_on_chip(specs, groups, group_of, flow, b.preset.sbuf_bytes)
+    ahead = _LoadAhead(b.preset.sbuf_bytes)
     done: dict[int, tuple[int, ...]] = {}
     sections: list = []
     for g, group in enumerate(groups):
         start = len(b)
         b.section = len(sections)
         sections.append(_section_name(specs, group))
+        waits = ahead.load(b, specs, flow, g, group, done, on_chip)
         b.after = tuple(dict.fromkeys(
-            i for m in group.members for p in flow.producers[m]
-            if p >= 0 and group_of.get(p, g) != g for i in done.get(group_of[p], ())))
-        _emit_group(b, specs, group, flow)
+            [i for m in group.members for p in flow.producers[m]
+             if p >= 0 and group_of.get(p, g) != g for i in done.get(group_of[p], ())]
+            + waits))
+        _emit_group(b, specs, group, flow, on_chip, ahead.loaded)
         if len(b) > start:
             done[g] = b.finished(start, through_stores=True)
     b.after = ()
     return sections
 
 
+class _LoadAhead:
+    """The compile path's loads ahead (backend/compiler/program.py `_load_ahead`): the
+    weights and other inputs from outside the program a group reads are loaded once the
+    group `PREFETCH_AHEAD` before it is done, within `PREFETCH_SHARE` of SBUF, so their
+    DMA runs while the groups before compute."""
+
+    def __init__(self, sbuf_bytes: int) -> None:
+        from neuron_explorer.backend.compiler.program import PREFETCH_SHARE
+
+        self.budget = PREFETCH_SHARE * sbuf_bytes
+        self.loaded: set[tuple[int, int]] = set()  # (member, input index) in SBUF
+        self.held: list[tuple[int, int]] = []  # (group, bytes) per load
+
+    def load(self, b, specs: list, flow: DataFlow, g: int, group: _Group,
+             done: dict[int, tuple[int, ...]], on_chip: frozenset[int]) -> list[int]:
+        """Emit `group`'s loads ahead; returns the instructions it waits for."""
+        from neuron_explorer.backend.compiler.program import PREFETCH_AHEAD
+
+        if not _reads_on_chip(specs, group):
+            return []
+        b.after = done.get(g - PREFETCH_AHEAD, ()) if g >= PREFETCH_AHEAD else ()
+        held = sum(size for reader, size in self.held if reader >= g - PREFETCH_AHEAD)
+        waits: list[int] = []
+        for t, made_by, m, k in _external_inputs(specs, group.members, flow, group.members):
+            if made_by >= 0 or (group.kind == "gemm" and m == group.members[0] and k == 0
+                                and base_name(specs[m].name) in ADDS_INPUT):
+                continue  # made in the program, or a GEMM's bias (added leaving PSUM)
+            if t.nbytes > 0 and held + t.nbytes <= self.budget:
+                waits.extend(b.dma_load(t.nbytes))
+                held += t.nbytes
+                self.held.append((g, t.nbytes))
+                self.loaded.add((m, k))
+        return waits
+
+
+def _reads_on_chip(specs: list, group: _Group) -> bool:
+    """Whether the group's kernel takes its operands from SBUF (an op emitted as its
+    eager kernel loads its own)."""
+    from neuron_explorer.backend.compiler.stream_steps import steps_for
+
+    if group.kind == "attention" or len(group.members) > 1:
+        return True
+    spec = specs[group.members[0]]
+    return _gemm(spec) is not None or _steps(spec, steps_for) is not None
+
+
 def _groups(specs: list, work: list[bool], flow: DataFlow) -> list[_Group]:
+    """The compile path's greedy fusion (backend/compiler/fusion.py `_Planner`) over the
+    recorded ops: an elementwise op, a reduction or a batched matmul joins the first group
+    that made one of its inputs and can take it; the groups come out in an order where
+    each follows the groups it reads."""
     from neuron_explorer.backend.compiler.stream_steps import steps_for
 
     groups: list[_Group] = []
+    group_of: dict[int, int] = {}
     for i, spec in enumerate(specs):
         if not work[i]:
             continue
-        steps = _steps(spec, steps_for)
-        last = groups[-1] if groups else None
-        if (last is not None and steps is not None and len(last.members) < MAX_GROUP_OPS
-                and any(p in last.members for p in flow.producers[i])
-                and (last.kind == "stream"
-                     or last.kind == "gemm" and _numel(spec) == _numel(specs[last.members[0]]))):
-            last.members.append(i)
-            continue
-        kind = "gemm" if _gemm(spec) is not None else "stream" if steps is not None else "single"
-        groups.append(_Group(kind, [i]))
-    return groups
+        kind = _kind(spec, _steps(spec, steps_for))
+        producers = list(dict.fromkeys(group_of[p] for p in flow.producers[i] if p in group_of))
+        target = None
+        if kind in ("elementwise", "reduction", "attention"):
+            target = next((g for g in producers
+                           if _can_join(spec, kind, specs, groups, g, producers)), None)
+        if target is None:
+            target = len(groups)
+            groups.append(_Group("stream" if kind in ("elementwise", "reduction") else kind))
+        group = groups[target]
+        group.members.append(i)
+        if group.kind == "attention":
+            group.held += _out_bytes(spec)
+        group.reads |= set(producers) - {target}
+        group_of[i] = target
+    return _in_dependency_order(groups)
+
+
+def _kind(spec, steps) -> str:
+    """How an op takes part in fusion, as `fusion.classify` says of a graph's node."""
+    from neuron_explorer.backend.compiler.fusion import (
+        ATTENTION_SBUF_SHARE,
+        SBUF_BYTES,
+        is_reduction,
+    )
+
+    base = base_name(spec.name)
+    if base == "bmm" and len(spec.outputs) == 1 and sum(
+            t.nbytes for t in (*spec.inputs, *spec.outputs)) <= ATTENTION_SBUF_SHARE * SBUF_BYTES:
+        return "attention"
+    if _gemm(spec) is not None:
+        return "gemm"
+    if steps is None:
+        return "single"
+    return "reduction" if is_reduction(base) else "elementwise"
+
+
+def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
+              producers: list[int]) -> bool:
+    from neuron_explorer.backend.compiler.fusion import ATTENTION_SBUF_SHARE, SBUF_BYTES
+
+    group = groups[g]
+    if len(group.members) >= MAX_GROUP_OPS or group.kind == "single":
+        return False
+    if group.kind == "attention":
+        # batched work no larger than what the region holds, all of it fitting in SBUF
+        size = _out_bytes(spec)
+        if not spec.outputs or len(spec.outputs[0].shape) < 3:
+            return False
+        if kind != "attention" and size > max(_out_bytes(specs[m]) for m in group.members):
+            return False
+        if group.held + size > ATTENTION_SBUF_SHARE * SBUF_BYTES:
+            return False
+    elif kind == "attention":
+        return False
+    elif group.kind == "gemm" and (kind != "elementwise"
+                                   or _numel(spec) > _numel(specs[group.members[0]])):
+        return False  # an epilogue is elementwise work on the GEMM's result, no larger
+    # joining must not make the group read from a group that reads from it
+    return not any(_reaches(groups, other, g) for other in producers if other != g)
+
+
+def _reaches(groups: list[_Group], start: int, target: int) -> bool:
+    """Whether group `target` is `start` or a group it reads from, directly or not."""
+    stack, seen = [start], set()
+    while stack:
+        g = stack.pop()
+        if g == target:
+            return True
+        if g not in seen:
+            seen.add(g)
+            stack.extend(groups[g].reads)
+    return False
+
+
+def _in_dependency_order(groups: list[_Group]) -> list[_Group]:
+    """Each group after those it reads (an op that joined an early group may read a later
+    one), in creation order where free."""
+    pending = {g: set(group.reads) for g, group in enumerate(groups)}
+    ordered = []
+    while pending:
+        ready = min(g for g, deps in pending.items() if not deps)
+        del pending[ready]
+        for deps in pending.values():
+            deps.discard(ready)
+        ordered.append(groups[ready])
+    return ordered
+
+
+def _kept_on_chip(specs: list, groups: list[_Group], group_of: dict[int, int],
+                  flow: DataFlow, sbuf_bytes: int) -> frozenset[int]:
+    """The ops whose results later groups read from SBUF, as the compile path keeps them
+    (backend/compiler/program.py `ON_CHIP_SHARE`): every value one group hands to
+    another when, alive at once, they fit in that share of SBUF; none otherwise (each
+    group still stores what it makes)."""
+    from neuron_explorer.backend.compiler.program import ON_CHIP_SHARE
+
+    last_read: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        for m in group.members:
+            for p in flow.producers[m]:
+                if p in group_of and group_of[p] != g:
+                    last_read[p] = max(last_read.get(p, g), g)
+    change = np.zeros(len(groups) + 1, np.int64)  # bytes alive from group g on
+    for p, last in last_read.items():
+        change[group_of[p] + 1] += _out_bytes(specs[p])
+        change[last + 1] -= _out_bytes(specs[p])
+    peak = int(np.cumsum(change).max()) if len(change) else 0
+    return frozenset(last_read) if peak <= ON_CHIP_SHARE * sbuf_bytes else frozenset()
+
+
+def _out_bytes(spec) -> int:
+    return sum(t.nbytes for t in spec.outputs)
 
 
 def _steps(spec, steps_for):
@@ -117,22 +279,39 @@ def _section_name(specs: list, group: _Group) -> object:
     return Section(label, names)
 
 
-def _emit_group(b, specs: list, group: _Group, flow: DataFlow) -> None:
+def _emit_group(b, specs: list, group: _Group, flow: DataFlow, on_chip: frozenset[int],
+                loaded: set[tuple[int, int]]) -> None:
+    """Emit one group; inputs made by ops in `on_chip`, and the inputs (member, index) in
+    `loaded`, are in SBUF already."""
     from neuron_explorer.backend.hardware import emit_gemm
 
     members = group.members
-    if len(members) == 1:
+    resident = [[p in on_chip or (m, k) in loaded for k, p in enumerate(flow.producers[m])]
+                for m in members]
+    if len(members) == 1 and not (any(resident[0]) and _reads_on_chip(specs, group)):
         _eager(b, specs[members[0]])
+        return
+    if group.kind == "attention":
+        from neuron_explorer.backend.compiler.region import emit_region
+
+        in_sbuf = {("made", p) for p in on_chip} | {("input", m, k) for m, k in loaded
+                                                     if m in members}
+        emit_region(b, _RecordedRegion(specs, members, flow), on_chip=in_sbuf)
         return
     if group.kind == "gemm":
         anchor = members[0]
-        gemm = _gemm(specs[anchor], store=_read_elsewhere(anchor, members, flow))
+        gemm = _gemm(specs[anchor], store=_read_elsewhere(anchor, members, flow),
+                     on_chip=resident[0])
         tails = emit_gemm(b, gemm)
+        if len(members) == 1:
+            return
         elements = max(_elements(specs, members[1:], flow, members),
                        gemm.batch * gemm.m * gemm.n)
-        _stream(b, specs, members[1:], flow, members, elements, tails, resident=1)
+        _stream(b, specs, members[1:], flow, members, elements, tails, 1, on_chip,
+                frozenset(loaded))
         return
-    _stream(b, specs, members, flow, members, _elements(specs, members, flow, members), (), 0)
+    _stream(b, specs, members, flow, members, _elements(specs, members, flow, members), (), 0,
+            on_chip, frozenset(loaded))
 
 
 def _eager(b, spec) -> None:
@@ -155,9 +334,10 @@ def _read_elsewhere(member: int, group: Sequence[int], flow: DataFlow) -> bool:
 
 
 def _external_inputs(specs: list, members: Sequence[int], flow: DataFlow,
-                     group: Sequence[int]) -> list:
-    """The tensors `members` read from HBM: made outside the group (one load per producer
-    in the program; every input made outside the program)."""
+                     group: Sequence[int]) -> list[tuple]:
+    """The tensors `members` read from outside the group (one per producer in the
+    program; every input made outside the program), each as (tensor, the op that made it
+    (-1: none in the program), the member reading it, its input index)."""
     seen: set[int] = set()
     out = []
     for m in members:
@@ -169,19 +349,22 @@ def _external_inputs(specs: list, members: Sequence[int], flow: DataFlow,
                 if p in seen:
                     continue
                 seen.add(p)
-            out.append(t)
+            out.append((t, p, m, k))
     return out
 
 
 def _elements(specs: list, members: Sequence[int], flow: DataFlow,
               group: Sequence[int]) -> int:
     sizes = [_numel(specs[m]) for m in members]
-    sizes += [t.numel for t in _external_inputs(specs, members, flow, group)]
+    sizes += [t.numel for t, *_ in _external_inputs(specs, members, flow, group)]
     return max(sizes + [1])
 
 
 def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Sequence[int],
-            elements: int, deps: Sequence[int], resident: int) -> None:
+            elements: int, deps: Sequence[int], resident: int,
+            on_chip: frozenset[int] = frozenset(), loaded: frozenset = frozenset()) -> None:
+    """Emit `members` as one stream; inputs made by ops in `on_chip`, and the inputs
+    (member, index) in `loaded`, are read in SBUF."""
     from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
     from neuron_explorer.backend.hardware.streaming import stream
 
@@ -194,8 +377,11 @@ def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Seque
     small_in: list[int] = []
     full_out: list[int] = []
     small_out: list[int] = []
-    for t in _external_inputs(specs, members, flow, group):
-        (full_in if t.numel == elements else small_in).append(t.nbytes)
+    for t, made_by, m, k in _external_inputs(specs, members, flow, group):
+        if made_by in on_chip or (m, k) in loaded:
+            resident += 1
+        else:
+            (full_in if t.numel == elements else small_in).append(t.nbytes)
     for m in members:
         if _read_elsewhere(m, group, flow):
             for t in specs[m].outputs:
@@ -206,22 +392,26 @@ def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Seque
            small_outputs=small_out, deps=tuple(deps), resident_inputs=resident)
 
 
-def _gemm(spec, store: bool = True):
-    """The GEMM of an mm/addmm/bmm/baddbmm op (its bias added on the PSUM copy), or None."""
+def _gemm(spec, store: bool = True, on_chip: Sequence[bool] = ()):
+    """The GEMM of an mm/addmm/bmm/baddbmm op (its bias added on the PSUM copy), or None;
+    `on_chip`: per input, whether it is already in SBUF (not loaded)."""
     from neuron_explorer.backend.hardware import Gemm
 
     base = base_name(spec.name)
     if base not in GEMM:
         return None
     inputs = spec.inputs
+    resident = list(on_chip) + [False] * (3 - len(on_chip))
     if base in ADDS_INPUT:
         if len(inputs) < 3:
             return None
         bias, a, w = inputs[0], inputs[1], inputs[2]
+        a_on_chip, w_on_chip = resident[1], resident[2]
     else:
         if len(inputs) < 2:
             return None
         bias, a, w = None, inputs[0], inputs[1]
+        a_on_chip, w_on_chip = resident[0], resident[1]
     if len(a.shape) < 2 or len(w.shape) < 2:
         return None
     m, k, n = a.shape[-2], a.shape[-1], w.shape[-1]
@@ -229,6 +419,63 @@ def _gemm(spec, store: bool = True):
     es = dtype_bytes(a.dtype)
     out_dtype = spec.outputs[0].dtype if spec.outputs else a.dtype
     return Gemm(m=m, k=k, n=n, dtype=a.dtype, out_dtype=out_dtype, batch=batch,
-                a_bytes=m * k * es, b_bytes=k * n * es,
+                a_bytes=0 if a_on_chip else m * k * es, b_bytes=0 if w_on_chip else k * n * es,
                 bias_bytes=(bias.nbytes // batch) if bias is not None else 0,
-                store=store, load_a=True, load_b=True)
+                store=store, load_a=not a_on_chip, load_b=not w_on_chip)
+
+
+class _RecordedRegion:
+    """An attention group of recorded ops, for the compile path's region emission
+    (backend/compiler/region.py): members are op positions; a value read from outside is
+    the op that made it, or the input itself where no op of the program did."""
+
+    def __init__(self, specs: list, members: list[int], flow: DataFlow) -> None:
+        self.specs = specs
+        self.members = members
+        self.flow = flow
+        self._members = set(members)
+        self._outside: dict[object, int] = {}  # value -> its bytes
+        self._reads: dict[int, list] = {}
+        for m in members:
+            values = []
+            for k, t in enumerate(specs[m].inputs):
+                p = flow.producers[m][k] if k < len(flow.producers[m]) else -1
+                value = p if p in self._members else ("made", p) if p >= 0 else ("input", m, k)
+                if value not in self._members:
+                    self._outside[value] = t.nbytes
+                values.append(value)
+            self._reads[m] = list(dict.fromkeys(values))
+
+    def reads(self, op: int) -> list:
+        return self._reads[op]
+
+    def stored(self, op: int) -> bool:
+        return _read_elsewhere(op, self.members, self.flow)
+
+    def nbytes(self, value) -> int:
+        return self._outside[value] if value in self._outside else _out_bytes(self.specs[value])
+
+    def numel(self, op: int) -> int:
+        return _numel(self.specs[op])
+
+    def dtype(self, op: int) -> str:
+        spec = self.specs[op]
+        return spec.outputs[0].dtype if spec.outputs else "float32"
+
+    def is_matmul(self, op: int) -> bool:
+        return base_name(self.specs[op].name) == "bmm"
+
+    def matmul_dims(self, op: int) -> tuple[int, int, int, int, str]:
+        a, w = self.specs[op].inputs[:2]
+        return a.shape[0], a.shape[1], a.shape[2], w.shape[-1], a.dtype
+
+    def score_math_only(self, op: int) -> bool:
+        if self.flow.read_outside[op]:
+            return False
+        readers = [j for j, ps in enumerate(self.flow.producers) if op in ps]
+        return all(j in self._members and not self.is_matmul(j) for j in readers)
+
+    def steps(self, op: int) -> list:
+        from neuron_explorer.backend.compiler.stream_steps import steps_for
+
+        return _steps(self.specs[op], steps_for) or []
