@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from neuron_explorer.common.dtypes import dtype_bytes
@@ -35,6 +36,16 @@ class DataFlow:
 
     producers: tuple[tuple[int, ...], ...]
     read_outside: tuple[bool, ...]
+
+    @cached_property
+    def readers(self) -> dict[int, list[int]]:
+        """Per op, the ops of the program that read a result of it."""
+        out: dict[int, list[int]] = {}
+        for j, made_by in enumerate(self.producers):
+            for p in dict.fromkeys(made_by):
+                if p >= 0:
+                    out.setdefault(p, []).append(j)
+        return out
 
 
 def program_flow(events: Sequence[int], producer_rows: Sequence[tuple[int, ...]],
@@ -108,7 +119,10 @@ class _LoadAhead:
         if not _reads_on_chip(specs, group):
             return []
         b.after = done.get(g - PREFETCH_AHEAD, ()) if g >= PREFETCH_AHEAD else ()
-        held = sum(size for reader, size in self.held if reader >= g - PREFETCH_AHEAD)
+        # what the last groups loaded is still held; what earlier ones loaded is freed
+        self.held = [(reader, size) for reader, size in self.held
+                     if reader >= g - PREFETCH_AHEAD]
+        held = sum(size for _, size in self.held)
         waits: list[int] = []
         for t, made_by, m, k in _external_inputs(specs, group.members, flow, group.members):
             if made_by >= 0 or (group.kind == "gemm" and m == group.members[0] and k == 0
@@ -330,7 +344,7 @@ def _read_elsewhere(member: int, group: Sequence[int], flow: DataFlow) -> bool:
     recorded op), or by an op of the program outside `group`."""
     if flow.read_outside[member]:
         return True
-    return any(member in ps and j not in group for j, ps in enumerate(flow.producers))
+    return any(j not in group for j in flow.readers.get(member, ()))
 
 
 def _external_inputs(specs: list, members: Sequence[int], flow: DataFlow,
@@ -472,8 +486,8 @@ class _RecordedRegion:
     def score_math_only(self, op: int) -> bool:
         if self.flow.read_outside[op]:
             return False
-        readers = [j for j, ps in enumerate(self.flow.producers) if op in ps]
-        return all(j in self._members and not self.is_matmul(j) for j in readers)
+        return all(j in self._members and not self.is_matmul(j)
+                   for j in self.flow.readers.get(op, ()))
 
     def steps(self, op: int) -> list:
         from neuron_explorer.backend.compiler.stream_steps import steps_for
