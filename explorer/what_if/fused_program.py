@@ -26,6 +26,8 @@ from neuron_explorer.common.op_families import ADDS_INPUT, GEMM, base_name
 
 # as the compile path bounds a group (backend/compiler/fusion.py MAX_GROUP_OPS)
 MAX_GROUP_OPS = 48
+# ops that lay their inputs side by side (backend/compiler/graph_kernels.py `_CONCATS`)
+_CONCATS = frozenset({"cat", "stack"})
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,10 @@ def emit_fused(b, keys: list, flow: DataFlow) -> list:
                  or (s.outputs and all(t.numel == 0 for t in s.outputs))) for s in specs]
     groups = _groups(specs, work, flow)
     group_of = {m: g for g, group in enumerate(groups) for m in group.members}
-    on_chip = _kept_on_chip(specs, groups, group_of, flow, b.preset.sbuf_bytes)
+    # the memory an op with no device work made (an `empty` a `cat(out=)` fills) holds
+    # nothing to load
+    on_chip = _kept_on_chip(specs, groups, group_of, flow, b.preset.sbuf_bytes) | {
+        i for i, w in enumerate(work) if not w}
     ahead = _LoadAhead(b.preset.sbuf_bytes)
     done: dict[int, tuple[int, ...]] = {}
     sections: list = []
@@ -144,7 +149,8 @@ def _reads_on_chip(specs: list, group: _Group) -> bool:
     if group.kind == "attention" or len(group.members) > 1:
         return True
     spec = specs[group.members[0]]
-    return _gemm(spec) is not None or _steps(spec, steps_for) is not None
+    return (_gemm(spec) is not None or base_name(spec.name) in _CONCATS
+            or _steps(spec, steps_for) is not None)
 
 
 def _groups(specs: list, work: list[bool], flow: DataFlow) -> list[_Group]:
@@ -302,8 +308,17 @@ def _emit_group(b, specs: list, group: _Group, flow: DataFlow, on_chip: frozense
     members = group.members
     resident = [[p in on_chip or (m, k) in loaded for k, p in enumerate(flow.producers[m])]
                 for m in members]
+    spec = specs[members[0]]
+    if len(members) == 1 and base_name(spec.name) in _CONCATS:
+        if spec.outputs and resident[0] and all(resident[0]):
+            # the pieces are in SBUF already: laid out side by side, they are the result
+            out = spec.outputs[0]
+            b.dma_store(out.nbytes, min(b.partitions, max(out.shape[0] if out.shape else 1, 1)))
+        else:
+            _eager(b, spec)
+        return
     if len(members) == 1 and not (any(resident[0]) and _reads_on_chip(specs, group)):
-        _eager(b, specs[members[0]])
+        _eager(b, spec)
         return
     if group.kind == "attention":
         from neuron_explorer.backend.compiler.region import emit_region
