@@ -246,8 +246,9 @@ def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
 
 
 def predicted_device_ns(trace: Trace, mode: str = "compiled") -> float | None:
-    """The device time (every kernel's length, summed) of the analysed steps' ops in a
-    what-if replay in `mode` on the recorded preset; None where `predicted_step_ns` is.
+    """The device time (every kernel's length, summed) of the analysed steps' ops (their
+    eval passes left out) in a what-if replay in `mode` on the recorded preset; None where
+    `predicted_step_ns` is.
     Mode "eager" gives the recorded kernels' lengths back, lowered again: the baseline a
     rule compares another mode's device time with."""
     return _prediction(trace, mode)[2]
@@ -302,18 +303,25 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool, float | No
         host = shift(start + steps["dur"].to_numpy(np.int64)) - shift(start)
         recorded_ts = rows["ts"].to_numpy(np.int64)
         return (_paced_median(steps, host, recorded_ts, replayed), False,
-                _device_ns(steps, recorded_ts, replayed))
+                _device_ns(trace, steps, recorded_ts, replayed))
 
     return memoised(trace, f"whatif_step_ns:{mode}", compute)
 
 
-def _device_ns(steps: pd.DataFrame, recorded_ts: np.ndarray, replayed: list) -> float:
-    """The length of every kernel the replayed ops launched from inside `steps`."""
+def _device_ns(trace: Trace, steps: pd.DataFrame, recorded_ts: np.ndarray,
+               replayed: list) -> float:
+    """The length of every kernel the replayed ops launched from inside `steps`, less
+    the eval passes recorded in them (as every finding counts a step's work)."""
+    from neuron_explorer.analyses.phases import without_eval
+
     start = steps["ts"].to_numpy(np.int64)
     end = start + steps["dur"].to_numpy(np.int64)
     at = np.searchsorted(start, recorded_ts, side="right") - 1
-    inside = (at >= 0) & (recorded_ts < end[np.maximum(at, 0)])
-    return float(sum(k.end_ns - k.start_ns for i in np.flatnonzero(inside)
+    inside = np.flatnonzero((at >= 0) & (recorded_ts < end[np.maximum(at, 0)]))
+    launched = without_eval(trace, pd.DataFrame(
+        {"step": steps["step"].to_numpy()[at[inside]], "ts": recorded_ts[inside]},
+        index=inside))
+    return float(sum(k.end_ns - k.start_ns for i in launched.index
                      if replayed[i] is not None for k in replayed[i].kernels))
 
 
