@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,9 @@ def compiled_call_host_ns(trace: Trace, inputs: int = 0) -> int:
 
 
 _EAGER_ONLY = frozenset({"aten::_local_scalar_dense"})
+# a root module range of a torch.nn loss, named by its class (numbered when a script makes
+# one each step: "MSELoss", "MSELoss2", ...)
+_LOSS_ROOT = re.compile(r"\w*Loss\d*")
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,7 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     # ops outside the model's ranges (the loss and its backward) stay eager; a trace
     # without module ranges is compiled whole
     ranges = tables.of_kind(trace, tf.CAT_MODULE, tf.CAT_BACKWARD)
-    in_model = (tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD)) >= 0
-                if len(ranges) else np.ones(len(rows), bool))
+    in_model = (_in_compiled_module(trace, ids) if len(ranges) else np.ones(len(rows), bool))
     ts = rows["ts"].to_numpy(np.int64)
     step = tables.assign_steps(ts, trace.steps)
     # optimizer calls (zero_grad, step) begun before each op: one between a step's forward
@@ -133,6 +136,17 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
         phase = "backward" if in_backward.get(step[i]) else "forward"
         labels[i] = f"{step[i]}:{phase}"
     return labels
+
+
+def _in_compiled_module(trace: Trace, ids: np.ndarray) -> np.ndarray:
+    """Which slices run inside a module torch.compile(model) compiles: the forward or
+    backward range of a root module other than a loss (`nn.CrossEntropyLoss()` and the
+    other torch.nn losses, named by their class, which a script calls beside its model)."""
+    outer = tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD),
+                                    outermost=True)
+    names = trace.table("slices")["name"]
+    loss = tables.map_unique(names, lambda n: _LOSS_ROOT.fullmatch(str(n)) is not None, bool)
+    return (outer >= 0) & ~loss[np.maximum(outer, 0)]
 
 
 def _graphs(labels: np.ndarray) -> dict[int, _Graph]:

@@ -1,9 +1,11 @@
 """A small MLP trained eagerly or compiled:
-`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW] [--optimizer O]`
-(`--item`: read the loss on the host every step, as a training log does; width 64 and
-batch 32 unless given). `--input`: `once` (the default: one host tensor uploaded before
-the loop), `every-step` (the same host tensor uploaded in every step), `fresh` (a new
-host tensor uploaded every step) or `on-device` (a new one made on the device).
+`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW] [--optimizer O]
+[--loss-module]` (`--item`: read the loss on the host every step, as a training log does;
+width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
+called beside the model, rather than a function of its output). `--input`: `once` (the
+default: one host tensor uploaded before the loop), `every-step` (the same host tensor
+uploaded in every step), `fresh` (a new host tensor uploaded every step) or `on-device` (a
+new one made on the device).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`) or `adam-loop` (`foreach=False`)."""
 
@@ -15,6 +17,7 @@ from torch import nn
 LAYERS = int(sys.argv[1])
 COMPILE = "--compile" in sys.argv
 ITEM = "--item" in sys.argv
+LOSS_MODULE = "--loss-module" in sys.argv
 
 
 def _option(name: str, default: int) -> int:
@@ -45,7 +48,8 @@ for _ in range(12):
         x = torch.randn(BATCH, WIDTH).to("neuron")
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
-    loss = fwd(x).square().mean()
+    out = fwd(x)
+    loss = nn.MSELoss()(out, torch.zeros_like(out)) if LOSS_MODULE else out.square().mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
