@@ -42,6 +42,7 @@ from neuron_explorer.collectors import dataloader_workers, signal_guard
 from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.common.trace_format import (
     ARG_BATCH,
+    ARG_COMPILE_SKIPS,
     ARG_GRAD,
     ARG_MODULE,
     ARG_PHASE,
@@ -77,6 +78,9 @@ def _is_compiling() -> bool:
     return _dynamo_compiling() or _get_mode(_FAKE) is not None or _get_mode(_PROXY) is not None
 _current_node = torch._C._current_autograd_node
 _GraphModule = torch.fx.GraphModule  # torch.compile's own graphs, not the user's modules
+# modules Dynamo does not trace by default (torch/_dynamo/variables/builder.py): torch.compile
+# breaks its graph around each call and runs them eager
+_DYNAMO_SKIPS = (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)
 _DYNAMO_FRAMES = "torch._dynamo.eval_frame"
 _hook_frames_skipped = False
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # runs right after its grad's node
@@ -246,6 +250,8 @@ class FrameworkHooks:
         parent = state.forward[-1][0] if state.forward else None
         path = self.path_of(module, parent)
         slice_args: dict[str, Any] = {ARG_MODULE: path, ARG_PHASE: "forward", ARG_STEP: rec.step}
+        if isinstance(module, _DYNAMO_SKIPS):  # a what-if of the run compiled keeps it eager
+            slice_args[ARG_COMPILE_SKIPS] = "rnn"
         if not state.forward:
             node = _current_node()
             if node is not None:  # a forward run by a backward node (checkpoint recompute)

@@ -40,6 +40,9 @@ ARG_MODULE = "module"  # str, module path like "model.layers.3.attn"
 ARG_PHASE = "phase"  # "forward" | "backward"; on an annotation, neuron_explorer.phase's name
 ARG_REQUEST = "request"  # str JSON list, on an annotation: the ids neuron_explorer.request marks
 ARG_GRAD = "grad"  # int, on a thread's outermost module call: 0 when grad mode is off
+# str, on a module call torch.compile runs eager: why ("rnn": Dynamo does not trace
+# nn.RNN, nn.GRU or nn.LSTM unless torch._dynamo.config.allow_rnn)
+ARG_COMPILE_SKIPS = "compile_skips"
 ARG_TOKENS = "tokens"  # str, ... and the shape of its first arg when token ids ("[4, 39]")
 ARG_SOURCE = "source"  # str, "train.py:42"
 ARG_FALLBACK = "fallback"  # bool, op ran on the host

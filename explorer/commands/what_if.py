@@ -1,5 +1,6 @@
-"""`neuron-explorer whatif TRACE [--hardware ...] [--mode ...] [--dtype ...]`: predict a
-recorded run on other hardware, in another mode or dtype, without running it again.
+"""`neuron-explorer whatif TRACE [--hardware ...] [--mode ...] [--allow-rnn] [--dtype ...]`:
+predict a recorded run on other hardware, in another mode or dtype, without running it
+again.
 
 Writes the predicted trace (`-o`, default next to TRACE) and prints what changed: the
 diff of the recording against the prediction."""
@@ -32,6 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="eager",
                         help="eager, or compiled: each step's forward and backward as one "
                              "graph launch each (docs/whatif.md says what is approximated)")
+    parser.add_argument("--allow-rnn", action="store_true",
+                        help="with --mode compiled: compile RNN, GRU and LSTM modules too, as "
+                             "torch._dynamo.config.allow_rnn = True does (by default "
+                             "torch.compile runs them eager)")
     parser.add_argument("--dtype", choices=DTYPES, help="run the matmuls in this dtype")
     parser.add_argument("--launch-overhead", type=_microseconds, metavar="US",
                         help="host time per kernel launch in µs (default: the preset's)")
@@ -44,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def default_output(args: argparse.Namespace, hardware: str) -> str:
     stem = os.path.splitext(args.trace)[0]
     parts = [hardware] + ([args.mode] if args.mode != "eager" else []) + \
+        (["allow-rnn"] if args.allow_rnn else []) + \
         ([args.dtype] if args.dtype else [])
     return f"{stem}.whatif-{'-'.join(parts)}.pftrace"
 
@@ -57,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise WhatIfError(f"{args.trace} is a run of several ranks: predict one rank's trace")
     output = args.output or default_output(args, args.hardware or trace.hardware or "trn2")
     predicted = whatif(trace, args.hardware, mode=args.mode, dtype=args.dtype,
-                       launch_overhead_us=args.launch_overhead, output=output)
+                       launch_overhead_us=args.launch_overhead, allow_rnn=args.allow_rnn,
+                       output=output)
     write_output(diff(trace, predicted).render(args.format), None)
     print(f"neuron-explorer whatif: predicted trace written to {output} "
           f"(report, view and diff read it)", file=sys.stderr)

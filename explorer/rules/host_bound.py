@@ -140,11 +140,12 @@ def compiled_saving_ns(trace: Trace) -> float | None:
     import numpy as np
     from neuron_explorer.analyses.device_pace import paced_durations
     from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.what_if.compiled import advised_compile_mode
     from neuron_explorer.what_if.replay import predicted_step_ns
 
     if is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
         return None
-    predicted = predicted_step_ns(trace, "compiled")
+    predicted = predicted_step_ns(trace, advised_compile_mode(trace))
     steps = in_analysed_steps(trace, trace.steps)
     if predicted is None or not len(steps):
         return None
@@ -157,11 +158,13 @@ def compiled_device_saving_ns(trace: Trace) -> float | None:
     """The device time the analysed steps would save compiled: their kernels replayed by
     `whatif --mode compiled` against the same ops lowered again eagerly; None where no
     replay predicts it (see `compiled_saving_ns`)."""
+    from neuron_explorer.what_if.compiled import advised_compile_mode
     from neuron_explorer.what_if.replay import predicted_device_ns
 
     if is_compiled(trace) or not device_terms(trace.metadata).recorded_here:
         return None
-    eager, compiled = predicted_device_ns(trace, "eager"), predicted_device_ns(trace, "compiled")
+    eager = predicted_device_ns(trace, "eager")
+    compiled = predicted_device_ns(trace, advised_compile_mode(trace))
     if eager is None or compiled is None:
         return None
     return max(eager - compiled, 0.0)
@@ -317,20 +320,39 @@ def _launch_advice(trace: Trace) -> str:
 
 def _predicted_compile(trace: Trace) -> str:
     """What a compiled what-if replay predicts for the step time (traces with op keys)."""
+    from neuron_explorer.what_if.compiled import advised_compile_mode
     from neuron_explorer.what_if.replay import predicted_step_ns, prediction_too_large
 
-    predicted = predicted_step_ns(trace, "compiled")
+    mode = advised_compile_mode(trace)
+    predicted = predicted_step_ns(trace, mode)
     recorded = float(trace.steps["dur"].median()) if len(trace.steps) else 0.0
-    if predicted is None and prediction_too_large(trace, "compiled"):
+    if predicted is None and prediction_too_large(trace, mode):
         return (" `neuron-explorer whatif TRACE --mode compiled` replays the run compiled and "
                 "gives the step it predicts (its programs are too large to predict here, "
                 "while the report waits).")
     if predicted is None or not recorded:
         return ""
     saved = recorded - predicted
+    flag = " --allow-rnn" if mode == "compiled_allow_rnn" else ""
     return (f" A compiled what-if replay predicts a step of {us(predicted)} instead of "
             f"{us(recorded)} ({recorded / max(predicted, 1):.1f}x; `neuron-explorer whatif "
-            "TRACE --mode compiled`), after compiling, which takes seconds at the first "
+            f"TRACE --mode compiled{flag}`), after compiling, which takes seconds at the first "
             "call and again for each new input shape"
             + (f": each second of compiling pays back over about {1e9 / saved:,.0f} steps"
-               if saved > 0 else "") + ".")
+               if saved > 0 else "") + "." + _rnn_sentence(trace, mode))
+
+
+def _rnn_sentence(trace: Trace, mode: str) -> str:
+    """For a model with RNN modules: the setting the prediction assumes, and the step
+    predicted without it (Dynamo leaves them eager by default)."""
+    from neuron_explorer.what_if.compiled import compile_skipped_modules
+    from neuron_explorer.what_if.replay import predicted_step_ns
+
+    if mode != "compiled_allow_rnn":
+        return ""
+    rnns = [path for path, why in compile_skipped_modules(trace).items() if why == "rnn"]
+    as_is = predicted_step_ns(trace, "compiled")
+    return (" That is with `torch._dynamo.config.allow_rnn = True` set before compiling: "
+            f"by default Dynamo does not trace nn.RNN, nn.GRU or nn.LSTM, so "
+            f"{', '.join(f'`{p}`' for p in rnns[:3])} would run eager between graphs"
+            + (f" and the step stay at about {us(as_is)}" if as_is is not None else "") + ".")

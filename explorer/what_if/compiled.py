@@ -100,7 +100,7 @@ class _Graph:
     launch_name: str  # the launch's op name, as the compile path names it
 
 
-def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
+def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False) -> np.ndarray:
     """Per host event: its graph label ("<step>:forward", "<step>:backward") or "" (eager)."""
     ids = rows["id"].to_numpy()
     labels = np.full(len(rows), "", dtype=object)
@@ -113,7 +113,8 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     # ops outside the model's ranges (the loss and its backward) stay eager; a trace
     # without module ranges is compiled whole
     ranges = tables.of_kind(trace, tf.CAT_MODULE, tf.CAT_BACKWARD)
-    in_model = (_in_compiled_module(trace, ids) if len(ranges) else np.ones(len(rows), bool))
+    in_model = (_in_compiled_module(trace, ids, allow_rnn) if len(ranges)
+                else np.ones(len(rows), bool))
     ts = rows["ts"].to_numpy(np.int64)
     step = tables.assign_steps(ts, trace.steps)
     # optimizer calls (zero_grad, step) begun before each op: one between a step's forward
@@ -138,15 +139,45 @@ def _phases(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     return labels
 
 
-def _in_compiled_module(trace: Trace, ids: np.ndarray) -> np.ndarray:
+def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False) -> np.ndarray:
     """Which slices run inside a module torch.compile(model) compiles: the forward or
     backward range of a root module other than a loss (`nn.CrossEntropyLoss()` and the
-    other torch.nn losses, named by their class, which a script calls beside its model)."""
-    outer = tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD),
-                                    outermost=True)
+    other torch.nn losses, named by their class, which a script calls beside its model),
+    outside the modules Dynamo does not trace (an nn.GRU: the recorder marks them; traced
+    with `allow_rnn`, as `torch._dynamo.config.allow_rnn = True` has it)."""
+    ranges = (tf.CAT_MODULE, tf.CAT_BACKWARD)
+    outer = tables.ancestor_of_kind(trace, ids, ranges, outermost=True)
     names = trace.table("slices")["name"]
     loss = tables.map_unique(names, lambda n: _LOSS_ROOT.fullmatch(str(n)) is not None, bool)
-    return (outer >= 0) & ~loss[np.maximum(outer, 0)]
+    inside = (outer >= 0) & ~loss[np.maximum(outer, 0)]
+    skipped = {path: why for path, why in compile_skipped_modules(trace).items()
+               if not (allow_rnn and why == "rnn")}
+    if skipped:
+        under = tables.map_unique(names, lambda n: _within(str(n), skipped), bool)
+        inside &= tables.ancestor_in(trace, ids, tables.kind_mask(trace, ranges) & under) < 0
+    return inside
+
+
+def advised_compile_mode(trace: Trace) -> str:
+    """The compiled what-if mode the compile advice stands for: "compiled", or
+    "compiled_allow_rnn" where RNN modules would stay eager unless the advice's
+    `torch._dynamo.config.allow_rnn = True` is set too."""
+    rnn = "rnn" in compile_skipped_modules(trace).values()
+    return "compiled_allow_rnn" if rnn else "compiled"
+
+
+def compile_skipped_modules(trace: Trace) -> dict[str, str]:
+    """The module paths torch.compile runs eager, with why (`ARG_COMPILE_SKIPS`)."""
+    modules = tables.of_kind(trace, tf.CAT_MODULE)
+    if not len(modules):
+        return {}
+    why = trace.slice_args.column(tf.ARG_COMPILE_SKIPS, modules["id"].to_numpy(np.int64))
+    return {str(name): str(w) for name, w in zip(modules["name"], why, strict=True) if w}
+
+
+def _within(path: str, modules: dict[str, str]) -> bool:
+    """Whether module `path` is one of `modules` or inside one."""
+    return any(path == m or path.startswith(m + ".") for m in modules)
 
 
 def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
@@ -232,16 +263,17 @@ def _emit_ops(b, keys: list) -> None:
 
 
 def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
-                    max_dependencies: int | None = None):
+                    max_dependencies: int | None = None, allow_rnn: bool = False):
     """Like `backend.replay.replay`, with each step's graphs launched as one program each;
     returns (replayed events, host shift, approximations). `max_dependencies`: see
-    build_program."""
+    build_program; `allow_rnn`: RNN, GRU and LSTM modules compiled too (see
+    `_in_compiled_module`)."""
     from neuron_explorer.backend.hardware import DeviceTimeline
     from neuron_explorer.backend.replay import HostShift, ReplayedKernel, ReplayedOp, replay_one
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
-    graphs = _graphs(_phases(trace, rows))
+    graphs = _graphs(_phases(trace, rows, allow_rnn))
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)
     data_flow = recorded_data_flow(trace, rows)

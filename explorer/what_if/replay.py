@@ -51,6 +51,7 @@ class WhatIfOptions:
     mode: str = "eager"
     dtype: str | None = None
     launch_overhead_us: float | None = None
+    allow_rnn: bool = False  # compiled: RNN modules compiled too (Dynamo's allow_rnn)
 
     def check(self) -> None:
         if self.hardware is not None and self.hardware not in HARDWARE:
@@ -60,6 +61,17 @@ class WhatIfOptions:
             raise WhatIfError(f"unknown mode {self.mode!r}: use eager or compiled")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise WhatIfError(f"unknown dtype {self.dtype!r}: use bf16 or fp8 (matmuls)")
+        if self.dtype is not None and self.mode == "compiled":
+            # under autocast a graph casts around each matmul inside itself: on a small
+            # MLP that made the compiled step's device time 4% longer, where retyping
+            # the matmuls alone predicted it 1.5% shorter
+            raise WhatIfError("--dtype is predicted for eager runs only: a compiled graph "
+                              "under autocast casts around its matmuls, which the replay "
+                              "does not model; record the compiled run under autocast, or "
+                              "predict --dtype on the eager run")
+        if self.allow_rnn and self.mode != "compiled":
+            raise WhatIfError("--allow-rnn goes with --mode compiled: it says how "
+                              "torch.compile treats RNN, GRU and LSTM modules")
         if self.launch_overhead_us is not None and not self.launch_overhead_us >= 0:
             raise WhatIfError(f"--launch-overhead {self.launch_overhead_us} is negative: "
                               "give the host time per launch in µs, 0 or more")
@@ -130,10 +142,11 @@ def _default_output(trace: Trace, options: WhatIfOptions) -> str:
 
 def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
            mode: str = "eager", dtype: str | None = None,
-           launch_overhead_us: float | None = None,
+           launch_overhead_us: float | None = None, allow_rnn: bool = False,
            output: str | os.PathLike | None = None) -> Trace:
     """`trace` (an eager op- or engine-level recording) predicted on `hardware` (trn1,
-    trn2, trn3; default: as recorded), in `mode` (eager or compiled), with matmuls in
+    trn2, trn3; default: as recorded), in `mode` (eager or compiled; `allow_rnn`: with
+    `torch._dynamo.config.allow_rnn = True`, RNN modules compiled too), with matmuls in
     `dtype` (bf16, fp8) and `launch_overhead_us` of host time per launch; written to
     `output` (default: a file in the temporary folder) and returned as a Trace."""
     from neuron_explorer.what_if.writer import write_prediction
@@ -143,7 +156,7 @@ def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
         if not isinstance(loaded, Trace):
             raise WhatIfError(f"{trace} is a run of several ranks: predict one rank's trace")
         trace = loaded
-    options = WhatIfOptions(hardware, mode, dtype, launch_overhead_us)
+    options = WhatIfOptions(hardware, mode, dtype, launch_overhead_us, allow_rnn)
     options.check()
     if is_prediction(trace):
         raise WhatIfError(f"{trace.path} is itself a prediction: predict from the recording "
@@ -238,8 +251,9 @@ PREDICTION_MAX_DEPENDENCIES = 2_000_000
 
 
 def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
-    """The median step time a what-if replay in `mode` predicts on the recorded preset,
-    without writing a trace (rules state it as the saving of their fix); None for a
+    """The median step time a what-if replay in `mode` predicts on the recorded preset
+    ("eager", "compiled", or "compiled_allow_rnn": RNN modules compiled too), without
+    writing a trace (rules state it as the saving of their fix); None for a
     trace without op keys or steps, or whose compiled programs are too large to schedule
     while a report waits (`prediction_too_large`). Cached on the trace."""
     return _prediction(trace, mode)[0]
@@ -286,12 +300,13 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool, float | No
             return None, False, None
         rows, events = inputs
         options = ReplayOptions(trace.hardware or "trn2")
-        if mode == "compiled":
+        if mode in ("compiled", "compiled_allow_rnn"):
             from neuron_explorer.what_if.compiled import ProgramTooLarge, replay_compiled
 
             try:
                 replayed, shift, _ = replay_compiled(trace, rows, events, options,
-                                                     PREDICTION_MAX_DEPENDENCIES)
+                                                     PREDICTION_MAX_DEPENDENCIES,
+                                                     allow_rnn=mode == "compiled_allow_rnn")
             except ProgramTooLarge:
                 return None, True, None
         else:

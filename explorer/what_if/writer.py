@@ -170,7 +170,8 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
     if options.mode == "compiled":
         from neuron_explorer.what_if.compiled import replay_compiled
 
-        replayed, shift, notes = replay_compiled(trace, rows, events, replay_options)
+        replayed, shift, notes = replay_compiled(trace, rows, events, replay_options,
+                                                 allow_rnn=options.allow_rnn)
     else:
         replayed, shift = replay(events, replay_options)
     missing = int(sum(k is None for k in ops["key"].tolist()))
