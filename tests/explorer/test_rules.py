@@ -33,8 +33,7 @@ def test_findings_are_ranked_and_complete(basic_pf: neuron_explorer.Trace) -> No
     assert rank_by == sorted(rank_by, reverse=True)
     # device-time findings on this host-bound trace say their saving needs that fix first
     assert {f.rule_id: f.after for f in fs if f.after} == {
-        "fp32_matmul": "host_bound", "memory_bound_ops": "host_bound",
-        "tensor_engine_padding": "host_bound"}
+        "fp32_matmul": "host_bound", "memory_bound_ops": "host_bound"}
     for f in fs:
         d = f.to_dict()
         assert set(d) == {"rule_id", "title", "severity", "time_lost_ns", "share_of_step",
@@ -181,13 +180,11 @@ def test_memory_bound_dma_dominated(tmp_path: Path) -> None:
 
 
 def test_tensor_engine_padding(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
-    (f,) = _rule(basic_pf, "tensor_engine_padding")
-    assert f.symptom_ns == 2 * 300  # 20% of 1500 ns of Tensor Engine time per step
-    # ... but its odd dim, 100, is one tile at any size: no change to it saves time (raised
-    # to 128 the tile does more work in the same time)
-    assert f.time_lost_ns == 0 and f.severity == "low"
-    assert "100" in f.explanation and "work for free" in f.explanation
-    assert "multiple of 128" in f.recommendation
+    """20% of basic_pf's Tensor Engine time is padding, but its odd dim, 100, is one tile
+    at any size: no change to it saves time (raised to 128 the tile does more work in
+    the same time), so it is no finding (it was one, at 0 ns lost, ranked beside those
+    that save time)."""
+    assert _rule(basic_pf, "tensor_engine_padding") == []
     assert _rule(clean_trace, "tensor_engine_padding") == []
 
 
@@ -206,12 +203,14 @@ def test_tensor_engine_padding_saves_the_tiles_of_a_dim_just_past_a_multiple(
         sc.op(t, 500, "aten::mm", n + 1, n, kernel=(t + 600, 8000), busy={"tensor": 8000},
               flops=1_000_000, hw_flops=4_000_000, nbytes=1000, shapes=shapes,
               instructions=False)
-    (f,) = _rule(_load(sc, tmp_path, f"padding_{saved}"), "tensor_engine_padding")
-    assert f.symptom_ns == 2 * 6000  # 75% of each 8 us kernel is padding
-    assert odd in f.explanation
+    found = _rule(_load(sc, tmp_path, f"padding_{saved}"), "tensor_engine_padding")
     # 128 instead of 130 saves all of it; nothing but another model shrinks the vocabulary
-    assert f.time_lost_ns == (f.symptom_ns if saved else 0)
-    assert ("nothing to save in step time" in f.explanation) == (not saved)
+    assert len(found) == saved
+    if saved:
+        (f,) = found
+        assert f.symptom_ns == f.time_lost_ns == 2 * 6000  # 75% of each 8 us kernel
+        assert odd in f.explanation and "work for free" in f.explanation
+        assert "multiple of 128" in f.recommendation
 
 
 def test_fp32_matmul(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
