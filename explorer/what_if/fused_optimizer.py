@@ -102,14 +102,20 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
         # launching the fused kernel; what the fused step does too (the state's first
         # zeros, the state-step increments) stays as recorded
         passes_ids = op_ids[mine[over_parameters]]
-        keep = next((int(i) for i in passes_ids if kernel_rows.get(int(i))), None)
-        if keep is not None:
+        launching = [int(i) for i in passes_ids if kernel_rows.get(int(i))]
+        if launching:
             if key[0] not in fused_alone_ns:
                 fused_alone_ns[key[0]] = _lowered_ns(lower_key, preset, key[0], 0)
-            removed.append(passes_ids[passes_ids != keep])
-            first, *rest = kernel_rows[keep]
-            lengths[first] = int(fused_alone_ns[key[0]])
-            lengths.update(dict.fromkeys(rest, 0))
+            # the fused kernel, and where the fused step moves the state-step increments
+            # onto the device, their `_foreach_add_`: a launch of its own
+            kept = {launching[0]: fused_alone_ns[key[0]]}
+            if increments and len(launching) > 1:
+                kept[launching[1]] = fused_ns[key] - fused_alone_ns[key[0]]
+            removed.append(passes_ids[~np.isin(passes_ids, list(kept))])
+            for op, length in kept.items():
+                first, *rest = kernel_rows[op]
+                lengths[first] = int(length)
+                lengths.update(dict.fromkeys(rest, 0))
     if not names:
         return None
     step_ns = None
@@ -169,7 +175,10 @@ def _parameters(keys: list[tuple]) -> tuple[tuple, int] | None:
     counts = Counter(k[0] for k in keys)
     if not keys:
         return None
-    if max(counts.values()) == 1:
+    # a foreach step: AdamW's makes one pass twice (`_foreach_mul_`, for the weight decay
+    # and the second moment), which read as a single-tensor step once claimed one
+    # parameter of 34 and a fused kernel an eighth of the recorded one's length
+    if max(counts.values()) == 1 or any(base_name(k[0]).startswith("_foreach_") for k in keys):
         longest = max(keys, key=lambda k: len(k[2]))
         params = tuple(longest[2]) if len(longest[2]) > 1 else _period(keys[0][1])
         return (params, len(keys)) if params else None

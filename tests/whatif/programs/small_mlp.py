@@ -7,7 +7,7 @@ default: one host tensor uploaded before the loop), `every-step` (the same host 
 uploaded in every step), `fresh` (a new host tensor uploaded every step) or `on-device` (a
 new one made on the device).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
-(`fused=True`) or `adam-loop` (`foreach=False`)."""
+(`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`."""
 
 import sys
 
@@ -35,8 +35,9 @@ OPTIMIZER = sys.argv[sys.argv.index("--optimizer") + 1] if "--optimizer" in sys.
 if OPTIMIZER == "sgd":
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 else:
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=OPTIMIZER == "adam-fused" or None,
-                           foreach=False if OPTIMIZER == "adam-loop" else None)
+    adam = torch.optim.AdamW if OPTIMIZER.startswith("adamw") else torch.optim.Adam
+    opt = adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
+               foreach=False if OPTIMIZER == "adam-loop" else None)
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
 host_x = torch.randn(BATCH, WIDTH)
 x = host_x.to("neuron")
