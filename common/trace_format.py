@@ -61,6 +61,7 @@ ARG_REASON = "reason"  # graph break / recompile reason
 # str, on a graph break raised inside torch's own code: where ("torch/optim/optimizer.py:
 # 85 in _use_grad"); `source` is still the user's line that led there
 ARG_WITHIN = "within"
+ARG_HINT = "hint"  # str, on a graph break: Dynamo's hint for it ("" when it gave none)
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
 # bool, on an upload: the host tensor was uploaded before, unchanged (a constant)
 ARG_SAME_HOST_TENSOR = "same_host_tensor"

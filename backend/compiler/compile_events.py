@@ -150,6 +150,9 @@ class CompileEventRecorder:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[int, int]] = {}  # compile id -> (start ns, breaks seen)
         self._sources: dict[str, str] = {}  # compile id -> user source of its graphs
+        # Dynamo's count of each reason it gave up a whole frame for (run eager), as of
+        # the last frame
+        self._skips_seen: dict[str, int] = {}
 
     def install(self) -> None:
         """Register the Dynamo callbacks (idempotent; again after `torch._dynamo.reset()`,
@@ -202,8 +205,13 @@ class CompileEventRecorder:
         if breaks_seen > len(graph_break_reasons):  # torch._dynamo.reset() cleared the list
             breaks_seen = 0
         new_breaks = list(graph_break_reasons[breaks_seen:])
+        skips = self._new_skips()
         emit("dynamo", f"{what} {compile_id}", start, end, compile_id=compile_id,
-             graph_breaks=len(new_breaks), recompile=bool(guard))
+             graph_breaks=len(new_breaks) + len(skips), recompile=bool(guard))
+        for text in skips:  # the frame runs eager: everything in it is as if broken off
+            reason, hint = summarize_break_reason(text)
+            emit("graph_break", "graph break", end, compile_id=compile_id, reason=reason,
+                 hint=hint, source=source, skipped_frame=True)
         if guard:
             emit("recompile", f"recompile {compile_id}", start, compile_id=compile_id,
                  reason=str(guard), guard=str(guard), source=source)
@@ -217,6 +225,21 @@ class CompileEventRecorder:
             emit("graph_break", "graph break", end, compile_id=compile_id,
                  reason=reason, hint=hint, source=_break_site(brk.user_stack, source, locator),
                  within=_torch_site(brk.user_stack))
+
+
+    def _new_skips(self) -> list[str]:
+        """The reasons Dynamo gave up a whole frame for since the last frame ended (its
+        `unimplemented` counter: an nn.GRU it will not trace, say); such a frame has no
+        graph break of its own and runs eager."""
+        from torch._dynamo.utils import counters
+
+        now = dict(counters["unimplemented"])
+        if any(n < self._skips_seen.get(text, 0) for text, n in now.items()) or \
+                len(now) < len(self._skips_seen):  # torch._dynamo.reset() cleared them
+            self._skips_seen = {}
+        new = [text for text, n in now.items() if n > self._skips_seen.get(text, 0)]
+        self._skips_seen = now
+        return new
 
 
 recorder = CompileEventRecorder()

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 GRAPH_COLUMNS = ["graph_id", "name", "ts", "dur", "spans", "step"]
-EVENT_COLUMNS = ["id", "ts", "reason", "source", "step", "within"]
+EVENT_COLUMNS = ["id", "ts", "reason", "source", "step", "within", "hint"]
 
 
 def _events(trace: Trace, kind: str) -> pd.DataFrame:
@@ -26,7 +26,8 @@ def _events(trace: Trace, kind: str) -> pd.DataFrame:
                          "reason": text(trace.slice_args.column(tf.ARG_REASON, ids)),
                          "source": text(trace.slice_args.column(tf.ARG_SOURCE, ids)),
                          "step": assign_steps(ts, trace.steps),
-                         "within": text(trace.slice_args.column(tf.ARG_WITHIN, ids))},
+                         "within": text(trace.slice_args.column(tf.ARG_WITHIN, ids)),
+                         "hint": text(trace.slice_args.column(tf.ARG_HINT, ids))},
                         columns=EVENT_COLUMNS)
 
 

@@ -177,9 +177,11 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
     in_optimizer = breaks["within"].str.contains("torch/optim/", regex=False).to_numpy(bool)
     break_sites = sorted({s for s in breaks["source"][~in_optimizer] if s})
     if (~in_optimizer).any():
+        hints = list(dict.fromkeys(h for h in breaks["hint"][~in_optimizer] if h))
         advice.append("fix the graph breaks" + (f" at {', '.join(break_sites[:3])}"
                                                 if break_sites else "")
-                      + " (torch._dynamo.explain(model)(inputs) lists them)")
+                      + " (torch._dynamo.explain(model)(inputs) lists them)"
+                      + "".join(f"; Dynamo's hint: {h.rstrip('.')}" for h in hints[:2]))
     if in_optimizer.any():
         sites = sorted({s for s in breaks["source"][in_optimizer] if s})
         many = in_optimizer.sum() > 1

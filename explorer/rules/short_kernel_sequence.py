@@ -177,8 +177,7 @@ def _recommendation(trace: Trace, optimizer_sequence: bool) -> str:
     run as a sequence (`optimizer_sequence`; an optimizer already one kernel per step
     gains nothing from it)."""
     compile_call = device_terms(trace.metadata).compile_call
-    compiled = (len(trace.compile_summary()["graphs"]) > 0
-                or bool((trace.ops["graph_id"] >= 0).any()))
+    compiled = host_bound.is_compiled(trace)
     also = ", or compile the loss and optimizer step too" if trains(trace) else ""
     where = ("bring the ops that launch it into the compiled graph (remove the graph break "
              f"that leaves them eager{also})" if compiled

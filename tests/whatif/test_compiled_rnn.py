@@ -43,6 +43,15 @@ def test_a_gru_stays_eager_compiled_unless_dynamo_is_allowed_to_trace_it(tmp_pat
                        output=tmp_path / "allowed.pftrace")
     assert predicted.summary()["step_time_ns"] == pytest.approx(_median_step(allowed), rel=0.05)
 
+    # the run compiled as is: Dynamo gave up the model's frame, which ran eager. Its report
+    # said "the model is already compiled" (a compile span of no graph) and named no
+    # graph break; now the break, with Dynamo's hint, and the setting that compiles it
+    found = {f.rule_id: f for f in compiled.bottlenecks()}
+    assert "Attempted to wrap RNN, GRU, or LSTM" in found["recompilation"].explanation
+    assert "allow_rnn=True" in found["recompilation"].recommendation
+    assert "already compiled" not in found["host_bound"].recommendation
+    assert "torch._dynamo.config.allow_rnn = True" in found["host_bound"].recommendation
+
 
 def test_options_a_compiled_prediction_cannot_honour_are_refused(tmp_path) -> None:
     trace = load(Path(__file__).parents[2] / "sample_traces" / "mlp_eager.pftrace")
