@@ -35,6 +35,7 @@ import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import base_name
+from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace
 
 if TYPE_CHECKING:
@@ -167,12 +168,16 @@ def advised_compile_mode(trace: Trace) -> str:
 
 
 def compile_skipped_modules(trace: Trace) -> dict[str, str]:
-    """The module paths torch.compile runs eager, with why (`ARG_COMPILE_SKIPS`)."""
-    modules = tables.of_kind(trace, tf.CAT_MODULE)
-    if not len(modules):
-        return {}
-    why = trace.slice_args.column(tf.ARG_COMPILE_SKIPS, modules["id"].to_numpy(np.int64))
-    return {str(name): str(w) for name, w in zip(modules["name"], why, strict=True) if w}
+    """The module paths torch.compile runs eager, with why (`ARG_COMPILE_SKIPS`); read
+    once per trace (the rules and the replay ask)."""
+    def read() -> dict[str, str]:
+        modules = tables.of_kind(trace, tf.CAT_MODULE)
+        if not len(modules):
+            return {}
+        why = trace.slice_args.column(tf.ARG_COMPILE_SKIPS, modules["id"].to_numpy(np.int64))
+        return {str(name): str(w) for name, w in zip(modules["name"], why, strict=True) if w}
+
+    return dict(memoised(trace, "compile_skipped_modules", read))
 
 
 def _within(path: str, modules: dict[str, str]) -> bool:
