@@ -9,6 +9,7 @@ torch.compile, trn1 against trn2, before and after a fix.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -18,7 +19,12 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.engine_utilisation import engine_busy_totals
 from neuron_explorer.analyses.levels import recorded_level, records_device
-from neuron_explorer.analyses.steady_state import StepSelection, analysed_steps, cut_short
+from neuron_explorer.analyses.steady_state import (
+    StepSelection,
+    analysed_steps,
+    cut_short,
+    select_steps,
+)
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
@@ -299,6 +305,7 @@ def _summary(ta: Trace, tb: Trace) -> pd.DataFrame:
 
 def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
     """Compare two loaded traces."""
+    ta, tb = _same_warm_up(ta, tb)
     na, nb = _per_step(ta), _per_step(tb)
     bda, bdb = mean_breakdown(ta), mean_breakdown(tb)
     bd = _outer(bda, bdb, ["side", "category"], {"ns": "ns"})
@@ -334,6 +341,29 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
                   steps=(analysed_steps(ta).describe(), analysed_steps(tb).describe()),
                   cut_short=(cut_short(ta), cut_short(tb)))
     return _mark_unrecorded(d, ta, tb)
+
+
+def _same_warm_up(ta: Trace, tb: Trace) -> tuple[Trace, Trace]:
+    """The two traces with as many leading steps left out as an eager warm-up, where that
+    rule chose their steps: it cuts a first step over 1.5x the others' median, so two runs
+    of one script, their first steps 1.46x and 1.66x, were compared over different steps
+    (the warm-up step averaged into one side alone)."""
+    sa, sb = analysed_steps(ta), analysed_steps(tb)
+    if sa.warm_up is None or sb.warm_up is None or sa.warm_up == sb.warm_up:
+        return ta, tb
+    n = max(sa.warm_up, sb.warm_up)
+    return _with_warm_up(ta, n), _with_warm_up(tb, n)
+
+
+def _with_warm_up(trace: Trace, n: int) -> Trace:
+    """`trace` analysed after `n` warm-up steps: a view sharing its tables, with analyses
+    of its own (`trace` itself is left as it was; too few steps: `trace`)."""
+    selection = select_steps(trace, warm_up=n)
+    if analysed_steps(trace).warm_up == n or selection.warm_up != n:
+        return trace
+    view = copy.copy(trace)
+    view.__dict__["_memo"] = {"steady_steps": selection}
+    return view
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:

@@ -39,6 +39,9 @@ class StepSelection:
     steps: tuple[int, ...]  # analysed
     recorded: tuple[int, ...]  # every step slice in the trace
     reason: str  # "after the last compile (step 0)", "the --steps 2:4 window", ...
+    # leading steps left out as an eager warm-up; None where that rule does not apply
+    # (a recorded window, a compile, no steps)
+    warm_up: int | None = None
 
     def describe(self) -> str:
         """'steps 1–5 of 0–6 (after the last compile, in step 0)'."""
@@ -149,8 +152,10 @@ def _with_device_data(trace: Trace, steps: tuple[int, ...]) -> tuple[tuple[int, 
                   + ("" if whole else ", analysed in part"))
 
 
-def select_steps(trace: Trace) -> StepSelection:
-    """The steady-state steps of `trace` (see the module doc)."""
+def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
+    """The steady-state steps of `trace` (see the module doc); `warm_up`: leave out that
+    many leading steps as the eager warm-up, whatever their length (`diff` aligns two
+    runs so)."""
     recorded = tuple(int(s) for s in trace.steps["step"].tolist())
     if not recorded:
         return StepSelection((), (), "")
@@ -177,10 +182,14 @@ def select_steps(trace: Trace) -> StepSelection:
             notes.insert(0, f"after the last compile, in step {last}")
         else:
             notes.insert(0, "every step compiles: no steady state recorded")
-    elif warm := warmup_steps(trace, candidates):
+        return StepSelection(candidates, recorded, "; ".join(notes))
+    warm = (warmup_steps(trace, candidates) if warm_up is None
+            else candidates[:warm_up] if len(candidates) >= max(WARMUP_MIN_STEPS, warm_up + 1)
+            else ())
+    if warm:
         candidates = candidates[len(warm):]
         notes.insert(0, f"after the warm-up, {_ranges(warm)}")
-    return StepSelection(candidates, recorded, "; ".join(notes))
+    return StepSelection(candidates, recorded, "; ".join(notes), len(warm))
 
 
 def analysed_steps(trace: Trace) -> StepSelection:

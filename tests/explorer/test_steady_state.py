@@ -206,3 +206,19 @@ def test_a_cut_short_recording_analyses_only_the_steps_with_device_events(
     bd = t.breakdown()
     idle = bd[(bd["side"] == "device") & (bd["category"] == "idle")]
     assert idle["ns"].max() < scenarios.STEP / 2
+
+
+def test_diff_leaves_the_same_warm_up_out_of_both_sides(tmp_path: Path) -> None:
+    """Two runs of one script, their first steps 1.4x and 1.6x the others: the warm-up
+    rule (over 1.5x) analysed step 0 in one and not the other, and `diff` compared them
+    over different steps (one side's per-step breakdown averaged its warm-up in). Both
+    now leave it out, and each trace alone is analysed as before."""
+    from neuron_explorer import diff
+
+    a = _load(_eager(first_dur=int(1.4 * scenarios.STEP)), tmp_path, "a")
+    b = _load(_eager(first_dur=int(1.6 * scenarios.STEP)), tmp_path, "b")
+    d = diff(a, b)
+    assert d.steps == ("steps 1–4 of 0–4 (after the warm-up, step 0)",) * 2
+    bd = d.breakdown
+    assert (bd["a_ns"] == bd["b_ns"]).all(), bd
+    assert analysed_steps(a).steps == (0, 1, 2, 3, 4)  # the trace itself is unchanged
