@@ -205,7 +205,11 @@ class CompileEventRecorder:
         if breaks_seen > len(graph_break_reasons):  # torch._dynamo.reset() cleared the list
             breaks_seen = 0
         new_breaks = list(graph_break_reasons[breaks_seen:])
-        skips = self._new_skips()
+        # a frame given up over what is also an ordinary graph break (a data-dependent
+        # branch in a resumed frame) is that break, already recorded
+        broken = {summarize_break_reason(b.reason)[0] for b in graph_break_reasons}
+        skips = [text for text in self._new_skips()
+                 if summarize_break_reason(text)[0] not in broken]
         emit("dynamo", f"{what} {compile_id}", start, end, compile_id=compile_id,
              graph_breaks=len(new_breaks) + len(skips), recompile=bool(guard))
         for text in skips:  # the frame runs eager: everything in it is as if broken off
