@@ -136,6 +136,9 @@ class Recorder:
         self.first_event_ts: int | None = None  # first device event of a step not yet begun
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
         self.steps_completed: list[int] = []  # ended by a step mark
+        # steps before (and the one ended by) the first `neuron_explorer.step()` where the
+        # model's returns had ended steps until then: pieces of the first iteration
+        self.steps_before_marks = 0
         self.optimizer_step_compiled = False  # traced by torch.compile: it marks no steps
         self.window_start, self.window_stop = options.steps or (0, None)
         self._update_recording()  # sets `recording`
@@ -279,6 +282,8 @@ class Recorder:
         if explicit:
             first_mark = not self.explicit_steps
             self.explicit_steps = True
+            if first_mark and self.step_boundary == "forward":
+                self.steps_before_marks = self.step + 1
             if (first_mark and self.steps_completed and not self.step_open
                     and self.first_event_ts is None):
                 # nothing ran since the optimizer step or the model's return that just
@@ -448,6 +453,8 @@ class Recorder:
                 # which steps a mark ended: the explorer leaves the code after the last out
                 end.update(steps_completed=self.steps_completed,
                            step_boundary=self.step_boundary)
+                if self.steps_before_marks:
+                    end.update(steps_before_marks=self.steps_before_marks)
             self.writer.metadata(self.main.track, now, end)
             self.writer.close()
         except RecordingError as exc:

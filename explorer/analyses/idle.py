@@ -64,6 +64,8 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
     if not len(k):
         return idle_gaps_empty()
     win = step_windows(trace)
+    if not len(win):
+        return idle_gaps_empty()
     lo = int(win["ts"].min())
     hi = int((win["ts"] + win["dur"]).max())
     hs = host_slices(trace)

@@ -108,6 +108,9 @@ def _phases(trace: Trace) -> pd.DataFrame:
     after_last = set(steps["step"]) - set(completed_steps(trace)["step"])
     no_args = not len(calls) or not (calls["grad"] == 0).any()  # older or others' traces
     inference_loop = trace.metadata.get("step_boundary") == "forward"
+    # every model call runs without grad: a step with none of them (the rest of an
+    # iteration a model's return split) trains no more than the others
+    all_inference = bool(len(calls)) and bool((calls["grad"] == 0).all())
     rows: list[dict[str, Any]] = []
     for step in steps.itertuples(index=False):
         start, end = int(step.ts), int(step.ts + step.dur)
@@ -116,7 +119,8 @@ def _phases(trace: Trace) -> pd.DataFrame:
             continue  # the code after the last step mark, with no model call: no phase
         # inference: every model call without grad (or, unrecorded, a loop of model calls)
         inference = step.step not in training and (
-            bool(len(own)) and bool((own["grad"] == 0).all()) or (no_args and inference_loop))
+            bool(len(own)) and bool((own["grad"] == 0).all()) or (no_args and inference_loop)
+            or (not len(own) and all_inference))
         if not inference:
             rows.extend(_train_rows(int(step.step), start, end, own, tails))
             continue

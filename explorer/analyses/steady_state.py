@@ -168,6 +168,12 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
     candidates, cut = _with_device_data(trace, candidates)
     if cut:
         notes.append(cut)
+    before = trace.metadata.get("steps_before_marks")
+    if isinstance(before, int) and 0 < before < len(candidates):
+        # the model's returns ended steps until the first neuron_explorer.step(): those and
+        # the one that mark ended are pieces of the first iteration, not steps
+        candidates = tuple(s for s in candidates if s >= before)
+        notes.append(f"{_ranges(tuple(range(before)))} end before the first step mark")
     window = trace.metadata.get("steps")
     if isinstance(window, list) and window:
         stop = window[1] if len(window) > 1 and window[1] is not None else ""
