@@ -39,11 +39,18 @@ def run_report_sections(run: Run) -> list[Section]:
     head: dict[str, Any] = {"run": run.path or "-", "ranks": len(run)}
     medians = ranks.dropna(subset=["step_time_ns"]) if len(ranks) else ranks
     if len(medians):
-        # A synchronous run moves at its slowest rank's pace.
-        slowest = medians.loc[medians["step_time_ns"].idxmax()]
         head["step time (median over ranks)"] = fmt_ns(medians["step_time_ns"].median())
-        head["slowest rank"] = (f"rank {int(slowest['rank'])}: "
-                                f"{fmt_ns(slowest['step_time_ns'])} a step")
+        # A synchronous run moves at its slowest rank's pace, and its ranks' steps last
+        # alike: the slowest is the one the others wait for (the first of equal steps was
+        # named, often a rank that waited), else the longest step where they differ.
+        slowest = medians.sort_values(["wait_caused_ns", "step_time_ns"], ascending=False,
+                                      kind="stable").iloc[0]
+        if slowest["wait_caused_ns"] > 0:
+            head["slowest rank"] = (f"rank {int(slowest['rank'])}: the others waited "
+                                    f"{fmt_ns(slowest['wait_caused_ns'])} for it")
+        elif medians["step_time_ns"].nunique() > 1:
+            head["slowest rank"] = (f"rank {int(slowest['rank'])}: "
+                                    f"{fmt_ns(slowest['step_time_ns'])} a step")
     head["analysed time per rank (mean)"] = fmt_ns(run.step_time_ns())
     missing = run.missing_ranks
     if missing:
