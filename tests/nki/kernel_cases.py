@@ -54,6 +54,19 @@ def narrow_matmul(lhsT, rhs):
 
 
 @nki.jit
+def streaming(a, b):
+    """relu(2a + b) over [128, 1024] tiles: its transfers keep HBM near its peak rate, each
+    longer than a queue alone would take (the queues share the engines), which once read as
+    68% overhead."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range(a.shape[0] // 128):
+        x = nl.load(a[t * 128:(t + 1) * 128, :])
+        y = nl.load(b[t * 128:(t + 1) * 128, :])
+        nl.store(out[t * 128:(t + 1) * 128, :], value=nl.relu(nl.add(nl.multiply(x, 2.0), y)))
+    return out
+
+
+@nki.jit
 def tiny_loads(a):
     """[128, 8] tiles: every transfer is almost all fixed cost."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
@@ -112,6 +125,7 @@ def record(path) -> neuron_explorer.Trace:
         pipelined(a)
         narrow_matmul(randn(32, 32), randn(32, 1024))
         tiny_loads(randn(128, 512))
+        streaming(randn(1024, 1024), randn(1024, 1024))
         big_sbuf(randn(128, 512))
         full_matmul(randn(128, 128).bfloat16(), randn(128, 2048).bfloat16())
         spilling(randn(8 * 128, 8192))
