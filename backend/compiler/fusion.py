@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +91,20 @@ _BATCHED_MATMULS = {aten.bmm.default}
 # A region keeps its operands and intermediates in SBUF: it stays within this share.
 ATTENTION_SBUF_SHARE = 0.5
 SBUF_BYTES = 24 * 1024 * 1024  # the smallest preset's SBUF (trn1)
+
+
+def reaches(start: int, target: int, reads: Callable[[int], Iterable[int]]) -> bool:
+    """Whether group `target` is `start` or a group it reads from (`reads(g)`: the groups
+    g reads), directly or not: a group that joined it would read its own output."""
+    stack, seen = [start], set()
+    while stack:
+        g = stack.pop()
+        if g == target:
+            return True
+        if g not in seen:
+            seen.add(g)
+            stack.extend(reads(g))
+    return False
 
 
 def is_reduction(op_name: str) -> bool:
@@ -263,15 +277,7 @@ class _Planner:
 
     def _reaches(self, start: int, target: int) -> bool:
         """Whether group `target` is an ancestor of (or is) group `start`."""
-        stack, seen = [start], set()
-        while stack:
-            g = stack.pop()
-            if g == target:
-                return True
-            if g not in seen:
-                seen.add(g)
-                stack.extend(self.reads.get(g, ()))
-        return False
+        return reaches(start, target, lambda g: self.reads.get(g, ()))
 
     def _can_join(self, node: fx.Node, group: FusionGroup, producer_groups: set[int]) -> bool:
         kind = self.kind[node]

@@ -204,7 +204,7 @@ def _kind(spec, steps) -> str:
 
 def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
               producers: list[int]) -> bool:
-    from neuron_explorer.backend.compiler.fusion import ATTENTION_SBUF_SHARE, SBUF_BYTES
+    from neuron_explorer.backend.compiler.fusion import ATTENTION_SBUF_SHARE, SBUF_BYTES, reaches
 
     group = groups[g]
     if len(group.members) >= MAX_GROUP_OPS or group.kind == "single":
@@ -224,20 +224,8 @@ def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
                                    or _numel(spec) > _numel(specs[group.members[0]])):
         return False  # an epilogue is elementwise work on the GEMM's result, no larger
     # joining must not make the group read from a group that reads from it
-    return not any(_reaches(groups, other, g) for other in producers if other != g)
-
-
-def _reaches(groups: list[_Group], start: int, target: int) -> bool:
-    """Whether group `target` is `start` or a group it reads from, directly or not."""
-    stack, seen = [start], set()
-    while stack:
-        g = stack.pop()
-        if g == target:
-            return True
-        if g not in seen:
-            seen.add(g)
-            stack.extend(groups[g].reads)
-    return False
+    return not any(reaches(other, g, lambda i: groups[i].reads)
+                   for other in producers if other != g)
 
 
 def _in_dependency_order(groups: list[_Group]) -> list[_Group]:
