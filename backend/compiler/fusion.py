@@ -107,6 +107,20 @@ def reaches(start: int, target: int, reads: Callable[[int], Iterable[int]]) -> b
     return False
 
 
+def dependency_order(reads: dict[int, Iterable[int]]) -> list[int]:
+    """The groups (keys) ordered so each comes after those it reads, the lowest first
+    where free (an op that joined an early group may read a later one)."""
+    pending = {g: set(deps) for g, deps in reads.items()}
+    ordered = []
+    while pending:
+        ready = min(g for g, deps in pending.items() if not deps)
+        del pending[ready]
+        for deps in pending.values():
+            deps.discard(ready)
+        ordered.append(ready)
+    return ordered
+
+
 def is_reduction(op_name: str) -> bool:
     """Whether the aten op `op_name` ("sum", "aten::_softmax") fuses as a reduction, as
     `classify` says of its nodes: it needs whole rows, so no GEMM takes it as epilogue."""
@@ -348,15 +362,9 @@ class _Planner:
     def _sort_groups(self) -> None:
         """Order groups so each runs after the groups it reads (a node that joined an
         early group may read a later one), keeping creation order where free."""
-        pending = {g.group_id: set(self.reads[g.group_id]) for g in self.groups}
         by_id = {g.group_id: g for g in self.groups}
-        ordered: list[FusionGroup] = []
-        while pending:
-            ready = min(gid for gid, deps in pending.items() if not deps)
-            del pending[ready]
-            for deps in pending.values():
-                deps.discard(ready)
-            ordered.append(by_id[ready])
+        ordered = [by_id[gid] for gid in dependency_order(
+            {g.group_id: self.reads[g.group_id] for g in self.groups})]
         new_id = {g.group_id: i for i, g in enumerate(ordered)}
         self.reads = {new_id[old]: {new_id[r] for r in deps} for old, deps in self.reads.items()}
         for new, group in enumerate(ordered):

@@ -229,17 +229,10 @@ def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
 
 
 def _in_dependency_order(groups: list[_Group]) -> list[_Group]:
-    """Each group after those it reads (an op that joined an early group may read a later
-    one), in creation order where free."""
-    pending = {g: set(group.reads) for g, group in enumerate(groups)}
-    ordered = []
-    while pending:
-        ready = min(g for g, deps in pending.items() if not deps)
-        del pending[ready]
-        for deps in pending.values():
-            deps.discard(ready)
-        ordered.append(groups[ready])
-    return ordered
+    """Each group after those it reads, in creation order where free."""
+    from neuron_explorer.backend.compiler.fusion import dependency_order
+
+    return [groups[g] for g in dependency_order({g: grp.reads for g, grp in enumerate(groups)})]
 
 
 def _kept_on_chip(specs: list, groups: list[_Group], group_of: dict[int, int],
