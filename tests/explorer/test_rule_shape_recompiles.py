@@ -170,7 +170,10 @@ def test_a_static_cache_or_a_dynamic_length_compiles_a_few_times(generated, vari
     for f in recompiles:
         assert f.time_lost_ns == 0 and f.severity == "low", (variant, f.line())
         assert f.recommendation.startswith("Nothing to fix"), (variant, f.recommendation)
-    # and its tokens/s beat eager's too: the seconds its first steps compile are left out
-    # (they made a compiled decoder serve 11 tokens/s against a steady 2,500)
+    # and its tokens/s are eager's order, not a compile's: the seconds its first steps
+    # compile are left out (they made a compiled decoder serve 11 tokens/s against a steady
+    # 2,500). Not "faster than eager": the time to the first token dominates 8 tokens on
+    # the measured clock (1.36x eager's rate on a quiet machine; 1.0x once, with other work
+    # beside the recordings)
     assert trace.serving()["tokens_per_s"].iloc[0] > \
-        generated["eager"].serving()["tokens_per_s"].iloc[0]
+        0.5 * generated["eager"].serving()["tokens_per_s"].iloc[0]
