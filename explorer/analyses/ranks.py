@@ -128,7 +128,7 @@ def rank_lateness(run: Run) -> pd.DataFrame:
     else:
         out["step_time_ns"] = 0
         out["step_excess_ns"] = 0
-    total = run.step_time_ns()
+    total = run.analysed_time_ns()
     out["saving_ns"] = straggler_savings(run).reindex(ranks).fillna(0)
     out["late_share"] = out["saving_ns"] / total if total > 0 else 0.0
     out = out.reset_index()

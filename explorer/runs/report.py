@@ -39,7 +39,7 @@ def run_report_sections(run: Run) -> list[Section]:
     head: dict[str, Any] = {"run": run.path or "-", "ranks": len(run)}
     medians = ranks.dropna(subset=["step_time_ns"]) if len(ranks) else ranks
     if len(medians):
-        head["step time (median over ranks)"] = fmt_ns(medians["step_time_ns"].median())
+        head["step time (median over ranks)"] = fmt_ns(run.step_time_ns())
         # A synchronous run moves at its slowest rank's pace, and its ranks' steps last
         # alike: the slowest is the one the others wait for (the first of equal steps was
         # named, often a rank that waited), else the longest step where they differ.
@@ -51,7 +51,7 @@ def run_report_sections(run: Run) -> list[Section]:
         elif medians["step_time_ns"].nunique() > 1:
             head["slowest rank"] = (f"rank {int(slowest['rank'])}: "
                                     f"{fmt_ns(slowest['step_time_ns'])} a step")
-    head["analysed time per rank (mean)"] = fmt_ns(run.step_time_ns())
+    head["analysed time per rank (mean)"] = fmt_ns(run.analysed_time_ns())
     missing = run.missing_ranks
     if missing:
         head["ranks"] = (f"{len(run)} of {run.world_size} ({len(missing)} not in this run: no "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import numpy as np
 import pandas as pd
 from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.runs.digest import RankDigest, digest_file
@@ -196,14 +197,16 @@ class Run:
         return [r for r in range(world) if r not in self.digests] if world else []
 
     def summary(self) -> dict[str, Any]:
-        """ranks, world_size, missing_ranks, step_time_ns (the run's analysed time per rank),
-        the slowest rank and its median step, and `complete` (whether every rank is here:
-        cross-rank findings need them all)."""
+        """ranks, world_size, missing_ranks, step_time_ns (the median over ranks of each
+        rank's median step), analysed_time_ns (the mean over ranks of the analysed steps'
+        total), the slowest rank and its median step, and `complete` (whether every rank is
+        here: cross-rank findings need them all)."""
         ranks = self.rank_summary().dropna(subset=["step_time_ns"])
         slowest = ranks.loc[ranks["step_time_ns"].idxmax()] if len(ranks) else None
         return {"ranks": self.ranks, "world_size": self.world_size,
                 "missing_ranks": self.missing_ranks, "complete": not self.missing_ranks,
                 "step_time_ns": self.step_time_ns(),
+                "analysed_time_ns": self.analysed_time_ns(),
                 "slowest_rank": int(slowest["rank"]) if slowest is not None else None,
                 "slowest_step_ns": float(slowest["step_time_ns"]) if slowest is not None
                 else None}
@@ -312,10 +315,18 @@ class Run:
         return query_tables(query, RUN_SQL_TABLES, self.table, parquet)
 
     # --- analyses -------------------------------------------------------------------------
-    def step_time_ns(self) -> float:
-        """The run's analysed step time: the mean over ranks of each rank's total."""
+    def analysed_time_ns(self) -> float:
+        """The time analysed per rank: the mean over ranks of each rank's analysed steps'
+        total (the base of the run's findings' shares)."""
         totals = [float(d.summary.get("total_ns") or 0) for d in self.digests.values()]
         return sum(totals) / len(totals) if totals else 0.0
+
+    def step_time_ns(self) -> float | None:
+        """The run's step time: the median over ranks of each rank's median step, as a
+        trace's `summary()["step_time_ns"]` (None where no rank has steps)."""
+        medians = [float(m) for d in self.digests.values()
+                   if (m := d.summary.get("step_time_ns")) is not None]
+        return float(np.median(medians)) if medians else None
 
     def step_times(self) -> pd.DataFrame:
         """Step duration (ns) per rank (rows) and step (columns)."""

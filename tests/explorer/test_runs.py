@@ -63,6 +63,15 @@ def test_step_times_are_rank_by_step(run):
     assert (st.to_numpy() == rs.STEP).all()
 
 
+def test_the_runs_step_time_is_a_step_as_a_traces_is_and_its_total_has_its_own_key(run):
+    """`step_time_ns` once held the analysed total per rank (four steps here) under the name
+    a trace's summary gives its median step."""
+    summary = run.summary()
+    assert summary["step_time_ns"] == run[0].summary()["step_time_ns"] == rs.STEP
+    assert summary["analysed_time_ns"] == pytest.approx(4 * rs.STEP)
+    assert run.analysed_time_ns() == summary["analysed_time_ns"]
+
+
 def test_communication_overlap_is_exact(run):
     comm = run.communication().set_index("rank")
     assert comm.loc[0, "compute_ns"] == 4 * 600_000

@@ -146,7 +146,7 @@ def test_a_device_bound_rank_with_more_work_saves_what_the_balanced_run_measures
     straggler = _findings(slow)["straggler_rank"]
     assert "Rank 1" in straggler.title
     # the fix applied: the same script with equal work, recorded on the same clock
-    measured = slow.step_time_ns() - balanced.step_time_ns()
+    measured = slow.analysed_time_ns() - balanced.analysed_time_ns()
     assert measured > 0
     assert straggler.time_lost_ns == pytest.approx(measured, rel=0.25)
     found = _findings(slow)
@@ -182,7 +182,7 @@ def test_a_wait_paid_in_the_next_step_counts_for_the_straggler(tmp_path):
     even = _record(tmp_path, "even", "--extra-ms", "0", script=script)
     straggler = _findings(slow)["straggler_rank"]
     assert "Rank 1" in straggler.title
-    measured = _per_step(slow, slow.step_time_ns()) - _per_step(even, even.step_time_ns())
+    measured = _per_step(slow, slow.analysed_time_ns()) - _per_step(even, even.analysed_time_ns())
     assert measured > 10e6  # most of the 15 ms a step
     assert _per_step(slow, straggler.time_lost_ns) == pytest.approx(measured, rel=0.25)
 

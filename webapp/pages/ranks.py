@@ -120,7 +120,7 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         metric("ranks", f"{len(run)} of {run.world_size}" if missing else str(len(run))),
         # every rank waits for the slowest at each collective: its median step is the run's pace
         metric("step time", duration(slowest_step_ns(run)), "median per step, slowest rank"),
-        metric("time analysed", duration(run.step_time_ns()), "mean over ranks"),
+        metric("time analysed", duration(run.analysed_time_ns()), "mean over ranks"),
         metric("communication overlapped", overlapped),
         metric("stragglers", ", ".join(f"rank {r}" for r in late["rank"]) or "none"),
     ], className="metrics")

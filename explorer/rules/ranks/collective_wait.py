@@ -31,7 +31,7 @@ def check(run: Run) -> list[Finding]:
     # what no waiting would save: the waits on the ranks' critical paths in a typical
     # step, less what the straggler's own finding already counts
     lost = typical_wait_saving(run) - float(late["saving_ns"].sum())
-    if lost < th.COLLECTIVE_WAIT_MIN_SHARE * run.step_time_ns():
+    if lost < th.COLLECTIVE_WAIT_MIN_SHARE * run.analysed_time_ns():
         return []
     per_rank = waits.groupby("rank")["wait_ns"].sum().sort_values(ascending=False)
     items = [rank_evidence(int(r.rank), r.ts, r.wait_ns, [r.id],

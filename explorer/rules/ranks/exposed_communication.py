@@ -21,7 +21,7 @@ def check(run: Run) -> list[Finding]:
     per_rank = comm.groupby("rank")[["exposed_transfer_ns", "communication_ns",
                                      "overlap_ns"]].sum()
     lost = float(per_rank["exposed_transfer_ns"].mean())
-    if lost < th.EXPOSED_COMM_MIN_SHARE * run.step_time_ns():
+    if lost < th.EXPOSED_COMM_MIN_SHARE * run.analysed_time_ns():
         return []
     overlap = 100.0 * per_rank["overlap_ns"].sum() / per_rank["communication_ns"].sum()
     kinds = run.collective_stats().groupby("collective")["time_ns"].sum()

@@ -16,7 +16,7 @@ def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,
                 per_rank: bool = False, symptom_ns: float = 0, saving_basis: str = "") -> Finding:
     """A finding with its share of the run's step time and its severity. A per-rank
     finding's time is that rank's, against one rank's step time."""
-    total = run.step_time_ns()
+    total = run.analysed_time_ns()
     share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
     return Finding(rule_id=rule_id, title=title, severity=severity(share),
                    time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),

@@ -24,7 +24,7 @@ def check(run: Run) -> list[Finding]:
     if hi <= 0 or (hi - lo) / hi < th.LOAD_IMBALANCE_MIN_SPREAD:
         return []
     lost = hi - float(compute.mean())  # what the average rank waits for the busiest one
-    if lost < th.LOAD_IMBALANCE_MIN_SHARE * run.step_time_ns():
+    if lost < th.LOAD_IMBALANCE_MIN_SHARE * run.analysed_time_ns():
         return []
     late = run.stragglers()
     if len(late) and int(late.iloc[0]["rank"]) == busiest:

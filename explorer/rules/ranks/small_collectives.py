@@ -36,7 +36,7 @@ def check(run: Run) -> list[Finding]:
         bandwidth = float(rates.max()) if rates.notna().any() else 0.0
     needed = small["bytes"].sum() / bandwidth if bandwidth > 0 else 0.0
     lost = max(float(small["moving"].sum()) - needed, 0.0) / len(run)
-    if lost < th.SMALL_COLLECTIVES_MIN_SHARE * run.step_time_ns():
+    if lost < th.SMALL_COLLECTIVES_MIN_SHARE * run.analysed_time_ns():
         return []
     median = float(small["bytes"].median())
     items = [rank_evidence(int(r.rank), r.ts, r.dur, [r.id],

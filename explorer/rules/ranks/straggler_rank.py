@@ -24,7 +24,7 @@ def check(run: Run) -> list[Finding]:
     worst = late.iloc[0]
     rank = int(worst["rank"])
     lost = float(worst["saving_ns"])
-    if lost < th.STRAGGLER_MIN_SHARE * run.step_time_ns():
+    if lost < th.STRAGGLER_MIN_SHARE * run.analysed_time_ns():
         return []
     coll = step_collectives(run)
     first = coll.groupby(["group", "collective", "seq"])["arrival"].transform("min")
