@@ -18,7 +18,7 @@ from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules import SHARE_BASES
-from neuron_explorer.rules.finding import FINDINGS_TITLE
+from neuron_explorer.rules.finding import sections as findings_sections
 from neuron_explorer.units import size
 from neuron_explorer.what_if.label import prediction_text
 
@@ -130,13 +130,13 @@ def report_sections(trace: Trace) -> list[Section]:
                                "time": [fmt_ns(v) for v in mods["total_ns"]],
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
-    findings = [f.line() for f in trace.bottlenecks()]
+    findings, unseen = list(trace.bottlenecks()), []
     ours = recorded_level(trace) is not None
     if not device:
-        findings.append(f"findings about the device (launches, kernels, memory): {missing}"
+        unseen.append(f"findings about the device (launches, kernels, memory): {missing}"
                         + ("; record with --level op or engine to get them" if ours else ""))
     elif recorded_level(trace) == "op":
-        findings.append("findings about engines and DMA transfers: not recorded at --level op; "
+        unseen.append("findings about engines and DMA transfers: not recorded at --level op; "
                         "record with --level engine to get them")
     if not device:
         bd_table = pd.concat([bd_table, pd.DataFrame([{"side": "device", "category": missing,
@@ -167,7 +167,7 @@ def report_sections(trace: Trace) -> list[Section]:
               if device and len(sequences := _sequences_table(trace)) else []),
             Section("Top ops", ops_table),
             Section("Top modules", mods_table), *kernel_sections(trace),
-            Section(FINDINGS_TITLE, findings or ["no bottleneck found"])]
+            *findings_sections(findings, unseen)]
 
 
 def _phases_text(trace: Trace) -> str:

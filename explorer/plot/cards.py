@@ -33,7 +33,8 @@ def finding_card(finding: Finding) -> str:
              f"text-transform:uppercase;letter-spacing:.5px;padding:2px 8px;border-radius:10px'>"
              f"{_e(finding.severity)}</span>")
     cost = (f"{fmt_ns(finding.time_lost_ns)} lost · "
-            f"{fmt_share(finding.share_of_step)} of {finding.share_base}")
+            f"{fmt_share(finding.share_of_step)} of {finding.share_base}"
+            if finding.saves_time else "no time to save now")
     evidence = "".join(
         f"<li>{_e(fmt_ns(item.get('dur', 0)))} at {int(item.get('ts', 0)) / 1e9:.6f} s: "
         f"{_e(item.get('description', ''))}</li>"

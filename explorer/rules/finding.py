@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +41,20 @@ class Finding:
         symptom = f"; the symptom totals {duration(self.symptom_ns)}" if self.symptom_ns else ""
         return f"Saving from {self.saving_basis}{symptom}."
 
+    @property
+    def saves_time(self) -> bool:
+        """Whether fixing the cause would save any time now (a cause off the critical path,
+        or hidden behind other work, saves none: its finding says why)."""
+        return self.time_lost_ns > 0
+
     def line(self) -> str:
         """The finding as one line of a text report."""
         from neuron_explorer.render import fmt_ns, fmt_share
 
         note = self.saving_note()
-        return (f"[{self.severity}] {self.title}: {fmt_ns(self.time_lost_ns)} lost "
-                f"({fmt_share(self.share_of_step)} of {self.share_base}). {self.explanation} "
+        cost = (f"{fmt_ns(self.time_lost_ns)} lost ({fmt_share(self.share_of_step)} of "
+                f"{self.share_base})" if self.saves_time else "no time to save now")
+        return (f"[{self.severity}] {self.title}: {cost}. {self.explanation} "
                 f"Fix: {self.recommendation}" + (f" {note}" if note else ""))
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,6 +79,8 @@ class Findings(list):
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 # the title reports give the findings `ranked` orders
 FINDINGS_TITLE = "Findings (ranked by time lost, each after the fix it waits on)"
+# below the ranked ones: a cause seen whose fix would save nothing now, each saying why
+NO_SAVING_TITLE = "Also seen, saving no time now"
 
 
 def ranked(findings: list[Finding]) -> Findings:
@@ -90,6 +100,19 @@ def ranked(findings: list[Finding]) -> Findings:
         return (-rank_by, f.after in lost, -f.time_lost_ns, SEVERITY_RANK[f.severity])
 
     return Findings(sorted(findings, key=key))
+
+
+def sections(findings: list[Finding], unseen: Sequence[str] = ()) -> list[Any]:
+    """A report's findings sections: those that save time, ranked, with what the trace
+    could not show (`unseen`), then those that save none now (listed at "0 ns lost" among
+    them, they read as ranked bottlenecks)."""
+    from neuron_explorer.render import Section
+
+    saving = [f.line() for f in findings if f.saves_time]
+    saving += unseen
+    none_now = [f.line() for f in findings if not f.saves_time]
+    return [Section(FINDINGS_TITLE, saving or ["no bottleneck found"]),
+            *([Section(NO_SAVING_TITLE, none_now)] if none_now else [])]
 
 
 def evidence(ts: int, dur: int, slice_ids: list[int], description: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from neuron_explorer.analyses.run_critical_path import CRITICAL_PATH_MAX_RANKS
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
-from neuron_explorer.rules.finding import FINDINGS_TITLE
+from neuron_explorer.rules.finding import sections as findings_sections
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -82,12 +82,12 @@ def run_report_sections(run: Run) -> list[Section]:
         "rank": stats["rank"], "collective": stats["collective"], "calls": stats["count"],
         "bytes": stats["bytes"], "time": [fmt_ns(v) for v in stats["time_ns"]],
         "algbw GB/s": stats["algbw_gbps"].round(2), "busbw GB/s": stats["busbw_gbps"].round(2)})
-    findings = [f.line() for f in run.bottlenecks()]
+    findings = list(run.bottlenecks())
     return [Section("Run", head), Section("Ranks", rank_table),
             Section("Communication per rank", comm_table),
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
-            Section(FINDINGS_TITLE, findings or ["no bottleneck found"])]
+            *findings_sections(findings)]
 
 
 def _critical_path_section(run: Run) -> list[Section]:

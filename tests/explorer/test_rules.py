@@ -91,9 +91,19 @@ def test_host_fallback_hidden_behind_device_work_saves_nothing(tmp_path: Path) -
     sc = scenarios.clean()
     sc.op(1000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")
     sc.b.slice(sc.host, 1700, 8200, "sync", "sync", {"kind": "item", "device": 0, "step": 0})
-    (f,) = _rule(_load(sc, tmp_path, "fb_hidden"), "host_fallback")
+    trace = _load(sc, tmp_path, "fb_hidden")
+    (f,) = _rule(trace, "host_fallback")
     assert f.symptom_ns == 600 and f.time_lost_ns == 0 and f.severity == "low"
     assert f.saving_basis.startswith("replay")
+    # the report lists it apart from the ranked findings, not at "0 ns lost" among them
+    from neuron_explorer.render import to_text
+    from neuron_explorer.report import report_sections
+    from neuron_explorer.rules.finding import NO_SAVING_TITLE
+
+    text = to_text("report", report_sections(trace))
+    assert text.index(NO_SAVING_TITLE) < text.index("no time to save now")
+    assert "aten::nonzero" in text.split(NO_SAVING_TITLE)[1]
+    assert ": 0 ns lost" not in text
 
 
 def test_host_fallback_names_the_module_api(tmp_path: Path) -> None:

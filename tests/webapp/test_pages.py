@@ -53,6 +53,33 @@ def test_overview_ranks_findings_and_links_them_to_the_timeline(app_context):
     assert "/timeline?trace=run_a.pftrace&start=" in text and "select=" in text
 
 
+def test_overview_keeps_the_rules_order_and_sets_findings_saving_nothing_apart():
+    """The page sorted the findings by time lost again, so a saving that waits on another
+    fix came before that fix (the report's order is after it); and one saving nothing read
+    "0 ns lost" among the ranked bottlenecks."""
+    from neuron_explorer.rules.finding import NO_SAVING_TITLE, Finding, ranked
+    from neuron_explorer.webapp.pages import overview
+
+    def finding(rule_id: str, lost: int, after: str = "") -> Finding:
+        return Finding(rule_id, f"title of {rule_id}", "medium", lost, lost / 10_000,
+                       after=after)
+
+    findings = ranked([finding("small_dma", 3_000, after="host_bound"),
+                       finding("host_bound", 2_000), finding("exposed_communication", 0)])
+
+    class Shown:
+        def bottlenecks(self):
+            return findings
+
+        def summary(self):
+            return {"steps_analysed": [0, 1]}
+
+    text = rendered(overview.findings(Shown(), "t.pftrace"))
+    assert (text.index("title of host_bound") < text.index("title of small_dma")
+            < text.index(NO_SAVING_TITLE) < text.index("title of exposed_communication"))
+    assert "no time to save now" in text and "0 ns" not in text
+
+
 def test_timeline_figure_payload_is_compact_typed_arrays(tmp_path):
     trace = load_synthetic(tmp_path, n_steps=4, ops_per_step=2000)
     index = build_index(trace)

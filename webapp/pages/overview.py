@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dash
 from dash import Input, Output, dcc, html
@@ -10,7 +10,7 @@ from dash.exceptions import PreventUpdate
 from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.report import RUN_SHARE_RULES
-from neuron_explorer.rules.finding import Finding
+from neuron_explorer.rules.finding import NO_SAVING_TITLE, Finding
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
 from neuron_explorer.webapp.page_data import fetch
@@ -87,10 +87,16 @@ def findings(trace: Trace, name: str) -> html.Div:
     if data.value is None:
         missing = str(data.missing)
         return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
-    ranked = sorted(data.value, key=lambda f: -f.time_lost_ns)
+    # in the rules' order: a finding whose saving waits on another fix comes after that
+    # fix's, whatever the two savings; those saving nothing now under their own heading
     has_steps = bool((fetch(trace.summary, "summary").value or {}).get("steps_analysed"))
-    return html.Div([_finding_card(f, i, name, share_of(f, has_steps))
-                     for i, f in enumerate(ranked)], className="findings")
+    cards: list[Any] = [_finding_card(f, i, name, share_of(f, has_steps))
+                        for i, f in enumerate(data.value) if f.saves_time]
+    rest = [(i, f) for i, f in enumerate(data.value) if not f.saves_time]
+    if rest:
+        cards.append(html.H4(NO_SAVING_TITLE, className="findings-none-now"))
+        cards += [_finding_card(f, i, name, share_of(f, has_steps)) for i, f in rest]
+    return html.Div(cards, className="findings")
 
 
 def share_of(finding: Finding, has_steps: bool) -> str:
@@ -119,8 +125,9 @@ def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time")
             html.Span(severity, className=f"badge badge-{severity}"),
             html.H3(finding.title),
             html.Div([
-                html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
-                html.Span(f" lost · {fmt.share(finding.share_of_step)} of {of}"),
+                *([html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
+                   html.Span(f" lost · {fmt.share(finding.share_of_step)} of {of}")]
+                  if finding.saves_time else [html.Span("no time to save now")]),
             ], className="finding-cost"),
         ], className="finding-head"),
         html.P(finding.explanation, className="finding-explanation"),
