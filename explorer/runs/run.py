@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -62,6 +63,7 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
     from tqdm.auto import tqdm
 
     workers = min(processes or os.cpu_count() or 1, len(paths))
+    context = _context()  # before the bar: its monitor is a thread of its own
     bar = tqdm(total=len(paths), desc=what, unit="rank", file=sys.stderr, delay=1.0,
                disable=(not progress) if progress is not None else None, leave=False)
     try:
@@ -75,10 +77,10 @@ def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | N
                 results.append(function(path))
                 bar.update()
             return results
-        context = _context()
         if context.get_start_method() != "fork":  # the server's environment is its start's
             function = _InEnvironment(function, dict(os.environ))
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool, \
+                _main_not_rerun():  # the workers start as the tasks are submitted
             futures = [pool.submit(function, p) for p in paths]
             for future in futures:
                 future.add_done_callback(lambda _f: bar.update())
@@ -102,6 +104,28 @@ def _context():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["neuron_explorer.trace", "neuron_explorer.runs.digest"])
     return context
+
+
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Workers started meanwhile from a fork server do not run the caller's script again:
+    multiprocessing runs `__main__` in each (as `__mp_main__`) where it names its file or
+    module, so a script loading a run at its top level, not under `if __name__ ==
+    "__main__":`, loaded it again in every worker and failed in their bootstrap. The
+    workers run the explorer's functions only, none of the script's."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    hidden: dict[str, Any] = {name: main.__dict__[name] for name in ("__spec__", "__file__")
+              if name in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(hidden)
 
 
 @dataclass(frozen=True)

@@ -313,6 +313,32 @@ def test_the_loader_uses_worker_processes_for_several_files(run_dir, monkeypatch
                           ["overlap_ns"])
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["forked", "from_a_fork_server"])
+def test_a_script_loads_a_run_at_its_top_level(run_dir, tmp_path, threads):
+    """A script loading a run at its top level, with no `if __name__ == "__main__":`,
+    failed in the workers' bootstrap where they start from a fork server (a thread beside
+    the script's, as tqdm's monitor or a notebook's): each worker ran the script again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "top_level.py"
+    script.write_text(
+        "import threading\nimport neuron_explorer\n"
+        + ("threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+           if threads > 1 else "")
+        + "threads = threading.active_count()\n"
+        "from neuron_explorer.runs.run import _context\n"
+        "print('workers', _context().get_start_method())\n"
+        + f"run = neuron_explorer.load({str(run_dir)!r}, processes=2, cache=False)\n"
+        "print('ranks', run.ranks, 'threads', threads)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    method = "fork" if threads == 1 else "forkserver"
+    assert done.stdout.split() == ["workers", method, "ranks", "[0,", "1]", "threads",
+                                   str(threads)]
+
+
 def test_one_rank_alone_reports_its_exposed_communication(run):
     found = {f.rule_id: f for f in run[0].bottlenecks()}
     assert found["exposed_communication"].time_lost_ns == 4 * 300_000
