@@ -9,6 +9,8 @@ cost two trips (empty, then `.out`).
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from neuron_explorer.backend import devices, dispatch, result_size, runtime
 from neuron_explorer.backend.allocator import allocate, block_of
@@ -35,15 +37,42 @@ SAME_HOST_TENSOR = (("same_host_tensor", True),)
 _UPLOADED_VERSION = "_neuron_uploaded_version"
 
 
+# A small host tensor made again with the same values every step (`torch.tensor([...])`
+# in the loop) is a constant too: its values are remembered while a recording listens.
+SAME_VALUES_MAX_BYTES = 16 << 10
+_SAME_VALUES_KEPT = 4096
+_uploaded_values: dict[bytes, None] = {}  # digests of small uploads, oldest first
+
+
 def _upload_attrs(host: torch.Tensor) -> tuple:
-    """The attrs of an upload of `host` (direction, and whether it was uploaded before)."""
+    """The attrs of an upload of `host` (direction, and whether it was uploaded before:
+    the same tensor unchanged, or a small one with the same values)."""
     try:
         version = host._version
         repeated = getattr(host, _UPLOADED_VERSION, None) == version
         setattr(host, _UPLOADED_VERSION, version)
     except (RuntimeError, AttributeError):  # an inference tensor keeps no version
-        return TO_DEVICE
+        repeated = False
+    if not repeated and _hub.active and _state.accounting:
+        repeated = _same_values_uploaded(host)
     return TO_DEVICE + SAME_HOST_TENSOR if repeated else TO_DEVICE
+
+
+def _same_values_uploaded(host: torch.Tensor) -> bool:
+    """Whether a host tensor of `host`'s dtype, shape and values was uploaded before in
+    this recording (small tensors only: the digest costs the host a few us)."""
+    if host.layout != torch.strided or host.numel() * host.element_size() > SAME_VALUES_MAX_BYTES:
+        return False
+    data = host.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    digest = hashlib.blake2b(f"{host.dtype}{tuple(host.shape)}".encode(), digest_size=16)
+    digest.update(data.data)
+    key = digest.digest()
+    if key in _uploaded_values:
+        return True
+    _uploaded_values[key] = None
+    if len(_uploaded_values) > _SAME_VALUES_KEPT:
+        del _uploaded_values[next(iter(_uploaded_values))]
+    return False
 
 
 # Sync kind of the next device-to-host copy, set by the wrappers that know why the

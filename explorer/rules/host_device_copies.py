@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "host_device_copies"
-# copies a step from which the advice is to batch them into one
+# copies of one dtype a step from which the advice is to batch them into one: the fix's
+# split costs an op, so two or three save little
 MANY_PER_STEP = 4
 COPY_OPS = {"aten::_copy_from", "aten::_to_copy", "aten::copy_", "aten::to"}
 CROSSING = re.compile(r"htod|dtoh|h2d|d2h|host_to_device|device_to_host|to_host|to_device",
@@ -126,7 +127,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     issued = issuers(trace, c)
     constant = _constant(trace, issued)
-    per_step = len(c) / max(steps_with, 1)
+    per_step = batched_per_step(trace, c, issued, constant)
     batched = per_step >= MANY_PER_STEP
     # tiny transfers can cost their host far more than the link: the saving is the share
     # (copies of data new every step that the device waits on little save nothing)
@@ -144,8 +145,9 @@ def check(trace: Trace) -> list[Finding]:
                  f"the {len(c)} copies{', at ' + ', '.join(sites) if sites else ''}) to the "
                  "device once, before the loop. ")
     if batched and not constant.all():
-        first += (f"Move each step's small tensors in one copy ({per_step:.0f} copies a step "
-                  "here: torch.cat or torch.stack them on the host, then one .to(device)). ")
+        first += (f"Move each step's small tensors of one dtype in one copy ({per_step:.0f} "
+                  "copies a step here: torch.cat or torch.stack them on the host, one "
+                  ".to(device), then one split or unbind on the device). ")
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,
@@ -172,38 +174,82 @@ def _constant(trace: Trace, issued: np.ndarray) -> np.ndarray:
 
 
 def _removed(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.ndarray,
-             batched: bool) -> tuple[np.ndarray, str]:
+             batched: bool) -> tuple[np.ndarray, dict[int, int], str]:
     """The slices the advised fixes remove, and how the replay's basis says so. A constant
     is uploaded once before the loop: its copy goes. Data new every step still crosses:
     batched into one copy a step, all but one copy's op go; otherwise (created on the
     device, prefetched) the transfer goes and the op that issues it stays. Traces from
-    elsewhere: the copies' ops go (a PyTorch profiler's blocking copy holds the host)."""
+    elsewhere: the copies' ops go (a PyTorch profiler's blocking copy holds the host).
+    Also the kernels (rows of `trace.kernels`) that run longer: a batched copy's transfer
+    moves the bytes of all of its pieces."""
     if not device_terms(trace.metadata).recorded_here:
         # whether a copy's data is a constant the trace does not say: the most, moving
         # every one to the device once, is what the replay states
-        return issued[issued >= 0], (
+        return issued[issued >= 0], {}, (
             "the run replayed without these copies' ops (what uploading them once before "
             "the loop saves; data new every step, pinned and copied asynchronously, "
             "saves less: its op stays)")
     fresh = ~constant & (issued >= 0)
     parts, says = [issued[constant]], []
+    lengths: dict[int, int] = {}
     if constant.any():
         says.append("the tensors uploaded unchanged every step uploaded once before the loop")
+    k = trace.kernels
+    transfer = c["id"].isin(k["id"]).to_numpy() if len(k) else np.zeros(len(c), bool)
     if fresh.any() and batched:
+        # per step and dtype, one copy moves them all and one op (a split or unbind on the
+        # device) hands out the pieces: the third copy's op on is gone, the second's stays
+        # for the split, its transfer gone
         rows = np.flatnonzero(fresh)
-        step, ts = c["step"].to_numpy()[rows], c["ts"].to_numpy()[rows]
-        rows = rows[np.lexsort((ts, step))]
-        first = np.r_[True, np.diff(c["step"].to_numpy()[rows]) != 0]
-        parts.append(issued[rows[~first]])
-        says.append("each step's other copies batched into one (their ops gone)")
+        group = pd.Series(list(zip(c["step"].to_numpy()[rows].tolist(),
+                                   _dtypes(trace, issued[rows]), strict=True)))
+        nth = group.groupby(group).cumcount().to_numpy()  # rows are in time order
+        parts += [issued[rows[nth >= 2]], c["id"].to_numpy(np.int64)[rows[(nth == 1)
+                                                                         & transfer[rows]]]]
+        lengths = _batched_transfers(trace, c, rows[transfer[rows]],
+                                     group[transfer[rows]].to_numpy())
+        says.append("each step's copies of one dtype batched into one (the others' ops gone, "
+                    "one kept for the split that hands out the pieces)")
     elif fresh.any():
-        k = trace.kernels
-        transfer = fresh & c["id"].isin(k["id"]).to_numpy()
-        parts += [c["id"].to_numpy(np.int64)[transfer], issued[fresh & ~transfer]]
+        parts += [c["id"].to_numpy(np.int64)[fresh & transfer], issued[fresh & ~transfer]]
         says.append("the data new every step no longer crossing the link (the ops that "
                     "issue it stay: created on the device or prefetched, it still costs "
                     "an op)")
-    return np.concatenate(parts).astype(np.int64), "the run replayed with " + "; ".join(says)
+    return (np.concatenate(parts).astype(np.int64), lengths,
+            "the run replayed with " + "; ".join(says))
+
+
+def _batched_transfers(trace: Trace, c: pd.DataFrame, rows: np.ndarray,
+                       group: np.ndarray) -> dict[int, int]:
+    """Each batch's first transfer (a row of `trace.kernels`) as long as all of its
+    pieces' transfers together, the rows of `c` in `rows` grouped by `group`."""
+    k = trace.kernels
+    row_of = pd.Series(np.arange(len(k)), index=k["id"].to_numpy(np.int64))
+    kernel_rows = row_of.reindex(c["id"].to_numpy(np.int64)[rows]).to_numpy()
+    dur = c["dur"].to_numpy(np.int64)[rows]
+    frame = pd.DataFrame({"group": list(group), "row": kernel_rows, "dur": dur})
+    batches = frame.groupby("group", sort=False).agg(row=("row", "first"), dur=("dur", "sum"))
+    return {int(r): int(d) for r, d in zip(batches["row"], batches["dur"], strict=True)}
+
+
+def _dtypes(trace: Trace, issued: np.ndarray) -> list[str]:
+    """Each copy's dtype, as its issuing op's `dtypes` ("" where unknown)."""
+    ops = trace.ops
+    known = ops.set_index("id")["dtypes"] if "dtypes" in ops else pd.Series(dtype=object)
+    return [str(d) if isinstance(d, str) else "" for d in known.reindex(issued).tolist()]
+
+
+def batched_per_step(trace: Trace, c: pd.DataFrame, issued: np.ndarray,
+                     constant: np.ndarray) -> float:
+    """The copies of data new every step that one copy a step could move: the median over
+    steps of the largest group of one dtype (copies of other dtypes need a cast on the
+    device besides the split)."""
+    fresh = ~constant & (issued >= 0)
+    if not fresh.any():
+        return 0.0
+    groups = pd.DataFrame({"step": c["step"].to_numpy()[fresh],
+                           "dtype": _dtypes(trace, issued[fresh])})
+    return float(groups.groupby(["step", "dtype"]).size().groupby(level=0).max().median())
 
 
 def _saving(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.ndarray,
@@ -217,8 +263,8 @@ def _saving(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.ndar
     on_device = c["id"].isin(k["id"]) if len(k) else np.zeros(len(c), bool)
     op_ids = np.r_[k.set_index("id").loc[c.loc[on_device, "id"], "op_slice_id"].to_numpy(),
                    c.loc[~on_device, "id"].to_numpy()] if len(k) else c["id"].to_numpy()
-    removed, says = _removed(trace, c, issued, constant, batched)
-    replayed = removal_saving_ns(trace, removed, f"{RULE_ID}:{says}")
+    removed, lengths, says = _removed(trace, c, issued, constant, batched)
+    replayed = removal_saving_ns(trace, removed, f"{RULE_ID}:{says}", lengths)
     if replayed is not None:
         return replayed, f"replay: {says}"
     end = (c["ts"] + c["dur"]).to_numpy()

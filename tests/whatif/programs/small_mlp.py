@@ -4,8 +4,10 @@
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
-uploaded in every step), `fresh` (a new host tensor uploaded every step) or `on-device` (a
-new one made on the device).
+uploaded in every step), `rebuilt` (a new host tensor of the same values uploaded every
+step), `fresh` (a new host tensor uploaded every step), `on-device` (a new one made on
+the device), `pieces` (the sum of four new host tensors, each uploaded) or `stacked` (the
+same four uploaded in one copy and unbound on the device).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`."""
 
@@ -45,8 +47,14 @@ losses = []
 for _ in range(12):
     if INPUT == "every-step":
         x = host_x.to("neuron")
+    elif INPUT == "rebuilt":
+        x = host_x.clone().to("neuron")
     elif INPUT == "fresh":
         x = torch.randn(BATCH, WIDTH).to("neuron")
+    elif INPUT == "pieces":
+        x = sum(piece.to("neuron") for piece in torch.randn(4, BATCH, WIDTH).unbind(0))
+    elif INPUT == "stacked":
+        x = sum(torch.randn(4, BATCH, WIDTH).to("neuron").unbind(0))
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
     out = fwd(x)
