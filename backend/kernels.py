@@ -162,7 +162,8 @@ def _copy_to_host(src: torch.Tensor, dst_host: torch.Tensor, real_start: int,
     dev = devices.get(src.device.index)
     dst_host.copy_(_logical_host_view(src))
     _account(dev, "aten::_copy_from", ((src.shape, src.dtype),),
-             ((dst_host.shape, dst_host.dtype),), TO_HOST, real_start, host_start)
+             ((dst_host.shape, dst_host.dtype),), TO_HOST, real_start, host_start,
+             *_copy_data_flow(src, None))
     if _state.accounting:
         runtime.synchronize(dev.index, sync_kind[-1] if sync_kind else "copy_to_host")
 
@@ -190,24 +191,31 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         _logical_host_view(dst).copy_(self)
         attrs = _upload_attrs(self)
     op_id, producers = _copy_data_flow(self, dst)
+    if op_id is not None:
+        block_of(dst.untyped_storage()).made_by = op_id
     _account(dev, "aten::_copy_from", ((self.shape, self.dtype),), ((dst.shape, dst.dtype),),
              attrs, real_start, host_start, op_id, producers)
     return dst
 
 
-def _copy_data_flow(src: torch.Tensor, dst: torch.Tensor) -> tuple[int | None, tuple[int, ...]]:
+def _copy_data_flow(src: torch.Tensor,
+                    dst: torch.Tensor | None) -> tuple[int | None, tuple[int, ...]]:
     """A recorded copy's op id and the op that made its source (how many ids back, 0: none);
-    the copy is what made `dst` now (`dispatch._data_flow` does this for other ops):
-    `x.contiguous()` is an `empty` then this copy, and the ops reading the copy read
-    what the copy made, not the `empty`."""
+    the copy is what made `dst` now, on the device (`dispatch._data_flow` does this for
+    other ops): `x.contiguous()` is an `empty` then this copy, and the ops reading the
+    copy read what the copy made, not the `empty`. A read to the host (`dst` None) marks
+    nothing: what the host reads, and the ops that made it only for that, go with it."""
     if not (_hub.active and _state.accounting):
         return None, ()
     op_id = runtime.next_op_id()
+    return op_id, (_made_by(src, op_id),)
+
+
+def _made_by(src: torch.Tensor, op_id: int) -> int:
+    """How many op ids before `op_id` the op that made `src` was (0: none recorded)."""
     made = getattr(src.untyped_storage(), "_neuron_block", None) \
         if src.device.type == "neuron" else None
-    producer = op_id - made.made_by if made is not None and made.made_by else 0
-    block_of(dst.untyped_storage()).made_by = op_id
-    return op_id, (producer,)
+    return op_id - made.made_by if made is not None and made.made_by else 0
 
 
 def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -238,7 +246,8 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     src_dev = devices.get(self.device.index)
     if target.type != "neuron":
         _account(src_dev, "aten::_to_copy", ((self.shape, self.dtype),),
-                 ((host.shape, host.dtype),), TO_HOST, real_start, host_start, op_id)
+                 ((host.shape, host.dtype),), TO_HOST, real_start, host_start, op_id,
+                 (_made_by(self, op_id),) if _hub.active and _state.accounting else ())
         if _state.accounting:
             runtime.synchronize(src_dev.index, sync_kind[-1] if sync_kind else "cpu")
         return host
@@ -255,7 +264,7 @@ def local_scalar_dense(self: torch.Tensor):
     dev = devices.get(self.device.index)
     value = host_view(self).item()
     _account(dev, "aten::_local_scalar_dense", ((self.shape, self.dtype),), (), TO_HOST,
-             real_start, host_start)
+             real_start, host_start, *_copy_data_flow(self, None))
     if _state.accounting:
         runtime.synchronize(dev.index, sync_kind[-1] if sync_kind else "item")
     return value
@@ -266,7 +275,7 @@ def read_to_host(self: torch.Tensor, kind: str) -> None:
     real_start, host_start = clock.stamp()
     dev = devices.get(self.device.index)
     _account(dev, "aten::_to_copy", ((self.shape, self.dtype),), ((self.shape, self.dtype),),
-             TO_HOST, real_start, host_start)
+             TO_HOST, real_start, host_start, *_copy_data_flow(self, None))
     if _state.accounting:
         runtime.synchronize(dev.index, kind)
 

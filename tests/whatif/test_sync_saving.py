@@ -34,3 +34,18 @@ def test_the_sync_findings_saving_is_what_removing_the_item_saves(tmp_path, mode
     saved = step_time(item) - step_time(fixed)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
     assert not [f for f in fixed.bottlenecks() if f.rule_id == "sync_in_step"]
+
+
+def test_removing_a_check_saves_the_ops_that_made_what_it_read(tmp_path) -> None:
+    """`if not bool(torch.isfinite(out).all())` every step: removing the check removes
+    the ops of its line whose results only the read took, `isfinite`'s and `all` (a
+    decoder's end-of-text check was promised 62 us a step where removing it saved 136);
+    the output they read stays, made on another line, as the loss read by `.item()` does
+    (the backward needs what made it)."""
+    paths = record_variants(tmp_path, PROGRAM, {"check": ["2", "--check-finite"],
+                                                "fixed": ["2"]}, modelled=True)
+    check, fixed = load(paths["check"]), load(paths["fixed"])
+    (f,) = [f for f in check.bottlenecks() if f.rule_id == "sync_in_step"]
+    saved = step_time(check) - step_time(fixed)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
+    assert "the ops that made what it read" in f.saving_basis

@@ -1,6 +1,7 @@
 """A small MLP trained eagerly or compiled:
-`small_mlp.py LAYERS [--compile] [--item] [--width W] [--batch B] [--input HOW] [--optimizer O]
-[--loss-module]` (`--item`: read the loss on the host every step, as a training log does;
+`small_mlp.py LAYERS [--compile] [--item] [--check-finite] [--width W] [--batch B] [--input HOW]
+[--optimizer O] [--loss-module]` (`--item`: read the loss on the host every step, as a
+training log does; `--check-finite`: stop if the output holds a NaN or inf, read every step;
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
@@ -19,6 +20,7 @@ from torch import nn
 LAYERS = int(sys.argv[1])
 COMPILE = "--compile" in sys.argv
 ITEM = "--item" in sys.argv
+CHECK_FINITE = "--check-finite" in sys.argv
 LOSS_MODULE = "--loss-module" in sys.argv
 
 
@@ -58,6 +60,8 @@ for _ in range(12):
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
     out = fwd(x)
+    if CHECK_FINITE and not bool(torch.isfinite(out).all()):
+        raise SystemExit("the output is not finite")
     loss = nn.MSELoss()(out, torch.zeros_like(out)) if LOSS_MODULE else out.square().mean()
     opt.zero_grad()
     loss.backward()
