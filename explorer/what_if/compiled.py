@@ -101,8 +101,14 @@ class _Graph:
     launch_name: str  # the launch's op name, as the compile path names it
 
 
-def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False) -> np.ndarray:
-    """Per host event: its graph label ("<step>:forward", "<step>:backward") or "" (eager)."""
+def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
+            data_flow: tuple | None = None) -> np.ndarray:
+    """Per host event: its graph label ("<step>.<call>:forward", "<step>.<call>:backward",
+    a step's model calls numbered: micro-batches of gradient accumulation) or "" (eager).
+    With the recording's `data_flow` (`recorded_data_flow`), a backward's in-place add
+    into a tensor made before that backward began is the gradient accumulating into a
+    parameter's `.grad` (AccumulateGrad, which autograd runs eagerly after the compiled
+    backward): eager too."""
     ids = rows["id"].to_numpy()
     labels = np.full(len(rows), "", dtype=object)
     is_op = rows["key"].map(lambda k: k is not None).to_numpy()
@@ -118,26 +124,60 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False) -> np.nda
                 else np.ones(len(rows), bool))
     ts = rows["ts"].to_numpy(np.int64)
     step = tables.assign_steps(ts, trace.steps)
-    # optimizer calls (zero_grad, step) begun before each op: one between a step's forward
-    # ops and a later op (zero_grad before loss.backward()) ends the forward, and the
-    # loss's own backward ops (outside any module's backward range) start the backward
+    # optimizer calls (zero_grad, step) begun before each op: one between a step's first
+    # forward op in the model and a later op (zero_grad before loss.backward()) ends the
+    # forward, and the loss's own backward ops (outside any module's backward range) start
+    # the backward (counted from the model's first op: a step that begins with the last
+    # one's `loss.item()`, then zero_grad, had its whole forward taken for a backward)
     calls = np.sort(tables.of_kind(trace, tf.CAT_OPTIMIZER)["ts"].to_numpy(np.int64))
     calls_before = np.searchsorted(calls, ts, side="right")
     keys = rows["key"].tolist()
     in_backward: dict[int, bool] = {}
-    forward_calls: dict[int, int] = {}  # per step: optimizer calls before its first op
+    forward_calls: dict[int, int] = {}  # per step: optimizer calls before its model's
+    call: dict[int, int] = {}  # per step: its model calls so far
+    began = np.full(len(rows), -1, np.int64)  # per op: where its call's phase began
+    phase_start: dict[int, int] = {}
     for i in range(len(rows)):
         key = keys[i]
         if key is None or optimizer[i] or step[i] < 0:
             continue
-        if backward[i] or calls_before[i] > forward_calls.setdefault(step[i], calls_before[i]):
-            in_backward[step[i]] = True
+        st = step[i]
+        if st not in forward_calls and in_model[i] and not backward[i]:
+            forward_calls[st] = calls_before[i]
+        optimizer_since = calls_before[i] > forward_calls.get(st, calls_before[i])
+        if in_backward.get(st) and in_model[i] and not backward[i] and not optimizer_since:
+            # the model's forward again after a backward: the next micro-batch
+            in_backward[st] = False
+            call[st] = call.get(st, 0) + 1
+            phase_start[st] = i
+        if (backward[i] or optimizer_since) and not in_backward.get(st):
+            in_backward[st] = True
+            phase_start[st] = i
+        began[i] = phase_start.setdefault(st, i)
         if not in_model[i] or key[0] in _EAGER_ONLY or any(
                 n == "direction" and v != "device_to_device" for n, v in key[3]):
             continue
-        phase = "backward" if in_backward.get(step[i]) else "forward"
-        labels[i] = f"{step[i]}:{phase}"
+        if in_backward.get(st) and _accumulates_gradient(key, i, began[i], data_flow):
+            labels[i] = ACCUMULATES
+            continue
+        phase = "backward" if in_backward.get(st) else "forward"
+        labels[i] = f"{st}.{call.get(st, 0)}:{phase}"
     return labels
+
+
+# The label of an op that accumulates a gradient into `.grad`: eager, after the compiled
+# backward that made the gradient, so it does not split that backward's graph
+ACCUMULATES = "accumulates"
+
+
+def _accumulates_gradient(key: tuple, row: int, phase_began: int,
+                          data_flow: tuple | None) -> bool:
+    """Whether the op at `row`, in a backward that began at row `phase_began`, adds in
+    place into a tensor made before that backward: a gradient accumulating into `.grad`."""
+    if data_flow is None or key[0] != "aten::add_":
+        return False
+    made_by = data_flow[0][row]
+    return bool(made_by) and 0 <= made_by[0] < phase_began
 
 
 def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False) -> np.ndarray:
@@ -188,11 +228,14 @@ def _within(path: str, modules: dict[str, str]) -> bool:
 def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
     """Consecutive ops with one label are one graph; keyed by its first event. An eager op
     between them (a read of a device value, a host copy) ends the graph, as it breaks
-    torch.compile's: a graph launched before a sync and holding the ops after it made the
+    torch.compile's (not a gradient's accumulation, which runs after the backward): a
+    graph launched before a sync and holding the ops after it made the
     sync wait for the whole step (a decode step's `token.tolist()` before its model call)."""
     graphs: dict[int, _Graph] = {}
     first = -1
     for i, label in enumerate(labels.tolist()):
+        if label == ACCUMULATES:
+            continue
         if not label:
             first = -1
             continue
@@ -278,20 +321,31 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
-    graphs = _graphs(_phases(trace, rows, allow_rnn))
+    data_flow = recorded_data_flow(trace, rows)
+    graphs = _graphs(_phases(trace, rows, allow_rnn, data_flow))
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)
-    data_flow = recorded_data_flow(trace, rows)
     timelines: dict[int, DeviceTimeline] = {}
     programs: dict[tuple, Kernel | None] = {}  # by its ops: each step's graphs are alike
     out: list = [None] * len(events)
     ends, deltas, collapsed = [], [], []
     shift = forward_inputs = 0
+    # the last graph's recorded end, and where its call ends in the replay: the gradients'
+    # accumulation recorded inside its span runs after it
+    graph_finish, after_graph = -1, 0
     for i, ev in enumerate(events):
         if i in member:  # inside a graph launched at its first op
             continue
         timeline = timelines.setdefault(ev.device, DeviceTimeline(preset))
         graph = graphs.get(i)
+        if graph is None and ev.ts < graph_finish:
+            new = replay_one(ev, after_graph, timeline, options, preset)
+            out[i] = new
+            after_graph = new.ts + new.dur
+            ends.append(graph_finish)  # the host's time after the graph grows by it
+            deltas.append(new.dur)
+            shift += new.dur
+            continue
         if graph is None:
             new = replay_one(ev, ev.ts + shift, timeline, options, preset)
             out[i] = new
@@ -331,6 +385,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
         collapsed.append((begin, finish))
         ends.append(finish)
         deltas.append(call + new.dur - (finish - begin))
+        graph_finish, after_graph = finish, begin + shift + call + new.dur
         shift += call + new.dur - (finish - begin)
     host_shift = HostShift(np.array(ends, np.int64), np.array(deltas, np.int64),
                            collapsed=collapsed)

@@ -1,7 +1,8 @@
 """A small MLP trained eagerly or compiled:
 `small_mlp.py LAYERS [--compile] [--item] [--check-finite] [--width W] [--batch B] [--input HOW]
-[--optimizer O] [--loss-module]` (`--item`: read the loss on the host every step, as a
-training log does; `--check-finite`: stop if the output holds a NaN or inf, read every step;
+[--optimizer O] [--loss-module] [--accumulate K]` (`--item`: read the loss on the host every
+step, as a training log does; `--check-finite`: stop if the output holds a NaN or inf, read
+every step; `--accumulate`: K micro-batches a step, their gradients accumulated;
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
@@ -29,6 +30,7 @@ def _option(name: str, default: int) -> int:
 
 
 WIDTH, BATCH = _option("--width", 64), _option("--batch", 32)
+ACCUMULATE = _option("--accumulate", 1)
 INPUT = sys.argv[sys.argv.index("--input") + 1] if "--input" in sys.argv else "once"
 torch.manual_seed(0)
 layers: list[nn.Module] = []
@@ -59,6 +61,13 @@ for _ in range(12):
         x = sum(torch.randn(4, BATCH, WIDTH).to("neuron").unbind(0))
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
+    if ACCUMULATE > 1:  # zero_grad, then a forward and backward per micro-batch, one step
+        opt.zero_grad()
+        for _ in range(ACCUMULATE):
+            loss = fwd(x).square().mean() / ACCUMULATE
+            loss.backward()
+        opt.step()
+        continue
     out = fwd(x)
     if CHECK_FINITE and not bool(torch.isfinite(out).all()):
         raise SystemExit("the output is not finite")
