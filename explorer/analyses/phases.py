@@ -275,6 +275,10 @@ def without_eval(trace: Trace, frame: pd.DataFrame, clip: bool = False) -> pd.Da
     start = training_windows(trace).set_index("step")["ts"].reindex(frame["step"]).to_numpy()
     ts = frame["ts"].to_numpy()
     before = ts < start  # NaN (a step without a training part): kept
+    if "kind" in frame and "dur" in frame:  # an eval's last sync, that waited 0 ns as its
+        # pass ended (where the training part starts): its own
+        before |= ((frame["kind"].to_numpy() == tf.CAT_SYNC) & (ts == start)
+                   & (frame["dur"].to_numpy() == 0))
     if clip:
         end = ts + frame["dur"].to_numpy()
         across = before & (end > start)

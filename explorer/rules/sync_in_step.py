@@ -123,13 +123,14 @@ def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:
 
 
 def made_only_for(trace: Trace, read: np.ndarray) -> np.ndarray:
-    """The op slices called on the line of a read in `read` whose results nothing recorded
-    reads but that read (and the ops found so, in turn): the line moved out of the step
-    takes them with it (`bool(torch.isfinite(out).all())`: `isfinite`'s ops and `all`,
-    where the read alone was replayed; a decoder's end-of-text check was promised 62 us
-    a step where removing it saved 136). What an earlier line made stays: a loss read by
-    `.item()` is still computed for its backward. Our recordings' data flow
-    (`producers`) and sources say it; other traces: none."""
+    """The op slices called on the line of a read in `read`, outside any module, whose
+    results nothing recorded reads but that read (and the ops found so, in turn): the
+    line moved out of the step takes them with it (`bool(torch.isfinite(out).all())`:
+    `isfinite`'s ops and `all`, where the read alone was replayed; a decoder's
+    end-of-text check was promised 62 us a step where removing it saved 136). What an
+    earlier line or a module made stays: a loss read by `.item()` is still computed for
+    its backward, an eval's forward for its loss. Our recordings' data flow (`producers`)
+    and sources say it; other traces: none."""
     from neuron_explorer.what_if.compiled import recorded_data_flow
 
     ops = trace.ops
@@ -141,6 +142,8 @@ def made_only_for(trace: Trace, read: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     producers, readers = flow
     ids, source = ops["id"].to_numpy(np.int64), ops["source"].to_numpy(object)
+    # the line's own calls, not a model's it calls (an eval loss's whole forward)
+    source = np.where(ops["module"].fillna("").to_numpy(object) == "", source, "")
     gone = {int(r): str(source[r]) for r in np.flatnonzero(np.isin(ids, read))}
     todo = list(gone)
     while todo:

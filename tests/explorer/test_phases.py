@@ -108,6 +108,17 @@ def test_eval_passes_are_their_own_phase_and_inflate_no_training_step(loaded) ->
     assert ops[["name", "count"]].equals(ref_ops[["name", "count"]])
 
 
+def _analysed_syncs(trace):
+    from neuron_explorer.analyses.phases import in_analysed_work
+    from neuron_explorer.analyses.step_breakdown import host_slices
+    from neuron_explorer.tables import assign_steps
+
+    syncs = host_slices(trace)
+    syncs = syncs[syncs["kind"] == "sync"]
+    syncs = syncs.assign(step=assign_steps(syncs["ts"].to_numpy(), trace.steps))
+    return in_analysed_work(trace, syncs[syncs["step"] >= 0])
+
+
 def test_eval_passes_fold_into_no_idle_figure_or_finding(loaded) -> None:
     """The idle gaps, the findings' evidence and their savings are the training steps'
     alone: the same as a run without eval passes."""
@@ -121,6 +132,9 @@ def test_eval_passes_fold_into_no_idle_figure_or_finding(loaded) -> None:
     assert idle.set_index("reason").at["host_launch", "gaps"] == \
         ref.set_index("reason").at["host_launch", "gaps"]
     assert idle["ns"].sum() == pytest.approx(ref["ns"].sum(), rel=0.05)
+    # an eval pass's last `.item()`, waiting 0 ns just as the training part begins, is
+    # the eval's: counted with the training work, it made a sync finding of the eval
+    assert len(_analysed_syncs(with_eval)) == len(_analysed_syncs(plain))
     found = {f.rule_id: f for f in with_eval.bottlenecks()}
     expected = {f.rule_id: f for f in plain.bottlenecks()}
     assert set(found) == set(expected)
