@@ -146,7 +146,8 @@ def report_sections(trace: Trace) -> list[Section]:
             ops_table = [f"ops: {missing}"]
         mods_table = mods_table.drop(columns=["device"])
     return [Section("Summary", head),
-            *([Section("Phases (every recorded step of each; MFU and MBU over its time)",
+            *([Section("Phases (every recorded step of each; busy, MFU, MBU and tokens/s over its "
+                       "steps' host or device time, whichever is longer)",
                        phases)] if len(phases := _phases_table(trace)) else []),
             Section(_breakdown_title(s), bd_table),
             Section(_critical_title(s), _critical_table(trace)),
@@ -216,7 +217,7 @@ def _phases_table(trace: Trace) -> pd.DataFrame:
     ps = phase_summary(trace)
     if not set(ps["phase"]) - {"train"}:
         return pd.DataFrame()
-    busy = ps["device_ns"] / ps["total_ns"].where(ps["total_ns"] > 0)
+    busy = ps["device_ns"] / ps["paced_ns"].where(ps["paced_ns"] > 0)
 
     def shown(values: pd.Series, form: Any) -> list[str]:
         return ["-" if pd.isna(v) else form(v) for v in values]

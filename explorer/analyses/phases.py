@@ -297,26 +297,32 @@ def in_analysed_work(trace: Trace, frame: pd.DataFrame, clip: bool = False) -> p
     return without_eval(trace, in_analysed_steps(trace, frame), clip)
 
 
-PHASE_SUMMARY_COLUMNS = ["phase", "steps", "median_ns", "total_ns", "tokens", "device_ns",
-                         "mfu", "mbu", "tokens_per_s"]
+PHASE_SUMMARY_COLUMNS = ["phase", "steps", "median_ns", "total_ns", "paced_ns", "tokens",
+                         "device_ns", "mfu", "mbu", "tokens_per_s"]
 
 
 def phase_summary(trace: Trace) -> pd.DataFrame:
     """Per phase, in the order they first run, over every recorded step of it: steps,
-    median and total time, tokens, and its own figures: the device time of its kernels
-    (`device_ns`), MFU and MBU over its total time, tokens/s (NaN where unknown). An eval
-    pass's kernels are its own, not its training step's."""
+    median and total time (the host's), `paced_ns` (each step as long as its host time or
+    its kernels' device time, whichever is longer: a compiled prefill's host returns in
+    60 us while its device works 713), tokens, and its own figures: the device time of its
+    kernels (`device_ns`), MFU, MBU and tokens/s over its paced time (NaN where unknown).
+    An eval pass's kernels are its own, not its training step's."""
     from neuron_explorer.peaks import hbm_bandwidth, peak_flops
 
     p = phases(trace)
     if not len(p):
         return pd.DataFrame(columns=PHASE_SUMMARY_COLUMNS)
+    per_row = _work_per_row(trace, p)
+    p = p.assign(paced=np.maximum(p["dur"].to_numpy(np.float64),
+                                  per_row["dur"].fillna(0).to_numpy(np.float64)))
     g = p.groupby("phase", sort=False)
     out = pd.DataFrame({"steps": g.size(), "median_ns": g["dur"].median(),
-                        "total_ns": g["dur"].sum(),
+                        "total_ns": g["dur"].sum(), "paced_ns": g["paced"].sum(),
                         "tokens": g["tokens"].sum(min_count=1)})
-    work = _work_per_phase(trace, p).reindex(out.index)
-    total_s = out["total_ns"].to_numpy(np.float64) / 1e9
+    work = per_row.assign(phase=p["phase"].to_numpy()).groupby("phase")[
+        ["dur", "flops", "bytes"]].sum(min_count=1).reindex(out.index)
+    total_s = out["paced_ns"].to_numpy(np.float64) / 1e9
     figures = trace.hardware_figures
     out["device_ns"] = work["dur"]
     out["mfu"] = work["flops"] / ((peak_flops(figures) or np.nan) * total_s)
@@ -325,16 +331,16 @@ def phase_summary(trace: Trace) -> pd.DataFrame:
     return out.reset_index()[PHASE_SUMMARY_COLUMNS]
 
 
-def _work_per_phase(trace: Trace, p: pd.DataFrame) -> pd.DataFrame:
-    """Per phase: its kernels' device time, model FLOPs and HBM bytes (NaN without
+def _work_per_row(trace: Trace, p: pd.DataFrame) -> pd.DataFrame:
+    """Per row of `p`: its kernels' device time, model FLOPs and HBM bytes (NaN without
     device work). A kernel belongs to the row of its step that began last before it
     (an eval pass in a training step, or the step's training part), else its step's first."""
     from neuron_explorer.analyses.levels import records_device
 
     k = trace.kernels
     if not len(k) or not records_device(trace):
-        return pd.DataFrame(index=pd.Index(p["phase"].unique(), name="phase"),
-                            columns=["dur", "flops", "bytes"], dtype="float64")
+        return pd.DataFrame(index=pd.RangeIndex(len(p)), columns=["dur", "flops", "bytes"],
+                            dtype="float64")
     rows = p[["phase", "step", "ts"]].assign(row=np.arange(len(p)))
     rows = rows.astype({"step": "int64", "ts": "int64"}).sort_values("ts")
     kern = k[["ts", "step", "dur", "flops", "bytes"]].astype({"step": "int64", "ts": "int64"})
@@ -343,8 +349,8 @@ def _work_per_phase(trace: Trace, p: pd.DataFrame) -> pd.DataFrame:
                           direction="backward")
     first = rows.groupby("step")["row"].min()
     row = found["row"].fillna(found["step"].map(first)).to_numpy(np.int64)
-    found = found.assign(phase=p["phase"].to_numpy()[row])
-    return found.groupby("phase")[["dur", "flops", "bytes"]].sum().astype("float64")
+    return found.assign(row=row).groupby("row")[["dur", "flops", "bytes"]].sum() \
+        .reindex(pd.RangeIndex(len(p))).astype("float64")
 
 
 def serving(trace: Trace) -> pd.DataFrame:
