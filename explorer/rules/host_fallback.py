@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
 
@@ -127,25 +129,49 @@ def check(trace: Trace) -> list[Finding]:
         "its inputs are copied to the host, the device waits while the CPU computes, and "
         "the result is copied back."
         + (" Inside a compiled graph that round trip is part of the graph's device time "
-           "(not counted here)." if inside.astype(bool).any() else ""), advice,
+           "(not counted here)." if inside.astype(bool).any() else "")
+        + (" A device version costs the host an op's dispatch too, about as long as this "
+           "round trip's host time: while the host sets the steps' pace, it saves nothing."
+           if saving <= 0 and "one op on the device" in basis else ""), advice,
         symptom_ns=lost, saving_basis=basis)]
 
 
+def _device_op_ns(trace: Trace) -> int:
+    """The run's typical host time of an op that launched device work (the median)."""
+    ops = trace.ops
+    ran = ops[(ops["kernel_id"].to_numpy() >= 0) & ~ops["fallback"].astype(bool).to_numpy()
+              & (ops["graph_id"].to_numpy() < 0)]
+    return int(ran["dur"].median()) if len(ran) else 0
+
+
 def _saving(trace: Trace, fb: pd.DataFrame) -> tuple[float, str]:
-    """What the steps would save if the eager fallback ops ran on the device at no cost
-    (a device version costs its own kernels' time): by replay where the trace allows,
-    else their host time and round trips on the critical path."""
+    """What the steps would save if each eager fallback op were one op on the device (its
+    dispatch the run's typical op's, its kernel's own time left out: a device version
+    costs that too): by replay where the trace allows, else their host time and round
+    trips on the critical path. Replayed as gone altogether, a fallback whose host time
+    is an op's was promised its whole dispatch, where the device version a user wrote
+    (nn.Embedding and a mean for an nn.EmbeddingBag) ran 136 us a step slower."""
     from neuron_explorer.analyses.path_share import time_on_path
     from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
     eager = fb[fb["graph_id"].to_numpy() < 0]
     ids = eager["id"].to_numpy()
+    k = trace.kernels
+    k = k[k["op_slice_id"].isin(ids)] if len(k) else k
+    if device_terms(trace.metadata).recorded_here and len(k):
+        # the round trip's kernels go; the op's host time down to a device op's dispatch
+        ts, dur = eager["ts"].to_numpy(np.int64), eager["dur"].to_numpy(np.int64)
+        cut = np.minimum(dur, _device_op_ns(trace))
+        replayed = removal_saving_ns(trace, k["id"].to_numpy(np.int64), RULE_ID,
+                                     host_cut=(ts + cut, ts + dur))
+        if replayed is not None:
+            return replayed, ("replay: the run replayed with each of these ops one op on "
+                              "the device (no host round trip; its dispatch the run's "
+                              "typical op's, its kernel's time left out)")
     replayed = removal_saving_ns(trace, ids, RULE_ID)
     if replayed is not None:
         return replayed, ("replay: the run replayed without these ops' host round trips "
                           "(as if the device ran them at no cost)")
-    k = trace.kernels
-    k = k[k["op_slice_id"].isin(ids)] if len(k) else k
     ts = eager["ts"].to_numpy()
     on_host = time_on_path(trace, ts, ts + eager["dur"].to_numpy(), "host")
     on_device = time_on_path(trace, k["ts"].to_numpy(), (k["ts"] + k["dur"]).to_numpy(),

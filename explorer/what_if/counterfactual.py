@@ -25,22 +25,25 @@ if TYPE_CHECKING:
 
 
 def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str,
-                      lengths: dict[int, int] | None = None) -> float | None:
-    """ns the analysed steps would save if the program never issued the op slices
-    `op_ids` (`cause` names them, for the cache), and the kernels of `lengths` (row of
-    `trace.kernels` -> ns) ran that long, by replay; None where the trace cannot be
-    replayed."""
+                      lengths: dict[int, int] | None = None,
+                      host_cut: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
+    """ns the analysed steps would save if the program never issued the slices `op_ids`
+    (host slices with their kernels, or kernels alone; `cause` names them, for the
+    cache), the kernels of `lengths` (row of `trace.kernels` -> ns) ran that long, and the
+    host time `host_cut` (starts, ends) went too, by replay; None where the trace cannot
+    be replayed."""
     base = _replayed_span(trace, "as recorded", np.zeros(0, np.int64))
     if base is None or not len(op_ids):
         return None
-    without = _replayed_span(trace, cause, np.asarray(op_ids, np.int64), lengths)
+    without = _replayed_span(trace, cause, np.asarray(op_ids, np.int64), lengths, host_cut)
     if without is None:
         return None
     return float(max(base - without, 0.0))
 
 
 def _replayed_span(trace: Trace, cause: str, removed: np.ndarray,
-                   lengths: dict[int, int] | None = None) -> float | None:
+                   lengths: dict[int, int] | None = None,
+                   host_cut: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
     """The analysed steps' replayed length, with the slices `removed` left out: from the
     first step's start to the last step's end or, where the device lags behind its host,
     to the end of the last kernel the steps launched."""
@@ -50,7 +53,7 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray,
         steps = in_analysed_steps(trace, trace.steps)
         start = int(steps["ts"].min())
         end = int((steps["ts"] + steps["dur"]).max())
-        return _span(trace, removed, start, end, lengths)
+        return _span(trace, removed, start, end, lengths, host_cut)
 
     return memoised(trace, f"counterfactual:{cause}", compute)
 
@@ -109,13 +112,18 @@ def _op_gap_ns(trace: Trace) -> int:
 
 
 def _span(trace: Trace, removed: np.ndarray, start: int, end: int,
-          lengths: dict[int, int] | None = None) -> float | None:
+          lengths: dict[int, int] | None = None,
+          host_cut: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
     """The span from `start` to `end` (recorded host times) re-timed without `removed`
-    (and with the kernel `lengths`), to the last kernel launched inside it where that ends
-    later."""
+    and the host time `host_cut` (and with the kernel `lengths`), to the last kernel
+    launched inside it where that ends later."""
     from neuron_explorer.what_if.kernel_retime import retime
 
-    retimed = retime(trace, removed, _host_gaps(trace, removed), lengths)
+    gaps = _host_gaps(trace, removed)
+    if host_cut is not None:
+        gaps = (np.r_[gaps[0], host_cut[0]].astype(np.int64),
+                np.r_[gaps[1], host_cut[1]].astype(np.int64))
+    retimed = retime(trace, removed, gaps, lengths)
     if retimed is None:
         return None
     inside = (retimed.launch >= start) & (retimed.launch < end) & (retimed.end >= 0)
