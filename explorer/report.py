@@ -15,6 +15,7 @@ from neuron_explorer.analyses.requests import marked_requests, request_percentil
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.analyses.summary import device_paces
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules import SHARE_BASES
@@ -79,6 +80,17 @@ def _host_windows_text(s: dict[str, Any]) -> str:
             "are the device's; the breakdown and critical path read the host's windows)")
 
 
+# what a modelled host clock leaves out, said where its figures are read
+MODELLED_CLOCK = ("modelled (the ops' modelled costs only: data loading, sleeps, I/O and "
+                  "compiling count nothing; record without NEURON_HOST_CLOCK=modelled to "
+                  "see them)")
+
+
+def _modelled(trace: Trace) -> bool:
+    clock = trace.metadata.get(tf.META_HOST_CLOCK)
+    return isinstance(clock, dict) and clock.get("source") == "modelled"
+
+
 def report_sections(trace: Trace) -> list[Section]:
     """The report as titled sections for the text, Markdown and HTML renderers."""
     s = trace.summary()
@@ -90,6 +102,7 @@ def report_sections(trace: Trace) -> list[Section]:
 
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
+        **({"host clock": MODELLED_CLOCK} if _modelled(trace) else {}),
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
         "step time (median)": fmt_ns(s["step_time_ns"])
         + (" (the device's pace)" if device_paces(s) else ""),

@@ -107,6 +107,12 @@ def test_two_modelled_recordings_are_byte_identical(small_runs) -> None:
     assert trace.metadata[META_HOST_CLOCK]["source"] == "modelled"
     assert trace.metadata[META_START] == 0 and trace.metadata[META_PID] == 1
     assert len(trace.steps) >= 3 and (trace.steps["dur"] > 0).all()
+    # the report says what the clock leaves out (a user's sleeping data loader showed
+    # "dataloader 0 ns" and no finding, without a word why)
+    from neuron_explorer.report import report_sections
+
+    head = report_sections(trace)[0].content
+    assert "data loading, sleeps, I/O and compiling count nothing" in head["host clock"]
 
 
 def test_modelled_json_recordings_of_a_compiled_model_are_byte_identical(programs) -> None:
