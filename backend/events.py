@@ -180,11 +180,14 @@ class EventHub:
     def __init__(self) -> None:
         self.sinks: list[EventSink] = []
         self.active = False  # tested on the hot path before building any event
+        self.listening_since = 0  # counts the times a first sink subscribed: one recording
         self.want_instructions = False  # build per-instruction records (engine level)
         self.want_instruction_arrays = False  # pass the kernel's schedule arrays instead
 
     def subscribe(self, sink: EventSink, *, instructions: bool = False,
                   instruction_arrays: bool = False) -> None:
+        if not self.sinks:
+            self.listening_since += 1
         self.sinks.append(sink)
         self.active = True
         self.want_instructions = self.want_instructions or instructions

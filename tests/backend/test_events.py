@@ -238,3 +238,26 @@ def test_an_optimizer_step_writes_every_parameter_it_updates(recorder):
         # foreach: a moment read and written back; fused: parameters, grads and both
         # moments read, parameters and moments written
         assert kernel.hbm_bytes == (7 if fused else 2) * size
+
+
+def test_an_upload_of_values_uploaded_before_is_marked_within_one_recording(recorder):
+    """`torch.tensor([...])` made again every step uploads the same values from a new host
+    tensor: a constant, as the same tensor uploaded again is. A later recording in the
+    same process starts afresh: its first upload of those values is no repeat."""
+    from neuron_explorer.backend.events import hub
+
+    def marked() -> list[bool]:
+        uploads = [op for op in recorder.ops if op.name == "aten::_to_copy"]
+        return [("same_host_tensor", True) in op.key[3] for op in uploads]
+
+    for _ in range(3):
+        torch.tensor([1.0, 2.0, 3.0]).to("neuron")
+    torch.tensor([1.0, 2.0, 4.0]).to("neuron")  # other values
+    torch.zeros(64 << 10).to("neuron")  # past the size whose values are compared
+    torch.zeros(64 << 10).to("neuron")
+    assert marked() == [False, True, True, False, False, False]
+    hub.unsubscribe(recorder)
+    recorder.ops.clear()
+    hub.subscribe(recorder)
+    torch.tensor([1.0, 2.0, 3.0]).to("neuron")
+    assert marked() == [False]
