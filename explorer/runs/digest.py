@@ -80,7 +80,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-DIGEST_SCHEMA = 7  # raised whenever a digest's tables or findings change (7: device pace)
+DIGEST_SCHEMA = 8  # raised whenever a digest's tables or findings change (8: host work)
 
 
 def _digest_key(folder: str) -> str | None:
@@ -159,7 +159,20 @@ def _with_host_sync(trace: Any) -> pd.DataFrame:
             if len(device) else pd.Series(dtype=np.int64))
     steps["device_busy_ns"] = busy.reindex(steps["step"]).fillna(0).to_numpy(np.int64) \
         if len(steps) else np.zeros(0, np.int64)
+    # where each step's host time went, and its op count: what tells a straggler's extra
+    # work (more ops, more Python between them, a slow data loader) from the others'
+    host = bd[bd["side"] == "host"]
+    for category in HOST_WORK:
+        ns = host[host["category"] == category].groupby("step")["ns"].sum()
+        steps[f"host_{category}_ns"] = ns.reindex(steps["step"]).fillna(0).to_numpy(np.int64)
+    ops = trace.ops
+    per_step = ops[ops["step"] >= 0].groupby("step").size() if len(ops) else pd.Series()
+    steps["ops"] = per_step.reindex(steps["step"]).fillna(0).to_numpy(np.int64)
     return steps
+
+
+# the host categories of `breakdown()` a straggler's extra time is looked for in
+HOST_WORK = ("python", "op_dispatch", "dataloader", "compile")
 
 
 def _exposed_transfer(trace: Any) -> np.ndarray:

@@ -139,6 +139,10 @@ def test_a_rank_sleeping_on_the_host_is_named_with_its_sleep(runs):
     # 15 ms of sleep a step on rank 1, seen through two measured host clocks
     assert 10e6 < per_step < 20e6, per_step
     assert straggler.symptom_ns > 0 and straggler.saving_basis
+    # where its steps are longer: the host's Python, running the same ops as the other
+    assert "Per step, rank 1 spends" in straggler.explanation
+    assert "more than the others in its own Python between ops" in straggler.explanation
+    assert "running the same" in straggler.explanation
 
 
 def test_a_device_bound_rank_with_more_work_saves_what_the_balanced_run_measures(runs):
@@ -149,6 +153,7 @@ def test_a_device_bound_rank_with_more_work_saves_what_the_balanced_run_measures
     measured = slow.analysed_time_ns() - balanced.analysed_time_ns()
     assert measured > 0
     assert straggler.time_lost_ns == pytest.approx(measured, rel=0.25)
+    assert "more than the others in device work (its kernels)" in straggler.explanation
     found = _findings(slow)
     # the same cause once: no load-imbalance or per-rank wait finding beside it
     assert "load_imbalance" not in found and "dependency_idle" not in found
