@@ -314,6 +314,11 @@ def _launch_advice(trace: Trace) -> str:
                 f"{breaks}and keep Python work (logging, metric math) out of the hot loop.")
     what = "the model" if inference else "the model or the training step"
     terms = device_terms(trace.metadata)
+    from neuron_explorer.rules.recompilation import compiled_ddp_wrapper
+
+    if compiled_ddp_wrapper(cs["graph_breaks"]):
+        what = ("the module DDP wraps (DDP(torch.compile(model)): torch.compile(DDP(model)) "
+                "ran eagerly here, as Dynamo skips DDP's forward)")
     return (f"Launch fewer, larger kernels: wrap {what} in {terms.compile_call} so ops fuse "
             f"into a few kernels per graph, or {batch} so each launch does more work; keep "
             "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy

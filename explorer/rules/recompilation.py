@@ -167,10 +167,24 @@ def _explanation(breaks: pd.DataFrame, recompiles: pd.DataFrame, reasons: list[s
     return " ".join(parts) + " Reasons: " + ("; ".join(reasons[:5]) or "not recorded") + "."
 
 
+# torch.compile(DDP(model)): Dynamo skips DDP's forward, so nothing of the model compiles
+DDP_SKIPPED = "DistributedDataParallel._inside_ddp_forward"
+DDP_ADVICE = ("compile the module DDP wraps, not the wrapper: torch.compile(DDP(model)) ran "
+              "eagerly (Dynamo skips DDP's forward); DDP(torch.compile(model)) compiles it")
+
+
+def compiled_ddp_wrapper(breaks: pd.DataFrame) -> bool:
+    """Whether the graph breaks say torch.compile was given the DDP wrapper."""
+    return bool(len(breaks)) and bool(breaks["reason"].astype(str).str.contains(
+        DDP_SKIPPED, regex=False).any())
+
+
 def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: pd.DataFrame,
                     reasons: list[str]) -> str:
     """Advice for what happened: graph-break advice only when there are graph breaks."""
     advice = []
+    if compiled_ddp_wrapper(breaks):
+        advice.append(DDP_ADVICE)
     # torch's Optimizer.step breaks the graph on purpose, around its update (so that
     # AOTAutograd sees the no_grad region): a compiled optimizer step has them, whatever
     # the user's code does

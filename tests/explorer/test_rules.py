@@ -347,6 +347,25 @@ def test_a_compiled_optimizer_steps_own_breaks_are_not_the_users_to_fix(tmp_path
     assert "train.py:25 in opt_step are torch's own" in mixed.recommendation
 
 
+def test_a_compiled_ddp_wrapper_is_told_to_compile_the_module_it_wraps(tmp_path: Path) -> None:
+    """torch.compile(DDP(model)) runs eagerly: Dynamo skips DDP's forward. The report said
+    only "graph breaks" and told the host-bound run to wrap the model in torch.compile,
+    which the user had done."""
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {})
+    sc.b.instant(sc.host, 15_050, "graph_break", "graph_break",
+                 {"reason": "Attempted to call function marked as skipped: Dynamo developers "
+                  "have intentionally marked that the function "
+                  "`DistributedDataParallel._inside_ddp_forward` in file torch/_compile.py "
+                  "should not be traced", "source": "train.py:30 in <module>"})
+    trace = _load(sc, tmp_path, "ddp_wrapper")
+    (f,) = _rule(trace, "recompilation")
+    assert f.recommendation.startswith("Compile the module DDP wraps, not the wrapper")
+    from neuron_explorer.rules.host_bound import _launch_advice
+
+    assert "wrap the module DDP wraps (DDP(torch.compile(model))" in _launch_advice(trace)
+
+
 def test_recompile_hidden_behind_device_work_saves_nothing(tmp_path: Path) -> None:
     """A recompile while the device still runs the step's matmul, which the host then
     waits for: the compile is off the step's critical path."""

@@ -67,7 +67,8 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
         lost, basis = float(f.time_lost_ns), f.saving_basis
         if own is not None:
             lost = _run_saving(run, f.rule_id, own)
-            basis += ("; across ranks: the ranks meet at collectives, so the run moves at the "
+            basis += (("; " if basis else "")
+                      + "across ranks: the ranks meet at collectives, so the run moves at the "
                       "pace of the slowest rank's own work, and the fix (on every rank) "
                       "saves the run what it takes off that pace")
         found = run_finding(run, f.rule_id, f"{f.title} on {where}", lost,
