@@ -14,6 +14,7 @@ from neuron_explorer.analyses.compilation import compile_spans
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
+from neuron_explorer.rules.graph_break_cost import MERGED_BASIS, merged_graphs_saving_ns
 from neuron_explorer.rules.shape_recompiles import repeated_size_recompiles
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ def check(trace: Trace) -> list[Finding]:
                 and _in_decode_steps(trace, in_step_rec["step"].to_numpy()))
     basis = ("critical path: the compile time on the critical path of the steps it ran in "
              "(a compile the device hid by running queued work saves nothing)" if lost else "")
+    # what the breaks cost every step: the graphs they split, merged
+    merged = merged_graphs_saving_ns(trace) if len(in_step_breaks) else None
+    if merged:
+        saving += merged
+        basis = "; ".join(b for b in (basis, MERGED_BASIS) if b)
     recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons)
     if decoding:
         saving, basis = 0.0, ("estimate: none, each input guard fails once as decoding "

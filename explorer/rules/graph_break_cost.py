@@ -1,0 +1,107 @@
+"""What a step's graph breaks cost it: the run replayed with each model call's graphs
+merged into one, as removing the breaks compiles it.
+
+A break splits a model call's forward into several graphs, with eager ops (and often a
+sync: `.item()`, `print`) between them, and its backward into as many. Without the break
+the call launches one forward and one backward graph: the other graphs' launches and the
+ops between them go (their host time, a graph call's torch.compile work in its slice),
+their device work runs in the kept graph's kernel, and a sync between them waits no more.
+Valued at its compile time alone, a break in a modelled recording (compiling counts
+nothing there) said "no time to save now" where removing it saved 256 us a step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer.analyses.phases import in_analysed_work
+from neuron_explorer.common import trace_format as tf
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+
+MERGED_BASIS = ("replay: the run replayed with each model call's graphs merged into one "
+                "forward and one backward (the other graphs' launches, and the eager ops "
+                "and syncs between them, gone; their device work in the kept graphs)")
+
+
+def merged_graphs_saving_ns(trace: Trace) -> float | None:
+    """ns the analysed steps save with each model call's graphs merged (see the module
+    doc); None where no call launches more than one forward graph, or the trace cannot
+    be replayed."""
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
+
+    ops = in_analysed_work(trace, trace.ops)
+    k = trace.kernels
+    if not len(ops) or not len(k):
+        return None
+    graphs = ops[ops["graph_id"].to_numpy() >= 0]
+    row_of = pd.Series(np.arange(len(k)), index=k["op_slice_id"].to_numpy(np.int64))
+    row_of = row_of[~row_of.index.duplicated()]
+    names = k["name"].astype(str).to_numpy()
+    rows = row_of.reindex(graphs["id"].to_numpy()).to_numpy()
+    known = ~np.isnan(rows)
+    graphs, rows = graphs[known], rows[known].astype(np.int64)
+    backward = np.array([n.endswith("_backward") for n in names[rows]], bool)
+    call = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
+                                   outermost=True)
+    forward = graphs.assign(row=rows, call=call)[~backward & (call >= 0)]
+    removed: list[int] = []
+    lengths: dict[int, int] = {}
+    dur = k["dur"].to_numpy(np.int64)
+    merged_per_step: dict[int, int] = {}
+    for call_id, launches in forward.groupby("call"):
+        if len(launches) < 2:
+            continue
+        launches = launches.sort_values("ts")
+        kept = int(launches["row"].iloc[0])
+        # the eager ops and syncs between the call's first and last graph: the break's
+        between = _between(trace, ops, int(call_id), launches)
+        extra = int(dur[launches["row"].iloc[1:]].sum())
+        extra += int(k.loc[k["op_slice_id"].isin(between), "dur"].sum())
+        lengths[kept] = int(dur[kept]) + extra
+        removed += launches["id"].iloc[1:].tolist() + between
+        step = int(launches["step"].iloc[0])
+        merged_per_step[step] = merged_per_step.get(step, 0) + len(launches) - 1
+    if not removed:
+        return None
+    # as many backward graphs go in the step (the first launched is the last forward's),
+    # and the eager ops between them in the backward
+    bwd = graphs.assign(row=rows)[backward].sort_values("ts")
+    bwd = bwd.assign(call=tables.ancestor_of_kind(trace, bwd["id"].to_numpy(),
+                                                  (tf.CAT_BACKWARD,), outermost=True))
+    for step, n in merged_per_step.items():
+        mine = bwd[bwd["step"] == step]
+        if len(mine) < 2:
+            continue
+        gone, kept = mine.iloc[:min(n, len(mine) - 1)], int(mine["row"].iloc[-1])
+        call_id = int(mine["call"].iloc[-1])
+        between = _between(trace, ops, call_id, mine, tf.CAT_BACKWARD) \
+            if call_id >= 0 else []
+        extra = int(dur[gone["row"]].sum())
+        extra += int(k.loc[k["op_slice_id"].isin(between), "dur"].sum())
+        lengths[kept] = lengths.get(kept, int(dur[kept])) + extra
+        removed += gone["id"].tolist() + between
+    return removal_saving_ns(trace, np.array(removed, np.int64), "graph breaks merged",
+                             lengths)
+
+
+def _between(trace: Trace, ops: pd.DataFrame, call_id: int, launches: pd.DataFrame,
+             kind: str = tf.CAT_MODULE) -> list[int]:
+    """The eager ops and syncs inside module call `call_id` (a range of `kind`: the
+    forward's, or its backward's) between its first and last graph launch."""
+    start = int(launches["ts"].iloc[0])
+    end = int(launches["ts"].iloc[-1])
+    eager = ops[(ops["graph_id"].to_numpy() < 0) & (ops["ts"].to_numpy() > start)
+                & (ops["ts"].to_numpy() < end)]
+    syncs = tables.of_kind(trace, tf.CAT_SYNC)
+    # a sync ends as the next graph launches (its wait over, 0 ns where the device had
+    # finished): at that graph's time
+    syncs = syncs[(syncs["ts"].to_numpy() > start) & (syncs["ts"].to_numpy() <= end)]
+    found = pd.concat([eager[["id"]], syncs[["id"]]], ignore_index=True)["id"].to_numpy()
+    inside = tables.ancestor_of_kind(trace, found, (kind,), outermost=True) == call_id
+    return [int(i) for i in found[inside]]

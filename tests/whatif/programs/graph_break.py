@@ -1,0 +1,37 @@
+"""A compiled MLP whose forward reads a value on the host mid-way, `.item()`: a graph break
+and a sync every call. `graph_break.py [--fixed]` (`--fixed`: the same math on the
+device, one graph)."""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FIXED = "--fixed" in sys.argv
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.head = nn.Linear(64, 128), nn.Linear(128, 128), \
+            nn.Linear(128, 8)
+
+    def forward(self, x):
+        h = F.gelu(self.first(x))
+        scale = h.abs().mean() if FIXED else h.abs().mean().item()  # .item(): the break
+        h = h / (scale + 1.0)
+        return self.head(F.gelu(self.second(h)))
+
+
+torch.manual_seed(0)
+model = Model().to("neuron")
+compiled = torch.compile(model, backend="neuron")
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(32, 64, device="neuron"), torch.randn(32, 8, device="neuron")
+for _ in range(10):
+    loss = F.mse_loss(compiled(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(loss.item())
