@@ -38,7 +38,9 @@ MAD_TO_SD = 1.4826
 
 
 def step_times(run: Run) -> pd.DataFrame:
-    """Step duration in ns, one row per rank, one column per step."""
+    """Each rank's host step windows in ns, one row per rank, one column per step (a rank
+    whose device waits at collectives keeps short windows while its steps last as long as
+    the slowest rank's: `Run.rank_summary()`'s `step_time_ns` is the step as paced)."""
     steps = run.steps
     if not len(steps):
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))

@@ -353,7 +353,8 @@ class Run:
         return float(np.median(medians)) if medians else None
 
     def step_times(self) -> pd.DataFrame:
-        """Step duration (ns) per rank (rows) and step (columns)."""
+        """Each rank's host step window (ns) per rank (rows) and step (columns); the step
+        as the run's pace sets it is `rank_summary()`'s `step_time_ns`."""
         from neuron_explorer.analyses.ranks import step_times
 
         return step_times(self)
