@@ -73,6 +73,19 @@ def check(trace: Trace) -> list[Finding]:
              for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
     inside = "inside the step" if len(trace.steps) else "during the trace"
+    if _one_read_per_request(trace, syncs):
+        recommendation = (
+            f"Each request's result is read once, as it completes ({top_site}): a server "
+            "must answer, so keep that read, and hide it instead: launch the next "
+            "request's work before reading this one's result (the device then runs while "
+            "the host reads), or serve requests in batches, one read per batch.")
+    else:
+        recommendation = (
+            f"Remove the sync at {top_site}"
+            + (" from the step: keep losses and metrics on the device and read them "
+               "(.item(), .cpu(), print) every N steps or after the loop" if len(trace.steps)
+               else ": keep results on the device and read them once, after the work")
+            + "; avoid data-dependent Python control flow on device values.")
     return [make(
         trace, RULE_ID, f"Host waits on the device {inside} ({len(syncs)} syncs)", lost,
         items,
@@ -82,12 +95,7 @@ def check(trace: Trace) -> list[Finding]:
         + (" Most of the saving is the reads themselves (the copy to the host, and the ops "
            "that made what it read for it alone), not the waits: the device had finished."
            if replayed is not None and float(syncs["dur"].sum()) < 0.5 * lost else ""),
-        f"Remove the sync at {top_site}"
-        + (" from the step: keep losses and metrics on the device and read them (.item(), "
-           ".cpu(), print) every N steps or after the loop" if len(trace.steps) else
-           ": keep results on the device and read them once, after the work")
-        + "; avoid data-dependent Python control flow on device values.",
-        symptom_ns=symptom,
+        recommendation, symptom_ns=symptom,
         saving_basis=(
             "critical path: without a sync the host would have queued its next work as "
             "much earlier as it waited, so each sync costs the device idle after it or the "
@@ -95,6 +103,19 @@ def check(trace: Trace) -> list[Finding]:
             "replay: the run replayed without the syncs and the reads that make them (the "
             "host's wait, the copy it waited for, and the ops that made what it read for "
             "that read only)"))]
+
+
+def _one_read_per_request(trace: Trace, syncs: pd.DataFrame) -> bool:
+    """Whether the syncs are requests' answers: the trace marks requests
+    (`neuron_explorer.request`) and none of them holds more than one sync. Advice to read
+    after the loop would hold every answer to the end."""
+    from neuron_explorer.analyses.requests import request_marks
+
+    marks = request_marks(trace)
+    if not marks:
+        return False
+    ts = syncs["ts"].to_numpy(np.int64)
+    return all(int(((ts >= a) & (ts < b)).sum()) <= 1 for a, b, _ in marks)
 
 
 def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:

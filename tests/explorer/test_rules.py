@@ -59,6 +59,19 @@ def test_host_bound(tmp_path: Path, clean_trace: neuron_explorer.Trace) -> None:
     assert _rule(clean_trace, "host_bound") == []
 
 
+def test_a_servers_one_read_per_request_is_kept_and_hidden(tmp_path: Path) -> None:
+    """Each step a request, marked, whose answer the host reads once: "read them after the
+    loop" would hold every answer to the end (a user's serving loop was told so)."""
+    sc = scenarios.basic()
+    for n in range(2):
+        sc.b.slice(sc.host, n * scenarios.STEP, 9000, f"request {n}", "annotation",
+                   {"request": json.dumps([n])})
+    (f,) = _rule(_load(sc, tmp_path, "served"), "sync_in_step")
+    assert f.recommendation.startswith("Each request's result is read once, as it completes")
+    assert "launch the next request's work before reading" in f.recommendation
+    assert "after the loop" not in f.recommendation
+
+
 def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     (f,) = _rule(basic_pf, "sync_in_step")
     # the device idles from the relu kernel's end (6000) to the add kernel (9200) per step,
