@@ -79,6 +79,7 @@ COPIES = [
     "_to_copy", "copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize",
     "lift_fresh_copy", "detach_copy", "alias_copy", "view_copy",
     "expand_copy", "_unsafe_view_copy",
+    "convert_element_type",  # prims: a dtype cast (decompositions leave it in graphs)
 ]
 FILLS = [
     "fill", "zero", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",

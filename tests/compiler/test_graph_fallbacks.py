@@ -34,3 +34,21 @@ def test_a_fallback_inside_a_compiled_graph_reaches_the_finding(tmp_path):
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_fallback"]
     assert "aten::_unsafe_index" in finding.explanation
     assert any("inside graph:" in e["description"] for e in finding.evidence)
+
+
+def test_a_dtype_cast_left_by_a_decomposition_runs_on_the_device():
+    """`prims::convert_element_type` (a cast decompositions leave in graphs; a user's
+    `h / (h.abs().mean().item() + 1.0)` made one a call) had no lowering: it ran on the
+    host, a round trip each call."""
+    def f(x):
+        return torch.ops.prims.convert_element_type(x * 2, torch.float16) + 1
+
+    g = torch.compile(f, backend="neuron")
+    x = torch.randn(64, 64, device="neuron")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = g(x)
+    assert not [w for w in caught if "no neuron device lowering" in str(w.message)]
+    assert out.dtype == torch.float16
+    expected = torch.ops.prims.convert_element_type(x.cpu() * 2, torch.float16) + 1
+    assert torch.equal(out.cpu(), expected)

@@ -116,7 +116,7 @@ add("stack", (X, X), (T((2, 64, 128), F),), 0)
 # ---- copies: every byte read once and written once, no FLOPs ---------------------------
 add("copy clone contiguous _copy_from _copy_from_and_resize lift_fresh_copy detach_copy "
     "alias_copy view_copy expand_copy _unsafe_view_copy", (X,), (X,), 0)
-add("_to_copy", (X,), (X16,), 0)  # a dtype change: 4 bytes an element in, 2 out
+add("_to_copy convert_element_type", (X,), (X16,), 0)  # a dtype change: 4 bytes in, 2 out
 # a copy into a new layout; moving the last dim runs identity matmuls (executed FLOPs only)
 add("t_copy transpose_copy", (X,), (T((128, 64), F),), 0)
 add("permute_copy", (IMG,), (T((16, 2, 14, 14), F),), 0, dims=(1, 0, 2, 3))
