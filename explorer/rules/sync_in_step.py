@@ -114,8 +114,10 @@ def _one_read_per_request(trace: Trace, syncs: pd.DataFrame) -> bool:
     marks = request_marks(trace)
     if not marks:
         return False
-    ts = syncs["ts"].to_numpy(np.int64)
-    return all(int(((ts >= a) & (ts < b)).sum()) <= 1 for a, b, _ in marks)
+    ts = np.sort(syncs["ts"].to_numpy(np.int64))
+    starts, ends = np.array([[a, b] for a, b, _ in marks], np.int64).T
+    inside = np.searchsorted(ts, ends, side="left") - np.searchsorted(ts, starts, side="left")
+    return bool((inside <= 1).all())
 
 
 def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:
