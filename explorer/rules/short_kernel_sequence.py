@@ -130,15 +130,12 @@ def fused_replay_saving(trace: Trace, w: pd.DataFrame) -> float | None:
     cannot be replayed. The critical path alone counted the launches it runs through,
     though with them gone a device nearly as busy as its host sets the step: 350 us a
     step claimed where compiling the loss saved 24."""
-    from neuron_explorer.what_if.counterfactual import removal_saving_ns
+    from neuron_explorer.what_if.counterfactual import op_kernel_rows, removal_saving_ns
 
     k = trace.kernels
     rows = pd.Series(np.arange(len(k)), index=k["id"].to_numpy(np.int64))
     op_of = k["op_slice_id"].to_numpy(np.int64)
-    kernels_of: dict[int, list[int]] = {}
-    for row, op in enumerate(op_of.tolist()):
-        if op >= 0:
-            kernels_of.setdefault(op, []).append(row)
+    kernels_of = op_kernel_rows(trace)
     dur = k["dur"].to_numpy(np.int64)
     w = w.assign(row=rows.reindex(w["id"]).to_numpy(), run=_runs(w))
     removed_ops: dict[int, None] = {}  # in order, once each

@@ -41,6 +41,19 @@ def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str,
     return float(max(base - without, 0.0))
 
 
+def op_kernel_rows(trace: Trace) -> dict[int, list[int]]:
+    """Each op slice's kernels, as rows of `trace.kernels` (the rows a replay's `lengths`
+    name), in launch order."""
+    k = trace.kernels
+    if not len(k) or "op_slice_id" not in k:
+        return {}
+    rows: dict[int, list[int]] = {}
+    for row, op in enumerate(k["op_slice_id"].to_numpy(np.int64).tolist()):
+        if op >= 0:
+            rows.setdefault(op, []).append(row)
+    return rows
+
+
 def _replayed_span(trace: Trace, cause: str, removed: np.ndarray,
                    lengths: dict[int, int] | None = None,
                    host_cut: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:

@@ -21,6 +21,7 @@ from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import base_name
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace
+from neuron_explorer.what_if.counterfactual import op_kernel_rows
 
 # optimizer class -> its fused op, as `fused=True` calls it
 FUSED_OPS = {"Adam": "aten::_fused_adam_", "AdamW": "aten::_fused_adamw_",
@@ -68,7 +69,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
     device_dur = trace.ops.set_index("id")["device_dur"].reindex(op_ids).fillna(0).to_numpy()
     fused_ns: dict[tuple, float] = {}
     saved, passes, names = 0.0, 0, set()
-    kernel_rows = _kernel_rows(trace)
+    kernel_rows = op_kernel_rows(trace)
     fused_alone_ns: dict[tuple, float] = {}  # the fused kernel without the increments
     removed: list[np.ndarray] = []  # every op of a replayed step but the one kept
     lengths: dict[int, int] = {}  # the kept op's kernels: the fused kernel, then nothing
@@ -127,16 +128,6 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
                                 step_ns)
 
 
-def _kernel_rows(trace: Trace) -> dict[int, list[int]]:
-    """Each op slice's kernels, as rows of `trace.kernels`."""
-    k = trace.kernels
-    if not len(k) or "op_slice_id" not in k:
-        return {}
-    rows: dict[int, list[int]] = {}
-    for row, op in enumerate(k["op_slice_id"].to_numpy(np.int64).tolist()):
-        if op >= 0:
-            rows.setdefault(op, []).append(row)
-    return rows
 
 
 def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
