@@ -32,7 +32,10 @@ COMMAND = sys.argv[1]
 PASSIVE = COMMAND == "record" and thread_pool_wait.wait_asleep()
 neuron_explorer.cli.build_parser(COMMAND)  # the command's own module
 PREPARED = {
-    "record": ("torch", "neuron_explorer", "neuron_explorer.collectors.session",
+    # and what programs import after that: Dynamo as they make an optimizer (1.7 s of
+    # CPU), AOTAutograd as they compile (0.3 s)
+    "record": ("torch", "torch._dynamo", "torch._functorch.aot_autograd", "neuron_explorer",
+               "neuron_explorer.collectors.session",
                "neuron_explorer.collectors.program", "neuron_explorer.collectors.device_sink",
                "neuron_explorer.collectors.framework_hooks"),  # as a recording starts
     "report": ("neuron_explorer.trace", "neuron_explorer.report"),
