@@ -1,0 +1,52 @@
+"""`whatif --mode compiled` of a DDP run, against `DDP(torch.compile(model))` recorded
+(two ranks under torchrun, modelled clock: both the same every run). DDP's reducer copies
+each gradient into its bucket from an autograd hook as the backward makes it; compiled,
+those copies stay eager after the compiled backward. The prediction fused them into the
+graph: 1.10 ms a step where compiling ran 1.61 (the host-bound claim 58% high)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+from neuron_explorer import load
+from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+pytestmark = pytest.mark.slow  # two runs of two ranks
+PROGRAM = Path(__file__).parent / "programs" / "ddp_mlp.py"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp")
+    out = {}
+    for name, flags in (("eager", []), ("compiled", ["--compile"])):
+        path = folder / f"{name}.run"
+        run_cli("record", "--level", "op", "-o", str(path), "--", sys.executable, "-m",
+                "torch.distributed.run", "--nproc_per_node=2", str(PROGRAM), *flags,
+                cwd=folder, modelled=True)
+        out[name] = load(path)[0]
+    return out
+
+
+def _per_step(trace, name: str) -> int:
+    step = in_analysed_steps(trace, trace.steps)["step"].iloc[0]
+    ops = trace.ops
+    return int(((ops["name"] == name) & (ops["step"] == step)).sum())
+
+
+def test_ddps_bucket_copies_stay_eager_in_the_compiled_prediction(runs, tmp_path) -> None:
+    from neuron_explorer.what_if.replay import predicted_step_ns, whatif
+
+    eager, compiled = runs["eager"], runs["compiled"]
+    # the premise: compiled, the reducer's six copies (three layers' weight and bias) run
+    # eagerly beside the graphs
+    assert _per_step(compiled, "aten::mul") == _per_step(eager, "aten::mul") == 6
+    predicted = whatif(eager, mode="compiled", output=tmp_path / "p.pftrace")
+    assert _per_step(predicted, "aten::mul") == 6
+    # Dynamo's DDP optimizer also splits each graph at the first bucket's 1 MiB (four
+    # calls a step where the prediction makes two): 14% short, where it was 32%
+    measured = float(in_analysed_steps(compiled, compiled.steps)["dur"].median())
+    assert predicted_step_ns(eager) == pytest.approx(measured, rel=0.2)
