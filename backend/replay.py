@@ -94,8 +94,9 @@ class HostEvent:
     ts: int
     dur: int
     device: int
-    key: OpKey | None = None  # None: a sync point
+    key: OpKey | None = None  # None: a sync point, or a collective
     backward: bool = False  # run by autograd's backward (what autocast casts differs)
+    transfer_ns: int | None = None  # a collective: its time on the interconnect
 
 
 class HostShift:
@@ -181,7 +182,12 @@ def lower_key(key: OpKey, preset: HardwarePreset) -> tuple[Kernel | None, bool]:
 
 def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: ReplayOptions,
                preset: HardwarePreset) -> ReplayedOp:
-    """One op or sync point issued at host time `ts` on `timeline`, as a live run would."""
+    """One op, collective or sync point issued at host time `ts` on `timeline`, as a live
+    run would."""
+    if not ev.backward:  # past a backward: the device waits for the collectives it launched
+        timeline.finish_ns = max(timeline.finish_ns, timeline.collectives_end_ns)
+    if ev.transfer_ns is not None:
+        return _collective(ev, ts, timeline, preset)
     if ev.key is None:  # a sync point: wait for what this device still has queued
         return ReplayedOp(ts, max(0, timeline.finish_ns - ts))
     kernel, fallback = lower_key(with_dtype(ev.key, options.dtype), preset)
@@ -201,6 +207,23 @@ def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: Replay
         out.flops += k.model_flops
         out.hbm_bytes += k.hbm_bytes
     return out
+
+
+def _collective(ev: HostEvent, ts: int, timeline: DeviceTimeline,
+                preset: HardwarePreset) -> ReplayedOp:
+    """A collective launched at host time `ts`: the host pays what it recorded (the launch,
+    and any wait for its peers to call it); it runs on the collective queue once the work
+    queued before it is done, for its recorded transfer (this rank's peers taken to arrive
+    with it). Launched by the backward (DDP's buckets), it overlaps the rest of the
+    backward and the device waits for it as the backward ends, as DDP makes it; launched
+    elsewhere, the device waits for it at once. It was replayed as a sync point: the
+    host's launch gone, a DDP step 2% short on an unchanged replay."""
+    arrival = ts + preset.host_launch_overhead_ns + preset.launch_latency_ns
+    start = max(arrival, timeline.finish_ns, timeline.collectives_end_ns)
+    timeline.collectives_end_ns = start + int(ev.transfer_ns or 0)
+    if not ev.backward:
+        timeline.finish_ns = timeline.collectives_end_ns
+    return ReplayedOp(ts, ev.dur)
 
 
 def replay(events: Iterable[HostEvent], options: ReplayOptions

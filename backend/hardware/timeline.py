@@ -17,11 +17,15 @@ from neuron_explorer.common.presets import HardwarePreset
 class DeviceTimeline:
     """Places kernels on one device's clock and keeps what is queued."""
 
-    __slots__ = ("busy_ns", "finish_ns", "kernels", "preset", "te_idle_since")
+    __slots__ = ("busy_ns", "collectives_end_ns", "finish_ns", "kernels", "preset",
+                 "te_idle_since")
 
     def __init__(self, preset: HardwarePreset) -> None:
         self.preset = preset
         self.finish_ns = 0  # when all work queued so far completes
+        # when the collectives a replay launched end (a live run keeps its collective
+        # queue in backend/distributed/collective_queue.py)
+        self.collectives_end_ns = 0
         self.busy_ns = 0  # total kernel time scheduled
         self.kernels = 0
         self.te_idle_since: int | None = None  # end of the last kernel using the Tensor Engine
@@ -29,6 +33,7 @@ class DeviceTimeline:
     def restart(self) -> None:
         """Idle from time 0 of a restarted clock, the Tensor Engine cold; the totals stay."""
         self.finish_ns = 0
+        self.collectives_end_ns = 0
         self.te_idle_since = None
 
     def schedule(self, kernel: Kernel, launch_ns: int) -> tuple[int, int]:

@@ -377,12 +377,16 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
         timeline = timelines.setdefault(ev.device, DeviceTimeline(preset))
         graph = graphs.get(i)
         if graph is None and ev.ts < graph_finish:
-            new = replay_one(ev, after_graph, timeline, options, preset)
+            # after the graph, each keeps the host time it recorded before it (autograd's
+            # and the hooks' Python, the op's dispatch)
+            before = events[i - 1] if i else ev
+            lead = max(0, ev.ts - before.ts - before.dur)
+            new = replay_one(ev, after_graph + lead, timeline, options, preset)
             out[i] = new
             after_graph = new.ts + new.dur
             ends.append(graph_finish)  # the host's time after the graph grows by it
-            deltas.append(new.dur)
-            shift += new.dur
+            deltas.append(lead + new.dur)
+            shift += lead + new.dur
             continue
         if graph is None:
             new = replay_one(ev, ev.ts + shift, timeline, options, preset)

@@ -61,10 +61,32 @@ def host_events(trace: Trace, ops: pd.DataFrame):
                       "key": np.full(len(syncs), None, dtype=object)}),
     ], ignore_index=True).sort_values(["ts", "id"], kind="stable", ignore_index=True)
     backward = tables.ancestor_of_kind(trace, rows["id"].to_numpy(), (tf.CAT_BACKWARD,)) >= 0
-    events = [HostEvent(int(t), int(d), int(v), k, backward=bool(b)) for t, d, v, k, b in
+    transfers = _collective_transfers(trace, rows["id"].to_numpy())
+    events = [HostEvent(int(t), int(d), int(v), k, backward=bool(b),
+                        transfer_ns=None if x < 0 else int(x))
+              for t, d, v, k, b, x in
               zip(rows["ts"].tolist(), rows["dur"].tolist(), rows["device"].tolist(),
-                  rows["key"].tolist(), backward.tolist(), strict=True)]
+                  rows["key"].tolist(), backward.tolist(), transfers.tolist(), strict=True)]
     return rows, events
+
+
+def _collective_transfers(trace: Trace, ids: np.ndarray) -> np.ndarray:
+    """Per slice of `ids`: for a collective's op (`c10d::all_reduce`), how long its
+    collective moved data on the interconnect (the device slice of the same kernel id);
+    -1 for any other slice."""
+    out = np.full(len(ids), -1, np.int64)
+    collectives = tables.of_kind(trace, tf.CAT_COLLECTIVE)
+    if not len(collectives):
+        return out
+    cids = collectives["id"].to_numpy()
+    transfer = dict(zip(tables.number(trace, tf.ARG_KERNEL_ID, cids, default=-1).tolist(),
+                        tables.number(trace, tf.ARG_TRANSFER_NS, cids, default=0).tolist(),
+                        strict=True))
+    kernel = tables.number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
+    names = trace.table("slices")["name"].iloc[ids].astype(str).to_numpy()
+    for i in np.flatnonzero(np.char.startswith(names.astype(str), "c10d::")):
+        out[i] = transfer.get(int(kernel[i]), -1)
+    return out
 
 
 def _metadata(trace: Trace, options: WhatIfOptions, preset: Any, notes: Sequence[str]) -> dict:
