@@ -11,7 +11,7 @@ from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
 from neuron_explorer.rules.host_device_copies import COPY_OPS
 from neuron_explorer.tables import (
     ancestor_in,
@@ -63,7 +63,7 @@ def check(trace: Trace) -> list[Finding]:
                      dtype=object)
     per_site = syncs.assign(site=where, what=[k or n for k, n in zip(
         kind, syncs["name"].to_numpy(), strict=True)]).groupby(["site", "what"])["dur"].agg(
-        ["sum", "size"]).sort_values("sum", ascending=False)
+        ["sum", "size"]).sort_values("sum", ascending=False, kind="stable")
     # the time beside each site is the host's wait, not the device idle counted as lost
     sites = [f"{what}{'' if site == what else f' at {site}'} ({n}x, the host waited "
              f"{us(total)})" for (site, what), (total, n) in per_site.iterrows()]
@@ -72,6 +72,10 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")
              for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
+    # every site the saving counts (the first few, by time): one named alone read as if
+    # removing it saved the whole figure
+    at = _sites_named(list(dict.fromkeys(site for site, _ in per_site.index)))
+    kept = "losses and metrics" if trains(trace) else "results"
     inside = "inside the step" if len(trace.steps) else "during the trace"
     if _one_read_per_request(trace, syncs):
         recommendation = (
@@ -81,8 +85,8 @@ def check(trace: Trace) -> list[Finding]:
             "the host reads), or serve requests in batches, one read per batch.")
     else:
         recommendation = (
-            f"Remove the sync at {top_site}"
-            + (" from the step: keep losses and metrics on the device and read them "
+            f"Remove {at}"
+            + (f" from the step: keep {kept} on the device and read them "
                "(.item(), .cpu(), print) every N steps or after the loop" if len(trace.steps)
                else ": keep results on the device and read them once, after the work")
             + "; avoid data-dependent Python control flow on device values.")
@@ -103,6 +107,18 @@ def check(trace: Trace) -> list[Finding]:
             "replay: the run replayed without the syncs and the reads that make them (the "
             "host's wait, the copy it waited for, and the ops that made what it read for "
             "that read only)"))]
+
+
+SITES_NAMED = 3  # the sync sites a recommendation names
+
+
+def _sites_named(sites: list[str]) -> str:
+    """'the sync at A', 'the syncs at A, B and C (and 2 more)'."""
+    shown = sites[:SITES_NAMED]
+    listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+    more = len(sites) - len(shown)
+    return (("the sync at " if len(sites) == 1 else "the syncs at ") + listed
+            + (f" (and {more} more)" if more else ""))
 
 
 def _one_read_per_request(trace: Trace, syncs: pd.DataFrame) -> bool:
@@ -146,14 +162,17 @@ def reads(trace: Trace, syncs: pd.DataFrame) -> np.ndarray:
 
 
 def made_only_for(trace: Trace, read: np.ndarray) -> np.ndarray:
-    """The op slices called on the line of a read in `read`, outside any module, whose
-    results nothing recorded reads but that read (and the ops found so, in turn): the
-    line moved out of the step takes them with it (`bool(torch.isfinite(out).all())`:
-    `isfinite`'s ops and `all`, where the read alone was replayed; a decoder's
-    end-of-text check was promised 62 us a step where removing it saved 136). What an
-    earlier line or a module made stays: a loss read by `.item()` is still computed for
-    its backward, an eval's forward for its loss. Our recordings' data flow (`producers`)
-    and sources say it; other traces: none."""
+    """The op slices called on the line of a check in `read` (a read of a flag, a bool
+    tensor: `if`, `while`, `bool()`), outside any module, whose results nothing recorded
+    reads but that check (and the ops found so, in turn): the check removed takes them
+    with it (`bool(torch.isfinite(out).all())`: `isfinite`'s ops and `all`, where the
+    read alone was replayed; a decoder's end-of-text check was promised 62 us a step
+    where removing it saved 136). A read of a value (a loss, a metric, predictions) is
+    kept on the device by its fix, and what computes the value stays (predictions'
+    argmax read by `.cpu()` each step were promised twice what keeping them on the device
+    saved). What an earlier line or a module made stays too: a loss read by `.item()` is
+    still computed for its backward, an eval's forward for its loss. Our recordings'
+    data flow (`producers`) and sources say it; other traces: none."""
     from neuron_explorer.what_if.compiled import recorded_data_flow
 
     ops = trace.ops
@@ -167,7 +186,8 @@ def made_only_for(trace: Trace, read: np.ndarray) -> np.ndarray:
     ids, source = ops["id"].to_numpy(np.int64), ops["source"].to_numpy(object)
     # the line's own calls, not a model's it calls (an eval loss's whole forward)
     source = np.where(ops["module"].fillna("").to_numpy(object) == "", source, "")
-    gone = {int(r): str(source[r]) for r in np.flatnonzero(np.isin(ids, read))}
+    flags = ops["dtypes"].map(lambda d: str(d).strip("[]") == "bool").to_numpy(bool)
+    gone = {int(r): str(source[r]) for r in np.flatnonzero(np.isin(ids, read) & flags)}
     todo = list(gone)
     while todo:
         row = todo.pop()

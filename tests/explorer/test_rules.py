@@ -87,6 +87,21 @@ def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     assert _rule(clean_trace, "sync_in_step") == []
 
 
+def test_the_sync_fix_names_every_site_its_saving_counts(tmp_path: Path) -> None:
+    """Syncs at several lines: the fix named the first alone ("Remove the sync at
+    s2.py:19") beside a saving that counts all of them. A run without a backward keeps its
+    results, not "losses and metrics", on the device."""
+    sc = scenarios.basic()
+    for n in range(2):
+        for k, line in enumerate((43, 44, 45, 46)):
+            sc.b.slice(sc.host, n * scenarios.STEP + 8050 + 100 * k, 50, "sync", "sync",
+                       {"kind": "cpu", "source": f"train.py:{line}", "device": 0, "step": n})
+    (f,) = _rule(_load(sc, tmp_path, "sites"), "sync_in_step")
+    assert f.recommendation.startswith(
+        "Remove the syncs at train.py:42, train.py:43 and train.py:44 (and 2 more) from "
+        "the step: keep results on the device"), f.recommendation
+
+
 def test_host_fallback(tmp_path: Path, clean_trace) -> None:
     sc = scenarios.clean()
     sc.op(9000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")

@@ -49,3 +49,19 @@ def test_removing_a_check_saves_the_ops_that_made_what_it_read(tmp_path) -> None
     saved = step_time(check) - step_time(fixed)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
     assert "the ops that made what it read" in f.saving_basis
+
+
+def test_predictions_read_every_step_save_what_keeping_them_on_the_device_saves(
+        tmp_path) -> None:
+    """`preds.append(out.argmax(dim=1).cpu())` every step, fixed as advised: kept on the
+    device, read once after the loop. The argmax stays (the predictions are the point):
+    the saving is the syncs and their copies, where it once counted the argmax too
+    (1.36 ms claimed for 0.68 saved)."""
+    paths = record_variants(tmp_path, PROGRAM, {
+        "read": ["2", "--predictions", "every-step"],
+        "kept": ["2", "--predictions", "on-device"]}, modelled=True)
+    read, kept = load(paths["read"]), load(paths["kept"])
+    (f,) = [f for f in read.bottlenecks() if f.rule_id == "sync_in_step"]
+    saved = step_time(read) - step_time(kept)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
+    assert "keep losses and metrics on the device" in f.recommendation

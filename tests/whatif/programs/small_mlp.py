@@ -1,8 +1,10 @@
 """A small MLP trained eagerly or compiled:
 `small_mlp.py LAYERS [--compile] [--item] [--check-finite] [--width W] [--batch B] [--input HOW]
-[--optimizer O] [--loss-module] [--accumulate K]` (`--item`: read the loss on the host every
-step, as a training log does; `--check-finite`: stop if the output holds a NaN or inf, read
-every step; `--accumulate`: K micro-batches a step, their gradients accumulated;
+[--optimizer O] [--loss-module] [--accumulate K] [--predictions WHERE]` (`--item`: read
+the loss on the host every step, as a training log does; `--check-finite`: stop if the
+output holds a NaN or inf, read every step; `--predictions every-step`: each row's argmax
+read to the host every step, `--predictions on-device`: kept on the device, read once
+after the loop; `--accumulate`: K micro-batches a step, their gradients accumulated;
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
@@ -22,6 +24,7 @@ LAYERS = int(sys.argv[1])
 COMPILE = "--compile" in sys.argv
 ITEM = "--item" in sys.argv
 CHECK_FINITE = "--check-finite" in sys.argv
+PREDICTIONS = sys.argv[sys.argv.index("--predictions") + 1] if "--predictions" in sys.argv else ""
 LOSS_MODULE = "--loss-module" in sys.argv
 
 
@@ -48,6 +51,7 @@ fwd = torch.compile(model, backend="neuron") if COMPILE else model
 host_x = torch.randn(BATCH, WIDTH)
 x = host_x.to("neuron")
 losses = []
+predictions = []
 for _ in range(12):
     if INPUT == "every-step":
         x = host_x.to("neuron")
@@ -77,4 +81,10 @@ for _ in range(12):
     opt.step()
     if ITEM:
         losses.append(loss.item())
+    if PREDICTIONS == "every-step":
+        predictions.append(out.argmax(dim=1).cpu())
+    elif PREDICTIONS == "on-device":
+        predictions.append(out.argmax(dim=1))
+if PREDICTIONS == "on-device":
+    predictions = [torch.cat(predictions).cpu()]
 print(loss.item())
