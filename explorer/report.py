@@ -18,7 +18,6 @@ from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
-from neuron_explorer.rules import SHARE_BASES
 from neuron_explorer.rules.finding import sections as findings_sections
 from neuron_explorer.units import size
 from neuron_explorer.what_if.label import prediction_text
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 
 TOP = 10
 # findings whose share is of the whole recorded run, not of the analysed steps
-RUN_SHARE_RULES = SHARE_BASES  # the name the dashboard imports
 
 
 def mean_breakdown(trace: Trace) -> pd.DataFrame:

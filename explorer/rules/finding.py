@@ -26,7 +26,7 @@ class Finding:
     evidence: list[dict[str, Any]] = field(default_factory=list)  # ts, dur, slice_ids, description
     explanation: str = ""
     recommendation: str = ""
-    share_base: str = "step time"  # what share_of_step is a share of, in words
+    share_base: str = "the analysed steps"  # what share_of_step is a share of, in words
     # time_lost_ns is what fixing the cause would save; the symptom's own total (the waits,
     # the gaps) is kept beside it as evidence, with how the saving was obtained
     symptom_ns: int = 0
@@ -151,7 +151,7 @@ def share_base(rule_id: str, has_steps: bool) -> str:
     steps)."""
     from neuron_explorer.rules import SHARE_BASES  # the rules import this module
 
-    return SHARE_BASES.get(rule_id, "step time" if has_steps else "the trace")
+    return SHARE_BASES.get(rule_id, "the analysed steps" if has_steps else "the trace")
 
 
 def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,

@@ -9,7 +9,6 @@ from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
 from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.plot.figures import breakdown_figure
-from neuron_explorer.report import RUN_SHARE_RULES
 from neuron_explorer.rules.finding import NO_SAVING_TITLE, Finding
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import graph, metric, notice, page_title, page_url, section
@@ -89,24 +88,16 @@ def findings(trace: Trace, name: str) -> html.Div:
         return notice(missing if "Could not" in missing else "No bottlenecks found in this trace.")
     # in the rules' order: a finding whose saving waits on another fix comes after that
     # fix's, whatever the two savings; those saving nothing now under their own heading
-    has_steps = bool((fetch(trace.summary, "summary").value or {}).get("steps_analysed"))
-    cards: list[Any] = [_finding_card(f, i, name, share_of(f, has_steps))
+    cards: list[Any] = [_finding_card(f, i, name)
                         for i, f in enumerate(data.value) if f.saves_time]
     rest = [(i, f) for i, f in enumerate(data.value) if not f.saves_time]
     if rest:
         cards.append(html.H4(NO_SAVING_TITLE, className="findings-none-now"))
-        cards += [_finding_card(f, i, name, share_of(f, has_steps)) for i, f in rest]
+        cards += [_finding_card(f, i, name) for i, f in rest]
     return html.Div(cards, className="findings")
 
 
-def share_of(finding: Finding, has_steps: bool) -> str:
-    """What a finding's share is of, in the report's words: some rules weigh the whole run."""
-    if finding.rule_id in RUN_SHARE_RULES:
-        return RUN_SHARE_RULES[finding.rule_id]
-    return "step time" if has_steps else "the trace"
-
-
-def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time") -> html.Div:
+def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
     severity = finding.severity.lower()
     evidence = finding.evidence
     link = None
@@ -126,7 +117,8 @@ def _finding_card(finding: Finding, rank: int, name: str, of: str = "step time")
             html.H3(finding.title),
             html.Div([
                 *([html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
-                   html.Span(f" lost · {fmt.share(finding.share_of_step)} of {of}")]
+                   html.Span(f" lost · {fmt.share(finding.share_of_step)} of "
+                             f"{finding.share_base}")]
                   if finding.saves_time else [html.Span("no time to save now")]),
             ], className="finding-cost"),
         ], className="finding-head"),
