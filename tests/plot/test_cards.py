@@ -25,7 +25,8 @@ def test_a_finding_is_a_card_in_its_severity_colour():
     ink, background = SEVERITY_COLOURS["high"]
     assert ink in html and background in html
     assert "Host waits &lt;on&gt; the device" in html  # text is escaped
-    assert "2.5 ms lost · 25.0% of the analysed steps" in html and "Log the loss every N steps." in html
+    assert "2.5 ms lost · 25.0% of the analysed steps" in html
+    assert "Log the loss every N steps." in html
     assert html.count("loss.item()") == 3 and "and 2 more" in html
     assert SEVERITY_COLOURS["medium"][0] in finding("medium")._repr_html_()
 
