@@ -165,7 +165,55 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
             continue
         phase = "backward" if in_backward.get(st) else "forward"
         labels[i] = f"{st}.{call.get(st, 0)}:{phase}"
+    if reducer:
+        _split_at_ddp_buckets(trace, rows, labels, data_flow, optimizer)
     return labels
+
+
+# Dynamo's DDP optimizer (torch/_dynamo/backends/distributed.py) splits a graph of a model
+# DDP wraps where its parameters fill a bucket, walking the graph from its end: the first
+# bucket at torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, the others at DDP's
+# bucket_cap_mb (25 MiB unless set: the trace does not say)
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+DDP_BUCKET_BYTES = 25 << 20
+_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2,
+             "bfloat16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _split_at_ddp_buckets(trace: Trace, rows: pd.DataFrame, labels: np.ndarray,
+                          data_flow: tuple | None, optimizer: np.ndarray) -> None:
+    """Relabel each forward graph into one graph per DDP bucket, as Dynamo's DDP optimizer
+    compiles `DDP(torch.compile(model))`, and each backward op into the backward graph of
+    its module's bucket: a graph call each (a two-rank MLP's 1.6 MB of parameters made
+    two forward graphs and two backward ones, where one of each was predicted). A
+    parameter is an input the optimizer last wrote."""
+    if data_flow is None:
+        return
+    producers, keys = data_flow[0], rows["key"].tolist()
+    module = trace.ops.set_index("id")["module"].reindex(rows["id"].to_numpy())
+    module = module.fillna("").astype(str).to_numpy()
+    for label in dict.fromkeys(x for x in labels.tolist() if x.endswith(":forward")):
+        forward = np.flatnonzero(labels == label)
+        bucket = np.zeros(len(forward), np.int64)
+        size, n = 0, 0
+        for j in range(len(forward) - 1, -1, -1):
+            if size >= DDP_BUCKET_BYTES or (n == 0 and size >= DDP_FIRST_BUCKET_BYTES):
+                n, size = n + 1, 0
+            bucket[j] = n
+            row = forward[j]
+            for (shape, dtype), p in zip(keys[row][1], producers[row], strict=False):
+                if p >= 0 and optimizer[p]:
+                    size += math.prod(shape) * _ITEMSIZE.get(dtype, 4)
+        if not n:
+            continue
+        # a module's ops go where its last one went (a weight's view before its matmul)
+        of_module = dict(zip(module[forward].tolist(), (n - bucket).tolist(), strict=True))
+        of_module.pop("", None)
+        step_call = label.removesuffix(":forward")
+        for row, b in zip(forward.tolist(), (n - bucket).tolist(), strict=True):
+            labels[row] = f"{step_call}.{of_module.get(module[row], b)}:forward"
+        for row in np.flatnonzero(labels == f"{step_call}:backward").tolist():
+            labels[row] = f"{step_call}.{of_module.get(module[row], n)}:backward"
 
 
 # The label of an op that takes a gradient once the backward made it (accumulating it into
