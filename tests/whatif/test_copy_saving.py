@@ -111,3 +111,17 @@ def test_batching_copies_saves_what_one_copy_and_a_split_save(small) -> None:
     saved = step_time(trace) - step_time(small["stacked"])
     assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
     assert not _finding(small["stacked"])
+
+
+def test_a_read_to_the_host_is_no_copy_to_batch(tmp_path) -> None:
+    """The same four uploads a step, and the loss read by `.item()` each step: the read
+    went into the batch of one dtype (five copies a step), promised 35% more than batching
+    saved. It is the sync finding's, whose fix removes it."""
+    paths = record_variants(tmp_path, PROGRAM, {v: ["2", "--input", v, "--item"]
+                                                for v in ("pieces", "stacked")}, modelled=True)
+    trace, fixed = load(paths["pieces"]), load(paths["stacked"])
+    (f,) = _finding(trace)
+    assert "(4 copies a step" in f.recommendation
+    saved = step_time(trace) - step_time(fixed)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
+    assert [f.rule_id for f in fixed.bottlenecks() if f.rule_id == "sync_in_step"]
