@@ -9,7 +9,9 @@ million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
   (or two) over WARMUP_FACTOR x the median of the others pays one-time costs (the
   optimizer's state, first allocations, the framework's caches) the later steps do not;
 - in both cases without the code after the last step mark (the recorder writes
-  which steps a mark ended), unless nothing else is left;
+  which steps a mark ended), unless nothing else is left, and without a PyTorch
+  profiler's last step where the profile stopped just into it (a fragment, under
+  FRAGMENT_SHARE of the others' median);
 - and, in a recording cut short (killed, or damaged part-way: the loader warned), only
   the steps that end before its ops or kernels stop (or, when none does, the step they
   stop in): the trace lost the later steps' device events, which would read as a device
@@ -71,6 +73,7 @@ def _ranges(steps: tuple[int, ...], bare: bool = False) -> str:
 WARMUP_FACTOR = 1.5
 WARMUP_STEPS_MAX = 2  # leading steps that can be a warm-up
 WARMUP_MIN_STEPS = 3  # with fewer steps, no step is called a warm-up
+FRAGMENT_SHARE = 0.05  # a profiler's last step under this share of the others' is a fragment
 
 
 def warmup_steps(trace: Trace, candidates: tuple[int, ...]) -> tuple[int, ...]:
@@ -135,6 +138,24 @@ def device_data_end(trace: Trace) -> tuple[int, int] | None:
     return min(last) if last else None
 
 
+def _without_trailing_fragment(trace: Trace, steps: tuple[int, ...]
+                               ) -> tuple[tuple[int, ...], str]:
+    """The steps of a PyTorch profiler's trace without its last one where that is a
+    fragment, under FRAGMENT_SHARE of the others' median: the profile stopped just after
+    `prof.step()` opened it (an MI250 trace's ProfilerStep#2 of 49 us beside a 9.3 ms
+    step made a median step of 4.7 ms). Our recorder says which steps a mark ended."""
+    from neuron_explorer.device_terms import device_terms
+
+    if len(steps) < 2 or device_terms(trace.metadata).recorded_here:
+        return steps, ""
+    dur = trace.steps.set_index("step")["dur"]
+    last, others = steps[-1], float(np.median(dur.reindex(steps[:-1]).to_numpy()))
+    if not float(dur.get(last, 0)) < FRAGMENT_SHARE * others:
+        return steps, ""
+    return steps[:-1], (f"step {last} is a fragment, {float(dur.get(last, 0)) / 1e3:.0f} us: "
+                        "the profile stopped in it")
+
+
 def _with_device_data(trace: Trace, steps: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
     """The steps of `steps` that hold the device events of a cut-short recording, and why:
     those that end before its events stop, else the one they stop in (held in part)."""
@@ -168,6 +189,9 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
     candidates, cut = _with_device_data(trace, candidates)
     if cut:
         notes.append(cut)
+    candidates, fragment = _without_trailing_fragment(trace, candidates)
+    if fragment:
+        notes.append(fragment)
     before = trace.metadata.get("steps_before_marks")
     if isinstance(before, int) and 0 < before < len(candidates):
         # the model's returns ended steps until the first neuron_explorer.step(): those and

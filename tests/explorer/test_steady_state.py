@@ -222,3 +222,14 @@ def test_diff_leaves_the_same_warm_up_out_of_both_sides(tmp_path: Path) -> None:
     bd = d.breakdown
     assert (bd["a_ns"] == bd["b_ns"]).all(), bd
     assert analysed_steps(a).steps == (0, 1, 2, 3, 4)  # the trace itself is unchanged
+
+
+def test_a_profilers_last_step_stopped_just_into_is_left_out(real_traces_dir) -> None:
+    """An MI250 trace (ROCm's Kineto): ProfilerStep#1 of 9.3 ms, then ProfilerStep#2 of
+    49 us, which `prof.step()` opened as the profile stopped: a median step of 4.7 ms."""
+    t = neuron_explorer.load(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    assert list(t.steps["step"]) == [1, 2]
+    assert analysed_steps(t).steps == (1,)
+    assert "step 2 is a fragment, 49 us" in t.summary()["steps_analysed_text"]
+    assert t.summary()["step_time_ns"] == pytest.approx(9_288_000, rel=0.001)
