@@ -133,7 +133,9 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
     calls_before = np.searchsorted(calls, ts, side="right")
     keys = rows["key"].tolist()
     names = trace.table("slices")["name"]
-    reducer = _ddp_reducer_ops(names.iloc[ids].astype(str).tolist(), keys, backward, data_flow)
+    names = names.iloc[ids].astype(str).tolist()
+    reducer = _ddp_reducer_ops(names, keys, backward, data_flow)
+    beside_collectives = _collective_copies(names, keys, data_flow)
     in_backward: dict[int, bool] = {}
     forward_calls: dict[int, int] = {}  # per step: optimizer calls before its model's
     call: dict[int, int] = {}  # per step: its model calls so far
@@ -156,7 +158,7 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
             in_backward[st] = True
             phase_start[st] = i
         began[i] = phase_start.setdefault(st, i)
-        if not in_model[i] or key[0] in _EAGER_ONLY or any(
+        if not in_model[i] or key[0] in _EAGER_ONLY or i in beside_collectives or any(
                 n == "direction" and v != "device_to_device" for n, v in key[3]):
             continue
         if in_backward.get(st) and (i in reducer or
@@ -225,6 +227,39 @@ ACCUMULATES = "accumulates"
 _BUCKET_COPIES = frozenset({"aten::mul", "aten::div", "aten::mul_", "aten::div_",
                             "aten::copy_", "aten::_copy_from"})
 _VIEWS = frozenset({"aten::as_strided", "aten::view", "aten::_reshape_alias"})
+
+
+# What a sharded model's hooks run around each collective (FSDP2's copy into the
+# all-gather's buffer and out of it, the reduce-scatter's `cat`): allocations, copies, views
+_COLLECTIVE_COPIES = frozenset({"aten::empty", "aten::_foreach_copy_", "aten::cat",
+                                "aten::_copy_from", "aten::copy_", "aten::chunk_cat",
+                                "aten::split_with_sizes_copy", "aten::as_strided",
+                                "aten::view", "aten::_reshape_alias"})
+
+
+def _collective_copies(names: list[str], keys: list, data_flow: tuple | None) -> set[int]:
+    """The ops right before and after each collective that only allocate, copy or view,
+    and the copies that read what those made (a prefetched all-gather's output, copied
+    out later): FSDP2's hooks filling the all-gather's buffer and copying the parameters
+    out of it (the reduce-scatter's alike), which run eagerly between the graphs of the
+    modules compiled under them (a compiled step of four sharded blocks: each block's
+    graph between its hooks' ops, as recorded)."""
+    found: set[int] = set()
+    for row, name in enumerate(names):
+        if keys[row] is not None or not name.startswith("c10d::"):
+            continue
+        for step in (-1, 1):
+            near = row + step
+            while 0 <= near < len(keys) and keys[near] is not None \
+                    and keys[near][0] in _COLLECTIVE_COPIES:
+                found.add(near)
+                near += step
+    if data_flow is not None:  # in op order: a copy reads what an earlier op made
+        for row, key in enumerate(keys):
+            if key is not None and key[0] in _COLLECTIVE_COPIES and row not in found \
+                    and any(p in found for p in data_flow[0][row]):
+                found.add(row)
+    return found
 
 
 def _ddp_reducer_ops(names: list[str], keys: list, backward: np.ndarray,

@@ -195,3 +195,20 @@ def test_a_wait_paid_in_the_next_step_counts_for_the_straggler(tmp_path):
 def _per_step(run, total_ns: float) -> float:
     """A run's figure over its analysed steps, per step (the steps a rank analysed)."""
     return total_ns / ((run.steps["host_sync_ns"] >= 0).sum() / len(run))
+
+
+def test_fsdps_copies_around_its_collectives_stay_eager_in_the_compiled_prediction(
+        runs, tmp_path) -> None:
+    """FSDP2's hooks copy each layer's shards into the all-gather's buffer and the
+    parameters out of it, and `cat` the gradients for the reduce-scatter, eagerly around
+    the graphs of the layers compiled under them. The compiled what-if fused them into
+    the graphs: four sharded blocks were predicted 5.38 ms a step where compiling each ran
+    9.31 (10.36 predicted now)."""
+    from neuron_explorer.what_if.replay import whatif
+
+    rank = runs["balanced"][0]
+    predicted = whatif(rank, mode="compiled", output=tmp_path / "p.pftrace")
+    for name in ("aten::_foreach_copy_", "aten::cat", "aten::_copy_from"):
+        recorded = int((rank.ops["name"] == name).sum())
+        kept = int((predicted.ops["name"] == name).sum())
+        assert recorded and kept == recorded, (name, recorded, kept)
