@@ -80,8 +80,10 @@ def check(trace: Trace) -> list[Finding]:
                 and _in_decode_steps(trace, in_step_rec["step"].to_numpy()))
     basis = ("critical path: the compile time on the critical path of the steps it ran in "
              "(a compile the device hid by running queued work saves nothing)" if lost else "")
-    # what the breaks cost every step: the graphs they split, merged
-    merged = merged_graphs_saving_ns(trace) if len(in_step_breaks) else None
+    # what the breaks cost every step: the graphs they split, merged (not the DDP
+    # optimizer's splits: they are there on purpose)
+    own = ~in_step_breaks["reason"].str.contains(DDP_SPLIT, regex=False).to_numpy(bool)
+    merged = merged_graphs_saving_ns(trace) if own.any() else None
     if merged:
         saving += merged
         basis = "; ".join(b for b in (basis, MERGED_BASIS) if b)
@@ -185,12 +187,25 @@ def compiled_ddp_wrapper(breaks: pd.DataFrame) -> bool:
         DDP_SKIPPED, regex=False).any())
 
 
+# DDP(torch.compile(model)): Dynamo's DDP optimizer splits the graph at DDP's buckets
+DDP_SPLIT = "DDPOptimizer intentional graph-break"
+DDP_SPLIT_ADVICE = ("the graph breaks DDPOptimizer reports are Dynamo's own: it splits the "
+                    "model's graph at DDP's gradient buckets on purpose, so that each "
+                    "bucket's all-reduce overlaps the rest of the backward; nothing to fix "
+                    "(torch._dynamo.config.optimize_ddp = False merges them, trading that "
+                    "overlap for fewer launches)")
+
+
 def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: pd.DataFrame,
                     reasons: list[str]) -> str:
     """Advice for what happened: graph-break advice only when there are graph breaks."""
     advice = []
     if compiled_ddp_wrapper(breaks):
         advice.append(DDP_ADVICE)
+    ddp_split = breaks["reason"].str.contains(DDP_SPLIT, regex=False).to_numpy(bool)
+    if ddp_split.any():
+        advice.append(DDP_SPLIT_ADVICE)
+        breaks = breaks[~ddp_split]
     # torch's Optimizer.step breaks the graph on purpose, around its update (so that
     # AOTAutograd sees the no_grad region): a compiled optimizer step has them, whatever
     # the user's code does
