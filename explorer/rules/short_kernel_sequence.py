@@ -21,6 +21,7 @@ from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
 from neuron_explorer.rules.queued_idle import held_up
 from neuron_explorer.tables import map_unique
+from neuron_explorer.what_if.distributed_ops import hook_copy_op_ids
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -58,6 +59,11 @@ def short_windows(trace: Trace) -> pd.DataFrame:
                                              (tf.CAT_OPTIMIZER,)) >= 0
     w = w.assign(optimizer=optimizer | in_step)
     mixed = w.groupby("window")["optimizer"].transform("nunique") > 1
+    # a sharded model's hooks copy its shards around each collective eagerly, whatever is
+    # compiled: a window holding one of their kernels fuses under no fix (FSDP2's copies
+    # beside its blocks' matmuls were 20 of a run's sequences, all claimed)
+    hooks = np.isin(launched_by, hook_copy_op_ids(trace))
+    mixed |= pd.Series(hooks, index=w.index).groupby(w["window"]).transform("any")
     w = w[~mixed.to_numpy()]
     if not len(w):
         return w

@@ -128,3 +128,18 @@ def ddp_reducer_ops(names: list[str], keys: list, backward: np.ndarray,
             chain += [q for q in producers[p]
                       if q >= 0 and keys[q] is not None and keys[q][0] == keys[p][0]]
     return found
+
+
+def hook_copy_op_ids(trace: Trace) -> np.ndarray:
+    """The op slices of a sharded model's hooks around its collectives (`collective_copies`
+    over the recorded op stream): they run eagerly whatever the user compiles."""
+    from neuron_explorer.what_if.compiled import recorded_data_flow
+
+    ops = trace.ops
+    if not len(ops) or not ops["name"].astype(str).str.startswith("c10d::").any():
+        return np.zeros(0, np.int64)
+    ops = ops.sort_values("ts", kind="stable", ignore_index=True)
+    names = ops["name"].astype(str).tolist()
+    keys = [None if n.startswith("c10d::") else (n,) for n in names]
+    rows = collective_copies(names, keys, recorded_data_flow(trace, ops))
+    return ops["id"].to_numpy(np.int64)[sorted(rows)]
