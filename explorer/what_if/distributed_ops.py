@@ -10,9 +10,9 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 if TYPE_CHECKING:
-    import pandas as pd
     from neuron_explorer.trace import Trace
 
 # Dynamo's DDP optimizer (torch/_dynamo/backends/distributed.py) splits a graph of a model
@@ -136,7 +136,10 @@ def hook_copy_op_ids(trace: Trace) -> np.ndarray:
     from neuron_explorer.what_if.compiled import recorded_data_flow
 
     ops = trace.ops
-    if not len(ops) or not ops["name"].astype(str).str.startswith("c10d::").any():
+    # the names used (a categorical's categories are): no collective, nothing to look for
+    used = ops["name"].cat.categories if isinstance(ops["name"].dtype, pd.CategoricalDtype) \
+        else ops["name"].unique()
+    if not any(str(n).startswith("c10d::") for n in used):
         return np.zeros(0, np.int64)
     ops = ops.sort_values("ts", kind="stable", ignore_index=True)
     names = ops["name"].astype(str).tolist()
