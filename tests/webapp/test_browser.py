@@ -186,7 +186,7 @@ def test_table_row_opens_in_the_timeline(served, driver):
     row = wait_for(driver, "#stats-table .ag-row:not(.ag-opacity-zero)", text="aten::addmm")
     row.find_element("css selector", ".ag-selection-checkbox").click()
     wait_for(driver, "#tables-open-timeline").click()
-    fields = wait_for(driver, "#slice-fields", text="op")
+    fields = wait_for(driver, "#slice-fields", text="op", timeout=30)  # as from a finding
     assert "aten::addmm" in fields.text
     no_console_errors(driver)
 
