@@ -186,7 +186,7 @@ def made_only_for(trace: Trace, read: np.ndarray) -> np.ndarray:
     ids, source = ops["id"].to_numpy(np.int64), ops["source"].to_numpy(object)
     # the line's own calls, not a model's it calls (an eval loss's whole forward)
     source = np.where(ops["module"].fillna("").to_numpy(object) == "", source, "")
-    flags = ops["dtypes"].map(lambda d: str(d).strip("[]") == "bool").to_numpy(bool)
+    flags = map_unique(ops["dtypes"], lambda d: str(d).strip("[]") == "bool", bool)
     gone = {int(r): str(source[r]) for r in np.flatnonzero(np.isin(ids, read) & flags)}
     todo = list(gone)
     while todo:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.memo import memoised
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -132,7 +133,12 @@ def ddp_reducer_ops(names: list[str], keys: list, backward: np.ndarray,
 
 def hook_copy_op_ids(trace: Trace) -> np.ndarray:
     """The op slices of a sharded model's hooks around its collectives (`collective_copies`
-    over the recorded op stream): they run eagerly whatever the user compiles."""
+    over the recorded op stream): they run eagerly whatever the user compiles. Computed
+    once per trace (reading the data flow parses every op's producers)."""
+    return memoised(trace, "hook_copy_op_ids", lambda: _hook_copy_op_ids(trace))
+
+
+def _hook_copy_op_ids(trace: Trace) -> np.ndarray:
     from neuron_explorer.what_if.compiled import recorded_data_flow
 
     ops = trace.ops
