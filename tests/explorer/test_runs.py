@@ -404,3 +404,20 @@ def test_a_rank_rules_saving_is_what_its_fix_saves_the_run(run):
     (sync,) = [f for f in run.bottlenecks() if f.rule_id == "sync_in_step"]
     assert sync.time_lost_ns == 900_000
     assert "the run moves at the pace of the slowest rank's own work" in sync.saving_basis
+
+
+def test_a_rank_finding_without_a_saving_keeps_its_own_words(run_dir):
+    """A rank's finding that saves no step time (memory near capacity) says nothing of
+    the run's pace; one whose time lost is its symptom's own total names where it came
+    from (both read "Saving from across ranks: ..." before)."""
+    from neuron_explorer.rules.finding import Finding
+
+    fresh = neuron_explorer.load(run_dir)
+    fresh.digests[1].findings.extend([
+        Finding("memory_near_capacity", "Device 0 memory at 95% of capacity", "high", 0, 0.0),
+        Finding("input_bound", "Steps wait for their input", "medium", 300_000, 0.1)])
+    found = {f.rule_id: f for f in fresh.bottlenecks()}
+    memory, data = found["memory_near_capacity"], found["input_bound"]
+    assert memory.time_lost_ns == 0 and memory.saving_note() == ""
+    assert data.saving_note().startswith("Saving from each rank's own finding; across ranks")
+    assert data.time_lost_ns > 0

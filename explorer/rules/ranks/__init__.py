@@ -65,12 +65,12 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
                                                           for g in d.findings)) - 1
         where = f"rank {rank}" + (f" (and {also} other rank{'s' * (also > 1)})" if also else "")
         lost, basis = float(f.time_lost_ns), f.saving_basis
-        if own is not None:
+        if own is not None and f.saves_time:  # a finding that saves no time keeps its words
             lost = _run_saving(run, f.rule_id, own)
-            basis += (("; " if basis else "")
-                      + "across ranks: the ranks meet at collectives, so the run moves at the "
-                      "pace of the slowest rank's own work, and the fix (on every rank) "
-                      "saves the run what it takes off that pace")
+            basis = ((basis or "each rank's own finding") + "; across ranks: the ranks meet "
+                     "at collectives, so the run moves at the pace of the slowest rank's own "
+                     "work, and the fix (on every rank) saves the run what it takes off that "
+                     "pace")
         found = run_finding(run, f.rule_id, f"{f.title} on {where}", lost,
                             [dict(e, rank=rank) for e in f.evidence], f.explanation,
                             f.recommendation, per_rank=True, symptom_ns=f.symptom_ns,
