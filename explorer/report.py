@@ -426,9 +426,12 @@ def _startup_text(startup: pd.DataFrame, first_ns: int) -> str:
     if len(startup):
         longest = startup.sort_values("dur", ascending=False).iloc[0]
         by = f" in {longest['op']}" if longest["op"] else ""
-        parts.append(f"{fmt_ns(startup['dur'].sum())} of device idle before {len(startup)} "
-                     f"first launches (not in the findings); the longest "
-                     f"{fmt_ns(longest['dur'])}{by}, before {str(longest['kernel'])[:60]}")
+        launches = f"{len(startup)} first launch{'es' * (len(startup) > 1)}"
+        longest_text = (f"; the longest {fmt_ns(longest['dur'])}" if len(startup) > 1
+                        else ",")
+        parts.append(f"{fmt_ns(startup['dur'].sum())} of device idle before {launches} "
+                     f"(not in the findings){longest_text}{by}, before "
+                     f"{str(longest['kernel'])[:60]}")
     return "; ".join(parts)
 
 

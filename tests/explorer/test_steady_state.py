@@ -233,3 +233,27 @@ def test_a_profilers_last_step_stopped_just_into_is_left_out(real_traces_dir) ->
     assert analysed_steps(t).steps == (1,)
     assert "step 2 is a fragment, 49 us" in t.summary()["steps_analysed_text"]
     assert t.summary()["step_time_ns"] == pytest.approx(9_288_000, rel=0.001)
+
+
+def test_the_runs_first_step_analysed_alone_leaves_its_first_launches_out(real_traces_dir) -> None:
+    """That MI250 trace's only full step is the run's first (ProfilerStep#1): its 6.6 ms
+    first launch of AccumulateGrad's add (the runtime loading the kernel) is start-up,
+    said once, not a host launching slowly every step (8.76 ms, 94% of the step, before).
+    A trace that opens mid-run (ProfilerStep#551) has no first calls to leave out."""
+    from neuron_explorer.analyses.startup import startup_gaps
+    from neuron_explorer.report import render_report
+
+    t = neuron_explorer.load(
+        real_traces_dir / "amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    (gap,) = startup_gaps(t).itertuples()
+    assert gap.dur == pytest.approx(6_633_000, rel=0.001) and "AccumulateGrad" in gap.op
+    (host,) = [f for f in t.bottlenecks() if f.rule_id == "host_bound"]
+    assert host.time_lost_ns == pytest.approx(8_763_000 - gap.dur, rel=0.01)
+    assert "6.633 ms of device idle before 1 first launch (not in the findings), in autograd" \
+        in render_report(t, "text")
+    mid_run = neuron_explorer.load(
+        real_traces_dir / "cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
+    assert list(mid_run.steps["step"]) == [551]
+    from neuron_explorer.analyses.startup import analyses_the_start
+
+    assert analyses_the_start(t) and not analyses_the_start(mid_run)
