@@ -99,7 +99,7 @@ def test_the_sync_fix_names_every_site_its_saving_counts(tmp_path: Path) -> None
     (f,) = _rule(_load(sc, tmp_path, "sites"), "sync_in_step")
     assert f.recommendation.startswith(
         "Remove the syncs at train.py:42, train.py:43 and train.py:44 (and 2 more) from "
-        "the step: keep results on the device"), f.recommendation
+        "the step: read results (.item(), .cpu(), print) every N steps"), f.recommendation
 
 
 def test_host_fallback(tmp_path: Path, clean_trace) -> None:

@@ -64,4 +64,5 @@ def test_predictions_read_every_step_save_what_keeping_them_on_the_device_saves(
     (f,) = [f for f in read.bottlenecks() if f.rule_id == "sync_in_step"]
     saved = step_time(read) - step_time(kept)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
-    assert "keep losses and metrics on the device" in f.recommendation
+    assert ("read losses and metrics (.item(), .cpu(), print) every N steps or after the "
+            "loop, and keep them on the device in between") in f.recommendation
