@@ -48,6 +48,7 @@ from neuron_explorer.common.trace_format import (
     ARG_PHASE,
     ARG_STEP,
     ARG_TOKENS,
+    ARG_TRAINING,
     ARG_WORKER,
     ARG_WORKER_PID,
     CAT_DATALOADER,
@@ -107,11 +108,15 @@ def _skip_hook_frames() -> None:
         set_code_exec_strategy(hook.__code__, skip)
 
 
-def _call_args(args: Any) -> dict[str, Any]:
+def _call_args(module: torch.nn.Module, args: Any) -> dict[str, Any]:
     """What the explorer needs to split a run into phases, on a model's outermost call:
-    grad off (an eval pass; grad on, the usual case, writes nothing) and, when the first
-    argument holds token ids, their shape (a decode step feeds one new token a sequence)."""
-    out: dict[str, Any] = {} if torch.is_grad_enabled() else {ARG_GRAD: 0}
+    grad off (grad on, the usual case, writes nothing) with the model's training flag (an
+    eval pass sets `model.eval()`; a step's own no-grad work, targets or a teacher's pass
+    on a model in train mode, does not) and, when the first argument holds token ids,
+    their shape (a decode step feeds one new token a sequence)."""
+    model = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: its model
+    out: dict[str, Any] = {} if torch.is_grad_enabled() else {
+        ARG_GRAD: 0, ARG_TRAINING: int(model.training)}
     first = args[0] if isinstance(args, tuple) and args else None
     if (isinstance(first, torch.Tensor) and 1 <= first.dim() <= 2
             and not first.dtype.is_floating_point and not first.dtype.is_complex
@@ -256,7 +261,7 @@ class FrameworkHooks:
             node = _current_node()
             if node is not None:  # a forward run by a backward node (checkpoint recompute)
                 rec.backward_to(self._seq_module.get(node._sequence_nr(), ""), ts, state)
-            slice_args.update(_call_args(args))
+            slice_args.update(_call_args(module, args))
         state.forward.append((path, _get_sequence_nr(), id(module)))
         rec.begin(path, CAT_MODULE, slice_args, ts=ts, state=state)
 

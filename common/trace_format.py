@@ -40,6 +40,8 @@ ARG_MODULE = "module"  # str, module path like "model.layers.3.attn"
 ARG_PHASE = "phase"  # "forward" | "backward"; on an annotation, neuron_explorer.phase's name
 ARG_REQUEST = "request"  # str JSON list, on an annotation: the ids neuron_explorer.request marks
 ARG_GRAD = "grad"  # int, on a thread's outermost module call: 0 when grad mode is off
+# int, on such a call without grad: the model's training flag (0 after model.eval())
+ARG_TRAINING = "training"
 # str, on a module call torch.compile runs eager: why ("rnn": Dynamo does not trace
 # nn.RNN, nn.GRU or nn.LSTM unless torch._dynamo.config.allow_rnn)
 ARG_COMPILE_SKIPS = "compile_skips"

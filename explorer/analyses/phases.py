@@ -5,8 +5,10 @@ forward time): the recorder writes on each one `grad: 0` when grad mode is off a
 when its first argument holds token ids, their shape.
 - `train`: a step with a grad-enabled call, a backward or an optimizer step;
 - `eval`: a call without grad inside a training step (an eval pass between two optimizer
-  steps: the recorder holds it in the next training step, which starts after it here), or
-  an inference step that is not generation;
+  steps: the recorder holds it in the next training step, which starts after it here),
+  unless the recorder saw the model in train mode then (no `model.eval()`: the step's own
+  no-grad work, a target or teacher pass, whose time is the step's), or an inference
+  step that is not generation;
 - `prefill` and `decode`: inference steps where each call adds one token per sequence
   (one new token with a KV cache, or the previous length + 1 without one) after a call
   that took the prompt;
@@ -58,12 +60,14 @@ def _shape(text: str) -> tuple[int, int] | None:
 
 def model_calls(trace: Trace) -> pd.DataFrame:
     """The model's outermost forward calls: ts, end, step, grad (1, 0, or -1: unknown,
-    not our trace), batch and new (token ids' shape, -1 where unknown)."""
+    not our trace), training (on calls without grad: the model's training flag, 1 or 0;
+    -1 where unknown), batch and new (token ids' shape, -1 where unknown)."""
     m = trace.modules
     calls = m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
     if not len(calls):
         return pd.DataFrame({c: pd.Series(dtype="int64")
-                             for c in ["ts", "end", "step", "grad", "batch", "new"]})
+                             for c in ["ts", "end", "step", "grad", "training", "batch",
+                                       "new"]})
     # the model, not a loss function or tokenizer called beside it: the most forward time
     model = calls.groupby("module")["dur"].sum().idxmax()
     calls = calls[calls["module"] == model]
@@ -76,6 +80,7 @@ def model_calls(trace: Trace) -> pd.DataFrame:
         # ours write grad only when it is off; other traces do not say
         "grad": trace.slice_args.numbers(tf.ARG_GRAD, ids, 1 if recorded_level(trace) else -1,
                                          "int64"),
+        "training": trace.slice_args.numbers(tf.ARG_TRAINING, ids, -1, "int64"),
         "batch": [s[0] if s else -1 for s in shapes],
         "new": [s[1] if s else -1 for s in shapes],
     }).sort_values("ts", ignore_index=True)
@@ -170,7 +175,7 @@ def _train_rows(step: int, start: int, end: int, own: pd.DataFrame,
     starts = own["ts"].to_numpy(np.int64)
     train_start, eval_ns = start, 0
     for i, call in enumerate(own.itertuples(index=False)):
-        if call.grad != 0:
+        if call.grad != 0 or call.training == 1:  # the training step's own work
             continue
         stop = int(starts[i + 1]) if i + 1 < len(own) else end
         if stop == first_grad:

@@ -295,3 +295,59 @@ def test_phases_marked_by_hand(tmp_path: Path) -> None:
     assert p["tokens"].isna().all()  # unknown: the model took keyword arguments
     g = trace.serving().iloc[0]
     assert g["ttft_ns"] >= p["dur"].iloc[0] and g["tpot_median_ns"] > 0
+
+
+TARGETS = '''
+import sys
+import neuron_explorer
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).to("neuron")
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64).to("neuron")
+with neuron_explorer.record(sys.argv[1], level="op"):
+    for step in range(6):
+        if sys.argv[2] == "eval":
+            model.eval()
+        with torch.no_grad():  # the step's targets, from the model itself
+            target = model(x) * 0.5
+        model.train()
+        loss = F.mse_loss(model(x), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_no_grad_call_in_train_mode_is_the_steps_own_work(tmp_path: Path, mode: str) -> None:
+    """A no-grad forward every step on a model in train mode (targets, a teacher's pass, a
+    rank's extra work) is the training step's; only one after `model.eval()` is an eval
+    pass. Read as eval passes, a DDP rank doing three such forwards a step more than the
+    other was shown as the faster rank, and `slowest_rank` named the other."""
+    script = tmp_path / "targets.py"
+    script.write_text(TARGETS)
+    out = tmp_path / f"{mode}.pftrace"
+    env = dict(os.environ, NEURON_HOST_CLOCK="modelled")
+    env.pop("NEURON_EXPLORER_RECORD", None)
+    proc = subprocess.run([sys.executable, str(script), str(out), mode], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trace = neuron_explorer.load(out)
+    # Before the first optimizer step the recorder cannot tell a training loop from an
+    # inference loop, and ends a step at the model's first return (step 0, its targets);
+    # each later step holds its targets' forward, then its training
+    p = trace.phases()
+    p = p[p["step"] >= 2]
+    recorded = trace.steps.set_index("step")["dur"]
+    train = p[p["phase"] == "train"].set_index("step")["dur"]
+    assert len(train) == 5
+    if mode == "train":
+        assert set(p["phase"]) == {"train"}
+        assert train.equals(recorded.reindex(train.index))
+    else:
+        assert len(p[p["phase"] == "eval"]) == 5
+        assert (train < 0.9 * recorded.reindex(train.index)).all()
