@@ -223,10 +223,11 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """ranks, world_size, missing_ranks, step_time_ns (the median over ranks of each
         rank's median step), analysed_time_ns (the mean over ranks of the analysed steps'
-        total), the slowest rank and its median step, and `complete` (whether every rank is
-        here: cross-rank findings need them all)."""
+        total), the slowest rank (by its own work: the one the others wait for) and its
+        median step, and `complete` (whether every rank is here: cross-rank findings need
+        them all)."""
         ranks = self.rank_summary().dropna(subset=["step_time_ns"])
-        slowest = ranks.loc[ranks["step_time_ns"].idxmax()] if len(ranks) else None
+        slowest = ranks.loc[self._pace(ranks).idxmax()] if len(ranks) else None
         return {"ranks": self.ranks, "world_size": self.world_size,
                 "missing_ranks": self.missing_ranks, "complete": not self.missing_ranks,
                 "step_time_ns": self.step_time_ns(),
@@ -234,6 +235,18 @@ class Run:
                 "slowest_rank": int(slowest["rank"]) if slowest is not None else None,
                 "slowest_step_ns": float(slowest["step_time_ns"]) if slowest is not None
                 else None}
+
+    def _pace(self, ranks: pd.DataFrame) -> pd.Series:
+        """What makes a rank the slowest, per row of `rank_summary`: its own work per step
+        (the median of `ranks.own_work`), since ranks that meet at collectives share one
+        step time (the one that waits is as slow as the one it waits for); the median step
+        where that is unknown (one rank, no collectives)."""
+        from neuron_explorer.analyses.ranks import own_work
+
+        own = own_work(self).median(axis=1) if len(self.digests) > 1 else pd.Series()
+        if own.dropna().empty:
+            return ranks["step_time_ns"]
+        return ranks["rank"].map(own).fillna(-1.0)
 
     @property
     def warnings(self) -> list[str]:

@@ -107,6 +107,10 @@ def test_the_straggler_is_the_late_rank(run):
     assert row["wait_caused_ns"] == 4 * 100_000
     assert row["arrival_delay_ns"] == 50_000  # against the median of the two arrivals
     assert row["late_share"] == pytest.approx(0.1)
+    # the ranks share one step time (1 ms: rank 0 waits for rank 1): the slowest rank is
+    # the one the other waits for, by its own work, where a tie named rank 0
+    assert run.rank_summary()["step_time_ns"].nunique() == 1
+    assert run.summary()["slowest_rank"] == 1
 
 
 def test_slices_of_the_transfer_alone_give_the_same_arrivals(tmp_path):
