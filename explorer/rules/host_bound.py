@@ -186,14 +186,12 @@ def copies_starving(trace: Trace) -> tuple[float, float]:
     """(copies a step, their ops' share of the host's op time) in the analysed steps:
     the host<->device copies (`host_device_copies.copies`) among the launches that keep
     the device waiting."""
-    from neuron_explorer.analyses.phases import in_analysed_work
-    from neuron_explorer.rules.host_device_copies import copies, copy_ops
+    from neuron_explorer.rules.host_device_copies import analysed_copies, copy_ops
 
-    c = copies(trace)
+    c = analysed_copies(trace)
     ops = _analysed_ops(trace)
     if not len(c) or not len(ops):
         return 0.0, 0.0
-    c = in_analysed_work(trace, c[c["step"] >= 0])
     return len(c) / max(ops["step"].nunique(), 1), _op_time_share(trace, ops,
                                                                   copy_ops(trace, c))
 
@@ -230,11 +228,16 @@ def _most_launches(starving: tuple[float, float], what: str, unit: str, fix: str
 
 
 def _copies_first(trace: Trace) -> str:
-    """Advice to batch the copies, where they are most of what the host launches."""
+    """Advice to fix the copies first, where they are most of what the host launches and
+    their own finding says how (a compiled model's one upload of its input a step, and
+    its result's read, left nothing to fix there, yet led this advice: creating the input
+    on the device made the step 12 us slower)."""
+    from neuron_explorer.rules import host_device_copies
+
+    if not host_device_copies.check(trace):
+        return ""
     return _most_launches(copies_starving(trace), "host<->device copies", "",
-                          "move each batch in one copy (torch.cat or torch.stack on the "
-                          "host, then one .to(device)) or create the tensors on the device "
-                          "(see the host<->device copies finding).")
+                          "fix them first, as the host<->device copies finding says.")
 
 
 def optimizer_starving(trace: Trace) -> tuple[float, float]:
@@ -297,11 +300,13 @@ def _fused_step_saving(trace: Trace) -> str:
 
 def _recommendation(trace: Trace) -> str:
     """Fewer, larger launches, in the terms of what the script already does."""
-    return _copies_first(trace) + _optimizer_first(trace) + _launch_advice(trace)
+    optimizer = _optimizer_first(trace)
+    return _copies_first(trace) + optimizer + _launch_advice(trace, bool(optimizer))
 
 
-def _launch_advice(trace: Trace) -> str:
-    """Fewer, larger launches, in the terms of what the script already does."""
+def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
+    """Fewer, larger launches, in the terms of what the script already does
+    (`optimizer_told`: the optimizer's fix was given already)."""
     cs = trace.compile_summary()
     compiled = is_compiled(trace)
     breaks = ("remove the graph breaks that leave eager ops between graphs, "
@@ -310,8 +315,9 @@ def _launch_advice(trace: Trace) -> str:
     batch = ("batch more requests into each call of the model" if inference else
              "increase the batch size")
     if compiled:
-        return (f"The model is already compiled: {batch} so each launch does more work, "
-                f"{breaks}and keep Python work (logging, metric math) out of the hot loop.")
+        return (_eager_beside_graphs(trace, optimizer_told)
+                or f"The model is already compiled: {batch} so each launch does more work, "
+                   f"{breaks}and keep Python work (logging, metric math) out of the hot loop.")
     what = "the model" if inference else "the model or the training step"
     terms = device_terms(trace.metadata)
     from neuron_explorer.rules.recompilation import compiled_ddp_wrapper
@@ -323,6 +329,51 @@ def _launch_advice(trace: Trace) -> str:
             f"into a few kernels per graph, or {batch} so each launch does more work; keep "
             "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy
             + (_predicted_compile(trace) if terms.recorded_here else ""))
+
+
+# a compiled run whose eager launches (copies left out) are this many times its graphs'
+# launches, and at least EAGER_MIN_PER_STEP a step, launches mostly outside its graphs
+EAGER_OVER_GRAPHS = 2.0
+EAGER_MIN_PER_STEP = 4.0
+EAGER_SITES_NAMED = 4
+
+
+def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
+    """Advice for a compiled run whose launches are mostly eager ops outside its graphs
+    (the loss, gradient clipping, the optimizer's step), naming where they are: told to
+    increase the batch size, a compiled LM's step stayed 2.06 ms; compiling its loss,
+    clipping and optimizer step saved 845 us of the 854 claimed."""
+    import numpy as np
+    from neuron_explorer import tables
+    from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.rules.host_device_copies import COPY_OPS
+
+    ops = _analysed_ops(trace)
+    ops = ops[ops["kernel_count"] > 0]
+    steps = max(ops["step"].nunique(), 1)
+    graphs = ops["graph_id"].to_numpy() >= 0
+    eager = ops[~graphs & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
+    per_step = len(eager) / steps
+    if per_step < max(EAGER_MIN_PER_STEP, EAGER_OVER_GRAPHS * graphs.sum() / steps):
+        return ""
+    ids = eager["id"].to_numpy(np.int64)
+    in_optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0
+    sites = ("at " + eager["source"].astype(str)).where(~in_optimizer, "in the optimizer's step")
+    counts = sites[sites != "at "].value_counts()
+    named = ", ".join(f"{n / steps:.0f} {site}" for site, n in
+                      counts.head(EAGER_SITES_NAMED).items())
+    more = len(counts) - EAGER_SITES_NAMED
+    named += f" and more at {more} other line{'s' * (more > 1)}" if more > 0 else ""
+    return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
+            "by one outside its graphs" + (f" ({named})" if named else "")
+            + ": bring them into compiled code. Compute the loss inside the compiled "
+            "function" + ((", and" if optimizer_told else
+                           ", construct the optimizer with fused=True, or")
+                          + " compile the whole training step (loss, backward, clipping, "
+                          "optimizer step; mark each step with neuron_explorer.step(), as one "
+                          "compiled call holds them)" if trains(trace)
+                          else ", and the work on its outputs")
+            + "; then keep Python work (logging, metric math) out of the hot loop.")
 
 
 def _predicted_compile(trace: Trace) -> str:

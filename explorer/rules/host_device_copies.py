@@ -11,6 +11,7 @@ from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.device_terms import device_terms
+from neuron_explorer.memo import memoised
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import (
     Finding,
@@ -116,17 +117,30 @@ def issuers(trace: Trace, c: pd.DataFrame) -> np.ndarray:
 
 
 def check(trace: Trace) -> list[Finding]:
-    steps = trace.steps
+    """The finding, once per trace (`host_bound` leads with it where the copies are most
+    of what the host launches)."""
+    return memoised(trace, RULE_ID, lambda: _check(trace))
+
+
+def analysed_copies(trace: Trace) -> pd.DataFrame:
+    """The copies (`copies`) of the analysed steps' work that a fix of the copies removes:
+    in our recordings every read to the host is a sync, and sync_in_step's (whose fix
+    removes it: here, batched with the uploads into one `.to(device)`, four uploads and a
+    loss's `.item()` a step were promised 35% more than batching saved)."""
     c = copies(trace)
-    if not len(c) or not len(steps):
-        return []
+    if not len(c) or not len(trace.steps):
+        return c.iloc[:0]
     c = in_analysed_work(trace, c[c["step"] >= 0])
     if device_terms(trace.metadata).recorded_here:
-        # our recordings make every read to the host a sync: sync_in_step's, whose fix
-        # removes it (here, batched with the uploads into one `.to(device)`, four uploads
-        # and a loss's `.item()` a step were promised 35% more than batching saved)
         c = c[~c["name"].astype(str).str.contains(TO_HOST_COPY)]
-    steps = in_analysed_steps(trace, steps)
+    return c
+
+
+def _check(trace: Trace) -> list[Finding]:
+    c = analysed_copies(trace)
+    if not len(c):
+        return []
+    steps = in_analysed_steps(trace, trace.steps)
     steps_with = c["step"].nunique()
     lost = float(c["dur"].sum())
     if steps_with < th.COPY_MIN_STEP_FRACTION * len(steps) or not len(c):
