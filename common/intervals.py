@@ -57,6 +57,21 @@ class Union:
         partial = np.clip(np.minimum(t, last_end) - last_start, 0, None)
         return np.where(i > 0, full + partial, 0)
 
+    def minus(self, other: Union) -> Union:
+        """The parts of this union that `other` does not cover."""
+        if not len(self.starts) or not len(other.starts):
+            return self
+        lo = min(int(self.starts[0]), int(other.starts[0]))
+        hi = max(int(self.ends[-1]), int(other.ends[-1]))
+        # other's complement within [lo, hi), then each of its holes clipped to ours
+        a, b = np.r_[lo, other.ends], np.r_[other.starts, hi]
+        first = np.searchsorted(self.ends, a, side="right")  # ours ending after a hole opens
+        last = np.searchsorted(self.starts, b, side="left")  # ours starting before it shuts
+        n = np.clip(last - first, 0, None)
+        hole = np.repeat(np.arange(len(a)), n)
+        ours = np.repeat(first, n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        return Union(np.maximum(self.starts[ours], a[hole]), np.minimum(self.ends[ours], b[hole]))
+
     def gaps(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Holes of the union between its first start and last end, clipped to [lo, hi)."""
         if len(self.starts) < 2:

@@ -9,13 +9,17 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.compilation import compiled_what
 from neuron_explorer.analyses.idle import idle_summary
-from neuron_explorer.analyses.levels import not_recorded, recorded_level, records_device
+from neuron_explorer.analyses.levels import (
+    modelled_host_clock,
+    not_recorded,
+    recorded_level,
+    records_device,
+)
 from neuron_explorer.analyses.phases import phase_summary, split_phases
 from neuron_explorer.analyses.requests import marked_requests, request_percentiles
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.analyses.summary import device_paces
-from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules.finding import sections as findings_sections
@@ -84,11 +88,6 @@ MODELLED_CLOCK = ("modelled (the ops' modelled costs only: data loading, sleeps,
                   "see them)")
 
 
-def _modelled(trace: Trace) -> bool:
-    clock = trace.metadata.get(tf.META_HOST_CLOCK)
-    return isinstance(clock, dict) and clock.get("source") == "modelled"
-
-
 def report_sections(trace: Trace) -> list[Section]:
     """The report as titled sections for the text, Markdown and HTML renderers."""
     s = trace.summary()
@@ -100,7 +99,7 @@ def report_sections(trace: Trace) -> list[Section]:
 
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
-        **({"host clock": MODELLED_CLOCK} if _modelled(trace) else {}),
+        **({"host clock": MODELLED_CLOCK} if modelled_host_clock(trace) else {}),
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
         "step time (median)": fmt_ns(s["step_time_ns"])
         + (" (the device's pace)" if device_paces(s) else ""),

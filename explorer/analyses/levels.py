@@ -36,3 +36,10 @@ def not_recorded(trace: Trace) -> str:
     """The words for a figure the trace did not record."""
     level = recorded_level(trace)
     return f"not recorded at --level {level}" if level else "no device in this trace"
+
+
+def modelled_host_clock(trace: Trace) -> bool:
+    """Whether the host's times are the ops' modelled costs (`NEURON_HOST_CLOCK=modelled`):
+    data loading, sleeps, I/O and compiling count nothing there."""
+    clock = trace.metadata.get(tf.META_HOST_CLOCK)
+    return isinstance(clock, dict) and clock.get("source") == "modelled"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.compilation import compile_spans
+from neuron_explorer.analyses.compilation import compile_spans, compiling_alone
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
@@ -52,11 +52,11 @@ def check(trace: Trace) -> list[Finding]:
     lost = saving = 0.0
     steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     if len(trace.steps) and len(spans):
-        u = Union(spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy())
+        u = compiling_alone(trace, spans)
         st = trace.steps
         inside = u.covered(st["ts"].to_numpy(), (st["ts"] + st["dur"]).to_numpy())
         lost = float(inside.sum())
-        saving = _saving(trace, spans, st["step"].to_numpy()[inside > 0])
+        saving = _saving(trace, u, st["step"].to_numpy()[inside > 0])
     items = []
     for label, frame in (("graph break", in_step_breaks), ("recompile", in_step_rec)):
         for r in frame.itertuples():
@@ -151,13 +151,12 @@ def _in_the_tool(source: str) -> bool:
     return bool(path) and (path.startswith(_tool_folders()) or bool(_INSTALLED.search(path)))
 
 
-def _saving(trace: Trace, spans: pd.DataFrame, steps: np.ndarray) -> float:
+def _saving(trace: Trace, compiling: Union, steps: np.ndarray) -> float:
     """The compile time on the critical path of the recorded steps it ran in (warm-up
     included: recompiles are counted over every recorded step)."""
     from neuron_explorer.analyses.path_share import time_on_path
 
-    ts = spans["ts"].to_numpy()
-    return time_on_path(trace, ts, ts + spans["dur"].to_numpy(), "host", steps=steps.tolist())
+    return time_on_path(trace, compiling.starts, compiling.ends, "host", steps=steps.tolist())
 
 
 def _plural(n: int, what: str) -> str:
