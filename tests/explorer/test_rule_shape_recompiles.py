@@ -61,7 +61,8 @@ def test_a_recompile_per_new_length_names_the_dimension_its_sizes_and_cost(tmp_p
     assert f.symptom_ns == sum(compiles)
     # the compiles are the host's own work, all on the critical path: the fix keeps one
     assert f.time_lost_ns == pytest.approx(sum(compiles) * (n - 1) / n, abs=1)
-    for fix in ("static KV cache", "mark_dynamic(t, 2)", "dynamic=True", "bucket"):
+    for fix in ("static KV cache", "mark_dynamic(t, 2)", "bucket",
+                "dynamic=True) makes every dim of every input dynamic"):
         assert fix in f.recommendation
     assert [e["dur"] for e in f.evidence] == compiles
 
