@@ -9,6 +9,7 @@ then run the op below the autocast key. Every other op falls through.
 from __future__ import annotations
 
 import torch
+from neuron_explorer.backend.matmul_numerics import attention_in_input_dtype
 from torch._C import DispatchKey, DispatchKeySet
 
 # present at run time; torch's stubs do not list it
@@ -61,12 +62,8 @@ def _attention_kernel(op):
     lower = _lower_precision_kernel(op)
 
     def kernel(*args, **kwargs):
-        allowed = torch._C._get_math_sdp_allow_fp16_bf16_reduction()
-        torch._C._set_math_sdp_allow_fp16_bf16_reduction(True)
-        try:
+        with attention_in_input_dtype():
             return lower(*args, **kwargs)
-        finally:
-            torch._C._set_math_sdp_allow_fp16_bf16_reduction(allowed)
 
     return kernel
 

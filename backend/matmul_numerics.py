@@ -13,7 +13,8 @@ within one bf16 ulp of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from neuron_explorer.common import op_families
@@ -107,3 +108,17 @@ def rewrite_graph(graph: torch.fx.Graph) -> None:
         target = node.target
         if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
             node.target = host_kernel(target._schema.name, target)
+
+
+@contextlib.contextmanager
+def attention_in_input_dtype() -> Iterator[None]:
+    """SDPA's math path with bf16/fp16 inputs kept in their dtype: PyTorch's upcasts them
+    to fp32 (reduced-precision reductions are off by default), so its batched matmuls
+    would run at the Tensor Engine's FP32 rate, where the chip multiplies them in bf16 and
+    accumulates in fp32 (PSUM): a bf16 model's compiled attention ran its bmms as fp32."""
+    allowed = torch._C._get_math_sdp_allow_fp16_bf16_reduction()
+    torch._C._set_math_sdp_allow_fp16_bf16_reduction(True)
+    try:
+        yield
+    finally:
+        torch._C._set_math_sdp_allow_fp16_bf16_reduction(allowed)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from neuron_explorer.backend.compiler import compile_events
 from neuron_explorer.backend.compiler.graph_compiler import compile_graph, device_index_of
+from neuron_explorer.backend.matmul_numerics import attention_in_input_dtype
 from torch import fx
 
 
@@ -57,7 +58,8 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[object], **kwarg
         keep_inference_input_mutations=True,
     )
     with compile_events.span("aot_autograd", f"aot_autograd {compile_id}",
-                             {"compile_id": compile_id, "dynamo_ops": ops, "source": source}):
+                             {"compile_id": compile_id, "dynamo_ops": ops, "source": source}), \
+            attention_in_input_dtype():  # traced as the chip runs it, as eager is
         return backend(gm, example_inputs)
 
 

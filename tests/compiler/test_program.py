@@ -112,6 +112,30 @@ def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
     assert run.kernel.hbm_bytes < scores  # q in, the output out: the scores stay on chip
 
 
+def test_compiled_bf16_sdpa_multiplies_in_bf16_as_eager_does():
+    """A bf16 model's compiled attention: PyTorch's math path upcast q, k and v to fp32
+    (its reduced-precision reduction is off by default), so the graph's bmms ran at the
+    Tensor Engine's FP32 rate, 4x its BF16 one, where eager attention (and autocast's) ran
+    in bf16; the chip multiplies in bf16 and accumulates in fp32."""
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(2, 4, 64, 32).to(torch.bfloat16)
+    programs = Recorder()
+    hub.subscribe(programs, instruction_arrays=True)
+    try:
+        with torch.no_grad():
+            got = torch.compile(attend, backend="neuron")(q.to("neuron")).cpu()
+    finally:
+        hub.unsubscribe(programs)
+    assert not torch._C._get_math_sdp_allow_fp16_bf16_reduction()  # left as it was
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), attend(q.float()), atol=2e-2)
+    (run,) = [k for k in programs.kernels if k.name.startswith("graph_")]
+    bmms = [s for s in run.kernel.sections if s.name == "flash_attention.bmm"]
+    assert len(bmms) == 2 and {s.matmul_dtype for s in bmms} == {"bfloat16"}
+
+
 def _mm_then_softmax(x, w):
     return torch.softmax(torch.relu(x @ w), dim=-1)
 
