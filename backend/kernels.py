@@ -29,12 +29,13 @@ TO_DEVICE = (("direction", "host_to_device"),)
 TO_HOST = (("direction", "device_to_host"),)
 ON_DEVICE = (("direction", "device_to_device"),)
 
-# An upload of a host tensor already uploaded unchanged (the same tensor object, its
-# version counter unmoved): a constant the program could move to the device once. The
-# mark is an attribute on the host tensor: a weak reference to it would make
+# An upload of a host tensor already uploaded unchanged (the same tensor, or the same view
+# of one base tensor, `X[step % 8]`, its version counter unmoved): a constant the program
+# could move to the device once. The marks are an attribute on the base tensor, one per
+# view (offset, sizes, strides, dtype): a weak reference to it would make
 # `torch.utils.swap_tensors` refuse it (module_conversion swaps moved parameters).
 SAME_HOST_TENSOR = (("same_host_tensor", True),)
-_UPLOADED_VERSION = "_neuron_uploaded_version"
+_UPLOADED_VERSIONS = "_neuron_uploaded_versions"
 
 
 # A small host tensor made again with the same values every step (`torch.tensor([...])`
@@ -49,9 +50,15 @@ def _upload_attrs(host: torch.Tensor) -> tuple:
     """The attrs of an upload of `host` (direction, and whether it was uploaded before:
     the same tensor unchanged, or a small one with the same values)."""
     try:
-        version = host._version
-        repeated = getattr(host, _UPLOADED_VERSION, None) == version
-        setattr(host, _UPLOADED_VERSION, version)
+        version = host._version  # a view shares its base's counter
+        base = host if host._base is None else host._base
+        view = (host.storage_offset(), tuple(host.shape), tuple(host.stride()), host.dtype)
+        uploaded = getattr(base, _UPLOADED_VERSIONS, None)
+        if uploaded is None:
+            uploaded = {}
+            setattr(base, _UPLOADED_VERSIONS, uploaded)
+        repeated = uploaded.get(view) == version
+        uploaded[view] = version
     except (RuntimeError, AttributeError):  # an inference tensor keeps no version
         repeated = False
     if not repeated and _hub.active and _state.accounting:

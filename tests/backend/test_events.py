@@ -240,6 +240,21 @@ def test_an_optimizer_step_writes_every_parameter_it_updates(recorder):
         assert kernel.hbm_bytes == (7 if fused else 2) * size
 
 
+def test_an_upload_of_a_view_uploaded_before_is_marked(recorder):
+    """`dataset[step % 2].to(device)`: each index makes a new view object of one base
+    tensor, so the same data uploaded again was never marked (too large for its values to
+    be compared); a view of other data, or the same view after the base changed, is no
+    repeat."""
+    dataset = torch.zeros(2, 64 << 10)
+    for step in range(4):
+        dataset[step % 2].to("neuron")
+    dataset.add_(1)  # written since: its views' data changed
+    dataset[0].to("neuron")
+    uploads = [op for op in recorder.ops if op.name == "aten::_to_copy"]
+    assert [("same_host_tensor", True) in op.key[3] for op in uploads] == [
+        False, False, True, True, False]
+
+
 def test_an_upload_of_values_uploaded_before_is_marked_within_one_recording(recorder):
     """`torch.tensor([...])` made again every step uploads the same values from a new host
     tensor: a constant, as the same tensor uploaded again is. A later recording in the

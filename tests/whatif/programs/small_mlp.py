@@ -10,8 +10,10 @@ called beside the model, rather than a function of its output). `--input`: `once
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
 uploaded in every step), `rebuilt` (a new host tensor of the same values uploaded every
 step), `fresh` (a new host tensor uploaded every step), `on-device` (a new one made on
-the device), `pieces` (the sum of four new host tensors, each uploaded) or `stacked` (the
-same four uploaded in one copy and unbound on the device).
+the device), `pieces` (the sum of four new host tensors, each uploaded), `stacked` (the
+same four uploaded in one copy and unbound on the device), `cycled` (a host dataset of
+four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` (that
+dataset uploaded once before the loop, its batch indexed on the device).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`."""
 
@@ -50,10 +52,15 @@ else:
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
 host_x = torch.randn(BATCH, WIDTH)
 x = host_x.to("neuron")
+dataset = torch.randn(4, BATCH, WIDTH)
+if INPUT == "cycled-on-device":
+    dataset = dataset.to("neuron")
 losses = []
 predictions = []
-for _ in range(12):
-    if INPUT == "every-step":
+for step in range(12):
+    if INPUT.startswith("cycled"):
+        x = dataset[step % 4].to("neuron")
+    elif INPUT == "every-step":
         x = host_x.to("neuron")
     elif INPUT == "rebuilt":
         x = host_x.clone().to("neuron")
