@@ -141,6 +141,50 @@ def check(trace: Trace) -> list[Finding]:
         f"small, or their rows are shorter than {th.SMALL_DMA_BYTES_PER_PARTITION} B per "
         "partition. The time counted is when the device does nothing but these transfers."
         + tiling + saving.note,
-        "Make transfers larger: batch small tensors together (fewer, bigger ops), use larger "
-        "tiles, and keep data resident in SBUF across ops instead of spilling to HBM.",
+        _recommendation(trace, small),
         symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]
+
+
+ISSUERS_NAMED = 3
+# the share of the small transfers a kind of issuer must have for its own advice
+ISSUER_MIN_SHARE = 0.25
+
+
+def _recommendation(trace: Trace, small: pd.DataFrame) -> str:
+    """Where the small transfers come from (the ops whose kernels issue the most of them),
+    and what a PyTorch script changes for each kind: "larger tiles" and "keep data in
+    SBUF" alone named nothing a script can do."""
+    from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.tables import ancestor_of_kind
+
+    k = trace.kernels
+    op_of = pd.Series(k["op_slice_id"].to_numpy(), index=pd.MultiIndex.from_arrays(
+        [k["device"], k["kernel_id"]]))
+    op_of = op_of[~op_of.index.duplicated()]
+    ops = op_of.reindex(pd.MultiIndex.from_arrays([small["device"], small["kernel_id"]]))
+    ops = ops.dropna().astype(np.int64).to_numpy()
+    ops = ops[ops >= 0]
+    if not len(ops):
+        return ("Make transfers larger: give each op more data (larger batches, one op over "
+                "concatenated small tensors rather than one per tensor).")
+    s = trace.table("slices")
+    names = s["name"].to_numpy()[ops].astype(str)
+    graph = np.char.startswith(names, "graph")
+    optimizer = ancestor_of_kind(trace, ops, (tf.CAT_OPTIMIZER,)) >= 0
+    kind = np.where(graph, "compiled graphs", np.where(optimizer, "the optimizer's step",
+                                                       "eager ops"))
+    share = pd.Series(kind).value_counts() / len(ops)
+    share = share[share >= 0.005]
+    named = ", ".join(f"{what} {part:.0%}" for what, part in share.items())
+    advice = []
+    if share.get("eager ops", 0) >= ISSUER_MIN_SHARE:
+        top_ops = pd.Series(names[kind == "eager ops"]).value_counts().index[:ISSUERS_NAMED]
+        advice.append(f"compile the code that runs the eager ones ({', '.join(top_ops)} "
+                      "most), so that they fuse and the values between them stay on chip "
+                      "instead of being stored and loaded again")
+    if share.get("the optimizer's step", 0) >= ISSUER_MIN_SHARE:
+        advice.append("construct the optimizer with fused=True (one kernel over all "
+                      "parameters instead of small transfers per tensor)")
+    advice.append("give each op more data: larger batches, and one op over concatenated "
+                  "small tensors rather than one per tensor")
+    return f"The small transfers come from {named}: " + "; ".join(advice) + "."

@@ -294,6 +294,11 @@ def test_small_dma(tmp_path: Path, basic_pf) -> None:
     assert f.symptom_ns == pytest.approx(20 * (300 - 81.92), abs=1)
     assert f.time_lost_ns == 0  # the host's own 10 us steps are longer than the device's
     assert "20 small DMA" in f.title
+    # where they come from and what a script changes ("use larger tiles" named nothing)
+    assert f.recommendation.startswith("The small transfers come from eager ops 100%: "
+                                       "compile the code that runs the eager ones ("), \
+        f.recommendation
+    assert "fused=True" not in f.recommendation
     assert _rule(basic_pf, "small_dma") == []
 
 
