@@ -92,11 +92,13 @@ def test_every_instruction_names_its_op_and_source_line():
     assert section.ops == ("aten::addmm", "aten::gelu")
 
 
-def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
-    def attend(q):
-        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+def attend(q):
+    return F.scaled_dot_product_attention(q, q, q, is_causal=True)
 
-    q = torch.randn(2, 4, 128, 16)
+
+def compiled_attention(q: torch.Tensor):
+    """`attend(q)` compiled and run on the device: its result on the host, and the graph's
+    program as it ran."""
     programs = Recorder()
     hub.subscribe(programs, instruction_arrays=True)
     try:
@@ -104,8 +106,14 @@ def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
             got = torch.compile(attend, backend="neuron")(q.to("neuron")).cpu()
     finally:
         hub.unsubscribe(programs)
-    assert torch.allclose(got, attend(q), atol=1e-6)
     (run,) = [k for k in programs.kernels if k.name.startswith("graph_")]
+    return got, run
+
+
+def test_compiled_sdpa_is_one_region_whose_scores_never_reach_hbm():
+    q = torch.randn(2, 4, 128, 16)
+    got, run = compiled_attention(q)
+    assert torch.allclose(got, attend(q), atol=1e-6)
     names = [s.name for s in run.kernel.sections]
     assert names.count("flash_attention.bmm") == 2 and "flash_attention._safe_softmax" in names
     scores = 2 * 4 * 128 * 128 * 4
@@ -117,21 +125,11 @@ def test_compiled_bf16_sdpa_multiplies_in_bf16_as_eager_does():
     (its reduced-precision reduction is off by default), so the graph's bmms ran at the
     Tensor Engine's FP32 rate, 4x its BF16 one, where eager attention (and autocast's) ran
     in bf16; the chip multiplies in bf16 and accumulates in fp32."""
-    def attend(q):
-        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
-
     q = torch.randn(2, 4, 64, 32).to(torch.bfloat16)
-    programs = Recorder()
-    hub.subscribe(programs, instruction_arrays=True)
-    try:
-        with torch.no_grad():
-            got = torch.compile(attend, backend="neuron")(q.to("neuron")).cpu()
-    finally:
-        hub.unsubscribe(programs)
+    got, run = compiled_attention(q)
     assert not torch._C._get_math_sdp_allow_fp16_bf16_reduction()  # left as it was
     assert got.dtype == torch.bfloat16
     assert torch.allclose(got.float(), attend(q.float()), atol=2e-2)
-    (run,) = [k for k in programs.kernels if k.name.startswith("graph_")]
     bmms = [s for s in run.kernel.sections if s.name == "flash_attention.bmm"]
     assert len(bmms) == 2 and {s.matmul_dtype for s in bmms} == {"bfloat16"}
 
