@@ -394,6 +394,10 @@ def test_a_compiled_optimizer_steps_own_breaks_are_not_the_users_to_fix(tmp_path
     assert f.recommendation.startswith("The graph breaks at train.py:25 in opt_step are "
                                        "torch's own: Optimizer.step breaks the graph")
     assert "fix the graph breaks" not in f.recommendation.lower()
+    # compiled, its update fuses: no advice to take it out of the compiled function
+    assert "its update still runs compiled; nothing to fix" in f.recommendation
+    assert "leave the optimizer's step out" not in f.recommendation
+    assert f.time_lost_ns == 0 and f.severity == "low"  # its 400 ns compile: no fix saves it
     assert "is the optimizer's: its state is made on its first step" in f.recommendation
     sc.b.instant(sc.host, 15_070, "graph_break", "graph_break",
                  {"reason": "print() in forward", "source": "model.py:12"})
