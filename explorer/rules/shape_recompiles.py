@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from neuron_explorer.analyses.compilation import compile_spans
-from neuron_explorer.common.intervals import Union
+from neuron_explorer.analyses.compilation import compile_spans, compiling_alone
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
 
@@ -66,7 +65,8 @@ def _finding(trace: Trace, rec: pd.DataFrame, spans: pd.DataFrame) -> Finding:
     starts, ends = spans["ts"].to_numpy(np.int64), (spans["ts"] + spans["dur"]).to_numpy(np.int64)
     at = rec["ts"].to_numpy(np.int64)
     opened = (starts[:, None] <= at) & (at < ends[:, None])  # span x recompile
-    each = np.array([Union(starts[opened[:, i]], ends[opened[:, i]]).total for i in range(n)])
+    # compiling alone: the program's own ops run inside the spans are not compile time
+    each = np.array([compiling_alone(trace, spans[opened[:, i]]).total for i in range(n)])
     mine = opened.any(axis=1)
     total = float(each.sum())
     steps = sorted({int(s) for s in rec["step"] if s >= 0})
@@ -74,7 +74,8 @@ def _finding(trace: Trace, rec: pd.DataFrame, spans: pd.DataFrame) -> Finding:
     if steps and mine.any():
         from neuron_explorer.analyses.path_share import time_on_path
 
-        on_path = time_on_path(trace, starts[mine], ends[mine], "host", steps=steps)
+        compiling = compiling_alone(trace, spans[mine])
+        on_path = time_on_path(trace, compiling.starts, compiling.ends, "host", steps=steps)
     # the fix still compiles the graph once (for any size, or the one fixed size): it
     # saves all but one of these compiles, the mean of theirs
     saving = on_path * (n - 1) / n

@@ -26,10 +26,10 @@ def _growing(sizes: list[int], name: str = "cache[0][0]") -> list[str]:
             for n, (old, new) in enumerate(itertools.pairwise(sizes), start=1)]
 
 
-def _trace(tmp: Path, reasons: list[str]) -> neuron_explorer.Trace:
+def _trace(tmp: Path, reasons: list[str], inside_ns: int = 0) -> neuron_explorer.Trace:
     """A decode loop on the host alone: step 0 launches one op; step n (from 1)
     recompiles for reasons[n - 1] in a compile span of (n + 3) * 100 us, then launches
-    its op."""
+    its op; `inside_ns`: an op of the program's own that long runs inside each span."""
     sc = Scenario()
     for n in range(len(reasons) + 1):
         t = n * STEP_NS
@@ -39,6 +39,8 @@ def _trace(tmp: Path, reasons: list[str]) -> neuron_explorer.Trace:
             sc.b.instant(sc.host, t + 10_000, "recompile", "recompile",
                          {"reason": reasons[n - 1], "source": "gen.py:30 in forward"})
             sc.b.slice(sc.host, t + 10_000, compile_ns, f"dynamo 0/{n}", "compile", {})
+            if inside_ns:
+                sc.op(t + 15_000, inside_ns, "aten::zero_", 100 + n, n)
         sc.op(t + 20_000 + compile_ns, 20_000, "graph:1", n + 1, n,
               kernel=(t + 50_000 + compile_ns, 100_000))
     return neuron_explorer.load(sc.write(tmp, f"shapes_{abs(hash(tuple(reasons)))}"))
@@ -65,6 +67,18 @@ def test_a_recompile_per_new_length_names_the_dimension_its_sizes_and_cost(tmp_p
                 "dynamic=True) makes every dim of every input dynamic"):
         assert fix in f.recommendation
     assert [e["dur"] for e in f.evidence] == compiles
+
+
+def test_the_programs_own_ops_inside_a_recompile_are_not_its_cost(tmp_path) -> None:
+    """What runs inside a recompile's span of the program's own (its eager parts) runs
+    whatever is compiled: the recompiles cost their spans less those ops."""
+    sizes = [24, 25, 26, 27, 28]
+    (plain,) = _findings(_trace(tmp_path, _growing(sizes)), "shape_recompiles")
+    (tmp_path / "inside").mkdir()
+    (inside,) = _findings(_trace(tmp_path / "inside", _growing(sizes), 50_000),
+                          "shape_recompiles")
+    assert inside.symptom_ns == plain.symptom_ns - 4 * 50_000
+    assert inside.time_lost_ns == pytest.approx(plain.time_lost_ns - 3 * 50_000, abs=1)
 
 
 def test_lengths_that_jump_between_calls_get_advice_to_pad(tmp_path) -> None:
