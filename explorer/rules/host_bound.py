@@ -249,13 +249,18 @@ def optimizer_starving(trace: Trace) -> tuple[float, float]:
     from neuron_explorer.common import trace_format as tf
 
     ops = _analysed_ops(trace)
-    if not len(ops) or ops["name"].astype(str).str.contains("_fused_").any():
+    if not len(ops) or fused_optimizer(trace):
         return 0.0, 0.0
     ids = ops["id"].to_numpy(np.int64)
     mine = ids[tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0]
     if not len(mine):
         return 0.0, 0.0
     return len(mine) / max(ops["step"].nunique(), 1), _op_time_share(trace, ops, mine)
+
+
+def fused_optimizer(trace: Trace) -> bool:
+    """Whether the optimizer's step already runs fused (`fused=True`: one kernel a step)."""
+    return bool(_analysed_ops(trace)["name"].astype(str).str.contains("_fused_").any())
 
 
 def _optimizer_first(trace: Trace) -> str:
@@ -367,7 +372,7 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
     return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
             "by one outside its graphs" + (f" ({named})" if named else "")
             + ": bring them into compiled code. Compute the loss inside the compiled "
-            "function" + ((", and" if optimizer_told else
+            "function" + ((", and" if optimizer_told or fused_optimizer(trace) else
                            ", construct the optimizer with fused=True, or")
                           + " compile the whole training step (loss, backward, clipping, "
                           "optimizer step; mark each step with neuron_explorer.step(), as one "

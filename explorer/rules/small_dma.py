@@ -182,7 +182,9 @@ def _recommendation(trace: Trace, small: pd.DataFrame) -> str:
         advice.append(f"compile the code that runs the eager ones ({', '.join(top_ops)} "
                       "most), so that they fuse and the values between them stay on chip "
                       "instead of being stored and loaded again")
-    if share.get("the optimizer's step", 0) >= ISSUER_MIN_SHARE:
+    from neuron_explorer.rules.host_bound import fused_optimizer
+
+    if share.get("the optimizer's step", 0) >= ISSUER_MIN_SHARE and not fused_optimizer(trace):
         advice.append("construct the optimizer with fused=True (one kernel over all "
                       "parameters instead of small transfers per tensor)")
     advice.append("give each op more data: larger batches, and one op over concatenated "

@@ -16,7 +16,8 @@ STEPS = 5
 COPY_OP_NS = 40_000
 
 
-def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0) -> neuron_explorer.Trace:
+def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0,
+           optimizer_op: str = "aten::_foreach_add_") -> neuron_explorer.Trace:
     """Per 1 ms step: `uploads` 40 us aten::_to_copy ops, each launching a 1 us
     copy_host_to_device, then `graphs` compiled graphs' 40 us launches of a 20 us kernel,
     then `eager` eager ops of a 2 us kernel each (half at train.py:55, half inside the
@@ -34,7 +35,7 @@ def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0) -> neuron_e
             first = t + 100_000 + COPY_OP_NS * len(ops)
             sc.b.slice(sc.host, first, COPY_OP_NS * (eager - eager // 2) + 1_000,
                        "AdamW.step", "optimizer", {"step": n})
-            ops += [("aten::_foreach_add_", "foreach_add_f32", 2_000,
+            ops += [(optimizer_op, "foreach_add_f32", 2_000,
                      {"source": "adamw.py:1"})] * (eager - eager // 2)
         for i, (op, kernel, kernel_ns, args) in enumerate(ops):
             op0, op_id, kid = t + 100_000 + COPY_OP_NS * i, 100 * n + i, sc.next_kernel
@@ -109,6 +110,11 @@ def test_host_bound_on_a_compiled_run_names_the_eager_ops_beside_its_graphs(tmp_
             "the whole training step") in f.recommendation
     assert f.recommendation.count("fused=True") == 1
     assert "increase the batch size" not in f.recommendation
+    (tmp_path / "fused").mkdir()
+    fused = _trace(tmp_path / "fused", 0, graphs=2, eager=8,
+                   optimizer_op="aten::_fused_adamw_")
+    (f,) = host_bound.check(fused)  # its optimizer is fused already: no fused=True advice
+    assert "outside its graphs" in f.recommendation and "fused=True" not in f.recommendation
     few = _trace(tmp_path, 0, graphs=2, eager=2)  # fewer eager launches than 2x the graphs'
     (f,) = host_bound.check(few)
     assert "outside its graphs" not in f.recommendation
