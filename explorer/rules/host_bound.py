@@ -258,6 +258,11 @@ def optimizer_starving(trace: Trace) -> tuple[float, float]:
     return len(mine) / max(ops["step"].nunique(), 1), _op_time_share(trace, ops, mine)
 
 
+# what compiling the optimizer's step asks of a recording: a user's trace of one step
+MARK_STEPS = ("(mark each step with neuron_explorer.step() then: a compiled optimizer step "
+              "ends no step in the recording)")
+
+
 def fused_optimizer(trace: Trace) -> bool:
     """Whether the optimizer's step already runs fused (`fused=True`: one kernel a step)."""
     return bool(_analysed_ops(trace)["name"].astype(str).str.contains("_fused_").any())
@@ -278,7 +283,8 @@ def _optimizer_first(trace: Trace) -> str:
                               "use its foreach implementation where it has one.")
     return _most_launches(starving, "the optimizer's step", " ops",
                           "construct the optimizer with fused=True (one kernel a step"
-                          + _fused_step_saving(trace) + ") or compile its step.")
+                          + _fused_step_saving(trace) + ") or compile its step "
+                          + MARK_STEPS + ".")
 
 
 def _optimizer_classes(trace: Trace) -> set[str]:
