@@ -3,8 +3,9 @@
 [--optimizer O] [--loss-module] [--accumulate K] [--predictions WHERE]` (`--item`: read
 the loss on the host every step, as a training log does; `--check-finite`: stop if the
 output holds a NaN or inf, read every step; `--predictions every-step`: each row's argmax
-read to the host every step, `--predictions on-device`: kept on the device, read once
-after the loop; `--accumulate`: K micro-batches a step, their gradients accumulated;
+read to the host every step (`every-step-view`: through a view of them), `--predictions
+on-device`: kept on the device, read once after the loop; `--accumulate`: K
+micro-batches a step, their gradients accumulated;
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
 default: one host tensor uploaded before the loop), `every-step` (the same host tensor
@@ -90,6 +91,8 @@ for step in range(12):
         losses.append(loss.item())
     if PREDICTIONS == "every-step":
         predictions.append(out.argmax(dim=1).cpu())
+    elif PREDICTIONS == "every-step-view":
+        predictions.append(out.argmax(dim=1).view(-1, 1).cpu())
     elif PREDICTIONS == "on-device":
         predictions.append(out.argmax(dim=1))
 if PREDICTIONS == "on-device":
