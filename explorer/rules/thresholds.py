@@ -111,3 +111,6 @@ LAUNCH_DELAY_MIN_SHARE = 0.01
 FUSION_SEQUENCE_KERNELS = 3
 FUSION_MIN_REPEATS = 2
 FUSION_MIN_SHARE = 0.01
+
+# checkpoint_recompute: a recompute whose removal saves less than this share of the step
+RECOMPUTE_MIN_SHARE = 0.02
