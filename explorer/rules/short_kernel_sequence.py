@@ -231,7 +231,8 @@ def check(trace: Trace) -> list[Finding]:
             f"occurrence, their launches take {us(r.cpu / r.windows)}"))
     every = "in every step" if len(trace.steps) else "over the trace"
     optimizer_sequence = bool(w.groupby("window")["optimizer"].all().any())
-    named = "; ".join(f"{seq} ({r.windows} times)" for seq, r in per_seq.head(3).iterrows())
+    named = "; ".join(f"{seq} ({r.windows} times{_where(trace, w[w['window'] == first[seq]])})"
+                      for seq, r in per_seq.head(3).iterrows())
     explanation = (
         f"{len(per_seq)} sequence{'s' if len(per_seq) > 1 else ''} of "
         f"{th.FUSION_SEQUENCE_KERNELS} kernels recur{'' if len(per_seq) > 1 else 's'} {every}, "
@@ -268,6 +269,25 @@ def check(trace: Trace) -> list[Finding]:
         f"sequence{'s' if len(per_seq) > 1 else ''})", lost, items, explanation,
         _recommendation(trace, optimizer_sequence),
         symptom_ns=symptom, saving_basis=_basis(replayed, capped))]
+
+
+LINES_NAMED = 2
+
+
+def _where(trace: Trace, one: pd.DataFrame) -> str:
+    """Where the ops that launch one occurrence `one` (rows of `short_windows`) were
+    called: ", at model.py:12 and model.py:14 in model.blocks.0" ("" where unknown), so
+    that a sequence of kernel names reads as the user's code (a Python-written activation's
+    line was never named)."""
+    k = trace.kernels.set_index("id")
+    op_ids = k["op_slice_id"].reindex(one["id"].to_numpy()).dropna().astype("int64")
+    ops = trace.ops.set_index("id").reindex(op_ids[op_ids >= 0])
+    lines = list(dict.fromkeys(s for s in ops["source"].dropna().astype(str) if s))
+    modules = list(dict.fromkeys(m for m in ops["module"].dropna().astype(str) if m))
+    at = (f", at {' and '.join(lines[:LINES_NAMED])}"
+          + (f" and {len(lines) - LINES_NAMED} more" if len(lines) > LINES_NAMED else "")
+          if lines else "")
+    return at + (f" in {modules[0]}" if len(modules) == 1 else "")
 
 
 def _basis(replayed: bool, capped: bool) -> str:

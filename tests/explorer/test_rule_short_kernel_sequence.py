@@ -139,6 +139,8 @@ def test_a_repeating_sequence_of_short_kernels_saves_its_later_launches(tmp_path
     assert f.symptom_ns == (80_000 + 2 * 30_000) * steps
     assert f.severity == "medium" and f.share_of_step == pytest.approx(0.08)
     assert f.evidence[0]["description"].startswith("k_mul | k_add | k_relu")
+    # the sequence as the user's code: where its ops were called
+    assert f"k_mul | k_add | k_relu ({STEPS} times, at train.py:10)" in f.explanation
     assert "torch.compile" in f.recommendation and "fused=True" not in f.recommendation
 
 
@@ -218,7 +220,7 @@ def test_fires_on_our_eager_recordings(repo_root):
     # the text names the most frequent sequences with their counts, not only the evidence
     counts = rule.short_windows(mlp).groupby("sequence")["window"].nunique()
     top = counts.idxmax()
-    assert f"{top} ({counts[top]} times)" in f.explanation
+    assert f"{top} ({counts[top]} times, at " in f.explanation
     host = {g.rule_id: g for g in neuron_explorer.rules.run_rules(mlp)}["host_bound"]
     assert f.time_lost_ns <= host.time_lost_ns and "part of the host-bound" in f.explanation
     # the GPT's sequences fused save less than compiling (29.7 ms): their replay's 17.8 ms
