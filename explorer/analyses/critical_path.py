@@ -33,25 +33,6 @@ def host_waits_per_step(trace: Trace) -> pd.Series:
     return sync.add(per_analysed_step(trace, ts, dur), fill_value=0)
 
 
-def host_ns_per_op(trace: Trace) -> float:
-    """What one more op costs the host: on the modelled clock its front end (the Python
-    that calls it and the backend's dispatch), else this run's mean host time per op (its
-    analysed steps' host windows less the host's waits on the device, over their ops)."""
-    from neuron_explorer.analyses.levels import modelled_host_clock
-    from neuron_explorer.analyses.phases import in_analysed_work
-    from neuron_explorer.analyses.step_breakdown import step_windows
-    from neuron_explorer.common import trace_format as tf
-
-    if modelled_host_clock(trace):
-        costs = trace.metadata.get(tf.META_HOST_CLOCK, {})
-        return float(costs.get("python_per_op_ns", 0)) + float(costs.get("backend_op_ns", 0))
-    ops = in_analysed_work(trace, trace.ops)
-    if not len(ops):
-        return 0.0
-    own = float(step_windows(trace)["dur"].sum()) - float(host_waits_per_step(trace).sum())
-    return max(own, 0.0) / len(ops)
-
-
 def blocking_op_waits(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Where ops waited for their own device work: for each op whose host interval ends
     after its kernel does, the overlap of the two (start, length)."""

@@ -14,6 +14,7 @@ import pandas as pd
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
+from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.common.op_families import is_matmul_like
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
@@ -151,10 +152,15 @@ def check(trace: Trace) -> list[Finding]:
 
 def _casts_host_ns(trace: Trace, mm: pd.DataFrame) -> float:
     """The host time autocast's casts around these eager matmuls would add: each is an op
-    the host launches (`host_ns_per_op`). An fp32 MLP's host step
+    the host launches, at this run's mean host time per op (its analysed steps' host
+    windows less the host's waits on the device, over their ops). An fp32 MLP's host step
     grew from 4.23 to 5.22 ms under autocast (11 casts a step): device-paced before, the
     run became host-bound, and saved 0.2-0.7 ms a step where the device saved 0.83."""
-    from neuron_explorer.analyses.critical_path import host_ns_per_op
+    from neuron_explorer.analyses.critical_path import host_waits_per_step
 
     casts = autocast_cast_count(trace, mm["id"].to_numpy())
-    return casts * host_ns_per_op(trace) if casts else 0.0
+    ops = in_analysed_work(trace, trace.ops)
+    if not casts or not len(ops):
+        return 0.0
+    own = float(step_windows(trace)["dur"].sum()) - float(host_waits_per_step(trace).sum())
+    return casts * max(own, 0.0) / len(ops)
