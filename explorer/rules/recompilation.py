@@ -80,17 +80,17 @@ def check(trace: Trace) -> list[Finding]:
                 and _in_decode_steps(trace, in_step_rec["step"].to_numpy()))
     basis = ("critical path: the compile time on the critical path of the steps it ran in "
              "(a compile the device hid by running queued work saves nothing)" if lost else "")
+    # only torch's own breaks and recompiles (a compiled optimizer step's, DDP's buckets):
+    # nothing in the script to change, so nothing its fix saves
+    torchs = not storm and _torchs_own(in_step_breaks, in_step_rec)
     # what the breaks cost every step: the graphs they split, merged (not the DDP
     # optimizer's splits: they are there on purpose)
     own = ~in_step_breaks["reason"].str.contains(DDP_SPLIT, regex=False).to_numpy(bool)
-    merged = merged_graphs_saving_ns(trace) if own.any() else None
+    merged = merged_graphs_saving_ns(trace) if own.any() and not torchs else None
     if merged:
         saving += merged
         basis = "; ".join(b for b in (basis, MERGED_BASIS) if b)
     recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons)
-    # only torch's own breaks and recompiles (a compiled optimizer step's, DDP's buckets):
-    # nothing in the script to change, so nothing its fix saves
-    torchs = not storm and _torchs_own(in_step_breaks, in_step_rec)
     if torchs:
         saving, basis = 0.0, ("estimate: none, these graph breaks and recompiles are "
                               "torch's own (the compile time itself is compile_dominates' "
