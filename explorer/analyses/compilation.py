@@ -47,12 +47,15 @@ def compiling_alone(trace: Trace, spans: pd.DataFrame) -> Union:
     (those ops, and the modelled Python between them)."""
     from neuron_explorer.analyses.levels import modelled_host_clock
 
-    if modelled_host_clock(trace):
-        return Union(np.zeros(0, np.int64), np.zeros(0, np.int64))
-    ops = trace.ops
-    own = Union(ops["ts"].to_numpy(np.int64), (ops["ts"] + ops["dur"]).to_numpy(np.int64))
     ts = spans["ts"].to_numpy(np.int64)
-    return Union(ts, ts + spans["dur"].to_numpy(np.int64)).minus(own)
+    end = ts + spans["dur"].to_numpy(np.int64)
+    if modelled_host_clock(trace) or not len(ts):
+        return Union(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    # the ops within the spans' reach only (every summary asks, a trace holds millions)
+    op_ts = trace.ops["ts"].to_numpy(np.int64)
+    op_end = op_ts + trace.ops["dur"].to_numpy(np.int64)
+    near = (op_ts < end.max()) & (op_end > ts.min())
+    return Union(ts, end).minus(Union(op_ts[near], op_end[near]))
 
 
 def compile_summary(trace: Trace) -> dict[str, pd.DataFrame]:
