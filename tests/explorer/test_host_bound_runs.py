@@ -17,7 +17,7 @@ import pytest
 NOTE = "The run is host-bound now, so this is device time rather than step time"
 
 
-@pytest.mark.parametrize(("trace", "rule"), [("mlp_eager.pftrace", "small_dma"),
+@pytest.mark.parametrize(("trace", "rule"), [("near_memory.pftrace", "fp32_matmul"),
                                              ("near_memory.pftrace", "memory_bound_ops"),
                                              ("odd_dims.pftrace", "tensor_engine_padding")])
 def test_device_time_finding_on_a_host_bound_run_says_so(repo_root: Path, trace: str,
