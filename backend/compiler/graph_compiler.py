@@ -23,7 +23,12 @@ from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
 from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.host_graph import HostRunner
 from neuron_explorer.backend.compiler.program import build_program
-from neuron_explorer.backend.compiler.shapes import ShapeBinder, concrete_shape, is_symbolic
+from neuron_explorer.backend.compiler.shapes import (
+    ShapeBinder,
+    concrete_shape,
+    is_symbolic,
+    unbacked_sizes,
+)
 from neuron_explorer.common.errors import NeuronExplorerError
 from torch import fx
 
@@ -79,11 +84,13 @@ class CompiledGraph:
         self.device_index = device_index
         self.device = devices.get(device_index)
         self.groups: list[FusionGroup] = plan_fusion(gm, can_fuse=can_fuse)
-        self.runner = HostRunner(gm, device_index)
+        # data-dependent sizes (a mask's selection): bound from the run, planned after it
+        self._unbacked = unbacked_sizes(gm)
+        self.runner = HostRunner(gm, device_index, [(n, d) for n, d, _ in self._unbacked])
         self.op_count = op_count(gm)
         self._tensor_inputs = [i for i, a in enumerate(example_inputs)
                                if isinstance(a, torch.Tensor)]
-        self._binder = ShapeBinder(gm) if is_symbolic(gm) else None
+        self._binder = ShapeBinder(gm) if is_symbolic(gm) or self._unbacked else None
         self._launches: dict[tuple, GraphLaunch] = {}
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._launch = runtime.launch_kernels
@@ -94,7 +101,7 @@ class CompiledGraph:
         else:
             # Compiled once, here, at the sizes it was traced with; other sizes reuse it
             hints = self._binder.bind_hints(example_inputs)
-            if hints is not None:
+            if hints is not None and not self._unbacked:
                 self._launches[ShapeBinder.key(hints)] = self._plan_launch(hints)
 
     @property
@@ -135,6 +142,8 @@ class CompiledGraph:
             return self.static_launch
         assert self._binder is not None  # a graph without one has a static launch
         binding = self._binder.bind(args)
+        binding.update((symbol, size) for (_, _, symbol), size in
+                       zip(self._unbacked, self.runner.sizes, strict=True))
         key = ShapeBinder.key(binding)
         launch = self._launches.get(key)
         if launch is not None:
@@ -164,9 +173,11 @@ class CompiledGraph:
         # the boxed marker (AOTAutograd's backward), plain positional arguments.
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = cast(list, call_args[0]) if boxed else list(call_args)
-        launch = self._launch_for(args)
+        launch = None if self._unbacked else self._launch_for(args)
         with self._suspended():
             outputs = self.runner(args)
+        if launch is None:
+            launch = self._launch_for(args)
         if boxed:
             args.clear()
         # The runtime launches eager work a policy still holds before the graph.

@@ -23,9 +23,14 @@ def _on_neuron(value: object) -> bool:
     return isinstance(value, torch.device) and value.type == _NEURON
 
 
-def host_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` whose factory ops allocate on the host instead of the device."""
+def host_graph_module(gm: fx.GraphModule,
+                      sizes_of: Sequence[tuple[str, int | None]] = ()) -> fx.GraphModule:
+    """A copy of `gm` whose factory ops allocate on the host instead of the device; with
+    `sizes_of` ((node name, dim or None for a SymInt node)), it also returns those sizes,
+    after the graph's own outputs."""
     graph = copy.deepcopy(gm.graph)
+    if sizes_of:
+        _return_sizes(graph, sizes_of)
     cpu = torch.device("cpu")
     for node in graph.nodes:
         if node.op != "call_function":
@@ -37,6 +42,20 @@ def host_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     matmul_numerics.rewrite_graph(graph)  # bf16/fp16/fp8 products as the chip computes them
     graph.lint()
     return fx.GraphModule(gm, graph)
+
+
+def _return_sizes(graph: fx.Graph, sizes_of: Sequence[tuple[str, int | None]]) -> None:
+    nodes = {n.name: n for n in graph.nodes}
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    extra = []
+    with graph.inserting_before(output):
+        for name, dim in sizes_of:
+            node = nodes[name]
+            extra.append(node if dim is None else
+                         graph.call_function(torch.ops.aten.sym_size.int, (node, dim)))
+    values = output.args[0]
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    output.args = (values + extra,)
 
 
 def output_devices(gm: fx.GraphModule) -> list[bool]:
@@ -54,10 +73,13 @@ def output_devices(gm: fx.GraphModule) -> list[bool]:
 class HostRunner:
     """Calls a host graph on neuron inputs and hands back neuron outputs."""
 
-    def __init__(self, gm: fx.GraphModule, device_index: int) -> None:
+    def __init__(self, gm: fx.GraphModule, device_index: int,
+                 sizes_of: Sequence[tuple[str, int | None]] = ()) -> None:
         from neuron_explorer.backend import devices, dispatch
 
-        self._fn: Callable = host_graph_module(gm)
+        self._fn: Callable = host_graph_module(gm, sizes_of)
+        self._sizes = len(sizes_of)
+        self.sizes: list[int] = []  # the last call's `sizes_of`
         self._neuron_outputs = output_devices(gm)
         self._device = devices.get(device_index)
         self._host_view = dispatch.host_view
@@ -75,6 +97,9 @@ class HostRunner:
                 host_args.append(a)
         results = self._fn(*host_args)
         results = list(results) if isinstance(results, (list, tuple)) else [results]
+        if self._sizes:
+            self.sizes = [int(v) for v in results[-self._sizes:]]
+            results = results[:-self._sizes]
         return [self._to_neuron(r, owners) if on else r
                 for r, on in zip(results, self._neuron_outputs, strict=True)]
 

@@ -36,6 +36,26 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
     return False
 
 
+def unbacked_sizes(gm: fx.GraphModule) -> list[tuple[str, int | None, sympy.Symbol]]:
+    """(node name, dim or None for a SymInt value, symbol) where each of the graph's
+    data-dependent sizes first appears (nonzero's count, a boolean mask's selection,
+    `.item()` under `capture_scalar_outputs`): Dynamo's unbacked symbols (u0, u1, ...),
+    known only once that node has run."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    found: dict[sympy.Symbol, tuple[str, int | None, sympy.Symbol]] = {}
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        sizes = [(None, val)] if isinstance(val, torch.SymInt) else (
+            list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
+        for dim, size in sizes:
+            expr = _expr(size)
+            if isinstance(expr, sympy.Symbol) and expr not in found and \
+                    free_unbacked_symbols(size):
+                found[expr] = (node.name, dim, expr)
+    return list(found.values())
+
+
 class ShapeBinder:
     """Binds a symbolic graph's size symbols from its runtime arguments."""
 

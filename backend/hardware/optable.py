@@ -257,6 +257,8 @@ NO_DEVICE_WORK = frozenset([
     "lift_fresh", "_conj", "_neg_view", "resolve_conj", "resolve_neg", "conj", "real", "imag",
     "_local_scalar_dense", "record_stream", "is_pinned", "_pin_memory",
     "_has_compatible_shallow_copy_type", "is_same_size", "_nested_tensor_from_mask_left_aligned",
+    # Dynamo's checks on its size symbols (a data-dependent size >= 0): host ints, no tensor
+    "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size",
 ])
 
 # The usual ops the device cannot run: data-dependent output sizes, FFTs and matrix

@@ -52,3 +52,26 @@ def test_a_dtype_cast_left_by_a_decomposition_runs_on_the_device():
     assert out.dtype == torch.float16
     expected = torch.ops.prims.convert_element_type(x.cpu() * 2, torch.float16) + 1
     assert torch.equal(out.cpu(), expected)
+
+
+def test_a_data_dependent_size_inside_a_graph_is_bound_from_its_run(recorder):
+    """Under `capture_dynamic_output_shape_ops` (Dynamo's own advice at a boolean mask's
+    graph break) the selection stays in the graph, its size known only once the graph has
+    run (Dynamo's unbacked u0): the program was planned before the run and the call
+    failed, "symbolic size u0 needs a binding". It is planned after the run, for each
+    selected size; Dynamo's checks on that size (`_assert_scalar`) are host ints, not ops
+    that fall back to the host."""
+    def f(x):
+        h = x * 2
+        return h[h > 0].pow(2).mean() + h.sum()
+
+    g = torch.compile(f, backend="neuron", fullgraph=True)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for positive in (10, 50):
+            x = torch.cat([torch.full((positive,), 0.5), -torch.ones(64 - positive)])
+            out = g(x.to("neuron"))
+            assert torch.equal(out.cpu(), f(x))
+    assert len(recorder.graph_launches()) == 2
+    assert not [w for w in caught if "_assert_scalar" in str(w.message)]
