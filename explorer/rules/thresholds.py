@@ -114,3 +114,6 @@ FUSION_MIN_SHARE = 0.01
 
 # checkpoint_recompute: a recompute whose removal saves less than this share of the step
 RECOMPUTE_MIN_SHARE = 0.02
+
+# zeroed_gradients: zeroing whose removal saves less than this share of the step
+ZEROED_GRADIENTS_MIN_SHARE = 0.02

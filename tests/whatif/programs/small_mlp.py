@@ -16,7 +16,8 @@ same four uploaded in one copy and unbound on the device), `cycled` (a host data
 four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` (that
 dataset uploaded once before the loop, its batch indexed on the device).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
-(`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`."""
+(`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`. `--zero-grad
+zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place."""
 
 import sys
 
@@ -38,6 +39,8 @@ def _option(name: str, default: int) -> int:
 WIDTH, BATCH = _option("--width", 64), _option("--batch", 32)
 ACCUMULATE = _option("--accumulate", 1)
 INPUT = sys.argv[sys.argv.index("--input") + 1] if "--input" in sys.argv else "once"
+ZERO_GRAD = sys.argv[sys.argv.index("--zero-grad") + 1] if "--zero-grad" in sys.argv else "none"
+SET_TO_NONE = ZERO_GRAD != "zeros"
 torch.manual_seed(0)
 layers: list[nn.Module] = []
 for _ in range(LAYERS):
@@ -74,7 +77,7 @@ for step in range(12):
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
     if ACCUMULATE > 1:  # zero_grad, then a forward and backward per micro-batch, one step
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=SET_TO_NONE)
         for _ in range(ACCUMULATE):
             loss = fwd(x).square().mean() / ACCUMULATE
             loss.backward()
@@ -84,7 +87,7 @@ for step in range(12):
     if CHECK_FINITE and not bool(torch.isfinite(out).all()):
         raise SystemExit("the output is not finite")
     loss = nn.MSELoss()(out, torch.zeros_like(out)) if LOSS_MODULE else out.square().mean()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=SET_TO_NONE)
     loss.backward()
     opt.step()
     if ITEM:
