@@ -108,7 +108,10 @@ def check(trace: Trace) -> list[Finding]:
                    "only after the device had gone idle: the host spends longer issuing each "
                    "op than the device spends running it, so the device is starved.")
     saving, basis = fix_saving(trace, lost)
-    if basis.startswith("replay") and saving < lost:
+    if basis.startswith(INTO_GRAPHS):
+        explanation += (" With its eager launches inside its graphs (the fix advised), a "
+                        f"replay saves {us(saving)}; these gaps cost {us(lost)}.")
+    elif basis.startswith("replay") and saving < lost:
         explanation += (f" Compiled, a what-if replay saves {us(saving)} of the "
                         f"{us(lost)} these gaps cost: the rest is host work that compiling "
                         "keeps (Python between the model's calls, hooks"
@@ -129,6 +132,16 @@ def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
     if compiled is not None:
         return compiled, ("replay: the run replayed compiled (the fix advised) saves this "
                           "much: fewer launches, and fused kernels on the device")
+    if is_compiled(trace) and _mostly_eager(trace):
+        from neuron_explorer.what_if.into_graphs import into_graphs_saving
+
+        into = into_graphs_saving(trace)
+        if into is not None:
+            # the gaps were claimed: 0.5-1.7x what compiling the loss and fusing saved
+            return into.saving_ns, (
+                INTO_GRAPHS + ": the loss and other eager ops launching beside the graphs "
+                "brought into them (their host launches gone, their device work kept)"
+                + (", the optimizer's step fused=True" if into.fused else ""))
     return gaps_ns, ("critical path: the host sets the step's length, and a host that kept "
                      "the device fed would save these gaps (one-time start-up gaps left out)")
 
@@ -342,6 +355,7 @@ def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
             + (_predicted_compile(trace) if terms.recorded_here else ""))
 
 
+INTO_GRAPHS = "replay: the run replayed with its eager launches inside its graphs"
 # a compiled run whose eager launches (copies left out) are this many times its graphs'
 # launches, and at least EAGER_MIN_PER_STEP a step, launches mostly outside its graphs
 EAGER_OVER_GRAPHS = 2.0
@@ -349,27 +363,34 @@ EAGER_MIN_PER_STEP = 4.0
 EAGER_SITES_NAMED = 4
 
 
+def _mostly_eager(trace: Trace) -> bool:
+    """Whether a compiled run launches mostly eager ops outside its graphs (copies, the
+    optimizer's zero_grad and the backward's gradient accumulation left out)."""
+    from neuron_explorer.what_if.into_graphs import eager_launches
+
+    launches = eager_launches(trace)
+    steps = max(launches.graphs["step"].nunique(), 1)
+    per_step = (len(launches.movable) + len(launches.optimizer)) / steps
+    return per_step >= max(EAGER_MIN_PER_STEP, EAGER_OVER_GRAPHS * len(launches.graphs) / steps)
+
+
 def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
     """Advice for a compiled run whose launches are mostly eager ops outside its graphs
     (the loss, gradient clipping, the optimizer's step), naming where they are: told to
     increase the batch size, a compiled LM's step stayed 2.06 ms; compiling its loss,
-    clipping and optimizer step saved 845 us of the 854 claimed."""
-    import numpy as np
-    from neuron_explorer import tables
-    from neuron_explorer.common import trace_format as tf
-    from neuron_explorer.rules.host_device_copies import COPY_OPS
+    clipping and optimizer step saved 845 us of the 854 claimed. Gradient accumulation's
+    adds are named apart: compiling the loss or the step leaves them eager."""
+    import pandas as pd
+    from neuron_explorer.what_if.into_graphs import eager_launches
 
-    ops = _analysed_ops(trace)
-    ops = ops[ops["kernel_count"] > 0]
-    steps = max(ops["step"].nunique(), 1)
-    graphs = ops["graph_id"].to_numpy() >= 0
-    eager = ops[~graphs & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
-    per_step = len(eager) / steps
-    if per_step < max(EAGER_MIN_PER_STEP, EAGER_OVER_GRAPHS * graphs.sum() / steps):
+    if not _mostly_eager(trace):
         return ""
-    ids = eager["id"].to_numpy(np.int64)
-    in_optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,)) >= 0
-    sites = ("at " + eager["source"].astype(str)).where(~in_optimizer, "in the optimizer's step")
+    launches = eager_launches(trace)
+    steps = max(launches.graphs["step"].nunique(), 1)
+    eager = pd.concat([launches.movable, launches.optimizer])
+    per_step = len(eager) / steps
+    sites = pd.concat([("at " + launches.movable["source"].astype(str)),
+                       pd.Series("in the optimizer's step", index=launches.optimizer.index)])
     counts = sites[sites != "at "].value_counts()
     named = ", ".join(f"{n / steps:.0f} {site}" for site, n in
                       counts.head(EAGER_SITES_NAMED).items())
@@ -384,7 +405,18 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
                           "optimizer step; mark each step with neuron_explorer.step(), as one "
                           "compiled call holds them)" if trains(trace)
                           else ", and the work on its outputs")
-            + "; then keep Python work (logging, metric math) out of the hot loop.")
+            + "; then keep Python work (logging, metric math) out of the hot loop."
+            + _accumulations(launches.accumulations, steps))
+
+
+def _accumulations(adds, steps: int) -> str:
+    """What the advice leaves: AccumulateGrad's adds in a compiled module's backward."""
+    if not len(adds):
+        return ""
+    where = str(adds["source"].astype(str).mode().iloc[0])
+    return (f" Left eager by both: {len(adds) / steps:.0f} adds a step at {where}, the "
+            "backward adding each micro-batch's gradients into .grad (gradient "
+            "accumulation): fewer, larger micro-batches make fewer of them.")
 
 
 def _predicted_compile(trace: Trace) -> str:

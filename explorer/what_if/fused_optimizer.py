@@ -44,6 +44,9 @@ class FusedOptimizerSaving:
     # the analysed steps' saving, host and device: the run replayed with each optimizer
     # step one launch of the fused kernel (None where the trace cannot be re-timed)
     step_ns: float | None = None
+    # that replay's changes, for a replay of more fixes at once: the op slices removed, and
+    # kernel rows of `trace.kernels` -> their lengths fused
+    replay: tuple[np.ndarray, dict[int, int]] | None = None
 
 
 def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
@@ -119,13 +122,14 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
                 lengths.update(dict.fromkeys(rest, 0))
     if not names:
         return None
-    step_ns = None
+    step_ns, replay = None, None
     if removed:
         from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
-        step_ns = removal_saving_ns(trace, np.concatenate(removed), "fused optimizer", lengths)
+        replay = (np.concatenate(removed), lengths)
+        step_ns = removal_saving_ns(trace, replay[0], "fused optimizer", lengths)
     return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), passes, len(calls),
-                                step_ns)
+                                step_ns, replay)
 
 
 

@@ -15,6 +15,7 @@ the device), `pieces` (the sum of four new host tensors, each uploaded), `stacke
 same four uploaded in one copy and unbound on the device), `cycled` (a host dataset of
 four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` (that
 dataset uploaded once before the loop, its batch indexed on the device).
+`--compile-loss`: the model and its loss compiled as one function (with `--compile`).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`. `--zero-grad
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place."""
@@ -54,6 +55,8 @@ else:
     opt = adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
                foreach=False if OPTIMIZER == "adam-loop" else None)
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
+COMPILE_LOSS = "--compile-loss" in sys.argv
+compiled_loss = torch.compile(lambda x: model(x).square().mean() / ACCUMULATE, backend="neuron")
 host_x = torch.randn(BATCH, WIDTH)
 x = host_x.to("neuron")
 dataset = torch.randn(4, BATCH, WIDTH)
@@ -79,8 +82,14 @@ for step in range(12):
     if ACCUMULATE > 1:  # zero_grad, then a forward and backward per micro-batch, one step
         opt.zero_grad(set_to_none=SET_TO_NONE)
         for _ in range(ACCUMULATE):
-            loss = fwd(x).square().mean() / ACCUMULATE
+            loss = compiled_loss(x) if COMPILE_LOSS else fwd(x).square().mean() / ACCUMULATE
             loss.backward()
+        opt.step()
+        continue
+    if COMPILE_LOSS:  # the loss inside the compiled function
+        loss = compiled_loss(x)
+        opt.zero_grad(set_to_none=SET_TO_NONE)
+        loss.backward()
         opt.step()
         continue
     out = fwd(x)

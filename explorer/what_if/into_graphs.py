@@ -1,0 +1,128 @@
+"""A compiled run's eager launches replayed inside its graphs: what bringing them into
+compiled code saves (the loss computed inside the compiled function, gradient clipping
+compiled, the optimizer's step `fused=True` or compiled).
+
+Each eager op that launches kernels outside the graphs goes from the host, and its kernels'
+device time joins the graph launched just before it in its step (the first graph after
+it where none ran before): its host launches are what compiling it saves, and its device
+work is kept as it ran (fused, it would take less: a lower bound on the device's side). An
+optimizer step `fused=True` replays is replayed so instead (`fused_optimizer`); a fused one
+stays (compiled, it is a launch of its own all the same). Left where they are: copies
+between host and device (the copies finding's), the optimizer's `zero_grad`
+(`zeroed_gradients`'), and the in-place adds a compiled module's backward makes outside
+its graphs (AccumulateGrad adding each micro-batch's gradients into `.grad`), which
+compiling the loss or the step does not move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer.analyses.phases import in_analysed_work
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.memo import memoised
+from neuron_explorer.trace import Trace
+from neuron_explorer.what_if.counterfactual import op_kernel_rows, removal_saving_ns
+
+ACCUMULATE = "aten::add_"
+
+
+@dataclass(frozen=True)
+class EagerLaunches:
+    """The analysed steps' ops that launch kernels beside a compiled run's graphs, by
+    what would move them (rows of `trace.ops`)."""
+
+    movable: pd.DataFrame  # the loss, clipping, other user code: compiling them moves them
+    optimizer: pd.DataFrame  # the optimizer's step (its zero_grad left out)
+    accumulations: pd.DataFrame  # AccumulateGrad's adds in a compiled module's backward
+    graphs: pd.DataFrame  # the graph launches
+
+
+def eager_launches(trace: Trace) -> EagerLaunches:
+    """`EagerLaunches` of the analysed steps (computed once per trace)."""
+    return memoised(trace, "eager_launches", lambda: _eager_launches(trace))
+
+
+def _eager_launches(trace: Trace) -> EagerLaunches:
+    from neuron_explorer.rules.host_device_copies import COPY_OPS
+
+    ops = in_analysed_work(trace, trace.ops[trace.ops["step"] >= 0])
+    ops = ops[ops["kernel_count"] > 0]
+    in_graph = ops["graph_id"].to_numpy() >= 0
+    eager = ops[~in_graph & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
+    ids = eager["id"].to_numpy(np.int64)
+    optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,))
+    names = trace.table("slices")["name"].to_numpy()
+    zero_grad = np.zeros(len(ids), bool)
+    inside = optimizer >= 0
+    zero_grad[inside] = pd.Series(names[optimizer[inside]]).astype(str).str.endswith(
+        "zero_grad").to_numpy()
+    accumulation = ~inside & (eager["name"].astype(str).to_numpy() == ACCUMULATE) & (
+        tables.ancestor_of_kind(trace, ids, (tf.CAT_BACKWARD,)) >= 0)
+    return EagerLaunches(eager[~inside & ~accumulation], eager[inside & ~zero_grad],
+                         eager[accumulation], ops[in_graph])
+
+
+@dataclass(frozen=True)
+class IntoGraphs:
+    """What the analysed steps save with their eager launches inside their graphs."""
+
+    saving_ns: float
+    fused: bool  # the optimizer's step replayed fused=True (else compiled, or left)
+
+
+def into_graphs_saving(trace: Trace) -> IntoGraphs | None:
+    """What the analysed steps save with their movable eager launches inside the graphs
+    and the optimizer's step fused (or, where no fused replay applies and it is not fused
+    already, inside the graphs too); None where the run has no graphs or eager launches,
+    or cannot be replayed."""
+    return memoised(trace, "into_graphs_saving", lambda: _saving(trace))
+
+
+def _saving(trace: Trace) -> IntoGraphs | None:
+    from neuron_explorer.rules.host_bound import fused_optimizer
+    from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
+
+    launches = eager_launches(trace)
+    if not len(launches.graphs):
+        return None
+    moved = [launches.movable]
+    fused = fused_optimizer_saving(trace) if len(launches.optimizer) else None
+    removed: list[np.ndarray] = []
+    lengths: dict[int, int] = {}
+    if fused is not None and fused.replay is not None:
+        removed.append(fused.replay[0])
+        lengths.update(fused.replay[1])
+    elif len(launches.optimizer) and not fused_optimizer(trace):
+        moved.append(launches.optimizer)  # compiled, where fused=True does not apply
+    ops = pd.concat(moved)
+    if not len(ops) and not removed:
+        return None
+    rows = op_kernel_rows(trace)
+    kernel_dur = trace.kernels["dur"].to_numpy(np.int64)
+    for graph_row, added in _joined(launches.graphs, ops).items():
+        first = rows.get(graph_row)
+        if first:
+            lengths[first[0]] = int(lengths.get(first[0], kernel_dur[first[0]]) + added)
+    removed.append(ops["id"].to_numpy(np.int64))
+    saving = removal_saving_ns(trace, np.concatenate(removed), "eager ops into graphs", lengths)
+    return None if saving is None else IntoGraphs(saving, fused is not None and
+                                                  fused.replay is not None)
+
+
+def _joined(graphs: pd.DataFrame, ops: pd.DataFrame) -> dict[int, float]:
+    """graph launch op id -> the device time of the ops that join it: each op's, to the
+    graph launched last before it in its step (else the first after it)."""
+    joined: dict[int, float] = {}
+    for step, mine in ops.groupby("step"):
+        g = graphs[graphs["step"] == step].sort_values("ts")
+        if not len(g):
+            continue
+        at = np.searchsorted(g["ts"].to_numpy(), mine["ts"].to_numpy(), side="right") - 1
+        target = g["id"].to_numpy(np.int64)[np.clip(at, 0, len(g) - 1)]
+        for graph, dur in zip(target, mine["device_dur"].fillna(0).to_numpy(), strict=True):
+            joined[int(graph)] = joined.get(int(graph), 0.0) + float(dur)
+    return joined
