@@ -83,6 +83,14 @@ def check(trace: Trace) -> list[Finding]:
             "must answer, so keep that read, and hide it instead: launch the next "
             "request's work before reading this one's result (the device then runs while "
             "the host reads), or serve requests in batches, one read per batch.")
+    elif _one_read_per_step(trace, syncs):
+        recommendation = (
+            f"Each step reads its result once ({top_site}). Where the results are used "
+            f"later (offline inference), remove {at} from the step: keep them on the device "
+            "and read them every N steps or after the loop. Where each must be returned as "
+            "it completes (a server), keep that read and hide it: launch the next step's "
+            "work before reading this one's result, or batch requests, one read per batch "
+            "(mark requests with neuron_explorer.request for their latency).")
     else:
         recommendation = (
             f"Remove {at}"
@@ -123,6 +131,15 @@ def _sites_named(sites: list[str]) -> str:
     more = len(sites) - len(shown)
     return (("the sync at " if len(sites) == 1 else "the syncs at ") + listed
             + (f" (and {more} more)" if more else ""))
+
+
+def _one_read_per_step(trace: Trace, syncs: pd.DataFrame) -> bool:
+    """Whether an inference run's syncs are one read of each step's result at most: told
+    to read after the loop, a server would hold every answer to the end."""
+    from neuron_explorer.analyses.steady_state import analysed_steps
+
+    return (not trains(trace) and len(trace.steps) > 0
+            and len(syncs) <= len(analysed_steps(trace).steps))
 
 
 def _one_read_per_request(trace: Trace, syncs: pd.DataFrame) -> bool:

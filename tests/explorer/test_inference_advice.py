@@ -72,3 +72,17 @@ def test_training_runs_keep_the_optimizer_advice() -> None:
     memory = next(f for f in neuron_explorer.load(SAMPLES / "near_memory.pftrace").bottlenecks()
                   if f.rule_id == "memory_near_capacity")
     assert "gradient accumulation" in memory.recommendation
+
+
+def test_an_inference_loop_reading_each_result_is_told_when_to_keep_the_read() -> None:
+    """An inference loop that reads each step's result once (a decode loop's token, a
+    batch's predictions) was told only to read after the loop, which would hold a server's
+    every answer to the end: the advice says which fix fits which use."""
+    (f,) = [f for f in neuron_explorer.load(SAMPLES / "generate.pftrace").bottlenecks()
+            if f.rule_id == "sync_in_step"]
+    assert f.recommendation.startswith("Each step reads its result once"), f.recommendation
+    assert "(offline inference), remove the sync at " in f.recommendation
+    assert "(a server), keep that read and hide it" in f.recommendation
+    (f,) = [f for f in neuron_explorer.load(SAMPLES / "item_in_loop.pftrace").bottlenecks()
+            if f.rule_id == "sync_in_step"]  # training: read the losses less often
+    assert "read losses and metrics (.item(), .cpu(), print) every N steps" in f.recommendation
