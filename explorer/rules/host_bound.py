@@ -111,6 +111,10 @@ def check(trace: Trace) -> list[Finding]:
     if basis.startswith(INTO_GRAPHS):
         explanation += (" With its eager launches inside its graphs (the fix advised), a "
                         f"replay saves {us(saving)}; these gaps cost {us(lost)}.")
+    elif basis.startswith("replay") and saving < lost and _looped_read_sentence(trace):
+        explanation += (f" Compiled as it is, a what-if replay saves {us(saving)} of the "
+                        f"{us(lost)} these gaps cost: the forward would run eagerly (a read "
+                        "of a device value in a loop, below).")
     elif basis.startswith("replay") and saving < lost:
         explanation += (f" Compiled, a what-if replay saves {us(saving)} of the "
                         f"{us(lost)} these gaps cost: the rest is host work that compiling "
@@ -440,7 +444,24 @@ def _predicted_compile(trace: Trace) -> str:
             f"TRACE --mode compiled{flag}`), after compiling, which takes seconds at the first "
             "call and again for each new input shape"
             + (f": each second of compiling pays back over about {1e9 / saved:,.0f} steps"
-               if saved > 0 else "") + "." + _rnn_sentence(trace, mode))
+               if saved > 0 else "") + "." + _rnn_sentence(trace, mode)
+            + _looped_read_sentence(trace))
+
+
+def _looped_read_sentence(trace: Trace) -> str:
+    """For a model whose forward reads a device value in a loop: why compiling it as it is
+    saves nothing, and what to change first."""
+    from neuron_explorer.what_if.compiled import looped_reads
+
+    looped = looped_reads(trace)
+    if not looped:
+        return ""
+    where = ", ".join(f"`{module}` at {line}" for module, line in list(looped.items())[:3])
+    return (f" That is with the forward as it is: it reads a device value on the host inside "
+            f"a loop ({where}), and a graph break inside a loop makes Dynamo run the whole "
+            "forward eagerly. Take the read out of the loop first (decide on the device with "
+            "torch.where, or check every N steps: see the sync finding); then compiling fuses "
+            "the loop's ops.")
 
 
 def _rnn_sentence(trace: Trace, mode: str) -> str:

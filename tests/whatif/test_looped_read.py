@@ -1,0 +1,33 @@
+"""A forward that reads a device value in a loop (an early exit's `.item()` per block):
+Dynamo runs such a frame eagerly, and the compiled what-if replay, which broke the graph
+at each read and compiled the blocks between, predicted 2.9x where compiling changed
+nothing (a user's early-exit MLP). Modelled host clock: both runs exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_runner import record_variants
+from neuron_explorer import load
+from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.what_if.compiled import looped_reads
+from neuron_explorer.what_if.replay import predicted_step_ns
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).parent / "programs" / "early_exit.py"
+
+
+def test_a_read_in_a_loop_keeps_the_forward_eager_in_the_compiled_prediction(
+        tmp_path) -> None:
+    paths = record_variants(tmp_path, PROGRAM, {"eager": [], "compiled": ["--compile"]},
+                            modelled=True)
+    eager, compiled = load(paths["eager"]), load(paths["compiled"])
+    (line,) = looped_reads(eager).values()
+    assert list(looped_reads(eager)) == ["model"] and line.endswith("early_exit.py:25")
+    measured = float(in_analysed_steps(compiled, compiled.steps)["dur"].median())
+    predicted = predicted_step_ns(eager, "compiled")
+    assert predicted == pytest.approx(measured, rel=0.1), (predicted, measured)
+    (host,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
+    assert f"inside a loop (`model` at {line})" in host.recommendation
+    assert "the forward would run eagerly" in host.explanation
