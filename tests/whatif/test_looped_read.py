@@ -11,6 +11,7 @@ import pytest
 from cli_runner import record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
+from neuron_explorer.rules.finding import step_time
 from neuron_explorer.what_if.compiled import looped_reads
 from neuron_explorer.what_if.replay import predicted_step_ns
 
@@ -18,16 +19,30 @@ pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "early_exit.py"
 
 
-def test_a_read_in_a_loop_keeps_the_forward_eager_in_the_compiled_prediction(
-        tmp_path) -> None:
-    paths = record_variants(tmp_path, PROGRAM, {"eager": [], "compiled": ["--compile"]},
-                            modelled=True)
-    eager, compiled = load(paths["eager"]), load(paths["compiled"])
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    paths = record_variants(tmp_path_factory.mktemp("early_exit"), PROGRAM, {
+        "eager": [], "compiled": ["--compile"], "no-exit": ["--no-exit"]}, modelled=True)
+    return {name: load(path) for name, path in paths.items()}
+
+
+def test_a_read_in_a_loop_keeps_the_forward_eager_in_the_compiled_prediction(runs) -> None:
+    eager, compiled = runs["eager"], runs["compiled"]
     (line,) = looped_reads(eager).values()
-    assert list(looped_reads(eager)) == ["model"] and line.endswith("early_exit.py:25")
+    assert list(looped_reads(eager)) == ["model"] and line.endswith("early_exit.py:27")
     measured = float(in_analysed_steps(compiled, compiled.steps)["dur"].median())
     predicted = predicted_step_ns(eager, "compiled")
     assert predicted == pytest.approx(measured, rel=0.1), (predicted, measured)
     (host,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
     assert f"inside a loop (`model` at {line})" in host.recommendation
     assert "the forward would run eagerly" in host.explanation
+
+
+def test_the_reads_saving_takes_what_the_forward_made_for_them(runs) -> None:
+    """A read inside a module's forward is its control flow: removing it takes the ops its
+    line made for it (the norm), where only the read was replayed (half of what going
+    without the early exit saved, on a user's MLP)."""
+    eager, plain = runs["eager"], runs["no-exit"]
+    (f,) = [f for f in eager.bottlenecks() if f.rule_id == "sync_in_step"]
+    saved = step_time(eager) - step_time(plain)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)

@@ -1,6 +1,7 @@
-"""Residual blocks with an early exit decided on the host: `early_exit.py [--compile]`.
-The forward reads each block's update norm (`.item()`) inside its loop over the blocks,
-a graph break inside a loop, so torch.compile runs that forward eagerly."""
+"""Residual blocks with an early exit decided on the host: `early_exit.py [--compile]
+[--no-exit]`. The forward reads each block's update norm (`.item()`) inside its loop over
+the blocks, a graph break inside a loop, so torch.compile runs that forward eagerly
+(`--no-exit`: no exit, every block runs, nothing read)."""
 
 import sys
 
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 COMPILE = "--compile" in sys.argv
+EXIT = "--no-exit" not in sys.argv
 WIDTH = 64
 
 
@@ -22,7 +24,7 @@ class EarlyExit(nn.Module):
         for block in self.blocks:
             delta = block(x)
             x = x + delta
-            if delta.norm().item() < 1e-3:  # never small here: every block runs
+            if EXIT and delta.norm().item() < 1e-3:  # never small here: every block runs
                 break
         return self.head(x)
 
