@@ -232,10 +232,18 @@ def _cycling_sites(trace: Trace, c: pd.DataFrame, issued: np.ndarray,
 
 def _constant(trace: Trace, issued: np.ndarray) -> np.ndarray:
     """Per copy, whether it uploads a host tensor uploaded before unchanged (our
-    recordings say so on the copy's op)."""
+    recordings say so on the copy's op), at a line whose every upload is so once one is
+    (a constant, or a pool come round): a DataLoader's small label batches that repeat by
+    chance, 11 of 32, were told to move to the device before the loop."""
     out = np.zeros(len(issued), bool)
     known = issued >= 0
     out[known] = flag(trace.slice_args.column(tf.ARG_SAME_HOST_TENSOR, issued[known]))
+    sources = _sources(trace, issued)
+    for site in {s for s, same in zip(sources, out, strict=True) if s and same}:
+        rows = np.flatnonzero(sources == site)
+        again = out[rows]
+        if not again[int(np.argmax(again)):].all():
+            out[rows] = False
     return out
 
 

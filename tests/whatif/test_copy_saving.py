@@ -40,9 +40,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def small(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The default 32 x 64 input (8 KiB: small enough for its values to be compared)."""
     folder = tmp_path_factory.mktemp("small_copies")
-    paths = record_variants(folder, PROGRAM, {v: ["2", "--input", v] for v in
-                                              ("once", "rebuilt", "pieces", "stacked")},
-                            modelled=True)
+    variants = {v: ["2", "--input", v] for v in ("once", "rebuilt", "pieces", "stacked")}
+    paths = record_variants(folder, PROGRAM, variants | {
+        "labels": ["2", "--input", "fresh", "--labels"]}, modelled=True)
     return {name: load(path) for name, path in paths.items()}
 
 
@@ -97,6 +97,20 @@ def test_a_constant_made_again_with_the_same_values_saves_its_whole_copy(small) 
     assert f.recommendation.startswith("Move the host tensors uploaded again unchanged")
     saved = step_time(trace) - step_time(small["once"])
     assert f.time_lost_ns == pytest.approx(saved, rel=0.02), (f.time_lost_ns, saved)
+
+
+def test_labels_that_repeat_by_chance_are_data_not_a_constant(small) -> None:
+    """Two random 0/1 labels a step repeat by chance: their uploads are marked as values
+    uploaded before, some of them, and the finding told to move them to the device before
+    the loop (a DataLoader's label batches, 11 of 32 copies). A line's uploads are a
+    constant only where every one is, once one is."""
+    trace = small["labels"]
+    ops = trace.ops[trace.ops["name"] == "aten::_to_copy"]
+    labels = ops[ops["source"].astype(str).str.endswith(":85")]  # `--labels`' line
+    marked = [bool(m) for m in trace.slice_args.column(
+        tf.ARG_SAME_HOST_TENSOR, labels["id"].to_numpy())]
+    assert len(marked) == 12 and any(marked) and not all(marked[1:]), marked
+    assert not [f for f in _finding(trace) if "uploaded again unchanged" in f.recommendation]
 
 
 def test_batching_copies_saves_what_one_copy_and_a_split_save(small) -> None:

@@ -16,6 +16,8 @@ same four uploaded in one copy and unbound on the device), `cycled` (a host data
 four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` (that
 dataset uploaded once before the loop, its batch indexed on the device).
 `--compile-loss`: the model and its loss compiled as one function (with `--compile`).
+`--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
+chance, a quarter of the time).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`. `--zero-grad
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place."""
@@ -79,6 +81,8 @@ for step in range(12):
         x = sum(torch.randn(4, BATCH, WIDTH).to("neuron").unbind(0))
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
+    if "--labels" in sys.argv:
+        labels = torch.randint(0, 2, (2,)).to("neuron")
     if ACCUMULATE > 1:  # zero_grad, then a forward and backward per micro-batch, one step
         opt.zero_grad(set_to_none=SET_TO_NONE)
         for _ in range(ACCUMULATE):
