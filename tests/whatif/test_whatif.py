@@ -68,6 +68,10 @@ def test_bf16_makes_matmuls_bf16_and_faster(recordings, tmp_path):
     assert len(mm) == len(before) > 0
     assert mm["name"].str.contains("bf16").all()
     assert mm["dur"].sum() < before["dur"].sum()
+    # the recording's FP32 matmuls are found; the prediction runs them in bf16 (its ops
+    # keep the recorded dtypes: it was told to run them in bf16)
+    assert "fp32_matmul" in {f.rule_id for f in source.bottlenecks()}
+    assert "fp32_matmul" not in {f.rule_id for f in predicted.bottlenecks()}
 
 
 def test_launch_overhead_moves_the_host(recordings, tmp_path):
