@@ -114,12 +114,12 @@ def check(trace: Trace) -> list[Finding]:
     figures = trace.hardware_figures
     per_engine, fixed = _engine_bandwidth(trace), dma_fixed_ns(figures)
     small_mask = _small(dma, per_engine, fixed, partitions(figures))
-    tiling = ""
+    left_out = ""
     if per_engine and fixed and small_mask.any():
         engines = int((figures or {}).get("dma_engines") or 16)
         tiled = small_mask & _tiled(trace, dma, per_engine * fixed, engines)
         if tiled.any():
-            tiling = (f" Left out: {int(tiled.sum())} small transfers of ops with a tensor "
+            left_out = (f" Left out: {int(tiled.sum())} small transfers of ops with a tensor "
                       f"of {engines * per_engine * fixed / 1024:.0f} KiB or more (the "
                       "compiler's tiles of it, which no change to the program's tensors "
                       "would make larger).")
@@ -128,7 +128,7 @@ def check(trace: Trace) -> list[Finding]:
     names, kind = _issuers(trace, small)
     optimizer = kind == OPTIMIZER
     if optimizer.any():
-        tiling += _optimizers_own(trace, int(optimizer.sum()))
+        left_out += _optimizers_own(trace, int(optimizer.sum()))
         # fused=True's replay states what fusing saves them (memory_bound_ops, host_bound),
         # and a fused step's transfers are its parameters' sizes: counted here too, a
         # compiled model's two findings claimed 1.5x what fused=True saved
@@ -137,7 +137,7 @@ def check(trace: Trace) -> list[Finding]:
     if eager.any() and is_host_bound(trace) and compiled_saving_ns(trace) is not None:
         # compiling is host_bound's fix there, and its replayed saving holds the transfers
         # that fusing removes: an eager transformer's were claimed again here
-        tiling += (f" Left out: {int(eager.sum())} small transfers of eager ops, which "
+        left_out += (f" Left out: {int(eager.sum())} small transfers of eager ops, which "
                    "compiling (the host-bound finding's fix) fuses: its replayed saving "
                    "holds what that removes.")
         small, names, kind = small[~eager], names[~eager], kind[~eager]
@@ -157,7 +157,7 @@ def check(trace: Trace) -> list[Finding]:
         "than moving data: they are too "
         f"small, or their rows are shorter than {th.SMALL_DMA_BYTES_PER_PARTITION} B per "
         "partition. The time counted is when the device does nothing but these transfers."
-        + tiling + saving.note,
+        + left_out + saving.note,
         _recommendation(names, kind),
         symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]
 
@@ -200,6 +200,7 @@ def _issuers(trace: Trace, small: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]
 
 
 def _optimizers_own(trace: Trace, n: int) -> str:
+    """Why the optimizer step's `n` small transfers are left out of this finding."""
     from neuron_explorer.rules.host_bound import fused_optimizer
 
     if fused_optimizer(trace):
