@@ -170,6 +170,18 @@ def test_small_collectives_fire_and_balanced_ranks_are_no_stragglers(tmp_path):
     assert "collective_wait" not in found
 
 
+def test_load_imbalance_says_how_much_longer_the_busiest_rank_works(tmp_path):
+    """Rank 1 computes 350 us a step, rank 0 200 us, both meeting at the collective in
+    time: 75% longer (the title said 43%, the spread over the busiest rank's time)."""
+    folder = tmp_path / "imbalance.run"
+    folder.mkdir()
+    rs.write_rank(folder, 0, 2, compute=200_000, coll_start=400_000, wait=0)
+    rs.write_rank(folder, 1, 2, compute=350_000, coll_start=400_000, wait=0)
+    (folder / "manifest.json").write_text(json.dumps({"world_size": 2, "preset": "trn2"}))
+    found = {f.rule_id: f for f in neuron_explorer.load(folder).bottlenecks()}
+    assert found["load_imbalance"].title.endswith("rank 1 works 75% longer than rank 0")
+
+
 def test_waits_spread_over_ranks_are_collective_waits_not_a_straggler(tmp_path):
     run = neuron_explorer.load(rs.rotating_late_rank(tmp_path / "rotating.run"))
     assert not len(run.stragglers())

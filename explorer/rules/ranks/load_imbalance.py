@@ -34,7 +34,8 @@ def check(run: Run) -> list[Finding]:
         f"rank {busiest}'s kernels", rank=int(busiest))
     return [run_finding(
         run, RULE_ID, f"Compute differs across ranks: rank {busiest} works "
-        f"{100 * (hi - lo) / hi:.0f}% longer than rank {idlest}", saving, [],
+        + (f"{100 * (hi - lo) / lo:.0f}% longer than rank {idlest}" if lo > 0
+           else f"while rank {idlest} computes nothing"), saving, [],
         f"Device compute time ranges from {us(lo)} (rank {idlest}) to {us(hi)} (rank "
         f"{busiest}); synchronous training runs at the pace of the busiest rank, so the "
         f"average rank idles about {us(lost)}.",
