@@ -174,8 +174,8 @@ def _check(trace: Trace) -> list[Finding]:
                   "device once, before the loop. ")
     if batched and not (constant | pooled).all():
         first += (f"Move each step's small tensors of one dtype in one copy ({per_step:.0f} "
-                  "copies a step here: torch.cat or torch.stack them on the host, one "
-                  ".to(device), then one split or unbind on the device). ")
+                  "copies of one dtype a step here: torch.cat or torch.stack them on the "
+                  "host, one .to(device), then one split or unbind on the device). ")
     return [make(
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,

@@ -120,7 +120,7 @@ def test_batching_copies_saves_what_one_copy_and_a_split_save(small) -> None:
     dtypes, were promised 2.2x what batching saved)."""
     trace = small["pieces"]
     (f,) = _finding(trace)
-    assert "of one dtype in one copy (4 copies a step" in f.recommendation
+    assert "of one dtype in one copy (4 copies of one dtype a step" in f.recommendation
     assert "one kept for the split" in f.saving_basis
     saved = step_time(trace) - step_time(small["stacked"])
     assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
