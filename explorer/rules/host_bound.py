@@ -353,10 +353,26 @@ def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
     if compiled_ddp_wrapper(cs["graph_breaks"]):
         what = ("the module DDP wraps (DDP(torch.compile(model)): torch.compile(DDP(model)) "
                 "ran eagerly here, as Dynamo skips DDP's forward)")
+    elif ddp_wrapped(trace):  # told "wrap the model", a user compiled DDP's wrapper: 0 saved
+        what = ("the module DDP wraps, before wrapping it (DDP(torch.compile(model)): "
+                "torch.compile(DDP(model)) runs eagerly, as Dynamo skips DDP's forward)")
     return (f"Launch fewer, larger kernels: wrap {what} in {terms.compile_call} so ops fuse "
             f"into a few kernels per graph, or {batch} so each launch does more work; keep "
             "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy
             + (_predicted_compile(trace) if terms.recorded_here else ""))
+
+
+def ddp_wrapped(trace: Trace) -> bool:
+    """Whether a rank's model runs inside DistributedDataParallel: a rank that runs
+    collectives and whose root module holds its model as `<root>.module` (DDP's
+    attribute)."""
+    from neuron_explorer import tables
+    from neuron_explorer.common import trace_format as tf
+
+    if not len(tables.of_kind(trace, tf.CAT_COLLECTIVE)):
+        return False
+    names = set(tables.of_kind(trace, tf.CAT_MODULE)["name"].astype(str))
+    return any("." not in n and f"{n}.module" in names for n in names)
 
 
 INTO_GRAPHS = "replay: the run replayed with its eager launches inside its graphs"

@@ -40,3 +40,16 @@ def test_host_bound_advice_on_a_compiled_window_knows_the_model_is_compiled(
     # its foreach AdamW is about half of what the host launches (47%): that comes first
     assert host_bound.recommendation.startswith("The largest part of the host's launches is "
                                                 "the optimizer's step (8 ops a step, 47%")
+
+
+def test_an_eager_ddp_rank_is_told_to_compile_the_module_ddp_wraps(repo_root: Path) -> None:
+    """Told to "wrap the model", a user compiled DDP's wrapper, which Dynamo runs eagerly:
+    nothing saved, where DDP(torch.compile(model)) saved 3.58 ms a step."""
+    samples = repo_root / "sample_traces"
+    ddp = neuron_explorer.load(samples / "ddp.run" / "rank0.pftrace")
+    (f,) = [f for f in ddp.bottlenecks() if f.rule_id == "host_bound"]
+    assert "wrap the module DDP wraps, before wrapping it (DDP(torch.compile(model))" in \
+        f.recommendation
+    (f,) = [f for f in neuron_explorer.load(samples / "mlp_eager.pftrace").bottlenecks()
+            if f.rule_id == "host_bound"]
+    assert "wrap the model or the training step in torch.compile" in f.recommendation
