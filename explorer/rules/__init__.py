@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuron_explorer.rules import (
+    accumulation_all_reduce,
     checkpoint_recompute,
     compile_dominates,
     dataloader_stall,
@@ -45,7 +46,7 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          recompilation, shape_recompiles, compile_dominates, memory_near_capacity,
          exposed_communication, dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
-         kernel_small_dma, checkpoint_recompute, zeroed_gradients)
+         kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it
 SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}

@@ -1,6 +1,8 @@
 """A three-layer MLP under DistributedDataParallel, one rank per process (torchrun):
-`ddp_mlp.py [--compile]` (`--compile`: DDP(torch.compile(model)), as the findings advise).
-Every rank trains on the same batch for 10 steps."""
+`ddp_mlp.py [--compile] [--accumulate K [--no-sync]]` (`--compile`: DDP(torch.compile(model)),
+as the findings advise; `--accumulate`: K micro-batches a step, each reduced, or with
+`--no-sync` all but the last under `ddp.no_sync()`). Every rank trains on the same batch
+for 10 steps."""
 
 import os
 import sys
@@ -24,9 +26,15 @@ ddp = DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(64, 256, device=device)
 y = torch.randint(0, 10, (64,), device=device)
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv \
+    else 1
 for _ in range(10):
-    loss = F.cross_entropy(ddp(x), y)
     opt.zero_grad()
-    loss.backward()
+    for micro in range(ACCUMULATE):
+        if "--no-sync" in sys.argv and micro < ACCUMULATE - 1:
+            with ddp.no_sync():
+                F.cross_entropy(ddp(x), y).backward()
+        else:
+            F.cross_entropy(ddp(x), y).backward()
     opt.step()
 dist.destroy_process_group()
