@@ -246,8 +246,11 @@ def op_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
 
 
 # A rule's compiled prediction gives up past this many dependencies in one program: the
-# padded matmuls of odd_dims.pftrace make 75 M of them, 25-80 s of scheduling in a report.
-PREDICTION_MAX_DEPENDENCIES = 2_000_000
+# padded matmuls of odd_dims.pftrace made 75 M of them, 25-80 s of scheduling in a report.
+# At 2 M a user's 16384-row elementwise blocks (8-16 M) gave up (2.1 s of CPU) and
+# memory_bound_ops fell back to its roof estimate, 12x what compiling saved; replayed
+# whole, 3.6 s.
+PREDICTION_MAX_DEPENDENCIES = 16_000_000
 
 
 def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
