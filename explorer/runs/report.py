@@ -83,8 +83,11 @@ def run_report_sections(run: Run) -> list[Section]:
         "bytes": stats["bytes"], "time": [fmt_ns(v) for v in stats["time_ns"]],
         "algbw GB/s": stats["algbw_gbps"].round(2), "busbw GB/s": stats["busbw_gbps"].round(2)})
     findings = list(run.bottlenecks())
-    return [Section("Run", head), Section("Ranks", rank_table),
-            Section("Communication per rank", comm_table),
+    # the step is a median; the other times are sums, beside it (read as per step once)
+    return [Section("Run", head),
+            Section("Ranks (step: the median; the other times: totals over the analysed "
+                    "steps)", rank_table),
+            Section("Communication per rank (totals over the analysed steps)", comm_table),
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
             *findings_sections(findings)]

@@ -269,7 +269,8 @@ def run_step_medians(run_dir: Path) -> list[float]:
 def test_report_on_a_run_folder(run_dir, capsys):
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "Ranks" in out and "rank1.pftrace" in out
+    assert "Ranks (step: the median; the other times: totals over the analysed steps)" in out
+    assert "rank1.pftrace" in out
     assert "Rank 1 is a straggler" in out
     # The head gave "step time per rank (total)": the sum of every analysed step, read as
     # a step time. It now gives the ranks' median step and the slowest rank.
