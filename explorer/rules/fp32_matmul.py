@@ -142,8 +142,10 @@ def check(trace: Trace) -> list[Finding]:
                           "and v.")
     else:
         # a master copy is for training: an optimizer's updates are too small for bf16 weights
-        master = (", keeping an FP32 master copy of weights in the optimizer" if trains(trace)
-                  else "")
+        master = (" (autocast keeps the weights in FP32, the FP32 master copy of weights the "
+                  "optimizer's small updates need; model.to(torch.bfloat16) trains them in "
+                  "bf16: pair it with an optimizer that keeps its own FP32 copy)"
+                  if trains(trace) else "")
         recommendation = (f"Run the model's matmuls ({where} first) in bfloat16: wrap the "
                           f"forward pass in torch.autocast('{device_terms(trace.metadata).name}', "
                           f"dtype=torch.bfloat16) or cast the model with model.to(torch.bfloat16)"
