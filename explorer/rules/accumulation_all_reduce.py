@@ -33,8 +33,9 @@ _COPY_BACK = frozenset({"aten::_copy_from", "aten::copy_", "aten::as_strided", "
 
 
 def early_reductions(trace: Trace) -> pd.DataFrame:
-    """The ops DDP's reducer runs in each analysed step's backwards but its last (rows of
-    `trace.ops`); none where a step holds one backward, or no collective in a backward."""
+    """The ops DDP's reducer runs in each analysed step's backwards of a module but its
+    last (rows of `trace.ops`); none where a step runs a module's backward once, or no
+    collective in a backward."""
     from neuron_explorer.what_if.compiled import recorded_data_flow
     from neuron_explorer.what_if.distributed_ops import ddp_reducer_ops
 
@@ -50,12 +51,17 @@ def early_reductions(trace: Trace) -> pd.DataFrame:
     keys = [None if n.startswith("c10d::") else (n,) for n in names]
     reducer = ddp_reducer_ops(names, keys, passes >= 0, recorded_data_flow(trace, ops))
     collective = np.array([n.startswith("c10d::") for n in names]) & (passes >= 0)
+    root = trace.table("slices")["name"].astype(str).to_numpy()
     chosen: list[int] = []
     for index in ops.groupby("step").groups.values():
         rows = np.asarray(index)
         reducing = [p for p in dict.fromkeys(passes[rows].tolist())
                     if p >= 0 and collective[rows[passes[rows] == p]].any()]
-        for p in reducing[:-1]:  # the last backward of the step reduces the sum: it stays
+        for i, p in enumerate(reducing):
+            # a backward of the module a later one in the step runs again: its gradients
+            # are summed into that one's (two models' backwards, a GAN's, each reduce)
+            if root[p] not in {root[q] for q in reducing[i + 1:]}:
+                continue
             mine = rows[passes[rows] == p]
             chosen += [int(r) for r in mine if collective[r] or r in reducer]
             chosen += _copies_back(ops, names, int(mine[-1]))

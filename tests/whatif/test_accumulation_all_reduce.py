@@ -12,7 +12,7 @@ from cli_runner import run_cli
 from neuron_explorer import load
 from neuron_explorer.rules.finding import step_time
 
-pytestmark = pytest.mark.slow  # two runs of two ranks
+pytestmark = pytest.mark.slow  # three runs of two ranks
 PROGRAM = Path(__file__).parent / "programs" / "ddp_mlp.py"
 
 
@@ -22,11 +22,13 @@ def test_no_sync_saves_what_the_finding_says(tmp_path) -> None:
     said so. The saving is the run without the reducer's work in the backwards but the
     last."""
     runs = {}
-    for name, flags in (("every", []), ("no-sync", ["--no-sync"])):
+    for name, flags in (("every", ["--accumulate", "4"]),
+                        ("no-sync", ["--accumulate", "4", "--no-sync"]),
+                        ("two-models", ["--two-models"])):
         path = tmp_path / f"{name}.run"
         run_cli("record", "--level", "op", "-o", str(path), "--", sys.executable, "-m",
-                "torch.distributed.run", "--nproc_per_node=2", str(PROGRAM), "--accumulate",
-                "4", *flags, cwd=tmp_path, modelled=True)
+                "torch.distributed.run", "--nproc_per_node=2", str(PROGRAM), *flags,
+                cwd=tmp_path, modelled=True)
         runs[name] = load(path)
     every, no_sync = runs["every"][0], runs["no-sync"][0]
     (f,) = [f for f in every.bottlenecks() if f.rule_id == "accumulation_all_reduce"]
@@ -38,3 +40,6 @@ def test_no_sync_saves_what_the_finding_says(tmp_path) -> None:
     assert not [g for g in no_sync.bottlenecks() if g.rule_id == "accumulation_all_reduce"]
     found = {g.rule_id: g for g in runs["every"].bottlenecks()}  # the run's findings too
     assert "accumulation_all_reduce" in found
+    # two models' backwards in a step each reduce their own gradients: nothing to skip
+    assert not [g for g in runs["two-models"][0].bottlenecks()
+                if g.rule_id == "accumulation_all_reduce"]

@@ -1,8 +1,9 @@
 """A three-layer MLP under DistributedDataParallel, one rank per process (torchrun):
-`ddp_mlp.py [--compile] [--accumulate K [--no-sync]]` (`--compile`: DDP(torch.compile(model)),
-as the findings advise; `--accumulate`: K micro-batches a step, each reduced, or with
-`--no-sync` all but the last under `ddp.no_sync()`). Every rank trains on the same batch
-for 10 steps."""
+`ddp_mlp.py [--compile] [--accumulate K [--no-sync]] [--two-models]` (`--compile`:
+DDP(torch.compile(model)), as the findings advise; `--accumulate`: K micro-batches a step,
+each reduced, or with `--no-sync` all but the last under `ddp.no_sync()`; `--two-models`:
+a second DDP model trained beside the first, its own backward each step, as a GAN's
+generator and discriminator). Every rank trains on the same batch for 10 steps."""
 
 import os
 import sys
@@ -28,6 +29,17 @@ x = torch.randn(64, 256, device=device)
 y = torch.randint(0, 10, (64,), device=device)
 ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv \
     else 1
+if "--two-models" in sys.argv:
+    other = DistributedDataParallel(nn.Sequential(nn.Linear(256, 256), nn.ReLU(),
+                                                  nn.Linear(256, 10)).to(device))
+    both = torch.optim.SGD([*ddp.parameters(), *other.parameters()], lr=0.01)
+    for _ in range(10):
+        both.zero_grad()
+        for net in (ddp, other):
+            F.cross_entropy(net(x), y).backward()
+        both.step()
+    dist.destroy_process_group()
+    sys.exit()
 for _ in range(10):
     opt.zero_grad()
     for micro in range(ACCUMULATE):
