@@ -135,7 +135,7 @@ def test_a_read_to_the_host_is_no_copy_to_batch(tmp_path) -> None:
                                                 for v in ("pieces", "stacked")}, modelled=True)
     trace, fixed = load(paths["pieces"]), load(paths["stacked"])
     (f,) = _finding(trace)
-    assert "(4 copies a step" in f.recommendation
+    assert "(4 copies of one dtype a step" in f.recommendation
     saved = step_time(trace) - step_time(fixed)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
     assert [f.rule_id for f in fixed.bottlenecks() if f.rule_id == "sync_in_step"]
