@@ -84,13 +84,15 @@ def check(trace: Trace) -> list[Finding]:
     calls, zeroes = zeroing(trace)
     if not len(zeroes):
         return []
-    firsts = first_accumulations(trace, zeroes)
+    # the gradients zeroed: the shapes of the ops that write zeros (a detach_ writes none)
+    writing = zeroes[zeroes["kernel_count"] > 0]
+    firsts = first_accumulations(trace, writing)
     removed = np.concatenate([zeroes["id"].to_numpy(np.int64), firsts["id"].to_numpy(np.int64)])
     saving = removal_saving_ns(trace, removed, RULE_ID)
     if saving is None or saving < th.ZEROED_GRADIENTS_MIN_SHARE * step_time(trace):
         return []
     steps = max(int(zeroes["step"].nunique()), 1)
-    grads = sum(len(_shapes(t)) for t in zeroes["shapes"].astype(str)) // steps
+    grads = sum(len(_shapes(t)) for t in writing["shapes"].astype(str)) // steps
     where = str(zeroes["source"].astype(str).mode().iloc[0]) if "source" in zeroes else ""
     host = float(zeroes["dur"].sum() + firsts["dur"].sum())
     device = float(zeroes["device_dur"].sum() + firsts["device_dur"].sum())
@@ -100,7 +102,7 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID, f"zero_grad writes zeros into {grads} gradients a step", saving, items,
         f"{calls['name'].astype(str).iloc[0]}"
         + (f" at {where}" if where else "")
-        + f" zeroes {grads} gradients in place each step ({_ops(len(zeroes) // steps)}), and "
+        + f" zeroes {grads} gradients in place each step ({_ops(len(writing) // steps)}), and "
         f"the backward then adds each one's first gradient into those zeros ({len(firsts)} "
         f"in-place adds in the analysed steps): {us(host)} of the host's op time and "
         f"{us(device)} of device time in all. Set to None instead, the gradients are "
