@@ -58,10 +58,6 @@ def _compiled_saving_ns(trace: Trace, inside: pd.DataFrame, slowdown: float) -> 
 
 
 def check(trace: Trace) -> list[Finding]:
-    if (trace.metadata.get("whatif") or {}).get("dtype"):
-        # a prediction with the matmuls in bf16 or fp8: its ops keep the recording's
-        # dtypes, and a bf16 prediction was told to run its matmuls in bf16
-        return []
     ops = in_analysed_work(trace, trace.ops)
     compiled = in_analysed_work(trace, compiled_matmuls(trace))
     if not len(ops) and not len(compiled):

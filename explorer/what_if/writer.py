@@ -205,7 +205,7 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
     try:
         tracks = _Tracks(trace, writer, preset.name, engine_level)
         _write(trace, writer, tracks, rows, replayed, shift, engine_level,
-               _metadata(trace, options, preset, notes))
+               _metadata(trace, options, preset, notes), options.dtype)
         writer.close()
     except BaseException:
         writer.discard()
@@ -213,7 +213,9 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
 
 
 def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, replayed: list,
-           shift: Any, engine_level: bool, meta: dict) -> None:
+           shift: Any, engine_level: bool, meta: dict, dtype: str | None) -> None:
+    from neuron_explorer.backend.replay import with_dtype
+
     s = trace.table("slices")
     host = s[s["track_id"].isin(list(tracks.host))]
     meta_rows = host[host["kind"] == tf.CAT_METADATA]
@@ -238,7 +240,7 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
     by_id = s.set_index("id")
     kernel_id = 0
     kernels = []
-    for sid, new in zip(rows["id"].tolist(), replayed, strict=True):
+    for sid, key, new in zip(rows["id"].tolist(), rows["key"].tolist(), replayed, strict=True):
         if new is None:  # an op a predicted graph launch runs
             continue
         row = by_id.loc[sid]
@@ -248,6 +250,10 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
                                 _args(trace, sid), ()))
             continue
         args = _args(trace, sid)
+        if dtype and key is not None and with_dtype(key, dtype) is not key:
+            # the dtypes the prediction ran the matmul in: its report read the recorded
+            # float32 and advised bf16 on a bf16 prediction
+            args[tf.ARG_DTYPES] = "[" + ", ".join(d for _, d in with_dtype(key, dtype)[1]) + "]"
         op_id = int(args.get(tf.ARG_OP_ID, sid))
         args.pop(tf.ARG_KERNEL_ID, None)
         flow = []
