@@ -51,7 +51,7 @@ def early_reductions(trace: Trace) -> pd.DataFrame:
     keys = [None if n.startswith("c10d::") else (n,) for n in names]
     reducer = ddp_reducer_ops(names, keys, passes >= 0, recorded_data_flow(trace, ops))
     collective = np.array([n.startswith("c10d::") for n in names]) & (passes >= 0)
-    root = trace.table("slices")["name"].astype(str).to_numpy()
+    names_of = trace.table("slices")["name"].array  # a few rows read: no string per slice
     chosen: list[int] = []
     for index in ops.groupby("step").groups.values():
         rows = np.asarray(index)
@@ -60,7 +60,7 @@ def early_reductions(trace: Trace) -> pd.DataFrame:
         for i, p in enumerate(reducing):
             # a backward of the module a later one in the step runs again: its gradients
             # are summed into that one's (two models' backwards, a GAN's, each reduce)
-            if root[p] not in {root[q] for q in reducing[i + 1:]}:
+            if names_of[p] not in {names_of[q] for q in reducing[i + 1:]}:
                 continue
             mine = rows[passes[rows] == p]
             chosen += [int(r) for r in mine if collective[r] or r in reducer]

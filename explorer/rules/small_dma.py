@@ -192,7 +192,7 @@ def _issuers(trace: Trace, small: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]
     kind = np.full(len(ops), "", object)
     known = ops >= 0
     if known.any():
-        names[known] = trace.table("slices")["name"].to_numpy()[ops[known]].astype(str)
+        names[known] = np.asarray(trace.table("slices")["name"].array[ops[known]], str)
         graph = np.char.startswith(names[known].astype(str), "graph")
         optimizer = ancestor_of_kind(trace, ops[known], (tf.CAT_OPTIMIZER,)) >= 0
         kind[known] = np.where(graph, GRAPHS, np.where(optimizer, OPTIMIZER, EAGER))

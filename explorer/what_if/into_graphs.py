@@ -55,7 +55,7 @@ def _eager_launches(trace: Trace) -> EagerLaunches:
     eager = ops[~in_graph & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
     ids = eager["id"].to_numpy(np.int64)
     optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,))
-    names = trace.table("slices")["name"].to_numpy()
+    names = trace.table("slices")["name"].array  # a few rows read: no string per slice
     zero_grad = np.zeros(len(ids), bool)
     inside = optimizer >= 0
     zero_grad[inside] = pd.Series(names[optimizer[inside]]).astype(str).str.endswith(
