@@ -110,6 +110,7 @@ META_START = "start_time_unix_ns"
 META_LEVEL = "level"
 LEVELS = ("framework", "op", "engine")  # META_LEVEL's values: each records more than the last
 META_PID = "pid"
+META_HOST_CPUS = "host_cpus"  # int: the cores the recorded process could run on
 META_RANK = "rank"  # this process's rank in a distributed run
 # A recording says at its start that it will end with a mark (true), and writes the mark
 # (META_COMPLETE: true) when it closes: a trace that declares one and lacks it was cut

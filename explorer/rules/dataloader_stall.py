@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.step_breakdown import host_slices
-from neuron_explorer.common.trace_format import ARG_WORKER, CAT_DATALOADER_WORKER
+from neuron_explorer.common.trace_format import (
+    ARG_WORKER,
+    CAT_DATALOADER_WORKER,
+    META_HOST_CPUS,
+)
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import (
@@ -99,8 +103,9 @@ def check(trace: Trace) -> list[Finding]:
                      "by one") + ("; set pin_memory=True" if pinned else ""))
         basis += "; the saving assumes batches ready in time, which more workers may not give"
     else:
-        advice = ("Load batches in parallel with the step: give your DataLoader num_workers=4 "
-                  "or more, persistent_workers=True and prefetch_factor=2 or more"
+        advice = ("Load batches in parallel with the step: give your DataLoader "
+                  + _workers_to_try(trace) + ", persistent_workers=True and prefetch_factor=2 "
+                  "or more"
                   + (", pin_memory=True" if pinned else "") + phase_advice)
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", saving, items,
@@ -108,6 +113,21 @@ def check(trace: Trace) -> list[Finding]:
         "do while the host prepares data." + _worker_share(dl) + phase,
         advice + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or "
         "into the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
+
+
+SUGGESTED_WORKERS = 4  # where the machine has the cores for them
+
+
+def _workers_to_try(trace: Trace) -> str:
+    """How many workers to start with: four, or the cores of the machine the run was recorded
+    on where it has fewer (each worker is a process: more of them than cores compete with the
+    training loop; PyTorch's DataLoader warns past that count too)."""
+    cpus = trace.metadata.get(META_HOST_CPUS)
+    if not isinstance(cpus, int) or cpus <= 0 or cpus >= SUGGESTED_WORKERS:
+        return f"num_workers={SUGGESTED_WORKERS} or more"
+    return (f"num_workers={cpus} (the machine it ran on has {cpus} core"
+            f"{'s' if cpus != 1 else ''}: more workers than cores compete with the training "
+            "loop)")
 
 
 def _saving(trace: Trace, waits: pd.DataFrame) -> tuple[float, str]:

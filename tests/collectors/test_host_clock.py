@@ -19,7 +19,13 @@ import neuron_explorer
 import pytest
 from cli_runner import run_command
 from neuron_explorer.backend.clock import HostClock
-from neuron_explorer.common.trace_format import CAT_UNCOUNTED, META_HOST_CLOCK, META_PID, META_START
+from neuron_explorer.common.trace_format import (
+    CAT_UNCOUNTED,
+    META_HOST_CLOCK,
+    META_HOST_CPUS,
+    META_PID,
+    META_START,
+)
 
 from .conftest import CLI, PROGRAMS, cli_env
 
@@ -106,6 +112,8 @@ def test_two_modelled_recordings_are_byte_identical(small_runs) -> None:
     trace = neuron_explorer.load(str(small_runs / "m1.pftrace"))
     assert trace.metadata[META_HOST_CLOCK]["source"] == "modelled"
     assert trace.metadata[META_START] == 0 and trace.metadata[META_PID] == 1
+    # the machine's cores, which the data-loader advice sizes its workers by
+    assert trace.metadata[META_HOST_CPUS] == len(os.sched_getaffinity(0))
     assert len(trace.steps) >= 3 and (trace.steps["dur"] > 0).all()
     # the report says what the clock leaves out (a user's sleeping data loader showed
     # "dataloader 0 ns" and no finding, without a word why)

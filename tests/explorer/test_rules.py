@@ -588,6 +588,32 @@ def test_a_loader_with_workers_is_not_told_to_add_workers(tmp_path: Path,
     assert "more workers may not give" not in plain.saving_basis
 
 
+def test_worker_advice_fits_the_cores_of_the_machine_recorded_on(tmp_path: Path) -> None:
+    """A user's 2-core run was told num_workers=4 or more; there, 2 workers saved 14.8 of the
+    17.5 ms claimed and more of them compete with the training loop. The recording names its
+    cores; the advice asks for as many workers as that, and four where the machine has
+    them."""
+    def loader_without_workers(cpus: int | None) -> scenarios.Scenario:
+        sc = scenarios.Scenario()
+        if cpus is not None:
+            sc.b.metadata(sc.host, {"host_cpus": cpus})
+        for n in range(4):
+            t = sc.step(n)
+            sc.b.slice(sc.host, t, 4000, "DataLoader.__next__", "dataloader", {"step": n})
+            sc.op(t + 4000, 500, "aten::mm", n + 1, n, kernel=(t + 4600, 5000),
+                  busy={"tensor": 5000}, flops=900_000_000, nbytes=100_000,
+                  instructions=False)
+        return sc
+
+    (two,) = _rule(_load(loader_without_workers(2), tmp_path, "cpus2"), "dataloader_stall")
+    assert "num_workers=2 (the machine it ran on has 2 cores" in two.recommendation
+    assert "num_workers=4" not in two.recommendation
+    for cpus in (16, None):  # enough cores, or a recording that does not say
+        (f,) = _rule(_load(loader_without_workers(cpus), tmp_path, f"cpus{cpus}"),
+                     "dataloader_stall")
+        assert "num_workers=4 or more" in f.recommendation
+
+
 def _worker_batches(sc: scenarios.Scenario, fetch: int, collate: int) -> None:
     """Worker 1's batches as the recorder writes them: fetching, then collating."""
     track = sc.b.thread(pid=200, tid=200, name="DataLoader worker 1",
