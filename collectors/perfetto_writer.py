@@ -10,10 +10,10 @@ uuids); `slice`, `begin`/`end`, `instant`, `counter` write one event; `slices` a
 Encoding, as Perfetto's TrackEvent docs require: one packet sequence
 (`trusted_packet_sequence_id`), the first packet flagged
 SEQ_INCREMENTAL_STATE_CLEARED and every later one SEQ_NEEDS_INCREMENTAL_STATE;
-event names, categories and debug-annotation names are interned (their
-`InternedData` rides on the packet that first uses them, or on a packet of its
-own before a batch); slices are SLICE_BEGIN/SLICE_END pairs, written in time order
-per track, so at equal timestamps file order says which slice encloses which;
+event names, categories, debug-annotation names and the string values of batched
+slices are interned (their `InternedData` rides on the packet that first uses them, or
+on a packet of its own before a batch); slices are SLICE_BEGIN/SLICE_END pairs, written
+in time order per track, so at equal timestamps file order says which slice encloses which;
 flows use `flow_ids` / `terminating_flow_ids`. Packets are buffered and written in
 chunks of whole packets, so a killed run leaves a readable prefix.
 """
@@ -67,7 +67,8 @@ class PerfettoWriter(ChunkedOutput):
         self._first = True
         self._next_uuid = uuid_base
         self._interned: dict[tuple[int, str], int] = {}
-        self._next_iid = {F.I_CATEGORIES: 1, F.I_NAMES: 1, F.I_ANNOTATION_NAMES: 1}
+        self._next_iid = {F.I_CATEGORIES: 1, F.I_NAMES: 1, F.I_ANNOTATION_NAMES: 1,
+                          F.I_DEBUG_ANNOTATION_STRING_VALUES: 1}
         self._pending_interned: list[bytes] = []
         self._headers: dict[tuple[int, int, str, str], bytes] = {}
         self._end_headers: dict[int, bytes] = {}
@@ -371,13 +372,17 @@ class PerfettoWriter(ChunkedOutput):
 
     def _string_annotations(self, key: str, choices: Sequence[str]) -> list[bytes]:
         """Encoded string debug annotations, made equal in length where possible by padding
-        the name's iid varint, so batch rows stay the same width."""
+        the name's iid varint, so batch rows stay the same width. The strings are interned
+        (`string_value_iid`): a compiled graph's instructions each name their section's ops,
+        source line and module, which written out took most of a 645-byte packet."""
         cache_key = (key, tuple(choices))
         cached = self._string_tables.get(cache_key)
         if cached is not None:
             return cached
         iid = self._iid(F.I_ANNOTATION_NAMES, key)
-        values = [wire.field_bytes(6, c.encode()) for c in choices]
+        values = [wire.field_varint(F.A_STRING_IID,
+                                    self._iid(F.I_DEBUG_ANNOTATION_STRING_VALUES, c))
+                  for c in choices]
         longest = max(len(v) for v in values)
         base = len(wire.varint(iid))
         out = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import neuron_explorer
 import numpy as np
 import pytest
 from neuron_explorer.collectors import wire
@@ -130,6 +131,32 @@ def test_batched_instructions_are_exactly_the_intended_messages(tmp_path) -> Non
         assert s.flow_in == ([int(flows[i])] if flows[i] else [])
         assert s.depth == 0
     assert [c[2] for c in trace.counters] == dur.astype(float).tolist()
+
+
+def test_batched_string_args_are_interned_once_not_written_per_row(tmp_path) -> None:
+    """A compiled graph's instructions each name their section's ops, source line and module:
+    written out per row they took most of a 645-byte packet (1.3 GiB for 1.8 M instructions).
+    Interned, a row refers to the string by its iid, and every reader resolves it."""
+    path = tmp_path / "t.pftrace"
+    w = PerfettoWriter(str(path))
+    tensor = w.track("Tensor Engine", w.process(99, "neuron:0 (trn2)"))
+    n = 2000
+    sections = ["+".join(["aten::native_layer_norm", "aten::gelu", "aten::mul"] * 4),
+                "+".join(["aten::addmm", "aten::relu"] * 6)]
+    which = np.arange(n) % 2
+    w.slices(np.full(n, tensor), np.arange(n) * 100, np.full(n, 50), ["Act"], np.zeros(n, int),
+             "instruction", {"kernel_id": np.ones(n, np.int64)}, {"ops": (sections, which)})
+    w.close()
+    assert path.stat().st_size < n * 60  # a row, begin and end: 49 bytes; 210 with the text inline
+    trace = parse(path)
+    assert [s.args["ops"] for s in trace.by_category("instruction")] == \
+        [sections[i] for i in which]
+    begins = [p for p in trace.packets if p.track_event.debug_annotations]
+    assert all(a.WhichOneof("value") == "string_value_iid"
+               for p in begins for a in p.track_event.debug_annotations if a.name_iid == 2)
+    loaded = neuron_explorer.load(str(path), cache=False)
+    ids = loaded.slices["id"].to_numpy()
+    assert loaded.slice_args.column("ops", ids).tolist() == [sections[i] for i in which]
 
 
 def test_chunks_are_whole_packets_so_a_cut_file_reads_up_to_the_cut(tmp_path) -> None:

@@ -48,8 +48,10 @@ class ParsedTrace:
         return {self.track_name(u) for u in self.tracks}
 
 
-def _value(a: pb.DebugAnnotation):
+def _value(a: pb.DebugAnnotation, strings: dict[int, str]):
     kind = a.WhichOneof("value")
+    if kind == "string_value_iid":  # interned, as Perfetto resolves it
+        return strings[a.string_value_iid]
     return getattr(a, kind) if kind else None
 
 
@@ -61,6 +63,7 @@ def parse(path: str | Path) -> ParsedTrace:
     names: dict[int, str] = {}
     cats: dict[int, str] = {}
     anames: dict[int, str] = {}
+    strings: dict[int, str] = {}
     stacks: dict[int, list[Slice]] = {}
     events = []
     for i, p in enumerate(trace.packet):
@@ -76,6 +79,8 @@ def parse(path: str | Path) -> ParsedTrace:
                 cats[e.iid] = e.name
             for e in p.interned_data.debug_annotation_names:
                 anames[e.iid] = e.name
+            for e in p.interned_data.debug_annotation_string_values:
+                strings[e.iid] = e.str.decode()
         if p.HasField("track_descriptor"):
             out.tracks[p.track_descriptor.uuid] = p.track_descriptor
         if p.HasField("track_event"):
@@ -94,7 +99,7 @@ def parse(path: str | Path) -> ParsedTrace:
                      else te.counter_value)
             out.counters.append((te.track_uuid, ts, value))
             continue
-        args = {anames[a.name_iid]: _value(a) for a in te.debug_annotations}
+        args = {anames[a.name_iid]: _value(a, strings) for a in te.debug_annotations}
         s = Slice(te.track_uuid, ts, -1, names[te.name_iid], cats[te.category_iids[0]], args,
                   list(te.flow_ids), list(te.terminating_flow_ids))
         if te.type == pb.TrackEvent.TYPE_INSTANT:
