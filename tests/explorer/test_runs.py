@@ -438,3 +438,24 @@ def test_a_rank_finding_without_a_saving_keeps_its_own_words(run_dir):
     assert memory.time_lost_ns == 0 and memory.saving_note() == ""
     assert data.saving_note().startswith("Saving from each rank's own finding; across ranks")
     assert data.time_lost_ns > 0
+
+
+def test_a_rank_finding_takes_its_words_from_the_rank_setting_the_pace(run_dir):
+    """Rank 1 sets the run's pace. A host-bound rank 0 claimed its FP32 matmuls' device time
+    "after the host-bound fix"; in a user's imbalanced DDP run the run showed that rank's
+    words ("the run is host-bound now"), where the run's own host_bound finding saved
+    nothing. The run shows the pace rank's finding, as it is the fix that shortens the run."""
+    from neuron_explorer.rules.finding import Finding
+
+    fresh = neuron_explorer.load(run_dir)
+    waits = Finding("fp32_matmul", "90 matmuls run in FP32", "low", 2_000_000, 0.2,
+                    explanation="The run is host-bound now, so this is device time.",
+                    after="host_bound")
+    paces = Finding("fp32_matmul", "90 matmuls run in FP32", "low", 500_000, 0.05,
+                    explanation="On the critical path.")
+    fresh.digests[0].findings.append(waits)
+    fresh.digests[1].findings.append(paces)
+    (fp32,) = [f for f in fresh.bottlenecks() if f.rule_id == "fp32_matmul"]
+    assert fp32.title == "90 matmuls run in FP32 on rank 1 (and 1 other rank)"
+    assert fp32.after == "" and "host-bound now" not in fp32.explanation
+    assert fp32.time_lost_ns == 500_000  # the pace, 4.0 ms, less rank 1's 0.5

@@ -49,20 +49,21 @@ def run_rank_rules(run: Run) -> Findings:
 
 
 def _worst_rank_findings(run: Run) -> list[Finding]:
-    """For each single-trace rule, the rank where it costs most, named in the title, with
-    what its fix saves the run (`_run_saving`)."""
-    worst: dict[str, tuple[int, Finding]] = {}
+    """For each single-trace rule, the rank its words come from, named in the title (the
+    rank setting the run's pace where it has the finding, else the rank where it costs
+    most: `_rank_shown`), with what its fix saves the run (`_run_saving`)."""
+    by_rule: dict[str, dict[int, Finding]] = {}
     for rank, digest in run.digests.items():
         for f in digest.findings:
             if f.rule_id in RANK_RULE_IDS:  # the run's own rule covers it across ranks
                 continue
-            if f.rule_id not in worst or f.time_lost_ns > worst[f.rule_id][1].time_lost_ns:
-                worst[f.rule_id] = (rank, f)
+            by_rule.setdefault(f.rule_id, {})[rank] = f
     own = _own_work(run)
+    pace = int(own.idxmax()) if own is not None else None
     out = []
-    for rank, f in worst.values():
-        also = sum(1 for d in run.digests.values() if any(g.rule_id == f.rule_id
-                                                          for g in d.findings)) - 1
+    for ranks in by_rule.values():
+        rank, f = _rank_shown(ranks, pace)
+        also = len(ranks) - 1
         where = f"rank {rank}" + (f" (and {also} other rank{'s' * (also > 1)})" if also else "")
         lost, basis = float(f.time_lost_ns), f.saving_basis
         if own is not None and f.saves_time:  # a finding that saves no time keeps its words
@@ -78,6 +79,15 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
         found.after = f.after
         out.append(found)
     return out
+
+
+def _rank_shown(ranks: dict[int, Finding], pace: int | None) -> tuple[int, Finding]:
+    """The rank whose finding a run shows: the pace rank's, whose fix is what shortens the
+    run, else the largest claim. A host-bound rank waiting for a slower one claimed its
+    device time "after the host-bound fix", a fix that saved the run nothing."""
+    if pace in ranks and ranks[pace].saves_time:
+        return pace, ranks[pace]
+    return max(ranks.items(), key=lambda item: item[1].time_lost_ns)
 
 
 def _own_work(run: Run) -> pd.Series | None:
