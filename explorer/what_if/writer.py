@@ -235,7 +235,7 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
             writer.instant(tracks.host[track], ts, name, cat, _args(trace, sid))
         else:
             host_slices.append((tracks.host[track], ts, max(0, te - ts), name, cat,
-                                _args(trace, sid), ()))
+                                _args(trace, sid), (), sid))
     # ops and syncs, each as the replay placed it; then the kernels they launched
     by_id = s.set_index("id")
     kernel_id = 0
@@ -247,7 +247,7 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
         track = tracks.host[int(row["track_id"])]
         if row["kind"] == tf.CAT_SYNC:
             host_slices.append((track, new.ts, new.dur, row["name"], tf.CAT_SYNC,
-                                _args(trace, sid), ()))
+                                _args(trace, sid), (), sid))
             continue
         args = _args(trace, sid)
         if dtype and key is not None and with_dtype(key, dtype) is not key:
@@ -274,28 +274,37 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
                     tf.ARG_BYTES: int(new.hbm_bytes), tf.ARG_FALLBACK: False,
                     tf.ARG_GRAPH_ID: int(name.partition(":")[2]),
                     **({tf.ARG_KERNEL_ID: args[tf.ARG_KERNEL_ID]} if new.kernels else {})}
-        host_slices.append((track, new.ts, new.dur, name, tf.CAT_OP, args, flow))
-    _write_nested(writer, host_slices)
+        host_slices.append((track, new.ts, new.dur, name, tf.CAT_OP, args, flow, sid))
+    _write_nested(writer, host_slices, s)
     _write_kernels(writer, tracks, kernels, engine_level)
     _write_device_rest(trace, writer, tracks, shift)
 
 
-def _write_nested(writer: Any, host_slices: list[tuple]) -> None:
-    """Host slices as begin and end events in time order: where one slice ends as the next
-    begins, the end comes first (inner ends before outer ones, outer begins before inner
-    ones), so readers that pair them per track nest them as recorded."""
+def _write_nested(writer: Any, host_slices: list[tuple], slices: pd.DataFrame) -> None:
+    """Host slices as begin and end events in time order, nested as recorded (`slices`, the
+    recorded table, gives each one's depth and parent by its id, the tuples' last field).
+    At one time, ends come first, inner before outer, then begins, outer before inner; a
+    slice of no length goes before the end of a recorded parent ending then (a sync as its
+    step ends) and otherwise after the begins of those outside it (a sync as the module
+    after it begins was written inside the module's first op, and its finding lost)."""
+    depth = slices["depth"].to_numpy(np.int64)
+    parent = slices["parent_id"].to_numpy(np.int64)
+    ends_at = {sid: ts + dur for _, ts, dur, *_, sid in host_slices}
     events = []
-    for i, (_, ts, dur, *_) in enumerate(host_slices):
+    for i, (_, ts, dur, *_, sid) in enumerate(host_slices):
+        d = int(depth[sid])
         if dur == 0:
-            events.append((ts, 2, 0, i))
+            before_parent_end = ends_at.get(int(parent[sid])) == ts
+            events.append((ts, 0, -d + 0.5, sid, i) if before_parent_end
+                          else (ts, 1, d - 0.5, sid, i))
         else:
-            events.append((ts + dur, 0, -ts, i))
-            events.append((ts, 1, -dur, i))
-    for ts, kind, _, i in sorted(events):
-        track, _, dur, name, cat, args, flow = host_slices[i]
-        if kind == 2:
+            events.append((ts + dur, 0, -d, -sid, i))
+            events.append((ts, 1, d, sid, i))
+    for ts, _, _, _, i in sorted(events):
+        track, start, dur, name, cat, args, flow, _ = host_slices[i]
+        if dur == 0:
             writer.slice(track, ts, 0, name, cat, args, flow_out=flow)
-        elif kind == 1:
+        elif ts == start:
             writer.begin(track, ts, name, cat, args, flow_out=flow)
         else:
             writer.end(track, ts)
