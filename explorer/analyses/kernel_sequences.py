@@ -99,10 +99,10 @@ def compiled_times(trace: Trace, sequences: list[str], n: int) -> list[float]:
     from neuron_explorer.common import trace_format as tf
     from neuron_explorer.device_terms import device_terms
     from neuron_explorer.what_if.compiled import ProgramTooLarge, build_program
-    from neuron_explorer.what_if.replay import PREDICTION_MAX_DEPENDENCIES, is_prediction
+    from neuron_explorer.what_if.replay import PREDICTION_MAX_DEPENDENCIES, replayable
 
     out = [float("nan")] * len(sequences)
-    if not sequences or is_prediction(trace) or not device_terms(trace.metadata).recorded_here:
+    if not sequences or not replayable(trace) or not device_terms(trace.metadata).recorded_here:
         return out
     windows = sequence_windows(trace, n)
     first = windows[windows["sequence"].isin(sequences)].groupby("sequence")["window"].min()

@@ -105,14 +105,14 @@ class _Fix:
 def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
     """The advised fixes a replay of this recording can apply, each with the device time
     it saves (and the step time, where its replay gives one); None for a trace no replay
-    applies to (not recorded by this backend, a
-    prediction, no op keys, or programs too large to replay while a report waits), whose
-    time lost stays the time above the compute roof. A compiled trace's graphs are fused
-    already: only its optimizer is replayed."""
+    applies to (not recorded by this backend, a prediction the rules do not replay, no op
+    keys, or programs too large to replay while a report waits), whose time lost stays the
+    time above the compute roof. A compiled trace's graphs are fused already: only its
+    optimizer is replayed."""
     from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
-    from neuron_explorer.what_if.replay import is_prediction
+    from neuron_explorer.what_if.replay import replayable
 
-    if is_prediction(trace) or not device_terms(trace.metadata).recorded_here:
+    if not replayable(trace) or not device_terms(trace.metadata).recorded_here:
         return None
     compiled = compiled_device_saving_ns(trace)
     if compiled is None and not is_compiled(trace):  # no op keys, or too large to replay

@@ -80,7 +80,7 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-DIGEST_SCHEMA = 11  # raised whenever a digest's tables or findings change (11: replayed fixes)
+DIGEST_SCHEMA = 12  # raised whenever a digest's tables or findings change (12: pace ranks)
 
 
 def _digest_key(folder: str) -> str | None:

@@ -24,6 +24,7 @@ from neuron_explorer.analyses.steady_state import device_data_end, in_analysed_s
 from neuron_explorer.common import op_key_codec
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.errors import NeuronExplorerError
+from neuron_explorer.common.presets import PRESETS
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace, load
 from neuron_explorer.what_if.label import META_WHATIF
@@ -80,6 +81,24 @@ class WhatIfOptions:
 def is_prediction(trace: Trace) -> bool:
     """Whether `trace` was predicted by `whatif` rather than recorded."""
     return isinstance(trace.metadata.get(META_WHATIF), dict)
+
+
+def replayable(trace: Trace) -> bool:
+    """Whether the rules may replay `trace`'s fixes: a recording, or a prediction that moved
+    it to other hardware only. Such a prediction holds the recording's eager ops with
+    their op keys and host times, re-timed on the preset it names, so its replays are what
+    a recording made there replays (a trn1 prediction's findings were estimates where the
+    trn1 recording's were replays: 764 us against 1462 for host_bound). A prediction in
+    bf16, compiled, or with another launch overhead than its preset's is not what its
+    ops and preset say."""
+    meta = trace.metadata.get(META_WHATIF)
+    if not isinstance(meta, dict):
+        return True
+    if meta.get("mode") != "eager" or meta.get("dtype") is not None:
+        return False
+    preset = PRESETS.get(str(meta.get("hardware")))
+    return preset is not None and meta.get("launch_overhead_ns") == \
+        preset.host_launch_overhead_ns
 
 
 def recorded_ops(trace: Trace) -> pd.DataFrame:
@@ -217,8 +236,8 @@ def autocast_cast_count(trace: Trace, op_ids: np.ndarray) -> int | None:
 
 def _matmul_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
     """(op key, in the backward) per op slice of `op_ids`; None where a key is missing or
-    damaged, or the trace is a prediction."""
-    if is_prediction(trace):
+    damaged, or the trace is a prediction the rules do not replay (`replayable`)."""
+    if not replayable(trace):
         return None
     keys = op_keys(trace, op_ids)
     if keys is None:
@@ -279,11 +298,12 @@ def prediction_too_large(trace: Trace, mode: str = "compiled") -> bool:
 
 def replay_inputs(trace: Trace) -> tuple[pd.DataFrame, list] | None:
     """The recording's host rows and replay events (`what_if.writer.host_events`) for the
-    predictions rules state while a report waits; None for a prediction, a trace without
-    steps, or one the replay cannot re-time (no op keys, compiled graphs, cut short)."""
+    predictions rules state while a report waits; None for a prediction the rules do not
+    replay (`replayable`), a trace without steps, or one the replay cannot re-time (no op
+    keys, compiled graphs, cut short)."""
     from neuron_explorer.what_if.writer import host_events
 
-    if is_prediction(trace) or not len(trace.steps):
+    if not replayable(trace) or not len(trace.steps):
         return None
     try:
         ops = recorded_ops(trace)
