@@ -136,6 +136,7 @@ def register() -> None:
         return
     _registered = True
     from neuron_explorer.backend import (
+        accelerator_api,
         autocast,
         device_module,
         dispatch,
@@ -167,6 +168,7 @@ def register() -> None:
     _wrap_sync_kinds()
     _wrap_dataloader_pin_memory()
     module_conversion.install()  # Module.to("neuron") keeps each parameter the same object
+    accelerator_api.install()  # torch.accelerator.synchronize() and memory stats: ours
 
     # The compile path: the default torch.compile backend fails clearly on neuron
     # tensors, and NEURON_EAGER_MODE picks the eager policy (immediate or adaptive).

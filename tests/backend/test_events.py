@@ -276,3 +276,30 @@ def test_an_upload_of_values_uploaded_before_is_marked_within_one_recording(reco
     hub.subscribe(recorder)
     torch.tensor([1.0, 2.0, 3.0]).to("neuron")
     assert marked() == [False]
+
+
+def test_torch_accelerator_device_wide_calls_answer_for_the_device(recorder):
+    """Device-agnostic code calls torch.accelerator, whose synchronize() raised "Backend
+    doesn't support synchronizing all streams" and whose memory statistics an INTERNAL
+    ASSERT: they are torch.neuron's now, a sync among them."""
+    gc.collect()
+    x = torch.randn(256, 256).to("neuron")
+    x = x @ x
+    recorder.syncs.clear()
+    torch.accelerator.synchronize()
+    assert [s.kind for s in recorder.syncs] == ["synchronize"]
+    assert clock.now() >= devices.get(0).timeline.finish_ns
+    held = torch.neuron.memory_allocated()
+    assert torch.accelerator.memory_allocated() == torch.accelerator.memory_reserved() == held
+    assert torch.accelerator.memory_allocated(0) == torch.accelerator.memory.memory_allocated(
+        "neuron:0") == held > 0
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == held
+    free, total = torch.accelerator.get_memory_info()
+    assert free == total - held
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == held
+    live = torch.neuron.memory_stats()["allocation.all.current"]
+    torch.accelerator.reset_accumulated_memory_stats()
+    stats = torch.neuron.memory_stats()
+    assert stats["allocation.all.current"] == live and stats["allocation.all.freed"] == 0
+    torch.accelerator.empty_cache()
