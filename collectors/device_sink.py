@@ -360,9 +360,10 @@ class DeviceSink(EventSink):
             rec.ensure_step(activity=False, ts=ev.host_start_ns)
             args = {ARG_SYNC_KIND: ev.kind, ARG_SOURCE: self.source.locate(),
                     ARG_DEVICE: ev.device, ARG_STEP: rec.step}
-            self.writer.slice(rec.thread().track, ev.host_start_ns,
-                              ev.host_end_ns - ev.host_start_ns, f"sync ({ev.kind})", CAT_SYNC,
-                              args)
+            track = rec.thread().track
+            rec.write_host_slice(ev.host_start_ns, lambda: self.writer.slice(
+                track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,
+                f"sync ({ev.kind})", CAT_SYNC, args))
         except RecordingError as exc:
             rec.fail(exc)
 

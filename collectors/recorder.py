@@ -135,6 +135,8 @@ class Recorder:
         self.step_open = False
         self.step_start = clock.now()
         self.first_event_ts: int | None = None  # first device event of a step not yet begun
+        # host slices that open no step (syncs), met while none is open: (start, write)
+        self._between_steps: list[tuple[int, Callable[[], None]]] = []
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
         self.steps_completed: list[int] = []  # ended by a step mark
         # steps before (and the one ended by) the first `neuron_explorer.step()` where the
@@ -235,12 +237,36 @@ class Recorder:
             start = min(start, self.first_event_ts)
         signal_guard.enter()
         try:
+            self._write_between_steps(before=start)
             self.step_open = True
             self.writer.begin(self.main.track, start, f"step {self.step}", CAT_STEP,
                               {ARG_STEP: self.step})
             self.steps_recorded.append(self.step)
+            self._write_between_steps()
         finally:
             signal_guard.leave()
+
+    def write_host_slice(self, start: int, write: Callable[[], None]) -> None:
+        """Write a host slice that opens no step (a sync): at once inside a step; while none
+        is open, once one opens or the recording ends. A step begins where the one before
+        ended, so one opening after such a slice can begin at the slice's own start: its
+        begin must come first in the file to hold it (a `synchronize()` after the optimizer
+        step, written first, held the next step and broke every step's window)."""
+        if self.step_open:
+            write()
+        else:
+            self._between_steps.append((start, write))
+
+    def _write_between_steps(self, before: int | None = None) -> None:
+        """Write the slices kept by `write_host_slice`: those starting before `before`
+        (outside the step beginning there), or all."""
+        kept = []
+        for start, write in self._between_steps:
+            if before is None or start < before:
+                write()
+            else:
+                kept.append((start, write))
+        self._between_steps = kept
 
     def begin(self, name: str, category: str, args: Mapping[str, Any] | None = None,
               ts: int | None = None, state: _ThreadState | None = None) -> None:
@@ -441,6 +467,7 @@ class Recorder:
         try:
             self.workers.close(time.perf_counter_ns(), now)
             self.write_marks(closing=True)
+            self._write_between_steps()
             for state in self._threads.values():
                 while state.open:
                     state.open.pop()

@@ -99,9 +99,12 @@ def small_runs(tmp_path_factory) -> Path:
     trn2 (m1, m2) and once on trn3: for the tests of identical bytes and of a faster chip."""
     folder = tmp_path_factory.mktemp("modelled")
     shutil.copy(PROGRAMS / "train_small.py", folder)
+    shutil.copy(PROGRAMS / "device_paced.py", folder)
     runs = [("m1.pftrace", "--hardware", "trn2", "train_small.py", "3"),
             ("m2.pftrace", "--hardware", "trn2", "train_small.py", "3"),
-            ("trn3.pftrace", "--hardware", "trn3", "train_small.py", "3")]
+            ("trn3.pftrace", "--hardware", "trn3", "train_small.py", "3"),
+            ("paced.pftrace", "device_paced.py"),
+            ("synced.pftrace", "device_paced.py", "sync")]
     for proc in _modelled(folder, *runs):
         assert proc.returncode == 0, proc.stderr
     return folder
@@ -466,3 +469,19 @@ def test_a_modelled_recording_after_device_work_starts_with_an_idle_device(
     assert len(steps) >= 3
     assert steps["dur"].max() < 2 * steps["dur"].min()  # no step waits out the warm-up
     assert trace.kernels["ts"].min() < steps["dur"].min()  # the device starts at once
+
+
+def test_a_sync_after_the_optimizer_step_stays_inside_its_step(small_runs) -> None:
+    """A step begins where the one before ended; a `synchronize()` right after the
+    optimizer step was written before that begin, at its time, and so held the next step:
+    a user's steps read 16 us long, the device's 1.89 ms outside them. Each sync is inside
+    its step now, and each step as long as without it plus its wait."""
+    plain = neuron_explorer.load(str(small_runs / "paced.pftrace"))
+    synced = neuron_explorer.load(str(small_runs / "synced.pftrace"))
+    s = synced.table("slices")
+    syncs = s[s["name"] == "sync (synchronize)"]
+    assert len(syncs) == 4 and (syncs["dur"] > 0).all()
+    inside = syncs[:3]  # the last follows the last step: the code after the loop
+    assert (s.loc[inside["parent_id"], "kind"] == "step").all()
+    steps = synced.steps["dur"].to_numpy()[1:4]
+    assert (steps == plain.steps["dur"].to_numpy()[1:4] + inside["dur"].to_numpy()).all()
