@@ -7,7 +7,11 @@ the call launches one forward and one backward graph: the other graphs' launches
 ops between them go (their host time, a graph call's torch.compile work in its slice),
 their device work runs in the kept graph's kernel, and a sync between them waits no more.
 Valued at its compile time alone, a break in a modelled recording (compiling counts
-nothing there) said "no time to save now" where removing it saved 256 us a step.
+nothing there) said "no time to save now" where removing it saved 256 us a step. A break
+can also leave the rest of the call eager: a printed `.item()` fails its float's guard
+every call, and once Dynamo stops recompiling, the code after the break runs uncompiled.
+Those eager ops, in the call's forward and in its backward, go into the kept graphs too
+(a user's print claimed nothing where removing it saved 60% of the step).
 """
 
 from __future__ import annotations
@@ -47,20 +51,24 @@ def merged_graphs_saving_ns(trace: Trace) -> float | None:
     known = ~np.isnan(rows)
     graphs, rows = graphs[known], rows[known].astype(np.int64)
     backward = np.array([n.endswith("_backward") for n in names[rows]], bool)
-    call = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
-                                   outermost=True)
-    forward = graphs.assign(row=rows, call=call)[~backward & (call >= 0)]
+    ids = graphs["id"].to_numpy()
+    call = tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE,), outermost=True)
+    # a graph launched by the outermost call itself: that call is the compiled module's
+    whole = tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE,)) == call
+    forward = graphs.assign(row=rows, call=call, whole=whole)[~backward & (call >= 0)]
     removed: list[int] = []
     lengths: dict[int, int] = {}
     dur = k["dur"].to_numpy(np.int64)
     merged_per_step: dict[int, int] = {}
     for call_id, launches in forward.groupby("call"):
-        if len(launches) < 2:
-            continue
         launches = launches.sort_values("ts")
         kept = int(launches["row"].iloc[0])
-        # the eager ops and syncs between the call's first and last graph: the break's
-        between = _between(trace, ops, int(call_id), launches)
+        # the eager ops and syncs between its graphs (the break's), or in the whole call
+        # where it is the compiled module's (those the break left eager too)
+        between = (_eager_inside(trace, ops, int(call_id)) if launches["whole"].all()
+                   else _between(trace, ops, int(call_id), launches))
+        if len(launches) < 2 and not between:
+            continue
         extra = int(dur[launches["row"].iloc[1:]].sum())
         extra += int(k.loc[k["op_slice_id"].isin(between), "dur"].sum())
         lengths[kept] = int(dur[kept]) + extra
@@ -72,16 +80,21 @@ def merged_graphs_saving_ns(trace: Trace) -> float | None:
     # as many backward graphs go in the step (the first launched is the last forward's),
     # and the eager ops between them in the backward
     bwd = graphs.assign(row=rows)[backward].sort_values("ts")
-    bwd = bwd.assign(call=tables.ancestor_of_kind(trace, bwd["id"].to_numpy(),
-                                                  (tf.CAT_BACKWARD,), outermost=True))
+    ids = bwd["id"].to_numpy()
+    outer = tables.ancestor_of_kind(trace, ids, (tf.CAT_BACKWARD,), outermost=True)
+    bwd = bwd.assign(call=outer, whole=tables.ancestor_of_kind(
+        trace, ids, (tf.CAT_BACKWARD,)) == outer)
     for step, n in merged_per_step.items():
         mine = bwd[bwd["step"] == step]
-        if len(mine) < 2:
+        if not len(mine):
             continue
         gone, kept = mine.iloc[:min(n, len(mine) - 1)], int(mine["row"].iloc[-1])
         call_id = int(mine["call"].iloc[-1])
-        between = _between(trace, ops, call_id, mine, tf.CAT_BACKWARD) \
-            if call_id >= 0 else []
+        between = [] if call_id < 0 else (
+            _eager_inside(trace, ops, call_id, tf.CAT_BACKWARD) if mine["whole"].iloc[-1]
+            else _between(trace, ops, call_id, mine, tf.CAT_BACKWARD))
+        if not len(gone) and not between:
+            continue
         extra = int(dur[gone["row"]].sum())
         extra += int(k.loc[k["op_slice_id"].isin(between), "dur"].sum())
         lengths[kept] = lengths.get(kept, int(dur[kept])) + extra
@@ -102,6 +115,26 @@ def _between(trace: Trace, ops: pd.DataFrame, call_id: int, launches: pd.DataFra
     # a sync ends as the next graph launches (its wait over, 0 ns where the device had
     # finished): at that graph's time
     syncs = syncs[(syncs["ts"].to_numpy() > start) & (syncs["ts"].to_numpy() <= end)]
+    return _inside(trace, eager, syncs, call_id, kind)
+
+
+def _inside(trace: Trace, eager: pd.DataFrame, syncs: pd.DataFrame, call_id: int,
+            kind: str) -> list[int]:
     found = pd.concat([eager[["id"]], syncs[["id"]]], ignore_index=True)["id"].to_numpy()
     inside = tables.ancestor_of_kind(trace, found, (kind,), outermost=True) == call_id
     return [int(i) for i in found[inside]]
+
+
+def _eager_inside(trace: Trace, ops: pd.DataFrame, call_id: int,
+                  kind: str = tf.CAT_MODULE) -> list[int]:
+    """The eager ops and syncs inside the call `call_id` (an outermost slice of `kind`: a
+    compiled module's forward, or its backward, which launches graphs itself): each is
+    there because a break split its graph or left the code after it uncompiled."""
+    s = trace.table("slices")
+    start = int(s["ts"].to_numpy()[call_id])
+    end = start + int(s["dur"].to_numpy()[call_id])
+    eager = ops[(ops["graph_id"].to_numpy() < 0) & (ops["ts"].to_numpy() >= start)
+                & (ops["ts"].to_numpy() < end)]
+    syncs = tables.of_kind(trace, tf.CAT_SYNC)
+    syncs = syncs[(syncs["ts"].to_numpy() >= start) & (syncs["ts"].to_numpy() <= end)]
+    return _inside(trace, eager, syncs, call_id, kind)

@@ -1,6 +1,8 @@
 """A compiled MLP whose forward reads a value on the host mid-way, `.item()`: a graph break
-and a sync every call. `graph_break.py [--fixed]` (`--fixed`: the same math on the
-device, one graph)."""
+and a sync every call. `graph_break.py [--fixed] [--print]` (`--fixed`: the same math on
+the device, one graph; `--print`: the value printed instead, a debugging print left in,
+whose float fails its guard every call until Dynamo leaves the code after it eager;
+`--print --fixed`: the print removed)."""
 
 import sys
 
@@ -9,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 FIXED = "--fixed" in sys.argv
+PRINT = "--print" in sys.argv
 
 
 class Model(nn.Module):
@@ -19,8 +22,12 @@ class Model(nn.Module):
 
     def forward(self, x):
         h = F.gelu(self.first(x))
-        scale = h.abs().mean() if FIXED else h.abs().mean().item()  # .item(): the break
-        h = h / (scale + 1.0)
+        if PRINT:
+            if not FIXED:
+                print(f"mean {h.abs().mean().item():.4f}")
+        else:
+            scale = h.abs().mean() if FIXED else h.abs().mean().item()  # .item(): the break
+            h = h / (scale + 1.0)
         return self.head(F.gelu(self.second(h)))
 
 
