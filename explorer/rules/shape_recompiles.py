@@ -19,6 +19,7 @@ import pandas as pd
 from neuron_explorer.analyses.compilation import compile_spans, compiling_alone
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.graph_break_cost import UNCOMPILED_BASIS, uncompiled_calls_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -79,6 +80,18 @@ def _finding(trace: Trace, rec: pd.DataFrame, spans: pd.DataFrame) -> Finding:
     # the fix still compiles the graph once (for any size, or the one fixed size): it
     # saves all but one of these compiles, the mean of theirs
     saving = on_path * (n - 1) / n
+    basis = ("critical path: the recompiles' compile time on the critical path of their "
+             "steps, less one compile (the fixed program still compiles once: the mean of "
+             "these)")
+    eager_note, uncompiled = _eager_after(trace, rec)
+    eager_saving = uncompiled_calls_saving_ns(trace, uncompiled) if uncompiled else None
+    if eager_saving:
+        saving += eager_saving
+        basis += "; " + UNCOMPILED_BASIS
+        eager_note += (f" Compiled, those steps' calls save {us(eager_saving)} (counted in "
+                       "the saving).")
+    elif uncompiled:
+        eager_note += " The saving leaves out what compiling those steps would save."
     sizes = sorted(set(rec["expected"]) | set(rec["actual"]))
     grows = bool(((rec["actual"] - rec["expected"]) == 1).all())
     decoding = grows or _in_decode(trace, steps)
@@ -91,18 +104,14 @@ def _finding(trace: Trace, rec: pd.DataFrame, spans: pd.DataFrame) -> Finding:
         f"{_sizes(sizes)} ({what}). Dynamo guards on every size of a graph traced with "
         f"static sizes, so each new size fails the guard and compiles the function again: "
         f"{us(total / n)} of host time each, {us(total)} in all"
-        + (f", in {_steps(steps)}" if steps else "") + "."
-        + _eager_after(trace, rec))
+        + (f", in {_steps(steps)}" if steps else "") + "." + eager_note)
     items = [evidence(r.ts, int(cost), [r.id],
                       f"recompile for {name} dim {dim} = {r.actual} (was {r.expected}): "
                       f"{us(cost)}") for r, cost in zip(rec.itertuples(), each, strict=True)]
     steps_ns = float(trace.steps["dur"].sum()) if len(trace.steps) else 0.0
     return make(trace, RULE_ID, f"{n} recompiles, one per new size of {name} dim {dim}",
                 saving, items, explanation, _recommendation(name, dim, decoding),
-                share_of=steps_ns or None, symptom_ns=total,
-                saving_basis="critical path: the recompiles' compile time on the critical "
-                             "path of their steps, less one compile (the fixed program "
-                             "still compiles once: the mean of these)")
+                share_of=steps_ns or None, symptom_ns=total, saving_basis=basis)
 
 
 def _recommendation(name: str, dim: int, decoding: bool) -> str:
@@ -128,26 +137,26 @@ def _in_decode(trace: Trace, steps: list[int]) -> bool:
         (phases[phases["step"].isin(steps)]["phase"] == "decode").any())
 
 
-def _eager_after(trace: Trace, rec: pd.DataFrame) -> str:
-    """A note when no compiled graph ran in the steps after the last of these recompiles
-    while they did before: Dynamo stopped compiling the function."""
+def _eager_after(trace: Trace, rec: pd.DataFrame) -> tuple[str, list[int]]:
+    """A note, and the steps, when no compiled graph ran in the steps after the last of
+    these recompiles while they did before: Dynamo stopped compiling the function."""
     ops = trace.ops
     if not len(ops) or "graph_id" not in ops or rec["step"].max() < 0:
-        return ""
+        return "", []
     last = int(rec["step"].max())
     later = trace.steps[trace.steps["step"] > last]["step"]
     graphs = ops[ops["graph_id"].fillna(-1) >= 0]  # launches of compiled graphs
     if not len(later) or graphs["step"].isin(later).any() or not graphs["step"].le(last).any():
-        return ""
+        return "", []
     frame = int(rec["frame"].iloc[0])
     compiles = [int(m.group(2)) + 1 for m in map(_FRAME_COMPILE.match, compile_spans(trace)["name"])
                 if m and int(m.group(1)) == frame]
     limit = (f" after {max(compiles)} compiles, Dynamo's recompile limit "
              f"(torch._dynamo.config.recompile_limit, {RECOMPILE_LIMIT} by default)"
              if compiles and max(compiles) >= RECOMPILE_LIMIT else "")
-    return (f" From step {int(later.iloc[0])} no compiled graph ran: the function ran "
-            f"uncompiled{limit}; the saving leaves out what compiling those steps would "
-            "save.")
+    note = (f" From step {int(later.iloc[0])} no compiled graph ran: the function ran "
+            f"uncompiled{limit}.")
+    return note, [int(x) for x in later]
 
 
 def _sizes(sizes: list[int]) -> str:
