@@ -156,18 +156,11 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
     ops, k = trace.ops, trace.kernels
     if not len(ops) or not len(k) or "graph_id" not in ops:
         return None
-    s = trace.table("slices")
-    names = s["name"].to_numpy()
-    graphs = ops[ops["graph_id"].to_numpy() >= 0]
-    launched = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
-                                       outermost=True)
-    compiled = {str(names[c]) for c in launched[launched >= 0]}
     eager = in_analysed_work(trace, ops)
     eager = eager[eager["step"].isin(steps) & (eager["graph_id"].to_numpy() < 0)]
-    call = tables.ancestor_of_kind(trace, eager["id"].to_numpy(), (tf.CAT_MODULE,),
-                                   outermost=True)
-    mine = (call >= 0) & np.isin(names[np.maximum(call, 0)].astype(str), list(compiled))
-    if not compiled or not mine.any():
+    call = compiled_call_of(trace, eager["id"].to_numpy())
+    mine = call >= 0
+    if not mine.any():
         return None
     eager = eager[mine].assign(call=call[mine]).sort_values("ts", kind="stable")
     kernel_op = k["op_slice_id"].to_numpy(np.int64)
@@ -187,3 +180,21 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
         return None
     return removal_saving_ns(trace, np.array(removed, np.int64),
                              "uncompiled calls as one launch", lengths)
+
+
+def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
+    """For each op slice, the outermost module call holding it where that module is one
+    whose calls launch compiled graphs (-1 elsewhere): an eager op there is one a graph
+    break or Dynamo's recompile limit left uncompiled."""
+    ops = trace.ops
+    if not len(op_ids) or not len(ops) or "graph_id" not in ops:
+        return np.full(len(op_ids), -1, np.int64)
+    names = trace.table("slices")["name"].to_numpy()
+    graphs = ops[ops["graph_id"].to_numpy() >= 0]
+    launched = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
+                                       outermost=True)
+    compiled = list({str(names[c]) for c in launched[launched >= 0]})
+    call = tables.ancestor_of_kind(trace, np.asarray(op_ids, np.int64), (tf.CAT_MODULE,),
+                                   outermost=True)
+    inside = (call >= 0) & np.isin(names[np.maximum(call, 0)].astype(str), compiled)
+    return np.where(inside, call, -1)

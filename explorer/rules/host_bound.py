@@ -20,6 +20,7 @@ from neuron_explorer.rules.finding import (
     trains,
     us,
 )
+from neuron_explorer.rules.graph_break_cost import compiled_call_of
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -416,17 +417,31 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
                       counts.head(EAGER_SITES_NAMED).items())
     more = len(counts) - EAGER_SITES_NAMED
     named += f" and more at {more} other line{'s' * (more > 1)}" if more > 0 else ""
+    inside = int((compiled_call_of(trace, eager["id"].to_numpy()) >= 0).sum())
+    left = ""
+    if inside >= EAGER_LEFT_SHARE * len(eager):
+        left = (f" {inside / steps:.0f} of them run inside the compiled model's own calls: a "
+                "graph break or Dynamo's recompile limit left them uncompiled (the "
+                "recompilation or shape_recompiles finding says which); fix that first.")
+    training = trains(trace)
     return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
             "by one outside its graphs" + (f" ({named})" if named else "")
-            + ": bring them into compiled code. Compute the loss inside the compiled "
-            "function" + ((", and" if optimizer_told or fused_optimizer(trace) else
-                           ", construct the optimizer with fused=True, or")
-                          + " compile the whole training step (loss, backward, clipping, "
-                          "optimizer step; mark each step with neuron_explorer.step(), as one "
-                          "compiled call holds them)" if trains(trace)
-                          else ", and the work on its outputs")
+            + ": bring them into compiled code." + left
+            + (" Compute the loss inside the compiled function" if training else
+               " Move the work on the model's outputs (sampling, argmax, metric math) into "
+               "the compiled function")
+            + ((", and" if optimizer_told or fused_optimizer(trace) else
+                ", construct the optimizer with fused=True, or")
+               + " compile the whole training step (loss, backward, clipping, "
+               "optimizer step; mark each step with neuron_explorer.step(), as one "
+               "compiled call holds them)" if training else "")
             + "; then keep Python work (logging, metric math) out of the hot loop."
             + _accumulations(launches.accumulations, steps))
+
+
+# eager ops inside the compiled model's calls, from this share of those beside its graphs,
+# are named as what a graph break or the recompile limit left
+EAGER_LEFT_SHARE = 0.25
 
 
 def _accumulations(adds, steps: int) -> str:

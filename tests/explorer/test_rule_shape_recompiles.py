@@ -218,6 +218,12 @@ def test_past_the_recompile_limit_the_saving_counts_the_steps_run_uncompiled(tmp
     assert saved > 0.5 * _median_step(shapes)  # the premise: uncompiled steps cost much
     claimed = f.time_lost_ns / len(analysed_steps(shapes).steps)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
+    # host_bound sees the same eager launches: it says where they come from, and an
+    # inference run is not told to compute a loss
+    (host,) = _findings(shapes, "host_bound")
+    assert "run inside the compiled model's own calls" in host.recommendation
+    assert "loss" not in host.recommendation
+    assert "Move the work on the model's outputs" in host.recommendation
 
 
 def _median_step(trace: neuron_explorer.Trace) -> float:
