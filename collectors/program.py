@@ -16,6 +16,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
+import traceback
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -108,6 +110,7 @@ class Outcome:
 
     code: int
     signal: int | None = None
+    error: str | None = None  # the exception that ended it, and the line of the program
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -140,7 +143,7 @@ def run_program(program: Program) -> Outcome:
         return Outcome(128 + signal.SIGTERM, signal.SIGTERM)
     except BaseException as exc:  # noqa: BLE001 - the program's error, reported as Python would
         _print_traceback(exc)
-        return Outcome(1)
+        return Outcome(1, error=_described(exc))
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None:
@@ -172,6 +175,29 @@ def _exit_code(code: object) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+def _described(exc: BaseException) -> str:
+    """"Type: message (file:line)": the exception and the line of the program it came
+    through last (the frame of the recorded program nearest the error)."""
+    first = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_LIBRARIES) and not frame.filename.startswith("<"):
+            where = f"{os.path.relpath(path) if path.startswith(os.getcwd()) else path}" \
+                    f":{frame.lineno}"
+    return f"{text} ({where})" if where else text
+
+
+# where library code lives (Python's, installed packages', this package's layers): an
+# error's line is the last frame outside them
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARIES = tuple({os.path.dirname(os.__file__) + os.sep,
+                    *(p + os.sep for p in sysconfig.get_paths().values()),
+                    *(os.path.join(_ROOT, layer) + os.sep for layer in
+                      ("backend", "collectors", "common", "explorer", "webapp"))})
 
 
 def _print_traceback(exc: BaseException) -> None:

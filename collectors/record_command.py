@@ -140,6 +140,7 @@ def _record(program, options) -> int:
         recorder.options.drop_if_empty = False
     try:
         outcome = run_program(program)
+        recorder.program_ended(outcome.code, outcome.error)
     finally:
         recorder.stop()
         release()  # the trace is written: another record may take its path now

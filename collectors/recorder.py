@@ -35,12 +35,14 @@ from neuron_explorer.common.trace_format import (
     META_COMMAND,
     META_COMPLETE,
     META_END_MARK,
+    META_EXIT_CODE,
     META_HARDWARE,
     META_HARDWARE_FIGURES,
     META_HOST_CLOCK,
     META_HOST_CPUS,
     META_LEVEL,
     META_PID,
+    META_PROGRAM_ERROR,
     META_START,
     META_TORCH,
     META_VERSION,
@@ -135,6 +137,8 @@ class Recorder:
         self.step_open = False
         self.step_start = clock.now()
         self.first_event_ts: int | None = None  # first device event of a step not yet begun
+        self.exit_code = 0  # the program's, and the error that ended it (`program_ended`)
+        self.program_error: str | None = None
         # host slices that open no step (syncs), met while none is open: (start, write)
         self._between_steps: list[tuple[int, Callable[[], None]]] = []
         self.steps_recorded: list[int] = []  # steps with events (the last may be unfinished)
@@ -462,6 +466,11 @@ class Recorder:
         finally:
             signal_guard.leave()
 
+    def program_ended(self, code: int, error: str | None) -> None:
+        """How the recorded program ended, for the end mark: a report of a run that
+        crashed says so beside what it recorded."""
+        self.exit_code, self.program_error = code, error
+
     def _close(self, now: int) -> None:
         """Write the end of everything still open and close the file."""
         try:
@@ -478,6 +487,10 @@ class Recorder:
                 self.step_open = False
             written = self.writer.events  # before the end mark, which is no content
             end: dict[str, Any] = {META_COMPLETE: True}
+            if self.exit_code:
+                end[META_EXIT_CODE] = self.exit_code
+                if self.program_error:
+                    end[META_PROGRAM_ERROR] = self.program_error
             if self.steps_recorded:
                 # which steps a mark ended: the explorer leaves the code after the last out
                 end.update(steps_completed=self.steps_completed,

@@ -117,6 +117,10 @@ META_RANK = "rank"  # this process's rank in a distributed run
 # short, however the process died (a SIGKILL between two flushes leaves whole packets).
 META_END_MARK = "end_mark"
 META_COMPLETE = "recording_complete"
+# Written with the end mark when the program did not end well: its exit code, and the
+# error that ended it ("RuntimeError: ... (train.py:12)"), if one did
+META_EXIT_CODE = "exit_code"
+META_PROGRAM_ERROR = "program_error"
 META_WORLD_SIZE = "world_size"
 # Set by the loader of a format whose op slices include framework ops that ran on the host
 # (PyTorch-profiler cpu_ops), where ours are all ops dispatched to the device: true there.

@@ -20,6 +20,7 @@ from neuron_explorer.analyses.requests import marked_requests, request_percentil
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
 from neuron_explorer.analyses.summary import device_paces
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
 from neuron_explorer.rules.finding import sections as findings_sections
@@ -88,6 +89,17 @@ MODELLED_CLOCK = ("modelled (the ops' modelled costs only: data loading, sleeps,
                   "see them)")
 
 
+def _program_ended_text(trace: Trace) -> str:
+    """How the recorded program ended where it did not end well ("" otherwise): a crashed
+    run's report read as a run's, with its set-up as its only step."""
+    code = trace.metadata.get(tf.META_EXIT_CODE)
+    if not code:
+        return ""
+    error = trace.metadata.get(tf.META_PROGRAM_ERROR)
+    return (f"exited with code {code}" + (f": {error}" if error else "")
+            + "; the trace holds what ran until then")
+
+
 def report_sections(trace: Trace) -> list[Section]:
     """The report as titled sections for the text, Markdown and HTML renderers."""
     s = trace.summary()
@@ -99,6 +111,7 @@ def report_sections(trace: Trace) -> list[Section]:
 
     head = {
         "trace": s["path"], "format": s["source_format"], "hardware": s["hardware"] or "-",
+        **({"program": ended} if (ended := _program_ended_text(trace)) else {}),
         **({"host clock": MODELLED_CLOCK} if modelled_host_clock(trace) else {}),
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
         "step time (median)": fmt_ns(s["step_time_ns"])

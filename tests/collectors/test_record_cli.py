@@ -162,6 +162,22 @@ def test_program_errors_keep_the_exit_code_and_the_trace(
     trace = parse(programs / "t.pftrace")
     assert [s.args["step"] for s in trace.by_category("step")][:2] == [0, 1]
     assert not trace.by_category("op")  # framework level
+    # the trace says how the program ended, and its report leads with it (a crashed run's
+    # report read as a finished run's)
+    import neuron_explorer
+    from neuron_explorer.report import report_sections
+
+    loaded = neuron_explorer.load(programs / "t.pftrace", cache=False)
+    assert loaded.metadata["exit_code"] == code
+    said = report_sections(loaded)[0].content["program"]
+    assert said.startswith(f"exited with code {code}")
+    if message:
+        raised = (programs / "train_small.py").read_text().splitlines().index(
+            '            raise ValueError("boom at step 2")') + 1
+        assert loaded.metadata["program_error"] == f"{message} (train_small.py:{raised})"
+        assert message in said
+    else:
+        assert "program_error" not in loaded.metadata
 
 
 def _start_looping(programs: Path, out: str) -> subprocess.Popen:
