@@ -35,7 +35,7 @@ def efficiency(trace: Trace) -> pd.DataFrame:
     steps = win["step"].to_numpy()
     measured = records_device(trace)  # at --level framework no kernel says what ran
     if len(k) and len(trace.steps):
-        k = without_eval(trace, k)
+        k = _inside_steps(trace, without_eval(trace, k))
         g = k.groupby("step")[["flops", "hw_flops", "bytes"]].sum()
         sums = g.reindex(steps, fill_value=0)
     elif len(k):
@@ -55,3 +55,17 @@ def efficiency(trace: Trace) -> pd.DataFrame:
         frame["hfu"] = frame["hw_flops"] / (peak * dur_s) if peak and measured else np.nan
         frame["mbu"] = frame["bytes"] / (bw * dur_s) if bw and measured else np.nan
     return frame[COLUMNS]
+
+
+def _inside_steps(trace: Trace, k: pd.DataFrame) -> pd.DataFrame:
+    """The kernels whose op the host issued inside a step: the set-up before the first step
+    (moving the model and data to the device) carries step 0's number too. A run that
+    crashed in its first step counted 12.5 MB of set-up copies against its 12 us: MBU
+    387%."""
+    if "op_slice_id" not in k or not len(k):
+        return k
+    ops = k["op_slice_id"].to_numpy(np.int64)
+    issued = trace.table("slices")["ts"].to_numpy(np.int64)[np.maximum(ops, 0)]
+    start = trace.steps.groupby("step")["ts"].min()
+    begins = start.reindex(k["step"].to_numpy()).to_numpy()
+    return k[(ops < 0) | np.isnan(begins) | (issued >= np.nan_to_num(begins))]
