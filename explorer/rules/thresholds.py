@@ -118,5 +118,8 @@ RECOMPUTE_MIN_SHARE = 0.02
 # zeroed_gradients: zeroing whose removal saves less than this share of the step
 ZEROED_GRADIENTS_MIN_SHARE = 0.02
 
+# optimizer_recreated: state made anew whose removal saves less than this share
+OPTIMIZER_RECREATED_MIN_SHARE = 0.02
+
 # accumulation_all_reduce: early reductions whose removal saves less than this share
 ACCUMULATION_ALL_REDUCE_MIN_SHARE = 0.02

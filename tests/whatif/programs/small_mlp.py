@@ -19,7 +19,8 @@ dataset uploaded once before the loop, its batch indexed on the device).
 `--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
 chance, a quarter of the time).
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
-(`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`. `--zero-grad
+(`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
+`--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place."""
 
 import sys
@@ -50,12 +51,18 @@ for _ in range(LAYERS):
     layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
 model = nn.Sequential(*layers).to("neuron")
 OPTIMIZER = sys.argv[sys.argv.index("--optimizer") + 1] if "--optimizer" in sys.argv else "sgd"
-if OPTIMIZER == "sgd":
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-else:
+PER_STEP = "--optimizer-per-step" in sys.argv
+
+
+def new_optimizer() -> torch.optim.Optimizer:
+    if OPTIMIZER == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3)
     adam = torch.optim.AdamW if OPTIMIZER.startswith("adamw") else torch.optim.Adam
-    opt = adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
-               foreach=False if OPTIMIZER == "adam-loop" else None)
+    return adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
+                foreach=False if OPTIMIZER == "adam-loop" else None)
+
+
+opt = new_optimizer()
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
 COMPILE_LOSS = "--compile-loss" in sys.argv
 compiled_loss = torch.compile(lambda x: model(x).square().mean() / ACCUMULATE, backend="neuron")
@@ -67,6 +74,8 @@ if INPUT == "cycled-on-device":
 losses = []
 predictions = []
 for step in range(12):
+    if PER_STEP:  # a user's loop that builds its optimizer in each step
+        opt = new_optimizer()
     if INPUT.startswith("cycled"):
         x = dataset[step % 4].to("neuron")
     elif INPUT == "every-step":
