@@ -118,6 +118,9 @@ RECOMPUTE_MIN_SHARE = 0.02
 # zeroed_gradients: zeroing whose removal saves less than this share of the step
 ZEROED_GRADIENTS_MIN_SHARE = 0.02
 
+# python_loop: a loop whose vectorising saves less than this share of the step
+PYTHON_LOOP_MIN_SHARE = 0.05
+
 # optimizer_recreated: state made anew whose removal saves less than this share
 OPTIMIZER_RECREATED_MIN_SHARE = 0.02
 

@@ -1,0 +1,199 @@
+"""A Python loop over the batch: lines of the step whose ops run N times a step, one
+sample's data each, where one op over the whole batch would do.
+
+A user's loss looped over its 32 samples (`for i in range(logits.shape[0])`): 95% of the
+step, and no finding named the loop (compiling, which host_bound advised, saved 1%: the
+loop's `.item()` breaks the graph every iteration). A line's ops belong to such a loop when,
+in every analysed step, the line issues at least `LOOP_MIN_ITERATIONS` ops of one name,
+all in one module call or none (a loop over a model's layers runs each iteration in
+another layer's module), outside the backward and the optimizer. The loop's count of
+iterations is the greatest count that divides every such line's per-step count of each op
+name, and one of its ops reads a tensor of that many rows (the batch it slices), with no
+compiled graph among them (a loop over parameters or micro-batches is not one over
+samples). Its backward is per sample too: the ops its backward runs at the line that calls
+`backward()`, of the names that run at least that many times a step.
+
+What vectorising saves is the run replayed with each line's ops of one name run once per
+iteration count: the first of each N kept, running all N's device work, the others (and
+the syncs at those lines) gone.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer.analyses.phases import in_analysed_work
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.op_key_codec import parse_shapes
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top
+from neuron_explorer.what_if.counterfactual import removal_saving_ns
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "python_loop"
+LOOP_MIN_ITERATIONS = 16  # fewer repeats a step are not worth a loop's name
+
+
+def _per_step(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per (source, op name): its count in each analysed step (steps as columns, 0 where
+    absent)."""
+    return ops.groupby(["source", "name", "step"]).size().unstack(fill_value=0)
+
+
+def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
+    """(the loop's lines, its iterations a step, the analysed forward ops on them); ([], 0,
+    empty) where no line loops."""
+    ops = in_analysed_work(trace, trace.ops)
+    if not len(ops) or ops["step"].nunique() < 1:
+        return [], 0, ops.iloc[:0]
+    ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
+    outside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
+                                      (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER)) < 0
+    # the line that calls backward() runs the backward's ops outside any module's slice
+    backward_lines = set(ops.loc[ops["name"].str.contains("backward"), "source"])
+    forward = ops[outside & (ops["source"] != "").to_numpy()
+                  & ~ops["source"].isin(backward_lines).to_numpy()]
+    counts = _per_step(forward)
+    steady = counts[(counts.min(axis=1) >= LOOP_MIN_ITERATIONS)]
+    if not len(steady):
+        return [], 0, ops.iloc[:0]
+    # one module call (or none) for all of a line's repeats: not a loop over layers
+    calls = tables.ancestor_of_kind(trace, forward["id"].to_numpy(np.int64), (tf.CAT_MODULE,))
+    names = trace.table("slices")["name"].to_numpy()
+    module = np.where(calls >= 0, names[np.maximum(calls, 0)].astype(str), "")
+    modules = forward.assign(call_module=module).groupby("source")["call_module"].nunique()
+    lines = [str(s) for s in steady.index.get_level_values("source").unique()
+             if modules.get(s, 0) <= 1]
+    if not lines:
+        return [], 0, ops.iloc[:0]
+    iterations = 0
+    for value in steady.loc[lines].to_numpy().ravel().tolist():
+        iterations = gcd(iterations, int(value))
+    body = forward[forward["source"].isin(lines)]
+    if iterations < LOOP_MIN_ITERATIONS or not _over_a_batch(body, iterations):
+        return [], 0, ops.iloc[:0]
+    return lines, iterations, body
+
+
+def _over_a_batch(body: pd.DataFrame, iterations: int) -> bool:
+    """Whether the loop takes its slices of a tensor of `iterations` rows (`logits[i]`
+    reads the whole `logits` first) and launches no compiled graph: a loop over the
+    parameters (clipping one by one) or over micro-batches (their compiled forward and
+    backward) is no loop over a batch's samples."""
+    if (body["graph_id"].to_numpy() >= 0).any() if "graph_id" in body else False:
+        return False
+    for text in body["shapes"].astype(str).unique().tolist():
+        try:
+            shapes = parse_shapes(text)
+        except ValueError:
+            continue
+        if any(isinstance(shape, list) and len(shape) >= 2 and shape[0] == iterations
+               for shape in shapes):
+            return True
+    return False
+
+
+def _backward_of_loop(trace: Trace, iterations: int) -> pd.DataFrame:
+    """The backward's ops per sample: at the line calling backward(), the names it runs at
+    least `iterations` times in every analysed step."""
+    ops = in_analysed_work(trace, trace.ops)
+    ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
+    inside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
+                                     (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_MODULE)) < 0
+    # a loss's backward runs outside any module's backward slice, at the backward() line
+    lines = set(ops.loc[ops["name"].str.endswith("_backward_data")
+                        | ops["name"].str.contains("backward"), "source"])
+    candidates = ops[inside & ops["source"].isin(lines).to_numpy()]
+    if not len(candidates):
+        return candidates.iloc[:0]
+    counts = _per_step(candidates)
+    keep = counts[counts.min(axis=1) >= iterations].index
+    return candidates.set_index(["source", "name"]).loc[keep].reset_index() \
+        if len(keep) else candidates.iloc[:0]
+
+
+def _collapsed(trace: Trace, ops: pd.DataFrame, iterations: int
+               ) -> tuple[list[int], dict[int, int]]:
+    """Ops gone and kernel lengths when each (step, line, name) group runs once per
+    `iterations`: the first of each run of `iterations` kept with all of their device work."""
+    k = trace.kernels
+    row_of = pd.Series(np.arange(len(k)), index=k["op_slice_id"].to_numpy(np.int64))
+    row_of = row_of[~row_of.index.duplicated()]
+    dur = k["dur"].to_numpy(np.int64)
+    removed: list[int] = []
+    lengths: dict[int, int] = {}
+    for _, group in ops.sort_values("ts", kind="stable").groupby(["step", "source", "name"]):
+        ids = group["id"].to_numpy(np.int64)
+        rows = row_of.reindex(ids).to_numpy()
+        for start in range(0, len(ids), iterations):
+            chunk, chunk_rows = ids[start:start + iterations], rows[start:start + iterations]
+            removed += chunk[1:].tolist()
+            launched = chunk_rows[~np.isnan(chunk_rows)].astype(np.int64)
+            if not np.isnan(chunk_rows[0]) and len(launched):
+                lengths[int(chunk_rows[0])] = int(dur[launched].sum())
+    return removed, lengths
+
+
+def check(trace: Trace) -> list[Finding]:
+    lines, iterations, body = loop_lines(trace)
+    if not lines:
+        return []
+    backward = _backward_of_loop(trace, iterations)
+    removed, lengths = _collapsed(trace, pd.concat([body, backward], ignore_index=True),
+                                  iterations)
+    syncs = tables.of_kind(trace, tf.CAT_SYNC)
+    source = trace.args.texts(tf.ARG_SOURCE, syncs["id"].to_numpy(np.int64)) \
+        if len(syncs) else np.zeros(0, object)
+    looped_syncs = syncs[np.isin(np.asarray(source, object).astype(str), lines)] \
+        if len(syncs) else syncs
+    removed += looped_syncs["id"].tolist()
+    saving = removal_saving_ns(trace, np.array(removed, np.int64), RULE_ID, lengths)
+    if saving is None or saving < th.PYTHON_LOOP_MIN_SHARE * step_time(trace):
+        return []
+    steps = max(int(body["step"].nunique()), 1)
+    per_step = (len(body) + len(backward)) / steps
+    shown = _lines_text(lines)
+    reads = (f" and reads a value on the host {len(looped_syncs) // steps} times"
+             if len(looped_syncs) else "")
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} at {r.source}, one of "
+                      f"{iterations} a step") for r in top(body, "dur").itertuples()]
+    return [make(
+        trace, RULE_ID, f"A Python loop runs {iterations} iterations a step ({shown})", saving,
+        items,
+        f"The code at {shown} launches its ops {iterations} times a step, once per iteration of "
+        f"a Python loop, each on a slice of the data (one sample, or one row): "
+        f"{per_step:.0f} ops a step with their backward{reads}. Each op is a launch that does "
+        "one iteration's work; over the whole batch, one op does all of them.",
+        f"Vectorise the loop at {shown}: compute its body on whole tensors (index with "
+        "tensors: gather, masks, torch.where; reduce with sum/mean over a dim) instead of "
+        "looping over samples; torch.vmap vectorises a per-sample function as written. "
+        "Compiling does not remove it: a loop that reads a value on the host breaks the "
+        "graph every iteration.",
+        symptom_ns=float(body["dur"].sum() + backward["dur"].sum()),
+        saving_basis="replay: the run replayed with the loop's ops (and its backward's) run "
+                     "once a step, each doing all iterations' device work, and its reads gone")]
+
+
+def _lines_text(lines: list[str]) -> str:
+    """"train.py:14-16" for a file's consecutive lines, else each as it is."""
+    by_file: dict[str, list[int]] = {}
+    others = []
+    for source in lines:
+        path, _, number = source.rpartition(":")
+        if number.isdigit():
+            by_file.setdefault(path, []).append(int(number))
+        else:
+            others.append(source)
+    parts = []
+    for path, numbers in by_file.items():
+        numbers.sort()
+        consecutive = numbers == list(range(numbers[0], numbers[-1] + 1))
+        parts.append(f"{path}:{numbers[0]}-{numbers[-1]}" if consecutive and len(numbers) > 1
+                     else ", ".join(f"{path}:{n}" for n in numbers))
+    return ", ".join(parts + others)
