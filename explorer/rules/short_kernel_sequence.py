@@ -57,7 +57,8 @@ def short_windows(trace: Trace) -> pd.DataFrame:
     known = launched_by >= 0
     in_step[known] = tables.ancestor_of_kind(trace, launched_by[known],
                                              (tf.CAT_OPTIMIZER,)) >= 0
-    w = w.assign(optimizer=optimizer | in_step)
+    w = w.assign(optimizer=optimizer | in_step,
+                 outside=_outside_the_model(trace, launched_by) & ~(optimizer | in_step))
     mixed = w.groupby("window")["optimizer"].transform("nunique") > 1
     # a sharded model's hooks copy its shards around each collective eagerly, whatever is
     # compiled: a window holding one of their kernels fuses under no fix (FSDP2's copies
@@ -266,10 +267,7 @@ def check(trace: Trace) -> list[Finding]:
         explanation += (" (the ops' own dispatch around the launch calls would go too, so "
                         "fusing may save more)")
     explanation += "."
-    if OPTIMIZER_PART_MIN < optimizer_launches < 1 - OPTIMIZER_PART_MIN:
-        explanation += (f" {optimizer_launches:.0%} of the launches fusing removes are the "
-                        "optimizer's step (fused=True fuses those), the rest the model's "
-                        "forward and backward (compiling fuses those).")
+    explanation += _parts(trace, launches, optimizer_launches)
     if part_of_host_bound:
         explanation += " This is part of the host-bound finding's saving, not beside it."
     elif host_bound.is_host_bound(trace):  # the optimizer's fused step: another fix
@@ -282,6 +280,51 @@ def check(trace: Trace) -> list[Finding]:
         f"sequence{'s' if len(per_seq) > 1 else ''})", lost, items, explanation,
         _recommendation(trace, optimizer_sequence),
         symptom_ns=symptom, saving_basis=_basis(replayed, capped))]
+
+
+def _outside_the_model(trace: Trace, launched_by: np.ndarray) -> np.ndarray:
+    """Which launches' ops ran outside the model: in no module's call or backward, and not
+    at the line that runs a loss's backward (an EMA update, metric math between steps)."""
+    ops = trace.ops.set_index("id")
+    known = launched_by >= 0
+    out = np.zeros(len(launched_by), bool)
+    if not known.any():
+        return out
+    mine = ops.reindex(launched_by[known])
+    names = ops["name"].astype(str)
+    backward_lines = set(ops.loc[names.str.contains("backward"), "source"].astype(str))
+    in_backward = tables.ancestor_of_kind(trace, launched_by[known], (tf.CAT_BACKWARD,)) >= 0
+    out[known] = ((mine["module"].fillna("").astype(str) == "").to_numpy()
+                  & ~mine["source"].astype(str).isin(backward_lines).to_numpy()
+                  & ~in_backward)
+    return out
+
+
+def _parts(trace: Trace, launches: pd.DataFrame, optimizer: float) -> str:
+    """Which fix fuses which part of the launches: the optimizer's step, code outside the
+    model (named by its lines), the model's forward and backward; "" for one part alone. A
+    compiled model's EMA update, a Python loop over its parameters, was called "the model's
+    forward and backward (compiling fuses those)"."""
+    total = max(float(launches["cpu_ns"].sum()), 1.0)
+    outside = float(launches.loc[launches["outside"], "cpu_ns"].sum()) / total
+    model = max(1.0 - optimizer - outside, 0.0)
+    said = []
+    if optimizer > OPTIMIZER_PART_MIN:
+        said.append(f"{optimizer:.0%} the optimizer's step (fused=True fuses those)")
+    if outside > OPTIMIZER_PART_MIN:
+        ops = trace.ops.set_index("id")
+        k = trace.kernels.set_index("id")
+        op_ids = k["op_slice_id"].reindex(launches.loc[launches["outside"], "id"]).dropna()
+        lines = ops["source"].reindex(op_ids.astype("int64")).dropna().astype(str)
+        where = " and ".join(lines[lines != ""].value_counts().index[:LINES_NAMED])
+        said.append(f"{outside:.0%} code outside the model{f' at {where}' if where else ''}"
+                    " (torch._foreach_* ops over all its tensors at once, or a compiled "
+                    "function, fuse those)")
+    if model > OPTIMIZER_PART_MIN:
+        said.append(f"{model:.0%} the model's forward and backward (compiling fuses those)")
+    if len(said) < 2:
+        return ""
+    return " Of the launches fusing removes, " + ", ".join(said[:-1]) + " and " + said[-1] + "."
 
 
 LINES_NAMED = 2

@@ -5,6 +5,7 @@ that cannot be replayed)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import neuron_explorer
@@ -227,7 +228,8 @@ def test_fires_on_our_eager_recordings(repo_root):
     assert any("_foreach_" in e["description"] for e in f.evidence)
     # which fix fuses how much: a user's CNN listed the optimizer's sequences alone, and
     # fused=True saved 22% of the claim (the rest is the model's, which compiling fuses)
-    assert "25% of the launches fusing removes are the optimizer's step" in f.explanation
+    assert ("Of the launches fusing removes, 25% the optimizer's step (fused=True fuses "
+            "those) and 75% the model's forward and backward") in f.explanation
     assert any("_foreach_" not in e["description"] for e in f.evidence)
     # the text names the most frequent sequences with their counts, not only the evidence
     counts = rule.short_windows(mlp).groupby("sequence")["window"].nunique()
@@ -264,3 +266,23 @@ def test_silent_where_fusing_saves_little(repo_root, load_real):
     assert windows["sequence"].nunique() == 17
     assert rule.saving(sampled, windows)[0] < 0.002 * sampled.summary()["step_time_ns"] * 2
     assert not rule.check(sampled)
+
+
+@pytest.mark.slow
+def test_a_compiled_models_sequences_outside_it_are_not_called_its_forward(tmp_path):
+    """A compiled model with an EMA of its weights updated in a Python loop: the finding
+    listed the EMA's sequences and said the part not the optimizer's was "the model's
+    forward and backward (compiling fuses those)", of a model compiled already. It names
+    the code outside the model, by its lines, and what fuses it."""
+    from cli_runner import record_variants
+
+    program = Path(__file__).parents[1] / "whatif" / "programs" / "small_mlp.py"
+    path = record_variants(tmp_path, program, {
+        "ema": ["3", "--compile", "--optimizer", "adam", "--ema"]}, modelled=True)["ema"]
+    (f,) = rule.check(neuron_explorer.load(path))
+    lines = program.read_text().splitlines()
+    ema_line = next(i for i, line in enumerate(lines, 1) if "average.mul_(" in line)
+    assert (f"code outside the model at {program}:{ema_line}") in f.explanation
+    assert "torch._foreach_* ops over all its tensors at once" in f.explanation
+    model = re.search(r"(\d+)% the model's forward and backward", f.explanation)
+    assert model is None or int(model.group(1)) < 10, f.explanation

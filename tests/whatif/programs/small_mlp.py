@@ -17,7 +17,8 @@ four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` 
 dataset uploaded once before the loop, its batch indexed on the device).
 `--compile-loss`: the model and its loss compiled as one function (with `--compile`).
 `--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
-chance, a quarter of the time).
+chance, a quarter of the time). `--ema`: an exponential moving average of the weights
+updated after each optimizer step, a Python loop over the parameters.
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
 `--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
@@ -63,6 +64,8 @@ def new_optimizer() -> torch.optim.Optimizer:
 
 
 opt = new_optimizer()
+EMA = "--ema" in sys.argv
+ema = [p.detach().clone() for p in model.parameters()]
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
 COMPILE_LOSS = "--compile-loss" in sys.argv
 compiled_loss = torch.compile(lambda x: model(x).square().mean() / ACCUMULATE, backend="neuron")
@@ -112,6 +115,10 @@ for step in range(12):
     opt.zero_grad(set_to_none=SET_TO_NONE)
     loss.backward()
     opt.step()
+    if EMA:
+        with torch.no_grad():
+            for average, weight in zip(ema, model.parameters(), strict=True):
+                average.mul_(0.999).add_(weight, alpha=0.001)
     if ITEM:
         losses.append(loss.item())
     if PREDICTIONS == "every-step":
