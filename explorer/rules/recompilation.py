@@ -130,6 +130,8 @@ def _torchs_own(breaks: pd.DataFrame, recompiles: pd.DataFrame) -> bool:
 # a guard on an input tensor: "tensor 'idx' size mismatch at index 1", "tensor 'ids'
 # dispatch key set mismatch"
 _INPUT_GUARD = re.compile(r"tensor '([^']+)' ([a-z ]+?) mismatch(?: at index (\d+))?")
+# ... or an input that was None (a decoder's cache at the prompt): "0/0: ks is None"
+_NONE_GUARD = re.compile(r"^\s*\d+/\d+: ([A-Za-z_][\w\[\]'.]*) (is None)\b")
 
 
 def _in_decode_steps(trace: Trace, steps: np.ndarray) -> bool:
@@ -142,9 +144,10 @@ def _in_decode_steps(trace: Trace, steps: np.ndarray) -> bool:
 
 
 def _each_input_guard_once(recompiles: pd.DataFrame) -> bool:
-    """Whether every recompile is a guard on an input tensor failing (its size at a dim,
-    its dispatch keys, ...), each (tensor, guard, dim) once."""
-    found = [_INPUT_GUARD.search(str(r)) for r in recompiles["reason"]]
+    """Whether every recompile is a guard on an input failing (a tensor's size at a dim, its
+    dispatch keys, ...; an input that was None), each (input, guard, dim) once."""
+    found = [_INPUT_GUARD.search(str(r)) or _NONE_GUARD.search(str(r))
+             for r in recompiles["reason"]]
     if not found or not all(found):
         return False
     keys = [m.groups() for m in found if m]

@@ -228,3 +228,18 @@ def test_past_the_recompile_limit_the_saving_counts_the_steps_run_uncompiled(tmp
 
 def _median_step(trace: neuron_explorer.Trace) -> float:
     return float(in_analysed_steps(trace, trace.steps)["dur"].median())
+
+
+def test_a_cache_that_was_none_at_the_prompt_is_an_input_guard() -> None:
+    """A decoder called with no cache at the prompt and its cache from then on recompiles
+    once for `ks is None` and once for the cache's first new length: what decoding takes.
+    The None guard was not read as an input's, and the finding advised bucketing and
+    mark_dynamic, which a user applied for nothing."""
+    import pandas as pd
+    from neuron_explorer.rules.recompilation import _each_input_guard_once
+
+    reasons = ["0/0: ks is None    # x, k, v = blk(x, None if ks is None else ks[i])",
+               GUARD.format(n=1, name="ks[0]", old=16, new=17)]
+    assert _each_input_guard_once(pd.DataFrame({"reason": reasons}))
+    value = ["1/0: ___stack2 == 0.23007439076900482    # print(f'{h.mean().item()}')"]
+    assert not _each_input_guard_once(pd.DataFrame({"reason": value}))
