@@ -13,8 +13,10 @@ uploaded in every step), `rebuilt` (a new host tensor of the same values uploade
 step), `fresh` (a new host tensor uploaded every step), `on-device` (a new one made on
 the device), `pieces` (the sum of four new host tensors, each uploaded), `stacked` (the
 same four uploaded in one copy and unbound on the device), `cycled` (a host dataset of
-four batches, batch `step % 4` of it uploaded every step) or `cycled-on-device` (that
-dataset uploaded once before the loop, its batch indexed on the device).
+four batches, batch `step % 4` of it uploaded every step), `cycled-on-device` (that
+dataset uploaded once before the loop, its batch indexed on the device), `sliced` (a host
+dataset of five batches, the last smaller, sliced and uploaded every step: an epoch every
+five steps) or `sliced-on-device` (that dataset uploaded once, sliced on the device).
 `--compile-loss`: the model and its loss compiled as one function (with `--compile`).
 `--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
 chance, a quarter of the time). `--ema`: an exponential moving average of the weights
@@ -74,6 +76,9 @@ x = host_x.to("neuron")
 dataset = torch.randn(4, BATCH, WIDTH)
 if INPUT == "cycled-on-device":
     dataset = dataset.to("neuron")
+rows = torch.randn(5 * BATCH - BATCH // 2, WIDTH)
+if INPUT == "sliced-on-device":
+    rows = rows.to("neuron")
 losses = []
 predictions = []
 for step in range(12):
@@ -81,6 +86,8 @@ for step in range(12):
         opt = new_optimizer()
     if INPUT.startswith("cycled"):
         x = dataset[step % 4].to("neuron")
+    elif INPUT.startswith("sliced"):
+        x = rows[(step % 5) * BATCH:(step % 5 + 1) * BATCH].to("neuron")
     elif INPUT == "every-step":
         x = host_x.to("neuron")
     elif INPUT == "rebuilt":
