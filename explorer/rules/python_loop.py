@@ -50,7 +50,7 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     """(the loop's lines, its iterations a step, the analysed forward ops on them); ([], 0,
     empty) where no line loops."""
     ops = in_analysed_work(trace, trace.ops)
-    if not len(ops) or ops["step"].nunique() < 1:
+    if not len(ops):
         return [], 0, ops.iloc[:0]
     ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
     outside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
@@ -86,7 +86,7 @@ def _over_a_batch(body: pd.DataFrame, iterations: int) -> bool:
     reads the whole `logits` first) and launches no compiled graph: a loop over the
     parameters (clipping one by one) or over micro-batches (their compiled forward and
     backward) is no loop over a batch's samples."""
-    if (body["graph_id"].to_numpy() >= 0).any() if "graph_id" in body else False:
+    if "graph_id" in body and (body["graph_id"].to_numpy() >= 0).any():
         return False
     for text in body["shapes"].astype(str).unique().tolist():
         try:
@@ -107,8 +107,7 @@ def _backward_of_loop(trace: Trace, iterations: int) -> pd.DataFrame:
     inside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
                                      (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_MODULE)) < 0
     # a loss's backward runs outside any module's backward slice, at the backward() line
-    lines = set(ops.loc[ops["name"].str.endswith("_backward_data")
-                        | ops["name"].str.contains("backward"), "source"])
+    lines = set(ops.loc[ops["name"].str.contains("backward"), "source"])
     candidates = ops[inside & ops["source"].isin(lines).to_numpy()]
     if not len(candidates):
         return candidates.iloc[:0]
@@ -121,7 +120,8 @@ def _backward_of_loop(trace: Trace, iterations: int) -> pd.DataFrame:
 def _collapsed(trace: Trace, ops: pd.DataFrame, iterations: int
                ) -> tuple[list[int], dict[int, int]]:
     """Ops gone and kernel lengths when each (step, line, name) group runs once per
-    `iterations`: the first of each run of `iterations` kept with all of their device work."""
+    `iterations`: the first of each run of `iterations` kept with all of their device work
+    (an op's first kernel: a slice's op launches one)."""
     k = trace.kernels
     row_of = pd.Series(np.arange(len(k)), index=k["op_slice_id"].to_numpy(np.int64))
     row_of = row_of[~row_of.index.duplicated()]
