@@ -194,7 +194,16 @@ def _explanation(breaks: pd.DataFrame, recompiles: pd.DataFrame, reasons: list[s
     if len(recompiles):
         parts.append("Recompiles rebuild a graph when its guards fail (new shapes, dtypes or "
                      "Python values).")
-    return " ".join(parts) + " Reasons: " + ("; ".join(reasons[:5]) or "not recorded") + "."
+    shown = list(dict.fromkeys(_one_line(r) for r in reasons))[:5]
+    return " ".join(parts) + " Reasons: " + ("; ".join(shown) or "not recorded") + "."
+
+
+def _one_line(reason: str) -> str:
+    """A reason as one line: Dynamo's guard and the source it quotes, without the user
+    stack it appends (several lines pasted into a finding) or the run of spaces it aligns
+    the quoted source with."""
+    first = reason.split("\nUser stack trace:")[0].strip().splitlines()
+    return re.sub(r"\s{2,}#", " #", first[0]) if first else ""
 
 
 # torch.compile(DDP(model)): Dynamo skips DDP's forward, so nothing of the model compiles

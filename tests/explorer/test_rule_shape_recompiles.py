@@ -243,3 +243,15 @@ def test_a_cache_that_was_none_at_the_prompt_is_an_input_guard() -> None:
     assert _each_input_guard_once(pd.DataFrame({"reason": reasons}))
     value = ["1/0: ___stack2 == 0.23007439076900482    # print(f'{h.mean().item()}')"]
     assert not _each_input_guard_once(pd.DataFrame({"reason": value}))
+
+
+def test_a_reason_is_one_line_of_the_finding(tmp_path) -> None:
+    """Dynamo appends the user's stack to a guard's reason and aligns the source it quotes
+    with spaces: pasted whole, a finding read "ks is None        # x, k, v = ...  User stack
+    trace: File ...". Each reason is its first line."""
+    reason = ("0/1: ___stack2 == 0.23                         # print(h.mean().item())  "
+              "# pr.py:12 in forward\nUser stack trace:\n  File \"pr.py\", line 12, in forward")
+    (general,) = _findings(_trace(tmp_path, [reason]), "recompilation")
+    assert ("Reasons: 0/1: ___stack2 == 0.23 # print(h.mean().item()) # pr.py:12 in "
+            "forward.") in general.explanation
+    assert "User stack trace" not in general.explanation
