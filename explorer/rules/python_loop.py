@@ -20,6 +20,7 @@ the syncs at those lines) gone.
 
 from __future__ import annotations
 
+import json
 from math import gcd
 from typing import TYPE_CHECKING
 
@@ -63,29 +64,59 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     steady = counts[(counts.min(axis=1) >= LOOP_MIN_ITERATIONS)]
     if not len(steady):
         return [], 0, ops.iloc[:0]
-    # one module call (or none) for all of a line's repeats: not a loop over layers
+    # the same few modules for all of a line's repeats of an op (a model called once per
+    # sample runs its layers each time): a loop over a model's layers runs each in another
     calls = tables.ancestor_of_kind(trace, forward["id"].to_numpy(np.int64), (tf.CAT_MODULE,))
     names = trace.table("slices")["name"].to_numpy()
     module = np.where(calls >= 0, names[np.maximum(calls, 0)].astype(str), "")
-    modules = forward.assign(call_module=module).groupby("source")["call_module"].nunique()
+    modules = forward.assign(call_module=module).groupby(["source", "name"])[
+        "call_module"].nunique().groupby(level="source").max()
     lines = [str(s) for s in steady.index.get_level_values("source").unique()
-             if modules.get(s, 0) <= 1]
+             if modules.get(s, 0) < LOOP_MIN_ITERATIONS // 2]
     if not lines:
         return [], 0, ops.iloc[:0]
     iterations = 0
     for value in steady.loc[lines].to_numpy().ravel().tolist():
         iterations = gcd(iterations, int(value))
     body = forward[forward["source"].isin(lines)]
-    if iterations < LOOP_MIN_ITERATIONS or not _over_a_batch(body, iterations):
+    if (iterations < LOOP_MIN_ITERATIONS or not _over_a_batch(body, iterations)
+            or _recurrent(trace, body, iterations)):
         return [], 0, ops.iloc[:0]
     return lines, iterations, body
 
 
+# ops that may take the last iteration's result in a loop that vectorises: a running sum
+ACCUMULATING = frozenset({"aten::add", "aten::add_", "aten::sub", "aten::sub_"})
+
+
+def _recurrent(trace: Trace, body: pd.DataFrame, iterations: int) -> bool:
+    """Whether an iteration computes on the one before beyond a running sum (a recurrence:
+    `h = tanh(x[:, t] @ W + h @ U)` reads the last `h` in its matmul), which no whole-
+    tensor op replaces: by the ops' producers (how many ops back each input was made)."""
+    if "op_id" not in body:
+        return False
+    group = body.groupby(["step", "source", "name"])
+    per_iteration = (group["id"].transform("size") // iterations).clip(lower=1)
+    iteration = (group.cumcount() // per_iteration).to_numpy()
+    op_ids = body["op_id"].to_numpy(np.int64)
+    iteration_of = dict(zip(op_ids.tolist(), iteration.tolist(), strict=True))
+    producers = trace.slice_args.column(tf.ARG_PRODUCERS, body["id"].to_numpy(np.int64))
+    names = body["name"].astype(str).to_numpy()
+    for op_id, mine, name, made in zip(op_ids.tolist(), iteration.tolist(), names,
+                                       producers, strict=True):
+        if name in ACCUMULATING or not made:
+            continue
+        backs = json.loads(made) if isinstance(made, str) else made
+        if any(k > 0 and iteration_of.get(op_id - k, mine) < mine for k in backs or ()):
+            return True
+    return False
+
+
 def _over_a_batch(body: pd.DataFrame, iterations: int) -> bool:
-    """Whether the loop takes its slices of a tensor of `iterations` rows (`logits[i]`
-    reads the whole `logits` first) and launches no compiled graph: a loop over the
-    parameters (clipping one by one) or over micro-batches (their compiled forward and
-    backward) is no loop over a batch's samples."""
+    """Whether the loop takes its slices of a tensor with a dim of `iterations`
+    (`logits[i]` or `logits[:, t]` reads the whole `logits` first) and launches no compiled
+    graph: a loop over the parameters (clipping one by one) or over micro-batches (their
+    compiled forward and backward) is no loop over a batch's slices."""
     if "graph_id" in body and (body["graph_id"].to_numpy() >= 0).any():
         return False
     for text in body["shapes"].astype(str).unique().tolist():
@@ -93,7 +124,7 @@ def _over_a_batch(body: pd.DataFrame, iterations: int) -> bool:
             shapes = parse_shapes(text)
         except ValueError:
             continue
-        if any(isinstance(shape, list) and len(shape) >= 2 and shape[0] == iterations
+        if any(isinstance(shape, list) and len(shape) >= 2 and iterations in shape
                for shape in shapes):
             return True
     return False
@@ -167,14 +198,17 @@ def check(trace: Trace) -> list[Finding]:
         trace, RULE_ID, f"A Python loop runs {iterations} iterations a step ({shown})", saving,
         items,
         f"The code at {shown} launches its ops {iterations} times a step, once per iteration of "
-        f"a Python loop, each on a slice of the data (one sample, or one row): "
+        f"a Python loop, each on a slice of the data (one sample, or one position): "
         f"{per_step:.0f} ops a step with their backward{reads}. Each op is a launch that does "
         "one iteration's work; over the whole batch, one op does all of them.",
         f"Vectorise the loop at {shown}: compute its body on whole tensors (index with "
-        "tensors: gather, masks, torch.where; reduce with sum/mean over a dim) instead of "
-        "looping over samples; torch.vmap vectorises a per-sample function as written. "
-        "Compiling does not remove it: a loop that reads a value on the host breaks the "
-        "graph every iteration.",
+        "tensors: gather, masks, torch.where; reduce with sum/mean over a dim; call the model "
+        "on the whole batch) instead of looping over its slices; torch.vmap vectorises a "
+        "per-sample function as written. "
+        + ("Compiling does not remove it: a loop that reads a value on the host breaks the "
+           "graph every iteration." if len(looped_syncs) else
+           "Compiling the function that holds the loop unrolls it into one graph, which "
+           "saves about as much where the loop's length is fixed."),
         symptom_ns=float(body["dur"].sum() + backward["dur"].sum()),
         saving_basis="replay: the run replayed with the loop's ops (and its backward's) run "
                      "once a step, each doing all iterations' device work, and its reads gone")]

@@ -1,6 +1,9 @@
 """An MLP whose loss loops over the batch's samples in Python, reading each target on the
-host to index with it: `per_sample_loss.py [--vectorised]` (`--vectorised`: the same loss
-over the whole batch, with gather)."""
+host to index with it: `per_sample_loss.py [--vectorised] [--positions | --recurrent]`
+(`--vectorised`: the same loss over the whole batch, with gather; `--positions`: a loss
+summed over the 24 positions of a sequence, `logits[:, t]` each, or with `--vectorised`
+over all at once; `--recurrent`: a hand-written recurrence over 24 positions, each reading
+the state the one before made, which no whole-tensor op replaces)."""
 
 import sys
 
@@ -9,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 VECTORISED = "--vectorised" in sys.argv
+POSITIONS = "--positions" in sys.argv
+RECURRENT = "--recurrent" in sys.argv
 
 
 def focal_loss(logits, target, weight, gamma=2.0):
@@ -22,14 +27,38 @@ def focal_loss(logits, target, weight, gamma=2.0):
     return total / logits.shape[0]
 
 
+def position_loss(logits, target):
+    if VECTORISED:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    total = 0.0
+    for t in range(logits.shape[1]):
+        total = total + F.cross_entropy(logits[:, t], target[:, t])
+    return total / logits.shape[1]
+
+
+def recurrence(x, step_in, step_state):
+    h = torch.zeros(x.shape[0], step_state.out_features, device=x.device)
+    for t in range(x.shape[1]):
+        h = torch.tanh(step_in(x[:, t]) + step_state(h))
+    return h
+
+
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 16)).to("neuron")
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+state = nn.Linear(16, 16, bias=False).to("neuron")
+opt = torch.optim.SGD([*model.parameters(), *state.parameters()], lr=1e-3)
 x, y = torch.randn(24, 64, device="neuron"), torch.randint(0, 16, (24,), device="neuron")
 w = torch.rand(24, device="neuron")
+seq = torch.randn(4, 24, 64, device="neuron")
+seq_y = torch.randint(0, 16, (4, 24), device="neuron")
 for _ in range(4):
     opt.zero_grad()
-    loss = focal_loss(model(x), y, w)
+    if POSITIONS:
+        loss = position_loss(model(seq), seq_y)
+    elif RECURRENT:
+        loss = recurrence(seq, model, state).square().mean()
+    else:
+        loss = focal_loss(model(x), y, w)
     loss.backward()
     opt.step()
 print(loss.item())
