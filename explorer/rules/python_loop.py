@@ -1,21 +1,21 @@
-"""A Python loop over the batch: lines of the step whose ops run N times a step, one
-sample's data each, where one op over the whole batch would do.
+"""A Python loop over the batch: lines of the step whose ops run N times a step on slices
+of the data (a sample, a position), where one op over the whole tensor would do.
 
 A user's loss looped over its 32 samples (`for i in range(logits.shape[0])`): 95% of the
 step, and no finding named the loop (compiling, which host_bound advised, saved 1%: the
-loop's `.item()` breaks the graph every iteration). A line's ops belong to such a loop when,
-in every analysed step, the line issues at least `LOOP_MIN_ITERATIONS` ops of one name,
-all in one module call or none (a loop over a model's layers runs each iteration in
-another layer's module), outside the backward and the optimizer. The loop's count of
-iterations is the greatest count that divides every such line's per-step count of each op
-name, and one of its ops reads a tensor of that many rows (the batch it slices), with no
-compiled graph among them (a loop over parameters or micro-batches is not one over
-samples). Its backward is per sample too: the ops its backward runs at the line that calls
-`backward()`, of the names that run at least that many times a step.
+loop's `.item()` breaks the graph every iteration). A line's ops belong to such a loop when
+the line issues at least `LOOP_MIN_ITERATIONS` ops of one name in every analysed step,
+outside the backward, the optimizer and compiled graphs, each repeat in the same few
+modules (a loop over a model's layers runs each in another). The loop's count of
+iterations is the greatest count dividing every such count the smallest divides; one of
+its ops reads a tensor with a dim of that many (the batch or sequence it slices), and no
+iteration computes on the one before beyond a running sum (a recurrence, which no whole-
+tensor op replaces). Its backward is per iteration too: at the line calling `backward()`,
+in the modules the loop ran in, the op names run at least that many times a step.
 
 What vectorising saves is the run replayed with each line's ops of one name run once per
 iteration count: the first of each N kept, running all N's device work, the others (and
-the syncs at those lines) gone.
+the reads to the host at those lines) gone.
 """
 
 from __future__ import annotations
@@ -75,9 +75,13 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
              if modules.get(s, 0) < LOOP_MIN_ITERATIONS // 2]
     if not lines:
         return [], 0, ops.iloc[:0]
+    # the repeat count: the greatest dividing every count that the smallest divides (an op
+    # or two outside the loop on its line, `torch.stack` of its results, add one)
+    counts = [int(v) for v in steady.loc[lines].to_numpy().ravel().tolist()]
     iterations = 0
-    for value in steady.loc[lines].to_numpy().ravel().tolist():
-        iterations = gcd(iterations, int(value))
+    for value in counts:
+        if value % min(counts) == 0:
+            iterations = gcd(iterations, value)
     body = forward[forward["source"].isin(lines)]
     if (iterations < LOOP_MIN_ITERATIONS or not _over_a_batch(body, iterations)
             or _recurrent(trace, body, iterations)):
@@ -130,16 +134,24 @@ def _over_a_batch(body: pd.DataFrame, iterations: int) -> bool:
     return False
 
 
-def _backward_of_loop(trace: Trace, iterations: int) -> pd.DataFrame:
-    """The backward's ops per sample: at the line calling backward(), the names it runs at
-    least `iterations` times in every analysed step."""
+def _backward_of_loop(trace: Trace, body: pd.DataFrame, iterations: int) -> pd.DataFrame:
+    """The backward's ops per iteration: at the line calling backward(), in the modules the
+    loop's forward ran in (none, for a loss written as a function), the names run at least
+    `iterations` times in every analysed step."""
     ops = in_analysed_work(trace, trace.ops)
     ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
-    inside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
-                                     (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_MODULE)) < 0
-    # a loss's backward runs outside any module's backward slice, at the backward() line
     lines = set(ops.loc[ops["name"].str.contains("backward"), "source"])
-    candidates = ops[inside & ops["source"].isin(lines).to_numpy()]
+    ops = ops[ops["source"].isin(lines).to_numpy()
+              & (tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
+                                         (tf.CAT_OPTIMIZER,)) < 0)]
+    names = trace.table("slices")["name"].to_numpy()
+
+    def module_of(frame: pd.DataFrame, kind: str) -> np.ndarray:
+        at = tables.ancestor_of_kind(trace, frame["id"].to_numpy(np.int64), (kind,))
+        return np.where(at >= 0, names[np.maximum(at, 0)].astype(str), "")
+
+    looped = set(module_of(body, tf.CAT_MODULE).tolist())
+    candidates = ops[np.isin(module_of(ops, tf.CAT_BACKWARD), list(looped))]
     if not len(candidates):
         return candidates.iloc[:0]
     counts = _per_step(candidates)
@@ -175,7 +187,7 @@ def check(trace: Trace) -> list[Finding]:
     lines, iterations, body = loop_lines(trace)
     if not lines:
         return []
-    backward = _backward_of_loop(trace, iterations)
+    backward = _backward_of_loop(trace, body, iterations)
     removed, lengths = _collapsed(trace, pd.concat([body, backward], ignore_index=True),
                                   iterations)
     syncs = tables.of_kind(trace, tf.CAT_SYNC)

@@ -50,3 +50,18 @@ def test_a_loop_over_positions_is_one_and_a_recurrence_is_not(tmp_path) -> None:
     assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
     recurrent = load(paths["recurrent"])
     assert not [f for f in recurrent.bottlenecks() if f.rule_id == "python_loop"]
+
+
+def test_a_model_called_once_per_sample_is_a_loop(tmp_path) -> None:
+    """The model called on one sample at a time: its layers' ops repeat in the same few
+    modules every iteration (not a loop over layers), and their backward, in those
+    modules' backward, repeats as often: both collapse in the replay."""
+    paths = record_variants(tmp_path, PROGRAM, {
+        "samples": ["--model-per-sample"], "batch": ["--model-per-sample", "--vectorised"]},
+        modelled=True)
+    samples, batch = load(paths["samples"]), load(paths["batch"])
+    (f,) = [f for f in samples.bottlenecks() if f.rule_id == "python_loop"]
+    assert f.title.startswith("A Python loop runs 24 iterations a step (")
+    saved = float(in_analysed_steps(samples, samples.steps)["dur"].sum()
+                  - in_analysed_steps(batch, batch.steps)["dur"].sum())
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)

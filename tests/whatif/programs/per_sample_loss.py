@@ -3,7 +3,8 @@ host to index with it: `per_sample_loss.py [--vectorised] [--positions | --recur
 (`--vectorised`: the same loss over the whole batch, with gather; `--positions`: a loss
 summed over the 24 positions of a sequence, `logits[:, t]` each, or with `--vectorised`
 over all at once; `--recurrent`: a hand-written recurrence over 24 positions, each reading
-the state the one before made, which no whole-tensor op replaces)."""
+the state the one before made, which no whole-tensor op replaces; `--model-per-sample`:
+the model called on one sample at a time, or with `--vectorised` on the batch)."""
 
 import sys
 
@@ -14,6 +15,7 @@ from torch import nn
 VECTORISED = "--vectorised" in sys.argv
 POSITIONS = "--positions" in sys.argv
 RECURRENT = "--recurrent" in sys.argv
+MODEL_PER_SAMPLE = "--model-per-sample" in sys.argv
 
 
 def focal_loss(logits, target, weight, gamma=2.0):
@@ -57,6 +59,9 @@ for _ in range(4):
         loss = position_loss(model(seq), seq_y)
     elif RECURRENT:
         loss = recurrence(seq, model, state).square().mean()
+    elif MODEL_PER_SAMPLE:
+        out = model(x) if VECTORISED else torch.stack([model(x[i]) for i in range(len(x))])
+        loss = F.cross_entropy(out, y)
     else:
         loss = focal_loss(model(x), y, w)
     loss.backward()
