@@ -77,7 +77,16 @@ def check(trace: Trace) -> list[Finding]:
     at = _sites_named(list(dict.fromkeys(site for site, _ in per_site.index)))
     kept = "losses and metrics" if trains(trace) else "results"
     inside = "inside the step" if len(trace.steps) else "during the trace"
-    if _one_read_per_request(trace, syncs):
+    looped = _in_a_loop(trace, source)
+    if looped:
+        recommendation = (
+            f"These reads are a Python loop's ({looped}), each iteration reading a value "
+            "on the host (a tensor used as an index or in a condition: `x[t[i]]`, "
+            "`if t[i] > 0`): vectorise the loop (python_loop's finding; its saving holds "
+            "these reads), indexing with tensors on the device (gather, masks, "
+            "torch.where). Reading less often in the loop as it stands adds ops for each "
+            "read it removes.")
+    elif _one_read_per_request(trace, syncs):
         recommendation = (
             f"Each request's result is read once, as it completes ({top_site}): a server "
             "must answer, so keep that read, and hide it instead: launch the next "
@@ -119,6 +128,19 @@ def check(trace: Trace) -> list[Finding]:
             "replay: the run replayed without the syncs and the reads that make them (the "
             "host's wait, the copy it waited for, and the ops that made what it read for "
             "that read only)"))]
+
+
+def _in_a_loop(trace: Trace, sources: np.ndarray) -> str:
+    """The lines of the Python loop over the batch (`python_loop`) that every sync site is
+    in, as text; "" otherwise. A user told to read less often took the read out of a
+    per-sample loss with `gather` and the step got 0.38 ms slower, where vectorising the
+    loop saved 51 ms."""
+    from neuron_explorer.rules.python_loop import loop_lines
+
+    lines, _, _ = loop_lines(trace)
+    if not lines or not len(sources) or not set(sources.tolist()) <= set(lines):
+        return ""
+    return ", ".join(sorted(set(sources.tolist())))
 
 
 SITES_NAMED = 3  # the sync sites a recommendation names

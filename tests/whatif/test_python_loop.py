@@ -31,6 +31,11 @@ def test_a_loop_over_the_batch_saves_what_vectorising_it_saves(tmp_path) -> None
     assert saved > 0.5 * in_analysed_steps(loop, loop.steps)["dur"].sum()  # the premise
     assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
     assert not [f for f in vectorised.bottlenecks() if f.rule_id == "python_loop"]
+    # the loop's reads: their finding points at the loop, not at reading less often (taking
+    # the read out with gather made a user's step slower)
+    (sync,) = [f for f in loop.bottlenecks() if f.rule_id == "sync_in_step"]
+    assert sync.recommendation.startswith("These reads are a Python loop's (")
+    assert "every N steps" not in sync.recommendation
 
 
 def test_a_loop_over_positions_is_one_and_a_recurrence_is_not(tmp_path) -> None:
