@@ -365,13 +365,15 @@ def _recommendation(trace: Trace, optimizer_sequence: bool) -> str:
     gains nothing from it)."""
     compile_call = device_terms(trace.metadata).compile_call
     compiled = host_bound.is_compiled(trace)
-    also = ", or compile the loss and optimizer step too" if trains(trace) else ""
-    where = ("bring the ops that launch it into the compiled graph (remove the graph break "
-             f"that leaves them eager{also})" if compiled
-             else f"wrap the module that runs it in {compile_call}")
+    ways = (["remove the graph break that leaves them eager"]
+            if len(trace.compile_summary()["graph_breaks"]) else [])
+    ways += ["compile the loss and optimizer step too"] if trains(trace) else \
+        ["compile the work on the model's outputs too"]
+    where = ("bring the ops that launch it into the compiled graph (" + ", or ".join(ways)
+             + ")" if compiled else f"wrap the module that runs it in {compile_call}")
     advice = (f"Fuse each sequence into one kernel: {where}, so its elementwise chain becomes "
-              "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention, "
-              "fused layer norm or bias + activation).")
+              "one kernel, or call a fused op where one exists (F.scaled_dot_product_attention "
+              "for attention, fused layer norm or bias + activation).")
     if optimizer_sequence:
         advice += (" The optimizer's step runs these kernels (foreach passes, or with "
                    "foreach=False one per parameter): construct the optimizer with fused=True "

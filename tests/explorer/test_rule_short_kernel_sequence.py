@@ -286,3 +286,6 @@ def test_a_compiled_models_sequences_outside_it_are_not_called_its_forward(tmp_p
     assert "torch._foreach_* ops over all its tensors at once" in f.explanation
     model = re.search(r"(\d+)% the model's forward and backward", f.explanation)
     assert model is None or int(model.group(1)) < 10, f.explanation
+    # no graph break in this run: none to remove
+    assert "graph break" not in f.recommendation
+    assert "compile the loss and optimizer step too" in f.recommendation
