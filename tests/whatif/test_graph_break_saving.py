@@ -50,5 +50,7 @@ def test_a_printed_value_saves_what_the_code_it_left_eager_costs(tmp_path) -> No
     assert saved > 0.3 * _median_step(printed)  # the premise: the eager rest costs much
     claimed = f.time_lost_ns / len(analysed_steps(printed).steps)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
+    # its advice names the print it quotes, not only Dynamo's hints
+    assert "among them a .item() and a print in the compiled code" in f.recommendation
     (host,) = [f for f in printed.bottlenecks() if f.rule_id == "host_bound"]
     assert "run inside the compiled model's own calls" in host.recommendation
