@@ -106,6 +106,13 @@ def parse_steps(text: str | None) -> tuple[int, int | None] | None:
     return start, stop
 
 
+def _usable_cpus() -> int:
+    """The cores this process may run on (its affinity where the system has one: macOS has
+    none, and os.cpu_count() counts them all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 class Recorder:
     """Writes one process's events into one trace file."""
 
@@ -181,7 +188,7 @@ class Recorder:
             META_START: clock.origin_unix_ns(),
             META_LEVEL: self.options.level,
             META_PID: self.pid,
-            META_HOST_CPUS: len(os.sched_getaffinity(0)),
+            META_HOST_CPUS: _usable_cpus(),
             META_HOST_CLOCK: host_clock_metadata(),
             "steps": list(self.options.steps) if self.options.steps else None,
             "format_version": FORMAT_VERSION,

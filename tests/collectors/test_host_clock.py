@@ -485,3 +485,12 @@ def test_a_sync_after_the_optimizer_step_stays_inside_its_step(small_runs) -> No
     assert (s.loc[inside["parent_id"], "kind"] == "step").all()
     steps = synced.steps["dur"].to_numpy()[1:4]
     assert (steps == plain.steps["dur"].to_numpy()[1:4] + inside["dur"].to_numpy()).all()
+
+
+def test_the_cores_are_counted_where_the_system_has_no_affinity(monkeypatch) -> None:
+    """macOS has no os.sched_getaffinity: a recording there must not fail at its start."""
+    from neuron_explorer.collectors.recorder import _usable_cpus
+
+    assert _usable_cpus() == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert _usable_cpus() == os.cpu_count()
