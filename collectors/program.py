@@ -195,7 +195,8 @@ def _described(exc: BaseException) -> str:
 # error's line is the last frame outside them
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARIES = tuple({os.path.dirname(os.__file__) + os.sep,
-                    *(p + os.sep for p in sysconfig.get_paths().values()),
+                    *(sysconfig.get_paths()[key] + os.sep
+                      for key in ("stdlib", "platstdlib", "purelib", "platlib")),
                     *(os.path.join(_ROOT, layer) + os.sep for layer in
                       ("backend", "collectors", "common", "explorer", "webapp"))})
 
