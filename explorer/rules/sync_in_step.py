@@ -78,7 +78,14 @@ def check(trace: Trace) -> list[Finding]:
     kept = "losses and metrics" if trains(trace) else "results"
     inside = "inside the step" if len(trace.steps) else "during the trace"
     looped = _in_a_loop(trace, source)
-    if looped:
+    if len(kind) and set(kind.tolist()) == {"synchronize"}:
+        # nothing is read: the program waits for the device, to time its steps
+        recommendation = (
+            f"Remove {at}: a synchronize() each step reads nothing and only waits for the "
+            "device, as code timing its steps does. This recording times every step and "
+            "op already; where the script must time itself, synchronize once around N "
+            "steps, not in each.")
+    elif looped:
         recommendation = (
             f"These reads are a Python loop's ({looped}), each iteration reading a value "
             "on the host (a tensor used as an index or in a condition: `x[t[i]]`, "

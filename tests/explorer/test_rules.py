@@ -102,6 +102,23 @@ def test_the_sync_fix_names_every_site_its_saving_counts(tmp_path: Path) -> None
         "the step: read results (.item(), .cpu(), print) every N steps"), f.recommendation
 
 
+def test_a_synchronize_for_timing_is_not_told_to_read_less_often(tmp_path: Path) -> None:
+    """A `synchronize()` each step reads nothing: a user timing the steps was told to "read
+    losses and metrics every N steps". The advice says what it waits for and how to time
+    without it."""
+    sc = scenarios.Scenario()
+    for n in range(4):
+        t = sc.step(n)
+        sc.op(t + 100, 500, "aten::mm", n + 1, n, kernel=(t + 700, 6000),
+              busy={"tensor": 6000}, flops=10**9, nbytes=10**5, instructions=False)
+        sc.b.slice(sc.host, t + 700, 6000, "sync", "sync",
+                   {"kind": "synchronize", "source": "train.py:30", "device": 0, "step": n})
+    (f,) = _rule(_load(sc, tmp_path, "timing"), "sync_in_step")
+    assert f.recommendation.startswith("Remove the sync at train.py:30: a synchronize() each "
+                                       "step reads nothing"), f.recommendation
+    assert "every N steps" not in f.recommendation
+
+
 def test_host_fallback(tmp_path: Path, clean_trace) -> None:
     sc = scenarios.clean()
     sc.op(9000, 600, "aten::nonzero", 99, 0, fallback=True, source="model.py:3")
