@@ -47,6 +47,13 @@ def _per_step(ops: pd.DataFrame) -> pd.DataFrame:
     return ops.groupby(["source", "name", "step"]).size().unstack(fill_value=0)
 
 
+def backward_call_lines(ops: pd.DataFrame) -> set[str]:
+    """The source lines that run backward ops (`*_backward*`): the lines calling
+    `backward()`, where a loss's backward runs outside any module's backward slice."""
+    names = ops["name"].astype(str)
+    return set(ops.loc[names.str.contains("backward", regex=False), "source"].astype(str))
+
+
 def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     """(the loop's lines, its iterations a step, the analysed forward ops on them); ([], 0,
     empty) where no line loops."""
@@ -57,7 +64,7 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     outside = tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
                                       (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER)) < 0
     # the line that calls backward() runs the backward's ops outside any module's slice
-    backward_lines = set(ops.loc[ops["name"].str.contains("backward"), "source"])
+    backward_lines = backward_call_lines(ops)
     forward = ops[outside & (ops["source"] != "").to_numpy()
                   & ~ops["source"].isin(backward_lines).to_numpy()]
     counts = _per_step(forward)
@@ -140,7 +147,7 @@ def _backward_of_loop(trace: Trace, body: pd.DataFrame, iterations: int) -> pd.D
     `iterations` times in every analysed step."""
     ops = in_analysed_work(trace, trace.ops)
     ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
-    lines = set(ops.loc[ops["name"].str.contains("backward"), "source"])
+    lines = backward_call_lines(ops)
     ops = ops[ops["source"].isin(lines).to_numpy()
               & (tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
                                          (tf.CAT_OPTIMIZER,)) < 0)]

@@ -19,6 +19,7 @@ from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
+from neuron_explorer.rules.python_loop import backward_call_lines
 from neuron_explorer.rules.queued_idle import held_up
 from neuron_explorer.tables import map_unique
 from neuron_explorer.what_if.distributed_ops import hook_copy_op_ids
@@ -291,8 +292,7 @@ def _outside_the_model(trace: Trace, launched_by: np.ndarray) -> np.ndarray:
     if not known.any():
         return out
     mine = ops.reindex(launched_by[known])
-    names = ops["name"].astype(str)
-    backward_lines = set(ops.loc[names.str.contains("backward"), "source"].astype(str))
+    backward_lines = backward_call_lines(ops)
     in_backward = tables.ancestor_of_kind(trace, launched_by[known], (tf.CAT_BACKWARD,)) >= 0
     out[known] = ((mine["module"].fillna("").astype(str) == "").to_numpy()
                   & ~mine["source"].astype(str).isin(backward_lines).to_numpy()
