@@ -83,7 +83,8 @@ def _finding(trace: Trace, rec: pd.DataFrame, spans: pd.DataFrame) -> Finding:
     basis = ("critical path: the recompiles' compile time on the critical path of their "
              "steps, less one compile (the fixed program still compiles once: the mean of "
              "these)")
-    eager_note, uncompiled = _eager_after(trace, rec)
+    eager_note, uncompiled = ran_uncompiled_after(trace, int(rec["frame"].iloc[0]),
+                                                  int(rec["step"].max()))
     eager_saving = uncompiled_calls_saving_ns(trace, uncompiled) if uncompiled else None
     if eager_saving:
         saving += eager_saving
@@ -137,18 +138,17 @@ def _in_decode(trace: Trace, steps: list[int]) -> bool:
         (phases[phases["step"].isin(steps)]["phase"] == "decode").any())
 
 
-def _eager_after(trace: Trace, rec: pd.DataFrame) -> tuple[str, list[int]]:
-    """A note, and the steps, when no compiled graph ran in the steps after the last of
-    these recompiles while they did before: Dynamo stopped compiling the function."""
+def ran_uncompiled_after(trace: Trace, frame: int, last: int) -> tuple[str, list[int]]:
+    """A note, and the steps, when no compiled graph ran in the steps after step `last` (that
+    of frame `frame`'s last recompile) while they did before: Dynamo stopped compiling the
+    function."""
     ops = trace.ops
-    if not len(ops) or "graph_id" not in ops or rec["step"].max() < 0:
+    if not len(ops) or "graph_id" not in ops or last < 0:
         return "", []
-    last = int(rec["step"].max())
     later = trace.steps[trace.steps["step"] > last]["step"]
     graphs = ops[ops["graph_id"].fillna(-1) >= 0]  # launches of compiled graphs
     if not len(later) or graphs["step"].isin(later).any() or not graphs["step"].le(last).any():
         return "", []
-    frame = int(rec["frame"].iloc[0])
     compiles = [int(m.group(2)) + 1 for m in map(_FRAME_COMPILE.match, compile_spans(trace)["name"])
                 if m and int(m.group(1)) == frame]
     limit = (f" after {max(compiles)} compiles, Dynamo's recompile limit "

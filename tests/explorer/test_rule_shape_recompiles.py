@@ -255,3 +255,52 @@ def test_a_reason_is_one_line_of_the_finding(tmp_path) -> None:
     assert ("Reasons: 0/1: ___stack2 == 0.23 # print(h.mean().item()) # pr.py:12 in "
             "forward.") in general.explanation
     assert "User stack trace" not in general.explanation
+
+
+# -- a Python int guarded by value: a recompile per value, then uncompiled ---------------
+
+INT_GUARD = Path(__file__).parent / "programs" / "int_guard.py"
+
+
+@pytest.mark.slow
+def test_a_python_int_recompiling_past_the_limit_is_priced_and_named(tmp_path) -> None:
+    """A compiled block called with its position as a Python int under dynamic=False: a
+    compile per position until Dynamo's recompile limit, then every call uncompiled. The
+    storm was rated 0 ("no time to save now") and advised mark_dynamic and padding shapes
+    (the guard's quoted source line mentions x.shape); a user's decoder lost 3.69 ms a step
+    there. The finding now replays the uncompiled calls as one launch each and names the
+    int."""
+    paths = record_variants(tmp_path, INT_GUARD, {"int": [], "tensor": ["--start-tensor"],
+                                                  "dynamic": ["--dynamic-default"]},
+                            modelled=True)
+    storm, tensor, dynamic = (neuron_explorer.load(paths[k])
+                              for k in ("int", "tensor", "dynamic"))
+    (f,) = _findings(storm, "recompilation")
+    assert "the function ran uncompiled after 8 compiles" in f.explanation
+    assert f.severity == "high" and "counted in the saving" in f.explanation
+    assert "Python number `start` (16, 17, 18, ...)" in f.recommendation
+    assert "pass it as a tensor" in f.recommendation
+    assert "changing input shapes" not in f.recommendation
+    assert _findings(storm, "shape_recompiles") == []
+    claimed = f.time_lost_ns / len(analysed_steps(storm).steps)
+    for fixed in (tensor, dynamic):
+        saved = _median_step(storm) - _median_step(fixed)
+        assert saved > 0.5 * _median_step(storm)  # the premise: uncompiled calls cost much
+        assert claimed == pytest.approx(saved, rel=0.2), (claimed, saved)
+    # fixed, no recompile is left to name
+    assert not [g for g in _findings(dynamic, "recompilation") if g.time_lost_ns]
+
+
+def test_a_guards_quoted_source_is_not_its_reason() -> None:
+    """Dynamo quotes the guarded line after the guard: `start == 17  # pos = start +
+    torch.arange(x.shape[1])`. Its `x.shape` read as a shape guard."""
+    from neuron_explorer.rules.recompilation import _guard, _is_shape, _python_values
+
+    reasons = [f"0/{n}: start == {16 + n}        # pos = start + torch.arange(x.shape[1])"
+               "  # int_guard.py:26 in forward\nUser stack trace:\n  File ..." for n in range(3)]
+    guards = [_guard(r) for r in reasons]
+    assert guards == ["start == 16", "start == 17", "start == 18"]
+    assert not any(map(_is_shape, guards))
+    assert _python_values(guards) == {"start": ["16", "17", "18"]}
+    # Dynamo's own names for values it made (a resumed function's) are not the user's
+    assert _python_values(["___stack2 == 0.23"]) == {}
