@@ -299,6 +299,16 @@ def _optimizer_first(trace: Trace) -> str:
                               f"compile its step ({', '.join(others)} "
                               f"{'has' if len(others) == 1 else 'have'} no fused=True), or "
                               "use its foreach implementation where it has one.")
+    from neuron_explorer.rules.optimizer_recreated import remade_state
+
+    if len(remade_state(trace)[0]):
+        # fused=True on an optimizer built every step made a user's steps 134 us slower
+        # where the replay of the recorded steps said 300 us faster
+        return _most_launches(starving, "the optimizer's step", " ops",
+                              "it is constructed anew every step (the optimizer_recreated "
+                              "finding): construct it once, before the loop, first; then "
+                              "construct it with fused=True (one kernel a step) or compile "
+                              "its step " + MARK_STEPS + ".")
     return _most_launches(starving, "the optimizer's step", " ops",
                           "construct the optimizer with fused=True (one kernel a step"
                           + _fused_step_saving(trace) + ") or compile its step "

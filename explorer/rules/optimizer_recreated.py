@@ -52,12 +52,15 @@ def state_ops(trace: Trace) -> pd.DataFrame:
     return ops[making].assign(optimizer=s["name"].to_numpy()[owner[making]].astype(str))
 
 
-def check(trace: Trace) -> list[Finding]:
+def remade_state(trace: Trace) -> tuple[pd.DataFrame, pd.Series]:
+    """The state-making ops of the analysed steps after the first recorded one, where every
+    such step fills as many new buffers as the first did (a new optimizer each step; none
+    otherwise), and the fills per recorded step."""
     made = state_ops(trace)
     fills = made[made["name"].astype(str) == FILL]
-    if not len(fills) or fills["step"].nunique() < 2:
-        return []
     per_step = fills.groupby("step").size()
+    if not len(fills) or fills["step"].nunique() < 2:
+        return made.iloc[:0], per_step
     first = int(per_step.index.min())
     # the first recorded step creates the state of any optimizer; again in every analysed
     # step, as many buffers as then: a new optimizer each step
@@ -66,7 +69,15 @@ def check(trace: Trace) -> list[Finding]:
     filled = again[again["name"].astype(str) == FILL].groupby("step").size()
     later = [s for s in analysed_steps(trace).steps if s != first]
     if not later or len(filled) < len(later) or int(filled.min()) < int(per_step[first]):
+        return made.iloc[:0], per_step
+    return again, per_step
+
+
+def check(trace: Trace) -> list[Finding]:
+    again, per_step = remade_state(trace)
+    if not len(again):
         return []
+    filled = again[again["name"].astype(str) == FILL].groupby("step").size()
     saving = removal_saving_ns(trace, again["id"].to_numpy(np.int64), RULE_ID)
     if saving is None or saving < th.OPTIMIZER_RECREATED_MIN_SHARE * step_time(trace):
         return []
