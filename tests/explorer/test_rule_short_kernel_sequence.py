@@ -11,6 +11,7 @@ from pathlib import Path
 import neuron_explorer
 import numpy as np
 import pytest
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.rules import short_kernel_sequence as rule
 from scenarios import Scenario
 
@@ -289,3 +290,21 @@ def test_a_compiled_models_sequences_outside_it_are_not_called_its_forward(tmp_p
     # no graph break in this run: none to remove
     assert "graph break" not in f.recommendation
     assert "compile the loss and optimizer step too" in f.recommendation
+
+
+@pytest.mark.slow
+def test_an_eager_loops_work_after_its_optimizer_step_is_named(tmp_path):
+    """The same EMA, eager: its ops run after the optimizer's step, so they land in the next
+    step, and the first recorded step has none. A sequence had to recur in every analysed
+    step, the first recorded one included, so a user's EMA loop (31% of the step) was
+    named by no finding."""
+    from cli_runner import record_variants
+
+    program = Path(__file__).parents[1] / "whatif" / "programs" / "small_mlp.py"
+    trace = neuron_explorer.load(record_variants(tmp_path, program, {
+        "ema": ["3", "--optimizer", "adam", "--ema"]}, modelled=True)["ema"])
+    assert 0 in analysed_steps(trace).steps  # the premise: no warm-up left out
+    (f,) = rule.check(trace)
+    lines = program.read_text().splitlines()
+    ema_line = next(i for i, line in enumerate(lines, 1) if "average.mul_(" in line)
+    assert (f"code outside the model at {program}:{ema_line}") in f.explanation
