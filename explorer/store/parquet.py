@@ -32,7 +32,8 @@ from neuron_explorer.loaders.args import (
     ColumnArgs,
     LazyArgs,
     SliceArgs,
-    text_column,
+    categorical,
+    categorical_of,
     tidy_categoricals,
 )
 from neuron_explorer.loaders.build_memory import building
@@ -85,7 +86,7 @@ class Store:
         another build (a derived table is then computed again and written over it)."""
         with building():  # what the read decodes and lets go returns to the system
             table = self._read_arrow(name)
-            return None if table is None else _to_pandas(table, categories=name != "args")
+            return None if table is None else _to_pandas(table)
 
     def read_args(self, n_slices: int) -> ColumnArgs | None:
         """The slices' args as columns straight from the file's pages: keys and strings
@@ -379,18 +380,10 @@ def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
             os.remove(tmp)
 
 
-def _to_pandas(table: Any, categories: bool = True) -> pd.DataFrame:
+def _to_pandas(table: Any) -> pd.DataFrame:
     """A frame of the table. Columns written dictionary-encoded come back as categoricals
     (the text columns the tables hold as categoricals: Parquet's dictionary is their
-    categories, no string made per row), or, without `categories` (the args' keys and
-    strings, a str column in the args table), as the text they stand for."""
-    import pyarrow as pa
-
-    if not categories:
-        for i, column in enumerate(table.schema):
-            if pa.types.is_dictionary(column.type):
-                table = table.set_column(i, column.name,
-                                         table.column(i).cast(column.type.value_type))
+    categories, no string made per row)."""
     # each column let go once converted (split_blocks: no consolidation copy): the read
     # peaks near the frame, not at the Arrow table and the frame together
     frame = table.to_pandas(split_blocks=True, self_destruct=True)
@@ -444,25 +437,26 @@ def args_frame(args: SliceArgs, n_slices: int) -> pd.DataFrame:
 
 
 def _columns_frame(a: ColumnArgs) -> pd.DataFrame:
+    # the keys and strings as categoricals: a code per row over the distinct values (as
+    # strings, an engine-level trace's 60 M args rows took 2.7 GB)
     return pd.DataFrame({
         "slice_id": np.asarray(a.slice_id, np.int64),
-        # no rows: an object column, as pandas makes of an empty array
-        "key": text_column(a.key, a.names) if len(a.key) else np.zeros(0, object),
+        "key": categorical(a.key, a.names),
         "kind": np.asarray(a.kind, np.int8), "int_value": np.asarray(a.ival, np.int64),
         "float_value": np.asarray(a.fval, np.float64), "str_value": _str_values(a),
     }, columns=ARGS_COLUMNS, copy=False)  # the arrays as they are: a large trace's args
 
 
 def _str_values(a: ColumnArgs) -> Any:
-    """The str_value column: strings, JSON text of other values, NaN elsewhere; from the
-    string codes when the args have them (no Python object per row)."""
+    """The str_value column, a categorical: strings, JSON text of other values, missing
+    elsewhere; from the string codes when the args have them (no Python object per row)."""
     if a.scode is None or not len(a.scode):
         other = np.flatnonzero(a.kind == KIND_OTHER)
         sval = np.asarray(a.sval, object).copy()
         if len(other):
             sval[other] = [json.dumps(v, default=str) for v in sval[other].tolist()]
-        return sval
-    return text_column(*_str_codes(a))
+        return categorical_of(sval)
+    return categorical(*_str_codes(a))
 
 
 def _str_codes(a: ColumnArgs) -> tuple[np.ndarray, list[Any]]:
@@ -500,9 +494,10 @@ def _dicts_frame(items: list[dict[str, Any] | None]) -> pd.DataFrame:
             fvals.append(fv)
             svals.append(sv)
     return pd.DataFrame({
-        "slice_id": np.asarray(sid, np.int64), "key": np.asarray(keys, object),
+        "slice_id": np.asarray(sid, np.int64), "key": categorical_of(np.asarray(keys, object)),
         "kind": np.asarray(kinds, np.int8), "int_value": np.asarray(ivals, np.int64),
-        "float_value": np.asarray(fvals, np.float64), "str_value": np.asarray(svals, object),
+        "float_value": np.asarray(fvals, np.float64),
+        "str_value": categorical_of(np.asarray(svals, object)),
     }, columns=ARGS_COLUMNS)
 
 

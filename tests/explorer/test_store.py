@@ -76,6 +76,26 @@ def test_the_args_table_is_the_same_whether_the_args_were_decoded_first(
         pd.testing.assert_frame_equal(t.table("args"), want)
 
 
+def test_the_args_tables_texts_are_codes_over_their_distinct_values(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """The args' keys and strings are categoricals, fresh, cached, and from JSON: as
+    strings, an engine-level trace's 16 M args rows took 2.7 GB, 4.1 GB at the load's peak
+    (now 0.44 and 1.7). SQL over the frame still sees text."""
+    traces = [scenarios.basic().write(tmp_path, "basic", "pftrace"),
+              scenarios.basic().write(tmp_path, "basic_json", "json")]
+    for path in traces:
+        for cache in (False, True, True):  # parsed, the cache written, read back
+            t = neuron_explorer.load(path, cache=cache)
+            args = t.table("args")
+            for column in ("key", "str_value"):
+                assert isinstance(args[column].dtype, pd.CategoricalDtype), (path, column)
+            texts = args.loc[args["str_value"].notna(), "str_value"]
+            assert len(texts) and set(texts.cat.categories) == set(texts.astype(str))
+            found = t.sql("SELECT key, str_value FROM args WHERE str_value IS NOT NULL")
+            assert sorted(found["str_value"].astype(str)) == sorted(texts.astype(str))
+            assert isinstance(found["key"].iloc[0], str)
+
+
 def test_cache_off_by_environment(tmp_path: Path, cache_dir: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_EXPLORER_CACHE", "off")
