@@ -286,6 +286,12 @@ def fused_optimizer(trace: Trace) -> bool:
     return bool(_analysed_ops(trace)["name"].astype(str).str.contains("_fused_").any())
 
 
+def advises_the_optimizer(trace: Trace) -> bool:
+    """Whether the host-bound finding fires with the optimizer's fix first (its saving then
+    counts fused=True's, where the model is compiled)."""
+    return is_host_bound(trace) and bool(_optimizer_first(trace))
+
+
 def _optimizer_first(trace: Trace) -> str:
     """Advice to fuse the optimizer's step, where it is most of what the host launches."""
     from neuron_explorer.what_if.fused_optimizer import FUSED_OPS  # what fused=True makes

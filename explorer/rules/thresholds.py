@@ -124,5 +124,8 @@ PYTHON_LOOP_MIN_SHARE = 0.05
 # optimizer_recreated: state made anew whose removal saves less than this share
 OPTIMIZER_RECREATED_MIN_SHARE = 0.02
 
+# unfused_optimizer: a fused step that saves less than this share of the step
+UNFUSED_OPTIMIZER_MIN_SHARE = 0.05
+
 # accumulation_all_reduce: early reductions whose removal saves less than this share
 ACCUMULATION_ALL_REDUCE_MIN_SHARE = 0.02
