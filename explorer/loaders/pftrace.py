@@ -480,7 +480,7 @@ class _Events:
     """Per track event, compact: time, (sequence, generation) pair number, type (one
     byte; types past what it holds were counted as skipped and read as 0), track uuid
     (the sequence's default where the event names none), name and first category;
-    and the rows later phases read: debug annotations (event, wire, length, offset),
+    and the rows later phases read: debug annotations (event, length, offset),
     flow ids (id, event, terminating) and counter values (event, raw, is a double)."""
 
     ts: np.ndarray
@@ -502,7 +502,7 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
     ev_type = np.zeros(n, np.int8)
     track_uuid = np.zeros(n, np.uint64)
     name, cat = _EventTexts(n), _EventTexts(n)
-    annotations, flows, counters = _Chunks(4), _Chunks(3), _Chunks(3)
+    annotations, flows, counters = _Chunks(3), _Chunks(3), _Chunks(3)
     for lo in range(0, n, EVENTS_PER_CHUNK):
         part = slice(lo, min(lo + EVENTS_PER_CHUNK, n))
         es = scan(buf, at.offset[part], at.offset[part] + at.length[part], EVENT_SLOTS,
@@ -516,9 +516,10 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
                                          for q in at.seq[part][~has_track].tolist()], np.uint64)
         track_uuid[part] = uuid
         _names(data, es, at.pair[part], lo, state, name, cat)
-        ev, wire, length, offset = es.rows.select(F.E_DEBUG)
-        # a row per annotation, millions of them: event numbers and lengths in 32 bits
-        annotations.add(_narrow(ev.astype(np.int64) + lo), wire, _narrow(length), offset)
+        ev, _, length, offset = es.rows.select(F.E_DEBUG)
+        # a row per annotation, millions of them: event numbers and lengths in 32 bits (and
+        # not their wire type, which is always a message's)
+        annotations.add(_narrow(ev.astype(np.int64) + lo), _narrow(length), offset)
         fid, ev, term = _flow_ids(es.rows)
         flows.add(fid, ev.astype(np.int64) + lo, term)
         idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
@@ -550,7 +551,13 @@ class _Chunks:
             part.append(column)
 
     def joined(self) -> list[np.ndarray]:
-        return [np.concatenate(part) if part else np.zeros(0, np.int64) for part in self.parts]
+        """The columns whole; each column's chunks let go once it is joined (all of them
+        held to the end doubled the 16 M annotation rows of an engine-level trace)."""
+        out = []
+        for i, part in enumerate(self.parts):
+            out.append(np.concatenate(part) if part else np.zeros(0, np.int64))
+            self.parts[i] = []
+        return out
 
 
 def _names(data: bytes | bytearray, es: Scan, seqgen: np.ndarray, first: int, state: _State,
@@ -636,7 +643,9 @@ def _slice_of_event(n_events: int, sl: _SliceEvents, order: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Each event's slice id (a begin's and its end's: their slice; -1: none), and each
     slice event's id (`order`: build_slices' permutation)."""
-    slice_of_event = np.full(n_events, -1, np.int64)
+    # int32 where the ids fit: the annotations' slice ids (a row each, 16 M in an
+    # engine-level trace) are taken from it
+    slice_of_event = np.full(n_events, -1, np.int32 if len(order) < 2**31 else np.int64)
     new_id = np.empty(len(order), np.int64)
     new_id[order] = np.arange(len(order))
     slice_of_event[sl.events] = new_id

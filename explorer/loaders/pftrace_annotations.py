@@ -154,8 +154,8 @@ class Annotations:
 
     @classmethod
     def of(cls, rows: Sequence[np.ndarray], slice_of_event: np.ndarray) -> Annotations:
-        """From the events' annotation rows (`Fields.select` of the debug annotation field)."""
-        ev, _, length, offset = rows
+        """From the events' annotation rows: event, length and offset of each."""
+        ev, length, offset = rows
         sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
         if length.dtype.kind == "u":  # as the wire scan reads them: signed for arithmetic
             length = length.astype(np.int64)
