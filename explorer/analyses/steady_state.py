@@ -207,9 +207,18 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
     last = max((s for s in compiling if s in candidates), default=None)
     if last is not None:
         after = tuple(s for s in candidates if s > last)
+        # the last step compiled again (a short last batch, a new shape): the steps that
+        # compiled none are the steady ones. A compiled loader loop whose last batch
+        # recompiled was analysed whole, its 64 ms of compile "per step" hiding every
+        # finding.
+        quiet = tuple(s for s in candidates if s not in compiling)
         if after:
             candidates = after
             notes.insert(0, f"after the last compile, in step {last}")
+        elif quiet:
+            compiled = _ranges(tuple(sorted(compiling & set(candidates))))
+            candidates = quiet
+            notes.insert(0, f"the steps that compiled nothing ({compiled} compiled)")
         else:
             notes.insert(0, "every step compiles: no steady state recorded")
         return StepSelection(candidates, recorded, "; ".join(notes))

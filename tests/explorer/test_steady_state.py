@@ -63,6 +63,19 @@ def test_every_step_compiling_keeps_them_all_and_says_so(tmp_path: Path) -> None
     assert s["steps_analysed"] == [0, 1] and "every step compiles" in s["steps_analysed_text"]
 
 
+def test_a_last_step_that_compiles_again_leaves_the_quiet_steps(tmp_path: Path) -> None:
+    """A compiled loop whose short last batch recompiles: the steps after the last compile
+    were none, so every step was analysed, and a user's report showed 64 ms of compile
+    "per step" and no finding. The steps that compiled nothing are analysed."""
+    sc = _compiled()
+    t = COMPILE_NS + 10_000 + 3 * scenarios.STEP
+    sc.b.slice(sc.host, t, COMPILE_NS, "step 4", "step", {"step": 4})
+    sc.b.slice(sc.host, t + 100, COMPILE_NS - 200, "neuron_compile", "compile", {"graph_id": 2})
+    s = _load(sc, tmp_path, "last_compiles").summary()
+    assert s["steps_analysed"] == [1, 2, 3]
+    assert "the steps that compiled nothing (steps 0, 4 compiled)" in s["steps_analysed_text"]
+
+
 def test_the_users_steps_window_is_used_as_recorded(tmp_path: Path) -> None:
     t = _load(_compiled({"steps": [0, 4]}), tmp_path, "window")
     assert t.summary()["steps_analysed"] == [0, 1, 2, 3]
