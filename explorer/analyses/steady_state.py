@@ -4,7 +4,8 @@ A compiled run spends its first steps compiling (seconds, against milliseconds f
 a steady step); averaging them in says nothing about the step the user will run a
 million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
 - the user's `--steps START:STOP` window when the recording had one;
-- otherwise the steps after the last one that compiled or recompiled (every step
+- otherwise the steps after the last one that compiled or recompiled; where the last
+  step compiled again (a short last batch), the steps that compiled nothing (every step
   when all of them did); when none did, every step but an eager warm-up: a first step
   (or two) over WARMUP_FACTOR x the median of the others pays one-time costs (the
   optimizer's state, first allocations, the framework's caches) the later steps do not;
