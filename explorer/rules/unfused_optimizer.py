@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import host_bound, memory_bound_ops, optimizer_recreated
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, make, step_time, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -40,9 +42,16 @@ def check(trace: Trace) -> list[Finding]:
         return []
     names = "/".join(fused.optimizers)
     steps = max(len(analysed_steps(trace).steps), 1)
+    calls = tables.of_kind(trace, tf.CAT_OPTIMIZER)
+    calls = calls[calls["name"].astype(str).str.endswith(".step")]
+    calls = calls.assign(step=tables.assign_steps(calls["ts"].to_numpy(), trace.steps))
+    calls = calls[calls["step"].isin(analysed_steps(trace).steps)]
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} (step {r.step}): {fused.passes} passes "
+                      f"over the parameters, {us(r.dur)} of host time")
+             for r in top(calls, "dur").itertuples()]
     return [make(
         trace, RULE_ID, f"{names}'s step runs unfused: {fused.passes} passes a step",
-        fused.step_ns, [],
+        fused.step_ns, items,
         f"Each {names}.step runs {fused.passes} passes over the parameters (the foreach "
         "implementation, PyTorch's default: a kernel per formula term, each a launch the "
         "host issues and a read and write of every parameter-sized list on the device). "

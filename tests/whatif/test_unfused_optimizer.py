@@ -28,6 +28,7 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
     assert f.title == "Adam's step runs unfused: 7 passes a step"
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
+    assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
     saved = _median_step(foreach) - _median_step(fused)
     claimed = f.time_lost_ns / len(in_analysed_steps(foreach, foreach.steps))
     assert saved > 0.05 * _median_step(foreach)  # the premise
