@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import analysed_steps
-from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import host_bound, memory_bound_ops, optimizer_recreated
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -30,7 +28,7 @@ RULE_ID = "unfused_optimizer"
 
 
 def check(trace: Trace) -> list[Finding]:
-    from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
+    from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving, optimizer_steps
 
     fused = fused_optimizer_saving(trace)
     if fused is None or not fused.step_ns:
@@ -42,12 +40,9 @@ def check(trace: Trace) -> list[Finding]:
         return []
     names = "/".join(fused.optimizers)
     steps = max(len(analysed_steps(trace).steps), 1)
-    calls = tables.of_kind(trace, tf.CAT_OPTIMIZER)
-    calls = calls[calls["name"].astype(str).str.endswith(".step")]
-    calls = calls.assign(step=tables.assign_steps(calls["ts"].to_numpy(), trace.steps))
-    calls = calls[calls["step"].isin(analysed_steps(trace).steps)]
-    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} (step {r.step}): {fused.passes} passes "
-                      f"over the parameters, {us(r.dur)} of host time")
+    calls = optimizer_steps(trace)  # not None: the saving was replayed over them
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} (step {r.step}): {fused.passes} "
+                      f"passes over the parameters, {us(r.dur)} of host time")
              for r in top(calls, "dur").itertuples()]
     return [make(
         trace, RULE_ID, f"{names}'s step runs unfused: {fused.passes} passes a step",

@@ -57,7 +57,7 @@ def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
 
 
 def _saving(trace: Trace) -> FusedOptimizerSaving | None:
-    calls = _optimizer_steps(trace)
+    calls = optimizer_steps(trace)
     if calls is None or not len(calls):
         return None
     from neuron_explorer.backend.replay import ReplayOptions, lower_key
@@ -147,7 +147,7 @@ def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
     return float(sum(k.duration_ns for k in kernels))
 
 
-def _optimizer_steps(trace: Trace):
+def optimizer_steps(trace: Trace):
     """The `<Optimizer>.step` ranges of a class `FUSED_OPS` knows, in the analysed steps."""
     ranges = tables.of_kind(trace, tf.CAT_OPTIMIZER)
     if not len(ranges) or not len(trace.steps):
