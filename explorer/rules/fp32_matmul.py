@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.compiled_sections import compiled_matmuls
+from neuron_explorer.analyses.engine_utilisation import shortened_by_tensor_cut
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.step_breakdown import step_windows
@@ -44,17 +46,10 @@ def _compiled_saving_ns(trace: Trace, inside: pd.DataFrame, slowdown: float) -> 
     if not len(inside):
         return 0.0
     k = trace.kernels.set_index("id")
-    total = 0.0
-    for kid, fp32 in inside.groupby("id")["device_dur"].sum().items():
-        if kid not in k.index:
-            continue
-        row = k.loc[kid]
-        cut = float(fp32) * (1 - 1 / slowdown)
-        floor = max(float(row.get(f"busy_{e}", 0) or 0) for e in (
-            "vector", "scalar", "gpsimd", "dma"))
-        floor = max(floor, float(row.get("busy_tensor", 0) or 0) - cut)
-        total += min(cut, max(float(row["dur"]) - floor, 0.0))
-    return total
+    fp32 = inside.groupby("id")["device_dur"].sum()
+    fp32 = fp32[fp32.index.isin(k.index)]
+    cut = fp32.to_numpy(np.float64) * (1 - 1 / slowdown)
+    return float(shortened_by_tensor_cut(k.loc[fp32.index], cut).sum())
 
 
 def check(trace: Trace) -> list[Finding]:

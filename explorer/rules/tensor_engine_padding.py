@@ -6,13 +6,13 @@ import re
 from typing import TYPE_CHECKING
 
 import numpy as np
+from neuron_explorer.analyses.engine_utilisation import shortened_by_tensor_cut
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time
 from neuron_explorer.rules.host_bound import device_saving
 
 if TYPE_CHECKING:
-    import pandas as pd
     from neuron_explorer.trace import Trace
 
 RULE_ID = "tensor_engine_padding"
@@ -42,7 +42,7 @@ def check(trace: Trace) -> list[Finding]:
     lost = float((busy * w).sum())
     if lost < th.TE_PADDING_MIN_SHARE * step_time(trace):
         return []
-    cut = _kernel_time_cut(pk, busy * w)
+    cut = shortened_by_tensor_cut(pk, busy * w)
     ops = trace.ops.set_index("id") if len(trace.ops) else None
     items, shapes_seen = [], []
     recoverable = 0.0
@@ -86,20 +86,6 @@ def check(trace: Trace) -> list[Finding]:
         + ("; only the kernels with a dim past a multiple of 128 count: padding up "
            "saves no time" if recoverable < lost else ""),
         after=saving.after)]
-
-
-def _kernel_time_cut(k: pd.DataFrame, tensor_cut: np.ndarray) -> np.ndarray:
-    """What cutting each kernel's Tensor Engine time by `tensor_cut` shortens the kernel:
-    down to its busiest other engine at most (DMA, Vector, Scalar, GpSimd). A compiled
-    CNN's graph moved data 539 us a step against 87 us of matmuls; its padding was claimed
-    at 55 us a step, and the fix saved nothing."""
-    dur = k["dur"].to_numpy(np.float64)
-    others = [k[f"busy_{e}"].fillna(0).to_numpy(np.float64)
-              for e in ("vector", "scalar", "gpsimd", "dma") if f"busy_{e}" in k]
-    if not others:
-        return tensor_cut
-    floor = np.maximum.reduce(others)
-    return np.minimum(tensor_cut, np.maximum(dur - floor, 0.0))
 
 
 def _past_a_multiple(dims: list[int]) -> bool:
