@@ -10,13 +10,16 @@ token, the time per output token and tokens/s.
     python examples/generate.py --compile --static-cache   # a cache of fixed length: no new sizes
     python examples/generate.py --compile --dynamic        # mark_dynamic on the cache's length
     python examples/generate.py --compile --static-shapes  # dynamic=False: a compile per length
+    python examples/generate.py --no-cache                 # each call reads the whole sequence
 
 The cache grows by one position a call, so a compiled decode step sees new sizes every
 call. Dynamo makes the length symbolic after its first change (or at once with
 `--dynamic`), and the graph compiles once for every length; `--static-shapes` keeps
 every size fixed, so each new length compiles a graph of its own; `--static-cache`
 avoids new sizes altogether: the cache is allocated at its full length, written in
-place, and attention is masked to the positions filled so far.
+place, and attention is masked to the positions filled so far. `--no-cache` keeps no
+cache at all: each call feeds the whole sequence so far, as a first generation loop
+often does, and computes every position's keys and values again.
 """
 
 import argparse
@@ -111,6 +114,8 @@ def main() -> None:
                         help="torch._dynamo.mark_dynamic on the cache's length dimension")
     shapes.add_argument("--static-shapes", action="store_true",
                         help="torch.compile(..., dynamic=False): every size is fixed")
+    shapes.add_argument("--no-cache", action="store_true",
+                        help="no KV cache: each call feeds the whole sequence so far")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -128,6 +133,7 @@ def main() -> None:
             cache = model.static_cache(args.batch, args.prompt + args.new_tokens, args.device)
             positions = torch.arange(args.prompt, device=args.device)
         logits, cache = step(prompt, cache, positions)  # prefill
+        ids = prompt
         for i in range(args.new_tokens):
             token = logits[:, -1].argmax(-1, keepdim=True)
             out.append(token.flatten().tolist())  # streamed to the client: waits for it
@@ -139,6 +145,10 @@ def main() -> None:
                 for kv in cache:
                     for t in kv:
                         torch._dynamo.mark_dynamic(t, 2)
+            if args.no_cache:  # the whole sequence again, one token longer
+                ids = torch.cat([ids, token], dim=1)
+                logits, _ = step(ids)
+                continue
             logits, cache = step(token, cache, positions)  # decode: one token per sequence
     print("first sequence:", [tokens[0] for tokens in out])
 

@@ -15,7 +15,7 @@ from neuron_explorer.analyses.levels import (
     recorded_level,
     records_device,
 )
-from neuron_explorer.analyses.phases import phase_summary, split_phases
+from neuron_explorer.analyses.phases import phase_summary, split_phases, without_cache
 from neuron_explorer.analyses.requests import marked_requests, request_percentiles
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
 from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
@@ -230,8 +230,16 @@ def _serving_table(trace: Trace) -> pd.DataFrame:
                          # what bounds each part: compute for the prompt, bytes per token
                          "prefill MFU": shown(sv["prefill_mfu"], _small_share),
                          "decode MBU": shown(sv["decode_mbu"], _small_share),
-                         "KV cache": shown(sv["kv_bytes"], size),
-                         "KV per token": shown(sv["kv_bytes_per_token"], size)})
+                         "KV cache": _without_cache(sv, shown(sv["kv_bytes"], size)),
+                         "KV per token": _without_cache(sv, shown(sv["kv_bytes_per_token"],
+                                                                  size))})
+
+
+def _without_cache(sv: pd.DataFrame, shown: list[str]) -> list[str]:
+    """'none' for the generations that read no KV cache (each call feeds the whole
+    sequence), where '-' would say the figure is unknown."""
+    return ["none" if without_cache(c) else v for c, v in zip(sv["kv_cache"], shown,
+                                                               strict=True)]
 
 
 def _phases_table(trace: Trace) -> pd.DataFrame:

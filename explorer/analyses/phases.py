@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 COLUMNS = ["phase", "step", "ts", "dur", "tokens"]
 SERVING_COLUMNS = ["generation", "step", "batch", "prompt_tokens", "decode_steps", "new_tokens",
                    "ttft_ns", "tpot_median_ns", "tpot_p90_ns", "tokens_per_s", "prefill_mfu",
-                   "decode_mbu", "kv_bytes", "kv_bytes_per_token"]
+                   "decode_mbu", "kv_cache", "kv_bytes", "kv_bytes_per_token"]
 KV_COLUMNS = ["generation", "phase", "step", "ts", "held_bytes"]
 TOKEN_COLUMNS = ["generation", "token", "phase", "step", "ready", "gap_ns"]
 TRAIN, EVAL, PREFILL, DECODE = "train", "eval", "prefill", "decode"
@@ -367,9 +367,12 @@ def serving(trace: Trace) -> pd.DataFrame:
     Then the figures that matter for each part: the prefill's MFU (it is compute-bound:
     a whole prompt through every matmul) and the decode steps' MBU (memory-bound: every
     weight and the whole cache read for one token each); NaN where the trace records no
-    device work or no hardware figures. And the KV cache from the allocator (`kv_cache`):
-    what the generation holds through its last step (`kv_bytes`) and what each new
-    token adds per sequence (`kv_bytes_per_token`, the median over the decode steps).
+    device work or no hardware figures. Whether the decode steps use a KV cache
+    (`kv_cache`: True where each call feeds one new token per sequence, False where it
+    feeds the whole sequence so far, NA where the token ids went unseen). And the cache
+    from the allocator (`kv_cache()`): what the generation holds through its last step
+    (`kv_bytes`) and what each new token adds per sequence (`kv_bytes_per_token`, the
+    median over the decode steps); NaN without a cache (what grows then is no cache).
 
     With requests marked (`neuron_explorer.request`), requests join and leave the batch
     at every step, so the run is one row pooling them (`_pooled_requests`), and
@@ -380,8 +383,10 @@ def serving(trace: Trace) -> pd.DataFrame:
     ready = token_ready(trace, p)
     work = _device_work(trace, p)
     if _marked(trace):
-        return pd.DataFrame([_pooled_requests(trace, p, ready, work)], columns=SERVING_COLUMNS)
+        return pd.DataFrame([_pooled_requests(trace, p, ready, work)],
+                            columns=SERVING_COLUMNS).astype({"kv_cache": "boolean"})
     held = kv_cache(trace)
+    cached = caches(trace, p)
     compiling = _compile_time(trace)
     rows: list[dict[str, Any]] = []
     for n, (i, j) in enumerate(generations(trace, p)):
@@ -405,8 +410,14 @@ def serving(trace: Trace) -> pd.DataFrame:
                      "prefill_mfu": work["flops"][i] / (work["peak"] * ttft / 1e9),
                      "decode_mbu": (work["bytes"][i + 1:j].sum() / (work["bw"] * decoding / 1e9)
                                     if decoding > 0 else np.nan),
+                     "kv_cache": cached[n],
                      **_kv_figures(held[held["generation"] == n], batch)})
-    return pd.DataFrame(rows, columns=SERVING_COLUMNS)
+    return pd.DataFrame(rows, columns=SERVING_COLUMNS).astype({"kv_cache": "boolean"})
+
+
+def without_cache(kv_cache: Any) -> bool:
+    """Whether a serving row's `kv_cache` says its decode steps read none (not unknown)."""
+    return bool(pd.notna(kv_cache)) and not bool(kv_cache)
 
 
 def _compile_time(trace: Trace) -> Any:
@@ -456,7 +467,7 @@ def _pooled_requests(trace: Trace, p: pd.DataFrame, ready: np.ndarray,
         "prefill_mfu": flops[pre].sum() / (work["peak"] * busy[pre].sum() / 1e9),
         "decode_mbu": (moved[dec].sum() / (work["bw"] * busy[dec].sum() / 1e9)
                        if dec.any() and busy[dec].sum() > 0 else np.nan),
-        "kv_bytes": np.nan, "kv_bytes_per_token": np.nan}
+        "kv_cache": pd.NA, "kv_bytes": np.nan, "kv_bytes_per_token": np.nan}
 
 
 def _marked(trace: Trace) -> bool:
@@ -501,16 +512,37 @@ def _device_work(trace: Trace, p: pd.DataFrame) -> dict[str, Any]:
             "bw": hbm_bandwidth(figures) or np.nan}
 
 
+def caches(trace: Trace, p: pd.DataFrame) -> list[Any]:
+    """Per generation, whether its decode steps read a KV cache: True where each model call
+    feeds one new token per sequence, False where it feeds the whole sequence so far (the
+    previous length + 1), NA where the token ids went unseen or nothing was decoded."""
+    calls = model_calls(trace)
+    new = calls.groupby("step")["new"].max()
+    steps = p["step"].to_numpy()
+    found: list[Any] = []
+    for i, j in generations(trace, p):
+        fed = new.reindex(steps[i + 1:j]).to_numpy()
+        if not len(fed) or np.isnan(fed).any() or (fed < 1).any():
+            found.append(pd.NA)
+        else:
+            found.append(bool((fed == 1).all()))
+    return found
+
+
 def kv_cache(trace: Trace) -> pd.DataFrame:
     """Per prefill and decode step: the least device memory in use during the step, less
     the same during its generation's prefill (`held_bytes`). The least is what stays
     allocated through the step: the weights and the KV cache the step reads, without the
     call's temporaries or the previous cache (freed as the step starts, when the caller
-    lets go of it). Empty without memory events."""
+    lets go of it). Empty without memory events; no rows for a generation without a cache
+    (`caches`), whose growing sequence is no cache."""
     p = phases(trace)
     memory = trace.memory_timeline() if len(p) else pd.DataFrame()
     rows = []
+    cached = caches(trace, p) if len(memory) else []
     for n, (i, j) in enumerate(generations(trace, p) if len(memory) else []):
+        if without_cache(cached[n]):
+            continue
         ts = p["ts"].to_numpy(np.int64)[i:j]
         floor = _least_in_use(memory, ts, ts + p["dur"].to_numpy(np.int64)[i:j])
         rows.append(pd.DataFrame({"generation": n, "phase": p["phase"].to_numpy()[i:j],

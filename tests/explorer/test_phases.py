@@ -13,6 +13,7 @@ from pathlib import Path
 
 import neuron_explorer
 import numpy as np
+import pandas as pd
 import pytest
 from cli_runner import run_cli
 from neuron_explorer.analyses.idle import idle_summary
@@ -224,6 +225,23 @@ def test_a_kv_cache_decoder_gives_prefill_then_decode(recorded, loaded, reported
     text = reported(path)
     assert "prefill: 1 step" in text and "decode: 15 steps" in text
     assert "time to first token" in text and "KV per token" in text and "2 KiB" in text
+
+
+def test_a_decoder_without_a_cache_shows_no_kv_cache(recorded, loaded, reported) -> None:
+    """Each call feeds the whole sequence so far: what grows in memory is the sequence and
+    the call's temporaries, which the report once called a KV cache of 2 KiB a token."""
+    path = recorded(*GENERATE, "--no-cache")
+    trace = loaded(*GENERATE, "--no-cache")
+    p = trace.phases()
+    assert p["phase"].tolist() == ["prefill"] + ["decode"] * 15
+    assert p["tokens"].tolist() == [4 * 24] + [4] * 15  # one new token a sequence
+    g = trace.serving().iloc[0]
+    assert not g["kv_cache"] and pd.isna(g["kv_bytes"]) and pd.isna(g["kv_bytes_per_token"])
+    assert trace.kv_cache().empty
+    assert loaded(*GENERATE).serving()["kv_cache"].tolist() == [True]
+    text = reported(path)
+    row = text[text.index("Generation (per prefill"):].splitlines()[3]
+    assert row.split()[-2:] == ["none", "none"], row
 
 
 def test_without_marks_each_batch_row_is_a_request(recorded, loaded, reported) -> None:

@@ -92,3 +92,18 @@ def test_the_notebook_draws_the_same_figures(generation_trace):
     assert len(bars["decode"].y) == len(trace.token_times()) - 1
     (line,) = trace.plot.kv_cache().data
     assert len(line.y) == len(trace.kv_cache())
+
+
+def test_a_generation_without_a_cache_shows_none(tmp_path, app_context):
+    from neuron_explorer.webapp.pages import generation
+
+    out = tmp_path / "no_cache.pftrace"
+    run_cli("record", "--level", "op", "-o", str(out), "--", sys.executable,
+            str(EXAMPLES / "generate.py"), "--new-tokens", "8", "--no-cache", cwd=tmp_path,
+            modelled=True)
+    page = generation.layout(neuron_explorer.load(out, cache=False), "no_cache.pftrace", {},
+                             app_context)
+    text = pio_json.to_json_plotly(page)
+    assert "each call feeds the whole sequence so far" in text
+    assert "No KV cache" in text and "generation-kv-cache" not in text
+    assert "KV cache per token" not in text

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import dash
 import pandas as pd
 from dash import html
+from neuron_explorer.analyses.phases import without_cache
 from neuron_explorer.plot.generation import NO_GENERATION, kv_cache_figure, token_figure
 from neuron_explorer.webapp import formatting as fmt
 from neuron_explorer.webapp.components import data_table, graph, metric, notice, page_title, section
@@ -39,9 +40,15 @@ def layout(trace: Trace, name: str, params: dict[str, str], ctx: AppContext) -> 
         subtitle="The first bar of a generation is its time to first token (the prefill); "
                  "each later one the time per output token (a decode step)"))
     held = fetch(trace.kv_cache, "KV cache from the allocator")
+    if all(without_cache(c) for c in serving.value["kv_cache"]):
+        shown = notice("No KV cache: each call feeds the whole sequence so far, so every step "
+                       "computes the keys and values of every position again.")
+    elif held.value is not None:
+        shown = graph(kv_cache_figure(held.value), "generation-kv-cache")
+    else:
+        shown = notice(str(held.missing))
     parts.append(section(
-        "KV cache", graph(kv_cache_figure(held.value), "generation-kv-cache")
-        if held.value is not None else notice(str(held.missing)),
+        "KV cache", shown,
         subtitle="Device memory held through each step over what its prefill held"))
     parts.append(section("Per generation", data_table(
         _readable(serving.value), "generation-table", page_size=10)))
@@ -60,7 +67,9 @@ def _metrics(serving: pd.DataFrame) -> html.Div:
         metric("prefill MFU", fmt.share(g["prefill_mfu"]), "compute-bound: the whole prompt"),
         metric("decode MBU", fmt.share(g["decode_mbu"]), "memory-bound: weights and cache"),
         metric("KV cache per token", fmt.size(g["kv_bytes_per_token"]),
-               f"per sequence; {fmt.size(g['kv_bytes'])} held at the end"),
+               f"per sequence; {fmt.size(g['kv_bytes'])} held at the end")
+        if not without_cache(g["kv_cache"]) else
+        metric("KV cache", "none", "each call feeds the whole sequence so far"),
     ], className="metrics")
 
 
