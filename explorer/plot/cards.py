@@ -32,7 +32,8 @@ def finding_card(finding: Finding) -> str:
     badge = (f"<span style='background:{background};color:{ink};font-size:11px;font-weight:650;"
              f"text-transform:uppercase;letter-spacing:.5px;padding:2px 8px;border-radius:10px'>"
              f"{_e(finding.severity)}</span>")
-    cost = (f"{fmt_ns(finding.time_lost_ns)} lost · "
+    each = f"{finding.per_step()} · " if finding.per_step() else ""
+    cost = (f"{fmt_ns(finding.time_lost_ns)} lost · {each}"
             f"{fmt_share(finding.share_of_step)} of {finding.share_base}"
             if finding.saves_time else "no time to save now")
     evidence = "".join(

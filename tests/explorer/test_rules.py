@@ -38,7 +38,7 @@ def test_findings_are_ranked_and_complete(basic_pf: neuron_explorer.Trace) -> No
         d = f.to_dict()
         assert set(d) == {"rule_id", "title", "severity", "time_lost_ns", "share_of_step",
                           "evidence", "explanation", "recommendation", "share_base",
-                          "symptom_ns", "saving_basis", "after"}
+                          "symptom_ns", "saving_basis", "after", "steps"}
         assert f.rule_id in RULE_IDS and f.severity in ("high", "medium", "low")
         assert 0 <= f.share_of_step <= 1 and f.recommendation and f.explanation
         for e in f.evidence:
@@ -85,6 +85,9 @@ def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     # the 4 us beside the site is the host's wait
     assert "item at train.py:42 (2x, the host waited 4 us)" in f.explanation
     assert _rule(clean_trace, "sync_in_step") == []
+    # the time lost is over the 2 analysed steps: the line says what a step loses too
+    # ("32.84 ms lost" once sat beside a 5.5 ms step as if lost in each)
+    assert f.steps == 2 and "4 us lost (2 us a step over 2 steps, " in f.line()
 
 
 def test_the_sync_fix_names_every_site_its_saving_counts(tmp_path: Path) -> None:

@@ -117,8 +117,9 @@ def _finding_card(finding: Finding, rank: int, name: str) -> html.Div:
             html.H3(finding.title),
             html.Div([
                 *([html.Span(fmt.duration(finding.time_lost_ns), className="lost"),
-                   html.Span(f" lost · {fmt.share(finding.share_of_step)} of "
-                             f"{finding.share_base}")]
+                   html.Span(" lost · " + (f"{finding.per_step()} · " if finding.per_step()
+                                            else "")
+                             + f"{fmt.share(finding.share_of_step)} of {finding.share_base}")]
                   if finding.saves_time else [html.Span("no time to save now")]),
             ], className="finding-cost"),
         ], className="finding-head"),
