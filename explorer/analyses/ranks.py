@@ -53,7 +53,7 @@ def matched_collectives(coll: pd.DataFrame, complete: bool = True) -> pd.DataFra
     group's last arrival (`last_arrival`), and `wait_ns`/`transfer_ns` (derived from the
     arrivals where the trace did not record them; not when the run is not `complete`,
     whose missing ranks may have arrived later than every rank here)."""
-    extra = [c for c in ("analysed", "idle_after_ns") if c in coll]
+    extra = [c for c in ("analysed", "idle_after_ns", "slack_after_ns") if c in coll]
     columns = ["rank", *COLLECTIVE_COLUMNS, *extra, "last_arrival", "ranks_arrived"]
     if not len(coll):
         return pd.DataFrame(columns=columns)

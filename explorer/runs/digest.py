@@ -80,7 +80,8 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-DIGEST_SCHEMA = 12  # raised whenever a digest's tables or findings change (12: pace ranks)
+# raised whenever a digest's tables or findings change (13: the launch slack after calls)
+DIGEST_SCHEMA = 13
 
 
 def _digest_key(folder: str) -> str | None:
@@ -131,6 +132,7 @@ def digest_trace(trace: Any) -> RankDigest:
     syncs = waits_on_path.host_syncs(trace)
     coll = _with_analysed(trace, comm.collectives(trace))
     coll["idle_after_ns"] = waits_on_path.idle_after(trace, coll, syncs)
+    coll["slack_after_ns"] = waits_on_path.slack_after(trace, coll, syncs)
     communication = comm.communication(trace).copy()
     communication["exposed_transfer_ns"] = _exposed_transfer(trace)
     return RankDigest(

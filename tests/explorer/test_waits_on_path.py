@@ -8,7 +8,12 @@ import neuron_explorer
 import pandas as pd
 import pytest
 from neuron_explorer.analyses import communication as comm
-from neuron_explorer.analyses.waits_on_path import delays_at_syncs, host_syncs, idle_after
+from neuron_explorer.analyses.waits_on_path import (
+    delays_at_syncs,
+    host_syncs,
+    idle_after,
+    slack_after,
+)
 from synthetic import TraceBuilder
 
 
@@ -80,3 +85,42 @@ def test_the_jitter_floor_uses_the_expected_maximum_of_normals():
     assert _expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
     assert _expected_max_normal(4) == pytest.approx(1.0294, abs=1e-4)
     assert _expected_max_normal(1) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_kernel_launched_late_carries_on_only_its_slack():
+    """A host-bound rank's optimizer kernels, launched behind a late all-reduce, would
+    have waited for their launches had it ended on time: a compiled DDP rank was counted
+    248 us of a wait on its path where balancing the ranks saved 43 (the least slack of
+    the kernels between the call and the sync, 45 us)."""
+    coll = _coll((0, 1000, 400, 0)).assign(slack_after_ns=[45])
+    assert delays_at_syncs(coll, _syncs((1000, 300))).tolist() == [45]
+    coll = _coll((0, 1000, 400, 0)).assign(slack_after_ns=[1000])  # launched long before
+    assert delays_at_syncs(coll, _syncs((1000, 300))).tolist() == [300]
+
+
+def test_the_slack_after_a_call_is_its_next_kernels_start_less_their_launch(tmp_path):
+    """The kernel after the all-reduce (start 400k) is launched by an op that ends at
+    380k: had the device been free 150k earlier, it would have waited for that launch,
+    passing on 20k of the delay."""
+    b = TraceBuilder()
+    host = b.thread()
+    kernels = b.device_track(0, "Kernels")
+    queue = b.device_track(0, "Collectives")
+    b.metadata(host, {"hardware": "trn2"})
+    b.slice(host, 0, 1_000, "aten::add", "op", {"op_id": 1})
+    b.slice(kernels, 1_000, 99_000, "k0", "kernel", {"kernel_id": 1, "device": 0,
+                                                     "op_id": 1})
+    b.slice(queue, 100_000, 200_000, "all_reduce", "collective",
+            {"collective": "all_reduce", "bytes": 1 << 20, "group": json.dumps([0, 1]),
+             "seq": 0, "wait_ns": 150_000, "transfer_ns": 50_000, "device": 0})
+    b.slice(host, 370_000, 10_000, "aten::mul", "op", {"op_id": 2})
+    b.slice(kernels, 400_000, 100_000, "k1", "kernel", {"kernel_id": 2, "device": 0,
+                                                        "op_id": 2})
+    b.slice(host, 390_000, 150_000, "sync (item)", "sync", {"kind": "item"})
+    trace = neuron_explorer.load(b.write_pftrace(tmp_path / "t.pftrace"))
+    syncs = host_syncs(trace)
+    coll = comm.collectives(trace)
+    assert slack_after(trace, coll, syncs).tolist() == [20_000]
+    coll = coll.assign(idle_after_ns=idle_after(trace, coll, syncs),
+                       slack_after_ns=slack_after(trace, coll, syncs))
+    assert delays_at_syncs(coll, syncs).tolist() == [20_000]
