@@ -180,7 +180,8 @@ def _check(trace: Trace) -> list[Finding]:
         trace, RULE_ID,
         f"Host<->device copies in {steps_with} of {len(steps)} steps ({len(c)} copies)", saving,
         items,
-        f"Data crosses between host and device inside the {step_name(trace)}. Each copy costs "
+        f"Data crosses between host and device in the {_steps_named(trace)}"
+        + _copy_sites(_sources(trace, issued)) + ". Each copy costs "
         "transfer time over the host link, an op the host dispatches, and usually a sync that "
         "stalls the host.",
         f"{first}Create tensors directly on the device (torch.zeros(..., device='{terms.name}')), "
@@ -190,6 +191,21 @@ def _check(trace: Trace) -> list[Finding]:
            if terms.pinned_memory else "")
         + ", and keep metrics on the device instead of calling .cpu().",
         symptom_ns=lost, saving_basis=basis)]
+
+
+def _steps_named(trace: Trace) -> str:
+    """What the copies happen in: an inference loop's step is the code from one forward
+    call's return to the next's, the copy before the call included ("inside the forward
+    call" named a place the copy was not)."""
+    return "loop's iterations" if step_name(trace) == "forward call" else "training steps"
+
+
+def _copy_sites(sources: np.ndarray) -> str:
+    """The lines issuing the copies, most copies first (" at a.py:3 (9x), b.py:5 (2x)")."""
+    named = pd.Series(sources[sources != ""]).value_counts()
+    if not len(named):
+        return ""
+    return " at " + ", ".join(f"{site} ({n}x)" for site, n in named.iloc[:3].items())
 
 
 # a pool of host tensors a site cycles through is advised onto the device up to this

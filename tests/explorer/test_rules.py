@@ -176,7 +176,8 @@ def test_host_device_copies(tmp_path: Path, clean_trace) -> None:
     # without the copies, the host ends the steps 800 us earlier, at 19.2 us, while
     # step 1's kernel, launched 400 us earlier, still runs to 19.5: 500 us saved
     assert f.time_lost_ns == 500 and f.symptom_ns == 800 and "2 of 2 steps" in f.title
-    assert "inside the training step" in f.explanation
+    # the line that issues them is named (the copies' ops carry it)
+    assert "in the training steps at train.py:10 (2x)." in f.explanation
     assert _rule(clean_trace, "host_device_copies") == []
 
 
@@ -186,7 +187,10 @@ def test_an_inference_loop_is_not_called_a_training_step(tmp_path: Path) -> None
     for n in range(2):
         sc.op(n * 10_000 + 9500, 400, "aten::_copy_from", 50 + n, n)
     (f,) = _rule(_load(sc, tmp_path, "infer_copies"), "host_device_copies")
-    assert "inside the forward call" in f.explanation and "training" not in f.explanation
+    # a step is the code from one call's return to the next: a copy before the call is
+    # in the loop, not "inside the forward call"
+    assert "in the loop's iterations" in f.explanation and "training" not in f.explanation
+    assert "forward call" not in f.explanation
 
 
 def test_host_device_copies_on_kineto(load_real) -> None:
