@@ -59,6 +59,10 @@ ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_a
 ARG_SECTIONS = "sections"
 ARG_GRAPH_ID = "graph_id"
 ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
+# int ns, on an NKI kernel's compile span: the kernel's scheduled length, and its length
+# with its SBUF tiles rotated (a fresh buffer for each write: backend/hardware/rotated.py)
+ARG_KERNEL_DURATION = "duration_ns"
+ARG_KERNEL_ROTATED = "rotated_ns"
 ARG_REASON = "reason"  # graph break / recompile reason
 # str, on a graph break raised inside torch's own code: where ("torch/optim/optimizer.py:
 # 85 in _use_grad"); `source` is still the user's line that led there

@@ -240,3 +240,32 @@ def dma_compute_overlap(ins: pd.DataFrame) -> tuple[int, int, int]:
     c = Union(ins["ts"].to_numpy()[~dma], ins["end"].to_numpy()[~dma])
     both = Union.of((d.starts, d.ends), (c.starts, c.ends))
     return d.total, c.total, d.total + c.total - both.total
+
+
+def rotated_lengths(trace: Trace) -> dict[tuple[str, int], int]:
+    """Per NKI kernel and scheduled length (one per set of input sizes): its length with
+    its SBUF tiles rotated, a fresh buffer for each write (recorded on the kernel's compile
+    span; none in recordings older than that)."""
+    s = trace.table("slices")
+    spans = s[s["category"] == tf.CAT_COMPILE]
+    if not len(spans):
+        return {}
+    ids = spans["id"].to_numpy(np.int64)
+    args = trace.slice_args
+    rotated = args.numbers(tf.ARG_KERNEL_ROTATED, ids, -1, "int64")
+    length = args.numbers(tf.ARG_KERNEL_DURATION, ids, -1, "int64")
+    names = args.texts(tf.ARG_NKI_KERNEL, ids)
+    return {(str(n), int(d)): int(r)
+            for n, d, r in zip(names, length.tolist(), rotated.tolist(), strict=True)
+            if r >= 0 and d >= 0}
+
+
+def analysed_nki(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The NKI kernel runs of the analysed steps and their instructions (`nki_runs`,
+    `nki_instructions`): what a finding's time is summed over. All ten runs of a kernel
+    were counted against nine analysed steps, its first run's in the warm-up."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    runs = in_analysed_steps(trace, nki_runs(trace))
+    ins = nki_instructions(trace)
+    return runs, ins[ins["kernel_id"].isin(runs["kernel_id"].to_numpy())]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.analyses.kernel_lines import nki_instructions, nki_runs
+from neuron_explorer.analyses.kernel_lines import analysed_nki
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
 from neuron_explorer.rules.host_bound import device_saving
@@ -19,10 +19,9 @@ ARRAY = 128 * 128  # a MultiplyMoving's executed FLOPs are 2 x 128 x 128 x movin
 
 
 def check(trace: Trace) -> list[Finding]:
-    runs = nki_runs(trace)
+    runs, ins = analysed_nki(trace)
     if not len(runs):
         return []
-    ins = nki_instructions(trace)
     findings = []
     for name, mine in runs.groupby("name", sort=False):
         hw = float(mine["hw_flops"].sum())

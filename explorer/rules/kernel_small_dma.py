@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from neuron_explorer.analyses.kernel_lines import dma_compute_overlap, nki_instructions, nki_runs
+from neuron_explorer.analyses.kernel_lines import analysed_nki, dma_compute_overlap
 from neuron_explorer.peaks import dma_fixed_text
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make
@@ -20,7 +20,7 @@ RULE_ID = "kernel_small_dma"
 
 
 def check(trace: Trace) -> list[Finding]:
-    runs = nki_runs(trace)
+    runs, ins = analysed_nki(trace)
     figures = trace.hardware_figures or {}
     rate = float(figures.get("dma_bytes_per_s") or 0) / 1e9 / int(figures.get("dma_engines")
                                                                     or 16)
@@ -29,7 +29,6 @@ def check(trace: Trace) -> list[Finding]:
                            float(figures.get("memory_bytes_per_s") or 0), math.inf) if r) / 1e9
     if not len(runs) or not rate:
         return []
-    ins = nki_instructions(trace)
     findings = []
     for name, mine in runs.groupby("name", sort=False):
         dma = ins[(ins["kernel"] == name) & (ins["engine"] == "dma") & (ins["bytes"] > 0)]

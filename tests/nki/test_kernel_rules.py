@@ -6,7 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import neuron_explorer
+import neuron_explorer.nki.isa as nisa
+import neuron_explorer.nki.language as nl
 import pytest
+import torch
+from neuron_explorer import nki
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_cases
@@ -30,6 +36,93 @@ def test_a_single_buffer_serialises_dma_and_compute(findings):
     f = found["serial"]
     assert f.time_lost_ns > 0 and "affine_range" in f.recommendation
     assert "waits" in f.explanation and "kernel_cases.py:" in f.explanation  # names the line
+
+
+def test_the_single_buffers_saving_is_the_pipelined_kernels_length(findings):
+    """The saving is the kernel rescheduled with its tile rotated, which is what allocating
+    it inside the loop (`pipelined`, the same work) gives."""
+    trace, _ = findings
+    f = flagged(findings, "kernel_dma_not_pipelined")["serial"]
+    runs = trace.kernels.set_index("name")["dur"]
+    assert f.time_lost_ns == pytest.approx(runs["serial"] - runs["pipelined"], abs=2000)
+    assert f.saving_basis.startswith("replay: the kernel rescheduled with its tiles rotated")
+    assert "reuses its SBUF tiles' buffers" in f.explanation
+
+
+@nki.jit
+def _matmul_one_buffer(xT, w):
+    """A [K, M] x [K, N] matmul loading into two tiles allocated once, before the loops:
+    its compute hides under its DMA, yet each load waits for the matmul before it."""
+    K, M = xT.shape
+    N = w.shape[1]
+    out = nl.ndarray((M, N), dtype=xT.dtype, buffer=nl.shared_hbm)
+    x = nl.ndarray((128, 128), dtype=xT.dtype, buffer=nl.sbuf)
+    y = nl.ndarray((128, 512), dtype=w.dtype, buffer=nl.sbuf)
+    for m in nl.affine_range(M // 128):
+        for n in nl.affine_range(N // 512):
+            acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // 128):
+                nisa.dma_copy(dst=x, src=xT[k * 128:(k + 1) * 128, m * 128:(m + 1) * 128])
+                nisa.dma_copy(dst=y, src=w[k * 128:(k + 1) * 128, n * 512:(n + 1) * 512])
+                nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+            res = nl.ndarray((128, 512), dtype=out.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=res, src=acc, dtype=out.dtype)
+            nisa.dma_copy(dst=out[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512], src=res)
+    return out
+
+
+def test_a_kernel_whose_compute_hides_under_its_dma_still_pipelines(tmp_path, monkeypatch):
+    """A user's bf16 projection loaded into one x and one w tile: 89% of its matmuls ran
+    under its DMA, so the overlap test saw it pipelined (and its Tensor Engine, 9.9% busy,
+    was under the rule's floor), while allocating the tiles in the loop saved 47% of each
+    run. The rotated schedule is that fix's run, to the nanosecond."""
+    from neuron_explorer.nki.launch import HostArg
+    from neuron_explorer.nki.runner import run
+
+    xT = torch.randn(1024, 256).bfloat16().to("neuron")
+    w = torch.randn(1024, 1024).bfloat16().to("neuron")
+    path = tmp_path / "one_buffer.pftrace"
+    monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")  # the device sets each step
+    with neuron_explorer.record(path, level="engine", quiet=True):
+        for _ in range(3):
+            _matmul_one_buffer(xT, w)
+            torch.neuron.synchronize()
+            neuron_explorer.step()
+    trace = neuron_explorer.load(path)
+    (f,) = [g for g in trace.bottlenecks() if g.rule_id == "kernel_dma_not_pipelined"]
+    runs = in_analysed_steps(trace, trace.kernels)
+    runs = runs[runs["name"] == "_matmul_one_buffer"]
+    # the fix: the same kernel with x and y allocated inside the k loop
+    host = [HostArg(t.float().cpu().numpy(), "bfloat16") for t in (xT, w)]
+    fixed = run(_rotated_twin(), tuple(host), {}, numerics=False).kernel.duration_ns
+    one = run(_matmul_one_buffer, tuple(host), {}, numerics=False).kernel.duration_ns
+    assert fixed < 0.8 * one
+    assert f.time_lost_ns == pytest.approx(len(runs) * (one - fixed), rel=0.01)
+
+
+def _rotated_twin():
+    @nki.jit
+    def twin(xT, w):
+        K, M = xT.shape
+        N = w.shape[1]
+        out = nl.ndarray((M, N), dtype=xT.dtype, buffer=nl.shared_hbm)
+        for m in nl.affine_range(M // 128):
+            for n in nl.affine_range(N // 512):
+                acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+                for k in nl.affine_range(K // 128):
+                    x = nl.ndarray((128, 128), dtype=xT.dtype, buffer=nl.sbuf)
+                    y = nl.ndarray((128, 512), dtype=w.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=x, src=xT[k * 128:(k + 1) * 128,
+                                                m * 128:(m + 1) * 128])
+                    nisa.dma_copy(dst=y, src=w[k * 128:(k + 1) * 128,
+                                               n * 512:(n + 1) * 512])
+                    nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+                res = nl.ndarray((128, 512), dtype=out.dtype, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=res, src=acc, dtype=out.dtype)
+                nisa.dma_copy(dst=out[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512],
+                              src=res)
+        return out
+    return twin
 
 
 def test_sbuf_near_capacity_is_pressure(findings):
@@ -102,3 +195,20 @@ def test_the_json_report_has_each_kernels_summary_and_lines(findings):
     assert serial["dma_compute_overlap_pct"] < kernels["pipelined"]["dma_compute_overlap_pct"]
     assert any("nisa.dma_copy(dst=buf" in line["code"] and line["engine"] == "dma"
                for line in serial["lines"])
+
+
+def test_rotating_a_single_buffer_schedules_the_pipelined_kernel():
+    """backend/hardware/rotated.py: `serial` with its one tile rotated is `pipelined`,
+    which allocates a tile per iteration, to the nanosecond; rotating `pipelined` changes
+    nothing."""
+    import numpy as np
+    from neuron_explorer.backend.hardware.rotated import rotated_length_ns
+    from neuron_explorer.nki.runner import run
+
+    a = np.random.default_rng(0).random((kernel_cases.TILES * 128, kernel_cases.WIDTH),
+                                        np.float32)
+    serial = run(kernel_cases.serial, (a,), {}, numerics=False)
+    pipelined = run(kernel_cases.pipelined, (a,), {}, numerics=False)
+    assert serial.kernel.duration_ns > 1.3 * pipelined.kernel.duration_ns
+    assert rotated_length_ns(serial.builder) == pipelined.kernel.duration_ns
+    assert rotated_length_ns(pipelined.builder) == pipelined.kernel.duration_ns
