@@ -109,6 +109,7 @@ def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
     keys, or programs too large to replay while a report waits), whose time lost stays the
     time above the compute roof. A compiled trace's graphs are fused already: only its
     optimizer is replayed."""
+    from neuron_explorer.rules import unfused_optimizer
     from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
     from neuron_explorer.what_if.replay import replayable
 
@@ -128,6 +129,8 @@ def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
                if steps is not None else ""),
             "the steps replayed compiled", compiles=True))
     fused = fused_optimizer_saving(trace)
+    if unfused_optimizer.states_the_saving(trace) is not None:
+        fused = None  # that finding states fused=True's saving: not claimed twice
     if fused is not None and fused.device_ns > 0:
         names = "/".join(fused.optimizers)
         fixes.append(_Fix(

@@ -76,23 +76,31 @@ def test_foreach_adamws_two_multiplies_are_one_pass_each_over_every_parameter(
     saved).
 
     The same script eager is host-bound, and compiling is host_bound's fix: the device work
-    compiling fuses is in that finding's saving, and memory_bound_ops states what fused=True
-    saves after it (it added compiling's too: 1.76 ms claimed, 1.18 saved)."""
+    compiling fuses is in that finding's saving. What fused=True saves there is
+    unfused_optimizer's to state, as step time (memory_bound_ops stated it as device time
+    after the host-bound fix, once adding compiling's too: 1.76 ms claimed, 1.18 saved)."""
     base = ["2", "--width", "512", "--batch", "64", "--optimizer"]
     paths = record_variants(tmp_path, PROGRAM, {
         "adamw": [*base, "adamw", "--compile"], "adamw-fused": [*base, "adamw-fused", "--compile"],
-        "eager": [*base, "adamw"]}, modelled=True)
+        "eager": [*base, "adamw"], "eager-fused": [*base, "adamw-fused"]}, modelled=True)
     trace, fused = load(paths["adamw"]), load(paths["adamw-fused"])
     (f,) = [f for f in trace.bottlenecks() if f.rule_id == "memory_bound_ops"]
     assert "instead of 8 passes" in f.recommendation
     saved = _device_ns(trace) - _device_ns(fused)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.01), (f.time_lost_ns, saved)
-    eager = {f.rule_id: f for f in load(paths["eager"]).bottlenecks()}
+    eager_trace = load(paths["eager"])
+    eager = {f.rule_id: f for f in eager_trace.bottlenecks()}
     assert "host_bound" in eager
-    mem = eager["memory_bound_ops"]
-    assert mem.saving_basis.startswith("replay: the optimizer steps replayed fused;")
-    assert "part of its saving, not beside it" in mem.explanation
-    assert mem.time_lost_ns == pytest.approx(saved, rel=0.15), (mem.time_lost_ns, saved)
+    unfused = eager["unfused_optimizer"]
+    # the steady steps: the fused run's first step, which makes the optimizer's state, is
+    # not analysed, the unfused run's is
+    eager_fused = load(paths["eager-fused"])
+    step_saved = float(in_analysed_steps(eager_trace, eager_trace.steps)["dur"].median()
+                       - in_analysed_steps(eager_fused, eager_fused.steps)["dur"].median())
+    assert unfused.time_lost_ns / unfused.steps == pytest.approx(step_saved, rel=0.1), (
+        unfused.time_lost_ns / unfused.steps, step_saved)
+    assert "fused=True" not in (eager["memory_bound_ops"].recommendation
+                                if "memory_bound_ops" in eager else "")
     # its small transfers are the eager ops' that compiling fuses (0.57 ms claimed again)
     assert "small_dma" not in eager
     # the optimizer's small transfers (those of step 0, outside the analysed steps, were
