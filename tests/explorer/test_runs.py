@@ -458,4 +458,26 @@ def test_a_rank_finding_takes_its_words_from_the_rank_setting_the_pace(run_dir):
     (fp32,) = [f for f in fresh.bottlenecks() if f.rule_id == "fp32_matmul"]
     assert fp32.title == "90 matmuls run in FP32 on rank 1 (and 1 other rank)"
     assert fp32.after == "" and "host-bound now" not in fp32.explanation
-    assert fp32.time_lost_ns == 500_000  # the pace, 4.0 ms, less rank 1's 0.5
+    # the pace, rank 1's 4.0 ms, falls by its 0.5 to 3.5, under rank 0's own 3.6 (its
+    # device time saves nothing before the host-bound fix): the run saves 0.4
+    assert fp32.time_lost_ns == 400_000
+
+
+def test_a_finding_that_waits_on_another_fix_takes_nothing_off_its_ranks_work():
+    """Rank 1 sets the pace (4.0 ms of its own work a step), rank 0 is close behind (3.9)
+    and host-bound: its FP32 finding's 2 ms are device time after the host-bound fix, so
+    making the fix on every rank leaves rank 0 at 3.9 and saves the run 0.1 ms, not rank
+    1's 0.5 (its claim, taken off rank 0's work too, made a compiled DDP run's autocast
+    look like a saving where it ran slower)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from neuron_explorer.rules.finding import Finding
+    from neuron_explorer.rules.ranks import _run_saving
+
+    waits = Finding("fp32_matmul", "FP32", "low", 2_000_000, 0.2, after="host_bound")
+    paces = Finding("fp32_matmul", "FP32", "low", 500_000, 0.05)
+    run = SimpleNamespace(digests={0: SimpleNamespace(findings=[waits]),
+                                   1: SimpleNamespace(findings=[paces])})
+    own = pd.Series({0: 3_900_000.0, 1: 4_000_000.0})
+    assert _run_saving(run, "fp32_matmul", own) == 100_000
