@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from neuron_explorer.analyses.critical_path import device_wait_saving
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.tables import slice_names
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -31,7 +32,7 @@ def check(trace: Trace) -> list[Finding]:
         lost = min(lost, float(path.loc[waiting, "dur"].sum()))
     if lost < th.DEPENDENCY_IDLE_MIN_SHARE * step_time(trace):
         return []
-    names = trace.table("slices")["name"].to_numpy()
+    names = slice_names(trace)
     items = [evidence(r.ts, r.dur, [r.next_slice_id],
                       f"device idle {us(r.dur)} with {names[r.next_slice_id]} already launched "
                       f"{us(r.ts + r.dur - r.launch_ts)} before it started")

@@ -189,7 +189,7 @@ def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     ops = trace.ops
     if not len(op_ids) or not len(ops) or "graph_id" not in ops:
         return np.full(len(op_ids), -1, np.int64)
-    names = trace.table("slices")["name"].to_numpy()
+    names = tables.slice_names(trace)
     graphs = ops[ops["graph_id"].to_numpy() >= 0]
     launched = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
                                        outermost=True)

@@ -49,7 +49,7 @@ def state_ops(trace: Trace) -> pd.DataFrame:
     owner = tables.ancestor_in(trace, ops["id"].to_numpy(np.int64), is_call)
     names = ops["name"].astype(str)
     making = (owner >= 0) & (names.isin([FILL, *ALLOCATIONS])).to_numpy()
-    return ops[making].assign(optimizer=s["name"].to_numpy()[owner[making]].astype(str))
+    return ops[making].assign(optimizer=tables.slice_names(trace)[owner[making]].astype(str))
 
 
 def remade_state(trace: Trace) -> tuple[pd.DataFrame, pd.Series]:

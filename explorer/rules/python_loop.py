@@ -74,7 +74,7 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     # the same few modules for all of a line's repeats of an op (a model called once per
     # sample runs its layers each time): a loop over a model's layers runs each in another
     calls = tables.ancestor_of_kind(trace, forward["id"].to_numpy(np.int64), (tf.CAT_MODULE,))
-    names = trace.table("slices")["name"].to_numpy()
+    names = tables.slice_names(trace)
     module = np.where(calls >= 0, names[np.maximum(calls, 0)].astype(str), "")
     modules = forward.assign(call_module=module).groupby(["source", "name"])[
         "call_module"].nunique().groupby(level="source").max()
@@ -151,7 +151,7 @@ def _backward_of_loop(trace: Trace, body: pd.DataFrame, iterations: int) -> pd.D
     ops = ops[ops["source"].isin(lines).to_numpy()
               & (tables.ancestor_of_kind(trace, ops["id"].to_numpy(np.int64),
                                          (tf.CAT_OPTIMIZER,)) < 0)]
-    names = trace.table("slices")["name"].to_numpy()
+    names = tables.slice_names(trace)
 
     def module_of(frame: pd.DataFrame, kind: str) -> np.ndarray:
         at = tables.ancestor_of_kind(trace, frame["id"].to_numpy(np.int64), (kind,))

@@ -13,6 +13,7 @@ from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import dependency_idle
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.tables import slice_names
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -91,7 +92,7 @@ def check(trace: Trace) -> list[Finding]:
     if lost < th.QUEUED_IDLE_MIN_SHARE * step_time(trace):
         return []
     symptom = float(gaps["idle_ns"].sum())
-    names = trace.table("slices")["name"].to_numpy()
+    names = slice_names(trace)
     items = [evidence(r.previous_end, r.idle_ns, [r.id],
                       f"{r.stream} idle {us(r.idle_ns)} with {r.depth} kernels queued; "
                       f"next: {names[r.id]}")

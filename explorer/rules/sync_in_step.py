@@ -19,6 +19,7 @@ from neuron_explorer.tables import (
     assign_steps,
     map_unique,
     op_named,
+    slice_names,
     text,
 )
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
@@ -63,7 +64,7 @@ def check(trace: Trace) -> list[Finding]:
     source = text(trace.slice_args.column(tf.ARG_SOURCE, ids))
     kind = text(trace.slice_args.column(tf.ARG_SYNC_KIND, ids))
     op = ancestor_of_kind(trace, ids, ("op",), outermost=True)
-    names = trace.table("slices")["name"].to_numpy()
+    names = slice_names(trace)
     where = np.array([s or (names[o] if o >= 0 else n)
                       for s, o, n in zip(source, op, syncs["name"].to_numpy(), strict=True)],
                      dtype=object)
@@ -156,7 +157,7 @@ def _wrappers_own(trace: Trace, ids: np.ndarray) -> np.ndarray:
     DDP's first-step syncs were named "at" the line calling the model, and after the
     script's own reads were gone still claimed 102 us a step."""
     holder = ancestor_of_kind(trace, ids, ("annotation", "module"))
-    names = trace.table("slices")["name"].to_numpy()
+    names = slice_names(trace)
     return np.array([h >= 0 and str(names[h]).startswith(WRAPPER_CODE) for h in holder.tolist()],
                     dtype=bool)
 

@@ -254,7 +254,7 @@ def op_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
     keys = trace.slice_args.column(tf.ARG_OP_KEY, op_ids)
     if any(k is None for k in keys):
         return None
-    names = trace.table("slices")["name"].to_numpy()[op_ids]
+    names = tables.slice_names(trace)[op_ids]
     shapes = trace.args.texts(tf.ARG_SHAPES, op_ids)
     dtypes = trace.args.texts(tf.ARG_DTYPES, op_ids)
     try:

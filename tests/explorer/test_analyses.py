@@ -226,3 +226,15 @@ def test_set_up_before_the_first_step_is_not_its_work(tmp_path) -> None:
     eff = trace.efficiency().set_index("step")
     assert eff.loc[0, "bytes"] == 1000 and eff.loc[0, "flops"] == 10**9
     assert eff.loc[0, "mbu"] < 1
+
+
+def test_slice_names_are_the_name_column_by_slice_id(basic_pf, load_real) -> None:
+    """`tables.slice_names`: the names as the column holds them (ours, a categorical over
+    Arrow strings; a PyTorch-profiler trace's), by slice id, made once per trace."""
+    from neuron_explorer.tables import slice_names
+
+    for trace in (basic_pf, load_real("mtia_trace_single_rank__mtia_rank_0.json.gz")):
+        names = slice_names(trace)
+        column = trace.table("slices")["name"]
+        assert names.tolist() == column.astype(object).tolist()
+        assert slice_names(trace) is names
