@@ -4,7 +4,9 @@ host to index with it: `per_sample_loss.py [--vectorised] [--positions | --recur
 summed over the 24 positions of a sequence, `logits[:, t]` each, or with `--vectorised`
 over all at once; `--recurrent`: a hand-written recurrence over 24 positions, each reading
 the state the one before made, which no whole-tensor op replaces; `--model-per-sample`:
-the model called on one sample at a time, or with `--vectorised` on the batch)."""
+the model called on one sample at a time, or with `--vectorised` on the batch;
+`--accuracy`: a plain loss, and after each optimizer step the batch's accuracy counted
+sample by sample on the device, `pred[i] == y[i]`, or with `--vectorised` at once)."""
 
 import sys
 
@@ -16,6 +18,7 @@ VECTORISED = "--vectorised" in sys.argv
 POSITIONS = "--positions" in sys.argv
 RECURRENT = "--recurrent" in sys.argv
 MODEL_PER_SAMPLE = "--model-per-sample" in sys.argv
+ACCURACY = "--accuracy" in sys.argv
 
 
 def focal_loss(logits, target, weight, gamma=2.0):
@@ -53,9 +56,13 @@ x, y = torch.randn(24, 64, device="neuron"), torch.randint(0, 16, (24,), device=
 w = torch.rand(24, device="neuron")
 seq = torch.randn(4, 24, 64, device="neuron")
 seq_y = torch.randint(0, 16, (4, 24), device="neuron")
+correct = torch.zeros((), device="neuron")
 for _ in range(4):
     opt.zero_grad()
-    if POSITIONS:
+    if ACCURACY:
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+    elif POSITIONS:
         loss = position_loss(model(seq), seq_y)
     elif RECURRENT:
         loss = recurrence(seq, model, state).square().mean()
@@ -66,4 +73,11 @@ for _ in range(4):
         loss = focal_loss(model(x), y, w)
     loss.backward()
     opt.step()
-print(loss.item())
+    if ACCURACY:
+        pred = logits.detach().argmax(dim=1)
+        if VECTORISED:
+            correct += (pred == y).sum()
+        else:
+            for i in range(pred.shape[0]):
+                correct += (pred[i] == y[i]).float()
+print(loss.item(), correct.item())
