@@ -140,6 +140,34 @@ def _eager_inside(trace: Trace, ops: pd.DataFrame, call_id: int,
     return _inside(trace, eager, syncs, call_id, kind)
 
 
+READS_GONE_BASIS = ("replay: the run replayed compiled with the reads of a device value in "
+                    "the loop gone (their branch on the device: torch.where), the forward one "
+                    "graph")
+
+
+def reads_gone_saving_ns(trace: Trace) -> float | None:
+    """ns the analysed steps save with the graph break of a read in a loop removed: Dynamo
+    runs a frame whose loop breaks wholly eager, so no graph of it ran, and the fix (the
+    branch made `torch.where`, the read gone) compiles it whole. A user's `if
+    h.abs().max() > 50` in a layer loop was claimed nothing where torch.where saved 84% of
+    the step. The replay's median step against the recorded one, over the analysed steps;
+    None where no such read is found, a graph of that module ran, or no replay applies."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.what_if.compiled import looped_reads
+    from neuron_explorer.what_if.replay import predicted_step_ns
+
+    looped = looped_reads(trace)
+    ops = in_analysed_work(trace, trace.ops)
+    if not looped or not len(ops) or (ops["graph_id"].to_numpy() >= 0).any():
+        return None
+    predicted = predicted_step_ns(trace, "compiled_without_reads")
+    recorded = predicted_step_ns(trace, "eager")
+    steps = in_analysed_steps(trace, trace.steps)
+    if predicted is None or recorded is None or not len(steps):
+        return None
+    return max(recorded - predicted, 0.0) * len(steps)
+
+
 UNCOMPILED_BASIS = ("replay: the calls of the compiled module that ran uncompiled replayed "
                     "as one launch each (their ops' host launches gone, their device work "
                     "kept, unfused)")

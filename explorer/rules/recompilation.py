@@ -16,8 +16,10 @@ from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, us
 from neuron_explorer.rules.graph_break_cost import (
     MERGED_BASIS,
+    READS_GONE_BASIS,
     UNCOMPILED_BASIS,
     merged_graphs_saving_ns,
+    reads_gone_saving_ns,
     uncompiled_calls_saving_ns,
 )
 from neuron_explorer.rules.shape_recompiles import ran_uncompiled_after, repeated_size_recompiles
@@ -95,6 +97,21 @@ def check(trace: Trace) -> list[Finding]:
     if merged:
         saving += merged
         basis = "; ".join(b for b in (basis, MERGED_BASIS) if b)
+    # a break in a loop: Dynamo ran the whole frame eager, no graph to merge
+    reads_gone = reads_gone_saving_ns(trace) if own.any() and not torchs and not merged \
+        else None
+    reads_note = ""
+    if reads_gone:
+        from neuron_explorer.what_if.compiled import looped_reads
+
+        saving += reads_gone
+        basis = "; ".join(b for b in (basis, READS_GONE_BASIS) if b)
+        where = ", ".join(f"{line} in `{module}`" for module, line in
+                          list(looped_reads(trace).items())[:3])
+        reads_note = (f" The break is a read of a device value inside a loop ({where}): "
+                      "Dynamo runs a frame whose loop breaks wholly eager, so none of it ran "
+                      f"compiled; without the read it compiles whole, {us(reads_gone)} "
+                      "less (counted in the saving).")
     uncompiled_note, uncompiled = _past_the_limit(trace, recompiles, set(per_size["frame"]))
     uncompiled_saving = uncompiled_calls_saving_ns(trace, uncompiled) if uncompiled else None
     if uncompiled_saving:
@@ -120,7 +137,8 @@ def check(trace: Trace) -> list[Finding]:
                           "for every new length is worth a change (see shape_recompiles).")
     # compile time is not per step: its share is of the recorded steps, warm-up included
     return [make(trace, RULE_ID, title, saving, items,
-                 _explanation(in_step_breaks, recompiles, reasons) + uncompiled_note,
+                 _explanation(in_step_breaks, recompiles, reasons) + uncompiled_note
+                 + reads_note,
                  recommendation,
                  severity_override="low" if mode_switch or decoding or torchs else None,
                  share_of=steps_ns or None, symptom_ns=lost, saving_basis=basis)]

@@ -107,13 +107,15 @@ class _Graph:
 
 
 def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
-            data_flow: tuple | None = None) -> np.ndarray:
+            data_flow: tuple | None = None, without_reads: bool = False) -> np.ndarray:
     """Per host event: its graph label ("<step>.<call>:forward", "<step>.<call>:backward",
     a step's model calls numbered: micro-batches of gradient accumulation) or "" (eager).
     With the recording's `data_flow` (`recorded_data_flow`), a backward's in-place add
     into a tensor made before that backward began is the gradient accumulating into a
     parameter's `.grad` (AccumulateGrad, which autograd runs eagerly after the compiled
-    backward): eager too."""
+    backward): eager too. `without_reads`: the reads of a device value in a loop
+    (`looped_reads`) are gone, as the fix of their graph break removes them (a branch
+    made `torch.where`): they are DROPPED, and their modules compile."""
     ids = rows["id"].to_numpy()
     labels = np.full(len(rows), "", dtype=object)
     is_op = rows["key"].map(lambda k: k is not None).to_numpy()
@@ -125,8 +127,9 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
     # ops outside the model's ranges (the loss and its backward) stay eager; a trace
     # without module ranges is compiled whole
     ranges = tables.of_kind(trace, tf.CAT_MODULE, tf.CAT_BACKWARD)
-    in_model = (_in_compiled_module(trace, ids, allow_rnn) if len(ranges)
+    in_model = (_in_compiled_module(trace, ids, allow_rnn, without_reads) if len(ranges)
                 else np.ones(len(rows), bool))
+    dropped = _looped_read_rows(trace, rows) if without_reads else np.zeros(len(rows), bool)
     ts = rows["ts"].to_numpy(np.int64)
     step = tables.assign_steps(ts, trace.steps)
     # optimizer calls (zero_grad, step) begun before each op: one between a step's first
@@ -163,6 +166,9 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
             in_backward[st] = True
             phase_start[st] = i
         began[i] = phase_start.setdefault(st, i)
+        if dropped[i]:
+            labels[i] = DROPPED
+            continue
         if not in_model[i] or key[0] in _EAGER_ONLY or i in beside_collectives or any(
                 n == "direction" and v != "device_to_device" for n, v in key[3]):
             continue
@@ -181,6 +187,22 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
 # `.grad`, DDP's reducer copying it into its bucket): eager, after the compiled backward
 # that made the gradient, so it does not split that backward's graph
 ACCUMULATES = "accumulates"
+# The label of a read the fix removes (`without_reads`): not replayed, and no graph's end
+DROPPED = "dropped"
+
+
+def _looped_read_rows(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
+    """Which rows are reads of a device value in a loop (`looped_reads`: at that line, in
+    that module)."""
+    looped = looped_reads(trace)
+    if not looped or not len(rows):
+        return np.zeros(len(rows), bool)
+    ids = rows["id"].to_numpy(np.int64)
+    names = tables.slice_names(trace)[ids]
+    source = trace.args.texts(tf.ARG_SOURCE, ids)
+    module = trace.args.texts(tf.ARG_MODULE, ids)
+    return np.array([n in _READS and looped.get(str(m)) == str(src)
+                     for n, src, m in zip(names, source, module, strict=True)], bool)
 
 
 def _accumulates_gradient(key: tuple, row: int, phase_began: int,
@@ -193,7 +215,8 @@ def _accumulates_gradient(key: tuple, row: int, phase_began: int,
     return bool(made_by) and 0 <= made_by[0] < phase_began
 
 
-def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False) -> np.ndarray:
+def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False,
+                        without_reads: bool = False) -> np.ndarray:
     """Which slices run inside a module torch.compile(model) compiles: the forward or
     backward range of a root module other than a loss (`nn.CrossEntropyLoss()` and the
     other torch.nn losses, named by their class, which a script calls beside its model),
@@ -205,7 +228,8 @@ def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False) 
     loss = tables.map_unique(names, lambda n: _LOSS_ROOT.fullmatch(str(n)) is not None, bool)
     inside = (outer >= 0) & ~loss[np.maximum(outer, 0)]
     skipped = {path: why for path, why in compile_skipped_modules(trace).items()
-               if not (allow_rnn and why == "rnn")}
+               if not (allow_rnn and why == "rnn")
+               and not (without_reads and why == LOOPED_READ)}
     if skipped:
         under = tables.map_unique(names, lambda n: _within(str(n), skipped), bool)
         inside &= tables.ancestor_in(trace, ids, tables.kind_mask(trace, ranges) & under) < 0
@@ -273,7 +297,7 @@ def _graphs(labels: np.ndarray) -> dict[int, _Graph]:
     graphs: dict[int, _Graph] = {}
     first = -1
     for i, label in enumerate(labels.tolist()):
-        if label == ACCUMULATES:
+        if label in (ACCUMULATES, DROPPED):
             continue
         if not label:
             first = -1
@@ -350,18 +374,20 @@ def _emit_ops(b, keys: list) -> None:
 
 
 def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
-                    max_dependencies: int | None = None, allow_rnn: bool = False):
+                    max_dependencies: int | None = None, allow_rnn: bool = False,
+                    without_reads: bool = False):
     """Like `backend.replay.replay`, with each step's graphs launched as one program each;
     returns (replayed events, host shift, approximations). `max_dependencies`: see
     build_program; `allow_rnn`: RNN, GRU and LSTM modules compiled too (see
-    `_in_compiled_module`)."""
+    `_in_compiled_module`); `without_reads`: the reads in a loop gone (`_phases`)."""
     from neuron_explorer.backend.hardware import DeviceTimeline
     from neuron_explorer.backend.replay import HostShift, ReplayedKernel, ReplayedOp, replay_one
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
     data_flow = recorded_data_flow(trace, rows)
-    graphs = _graphs(_phases(trace, rows, allow_rnn, data_flow))
+    labels = _phases(trace, rows, allow_rnn, data_flow, without_reads)
+    graphs = _graphs(labels)
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)
     timelines: dict[int, DeviceTimeline] = {}
@@ -373,7 +399,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     # accumulation recorded inside its span runs after it
     graph_finish, after_graph = -1, 0
     for i, ev in enumerate(events):
-        if i in member:  # inside a graph launched at its first op
+        if i in member or labels[i] == DROPPED:  # inside a graph launched at its first op
             continue
         timeline = timelines.setdefault(ev.device, DeviceTimeline(preset))
         graph = graphs.get(i)
