@@ -99,8 +99,15 @@ def _checked(program: Program) -> Program:
             raise RecordingError(f"no module named {program.target!r} (is its package installed "
                                  "or in the current folder?)")
     if program.kind == COMMAND and shutil.which(program.target) is None:
-        raise RecordingError(f"no such program: {program.target} (give a Python script, "
-                             "`-m module`, or a command on PATH)")
+        # a command of the environment the recorder runs in (its torchrun) is found there
+        # when that environment is not activated: `.venv/bin/neuron-explorer record --
+        # torchrun ...` said "no such program: torchrun"
+        beside = shutil.which(program.target, path=os.pathsep.join(
+            dict.fromkeys((sysconfig.get_path("scripts"), os.path.dirname(sys.executable)))))
+        if beside is None:
+            raise RecordingError(f"no such program: {program.target} (give a Python script, "
+                                 "`-m module`, or a command on PATH)")
+        return Program(COMMAND, beside, program.args)
     return program
 
 

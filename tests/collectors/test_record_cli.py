@@ -383,3 +383,22 @@ def test_a_grad_mode_recompile_is_placed_in_the_users_code_and_costed_alone(reco
     assert "site-packages" not in finding.recommendation
     compile_total = float(trace.compile_summary()["totals"]["compile_ns"].iloc[0])
     assert 0 < finding.time_lost_ns < 0.9 * compile_total  # the recompile's, not all of it
+
+
+def test_a_command_of_the_recorders_environment_runs_without_it_on_path(monkeypatch,
+                                                                        tmp_path) -> None:
+    """`.venv/bin/neuron-explorer record -- torchrun ...` with the environment not
+    activated said "no such program: torchrun": the recorder's own environment's commands
+    are found beside its Python; a command found nowhere is still one clear error."""
+    import shutil
+    import sys
+
+    from neuron_explorer.collectors.program import COMMAND, parse_program
+    from neuron_explorer.collectors.trace_writer import RecordingError
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    program = parse_program(["torchrun", "--nproc_per_node=2", "train.py"])
+    assert program.kind == COMMAND and program.args == ["--nproc_per_node=2", "train.py"]
+    assert program.target == shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    with pytest.raises(RecordingError, match="no such program: no-such-command"):
+        parse_program(["no-such-command"])
