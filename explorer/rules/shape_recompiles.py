@@ -138,6 +138,20 @@ def _in_decode(trace: Trace, steps: list[int]) -> bool:
         (phases[phases["step"].isin(steps)]["phase"] == "decode").any())
 
 
+_AOT_COMPILE = re.compile(r"^aot_autograd (\d+)/\d+$")
+
+
+def frame_graphs(trace: Trace, frame: int) -> set[int]:
+    """The graphs Dynamo's frame `frame` compiled: each graph's compile starts with its
+    frame's AOTAutograd span ("aot_autograd 5/1")."""
+    spans = compile_spans(trace)
+    starts = {int(ts) for name, ts in zip(spans["name"], spans["ts"], strict=True)
+              if (m := _AOT_COMPILE.match(str(name))) and int(m.group(1)) == frame}
+    graphs = trace.compile_summary()["graphs"]
+    return {int(g) for g, ts in zip(graphs["graph_id"], graphs["ts"], strict=True)
+            if g >= 0 and int(ts) in starts}
+
+
 def ran_uncompiled_after(trace: Trace, frame: int, last: int) -> tuple[str, list[int]]:
     """A note, and the steps, when no compiled graph ran in the steps after step `last` (that
     of frame `frame`'s last recompile) while they did before: Dynamo stopped compiling the
@@ -147,6 +161,10 @@ def ran_uncompiled_after(trace: Trace, frame: int, last: int) -> tuple[str, list
         return "", []
     later = trace.steps[trace.steps["step"] > last]["step"]
     graphs = ops[ops["graph_id"].fillna(-1) >= 0]  # launches of compiled graphs
+    mine = frame_graphs(trace, frame)
+    if mine:  # the frame's own graphs: a compiled optimizer step past its limit runs
+        # uncompiled while the model's graphs, another frame's, still run
+        graphs = graphs[graphs["graph_id"].isin(mine)]
     if not len(later) or graphs["step"].isin(later).any() or not graphs["step"].le(last).any():
         return "", []
     compiles = [int(m.group(2)) + 1 for m in map(_FRAME_COMPILE.match, compile_spans(trace)["name"])
@@ -154,8 +172,8 @@ def ran_uncompiled_after(trace: Trace, frame: int, last: int) -> tuple[str, list
     limit = (f" after {max(compiles)} compiles, Dynamo's recompile limit "
              f"(torch._dynamo.config.recompile_limit, {RECOMPILE_LIMIT} by default)"
              if compiles and max(compiles) >= RECOMPILE_LIMIT else "")
-    note = (f" From step {int(later.iloc[0])} no compiled graph ran: the function ran "
-            f"uncompiled{limit}.")
+    ran = "none of its graphs ran" if mine else "no compiled graph ran"
+    note = f" From step {int(later.iloc[0])} {ran}: the function ran uncompiled{limit}."
     return note, [int(x) for x in later]
 
 
