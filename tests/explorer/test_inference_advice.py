@@ -82,7 +82,7 @@ def test_an_inference_loop_reading_each_result_is_told_when_to_keep_the_read() -
     every answer to the end: the advice says which fix fits which use."""
     (f,) = [f for f in neuron_explorer.load(SAMPLES / "generate.pftrace").bottlenecks()
             if f.rule_id == "sync_in_step"]
-    assert f.recommendation.startswith("Each step reads its result once"), f.recommendation
+    assert f.recommendation.startswith("Each step reads its result ("), f.recommendation
     assert "(offline inference), remove the sync at " in f.recommendation
     assert "(a server), keep that read and hide it" in f.recommendation
     (f,) = [f for f in neuron_explorer.load(SAMPLES / "item_in_loop.pftrace").bottlenecks()

@@ -72,6 +72,23 @@ def test_a_servers_one_read_per_request_is_kept_and_hidden(tmp_path: Path) -> No
     assert "after the loop" not in f.recommendation
 
 
+def test_an_inference_step_reading_its_results_parts_is_told_when_to_keep_the_read(
+        tmp_path: Path) -> None:
+    """A server answering each request with `int(p.argmax()), float(p.max())`: two reads a
+    step at one line, told (as a training loop's metrics) to read them after the loop and
+    to keep `loss.detach()` on the device: its steps looked shorter, its last answer came
+    no sooner."""
+    sc = scenarios.basic()
+    sc.b.metadata(sc.host, {"step_boundary": "forward"}, ts=1)
+    for n in range(2):
+        sc.b.slice(sc.host, n * scenarios.STEP + 8050, 50, "sync", "sync",
+                   {"kind": "item", "source": "train.py:42", "device": 0, "step": n})
+    (f,) = _rule(_load(sc, tmp_path, "parts"), "sync_in_step")
+    assert f.recommendation.startswith("Each step reads its result (train.py:42)")
+    assert "(a server), keep that read and hide it" in f.recommendation
+    assert "loss" not in f.recommendation
+
+
 def test_sync_in_step(basic_pf: neuron_explorer.Trace, clean_trace) -> None:
     (f,) = _rule(basic_pf, "sync_in_step")
     # the device idles from the relu kernel's end (6000) to the add kernel (9200) per step,
