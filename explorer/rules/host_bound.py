@@ -442,12 +442,13 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
     training = trains(trace)
     return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
             "by one outside its graphs" + (f" ({named})" if named else "")
-            + ": bring them into compiled code." + left
+            + ": bring them into compiled code (the saving counts all of them brought in: "
+            "a fix that brings in some saves their part)." + left
             + (" Compute the loss inside the compiled function" if training else
                " Move the work on the model's outputs (sampling, argmax, metric math) into "
                "the compiled function")
             + ((", and" if optimizer_told or fused_optimizer(trace) else
-                ", construct the optimizer with fused=True, or")
+                " and construct the optimizer with fused=True, or")
                + " compile the whole training step (loss, backward, clipping, "
                "optimizer step; mark each step with neuron_explorer.step(), as one "
                "compiled call holds them)" if training else "")
