@@ -446,7 +446,9 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
             "a fix that brings in some saves their part)." + left
             + (" Compute the loss inside the compiled function" if training else
                " Move the work on the model's outputs (sampling, argmax, metric math) into "
-               "the compiled function")
+               "the compiled function (and mark each request with neuron_explorer.step(): "
+               "the model's return, which ends a step in the recording, is then inside "
+               "compiled code)")
             + ((", and" if optimizer_told or fused_optimizer(trace) else
                 " and construct the optimizer with fused=True, or")
                + " compile the whole training step (loss, backward, clipping, "

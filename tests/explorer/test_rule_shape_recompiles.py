@@ -224,6 +224,9 @@ def test_past_the_recompile_limit_the_saving_counts_the_steps_run_uncompiled(tmp
     assert "run inside the compiled model's own calls" in host.recommendation
     assert "loss" not in host.recommendation
     assert "Move the work on the model's outputs" in host.recommendation
+    # a compiled function holding the model's call hides the return that ends each step
+    # (a user who compiled one as advised recorded a single step)
+    assert "mark each request with neuron_explorer.step()" in host.recommendation
 
 
 def _median_step(trace: neuron_explorer.Trace) -> float:
