@@ -2,7 +2,8 @@
 and a sync every call. `graph_break.py [--fixed] [--print]` (`--fixed`: the same math on
 the device, one graph; `--print`: the value printed instead, a debugging print left in,
 whose float fails its guard every call until Dynamo leaves the code after it eager;
-`--print --fixed`: the print removed)."""
+`--print --fixed`: the print removed; `--compile-loss`: a function computing the model's
+loss compiled instead of the model, which hides the model's calls from module hooks)."""
 
 import sys
 
@@ -34,10 +35,17 @@ class Model(nn.Module):
 torch.manual_seed(0)
 model = Model().to("neuron")
 compiled = torch.compile(model, backend="neuron")
+
+
+@torch.compile(backend="neuron")
+def model_loss(x, y):
+    return F.mse_loss(model(x), y)
+
+
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x, y = torch.randn(32, 64, device="neuron"), torch.randn(32, 8, device="neuron")
 for _ in range(10):
-    loss = F.mse_loss(compiled(x), y)
+    loss = model_loss(x, y) if "--compile-loss" in sys.argv else F.mse_loss(compiled(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
