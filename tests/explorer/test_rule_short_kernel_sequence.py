@@ -253,6 +253,10 @@ def test_a_compiled_run_is_told_to_bring_its_eager_ops_into_the_graph(repo_root)
     # path, the launches alone; the optimizer's fused step saves 0.65 ms a step of it)
     assert f.time_lost_ns == 1_681_217 and f.severity == "high"
     assert "compiled graph" in f.recommendation
+    # no compiled replay caps it here: it overlaps the host-bound finding's saving, and
+    # may be the larger (called "part of" a smaller host-bound claim, it read as wrong)
+    assert "the two savings overlap rather than add" in f.explanation
+    assert "part of the host-bound" not in f.explanation
 
 
 def test_silent_where_fusing_saves_little(repo_root, load_real):
