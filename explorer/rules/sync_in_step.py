@@ -100,6 +100,14 @@ def check(trace: Trace) -> list[Finding]:
             "these reads), indexing with tensors on the device (gather, masks, "
             "torch.where). Reading less often in the loop as it stands adds ops for each "
             "read it removes.")
+    elif _inside_the_forward(trace, syncs):
+        recommendation = (
+            f"The reads at {', '.join(sorted(set(where.tolist()))[:SITES_NAMED])} happen "
+            "inside the model's forward: control flow (an `if` on a tensor, a value in a "
+            "condition) or logging on a device value. Make a branch branchless on the "
+            "device (torch.where, torch.clamp: computed always, chosen on the device) and "
+            "move logging out of the forward; under torch.compile each such read is also "
+            "a graph break.")
     elif _one_read_per_request(trace, syncs):
         recommendation = (
             f"Each request's result is read once, as it completes ({top_site}): a server "
@@ -202,6 +210,15 @@ def _sites_named(sites: list[str]) -> str:
             + (f" (and {more} more)" if more else ""))
 
 
+def _inside_the_forward(trace: Trace, syncs: pd.DataFrame) -> bool:
+    """Whether every sync is inside a module's forward call: the model's own control flow
+    on a device value, which "read results every N steps or after the loop" does not
+    describe (a user's `if h.std() > 2.0` per layer was told to read its results after
+    the loop)."""
+    ids = syncs["id"].to_numpy()
+    return bool(len(ids)) and bool((ancestor_of_kind(trace, ids, (tf.CAT_MODULE,)) >= 0).all())
+
+
 # an inference step's reads of its result: its parts (a label and its score), at one line
 RESULT_READS = 4
 
@@ -215,8 +232,12 @@ def _one_read_per_step(trace: Trace, syncs: pd.DataFrame) -> bool:
 
     if trains(trace) or not len(trace.steps):
         return False
-    sources = set(text(trace.slice_args.column(tf.ARG_SOURCE, syncs["id"].to_numpy())))
-    return (len(syncs) <= RESULT_READS * len(analysed_steps(trace).steps)
+    ids = syncs["id"].to_numpy()
+    sources = set(text(trace.slice_args.column(tf.ARG_SOURCE, ids)))
+    # a result is read after the model returns it: a read inside its forward (a branch on
+    # a device value) is the model's control flow, which once read as the step's answer
+    outside = bool((ancestor_of_kind(trace, ids, (tf.CAT_MODULE,)) < 0).all())
+    return (outside and len(syncs) <= RESULT_READS * len(analysed_steps(trace).steps)
             and len(sources) <= 1)
 
 

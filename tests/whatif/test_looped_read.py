@@ -47,6 +47,11 @@ def test_the_reads_saving_takes_what_the_forward_made_for_them(runs) -> None:
     (f,) = [f for f in eager.bottlenecks() if f.rule_id == "sync_in_step"]
     saved = step_time(eager) - step_time(plain)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)
+    # the reads are the forward's control flow: not "read results every N steps" (a
+    # user's per-layer `if h.std() > 2.0` was told to read its results after the loop)
+    assert f.recommendation.startswith("The reads at "), f.recommendation
+    assert "inside the model's forward" in f.recommendation and "torch.where" in \
+        f.recommendation and "every N steps" not in f.recommendation
 
 
 def test_the_breaks_saving_is_the_forward_compiled_without_the_read(runs) -> None:
