@@ -34,6 +34,7 @@ from neuron_explorer.backend.hardware import (
     lower_host_transfer,
     lower_op,
 )
+from neuron_explorer.backend.hardware.kernel import FIRST_DMA
 from neuron_explorer.common.op_families import is_matmul_like
 
 # (shape, dtype name) pairs; attrs as (name, value) pairs (common/op_key_codec.py)
@@ -97,6 +98,9 @@ class HostEvent:
     key: OpKey | None = None  # None: a sync point, or a collective
     backward: bool = False  # run by autograd's backward (what autocast casts differs)
     transfer_ns: int | None = None  # a collective: its time on the interconnect
+    # a custom kernel's op (an NKI kernel, `nki::<name>`): its recorded kernels' length,
+    # which no lowering of its key gives
+    recorded_ns: int | None = None
 
 
 class HostShift:
@@ -180,6 +184,19 @@ def lower_key(key: OpKey, preset: HardwarePreset) -> tuple[Kernel | None, bool]:
         return lower_host_fallback(spec, preset), True
 
 
+def recorded_kernel(name: str, length_ns: int) -> Kernel:
+    """A kernel of a recorded length standing for a custom kernel's run (an NKI kernel: its
+    own schedule, which no op key describes). Predictions dropped them: a replay of a run
+    whose NKI kernel took 800 us a step predicted the same step for a kernel twice as
+    fast, and claimed compiling saved that kernel's time."""
+    one = np.ones(1, np.int64)
+    return Kernel(name, flops=0, model_flops=0, hbm_read_bytes=0, hbm_write_bytes=0,
+                  spill_bytes=0, sbuf_bytes=0, psum_bytes=0, opcodes=(name,),
+                  engine=np.array([FIRST_DMA], np.int16), opcode=np.zeros(1, np.int16),
+                  start=np.zeros(1, np.int64), dur=one * int(length_ns),
+                  nbytes=np.zeros(1, np.int64), iflops=np.zeros(1, np.int64))
+
+
 def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: ReplayOptions,
                preset: HardwarePreset) -> ReplayedOp:
     """One op, collective or sync point issued at host time `ts` on `timeline`, as a live
@@ -188,6 +205,8 @@ def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: Replay
         timeline.finish_ns = max(timeline.finish_ns, timeline.collectives_end_ns)
     if ev.transfer_ns is not None:
         return _collective(ev, ts, timeline, preset)
+    if ev.recorded_ns is not None:  # a custom kernel (no op key) runs as it was recorded
+        return _recorded(ev, ts, timeline, preset)
     if ev.key is None:  # a sync point: wait for what this device still has queued
         return ReplayedOp(ts, max(0, timeline.finish_ns - ts))
     kernel, fallback = lower_key(with_dtype(ev.key, options.dtype), preset)
@@ -207,6 +226,16 @@ def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: Replay
         out.flops += k.model_flops
         out.hbm_bytes += k.hbm_bytes
     return out
+
+
+def _recorded(ev: HostEvent, ts: int, timeline: DeviceTimeline,
+              preset: HardwarePreset) -> ReplayedOp:
+    """A custom kernel's launch at host time `ts`: its recorded length on the device."""
+    kernel = recorded_kernel("custom kernel", int(ev.recorded_ns or 0))
+    launch = ts + preset.host_launch_overhead_ns
+    start, end = timeline.schedule(kernel, launch)
+    return ReplayedOp(ts, preset.host_launch_overhead_ns,
+                      [ReplayedKernel(kernel, ev.device, launch, start, end, False)])
 
 
 def _collective(ev: HostEvent, ts: int, timeline: DeviceTimeline,

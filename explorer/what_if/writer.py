@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from neuron_explorer import tables
+from neuron_explorer.analyses.kernel_lines import NKI_OP_PREFIX
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.trace import Trace
 from neuron_explorer.what_if.replay import META_WHATIF, WhatIfOptions
@@ -62,12 +63,32 @@ def host_events(trace: Trace, ops: pd.DataFrame):
     ], ignore_index=True).sort_values(["ts", "id"], kind="stable", ignore_index=True)
     backward = tables.ancestor_of_kind(trace, rows["id"].to_numpy(), (tf.CAT_BACKWARD,)) >= 0
     transfers = _collective_transfers(trace, rows["id"].to_numpy())
+    recorded = _custom_kernels_ns(trace, rows)
     events = [HostEvent(int(t), int(d), int(v), k, backward=bool(b),
-                        transfer_ns=None if x < 0 else int(x))
-              for t, d, v, k, b, x in
+                        transfer_ns=None if x < 0 else int(x),
+                        recorded_ns=None if r < 0 else int(r))
+              for t, d, v, k, b, x, r in
               zip(rows["ts"].tolist(), rows["dur"].tolist(), rows["device"].tolist(),
-                  rows["key"].tolist(), backward.tolist(), transfers.tolist(), strict=True)]
+                  rows["key"].tolist(), backward.tolist(), transfers.tolist(),
+                  recorded.tolist(), strict=True)]
     return rows, events
+
+
+
+def _custom_kernels_ns(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
+    """Per row: for a custom kernel's op (an `@nki.jit` launch: no op key describes its
+    schedule, and the replay took it for a sync point), its recorded kernels' summed
+    length (a prediction runs it as recorded); -1 for any other."""
+    out = np.full(len(rows), -1, np.int64)
+    ids = rows["id"].to_numpy(np.int64)
+    names = tables.slice_names(trace)[ids]
+    custom = np.flatnonzero([str(n).startswith(NKI_OP_PREFIX) for n in names])
+    k = trace.kernels
+    if not len(custom) or not len(k):
+        return out
+    per_op = k.groupby("op_slice_id")["dur"].sum()
+    out[custom] = per_op.reindex(ids[custom]).fillna(0).to_numpy(np.int64)
+    return out
 
 
 def _collective_transfers(trace: Trace, ids: np.ndarray) -> np.ndarray:

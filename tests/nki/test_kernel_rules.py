@@ -212,3 +212,26 @@ def test_rotating_a_single_buffer_schedules_the_pipelined_kernel():
     assert serial.kernel.duration_ns > 1.3 * pipelined.kernel.duration_ns
     assert rotated_length_ns(serial.builder) == pipelined.kernel.duration_ns
     assert rotated_length_ns(pipelined.builder) == pipelined.kernel.duration_ns
+
+
+def test_a_prediction_runs_a_custom_kernel_as_recorded(tmp_path, monkeypatch):
+    """An NKI launch has no op key: the replay took it for a sync point and dropped its
+    kernel, so a run whose kernel took 800 us a step was predicted the same step as with a
+    kernel twice as fast, and compiling the model was claimed to save that time. Replayed
+    as it ran, the eager prediction is the recording."""
+    from neuron_explorer.what_if.replay import predicted_step_ns
+
+    xT = torch.randn(1024, 256).bfloat16().to("neuron")
+    w = torch.randn(1024, 1024).bfloat16().to("neuron")
+    path = tmp_path / "kernel_and_ops.pftrace"
+    monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")
+    with neuron_explorer.record(path, level="op", quiet=True):
+        for _ in range(4):
+            _matmul_one_buffer(xT, w).float().sum().item()
+            neuron_explorer.step()
+    trace = neuron_explorer.load(path)
+    recorded = float(in_analysed_steps(trace, trace.steps)["dur"].median())
+    kernel = float(trace.kernels.loc[trace.kernels["name"] == "_matmul_one_buffer",
+                                     "dur"].median())
+    assert kernel > 0.3 * recorded  # the premise: the kernel is much of the step
+    assert predicted_step_ns(trace, "eager") == pytest.approx(recorded, rel=0.02)
