@@ -77,7 +77,7 @@ def merged_graphs_saving_ns(trace: Trace) -> float | None:
         merged_per_step[step] = merged_per_step.get(step, 0) + len(launches) - 1
     if not removed:  # a compiled function's graphs, in no module call the recorder saw
         removed, lengths, merged_per_step = _merged_at_breaks(
-            trace, ops, graphs.assign(row=rows)[~backward], dur, k)
+            trace, ops, graphs.assign(row=rows), backward, dur, k)
     if not removed:
         return None
     # as many backward graphs go in the step (the first launched is the last forward's),
@@ -106,8 +106,8 @@ def merged_graphs_saving_ns(trace: Trace) -> float | None:
                              lengths)
 
 
-def _merged_at_breaks(trace: Trace, ops: pd.DataFrame, forward: pd.DataFrame,
-                      dur: np.ndarray, k: pd.DataFrame
+def _merged_at_breaks(trace: Trace, ops: pd.DataFrame, graphs: pd.DataFrame,
+                      backward: np.ndarray, dur: np.ndarray, k: pd.DataFrame
                       ) -> tuple[list[int], dict[int, int], dict[int, int]]:
     """For forward graphs outside any module call (a compiled function holding the model's
     call hides the module hooks): each run of a step's graphs split only by eager ops at a
@@ -122,6 +122,8 @@ def _merged_at_breaks(trace: Trace, ops: pd.DataFrame, forward: pd.DataFrame,
     per_step: dict[int, int] = {}
     eager = ops[ops["graph_id"].to_numpy() < 0]
     syncs = tables.of_kind(trace, tf.CAT_SYNC)
+    launched = np.sort(graphs["ts"].to_numpy(np.int64))  # every graph, the backward's too
+    forward = graphs[~backward]
     for step, mine in forward.groupby("step"):
         mine = mine.sort_values("ts")
         kept = int(mine["row"].iloc[0])
@@ -129,7 +131,10 @@ def _merged_at_breaks(trace: Trace, ops: pd.DataFrame, forward: pd.DataFrame,
             # split by the break's eager ops, or by nothing (the resumed caller's graph
             # after the callee's): one graph without the break
             between = eager[(eager["ts"] > a.ts) & (eager["ts"] < b.ts)]
-            if not lines or not between["source"].astype(str).isin(lines).all():
+            # another graph between them (a backward before an optimizer's graph): no break
+            # of one forward
+            other = np.searchsorted(launched, b.ts) - np.searchsorted(launched, a.ts, "right")
+            if not lines or other > 0 or not between["source"].astype(str).isin(lines).all():
                 kept = int(b.row)  # not split by a break: a graph of its own
                 continue
             ids = between["id"].tolist()
