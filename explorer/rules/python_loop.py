@@ -226,7 +226,8 @@ def check(trace: Trace) -> list[Finding]:
         items,
         f"The code at {shown} launches its ops {iterations} times a step, once per iteration of "
         f"a Python loop, each on a slice of the data (one sample, or one position): "
-        f"{per_step:.0f} ops a step with their backward{reads}. Each op is a launch that does "
+        f"{per_step:.0f} ops a step{' with their backward' if len(backward) else ''}{reads}. "
+        "Each op is a launch that does "
         "one iteration's work; over the whole batch, one op does all of them.",
         f"Vectorise the loop at {shown}: compute its body on whole tensors (index with "
         "tensors: gather, masks, torch.where; reduce with sum/mean over a dim; call the model "

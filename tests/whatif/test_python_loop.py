@@ -87,3 +87,5 @@ def test_a_metric_loop_after_the_optimizer_step_is_a_loop(tmp_path) -> None:
     assert saved > 0.3 * in_analysed_steps(loop, loop.steps)["dur"].sum()  # the premise
     assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
     assert not [f for f in vectorised.bottlenecks() if f.rule_id == "python_loop"]
+    # the metric has no backward: the text says none (it read "with their backward")
+    assert " ops a step." in f.explanation and "with their backward" not in f.explanation
