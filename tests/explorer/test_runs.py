@@ -481,3 +481,24 @@ def test_a_finding_that_waits_on_another_fix_takes_nothing_off_its_ranks_work():
                                    1: SimpleNamespace(findings=[paces])})
     own = pd.Series({0: 3_900_000.0, 1: 4_000_000.0})
     assert _run_saving(run, "fp32_matmul", own) == 100_000
+
+
+def test_a_straggler_with_more_data_says_what_splitting_it_evenly_saves(monkeypatch):
+    """The straggler's headline is its extra work dropped (rank 0 given the other's 512
+    rows: 1.03 ms a step, matched); a user who split the 2048 rows evenly saved 0.70, and
+    on a compiled run 2.18 where the mean's share gives 2.15: where the extra is the same
+    ops on more data, the finding says both."""
+    import pandas as pd
+    from neuron_explorer.analyses import ranks
+    from neuron_explorer.rules.ranks import straggler_rank
+
+    work = pd.DataFrame({1: [3_000_000, 1_000_000], 2: [3_000_000, 1_000_000]},
+                        index=pd.Index([0, 1], name="rank"))
+    monkeypatch.setattr(ranks, "own_work", lambda run: work)
+    monkeypatch.setattr(straggler_rank, "_where", lambda run, rank: ("device_busy", True))
+    text = straggler_rank._shared_evenly(object(), 0, lost=4_000_000)
+    # the pace 6 ms less the mean rank's 4: 2 ms, 1 ms a step
+    assert "split evenly, every rank takes the mean share and the run saves about 2 ms " \
+           "(1 ms a step)" in text
+    monkeypatch.setattr(straggler_rank, "_where", lambda run, rank: ("device_busy", False))
+    assert straggler_rank._shared_evenly(object(), 0, lost=4_000_000) == ""  # more ops

@@ -161,6 +161,7 @@ def test_a_device_bound_rank_with_more_work_saves_what_the_balanced_run_measures
     assert measured > 0
     assert straggler.time_lost_ns == pytest.approx(measured, rel=0.25)
     assert "more than the others in device work (its kernels)" in straggler.explanation
+    assert "split evenly" not in straggler.recommendation  # more ops, not more data
     found = _findings(slow)
     # the same cause once: no load-imbalance or per-rank wait finding beside it
     assert "load_imbalance" not in found and "dependency_idle" not in found
