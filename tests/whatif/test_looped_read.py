@@ -69,4 +69,6 @@ def test_the_breaks_saving_is_the_forward_compiled_without_the_read(runs) -> Non
     saved = (float(steps["dur"].median())
              - float(in_analysed_steps(whole, whole.steps)["dur"].median())) * len(steps)
     assert saved > 0.3 * float(steps["dur"].sum())  # the premise
-    assert f.time_lost_ns == pytest.approx(saved, rel=0.2), (f.time_lost_ns, saved)
+    # (the host's wait after each read split the replayed forward into a graph per block:
+    # 1.40x under a user's fix; the forward one graph now)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)
