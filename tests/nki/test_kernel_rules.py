@@ -221,7 +221,9 @@ def test_a_prediction_runs_a_custom_kernel_as_recorded(tmp_path, monkeypatch):
     as it ran, the eager prediction is the recording."""
     from neuron_explorer.what_if.replay import predicted_step_ns
 
-    xT = torch.randn(1024, 256).bfloat16().to("neuron")
+    # sizes of its own: a kernel launched before in the process (the test above) records
+    # no compile span, and with it no rotated length, in a later recording
+    xT = torch.randn(1024, 512).bfloat16().to("neuron")
     w = torch.randn(1024, 1024).bfloat16().to("neuron")
     path = tmp_path / "kernel_and_ops.pftrace"
     monkeypatch.setenv("NEURON_HOST_CLOCK", "modelled")
