@@ -514,6 +514,16 @@ class KernelBuilder:
             host_fallbacks=tuple(dict.fromkeys(self.host_fallbacks)),
         )
 
+    def length_with(self, deps: list[tuple[int, ...]]) -> int:
+        """The kernel's length scheduled with `deps` in place of its instructions'
+        dependencies (a what-if: `rotated.py`'s buffers rotated); the builder is unchanged."""
+        kept, self._deps = self._deps, deps
+        try:
+            _start, end, _te = self._scheduled()
+        finally:
+            self._deps = kept
+        return int(np.rint(max(end, default=0.0)))
+
     def _scheduled(self) -> tuple[np.ndarray, np.ndarray, float]:
         """Each instruction's start and end, and the Tensor Engine's busy time: from the
         compiled schedule for large kernels, the same times as the Python one."""

@@ -24,13 +24,7 @@ if TYPE_CHECKING:
 
 def rotated_length_ns(builder: KernelBuilder) -> int:
     """The kernel's length scheduled with its SBUF tiles rotated (after `build()`)."""
-    kept = builder._deps
-    builder._deps = rotated_deps(builder)
-    try:
-        _start, end, _te = builder._scheduled()
-    finally:
-        builder._deps = kept
-    return int(np.rint(max(end, default=0.0)))
+    return builder.length_with(rotated_deps(builder))
 
 
 def rotated_deps(builder: KernelBuilder) -> list[tuple[int, ...]]:
