@@ -121,14 +121,29 @@ def dependency_order(reads: dict[int, Iterable[int]]) -> list[int]:
     return ordered
 
 
-def is_reduction(op_name: str) -> bool:
-    """Whether the aten op `op_name` ("sum", "aten::_softmax") fuses as a reduction, as
-    `classify` says of its nodes: it needs whole rows, so no GEMM takes it as epilogue."""
-    packet = getattr(torch.ops.aten, op_name.removeprefix("aten::"), None)
+def kind_of_op(op_name: str) -> OpKind:
+    """How a recorded aten op `op_name` ("aten::relu_", "max_pool2d_with_indices") takes part
+    in fusion, as `classify` says of its node in an AOTAutograd graph, where an in-place op
+    is its functional form ("relu_" as "relu"): the what-if's compiled replay fuses an
+    eager recording's ops with it."""
+    name = op_name.removeprefix("aten::")
+    if name.endswith("_") and not name.endswith("__") and hasattr(aten, name[:-1]):
+        name = name[:-1]
+    packet = getattr(aten, name, None)
     if packet is None:
-        return False
-    overloads = [getattr(packet, name) for name in packet.overloads()]
-    return any(o in _ROW_REDUCTIONS or torch.Tag.reduction in o.tags for o in overloads)
+        return OpKind.OPAQUE
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    if any(o in _BATCHED_MATMULS for o in overloads):
+        return OpKind.ATTENTION
+    if any(o in _MATMULS for o in overloads):
+        return OpKind.MATMUL
+    if overloads and all(o.is_view or o in _VIEW_EXTRA for o in overloads):
+        return OpKind.VIEW
+    if any(o in _ROW_REDUCTIONS or torch.Tag.reduction in o.tags for o in overloads):
+        return OpKind.REDUCTION
+    if any(torch.Tag.pointwise in o.tags or o in _ELEMENTWISE_EXTRA for o in overloads):
+        return OpKind.ELEMENTWISE
+    return OpKind.OPAQUE
 
 
 def is_batched_matmul(node: fx.Node) -> bool:

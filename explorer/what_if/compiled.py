@@ -330,16 +330,21 @@ def build_program(keys: list, preset, name: str, max_dependencies: int | None = 
     from neuron_explorer.backend.hardware import KernelBuilder
     from neuron_explorer.backend.hardware.builder import DependencyBudgetExceeded
 
-    b = KernelBuilder(preset, name)
-    if max_dependencies is not None:
-        b.dependency_budget = max_dependencies
+    def new_builder() -> KernelBuilder:
+        b = KernelBuilder(preset, name)
+        if max_dependencies is not None:
+            b.dependency_budget = max_dependencies
+        return b
+
     try:
         if flow is None:
+            b = new_builder()
             _emit_ops(b, keys)
         else:
             from neuron_explorer.what_if.fused_program import emit_fused
 
-            b.sections = tuple(emit_fused(b, keys, flow))
+            b, sections = emit_fused(new_builder, keys, flow)
+            b.sections = tuple(sections)
     except DependencyBudgetExceeded:  # stopped at the instruction past the budget
         raise ProgramTooLarge(name) from None
     if not len(b):

@@ -16,9 +16,10 @@ later step may read). Without the producers a program is emitted op by op (`comp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 from neuron_explorer.common.dtypes import dtype_bytes
@@ -69,9 +70,15 @@ class _Group:
     held: int = 0  # an attention group's bytes in SBUF
 
 
-def emit_fused(b, keys: list, flow: DataFlow) -> list:
-    """Emit the ops `keys` into builder `b` fused along `flow`; returns the sections (one
-    per group, as the compile path labels a fused group)."""
+def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tuple[Any, list]:
+    """Emit the ops `keys` fused along `flow` into a builder from `new_builder`; returns it
+    and the sections (one per group, as the compile path labels a fused group).
+
+    As the compile path builds a program (backend/compiler/program.py `build_program`):
+    values handed between groups stay in SBUF, and inputs are loaded ahead, when they fit
+    beside each group's own working set; a program where they would not is emitted again
+    with every value going through HBM and nothing loaded ahead."""
+    from neuron_explorer.backend.compiler.program import ON_CHIP_SHARE
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK
     from neuron_explorer.backend.replay import spec_of
 
@@ -82,9 +89,24 @@ def emit_fused(b, keys: list, flow: DataFlow) -> list:
     group_of = {m: g for g, group in enumerate(groups) for m in group.members}
     # the memory an op with no device work made (an `empty` a `cat(out=)` fills) holds
     # nothing to load
-    on_chip = _kept_on_chip(specs, groups, group_of, flow, b.preset.sbuf_bytes) | {
-        i for i, w in enumerate(work) if not w}
-    ahead = _LoadAhead(b.preset.sbuf_bytes)
+    nothing_to_load = frozenset(i for i, w in enumerate(work) if not w)
+    handed, live = _handed_on(specs, groups, group_of, flow)
+    b = new_builder()
+    sbuf = b.preset.sbuf_bytes
+    if live <= ON_CHIP_SHARE * sbuf:
+        ahead = _LoadAhead(sbuf)
+        sections = _emit_groups(b, specs, groups, group_of, flow, handed | nothing_to_load,
+                                ahead)
+        if b.sbuf_peak + live + ahead.most_held <= sbuf:
+            b.note_sbuf(b.sbuf_peak + live + ahead.most_held)
+            return b, sections
+        b = new_builder()
+    sections = _emit_groups(b, specs, groups, group_of, flow, nothing_to_load, _LoadAhead(0))
+    return b, sections
+
+
+def _emit_groups(b, specs: list, groups: list[_Group], group_of: dict[int, int],
+                 flow: DataFlow, on_chip: frozenset[int], ahead: _LoadAhead) -> list:
     done: dict[int, tuple[int, ...]] = {}
     sections: list = []
     for g, group in enumerate(groups):
@@ -110,18 +132,20 @@ class _LoadAhead:
     DMA runs while the groups before compute."""
 
     def __init__(self, sbuf_bytes: int) -> None:
+        """`sbuf_bytes`: the SBUF whose share loads may take (0: nothing is loaded ahead)."""
         from neuron_explorer.backend.compiler.program import PREFETCH_SHARE
 
         self.budget = PREFETCH_SHARE * sbuf_bytes
         self.loaded: set[tuple[int, int]] = set()  # (member, input index) in SBUF
         self.held: list[tuple[int, int]] = []  # (group, bytes) per load
+        self.most_held = 0  # the most bytes loaded ahead held at once
 
     def load(self, b, specs: list, flow: DataFlow, g: int, group: _Group,
              done: dict[int, tuple[int, ...]], on_chip: frozenset[int]) -> list[int]:
         """Emit `group`'s loads ahead; returns the instructions it waits for."""
         from neuron_explorer.backend.compiler.program import PREFETCH_AHEAD
 
-        if not _reads_on_chip(specs, group):
+        if not self.budget or not _reads_on_chip(specs, group):
             return []
         b.after = done.get(g - PREFETCH_AHEAD, ()) if g >= PREFETCH_AHEAD else ()
         # what the last groups loaded is still held; what earlier ones loaded is freed
@@ -138,6 +162,7 @@ class _LoadAhead:
                 held += t.nbytes
                 self.held.append((g, t.nbytes))
                 self.loaded.add((m, k))
+                self.most_held = max(self.most_held, held)
         return waits
 
 
@@ -184,11 +209,14 @@ def _groups(specs: list, work: list[bool], flow: DataFlow) -> list[_Group]:
 
 
 def _kind(spec, steps) -> str:
-    """How an op takes part in fusion, as `fusion.classify` says of a graph's node."""
+    """How an op takes part in fusion, as `fusion.classify` says of a graph's node: an op the
+    compile path keeps apart (a pooling, a loss: neither pointwise nor a reduction) keeps its
+    own kernel, as does one whose kernel is not a plain stream."""
     from neuron_explorer.backend.compiler.fusion import (
         ATTENTION_SBUF_SHARE,
         SBUF_BYTES,
-        is_reduction,
+        OpKind,
+        kind_of_op,
     )
 
     base = base_name(spec.name)
@@ -197,9 +225,10 @@ def _kind(spec, steps) -> str:
         return "attention"
     if _gemm(spec) is not None:
         return "gemm"
-    if steps is None:
+    kind = kind_of_op(base)
+    if steps is None or kind not in (OpKind.ELEMENTWISE, OpKind.REDUCTION):
         return "single"
-    return "reduction" if is_reduction(base) else "elementwise"
+    return "reduction" if kind is OpKind.REDUCTION else "elementwise"
 
 
 def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
@@ -235,14 +264,10 @@ def _in_dependency_order(groups: list[_Group]) -> list[_Group]:
     return [groups[g] for g in dependency_order({g: grp.reads for g, grp in enumerate(groups)})]
 
 
-def _kept_on_chip(specs: list, groups: list[_Group], group_of: dict[int, int],
-                  flow: DataFlow, sbuf_bytes: int) -> frozenset[int]:
-    """The ops whose results later groups read from SBUF, as the compile path keeps them
-    (backend/compiler/program.py `ON_CHIP_SHARE`): every value one group hands to
-    another when, alive at once, they fit in that share of SBUF; none otherwise (each
-    group still stores what it makes)."""
-    from neuron_explorer.backend.compiler.program import ON_CHIP_SHARE
-
+def _handed_on(specs: list, groups: list[_Group], group_of: dict[int, int],
+               flow: DataFlow) -> tuple[frozenset[int], int]:
+    """The ops whose results later groups read, and the most bytes of those results alive
+    at once (backend/compiler/program.py `live_bytes`)."""
     last_read: dict[int, int] = {}
     for g, group in enumerate(groups):
         for m in group.members:
@@ -254,7 +279,7 @@ def _kept_on_chip(specs: list, groups: list[_Group], group_of: dict[int, int],
         change[group_of[p] + 1] += _out_bytes(specs[p])
         change[last + 1] -= _out_bytes(specs[p])
     peak = int(np.cumsum(change).max()) if len(change) else 0
-    return frozenset(last_read) if peak <= ON_CHIP_SHARE * sbuf_bytes else frozenset()
+    return frozenset(last_read), peak
 
 
 def _out_bytes(spec) -> int:
