@@ -125,15 +125,17 @@ def _factorize(values: Sequence) -> tuple[list, np.ndarray]:
 
 def _sections_json(kernel: Kernel | None) -> str:
     """A compiled program's sections as the user wrote them, once on its kernel slice (not on
-    every instruction): JSON [[section, module, source, written, matmul dtype], ...] for the
-    sections that say either; "" for a kernel of one op."""
+    every instruction): JSON [[section, module, source, written, matmul dtype, matmul
+    shapes], ...] for the sections that say any of the last three; "" for a kernel of one
+    op."""
     sections = getattr(kernel, "sections", None)
     if not sections:
         return ""
     cwd = os.getcwd() + os.sep
-    rows = [[s.name, s.module, s.source.removeprefix(cwd), getattr(s, "written", ""),
-             getattr(s, "matmul_dtype", "")]
-            for s in sections if getattr(s, "written", "") or getattr(s, "matmul_dtype", "")]
+    rows = [[s.name, s.module, s.source.removeprefix(cwd), *labels]
+            for s in sections
+            if any(labels := [getattr(s, "written", ""), getattr(s, "matmul_dtype", ""),
+                              getattr(s, "matmul_shapes", "")])]
     return json.dumps(rows, separators=(",", ":")) if rows else ""
 
 

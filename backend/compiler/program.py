@@ -51,6 +51,9 @@ class Section:
     module: str  # nn.Module path of that code ("" when unknown)
     written: str = ""  # what the user called: "LayerNorm", "F.layer_norm" (", "-joined; "" unknown)
     matmul_dtype: str = ""  # the dtype its first matmul runs in ("float32"; "" without a matmul)
+    # its matmuls' operand shapes, as an op's shapes are written ("[[64, 96], [96, 160]]"):
+    # the dims the Tensor Engine tiles (a graph's own inputs may be tables it only reads)
+    matmul_shapes: str = ""
 
 
 def source_of(node: fx.Node) -> str:
@@ -127,11 +130,28 @@ def matmul_dtype(nodes: Sequence[fx.Node]) -> str:
     return ""
 
 
+def matmul_shapes(nodes: Sequence[fx.Node]) -> str:
+    """The operand shapes of the matmuls among `nodes` (the matmul, convolution and attention
+    families), each operand once, as "[[m, k], [k, n]]"; dims not known at compile time are
+    left out; "" without a matmul."""
+    shapes: list[list[int]] = []
+    for node in nodes:
+        if not is_matmul_like(op_name(node)):
+            continue
+        for operand in node.all_input_nodes:
+            val = operand.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                dims = [d for d in val.shape if type(d) is int]
+                if dims not in shapes:
+                    shapes.append(dims)
+    return str(shapes) if shapes else ""
+
+
 def section_of(name: str, nodes: Sequence[fx.Node]) -> Section:
     first = nodes[0]
     written = dict.fromkeys(w for w in map(written_as, nodes) if w)
     return Section(name, tuple(op_name(n) for n in nodes), source_of(first), module_of(first),
-                   ", ".join(written), matmul_dtype(nodes))
+                   ", ".join(written), matmul_dtype(nodes), matmul_shapes(nodes))
 
 
 def live_bytes(groups: Sequence[FusionGroup], binding: dict | None = None) -> int:

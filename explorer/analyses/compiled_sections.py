@@ -114,15 +114,18 @@ def _program_instructions(trace: Trace) -> pd.DataFrame | None:
     labels = _section_labels(trace)
     if labels.empty:
         return frame.assign(written="", matmul_dtype="")
-    frame = frame.merge(labels, on=["kernel_id", "section", "module", "source"], how="left")
+    frame = frame.merge(labels.drop(columns="matmul_shapes"),
+                        on=["kernel_id", "section", "module", "source"], how="left")
     return frame.fillna({"written": "", "matmul_dtype": ""})
 
 
 def _section_labels(trace: Trace) -> pd.DataFrame:
-    """(kernel_id, section, module, source) -> written, matmul_dtype, from the `sections` JSON
-    each compiled program's kernel slice carries."""
+    """(kernel_id, section, module, source) -> written, matmul_dtype, matmul_shapes, from the
+    `sections` JSON each compiled program's kernel slice carries (a recording made before
+    the matmul shapes were recorded gives "")."""
     k = trace.kernels
-    columns = ["kernel_id", "section", "module", "source", "written", "matmul_dtype"]
+    columns = ["kernel_id", "section", "module", "source", "written", "matmul_dtype",
+               "matmul_shapes"]
     if not len(k):
         return pd.DataFrame(columns=columns)
     texts = trace.slice_args.texts(ARG_SECTIONS, k["id"].to_numpy(np.int64))
@@ -133,7 +136,8 @@ def _section_labels(trace: Trace) -> pd.DataFrame:
             continue
         if text not in parsed:
             try:
-                parsed[text] = [r for r in json.loads(text) if isinstance(r, list) and len(r) == 5]
+                parsed[text] = [[*r, ""][:6] for r in json.loads(text)
+                                if isinstance(r, list) and len(r) in (5, 6)]
             except ValueError:
                 parsed[text] = []
         rows.extend([kernel_id, *r] for r in parsed[text])
@@ -153,3 +157,15 @@ def matmul_dtype_mix(trace: Trace) -> dict[int, str]:
         counts = part["matmul_dtype"].astype(str).value_counts(sort=True)
         mix[int(kernel_id)] = "+".join(counts.index.tolist())
     return mix
+
+
+def graph_matmul_shapes(trace: Trace) -> dict[int, str]:
+    """Per compiled program's kernel id, its matmuls' operand shapes ("[[64, 96], [96, 160]]
+    [[64, 160], [160, 10]]": a section's after another's); a program that recorded none
+    (no matmul, or recorded before they were) is absent."""
+    labels = _section_labels(trace)
+    if not len(labels):
+        return {}
+    labels = labels[labels["matmul_shapes"].astype(str) != ""]
+    return {int(kernel_id): " ".join(part["matmul_shapes"].astype(str))
+            for kernel_id, part in labels.groupby("kernel_id", sort=False)}

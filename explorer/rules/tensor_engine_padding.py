@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 import numpy as np
+from neuron_explorer.analyses.compiled_sections import graph_matmul_shapes
 from neuron_explorer.analyses.engine_utilisation import shortened_by_tensor_cut
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.rules import thresholds as th
@@ -44,13 +45,16 @@ def check(trace: Trace) -> list[Finding]:
         return []
     cut = shortened_by_tensor_cut(pk, busy * w)
     ops = trace.ops.set_index("id") if len(trace.ops) else None
+    # a compiled graph's op lists the graph's inputs (an embedding's table among them):
+    # its matmuls' own shapes are what the Tensor Engine tiles
+    graph_shapes = graph_matmul_shapes(trace)
     items, shapes_seen = [], []
     recoverable = 0.0
     order = np.argsort(-(busy * w))
     for i in order.tolist():
         r = pk.iloc[i]
-        shapes = ""
-        if ops is not None and r["op_slice_id"] in ops.index:
+        shapes = graph_shapes.get(int(r["kernel_id"]), "")
+        if not shapes and ops is not None and r["op_slice_id"] in ops.index:
             shapes = str(ops.at[r["op_slice_id"], "shapes"])
         if shapes and shapes not in shapes_seen:
             shapes_seen.append(shapes)
