@@ -3,7 +3,9 @@
 A phase is read from the model's outermost calls (the top-level module with the most
 forward time): the recorder writes on each one `grad: 0` when grad mode is off and,
 when its first argument holds token ids, their shape.
-- `train`: a step with a grad-enabled call, a backward or an optimizer step;
+- `train`: a step with a grad-enabled call, a backward or an optimizer step, in a run
+  that trains (a recording where no step has a backward or an optimizer step serves,
+  grad mode on or not);
 - `eval`: a call without grad inside a training step (an eval pass between two optimizer
   steps: the recorder holds it in the next training step, which starts after it here),
   unless the recorder saw the model in train mode then (no `model.eval()`: the step's own
@@ -86,7 +88,7 @@ def model_calls(trace: Trace) -> pd.DataFrame:
     }).sort_values("ts", ignore_index=True)
 
 
-def _training_steps(trace: Trace) -> set[int]:
+def training_steps(trace: Trace) -> set[int]:
     """Steps holding a backward or an optimizer step."""
     s = trace.table("slices")
     mask = kind_mask(trace, (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER))
@@ -109,13 +111,16 @@ def _phases(trace: Trace) -> pd.DataFrame:
     calls = model_calls(trace)
     by_step = {int(n): group for n, group in calls.groupby("step", sort=False)}
     tails = _eval_tails(trace)
-    training = _training_steps(trace)
+    training = training_steps(trace)
     after_last = set(steps["step"]) - set(completed_steps(trace)["step"])
     no_args = not len(calls) or not (calls["grad"] == 0).any()  # older or others' traces
     inference_loop = trace.metadata.get("step_boundary") == "forward"
     # every model call runs without grad: a step with none of them (the rest of an
     # iteration a model's return split) trains no more than the others
     all_inference = bool(len(calls)) and bool((calls["grad"] == 0).all())
+    # a recording of ours in which nothing trains (no backward, no optimizer step) serves,
+    # even with grad mode on (model.eval() and no_grad forgotten: train_mode_inference)
+    never_trains = bool(len(calls)) and not training and bool((calls["grad"] >= 0).all())
     rows: list[dict[str, Any]] = []
     for step in steps.itertuples(index=False):
         start, end = int(step.ts), int(step.ts + step.dur)
@@ -125,7 +130,7 @@ def _phases(trace: Trace) -> pd.DataFrame:
         # inference: every model call without grad (or, unrecorded, a loop of model calls)
         inference = step.step not in training and (
             bool(len(own)) and bool((own["grad"] == 0).all()) or (no_args and inference_loop)
-            or (not len(own) and all_inference))
+            or (not len(own) and all_inference) or never_trains)
         if not inference:
             rows.extend(_train_rows(int(step.step), start, end, own, tails))
             continue

@@ -36,6 +36,7 @@ from neuron_explorer.rules import (
     small_dma,
     sync_in_step,
     tensor_engine_padding,
+    train_mode_inference,
     unfused_optimizer,
     zeroed_gradients,
 )
@@ -50,7 +51,7 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          exposed_communication, dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce,
-         optimizer_recreated, python_loop, unfused_optimizer)
+         optimizer_recreated, python_loop, unfused_optimizer, train_mode_inference)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it
 SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}

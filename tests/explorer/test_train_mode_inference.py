@@ -1,0 +1,42 @@
+"""`train_mode_inference`: a model served without `model.eval()` (and without no_grad) runs
+dropout and batch norm's training work on every request. A trial's CNN lost 16% of each
+request to them and no finding said so; its steps were called training steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_runner import record_variants
+from neuron_explorer import load
+from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).parent / "programs" / "cnn_serve.py"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    paths = record_variants(tmp_path_factory.mktemp("train_mode"), PROGRAM,
+                            {"train_mode": [], "eval": ["--eval"]}, modelled=True)
+    return {name: load(path) for name, path in paths.items()}
+
+
+def _median_step(trace) -> float:
+    return float(np.median(in_analysed_steps(trace, trace.steps)["dur"]))
+
+
+def test_the_finding_claims_what_eval_mode_saves(recorded) -> None:
+    trace = recorded["train_mode"]
+    (f,) = [f for f in trace.bottlenecks() if f.rule_id == "train_mode_inference"]
+    saved = _median_step(trace) - _median_step(recorded["eval"])
+    assert saved > 0
+    assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.15)
+    assert "model.eval()" in f.recommendation and "inference_mode" in f.recommendation
+    assert "not the trained model's" in f.explanation
+
+
+def test_a_run_that_never_trains_serves(recorded) -> None:
+    assert set(recorded["train_mode"].phases()["phase"]) == {"eval"}
+    assert not [f for f in recorded["eval"].bottlenecks() if f.rule_id == "train_mode_inference"]
