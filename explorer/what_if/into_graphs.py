@@ -9,9 +9,11 @@ work is kept as it ran (fused, it would take less: a lower bound on the device's
 optimizer step `fused=True` replays is replayed so instead (`fused_optimizer`); a fused one
 stays (compiled, it is a launch of its own all the same). Left where they are: copies
 between host and device (the copies finding's), the optimizer's `zero_grad`
-(`zeroed_gradients`'), and the in-place adds a compiled module's backward makes outside
+(`zeroed_gradients`'), the in-place adds a compiled module's backward makes outside
 its graphs (AccumulateGrad adding each micro-batch's gradients into `.grad`), which
-compiling the loss or the step does not move.
+compiling the loss or the step does not move, and the ops of a Python loop over a batch
+(`python_loop`'s: vectorising removes them; compiled, a loop that reads its samples on the
+host breaks the graph instead).
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ def eager_launches(trace: Trace) -> EagerLaunches:
 
 def _eager_launches(trace: Trace) -> EagerLaunches:
     from neuron_explorer.rules.host_device_copies import COPY_OPS
+    from neuron_explorer.rules.python_loop import loop_lines
 
     ops = in_analysed_work(trace, trace.ops[trace.ops["step"] >= 0])
     ops = ops[ops["kernel_count"] > 0]
     in_graph = ops["graph_id"].to_numpy() >= 0
-    eager = ops[~in_graph & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
+    looped = ops["id"].isin(loop_lines(trace)[2]["id"]).to_numpy()
+    eager = ops[~in_graph & ~looped & ~ops["name"].astype(str).isin(COPY_OPS).to_numpy()]
     ids = eager["id"].to_numpy(np.int64)
     optimizer = tables.ancestor_of_kind(trace, ids, (tf.CAT_OPTIMIZER,))
     names = trace.table("slices")["name"].array  # a few rows read: no string per slice

@@ -6,7 +6,8 @@ over all at once; `--recurrent`: a hand-written recurrence over 24 positions, ea
 the state the one before made, which no whole-tensor op replaces; `--model-per-sample`:
 the model called on one sample at a time, or with `--vectorised` on the batch;
 `--accuracy`: a plain loss, and after each optimizer step the batch's accuracy counted
-sample by sample on the device, `pred[i] == y[i]`, or with `--vectorised` at once)."""
+sample by sample on the device, `pred[i] == y[i]`, or with `--vectorised` at once;
+`--compile`: with `--accuracy`, the model compiled)."""
 
 import sys
 
@@ -19,6 +20,7 @@ POSITIONS = "--positions" in sys.argv
 RECURRENT = "--recurrent" in sys.argv
 MODEL_PER_SAMPLE = "--model-per-sample" in sys.argv
 ACCURACY = "--accuracy" in sys.argv
+COMPILE = "--compile" in sys.argv
 
 
 def focal_loss(logits, target, weight, gamma=2.0):
@@ -52,6 +54,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 16)).to("neuron")
 state = nn.Linear(16, 16, bias=False).to("neuron")
 opt = torch.optim.SGD([*model.parameters(), *state.parameters()], lr=1e-3)
+forward = torch.compile(model, backend="neuron") if COMPILE else model
 x, y = torch.randn(24, 64, device="neuron"), torch.randint(0, 16, (24,), device="neuron")
 w = torch.rand(24, device="neuron")
 seq = torch.randn(4, 24, 64, device="neuron")
@@ -60,7 +63,7 @@ correct = torch.zeros((), device="neuron")
 for _ in range(4):
     opt.zero_grad()
     if ACCURACY:
-        logits = model(x)
+        logits = forward(x)
         loss = F.cross_entropy(logits, y)
     elif POSITIONS:
         loss = position_loss(model(seq), seq_y)
