@@ -67,7 +67,9 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     backward_lines = backward_call_lines(ops)
     forward = ops[outside & (ops["source"] != "").to_numpy()
                   & ~ops["source"].isin(backward_lines).to_numpy()]
-    counts = _per_step(forward)
+    # an iteration does device work: ops that launch nothing (views a library call makes
+    # per tensor, `clip_grad_norm_`'s 29 `as_strided`) are no loop a user could vectorise
+    counts = _per_step(forward[forward["kernel_count"].to_numpy() > 0])
     # the first recorded step lacks what a loop runs after its optimizer step (a metric
     # over the batch's predictions): that lands in the next step, which begins there. A
     # user's per-sample accuracy loop, 68% of the step, was named by no finding.

@@ -106,3 +106,18 @@ def test_compiling_the_loss_is_not_claimed_for_a_loops_ops(tmp_path) -> None:
               for name, t in (("loop", loop), ("vectorised", vectorised))}
     assert 0 < claims["loop"] <= claims["vectorised"], claims
     assert [f for f in loop.bottlenecks() if f.rule_id == "python_loop"]
+
+
+def test_a_library_calls_views_per_tensor_are_no_loop(tmp_path) -> None:
+    """`clip_grad_norm_` over 18 parameters makes a view of each (`as_strided`, no kernel) at
+    the user's line: python_loop called it a loop of 18 iterations to vectorise, which no
+    user can (a trial's GPT: 29 iterations, 348 us a step claimed, foreach=True saved 0)."""
+    from neuron_explorer.rules.python_loop import loop_lines
+
+    mlp = Path(__file__).parent / "programs" / "small_mlp.py"
+    trace = load(record_variants(tmp_path, mlp, {"clip": ["9", "--clip"]}, modelled=True)["clip"])
+    ops = trace.ops[trace.ops["step"] == 3]
+    line = ops[ops["name"].astype(str) == "aten::_foreach_norm"]["source"].iloc[0]
+    assert (ops["source"] == line).sum() >= 16  # the premise: many ops at the clip's line
+    assert loop_lines(trace)[0] == []
+    assert not [f for f in trace.bottlenecks() if f.rule_id == "python_loop"]

@@ -24,7 +24,8 @@ updated after each optimizer step, a Python loop over the parameters.
 `--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
 `--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
-zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place."""
+zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
+gradients clipped with `clip_grad_norm_` before each optimizer step."""
 
 import sys
 
@@ -121,6 +122,8 @@ for step in range(12):
     loss = nn.MSELoss()(out, torch.zeros_like(out)) if LOSS_MODULE else out.square().mean()
     opt.zero_grad(set_to_none=SET_TO_NONE)
     loss.backward()
+    if "--clip" in sys.argv:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     if EMA:
         with torch.no_grad():
