@@ -221,17 +221,32 @@ class record(contextlib.ContextDecorator):
         self.stop()
 
 
-def step() -> None:
+class StepMark:
+    """What `step()` returns: nothing to use, but `with neuron_explorer.step():` says how
+    steps are marked instead of failing on None."""
+
+    def __enter__(self) -> None:
+        raise TypeError(
+            "neuron_explorer.step() marks where a step ends: call it once at the end of each "
+            "step or request (`neuron_explorer.step()`), not as a `with` block; to name a "
+            "stretch of code, use `with neuron_explorer.annotate(name):`")
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def step() -> StepMark:
     """Mark the end of a training step (overrides the optimizer-step default)."""
     recorder = active()
     if recorder is None:
-        return
+        return StepMark()
     t0, ts = clock.stamp()
     try:
         recorder.end_step(explicit=True, ts=ts)
     except RecordingError as exc:
         recorder.fail(exc)
     clock.exclude(_perf_ns() - t0)
+    return StepMark()
 
 
 class annotate(contextlib.ContextDecorator):

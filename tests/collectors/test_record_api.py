@@ -223,3 +223,11 @@ def test_memory_an_op_allocates_is_dated_at_the_op(tmp_path) -> None:
     inside = hbm[(hbm["ts"] > mha.ts) & (hbm["ts"] < mha.ts + mha.dur)]
     assert inside.empty  # nothing dated in the middle of the fallback op
     assert (hbm["ts"] == mha.ts).any()  # its output, at its start
+
+
+def test_step_used_as_a_with_block_says_how_steps_are_marked() -> None:
+    """`with neuron_explorer.step():` failed on None ("'NoneType' object does not support
+    the context manager protocol"); it now says to call it at the end of each step."""
+    with pytest.raises(TypeError, match=r"call it once at the end of each step"), \
+            neuron_explorer.step():
+        pass
