@@ -214,11 +214,15 @@ def trains(trace: Trace) -> bool:
 
 
 def step_name(trace: Trace) -> str:
-    return "forward call" if is_inference(trace) else "training step"
+    """What a step is: a forward call (an inference loop's), a training step, or a step a
+    user marked in a run that does not train (a request served)."""
+    if is_inference(trace):
+        return "forward call"
+    return "training step" if trains(trace) else "step"
 
 
 def loop_name(trace: Trace) -> str:
-    return "inference loop" if is_inference(trace) else "training loop"
+    return "training loop" if trains(trace) and not is_inference(trace) else "inference loop"
 
 
 def us(ns: float) -> str:

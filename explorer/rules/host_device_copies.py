@@ -197,7 +197,8 @@ def _steps_named(trace: Trace) -> str:
     """What the copies happen in: an inference loop's step is the code from one forward
     call's return to the next's, the copy before the call included ("inside the forward
     call" named a place the copy was not)."""
-    return "loop's iterations" if step_name(trace) == "forward call" else "training steps"
+    name = step_name(trace)
+    return "loop's iterations" if name == "forward call" else f"{name}s"
 
 
 def _copy_sites(sources: np.ndarray) -> str:
