@@ -12,6 +12,7 @@ from neuron_explorer.rules import (
     accumulation_all_reduce,
     checkpoint_recompute,
     compile_dominates,
+    converted_uploads,
     dataloader_stall,
     dependency_idle,
     engine_imbalance,
@@ -51,7 +52,8 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          exposed_communication, dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce,
-         optimizer_recreated, python_loop, unfused_optimizer, train_mode_inference)
+         optimizer_recreated, python_loop, unfused_optimizer, train_mode_inference,
+         converted_uploads)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it
 SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}

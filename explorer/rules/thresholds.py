@@ -117,6 +117,8 @@ RECOMPUTE_MIN_SHARE = 0.02
 
 # zeroed_gradients: zeroing whose removal saves less than this share of the step
 ZEROED_GRADIENTS_MIN_SHARE = 0.02
+# uploads converted on the device: what converting on the host saves, share of the steps
+CONVERTED_UPLOADS_MIN_SHARE = 0.02
 
 # python_loop: a loop whose vectorising saves less than this share of the step
 PYTHON_LOOP_MIN_SHARE = 0.05

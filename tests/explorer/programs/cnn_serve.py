@@ -1,10 +1,13 @@
-"""A CNN with batch norm and dropout serving requests: `cnn_serve.py [--eval]`; without
-`--eval` the model is left in training mode and grad mode on (model.eval() and
-torch.inference_mode() forgotten)."""
+"""A CNN with batch norm and dropout serving requests: `cnn_serve.py [--eval]
+[--float64 | --float64-on-host]`; without `--eval` the model is left in training mode and
+grad mode on (model.eval() and torch.inference_mode() forgotten). `--float64`: each
+request's images come from NumPy (float64), are uploaded and converted on the device;
+`--float64-on-host`: converted on the host before the upload."""
 
 import sys
 
 import neuron_explorer
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,7 +25,12 @@ if "--eval" in sys.argv:
     torch.set_grad_enabled(False)
 labels = []
 for _ in range(8):
-    images = torch.rand(4, 3, 32, 32).to("neuron")
+    if "--float64" in sys.argv:
+        images = torch.from_numpy(np.random.rand(4, 3, 32, 32)).to("neuron").float()
+    elif "--float64-on-host" in sys.argv:
+        images = torch.from_numpy(np.random.rand(4, 3, 32, 32)).float().to("neuron")
+    else:
+        images = torch.rand(4, 3, 32, 32).to("neuron")
     labels.append(model(images).argmax(-1).cpu().tolist())
     neuron_explorer.step()
 print(labels[-1])
