@@ -121,8 +121,8 @@ def _program_instructions(trace: Trace) -> pd.DataFrame | None:
 
 def _section_labels(trace: Trace) -> pd.DataFrame:
     """(kernel_id, section, module, source) -> written, matmul_dtype, matmul_shapes, from the
-    `sections` JSON each compiled program's kernel slice carries (a recording made before
-    the matmul shapes were recorded gives "")."""
+    `sections` JSON each compiled program's kernel slice carries (None for the matmul shapes
+    of a recording made before they were recorded)."""
     k = trace.kernels
     columns = ["kernel_id", "section", "module", "source", "written", "matmul_dtype",
                "matmul_shapes"]
@@ -136,7 +136,7 @@ def _section_labels(trace: Trace) -> pd.DataFrame:
             continue
         if text not in parsed:
             try:
-                parsed[text] = [[*r, ""][:6] for r in json.loads(text)
+                parsed[text] = [[*r, None][:6] for r in json.loads(text)
                                 if isinstance(r, list) and len(r) in (5, 6)]
             except ValueError:
                 parsed[text] = []
@@ -161,11 +161,11 @@ def matmul_dtype_mix(trace: Trace) -> dict[int, str]:
 
 def graph_matmul_shapes(trace: Trace) -> dict[int, str]:
     """Per compiled program's kernel id, its matmuls' operand shapes ("[[64, 96], [96, 160]]
-    [[64, 160], [160, 10]]": a section's after another's); a program that recorded none
-    (no matmul, or recorded before they were) is absent."""
+    [[64, 160], [160, 10]]": a section's after another's; "" for a program whose matmuls
+    record none, an opaque op's own); a program recorded before they were is absent."""
     labels = _section_labels(trace)
     if not len(labels):
         return {}
-    labels = labels[labels["matmul_shapes"].astype(str) != ""]
-    return {int(kernel_id): " ".join(part["matmul_shapes"].astype(str))
+    labels = labels[labels["matmul_shapes"].notna()]
+    return {int(kernel_id): " ".join(s for s in part["matmul_shapes"].astype(str) if s)
             for kernel_id, part in labels.groupby("kernel_id", sort=False)}

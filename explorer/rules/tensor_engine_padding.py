@@ -54,7 +54,8 @@ def check(trace: Trace) -> list[Finding]:
     for i in order.tolist():
         r = pk.iloc[i]
         shapes = graph_shapes.get(int(r["kernel_id"]), "")
-        if not shapes and ops is not None and r["op_slice_id"] in ops.index:
+        if int(r["kernel_id"]) not in graph_shapes and ops is not None \
+                and r["op_slice_id"] in ops.index:
             shapes = str(ops.at[r["op_slice_id"], "shapes"])
         if shapes and shapes not in shapes_seen:
             shapes_seen.append(shapes)
