@@ -51,6 +51,9 @@ ADDS_INPUT = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
 
 # Ops whose products run on the Tensor Engine in their operands' dtype.
 MATMUL_LIKE = FAMILIES[MATMUL] | FAMILIES[CONVOLUTION] | FAMILIES[ATTENTION]
+# Whole layers PyTorch runs as one op at inference (nn.TransformerEncoderLayer's and
+# nn.MultiheadAttention's fast path): their weights' dims are the dims of the matmuls inside.
+FUSED_LAYERS = frozenset({"_transformer_encoder_layer_fwd", "_native_multi_head_attention"})
 
 _FAMILY_OF = {op: name for name, ops in FAMILIES.items() for op in ops}
 

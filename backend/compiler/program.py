@@ -24,7 +24,7 @@ from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
 from neuron_explorer.backend.compiler.op_keys import op_name
 from neuron_explorer.backend.compiler.shapes import concrete_shape
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
-from neuron_explorer.common.op_families import base_name, is_matmul_like
+from neuron_explorer.common.op_families import FUSED_LAYERS, base_name, is_matmul_like
 from torch import fx
 
 if TYPE_CHECKING:
@@ -132,11 +132,12 @@ def matmul_dtype(nodes: Sequence[fx.Node]) -> str:
 
 def matmul_shapes(nodes: Sequence[fx.Node]) -> str:
     """The operand shapes of the matmuls among `nodes` (the matmul, convolution and attention
-    families), each operand once, as "[[m, k], [k, n]]"; dims not known at compile time are
-    left out; "" without a matmul."""
+    families, and the layers run as one op with their matmuls inside), each operand once, as
+    "[[m, k], [k, n]]"; dims not known at compile time are left out; "" without a matmul."""
     shapes: list[list[int]] = []
     for node in nodes:
-        if not is_matmul_like(op_name(node)):
+        name = op_name(node)
+        if not (is_matmul_like(name) or base_name(name) in FUSED_LAYERS):
             continue
         for operand in node.all_input_nodes:
             val = operand.meta.get("val")

@@ -48,3 +48,13 @@ def test_a_graphs_sections_name_their_matmuls_shapes(recorded) -> None:
     (finding,) = _padding(trace)
     assert "dims [160]" in finding.explanation
     assert "8000" not in finding.explanation
+
+
+def test_a_layer_run_as_one_op_gives_its_weights_dims_not_the_tables(tmp_path) -> None:
+    """At inference nn.TransformerEncoderLayer runs as one op with its matmuls inside: its
+    section records its operands' shapes (the QKV projection's 288 = 3 x 96 among them),
+    and the embedding table's 8000 rows are still no matmul dim."""
+    trace = load(record_variants(tmp_path, PROGRAM, {"encoder": [
+        "--encoder", "--width", "96", "--batch", "64"]}, modelled=True)["encoder"])
+    (finding,) = _padding(trace)
+    assert "288" in finding.explanation and "8000" not in finding.explanation
