@@ -337,7 +337,8 @@ def _parts(trace: Trace, launches: pd.DataFrame, optimizer: float) -> str:
                     " (torch._foreach_* ops over all its tensors at once, or a compiled "
                     "function, fuse those)")
     if model > OPTIMIZER_PART_MIN:
-        said.append(f"{model:.0%} the model's forward and backward (compiling fuses those)")
+        passes = "forward and backward" if trains(trace) else "forward"  # a served model's
+        said.append(f"{model:.0%} the model's {passes} (compiling fuses those)")
     if len(said) < 2:
         return ""
     return " Of the launches fusing removes, " + ", ".join(said[:-1]) + " and " + said[-1] + "."

@@ -40,3 +40,12 @@ def test_the_finding_claims_what_eval_mode_saves(recorded) -> None:
 def test_a_run_that_never_trains_serves(recorded) -> None:
     assert set(recorded["train_mode"].phases()["phase"]) == {"eval"}
     assert not [f for f in recorded["eval"].bottlenecks() if f.rule_id == "train_mode_inference"]
+
+
+def test_a_served_models_launches_are_its_forward(recorded) -> None:
+    """short_kernel_sequence split a served model's launches into "the model's forward and
+    backward", of a run with no backward."""
+    (f,) = [f for f in recorded["train_mode"].bottlenecks()
+            if f.rule_id == "short_kernel_sequence"]
+    assert "the model's forward (compiling fuses those)" in f.explanation
+    assert "backward" not in f.explanation
