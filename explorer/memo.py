@@ -24,6 +24,12 @@ def memoised(owner: Any, key: str, compute: Callable[[], T]) -> T:
     return _copy(memo[key])
 
 
+def kept(owner: Any, key: str) -> Any:
+    """What `memoised` kept for `key` (a copy), or None where nothing was computed yet."""
+    memo = owner.__dict__.get("_memo", {})
+    return _copy(memo[key]) if key in memo else None
+
+
 def _copy(value: Any) -> Any:
     """A copy that shares no mutable container with `value`: frames copied shallowly
     (pandas copies on write, so a change to either leaves the other as it was), lists,

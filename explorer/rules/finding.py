@@ -33,6 +33,9 @@ class Finding:
     saving_basis: str = ""  # "replay: ...", "critical path: ..." or "estimate: ..."
     after: str = ""  # the rule whose fix must come first for this saving ("" if none)
     steps: int = 0  # the analysed steps time_lost_ns is summed over (0: not per step)
+    # of time_lost_ns, what the first analysed step saves once beyond the others (an
+    # optimizer's state made in its first step): "a step" is then the others'
+    once_ns: int = 0
 
     def saving_note(self) -> str:
         """How `time_lost_ns` was obtained and the symptom's own total, in words ("" for a
@@ -56,6 +59,9 @@ class Finding:
 
         if self.steps < 2:
             return ""
+        if self.once_ns > 0:
+            return (f"{fmt_ns((self.time_lost_ns - self.once_ns) / self.steps)} a step over "
+                    f"{self.steps} steps and {fmt_ns(self.once_ns)} more in the first")
         return f"{fmt_ns(self.time_lost_ns / self.steps)} a step over {self.steps} steps"
 
     def line(self) -> str:
@@ -169,11 +175,13 @@ def share_base(rule_id: str, has_steps: bool) -> str:
 def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
          evidence_items: list[dict[str, Any]], explanation: str, recommendation: str,
          severity_override: str | None = None, share_of: float | None = None,
-         symptom_ns: float = 0, saving_basis: str = "", after: str = "") -> Finding:
+         symptom_ns: float = 0, saving_basis: str = "", after: str = "",
+         once_ns: float = 0) -> Finding:
     """A finding with its share of step time (or of `share_of` ns, for time that is not
     per step, such as compilation) and severity filled in. `time_lost_ns` is what fixing
     the cause would save; `symptom_ns` the symptom's own total, `saving_basis` how the
-    saving was obtained, `after` the rule whose fix must come first."""
+    saving was obtained, `after` the rule whose fix must come first, `once_ns` the part of
+    the saving the first analysed step makes once beyond the others."""
     total = step_time(trace) if share_of is None else share_of
     share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
     level = severity_override or severity(share)
@@ -186,7 +194,8 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
                    recommendation=recommendation,
                    share_base=share_base(rule_id, bool(len(trace.steps))),
                    symptom_ns=int(max(symptom_ns, 0)), saving_basis=saving_basis, after=after,
-                   steps=_steps_summed(trace, rule_id) if share_of is None else 0)
+                   steps=_steps_summed(trace, rule_id) if share_of is None else 0,
+                   once_ns=int(min(max(once_ns, 0), max(time_lost_ns, 0))))
 
 
 def _steps_summed(trace: Trace, rule_id: str) -> int:

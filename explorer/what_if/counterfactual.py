@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.memo import memoised
+from neuron_explorer.memo import kept, memoised
 from neuron_explorer.tables import of_kind
 
 if TYPE_CHECKING:
@@ -41,6 +41,20 @@ def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str,
     return float(max(base - without, 0.0))
 
 
+def first_step_extra_ns(trace: Trace, cause: str) -> float:
+    """Of the saving the replay `cause` found (`removal_saving_ns`), the part the first
+    analysed step saves once beyond what each other step saves (the median): an
+    optimizer's state made in its first step, a one-time copy; 0 where the first step saves
+    no more than the others, or the replay was not made."""
+    replayed, recorded = kept(trace, f"counterfactual:{cause}"), \
+        kept(trace, "counterfactual:as recorded")
+    if replayed is None or recorded is None or len(replayed[1]) < 3:
+        return 0.0
+    per_step = recorded[1] - replayed[1]
+    extra = float(per_step[0] - np.median(per_step[1:]))
+    return extra if extra > 0.1 * max(float(per_step.sum()), 1.0) else 0.0
+
+
 def op_kernel_rows(trace: Trace) -> dict[int, list[int]]:
     """Each op slice's kernels, as rows of `trace.kernels` (the rows a replay's `lengths`
     name), in launch order."""
@@ -60,15 +74,17 @@ def _replayed_span(trace: Trace, cause: str, removed: np.ndarray,
     """The analysed steps' replayed length, with the slices `removed` left out: from the
     first step's start to the last step's end or, where the device lags behind its host,
     to the end of the last kernel the steps launched."""
-    def compute() -> float | None:
+    def compute() -> tuple[float, np.ndarray] | None:
         if not len(trace.steps):
             return None
-        steps = in_analysed_steps(trace, trace.steps)
-        start = int(steps["ts"].min())
-        end = int((steps["ts"] + steps["dur"]).max())
-        return _span(trace, removed, start, end, lengths, host_cut)
+        steps = in_analysed_steps(trace, trace.steps).sort_values("ts")
+        starts = steps["ts"].to_numpy(np.int64)
+        ends = starts + steps["dur"].to_numpy(np.int64)
+        return _span(trace, removed, starts, ends, lengths, host_cut)
 
-    return memoised(trace, f"counterfactual:{cause}", compute)
+    # kept with each step's replayed window, for `first_step_extra_ns`
+    span = memoised(trace, f"counterfactual:{cause}", compute)
+    return None if span is None else span[0]
 
 
 def _host_gaps(trace: Trace, removed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,12 +140,14 @@ def _op_gap_ns(trace: Trace) -> int:
     return memoised(trace, "counterfactual:op_gap", compute)
 
 
-def _span(trace: Trace, removed: np.ndarray, start: int, end: int,
+def _span(trace: Trace, removed: np.ndarray, starts: np.ndarray, ends: np.ndarray,
           lengths: dict[int, int] | None = None,
-          host_cut: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
-    """The span from `start` to `end` (recorded host times) re-timed without `removed`
-    and the host time `host_cut` (and with the kernel `lengths`), to the last kernel
-    launched inside it where that ends later."""
+          host_cut: tuple[np.ndarray, np.ndarray] | None = None
+          ) -> tuple[float, np.ndarray] | None:
+    """The span from the first of `starts` to the last of `ends` (the steps' recorded host
+    times) re-timed without `removed` and the host time `host_cut` (and with the kernel
+    `lengths`), to the last kernel launched inside it where that ends later; and each
+    step's re-timed host window."""
     from neuron_explorer.what_if.kernel_retime import retime
 
     gaps = _host_gaps(trace, removed)
@@ -139,7 +157,9 @@ def _span(trace: Trace, removed: np.ndarray, start: int, end: int,
     retimed = retime(trace, removed, gaps, lengths)
     if retimed is None:
         return None
+    start, end = int(starts.min()), int(ends.max())
     inside = (retimed.launch >= start) & (retimed.launch < end) & (retimed.end >= 0)
     device_end = int(retimed.end[inside].max()) if inside.any() else 0
     new_start, new_end = retimed.host_time(np.array([start, end]))
-    return float(max(int(new_end), device_end) - int(new_start))
+    windows = retimed.host_time(ends) - retimed.host_time(starts)
+    return float(max(int(new_end), device_end) - int(new_start)), windows.astype(np.float64)

@@ -71,7 +71,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
     owner = tables.ancestor_in(trace, op_ids, is_call)
     device_dur = trace.ops.set_index("id")["device_dur"].reindex(op_ids).fillna(0).to_numpy()
     fused_ns: dict[tuple, float] = {}
-    saved, passes, names = 0.0, 0, set()
+    saved, passes, names = 0.0, Counter[int](), set()
     kernel_rows = op_kernel_rows(trace)
     fused_alone_ns: dict[tuple, float] = {}  # the fused kernel without the increments
     removed: list[np.ndarray] = []  # every op of a replayed step but the one kept
@@ -99,7 +99,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
         if np.isnan(fused_ns[key]):
             continue
         saved += float(device_dur[mine[over_parameters]].sum()) - fused_ns[key]
-        passes = max(passes, per_parameter)
+        passes[per_parameter] += 1
         names.add(cls)
         # the step as fused=True runs it: its passes over the parameters one op (a pass
         # that ran on the device stands in for it, its host time for the fused op's)
@@ -128,7 +128,9 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
 
         replay = (np.concatenate(removed), lengths)
         step_ns = removal_saving_ns(trace, replay[0], "fused optimizer", lengths)
-    return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), passes, len(calls),
+    # the passes of most steps (SGD's first also copies each gradient into its momentum)
+    most = passes.most_common(1)[0][0]
+    return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), most, len(calls),
                                 step_ns, replay)
 
 

@@ -21,7 +21,8 @@ five steps) or `sliced-on-device` (that dataset uploaded once, sliced on the dev
 `--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
 chance, a quarter of the time). `--ema`: an exponential moving average of the weights
 updated after each optimizer step, a Python loop over the parameters.
-`--optimizer`: `sgd` (the default), `adam` (PyTorch's default, foreach), `adam-fused`
+`--optimizer`: `sgd` (the default), `sgd-momentum` (momentum 0.9, foreach),
+`sgd-momentum-fused`, `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
 `--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
@@ -61,6 +62,9 @@ PER_STEP = "--optimizer-per-step" in sys.argv
 def new_optimizer() -> torch.optim.Optimizer:
     if OPTIMIZER == "sgd":
         return torch.optim.SGD(model.parameters(), lr=1e-3)
+    if OPTIMIZER.startswith("sgd-momentum"):
+        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9,
+                               fused=OPTIMIZER.endswith("-fused") or None)
     adam = torch.optim.AdamW if OPTIMIZER.startswith("adamw") else torch.optim.Adam
     return adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
                 foreach=False if OPTIMIZER == "adam-loop" else None)
