@@ -79,6 +79,7 @@ def check(trace: Trace) -> list[Finding]:
     items = [evidence(r.ts, r.dur, [r.id], f"host waited {us(r.dur)} on the device: {w}")
              for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
+    waited = float(syncs["dur"].sum())
     # every site the saving counts (the first few, by time): one named alone read as if
     # removing it saved the whole figure
     at = _sites_named(list(dict.fromkeys(site for site, _ in per_site.index)))
@@ -111,17 +112,23 @@ def check(trace: Trace) -> list[Finding]:
     elif _one_read_per_request(trace, syncs):
         recommendation = (
             f"Each request's result is read once, as it completes ({top_site}): a server "
-            "must answer, so keep that read, and hide it instead: launch the next "
-            "request's work before reading this one's result (the device then runs while "
-            "the host reads), or serve requests in batches, one read per batch.")
+            "must answer, so keep that read"
+            + ("; " + _nothing_to_hide(waited) + " serve requests in batches, one read per "
+               "batch." if _no_wait(waited, lost) else
+               ", and hide it instead: launch the next request's work before reading this one's "
+               "result (the device then runs while the host reads), or serve requests in "
+               "batches, one read per batch."))
     elif _one_read_per_step(trace, syncs):
         recommendation = (
             f"Each step reads its result ({top_site}). Where the results are used "
             f"later (offline inference), remove {at} from the step: keep them on the device "
             "and read them every N steps or after the loop. Where each must be returned as "
-            "it completes (a server), keep that read and hide it: launch the next step's "
-            "work before reading this one's result, or batch requests, one read per batch "
-            "(mark requests with neuron_explorer.request for their latency).")
+            "it completes (a server), keep that read"
+            + ("; " + _nothing_to_hide(waited) + " batch requests, one read per batch"
+               if _no_wait(waited, lost) else
+               " and hide it: launch the next step's work before reading this one's result, or "
+               "batch requests, one read per batch")
+            + " (mark requests with neuron_explorer.request for their latency).")
     else:
         recommendation = (
             f"Remove {at}"
@@ -370,3 +377,17 @@ def _saving(trace: Trace, syncs) -> tuple[float, float]:
     wait = np.where(cause >= 0, waits[np.maximum(cause, 0)], 0)
     gap = gaps["dur"].to_numpy(np.int64)
     return float(np.minimum(gap, wait).sum()), float(gap.sum())
+
+
+def _no_wait(waited: float, lost: float) -> bool:
+    """Whether the host hardly waited at its reads (the device had finished): the time is
+    the reads themselves, which launching the next work first does not hide."""
+    return waited < 0.1 * lost
+
+
+def _nothing_to_hide(waited: float) -> str:
+    """The advice for a read a server keeps when the host did not wait at it (a trial hid
+    such a read behind the next request's launch, as told, and saved nothing)."""
+    return (f"the host waited {us(waited)} on the device at it in all, so launching the next "
+            "work first hides nothing (the time is the read itself: its copy and the ops "
+            "that made what it reads); to read less often,")

@@ -84,7 +84,8 @@ def test_an_inference_loop_reading_each_result_is_told_when_to_keep_the_read() -
             if f.rule_id == "sync_in_step"]
     assert f.recommendation.startswith("Each step reads its result ("), f.recommendation
     assert "(offline inference), remove the sync at " in f.recommendation
-    assert "(a server), keep that read and hide it" in f.recommendation
+    # the host waited 44 us at these reads in all, of 1.34 ms: hiding them hides nothing
+    assert "(a server), keep that read; the host waited 43.9 us" in f.recommendation
     (f,) = [f for f in neuron_explorer.load(SAMPLES / "item_in_loop.pftrace").bottlenecks()
             if f.rule_id == "sync_in_step"]  # training: read the losses less often
     assert "read losses and metrics (.item(), .cpu(), print) every N steps" in f.recommendation

@@ -49,3 +49,13 @@ def test_a_served_models_launches_are_its_forward(recorded) -> None:
             if f.rule_id == "short_kernel_sequence"]
     assert "the model's forward (compiling fuses those)" in f.explanation
     assert "backward" not in f.explanation
+
+
+def test_a_served_read_the_host_did_not_wait_at_is_not_told_to_be_hidden(recorded) -> None:
+    """Each request's `.cpu()` of its answer: the device had finished, the host waited 0 ns.
+    The advice for a server was to hide the read behind the next request's launch; a trial
+    did so and saved nothing (the time is the read itself)."""
+    (f,) = [f for f in recorded["eval"].bottlenecks() if f.rule_id == "sync_in_step"]
+    assert "(a server), keep that read; the host waited 0 ns" in f.recommendation
+    assert "hides nothing" in f.recommendation
+    assert "launch the next step's work before reading" not in f.recommendation
