@@ -111,7 +111,7 @@ def _program_instructions(trace: Trace) -> pd.DataFrame | None:
         "ts": rows["ts"].to_numpy(np.int64)[keep],
         "dur": rows["dur"].to_numpy(np.int64)[keep],
     })
-    labels = _section_labels(trace)
+    labels = section_labels(trace)
     if labels.empty:
         return frame.assign(written="", matmul_dtype="")
     frame = frame.merge(labels.drop(columns="matmul_shapes"),
@@ -119,7 +119,7 @@ def _program_instructions(trace: Trace) -> pd.DataFrame | None:
     return frame.fillna({"written": "", "matmul_dtype": ""})
 
 
-def _section_labels(trace: Trace) -> pd.DataFrame:
+def section_labels(trace: Trace) -> pd.DataFrame:
     """(kernel_id, section, module, source) -> written, matmul_dtype, matmul_shapes, from the
     `sections` JSON each compiled program's kernel slice carries (None for the matmul shapes
     of a recording made before they were recorded)."""
@@ -150,7 +150,7 @@ def matmul_dtype_mix(trace: Trace) -> dict[int, str]:
     first ("bfloat16", or "bfloat16+float32" under autocast with some fp32 matmuls); a
     program without matmuls is absent. A graph's first input's dtype says nothing of its
     matmuls (under bf16 autocast the inputs are float32)."""
-    labels = _section_labels(trace)
+    labels = section_labels(trace)
     labels = labels[labels["matmul_dtype"].astype(str) != ""] if len(labels) else labels
     mix: dict[int, str] = {}
     for kernel_id, part in labels.groupby("kernel_id", sort=False):
@@ -163,7 +163,7 @@ def graph_matmul_shapes(trace: Trace) -> dict[int, str]:
     """Per compiled program's kernel id, its matmuls' operand shapes ("[[64, 96], [96, 160]]
     [[64, 160], [160, 10]]": a section's after another's; "" for a program whose matmuls
     record none, an opaque op's own); a program recorded before they were is absent."""
-    labels = _section_labels(trace)
+    labels = section_labels(trace)
     if not len(labels):
         return {}
     labels = labels[labels["matmul_shapes"].notna()]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.compiled_sections import section_labels
 from neuron_explorer.analyses.levels import recorded_level
 from neuron_explorer.analyses.phases import in_analysed_work, model_calls, training_steps
 from neuron_explorer.common import trace_format as tf
@@ -34,6 +35,8 @@ DROPOUT_OPS = frozenset({"aten::dropout", "aten::native_dropout", "aten::feature
 BATCH_NORM_OPS = frozenset({"aten::native_batch_norm", "aten::_native_batch_norm_legit",
                             "aten::_batch_norm_with_update", "aten::cudnn_batch_norm"})
 _TRAINING_ATTR = '["training",true]'
+# the same inside a compiled graph's sections (their names join their ops')
+_GRAPH_TRAINING_OPS = r"native_dropout|native_batch_norm_legit_functional|batch_norm_with_update"
 
 
 def _batch_norms_training(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
@@ -42,17 +45,32 @@ def _batch_norms_training(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     if not len(bn):
         return bn
     keys = trace.slice_args.texts(tf.ARG_OP_KEY, bn["id"].to_numpy(np.int64))
-    return bn[[_TRAINING_ATTR in str(k) for k in keys]]
+    return bn[np.array([_TRAINING_ATTR in str(k) for k in keys], bool)]
 
 
 def _counts(ops: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFrame:
     """Each training batch norm's `num_batches_tracked += 1`: an in-place add to an int64
     scalar in the same module and step."""
+    if not len(norms):
+        return ops.iloc[:0]
     adds = ops[(ops["name"].astype(str) == "aten::add_")
                & (ops["dtypes"].astype(str) == "[int64]") & (ops["shapes"].astype(str) == "[[]]")]
     where = set(zip(norms["module"].astype(str), norms["step"], strict=True))
     keep = [(m, s) in where for m, s in zip(adds["module"].astype(str), adds["step"], strict=True)]
-    return adds[keep]
+    return adds[np.array(keep, bool)]
+
+
+def _graph_sections(trace: Trace) -> pd.DataFrame:
+    """The sections of the analysed steps' compiled graphs that run dropout or batch norm
+    with batch statistics (AOTAutograd's `_native_batch_norm_legit_functional`; eval mode
+    traces `_native_batch_norm_legit_no_training`), with their graph kernel's row."""
+    k = in_analysed_work(trace, trace.kernels)
+    labels = section_labels(trace)
+    if not len(k) or not len(labels):
+        return labels.iloc[:0]
+    names = labels["section"].astype(str)
+    training = names.str.contains(_GRAPH_TRAINING_OPS)
+    return labels[training & labels["kernel_id"].isin(k["kernel_id"])]
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -64,7 +82,8 @@ def check(trace: Trace) -> list[Finding]:
         return []
     dropouts = ops[ops["name"].astype(str).isin(DROPOUT_OPS)]
     norms = _batch_norms_training(trace, ops)
-    if not len(dropouts) and not len(norms):
+    sections = _graph_sections(trace)
+    if not len(dropouts) and not len(norms) and not len(sections):
         return []
     counts = _counts(ops, norms)
     removed = np.concatenate([dropouts["id"].to_numpy(np.int64),
@@ -73,25 +92,35 @@ def check(trace: Trace) -> list[Finding]:
     if saving is None:
         return []
     shown = pd.concat([dropouts, norms, counts])
-    # the model: the outermost module of the training-mode ops ("model.features.0.1")
-    model = shown["module"].astype(str).str.split(".").str[0].mode().iloc[0] or "model"
+    model = _model_name(trace)
     n_steps = max(int(ops["step"].nunique()), 1)
+    in_graphs = sections.drop_duplicates(["section", "module"])
+    dropped = len(dropouts) // n_steps + int(in_graphs["section"].str.contains("dropout").sum())
+    normed = len(norms) // n_steps + int((~in_graphs["section"].str.contains("dropout")).sum())
     parts = []
-    if len(dropouts):
-        parts.append(f"dropout zeroes values at random ({len(dropouts) // n_steps} a step)")
-    if len(norms):
+    if dropped:
+        parts.append(f"dropout zeroes values at random ({dropped} a step)")
+    if normed:
         parts.append("batch norm normalises each batch by its own statistics and updates its "
-                     f"running ones ({len(norms) // n_steps} a step)")
+                     f"running ones ({normed} a step)")
     grad_on = bool((calls["grad"] == 1).any())
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in {r.module}: {us(r.dur)} on the host, "
                       f"{us(r.device_dur)} on the device")
              for r in top(shown, "dur").itertuples()]
+    if not items:
+        graphs = in_analysed_work(trace, trace.kernels)
+        graphs = graphs[graphs["kernel_id"].isin(sections["kernel_id"])]
+        items = [evidence(r.ts, r.dur, [r.id], f"{r.name} runs "
+                          + ", ".join(in_graphs["section"].astype(str).tolist()[:4]))
+                 for r in top(graphs, "dur").itertuples()]
     # fired at any size: the outputs are not the trained model's
     return [make(
         trace, RULE_ID, "The model serves in training mode", saving, items,
         f"No step trains (no backward, no optimizer step), yet {model} runs in training mode: "
         + "; ".join(parts) + ". Its outputs are not the trained model's, and the host issues "
         "and the device runs ops that eval mode leaves out."
+        + (" In its compiled graph they are sections of one program, whose device time the "
+           "recording does not split by op: not counted." if len(in_graphs) else "")
         + (" Autograd also records every pass (grad mode is on): its bookkeeping is in each "
            "op's host time and is not counted here." if grad_on else ""),
         f"Call {model}.eval() before serving"
@@ -101,4 +130,15 @@ def check(trace: Trace) -> list[Finding]:
         "exception.)",
         symptom_ns=float(shown["dur"].sum()),
         saving_basis="replay: the run replayed without dropout and batch norm's step count; "
-                     "batch norm's kernels keep their recorded length")]
+                     "batch norm's kernels keep their recorded length" if len(removed) else
+                     "estimate: inside compiled graphs, not counted")]
+
+
+def _model_name(trace: Trace) -> str:
+    """The model's name as the recording calls it: the top-level module with the most
+    forward time ("model")."""
+    m = trace.modules
+    top_level = m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
+    if not len(top_level):
+        return "model"
+    return str(top_level.groupby("module")["dur"].sum().idxmax()) or "model"

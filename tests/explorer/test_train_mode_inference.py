@@ -59,3 +59,17 @@ def test_a_served_read_the_host_did_not_wait_at_is_not_told_to_be_hidden(recorde
     assert "(a server), keep that read; the host waited 0 ns" in f.recommendation
     assert "hides nothing" in f.recommendation
     assert "launch the next step's work before reading" not in f.recommendation
+
+
+def test_a_compiled_model_serving_in_training_mode_is_named(tmp_path) -> None:
+    """Compiled, the training-mode work runs inside the graph (AOTAutograd's batch norm
+    with batch statistics, its dropout): a trial's compiled CNN served so got no finding,
+    though its outputs were not the trained model's."""
+    trace = load(record_variants(tmp_path, PROGRAM, {"compiled": ["--compile"]},
+                                 modelled=True)["compiled"])
+    (f,) = [f for f in trace.bottlenecks() if f.rule_id == "train_mode_inference"]
+    assert "dropout zeroes values at random (1 a step)" in f.explanation
+    assert "running ones (2 a step)" in f.explanation
+    assert "In its compiled graph" in f.explanation
+    assert f.recommendation.startswith("Call model.eval() before serving")
+    assert f.evidence and "graph_1_forward" in f.evidence[0]["description"]

@@ -2,7 +2,8 @@
 [--float64 | --float64-on-host]`; without `--eval` the model is left in training mode and
 grad mode on (model.eval() and torch.inference_mode() forgotten). `--float64`: each
 request's images come from NumPy (float64), are uploaded and converted on the device;
-`--float64-on-host`: converted on the host before the upload."""
+`--float64-on-host`: converted on the host before the upload; `--compile`: the model
+compiled."""
 
 import sys
 
@@ -23,6 +24,7 @@ model = nn.Sequential(block(3, 32), block(32, 64), nn.AdaptiveAvgPool2d(1), nn.F
 if "--eval" in sys.argv:
     model.eval()
     torch.set_grad_enabled(False)
+forward = torch.compile(model, backend="neuron") if "--compile" in sys.argv else model
 labels = []
 for _ in range(8):
     if "--float64" in sys.argv:
@@ -31,6 +33,6 @@ for _ in range(8):
         images = torch.from_numpy(np.random.rand(4, 3, 32, 32)).float().to("neuron")
     else:
         images = torch.rand(4, 3, 32, 32).to("neuron")
-    labels.append(model(images).argmax(-1).cpu().tolist())
+    labels.append(forward(images).argmax(-1).cpu().tolist())
     neuron_explorer.step()
 print(labels[-1])
