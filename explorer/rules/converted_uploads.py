@@ -49,8 +49,9 @@ def conversions(trace: Trace) -> pd.DataFrame:
     copies = ops[ops["name"].astype(str) == "aten::_to_copy"].sort_values("op_id")
     if len(copies) < 2:
         return copies.iloc[:0]
-    keys = [_key(str(t)) for t in trace.slice_args.texts(tf.ARG_OP_KEY,
-                                                          copies["id"].to_numpy(np.int64))]
+    texts = trace.slice_args.texts(tf.ARG_OP_KEY, copies["id"].to_numpy(np.int64))
+    parsed = {t: _key(str(t)) for t in dict.fromkeys(texts.tolist())}  # a few distinct keys
+    keys = [parsed[t] for t in texts.tolist()]
     rows = []
     previous = None
     for r, (shape, dtype, direction) in zip(copies.itertuples(), keys, strict=True):
