@@ -12,7 +12,6 @@ shortened to the bytes it would move. A CNN fed float64 images lost 4% of each r
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +19,7 @@ import pandas as pd
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.dtypes import dtype_bytes
+from neuron_explorer.common.op_key_codec import OpKeyError, decode
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -31,15 +31,16 @@ if TYPE_CHECKING:
 RULE_ID = "converted_uploads"
 
 
-def _key(text: str) -> tuple[list, str, str]:
+def _key(name: str, shapes: str, dtypes: str, text: str) -> tuple[list, str, str]:
     """(output shape, output dtype, direction) of a copy's op key; empty where unknown."""
     try:
-        outputs, *rest = json.loads(text)
-        attrs = dict(rest[0]) if rest else {}
-        shape, dtype = outputs[0]
-        return list(shape), str(dtype), str(attrs.get("direction", ""))
-    except (ValueError, TypeError, IndexError, KeyError):
+        _, _, outputs, attrs = decode(name, shapes, dtypes, text)
+    except OpKeyError:
         return [], "", ""
+    if not outputs:
+        return [], "", ""
+    (shape, dtype), direction = outputs[0], dict(attrs).get("direction", "")
+    return list(shape), dtype, str(direction)
 
 
 def conversions(trace: Trace) -> pd.DataFrame:
@@ -49,9 +50,11 @@ def conversions(trace: Trace) -> pd.DataFrame:
     copies = ops[ops["name"].astype(str) == "aten::_to_copy"].sort_values("op_id")
     if len(copies) < 2:
         return copies.iloc[:0]
-    texts = trace.slice_args.texts(tf.ARG_OP_KEY, copies["id"].to_numpy(np.int64))
-    parsed = {t: _key(str(t)) for t in dict.fromkeys(texts.tolist())}  # a few distinct keys
-    keys = [parsed[t] for t in texts.tolist()]
+    texts = trace.slice_args.texts(tf.ARG_OP_KEY, copies["id"].to_numpy(np.int64)).tolist()
+    sigs = list(zip(copies["shapes"].astype(str), copies["dtypes"].astype(str), texts,
+                    strict=True))
+    parsed = {sig: _key("aten::_to_copy", *sig) for sig in dict.fromkeys(sigs)}  # a few
+    keys = [parsed[sig] for sig in sigs]
     rows = []
     previous = None
     for r, (shape, dtype, direction) in zip(copies.itertuples(), keys, strict=True):

@@ -22,6 +22,7 @@ from neuron_explorer.analyses.compiled_sections import section_labels
 from neuron_explorer.analyses.levels import recorded_level
 from neuron_explorer.analyses.phases import in_analysed_work, model_calls, training_steps
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.op_key_codec import OpKeyError, decode
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
@@ -34,7 +35,6 @@ DROPOUT_OPS = frozenset({"aten::dropout", "aten::native_dropout", "aten::feature
                          "aten::alpha_dropout", "aten::feature_alpha_dropout"})
 BATCH_NORM_OPS = frozenset({"aten::native_batch_norm", "aten::_native_batch_norm_legit",
                             "aten::_batch_norm_with_update", "aten::cudnn_batch_norm"})
-_TRAINING_ATTR = '["training",true]'
 # the same inside a compiled graph's sections (their names join their ops')
 _GRAPH_TRAINING_OPS = r"native_dropout|native_batch_norm_legit_functional|batch_norm_with_update"
 
@@ -44,8 +44,18 @@ def _batch_norms_training(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     bn = ops[ops["name"].astype(str).isin(BATCH_NORM_OPS)]
     if not len(bn):
         return bn
-    keys = trace.slice_args.texts(tf.ARG_OP_KEY, bn["id"].to_numpy(np.int64))
-    return bn[np.array([_TRAINING_ATTR in str(k) for k in keys], bool)]
+    keys = trace.slice_args.texts(tf.ARG_OP_KEY, bn["id"].to_numpy(np.int64)).tolist()
+    return bn[np.array([_trains(name, shapes, dtypes, key) for name, shapes, dtypes, key in zip(
+        bn["name"].astype(str), bn["shapes"].astype(str), bn["dtypes"].astype(str), keys,
+        strict=True)], bool)]
+
+
+def _trains(name: str, shapes: str, dtypes: str, key: str) -> bool:
+    """Whether a batch norm's op key says it computes batch statistics."""
+    try:
+        return bool(dict(decode(name, shapes, dtypes, key)[3]).get("training"))
+    except OpKeyError:
+        return False
 
 
 def _counts(ops: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFrame:
