@@ -64,15 +64,12 @@ def model_calls(trace: Trace) -> pd.DataFrame:
     """The model's outermost forward calls: ts, end, step, grad (1, 0, or -1: unknown,
     not our trace), training (on calls without grad: the model's training flag, 1 or 0;
     -1 where unknown), batch and new (token ids' shape, -1 where unknown)."""
-    m = trace.modules
-    calls = m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
+    calls = _top_level_calls(trace)
     if not len(calls):
         return pd.DataFrame({c: pd.Series(dtype="int64")
                              for c in ["ts", "end", "step", "grad", "training", "batch",
                                        "new"]})
-    # the model, not a loss function or tokenizer called beside it: the most forward time
-    model = calls.groupby("module")["dur"].sum().idxmax()
-    calls = calls[calls["module"] == model]
+    calls = calls[calls["module"] == model_name(trace)]
     ids = calls["id"].to_numpy()
     ts = calls["ts"].to_numpy(np.int64)
     shapes = [_shape(t) for t in trace.slice_args.texts(tf.ARG_TOKENS, ids).tolist()]
@@ -86,6 +83,21 @@ def model_calls(trace: Trace) -> pd.DataFrame:
         "batch": [s[0] if s else -1 for s in shapes],
         "new": [s[1] if s else -1 for s in shapes],
     }).sort_values("ts", ignore_index=True)
+
+
+def _top_level_calls(trace: Trace) -> pd.DataFrame:
+    m = trace.modules
+    return m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
+
+
+def model_name(trace: Trace) -> str:
+    """The model's name as the recording calls it ("model"): the top-level module with the
+    most forward time, not a loss function or tokenizer called beside it; "model" where
+    none ran."""
+    calls = _top_level_calls(trace)
+    if not len(calls):
+        return "model"
+    return str(calls.groupby("module")["dur"].sum().idxmax()) or "model"
 
 
 def training_steps(trace: Trace) -> set[int]:

@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.compiled_sections import section_labels
 from neuron_explorer.analyses.levels import recorded_level
-from neuron_explorer.analyses.phases import in_analysed_work, model_calls, training_steps
+from neuron_explorer.analyses.phases import (
+    in_analysed_work,
+    model_calls,
+    model_name,
+    training_steps,
+)
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_key_codec import OpKeyError, decode
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
@@ -102,7 +107,7 @@ def check(trace: Trace) -> list[Finding]:
     if saving is None:
         return []
     shown = pd.concat([dropouts, norms, counts])
-    model = _model_name(trace)
+    model = model_name(trace)
     n_steps = max(int(ops["step"].nunique()), 1)
     in_graphs = sections.drop_duplicates(["section", "module"])
     dropped = len(dropouts) // n_steps + int(in_graphs["section"].str.contains("dropout").sum())
@@ -143,12 +148,3 @@ def check(trace: Trace) -> list[Finding]:
                      "batch norm's kernels keep their recorded length" if len(removed) else
                      "estimate: inside compiled graphs, not counted")]
 
-
-def _model_name(trace: Trace) -> str:
-    """The model's name as the recording calls it: the top-level module with the most
-    forward time ("model")."""
-    m = trace.modules
-    top_level = m[(m["depth"] == 0) & (m["phase"] == "forward")] if len(m) else m
-    if not len(top_level):
-        return "model"
-    return str(top_level.groupby("module")["dur"].sum().idxmax()) or "model"
