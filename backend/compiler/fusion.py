@@ -132,7 +132,12 @@ def kind_of_op(op_name: str) -> OpKind:
     packet = getattr(aten, name, None)
     if packet is None:
         return OpKind.OPAQUE
-    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return _kind_of([getattr(packet, o) for o in packet.overloads()])
+
+
+def _kind_of(overloads: list) -> OpKind:
+    """How ops of these overloads (a node's one, or every overload of a recorded op's name)
+    take part in fusion."""
     if any(o in _BATCHED_MATMULS for o in overloads):
         return OpKind.ATTENTION
     if any(o in _MATMULS for o in overloads):
@@ -172,17 +177,7 @@ def classify(node: fx.Node) -> OpKind:
     if not isinstance(target, torch._ops.OpOverload):
         # Host-side arithmetic on sizes (SymInt math) does no device work.
         return OpKind.OPAQUE if isinstance(node.meta.get("val"), torch.Tensor) else OpKind.VIEW
-    if target in _BATCHED_MATMULS:
-        return OpKind.ATTENTION
-    if target in _MATMULS:
-        return OpKind.MATMUL
-    if target.is_view or target in _VIEW_EXTRA:
-        return OpKind.VIEW
-    if target in _ROW_REDUCTIONS or torch.Tag.reduction in target.tags:
-        return OpKind.REDUCTION
-    if torch.Tag.pointwise in target.tags or target in _ELEMENTWISE_EXTRA:
-        return OpKind.ELEMENTWISE
-    return OpKind.OPAQUE
+    return _kind_of([target])
 
 
 @dataclass
