@@ -74,7 +74,6 @@ def host_events(trace: Trace, ops: pd.DataFrame):
     return rows, events
 
 
-
 def _custom_kernels_ns(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     """Per row: for a custom kernel's op (an `@nki.jit` launch: no op key describes its
     schedule, and the replay took it for a sync point), its recorded kernels' summed
