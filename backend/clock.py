@@ -151,7 +151,7 @@ class HostClock:
 
     def defer(self, ns: int, floor_ns: int) -> None:
         """Take `ns` off the next program interval (add it, if negative), never moving the
-        clock below `floor_ns`: for costs paid just outside a measured call (the C++ to
+        clock to `floor_ns` or below: for costs paid just outside a measured call (the C++ to
         Python boxing of an op) that the program would not pay, or would pay differently."""
         self._pending += ns
         self._floor = max(self._floor, floor_ns)
@@ -161,7 +161,10 @@ class HostClock:
         # allocation that can start a garbage collection in the middle of a reading.
         pending, self._pending = self._pending, 0
         if pending > 0:
-            room = t - self._floor
+            # Strictly after the floor: a slice ending there (an op, written later in a
+            # batch) must end before whatever begins next, or readers pairing begins and
+            # ends by time take its end for the end of a slice begun at the same time.
+            room = t - self._floor - 1
             if pending > room:
                 pending = room if room > 0 else 0  # noqa: FURB136 (no max(): above)
         self._offset -= pending
