@@ -7,11 +7,18 @@ reads each parameter, gradient and moment once and writes them back once. The sa
 the recorded passes' device time less that kernel's, lowered by the simulator for the
 parameters the passes updated (`backend.replay.lower_key`), per optimizer step of the
 analysed steps. The state-step increments stay: the fused step keeps them.
+
+`fused=True` changes `zero_grad(set_to_none=False)` too: PyTorch zeroes the gradients
+with one `_foreach_zero_` where the optimizer is fused (or foreach=True), one `zero_` a
+gradient otherwise (foreach left unset, the default). The replay makes each such
+zero_grad one foreach op: a trial's Adam with gradients zeroed in place saved 744 us a
+step fused where the step alone was claimed at 299.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +54,10 @@ class FusedOptimizerSaving:
     # that replay's changes, for a replay of more fixes at once: the op slices removed, and
     # kernel rows of `trace.kernels` -> their lengths fused
     replay: tuple[np.ndarray, dict[int, int]] | None = None
+    # the gradients each zero_grad zeroes one op apiece, which fused=True zeroes in one op
+    # (0: none), and what that part alone saves the analysed steps
+    zeroed: int = 0
+    zeroing_step_ns: float = 0.0
 
 
 def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
@@ -122,16 +133,75 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
                 lengths.update(dict.fromkeys(rest, 0))
     if not names:
         return None
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
+
+    zeroing = _zero_grads_in_one_op(trace, names, preset, kernel_rows)
+    zeroed, zeroing_ns = 0, 0.0
+    if zeroing is not None:
+        zero_removed, zero_lengths, zero_device_ns, zeroed = zeroing
+        saved += zero_device_ns
+        removed.append(zero_removed)
+        lengths.update(zero_lengths)
+        zeroing_ns = removal_saving_ns(trace, zero_removed, "fused zero_grad",
+                                       zero_lengths) or 0.0
     step_ns, replay = None, None
     if removed:
-        from neuron_explorer.what_if.counterfactual import removal_saving_ns
-
         replay = (np.concatenate(removed), lengths)
         step_ns = removal_saving_ns(trace, replay[0], "fused optimizer", lengths)
     # the passes of most steps (SGD's first also copies each gradient into its momentum)
     most = passes.most_common(1)[0][0]
     return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), most, len(calls),
-                                step_ns, replay)
+                                step_ns, replay, zeroed, zeroing_ns)
+
+
+def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: object,
+                          kernel_rows: dict[int, list[int]]
+                          ) -> tuple[np.ndarray, dict[int, int], float, int] | None:
+    """The analysed steps' `zero_grad(set_to_none=False)` calls of `classes` that zeroed
+    the gradients one `zero_` apiece, each made one `_foreach_zero_` over them as fused=True
+    makes it: (the ops removed, kernel rows -> lengths, the device time saved, the
+    gradients a call zeroes); None where there are none."""
+    from neuron_explorer.backend.replay import lower_key
+    from neuron_explorer.what_if.replay import op_keys
+
+    calls = optimizer_calls(trace, "zero_grad", classes)
+    if calls is None or not len(calls):
+        return None
+    op_ids = tables.of_kind(trace, tf.CAT_OP)["id"].to_numpy(np.int64)
+    is_call = np.zeros(len(trace.table("slices")), bool)
+    is_call[calls["id"].to_numpy(np.int64)] = True
+    owner = tables.ancestor_in(trace, op_ids, is_call)
+    device_dur = trace.ops.set_index("id")["device_dur"]
+    removed: list[int] = []
+    lengths: dict[int, int] = {}
+    saved, zeroed = 0.0, Counter[int]()
+    lowered: dict[tuple, float] = {}
+    for call_id in calls["id"].tolist():
+        mine = op_ids[owner == call_id]
+        keys = op_keys(trace, mine)
+        if keys is None or any(k[0] == "aten::_foreach_zero_" for k in keys):
+            continue  # already one op (foreach=True)
+        zeroing = [(int(i), k) for i, k in zip(mine.tolist(), keys, strict=True)
+                   if k[0] == "aten::zero_" and k[1] and kernel_rows.get(int(i))]
+        if len(zeroing) < 2:
+            continue
+        grads = tuple(k[1][0] for _, k in zeroing)
+        key = ("aten::_foreach_zero_", grads, grads, ())
+        if key not in lowered:
+            kernel = lower_key(key, preset)[0]
+            lowered[key] = float("nan") if kernel is None else float(kernel.duration_ns)
+        if np.isnan(lowered[key]):
+            continue
+        ids = [i for i, _ in zeroing]
+        saved += float(device_dur.reindex(ids).fillna(0).sum()) - lowered[key]
+        zeroed[len(ids)] += 1
+        removed.extend(ids[1:])  # the first stands in for the foreach op
+        first, *rest = kernel_rows[ids[0]]
+        lengths[first] = int(lowered[key])
+        lengths.update(dict.fromkeys(rest, 0))
+    if not zeroed:
+        return None
+    return np.asarray(removed, np.int64), lengths, saved, zeroed.most_common(1)[0][0]
 
 
 
@@ -151,11 +221,17 @@ def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
 
 def optimizer_steps(trace: Trace):
     """The `<Optimizer>.step` ranges of a class `FUSED_OPS` knows, in the analysed steps."""
+    return optimizer_calls(trace, "step", FUSED_OPS)
+
+
+def optimizer_calls(trace: Trace, method: str, classes: Iterable[str]):
+    """The `<Optimizer>.<method>` ranges of `classes`, in the analysed steps (None: no
+    optimizer ranges or steps)."""
     ranges = tables.of_kind(trace, tf.CAT_OPTIMIZER)
     if not len(ranges) or not len(trace.steps):
         return None
     names = ranges["name"].astype(str)
-    known = names.str.endswith(".step") & names.str.split(".").str[0].isin(list(FUSED_OPS))
+    known = names.str.endswith(f".{method}") & names.str.split(".").str[0].isin(list(classes))
     calls = ranges[known.to_numpy()].copy()
     calls["step"] = tables.assign_steps(calls["ts"].to_numpy(np.int64), trace.steps)
     return in_analysed_steps(trace, calls)

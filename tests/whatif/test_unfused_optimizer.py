@@ -60,3 +60,18 @@ def test_sgds_first_step_momentum_copies_are_said_apart(tmp_path) -> None:
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
     total = float(steps["dur"].sum() - in_analysed_steps(fused, fused.steps)["dur"].sum())
     assert f.time_lost_ns == pytest.approx(total, rel=0.15), (f.time_lost_ns, total)
+
+
+def test_fusing_also_zeroes_in_place_gradients_in_one_op(tmp_path) -> None:
+    """With zero_grad(set_to_none=False), PyTorch zeroes the gradients one `zero_` apiece
+    unless the optimizer is fused (or foreach=True): then in one `_foreach_zero_`. A trial
+    claimed 299 us a step for fused=True, which saved 744."""
+    paths = record_variants(tmp_path, PROGRAM, {
+        "foreach": ["4", "--optimizer", "adam", "--zero-grad", "zeros"],
+        "fused": ["4", "--optimizer", "adam-fused", "--zero-grad", "zeros"]}, modelled=True)
+    foreach, fused = load(paths["foreach"]), load(paths["fused"])
+    (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
+    assert "also zeroes the 8 gradients in one op" in f.explanation
+    steps = len(in_analysed_steps(foreach, foreach.steps))
+    saved = _median_step(foreach) - _median_step(fused)
+    assert f.time_lost_ns / steps == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
