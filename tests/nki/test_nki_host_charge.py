@@ -78,3 +78,32 @@ def test_a_real_measured_clock_charges_no_simulation(tmp_path):
     # Three calls, each simulated for `simulation_ns` in this process: the step charges
     # three launches and the host's own Python, far below a single simulation.
     assert later["dur"] < simulation_ns / 2, (later["dur"], simulation_ns)
+
+
+def test_a_kernel_call_costs_the_measured_host_what_an_aten_ops_launch_costs(tmp_path):
+    """On the measured clock, a later call's checks, input copies and the freeing of its
+    trace are the emulator's too: they once charged this kernel 200-300 us a call more
+    than an aten op's launch, growing with the kernel's size."""
+    path = tmp_path / "measured.pftrace"
+    with neuron_explorer.record(path, level="op", quiet=True):
+        x = torch.randn(ROWS, WIDTH).to("neuron")
+        softmax(x)  # compiles
+        neuron_explorer.step()
+        for _ in range(3):
+            for _ in range(8):
+                softmax(x)
+            for _ in range(8):
+                torch.add(x, 1.0)
+            neuron_explorer.step()
+        torch.neuron.synchronize()
+    ops = neuron_explorer.load(path).ops
+    ops = ops[ops["step"] > 0].sort_values("ts")
+
+    def per_call(name: str) -> float:  # from one call's start to the next's, in a run
+        mine = ops["name"].to_numpy() == name
+        starts = ops["ts"].to_numpy()
+        pairs = mine[:-1] & mine[1:]
+        return float(np.median(np.diff(starts)[pairs]))
+
+    kernel, aten = per_call("nki::softmax"), per_call("aten::add")
+    assert kernel < 2 * aten, (kernel, aten)  # was 4.3x
