@@ -113,20 +113,38 @@ def start_from_environment() -> Recorder | None:
                             drop_if_empty=True)
     recorder = session.start(options, record_children=False)
     atexit.register(recorder.stop)
+    _note_an_uncaught_error(recorder)
     if rank is not None:
         # this rank's own children (DataLoader workers) inherit RANK: name them by pid
         os.environ[CHILD_ENV] = json.dumps({**config, "root_rank": rank})
-        _end_cleanly_on_sigterm()
+        _end_cleanly_on_sigterm(recorder)
     return recorder
 
 
-def _end_cleanly_on_sigterm() -> None:
+def _note_an_uncaught_error(recorder: Recorder) -> None:
+    """An error that ends this process (a rank's crash) goes into its trace's end mark, as
+    `record` notes its own program's: the run's report then says the rank failed."""
+    from neuron_explorer.collectors.program import described
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+        if not isinstance(exc, KeyboardInterrupt):
+            recorder.program_ended(1, described(exc))
+        previous(kind, exc, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
+
+
+def _end_cleanly_on_sigterm(recorder: Recorder) -> None:
     """torchrun stops the other ranks with SIGTERM when one fails: unwind instead of dying
     at once, so their traces are completed."""
     import signal
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def _exit(signum: int, frame: object) -> None:
+            recorder.program_ended(128 + signum, "stopped by SIGTERM (the launcher ends "
+                                                 "every rank when one fails)")
             sys.exit(128 + signum)
 
         with contextlib.suppress(ValueError):  # not the main thread

@@ -150,7 +150,7 @@ def run_program(program: Program) -> Outcome:
         return Outcome(128 + signal.SIGTERM, signal.SIGTERM)
     except BaseException as exc:  # noqa: BLE001 - the program's error, reported as Python would
         _print_traceback(exc)
-        return Outcome(1, error=_described(exc))
+        return Outcome(1, error=described(exc))
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None:
@@ -184,7 +184,7 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _described(exc: BaseException) -> str:
+def described(exc: BaseException) -> str:
     """"Type: message (file:line)": the exception and the line of the program it came
     through last (the frame of the recorded program nearest the error)."""
     first = str(exc).strip().splitlines()

@@ -142,6 +142,9 @@ def summary(folder: str, data: dict[str, Any]) -> str:
     lines = [f"neuron-explorer: run written to {folder} ({len(ranks)} rank trace"
              f"{'s' if len(ranks) != 1 else ''}"
              + (f" of {expected}" if expected and expected != len(ranks) else "") + ")"]
+    if data.get("exit_code"):
+        lines.append(f"  the program exited with code {data['exit_code']}: the traces hold what "
+                     f"ran until then (neuron-explorer report {folder} says which rank failed)")
     for entry in ranks:
         path = os.path.join(folder, entry["trace"])
         size = os.path.getsize(path) if os.path.exists(path) else 0

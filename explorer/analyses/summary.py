@@ -63,8 +63,8 @@ def summary(trace: Trace) -> dict[str, Any]:
     step_time_ns (median over them, each as long as the run's pace makes it:
     `analyses.device_pace`), host_step_ns (the median of the host's step windows),
     device_paced_step_ns (the device's time per step), compile_ns (on its own), total_ns,
-    mfu, hfu, mbu, device_busy_share (None at --level framework), n_ops, n_kernels, and
-    counts of slices by kind."""
+    mfu, hfu, mbu, device_busy_share (None at --level framework), n_ops, n_kernels,
+    counts of slices by kind, and how the program ended (exit_code, program_error)."""
     s = trace.table("slices")
     win = step_windows(trace)
     selection = analysed_steps(trace)
@@ -104,4 +104,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "devices": sorted(int(d) for d in trace.tracks["device"].unique() if d >= 0),
         "counts": _kind_counts(trace),
         "skipped": dict(trace.skipped),
+        # how the recorded program ended where it failed (0 and None: it ended well)
+        "exit_code": int(trace.metadata.get(tf.META_EXIT_CODE) or 0),
+        "program_error": trace.metadata.get(tf.META_PROGRAM_ERROR),
     }

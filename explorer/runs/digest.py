@@ -80,8 +80,8 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-# raised whenever a digest's tables or findings change (13: the launch slack after calls)
-DIGEST_SCHEMA = 13
+# raised whenever a digest's tables or findings change (14: how each rank's program ended)
+DIGEST_SCHEMA = 14
 
 
 def _digest_key(folder: str) -> str | None:

@@ -61,6 +61,8 @@ def run_report_sections(run: Run) -> list[Section]:
     if cut:
         head["cut short"] = (", ".join(f"rank {r}" for r in cut) + ": the recording stopped "
                              "before its end (killed?); its last steps are missing")
+    if ended := _program_ended_text(run):
+        head["program"] = ended
     for key in ("world_size", "preset", "command"):
         if key in run.manifest:
             head[key] = run.manifest[key]
@@ -91,6 +93,21 @@ def run_report_sections(run: Run) -> list[Section]:
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
             *findings_sections(findings)]
+
+
+def _program_ended_text(run: Run) -> str:
+    """How the run's program ended where it failed ("" otherwise): the launcher's exit
+    code and each rank's own error, so that a crashed run's report never reads as a run."""
+    code = int(run.manifest.get("exit_code") or 0)
+    ranks = {r: d.summary for r, d in sorted(run.digests.items())
+             if d.summary.get("exit_code")}
+    if not code and not ranks:
+        return ""
+    text = f"exited with code {code}" if code else "a rank failed"
+    for rank, s in ranks.items():
+        text += f"; rank {rank} exited with code {s['exit_code']}" + (
+            f": {s['program_error']}" if s.get("program_error") else "")
+    return text + "; the traces hold what ran until then"
 
 
 def _critical_path_section(run: Run) -> list[Section]:

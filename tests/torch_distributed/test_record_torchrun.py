@@ -80,3 +80,18 @@ def test_a_killed_rank_leaves_a_prefix_and_the_other_trace_is_complete(tmp_path)
 
     text = render_run_report(neuron_explorer.load(run), "text")
     assert "cut short" in text and "rank 1: the recording stopped before its end" in text
+
+
+def test_a_rank_that_raises_is_named_in_the_record_output_and_the_report(tmp_path):
+    """A rank's crash once left a report that read as a run's ("step time 0 ns") and a
+    `record` that said only where the run went."""
+    done = _record(tmp_path, "--level", "op", "-o", "out.run",
+                   script_args=("--steps", "3", "--raise-at", "1"))
+    assert done.returncode != 0
+    assert "the program exited with code 1" in done.stderr
+    from neuron_explorer.runs.report import render_run_report
+
+    text = render_run_report(neuron_explorer.load(tmp_path / "out.run"), "text")
+    assert "rank 1 exited with code 1: ValueError: no data for step 1 (" in text
+    assert "train_tiny.py:" in text.split("ValueError")[1]  # the line it came through
+    assert "the traces hold what ran until then" in text

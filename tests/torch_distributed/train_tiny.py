@@ -1,6 +1,7 @@
 """A tiny DDP run for the recording tests: 3 steps of a small MLP on each rank.
 
-`--die-at STEP` makes the last rank SIGKILL itself at that step."""
+`--die-at STEP` makes the last rank SIGKILL itself at that step; `--raise-at STEP` makes
+it raise an error there."""
 
 import argparse
 import os
@@ -15,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--die-at", type=int, default=-1)
+parser.add_argument("--raise-at", type=int, default=-1)
 args = parser.parse_args()
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -26,6 +28,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(args.steps):
     if step == args.die_at and rank == world - 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    if step == args.raise_at and rank == world - 1:
+        raise ValueError(f"no data for step {step}")
     x = torch.randn(8, 16).to(device)
     loss = F.mse_loss(model(x), torch.zeros(8, 4, device=device))
     optimizer.zero_grad()
