@@ -243,3 +243,19 @@ def test_compiled_fusion_of_our_sequences(repo_root, load_real):
                   neuron_explorer.load(repo_root / "sample_traces" / "gpt_compiled.pftrace")):
         assert trace.kernel_sequences(3, top=3, compiled=True)["compiled_ns"].isna().all()
     assert "compiled_ns" not in gpt.kernel_sequences(3, top=3).columns
+
+
+def test_a_run_of_one_kernel_counts_each_kernel_once_in_its_time(tmp_path):
+    """Six launches of one kernel are four windows of three; their row's time is the six
+    kernels' (a recording's 64 launches a step once made a row 228% of the device time)."""
+    ev = [_x("cpu_op", "aten::loop", 1, 1, 0, 100)]
+    for i in range(6):
+        ev.append(_x("cuda_runtime", "cudaLaunchKernel", 1, 1, 1 + i, 1, correlation=i + 1))
+        ev.append(_x("kernel", "k_x", 0, 7, 100 + 10 * i, 10, correlation=i + 1, device=0,
+                     stream=7))
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    row = neuron_explorer.load(path).kernel_sequences(n=3).iloc[0]
+    assert (row["sequence"], row["count"]) == ("k_x | k_x | k_x", 4)
+    assert row["total_ns"] == 60_000 and row["mean_ns"] == 30_000
+    assert row["share"] == pytest.approx(1.0)
