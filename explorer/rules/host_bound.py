@@ -9,6 +9,7 @@ import pandas as pd
 from neuron_explorer.analyses.critical_path import device_time_saving
 from neuron_explorer.analyses.startup import startup_gaps
 from neuron_explorer.device_terms import device_terms
+from neuron_explorer.memo import memoised
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import (
     Finding,
@@ -45,8 +46,9 @@ def is_host_bound(trace: Trace) -> bool:
 
 def prerequisite(trace: Trace) -> str:
     """For a rule whose saving is device time: the rule whose fix must come first (this
-    one, on a host-bound run; "" otherwise), for `Finding.after`."""
-    return RULE_ID if is_host_bound(trace) else ""
+    one, on a host-bound run whose fix feeds the device; "" otherwise), for
+    `Finding.after`."""
+    return RULE_ID if is_host_bound(trace) and fix_feeds_the_device(trace) else ""
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,26 @@ class DeviceSaving:
     basis: str  # `Finding.saving_basis`
 
 
+def fix_feeds_the_device(trace: Trace) -> bool:
+    """Whether this rule's fix, as replayed, takes away most of the launch gaps: the device
+    then sets the steps, so device time saved is step time saved after it. A fix that
+    saves little of them (a kernel launched per row, compiled: 4 us of 172 a step) leaves
+    the host setting the steps, and a device fix saves what it saves now."""
+    def feeds() -> bool:
+        gaps = float(launch_gaps(trace)["dur"].sum())
+        saving, basis = fix_saving(trace, gaps)
+        return not basis.startswith("replay") or saving >= th.HOST_BOUND_FIX_FEEDS * gaps
+
+    return memoised(trace, "host_fix_feeds_the_device", feeds)
+
+
 def device_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) -> DeviceSaving:
     """For a rule whose fix saves `device_ns` of device time (and adds `host_added_ns` of
-    host work): on a host-bound run, that time once the host keeps the device fed (after
-    that fix); otherwise the part of it the steps lose (`critical_path.device_time_saving`:
-    a step can only shorten down to its host's own work, grown by what the fix adds)."""
-    if is_host_bound(trace):
+    host work): on a host-bound run whose fix feeds the device, that time once the host
+    keeps the device fed (after that fix); otherwise the part of it the steps lose
+    (`critical_path.device_time_saving`: a step can only shorten down to its host's own
+    work, grown by what the fix adds)."""
+    if is_host_bound(trace) and fix_feeds_the_device(trace):
         return DeviceSaving(
             device_ns, RULE_ID,
             " The run is host-bound now, so this is device time rather than step time: "

@@ -11,6 +11,9 @@ MAX_EVIDENCE = 5  # time ranges shown per finding, largest first
 
 # host_bound: the device waits on the host to launch work.
 HOST_BOUND_MIN_SHARE = 0.10
+# the share of those gaps its replayed fix must save for the device to set the pace after it
+# (device findings then wait on it; below, they claim what they save now)
+HOST_BOUND_FIX_FEEDS = 0.5
 
 # sync_in_step: the host waits on the device (.item(), .cpu(), print, synchronize).
 SYNC_MIN_SHARE = 0.01
