@@ -75,3 +75,17 @@ def test_fusing_also_zeroes_in_place_gradients_in_one_op(tmp_path) -> None:
     steps = len(in_analysed_steps(foreach, foreach.steps))
     saved = _median_step(foreach) - _median_step(fused)
     assert f.time_lost_ns / steps == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
+
+
+def test_a_saving_of_a_few_percent_is_stated(tmp_path) -> None:
+    """A deeper model's step: fused=True saves 4% of it (a straggler rank's 4.7% went
+    unreported once, under a 5% bar)."""
+    paths = record_variants(tmp_path, PROGRAM, {
+        "foreach": ["16", "--optimizer", "adam"], "fused": ["16", "--optimizer", "adam-fused"]},
+        modelled=True)
+    foreach, fused = load(paths["foreach"]), load(paths["fused"])
+    saved = _median_step(foreach) - _median_step(fused)
+    assert 0.02 < saved / _median_step(foreach) < 0.05  # the premise
+    (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
+    claimed = f.time_lost_ns / len(in_analysed_steps(foreach, foreach.steps))
+    assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
