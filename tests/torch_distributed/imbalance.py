@@ -3,6 +3,7 @@ doing more, for the straggler tests.
 
     --model fsdp     an FSDP2-sharded transformer block (host-bound at this size);
     --model stream   elementwise work on a large tensor then an all-reduce (device-bound);
+    --small          ... on a small tensor instead (host-bound: launches, not device work);
     --sleep-ms MS    the last rank waits MS more per step on the host (a real wait);
     --work N         the last rank does N times the others' work per step;
     --cpu-probe PATH each rank also runs its step's model in plain PyTorch on the CPU and
@@ -26,6 +27,7 @@ parser.add_argument("--model", choices=("fsdp", "stream"), default="fsdp")
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--sleep-ms", type=float, default=0)
 parser.add_argument("--work", type=int, default=1)
+parser.add_argument("--small", action="store_true")
 parser.add_argument("--cpu-probe", default="")
 args = parser.parse_args()
 dist.init_process_group()
@@ -78,7 +80,8 @@ def fsdp_steps() -> None:
 
 
 def stream_steps() -> None:
-    x = torch.ones(1 << 22, device=device)  # 16 MiB: 0.1 ms a pass on the device
+    # 16 MiB: 0.1 ms a pass on the device; small, a launch costs more than its work
+    x = torch.ones(1 << 10 if args.small else 1 << 22, device=device)
     for _ in range(args.steps):
         y = x
         for _ in range(3 * work):

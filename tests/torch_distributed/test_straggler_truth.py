@@ -232,3 +232,16 @@ def test_fsdps_copies_are_in_no_sequence_to_fuse(runs) -> None:
     for f in found:
         listed = f.explanation.split("occurrences in all")[0]
         assert "_copy_from" not in listed, listed
+
+
+def test_a_fix_that_removes_the_stragglers_time_says_it_overlaps_the_straggler(tmp_path):
+    """The last rank launches ten times the others' small ops: fusing them (on every rank)
+    takes that rank down to the others' pace, which is the straggler finding's time. The
+    two once read as separate savings of the same 31.5 ms."""
+    run = _record(tmp_path, "small", "--model", "stream", "--small", "--work", "10",
+                  modelled=True)
+    found = _findings(run)
+    straggler = found["straggler_rank"].time_lost_ns
+    overlapping = [f for f in found.values() if "overlap, not add" in f.explanation]
+    assert overlapping and all(f.time_lost_ns >= 0.95 * straggler for f in overlapping)
+    assert "On rank 1 alone its fix takes off" in overlapping[0].explanation

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from neuron_explorer.rules.finding import Finding, Findings, ranked
+from neuron_explorer.rules.finding import Finding, Findings, ranked, us
 from neuron_explorer.rules.ranks import (
     collective_wait,
     exposed_communication,
@@ -44,14 +44,19 @@ def run_rank_rules(run: Run) -> Findings:
         # a device idle at collectives for other ranks: the cross-rank finding says why
         # and what removing the cause saves; the rank's own view would count it again
         explained.update({"dependency_idle", "queued_idle", "launch_delay"})
-    findings.extend(f for f in _worst_rank_findings(run) if f.rule_id not in explained)
+    stragglers = [f.time_lost_ns for f in findings if f.rule_id == straggler_rank.RULE_ID]
+    findings.extend(f for f in _worst_rank_findings(run, max(stragglers, default=0.0))
+                    if f.rule_id not in explained)
     return ranked(findings)
 
 
-def _worst_rank_findings(run: Run) -> list[Finding]:
+def _worst_rank_findings(run: Run, straggler_ns: float = 0.0) -> list[Finding]:
     """For each single-trace rule, the rank its words come from, named in the title (the
     rank setting the run's pace where it has the finding, else the rank where it costs
-    most: `_rank_shown`), with what its fix saves the run (`_run_saving`)."""
+    most: `_rank_shown`), with what its fix saves the run (`_run_saving`). Where that is
+    the straggler finding's time (`straggler_ns`: the fix takes the pace rank down to the
+    others' pace, as removing its extra work would), the explanation says so: the two
+    claimed the same 31.5 ms a run side by side."""
     by_rule: dict[str, dict[int, Finding]] = {}
     for rank, digest in run.digests.items():
         for f in digest.findings:
@@ -65,20 +70,29 @@ def _worst_rank_findings(run: Run) -> list[Finding]:
         rank, f = _rank_shown(ranks, pace)
         also = len(ranks) - 1
         where = f"rank {rank}" + (f" (and {also} other rank{'s' * (also > 1)})" if also else "")
-        lost, basis = float(f.time_lost_ns), f.saving_basis
+        lost, basis, explanation = float(f.time_lost_ns), f.saving_basis, f.explanation
         if own is not None and f.saves_time:  # a finding that saves no time keeps its words
             lost = _run_saving(run, f.rule_id, own)
+            if straggler_ns and f.time_lost_ns > lost >= SAME_TIME * straggler_ns:
+                explanation += (f" On rank {rank} alone its fix takes off {us(f.time_lost_ns)}; "
+                                "the run then moves at about the other ranks' pace, as it "
+                                "would without the straggler's extra work: the straggler "
+                                "finding's time is in this saving (the two overlap, not add).")
             basis = ((basis or "each rank's own finding") + "; across ranks: the ranks meet "
                      "at collectives, so the run moves at the pace of the slowest rank's own "
                      "work, and the fix (on every rank) saves the run what it takes off that "
                      "pace")
         found = run_finding(run, f.rule_id, f"{f.title} on {where}", lost,
-                            [dict(e, rank=rank) for e in f.evidence], f.explanation,
+                            [dict(e, rank=rank) for e in f.evidence], explanation,
                             f.recommendation, per_rank=True, symptom_ns=f.symptom_ns,
                             saving_basis=basis)
         found.after = f.after
         out.append(found)
     return out
+
+
+# a run saving this close to the straggler's is the straggler's time (rounding apart)
+SAME_TIME = 0.95
 
 
 def _rank_shown(ranks: dict[int, Finding], pace: int | None) -> tuple[int, Finding]:
