@@ -46,6 +46,9 @@ class RankDigest:
     # the host's waits on the device (`waits_on_path.host_syncs`)
     syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["ts", "dur",
                                                                               "step"]))
+    # what the analysed steps save with the small collectives issued as one host call a
+    # step of each kind (`what_if.merged_collectives`; None: none to merge, or no replay)
+    merged_collectives_ns: float | None = None
 
     def store_file(self, table: str) -> str | None:
         """The Parquet file of one of the rank's tables, if its store holds it."""
@@ -80,8 +83,8 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-# raised whenever a digest's tables or findings change (14: how each rank's program ended)
-DIGEST_SCHEMA = 14
+# raised whenever a digest's tables or findings change (15: merged collectives' saving)
+DIGEST_SCHEMA = 15
 
 
 def _digest_key(folder: str) -> str | None:
@@ -127,6 +130,8 @@ def _keep(folder: str, digest: RankDigest) -> None:
 def digest_trace(trace: Any) -> RankDigest:
     """The digest of a loaded trace."""
     from neuron_explorer.analyses import waits_on_path
+    from neuron_explorer.rules.ranks.thresholds import SMALL_COLLECTIVE_BYTES
+    from neuron_explorer.what_if.merged_collectives import merged_collectives_saving
 
     info = distributed_info(trace.metadata)
     syncs = waits_on_path.host_syncs(trace)
@@ -141,7 +146,8 @@ def digest_trace(trace: Any) -> RankDigest:
         summary=trace.summary(), steps=_with_host_sync(trace),
         collectives=coll, communication=communication, syncs=syncs,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
-        warnings=list(trace.warnings), store=trace.store_folder)
+        warnings=list(trace.warnings), store=trace.store_folder,
+        merged_collectives_ns=merged_collectives_saving(trace, SMALL_COLLECTIVE_BYTES))
 
 
 def _with_host_sync(trace: Any) -> pd.DataFrame:

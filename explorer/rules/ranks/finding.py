@@ -22,10 +22,10 @@ def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,
                    time_lost_ns=int(max(time_lost_ns, 0)), share_of_step=float(share),
                    evidence=evidence_items[: th.MAX_EVIDENCE], explanation=explanation,
                    recommendation=recommendation, symptom_ns=int(max(symptom_ns, 0)),
-                   saving_basis=saving_basis, steps=_analysed_steps(run))
+                   saving_basis=saving_basis, steps=analysed_step_count(run))
 
 
-def _analysed_steps(run: Run) -> int:
+def analysed_step_count(run: Run) -> int:
     """How many steps the run's findings' times are summed over: the steps each rank
     analysed (the fewest, where ranks differ)."""
     counts = [len(d.summary.get("steps_analysed") or []) for d in run.digests.values()]
