@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from neuron_explorer import tables
@@ -154,7 +155,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
                                 step_ns, replay, zeroed, zeroing_ns)
 
 
-def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: object,
+def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: Any,
                           kernel_rows: dict[int, list[int]]
                           ) -> tuple[np.ndarray, dict[int, int], float, int] | None:
     """The analysed steps' `zero_grad(set_to_none=False)` calls of `classes` that zeroed
