@@ -38,9 +38,12 @@ SAME_HOST_TENSOR = (("same_host_tensor", True),)
 _UPLOADED_VERSIONS = "_neuron_uploaded_versions"
 
 
-# A small host tensor made again with the same values every step (`torch.tensor([...])`
-# in the loop) is a constant too: its values are remembered while a recording listens.
-SAME_VALUES_MAX_BYTES = 16 << 10
+# A host tensor of up to 1 MiB made again with the same values every step
+# (`torch.tensor([...])`, a positional encoding or a mask built in the loop) is a constant
+# too: a digest of its values is remembered while a recording listens (hashing, about
+# 1 ms a MiB, is the emulator's time, off the host clock; at 16 KiB a 32 KiB positional
+# encoding rebuilt every step read as data new every step).
+SAME_VALUES_MAX_BYTES = 1 << 20
 _SAME_VALUES_KEPT = 4096
 _uploaded_values: dict[bytes, None] = {}  # digests of small uploads, oldest first
 _values_of: list[int] = [0]  # the recording (`hub.listening_since`) they are of
@@ -68,7 +71,7 @@ def _upload_attrs(host: torch.Tensor) -> tuple:
 
 def _same_values_uploaded(host: torch.Tensor) -> bool:
     """Whether a host tensor of `host`'s dtype, shape and values was uploaded before in
-    this recording (small tensors only: the digest costs the host a few us)."""
+    this recording (up to `SAME_VALUES_MAX_BYTES`)."""
     if host.layout != torch.strided or host.numel() * host.element_size() > SAME_VALUES_MAX_BYTES:
         return False
     if _values_of[0] != _hub.listening_since:  # a new recording in this process
