@@ -256,8 +256,10 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
 
 def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     """For each op slice, the outermost module call holding it where that module is one
-    whose calls launch compiled graphs (-1 elsewhere): an eager op there is one a graph
-    break or Dynamo's recompile limit left uncompiled."""
+    whose calls launch compiled graphs, or else the outermost backward slice of such a
+    module (-1 elsewhere): an eager op there is one a graph break or Dynamo's recompile
+    limit left uncompiled (a model run uncompiled past the limit runs its backward eagerly
+    too)."""
     ops = trace.ops
     if not len(op_ids) or not len(ops) or "graph_id" not in ops:
         return np.full(len(op_ids), -1, np.int64)
@@ -266,7 +268,10 @@ def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     launched = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
                                        outermost=True)
     compiled = list({str(names[c]) for c in launched[launched >= 0]})
-    call = tables.ancestor_of_kind(trace, np.asarray(op_ids, np.int64), (tf.CAT_MODULE,),
-                                   outermost=True)
+    op_ids = np.asarray(op_ids, np.int64)
+    call = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_MODULE,), outermost=True)
     inside = (call >= 0) & np.isin(names[np.maximum(call, 0)].astype(str), compiled)
-    return np.where(inside, call, -1)
+    backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,), outermost=True)
+    in_backward = ~inside & (backward >= 0) & np.isin(
+        names[np.maximum(backward, 0)].astype(str), compiled)
+    return np.where(inside, call, np.where(in_backward, backward, -1))

@@ -21,7 +21,6 @@ from neuron_explorer.rules.finding import (
     trains,
     us,
 )
-from neuron_explorer.rules.graph_break_cost import compiled_call_of
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -141,9 +140,27 @@ def check(trace: Trace) -> list[Finding]:
         explanation += (f" Compiled, a what-if replay saves {us(saving)}, more than the "
                         f"{us(lost)} these gaps cost: fused, the device's own work "
                         "shortens too.")
+    # eager ops a graph break or the recompile limit left inside the compiled model: code
+    # brought into compiled code breaks there too until that is fixed (compiling the loss
+    # of such a model saved 4 us a step; after the print's removal, 124)
+    after = "recompilation" if basis.startswith(INTO_GRAPHS) and _left_by_breaks(trace) \
+        else ""
     return [make(
         trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", saving,
-        items, explanation, _recommendation(trace), symptom_ns=lost, saving_basis=basis)]
+        items, explanation, _recommendation(trace), symptom_ns=lost, saving_basis=basis,
+        after=after)]
+
+
+def _left_by_breaks(trace: Trace) -> int:
+    """The eager ops inside the compiled model's calls (left so by a graph break or
+    Dynamo's recompile limit) of the analysed steps, where they are a large share of the
+    eager launches (`EAGER_LEFT_SHARE`); 0 otherwise."""
+    from neuron_explorer.what_if.into_graphs import eager_launches
+
+    launches = eager_launches(trace)
+    inside = len(launches.broken)
+    eager = len(launches.movable) + len(launches.optimizer)
+    return inside if inside and inside >= EAGER_LEFT_SHARE * (eager + inside) else 0
 
 
 def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
@@ -423,8 +440,9 @@ def _mostly_eager(trace: Trace) -> bool:
 
     launches = eager_launches(trace)
     steps = max(launches.graphs["step"].nunique(), 1)
-    per_step = (len(launches.movable) + len(launches.optimizer)) / steps
-    return per_step >= max(EAGER_MIN_PER_STEP, EAGER_OVER_GRAPHS * len(launches.graphs) / steps)
+    eager = len(launches.movable) + len(launches.optimizer) + len(launches.broken)
+    return eager / steps >= max(EAGER_MIN_PER_STEP,
+                                EAGER_OVER_GRAPHS * len(launches.graphs) / steps)
 
 
 def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
@@ -449,12 +467,13 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
                       counts.head(EAGER_SITES_NAMED).items())
     more = len(counts) - EAGER_SITES_NAMED
     named += f" and more at {more} other line{'s' * (more > 1)}" if more > 0 else ""
-    inside = int((compiled_call_of(trace, eager["id"].to_numpy()) >= 0).sum())
+    inside = _left_by_breaks(trace)
     left = ""
-    if inside >= EAGER_LEFT_SHARE * len(eager):
-        left = (f" {inside / steps:.0f} of them run inside the compiled model's own calls: a "
+    if inside:
+        left = (f" {inside / steps:.0f} more run inside the compiled model's own calls: a "
                 "graph break or Dynamo's recompile limit left them uncompiled (the "
-                "recompilation or shape_recompiles finding says which); fix that first.")
+                "recompilation or shape_recompiles finding says which, and counts them); "
+                "fix that first: compiled code that calls the model breaks there too.")
     training = trains(trace)
     return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
             "by one outside its graphs" + (f" ({named})" if named else "")
