@@ -143,7 +143,7 @@ def check(trace: Trace) -> list[Finding]:
     # eager ops a graph break or the recompile limit left inside the compiled model: code
     # brought into compiled code breaks there too until that is fixed (compiling the loss
     # of such a model saved 4 us a step; after the print's removal, 124)
-    after = "recompilation" if basis.startswith(INTO_GRAPHS) and _left_by_breaks(trace) \
+    after = "recompilation" if basis.startswith(INTO_GRAPHS) and left_by_breaks(trace) \
         else ""
     return [make(
         trace, RULE_ID, f"Device waits on the host to launch work ({len(host)} gaps)", saving,
@@ -151,7 +151,7 @@ def check(trace: Trace) -> list[Finding]:
         after=after)]
 
 
-def _left_by_breaks(trace: Trace) -> int:
+def left_by_breaks(trace: Trace) -> int:
     """The eager ops inside the compiled model's calls (left so by a graph break or
     Dynamo's recompile limit) of the analysed steps, where they are a large share of the
     eager launches (`EAGER_LEFT_SHARE`); 0 otherwise."""
@@ -467,7 +467,7 @@ def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
                       counts.head(EAGER_SITES_NAMED).items())
     more = len(counts) - EAGER_SITES_NAMED
     named += f" and more at {more} other line{'s' * (more > 1)}" if more > 0 else ""
-    inside = _left_by_breaks(trace)
+    inside = left_by_breaks(trace)
     left = ""
     if inside:
         left = (f" {inside / steps:.0f} more run inside the compiled model's own calls: a "

@@ -62,6 +62,8 @@ def test_a_printed_value_saves_what_the_code_it_left_eager_costs(tmp_path) -> No
     claimed_after = after.time_lost_ns / len(analysed_steps(removed).steps)
     assert host.time_lost_ns / len(analysed_steps(printed).steps) == pytest.approx(
         claimed_after, rel=0.1)
+    (seq,) = [f for f in printed.bottlenecks() if f.rule_id == "short_kernel_sequence"]
+    assert "the recompilation finding's fix compiles them" in seq.explanation
 
 
 def test_a_break_in_a_compiled_loss_function_saves_what_one_graph_saves(tmp_path) -> None:
