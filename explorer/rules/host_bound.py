@@ -400,6 +400,14 @@ def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
     terms = device_terms(trace.metadata)
     from neuron_explorer.rules.recompilation import compiled_ddp_wrapper
 
+    tried = _compiled_without_a_graph(cs["graph_breaks"])
+    if tried:
+        return (f"The model is wrapped in {terms.compile_call}, but no graph of it ran: "
+                f"{tried}. Compiling as it is saves nothing here; the launches stay one by "
+                f"one until the model's forward runs as graphs (fix that break first), or "
+                f"{batch} so each launch does more work; keep Python work (logging, metric "
+                "math) out of the hot loop." + terms.launch_remedy
+                + (_predicted_compile(trace) if terms.recorded_here else ""))
     if compiled_ddp_wrapper(cs["graph_breaks"]):
         what = ("the module DDP wraps (DDP(torch.compile(model)): torch.compile(DDP(model)) "
                 "ran eagerly here, as Dynamo skips DDP's forward)")
@@ -410,6 +418,24 @@ def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
             f"into a few kernels per graph, or {batch} so each launch does more work; keep "
             "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy
             + (_predicted_compile(trace) if terms.recorded_here else ""))
+
+
+def _compiled_without_a_graph(breaks: pd.DataFrame) -> str:
+    """Where an eager run's graph breaks show a torch.compile that ran no graph, what broke
+    it, in words ("" otherwise: no breaks, or DDP's wrapper, said apart). A user's
+    FSDP2 model, compiled, broke at fully_shard's hooks (which Dynamo is told to skip)
+    and ran eagerly at the eager step time; the advice was to compile it."""
+    from neuron_explorer.rules.recompilation import compiled_ddp_wrapper
+
+    if not len(breaks) or compiled_ddp_wrapper(breaks):
+        return ""
+    first = breaks.iloc[0]
+    within = str(first.get("within") or "")
+    if "fsdp" in within.lower():
+        return (f"Dynamo broke at FSDP2's hooks (fully_shard's, which it is told not to "
+                f"trace) at {first['source']}")
+    reason = str(first["reason"]).split(":")[0]
+    return f"Dynamo broke at {first['source']} ({reason}; the graph-break finding says more)"
 
 
 def ddp_wrapped(trace: Trace) -> bool:

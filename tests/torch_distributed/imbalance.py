@@ -4,6 +4,7 @@ doing more, for the straggler tests.
     --model fsdp     an FSDP2-sharded transformer block (host-bound at this size);
     --model stream   elementwise work on a large tensor then an all-reduce (device-bound);
     --small          ... on a small tensor instead (host-bound: launches, not device work);
+    --compile        the FSDP2 model wrapped in torch.compile;
     --sleep-ms MS    the last rank waits MS more per step on the host (a real wait);
     --work N         the last rank does N times the others' work per step;
     --cpu-probe PATH each rank also runs its step's model in plain PyTorch on the CPU and
@@ -28,6 +29,7 @@ parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--sleep-ms", type=float, default=0)
 parser.add_argument("--work", type=int, default=1)
 parser.add_argument("--small", action="store_true")
+parser.add_argument("--compile", action="store_true")
 parser.add_argument("--cpu-probe", default="")
 args = parser.parse_args()
 dist.init_process_group()
@@ -67,6 +69,8 @@ def fsdp_steps() -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    if args.compile:
+        model = torch.compile(model, backend="neuron")
     for _ in range(args.steps):
         x = torch.randn(4 * work, 32, 64).to(device)
         loss = F.mse_loss(model(x), torch.zeros_like(x))

@@ -245,3 +245,13 @@ def test_a_fix_that_removes_the_stragglers_time_says_it_overlaps_the_straggler(t
     overlapping = [f for f in found.values() if "overlap, not add" in f.explanation]
     assert overlapping and all(f.time_lost_ns >= 0.95 * straggler for f in overlapping)
     assert "On rank 1 alone its fix takes off" in overlapping[0].explanation
+
+
+def test_a_compiled_fsdp2_model_that_ran_no_graph_is_told_so(tmp_path):
+    """torch.compile around an FSDP2 model breaks at fully_shard's hooks, which Dynamo is
+    told to skip, and the model runs eagerly: a user who compiled it as the host-bound
+    finding advised saved nothing and was told to compile it again."""
+    run = _record(tmp_path, "compiled", "--model", "fsdp", "--compile", modelled=True)
+    (host,) = [f for f in run.bottlenecks() if f.rule_id == "host_bound"]
+    assert "The model is wrapped in torch.compile" in host.recommendation
+    assert "no graph of it ran: Dynamo broke at FSDP2's hooks" in host.recommendation
