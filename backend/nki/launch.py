@@ -69,6 +69,9 @@ def launch(kernel, args: tuple, kwargs: dict):
     with runtime.device_accounting_suspended():
         host = [HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch."))
                 if isinstance(a, torch.Tensor) else a for a in args]
+    # the launch's arguments (a neuron tensor's metadata costs a few us a read)
+    shapes = [tuple(a.shape) for a in tensors]
+    dtypes = [str(a.dtype).removeprefix("torch.") for a in tensors]
     if key in _compiled:
         # the kernel's numbers and schedule are the chip's work: off the host clock
         with runtime.device_accounting_suspended():
@@ -76,18 +79,16 @@ def launch(kernel, args: tuple, kwargs: dict):
         _exclude_since(real)
     else:
         _exclude_since(real)
-        shapes = ", ".join(str(list(a.shape)) for a in tensors)
-        with compile_events.span("neuron_compile", f"nki::{kernel.func.__name__} ({shapes})",
+        sizes = ", ".join(str(list(s)) for s in shapes)
+        with compile_events.span("neuron_compile", f"nki::{kernel.func.__name__} ({sizes})",
                                  {"kernel": kernel.func.__name__, "phase": "nki",
-                                  "sizes": shapes}) as about:
+                                  "sizes": sizes}) as about:
             # the first call's trace and schedule stand for the kernel's compile
             result = run(kernel, tuple(host), kwargs, device.preset, numerics=True)
             about.update(_what_if_rotated(result))
         _compiled.add(key)
     k = result.kernel
-    runtime.launch_kernels(device.index, [k], f"nki::{result.name}",
-                           [tuple(a.shape) for a in tensors],
-                           [str(a.dtype).removeprefix("torch.") for a in tensors],
+    runtime.launch_kernels(device.index, [k], f"nki::{result.name}", shapes, dtypes,
                            k.model_flops, k.hbm_bytes)
     real = clock.real_ns()
     with runtime.device_accounting_suspended():

@@ -106,4 +106,4 @@ def test_a_kernel_call_costs_the_measured_host_what_an_aten_ops_launch_costs(tmp
         return float(np.median(np.diff(starts)[pairs]))
 
     kernel, aten = per_call("nki::softmax"), per_call("aten::add")
-    assert kernel < 2 * aten, (kernel, aten)  # was 4.3x
+    assert kernel < 1.5 * aten, (kernel, aten)  # was 4.3x
