@@ -316,12 +316,21 @@ def _python_values_advice(where: str, values: dict[str, list[str]]) -> str:
     # the position as a tensor 470
     named = ", ".join(f"`{name}` ({', '.join(seen[:3])}{', ...' if len(seen) > 3 else ''})"
                       for name, seen in values.items())
-    return (f"the recompiles{where} follow new values of the Python number"
+    head = (f"the recompiles{where} follow new values of the Python number"
             f"{'s' if len(values) > 1 else ''} {named}: each call's value is compiled in as "
-            "a constant (dynamic=False keeps Python ints static), so each new one compiles "
-            "again; pass it as a tensor on the device, or compile without dynamic=False "
-            "(Dynamo then makes an int that changes dynamic after one recompile); "
-            "mark_dynamic marks tensors' dims, not Python numbers")
+            "a constant")
+    if all(name.startswith("self.") for name in values):
+        # a counter kept on the module (`self.calls += 1`): torch.compile keeps a module's
+        # int attributes static whatever `dynamic` says (a trial could not follow "compile
+        # without dynamic=False": it had never passed it)
+        return (head + " (torch.compile keeps an nn.Module's int attributes static), so "
+                "each new one compiles again; keep it out of the compiled forward, pass it "
+                "as a tensor on the device, or set "
+                "torch._dynamo.config.allow_unspec_int_on_nn_module = True")
+    return (head + " (dynamic=False keeps Python ints static), so each new one compiles "
+            "again; pass it as a tensor on the device, or, where the model is compiled with "
+            "dynamic=False, compile without it (Dynamo then makes an int that changes dynamic "
+            "after one recompile); mark_dynamic marks tensors' dims, not Python numbers")
 
 
 def _one_line(reason: str) -> str:

@@ -307,3 +307,18 @@ def test_a_guards_quoted_source_is_not_its_reason() -> None:
     assert _python_values(guards) == {"start": ["16", "17", "18"]}
     # Dynamo's own names for values it made (a resumed function's) are not the user's
     assert _python_values(["___stack2 == 0.23"]) == {}
+
+
+def test_a_modules_int_attribute_is_advised_as_one_not_as_dynamic() -> None:
+    """A counter kept on a compiled module (`self.calls += 1`) recompiles on each value
+    whatever `dynamic` says: a trial told to "compile without dynamic=False" had never
+    passed it. A module's int attribute gets Dynamo's own switch for it instead."""
+    from neuron_explorer.rules.recompilation import _python_values, _python_values_advice
+
+    attribute = _python_values_advice(" at m.py:9", _python_values(
+        ["self.calls == 1", "self.calls == 2"]))
+    assert "torch._dynamo.config.allow_unspec_int_on_nn_module = True" in attribute
+    assert "dynamic=False" not in attribute
+    argument = _python_values_advice(" at m.py:9", _python_values(
+        ["L['start'] == 16", "L['start'] == 17"]))
+    assert "where the model is compiled with dynamic=False, compile without it" in argument
