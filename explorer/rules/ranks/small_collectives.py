@@ -65,7 +65,9 @@ def check(run: Run) -> list[Finding]:
         f"{count:.0f} collectives per rank move less than "
         f"{th.SMALL_COLLECTIVE_BYTES >> 20} MiB (median {median / 1024:.0f} KiB); each pays "
         "the interconnect's fixed per-call latency, so they reach a fraction of the bandwidth "
-        f"of large messages. Merged, their bytes would take {us(needed / len(run))} per rank."
+        f"of large messages: their transfers take "
+        f"{us(small['moving'].sum() / len(run) / steps)} a step per rank, and merged, their "
+        f"bytes would take {us(needed / len(run) / steps)}."
         + host_text,
         "Send fewer, larger messages: with DDP raise bucket_cap_mb (gradients are reduced in "
         "buckets), with FSDP2 shard larger modules (fully_shard on blocks, not every layer), "
