@@ -281,6 +281,7 @@ def test_a_python_int_recompiling_past_the_limit_is_priced_and_named(tmp_path) -
     (f,) = _findings(storm, "recompilation")
     assert "the function ran uncompiled after 8 compiles" in f.explanation
     assert f.severity == "high" and "counted in the saving" in f.explanation
+    assert "analysed steps that ran uncompiled" in f.explanation  # a step's figure too
     assert "Python number `start` (16, 17, 18, ...)" in f.recommendation
     assert "pass it as a tensor" in f.recommendation
     assert "changing input shapes" not in f.recommendation
