@@ -245,7 +245,7 @@ def test_an_upload_of_a_view_uploaded_before_is_marked(recorder):
     tensor, so the same data uploaded again was never marked (too large for its values to
     be compared); a view of other data, or the same view after the base changed, is no
     repeat."""
-    dataset = torch.zeros(2, 64 << 10)
+    dataset = torch.zeros(2, 1 << 19)  # rows of 2 MiB: past the size whose values are compared
     for step in range(4):
         dataset[step % 2].to("neuron")
     dataset.add_(1)  # written since: its views' data changed
@@ -268,8 +268,8 @@ def test_an_upload_of_values_uploaded_before_is_marked_within_one_recording(reco
     for _ in range(3):
         torch.tensor([1.0, 2.0, 3.0]).to("neuron")
     torch.tensor([1.0, 2.0, 4.0]).to("neuron")  # other values
-    torch.zeros(64 << 10).to("neuron")  # past the size whose values are compared
-    torch.zeros(64 << 10).to("neuron")
+    torch.zeros(1 << 19).to("neuron")  # 2 MiB: past the size whose values are compared
+    torch.zeros(1 << 19).to("neuron")
     assert marked() == [False, True, True, False, False, False]
     hub.unsubscribe(recorder)
     recorder.ops.clear()
