@@ -35,6 +35,9 @@ ON_DEVICE = (("direction", "device_to_device"),)
 # view (offset, sizes, strides, dtype): a weak reference to it would make
 # `torch.utils.swap_tensors` refuse it (module_conversion swaps moved parameters).
 SAME_HOST_TENSOR = (("same_host_tensor", True),)
+# A copy within the device from a strided view (`x.permute(...)` made contiguous by
+# `.contiguous()`, reshape or an op that needs it): a layout the program could keep.
+LAYOUT_COPY = (("layout_copy", True),)
 _UPLOADED_VERSIONS = "_neuron_uploaded_versions"
 
 
@@ -200,7 +203,7 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     dev = devices.get(dst.device.index)
     if self.device.type == "neuron":
         _logical_host_view(dst).copy_(_logical_host_view(self))
-        attrs = ON_DEVICE
+        attrs = ON_DEVICE if self.is_contiguous() else ON_DEVICE + LAYOUT_COPY
     else:
         _logical_host_view(dst).copy_(self)
         attrs = _upload_attrs(self)

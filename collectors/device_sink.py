@@ -47,6 +47,7 @@ from neuron_explorer.common.trace_format import (
     ARG_HOST_WAIT_NS,
     ARG_HW_FLOPS,
     ARG_KERNEL_ID,
+    ARG_LAYOUT_COPY,
     ARG_MODULE,
     ARG_OP_ID,
     ARG_OP_KEY,
@@ -626,6 +627,8 @@ class DeviceSink(EventSink):
             args[ARG_OP_KEY] = op_key_codec.encode(*op_key)
             if (ARG_SAME_HOST_TENSOR, True) in op_key[1]:
                 args[ARG_SAME_HOST_TENSOR] = True
+            if (ARG_LAYOUT_COPY, True) in op_key[1]:
+                args[ARG_LAYOUT_COPY] = True
         if any(producers):
             args[ARG_PRODUCERS] = json.dumps(list(producers), separators=(",", ":"))
         return name, args

@@ -71,6 +71,9 @@ ARG_HINT = "hint"  # str, on a graph break: Dynamo's hint for it ("" when it gav
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize
 # bool, on an upload: the host tensor was uploaded before, unchanged (a constant)
 ARG_SAME_HOST_TENSOR = "same_host_tensor"
+# on a copy within the device whose source is a strided view (a permute, transpose or slice
+# made contiguous): a layout copy the program could do without
+ARG_LAYOUT_COPY = "layout_copy"
 # str JSON list on eager ops: per tensor input, how many op ids back the op that made it
 # was (0: not a recorded op's result); the data flow `whatif --mode compiled` fuses along
 ARG_PRODUCERS = "producers"

@@ -133,5 +133,8 @@ OPTIMIZER_RECREATED_MIN_SHARE = 0.02
 # saving, as the two above: 5% once hid a straggler rank's 4.7%, fused=True saved it)
 UNFUSED_OPTIMIZER_MIN_SHARE = 0.02
 
+# layout_copies: strided views made contiguous whose removal saves less than this share
+LAYOUT_COPIES_MIN_SHARE = 0.02
+
 # accumulation_all_reduce: early reductions whose removal saves less than this share
 ACCUMULATION_ALL_REDUCE_MIN_SHARE = 0.02
