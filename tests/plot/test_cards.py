@@ -4,6 +4,7 @@ dashboard's severity colours."""
 from __future__ import annotations
 
 import re
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,7 @@ def test_the_findings_of_a_trace_render_as_cards_worst_first():
     assert isinstance(findings, Findings) and findings
     html = findings._repr_html_()
     assert f"({len(findings)}, worst first)" in html
-    positions = [html.index(f.title.replace("<", "&lt;").replace(">", "&gt;"))
-                 for f in findings[:3]]
+    positions = [html.index(escape(f.title)) for f in findings[:3]]
     assert positions == sorted(positions)
     assert "no bottleneck found" in Findings()._repr_html_()
 
