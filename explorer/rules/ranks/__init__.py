@@ -19,6 +19,7 @@ from neuron_explorer.rules.ranks import (
     small_collectives,
     straggler_rank,
 )
+from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import run_finding
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _worst_rank_findings(run: Run, straggler_ns: float = 0.0) -> list[Finding]:
         lost, basis, explanation = float(f.time_lost_ns), f.saving_basis, f.explanation
         if own is not None and f.saves_time:  # a finding that saves no time keeps its words
             lost = _run_saving(run, f.rule_id, own)
-            if straggler_ns and f.time_lost_ns > lost >= SAME_TIME * straggler_ns:
+            if straggler_ns and f.time_lost_ns > lost >= th.SAME_AS_STRAGGLER * straggler_ns:
                 explanation += (f" On rank {rank} alone its fix takes off {us(f.time_lost_ns)}; "
                                 "the run then moves at about the other ranks' pace, as it "
                                 "would without the straggler's extra work: the straggler "
@@ -89,10 +90,6 @@ def _worst_rank_findings(run: Run, straggler_ns: float = 0.0) -> list[Finding]:
         found.after = f.after
         out.append(found)
     return out
-
-
-# a run saving this close to the straggler's is the straggler's time (rounding apart)
-SAME_TIME = 0.95
 
 
 def _rank_shown(ranks: dict[int, Finding], pace: int | None) -> tuple[int, Finding]:

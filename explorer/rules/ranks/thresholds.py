@@ -20,3 +20,7 @@ SMALL_COLLECTIVES_MIN_SHARE = 0.02
 # load_imbalance: the busiest rank computes this much longer than the least busy one.
 LOAD_IMBALANCE_MIN_SPREAD = 0.10
 LOAD_IMBALANCE_MIN_SHARE = 0.02
+
+# a rank finding whose run saving is at least this share of the straggler finding's time
+# is that time (its fix takes the straggler down to the others' pace): said to overlap
+SAME_AS_STRAGGLER = 0.95
