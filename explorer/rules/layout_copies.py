@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
 from neuron_explorer.tables import flag
@@ -63,6 +64,10 @@ def check(trace: Trace) -> list[Finding]:
                       f"{us(r.dur)} on the host, {us(r.device_dur)} on the device")
              for r in top(copies, "dur").itertuples()]
     per_step = round(len(copies) / steps)
+    overlap = (" Compiling the model, the host-bound finding's fix, folds these copies into "
+               "its graphs too: the two savings overlap rather than add."
+               if host_bound.is_host_bound(trace) and not host_bound.is_compiled(trace)
+               else "")
     views = "a strided view" if per_step == 1 else f"{per_step} strided views"
     return [make(
         trace, RULE_ID, f"Layout copies: {views} made contiguous a step", saving, items,
@@ -72,7 +77,7 @@ def check(trace: Trace) -> list[Finding]:
         "needs contiguous input" + (f", at {named}" if named else "") + ": each is an "
         "allocation and a copy the host issues and the device runs "
         f"({us(copies['dur'].sum())} of host op time and {us(copies['device_dur'].sum())} of "
-        "device time in all).",
+        "device time in all)." + overlap,
         "Compute in the layout the tensor has: contract or reduce over the dim where it is "
         "(x @ w on [batch, time, dim], then mean over dim 1, rather than permuting to "
         "[time, batch, dim] first), permute once where the data is made rather than before "
