@@ -431,7 +431,8 @@ def _launch_advice(trace: Trace, optimizer_told: bool = False) -> str:
                 "torch.compile(DDP(model)) runs eagerly, as Dynamo skips DDP's forward)")
     return (f"Launch fewer, larger kernels: wrap {what} in {terms.compile_call} so ops fuse "
             f"into a few kernels per graph, or {batch} so each launch does more work; keep "
-            "Python work (logging, metric math) out of the hot loop." + terms.launch_remedy
+            "Python work (logging, metric math) out of the hot loop."
+            + (_small_buckets_first(trace) if ddp_wrapped(trace) else "") + terms.launch_remedy
             + (_predicted_compile(trace) if terms.recorded_here else ""))
 
 
@@ -451,6 +452,34 @@ def _compiled_without_a_graph(breaks: pd.DataFrame) -> str:
                 f"trace) at {first['source']}")
     reason = str(first["reason"]).split(":")[0]
     return f"Dynamo broke at {first['source']} ({reason}; the graph-break finding says more)"
+
+
+def _small_buckets_first(trace: Trace) -> str:
+    """Where DDP reduces the gradients in many small buckets, what compiling under them
+    needs first: Dynamo splits the compiled graph at DDP's buckets and refuses a first
+    bucket larger than the others (a user following the advice with bucket_cap_mb=0.001
+    hit `First bucket should be smaller/equal to other buckets`)."""
+    from neuron_explorer.analyses import communication as comm
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    coll = in_analysed_steps(trace, comm.collectives(trace))
+    reduces = coll[coll["collective"] == "all_reduce"]
+    if not len(reduces):
+        return ""
+    per_step = len(reduces) / reduces["step"].nunique()
+    # buckets under DDP's first one (1 MiB): below it, DDPOptimizer refuses them. Buckets
+    # of one backward differ in size; a whole gradient reduced once a micro-batch does not
+    if (per_step < SMALL_BUCKETS_PER_STEP or float(reduces["bytes"].median()) >= 1 << 20
+            or reduces["bytes"].nunique() < 2):
+        return ""
+    return (f" With {per_step:.0f} gradient all-reduces a step (DDP's buckets), compiling "
+            "under DDP needs bucket_cap_mb raised first, or "
+            "torch._dynamo.config.optimize_ddp = False: Dynamo splits the graph at the "
+            "buckets and fails on a first bucket larger than the others.")
+
+
+# gradient all-reduces a step (of under 1 MiB) from which DDP's buckets count as small
+SMALL_BUCKETS_PER_STEP = 3
 
 
 def ddp_wrapped(trace: Trace) -> bool:

@@ -45,3 +45,9 @@ def test_merging_small_collectives_saves_what_their_finding_says(tmp_path):
     steps = len(in_analysed_steps(small[0], small[0].steps))
     assert f.time_lost_ns / steps == pytest.approx(saved, rel=0.2), (f.time_lost_ns, saved)
     assert not [g for g in merged.bottlenecks() if g.rule_id == "small_collectives"]
+    # compiling under DDP with many small buckets needs them raised first: a user who
+    # followed the compile advice with bucket_cap_mb=0.001 hit an error in Dynamo
+    (host,) = [g for g in small.bottlenecks() if g.rule_id == "host_bound"]
+    assert "compiling under DDP needs bucket_cap_mb raised first" in host.recommendation
+    (host,) = [g for g in merged.bottlenecks() if g.rule_id == "host_bound"]
+    assert "bucket_cap_mb" not in host.recommendation
