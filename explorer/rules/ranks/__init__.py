@@ -20,7 +20,7 @@ from neuron_explorer.rules.ranks import (
     straggler_rank,
 )
 from neuron_explorer.rules.ranks import thresholds as th
-from neuron_explorer.rules.ranks.finding import run_finding
+from neuron_explorer.rules.ranks.finding import own_work_per_rank, pace_saving, run_finding
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -64,7 +64,7 @@ def _worst_rank_findings(run: Run, straggler_ns: float = 0.0) -> list[Finding]:
             if f.rule_id in RANK_RULE_IDS:  # the run's own rule covers it across ranks
                 continue
             by_rule.setdefault(f.rule_id, {})[rank] = f
-    own = _own_work(run)
+    own = own_work_per_rank(run)
     pace = int(own.idxmax()) if own is not None else None
     out = []
     for ranks in by_rule.values():
@@ -101,19 +101,6 @@ def _rank_shown(ranks: dict[int, Finding], pace: int | None) -> tuple[int, Findi
     return max(ranks.items(), key=lambda item: item[1].time_lost_ns)
 
 
-def _own_work(run: Run) -> pd.Series | None:
-    """Per rank, its own work over the steps every rank analysed (`ranks.own_work`); None
-    for a run of one rank, or without the figures."""
-    from neuron_explorer.analyses.ranks import own_work
-
-    if len(run.digests) < 2 or run.missing_ranks:
-        return None
-    work = own_work(run)
-    if len(work) < 2 or not work.shape[1]:
-        return None
-    return work.sum(axis=1)
-
-
 def _run_saving(run: Run, rule_id: str, own: pd.Series) -> float:
     """What a rank rule's fix, made in the script and so on every rank, saves the run: the
     pace (the largest own work) less the largest own work once each rank saves what its
@@ -123,12 +110,10 @@ def _run_saving(run: Run, rule_id: str, own: pd.Series) -> float:
     host-bound rank) takes nothing off its own work now: a host-bound rank's FP32 matmuls,
     taken off its own work, made autocast look like it saved the run 104 us a step where
     it ran 81 us slower."""
-    saved = pd.Series({rank: max((f.time_lost_ns for f in d.findings
-                                  if f.rule_id == rule_id and not f.after), default=0.0)
-                       for rank, d in run.digests.items()})
-    pace = float(own.max())
-    after = float((own - saved.reindex(own.index).fillna(0.0)).max())
-    return max(pace - after, 0.0)
+    saved = {rank: max((f.time_lost_ns for f in d.findings
+                        if f.rule_id == rule_id and not f.after), default=0.0)
+             for rank, d in run.digests.items()}
+    return pace_saving(own, saved)
 
 
 __all__ = ["RANK_RULES", "RANK_RULE_IDS", "run_rank_rules"]

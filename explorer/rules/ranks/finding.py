@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, severity
 
@@ -75,3 +76,24 @@ def capped_by_path(run: Run, estimate: float, basis: str, categories: tuple[str,
                          f"({basis} gives more, {duration(estimate)})")
     return estimate, (f"{basis}, within the {duration(on_path)} the run's critical path "
                       f"spends in {what}")
+
+
+def own_work_per_rank(run: Run) -> pd.Series | None:
+    """Per rank, its own work over the steps every rank analysed (`ranks.own_work`); None
+    for a run of one rank, a partial run, or one without the figures."""
+    from neuron_explorer.analyses.ranks import own_work
+
+    if len(run.digests) < 2 or run.missing_ranks:
+        return None
+    work = own_work(run)
+    if len(work) < 2 or not work.shape[1]:
+        return None
+    return work.sum(axis=1)
+
+
+def pace_saving(own: pd.Series, saved: dict[int, float]) -> float:
+    """What the run saves when each rank's own work (`own`) shrinks by `saved`: the ranks
+    meet at collectives, so the run moves at the largest own work, and saves that pace
+    less the largest own work after."""
+    after = own - pd.Series(saved, dtype=float).reindex(own.index).fillna(0.0)
+    return max(float(own.max()) - float(after.max()), 0.0)

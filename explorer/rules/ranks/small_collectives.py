@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from neuron_explorer.analyses.ranks import step_collectives
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
 from neuron_explorer.rules.ranks.finding import (
     analysed_step_count,
     capped_by_path,
+    own_work_per_rank,
+    pace_saving,
     rank_evidence,
     run_finding,
 )
@@ -81,14 +82,10 @@ def _host_saving(run: Run) -> float:
     pace of its slowest rank's own work, so it saves that pace less the slowest own work
     once each rank saves its part. A DDP run of 40 buckets a step was told "no time to
     save now"; one bucket saved 1.95 ms a step, all of it host launches."""
-    from neuron_explorer.analyses.ranks import own_work
-
     saved = {rank: d.merged_collectives_ns or 0.0 for rank, d in run.digests.items()}
     if not any(saved.values()):
         return 0.0
-    work = own_work(run) if len(run) > 1 and not run.missing_ranks else None
-    if work is None or not work.shape[1]:
+    own = own_work_per_rank(run)
+    if own is None:
         return min(saved.values())  # every rank must shorten for the run to
-    own = work.sum(axis=1)
-    after = own - pd.Series(saved).reindex(own.index).fillna(0.0)
-    return max(float(own.max()) - float(after.max()), 0.0)
+    return pace_saving(own, saved)
