@@ -40,7 +40,8 @@ def _shapes(text: str) -> list[tuple[int, ...]]:
 
 
 def zeroing(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the analysed steps' `zero_grad` slices that ran ops; the ops they ran)."""
+    """(the analysed steps' `zero_grad` slices that ran ops; the ops they ran, each with
+    the slice id of its `call`)."""
     s = trace.table("slices")
     ops = in_analysed_work(trace, trace.ops)
     calls = tables.of_kind(trace, tf.CAT_OPTIMIZER)
@@ -50,7 +51,7 @@ def zeroing(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     is_call = np.zeros(len(s), bool)
     is_call[calls["id"].to_numpy(np.int64)] = True
     owner = tables.ancestor_in(trace, ops["id"].to_numpy(np.int64), is_call)
-    zeroes = ops[owner >= 0]
+    zeroes = ops[owner >= 0].assign(call=owner[owner >= 0])
     return calls[calls["id"].isin(owner[owner >= 0])], zeroes
 
 

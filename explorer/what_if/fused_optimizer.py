@@ -18,7 +18,6 @@ step fused where the step alone was claimed at 299.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,38 +162,35 @@ def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: Any,
     makes it: (the ops removed, kernel rows -> lengths, the device time saved, the
     gradients a call zeroes); None where there are none."""
     from neuron_explorer.backend.replay import lower_key
+    from neuron_explorer.rules.zeroed_gradients import zeroing
     from neuron_explorer.what_if.replay import op_keys
 
-    calls = optimizer_calls(trace, "zero_grad", classes)
-    if calls is None or not len(calls):
-        return None
-    op_ids = tables.of_kind(trace, tf.CAT_OP)["id"].to_numpy(np.int64)
-    is_call = np.zeros(len(trace.table("slices")), bool)
-    is_call[calls["id"].to_numpy(np.int64)] = True
-    owner = tables.ancestor_in(trace, op_ids, is_call)
-    device_dur = trace.ops.set_index("id")["device_dur"]
+    calls, ops = zeroing(trace)
+    mine_class = calls["name"].astype(str).str.split(".").str[0].isin(list(classes))
+    ops = ops[ops["call"].isin(calls.loc[mine_class.to_numpy(), "id"])]
     removed: list[int] = []
     lengths: dict[int, int] = {}
     saved, zeroed = 0.0, Counter[int]()
     lowered: dict[tuple, float] = {}
-    for call_id in calls["id"].tolist():
-        mine = op_ids[owner == call_id]
+    for _, part in ops.groupby("call", sort=False):
+        mine = part["id"].to_numpy(np.int64)
         keys = op_keys(trace, mine)
         if keys is None or any(k[0] == "aten::_foreach_zero_" for k in keys):
             continue  # already one op (foreach=True)
-        zeroing = [(int(i), k) for i, k in zip(mine.tolist(), keys, strict=True)
-                   if k[0] == "aten::zero_" and k[1] and kernel_rows.get(int(i))]
-        if len(zeroing) < 2:
+        zeros = [(int(i), k) for i, k in zip(mine.tolist(), keys, strict=True)
+                 if k[0] == "aten::zero_" and k[1] and kernel_rows.get(int(i))]
+        if len(zeros) < 2:
             continue
-        grads = tuple(k[1][0] for _, k in zeroing)
+        grads = tuple(k[1][0] for _, k in zeros)
         key = ("aten::_foreach_zero_", grads, grads, ())
         if key not in lowered:
             kernel = lower_key(key, preset)[0]
             lowered[key] = float("nan") if kernel is None else float(kernel.duration_ns)
         if np.isnan(lowered[key]):
             continue
-        ids = [i for i, _ in zeroing]
-        saved += float(device_dur.reindex(ids).fillna(0).sum()) - lowered[key]
+        ids = [i for i, _ in zeros]
+        saved += float(part.set_index("id")["device_dur"].reindex(ids).fillna(0).sum()) \
+            - lowered[key]
         zeroed[len(ids)] += 1
         removed.extend(ids[1:])  # the first stands in for the foreach op
         first, *rest = kernel_rows[ids[0]]
@@ -203,8 +199,6 @@ def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: Any,
     if not zeroed:
         return None
     return np.asarray(removed, np.int64), lengths, saved, zeroed.most_common(1)[0][0]
-
-
 
 
 def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
@@ -222,17 +216,11 @@ def _lowered_ns(lower_key, preset, key: tuple, increments: int) -> float:
 
 def optimizer_steps(trace: Trace):
     """The `<Optimizer>.step` ranges of a class `FUSED_OPS` knows, in the analysed steps."""
-    return optimizer_calls(trace, "step", FUSED_OPS)
-
-
-def optimizer_calls(trace: Trace, method: str, classes: Iterable[str]):
-    """The `<Optimizer>.<method>` ranges of `classes`, in the analysed steps (None: no
-    optimizer ranges or steps)."""
     ranges = tables.of_kind(trace, tf.CAT_OPTIMIZER)
     if not len(ranges) or not len(trace.steps):
         return None
     names = ranges["name"].astype(str)
-    known = names.str.endswith(f".{method}") & names.str.split(".").str[0].isin(list(classes))
+    known = names.str.endswith(".step") & names.str.split(".").str[0].isin(list(FUSED_OPS))
     calls = ranges[known.to_numpy()].copy()
     calls["step"] = tables.assign_steps(calls["ts"].to_numpy(np.int64), trace.steps)
     return in_analysed_steps(trace, calls)
