@@ -19,6 +19,7 @@ its exit handlers run and its exit status."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -44,6 +45,11 @@ PREPARED = {
 }
 for _module in PREPARED[COMMAND]:
     importlib.import_module(_module)
+# What the imports made lives as long as the process: out of the cyclic collector's reach,
+# a child's collections (and its collection at exit) no longer walk the millions of
+# objects torch and Dynamo define (a small recording: 1.4 s of CPU, 0.6 s frozen). Times
+# on the modelled clock do not depend on the collector, so its trace keeps its bytes.
+gc.freeze()
 
 
 def _child(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:

@@ -9,6 +9,7 @@ forks each child from a process that has only imported: no ids or preset yet."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -71,6 +72,7 @@ def serve() -> None:
     the child's exit status in a line; LOG gets the child's output. The child is where a
     fresh process of its own would be at `record` (its trace has the same bytes), without
     paying for the imports again."""
+    gc.freeze()  # as tests/cli_server.py does: the children's collections skip the imports
     for line in sys.stdin:
         *args, log = json.loads(line)
         pid = os.fork()
