@@ -30,6 +30,7 @@ from neuron_explorer.rules import (
     memory_bound_ops,
     memory_near_capacity,
     optimizer_recreated,
+    parameter_loop,
     python_loop,
     queued_idle,
     recompilation,
@@ -53,7 +54,7 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          exposed_communication, dependency_idle, queued_idle, launch_delay, short_kernel_sequence,
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce,
-         optimizer_recreated, python_loop, unfused_optimizer, train_mode_inference,
+         optimizer_recreated, python_loop, parameter_loop, unfused_optimizer, train_mode_inference,
          converted_uploads, layout_copies)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it

@@ -177,7 +177,7 @@ def _backward_of_loop(trace: Trace, body: pd.DataFrame, iterations: int) -> pd.D
         if len(keep) else candidates.iloc[:0]
 
 
-def _collapsed(trace: Trace, ops: pd.DataFrame, iterations: int
+def collapsed_runs(trace: Trace, ops: pd.DataFrame, iterations: int
                ) -> tuple[list[int], dict[int, int]]:
     """Ops gone and kernel lengths when each (step, line, name) group runs once per
     `iterations`: the first of each run of `iterations` kept with all of their device work
@@ -205,7 +205,7 @@ def check(trace: Trace) -> list[Finding]:
     if not lines:
         return []
     backward = _backward_of_loop(trace, body, iterations)
-    removed, lengths = _collapsed(trace, pd.concat([body, backward], ignore_index=True),
+    removed, lengths = collapsed_runs(trace, pd.concat([body, backward], ignore_index=True),
                                   iterations)
     syncs = tables.of_kind(trace, tf.CAT_SYNC)
     source = trace.args.texts(tf.ARG_SOURCE, syncs["id"].to_numpy(np.int64)) \

@@ -125,6 +125,8 @@ CONVERTED_UPLOADS_MIN_SHARE = 0.02
 
 # python_loop: a loop whose vectorising saves less than this share of the step
 PYTHON_LOOP_MIN_SHARE = 0.05
+# parameter_loop: a loop over the parameters whose foreach form saves less than this share
+PARAMETER_LOOP_MIN_SHARE = 0.02
 
 # optimizer_recreated: state made anew whose removal saves less than this share
 OPTIMIZER_RECREATED_MIN_SHARE = 0.02

@@ -26,7 +26,9 @@ updated after each optimizer step, a Python loop over the parameters.
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
 `--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
-gradients clipped with `clip_grad_norm_` before each optimizer step."""
+gradients clipped with `clip_grad_norm_` before each optimizer step; `--clip-loop`: the same
+clipping as a Python loop over the parameters. `--ema-foreach`: the average of `--ema` with
+`torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors."""
 
 import sys
 
@@ -128,11 +130,22 @@ for step in range(12):
     loss.backward()
     if "--clip" in sys.argv:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if "--clip-loop" in sys.argv:  # the same clipping written by hand, a parameter at a time
+        total = torch.zeros((), device="neuron")
+        for p in model.parameters():
+            total += p.grad.norm() ** 2
+        coef = torch.clamp(1.0 / (total.sqrt() + 1e-6), max=1.0)
+        for p in model.parameters():
+            p.grad.mul_(coef)
     opt.step()
     if EMA:
         with torch.no_grad():
             for average, weight in zip(ema, model.parameters(), strict=True):
                 average.mul_(0.999).add_(weight, alpha=0.001)
+    if "--ema-foreach" in sys.argv:  # the same average over the list of tensors
+        with torch.no_grad():
+            torch._foreach_mul_(ema, 0.999)
+            torch._foreach_add_(ema, list(model.parameters()), alpha=0.001)
     if ITEM:
         losses.append(loss.item())
     if PREDICTIONS == "every-step":

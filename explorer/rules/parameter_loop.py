@@ -1,0 +1,176 @@
+"""A Python loop over the parameters: clipping, an average of the weights, a decay written
+as `for p in model.parameters()`, an op per parameter and term where one `torch._foreach_*`
+op (or `clip_grad_norm_`, which uses them) does the whole list in a launch.
+
+A user's gradient clipping written by hand (`total += p.grad.norm() ** 2` per parameter,
+then `p.grad.mul_(coef)`) cost 43% of the step, and no finding named it: python_loop looks
+for loops over a batch's slices, and the host-bound finding's fix (compiling the model)
+leaves the loop as it was. `clip_grad_norm_` saved 4.1 ms of a 9.5 ms step.
+
+A line's ops belong to such a loop when, outside the model's calls, the backward, the
+optimizer and compiled graphs, they launch kernels at least `MIN_PARAMETERS` times in every
+analysed step, and the first tensors one of its op names reads are the parameters' shapes
+in the optimizer's order (its `_foreach_*` ops list them). What the foreach form
+saves is the run replayed with each line's ops of one name run once a step, each doing all
+of their device work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from neuron_explorer import tables
+from neuron_explorer.analyses.phases import in_analysed_work
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.common.op_key_codec import parse_shapes
+from neuron_explorer.rules import thresholds as th
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top
+from neuron_explorer.rules.python_loop import collapsed_runs
+from neuron_explorer.what_if.counterfactual import removal_saving_ns
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+RULE_ID = "parameter_loop"
+MIN_PARAMETERS = 4  # a loop over fewer tensors is no loop worth a launch's name
+# ops a norm of a gradient runs as: the loop is a clipping, `clip_grad_norm_` its fix
+NORMS = frozenset({"aten::linalg_vector_norm", "aten::norm", "aten::frobenius_norm"})
+# a gradient's finiteness check: `torch.isfinite(g)` runs as abs, eq and ne
+FINITE_CHECKS = frozenset({"aten::isfinite", "aten::isinf", "aten::isnan"})
+FINITE_PARTS = frozenset({"aten::abs", "aten::eq", "aten::ne"})
+# in-place and plain ops torch has a `_foreach_` form of (torch._foreach_<name>)
+FOREACH = frozenset({"add", "sub", "mul", "div", "lerp", "addcmul", "addcdiv", "copy", "zero",
+                     "sqrt", "pow", "abs", "neg", "exp", "sign", "clamp_min", "clamp_max",
+                     "maximum", "minimum", "norm"})
+
+Shape = tuple[int, ...]
+
+
+def parameter_shapes(trace: Trace) -> list[Shape]:
+    """The parameters' shapes in the optimizer's order: the shortest tensor list its
+    `_foreach_*` ops read (AdamW's lerp reads two lists of them, its mul one); [] where no
+    optimizer step lists them (a fused optimizer or one looping per parameter, none)."""
+    ops = in_analysed_work(trace, trace.ops)
+    listed = ops[ops["name"].astype(str).str.startswith("aten::_foreach_").to_numpy()]
+    if not len(listed):
+        return []
+    inside = tables.ancestor_of_kind(trace, listed["id"].to_numpy(np.int64),
+                                     (tf.CAT_OPTIMIZER,)) >= 0
+    lists = [_shapes(text) for text in listed.loc[inside, "shapes"].astype(str).unique()]
+    return min((shapes for shapes in lists if shapes), key=len, default=[])
+
+
+def _shapes(text: str) -> list[Shape]:
+    try:
+        parsed = parse_shapes(text)
+    except ValueError:
+        return []
+    return [tuple(s) if isinstance(s, list) else () for s in parsed]
+
+
+def _in_order(seen: list[Shape], parameters: list[Shape]) -> bool:
+    """Whether `seen` runs through the parameters in their order (a subset of them, or all
+    of them several times over)."""
+    rounds = -(-len(seen) // len(parameters))
+    it = iter(parameters * rounds)
+    return all(any(shape == p for p in it) for shape in seen)
+
+
+def loop_body(trace: Trace) -> pd.DataFrame:
+    """The analysed ops of the lines looping over the parameters (empty where none)."""
+    parameters = parameter_shapes(trace)
+    ops = in_analysed_work(trace, trace.ops)
+    if len(parameters) < MIN_PARAMETERS or not len(ops):
+        return ops.iloc[:0]
+    outside = tables.ancestor_of_kind(
+        trace, ops["id"].to_numpy(np.int64),
+        (tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER)) < 0
+    eager = ops["graph_id"].to_numpy() < 0 if "graph_id" in ops else np.ones(len(ops), bool)
+    ops = ops[outside & eager & (ops["kernel_count"].to_numpy() > 0)
+              & (ops["source"].astype(str) != "").to_numpy()]
+    ops = ops.assign(source=ops["source"].astype(str), name=ops["name"].astype(str))
+    counts = ops.groupby(["source", "name", "step"]).size().unstack(fill_value=0)
+    # a loop after the optimizer's step (an average of the weights) runs in the step after:
+    # the first recorded step lacks it
+    first = int(trace.steps["step"].min()) if len(trace.steps) else -1
+    required = counts.drop(columns=[first]) if first in counts and counts.shape[1] > 2 \
+        else counts
+    repeated = required[required.min(axis=1) >= MIN_PARAMETERS].index
+    if not len(repeated):
+        return ops.iloc[:0]
+    lines = set()
+    for source, name in repeated:
+        step = required.loc[(source, name)].idxmin()  # a step it ran in
+        one = ops[(ops["source"] == source) & (ops["name"] == name)
+                  & (ops["step"] == step)].sort_values("ts", kind="stable")
+        seen = [shapes[0] if shapes else () for shapes in
+                (_shapes(text) for text in one["shapes"].astype(str).tolist())]
+        # one shape over and over is a loop over something else, unless it is every one
+        if (len(set(seen)) > 1 or len(seen) == len(parameters)) and _in_order(seen, parameters):
+            lines.add(source)
+    keys = [key for key in repeated if key[0] in lines]
+    if not keys:
+        return ops.iloc[:0]
+    index = pd.MultiIndex.from_frame(ops[["source", "name"]])
+    return ops[index.isin(keys)]
+
+
+def _checks_finite(names: set[str]) -> bool:
+    return bool(names & FINITE_CHECKS) or names >= FINITE_PARTS
+
+
+def _advice(names: set[str]) -> str:
+    forms = sorted({f"torch._foreach_{n.removeprefix('aten::')}" for n in names
+                    if n.removeprefix("aten::").rstrip("_") in FOREACH})
+    foreach = ("the `torch._foreach_*` ops over the list of tensors"
+               + (f" ({', '.join(forms)})" if forms else "") + ", one launch each for all of them")
+    if names & NORMS:
+        return ("Clip with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) "
+                f"instead of the loop: it computes every norm with one _foreach_norm and "
+                f"scales every gradient with one _foreach_mul_; for another loop, {foreach}.")
+    if _checks_finite(names):
+        return ("Check the gradients with one torch._amp_foreach_non_finite_check_and_unscale_"
+                "(grads, found_inf, inv_scale) (what torch.amp.GradScaler does; it unscales "
+                "them in the same pass) instead of a check per gradient; under bf16 autocast "
+                "the gradients need no loss scaling, and no check, at all.")
+    return f"Replace the loop with {foreach}."
+
+
+def check(trace: Trace) -> list[Finding]:
+    body = loop_body(trace)
+    if not len(body):
+        return []
+    names = set(body["name"])
+    # the foreach form runs an op per name; a finiteness check, one op for the whole check
+    replayed = body.assign(name="check") if _checks_finite(names) else body
+    per_step = replayed.groupby(["step", "source", "name"]).size()
+    removed, lengths = collapsed_runs(trace, replayed, int(per_step.max()))
+    saving = removal_saving_ns(trace, np.array(removed, np.int64), RULE_ID, lengths)
+    if saving is None or saving < th.PARAMETER_LOOP_MIN_SHARE * step_time(trace):
+        return []
+    lines = sorted(set(body["source"]), key=_line_number)
+    shown = ", ".join(lines)
+    steps = max(int(body["step"].nunique()), 1)
+    parameters = len(parameter_shapes(trace))
+    items = [evidence(r.ts, r.dur, [r.id], f"{r.name} at {r.source}, one per parameter")
+             for r in top(body, "dur").itertuples()]
+    return [make(
+        trace, RULE_ID,
+        f"A Python loop over the {parameters} parameters launches {len(body) / steps:.0f} ops "
+        f"a step ({shown})", saving, items,
+        f"The code at {shown} runs its ops once per parameter ({parameters} tensors, in the "
+        f"optimizer's order), outside the model and the optimizer: "
+        f"{len(body) / steps:.0f} launches a step, each a kernel too short to keep the device "
+        "busy, where one op over the list of tensors does the same work in one launch.",
+        _advice(names),
+        symptom_ns=float(body["dur"].sum()),
+        saving_basis="replay: the run replayed with each of the loop's op names (a finiteness "
+                     "check: the whole check) run once a step, doing the device work of all "
+                     "its launches")]
+
+
+def _line_number(source: str) -> tuple[str, int]:
+    path, _, number = source.rpartition(":")
+    return (path, int(number)) if number.isdigit() else (source, 0)
