@@ -1,0 +1,30 @@
+"""At inference the fix for FP32 matmuls is the model cast to bfloat16 whole: it keeps no
+FP32 master weights and runs no casts. A served fp32 scorer was told autocast's saving
+(472 us a step, its casts included) and cast whole saved 1.08 ms. Against a recording of
+the model cast whole (`programs/fp32_scorer.py`, modelled clock: the same times every run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_runner import record_variants
+from neuron_explorer import load
+
+pytestmark = pytest.mark.slow  # two recordings of a device-bound model
+PROGRAM = Path(__file__).parent / "programs" / "fp32_scorer.py"
+SIZE = ["--width", "2048", "--batch", "1024"]
+
+
+def test_a_served_fp32_model_is_told_what_casting_it_whole_saves(tmp_path) -> None:
+    paths = record_variants(tmp_path, PROGRAM, {"fp32": SIZE, "bf16": [*SIZE, "--bf16"]},
+                            modelled=True)
+    fp32, bf16 = load(paths["fp32"]), load(paths["bf16"])
+    (f,) = [f for f in fp32.bottlenecks() if f.rule_id == "fp32_matmul"]
+    assert f.recommendation.startswith("Cast the model to bfloat16 whole")
+    assert "needs no FP32 copy of its weights" in f.recommendation
+    assert "At inference the model and its inputs can be cast to bfloat16 whole" \
+        in f.explanation
+    saved = fp32.summary()["step_time_ns"] - bf16.summary()["step_time_ns"]
+    assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
+    assert not [g for g in bf16.bottlenecks() if g.rule_id == "fp32_matmul"]
