@@ -120,11 +120,11 @@ def check(trace: Trace) -> list[Finding]:
         # saving the headline (an fp32 scorer: autocast's 472 us a step claimed, the model
         # cast whole saved 1.08 ms)
         cast_whole = cast_whole and whole is not None and whole > predicted
-        if cast_whole:
+        if cast_whole and whole is not None:
             explanation += (f" At inference the model and its inputs can be cast to "
                             f"bfloat16 whole, which pays no casts: {us(whole)}, the saving "
                             f"stated (autocast, with its casts: {us(predicted)}).")
-            lost = float(whole or 0)
+            lost = whole
         elif whole is not None and whole > 1.25 * predicted:
             explanation += (f" A model and inputs cast to bfloat16 whole pay no casts: up "
                             f"to {us(whole)}.")
