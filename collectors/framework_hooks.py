@@ -44,6 +44,7 @@ from neuron_explorer.common.trace_format import (
     ARG_BATCH,
     ARG_COMPILE_SKIPS,
     ARG_GRAD,
+    ARG_LIBRARY_MODULE,
     ARG_MODULE,
     ARG_PHASE,
     ARG_STEP,
@@ -88,6 +89,17 @@ _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # runs right after its gra
 _SEQ_MAP_LIMIT = 2_000_000  # autograd sequence numbers remembered for backward attribution
 # record_function ranges that other events already show
 _SKIPPED_RANGES = ("Optimizer.", "enumerate(DataLoader)", "Optimizer.zero_grad")
+# PyTorch's modules that only hold others: their ops are their children's
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def _is_library_module(module: torch.nn.Module) -> bool:
+    """A module PyTorch defines that is built of others and computes between them
+    (nn.MultiheadAttention, nn.TransformerEncoderLayer), not a container: the views and
+    copies inside its call are the library's. (A leaf, nn.Linear, runs one op on what it
+    is given: a copy there is of the caller's view.)"""
+    return (type(module).__module__.startswith("torch.") and not isinstance(module, _CONTAINERS)
+            and next(module.children(), None) is not None)
 
 
 def _skip_hook_frames() -> None:
@@ -257,6 +269,8 @@ class FrameworkHooks:
         slice_args: dict[str, Any] = {ARG_MODULE: path, ARG_PHASE: "forward", ARG_STEP: rec.step}
         if isinstance(module, _DYNAMO_SKIPS):  # a what-if of the run compiled keeps it eager
             slice_args[ARG_COMPILE_SKIPS] = "rnn"
+        if _is_library_module(module):  # what its ops do is not the user's code to change
+            slice_args[ARG_LIBRARY_MODULE] = True
         if not state.forward:
             node = _current_node()
             if node is not None:  # a forward run by a backward node (checkpoint recompute)

@@ -45,6 +45,8 @@ ARG_TRAINING = "training"
 # str, on a module call torch.compile runs eager: why ("rnn": Dynamo does not trace
 # nn.RNN, nn.GRU or nn.LSTM unless torch._dynamo.config.allow_rnn)
 ARG_COMPILE_SKIPS = "compile_skips"
+# bool, on a call of a module PyTorch defines that is built of others (nn.MultiheadAttention)
+ARG_LIBRARY_MODULE = "library_module"
 ARG_TOKENS = "tokens"  # str, ... and the shape of its first arg when token ids ("[4, 39]")
 ARG_SOURCE = "source"  # str, "train.py:42"
 ARG_FALLBACK = "fallback"  # bool, op ran on the host

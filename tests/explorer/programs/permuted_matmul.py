@@ -1,9 +1,10 @@
 """A layer that permutes its activations before a matmul every call: `x.permute(1, 0, 2)`
 then `torch.matmul`, which makes the strided view contiguous (a copy on the device in the
 forward). `--fixed`: the same math in the layout the tensor has (`x @ w`, the mean over
-its own time dim).
+its own time dim). `--attention`: an nn.MultiheadAttention beside it, which makes layout
+copies of its own (its heads' transposes), whatever the layer does.
 
-    python permuted_matmul.py [--fixed] [--compile]
+    python permuted_matmul.py [--fixed] [--compile] [--attention]
 """
 
 import sys
@@ -21,12 +22,18 @@ class Layer(nn.Module):
         super().__init__()
         self.w = nn.Parameter(torch.randn(D, D) * 0.05)
         self.head = nn.Linear(D, 8)
+        self.attention = nn.MultiheadAttention(D, 4, batch_first=True) \
+            if "--attention" in sys.argv else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if FIXED:
-            return self.head(torch.relu(x @ self.w)).mean(1)
-        h = torch.matmul(x.permute(1, 0, 2), self.w)  # a copy: the view made contiguous
-        return self.head(torch.relu(h)).mean(0)
+            out = self.head(torch.relu(x @ self.w)).mean(1)
+        else:
+            h = torch.matmul(x.permute(1, 0, 2), self.w)  # a copy: the view made contiguous
+            out = self.head(torch.relu(h)).mean(0)
+        if self.attention is None:
+            return out
+        return out + self.attention(x, x, x, need_weights=False)[0].mean(1)[:, :8]
 
 
 torch.manual_seed(0)
