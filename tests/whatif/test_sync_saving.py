@@ -74,3 +74,7 @@ def test_predictions_read_every_step_save_what_keeping_them_on_the_device_saves(
     # device (an op, a launch, per term: a user's step ran 296 us slower so)
     assert "(the tensors themselves: loss.detach(), the outputs" in f.recommendation
     assert "accumulate them into device tensors" not in f.recommendation
+    # the device had finished at each read: the reads cost, and the title says so (it said
+    # the host waits, beside sites that waited 0 ns)
+    assert "the host waited 0 ns" in f.explanation
+    assert f.title == "Host reads device values inside the step (11 reads)", f.title
