@@ -16,7 +16,8 @@ when its first argument holds token ids, their shape.
   that took the prompt;
 - with requests marked (`neuron_explorer.request`), a call is `prefill` when it serves
   requests no call served before, `decode` when it serves only requests served before
-  (a continuous-batching server's batch changes every few steps);
+  (a continuous-batching server's batch changes every few steps); where no request is
+  served twice, nothing is generated and the calls are `eval`;
 - whatever `neuron_explorer.phase(name)` marked: the name of the range a model call
   starts in wins (models called with keyword arguments show no token ids to the hooks).
 Traces where no call ran without grad (older recordings, PyTorch-profiler traces) have

@@ -80,8 +80,10 @@ def served(marks: list[Mark], starts: np.ndarray) -> list[list[Any]]:
 
 def call_phases(marks: list[Mark], calls: pd.DataFrame) -> list[str | None]:
     """Per model call: `prefill` when it serves requests no call served before (their
-    prompts), `decode` when every request it serves was served before, None unmarked."""
-    from neuron_explorer.analyses.phases import DECODE, PREFILL
+    prompts), `decode` when every request it serves was served before, None unmarked.
+    Where no request is served twice, nothing is generated: each call answers its requests
+    whole (a classifier's), an `eval` pass, not a prefill with a time to first token."""
+    from neuron_explorer.analyses.phases import DECODE, EVAL, PREFILL
 
     seen: set[Any] = set()
     out: list[str | None] = []
@@ -91,6 +93,8 @@ def call_phases(marks: list[Mark], calls: pd.DataFrame) -> list[str | None]:
             continue
         out.append(DECODE if all(i in seen for i in ids) else PREFILL)
         seen.update(ids)
+    if DECODE not in out:
+        return [EVAL if phase == PREFILL else phase for phase in out]
     return out
 
 
@@ -229,9 +233,14 @@ def request_percentiles(frame: pd.DataFrame) -> pd.DataFrame:
     """p50, p90, p99 and max over requests of queueing, time to first token, time per
     output token (each request's median) and end-to-end latency (NaN rows dropped)."""
     rows = []
+    # requests answered by one call each (a classifier's): their first token is their
+    # answer, and "time to first token" would name a generation that never ran
+    answered_whole = bool(len(frame)) and frame["tpot_median_ns"].isna().all()
     for label, column in (("queueing", "queue_ns"), ("time to first token", "ttft_ns"),
                           ("per output token (median)", "tpot_median_ns"),
                           ("end to end", "e2e_ns")):
+        if answered_whole and column == "ttft_ns":
+            continue
         values = frame[column].dropna().to_numpy(np.float64)
         if len(values):
             rows.append({"figure": label, "requests": len(values),

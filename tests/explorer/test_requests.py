@@ -186,6 +186,36 @@ def test_a_call_serves_the_requests_of_every_range_it_starts_in() -> None:
     assert call_phases(marks, calls) == ["prefill", "prefill", "decode", None, "prefill", None]
 
 
+def test_requests_each_answered_by_one_call_are_no_generation(tmp_path: Path) -> None:
+    """A classifier serving one request a call generates nothing: its calls are eval passes,
+    not prefills, and its requests have a latency, not a time to first token (a served
+    classifier's report showed a Serving table of prompt tokens and decode steps)."""
+    marks = [(0, 10, [1]), (20, 30, [2]), (40, 50, [3, 4])]
+    assert call_phases(marks, pd.DataFrame({"ts": [5, 25, 45]})) == ["eval"] * 3
+    script = tmp_path / "classify.py"
+    script.write_text(CLASSIFIER)
+    out = tmp_path / "classify.pftrace"
+    run_cli("record", "--level", "op", "-o", str(out), "--", "python", str(script),
+            cwd=tmp_path, modelled=True)
+    trace = neuron_explorer.load(out)
+    assert set(trace.phases()["phase"]) == {"eval"}
+    assert not len(trace.serving())
+    report = _cli("report", str(out), cwd=tmp_path)
+    assert "Requests (6 marked" in report and "end to end" in report
+    assert "time to first token" not in report and "Serving" not in report
+
+
+CLASSIFIER = """
+import neuron_explorer, torch
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 4)).to("neuron").eval()
+with torch.no_grad():
+    for i in range(6):
+        with neuron_explorer.request(i):
+            print(int(model(torch.randn(1, 32, device="neuron")).argmax()))
+"""
+
+
 def test_request_ids_are_ints_or_strings() -> None:
     assert neuron_explorer.request([3, "b"]).args == {"request": '[3, "b"]'}
     for bad in (1.5, [True], [None]):
