@@ -23,6 +23,7 @@ from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
+from neuron_explorer.rules import ran_nothing
 from neuron_explorer.rules.finding import sections as findings_sections
 from neuron_explorer.units import size
 from neuron_explorer.what_if.label import prediction_text
@@ -154,6 +155,11 @@ def report_sections(trace: Trace) -> list[Section]:
                                "device": [fmt_ns(v) for v in mods["device_ns"]],
                                "share": [fmt_share(v) for v in mods["share_of_step"]]})
     findings, unseen = list(trace.bottlenecks()), []
+    if ran_nothing(trace):
+        code = trace.metadata.get("exit_code")
+        unseen.append("findings: the analysed steps ran for 0 ns"
+                      + (f" (the program exited with code {code} before any step ran work)"
+                         if code else "") + ": no cause to weigh")
     ours = recorded_level(trace) is not None
     if not device:
         unseen.append(f"findings about the device (launches, kernels, memory): {missing}"

@@ -43,7 +43,7 @@ from neuron_explorer.rules import (
     unfused_optimizer,
     zeroed_gradients,
 )
-from neuron_explorer.rules.finding import Finding, Findings, ranked
+from neuron_explorer.rules.finding import Finding, Findings, ranked, step_time
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -65,9 +65,19 @@ def run_rules(trace: Trace) -> Findings:
     """Every rule's findings, ranked by time lost (a finding that needs another fix first
     right after that fix's), then severity."""
     findings: list[Finding] = []
+    if ran_nothing(trace):
+        return ranked(findings)
     for rule in RULES:
         findings.extend(rule.check(trace))
     return ranked(findings)
 
 
-__all__ = ["RULES", "RULE_IDS", "SHARE_BASES", "Finding", "Findings", "run_rules"]
+def ran_nothing(trace: Trace) -> bool:
+    """Whether the analysed steps last no time: nothing to weigh a cause against. A program
+    that raised in its first step on the modelled clock, which counts no compiling (a
+    failed torch.compile), left a 0 ns step, and its report ranked the model's upload as a
+    bottleneck of it."""
+    return bool(len(trace.steps)) and step_time(trace) <= 0
+
+
+__all__ = ["RULES", "RULE_IDS", "SHARE_BASES", "Finding", "Findings", "ran_nothing", "run_rules"]
