@@ -25,6 +25,7 @@ from neuron_explorer import tables
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_key_codec import parse_shapes
+from neuron_explorer.memo import memoised
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top
 from neuron_explorer.rules.python_loop import collapsed_runs
@@ -80,6 +81,10 @@ def _in_order(seen: list[Shape], parameters: list[Shape]) -> bool:
 
 def loop_body(trace: Trace) -> pd.DataFrame:
     """The analysed ops of the lines looping over the parameters (empty where none)."""
+    return memoised(trace, "parameter_loop_body", lambda: _loop_body(trace))
+
+
+def _loop_body(trace: Trace) -> pd.DataFrame:
     parameters = parameter_shapes(trace)
     ops = in_analysed_work(trace, trace.ops)
     if len(parameters) < MIN_PARAMETERS or not len(ops):
@@ -162,8 +167,8 @@ def check(trace: Trace) -> list[Finding]:
         f"a step ({shown})", saving, items,
         f"The code at {shown} runs its ops once per parameter ({parameters} tensors, in the "
         f"optimizer's order), outside the model and the optimizer: "
-        f"{len(body) / steps:.0f} launches a step, each a kernel too short to keep the device "
-        "busy, where one op over the list of tensors does the same work in one launch.",
+        f"{len(body) / steps:.0f} launches a step, each one the host pays for, where one op "
+        "over the list of tensors does the same work in one launch.",
         _advice(names),
         symptom_ns=float(body["dur"].sum()),
         saving_basis="replay: the run replayed with each of the loop's op names (a finiteness "

@@ -57,6 +57,7 @@ def backward_call_lines(ops: pd.DataFrame) -> set[str]:
 def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     """(the loop's lines, its iterations a step, the analysed forward ops on them); ([], 0,
     empty) where no line loops."""
+    from neuron_explorer.rules import parameter_loop  # which imports this module
     ops = in_analysed_work(trace, trace.ops)
     if not len(ops):
         return [], 0, ops.iloc[:0]
@@ -86,8 +87,10 @@ def loop_lines(trace: Trace) -> tuple[list[str], int, pd.DataFrame]:
     module = np.where(calls >= 0, names[np.maximum(calls, 0)].astype(str), "")
     modules = forward.assign(call_module=module).groupby(["source", "name"])[
         "call_module"].nunique().groupby(level="source").max()
+    # a loop over the parameters is parameter_loop's (its fix is the foreach ops)
+    theirs = set(parameter_loop.loop_body(trace)["source"])
     lines = [str(s) for s in steady.index.get_level_values("source").unique()
-             if modules.get(s, 0) < LOOP_MIN_ITERATIONS // 2]
+             if modules.get(s, 0) < LOOP_MIN_ITERATIONS // 2 and str(s) not in theirs]
     if not lines:
         return [], 0, ops.iloc[:0]
     # the repeat count: the greatest dividing every count that the smallest divides (an op
