@@ -20,7 +20,7 @@ from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
-from neuron_explorer.tables import ancestor_of_kind, flag, of_kind, slice_names
+from neuron_explorer.tables import ancestor_of_kind, flag, map_unique, of_kind, slice_names
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
 if TYPE_CHECKING:
@@ -65,9 +65,13 @@ def in_library_modules(trace: Trace, copies: pd.DataFrame) -> np.ndarray:
         return np.zeros(len(copies), bool)
     at = ancestor_of_kind(trace, copies["id"].to_numpy(np.int64),
                           (tf.CAT_MODULE, tf.CAT_BACKWARD))
-    names = slice_names(trace)[np.maximum(at, 0)].astype(str)
-    return np.array([a >= 0 and any(n == p or n.startswith(p + ".") for p in library)
-                     for a, n in zip(at.tolist(), names.tolist(), strict=True)], bool)
+    names = pd.Series(slice_names(trace)[np.maximum(at, 0)].astype(str))
+
+    def inside(path: str) -> bool:  # the module or one it is a child of ("a.b" of "a.b.c")
+        parts = path.split(".")
+        return any(".".join(parts[:i]) in library for i in range(1, len(parts) + 1))
+
+    return (at >= 0) & map_unique(names, inside, bool)
 
 
 def check(trace: Trace) -> list[Finding]:
