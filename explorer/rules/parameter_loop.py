@@ -171,9 +171,10 @@ def check(trace: Trace) -> list[Finding]:
         "over the list of tensors does the same work in one launch.",
         _advice(names),
         symptom_ns=float(body["dur"].sum()),
-        saving_basis="replay: the run replayed with each of the loop's op names (a finiteness "
-                     "check: the whole check) run once a step, doing the device work of all "
-                     "its launches")]
+        saving_basis=("replay: the run replayed with the whole check run as one op a step"
+                      if _checks_finite(names) else
+                      "replay: the run replayed with each of the loop's op names run once a "
+                      "step") + ", doing the device work of all its launches")]
 
 
 def _line_number(source: str) -> tuple[str, int]:
