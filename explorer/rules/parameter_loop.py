@@ -10,13 +10,16 @@ leaves the loop as it was. `clip_grad_norm_` saved 4.1 ms of a 9.5 ms step.
 A line's ops belong to such a loop when, outside the model's calls, the backward, the
 optimizer and compiled graphs, they launch kernels at least `MIN_PARAMETERS` times in every
 analysed step, and the first tensors one of its op names reads are the parameters' shapes
-in the optimizer's order (its `_foreach_*` ops list them). What the foreach form
-saves is the run replayed with each line's ops of one name run once a step, each doing all
-of their device work.
+in the optimizer's order (its `_foreach_*` and fused ops list them; with several parameter
+groups, whose order is not the model's, as a multiset). What the foreach form saves is the
+run replayed with each line's ops of one name that has a foreach form run once a step,
+doing all of their device work; ops without one (`randn_like`) stay as they ran.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,18 +52,37 @@ FOREACH = frozenset({"add", "sub", "mul", "div", "lerp", "addcmul", "addcdiv", "
 Shape = tuple[int, ...]
 
 
-def parameter_shapes(trace: Trace) -> list[Shape]:
-    """The parameters' shapes in the optimizer's order: the shortest tensor list its
-    `_foreach_*` ops read (AdamW's lerp reads two lists of them, its mul one); [] where no
-    optimizer step lists them (a fused optimizer or one looping per parameter, none)."""
+def parameter_groups(trace: Trace) -> list[list[Shape]]:
+    """The optimizer's parameter groups, as each group's parameters' shapes in its order,
+    read from the tensor lists its ops take in one analysed step: a `_foreach_*` op takes a
+    group's parameters once (sqrt, div) or with their state beside them (lerp: parameters
+    and averages), so a group's list is a list no shorter list repeats into; a fused op
+    takes parameters, gradients and state, then a step count per parameter. [] where no
+    optimizer step lists them (one looping per parameter, no optimizer)."""
     ops = in_analysed_work(trace, trace.ops)
-    listed = ops[ops["name"].astype(str).str.startswith("aten::_foreach_").to_numpy()]
+    names = ops["name"].astype(str)
+    listed = ops[(names.str.startswith("aten::_foreach_") | names.str.startswith("aten::_fused_"))
+                 .to_numpy()]
     if not len(listed):
         return []
-    inside = tables.ancestor_of_kind(trace, listed["id"].to_numpy(np.int64),
-                                     (tf.CAT_OPTIMIZER,)) >= 0
-    lists = [_shapes(text) for text in listed.loc[inside, "shapes"].astype(str).unique()]
-    return min((shapes for shapes in lists if shapes), key=len, default=[])
+    listed = listed[tables.ancestor_of_kind(trace, listed["id"].to_numpy(np.int64),
+                                            (tf.CAT_OPTIMIZER,)) >= 0]
+    if not len(listed):
+        return []
+    one_step = listed[listed["step"] == listed["step"].min()].sort_values("ts", kind="stable")
+    lists: list[list[Shape]] = []
+    for name, text in zip(one_step["name"].astype(str), one_step["shapes"].astype(str),
+                          strict=True):
+        shapes = _shapes(text)
+        if name.startswith("aten::_fused_"):  # params, grads, state..., a step count each
+            counts = sum(1 for _ in itertools.takewhile(lambda shape: shape == (),
+                                                        reversed(shapes)))
+            shapes = shapes[:counts]
+        if any(shapes) and shapes not in lists:  # a list of scalars is the step counts'
+            lists.append(shapes)
+    return [mine for mine in lists
+            if not any(len(other) < len(mine) and len(mine) % len(other) == 0
+                       and mine == other * (len(mine) // len(other)) for other in lists)]
 
 
 def _shapes(text: str) -> list[Shape]:
@@ -71,10 +93,14 @@ def _shapes(text: str) -> list[Shape]:
     return [tuple(s) if isinstance(s, list) else () for s in parsed]
 
 
-def _in_order(seen: list[Shape], parameters: list[Shape]) -> bool:
-    """Whether `seen` runs through the parameters in their order (a subset of them, or all
-    of them several times over)."""
+def _runs_through(seen: list[Shape], groups: list[list[Shape]]) -> bool:
+    """Whether `seen` runs through the parameters (a subset of them, or all of them several
+    times over): in their order where the optimizer has one group; with several, whose
+    order is the groups' and not the model's, as a multiset."""
+    parameters = [shape for group in groups for shape in group]
     rounds = -(-len(seen) // len(parameters))
+    if len(groups) > 1:
+        return not Counter(seen) - Counter(parameters * rounds)
     it = iter(parameters * rounds)
     return all(any(shape == p for p in it) for shape in seen)
 
@@ -85,9 +111,10 @@ def loop_body(trace: Trace) -> pd.DataFrame:
 
 
 def _loop_body(trace: Trace) -> pd.DataFrame:
-    parameters = parameter_shapes(trace)
+    groups = parameter_groups(trace)
+    parameters = sum(len(group) for group in groups)
     ops = in_analysed_work(trace, trace.ops)
-    if len(parameters) < MIN_PARAMETERS or not len(ops):
+    if parameters < MIN_PARAMETERS or not len(ops):
         return ops.iloc[:0]
     outside = tables.ancestor_of_kind(
         trace, ops["id"].to_numpy(np.int64),
@@ -105,7 +132,7 @@ def _loop_body(trace: Trace) -> pd.DataFrame:
     repeated = required[required.min(axis=1) >= MIN_PARAMETERS].index
     if not len(repeated):
         return ops.iloc[:0]
-    lines = set()
+    lines: dict[str, int] = {}
     for source, name in repeated:
         step = required.loc[(source, name)].idxmin()  # a step it ran in
         one = ops[(ops["source"] == source) & (ops["name"] == name)
@@ -113,34 +140,59 @@ def _loop_body(trace: Trace) -> pd.DataFrame:
         seen = [shapes[0] if shapes else () for shapes in
                 (_shapes(text) for text in one["shapes"].astype(str).tolist())]
         # one shape over and over is a loop over something else, unless it is every one
-        if (len(set(seen)) > 1 or len(seen) == len(parameters)) and _in_order(seen, parameters):
-            lines.add(source)
+        if (len(set(seen)) > 1 or len(seen) == parameters) and _runs_through(seen, groups):
+            lines[source] = max(lines.get(source, 0), len(seen))
     keys = [key for key in repeated if key[0] in lines]
     if not keys:
         return ops.iloc[:0]
     index = pd.MultiIndex.from_frame(ops[["source", "name"]])
-    return ops[index.isin(keys)]
+    # how many parameters the loop runs over: its lines' most a name ran on one of them
+    return ops[index.isin(keys)].assign(looped=max(lines.values()))
 
 
 def _checks_finite(names: set[str]) -> bool:
     return bool(names & FINITE_CHECKS) or names >= FINITE_PARTS
 
 
-def _advice(names: set[str]) -> str:
-    forms = sorted({f"torch._foreach_{n.removeprefix('aten::')}" for n in names
-                    if n.removeprefix("aten::").rstrip("_") in FOREACH})
+def _base(name: str) -> str:
+    return name.removeprefix("aten::").rstrip("_")
+
+
+def _has_foreach_form(name: str) -> bool:
+    """Whether one op over the list does this op's work for every tensor."""
+    return _base(name) in FOREACH or name in NORMS or _base(name) == "clamp"
+
+
+def _foreach_forms(names: set[str]) -> list[str]:
+    forms = set()
+    for name in names:
+        op = name.removeprefix("aten::")
+        if _base(name) == "clamp":  # no _foreach_clamp_: its bounds are two ops
+            forms |= {"torch._foreach_clamp_min_", "torch._foreach_clamp_max_"}
+        elif _base(name) in FOREACH:
+            forms.add(f"torch._foreach_{op}")
+    return sorted(forms)
+
+
+def _advice(names: set[str], others: set[str]) -> str:
+    forms = _foreach_forms(names)
     foreach = ("the `torch._foreach_*` ops over the list of tensors"
                + (f" ({', '.join(forms)})" if forms else "") + ", one launch each for all of them")
+    left = (f" {', '.join(sorted(others))} {'has' if len(others) == 1 else 'have'} no foreach "
+            "form and stay one launch a parameter (not counted in the saving), unless one "
+            "op makes the values for all (torch.randn(total).split(sizes) for noise)."
+            if others else "")
     if names & NORMS:
         return ("Clip with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) "
                 f"instead of the loop: it computes every norm with one _foreach_norm and "
-                f"scales every gradient with one _foreach_mul_; for another loop, {foreach}.")
+                f"scales every gradient with one _foreach_mul_; for another loop, {foreach}."
+                + left)
     if _checks_finite(names):
         return ("Check the gradients with one torch._amp_foreach_non_finite_check_and_unscale_"
                 "(grads, found_inf, inv_scale) (what torch.amp.GradScaler does; it unscales "
                 "them in the same pass) instead of a check per gradient; under bf16 autocast "
                 "the gradients need no loss scaling, and no check, at all.")
-    return f"Replace the loop with {foreach}."
+    return f"Replace the loop with {foreach}." + left
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -148,8 +200,13 @@ def check(trace: Trace) -> list[Finding]:
     if not len(body):
         return []
     names = set(body["name"])
-    # the foreach form runs an op per name; a finiteness check, one op for the whole check
-    replayed = body.assign(name="check") if _checks_finite(names) else body
+    finite = _checks_finite(names)
+    # what the foreach form replaces: an op per name (a finiteness check: one for the whole
+    # check); ops without such a form (randn_like for noise) stay one a parameter
+    foreach = body[body["name"].map(_has_foreach_form).to_numpy(bool) | finite]
+    if not len(foreach):
+        return []
+    replayed = foreach.assign(name="check") if finite else foreach
     per_step = replayed.groupby(["step", "source", "name"]).size()
     removed, lengths = collapsed_runs(trace, replayed, int(per_step.max()))
     saving = removal_saving_ns(trace, np.array(removed, np.int64), RULE_ID, lengths)
@@ -158,23 +215,25 @@ def check(trace: Trace) -> list[Finding]:
     lines = sorted(set(body["source"]), key=_line_number)
     shown = ", ".join(lines)
     steps = max(int(body["step"].nunique()), 1)
-    parameters = len(parameter_shapes(trace))
+    # the count the loop ran, not the optimizer's lists: an SGD step's shortest list holds
+    # parameters and gradients
+    over = f"{int(body['looped'].iloc[0])} parameters"
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} at {r.source}, one per parameter")
              for r in top(body, "dur").itertuples()]
     return [make(
         trace, RULE_ID,
-        f"A Python loop over the {parameters} parameters launches {len(body) / steps:.0f} ops "
-        f"a step ({shown})", saving, items,
-        f"The code at {shown} runs its ops once per parameter ({parameters} tensors, in the "
-        f"optimizer's order), outside the model and the optimizer: "
-        f"{len(body) / steps:.0f} launches a step, each one the host pays for, where one op "
-        "over the list of tensors does the same work in one launch.",
-        _advice(names),
+        f"A Python loop over {over} launches {len(body) / steps:.0f} ops a step ({shown})",
+        saving, items,
+        f"The code at {shown} runs its ops once per parameter ({over}), outside the model "
+        f"and the optimizer: {len(body) / steps:.0f} launches a step, each one the host pays "
+        "for, where one op over the list of tensors does the same work in one launch.",
+        _advice(names, {n for n in names if not _has_foreach_form(n)} if not finite else set()),
         symptom_ns=float(body["dur"].sum()),
         saving_basis=("replay: the run replayed with the whole check run as one op a step"
-                      if _checks_finite(names) else
-                      "replay: the run replayed with each of the loop's op names run once a "
-                      "step") + ", doing the device work of all its launches")]
+                      if finite else
+                      "replay: the run replayed with each of the loop's op names that has a "
+                      "foreach form run once a step") + ", doing the device work of all its "
+                      "launches")]
 
 
 def _line_number(source: str) -> tuple[str, int]:

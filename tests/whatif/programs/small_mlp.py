@@ -28,7 +28,9 @@ updated after each optimizer step, a Python loop over the parameters.
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
 gradients clipped with `clip_grad_norm_` before each optimizer step; `--clip-loop`: the same
 clipping as a Python loop over the parameters. `--ema-foreach`: the average of `--ema` with
-`torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors."""
+`torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors. `--groups`: Adam's
+parameters in two groups (weight decay on the matrices only). `--grad-noise loop|foreach`:
+noise drawn per gradient (`randn_like`) and added in a loop, or with foreach ops."""
 
 import sys
 
@@ -68,7 +70,11 @@ def new_optimizer() -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9,
                                fused=OPTIMIZER.endswith("-fused") or None)
     adam = torch.optim.AdamW if OPTIMIZER.startswith("adamw") else torch.optim.Adam
-    return adam(model.parameters(), lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
+    params: list = list(model.parameters())
+    if "--groups" in sys.argv:  # weight decay on the matrices only: two parameter groups
+        params = [{"params": [p for p in params if p.dim() > 1], "weight_decay": 0.01},
+                  {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
+    return adam(params, lr=1e-3, fused=OPTIMIZER.endswith("-fused") or None,
                 foreach=False if OPTIMIZER == "adam-loop" else None)
 
 
@@ -130,6 +136,14 @@ for step in range(12):
     loss.backward()
     if "--clip" in sys.argv:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if "--grad-noise" in sys.argv:  # noise added to each gradient, a parameter at a time
+        grads = [p.grad for p in model.parameters()]
+        noise = [torch.randn_like(g) for g in grads]
+        if sys.argv[sys.argv.index("--grad-noise") + 1] == "foreach":
+            torch._foreach_add_(grads, torch._foreach_mul(noise, 1e-3))
+        else:
+            for g, n in zip(grads, noise, strict=True):
+                g.add_(n * 1e-3)
     if "--clip-loop" in sys.argv:  # the same clipping written by hand, a parameter at a time
         total = torch.zeros((), device="neuron")
         for p in model.parameters():
