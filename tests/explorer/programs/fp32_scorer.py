@@ -1,6 +1,7 @@
 """An MLP scorer served in batches of requests, kept in float32 (`--bf16`: the model and its
-inputs cast to bfloat16 whole; `--autocast`: its forward under torch.autocast):
-`fp32_scorer.py [--bf16 | --autocast] [--width W] [--batch B]`."""
+inputs cast to bfloat16 whole; `--autocast`: its forward under torch.autocast; `--encoder`:
+a TransformerEncoder instead, which PyTorch's fast path runs a layer an op at inference):
+`fp32_scorer.py [--bf16 | --autocast] [--encoder] [--width W] [--batch B]`."""
 
 import sys
 
@@ -16,9 +17,16 @@ def _option(name: str, default: int) -> int:
 WIDTH, BATCH, REQUESTS = _option("--width", 1024), _option("--batch", 512), 8
 DTYPE = torch.bfloat16 if "--bf16" in sys.argv else torch.float32
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH), nn.GELU(),
-                      nn.Linear(WIDTH, 16)).to("neuron", DTYPE).eval()
-batches = [torch.randn(BATCH, WIDTH, device="neuron", dtype=DTYPE) for _ in range(REQUESTS)]
+if "--encoder" in sys.argv:  # sequences of 64 tokens, the batch's rows
+    layer = nn.TransformerEncoderLayer(WIDTH, 8, 4 * WIDTH, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+                          nn.Linear(WIDTH, 16)).to("neuron", DTYPE).eval()
+    shape: tuple[int, ...] = (BATCH, 64, WIDTH)
+else:
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH),
+                          nn.GELU(), nn.Linear(WIDTH, 16)).to("neuron", DTYPE).eval()
+    shape = (BATCH, WIDTH)
+batches = [torch.randn(*shape, device="neuron", dtype=DTYPE) for _ in range(REQUESTS)]
 scores = []
 with torch.inference_mode(), torch.autocast("neuron", dtype=torch.bfloat16,
                                             enabled="--autocast" in sys.argv):
