@@ -127,6 +127,8 @@ CONVERTED_UPLOADS_MIN_SHARE = 0.02
 PYTHON_LOOP_MIN_SHARE = 0.05
 # parameter_loop: a loop over the parameters whose foreach form saves less than this share
 PARAMETER_LOOP_MIN_SHARE = 0.02
+# unbatched_calls: batching the calls saves less than this share of the analysed steps
+UNBATCHED_CALLS_MIN_SHARE = 0.05
 
 # optimizer_recreated: state made anew whose removal saves less than this share
 OPTIMIZER_RECREATED_MIN_SHARE = 0.02

@@ -1,0 +1,182 @@
+"""What serving requests in batches saves: the run replayed with each `k` consecutive model
+calls (steps) as one call over `k` times the rows.
+
+A classifier served one request a call (batch 1) was told to compile (422 us a request) and,
+in a clause, to batch; one batch of its 16 queued requests saved 626 us a request, and no
+figure said so. The replay keeps the first call of each group, each of its ops lowered
+again with its activations' first dim `k` times as large (the batch-major layout a model
+called on stacked requests has), and drops the group's other calls: their ops, their
+launches and their reads to the host (a batch is read once). Parameters keep their shapes:
+an op's input is an activation where the recorded data flow says a kernel of this call (or
+of the one before, whose result a step reads) made it, through any views, where it is the
+call's upload of its request, or where it has the call's rows (a batch made beforehand).
+
+Only runs that train nothing and whose analysed calls run the same ops (all but two) are
+replayed (None otherwise, or where an op cannot be lowered again). Not modelled: a layout
+whose batch is not the first dim (sequence-first tensors grow along the sequence), and the
+padding that batching inputs of different lengths needs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import numpy as np
+from neuron_explorer.analyses.phases import model_calls
+from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.common import trace_format as tf
+from neuron_explorer.memo import memoised
+from neuron_explorer.what_if.counterfactual import op_kernel_rows, removal_saving_ns
+from neuron_explorer.what_if.replay import op_keys, replayable
+
+if TYPE_CHECKING:
+    from neuron_explorer.trace import Trace
+
+OpKey = tuple
+
+
+def batched_saving_ns(trace: Trace, k: int) -> float | None:
+    """ns the analysed steps would save served `k` calls at a time (None: not replayable)."""
+    return memoised(trace, f"batched_calls:{k}", lambda: _saving(trace, k))
+
+
+def _saving(trace: Trace, k: int) -> float | None:
+    from neuron_explorer.backend.replay import ReplayOptions, lower_key
+    from neuron_explorer.rules.finding import trains
+
+    steps = analysed_steps(trace).steps
+    if k < 2 or len(steps) < k or trains(trace) or not replayable(trace):
+        return None
+    ops = trace.ops[trace.ops["step"].isin(steps)].sort_values("ts", kind="stable")
+    calls = [ops[ops["step"] == s] for s in steps]
+    signature = [tuple(c["name"].astype(str)) for c in calls]
+    # the calls alike (the first step lacks the read of a result that lands in the next):
+    # calls that differ more (a prompt, then decode steps) are no batch of requests
+    common = max(set(signature), key=signature.count)
+    alike = [c for c, sig in zip(calls, signature, strict=True) if sig == common]
+    if len(alike) < len(calls) - 2:
+        return None
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    kernel_rows = op_kernel_rows(trace)
+    durations = trace.kernels["dur"].to_numpy(np.int64)
+    removed: list[int] = []
+    lengths: dict[int, int] = {}
+    # the removed calls' host time inside the model's call goes with them; the Python
+    # around it (a request's own preparation) stays, as it would for a batch
+    model = model_calls(trace)
+    cut_from: list[int] = []
+    cut_to: list[int] = []
+    for first in range(0, len(calls), k):
+        group = calls[first:first + k]
+        for other in group[1:]:
+            removed += other["id"].tolist()
+            inside = model[model["step"] == int(other["step"].iloc[0])]
+            cut_from += inside["ts"].astype(int).tolist()
+            cut_to += inside["end"].astype(int).tolist()
+        # a result a step reads was made in the call before it: an analysed call, never the
+        # model's upload just before the first (its weights would grow with the batch)
+        since = int(calls[first - 1]["op_id"].min()) if first else int(group[0]["op_id"].min())
+        scaled = _scaled_lengths(trace, group[0], len(group), since, preset, lower_key,
+                                 kernel_rows, durations)
+        if scaled is None:
+            return None
+        lengths.update(scaled)
+    if not removed:
+        return None
+    return removal_saving_ns(trace, np.array(removed, np.int64), f"batched_calls:{k}", lengths,
+                             (np.array(cut_from, np.int64), np.array(cut_to, np.int64)))
+
+
+def _scaled_lengths(trace: Trace, call, k: int, since: int, preset, lower_key, kernel_rows,
+                    durations) -> dict[int, int] | None:
+    """Kernel row -> length for one call's ops run over `k` times its rows: each op's
+    recorded kernels stretched by how much longer its lowering is at the larger shapes."""
+    ids = call["id"].to_numpy(np.int64)
+    keys = op_keys(trace, ids)
+    if keys is None:
+        return None
+    made_here = _activation_inputs(trace, call, since)
+    # an input of the call's rows is the call's data too, made before the call (a batch
+    # prepared on the device)
+    rows_of_call = _rows(call, keys)
+    lengths: dict[int, int] = {}
+    for op_id, key, inputs_made in zip(ids.tolist(), keys, made_here, strict=True):
+        rows = kernel_rows.get(op_id, [])
+        if not rows:
+            continue
+        inputs_made = [made or bool(shape and shape[0] == rows_of_call)
+                       for made, (shape, _) in zip(inputs_made, key[1], strict=False)]
+        bigger = _with_rows(key, k, inputs_made)
+        old, _ = lower_key(key, preset)
+        new, _ = lower_key(bigger, preset)
+        if old is None or new is None or old.duration_ns <= 0:
+            return None
+        ratio = new.duration_ns / old.duration_ns
+        for row in rows:
+            lengths[row] = round(float(durations[row]) * ratio)
+    return lengths
+
+
+def _rows(call, keys: list) -> int | None:
+    """The call's rows: the first dim of the first result a kernel of it computes."""
+    launched = call["kernel_count"].to_numpy() > 0
+    return next((key[2][0][0][0] for key, runs in zip(keys, launched, strict=True)
+                 if runs and key[2] and key[2][0][0]), None)
+
+
+def call_rows(trace: Trace) -> int | None:
+    """The rows the first analysed call computes on (None where unknown)."""
+    steps = analysed_steps(trace).steps
+    if not steps:
+        return None
+    call = trace.ops[trace.ops["step"] == steps[-1]].sort_values("ts", kind="stable")
+    keys = op_keys(trace, call["id"].to_numpy(np.int64)) if len(call) else None
+    return _rows(call, keys) if keys is not None else None
+
+
+def _activation_inputs(trace: Trace, call, since: int) -> list[list[bool]]:
+    """Per op of the call, per tensor input: whether it is an activation: made by a
+    kernel from op `since` on (this call, or the analysed call before it: a result read in
+    the next step), through any views (`w.t()` is an op that launches nothing, and reads
+    the parameter), or the call's upload of its request. Parameters were made before, at
+    the model's upload."""
+    ops = trace.ops
+    window = ops[(ops["op_id"] >= since) & (ops["op_id"] <= int(call["op_id"].max()))]
+    made = trace.slice_args.column(tf.ARG_PRODUCERS, window["id"].to_numpy(np.int64))
+    backs_of = {int(o): (json.loads(m) if isinstance(m, str) else (m or []))
+                for o, m in zip(window["op_id"].tolist(), made, strict=True)}
+    launches = dict(zip(window["op_id"].astype(int).tolist(),
+                        (window["kernel_count"].to_numpy() > 0).tolist(), strict=True))
+    uploads = set(window.loc[window["name"].astype(str) == "aten::_to_copy", "op_id"]
+                  .astype(int).tolist())
+
+    def activation(op_id: int, back: int, depth: int = 0) -> bool:
+        source = op_id - back
+        if back <= 0 or source not in launches or depth > 8:
+            return False
+        if launches[source]:
+            return True
+        views = backs_of.get(source, [])  # a view: what it views
+        return bool(views) and activation(source, views[0], depth + 1)
+
+    out = []
+    for op_id in call["op_id"].astype(int).tolist():
+        backs = backs_of.get(op_id, [])
+        upload = op_id in uploads and not any(b > 0 for b in backs)
+        out.append([upload or activation(op_id, b) for b in backs])
+    return out
+
+
+def _with_rows(key: OpKey, k: int, inputs_made: list[bool]) -> OpKey:
+    """The op key with the first dim of its activations (the inputs the call made, and
+    every output) `k` times as large."""
+    name, inputs, outputs, attrs = key
+
+    def grown(shape: tuple) -> tuple:
+        return (shape[0] * k, *shape[1:]) if len(shape) else shape
+
+    ins = tuple((grown(s), d) if i < len(inputs_made) and inputs_made[i] else (s, d)
+                for i, (s, d) in enumerate(inputs))
+    outs = tuple((grown(s), d) for s, d in outputs)
+    return name, ins, outs, attrs
