@@ -62,20 +62,20 @@ def _shape(text: str) -> tuple[int, int] | None:
 
 
 def model_calls(trace: Trace) -> pd.DataFrame:
-    """The model's outermost forward calls: ts, end, step, grad (1, 0, or -1: unknown,
-    not our trace), training (on calls without grad: the model's training flag, 1 or 0;
-    -1 where unknown), batch and new (token ids' shape, -1 where unknown)."""
+    """The model's outermost forward calls: id (the call's slice), ts, end, step, grad (1,
+    0, or -1: unknown, not our trace), training (on calls without grad: the model's training
+    flag, 1 or 0; -1 where unknown), batch and new (token ids' shape, -1 where unknown)."""
     calls = _top_level_calls(trace)
     if not len(calls):
         return pd.DataFrame({c: pd.Series(dtype="int64")
-                             for c in ["ts", "end", "step", "grad", "training", "batch",
+                             for c in ["id", "ts", "end", "step", "grad", "training", "batch",
                                        "new"]})
     calls = calls[calls["module"] == model_name(trace)]
     ids = calls["id"].to_numpy()
     ts = calls["ts"].to_numpy(np.int64)
     shapes = [_shape(t) for t in trace.slice_args.texts(tf.ARG_TOKENS, ids).tolist()]
     return pd.DataFrame({
-        "ts": ts, "end": ts + calls["dur"].to_numpy(np.int64),
+        "id": ids.astype(np.int64), "ts": ts, "end": ts + calls["dur"].to_numpy(np.int64),
         "step": assign_steps(ts, trace.steps),
         # ours write grad only when it is off; other traces do not say
         "grad": trace.slice_args.numbers(tf.ARG_GRAD, ids, 1 if recorded_level(trace) else -1,

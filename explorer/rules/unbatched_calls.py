@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer.analyses.phases import EVAL
+from neuron_explorer.analyses.phases import EVAL, model_calls
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, make, step_time, trains, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
 from neuron_explorer.what_if.batched_calls import batched_saving_ns, call_rows
 
 if TYPE_CHECKING:
@@ -53,8 +53,13 @@ def check(trace: Trace) -> list[Finding]:
     title = (f"Requests served a model call each ({len(steps)} calls)" if single else
              f"Model calls of {rows} rows each ({len(steps)} calls)" if rows else
              f"Model calls served one at a time ({len(steps)} calls)")
+    calls = model_calls(trace)
+    calls = calls[calls["step"].isin(steps)]
+    items = [evidence(int(r.ts), int(r.end - r.ts), [int(r.id)],
+                      f"the model's call in step {int(r.step)}, one of {len(steps)}")
+             for r in calls.head(th.MAX_EVIDENCE).itertuples()]
     return [make(
-        trace, RULE_ID, title, saving, [],
+        trace, RULE_ID, title, saving, items,
         f"Each of the {len(steps)} analysed calls runs every op of the model for "
         + ("its own request" if single else f"{rows} rows" if rows else "its own rows")
         + ": the host launches each op once a call, and the device runs kernels sized for "

@@ -27,6 +27,7 @@ def test_serving_a_request_a_call_claims_what_batching_eight_saves(tmp_path) -> 
     (f,) = [f for f in one.bottlenecks() if f.rule_id == "unbatched_calls"]
     assert f.title == "Requests served a model call each (16 calls)"
     assert f.recommendation.startswith("Serve batches of up to 8 requests")
+    assert f.evidence[0]["description"] == "the model's call in step 0, one of 16"
     saved = _analysed_ns(one) - _analysed_ns(eight)
     assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
     # two calls of eight: too few calls left to batch
