@@ -49,7 +49,8 @@ def _saving(trace: Trace, k: int) -> float | None:
     if k < 2 or len(steps) < k or trains(trace) or not replayable(trace):
         return None
     ops = trace.ops[trace.ops["step"].isin(steps)].sort_values("ts", kind="stable")
-    calls = [ops[ops["step"] == s] for s in steps]
+    by_step = dict(tuple(ops.groupby("step", sort=False)))  # one pass, not one per call
+    calls = [by_step[s] for s in steps if s in by_step]
     signature = [tuple(c["name"].astype(str)) for c in calls]
     # the calls alike (the first step lacks the read of a result that lands in the next):
     # calls that differ more (a prompt, then decode steps) are no batch of requests
@@ -65,20 +66,25 @@ def _saving(trace: Trace, k: int) -> float | None:
     # the removed calls' host time inside the model's call goes with them; the Python
     # around it (a request's own preparation) stays, as it would for a batch
     model = model_calls(trace)
+    windows: dict[int, list[tuple[int, int]]] = {}
+    for step, ts, end in zip(model["step"].tolist(), model["ts"].tolist(),
+                             model["end"].tolist(), strict=True):
+        windows.setdefault(int(step), []).append((int(ts), int(end)))
+    by_op_id = trace.ops.sort_values("op_id", kind="stable")
     cut_from: list[int] = []
     cut_to: list[int] = []
     for first in range(0, len(calls), k):
         group = calls[first:first + k]
         for other in group[1:]:
             removed += other["id"].tolist()
-            inside = model[model["step"] == int(other["step"].iloc[0])]
-            cut_from += inside["ts"].astype(int).tolist()
-            cut_to += inside["end"].astype(int).tolist()
+            for ts, end in windows.get(int(other["step"].iloc[0]), []):
+                cut_from.append(ts)
+                cut_to.append(end)
         # a result a step reads was made in the call before it: an analysed call, never the
         # model's upload just before the first (its weights would grow with the batch)
         since = int(calls[first - 1]["op_id"].min()) if first else int(group[0]["op_id"].min())
-        scaled = _scaled_lengths(trace, group[0], len(group), since, preset, lower_key,
-                                 kernel_rows, durations)
+        scaled = _scaled_lengths(trace, by_op_id, group[0], len(group), since, preset,
+                                 lower_key, kernel_rows, durations)
         if scaled is None:
             return None
         lengths.update(scaled)
@@ -88,15 +94,15 @@ def _saving(trace: Trace, k: int) -> float | None:
                              (np.array(cut_from, np.int64), np.array(cut_to, np.int64)))
 
 
-def _scaled_lengths(trace: Trace, call, k: int, since: int, preset, lower_key, kernel_rows,
-                    durations) -> dict[int, int] | None:
+def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lower_key,
+                    kernel_rows, durations) -> dict[int, int] | None:
     """Kernel row -> length for one call's ops run over `k` times its rows: each op's
     recorded kernels stretched by how much longer its lowering is at the larger shapes."""
     ids = call["id"].to_numpy(np.int64)
     keys = op_keys(trace, ids)
     if keys is None:
         return None
-    made_here = _activation_inputs(trace, call, since)
+    made_here = _activation_inputs(trace, by_op_id, call, since)
     # an input of the call's rows is the call's data too, made before the call (a batch
     # prepared on the device)
     rows_of_call = _rows(call, keys)
@@ -135,14 +141,15 @@ def call_rows(trace: Trace) -> int | None:
     return _rows(call, keys) if keys is not None else None
 
 
-def _activation_inputs(trace: Trace, call, since: int) -> list[list[bool]]:
+def _activation_inputs(trace: Trace, by_op_id, call, since: int) -> list[list[bool]]:
     """Per op of the call, per tensor input: whether it is an activation: made by a
     kernel from op `since` on (this call, or the analysed call before it: a result read in
     the next step), through any views (`w.t()` is an op that launches nothing, and reads
     the parameter), or the call's upload of its request. Parameters were made before, at
-    the model's upload."""
-    ops = trace.ops
-    window = ops[(ops["op_id"] >= since) & (ops["op_id"] <= int(call["op_id"].max()))]
+    the model's upload. `by_op_id`: the trace's ops sorted by op id."""
+    op_ids = by_op_id["op_id"].to_numpy(np.int64)
+    lo, hi = np.searchsorted(op_ids, [since, int(call["op_id"].max())], side="left")
+    window = by_op_id.iloc[lo:hi + 1]
     made = trace.slice_args.column(tf.ARG_PRODUCERS, window["id"].to_numpy(np.int64))
     backs_of = {int(o): (json.loads(m) if isinstance(m, str) else (m or []))
                 for o, m in zip(window["op_id"].tolist(), made, strict=True)}
