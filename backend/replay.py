@@ -35,7 +35,7 @@ from neuron_explorer.backend.hardware import (
     lower_op,
 )
 from neuron_explorer.backend.hardware.kernel import FIRST_DMA
-from neuron_explorer.common.op_families import FUSED_LAYERS, base_name, is_matmul_like
+from neuron_explorer.common.op_families import runs_matmuls
 
 # (shape, dtype name) pairs; attrs as (name, value) pairs (common/op_key_codec.py)
 OpKey = tuple[str, tuple, tuple, tuple]
@@ -123,15 +123,11 @@ class HostShift:
         return ts + self._shift[np.searchsorted(self._ends, ts, side="right")]
 
 
-def _runs_matmuls(name: str) -> bool:
-    return is_matmul_like(name) or base_name(name) in FUSED_LAYERS
-
-
 def with_dtype(key: OpKey, dtype: str | None) -> OpKey:
     """The key of a matmul (or of a whole layer PyTorch's fast path runs as one op, its
     matmuls inside) as if its floating-point tensors had `dtype` ("bf16", "fp8"); other
     ops, and every op when `dtype` is None, unchanged."""
-    if dtype is None or not _runs_matmuls(key[0]):
+    if dtype is None or not runs_matmuls(key[0]):
         return key
     operand, result = _DTYPES[dtype]
     name, inputs, outputs, attrs = key
@@ -148,7 +144,7 @@ def autocast_casts(key: OpKey, dtype: str | None, backward: bool = False) -> lis
     and each gradient it makes cast back up to float32 (the inputs autograd saved are
     already in the lower precision). Each is an `aten::_to_copy` of its own: a kernel
     and, eagerly, a launch."""
-    if dtype is None or not _runs_matmuls(key[0]):
+    if dtype is None or not runs_matmuls(key[0]):
         return []
     operand = _DTYPES[dtype][0]
     _, inputs, outputs, _ = key

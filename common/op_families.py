@@ -90,3 +90,9 @@ def is_matmul_like(name: str) -> bool:
     """A matmul, convolution or attention: its products run on the Tensor Engine, at the
     rate of its operands' dtype."""
     return base_name(name) in MATMUL_LIKE
+
+
+def runs_matmuls(name: str) -> bool:
+    """A matmul-like op, or a whole layer PyTorch's fast path runs as one op (its matmuls
+    inside): the ops whose Tensor Engine work a dtype changes."""
+    return is_matmul_like(name) or base_name(name) in FUSED_LAYERS

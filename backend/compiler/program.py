@@ -24,7 +24,7 @@ from neuron_explorer.backend.compiler.graph_kernels import GroupKernels
 from neuron_explorer.backend.compiler.op_keys import op_name
 from neuron_explorer.backend.compiler.shapes import concrete_shape
 from neuron_explorer.backend.hardware import Kernel, KernelBuilder
-from neuron_explorer.common.op_families import FUSED_LAYERS, base_name, is_matmul_like
+from neuron_explorer.common.op_families import base_name, is_matmul_like, runs_matmuls
 from torch import fx
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def matmul_shapes(nodes: Sequence[fx.Node]) -> str:
     shapes: list[list[int]] = []
     for node in nodes:
         name = op_name(node)
-        if not (is_matmul_like(name) or base_name(name) in FUSED_LAYERS):
+        if not runs_matmuls(name):
             continue
         for operand in node.all_input_nodes:
             val = operand.meta.get("val")

@@ -17,7 +17,7 @@ from neuron_explorer.analyses.engine_utilisation import shortened_by_tensor_cut
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.step_breakdown import step_windows
-from neuron_explorer.common.op_families import FUSED_LAYERS, base_name, is_matmul_like
+from neuron_explorer.common.op_families import runs_matmuls
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
@@ -60,8 +60,7 @@ def check(trace: Trace) -> list[Finding]:
     # matmuls, convolutions and attention (common/op_families.py)
     # and the whole layers PyTorch's fast path runs as one op at inference (an fp32
     # TransformerEncoder's, 97% of a run's device time, got no finding)
-    is_mm = map_unique(ops["name"], lambda n: is_matmul_like(str(n))
-                       or base_name(str(n)) in FUSED_LAYERS, bool)
+    is_mm = map_unique(ops["name"], lambda n: runs_matmuls(str(n)), bool)
     dtype = map_unique(ops["dtypes"], main_dtype)
     timed = ops["device_dur"].to_numpy() > 0
     eager = ops[is_mm & (dtype == "float32") & timed].assign(graph="")
