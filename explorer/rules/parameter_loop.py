@@ -31,7 +31,7 @@ from neuron_explorer.common.op_key_codec import parse_shapes
 from neuron_explorer.memo import memoised
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top
-from neuron_explorer.rules.python_loop import collapsed_runs
+from neuron_explorer.rules.python_loop import collapsed_runs, lines_text
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
 if TYPE_CHECKING:
@@ -212,8 +212,7 @@ def check(trace: Trace) -> list[Finding]:
     saving = removal_saving_ns(trace, np.array(removed, np.int64), RULE_ID, lengths)
     if saving is None or saving < th.PARAMETER_LOOP_MIN_SHARE * step_time(trace):
         return []
-    lines = sorted(set(body["source"]), key=_line_number)
-    shown = ", ".join(lines)
+    shown = lines_text(sorted(set(body["source"])))
     steps = max(int(body["step"].nunique()), 1)
     # the count the loop ran, not the optimizer's lists: an SGD step's shortest list holds
     # parameters and gradients
@@ -235,7 +234,3 @@ def check(trace: Trace) -> list[Finding]:
                       "foreach form run once a step") + ", doing the device work of all its "
                       "launches")]
 
-
-def _line_number(source: str) -> tuple[str, int]:
-    path, _, number = source.rpartition(":")
-    return (path, int(number)) if number.isdigit() else (source, 0)

@@ -221,7 +221,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     steps = max(int(body["step"].nunique()), 1)
     per_step = (len(body) + len(backward)) / steps
-    shown = _lines_text(lines)
+    shown = lines_text(lines)
     reads = (f" and reads a value on the host {len(looped_syncs) // steps} times"
              if len(looped_syncs) else "")
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} at {r.source}, one of "
@@ -247,7 +247,7 @@ def check(trace: Trace) -> list[Finding]:
                      "once a step, each doing all iterations' device work, and its reads gone")]
 
 
-def _lines_text(lines: list[str]) -> str:
+def lines_text(lines: list[str]) -> str:
     """"train.py:14-16" for a file's consecutive lines, else each as it is."""
     by_file: dict[str, list[int]] = {}
     others = []
