@@ -94,10 +94,20 @@ class Store:
         (the long table's 2.4 M rows of a 1 M-slice trace took 0.4-1.2 s through pandas
         objects, and most of its memory). None as `read_table`."""
         with building():
-            table = self._read_arrow("args", dictionaries=("key", "str_value"))
-            return None if table is None else args_from_arrow(table, n_slices)
+            # a column at a time, each let go once converted: the whole Arrow table beside
+            # the arrays made of it doubled the read (3.4 GB for 10 M slices' args)
+            columns: dict[str, Any] = {}
+            for column in ARGS_COLUMNS:
+                table = self._read_arrow("args", dictionaries=("key", "str_value"),
+                                         columns=[column])
+                if table is None:
+                    return None
+                columns[column] = table.column(column)
+                del table
+            return args_from_arrow(columns, n_slices)
 
-    def _read_arrow(self, name: str, dictionaries: tuple[str, ...] = ()) -> Any:
+    def _read_arrow(self, name: str, dictionaries: tuple[str, ...] = (),
+                    columns: list[str] | None = None) -> Any:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -108,8 +118,9 @@ class Store:
             if source is not None:
                 source.seek(0)
             table = pq.read_table(source if source is not None else self.file(name),
-                                  page_checksum_verification=True,
-                                  read_dictionary=list(dictionaries) or None)
+                                  columns=columns, page_checksum_verification=True,
+                                  read_dictionary=[d for d in dictionaries
+                                                   if columns is None or d in columns] or None)
         except (OSError, pa.ArrowException, ValueError):
             return None
         if build_of(table.schema) != self.manifest.get("build"):
@@ -514,11 +525,18 @@ def _typed(v: Any) -> tuple[int, int, float, str | None]:
 
 
 def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
-    """ColumnArgs from the long args table as Arrow read it, `key` and `str_value`
-    dictionary-encoded: their codes are the columns' indices."""
-    key_codes, key_names = _dictionary_codes(table.column("key"))
-    str_codes, str_values = _dictionary_codes(table.column("str_value"))
-    kind = table.column("kind").to_numpy().astype(np.int8, copy=False)
+    """ColumnArgs from the long args table as Arrow read it (a table, or its columns by
+    name, each let go once converted), `key` and `str_value` dictionary-encoded: their
+    codes are the columns' indices."""
+    if not isinstance(table, dict):
+        table = {name: table.column(name) for name in ARGS_COLUMNS}
+
+    def numbers(name: str, dtype: Any) -> np.ndarray:
+        return table.pop(name).to_numpy().astype(dtype, copy=False)
+
+    key_codes, key_names = _dictionary_codes(table.pop("key"))
+    str_codes, str_values = _dictionary_codes(table.pop("str_value"))
+    kind = numbers("kind", np.int8)
     values = np.empty(len(str_values), object)
     values[:] = str_values
     other = np.flatnonzero(kind == KIND_OTHER)
@@ -530,10 +548,8 @@ def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
         str_codes = str_codes.copy()
         str_codes[other] = len(values) + inverse
         values = np.concatenate([values, parsed])
-    return ColumnArgs(table.column("slice_id").to_numpy().astype(np.int64, copy=False),
-                      key_codes, [str(k) for k in key_names], kind,
-                      table.column("int_value").to_numpy().astype(np.int64, copy=False),
-                      table.column("float_value").to_numpy().astype(np.float64, copy=False),
+    return ColumnArgs(numbers("slice_id", np.int64), key_codes, [str(k) for k in key_names],
+                      kind, numbers("int_value", np.int64), numbers("float_value", np.float64),
                       (str_codes, values), n_slices)
 
 
