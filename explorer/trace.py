@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.loaders import read_trace
+from neuron_explorer.loaders import decoded_in_windows, read_trace
 from neuron_explorer.loaders.args import SliceArgs, tidy_categoricals
 from neuron_explorer.loaders.build_memory import building
 from neuron_explorer.loaders.raw import RawTrace
@@ -76,7 +76,8 @@ def load(path: str | os.PathLike | list[str | os.PathLike] | tuple[str | os.Path
             trace = Trace(read_trace(path, max_bytes=max_bytes))
         else:
             raw, store = trace_cache.read_cached(
-                os.fspath(path), lambda p: read_trace(p, max_bytes=max_bytes), root)
+                os.fspath(path), lambda p: read_trace(p, max_bytes=max_bytes), root,
+                streamable=decoded_in_windows(path, max_bytes=max_bytes))
             trace = Trace(raw, store)
         bar.update()
     return trace

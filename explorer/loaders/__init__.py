@@ -76,6 +76,30 @@ _SNIFF_BYTES = 64  # what tells JSON text from a .pftrace or gzip
 _WINDOW_BYTES = 16 << 20
 
 
+# A .pftrace from this size on has its cache entry built as it is decoded, a window of the
+# file at a time (`store/streamed.py`): 10 M slices (583 MiB) first loaded with 1.2 GB above
+# the imports instead of 3.6 GB, for about 25% more CPU. Below it, memory does not decide
+# whether a trace opens, and the whole read is the faster.
+STREAM_MIN_BYTES = 256 << 20
+
+
+def decoded_in_windows(path: str | os.PathLike, *, max_bytes: int | None = None) -> bool:
+    """Whether a first load into the cache decodes the file a window at a time: a plain
+    .pftrace (not gzipped) of `STREAM_MIN_BYTES` or more, within the size limit."""
+    limit = configured_max_bytes(max_bytes)
+    try:
+        if not os.path.isfile(path):
+            return False
+        size = os.path.getsize(path)
+        if size < STREAM_MIN_BYTES or (limit is not None and size > limit):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return head[:1] == b"\x0a" and not _looks_like_json(head)
+
+
 def _unreadable(path: str, exc: OSError) -> TraceFormatError:
     return TraceFormatError(path, f"cannot read the file ({exc.strerror or exc}); check "
                             "its permissions")

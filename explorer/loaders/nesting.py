@@ -79,7 +79,7 @@ def _parents(order_pos: np.ndarray, depth: np.ndarray) -> np.ndarray:
     return parent
 
 
-def _track_time_order(track: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def track_time_order(track: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """Indices sorted by (track, ts), file order kept at equal keys."""
     if not len(ts):
         return np.zeros(0, np.int64)
@@ -136,7 +136,7 @@ def match_begin_end(
     Returns (begin_index, end_index or -1 when never closed, depth, parent begin
     position in the begin list or -1); ends closing nothing are dropped.
     """
-    order = _track_time_order(track, ts)
+    order = track_time_order(track, ts)
     trk = track[order]
     beg = is_begin[order]
     depth_after = _running_depth(trk, _steps(beg))

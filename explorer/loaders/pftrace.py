@@ -620,23 +620,31 @@ def _slices(ev: _Events, ev_track: np.ndarray, skipped: Counter[str]) -> _SliceE
     b_dur = np.where(unfinished, trace_end - ev_ts[b_ev], ev_ts[np.maximum(e_ev, 0)] - ev_ts[b_ev])
     inst_ev = np.flatnonzero(ev_type == F.TYPE_INSTANT)
     n_inst = len(inst_ev)
-    s_depth = np.r_[depth, np.zeros(n_inst, np.int64)]
-    s_parent = np.r_[parent, np.full(n_inst, -1, np.int64)]
-    if n_inst and len(b_ev):
-        # an instant's parent: the deepest slice holding it, among its tracks' slices only
-        near = np.flatnonzero(np.isin(ev_track[b_ev], np.unique(ev_track[inst_ev])))
-        b_near = b_ev[near]  # selected before the frame is made: no frame of every slice
-        pre = pd.DataFrame({"id": near, "ts": ev_ts[b_near], "dur": b_dur[near],
-                            "track_id": ev_track[b_near], "depth": depth[near],
-                            "parent_id": parent[near]}, index=near)
-        host = bind_flow_points(pre, ev_track[inst_ev], ev_ts[inst_ev],
-                                np.ones(n_inst, bool), parent_of=parent, begin_ts=ev_ts[b_ev],
-                                begin_end=ev_ts[b_ev] + b_dur)
-        ok = host >= 0
-        s_parent[len(b_ev):][ok] = host[ok]
-        s_depth[len(b_ev):][ok] = depth[host[ok]] + 1
+    i_depth, i_parent = nest_instants(ev_track[b_ev], ev_ts[b_ev], b_dur, depth, parent,
+                                      ev_track[inst_ev], ev_ts[inst_ev])
     return _SliceEvents(np.r_[b_ev, inst_ev], e_ev, np.r_[b_dur, np.zeros(n_inst, np.int64)],
-                        s_depth, s_parent, len(b_ev))
+                        np.r_[depth, i_depth], np.r_[parent, i_parent], len(b_ev))
+
+
+def nest_instants(b_track: np.ndarray, b_ts: np.ndarray, b_dur: np.ndarray,
+                  depth: np.ndarray, parent: np.ndarray, i_track: np.ndarray,
+                  i_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each instant's depth and parent (a position among the begun slices, -1): the
+    deepest slice holding it, among its tracks' slices only."""
+    n_inst = len(i_ts)
+    i_depth, i_parent = np.zeros(n_inst, np.int64), np.full(n_inst, -1, np.int64)
+    if n_inst and len(b_ts):
+        near = np.flatnonzero(np.isin(b_track, np.unique(i_track)))
+        # selected before the frame is made: no frame of every slice
+        pre = pd.DataFrame({"id": near, "ts": b_ts[near], "dur": b_dur[near],
+                            "track_id": b_track[near], "depth": depth[near],
+                            "parent_id": parent[near]}, index=near)
+        host = bind_flow_points(pre, i_track, i_ts, np.ones(n_inst, bool), parent_of=parent,
+                                begin_ts=b_ts, begin_end=b_ts + b_dur)
+        ok = host >= 0
+        i_parent[ok] = host[ok]
+        i_depth[ok] = depth[host[ok]] + 1
+    return i_depth, i_parent
 
 
 def _slice_of_event(n_events: int, sl: _SliceEvents, order: np.ndarray
@@ -657,8 +665,15 @@ def _slice_of_event(n_events: int, sl: _SliceEvents, order: np.ndarray
 def _counters(ev: _Events, ev_track: np.ndarray, tracks: pd.DataFrame) -> pd.DataFrame:
     idx, raw, double = ev.counter_values
     value = np.where(double, raw.view(np.float64), raw.view(np.int64).astype(np.float64))
+    return counter_frame(ev.ts[idx], value, ev_track[idx], tracks)
+
+
+def counter_frame(ts: np.ndarray, value: np.ndarray, track_id: np.ndarray,
+                  tracks: pd.DataFrame) -> pd.DataFrame:
+    """The counters table: each value at its time, with its track's name, by track and time
+    (file order at equal times)."""
     names = tracks.set_index("track_id")["name"]
-    frame = pd.DataFrame({"ts": ev.ts[idx], "value": value, "track_id": ev_track[idx]},
+    frame = pd.DataFrame({"ts": ts, "value": value, "track_id": track_id},
                          columns=COUNTER_COLUMNS[:3])
     frame["name"] = names.reindex(frame["track_id"]).to_numpy()
     return frame.sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
@@ -681,9 +696,16 @@ def _flows(flow_ids: Sequence[np.ndarray], ev_ts: np.ndarray,
     """Flow edges: consecutive events carrying the same flow id, cut after a terminating one."""
     fid, ev, term = flow_ids
     sid = slice_of_event[ev] if len(ev) else np.zeros(0, np.int64)
+    return flow_edges(fid, ev, ev_ts[ev] if len(ev) else ev, sid, term)
+
+
+def flow_edges(fid: np.ndarray, ev: np.ndarray, ts: np.ndarray, sid: np.ndarray,
+               term: np.ndarray) -> pd.DataFrame:
+    """The flows table from each flow id's events (event number, time, slice: -1 for none,
+    whether it terminates the flow)."""
     keep = sid >= 0
-    fid, ev, term, sid = fid[keep], ev[keep], term[keep], sid[keep]
-    order = np.lexsort((ev, ev_ts[ev] if len(ev) else ev, fid))
+    fid, ev, ts, term, sid = fid[keep], ev[keep], ts[keep], term[keep], sid[keep]
+    order = np.lexsort((ev, ts, fid))
     fid, term, sid = fid[order], term[order], sid[order]
     link = (fid[1:] == fid[:-1]) & ~term[:-1] & (sid[1:] != sid[:-1])
     return pd.DataFrame({"flow_id": fid[1:][link], "src_id": sid[:-1][link],

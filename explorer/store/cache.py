@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import warnings
 from typing import Any
 
@@ -84,8 +85,11 @@ def lookup(path: str, root: str) -> Store | None:
     return store if _same(store.manifest["source"], key) else None
 
 
-def read_cached(path: str, read: Any, root: str) -> tuple[RawTrace, Store | None]:
+def read_cached(path: str, read: Any, root: str, streamable: bool = False
+                ) -> tuple[RawTrace, Store | None]:
     """A trace from its cache entry when valid; else `read(path)` and a new entry.
+    `streamable`: a .pftrace, whose entry is built as it is decoded, a window of the file
+    at a time (`store/streamed.py`), instead of from the trace read whole.
 
     Returns the loader's tables and the entry they are kept in (None when not cached).
     """
@@ -105,14 +109,44 @@ def read_cached(path: str, read: Any, root: str) -> tuple[RawTrace, Store | None
     before = _key_or_none(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        raw = read(path)
-        after = _key_or_none(path)
-        entry = None
-        if before is not None and after is not None and _same(before, after):
-            entry = _write_entry(path, raw, after, root, caught)
+        streamed = _streamed(path, read, root, before, caught) if streamable else None
+        if streamed is not None:
+            raw, entry = streamed
+        else:
+            raw = read(path)
+            after = _key_or_none(path)
+            entry = None
+            if before is not None and after is not None and _same(before, after):
+                entry = _write_entry(path, raw, after, root, caught)
     for w in caught:  # the load's warnings, heard by the caller as without the cache
         warnings.warn(w.message, w.category, stacklevel=3)
     return raw, entry
+
+
+def _streamed(path: str, read: Any, root: str, before: dict[str, Any] | None,
+              caught: list[warnings.WarningMessage]) -> tuple[RawTrace, Store] | None:
+    """The trace decoded into its new entry a window at a time; None where it is read
+    whole instead: a trace that changed while it was read (its entry is not kept), a
+    cache that cannot be written."""
+    from neuron_explorer.store.streamed import write_streamed_entry
+
+    if before is None:
+        return None
+    folder = entry_folder(path, root)
+    seen = len(caught)
+    try:
+        raw, store = write_streamed_entry(path, folder, before, caught,
+                                          reparse=lambda: _read_unchanged(path, read, store))
+    except OSError as exc:
+        del caught[seen:]
+        _warn_unwritable(root, exc)
+        return None
+    after = _key_or_none(path)
+    if after is None or not _same(before, after):
+        shutil.rmtree(folder, ignore_errors=True)
+        del caught[seen:]
+        return None
+    return raw, store
 
 
 def _read_unchanged(path: str, read: Any, store: Store) -> RawTrace:

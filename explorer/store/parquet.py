@@ -360,35 +360,43 @@ def _move_in(tmp: str, folder: str) -> None:
 def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
     """Write a frame (or an Arrow table) as one Parquet file, atomically."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = (frame if isinstance(frame, pa.Table)
              else pa.Table.from_pandas(frame, preserve_index=False))
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           BUILD_KEY: build.encode()})
-    # dictionaries for the text columns only: numbers gain little from them (ids, times
-    # are mostly distinct) and hashing every value costs more than compressing it; a
-    # categorical's dictionary is written as it is (its order kept, nothing hashed)
-    texts = [field.name for field in table.schema
-             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
-             or pa.types.is_dictionary(field.type)]
-    # min/max statistics for the numbers only (times, ids: what a query's range skips row
-    # groups by); a text column's cost a fifth of the writing and skip nothing here
-    numbers = [field.name for field in table.schema if field.name not in texts]
-    # integers as deltas, bit-packed: ids and times mostly rise by small steps, so this
-    # reads twice as fast as zstd over plain values (1 M slices and every table: 0.15 ->
-    # 0.075 s of CPU) in files a third the size
-    deltas = {field.name: "DELTA_BINARY_PACKED" for field in table.schema
-              if pa.types.is_integer(field.type) and field.name not in texts}
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        pq.write_table(table, tmp, compression="zstd",  # zstd: small files, fast reads
-                       use_dictionary=texts, column_encoding=deltas or None,
-                       write_statistics=numbers, write_page_checksum=True)
+        with parquet_writer(tmp, table.schema, build) as writer:
+            writer.write_table(table)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def parquet_writer(path: str, schema: Any, build: str) -> Any:
+    """A Parquet writer of the store's files (for tables written a part at a time): the
+    build id in the schema, and the encodings below."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = schema.with_metadata({**(schema.metadata or {}), BUILD_KEY: build.encode()})
+    # dictionaries for the text columns only: numbers gain little from them (ids, times
+    # are mostly distinct) and hashing every value costs more than compressing it; a
+    # categorical's dictionary is written as it is (its order kept, nothing hashed)
+    texts = [field.name for field in schema
+             if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+             or pa.types.is_dictionary(field.type)]
+    # min/max statistics for the numbers only (times, ids: what a query's range skips row
+    # groups by); a text column's cost a fifth of the writing and skip nothing here
+    numbers = [field.name for field in schema if field.name not in texts]
+    # integers as deltas, bit-packed: ids and times mostly rise by small steps, so this
+    # reads twice as fast as zstd over plain values (1 M slices and every table: 0.15 ->
+    # 0.075 s of CPU) in files a third the size
+    deltas = {field.name: "DELTA_BINARY_PACKED" for field in schema
+              if pa.types.is_integer(field.type) and field.name not in texts}
+    return pq.ParquetWriter(path, schema, compression="zstd",  # zstd: small files, fast reads
+                            use_dictionary=texts, column_encoding=deltas or None,
+                            write_statistics=numbers, write_page_checksum=True)
 
 
 def _to_pandas(table: Any) -> pd.DataFrame:

@@ -145,10 +145,32 @@ def test_a_rewrite_with_the_old_size_and_time_is_read_again(tmp_path: Path,
     assert "aten::relu" in names and "aten::RELU" in reloaded and "aten::relu" not in reloaded
 
 
+def test_a_trace_changing_while_streamed_is_read_again_and_not_cached(
+        tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _, second = two_traces(tmp_path)
+    from neuron_explorer.store import streamed
+
+    real_stream = streamed.stream_pftrace
+
+    def stream_then_rewritten(p, folder):  # the recorder rewrites the file during the load
+        decoded = real_stream(p, folder)
+        Path(p).write_bytes(second)
+        return decoded
+
+    monkeypatch.setattr(streamed, "stream_pftrace", stream_then_rewritten)
+    monkeypatch.setattr("neuron_explorer.loaders.STREAM_MIN_BYTES", 0)  # decoded in windows
+    t = neuron_explorer.load(path)
+    assert "late" in set(t.table("slices")["name"])  # the file as it is now, read whole
+    assert t.store_folder is None
+    assert not os.path.exists(entry_folder(str(path), str(cache_dir)))
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".build-")]
+
+
 def test_a_trace_changing_while_read_is_not_cached(tmp_path: Path, cache_dir: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     path, _, second = two_traces(tmp_path)
     import neuron_explorer.trace as trace_module
+
 
     real_read = trace_module.read_trace
 
