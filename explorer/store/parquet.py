@@ -94,8 +94,9 @@ class Store:
         (the long table's 2.4 M rows of a 1 M-slice trace took 0.4-1.2 s through pandas
         objects, and most of its memory). None as `read_table`."""
         with building():
-            # a column at a time, each let go once converted: the whole Arrow table beside
-            # the arrays made of it doubled the read (3.4 GB for 10 M slices' args)
+            # a column at a time, each let go once converted: the whole Arrow table held
+            # beside the arrays made of it took a cached 10 M-slice trace with its args
+            # to 3.1 GB above the imports (2.3-2.8 GB this way)
             columns: dict[str, Any] = {}
             for column in ARGS_COLUMNS:
                 table = self._read_arrow("args", dictionaries=("key", "str_value"),
