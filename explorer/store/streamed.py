@@ -1,11 +1,11 @@
 """A .pftrace's cache entry built as the trace is decoded, a window at a time.
 
-`loaders/pftrace_stream.py` leaves the finished slices and the rows of their debug
-annotations on disk; here the slices are numbered as every loader numbers them (by
-time, track and depth), their frame built, and the args decoded a chunk of annotations
-at a time, each chunk written as a row group of the store's args file and let go. The
-load never holds the file, every event's columns or every arg at once: a first load
-peaks near what a cached load holds (the slices' frame), not at 6.5-7x the file.
+`loaders/pftrace_stream.py` leaves the begins and ends, the instants and the decoded args
+(keyed by event) on disk; here the begins and ends are paired, the slices numbered as
+every loader numbers them (by time, track and depth) and their frame built a column at a
+time, and the args rewritten with slice ids a row group at a time. The load never holds
+the file, every event's columns or every arg at once: 10 M slices (583 MiB) first load
+with 1.2 GB above the imports, where the whole read took 3.6 GB.
 """
 
 from __future__ import annotations
