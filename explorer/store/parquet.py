@@ -181,14 +181,6 @@ class Store:
             raise StoreError(f"{self.folder}: cannot read {', '.join(missing)}")
         slices = tables["slices"]
         assert slices is not None  # checked above
-        n_slices = len(slices)
-
-        def args() -> SliceArgs:
-            columns = self.read_args(n_slices)
-            if columns is not None:
-                return columns
-            again = self._reparsed(reparse, "args").args
-            return again.resolved() if isinstance(again, LazyArgs) else again
 
         def flows() -> pd.DataFrame:
             frame = self.read_table("flows")
@@ -199,10 +191,24 @@ class Store:
 
         return RawTrace(
             path=m["source"]["path"], source_format=m["source_format"],
-            slices=tables["slices"], args=LazyArgs(args), tracks=tables["tracks"],
+            slices=tables["slices"], args=self.lazy_args(len(slices), reparse),
+            tracks=tables["tracks"],
             counters=tables["counters"], flows=flows, metadata=m.get("metadata") or {},
             skipped=dict(m.get("skipped") or {}),
             warnings=[message for _, message in m.get("warnings") or []])
+
+    def lazy_args(self, n_slices: int, reparse: Callable[[], RawTrace] | None
+                  ) -> LazyArgs:
+        """The args, read on first use (from the trace again, by `reparse`, should their
+        file prove unreadable then)."""
+        def args() -> SliceArgs:
+            columns = self.read_args(n_slices)
+            if columns is not None:
+                return columns
+            again = self._reparsed(reparse, "args").args
+            return again.resolved() if isinstance(again, LazyArgs) else again
+
+        return LazyArgs(args)
 
     def _reparsed(self, reparse: Callable[[], RawTrace] | None, what: str) -> RawTrace:
         if reparse is None:
@@ -318,23 +324,32 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
             _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame, build)
             rows[name] = len(frame)
         order = ["slices", "tracks", "counters", "flows", "args", *(derived or {})]
-        manifest = {
-            "format": FORMAT, "version": VERSION, "build": build,
-            "source": source, "source_format": raw.source_format,
-            "metadata": _jsonable(raw.metadata), "skipped": dict(raw.skipped),
-            "warnings": caught if caught is not None else
-            [("TraceFormatWarning", w) for w in raw.warnings],
-            "rows": {name: rows[name] for name in order},
-        }
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f)
-        _move_in(tmp, folder)
+        manifest = build_manifest(build, source, raw, caught if caught is not None else
+                                  [("TraceFormatWarning", w) for w in raw.warnings],
+                                  {name: rows[name] for name in order})
+        return move_in_built(tmp, folder, manifest)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(f"the tables cannot be written as Parquet ({exc})") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def build_manifest(build: str, source: dict[str, Any], raw: RawTrace,
+                   caught: list[tuple[str, str]], rows: dict[str, int]) -> dict[str, Any]:
+    """The manifest of a build of a trace's store (`caught`: the load's warnings as
+    (category name, message); `rows`: each table's rows)."""
+    return {"format": FORMAT, "version": VERSION, "build": build, "source": source,
+            "source_format": raw.source_format, "metadata": _jsonable(raw.metadata),
+            "skipped": dict(raw.skipped), "warnings": caught, "rows": rows}
+
+
+def move_in_built(tmp: str, folder: str, manifest: dict[str, Any]) -> Store:
+    """Write the manifest into the built folder `tmp`, put it at `folder` and open it."""
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    _move_in(tmp, folder)
     store = Store(folder, manifest)
     with contextlib.suppress(StoreError, OSError):  # another process's build won the race
         store.pin(LAZY_TABLES)

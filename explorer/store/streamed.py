@@ -10,8 +10,6 @@ with 1.2 GB above the imports, where the whole read took 3.6 GB.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -41,17 +39,12 @@ from neuron_explorer.loaders.pftrace_stream import (
 )
 from neuron_explorer.loaders.raw import RawTrace, _ts_track_depth_order
 from neuron_explorer.store.parquet import (
-    FORMAT,
-    LAZY_TABLES,
-    MANIFEST,
-    VERSION,
     Store,
-    StoreError,
-    _jsonable,
-    _move_in,
     _write_parquet,
     args_from_arrow,
     args_table,
+    build_manifest,
+    move_in_built,
     parquet_writer,
 )
 
@@ -63,8 +56,11 @@ def write_streamed_entry(path: str, folder: str, source: dict[str, Any],
     in place) and return its tables, the args read from the store on first use.
 
     `caught`: the load's warnings as they are heard (the manifest keeps them); `reparse`
-    reads the trace whole, should the store's args prove unreadable later.
+    reads the trace whole, should the store's args prove unreadable later. Raises OSError
+    where the entry cannot be written (the caller then reads the trace whole).
     """
+    import pyarrow as pa
+
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=parent)
@@ -75,33 +71,16 @@ def write_streamed_entry(path: str, folder: str, source: dict[str, Any],
         streamed = stream_pftrace(path, spill_folder)
         raw, rows = _finish(streamed, tmp, build)
         shutil.rmtree(spill_folder)
-        manifest = {
-            "format": FORMAT, "version": VERSION, "build": build, "source": source,
-            "source_format": raw.source_format, "metadata": _jsonable(raw.metadata),
-            "skipped": dict(raw.skipped),
-            "warnings": [(w.category.__name__, str(w.message)) for w in caught
-                         if issubclass(w.category, UserWarning)],
-            "rows": rows,
-        }
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f)
-        _move_in(tmp, folder)
+        heard = [(w.category.__name__, str(w.message)) for w in caught
+                 if issubclass(w.category, UserWarning)]
+        store = move_in_built(tmp, folder, build_manifest(build, source, raw, heard, rows))
+    except pa.ArrowException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"the tables cannot be written as Parquet ({exc})") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    store = Store(folder, manifest)
-    with contextlib.suppress(StoreError, OSError):  # another process's build won the race
-        store.pin(LAZY_TABLES)
-    n_slices = len(raw.slices)
-
-    def args() -> SliceArgs:
-        columns = store.read_args(n_slices)
-        if columns is not None:
-            return columns
-        again = store._reparsed(reparse, "args").args
-        return again.resolved() if isinstance(again, LazyArgs) else again
-
-    raw.args = LazyArgs(args)
+    raw.args = store.lazy_args(len(raw.slices), reparse)
     return raw, store
 
 
