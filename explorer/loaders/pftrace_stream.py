@@ -120,7 +120,7 @@ class _Texts:
 
 @dataclass
 class Streamed:
-    """What the windows leave for `finish_stream`: the spilled columns and the trace's
+    """What the windows leave for `store/streamed.py`: the spilled columns and the trace's
     state (interned data, descriptors), names, tracks met, counters, flow ids."""
 
     path: str
