@@ -24,13 +24,13 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from neuron_explorer.backend import devices, runtime
 from neuron_explorer.backend.clock import clock
-from neuron_explorer.backend.distributed import collective_queue, host_alignment, streams
+from neuron_explorer.backend.distributed import busy_wait, collective_queue, host_alignment, streams
 from neuron_explorer.backend.distributed.interconnect import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -153,8 +153,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._rank = rank
         self._size = size
         self._timeout = timeout
-        # Any: torch's stubs declare none of a Backend's collectives (allreduce, send...)
-        self._gloo: Any = cast(Any, dist.ProcessGroupGloo(
+        # Any: torch's stubs declare none of a Backend's collectives (allreduce, send...);
+        # its works wait for late peers with the CPU kept busy (busy_wait)
+        self._gloo: Any = busy_wait.BusyWaits(dist.ProcessGroupGloo(
             dist.PrefixStore("neuron/gloo", store), rank, size, timeout))
         self._store = store
         self._seq = 0

@@ -131,6 +131,24 @@ def coupling() -> dict:
             "before_wait": finish_before_wait, "after_wait": finish_after_wait}
 
 
+def late_peer() -> dict:
+    """The last rank reaches an all-reduce 150 ms after the others: how much of their
+    wait their thread spent on the CPU, and the sum."""
+    import time
+
+    rank, world, dev = init()
+    t = torch.full((4,), float(rank + 1), device=dev)
+    dist.all_reduce(t)  # the communicator's set-up, so the next call waits for the peer only
+    if rank == world - 1:
+        time.sleep(0.15)
+    wall, cpu = time.monotonic(), time.thread_time()
+    dist.all_reduce(t)
+    share = (time.thread_time() - cpu) / (time.monotonic() - wall)
+    out = {"cpu_share": share, "sum": t.cpu().tolist()}
+    dist.destroy_process_group()
+    return out
+
+
 def default_backend() -> dict:
     """`init_process_group()` picks gloo for CPU tensors and neuron for neuron tensors;
     DTensor's redistributions run on the neuron group."""

@@ -1,0 +1,62 @@
+"""Waiting for the other ranks with the CPU kept busy, as a real host's wait would.
+
+Every collective here moves its bytes through gloo before it returns, so a rank that
+arrives first blocks until the last one arrives: a wait no real stack has (a real host
+queues the collective and runs on, and its sync waits on the device spin, CUDA's and the
+Neuron runtime's default). Blocked, the rank's CPU goes idle; on a virtual machine an idle
+CPU comes back slow, its caches cold: after a 15 ms sleep the next millisecond of PyTorch
+ran 1.7-2.1x slower here, in plain PyTorch as in a recording. The recorder leaves the
+blocked time itself off the host clock, but not that slowdown: a rank that waited for a
+straggler measured its own Python 40-90% slower, and the straggler's saving came out
+short by the difference.
+
+So a wait spins, yielding the CPU to any other runnable thread at each turn, until the
+work completes; past `SPIN_NS` it blocks (a rank that waits that long for another's
+compile or data loading does not burn a core for it)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+# a straggler's extra work per step is milliseconds to tens of milliseconds
+SPIN_NS = 200_000_000
+
+
+def wait(work: Any) -> None:
+    """Wait for a c10d `Work` like `work.wait()`, spinning first."""
+    deadline = time.monotonic_ns() + SPIN_NS
+    while not work.is_completed() and time.monotonic_ns() < deadline:
+        os.sched_yield()
+    work.wait()  # returns at once when done; raises the collective's error
+
+
+class BusyWaits:
+    """A gloo process group whose works wait with `wait` (the rest is gloo's own)."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._group, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            return _BusyWork(result) if hasattr(result, "is_completed") else result
+
+        return call
+
+
+class _BusyWork:
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def wait(self) -> bool:
+        wait(self._work)
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
