@@ -92,10 +92,13 @@ def op_kernels(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     stats = stats[(kernels["kind"].reindex(stats["id"]) == "kernel").to_numpy()]
     if not len(stats):
         return pd.DataFrame(columns=OP_KERNEL_COLUMNS)
+    from neuron_explorer.tables import map_unique
+
     s = trace.table("slices")
     parent = s["parent_id"].to_numpy(np.int64)
-    is_aten = ((s["kind"].astype(str) == "op")
-               & s["name"].astype(str).str.startswith("aten::")).to_numpy()
+    # per distinct name, not a string per slice
+    is_aten = (s["kind"] == "op").to_numpy(bool) & map_unique(
+        s["name"], lambda name: isinstance(name, str) and name.startswith("aten::"), bool)
     ts = s["ts"].to_numpy(np.int64)
     ops = []
     for launch in stats["launch"].to_numpy(np.int64):
