@@ -74,6 +74,35 @@ def test_typed_texts_and_flags_match_the_plain_conversion(key: str) -> None:
     assert flag(cols.column(key, ids)).tolist() == one_by_one
 
 
+def test_args_hold_their_index_in_four_bytes_and_one_number_a_row() -> None:
+    """An engine-level trace holds tens of millions of args rows: ids, key and string
+    codes as int32 and the int and float columns as one column of 8 bytes, every value
+    kept (the float rows' bits, NaN and -0.0 included), written back as two columns."""
+    floats = [2.5, -0.0, float("nan"), float("inf"), -1e300]
+    kind = np.array([KIND_INT, KIND_BOOL, KIND_STR] + [KIND_FLOAT] * len(floats), np.int8)
+    ival = np.array([-(2**63), 1, 0] + [0] * len(floats), np.int64)
+    fval = np.array([0.0, 0.0, 0.0] + floats, np.float64)
+    n = len(kind)
+    args = ColumnArgs(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64),
+                      [f"k{i}" for i in range(n)], kind, ival.copy(), fval,
+                      (np.where(kind == KIND_STR, 0, -1), np.array(["s"], object)), n)
+    assert args.slice_id.dtype == args.key.dtype == np.int32
+    assert args.scode is not None and args.scode.dtype == np.int32
+    assert args.value.dtype == np.int64 and len(args.value) == n
+    np.testing.assert_array_equal(args.ival, ival)  # what the store writes
+    np.testing.assert_array_equal(args.fval, fval)
+    ids = np.arange(n)
+    assert args.get(0) == {"k0": -(2**63)} and args.get(1) == {"k1": True}
+    got = [args.get(i)[f"k{i}"] for i in range(3, n)]
+    assert got[0] == 2.5 and str(got[1]) == "-0.0" and np.isnan(got[2])
+    assert got[3:] == [float("inf"), -1e300]
+    assert args.numbers("k3", ids, -1, "float64")[3] == 2.5
+    # ids past int32 (or negative) name no slice: searched, not wrapped around
+    far = np.array([3 + (1 << 32), -1, 3], np.int64)
+    assert args.column("k3", far).tolist() == [None, None, 2.5]
+    assert args.dicts_of(far) == [None, None, {"k3": 2.5}]
+
+
 def test_typed_columns_of_a_loaded_trace(basic_pf: neuron_explorer.Trace) -> None:
     args = basic_pf.slice_args._get()
     ids = basic_pf.table("slices")["id"].to_numpy()
