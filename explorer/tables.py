@@ -118,9 +118,15 @@ def slice_names(trace: Trace) -> np.ndarray:
 
 
 def kind_codes(trace: Trace) -> tuple[np.ndarray, Any]:
-    """Each slice's kind as a code into the distinct kinds (factorised once per trace)."""
-    return memoised(trace, "slice_kind_codes",
-                        lambda: pd.factorize(trace.table("slices")["kind"].array))  # in Arrow
+    """Each slice's kind as a code into the distinct kinds (-1: none): the categorical's
+    own codes (a byte a slice), else factorised once per trace."""
+    def make() -> tuple[np.ndarray, Any]:
+        kinds = trace.table("slices")["kind"]
+        if isinstance(kinds.dtype, pd.CategoricalDtype):
+            return kinds.cat.codes.to_numpy(), kinds.cat.categories
+        return pd.factorize(kinds.array)
+
+    return memoised(trace, "slice_kind_codes", make)
 
 
 def kind_mask(trace: Trace, kinds: tuple[str, ...]) -> np.ndarray:

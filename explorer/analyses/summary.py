@@ -6,7 +6,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from neuron_explorer.analyses import device_pace as pace
 from neuron_explorer.analyses.levels import recorded_level, records_device
 from neuron_explorer.analyses.steady_state import analysed_steps
@@ -32,12 +31,12 @@ def _op_count(trace: Trace) -> int:
 
 
 def _kind_counts(trace: Trace) -> dict[str, int]:
-    """Slices per kind, most first (as `value_counts`), from the kind codes made once."""
+    """Slices per kind, most first (ties by name), from the kind codes made once."""
     codes, uniques = kind_codes(trace)
-    counts = pd.Series(np.bincount(codes[codes >= 0], minlength=len(uniques)),
-                       index=np.asarray(uniques, dtype=object))
-    counts = counts.sort_values(ascending=False, kind="stable")
-    return {str(k): int(v) for k, v in counts.items()}
+    counts = np.bincount(codes[codes >= 0], minlength=len(uniques))
+    names = [str(k) for k in np.asarray(uniques, dtype=object).tolist()]
+    ranked = sorted((-int(n), name) for n, name in zip(counts.tolist(), names, strict=True) if n)
+    return {name: -n for n, name in ranked}
 
 
 def _device_busy_from(trace: Trace, start: int) -> float:

@@ -24,7 +24,7 @@ from neuron_explorer.loaders.args import (
 from neuron_explorer.loaders.build_memory import _switch, building
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import top
-from neuron_explorer.tables import flag, kind_mask, map_unique, text
+from neuron_explorer.tables import flag, kind_codes, kind_mask, map_unique, text
 
 
 def _mixed_args() -> tuple[ColumnArgs, DictArgs]:
@@ -154,6 +154,34 @@ def test_kind_mask_matches_isin(basic_trace: neuron_explorer.Trace) -> None:
     kinds = basic_trace.table("slices")["kind"]
     for wanted in [("op",), ("kernel", "memcpy", "memset"), ("no such kind",)]:
         assert kind_mask(basic_trace, wanted).tolist() == kinds.isin(wanted).tolist()
+
+
+def test_kind_codes_are_the_categoricals_own_and_counts_leave_out_unused_kinds(
+        basic_trace: neuron_explorer.Trace) -> None:
+    from neuron_explorer.analyses.summary import _kind_counts
+
+    kinds = basic_trace.table("slices")["kind"]
+    assert isinstance(kinds.dtype, pd.CategoricalDtype)
+    codes, _ = kind_codes(basic_trace)
+    assert codes.dtype.itemsize == 1  # a byte a slice, not a factorised int64
+    want = kinds.astype(str).value_counts()
+    counts = _kind_counts(basic_trace)
+    assert counts == {k: int(want[k]) for k in counts} and set(counts) == set(want.index)
+    assert list(counts.values()) == sorted(counts.values(), reverse=True)
+    # a kind the categorical lists but no slice has (a selection of a trace) is no count
+    selection = _Slices(kinds.cat.add_categories(["unused kind"]))
+    assert "unused kind" in list(kind_codes(selection)[1])
+    assert _kind_counts(selection) == counts
+
+
+class _Slices:
+    """A stand-in trace whose slices are only a kind column."""
+
+    def __init__(self, kinds: pd.Series) -> None:
+        self._frame = pd.DataFrame({"kind": kinds})
+
+    def table(self, name: str) -> pd.DataFrame:
+        return self._frame
 
 
 def test_top_keeps_the_rows_a_full_sort_would() -> None:
