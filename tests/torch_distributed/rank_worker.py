@@ -132,19 +132,40 @@ def coupling() -> dict:
 
 
 def late_peer() -> dict:
-    """The last rank reaches an all-reduce 150 ms after the others: how much of their
-    wait their thread spent on the CPU, and the sum."""
+    """The last rank reaches an all-reduce 300 ms after the others: how the others'
+    waits inside it went (polls of gloo's work, and whether one blocked before the work
+    completed), and the sum."""
     import time
+
+    from neuron_explorer.backend.distributed import busy_wait
 
     rank, world, dev = init()
     t = torch.full((4,), float(rank + 1), device=dev)
     dist.all_reduce(t)  # the communicator's set-up, so the next call waits for the peer only
+    waits: list[dict] = []
+    spin = busy_wait.wait
+
+    def watched(work) -> None:
+        class Watched:
+            polls = 0
+
+            def is_completed(self) -> bool:
+                Watched.polls += 1
+                return work.is_completed()
+
+            def wait(self) -> bool:
+                waits.append({"polls": Watched.polls, "blocked": not work.is_completed()})
+                return work.wait()
+
+        spin(Watched())
+
+    busy_wait.wait = watched
+    busy_wait.SPIN_NS = 30_000_000_000  # this wait is never past the limit, however slow
     if rank == world - 1:
-        time.sleep(0.15)
-    wall, cpu = time.monotonic(), time.thread_time()
+        time.sleep(0.3)
     dist.all_reduce(t)
-    share = (time.thread_time() - cpu) / (time.monotonic() - wall)
-    out = {"cpu_share": share, "sum": t.cpu().tolist()}
+    busy_wait.wait = spin
+    out = {"waits": waits, "sum": t.cpu().tolist()}
     dist.destroy_process_group()
     return out
 
