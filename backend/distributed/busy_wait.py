@@ -2,13 +2,13 @@
 
 Every collective here moves its bytes through gloo before it returns, so a rank that
 arrives first blocks until the last one arrives: a wait no real stack has (a real host
-queues the collective and runs on, and its sync waits on the device spin, CUDA's and the
-Neuron runtime's default). Blocked, the rank's CPU goes idle; on a virtual machine an idle
-CPU comes back slow, its caches cold: after a 15 ms sleep the next millisecond of PyTorch
-ran 1.7-2.1x slower here, in plain PyTorch as in a recording. The recorder leaves the
-blocked time itself off the host clock, but not that slowdown: a rank that waited for a
-straggler measured its own Python 40-90% slower, and the straggler's saving came out
-short by the difference.
+queues the collective and runs on, and its syncs on the device spin: CUDA's default
+while a machine has more cores than GPUs). Blocked, the rank's CPU goes idle; on a
+virtual machine an idle CPU comes back slow, its caches cold: after a 15 ms sleep the
+next millisecond of PyTorch ran 1.7-2.1x slower here, in plain PyTorch as in a
+recording. The recorder leaves the blocked time itself off the host clock, but not that
+slowdown: a rank that waited for a straggler measured its own Python 40-90% slower, and
+the straggler's saving came out short by the difference.
 
 So a wait spins, yielding the CPU to any other runnable thread at each turn, until the
 work completes; past `SPIN_NS` it blocks (a rank that waits that long for another's
@@ -51,6 +51,8 @@ class BusyWaits:
 
 
 class _BusyWork:
+    """A gloo work whose `wait` spins first (the rest is the work's own)."""
+
     def __init__(self, work: Any) -> None:
         self._work = work
 
