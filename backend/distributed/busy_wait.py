@@ -12,7 +12,9 @@ the straggler's saving came out short by the difference.
 
 So a wait spins, yielding the CPU to any other runnable thread at each turn, until the
 work completes; past `SPIN_NS` it blocks (a rank that waits that long for another's
-compile or data loading does not burn a core for it)."""
+compile or data loading does not burn a core for it). As CUDA does, it spins only while
+the machine has a CPU for each of its ranks (`spins`): with more ranks than CPUs no CPU
+goes idle, and a spinning rank would take turns from the ranks doing work."""
 
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ from typing import Any
 SPIN_NS = 200_000_000
 
 
+def spins(local_ranks: int) -> bool:
+    """Whether ranks wait spinning: while the CPUs this process may run on are at least
+    the ranks on this machine."""
+    return local_ranks <= len(os.sched_getaffinity(0))
+
+
 def wait(work: Any) -> None:
     """Wait for a c10d `Work` like `work.wait()`, spinning first."""
     deadline = time.monotonic_ns() + SPIN_NS
@@ -33,10 +41,12 @@ def wait(work: Any) -> None:
 
 
 class BusyWaits:
-    """A gloo process group whose works wait with `wait` (the rest is gloo's own)."""
+    """A gloo process group whose works wait with `wait` when `spin` (the rest, and
+    every wait otherwise, is gloo's own)."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, spin: bool = True) -> None:
         self._group = group
+        self._spin = spin
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._group, name)
@@ -45,7 +55,8 @@ class BusyWaits:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             result = attribute(*args, **kwargs)
-            return _BusyWork(result) if hasattr(result, "is_completed") else result
+            spun = self._spin and hasattr(result, "is_completed")
+            return _BusyWork(result) if spun else result
 
         return call
 

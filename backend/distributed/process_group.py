@@ -154,9 +154,12 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self._size = size
         self._timeout = timeout
         # Any: torch's stubs declare none of a Backend's collectives (allreduce, send...);
-        # its works wait for late peers with the CPU kept busy (busy_wait)
+        # its works wait for late peers with the CPU kept busy (busy_wait) while this
+        # machine has a CPU for each of its ranks (torchrun's count, else the group's)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         self._gloo: Any = busy_wait.BusyWaits(dist.ProcessGroupGloo(
-            dist.PrefixStore("neuron/gloo", store), rank, size, timeout))
+            dist.PrefixStore("neuron/gloo", store), rank, size, timeout),
+            spin=busy_wait.spins(local_ranks))
         self._store = store
         self._seq = 0
         self._group_name = ""

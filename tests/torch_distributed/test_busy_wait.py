@@ -5,6 +5,7 @@ a yielding thread on a loaded machine gets little CPU, by design."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -75,7 +76,24 @@ def test_the_group_works_wait_busily_and_the_rest_is_gloos():
     assert not made[0].blocked and made[0].polls > 1
 
 
+def test_with_more_ranks_than_cpus_the_waits_are_gloos_own():
+    cpus = len(os.sched_getaffinity(0))
+    assert busy_wait.spins(1) and busy_wait.spins(cpus) and not busy_wait.spins(cpus + 1)
+    made: list[_Work] = []
+
+    class Group:
+        def allreduce(self, tensors):
+            made.append(_Work(0.05))
+            return made[-1]
+
+    work = busy_wait.BusyWaits(Group(), spin=False).allreduce([])
+    assert work is made[0]
+    work.wait()
+    assert made[0].blocked and made[0].polls == 0
+
+
 @pytest.mark.slow  # starts two processes that import torch
+@pytest.mark.skipif(not busy_wait.spins(2), reason="two ranks spin only with two CPUs")
 def test_a_rank_waiting_for_a_late_peer_polls_instead_of_blocking(tmp_path):
     results = run_ranks("late_peer", 2, tmp_path)
     for rank, r in enumerate(results):
