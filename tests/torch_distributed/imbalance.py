@@ -77,10 +77,11 @@ def fsdp_steps() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        # before the sleep: the CPU a sleep leaves idle comes back slow for a while
+        cpu_probe(twin, torch.randn(4 * work, 32, 64))
         if last and args.sleep_ms:
             time.sleep(args.sleep_ms / 1e3)
         loss.item()
-        cpu_probe(twin, torch.randn(4 * work, 32, 64))
 
 
 def stream_steps() -> None:
