@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 from neuron_explorer.backend.distributed import busy_wait
@@ -42,6 +43,18 @@ def test_a_wait_polls_until_the_work_completes_without_blocking():
     busy_wait.wait(work)
     assert work._done.is_set() and not work.blocked
     assert work.polls > 1
+
+
+def test_a_short_wait_naps_off_the_cpu(monkeypatch):
+    """Its first millisecond (here, the whole wait) sleeps between polls: a spinning rank
+    would take turns from the rank it waits for on a busy machine."""
+    monkeypatch.setattr(busy_wait, "NAP_NS", 10_000_000_000)
+    work = _Work(0.1)
+    wall, cpu = time.monotonic(), time.thread_time()
+    busy_wait.wait(work)
+    share = (time.thread_time() - cpu) / (time.monotonic() - wall)
+    assert not work.blocked and work.polls > 1
+    assert share < 0.5, share  # spinning, the thread runs whenever no other wants the CPU
 
 
 def test_past_the_spin_limit_a_wait_blocks(monkeypatch):
