@@ -40,12 +40,14 @@ def compact(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _merged_numbers(kind: np.ndarray, ival: np.ndarray, fval: np.ndarray) -> np.ndarray:
+def _merged_numbers(kind: np.ndarray, ival: np.ndarray, fval: np.ndarray | None
+                    ) -> np.ndarray:
     """The int and float columns of args rows as one int64 column, the floats' bits in
-    the float rows (into `ival` where it can be written: its callers let it go)."""
+    the float rows (into `ival` where it can be written: its callers let it go). Without
+    `fval`, `ival` is that column already."""
     floats = np.asarray(kind) == KIND_FLOAT
     value = np.asarray(ival, np.int64)
-    if not floats.any():
+    if fval is None or not floats.any():
         return value
     if not value.flags.writeable:
         value = value.copy()
@@ -217,11 +219,12 @@ class ColumnArgs(SliceArgs):
     `sval` holds each row's string (or nested value), None elsewhere; it may be given as
     (codes, distinct values), codes -1 where none: the Python object per row is then made
     only when asked (`sval`), and text columns are built from the codes. `ival` is taken
-    over: the float rows' bits are written into it (`value`), unless it is read-only.
+    over: the float rows' bits are written into it (`value`), unless it is read-only;
+    `fval` None: `ival` holds them already.
     """
 
     def __init__(self, slice_id: np.ndarray, key: np.ndarray, names: list[str],
-                 kind: np.ndarray, ival: np.ndarray, fval: np.ndarray,
+                 kind: np.ndarray, ival: np.ndarray, fval: np.ndarray | None,
                  sval: np.ndarray | tuple[np.ndarray, np.ndarray], n_slices: int) -> None:
         self.slice_id, self.key, self.names = compact(slice_id), compact(key), names
         self.kind = kind

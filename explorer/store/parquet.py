@@ -561,6 +561,8 @@ def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
     key_codes, key_names = _dictionary_codes(table.pop("key"))
     str_codes, str_values = _dictionary_codes(table.pop("str_value"))
     kind = numbers("kind", np.int8)
+    slice_id = _ids(table.pop("slice_id"))
+    value = _merged_values(table.pop("int_value"), table.pop("float_value"), kind)
     values = np.empty(len(str_values), object)
     values[:] = str_values
     other = np.flatnonzero(kind == KIND_OTHER)
@@ -572,9 +574,42 @@ def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
         str_codes = str_codes.copy()
         str_codes[other] = len(values) + inverse
         values = np.concatenate([values, parsed])
-    return ColumnArgs(numbers("slice_id", np.int64), key_codes, [str(k) for k in key_names],
-                      kind, numbers("int_value", np.int64), numbers("float_value", np.float64),
+    return ColumnArgs(slice_id, key_codes, [str(k) for k in key_names], kind, value, None,
                       (str_codes, values), n_slices)
+
+
+def _ids(column: Any) -> np.ndarray:
+    """Slice ids as int32 where they fit, cast in Arrow: no int64 copy beside them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(column):
+        bounds = pc.min_max(column).as_py()
+        if bounds["min"] >= -(1 << 31) and bounds["max"] < (1 << 31):
+            column = column.cast(pa.int32())
+    return np.asarray(column.to_numpy())
+
+
+def _merged_values(ints: Any, floats: Any, kind: np.ndarray) -> np.ndarray:
+    """The int and float columns as `ColumnArgs.value` (the floats' bits in the float
+    rows), a chunk at a time, each chunk let go once copied: the two columns and the
+    result are never held whole at once beside each other."""
+    value = np.empty(len(kind), np.int64)
+    for column, is_float in ((ints, False), (floats, True)):
+        chunks = column.chunks
+        del column
+        at = 0
+        for i, chunk in enumerate(chunks):
+            part = chunk.to_numpy(zero_copy_only=False)
+            end = at + len(part)
+            if is_float:
+                np.copyto(value[at:end], np.asarray(part, np.float64).view(np.int64),
+                          where=kind[at:end] == KIND_FLOAT)
+            else:
+                value[at:end] = part
+            chunks[i] = None  # let the Arrow chunk go
+            at = end
+    return value
 
 
 def _dictionary_codes(column: Any) -> tuple[np.ndarray, list[Any]]:
@@ -588,6 +623,7 @@ def _dictionary_codes(column: Any) -> tuple[np.ndarray, list[Any]]:
     if not chunks:
         return np.zeros(0, np.int64), []
     values = chunks[0].dictionary.to_pylist()
-    codes = np.concatenate([c.indices.fill_null(-1).to_numpy().astype(np.int64)
+    # int32, as the indices are: ColumnArgs keeps codes in 4 bytes
+    codes = np.concatenate([c.indices.fill_null(-1).to_numpy().astype(np.int32)
                             for c in chunks])
     return codes, values
