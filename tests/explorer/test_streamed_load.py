@@ -58,6 +58,8 @@ def _load(path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, whole: bool)
             m.setattr(trace_module, "decoded_in_windows", lambda *a, **k: False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            # not the load's: a file or pipe another test left open, collected meanwhile
+            warnings.simplefilter("ignore", ResourceWarning)
             try:
                 trace = neuron_explorer.load(path)
             except TraceFormatError as exc:
