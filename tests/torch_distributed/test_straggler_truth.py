@@ -112,35 +112,35 @@ def test_a_balanced_fsdp_run_has_no_straggler_and_no_wait_finding(runs):
         assert found["straggler_rank"].time_lost_ns == pytest.approx(savings.max(), abs=1)
 
 
-def test_a_balanced_fsdp_run_waits_a_small_share_of_its_steps_on_every_rank(runs):
+def test_a_balanced_fsdp_run_waits_only_for_the_other_ranks_lag_in_each_step(runs):
     """The ranks' host clocks meet at the communicator's set-up and where they drift by no
     more than their noise: neither rank's device waits a whole run for a clock offset
-    (93% of each step on one rank before). Per step (the median), so that a rank catching
-    up once with the other's longer warm-up step is not counted as a systematic wait.
-    What remains is the clocks' own noise (1-4% idle, docs/distributed.md; up to 10% with
-    this suite's other worker beside the two ranks on two cores) and what the machine
-    really slowed a rank by, as its plain-PyTorch twin measured it.
+    (93% of each step on one rank before). A device waits at a collective only for the
+    other rank's lag: in a step where the machine ran the other rank slower, and the run
+    is host-bound, that rank's host never waits at a collective and falls behind through
+    the step; the faster rank's device waits at each of the step's n collectives for the
+    whole lag so far, about lag x step x k/n at the k-th, (n+1)/2 x lag x step in all.
 
-    That slowdown is amplified: the run is host-bound, so a rank's host never waits at a
-    collective and falls behind the other's through the step; the faster rank's device
-    waits at each of the step's n collectives for the whole lag so far, about
-    slowdown x step x k/n at the k-th, (n+1)/2 x slowdown x step in all (12 collectives:
-    a 14% slower rank made the other wait 57% of its step, a 2.5% slower one 16%). The
-    twin itself is noisy (1.6-16% between the ranks over 12 runs, not always the rank that
-    waited less: the rule this replaced, "the twin's slower rank waits under 10%", came to
-    8.4-9.0% in two of them), so the bound is that amplification of its larger slowdown,
-    for both ranks. Those 12 runs waited 1-9%; an offset's 93% fails the bound while the
-    twin measures the ranks within 13% of each other (10 of the 12 runs)."""
-    run, slowdown = runs["balanced"], runs["balanced_slowdown"]
+    So per step, the share of the step a device waited less what the other rank's extra
+    own work that step explains stays within the clocks' noise (1-4% idle,
+    docs/distributed.md; up to 10% with this suite's other worker beside the two ranks on
+    two cores): the median over the steps, on each rank. 30 recordings, quiet and beside a
+    busy process, left at most 3.8% unexplained, with up to 18% of a step waited. The
+    bound this replaced, the amplified slowdown of the plain-PyTorch twin (`--cpu-probe`),
+    failed once at 12.2% against 11.9%: the twin does not track which rank a busy machine
+    slows in a step (`MACHINE_NOISE`)."""
+    run = runs["balanced"]
     coll = step_collectives(run)
     per_step = coll.groupby(["rank", "step"]).size().median()
     coll = coll.assign(waits=coll["wait_ns"].clip(lower=0) + coll["host_wait_ns"])
-    waits = coll.groupby(["rank", "step"])["waits"].sum()
-    steps = run.steps.set_index(["rank", "step"])["dur"]
-    share = (waits / steps.reindex(waits.index)).groupby(level="rank").median()
-    assert set(share.index) == set(run.ranks)
-    bound = CLOCK_NOISE + (per_step + 1) / 2 * max(slowdown.values())
-    assert (share < bound).all(), (share.to_dict(), slowdown, per_step)
+    waits = coll.pivot_table(index="rank", columns="step", values="waits", aggfunc="sum")
+    steps = run.steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
+    work = own_work(run)
+    share = (waits / steps)[work.columns]
+    lag = (work.max() - work) / work  # how much longer the slowest rank's own work ran
+    unexplained = (share - (per_step + 1) / 2 * lag).median(axis=1)
+    assert set(unexplained.index) == set(run.ranks)
+    assert (unexplained < CLOCK_NOISE).all(), (unexplained.to_dict(), share.median(axis=1))
 
 
 def test_a_rank_sleeping_on_the_host_is_named_with_its_sleep(runs):
