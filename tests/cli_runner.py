@@ -76,6 +76,8 @@ class CommandServer:
         if self.proc is not None and self.proc.stdin is not None:
             self.proc.stdin.close()  # the server's loop ends, and it with it
             self.proc.wait(timeout=60)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
             self.proc = None
 
 

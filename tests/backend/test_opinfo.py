@@ -149,9 +149,9 @@ def test_the_child_reports_a_crash_and_carries_on(tmp_path):
               " flush=True)\n"
               "print(json.dumps({'start': 'b', 'pass': 1}), flush=True)\n"
               "os.kill(os.getpid(), signal.SIGSEGV)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert _read_child(proc, runs) == (1, "b")
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        assert _read_child(proc, runs) == (1, "b")
     assert runs[0].results == {"a": ("pass", "")} and not runs[0].crashes
     assert not runs[1].results
     assert "b" in runs[1].crashes and str(-11) in runs[1].crashes["b"]

@@ -78,6 +78,8 @@ def test_a_claim_on_a_file_removed_as_it_was_released_moves_to_the_new_file(
         assert refused.stdout.strip() == "refused"
     finally:
         holder.kill()
+        holder.wait(timeout=60)
+        holder.stdout.close()
         release()
 
 

@@ -50,6 +50,8 @@ class Recorder:
         if self.server is not None and self.server.stdin is not None:
             self.server.stdin.close()  # the server's loop ends, and it with it
             self.server.wait(timeout=60)
+            if self.server.stdout is not None:
+                self.server.stdout.close()
             self.server = None
 
 
