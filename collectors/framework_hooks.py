@@ -64,7 +64,7 @@ _COMPILED_MODULE_WARNING = r"Using `torch\.compile\(module\)` when there are glo
 
 if TYPE_CHECKING:
     from neuron_explorer.backend.events import OpLaunch
-    from neuron_explorer.collectors.recorder import Recorder, _ThreadState
+    from neuron_explorer.collectors.recorder import Recorder, ThreadState
 
 _perf_ns = clock.real_ns  # the clock's own measure: exclusions must be in it
 _stamp = clock.stamp
@@ -226,7 +226,7 @@ class FrameworkHooks:
                 self._names[sub] = f"{path}.{name}" if name else path
         return self._names.get(module, path)
 
-    def current_module(self, state: _ThreadState) -> str:
+    def current_module(self, state: ThreadState) -> str:
         if state.forward:
             return state.forward[-1][0]
         if state.backward:
@@ -261,7 +261,7 @@ class FrameworkHooks:
         if host_costs.module_hook_ns:  # the slow module-call path these hooks cause
             clock.defer(host_costs.module_hook_ns, ts)
 
-    def _begin_forward(self, module: torch.nn.Module, state: _ThreadState, ts: int,
+    def _begin_forward(self, module: torch.nn.Module, state: ThreadState, ts: int,
                        args: Any) -> None:
         rec = self.rec
         parent = state.forward[-1][0] if state.forward else None
@@ -340,7 +340,7 @@ class FrameworkHooks:
 
     # -- backward ----------------------------------------------------------------------
 
-    def before_op(self, ev: OpLaunch, state: _ThreadState) -> None:
+    def before_op(self, ev: OpLaunch, state: ThreadState) -> None:
         """Called for every device op: follow the autograd node into module backward slices."""
         node = _current_node()
         if node is not None and state.forward:

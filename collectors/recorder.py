@@ -78,7 +78,7 @@ class _Open:
     args: Mapping[str, Any] | None
 
 
-class _ThreadState:
+class ThreadState:
     __slots__ = ("backward", "forward", "open", "track")
 
     def __init__(self, track: int) -> None:
@@ -156,7 +156,7 @@ class Recorder:
         self.optimizer_step_compiled = False  # traced by torch.compile: it marks no steps
         self.window_start, self.window_stop = options.steps or (0, None)
         self._update_recording()  # sets `recording`
-        self._threads: dict[int, _ThreadState] = {}
+        self._threads: dict[int, ThreadState] = {}
         self._lock = threading.RLock()
         self.main_ident = threading.main_thread().ident
         self.flush_buffers: Callable[[], None] | None = None  # the device sink's batches
@@ -195,7 +195,7 @@ class Recorder:
             META_END_MARK: True,  # _close writes META_COMPLETE: its absence means cut short
         }
 
-    def thread(self) -> _ThreadState:
+    def thread(self) -> ThreadState:
         """The calling thread's state, its track registered on first use."""
         ident = threading.get_ident()
         state = self._threads.get(ident)
@@ -203,20 +203,20 @@ class Recorder:
             state = self._thread_state_for(ident, threading.current_thread())
         return state
 
-    def thread_for(self, ident: int) -> _ThreadState:
+    def thread_for(self, ident: int) -> ThreadState:
         state = self._threads.get(ident)
         if state is None:
             return self.thread()  # events arrive on the thread that caused them
         return state
 
-    def _thread_state_for(self, ident: int | None, thread: threading.Thread) -> _ThreadState:
+    def _thread_state_for(self, ident: int | None, thread: threading.Thread) -> ThreadState:
         with self._lock:
             if self.modelled:
                 native = self.pid + len(self._threads)  # in the order threads show up
             else:
                 native = getattr(thread, "native_id", None) or threading.get_native_id()
             name = thread.name if thread is not threading.main_thread() else "MainThread"
-            state = _ThreadState(self.writer.thread(self.pid, native, name))
+            state = ThreadState(self.writer.thread(self.pid, native, name))
             self._threads[ident or 0] = state
             return state
 
@@ -280,7 +280,7 @@ class Recorder:
         self._between_steps = kept
 
     def begin(self, name: str, category: str, args: Mapping[str, Any] | None = None,
-              ts: int | None = None, state: _ThreadState | None = None) -> None:
+              ts: int | None = None, state: ThreadState | None = None) -> None:
         """Open a host slice on the calling thread's track."""
         if not self.recording:
             return
@@ -293,7 +293,7 @@ class Recorder:
         finally:
             signal_guard.leave()
 
-    def end(self, category: str, ts: int | None = None, state: _ThreadState | None = None) -> None:
+    def end(self, category: str, ts: int | None = None, state: ThreadState | None = None) -> None:
         """Close the innermost open slice of `category` (and any left open inside it)."""
         state = state or self.thread()
         for depth in range(len(state.open) - 1, -1, -1):
@@ -373,7 +373,7 @@ class Recorder:
 
     # -- backward module slices (from the autograd node running each op) -------------
 
-    def backward_to(self, path: str, ts: int, state: _ThreadState) -> None:
+    def backward_to(self, path: str, ts: int, state: ThreadState) -> None:
         """Make the open backward module slices of this thread match `path`'s hierarchy."""
         if not self.recording:
             return
@@ -393,7 +393,7 @@ class Recorder:
                        {"module": level, "phase": "backward", ARG_STEP: self.step},
                        ts=ts, state=state)
 
-    def close_backward(self, ts: int | None = None, state: _ThreadState | None = None) -> None:
+    def close_backward(self, ts: int | None = None, state: ThreadState | None = None) -> None:
         """End the backward module slices open on `state` (default: on every thread)."""
         for st in [state] if state is not None else list(self._threads.values()):
             now = clock.now() if ts is None else ts

@@ -92,3 +92,23 @@ def test_every_module_imports_only_its_layer_and_those_below():
 def test_the_layers_are_read_from_the_names(name, layer):
     assert _target_layer(name) == layer
     assert name in {m for m, _, _ in _modules()}
+
+
+def _private_imports() -> list[str]:
+    """`from neuron_explorer.x import _name` anywhere in the package: what another module
+    uses is that module's interface, named as such."""
+    out = []
+    for _, _, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith("neuron_explorer")):
+                private = [a.name for a in node.names
+                           if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    out.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module} "
+                               f"{', '.join(private)}")
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert not _private_imports(), "\n".join(_private_imports())

@@ -41,7 +41,7 @@ def layout(name: str) -> html.Div:
 
 def prediction(ctx: Any, name: str, hardware: str, mode: str, dtype: str) -> list:
     """The predicted trace's breakdown beside the recorded one, and the diff."""
-    from neuron_explorer.webapp.pages.compare import _breakdowns, _frames
+    from neuron_explorer.webapp.pages.compare import breakdown_comparison, result_frames
     from neuron_explorer.what_if.replay import whatif
 
     try:
@@ -54,9 +54,10 @@ def prediction(ctx: Any, name: str, hardware: str, mode: str, dtype: str) -> lis
         return [notice(ctx.store.public_message(
             f"Could not predict {name}: unexpected {type(exc).__name__}: {exc}"), "error")]
     label = f"predicted ({predicted.hardware}, {mode}{', ' + dtype if dtype else ''})"
-    parts = [section("What if: time per step", _breakdowns(recorded, predicted, name, label))]
+    parts = [section("What if: time per step",
+                     breakdown_comparison(recorded, predicted, name, label))]
     result = ctx.differ(recorded, predicted)
-    for attr, frame in _frames(result):
+    for attr, frame in result_frames(result):
         parts.append(section(f"What if: {attr}", data_table(frame, f"whatif-{attr}",
                                                             page_size=10)))
     return parts

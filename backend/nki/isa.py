@@ -14,7 +14,7 @@ import numpy as np
 from neuron_explorer.common.trace_format import ENGINES
 from neuron_explorer.nki import dtypes, ops
 from neuron_explorer.nki.errors import NkiError
-from neuron_explorer.nki.language import _Op, add
+from neuron_explorer.nki.language import Op, add
 from neuron_explorer.nki.tensor import PSUM, SBUF, Tensor
 from neuron_explorer.nki.trace import current, where
 
@@ -32,7 +32,7 @@ def _result(dst, view):
 
 
 def _np(op, at: str):
-    if isinstance(op, _Op):
+    if isinstance(op, Op):
         return op.np
     if callable(op):
         return op

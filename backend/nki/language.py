@@ -214,7 +214,7 @@ def store(dst, value, mask=None) -> None:
 
 
 # --- arithmetic ----------------------------------------------------------------------
-class _Op:
+class Op:
     """An NKI operator: callable on tiles (nl.add(a, b)) and usable as `op=` of nisa."""
 
     def __init__(self, name: str, fn, arity: int, engine: str = "vector") -> None:
@@ -242,7 +242,7 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def _binary(op: _Op, a, b, dtype) -> Tensor:
+def _binary(op: Op, a, b, dtype) -> Tensor:
     trace = current(f"nl.{op.name}")
     at = where()
     scalar_a, scalar_b = not _is_tile(a), not _is_tile(b)
@@ -263,7 +263,7 @@ def _binary(op: _Op, a, b, dtype) -> Tensor:
     return out
 
 
-def _unary(op: _Op, x, dtype) -> Tensor:
+def _unary(op: Op, x, dtype) -> Tensor:
     trace = current(f"nl.{op.name}")
     at = where()
     v = ops.view_of(x, at)
@@ -280,44 +280,44 @@ def _is_tile(x) -> bool:
     return isinstance(x, (Tensor, View, ops.PendingMatmul))
 
 
-add = _Op("add", np.add, 2)
-subtract = _Op("subtract", np.subtract, 2)
-multiply = _Op("multiply", np.multiply, 2)
-divide = _Op("divide", np.divide, 2)
-maximum = _Op("maximum", np.maximum, 2)
-minimum = _Op("minimum", np.minimum, 2)
-power = _Op("power", np.power, 2)
-equal = _Op("equal", np.equal, 2)
-not_equal = _Op("not_equal", np.not_equal, 2)
-greater = _Op("greater", np.greater, 2)
-greater_equal = _Op("greater_equal", np.greater_equal, 2)
-less = _Op("less", np.less, 2)
-less_equal = _Op("less_equal", np.less_equal, 2)
-logical_and = _Op("logical_and", np.logical_and, 2)
-logical_or = _Op("logical_or", np.logical_or, 2)
-bitwise_and = _Op("bitwise_and", np.bitwise_and, 2)
-bitwise_or = _Op("bitwise_or", np.bitwise_or, 2)
+add = Op("add", np.add, 2)
+subtract = Op("subtract", np.subtract, 2)
+multiply = Op("multiply", np.multiply, 2)
+divide = Op("divide", np.divide, 2)
+maximum = Op("maximum", np.maximum, 2)
+minimum = Op("minimum", np.minimum, 2)
+power = Op("power", np.power, 2)
+equal = Op("equal", np.equal, 2)
+not_equal = Op("not_equal", np.not_equal, 2)
+greater = Op("greater", np.greater, 2)
+greater_equal = Op("greater_equal", np.greater_equal, 2)
+less = Op("less", np.less, 2)
+less_equal = Op("less_equal", np.less_equal, 2)
+logical_and = Op("logical_and", np.logical_and, 2)
+logical_or = Op("logical_or", np.logical_or, 2)
+bitwise_and = Op("bitwise_and", np.bitwise_and, 2)
+bitwise_or = Op("bitwise_or", np.bitwise_or, 2)
 
-exp = _Op("exp", np.exp, 1, "scalar")
-log = _Op("log", np.log, 1, "scalar")
-tanh = _Op("tanh", np.tanh, 1, "scalar")
-sigmoid = _Op("sigmoid", lambda x: 1 / (1 + np.exp(-x)), 1, "scalar")
-relu = _Op("relu", lambda x: np.maximum(x, 0), 1, "scalar")
-gelu = _Op("gelu", _torch(torch.nn.functional.gelu), 1, "scalar")
-gelu_apprx_tanh = _Op("gelu_apprx_tanh", _gelu_tanh, 1, "scalar")
-silu = _Op("silu", lambda x: x / (1 + np.exp(-x)), 1, "scalar")
-softplus = _Op("softplus", lambda x: np.logaddexp(0, x), 1, "scalar")
-rsqrt = _Op("rsqrt", lambda x: 1 / np.sqrt(x), 1, "scalar")
-sqrt = _Op("sqrt", np.sqrt, 1, "scalar")
-reciprocal = _Op("reciprocal", lambda x: 1 / x, 1, "scalar")
-square = _Op("square", np.square, 1, "scalar")
-erf = _Op("erf", _torch(torch.erf), 1, "scalar")
-sin = _Op("sin", np.sin, 1, "scalar")
-cos = _Op("cos", np.cos, 1, "scalar")
-sign = _Op("sign", np.sign, 1, "scalar")
-abs = _Op("abs", np.abs, 1, "vector")
-negative = _Op("negative", np.negative, 1, "vector")
-identity = _Op("identity", lambda x: x, 1, "scalar")
+exp = Op("exp", np.exp, 1, "scalar")
+log = Op("log", np.log, 1, "scalar")
+tanh = Op("tanh", np.tanh, 1, "scalar")
+sigmoid = Op("sigmoid", lambda x: 1 / (1 + np.exp(-x)), 1, "scalar")
+relu = Op("relu", lambda x: np.maximum(x, 0), 1, "scalar")
+gelu = Op("gelu", _torch(torch.nn.functional.gelu), 1, "scalar")
+gelu_apprx_tanh = Op("gelu_apprx_tanh", _gelu_tanh, 1, "scalar")
+silu = Op("silu", lambda x: x / (1 + np.exp(-x)), 1, "scalar")
+softplus = Op("softplus", lambda x: np.logaddexp(0, x), 1, "scalar")
+rsqrt = Op("rsqrt", lambda x: 1 / np.sqrt(x), 1, "scalar")
+sqrt = Op("sqrt", np.sqrt, 1, "scalar")
+reciprocal = Op("reciprocal", lambda x: 1 / x, 1, "scalar")
+square = Op("square", np.square, 1, "scalar")
+erf = Op("erf", _torch(torch.erf), 1, "scalar")
+sin = Op("sin", np.sin, 1, "scalar")
+cos = Op("cos", np.cos, 1, "scalar")
+sign = Op("sign", np.sign, 1, "scalar")
+abs = Op("abs", np.abs, 1, "vector")
+negative = Op("negative", np.negative, 1, "vector")
+identity = Op("identity", lambda x: x, 1, "scalar")
 
 
 def copy(x, dtype=None) -> Tensor:

@@ -67,7 +67,7 @@ def launch(kernel, args: tuple, kwargs: dict):
     device = devices.get(next(iter(places)).index or 0)
     key = signature(kernel, args, kwargs, device.preset.name)
     with runtime.device_accounting_suspended():
-        host = [HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch."))
+        host = [HostArg(to_numpy(a), str(a.dtype).removeprefix("torch."))
                 if isinstance(a, torch.Tensor) else a for a in args]
     # the launch's arguments (a neuron tensor's metadata costs a few us a read)
     shapes = [tuple(a.shape) for a in tensors]
@@ -92,7 +92,7 @@ def launch(kernel, args: tuple, kwargs: dict):
                            k.model_flops, k.hbm_bytes)
     real = clock.real_ns()
     with runtime.device_accounting_suspended():
-        outputs = _to_device(result.outputs, result.output_dtypes, next(iter(places)))
+        outputs = outputs_to_device(result.outputs, result.output_dtypes, next(iter(places)))
     del result, host, k  # freed here, not as the caller's frame returns
     _exclude_since(real)
     return outputs
@@ -119,16 +119,16 @@ def _what_if_rotated(result) -> dict[str, int]:
     return {ARG_KERNEL_DURATION: int(result.kernel.duration_ns), ARG_KERNEL_ROTATED: rotated}
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
+def to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach().cpu()
     if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
         t = t.float()
     return t.numpy()
 
 
-def _to_device(out, dts, place):
+def outputs_to_device(out, dts, place):
     if isinstance(out, (tuple, list)):
-        return type(out)(_to_device(o, d, place) for o, d in zip(out, dts, strict=True))
+        return type(out)(outputs_to_device(o, d, place) for o, d in zip(out, dts, strict=True))
     if isinstance(out, np.ndarray):
         dtype = _TORCH_DTYPES.get(dts, torch.float32)
         return torch.from_numpy(np.ascontiguousarray(out)).to(dtype).to(place)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from neuron_explorer.nki import dtypes
 from neuron_explorer.nki.errors import NkiError
-from neuron_explorer.nki.trace import _current, where
+from neuron_explorer.nki.trace import current_trace, where
 
 Box = tuple[tuple[int, int], ...]
 HBM, SBUF, PSUM = "hbm", "sbuf", "psum"
@@ -109,7 +109,7 @@ class Tensor(Operand):
         self.writes: list = []  # (box, ids)
         self.reads: list = []
         self.accesses = self.writes  # what a reuse of this tile's memory waits for
-        trace = _current.get()
+        trace = current_trace.get()
         self.numerics = trace.numerics if trace is not None else True
         self.data: np.ndarray | None  # None when the kernel runs without numerics
         if data is not None:

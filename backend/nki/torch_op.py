@@ -61,12 +61,12 @@ def as_torch_op(kernel, name: str | None = None):
 
 
 def _host_numbers(kernel, args: list[torch.Tensor]) -> torch.Tensor:
-    from neuron_explorer.nki.launch import HostArg, _to_device, _to_numpy
+    from neuron_explorer.nki.launch import HostArg, outputs_to_device, to_numpy
     from neuron_explorer.nki.runner import run
 
-    host = tuple(HostArg(_to_numpy(a), str(a.dtype).removeprefix("torch.")) for a in args)
+    host = tuple(HostArg(to_numpy(a), str(a.dtype).removeprefix("torch.")) for a in args)
     result = run(kernel, host, {}, numerics=True)
-    return _to_device(result.outputs, result.output_dtypes, torch.device("cpu"))
+    return outputs_to_device(result.outputs, result.output_dtypes, torch.device("cpu"))
 
 
 def lower_into(b, spec) -> bool:

@@ -20,7 +20,7 @@ from neuron_explorer.common.presets import HardwarePreset
 from neuron_explorer.nki.errors import NkiError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_current: ContextVar[Trace | None] = ContextVar("nki_trace", default=None)
+current_trace: ContextVar[Trace | None] = ContextVar("nki_trace", default=None)
 
 
 def caller_line() -> tuple[str, int]:
@@ -49,7 +49,7 @@ def where() -> str:
 
 
 def current(api: str = "this call") -> Trace:
-    trace = _current.get()
+    trace = current_trace.get()
     if trace is None:
         raise NkiError(f"{api} can only be used inside an @nki.jit kernel while it runs "
                        "(call it through nki.simulate_kernel, nki.benchmark or with neuron "
@@ -148,12 +148,12 @@ class Trace:
         return t, True
 
     def __enter__(self) -> Self:
-        self._token = _current.set(self)
+        self._token = current_trace.set(self)
         return self
 
     def __exit__(self, *exc) -> None:
         assert self._token is not None, "__exit__ without __enter__"
-        _current.reset(self._token)
+        current_trace.reset(self._token)
         self.sbuf.closed = self.psum.closed = True
 
     def tag(self, line: tuple[str, int]) -> None:

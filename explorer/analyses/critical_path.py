@@ -147,7 +147,7 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     step. A collective is two segments: `collective_wait` (this rank's device waiting for
     the group's last rank) and `collective` (the transfer). Columns: step, ts, dur, name,
     kind (host | device), category, track, rank."""
-    from neuron_explorer.analyses.idle import _launch_times, launch_ends
+    from neuron_explorer.analyses.idle import launch_ends, launch_times
     from neuron_explorer.analyses.step_breakdown import host_slices, step_windows
     from neuron_explorer.runs.files import distributed_info
 
@@ -166,7 +166,7 @@ def critical_path(trace: Trace, step: int | None = None) -> pd.DataFrame:
     work = pd.DataFrame({
         "ts": k["ts"], "dur": k["dur"], "name": k["name"], "wait": 0, "collective": False,
         "track": s["track_id"].to_numpy()[k["id"].to_numpy(np.int64)] if len(k) else [],
-        "launch": _launch_times(trace, k) if len(k) else [],
+        "launch": launch_times(trace, k) if len(k) else [],
         "launch_end": launch_ends(trace, k) if len(k) else []})
     device = _DeviceQueues(pd.concat([work, _collective_work(trace, s)], ignore_index=True))
     main_track = int(s.loc[trace.steps["id"].iloc[0], "track_id"]) if len(trace.steps) else -1

@@ -48,7 +48,7 @@ def launch_ends(trace: Trace, k: pd.DataFrame) -> np.ndarray:
     return np.where(call >= 0, end[np.maximum(call, 0)], launch).astype(np.int64)
 
 
-def _launch_times(trace: Trace, k: pd.DataFrame) -> np.ndarray:
+def launch_times(trace: Trace, k: pd.DataFrame) -> np.ndarray:
     """Host time each kernel was launched: the runtime call that launched it, where the
     trace records those calls (PyTorch-profiler traces), else its op's start (-1: unknown)."""
     s_ts = trace.table("slices")["ts"].to_numpy()
@@ -74,7 +74,7 @@ def idle_gaps(trace: Trace) -> pd.DataFrame:
                           .to_numpy()) for kind in ("dataloader", "compile")}
     syncs = hs[hs["kind"] == "sync"]
     sync_end = np.sort((syncs["ts"] + syncs["dur"]).to_numpy(np.int64))
-    launch_all = _launch_times(trace, k)
+    launch_all = launch_times(trace, k)
     launch_end_all = launch_ends(trace, k)
     rows = []
     for device, kd in k.groupby("device"):

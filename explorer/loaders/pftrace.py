@@ -88,7 +88,7 @@ def _text(data: bytes | bytearray, offset: int, length: int) -> str:
     return data[offset:offset + length].decode("utf-8", "replace")
 
 
-class _State:
+class DecodeState:
     """Interned names, track descriptors and defaults, gathered packet by packet."""
 
     def __init__(self) -> None:
@@ -166,7 +166,7 @@ class _State:
 _Missing = TypeVar("_Missing", str, None)  # what stands for an iid never interned
 
 
-def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarray,
+def _resolve_codes(state: DecodeState, kind: str, seqgen: np.ndarray, keys: np.ndarray,
                    seqgen_pairs: list[tuple[int, int]], missing: _Missing
                    ) -> tuple[np.ndarray, list[str | _Missing]]:
     """Interned iids -> a code per key into a list of strings, looked up once per distinct
@@ -181,7 +181,7 @@ def _resolve_codes(state: _State, kind: str, seqgen: np.ndarray, keys: np.ndarra
     return inverse, names
 
 
-class _EventTexts:
+class EventTexts:
     """One text per event ('' unless set), kept as a code into distinct strings until the
     slices need the column: events outnumber distinct names many times over."""
 
@@ -219,7 +219,7 @@ def _strings(data: bytes | bytearray, offsets: np.ndarray, lengths: np.ndarray) 
             for o, n in zip(offsets.tolist(), lengths.tolist(), strict=True)]
 
 
-def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, int]]:
+def decoded_tracks(state: DecodeState, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, int]]:
     """Track table for the descriptors (and for uuids events use without one)."""
     desc = state.descriptors
     uuids = list(desc) + [int(u) for u in np.unique(used).tolist() if int(u) not in desc]
@@ -262,7 +262,7 @@ def _tracks(state: _State, used: np.ndarray) -> tuple[pd.DataFrame, dict[int, in
     return track_table(rows), track_of
 
 
-_DAMAGE_RETRIES = 8  # corrupt packets left out, each with what follows it, before giving up
+DAMAGE_RETRIES = 8  # corrupt packets left out, each with what follows it, before giving up
 
 
 def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
@@ -287,7 +287,7 @@ def load_pftrace(path: str, data: bytes | bytearray) -> RawTrace:
                f"killed?); loaded the {len(starts)} complete packets")
         warnings.warn(msg, TruncatedTraceWarning, stacklevel=3)
         warn.append(msg)
-    for _ in range(_DAMAGE_RETRIES):
+    for _ in range(DAMAGE_RETRIES):
         try:
             raw = _decode(path, data, buf, starts, ends, warn + [damage] if damage else warn)
         except WireError as exc:
@@ -311,7 +311,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
             ends: np.ndarray, warn: list[str]) -> RawTrace:
     skipped: Counter[str] = Counter()
     pk = _packets(path, buf, starts, ends, skipped)
-    state = _State()
+    state = DecodeState()
     for i in pk.stateful.tolist():  # in file order
         state.read(data, int(starts[i]), int(ends[i]), int(pk.seq[i]), int(pk.gen[i]))
     state.pairs = pk.pairs
@@ -322,7 +322,7 @@ def _decode(path: str, data: bytes | bytearray, buf: np.ndarray, starts: np.ndar
     ev = _events(data, buf, at, state, skipped)
     del at
     ev_name, ev_cat = ev.name, ev.cat
-    tracks, track_of = _tracks(state, np.sort(pd.unique(ev.track_uuid)))
+    tracks, track_of = decoded_tracks(state, np.sort(pd.unique(ev.track_uuid)))
     ev_track = _track_ids(track_of, ev.track_uuid)
     ev.track_uuid = ev.track_uuid[:0]  # the track ids say it from here: let it go
     sl = _slices(ev, ev_track, skipped)
@@ -487,27 +487,27 @@ class _Events:
     seqgen: np.ndarray
     type: np.ndarray
     track_uuid: np.ndarray
-    name: _EventTexts
-    cat: _EventTexts
+    name: EventTexts
+    cat: EventTexts
     annotations: list[np.ndarray]
     flow_ids: list[np.ndarray]
     counter_values: list[np.ndarray]
 
 
-def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: _State,
+def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: DecodeState,
             skipped: Counter[str]) -> _Events:
     """Scan every track event's fields, a chunk of events at a time."""
     n = len(at.offset)
     prefer_compiled_for(int(at.length.sum()))  # chunks of a large trace: worth compiling
     ev_type = np.zeros(n, np.int8)
     track_uuid = np.zeros(n, np.uint64)
-    name, cat = _EventTexts(n), _EventTexts(n)
+    name, cat = EventTexts(n), EventTexts(n)
     annotations, flows, counters = _Chunks(3), _Chunks(3), _Chunks(3)
     for lo in range(0, n, EVENTS_PER_CHUNK):
         part = slice(lo, min(lo + EVENTS_PER_CHUNK, n))
         es = scan(buf, at.offset[part], at.offset[part] + at.length[part], EVENT_SLOTS,
                   EVENT_REPEATED, offsets={3})
-        ev_type[part] = _event_types(es.value[0], skipped)
+        ev_type[part] = event_types(es.value[0], skipped)
         uuid = es.value[2]
         has_track = es.field[2] != 0
         if not has_track.all():
@@ -515,12 +515,12 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
             uuid[~has_track] = np.array([state.default_track.get(int(q), 0)
                                          for q in at.seq[part][~has_track].tolist()], np.uint64)
         track_uuid[part] = uuid
-        _names(data, es, at.pair[part], lo, state, name, cat)
+        event_names(data, es, at.pair[part], lo, state, name, cat)
         ev, _, length, offset = es.rows.select(F.E_DEBUG)
         # a row per annotation, millions of them: event numbers and lengths in 32 bits (and
         # not their wire type, which is always a message's)
         annotations.add(_narrow(ev.astype(np.int64) + lo), _narrow(length), offset)
-        fid, ev, term = _flow_ids(es.rows)
+        fid, ev, term = event_flow_ids(es.rows)
         flows.add(fid, ev.astype(np.int64) + lo, term)
         idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
         counters.add(idx + lo, es.value[4][idx], es.field[4][idx] == F.E_DOUBLE_COUNTER)
@@ -529,7 +529,7 @@ def _events(data: bytes | bytearray, buf: np.ndarray, at: _EventPackets, state: 
                    flows.joined(), counters.joined())
 
 
-def _event_types(types: np.ndarray, skipped: Counter[str]) -> np.ndarray:
+def event_types(types: np.ndarray, skipped: Counter[str]) -> np.ndarray:
     """A chunk's event types in one byte each: the unknown ones counted as skipped and
     read as 0 (unspecified), which no later phase takes."""
     known = (types >= F.TYPE_SLICE_BEGIN) & (types <= F.TYPE_COUNTER)
@@ -560,8 +560,8 @@ class _Chunks:
         return out
 
 
-def _names(data: bytes | bytearray, es: Scan, seqgen: np.ndarray, first: int, state: _State,
-           name: _EventTexts, cat: _EventTexts) -> None:
+def event_names(data: bytes | bytearray, es: Scan, seqgen: np.ndarray, first: int,
+                state: DecodeState, name: EventTexts, cat: EventTexts) -> None:
     """Each event's name (interned or inline) and first category, for the chunk of events
     scanned in `es` (event `first` onwards)."""
     ef, pairs = es.rows, state.pairs
@@ -679,7 +679,7 @@ def counter_frame(ts: np.ndarray, value: np.ndarray, track_id: np.ndarray,
     return frame.sort_values(["track_id", "ts"], kind="stable", ignore_index=True)
 
 
-def _flow_ids(ef: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def event_flow_ids(ef: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The events' flow ids: (flow id, event, whether it terminates the flow)."""
     parts = []
     for field, terminating in ((F.E_FLOW_IDS, False), (F.E_FLOW_IDS_OLD, False),

@@ -189,7 +189,7 @@ def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotation
     svalues: list[Any] = []
     for lo in range(0, n, ANNOTATIONS_PER_CHUNK):
         part = slice(lo, min(lo + ANNOTATIONS_PER_CHUNK, n))
-        _decode_chunk(data, buf, ann.ev[part], ann.offset[part], ann.length[part], ev_seqgen,
+        decode_chunk(data, buf, ann.ev[part], ann.offset[part], ann.length[part], ev_seqgen,
                       state, keys, svalues, (codes[part], kind[part], ival[part], fval[part],
                                              scode[part], bad[part]))
     sid = ann.sid
@@ -205,7 +205,7 @@ def decode_annotations(data: bytes | bytearray, buf: np.ndarray, ann: Annotation
     return ColumnArgs(sid, codes, list(keys), kind, ival, fval, (scode, values), n_slices)
 
 
-def _decode_chunk(data: bytes | bytearray, buf: np.ndarray, ev: np.ndarray, offset: np.ndarray,
+def decode_chunk(data: bytes | bytearray, buf: np.ndarray, ev: np.ndarray, offset: np.ndarray,
                   length: np.ndarray, ev_seqgen: np.ndarray, state: Any, keys: dict[str, int],
                   svalues: list[Any], out: tuple[np.ndarray, ...]) -> None:
     """Decode one chunk of annotations into `out` (views of the whole columns: key code,

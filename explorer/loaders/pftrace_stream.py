@@ -33,18 +33,18 @@ from neuron_explorer.common.errors import (
 from neuron_explorer.loaders.args import ColumnArgs
 from neuron_explorer.loaders.nesting import match_begin_end, track_time_order
 from neuron_explorer.loaders.pftrace import (
-    _DAMAGE_RETRIES,
+    DAMAGE_RETRIES,
     EVENT_REPEATED,
     EVENT_SLOTS,
     IGNORED_PACKET_FIELDS,
     PACKET_SLOTS,
-    _event_types,
-    _EventTexts,
-    _flow_ids,
-    _names,
-    _State,
+    DecodeState,
+    EventTexts,
+    event_flow_ids,
+    event_names,
+    event_types,
 )
-from neuron_explorer.loaders.pftrace_annotations import ANNOTATIONS_PER_CHUNK, _decode_chunk
+from neuron_explorer.loaders.pftrace_annotations import ANNOTATIONS_PER_CHUNK, decode_chunk
 from neuron_explorer.loaders.wire_scan import WireError, packet_offsets, prefer_compiled_for, scan
 
 # Bytes of the file decoded at once: a window's scans (a slot per field of each packet and
@@ -125,7 +125,7 @@ class Streamed:
 
     path: str
     spill: SpillFolder
-    state: _State
+    state: DecodeState
     names: list[str]
     cats: list[str]
     track_uuids: np.ndarray  # the stream's track number -> uuid
@@ -151,7 +151,7 @@ class _Stream:
         self.keys: dict[str, int] = {}  # the args' key names, coded in the order met
         self.corrupt, self.first_corrupt = 0, -1
         self.args_writer: Any = None
-        self.state = _State()
+        self.state = DecodeState()
         self.skipped: Counter[str] = Counter()
         self.names, self.cats = _Texts(), _Texts()
         self.track_of: dict[int, int] = {}  # uuid -> the stream's track number
@@ -210,7 +210,7 @@ class _Stream:
 
     def _events(self, es: Any, ts: np.ndarray, seq: np.ndarray, pair: np.ndarray) -> None:
         n, first = len(ts), self.n_events
-        ev_type = _event_types(es.value[0], self.skipped)
+        ev_type = event_types(es.value[0], self.skipped)
         uuid = es.value[2]
         has_track = es.field[2] != 0
         if not has_track.all():
@@ -218,8 +218,8 @@ class _Stream:
             uuid[~has_track] = np.array([self.state.default_track.get(int(q), 0)
                                          for q in seq[~has_track].tolist()], np.uint64)
         track = self._tracks(uuid)
-        texts_name, texts_cat = _EventTexts(n), _EventTexts(n)
-        _names(self.data, es, pair, 0, self.state, texts_name, texts_cat)
+        texts_name, texts_cat = EventTexts(n), EventTexts(n)
+        event_names(self.data, es, pair, 0, self.state, texts_name, texts_cat)
         name = self.names.codes_of(texts_name.values)[texts_name.codes]
         cat = self.cats.codes_of(texts_cat.values)[texts_cat.codes]
         if n:
@@ -236,7 +236,7 @@ class _Stream:
                                                             F.TYPE_SLICE_END, F.TYPE_INSTANT)))
         self._args(ann_ev[of_slice].astype(np.int64), pair, offset[of_slice],
                    length[of_slice].astype(np.int64), first)
-        fid, f_ev, term = _flow_ids(es.rows)
+        fid, f_ev, term = event_flow_ids(es.rows)
         self.flows.append((fid, f_ev.astype(np.int64) + first, ts[f_ev], term))
         idx = np.flatnonzero(es.value[0] == F.TYPE_COUNTER)
         raw, double = es.value[4][idx], es.field[4][idx] == F.E_DOUBLE_COUNTER
@@ -256,7 +256,7 @@ class _Stream:
             ival, fval = np.empty(m, np.int64), np.empty(m, np.float64)
             scode, bad = np.empty(m, np.int64), np.zeros(m, bool)
             svalues: list[Any] = []
-            _decode_chunk(self.data, self.buf, e, o, n, pair, self.state, self.keys, svalues,
+            decode_chunk(self.data, self.buf, e, o, n, pair, self.state, self.keys, svalues,
                           (codes, kind, ival, fval, scode, bad))
             if bad.any():
                 if self.first_corrupt < 0:
@@ -375,7 +375,7 @@ def _windows(path: str, f: Any, size: int, stream: _Stream) -> tuple[list[str], 
                 if stream.n_packets + first_bad == 0 or first_bad >= len(starts):
                     raise TraceFormatError(path, f"corrupt packet: {exc.reason}",
                                            pos + exc.position) from None
-                if retries >= _DAMAGE_RETRIES:
+                if retries >= DAMAGE_RETRIES:
                     raise TraceFormatError(path, "corrupt packets throughout the file",
                                            pos + int(ends[-1])) from None
                 damage = (f"{path}: packet {stream.n_packets + first_bad} (byte "

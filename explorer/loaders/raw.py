@@ -71,7 +71,7 @@ def build_slices(
     dur = np.asarray(dur, np.int64)
     if depth is None or parent is None:
         depth, parent = nest_complete(track_id, ts, dur)
-    order = _ts_track_depth_order(ts, track_id, np.asarray(depth, np.int64))
+    order = ts_track_depth_order(ts, track_id, np.asarray(depth, np.int64))
     new_id = np.empty(len(order), np.int64)
     new_id[order] = np.arange(len(order))
     parent = np.asarray(parent, np.int64)[order]
@@ -93,7 +93,7 @@ def build_slices(
     return frame, order
 
 
-def _ts_track_depth_order(ts: np.ndarray, track_id: np.ndarray, depth: np.ndarray) -> np.ndarray:
+def ts_track_depth_order(ts: np.ndarray, track_id: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """Indices sorted by (ts, track, depth), input order kept at equal keys."""
     if not len(ts):
         return np.zeros(0, np.int64)

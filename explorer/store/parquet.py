@@ -158,7 +158,7 @@ class Store:
         if not self.still_current():
             return False
         try:
-            _write_parquet(self.file(name), frame, self.manifest["build"])
+            write_parquet(self.file(name), frame, self.manifest["build"])
         except (OSError, pa.ArrowException, ValueError, TypeError):
             return False
         return True
@@ -316,12 +316,12 @@ def write_store(folder: str, raw: RawTrace, source: dict[str, Any],
         args = args_table(raw.args, len(raw.slices))  # decodes them: warnings come now
         rows = {"args": len(args)}
         # written first and let go: the long args table is built for the file alone
-        _write_parquet(os.path.join(tmp, "args.parquet"), args, build)
+        write_parquet(os.path.join(tmp, "args.parquet"), args, build)
         del args
         tables = {"slices": raw.slices, "tracks": raw.tracks, "counters": raw.counters,
                   "flows": flows, **(derived or {})}
         for name, frame in tables.items():
-            _write_parquet(os.path.join(tmp, f"{name}.parquet"), frame, build)
+            write_parquet(os.path.join(tmp, f"{name}.parquet"), frame, build)
             rows[name] = len(frame)
         order = ["slices", "tracks", "counters", "flows", "args", *(derived or {})]
         manifest = build_manifest(build, source, raw, caught if caught is not None else
@@ -373,7 +373,7 @@ def _move_in(tmp: str, folder: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
+def write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
     """Write a frame (or an Arrow table) as one Parquet file, atomically."""
     import pyarrow as pa
 

@@ -26,8 +26,8 @@ from neuron_explorer.loaders.args import ColumnArgs, LazyArgs, SliceArgs, catego
 from neuron_explorer.loaders.kinds import our_kind
 from neuron_explorer.loaders.metadata import merge_metadata, missing_end_mark
 from neuron_explorer.loaders.pftrace import (
-    _tracks,
     counter_frame,
+    decoded_tracks,
     flow_edges,
     nest_instants,
 )
@@ -37,15 +37,15 @@ from neuron_explorer.loaders.pftrace_stream import (
     say_damage,
     stream_pftrace,
 )
-from neuron_explorer.loaders.raw import RawTrace, _ts_track_depth_order
+from neuron_explorer.loaders.raw import RawTrace, ts_track_depth_order
 from neuron_explorer.store.parquet import (
     Store,
-    _write_parquet,
     args_from_arrow,
     args_table,
     build_manifest,
     move_in_built,
     parquet_writer,
+    write_parquet,
 )
 
 
@@ -87,12 +87,12 @@ def write_streamed_entry(path: str, folder: str, source: dict[str, Any],
 def _finish(streamed: Streamed, folder: str, build: str) -> tuple[RawTrace, dict[str, int]]:
     """Number the slices, build their frame and write the store's tables into `folder`."""
     path = streamed.path
-    tracks, track_of = _tracks(streamed.state, np.sort(streamed.track_uuids))
+    tracks, track_of = decoded_tracks(streamed.state, np.sort(streamed.track_uuids))
     track_id = np.array([track_of[u] for u in streamed.track_uuids.tolist()], np.int64)
     slices, event_id, meta_ids = _slices(streamed, track_id)
     n_slices = len(slices)
     rows = {"slices": n_slices}
-    _write_parquet(os.path.join(folder, "slices.parquet"), slices, build)
+    write_parquet(os.path.join(folder, "slices.parquet"), slices, build)
     meta, rows["args"] = _write_args(streamed, event_id, meta_ids, n_slices,
                                      os.path.join(folder, "args.parquet"), build)
     dropped = streamed.corrupt_args
@@ -114,7 +114,7 @@ def _finish(streamed: Streamed, folder: str, build: str) -> tuple[RawTrace, dict
     fid, ev, ev_ts, term = streamed.flows
     flows = flow_edges(fid, ev, ev_ts, event_id[ev].astype(np.int64), term)
     for name, frame in (("tracks", tracks), ("counters", counters), ("flows", flows)):
-        _write_parquet(os.path.join(folder, f"{name}.parquet"), frame, build)
+        write_parquet(os.path.join(folder, f"{name}.parquet"), frame, build)
         rows[name] = len(frame)
     raw = RawTrace(path=path, source_format="pftrace", slices=slices, args=LazyArgs(_no_args),
                    tracks=tracks, counters=counters, flows=flows, metadata=metadata,
@@ -141,7 +141,7 @@ def _slices(streamed: Streamed, track_id: np.ndarray
 
     ts, track = column("ts"), track_id[column("track")]
     depth = column("depth").astype(np.int64)
-    order = _ts_track_depth_order(ts, track, depth)
+    order = ts_track_depth_order(ts, track, depth)
     n = len(order)
     frame: dict[str, Any] = {"id": np.arange(n, dtype=np.int64), "ts": ts[order]}
     del ts
@@ -214,7 +214,7 @@ def _write_args(streamed: Streamed, event_id: np.ndarray, meta_ids: np.ndarray,
         empty = ColumnArgs(np.zeros(0, np.int64), np.zeros(0, np.int32), [],
                            np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0, np.float64),
                            (np.zeros(0, np.int64), np.empty(0, object)), n_slices)
-        _write_parquet(path, args_table(empty, n_slices), build)
+        write_parquet(path, args_table(empty, n_slices), build)
         return _metadata_texts(meta_parts, meta_ids, n_slices), 0
     source = pq.ParquetFile(streamed.args_file)
     tmp = f"{path}.tmp"

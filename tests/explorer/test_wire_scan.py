@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from neuron_explorer.loaders import wire_scan
-from neuron_explorer.loaders.raw import _ts_track_depth_order
+from neuron_explorer.loaders.raw import ts_track_depth_order
 from neuron_explorer.loaders.wire_scan import (
     fixed_at,
     packet_offsets,
@@ -107,11 +107,11 @@ def test_combined_sort_key_orders_like_lexsort() -> None:
         ts = rng.integers(-spread, spread, n)
         track = rng.integers(0, 4, n)
         depth = rng.integers(0, 3, n)
-        assert np.array_equal(_ts_track_depth_order(ts, track, depth),
+        assert np.array_equal(ts_track_depth_order(ts, track, depth),
                               np.lexsort((depth, track, ts)))
     # a key too wide for int64 falls back to lexsort
     ts, track, depth = np.array([2**62, -2**62, 0]), np.array([1, 2, 3]), np.array([0, 1, 0])
-    assert np.array_equal(_ts_track_depth_order(ts, track, depth), np.lexsort((depth, track, ts)))
+    assert np.array_equal(ts_track_depth_order(ts, track, depth), np.lexsort((depth, track, ts)))
 
 
 # field number -> wire type of the messages below: slotted (1, 2, 20: a two-byte tag),

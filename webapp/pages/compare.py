@@ -81,7 +81,7 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
     stepless = [n for n, summary in ((name_a, sa), (name_b, sb))
                 if not summary.get("steps_analysed")]
     labels = [_bar_label(n, stepless) for n in (name_a, name_b)]
-    parts.append(section("Time per step", _breakdowns(a, b, *labels),
+    parts.append(section("Time per step", breakdown_comparison(a, b, *labels),
                          subtitle=_stepless_note(stepless)))
     try:
         result = ctx.differ(a, b)
@@ -93,7 +93,7 @@ def comparison(ctx: AppContext, name_a: str, name_b: str) -> list:
         parts.append(section("Differences", notice(ctx.store.public_message(
             f"Could not compare these traces: {exc}"), "error")))
         return parts
-    for attr, df in _frames(result):
+    for attr, df in result_frames(result):
         title = DIFF_TITLES.get(attr, attr.replace("_", " ").capitalize())
         if attr == "summary":
             df = _readable_summary(df)
@@ -141,7 +141,7 @@ def _show(value, f) -> str:
     return "–" if value is None else f(value)
 
 
-def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
+def result_frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
     """The diff's public DataFrame attributes, the known ones first."""
     out = []
     rank = {attr: i for i, attr in enumerate(DIFF_TITLES)}
@@ -154,7 +154,7 @@ def _frames(result: Any) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def _breakdowns(a: Trace, b: Trace, name_a: str, name_b: str) -> html.Div | dcc.Graph:
+def breakdown_comparison(a: Trace, b: Trace, name_a: str, name_b: str) -> html.Div | dcc.Graph:
     frames = {label: data.value for label, data in ((name_a, fetch(a.breakdown, "time breakdown")),
                                                     (name_b, fetch(b.breakdown, "time breakdown")))
               if data.value is not None}
