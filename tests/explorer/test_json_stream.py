@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import warnings
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from heard import warnings_heard
 from neuron_explorer import loaders
 from neuron_explorer.common.errors import TraceFormatError, TruncatedTraceWarning
 from neuron_explorer.loaders import chrome_json, inflate, json_stream
@@ -28,8 +28,7 @@ def streamed(monkeypatch):
 
 
 def _read(path: Path):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_heard() as caught:
         raw = loaders.read_trace(path)
     return raw, [str(w.message) for w in caught]
 

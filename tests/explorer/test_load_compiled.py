@@ -5,7 +5,6 @@ cut and corrupt files."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import neuron_explorer
 import numpy as np
 import pandas as pd
 import pytest
+from heard import warnings_heard
 from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders import wire_scan
 from neuron_explorer.loaders.wire_scan import WireError, scan
@@ -238,8 +238,7 @@ def _tables(path: Path, minimum: int) -> dict[str, Any]:
     old = wire_scan.COMPILED_MIN, wire_scan.COMPILED_FIRST_BYTES
     wire_scan.COMPILED_MIN = wire_scan.COMPILED_FIRST_BYTES = minimum
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings_heard() as caught:
             try:
                 t = neuron_explorer.load(path, cache=False)
             except TraceFormatError as exc:

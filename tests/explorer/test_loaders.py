@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import neuron_explorer
@@ -10,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scenarios
+from heard import warnings_heard
 from neuron_explorer.tables import KERNEL_COLUMNS, OP_COLUMNS
 
 DOC_COLUMNS = {
@@ -315,8 +315,7 @@ def test_events_scanned_a_few_at_a_time_give_the_same_trace(
     from neuron_explorer.loaders import pftrace, pftrace_annotations
 
     def loaded() -> tuple[neuron_explorer.Trace, list[str]]:
-        with warnings.catch_warnings(record=True) as heard:
-            warnings.simplefilter("always")
+        with warnings_heard() as heard:
             trace = neuron_explorer.load(path, cache=False)
             trace.table("args")  # decoded on first use: its warnings are heard here
         return trace, [str(w.message) for w in heard]

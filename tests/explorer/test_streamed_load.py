@@ -19,6 +19,7 @@ import neuron_explorer.trace as trace_module
 import numpy as np
 import pandas as pd
 import pytest
+from heard import warnings_heard
 from neuron_explorer.common.errors import TraceFormatError
 from neuron_explorer.loaders import pftrace_stream
 
@@ -56,10 +57,7 @@ def _load(path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, whole: bool)
     with monkeypatch.context() as m:
         if whole:
             m.setattr(trace_module, "decoded_in_windows", lambda *a, **k: False)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            # not the load's: a file or pipe another test left open, collected meanwhile
-            warnings.simplefilter("ignore", ResourceWarning)
+        with warnings_heard() as caught:
             try:
                 trace = neuron_explorer.load(path)
             except TraceFormatError as exc:
