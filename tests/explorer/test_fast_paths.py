@@ -103,6 +103,27 @@ def test_args_hold_their_index_in_four_bytes_and_one_number_a_row() -> None:
     assert args.dicts_of(far) == [None, None, {"k3": 2.5}]
 
 
+@pytest.mark.parametrize("in_slice_order", [True, False])
+def test_args_index_only_the_keys_asked_for(in_slice_order: bool) -> None:
+    """A key's rows are found when it is first asked for, and only its rows are held: an
+    index of every key at once was a cached 10 M-slice report's peak (it asks for a few).
+    Rows need not come in slice order; a key's values are found either way."""
+    slice_id = np.array([0, 0, 1, 2, 2, 3], np.int64)
+    key = np.array([0, 1, 0, 1, 2, 0], np.int64)
+    value = np.array([10, 20, 11, 21, 30, 13], np.int64)
+    if not in_slice_order:
+        slice_id, key, value = slice_id[::-1].copy(), key[::-1].copy(), value[::-1].copy()
+    n = len(slice_id)
+    args = ColumnArgs(slice_id, key, ["a", "b", "c"], np.full(n, KIND_INT, np.int8), value,
+                      None, (np.full(n, -1), np.empty(0, object)), 4)
+    ids = np.array([3, 0, 1, 2, 7])
+    assert args.numbers("a", ids, -1).tolist() == [13, 10, 11, -1, -1]
+    assert args._rows is not None and set(args._rows) == {0}  # "b" and "c" not indexed
+    assert args.column("b", ids).tolist() == [None, 20, None, 21, None]
+    assert set(args._rows) == {0, 1}
+    assert args.numbers("nothing", ids, -1).tolist() == [-1] * 5
+
+
 def test_typed_columns_of_a_loaded_trace(basic_pf: neuron_explorer.Trace) -> None:
     args = basic_pf.slice_args._get()
     ids = basic_pf.table("slices")["id"].to_numpy()
