@@ -107,15 +107,21 @@ def rank_lateness(run: Run) -> pd.DataFrame:
     out = pd.DataFrame(index=ranks)
     if len(coll):
         multi = coll[coll["ranks_arrived"] > 1].copy()
+        # a host that waited inside the call for another rank's host (`host_wait_ns`)
+        # reached it that much before the device's arrival, which comes after that wait:
+        # lateness on the host shows there, the devices arriving together
+        host_wait = multi.get("host_wait_ns", 0)
+        multi["arrival"] = multi["arrival"] - host_wait
+        multi["waited"] = multi["wait_ns"] + host_wait
         median = multi.groupby(MATCH_KEYS)["arrival"].transform("median")
         multi["delay"] = multi["arrival"] - median
         out["arrival_delay_ns"] = multi.groupby("rank")["delay"].mean()
-        last = multi[multi["arrival"] == multi["last_arrival"]]
+        last = multi[multi["arrival"] == multi.groupby(MATCH_KEYS)["arrival"].transform("max")]
         # a call that one rank reached last: every other rank's wait is that rank's doing
-        waits = multi.groupby(MATCH_KEYS)["wait_ns"].sum().rename("others_wait")
+        waits = multi.groupby(MATCH_KEYS)["waited"].sum().rename("others_wait")
         last = last.join(waits, on=MATCH_KEYS)
         n_others = np.maximum(last["ranks_arrived"] - 1, 1)
-        last = last.assign(caused=(last["others_wait"] - last["wait_ns"]) / n_others)
+        last = last.assign(caused=(last["others_wait"] - last["waited"]) / n_others)
         out["last_arrivals"] = last.groupby("rank").size()
         out["wait_caused_ns"] = last.groupby("rank")["caused"].sum()
     for column in ("arrival_delay_ns", "last_arrivals", "wait_caused_ns"):

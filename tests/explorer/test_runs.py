@@ -11,6 +11,7 @@ import neuron_explorer
 import numpy as np
 import pytest
 import run_scenarios as rs
+from neuron_explorer.analyses.ranks import rank_lateness
 from neuron_explorer.cli import main
 from neuron_explorer.common.errors import NeuronExplorerError
 from neuron_explorer.render import fmt_ns
@@ -111,6 +112,25 @@ def test_the_straggler_is_the_late_rank(run):
     # the one the other waits for, by its own work, where a tie named rank 0
     assert run.rank_summary()["step_time_ns"].nunique() == 1
     assert run.summary()["slowest_rank"] == 1
+
+
+def test_a_rank_late_on_the_host_is_the_late_rank(tmp_path):
+    """The early rank's host waits inside the call for the late one's (`host_wait_ns`),
+    and the two devices then arrive together: the late rank is the one the other host
+    waited for, by that wait (a balanced run's finding read "arrived last at 6
+    collectives, on average 0 ns after the median rank; the other rank spent 0 ns
+    waiting" for a saving of the host's waits)."""
+    run = neuron_explorer.load(rs.two_ranks(tmp_path / "t.run"))
+    coll = run.collectives.copy()
+    early = coll["rank"] == 0
+    coll.loc[early, "host_wait_ns"] = coll.loc[early, "wait_ns"]
+    coll.loc[early, "arrival"] += coll.loc[early, "wait_ns"]
+    coll.loc[early, "wait_ns"] = 0
+    run.__dict__["collectives"] = coll  # as a recording of host-side lateness gives it
+    late = rank_lateness(run).set_index("rank")
+    assert late.loc[1, "last_arrivals"] == 4 and late.loc[0, "last_arrivals"] == 0
+    assert late.loc[1, "wait_caused_ns"] == 4 * 100_000
+    assert late.loc[1, "arrival_delay_ns"] == 50_000
 
 
 def test_slices_of_the_transfer_alone_give_the_same_arrivals(tmp_path):
