@@ -45,7 +45,7 @@ def check(run: Run) -> list[Finding]:
         + f" spent {us(worst['wait_caused_ns'])} waiting for it in all. Ranks of a "
         "group cannot finish a collective before its last member arrives, so the slowest "
         "rank sets the pace of all; only the part of those waits on the others' critical "
-        "path is lost." + _extra_work(run, rank),
+        "path is lost." + _extra_work(run, rank) + _maybe_the_machine(run, rank, lost),
         f"Look at what rank {rank} does between collectives that the others do not: extra "
         "host work (logging, metrics, checkpointing or evaluation on one rank only), a larger "
         "or slower batch from its data loader, or a slower device. Move work done on one rank "
@@ -103,6 +103,19 @@ def _extra_work(run: Run, rank: int) -> str:
            else f"{mine['ops']:.0f} ops a step against the others' {others['ops']:.0f}")
     return (f" Per step, rank {rank} spends {us(extra[where])} more than the others in "
             f"{_WHERE[where]}, running {ops}.")
+
+
+def _maybe_the_machine(run: Run, rank: int, lost: float) -> str:
+    """A small excess in the host's own Python, running the same ops as the others: what a
+    busier CPU (another process, fewer cores than processes) gives the same code too."""
+    if _where(run, rank) != ("host_python", True):
+        return ""
+    if lost >= th.STRAGGLER_MACHINE_SHARE * run.analysed_time_ns():
+        return ""
+    return (" A difference this small in the host's own Python, running the same ops, is "
+            "also what a busier CPU gives the same code (other processes on the machine, "
+            "or more processes than cores): record the run again and see whether the same "
+            f"rank is late again before changing rank {rank}'s code.")
 
 
 def _per_rank(run: Run, rank: int) -> tuple | None:

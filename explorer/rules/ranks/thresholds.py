@@ -4,6 +4,12 @@ run's step time (the mean over ranks of each rank's total step time)."""
 # straggler_rank: removing one rank's extra work would save this share of the run's step
 # time (analyses/ranks.py `straggler_savings`).
 STRAGGLER_MIN_SHARE = 0.05
+# straggler_rank: below this share, a straggler whose excess is its host's own Python,
+# running the same ops as the others, is said to be possibly the machine's: balanced
+# 2-rank runs on a 2-core machine measured one rank 6.6-10.5% slower in 2 of 6 quiet
+# recordings of 3 ms steps (examples/straggler.py --extra-ms 0), 6.8% in an FSDP run beside
+# a busy process, each consistently over the steps, on either rank.
+STRAGGLER_MACHINE_SHARE = 0.15
 
 # collective_wait: the waits at collectives that held up steps (their hosts waited them out).
 COLLECTIVE_WAIT_MIN_SHARE = 0.05
