@@ -128,14 +128,16 @@ def cut_short(trace: Trace) -> bool:
 
 
 def device_data_end(trace: Trace) -> tuple[int, int] | None:
-    """Where a recording cut short stops holding ops and kernels, as (start, end) of the
-    last event of the family that stops first: each family is written in time order, so a
-    step that ends before that start holds all its events (None: not cut short, or it
-    recorded neither)."""
+    """Where a recording cut short stops holding ops, kernels and engine instructions, as
+    (start, end) of the last event of the family that stops first: each family is written
+    in time order, so a step that ends before that start holds all its events (None: not
+    cut short, or it recorded none). The instructions are written in batches behind the
+    kernels: a recording cut at half its file kept every step's kernels and the first
+    half's instructions, and the steps without theirs doubled the host-bound finding."""
     if not cut_short(trace):
         return None
     last = [(int(t["ts"].max()), int((t["ts"] + t["dur"]).max()))
-            for t in (trace.ops, trace.kernels) if len(t)]
+            for t in (trace.ops, trace.kernels, trace.instructions) if len(t)]
     return min(last) if last else None
 
 
@@ -170,7 +172,7 @@ def _with_device_data(trace: Trace, steps: tuple[int, ...]) -> tuple[tuple[int, 
     if not kept or len(kept) == len(steps):
         return steps, ""
     stops = next((n for n in steps if n not in whole), steps[-1])
-    return kept, (f"the recording was cut short: its ops and kernels stop in step {stops}"
+    return kept, (f"the recording was cut short: its device events stop in step {stops}"
                   + ("" if whole else ", analysed in part"))
 
 

@@ -215,7 +215,7 @@ def test_a_cut_short_recording_analyses_only_the_steps_with_device_events(
     assert len(t.steps) == 6 and set(t.kernels["step"]) == {0, 1, 2}
     selection = analysed_steps(t)
     assert selection.steps == (0, 1)  # step 2 may have lost some: its kernels stop in it
-    assert "cut short: its ops and kernels stop in step 2" in selection.describe()
+    assert "cut short: its device events stop in step 2" in selection.describe()
     bd = t.breakdown()
     idle = bd[(bd["side"] == "device") & (bd["category"] == "idle")]
     assert idle["ns"].max() < scenarios.STEP / 2
