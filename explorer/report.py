@@ -136,8 +136,9 @@ def report_sections(trace: Trace) -> list[Section]:
     if s["skipped"]:
         head["skipped events"] = ", ".join(f"{k}: {v}" for k, v in s["skipped"].items())
     bd = mean_breakdown(trace)
+    per = "per step" if s["steps_analysed"] else "time"  # no step marks: the whole trace
     bd_table = pd.DataFrame({"side": bd["side"], "category": bd["category"],
-                             "per step": [fmt_ns(v) for v in bd["ns"]],
+                             per: [fmt_ns(v) for v in bd["ns"]],
                              "share": [fmt_share(v) for v in bd["share"]]})
     idle = idle_summary(trace)
     idle_table = pd.DataFrame({"reason": idle["reason"], "gaps": idle["gaps"],
@@ -169,7 +170,7 @@ def report_sections(trace: Trace) -> list[Section]:
                         "record with --level engine to get them")
     if not device:
         bd_table = pd.concat([bd_table, pd.DataFrame([{"side": "device", "category": missing,
-                                                       "per step": "-", "share": "-"}])])
+                                                       per: "-", "share": "-"}])])
         idle_table = [f"device idle time: {missing}"]
         if ours:
             ops_table = [f"ops: {missing}"]
