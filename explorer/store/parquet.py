@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,11 @@ class Store:
     folder: str
     manifest: dict[str, Any]
     pinned: dict[str, Any] = field(default_factory=dict)  # table -> its open file
+
+    def __post_init__(self) -> None:
+        # the held files close with the store (left to the collector, each said
+        # "ResourceWarning: unclosed file")
+        weakref.finalize(self, _close_all, self.pinned)
 
     def file(self, name: str) -> str:
         return os.path.join(self.folder, f"{name}.parquet")
@@ -228,6 +234,11 @@ class Store:
             if not (isinstance(cls, type) and issubclass(cls, Warning)):
                 cls = TraceFormatWarning
             warnings.warn(message, cls, stacklevel=stacklevel)
+
+
+def _close_all(files: dict[str, Any]) -> None:
+    for f in files.values():
+        f.close()
 
 
 def read_manifest(folder: str) -> dict[str, Any]:

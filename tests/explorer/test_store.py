@@ -46,6 +46,25 @@ def assert_same(a: neuron_explorer.Trace, b: neuron_explorer.Trace) -> None:
     assert {**a.summary(), "path": ""} == {**b.summary(), "path": ""}
 
 
+def test_a_cached_traces_held_files_close_with_it(tmp_path: Path, cache_dir: Path) -> None:
+    """The files a cached trace holds open (its lazily read tables) close when the trace
+    goes, not in the collector with a ResourceWarning each."""
+    import gc
+
+    path = scenarios.basic().write(tmp_path, "basic", "pftrace")
+    neuron_explorer.load(path)
+    again = neuron_explorer.load(path)  # from the cache: its args and flows held open
+    folder = again.store_folder
+    assert folder
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del again
+        gc.collect()
+    unclosed = [str(w.message) for w in caught
+                if issubclass(w.category, ResourceWarning) and folder in str(w.message)]
+    assert not unclosed, unclosed
+
+
 @pytest.mark.parametrize("fmt", ["pftrace", "json"])
 def test_reload_reads_the_cache_and_gives_the_same_tables(
         tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
