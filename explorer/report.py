@@ -145,10 +145,14 @@ def report_sections(trace: Trace) -> list[Section]:
                                "time": [fmt_ns(v) for v in idle["ns"]],
                                "share": [fmt_share(v) for v in idle["share"]]})
     ops = trace.op_stats().head(TOP)
-    ops_table = pd.DataFrame({"op": ops["name"], "count": ops["count"],
-                              "device": [fmt_ns(v) for v in ops["device_ns"]],
-                              "host": [fmt_ns(v) for v in ops["host_ns"]],
-                              "share": [fmt_share(v) for v in ops["share_of_step"]]})
+    ops_table: pd.DataFrame | list[str] = pd.DataFrame({
+        "op": ops["name"], "count": ops["count"],
+        "device": [fmt_ns(v) for v in ops["device_ns"]],
+        "host": [fmt_ns(v) for v in ops["host_ns"]],
+        "share": [fmt_share(v) for v in ops["share_of_step"]]})
+    if not len(ops) and len(trace.ops):  # the summary counts every op of the trace
+        ops_table = [(f"none in the analysed steps (the trace's {len(trace.ops)} ops lie "
+                      "outside them)")]
     mods = trace.module_stats().head(TOP)
     mods_table = pd.DataFrame({"module": mods["module"], "phase": mods["phase"],
                                "count": mods["count"],

@@ -140,6 +140,12 @@ def test_empty_frames_on_cpu_only_trace(load_real) -> None:
     assert not len(dev[dev["side"] == "device"])  # no device: not a device idle 100%
     assert t.bottlenecks() == []
     assert t.summary()["n_kernels"] == 0
+    # its 4 ops lie outside the analysed step: the report says so beside the summary's count
+    from neuron_explorer.report import render_report
+
+    assert len(t.ops) == 4 and not len(t.op_stats())
+    assert "none in the analysed steps (the trace's 4 ops lie outside them)" in \
+        render_report(t, "text")
 
 
 FACADE = ("summary", "breakdown", "idle_reasons", "op_stats", "module_stats", "kernel_stats",
