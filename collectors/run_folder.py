@@ -150,9 +150,9 @@ def summary(folder: str, data: dict[str, Any]) -> str:
         size = os.path.getsize(path) if os.path.exists(path) else 0
         lines.append(f"  rank {entry['rank']}: {path} ({human_size(size)})")
     lines.append(f"  manifest: {os.path.join(folder, MANIFEST)}")
-    if ranks:
-        first = os.path.join(folder, ranks[0]["trace"])
-        lines.append(f"  open one: neuron-explorer view {first}  |  https://ui.perfetto.dev")
+    if ranks:  # the folder: the dashboard's Ranks page and the report compare the ranks
+        lines.append(f"  open it: neuron-explorer view {folder}  |  neuron-explorer report "
+                     f"{folder}")
     return "\n".join(lines)
 
 

@@ -59,3 +59,5 @@ def test_manifest_and_summary_list_the_ranks(tmp_path, monkeypatch):
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 10]
     text = run_folder.summary(str(tmp_path), data)
     assert "3 rank traces" in text and "rank 10:" in text and "manifest" in text
+    # the run opens as a whole (the Ranks page), not as one of its rank's traces
+    assert f"open it: neuron-explorer view {tmp_path}  |" in text
