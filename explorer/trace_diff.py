@@ -332,7 +332,8 @@ def diff_traces(ta: Trace, tb: Trace) -> TraceDiff:
         busy_ns=lambda f: f["busy_ns"] / nb))
     eng = _outer(ea, eb, ["device", "engine"], {"busy_ns": "busy_ns"})
     eng["delta_ns"] = eng["b_busy_ns"] - eng["a_busy_ns"]
-    d = TraceDiff(a=os.path.basename(ta.path), b=os.path.basename(tb.path),
+    a_name, b_name = _names(ta.path, tb.path)
+    d = TraceDiff(a=a_name, b=b_name,
                   summary=_summary(ta, tb), breakdown=bd, ops=ops,
                   modules=mods[["module", "phase", "status", "a_ns", "b_ns", "delta_ns"]],
                   engines=eng[["device", "engine", "status", "a_busy_ns", "b_busy_ns", "delta_ns"]],
@@ -364,6 +365,18 @@ def _with_warm_up(trace: Trace, n: int) -> Trace:
     view = copy.copy(trace)
     view.__dict__["_memo"] = {"steady_steps": selection}
     return view
+
+
+def _names(a: str, b: str) -> tuple[str, str]:
+    """The two traces' file names, with their folders where the names alone are the same
+    (rank1.pftrace of two runs)."""
+    def folder(path: str) -> str:
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
+
+    if os.path.basename(a) != os.path.basename(b):
+        return os.path.basename(a), os.path.basename(b)
+    return (os.path.join(folder(a), os.path.basename(a)),
+            os.path.join(folder(b), os.path.basename(b)))
 
 
 def diff(a: Trace | str | os.PathLike, b: Trace | str | os.PathLike) -> TraceDiff:

@@ -55,6 +55,18 @@ def test_diff_api(pair: tuple[Path, Path]) -> None:
     assert "aten::relu" in text and "step time" in text
 
 
+def test_diff_of_two_files_of_one_name_names_their_folders(tmp_path: Path) -> None:
+    """rank1.pftrace of two runs: the header says which run each side is."""
+    for run in ("slow.run", "even.run"):
+        (tmp_path / run).mkdir()
+    before = scenarios.basic().write(tmp_path / "slow.run", "rank1")
+    after = scenarios.clean().write(tmp_path / "even.run", "rank1")
+    d = neuron_explorer.diff(before, after)
+    assert (d.a, d.b) == (f"slow.run/{before.name}", f"even.run/{after.name}")
+    assert neuron_explorer.diff(*(scenarios.basic().write(tmp_path, n) for n in ("x", "y"))).a \
+        == "x.pftrace"
+
+
 def test_diff_of_kineto_traces(load_real) -> None:
     a = load_real("amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     b = load_real("trace_filter__sampled_rank-0.json.gz")
