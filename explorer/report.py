@@ -151,8 +151,7 @@ def report_sections(trace: Trace) -> list[Section]:
         "host": [fmt_ns(v) for v in ops["host_ns"]],
         "share": [fmt_share(v) for v in ops["share_of_step"]]})
     if not len(ops) and len(trace.ops):  # the summary counts every op of the trace
-        ops_table = [(f"none in the analysed steps (the trace's {len(trace.ops)} ops lie "
-                      "outside them)")]
+        ops_table = [_no_ops_counted(trace)]
     mods = trace.module_stats().head(TOP)
     mods_table = pd.DataFrame({"module": mods["module"], "phase": mods["phase"],
                                "count": mods["count"],
@@ -413,6 +412,17 @@ def _cupti_table(trace: Trace) -> pd.DataFrame:
         "share": (table["flops"] / total).map(
             lambda f: "n/a" if pd.isna(f) else f"{f:.1%}").to_numpy()
         if total > 0 else "n/a"})
+
+
+def _no_ops_counted(trace: Trace) -> str:
+    """Why a trace with ops has none in its statistics: where its ops are."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    inside = len(in_analysed_steps(trace, trace.ops))
+    if not inside:
+        return f"none in the analysed steps (the trace's {len(trace.ops)} ops lie outside them)"
+    return (f"none counted: the {inside} ops in the analysed steps run in eval passes, which "
+            "the statistics leave out")
 
 
 def _critical_title(s: dict[str, Any]) -> str:
