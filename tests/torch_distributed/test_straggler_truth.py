@@ -27,7 +27,7 @@ HERE = Path(__file__).parent
 STEPS = 10
 # The share by which a busy machine runs one rank of a balanced run slower than the other
 # in a way the plain-PyTorch twin cannot see: beside a busy process the two ranks' own work
-# differed by up to 5.0% in 33 recordings here and by 6.8% in one CI run, each time
+# differed by up to 7.2% in 35 recordings here and by 6.8% in one CI run, each time
 # consistently over the steps, while the twin's per-step ratio of the ranks correlated with
 # the recording's from -0.67 to +0.88 (14 runs): it sees a lasting slowdown of one rank
 # (14% once), not which rank a few percent fall on. Quiet, the ranks were within 1.1%.
