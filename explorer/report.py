@@ -18,7 +18,11 @@ from neuron_explorer.analyses.levels import (
 from neuron_explorer.analyses.phases import phase_summary, split_phases, without_cache
 from neuron_explorer.analyses.requests import marked_requests, request_percentiles
 from neuron_explorer.analyses.startup import STARTUP_MIN_NS, before_first_kernel, startup_gaps
-from neuron_explorer.analyses.steady_state import analysed_steps, compiling_steps
+from neuron_explorer.analyses.steady_state import (
+    analysed_steps,
+    compiling_steps,
+    in_analysed_steps,
+)
 from neuron_explorer.analyses.summary import device_paces
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
@@ -416,8 +420,6 @@ def _cupti_table(trace: Trace) -> pd.DataFrame:
 
 def _no_ops_counted(trace: Trace) -> str:
     """Why a trace with ops has none in its statistics: where its ops are."""
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
-
     inside = len(in_analysed_steps(trace, trace.ops))
     if not inside:
         return f"none in the analysed steps (the trace's {len(trace.ops)} ops lie outside them)"

@@ -45,14 +45,18 @@ def _merged_numbers(kind: np.ndarray, ival: np.ndarray, fval: np.ndarray | None
     """The int and float columns of args rows as one int64 column, the floats' bits in
     the float rows (into `ival` where it can be written: its callers let it go). Without
     `fval`, `ival` is that column already."""
-    floats = np.asarray(kind) == KIND_FLOAT
     value = np.asarray(ival, np.int64)
-    if fval is None or not floats.any():
+    if fval is None or not (np.asarray(kind) == KIND_FLOAT).any():
         return value
     if not value.flags.writeable:
         value = value.copy()
-    np.copyto(value, np.asarray(fval, np.float64).view(np.int64), where=floats)
+    put_float_bits(value, fval, kind)
     return value
+
+
+def put_float_bits(value: np.ndarray, fval: Any, kind: np.ndarray) -> None:
+    """Write the float rows' values, as their bits, into the int64 `value` (in place)."""
+    np.copyto(value, np.asarray(fval, np.float64).view(np.int64), where=kind == KIND_FLOAT)
 
 
 def _ids_like(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:

@@ -95,7 +95,8 @@ def _time_lost(trace: Trace, small: pd.DataFrame, per_engine: float | None,
     # the compute instructions' times as arrays: a copy of their rows (most of an
     # engine-level trace's slices) was the report's largest transient
     compute = ~map_unique(ins["engine"], lambda e: str(e).startswith("dma"), bool)
-    starts, ends = ins["ts"].to_numpy(), ins["ts"].to_numpy() + ins["dur"].to_numpy()
+    starts = ins["ts"].to_numpy()
+    ends = starts + ins["dur"].to_numpy()
     devices = ins["device"].to_numpy()
     exposed = 0
     for device, s in small.groupby("device"):

@@ -35,6 +35,7 @@ from neuron_explorer.loaders.args import (
     SliceArgs,
     categorical,
     categorical_of,
+    put_float_bits,
     tidy_categoricals,
 )
 from neuron_explorer.loaders.build_memory import building
@@ -614,8 +615,7 @@ def _merged_values(ints: Any, floats: Any, kind: np.ndarray) -> np.ndarray:
             part = chunk.to_numpy(zero_copy_only=False)
             end = at + len(part)
             if is_float:
-                np.copyto(value[at:end], np.asarray(part, np.float64).view(np.int64),
-                          where=kind[at:end] == KIND_FLOAT)
+                put_float_bits(value[at:end], part, kind[at:end])
             else:
                 value[at:end] = part
             chunks[i] = None  # let the Arrow chunk go
