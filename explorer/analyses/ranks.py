@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.communication import COLLECTIVE_COLUMNS
 from neuron_explorer.analyses.critical_path import CATCH_UP_FACTOR
+from neuron_explorer.tables import assign_steps
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -91,9 +92,23 @@ def stragglers(run: Run) -> pd.DataFrame:
 
 
 def step_collectives(run: Run) -> pd.DataFrame:
-    """The collectives inside the analysed steps (all of them when the run has no steps):
-    the calls of setup (creating groups, the first broadcasts, while ranks start at
-    different times) and of compile steps are not steady training."""
+    """The collectives inside the run's analysed steps (`Run.analysed_steps`; all of them
+    when the run has no steps): the calls of setup (creating groups, the first
+    broadcasts, while ranks start at different times) and of compile steps are not
+    steady training."""
+    coll = _rank_window_collectives(run)
+    if not len(coll) or not run.analysed_steps:
+        return coll
+    left_out = run.steps[~run.steps["step"].isin(run.analysed_steps)]
+    inside = np.zeros(len(coll), bool)
+    for rank, steps in left_out.groupby("rank"):
+        mine = (coll["rank"] == rank).to_numpy()
+        inside[mine] = assign_steps(coll["ts"].to_numpy(np.int64)[mine], steps) >= 0
+    return coll[~inside]
+
+
+def _rank_window_collectives(run: Run) -> pd.DataFrame:
+    """The collectives inside the steps each rank analysed on its own."""
     coll = run.collectives
     if len(coll) and "analysed" in coll:
         return coll[coll["analysed"].astype(bool)]
@@ -147,9 +162,26 @@ def rank_lateness(run: Run) -> pd.DataFrame:
     return out[STRAGGLER_COLUMNS]
 
 
+def analysed_steps(run: Run) -> tuple[int, ...]:
+    """The steps the run's figures compare the ranks over: those every rank analysed,
+    without the leading ones that are an eager warm-up in some rank's own work
+    (`warmup_count`). A rank's step lengths can hide its warm-up: a straggler's extra
+    work makes its later steps as long as the others' waits make theirs, so a first step
+    of one-time costs reads as short beside them on every rank (a 15 ms straggler's
+    first steps of 4.8 and 8.6 ms beside 17.8 ms; its own work 4.8 beside 17.8, the
+    other rank's 8.6 beside 3.3)."""
+    from neuron_explorer.analyses.steady_state import warmup_count
+
+    work = _own_work_in_rank_windows(run)
+    if not work.shape[1]:
+        return ()
+    warm = max(warmup_count(work.loc[rank].tolist()) for rank in work.index)
+    return tuple(int(step) for step in work.columns[warm:])
+
+
 def own_work(run: Run) -> pd.DataFrame:
-    """Per rank (rows) and analysed step (columns): the step's length less the waits for
-    other ranks that lay on its critical path.
+    """Per rank (rows) and analysed step (`Run.analysed_steps`, columns): the step's
+    length less the waits for other ranks that lay on its critical path.
 
     A rank's device waits at a collective until the last rank arrives (`wait_ns`); that
     wait makes the step longer only when the host then waits for the device: a host-bound
@@ -158,12 +190,18 @@ def own_work(run: Run) -> pd.DataFrame:
     (`waits_on_path`: each wait carried forward in time until device idle absorbs it or a
     sync pays it, in whichever step that sync lies). The host's waits inside collective
     calls for the others' clocks (`host_wait_ns`) are on its path as they stand."""
+    work = _own_work_in_rank_windows(run)
+    return work[[step for step in work.columns if step in run.analysed_steps]]
+
+
+def _own_work_in_rank_windows(run: Run) -> pd.DataFrame:
+    """`own_work` over the steps every rank analysed on its own."""
     steps = run.steps
     if not len(steps) or "host_sync_ns" not in steps:
         return pd.DataFrame(index=pd.Index(run.ranks, name="rank"))
     steps = steps[steps["host_sync_ns"] >= 0]
     dur = steps.pivot_table(index="rank", columns="step", values="dur", aggfunc="sum")
-    coll = step_collectives(run)
+    coll = _rank_window_collectives(run)
     host_waits = dur * 0
     if len(coll):
         host_waits = coll.pivot_table(index="rank", columns="step", values="host_wait_ns",
@@ -178,7 +216,7 @@ def _waits_paid(run: Run, dur: pd.DataFrame) -> pd.DataFrame:
     from neuron_explorer.analyses.waits_on_path import delays_at_syncs
 
     # the waits of set-up and of steps not analysed are a catch-up, not a cost per step
-    coll, syncs = step_collectives(run), run.syncs
+    coll, syncs = _rank_window_collectives(run), run.syncs
     paid = syncs.assign(paid=np.zeros(len(syncs), np.int64))
     for rank in dur.index:
         mine = (syncs["rank"] == rank).to_numpy()

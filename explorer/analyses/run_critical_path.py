@@ -34,6 +34,8 @@ def run_critical_path(run: Run, step: int | None = None) -> pd.DataFrame:
     paths = {r: run[r].critical_path(step).assign(rank=r) for r in run.ranks}
     late = _last_arrivals(run)
     steps = sorted(set.intersection(*(set(p["step"]) for p in paths.values())))
+    if step is None and run.analysed_steps:
+        steps = [st for st in steps if st in run.analysed_steps]
     rows: list[pd.DataFrame] = []
     for st in steps:
         per_rank = {r: p[p["step"] == st].sort_values("ts") for r, p in paths.items()}

@@ -22,6 +22,7 @@ Compile time is reported on its own (`compile_summary`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,17 +80,22 @@ FRAGMENT_SHARE = 0.05  # a profiler's last step under this share of the others' 
 
 def warmup_steps(trace: Trace, candidates: tuple[int, ...]) -> tuple[int, ...]:
     """The leading steps of `candidates` that are an eager warm-up (see the module doc)."""
-    if len(candidates) < WARMUP_MIN_STEPS:
-        return ()
     dur = trace.steps.set_index("step")["dur"]
-    warm: list[int] = []
-    for step in candidates[:WARMUP_STEPS_MAX]:
-        rest = [float(dur[s]) for s in candidates[len(warm) + 1:]]
-        if len(rest) < WARMUP_MIN_STEPS - 1 or float(dur[step]) <= WARMUP_FACTOR * float(
-                np.median(rest)):
+    return candidates[:warmup_count([float(dur[s]) for s in candidates])]
+
+
+def warmup_count(durations: Sequence[float]) -> int:
+    """How many leading steps of these, in order, are an eager warm-up: each over
+    WARMUP_FACTOR x the median of the steps after it."""
+    if len(durations) < WARMUP_MIN_STEPS:
+        return 0
+    warm = 0
+    for first in durations[:WARMUP_STEPS_MAX]:
+        rest = durations[warm + 1:]
+        if len(rest) < WARMUP_MIN_STEPS - 1 or first <= WARMUP_FACTOR * float(np.median(rest)):
             break
-        warm.append(step)
-    return tuple(warm)
+        warm += 1
+    return warm
 
 
 def compiling_steps(trace: Trace) -> set[int]:
@@ -237,6 +243,7 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
 def analysed_steps(trace: Trace) -> StepSelection:
     """`select_steps`, computed once per trace."""
     return memoised(trace, "steady_steps", lambda: select_steps(trace))
+
 
 
 def in_analysed_steps(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:

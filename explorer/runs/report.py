@@ -51,6 +51,8 @@ def run_report_sections(run: Run) -> list[Section]:
         elif medians["step_time_ns"].nunique() > 1:
             head["slowest rank"] = (f"rank {int(slowest['rank'])}: "
                                     f"{fmt_ns(slowest['step_time_ns'])} a step")
+    if steps := _steps_text(run):
+        head["steps analysed"] = steps
     head["analysed time per rank (mean)"] = fmt_ns(run.analysed_time_ns())
     missing = run.missing_ranks
     if missing:
@@ -93,6 +95,24 @@ def run_report_sections(run: Run) -> list[Section]:
             Section("Collectives per rank", stats_table),
             *_critical_path_section(run),
             *findings_sections(findings)]
+
+
+def _steps_text(run: Run) -> str:
+    """The steps the run's figures compare the ranks over, and why those where a rank's
+    own differ: 'steps 1–7 of 0–7 (...)'."""
+    from neuron_explorer.analyses.steady_state import StepSelection
+
+    if not run.analysed_steps:
+        return ""
+    own = [tuple(d.summary.get("steps_analysed") or ()) for d in run.digests.values()]
+    reason = ""
+    if any(steps != run.analysed_steps for steps in own):
+        reason = "the steps every rank analysed"
+        if any(steps and steps[0] < run.analysed_steps[0] for steps in own):
+            reason += (", after a warm-up that one rank's waiting for another hid from its "
+                       "own step times")
+    recorded = tuple(sorted(int(s) for s in run.steps["step"].unique()))
+    return StepSelection(run.analysed_steps, recorded, reason).describe()
 
 
 def _program_ended_text(run: Run) -> str:

@@ -352,9 +352,23 @@ class Run:
         return query_tables(query, RUN_SQL_TABLES, self.table, parquet)
 
     # --- analyses -------------------------------------------------------------------------
+    @cached_property
+    def analysed_steps(self) -> tuple[int, ...]:
+        """The steps the run's findings compare the ranks over: every rank's analysed
+        steps, without a warm-up that one rank's waits for another hid (see
+        `analyses.ranks.analysed_steps`); empty where the ranks share no step."""
+        from neuron_explorer.analyses.ranks import analysed_steps
+
+        return analysed_steps(self)
+
     def analysed_time_ns(self) -> float:
-        """The time analysed per rank: the mean over ranks of each rank's analysed steps'
-        total (the base of the run's findings' shares)."""
+        """The time analysed per rank: the mean over ranks of the total of the run's
+        analysed steps (each rank's own where the ranks share none), the base of the
+        run's findings' shares."""
+        if self.analysed_steps:
+            steps = self.steps[self.steps["step"].isin(self.analysed_steps)]
+            totals = steps.groupby("rank")["dur"].sum().reindex(self.ranks, fill_value=0)
+            return float(totals.mean())
         totals = [float(d.summary.get("total_ns") or 0) for d in self.digests.values()]
         return sum(totals) / len(totals) if totals else 0.0
 

@@ -497,10 +497,29 @@ def test_a_finding_that_waits_on_another_fix_takes_nothing_off_its_ranks_work():
 
     waits = Finding("fp32_matmul", "FP32", "low", 2_000_000, 0.2, after="host_bound")
     paces = Finding("fp32_matmul", "FP32", "low", 500_000, 0.05)
-    run = SimpleNamespace(digests={0: SimpleNamespace(findings=[waits]),
-                                   1: SimpleNamespace(findings=[paces])})
+    run = SimpleNamespace(digests={0: SimpleNamespace(findings=[waits], summary={}),
+                                   1: SimpleNamespace(findings=[paces], summary={})},
+                          analysed_steps=())
     own = pd.Series({0: 3_900_000.0, 1: 4_000_000.0})
     assert _run_saving(run, "fp32_matmul", own) == 100_000
+
+
+def test_a_ranks_finding_counts_in_the_runs_steps_only():
+    """Rank 1 analysed steps 0-3 on its own, the run steps 1-3 (a warm-up the waits hid):
+    its finding's 4 ms over four steps saves the run 3 ms over the run's three."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from neuron_explorer.rules.finding import Finding
+    from neuron_explorer.rules.ranks import _run_saving
+
+    found = Finding("fp32_matmul", "FP32", "low", 4_000_000, 0.2)
+    run = SimpleNamespace(
+        digests={0: SimpleNamespace(findings=[], summary={"steps_analysed": [1, 2, 3]}),
+                 1: SimpleNamespace(findings=[found], summary={"steps_analysed": [0, 1, 2, 3]})},
+        analysed_steps=(1, 2, 3))
+    own = pd.Series({0: 1_000_000.0, 1: 9_000_000.0})
+    assert _run_saving(run, "fp32_matmul", own) == 3_000_000
 
 
 def test_a_straggler_with_more_data_says_what_splitting_it_evenly_saves(monkeypatch):

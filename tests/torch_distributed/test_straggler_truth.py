@@ -207,20 +207,28 @@ def test_a_wait_paid_in_the_next_step_counts_for_the_straggler(tmp_path):
     """`examples/straggler.py`: the last rank works 15 ms on the host before its forward,
     so the other's device waits for it at the all-reduce of the backward, and its host
     pays that wait at the loss read after `optimizer.step()`, in the next step's window.
-    The finding predicts what the same script without the extra work measures."""
+    The finding predicts what the same script without the extra work measures, per step.
+
+    Step 0 is a warm-up on both ranks (one-time costs: 4.5 ms against 2.8 without the
+    straggler), but beside the straggler's 17.8 ms steps neither rank's step times show
+    it: the run analyses after it all the same (its own work shows it on rank 0). Averaged
+    in, the claim read 12.3 ms a step where removing the extra work saved 14.7."""
     script = EXAMPLES / "straggler.py"
     slow = _record(tmp_path, "slow", "--extra-ms", "15", script=script)
     even = _record(tmp_path, "even", "--extra-ms", "0", script=script)
     straggler = _findings(slow)["straggler_rank"]
     assert "Rank 1" in straggler.title
+    assert 0 not in slow.analysed_steps and 0 not in even.analysed_steps
     measured = _per_step(slow, slow.analysed_time_ns()) - _per_step(even, even.analysed_time_ns())
     assert measured > 10e6  # most of the 15 ms a step
-    assert _per_step(slow, straggler.time_lost_ns) == pytest.approx(measured, rel=0.25)
+    # the ranks' own steps differ by a few percent between recordings (MACHINE_NOISE)
+    assert _per_step(slow, straggler.time_lost_ns) == pytest.approx(measured, rel=MACHINE_NOISE)
+    assert straggler.steps == len(slow.analysed_steps)
 
 
 def _per_step(run, total_ns: float) -> float:
-    """A run's figure over its analysed steps, per step (the steps a rank analysed)."""
-    return total_ns / ((run.steps["host_sync_ns"] >= 0).sum() / len(run))
+    """A run's figure over its analysed steps, per step."""
+    return total_ns / len(run.analysed_steps)
 
 
 def test_fsdps_copies_around_its_collectives_stay_eager_in_the_compiled_prediction(

@@ -27,8 +27,10 @@ def run_finding(run: Run, rule_id: str, title: str, time_lost_ns: float,
 
 
 def analysed_step_count(run: Run) -> int:
-    """How many steps the run's findings' times are summed over: the steps each rank
-    analysed (the fewest, where ranks differ)."""
+    """How many steps the run's findings' times are summed over: the run's analysed
+    steps, or where the ranks share none, the fewest any rank analysed."""
+    if run.analysed_steps:
+        return len(run.analysed_steps)
     counts = [len(d.summary.get("steps_analysed") or []) for d in run.digests.values()]
     return min(counts) if counts else 0
 
