@@ -47,7 +47,7 @@ def run_paths(source: str | os.PathLike | Iterable[str | os.PathLike]) -> list[s
                 folder, "the folder holds no trace files (.pftrace, .json, .json.gz); give a "
                 "trace file, a run folder written by `neuron-explorer record -- torchrun ...` "
                 "or a folder of per-rank PyTorch-profiler traces")
-        return _without_empty(folder, paths)
+        return _without_other_json(folder, _without_empty(folder, paths))
     paths = [os.fspath(p) for p in source]
     if not paths:
         raise NeuronExplorerError("an empty list of traces: give at least one path")
@@ -67,6 +67,46 @@ def _without_empty(folder: str, paths: list[str]) -> list[str]:
     warnings.warn(f"{folder}: left out {len(empty)} empty trace file(s) ({names}): a process "
                   "killed before it wrote anything leaves one", TraceFormatWarning, stacklevel=4)
     return [p for p in paths if p not in empty]
+
+
+# a JSON file read whole up to this size (decompressed) is known not to be a trace when it
+# holds no event list; a larger one is left for the loader to judge
+JSON_PEEK_BYTES = 8 << 20
+
+
+def _without_other_json(folder: str, paths: list[str]) -> list[str]:
+    """A folder's trace files less the small JSON files that are no trace (a config, a
+    results file, notes kept beside the traces), said in one warning: one such file made
+    the whole run fail to load. None left is an error."""
+    others = [p for p in paths if _other_json(p)]
+    if not others:
+        return paths
+    names = ", ".join(os.path.basename(p) for p in others[:3]) + (", ..." if len(others) > 3
+                                                                  else "")
+    if len(others) == len(paths):
+        raise TraceFormatError(folder, f"the folder's JSON files hold no trace events ({names}): "
+                               "give a folder of per-rank traces")
+    warnings.warn(f"{folder}: left out {len(others)} JSON file(s) that hold no trace events "
+                  f"({names})", TraceFormatWarning, stacklevel=4)
+    return [p for p in paths if p not in others]
+
+
+def _other_json(path: str) -> bool:
+    """Whether `path` is a JSON file, read whole, with no Chrome-trace event list (neither
+    a `traceEvents` key nor a bare list of events)."""
+    import gzip
+
+    if path.lower().endswith(".pftrace"):
+        return False
+    try:
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(path, "rb") as f:
+            head = f.read(JSON_PEEK_BYTES + 1)
+    except (OSError, EOFError):
+        return False  # unreadable or damaged: the loader says how
+    if len(head) > JSON_PEEK_BYTES:
+        return False
+    return b'"traceEvents"' not in head and not head.lstrip().startswith(b"[")
 
 
 def read_manifest(folder: str) -> dict[str, Any]:

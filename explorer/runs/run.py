@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -46,14 +47,20 @@ def load_run(source: str | os.PathLike | Iterable[str | os.PathLike],
     `cache`: keep and read each rank's tables in the trace cache (default: on unless
     `NEURON_EXPLORER_CACHE=off`); `scheduler`: run the per-rank work on Dask, `"local"`
     (a LocalCluster of `processes` workers) or a scheduler's address."""
-    paths = run_paths(source)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = run_paths(source)
+    for w in caught:  # the files left out, said again where the caller sees them
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     folder = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
     digests = map_ranks(partial(digest_file, cache=cache), paths, processes, progress,
                         "loading ranks", scheduler)
     ranks = assign_ranks(paths, [d.own_rank for d in digests])
     manifest = read_manifest(folder) if folder else {}
-    return Run(dict(zip(ranks, digests, strict=True)), folder, manifest, processes,
-               cache=cache, scheduler=scheduler)
+    run = Run(dict(zip(ranks, digests, strict=True)), folder, manifest, processes,
+              cache=cache, scheduler=scheduler)
+    run.folder_warnings = [str(w.message) for w in caught]
+    return run
 
 
 def map_ranks(function: Callable[[str], T], paths: list[str], processes: int | None,
@@ -183,6 +190,8 @@ class Run:
         self._traces: dict[int, Trace] = {}
         self._cache: dict[str, Any] = {}
         self._files: dict[str, dict[int, str] | None] = {}
+        # what loading the folder left out (empty files, JSON files that are no trace)
+        self.folder_warnings: list[str] = []
 
     # --- ranks ----------------------------------------------------------------------------
     @property
@@ -250,8 +259,10 @@ class Run:
 
     @property
     def warnings(self) -> list[str]:
-        """Each rank's load warnings (a truncated rank, parts left out), named by rank."""
-        return [f"rank {r}: {w}" for r, d in self.digests.items() for w in d.warnings]
+        """The files the folder's load left out, then each rank's load warnings (a
+        truncated rank, parts left out), named by rank."""
+        return self.folder_warnings + [f"rank {r}: {w}" for r, d in self.digests.items()
+                                       for w in d.warnings]
 
     def paths(self) -> dict[int, str]:
         """Each rank's trace file."""

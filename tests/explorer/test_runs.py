@@ -281,6 +281,34 @@ def test_an_empty_trace_in_a_folder_is_left_out_with_a_warning(run_dir, tmp_path
         neuron_explorer.load(empty)
 
 
+def test_a_json_file_beside_the_traces_that_is_no_trace_is_left_out(run_dir, tmp_path):
+    """Notes or a config kept in the run folder made `report FOLDER` fail on them; a
+    damaged trace still fails."""
+    import gzip
+    import shutil
+
+    folder = tmp_path / "train.run"
+    shutil.copytree(run_dir, folder)
+    (folder / "notes.json").write_text(json.dumps({"lr": 0.1, "comment": "baseline"}))
+    (folder / "config.json.gz").write_bytes(gzip.compress(b'{"batch": 64}'))
+    with pytest.warns(UserWarning, match=r"left out 2 JSON file\(s\) that hold no trace "
+                                         r"events \(config.json.gz, notes.json\)"):
+        loaded = neuron_explorer.load(folder, cache=False)
+    assert loaded.ranks == [0, 1]
+    assert any("notes.json" in w for w in loaded.warnings)  # the report prints these
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "rank0.json").write_text('{"traceEvents": [{"ph": "X", "na')
+    (damaged / "rank1.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(NeuronExplorerError):
+        neuron_explorer.load(damaged, cache=False)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.json").write_text("{}")
+    with pytest.raises(NeuronExplorerError, match="JSON files hold no trace events"):
+        neuron_explorer.load(notes)
+
+
 def run_step_medians(run_dir: Path) -> list[float]:
     loaded = neuron_explorer.load(run_dir)
     return [float(loaded[rank].steps["dur"].median()) for rank in loaded.ranks]
