@@ -4,7 +4,8 @@
 the loss on the host every step, as a training log does; `--check-finite`: stop if the
 output holds a NaN or inf, read every step; `--predictions every-step`: each row's argmax
 read to the host every step (`every-step-view`: through a view of them), `--predictions
-on-device`: kept on the device, read once after the loop; `--accumulate`: K
+on-device`: kept on the device, read once after the loop, `outputs-kept`: the outputs
+kept, their argmax taken when read after the loop; `--accumulate`: K
 micro-batches a step, their gradients accumulated;
 width 64 and batch 32 unless given; `--loss-module`: the loss is `nn.MSELoss()`, a module
 called beside the model, rather than a function of its output). `--input`: `once` (the
@@ -168,6 +169,10 @@ for step in range(12):
         predictions.append(out.argmax(dim=1).view(-1, 1).cpu())
     elif PREDICTIONS == "on-device":
         predictions.append(out.argmax(dim=1))
+    elif PREDICTIONS == "outputs-kept":
+        predictions.append(out.detach())
 if PREDICTIONS == "on-device":
     predictions = [torch.cat(predictions).cpu()]
+elif PREDICTIONS == "outputs-kept":
+    predictions = [torch.cat([o.argmax(dim=1) for o in predictions]).cpu()]
 print(loss.item())
