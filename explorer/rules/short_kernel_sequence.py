@@ -141,12 +141,13 @@ def saving(trace: Trace, w: pd.DataFrame) -> tuple[float, float, bool]:
     """(what fusing saves, the symptom, whether by replay): the run replayed with each run
     of linked short kernels fused (`fused_replay_saving`) where it can be replayed, else
     the launches' time on the steps' critical path plus what the device's gaps held the
-    steps up (`queued_idle.held_up`); the launches' and gaps' own total."""
+    steps up (`queued_idle.held_up`); the time the launches and gaps cover on the wall
+    clock (the host launches while the device waits: their sum said 769 ms of a run
+    analysed over 487)."""
     launches, gaps = removed(w)
     ts, end = launches["ts"].to_numpy(np.int64), launches["end"].to_numpy(np.int64)
-    symptom = Union(ts, end).total
-    for _, g in gaps.groupby("track"):
-        symptom += Union(g["ts"].to_numpy(), g["end"].to_numpy()).total
+    symptom = Union(np.r_[ts, gaps["ts"].to_numpy(np.int64)],
+                    np.r_[end, gaps["end"].to_numpy(np.int64)]).total
     replayed = fused_replay_saving(trace, w)
     if replayed is not None:
         return replayed, float(symptom), True
