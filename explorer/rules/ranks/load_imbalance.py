@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.rules.finding import Finding, us
 from neuron_explorer.rules.ranks import thresholds as th
-from neuron_explorer.rules.ranks.finding import capped_by_path, run_finding
+from neuron_explorer.rules.ranks.finding import capped_by_path, own_work_per_rank, run_finding
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -29,9 +29,7 @@ def check(run: Run) -> list[Finding]:
     late = run.stragglers()
     if len(late) and int(late.iloc[0]["rank"]) == busiest:
         return []  # the straggler finding names this rank, with what its extra work costs
-    saving, basis = capped_by_path(
-        run, lost, "estimate: the busiest rank's compute above the mean rank's", ("kernel",),
-        f"rank {busiest}'s kernels", rank=int(busiest))
+    saving, basis = _saving(run, int(busiest), lost)
     return [run_finding(
         run, RULE_ID, f"Compute differs across ranks: rank {busiest} works "
         + (f"{100 * (hi - lo) / lo:.0f}% longer than rank {idlest}" if lo > 0
@@ -43,3 +41,29 @@ def check(run: Run) -> list[Finding]:
         "packed the same way on every rank, model shards of equal cost (for pipeline or "
         "tensor parallelism, balance the layers per stage).", symptom_ns=lost,
         saving_basis=basis)]
+
+
+ESTIMATE = "estimate: the busiest rank's compute above the mean rank's"
+
+
+def _saving(run: Run, busiest: int, estimate: float) -> tuple[float, str]:
+    """(saving, basis): the estimate, no more than the busiest rank's lead in own work
+    over the next rank (`straggler_savings`: the ranks move at the pace of the largest
+    own work, and work moved onto the others can only raise theirs), else where own work
+    is unknown, than the run's critical path spends in its kernels. A host-bound rank
+    given the larger batch waited at the all-reduce behind its own host: the walk never
+    left it, the path's cap said 0 a step, and balancing saved 43 us of a 45 us lead."""
+    from neuron_explorer.analyses.ranks import straggler_savings
+    from neuron_explorer.units import duration
+
+    if own_work_per_rank(run) is None:
+        return capped_by_path(run, estimate, ESTIMATE, ("kernel",),
+                              f"rank {busiest}'s kernels", rank=busiest)
+    lead = float(straggler_savings(run).get(busiest, 0))
+    if lead < estimate:
+        return lead, (f"critical path: rank {busiest}'s own work per step (its length less "
+                      "the waits for others on its path) above the next rank's, what the run "
+                      f"saves at most when its work shrinks ({ESTIMATE}, gives more, "
+                      f"{duration(estimate)})")
+    return estimate, (f"{ESTIMATE}, within rank {busiest}'s lead in own work over the next "
+                      f"rank, {duration(lead)}")
