@@ -373,15 +373,34 @@ class Run:
         return analysed_steps(self)
 
     def analysed_time_ns(self) -> float:
-        """The time analysed per rank: the mean over ranks of the total of the run's
-        analysed steps (each rank's own where the ranks share none), the base of the
-        run's findings' shares."""
-        if self.analysed_steps:
-            steps = self.steps[self.steps["step"].isin(self.analysed_steps)]
-            totals = steps.groupby("rank")["dur"].sum().reindex(self.ranks, fill_value=0)
-            return float(totals.mean())
-        totals = [float(d.summary.get("total_ns") or 0) for d in self.digests.values()]
+        """The time analysed per rank: the mean over ranks of each rank's analysed time
+        (its report's, the device's pace where that sets it) in the run's analysed steps
+        (`analysed_steps`), the base of the run's findings' shares."""
+        totals = [self._time_in_run_steps(rank) for rank in self.digests]
         return sum(totals) / len(totals) if totals else 0.0
+
+    def _time_in_run_steps(self, rank: int) -> float:
+        """`rank`'s analysed time, less its steps the run leaves out in the proportion
+        their host windows take of its own steps' (all of them where the host set its
+        pace; a first step shorter than the rest leaves more than its count's share)."""
+        digest = self.digests[rank]
+        total = float(digest.summary.get("total_ns") or 0)
+        own = digest.summary.get("steps_analysed")
+        if not own or not self.analysed_steps or set(own) <= set(self.analysed_steps):
+            return total
+        dur = self.steps[self.steps["rank"] == rank].groupby("step")["dur"].sum()
+        host = float(dur.reindex(own).sum())
+        kept = float(dur.reindex([s for s in own if s in self.analysed_steps]).sum())
+        return total * kept / host if host > 0 else total * self.share_in_run_steps(rank)
+
+    def share_in_run_steps(self, rank: int) -> float:
+        """The share of `rank`'s own analysed steps that the run analyses too
+        (`analysed_steps`): its figures over its steps, spread evenly over them, count for
+        that share (1 where the ranks share no step)."""
+        own = self.digests[rank].summary.get("steps_analysed")
+        if not own or not self.analysed_steps:
+            return 1.0
+        return sum(step in self.analysed_steps for step in own) / len(own)
 
     def step_time_ns(self) -> float | None:
         """The run's step time: the median over ranks of each rank's median step, as a

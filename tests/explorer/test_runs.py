@@ -153,6 +153,28 @@ def test_setup_before_the_first_step_is_left_out(tmp_path):
     assert set(run.collective_stats()["collective"]) == {"all_reduce"}
 
 
+def test_a_collective_belongs_to_the_step_that_launched_it(tmp_path):
+    """A rank's host runs ahead of its device (nothing waits for it): the all-reduce its
+    step 2 launched runs after the last step ends. It is step 2's: by its own time it was
+    in no step, and a user's rank 0 counted 14 all-reduces where rank 1 counted 23."""
+    from neuron_explorer.analyses.communication import collectives
+    from synthetic import TraceBuilder
+
+    b = TraceBuilder()
+    host = b.thread()
+    queue = b.device_track(0, "Collectives")
+    b.metadata(host, {"hardware": "trn2", "rank": 0, "world_size": 2})
+    for s in range(3):
+        b.slice(host, s * 100_000, 100_000, f"step {s}", "step", {"step": s})
+        b.slice(host, s * 100_000 + 10_000, 5_000, "c10d::allreduce_", "op",
+                {"op_id": s, "step": s}, flow_out=[s])
+        b.slice(queue, 400_000 + s * 200_000, 50_000, "all_reduce", "collective",
+                {"collective": "all_reduce", "bytes": 64, "group": "[0, 1]", "seq": s,
+                 "wait_ns": 0, "transfer_ns": 50_000, "device": 0}, flow_in=[s])
+    trace = neuron_explorer.load(b.write_pftrace(tmp_path / "ahead.pftrace"))
+    assert collectives(trace)["step"].tolist() == [0, 1, 2]
+
+
 def test_run_findings(run):
     found = {f.rule_id: f for f in run.bottlenecks()}
     straggler = found["straggler_rank"]
@@ -525,9 +547,9 @@ def test_a_finding_that_waits_on_another_fix_takes_nothing_off_its_ranks_work():
 
     waits = Finding("fp32_matmul", "FP32", "low", 2_000_000, 0.2, after="host_bound")
     paces = Finding("fp32_matmul", "FP32", "low", 500_000, 0.05)
-    run = SimpleNamespace(digests={0: SimpleNamespace(findings=[waits], summary={}),
-                                   1: SimpleNamespace(findings=[paces], summary={})},
-                          analysed_steps=())
+    run = SimpleNamespace(digests={0: SimpleNamespace(findings=[waits]),
+                                   1: SimpleNamespace(findings=[paces])},
+                          share_in_run_steps=lambda rank: 1.0)
     own = pd.Series({0: 3_900_000.0, 1: 4_000_000.0})
     assert _run_saving(run, "fp32_matmul", own) == 100_000
 
@@ -541,11 +563,14 @@ def test_a_ranks_finding_counts_in_the_runs_steps_only():
     from neuron_explorer.rules.finding import Finding
     from neuron_explorer.rules.ranks import _run_saving
 
+    from neuron_explorer.runs.run import Run
+
     found = Finding("fp32_matmul", "FP32", "low", 4_000_000, 0.2)
     run = SimpleNamespace(
         digests={0: SimpleNamespace(findings=[], summary={"steps_analysed": [1, 2, 3]}),
                  1: SimpleNamespace(findings=[found], summary={"steps_analysed": [0, 1, 2, 3]})},
         analysed_steps=(1, 2, 3))
+    run.share_in_run_steps = lambda rank: Run.share_in_run_steps(run, rank)
     own = pd.Series({0: 1_000_000.0, 1: 9_000_000.0})
     assert _run_saving(run, "fp32_matmul", own) == 3_000_000
 

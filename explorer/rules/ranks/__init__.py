@@ -112,18 +112,8 @@ def _run_saving(run: Run, rule_id: str, own: pd.Series) -> float:
     it ran 81 us slower."""
     saved = {rank: max((f.time_lost_ns for f in d.findings
                         if f.rule_id == rule_id and not f.after), default=0.0)
-             * _share_in_run_steps(run, d.summary.get("steps_analysed"))
-             for rank, d in run.digests.items()}
+             * run.share_in_run_steps(rank) for rank, d in run.digests.items()}
     return pace_saving(own, saved)
-
-
-def _share_in_run_steps(run: Run, rank_steps: list[int] | None) -> float:
-    """The share of a rank's analysed steps that the run analyses (`Run.analysed_steps`):
-    its finding's saving, spread over its steps, counts in those. The run leaves out a
-    first step that a straggler's waits hid from the rank's own warm-up rule."""
-    if not rank_steps or not run.analysed_steps:
-        return 1.0
-    return sum(step in run.analysed_steps for step in rank_steps) / len(rank_steps)
 
 
 __all__ = ["RANK_RULES", "RANK_RULE_IDS", "run_rank_rules"]
