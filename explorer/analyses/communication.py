@@ -135,7 +135,10 @@ def _collectives(trace: Trace) -> pd.DataFrame:
     spans_wait = out["dur"].to_numpy() >= np.maximum(wait, 0) + np.maximum(
         out["transfer_ns"].to_numpy(), 0)
     out["arrival"] = out["ts"].to_numpy() - np.where(known_wait & ~spans_wait, wait, 0)
-    out["step"] = tables.assign_steps(out["ts"].to_numpy(), trace.steps)
+    # the step that issued the call: a rank whose host ran ahead of its waiting device
+    # ran its last 9 all-reduces after its last step, outside every step by their own time
+    out["step"] = tables.assign_steps(launch_times(trace, ids, out["ts"].to_numpy()),
+                                      trace.steps)
     out = out.sort_values(["device", "ts"], ignore_index=True)
     _number_unsequenced(out)
     return out[COLLECTIVE_COLUMNS]
@@ -158,6 +161,22 @@ def _message_bytes(trace: Trace, rows: pd.DataFrame) -> np.ndarray:
     size = np.asarray([_element_bytes(d) for d in dtype], np.int64)
     kineto = np.where((nelems >= 0) & (size > 0), nelems * size, -1)
     return np.where(ours >= 0, ours, kineto)
+
+
+def launch_times(trace: Trace, ids: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """When the host launched each device slice of `ids` (the start of the slice a flow
+    leads from: our op, a PyTorch profiler's runtime call), else its own start `ts`."""
+    flows = trace.flows
+    out = np.asarray(ts, np.int64).copy()
+    if not len(flows) or not len(ids):
+        return out
+    src = pd.Series(flows["src_id"].to_numpy(np.int64), index=flows["dst_id"].to_numpy(np.int64))
+    src = src[~src.index.duplicated()].reindex(np.asarray(ids, np.int64)).fillna(-1)
+    src = src.to_numpy(np.int64)
+    s = trace.table("slices")
+    known = (src >= 0) & (src < len(s))
+    out[known] = s["ts"].to_numpy(np.int64)[src[known]]
+    return out
 
 
 def _launching_annotations(trace: Trace, kernel_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

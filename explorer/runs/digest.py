@@ -83,8 +83,9 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # package in the user's own cache (a converted folder from elsewhere is never unpickled),
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
-# raised whenever a digest's tables or findings change (15: merged collectives' saving)
-DIGEST_SCHEMA = 15
+# raised whenever a digest's tables or findings change (16: collectives in the step that
+# launched them)
+DIGEST_SCHEMA = 16
 
 
 def _digest_key(folder: str) -> str | None:
@@ -207,11 +208,12 @@ def _exposed_transfer(trace: Any) -> np.ndarray:
 
 
 def _with_analysed(trace: Any, coll: pd.DataFrame) -> pd.DataFrame:
-    """The collectives with `analysed`: whether the call lies in the analysed (steady)
-    steps, which every per-step figure counts."""
+    """The collectives with `analysed`: whether the host launched the call in the
+    analysed (steady) steps, which every per-step figure counts."""
     from neuron_explorer.analyses.step_breakdown import step_windows
 
     if not len(trace.steps):
         return coll.assign(analysed=True)
     windows = step_windows(trace)
-    return coll.assign(analysed=tables.assign_steps(coll["ts"].to_numpy(), windows) >= 0)
+    launched = comm.launch_times(trace, coll["id"].to_numpy(), coll["ts"].to_numpy())
+    return coll.assign(analysed=tables.assign_steps(launched, windows) >= 0)

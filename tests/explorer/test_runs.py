@@ -562,7 +562,6 @@ def test_a_ranks_finding_counts_in_the_runs_steps_only():
     import pandas as pd
     from neuron_explorer.rules.finding import Finding
     from neuron_explorer.rules.ranks import _run_saving
-
     from neuron_explorer.runs.run import Run
 
     found = Finding("fp32_matmul", "FP32", "low", 4_000_000, 0.2)
