@@ -251,6 +251,29 @@ def _intervals(frame: pd.DataFrame) -> Union:
     return Union(ts, ts + frame["dur"].to_numpy(np.int64))
 
 
+def exposed_transfer(trace: Trace) -> np.ndarray:
+    """Per row of `communication(trace)`: time moving data that no compute hides. The wait
+    for a late rank is left out (it is the straggler's cost, not the link's)."""
+    frame = communication(trace)
+    coll = collectives(trace)
+    k = trace.kernels
+    measure = in_steps(trace)
+    comm_ids = set(coll["id"].tolist())
+    compute = k[~k["id"].isin(comm_ids) & ~k["kind"].isin(["memcpy", "memset"])]
+    out = []
+    for device in frame["device"].tolist():
+        rows = coll[coll["device"] == device]
+        wait = np.maximum(rows["wait_ns"].to_numpy(np.int64), 0)
+        start = rows["ts"].to_numpy(np.int64) + np.minimum(wait, rows["dur"].to_numpy(np.int64))
+        moving = Union(start, rows["ts"].to_numpy(np.int64) + rows["dur"].to_numpy(np.int64))
+        c = compute[compute["device"] == device]
+        cts = c["ts"].to_numpy(np.int64)
+        work = Union(cts, cts + c["dur"].to_numpy(np.int64))
+        both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
+        out.append(measure(both) - measure(work))
+    return np.asarray(out, np.int64)
+
+
 def in_steps(trace: Trace) -> Any:
     """How much of a Union lies in the analysed steps (the steady state, as every per-step
     figure; all of it when there are no steps): setup before the first step

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.analyses import communication as comm
-from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.runs.files import distributed_info
 
@@ -140,7 +139,7 @@ def digest_trace(trace: Any) -> RankDigest:
     coll["idle_after_ns"] = waits_on_path.idle_after(trace, coll, syncs)
     coll["slack_after_ns"] = waits_on_path.slack_after(trace, coll, syncs)
     communication = comm.communication(trace).copy()
-    communication["exposed_transfer_ns"] = _exposed_transfer(trace)
+    communication["exposed_transfer_ns"] = comm.exposed_transfer(trace)
     return RankDigest(
         path=trace.path, source_format=trace.source_format, hardware=trace.hardware,
         own_rank=info.get("rank"), world_size=info.get("world_size"),
@@ -182,29 +181,6 @@ def _with_host_sync(trace: Any) -> pd.DataFrame:
 
 # the host categories of `breakdown()` a straggler's extra time is looked for in
 HOST_WORK = ("python", "op_dispatch", "dataloader", "compile")
-
-
-def _exposed_transfer(trace: Any) -> np.ndarray:
-    """Per row of `communication(trace)`: time moving data that no compute hides. The wait
-    for a late rank is left out (it is the straggler's cost, not the link's)."""
-    frame = comm.communication(trace)
-    coll = comm.collectives(trace)
-    k = trace.kernels
-    measure = comm.in_steps(trace)
-    comm_ids = set(coll["id"].tolist())
-    compute = k[~k["id"].isin(comm_ids) & ~k["kind"].isin(["memcpy", "memset"])]
-    out = []
-    for device in frame["device"].tolist():
-        rows = coll[coll["device"] == device]
-        wait = np.maximum(rows["wait_ns"].to_numpy(np.int64), 0)
-        start = rows["ts"].to_numpy(np.int64) + np.minimum(wait, rows["dur"].to_numpy(np.int64))
-        moving = Union(start, rows["ts"].to_numpy(np.int64) + rows["dur"].to_numpy(np.int64))
-        c = compute[compute["device"] == device]
-        cts = c["ts"].to_numpy(np.int64)
-        work = Union(cts, cts + c["dur"].to_numpy(np.int64))
-        both = Union.of((moving.starts, moving.ends), (work.starts, work.ends))
-        out.append(measure(both) - measure(work))
-    return np.asarray(out, np.int64)
 
 
 def _with_analysed(trace: Any, coll: pd.DataFrame) -> pd.DataFrame:

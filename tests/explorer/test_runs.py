@@ -175,6 +175,25 @@ def test_a_collective_belongs_to_the_step_that_launched_it(tmp_path):
     assert collectives(trace)["step"].tolist() == [0, 1, 2]
 
 
+def test_one_ranks_waits_for_the_others_are_not_communication_to_hide(tmp_path):
+    """Alone, a rank's trace records how long each all-reduce waited for the other ranks:
+    of its 600 us a step with no compute beside it, 500 us are that wait, which no overlap
+    hides. The finding says so and claims the 100 us moving data (a user's rank 0 was told
+    overlapping would save the 24 ms it waited for a rank doing extra eval)."""
+    from neuron_explorer.analyses.steady_state import analysed_steps
+    from neuron_explorer.rules import exposed_communication
+
+    path = rs.write_rank(tmp_path, 0, 2, compute=200_000, coll_start=300_000, wait=500_000)
+    trace = neuron_explorer.load(path)
+    (f,) = exposed_communication.check(trace)
+    steps = len(analysed_steps(trace).steps)
+    assert f.title == "Collectives wait for other ranks to arrive (4 collectives)"
+    assert f.time_lost_ns == 100_000 * steps
+    assert f.symptom_ns == 600_000 * steps
+    assert f"Of that, {fmt_ns(500_000 * steps)} is waiting for other ranks" in f.explanation
+    assert f.recommendation.startswith("Find the rank that arrives late")
+
+
 def test_run_findings(run):
     found = {f.rule_id: f for f in run.bottlenecks()}
     straggler = found["straggler_rank"]
