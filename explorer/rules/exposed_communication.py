@@ -74,7 +74,10 @@ def check(trace: Trace) -> list[Finding]:
             "Part of it can be waiting for other ranks to arrive: load every rank's trace "
             "as a run to tell the two apart.")
         + saving.note, (LATE_RANK + " " if mostly_waiting else "") + RECOMMENDATION,
-        symptom_ns=lost, saving_basis=saving.basis, after=saving.after)]
+        symptom_ns=lost, after=saving.after,
+        saving_basis=saving.basis + ("; of the exposed time, the data moving only (each "
+                                     "call's recorded wait for the other ranks left out)"
+                                     if waits else ""))]
 
 
 def _waits_recorded(coll: pd.DataFrame) -> bool:
