@@ -164,18 +164,20 @@ def rank_lateness(run: Run) -> pd.DataFrame:
 
 def analysed_steps(run: Run) -> tuple[int, ...]:
     """The steps the run's figures compare the ranks over: those every rank analysed,
-    without the leading ones that are an eager warm-up in some rank's own work
-    (`warmup_count`). A rank's step lengths can hide its warm-up: a straggler's extra
-    work makes its later steps as long as the others' waits make theirs, so a first step
-    of one-time costs reads as short beside them on every rank (a 15 ms straggler's
-    first steps of 4.8 and 8.6 ms beside 17.8 ms; its own work 4.8 beside 17.8, the
-    other rank's 8.6 beside 3.3)."""
+    without the leading ones that are off the steady pace in some rank's own work, longer
+    (an eager warm-up) or shorter (`warmup_count`). A rank's step lengths can hide its
+    warm-up: a straggler's extra work makes its later steps as long as the others' waits
+    make theirs, so a first step of one-time costs reads as short beside them on every
+    rank (a 15 ms straggler's first steps of 4.8 and 8.6 ms beside 17.8 ms). In own work,
+    the other rank's warm-up shows (8.6 ms beside 3.3) unless a busy CPU slows its later
+    steps (4.8 beside 3.7); the straggler's does not, but its first step lacks the extra
+    work, done before its first step began (5.7 ms beside 17.9)."""
     from neuron_explorer.analyses.steady_state import warmup_count
 
     work = _own_work_in_rank_windows(run)
     if not work.shape[1]:
         return ()
-    warm = max(warmup_count(work.loc[rank].tolist()) for rank in work.index)
+    warm = max(warmup_count(work.loc[rank].tolist(), shorter_too=True) for rank in work.index)
     return tuple(int(step) for step in work.columns[warm:])
 
 

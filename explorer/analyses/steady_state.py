@@ -84,15 +84,20 @@ def warmup_steps(trace: Trace, candidates: tuple[int, ...]) -> tuple[int, ...]:
     return candidates[:warmup_count([float(dur[s]) for s in candidates])]
 
 
-def warmup_count(durations: Sequence[float]) -> int:
+def warmup_count(durations: Sequence[float], shorter_too: bool = False) -> int:
     """How many leading steps of these, in order, are an eager warm-up: each over
-    WARMUP_FACTOR x the median of the steps after it."""
+    WARMUP_FACTOR x the median of the steps after it (`shorter_too`: or under the median
+    / WARMUP_FACTOR, a first step that lacks what the later ones do)."""
     if len(durations) < WARMUP_MIN_STEPS:
         return 0
     warm = 0
     for first in durations[:WARMUP_STEPS_MAX]:
         rest = durations[warm + 1:]
-        if len(rest) < WARMUP_MIN_STEPS - 1 or first <= WARMUP_FACTOR * float(np.median(rest)):
+        if len(rest) < WARMUP_MIN_STEPS - 1:
+            break
+        median = float(np.median(rest))
+        if not (first > WARMUP_FACTOR * median
+                or (shorter_too and first * WARMUP_FACTOR < median)):
             break
         warm += 1
     return warm

@@ -211,24 +211,27 @@ def test_a_wait_paid_in_the_next_step_counts_for_the_straggler(tmp_path):
 
     Step 0 is a warm-up on both ranks (one-time costs: 4.5 ms against 2.8 without the
     straggler), but beside the straggler's 17.8 ms steps neither rank's step times show
-    it: the run analyses after it all the same (its own work shows it on rank 0). Averaged
-    in, the claim read 12.3 ms a step where removing the extra work saved 14.7."""
+    it: the run analyses after it all the same (the ranks' own work shows it: the
+    straggler's step 0 lacks its extra work). Averaged in, the claim read 12.3 ms a step
+    where removing the extra work saved 14.7. Five recordings, quiet and beside a busy
+    process: claimed over measured on the same steps 0.96-1.09."""
     script = EXAMPLES / "straggler.py"
     slow = _record(tmp_path, "slow", "--extra-ms", "15", script=script)
     even = _record(tmp_path, "even", "--extra-ms", "0", script=script)
     straggler = _findings(slow)["straggler_rank"]
     assert "Rank 1" in straggler.title
-    assert 0 not in slow.analysed_steps and 0 not in even.analysed_steps
-    measured = _per_step(slow, slow.analysed_time_ns()) - _per_step(even, even.analysed_time_ns())
-    assert measured > 10e6  # most of the 15 ms a step
-    # the ranks' own steps differ by a few percent between recordings (MACHINE_NOISE)
-    assert _per_step(slow, straggler.time_lost_ns) == pytest.approx(measured, rel=MACHINE_NOISE)
+    assert 0 not in slow.analysed_steps
     assert straggler.steps == len(slow.analysed_steps)
+    # the same steps of the two runs (the mean rank's), each recording within MACHINE_NOISE
+    steps = list(slow.analysed_steps)
+    measured = float((_step_means(slow).reindex(steps) - _step_means(even).reindex(steps)).sum())
+    assert measured > 10e6 * len(steps)  # most of the 15 ms a step
+    assert straggler.time_lost_ns == pytest.approx(measured, rel=2 * MACHINE_NOISE)
 
 
-def _per_step(run, total_ns: float) -> float:
-    """A run's figure over its analysed steps, per step."""
-    return total_ns / len(run.analysed_steps)
+def _step_means(run):
+    """Each step's length, the mean over the run's ranks."""
+    return run.steps.groupby("step")["dur"].mean()
 
 
 def test_fsdps_copies_around_its_collectives_stay_eager_in_the_compiled_prediction(
