@@ -133,11 +133,12 @@ def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
         fused = None  # that finding states fused=True's saving: not claimed twice
     if fused is not None and fused.device_ns > 0:
         names = "/".join(fused.optimizers)
+        passes = f"{fused.passes} pass" + ("es" if fused.passes != 1 else "")
         fixes.append(_Fix(
             fused.device_ns, None, f"Pass fused=True to {names}: one kernel a step updates every "
-            f"parameter, instead of {fused.passes} passes over them.",
+            f"parameter, instead of {passes} over them.",
             f"{names} with fused=True updates the parameters in one kernel instead of "
-            f"{fused.passes} passes: {us(fused.device_ns)} less",
+            f"{passes}: {us(fused.device_ns)} less",
             "the optimizer steps replayed fused"))
     return fixes
 
