@@ -84,9 +84,9 @@ def annotation_regions(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
         "path": path, "name": s["name"].to_numpy(object)[ids], "depth": depth,
         "host_ns": s["dur"].to_numpy(np.int64)[ids], "kernels": kernels,
         "device_ns": self_ns, "device_total_ns": total_ns,
-        "device_span_ns": span})
+        "device_span_ns": span, "range": ~_continued(trace, ids, path)})
     out = rows.groupby("path", sort=True).agg(
-        name=("name", "first"), depth=("depth", "first"), count=("host_ns", "size"),
+        name=("name", "first"), depth=("depth", "first"), count=("range", "sum"),
         host_ns=("host_ns", "sum"), kernels=("kernels", "sum"), device_ns=("device_ns", "sum"),
         device_total_ns=("device_total_ns", "sum"),
         device_span_ns=("device_span_ns", "sum")).reset_index()
@@ -94,3 +94,26 @@ def annotation_regions(trace: Trace, hta_window: bool = False) -> pd.DataFrame:
     out["share"] = out["device_ns"] / all_ns if all_ns > 0 else 0.0
     return out[COLUMNS]
 
+
+def _continued(trace: Trace, ids: np.ndarray, path: np.ndarray) -> np.ndarray:
+    """Which region slices of `ids` go on with a range the one before ended: our recorder
+    splits a range still open at a step's end into one slice per step, the next starting
+    at the step's start where the last ended, with the same args (a request around each
+    model call, whose return ends a step, was counted twice: 64 requests for 32)."""
+    s = trace.table("slices")
+    if not len(trace.steps):
+        return np.zeros(len(ids), bool)
+    track = s["track_id"].to_numpy(np.int64)[ids].tolist()
+    ts = s["ts"].to_numpy(np.int64)[ids]
+    end = (ts + s["dur"].to_numpy(np.int64)[ids]).tolist()
+    starts = set(trace.steps["ts"].astype("int64").tolist())
+    ended: dict[tuple, int] = {}
+    for i, k, p, e in zip(ids.tolist(), track, path.tolist(), end, strict=True):
+        ended.setdefault((k, p, e), i)  # the first to end there: a piece of no length after
+    out = np.zeros(len(ids), bool)
+    for row, (i, k, p, t) in enumerate(zip(ids.tolist(), track, path.tolist(), ts.tolist(),
+                                           strict=True)):
+        before = ended.get((k, p, t)) if t in starts else None
+        out[row] = before is not None and before != i and \
+            trace.slice_args.get(before) == trace.slice_args.get(i)
+    return out

@@ -166,3 +166,19 @@ def test_our_recordings_annotations(tmp_path: Path):
         "fwd > attn": dict(zip(columns, [1, 2, 3600, 2, 1000, 1000, 1000, 0.5], strict=True))}
     window = trace.annotations(hta_window=True).set_index("path")
     assert window["count"].tolist() == [1, 1] and window["device_total_ns"].tolist() == [800, 500]
+
+
+def test_a_range_split_at_step_ends_counts_once(tmp_path: Path):
+    """Our recorder splits a range still open at a step's end into one slice per step: a
+    request around each model call, whose return ends the step, leaves a piece of no
+    length at the next step's start (as a recording on the modelled clock has it). Three
+    requests over three 10 us steps, each from 1 us into its step to the step's end: 3
+    ranges, not 5."""
+    sc = scenarios.Scenario()
+    for step in (0, 1, 2):
+        t0 = sc.step(step)
+        if step:  # the piece of the request before, split at this step's start
+            sc.b.slice(sc.host, t0, 0, "request", "annotation", {"request": step - 1})
+        sc.b.slice(sc.host, t0 + 1_000, 9_000, "request", "annotation", {"request": step})
+    regions = neuron_explorer.load(sc.write(tmp_path, "split")).annotations()
+    assert regions.set_index("path")["count"].to_dict() == {"request": 3}
