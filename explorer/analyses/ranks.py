@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.communication import COLLECTIVE_COLUMNS
 from neuron_explorer.analyses.critical_path import CATCH_UP_FACTOR
-from neuron_explorer.tables import assign_steps
 
 if TYPE_CHECKING:
     from neuron_explorer.runs.run import Run
@@ -99,12 +98,8 @@ def step_collectives(run: Run) -> pd.DataFrame:
     coll = _rank_window_collectives(run)
     if not len(coll) or not run.analysed_steps:
         return coll
-    left_out = run.steps[~run.steps["step"].isin(run.analysed_steps)]
-    inside = np.zeros(len(coll), bool)
-    for rank, steps in left_out.groupby("rank"):
-        mine = (coll["rank"] == rank).to_numpy()
-        inside[mine] = assign_steps(coll["ts"].to_numpy(np.int64)[mine], steps) >= 0
-    return coll[~inside]
+    left_out = set(run.steps["step"].tolist()) - set(run.analysed_steps)
+    return coll[~coll["step"].isin(left_out)]  # the step whose host launched the call
 
 
 def _rank_window_collectives(run: Run) -> pd.DataFrame:
