@@ -250,7 +250,6 @@ def analysed_steps(trace: Trace) -> StepSelection:
     return memoised(trace, "steady_steps", lambda: select_steps(trace))
 
 
-
 def in_analysed_steps(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a table with a `step` column that belong to the analysed steps (every row
     of a trace without steps)."""

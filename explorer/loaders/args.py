@@ -56,7 +56,8 @@ def _merged_numbers(kind: np.ndarray, ival: np.ndarray, fval: np.ndarray | None
 
 def put_float_bits(value: np.ndarray, fval: Any, kind: np.ndarray) -> None:
     """Write the float rows' values, as their bits, into the int64 `value` (in place)."""
-    np.copyto(value, np.asarray(fval, np.float64).view(np.int64), where=kind == KIND_FLOAT)
+    np.copyto(value, np.asarray(fval, np.float64).view(np.int64),
+              where=np.asarray(kind) == KIND_FLOAT)
 
 
 def _ids_like(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:

@@ -184,9 +184,7 @@ def _wrappers_own(trace: Trace, ids: np.ndarray) -> np.ndarray:
 
 def _kept_how(trace: Trace) -> str:
     """How to keep what the step reads on the device until it is read."""
-    from neuron_explorer.rules import host_bound
-
-    if host_bound.is_host_bound(trace) and not host_bound.is_compiled(trace):
+    if _math_at_read(trace):
         # a host-bound eager loop whose metrics a user accumulated on the device instead
         # ran 296 us a step slower (an op, a launch, per term); keeping the tensors and
         # reading them after the loop saved 992 us
@@ -197,17 +195,23 @@ def _kept_how(trace: Trace) -> str:
     return "(accumulate them into device tensors)"
 
 
+def _math_at_read(trace: Trace) -> bool:
+    """Whether the advice is to keep the tensors and do the metric math when reading them,
+    after the loop (a host-bound eager run, where each op of that math costs a launch)."""
+    from neuron_explorer.rules import host_bound
+
+    return host_bound.is_host_bound(trace) and not host_bound.is_compiled(trace)
+
+
 def _deferred_math(trace: Trace, read: np.ndarray, removed: np.ndarray,
                    replayed: float | None) -> str:
-    """Where the advice defers metric math to the read after the loop (a host-bound eager
-    run: `_kept_how`) and a read's own line computes on the device what only that read
+    """Where the advice defers metric math to the read after the loop (`_math_at_read`)
+    and a read's own line computes on the device what only that read
     takes (`out.argmax(1).cpu() == y`: the argmax), what deferring that math too saves:
     the headline keeps it in the step, as keeping predictions on the device does, and a
     user who kept the outputs themselves and took the argmax after the loop saved 180 us
     a step against the 120 claimed."""
-    from neuron_explorer.rules import host_bound
-
-    if replayed is None or not host_bound.is_host_bound(trace) or host_bound.is_compiled(trace):
+    if replayed is None or not _math_at_read(trace):
         return ""
     math = np.setdiff1d(made_only_for(trace, read, values_too=True), removed)
     if not len(math):
