@@ -3,34 +3,20 @@
 PyTorch registers no autocast kernels for PrivateUse1, so these Python kernels on the
 AutocastPrivateUse1 key cast floating-point neuron tensors to the autocast dtype for
 matmul-like ops, and to float32 for ops that need the range (softmax, losses, norms),
-then run the op below the autocast key. Every other op falls through.
+then run the op below the autocast key (the lists: common/autocast_policy.py). Every
+other op falls through.
 """
 
 from __future__ import annotations
 
 import torch
 from neuron_explorer.backend.matmul_numerics import attention_in_input_dtype
+from neuron_explorer.common.autocast_policy import FLOAT32, LOWER_PRECISION
 from torch._C import DispatchKey, DispatchKeySet
 
 # present at run time; torch's stubs do not list it
 _AUTOCAST_KEYS = DispatchKeySet(DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
 _exclude = torch._C._ExcludeDispatchKeyGuard
-
-# Ops that run in the lower precision (the Tensor Engine's dtypes), as on CUDA.
-LOWER_PRECISION = (
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "addr",
-    "einsum", "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
-    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input",
-    "scaled_dot_product_attention", "prelu",
-)
-# Ops that need float32 range or accuracy.
-FLOAT32 = (
-    "softmax.int", "log_softmax.int", "cross_entropy_loss", "nll_loss", "nll_loss_nd",
-    "layer_norm", "group_norm", "batch_norm", "mse_loss", "l1_loss", "smooth_l1_loss",
-    "binary_cross_entropy_with_logits", "kl_div", "exp", "log", "pow.Tensor_Scalar",
-    "sum", "sum.dim_IntList", "prod", "cumsum", "norm.Scalar", "norm.ScalarOpt_dim",
-    "rsqrt", "erfinv", "cosine_similarity",
-)
 
 
 def _cast(value, dtype: torch.dtype):

@@ -35,17 +35,9 @@ from neuron_explorer.backend.hardware import (
     lower_op,
 )
 from neuron_explorer.backend.hardware.kernel import FIRST_DMA
-from neuron_explorer.common.op_families import runs_matmuls
 
 # (shape, dtype name) pairs; attrs as (name, value) pairs (common/op_key_codec.py)
 OpKey = tuple[str, tuple, tuple, tuple]
-
-# What `dtype=` turns a matmul's float32 tensors into: fp8 operands accumulate and
-# write bf16 (as the Tensor Engine does). Matmuls: the matmul, convolution and attention
-# families (common/op_families.py), what autocast runs in the lower precision.
-_DTYPES = {"bf16": ("bfloat16", "bfloat16"), "fp8": ("float8_e4m3fn", "bfloat16")}
-_FLOATS = frozenset({"float32", "float16", "bfloat16"})
-
 
 @dataclass
 class ReplayedKernel:
@@ -74,11 +66,11 @@ class ReplayedOp:
 
 @dataclass(frozen=True)
 class ReplayOptions:
-    """What to predict: the preset, the launch overhead and the matmul dtype."""
+    """What to predict: the preset and the launch overhead (another dtype is in the
+    events' keys and casts: `backend.mixed_precision`)."""
 
     hardware: str = "trn2"
     launch_overhead_ns: int | None = None  # None: the preset's own
-    dtype: str | None = None  # "bf16" or "fp8" for matmuls; None: as recorded
 
     def preset(self) -> HardwarePreset:
         preset = get_preset(self.hardware)
@@ -101,6 +93,9 @@ class HostEvent:
     # a custom kernel's op (an NKI kernel, `nki::<name>`): its recorded kernels' length,
     # which no lowering of its key gives
     recorded_ns: int | None = None
+    # casts launched before and after the op (in another dtype: backend/mixed_precision.py)
+    casts_before: tuple = ()
+    casts_after: tuple = ()
 
 
 class HostShift:
@@ -121,37 +116,6 @@ class HostShift:
         for start, end in self._collapsed:
             ts[(ts > start) & (ts < end)] = start
         return ts + self._shift[np.searchsorted(self._ends, ts, side="right")]
-
-
-def with_dtype(key: OpKey, dtype: str | None) -> OpKey:
-    """The key of a matmul (or of a whole layer PyTorch's fast path runs as one op, its
-    matmuls inside) as if its floating-point tensors had `dtype` ("bf16", "fp8"); other
-    ops, and every op when `dtype` is None, unchanged."""
-    if dtype is None or not runs_matmuls(key[0]):
-        return key
-    operand, result = _DTYPES[dtype]
-    name, inputs, outputs, attrs = key
-    ins = tuple((s, operand if d in _FLOATS else d) for s, d in inputs)
-    outs = tuple((s, result if d in _FLOATS else d) for s, d in outputs)
-    return name, ins, outs, attrs
-
-
-def autocast_casts(key: OpKey, dtype: str | None, backward: bool = False) -> list[OpKey]:
-    """The casts autocast adds around a float32 matmul it runs in `dtype`, as an eager
-    recording under autocast shows them: in the forward each float32 input cast to the
-    operand dtype and each output back to float32 for the float32 ops after it (batch
-    norm, the loss); in the backward the incoming gradient (the first input) cast down
-    and each gradient it makes cast back up to float32 (the inputs autograd saved are
-    already in the lower precision). Each is an `aten::_to_copy` of its own: a kernel
-    and, eagerly, a launch."""
-    if dtype is None or not runs_matmuls(key[0]):
-        return []
-    operand = _DTYPES[dtype][0]
-    _, inputs, outputs, _ = key
-    down = [s for s, d in inputs if d == "float32"][: 1 if backward else None]
-    up = [s for s, d in outputs if d == "float32"]
-    return ([("aten::_to_copy", ((s, "float32"),), ((s, operand),), ()) for s in down]
-            + [("aten::_to_copy", ((s, operand),), ((s, "float32"),), ()) for s in up])
 
 
 def _transfer(attrs: tuple) -> str | None:
@@ -198,7 +162,7 @@ def recorded_kernel(name: str, length_ns: int) -> Kernel:
                   nbytes=np.zeros(1, np.int64), iflops=np.zeros(1, np.int64))
 
 
-def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: ReplayOptions,
+def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline,
                preset: HardwarePreset) -> ReplayedOp:
     """One op, collective or sync point issued at host time `ts` on `timeline`, as a live
     run would."""
@@ -210,15 +174,16 @@ def replay_one(ev: HostEvent, ts: int, timeline: DeviceTimeline, options: Replay
         return _recorded(ev, ts, timeline, preset)
     if ev.key is None:  # a sync point: wait for what this device still has queued
         return ReplayedOp(ts, max(0, timeline.finish_ns - ts))
-    kernel, fallback = lower_key(with_dtype(ev.key, options.dtype), preset)
+    kernel, fallback = lower_key(ev.key, preset)
     if kernel is None:
         return ReplayedOp(ts, 0, fallback=fallback)
     overhead = preset.host_launch_overhead_ns
-    # in another dtype, autocast's casts run around the matmul, each launched on its own
-    casts = [lower_key(c, preset)[0] for c in autocast_casts(ev.key, options.dtype,
-                                                              ev.backward)]
+    # in another dtype, autocast's casts around the op, each launched on its own
+    before = [lower_key(c, preset)[0] for c in ev.casts_before]
+    after = [lower_key(c, preset)[0] for c in ev.casts_after]
     out = ReplayedOp(ts, 0, fallback=fallback)
-    for k in [c for c in casts if c is not None] + [kernel]:
+    for k in [c for c in before if c is not None] + [kernel] + [c for c in after
+                                                                 if c is not None]:
         launch = ts + out.dur + overhead
         start, end = timeline.schedule(k, launch)
         out.kernels.append(ReplayedKernel(k, ev.device, launch, start, end,
@@ -271,7 +236,7 @@ def replay(events: Iterable[HostEvent], options: ReplayOptions
         timeline = timelines.get(ev.device)
         if timeline is None:
             timeline = timelines[ev.device] = DeviceTimeline(preset)
-        new = replay_one(ev, ev.ts + shift, timeline, options, preset)
+        new = replay_one(ev, ev.ts + shift, timeline, preset)
         out.append(new)
         if new.dur != ev.dur:
             ends.append(ev.ts + ev.dur)

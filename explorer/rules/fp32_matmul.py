@@ -24,7 +24,7 @@ from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, trains, us
 from neuron_explorer.rules.host_bound import device_saving
 from neuron_explorer.tables import map_unique
-from neuron_explorer.what_if.replay import autocast_cast_count, predicted_bf16_saving_ns
+from neuron_explorer.what_if.lower_precision import autocast_cast_count, predicted_bf16_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -113,9 +113,10 @@ def check(trace: Trace) -> list[Finding]:
         lost = predicted
         explanation = explanation.replace(
             ", and the estimate assumes they would run at the BF16 rate.", ".")
-        explanation += (f" A what-if replay of these matmuls in bfloat16 on "
+        explanation += (f" A what-if replay of the run under autocast in bfloat16 on "
                         f"{trace.hardware or 'this preset'} predicts {us(predicted)} less "
-                        "device time, the casts autocast adds around them included "
+                        "device time: these matmuls, and the ops after them that then run "
+                        "in bfloat16 too, less the casts autocast adds "
                         "(`neuron-explorer whatif TRACE --dtype bf16`).")
         whole = predicted_bf16_saving_ns(trace, mm["id"].to_numpy(), casts=False)
         # serving keeps no FP32 master weights: the model cast whole is the fix, and its
@@ -131,7 +132,7 @@ def check(trace: Trace) -> list[Finding]:
         elif whole is not None and whole > 1.25 * predicted:
             explanation += (f" A model and inputs cast to bfloat16 whole pay no casts: up "
                             f"to {us(whole)}.")
-    casts_ns = _casts_host_ns(trace, mm) if predicted is not None and not cast_whole else 0.0
+    casts_ns = _casts_host_ns(trace) if predicted is not None and not cast_whole else 0.0
     saving = device_saving(trace, lost, casts_ns)
     explanation += saving.note
     name, module = mm.groupby(["name", "module"], sort=False)["device_dur"].sum().idxmax()
@@ -180,15 +181,15 @@ def check(trace: Trace) -> list[Finding]:
                  + saving.basis, after=saving.after)]
 
 
-def _casts_host_ns(trace: Trace, mm: pd.DataFrame) -> float:
-    """The host time autocast's casts around these eager matmuls would add: each is an op
+def _casts_host_ns(trace: Trace) -> float:
+    """The host time autocast's casts would add to the eager run: each is an op
     the host launches, at this run's mean host time per op (its analysed steps' host
     windows less the host's waits on the device, over their ops). An fp32 MLP's host step
     grew from 4.23 to 5.22 ms under autocast (11 casts a step): device-paced before, the
     run became host-bound, and saved 0.2-0.7 ms a step where the device saved 0.83."""
     from neuron_explorer.analyses.critical_path import host_waits_per_step
 
-    casts = autocast_cast_count(trace, mm["id"].to_numpy())
+    casts = autocast_cast_count(trace)
     ops = in_analysed_work(trace, trace.ops)
     if not casts or not len(ops):
         return 0.0

@@ -419,7 +419,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
             # and the hooks' Python, the op's dispatch)
             before = events[i - 1] if i else ev
             lead = max(0, ev.ts - before.ts - before.dur)
-            new = replay_one(ev, after_graph + lead, timeline, options, preset)
+            new = replay_one(ev, after_graph + lead, timeline, preset)
             out[i] = new
             after_graph = new.ts + new.dur
             ends.append(graph_finish)  # the host's time after the graph grows by it
@@ -427,7 +427,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
             shift += lead + new.dur
             continue
         if graph is None:
-            new = replay_one(ev, ev.ts + shift, timeline, options, preset)
+            new = replay_one(ev, ev.ts + shift, timeline, preset)
             out[i] = new
             if new.dur != ev.dur:
                 ends.append(ev.ts + ev.dur)

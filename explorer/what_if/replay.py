@@ -190,64 +190,6 @@ def whatif(trace: Trace | str | os.PathLike, hardware: str | None = None, *,
     return predicted
 
 
-def predicted_bf16_saving_ns(trace: Trace, op_ids: np.ndarray,
-                             casts: bool = True) -> float | None:
-    """Device time the matmul op slices `op_ids` would save in bf16, on the recorded
-    preset, from their op keys (each distinct key lowered once), less the casts autocast
-    adds around them (`backend.replay.autocast_casts`; `casts=False`: a model cast whole,
-    which pays none); None when the trace has no op keys for them (then rules keep their
-    rule of thumb)."""
-    from neuron_explorer.backend.replay import (
-        ReplayOptions,
-        autocast_casts,
-        lower_key,
-        with_dtype,
-    )
-
-    rows = _matmul_keys(trace, op_ids)
-    if rows is None:
-        return None
-    preset = ReplayOptions(trace.hardware or "trn2").preset()
-    saved: dict[tuple, float] = {}
-    total = 0.0
-    for key, backward in rows:
-        if (key, backward) not in saved:
-            old, _ = lower_key(key, preset)
-            new, _ = lower_key(with_dtype(key, "bf16"), preset)
-            if old is None or new is None:
-                return None
-            added = [lower_key(c, preset)[0] for c in autocast_casts(key, "bf16", backward)
-                     if casts]
-            saved[key, backward] = float(old.duration_ns - new.duration_ns
-                                         - sum(c.duration_ns for c in added if c is not None))
-        total += saved[key, backward]
-    return total
-
-
-def autocast_cast_count(trace: Trace, op_ids: np.ndarray) -> int | None:
-    """How many casts autocast adds around the matmul op slices `op_ids`
-    (`backend.replay.autocast_casts`): each is an op the host launches too. None when
-    the trace has no op keys for them."""
-    from neuron_explorer.backend.replay import autocast_casts
-
-    rows = _matmul_keys(trace, op_ids)
-    if rows is None:
-        return None
-    return sum(len(autocast_casts(key, "bf16", backward)) for key, backward in rows)
-
-
-def _matmul_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
-    """(op key, in the backward) per op slice of `op_ids`; None where a key is missing or
-    damaged, or the trace is a prediction the rules do not replay (`replayable`)."""
-    if not replayable(trace):
-        return None
-    keys = op_keys(trace, op_ids)
-    if keys is None:
-        return None  # the rule keeps its rule of thumb
-    backward = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_BACKWARD,)) >= 0
-    return list(zip(keys, backward.tolist(), strict=True))
-
-
 def op_keys(trace: Trace, op_ids: np.ndarray) -> list[tuple] | None:
     """The decoded op key of each op slice of `op_ids`; None where there are none, or one
     is missing or damaged."""

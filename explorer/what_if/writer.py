@@ -201,13 +201,15 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
     and write the predicted trace to `path`."""
     from neuron_explorer.backend.replay import ReplayOptions, replay
     from neuron_explorer.collectors.trace_writer import open_writer
+    from neuron_explorer.what_if.lower_precision import in_dtype
 
     hardware = options.hardware or trace.hardware or "trn2"
     overhead = (None if options.launch_overhead_us is None
                 else round(options.launch_overhead_us * 1000))
-    replay_options = ReplayOptions(hardware, overhead, options.dtype)
+    replay_options = ReplayOptions(hardware, overhead)
     preset = replay_options.preset()
     rows, events = host_events(trace, ops)
+    events = in_dtype(trace, rows, events, options.dtype)
     notes: list[str] = []
     if options.mode == "compiled":
         from neuron_explorer.what_if.compiled import replay_compiled
@@ -224,18 +226,16 @@ def write_prediction(trace: Trace, ops: pd.DataFrame, options: WhatIfOptions,
     writer = open_writer(path, "pftrace")
     try:
         tracks = _Tracks(trace, writer, preset.name, engine_level)
-        _write(trace, writer, tracks, rows, replayed, shift, engine_level,
-               _metadata(trace, options, preset, notes), options.dtype)
+        _write(trace, writer, tracks, rows, events, replayed, shift, engine_level,
+               _metadata(trace, options, preset, notes))
         writer.close()
     except BaseException:
         writer.discard()
         raise
 
 
-def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, replayed: list,
-           shift: Any, engine_level: bool, meta: dict, dtype: str | None) -> None:
-    from neuron_explorer.backend.replay import with_dtype
-
+def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, events: list,
+           replayed: list, shift: Any, engine_level: bool, meta: dict) -> None:
     s = trace.table("slices")
     host = s[s["track_id"].isin(list(tracks.host))]
     meta_rows = host[host["kind"] == tf.CAT_METADATA]
@@ -260,7 +260,8 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
     by_id = s.set_index("id")
     kernel_id = 0
     kernels = []
-    for sid, key, new in zip(rows["id"].tolist(), rows["key"].tolist(), replayed, strict=True):
+    for sid, key, ev, new in zip(rows["id"].tolist(), rows["key"].tolist(), events, replayed,
+                                 strict=True):
         if new is None:  # an op a predicted graph launch runs
             continue
         row = by_id.loc[sid]
@@ -270,10 +271,10 @@ def _write(trace: Trace, writer: Any, tracks: _Tracks, rows: pd.DataFrame, repla
                                 _args(trace, sid), (), sid))
             continue
         args = _args(trace, sid)
-        if dtype and key is not None and with_dtype(key, dtype) is not key:
-            # the dtypes the prediction ran the matmul in: its report read the recorded
+        if key is not None and ev.key != key:
+            # the dtypes the prediction ran the op in: its report read the recorded
             # float32 and advised bf16 on a bf16 prediction
-            args[tf.ARG_DTYPES] = "[" + ", ".join(d for _, d in with_dtype(key, dtype)[1]) + "]"
+            args[tf.ARG_DTYPES] = "[" + ", ".join(d for _, d in ev.key[1]) + "]"
         op_id = int(args.get(tf.ARG_OP_ID, sid))
         args.pop(tf.ARG_KERNEL_ID, None)
         flow = []

@@ -18,7 +18,8 @@ from neuron_explorer.backend.hardware import LOWERINGS, get_preset
 from neuron_explorer.backend.hardware import lower_matmul as mmx
 from neuron_explorer.backend.hardware.lowering import kernel_name
 from neuron_explorer.backend.hardware.optable import ATTENTION, ATTENTION_BACKWARD, lowering_for
-from neuron_explorer.backend.replay import lower_key, spec_of, with_dtype
+from neuron_explorer.backend.mixed_precision import with_dtype
+from neuron_explorer.backend.replay import lower_key, spec_of
 from neuron_explorer.common import op_families as of
 from neuron_explorer.rules import fp32_matmul
 
@@ -145,7 +146,7 @@ def test_the_fp32_rule_flags_the_tables_matmuls(tmp_path, name, matmul_like):
 FOLDERS = ["backend", "collectors", "workloads", "explorer", "webapp"]
 # Lists that name matmuls among other ops for another reason: not which ops are matmuls.
 OTHER_FACTS = {
-    ("backend/autocast.py", "LOWER_PRECISION"): "PyTorch's CUDA autocast policy",
+    ("common/autocast_policy.py", "LOWER_PRECISION"): "PyTorch's CUDA autocast policy",
     ("backend/dispatch.py", "_SEE_MATH_BITS"): "ops PyTorch's conjugate fallback lets through",
     ("backend/kernels.py", "HOT_STRUCTURED"): "frequent ops of every kind, registered directly",
 }

@@ -27,8 +27,11 @@ def test_a_served_fp32_model_is_told_what_casting_it_whole_saves(tmp_path) -> No
     assert "needs no FP32 copy of its weights" in f.recommendation
     assert "At inference the model and its inputs can be cast to bfloat16 whole" \
         in f.explanation
-    saved = fp32.summary()["step_time_ns"] - bf16.summary()["step_time_ns"]
-    assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
+    # over the analysed steps, as the finding counts it: step 0's first-run device work
+    # (2.9 ms, against 1.03 a step after it) gets faster too, where the median step does
+    # not look (the finding's 694 us a step, against 621 off the median step)
+    saved = fp32.summary()["total_ns"] - bf16.summary()["total_ns"]
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
     assert not [g for g in bf16.bottlenecks() if g.rule_id == "fp32_matmul"]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from neuron_explorer.rules import fp32_matmul
 from neuron_explorer.rules.host_bound import is_host_bound
-from neuron_explorer.what_if.replay import predicted_bf16_saving_ns
+from neuron_explorer.what_if.lower_precision import predicted_bf16_saving_ns
 
 
 def _record(tmp_path: Path, inner: int, rows: int = 64,

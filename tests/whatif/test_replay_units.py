@@ -9,13 +9,13 @@ import pytest
 import torch
 from neuron_explorer import whatif
 from neuron_explorer.backend import devices, runtime
+from neuron_explorer.backend.mixed_precision import with_dtype
 from neuron_explorer.backend.replay import (
     HostEvent,
     HostShift,
     ReplayOptions,
     lower_key,
     replay,
-    with_dtype,
 )
 from neuron_explorer.collectors.device_sink import DeviceSink
 from neuron_explorer.common.op_key_codec import decode
