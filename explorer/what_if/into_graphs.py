@@ -5,7 +5,10 @@ compiled, the optimizer's step `fused=True` or compiled).
 Each eager op that launches kernels outside the graphs goes from the host, and its kernels'
 device time joins the graph launched just before it in its step (the first graph after
 it where none ran before): its host launches are what compiling it saves, and its device
-work is kept as it ran (fused, it would take less: a lower bound on the device's side). An
+work is kept as it ran (fused, it would take less: a lower bound on the device's side).
+Where a graph break in the model ends its graphs before the loss, the loss compiled with
+it is a graph of its own and its backward another: a launch each is kept. The gradient
+`loss.backward()` starts from (a 0-d `fill_`) stays eager in every case. An
 optimizer step `fused=True` replays is replayed so instead (`fused_optimizer`); a fused one
 stays (compiled, it is a launch of its own all the same). Left where they are: copies
 between host and device (the copies finding's), the optimizer's `zero_grad`
@@ -113,10 +116,20 @@ def _saving(trace: Trace) -> IntoGraphs | None:
     elif len(launches.optimizer) and not fused_optimizer(trace):
         moved.append(launches.optimizer)  # compiled, where fused=True does not apply
     ops = pd.concat(moved)
+    ops = ops[~_backward_seed(ops)]  # `backward()`'s seed: made eagerly however it is called
     if not len(ops) and not removed:
         return None
     rows = op_kernel_rows(trace)
     kernel_dur = trace.kernels["dur"].to_numpy(np.int64)
+    if len(launches.broken):
+        # a graph break in the model ends its graphs before the loss: compiled with it, the
+        # loss is a graph of its own, and its backward one more (a compiled CNN's eager loss
+        # was claimed 325 us a step, where compiling it saved 150)
+        launched, ops = _own_graphs(ops)
+        for op, added in launched.items():
+            first = rows.get(op)
+            if first:
+                lengths[first[0]] = int(added)
     for graph_row, added in _joined(launches.graphs, ops).items():
         first = rows.get(graph_row)
         if first:
@@ -125,6 +138,31 @@ def _saving(trace: Trace) -> IntoGraphs | None:
     saving = removal_saving_ns(trace, np.concatenate(removed), "eager ops into graphs", lengths)
     return None if saving is None else IntoGraphs(saving, fused is not None and
                                                   fused.replay is not None)
+
+
+def _backward_seed(ops: pd.DataFrame) -> np.ndarray:
+    """Per op: whether it is the gradient `loss.backward()` starts from, a 0-d tensor
+    filled with ones (`aten::fill_`): autograd makes it eagerly, whatever is compiled."""
+    return ((ops["name"].astype(str) == "aten::fill_")
+            & (ops["shapes"].astype(str) == "[[]]")).to_numpy()
+
+
+def _own_graphs(ops: pd.DataFrame) -> tuple[dict[int, float], pd.DataFrame]:
+    """The movable ops compiled as graphs of their own: per step, those before the first
+    op whose name says backward (the loss) one graph, the rest (its backward, and any code
+    after it) another. Returns, per graph, the op standing for its launch (its first,
+    kept where it was) with the device time of all the graph's ops; and the ops that go."""
+    launched: dict[int, float] = {}
+    gone = []
+    for _, mine in ops.sort_values("ts").groupby("step"):
+        names = mine["name"].astype(str)
+        backward = names.str.contains("_backward").to_numpy()
+        first_back = int(np.argmax(backward)) if backward.any() else len(mine)
+        for part in (mine.iloc[:first_back], mine.iloc[first_back:]):
+            if len(part):
+                launched[int(part["id"].iloc[0])] = float(part["device_dur"].fillna(0).sum())
+                gone.append(part.iloc[1:])
+    return launched, pd.concat(gone) if gone else ops.iloc[:0]
 
 
 def _joined(graphs: pd.DataFrame, ops: pd.DataFrame) -> dict[int, float]:
