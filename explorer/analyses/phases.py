@@ -223,6 +223,8 @@ def _mark_generation(rows: list[dict[str, Any]]) -> None:
         if row["phase"] == TRAIN:
             previous = None
             continue
+        if _no_call(row):
+            continue  # a piece of the iteration before it (below)
         if previous is not None and row["batch"] > 0 and row["batch"] == previous["batch"] \
                 and (row["new"] == 1 or row["new"] == previous["new"] + 1):
             if previous["phase"] == EVAL:
@@ -230,6 +232,23 @@ def _mark_generation(rows: list[dict[str, Any]]) -> None:
             row["phase"] = DECODE
             row["tokens"] = row["batch"]  # one new token per sequence, cache or not
         previous = row if row["phase"] != TRAIN and row["new"] > 0 else None
+    # A step mark after the prompt's call (`neuron_explorer.step()` after the prefill,
+    # whose return the recorder had marked) ends a piece without a call: the first
+    # token's argmax and read, part of the prefill. It broke the chain: the first decode
+    # step was taken for the prefill, and the time to first token left the prefill out.
+    kept: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        ahead = rows[i + 1]["phase"] if i + 1 < len(rows) else None
+        if _no_call(row) and ahead == DECODE and kept and kept[-1]["phase"] in (PREFILL, DECODE):
+            kept[-1]["dur"] = row["ts"] + row["dur"] - kept[-1]["ts"]
+            continue
+        kept.append(row)
+    rows[:] = kept
+
+
+def _no_call(row: dict[str, Any]) -> bool:
+    """An inference step without a model call."""
+    return row["phase"] == EVAL and row["batch"] < 0 and row["new"] < 0
 
 
 def _apply_requests(rows: list[dict[str, Any]], trace: Trace, calls: pd.DataFrame) -> None:
