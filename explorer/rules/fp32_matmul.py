@@ -103,11 +103,11 @@ def check(trace: Trace) -> list[Finding]:
                         "capped there, per graph.")
     if mixed:
         explanation += (" Other matmuls of this run ran in bfloat16 (autocast or a bf16 model): "
-                        "these got float32 inputs, so they ran at the FP32 rate.")
+                        "these ran outside it, on float32 inputs, at the FP32 rate.")
     cast_whole = not mixed and not trains(trace)
     # a compiled graph cannot be re-timed op by op: the replay predicts eager matmuls only
     predicted = predicted_bf16_saving_ns(trace, mm["id"].to_numpy()) if not len(inside) else None
-    if predicted is not None:  # the what-if replay of these matmuls in bf16
+    if predicted is not None:  # the what-if replay of the run under bf16 autocast
         if predicted < th.FP32_MATMUL_MIN_PREDICTED_GAIN * fp32_ns:
             return []  # bf16 would not make them faster: nothing to advise
         lost = predicted
@@ -141,11 +141,17 @@ def check(trace: Trace) -> list[Finding]:
     where = name + (f" in {module}" if module else "") + \
         (f" at {first['source']}" if first["source"] else "")
     if mixed:
-        recommendation = (f"Give {where} bfloat16 inputs: autocast did not cast them (an "
-                          "input made in float32, e.g. after a softmax or an explicit "
-                          ".float()); cast with .to(torch.bfloat16) there, or compute "
-                          "attention with F.scaled_dot_product_attention on bfloat16 q, k "
-                          "and v.")
+        # autocast casts a matmul's inputs whatever their dtype (a `.float()` inside its
+        # region does nothing): an FP32 matmul beside bf16 ones ran outside it. Told to
+        # cast its input, a loss head outside the region crashed on its float32 weight.
+        recommendation = (f"Run {where} in bfloat16: it ran outside autocast (after the "
+                          "`with torch.autocast(...)` block, or where autocast is disabled), "
+                          "so its float32 inputs kept it in FP32. Move it inside the autocast "
+                          "region, which casts a layer's weight too; a matmul of two "
+                          "activations (attention's scores) can cast both operands with "
+                          ".to(torch.bfloat16) instead (both: one alone fails on mismatched "
+                          "dtypes), or compute attention with "
+                          "F.scaled_dot_product_attention on bfloat16 q, k and v.")
     elif len(inside) and not len(eager):
         # inside compiled graphs autocast's casts are sections of the program that move
         # data: three compiled CNNs saved -11%, -4% and 18% of this estimate with autocast,

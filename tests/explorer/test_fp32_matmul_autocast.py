@@ -99,3 +99,19 @@ def test_a_compiled_cnn_is_told_to_cast_the_model_whole(tmp_path) -> None:
     # the premise: autocast saved well under the estimate
     saved = fp32.summary()["step_time_ns"] - bf16.summary()["step_time_ns"]
     assert saved < 0.25 * f.time_lost_ns / f.steps
+
+
+def test_a_loss_head_outside_autocast_is_told_to_move_inside_it(tmp_path) -> None:
+    """The body under autocast, the last layer after the `with` block on `.float()` of its
+    output: told to cast its input with .to(torch.bfloat16), the user's head crashed on
+    its float32 weight. Moved inside the region (the `.float()` dropped), each step saved
+    what the finding says a step saves."""
+    size = ["--width", "1024", "--batch", "1024"]
+    paths = record_variants(tmp_path, MLP, {"body": [*size, "--autocast-body"],
+                                            "whole": [*size, "--autocast"]}, modelled=True)
+    body, whole = load(paths["body"]), load(paths["whole"])
+    (f,) = [f for f in body.bottlenecks() if f.rule_id == "fp32_matmul"]
+    assert "ran outside autocast" in f.recommendation
+    assert "Move it inside the autocast region" in f.recommendation
+    saved = body.summary()["step_time_ns"] - whole.summary()["step_time_ns"]
+    assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)

@@ -37,7 +37,8 @@ def test_a_compiled_attention_bmm_kept_in_fp32_is_flagged(recorded) -> None:
     assert any("aten::bmm in float32 inside compiled graph_" in e["description"]
                for e in finding["evidence"]), finding["evidence"]
     assert "Other matmuls of this run ran in bfloat16" in finding["explanation"]
-    assert re.search(r"Give aten::bmm at \S*compiled_attention_autocast\.py:24 bfloat16 inputs",
+    assert re.search(r"Run aten::bmm at \S*compiled_attention_autocast\.py:24 in bfloat16: it "
+                     r"ran outside autocast",
                      finding["recommendation"]), finding["recommendation"]
     assert finding["time_lost_ns"] > 0
 

@@ -1,6 +1,8 @@
 """An MLP with GELU and a squared-error loss trained in float32: `mlp_precision.py
-[--autocast | --bf16] [--width W] [--batch B]` (`--autocast`: the forward and loss under
-bf16 autocast; `--bf16`: the model and its data cast to bfloat16 whole)."""
+[--autocast | --autocast-body | --bf16] [--width W] [--batch B]` (`--autocast`: the forward
+and loss under bf16 autocast; `--autocast-body`: all but the last layer under it, the last
+on the body's output made float32 again, a loss head kept in float32; `--bf16`: the model
+and its data cast to bfloat16 whole)."""
 
 import sys
 
@@ -22,8 +24,13 @@ y = torch.randn(BATCH, WIDTH).to("neuron")
 if "--bf16" in sys.argv:
     model, x, y = model.to(torch.bfloat16), x.to(torch.bfloat16), y.to(torch.bfloat16)
 for _ in range(5):
-    with torch.autocast("neuron", dtype=torch.bfloat16, enabled="--autocast" in sys.argv):
-        loss = (model(x) - y).pow(2).mean()
+    if "--autocast-body" in sys.argv:
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            body = model[1](model[0](x))
+        loss = (model[2](body.float()) - y).pow(2).mean()
+    else:
+        with torch.autocast("neuron", dtype=torch.bfloat16, enabled="--autocast" in sys.argv):
+            loss = (model(x) - y).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
