@@ -132,7 +132,7 @@ def test_fp32_matmuls_get_advice_only_where_bf16_pays(record, repo_root) -> None
     assert _finding(rep, "fp32_matmul") is None
     rep = _report(repo_root / "sample_traces" / "fp32_matmul.pftrace")
     fp32 = _finding(rep, "fp32_matmul")
-    assert fp32 is not None and "A what-if replay of these matmuls in bfloat16" in \
+    assert fp32 is not None and "A what-if replay of the run under autocast in bfloat16" in \
         fp32["explanation"]
     assert ",." not in fp32["explanation"]  # the sentence the what-if figure shortens
 
