@@ -100,7 +100,7 @@ def into_graphs_saving(trace: Trace) -> IntoGraphs | None:
 
 
 def _saving(trace: Trace) -> IntoGraphs | None:
-    from neuron_explorer.rules.host_bound import fused_optimizer
+    from neuron_explorer.rules.host_bound import fused_optimizer, left_by_breaks
     from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
 
     launches = eager_launches(trace)
@@ -121,10 +121,12 @@ def _saving(trace: Trace) -> IntoGraphs | None:
         return None
     rows = op_kernel_rows(trace)
     kernel_dur = trace.kernels["dur"].to_numpy(np.int64)
-    if len(launches.broken):
+    if len(launches.broken) and not left_by_breaks(trace):
         # a graph break in the model ends its graphs before the loss: compiled with it, the
         # loss is a graph of its own, and its backward one more (a compiled CNN's eager loss
-        # was claimed 325 us a step, where compiling it saved 150)
+        # was claimed 325 us a step, where compiling it saved 150). Where the break left
+        # most of the model eager, host_bound's saving comes after its fix: the loss joins
+        # the model's graphs then.
         launched, ops = _own_graphs(ops)
         for op, added in launched.items():
             first = rows.get(op)
