@@ -270,8 +270,11 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         return host
     dst_dev = devices.get(target.index if target.index is not None else None)
     out = dispatch.to_device(host, dst_dev)
+    # the op that made what it casts: without it, `x.float()` and autocast's cast of it
+    # back were unrelated, and a cast's readers could not be followed to what it read
     _account(dst_dev, "aten::_to_copy", ((self.shape, self.dtype),), ((out.shape, out.dtype),),
-             ON_DEVICE, real_start, host_start, op_id)
+             ON_DEVICE, real_start, host_start, op_id,
+             (_made_by(self, op_id),) if _hub.active and _state.accounting else ())
     return out
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.rules import (
     accumulation_all_reduce,
+    cast_round_trip,
     checkpoint_recompute,
     compile_dominates,
     converted_uploads,
@@ -45,6 +46,7 @@ from neuron_explorer.rules import (
     zeroed_gradients,
 )
 from neuron_explorer.rules.finding import Finding, Findings, ranked, step_time
+from neuron_explorer.rules.shared_causes import with_shared_causes
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -56,7 +58,7 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          kernel_dma_not_pipelined, kernel_memory_pressure, kernel_matmul_tile_shape,
          kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce,
          optimizer_recreated, python_loop, parameter_loop, unfused_optimizer, train_mode_inference,
-         converted_uploads, layout_copies, unbatched_calls)
+         converted_uploads, layout_copies, cast_round_trip, unbatched_calls)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it
 SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}
@@ -70,7 +72,7 @@ def run_rules(trace: Trace) -> Findings:
         return ranked(findings)
     for rule in RULES:
         findings.extend(rule.check(trace))
-    return ranked(findings)
+    return ranked(with_shared_causes(trace, findings))
 
 
 def ran_nothing(trace: Trace) -> bool:

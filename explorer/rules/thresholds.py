@@ -139,6 +139,8 @@ UNFUSED_OPTIMIZER_MIN_SHARE = 0.02
 
 # layout_copies: strided views made contiguous whose removal saves less than this share
 LAYOUT_COPIES_MIN_SHARE = 0.02
+# cast_round_trip: casts up to float32 undone at once, at least this share of the step
+CAST_ROUND_TRIP_MIN_SHARE = 0.02
 
 # accumulation_all_reduce: early reductions whose removal saves less than this share
 ACCUMULATION_ALL_REDUCE_MIN_SHARE = 0.02
