@@ -21,7 +21,15 @@ import pandas as pd
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import (
+    Finding,
+    evidence,
+    make,
+    named_sites,
+    step_time,
+    top,
+    us,
+)
 from neuron_explorer.tables import ancestor_of_kind
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
@@ -91,10 +99,8 @@ def check(trace: Trace) -> list[Finding]:
     per_step = round((len(ups) + len(backs)) / steps)
     # the forward's casts name the user's lines (the backward's carry the backward() call's)
     forward = ancestor_of_kind(trace, ups["id"].to_numpy(np.int64), (tf.CAT_BACKWARD,)) < 0
-    sites = ups.loc[forward if forward.any() else slice(None), "source"].astype(str)
-    lines = sites[sites != ""].value_counts()
-    named = ", ".join(f"{site} ({n // steps}x a step)" if n >= steps
-                      else f"{site} ({n} in all)" for site, n in lines.head(3).items())
+    named = named_sites(ups.loc[forward if forward.any() else slice(None), "source"]
+                        .astype(str), steps)
     items = [evidence(r.ts, r.dur, [r.id], f"{r.dtypes} cast to float32 at {r.source}, then "
                       f"back: {us(r.dur)} on the host, {us(r.device_dur)} on the device")
              for r in top(ups, "dur").itertuples()]

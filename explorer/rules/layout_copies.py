@@ -19,7 +19,15 @@ from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import (
+    Finding,
+    evidence,
+    make,
+    named_sites,
+    step_time,
+    top,
+    us,
+)
 from neuron_explorer.tables import ancestor_of_kind, flag, map_unique, of_kind, slice_names
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
@@ -85,10 +93,7 @@ def check(trace: Trace) -> list[Finding]:
     if saving is None or saving < th.LAYOUT_COPIES_MIN_SHARE * step_time(trace):
         return []
     steps = max(int(copies["step"].nunique()), 1)
-    sites = copies["source"].astype(str)
-    lines = sites[sites != ""].value_counts()
-    named = ", ".join(f"{site} ({n // steps}x)" if n >= steps else f"{site} ({n} in all)"
-                      for site, n in lines.head(3).items())
+    named = named_sites(copies["source"].astype(str), steps)
     every, _ = layout_copies(trace)
     library = every[in_library_modules(trace, every)]
     theirs = (f" {round(len(library) / steps)} more a step run inside PyTorch's own modules "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 from neuron_explorer.common import trace_format as tf
 
 if TYPE_CHECKING:
@@ -44,6 +45,6 @@ def with_shared_causes(trace: Trace, findings: list[Finding]) -> list[Finding]:
 
 def _lines(trace: Trace, finding: Finding) -> set[str]:
     """The program lines ("train.py:42") of the finding's evidence slices."""
-    ids = [i for item in finding.evidence for i in item["slice_ids"]]
-    sources = trace.slice_args.column(tf.ARG_SOURCE, ids) if ids else []
-    return {str(s).split(" ")[0] for s in sources if s}
+    ids = np.array([i for item in finding.evidence for i in item["slice_ids"]], np.int64)
+    sources = trace.slice_args.column(tf.ARG_SOURCE, ids)  # an empty array for no ids
+    return {str(s).split(" ")[0] for s in sources.tolist() if s}
