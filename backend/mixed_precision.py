@@ -149,7 +149,10 @@ class _Propagation:
         """Which output of op `p` a tensor of `shape` it made is: the data flow names the op,
         not the output (a convolution's backward makes its input's and its weight's
         gradients)."""
-        outputs = self.keys[p][2]  # type: ignore[index]
+        key = self.keys[p]
+        if key is None:  # an op without a key (a collective): nothing planned for it
+            return -1
+        outputs = key[2]
         for k, (s, _) in enumerate(outputs):
             if tuple(s) == tuple(shape) and self.made[p][k] is not None:
                 return k
@@ -157,7 +160,7 @@ class _Propagation:
 
     def _dtype_of(self, p: int, shape: tuple) -> str:
         """The dtype a recorded float32 tensor of `shape` made by op `p` has in the new run."""
-        k = self._output(p, shape) if p >= 0 else -1
+        k = self._output(p, shape) if p >= 0 else -1  # -1: made outside the plan
         return (self.made[p][k] or F32) if k >= 0 else F32
 
     def _gradient(self, p: int) -> bool:

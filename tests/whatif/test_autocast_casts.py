@@ -127,3 +127,14 @@ def test_a_gradient_is_cast_once_where_it_is_made_and_a_parameters_goes_back_up(
     assert bias.before == () and bias.key[1] == ((h, bf),)
     assert [(c[1][0][1], c[2][0][1]) for c in mm.after] == [(bf, f32)]
     assert [(c[1][0][1], c[2][0][1]) for c in bias.after] == [(bf, f32)]
+
+
+def test_a_tensor_an_op_without_a_key_made_keeps_its_recorded_dtype() -> None:
+    """A collective (`c10d::all_reduce`: no op key) made what a later op reads: the plan
+    takes it as recorded, float32, rather than failing on the missing key."""
+    from neuron_explorer.backend.mixed_precision import plan
+
+    f32, g = "float32", (32, 16)
+    keys = [None, _key("aten::mul_", [(g, f32), ((), f32)], [(g, f32)])]
+    planned = plan(keys, [True, True], "bf16", [(), (0, -1)], {0: {1}})
+    assert planned[0] is None and planned[1].key == keys[1] and planned[1].before == ()
