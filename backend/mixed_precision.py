@@ -37,8 +37,9 @@ F32 = "float32"
 DTYPES = {"bf16": ("bfloat16", "bfloat16"), "fp8": ("float8_e4m3fn", "bfloat16")}
 _FLOATS = frozenset({F32, "float16", "bfloat16"})
 _LOWER = frozenset(base_name(n) for n in LOWER_PRECISION)
-# ops whose output dtype is an argument, not their inputs'
-_EXPLICIT_DTYPE = frozenset({"_to_copy", "to", "_to_dtype", "type_as"})
+# ops whose output dtype is an argument, not their inputs' (`.to()`, `.float()`, `type_as`
+# are recorded as this)
+_EXPLICIT_DTYPE = frozenset({"_to_copy"})
 
 
 class Planned(NamedTuple):

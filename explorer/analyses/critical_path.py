@@ -125,13 +125,13 @@ def device_time_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.
     busy = device_busy_ns(trace)
     if not measured_host or not len(trace.steps) or not busy:
         return float(device_ns)  # nothing to weigh it against: the device's own time
+    replayed = retimed_device_saving(trace, device_ns, host_added_ns)
+    if replayed is not None:
+        return float(min(device_ns, replayed))
     steps = float(step_windows(trace)["dur"].sum())  # the host's windows
     # the lag, also as the device's pace measures it (its idle between kernels included)
     lag = max(busy, total_step_ns(trace)) - steps
     waits = float(host_waits_per_step(trace).sum())
-    replayed = retimed_device_saving(trace, device_ns, host_added_ns)
-    if replayed is not None:
-        return float(min(device_ns, replayed))
     return float(min(device_ns, waits + max(lag, 0.0) - host_added_ns))
 
 

@@ -53,8 +53,16 @@ def round_trips(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
     if not len(cast_rows):
         return none
     keys = op_keys(trace, ops["id"].to_numpy(np.int64)[cast_rows])
-    flow = recorded_data_flow(trace, ops) if keys is not None else None
-    if keys is None or flow is None:
+    if keys is None:
+        return none
+    # per cast row: (from, to) dtype of its one tensor
+    dtypes = {int(r): (key[1][0][1], key[2][0][1]) for r, key in zip(cast_rows, keys,
+                                                                      strict=True)
+              if len(key[1]) == 1 and len(key[2]) == 1}
+    if not any(s in LOWER and t == "float32" for s, t in dtypes.values()):
+        return none  # every run's uploads are casts too: no data flow read for them alone
+    flow = recorded_data_flow(trace, ops)
+    if flow is None:
         return none
     _, direct = flow
     no_work = ops["kernel_count"].to_numpy() == 0
@@ -70,10 +78,6 @@ def round_trips(trace: Trace) -> tuple[pd.DataFrame, np.ndarray]:
                 out.add(r)
         return out
 
-    # per cast row: (from, to) dtype of its one tensor
-    dtypes = {int(r): (key[1][0][1], key[2][0][1]) for r, key in zip(cast_rows, keys,
-                                                                      strict=True)
-              if len(key[1]) == 1 and len(key[2]) == 1}
     up, back = [], []
     for row, (source, target) in dtypes.items():
         read = readers(row)
