@@ -51,6 +51,8 @@ BASE_TABLES = ("slices", "tracks", "counters", "flows", "args")
 DERIVED_TABLES = ("steps", "ops", "kernels", "instructions", "modules")
 ARGS_COLUMNS = ["slice_id", "key", "kind", "int_value", "float_value", "str_value"]
 INT64 = (-(1 << 63), (1 << 63) - 1)
+# rows per row group: the unit a lazy read (a key of the args, a few slices' dicts) reads
+ROW_GROUP_ROWS = 1 << 20
 
 
 class StoreError(Exception):
@@ -206,16 +208,77 @@ class Store:
 
     def lazy_args(self, n_slices: int, reparse: Callable[[], RawTrace] | None
                   ) -> LazyArgs:
-        """The args, read on first use (from the trace again, by `reparse`, should their
-        file prove unreadable then)."""
-        def args() -> SliceArgs:
+        """The args, read as they are asked for: a key, a few slices, or all of them (from
+        the trace again, by `reparse`, should their file prove unreadable then)."""
+        from neuron_explorer.store.stored_args import StoredArgs
+
+        def whole() -> SliceArgs:
             columns = self.read_args(n_slices)
             if columns is not None:
                 return columns
             again = self._reparsed(reparse, "args").args
             return again.resolved() if isinstance(again, LazyArgs) else again
 
-        return LazyArgs(args)
+        return StoredArgs(
+            lambda groups, columns: self.read_row_groups("args", groups, columns,
+                                                         ("key", "str_value")),
+            lambda: self.row_group_ranges("args", "slice_id"), whole, n_slices)
+
+    def read_row_groups(self, name: str, groups: list[int], columns: list[str] | None,
+                        dictionaries: tuple[str, ...] = ()) -> Any:
+        """Row groups of a table of this build as one Arrow table (checksums checked), or
+        None as `read_table`."""
+        import pyarrow as pa
+
+        with self._parquet_file(name, dictionaries) as file:
+            if file is None:
+                return None
+            try:
+                return file.read_row_groups(groups, columns=columns)
+            except (OSError, pa.ArrowException, ValueError):
+                return None
+
+    def row_group_ranges(self, name: str, column: str) -> list[tuple[int, int, int]] | None:
+        """Each row group of a table: its rows and the lowest and highest value of a number
+        column (from the file's statistics; unbounded where it has none), or None as
+        `read_table`."""
+        with self._parquet_file(name, ()) as file:
+            if file is None:
+                return None
+            meta = file.metadata
+            at = file.schema_arrow.get_field_index(column)
+            out = []
+            for i in range(meta.num_row_groups):
+                group = meta.row_group(i)
+                stats = group.column(at).statistics if at >= 0 else None
+                low, high = ((stats.min, stats.max) if stats is not None and stats.has_min_max
+                             else (INT64[0], INT64[1]))
+                out.append((group.num_rows, low, high))
+            return out
+
+    @contextlib.contextmanager
+    def _parquet_file(self, name: str, dictionaries: tuple[str, ...]) -> Any:
+        """The table's file opened for reading row groups, if it is this build's; else None."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        source = self.pinned.get(name)
+        if source is None and not os.path.isfile(self.file(name)):
+            yield None
+            return
+        try:
+            if source is not None:
+                source.seek(0)
+            file = pq.ParquetFile(source if source is not None else self.file(name),
+                                  page_checksum_verification=True,
+                                  read_dictionary=list(dictionaries) or None)
+        except (OSError, pa.ArrowException, ValueError):
+            yield None
+            return
+        try:
+            yield file if build_of(file.schema_arrow) == self.manifest.get("build") else None
+        finally:
+            file.close()
 
     def _reparsed(self, reparse: Callable[[], RawTrace] | None, what: str) -> RawTrace:
         if reparse is None:
@@ -394,7 +457,7 @@ def write_parquet(path: str, frame: pd.DataFrame | Any, build: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with parquet_writer(tmp, table.schema, build) as writer:
-            writer.write_table(table)
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
