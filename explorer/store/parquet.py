@@ -93,49 +93,41 @@ class Store:
     def read_table(self, name: str) -> pd.DataFrame | None:
         """A table of this build, or None when it is absent, unreadable, damaged or of
         another build (a derived table is then computed again and written over it)."""
-        with building():  # what the read decodes and lets go returns to the system
-            table = self._read_arrow(name)
-            return None if table is None else _to_pandas(table)
+        import pyarrow as pa
+
+        # what the read decodes and lets go returns to the system
+        with building(), self._parquet_file(name, ()) as file:
+            if file is None:
+                return None
+            try:
+                return _columns_to_pandas(file)
+            except (OSError, pa.ArrowException, ValueError):
+                return None
 
     def read_args(self, n_slices: int) -> ColumnArgs | None:
         """The slices' args as columns straight from the file's pages: keys and strings
         stay the codes Parquet's dictionaries hold, so no Python object is made per row
         (the long table's 2.4 M rows of a 1 M-slice trace took 0.4-1.2 s through pandas
         objects, and most of its memory). None as `read_table`."""
-        with building():
+        import pyarrow as pa
+
+        with building(), self._parquet_file("args", ("key", "str_value")) as file:
+            if file is None:
+                return None
             # a column at a time, each let go once converted: the whole Arrow table held
             # beside the arrays made of it took a cached 10 M-slice trace with its args
             # to 3.1 GB above the imports (2.3-2.8 GB this way)
             columns: dict[str, Any] = {}
             for column in ARGS_COLUMNS:
-                table = self._read_arrow("args", dictionaries=("key", "str_value"),
-                                         columns=[column])
-                if table is None:
+                try:
+                    table = file.read(columns=[column])
+                except (OSError, pa.ArrowException, ValueError):
+                    return None
+                if table.num_rows != file.metadata.num_rows:  # a damaged page header
                     return None
                 columns[column] = table.column(column)
                 del table
             return args_from_arrow(columns, n_slices)
-
-    def _read_arrow(self, name: str, dictionaries: tuple[str, ...] = (),
-                    columns: list[str] | None = None) -> Any:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if not self.has(name):
-            return None
-        source = self.pinned.get(name)
-        try:
-            if source is not None:
-                source.seek(0)
-            table = pq.read_table(source if source is not None else self.file(name),
-                                  columns=columns, page_checksum_verification=True,
-                                  read_dictionary=[d for d in dictionaries
-                                                   if columns is None or d in columns] or None)
-        except (OSError, pa.ArrowException, ValueError):
-            return None
-        if build_of(table.schema) != self.manifest.get("build"):
-            return None
-        return table
 
     def pin(self, names: tuple[str, ...]) -> None:
         """Hold the files of `names` open (those present), checked to be this build's."""
@@ -234,9 +226,13 @@ class Store:
             if file is None:
                 return None
             try:
-                return file.read_row_groups(groups, columns=columns)
+                table = file.read_row_groups(groups, columns=columns)
             except (OSError, pa.ArrowException, ValueError):
                 return None
+            # a damaged page header (outside the pages' checksums) can read as a column
+            # cut short: a read of one column is checked against the footer's rows
+            rows = sum(file.metadata.row_group(g).num_rows for g in groups)
+            return table if table.num_rows == rows else None
 
     def row_group_ranges(self, name: str, column: str) -> list[tuple[int, int, int]] | None:
         """Each row group of a table: its rows and the lowest and highest value of a number
@@ -488,6 +484,22 @@ def parquet_writer(path: str, schema: Any, build: str) -> Any:
     return pq.ParquetWriter(path, schema, compression="zstd",  # zstd: small files, fast reads
                             use_dictionary=texts, column_encoding=deltas or None,
                             write_statistics=numbers, write_page_checksum=True)
+
+
+def _columns_to_pandas(file: Any) -> pd.DataFrame:
+    """A frame of a Parquet file's table, read a column at a time: each column's Arrow
+    form is let go once converted, so the read peaks near the frame (the whole Arrow
+    table beside the frame peaked a cached 10 M-slice trace's slices at 2.3x their frame)."""
+    columns = {}
+    for name in file.schema_arrow.names:
+        part = file.read(columns=[name])
+        if part.num_rows != file.metadata.num_rows:  # a damaged page header: cut short
+            raise ValueError(f"column {name} holds {part.num_rows} of "
+                             f"{file.metadata.num_rows} rows")
+        columns[name] = _to_pandas(part)[name]
+        del part
+    # the columns as they are: one block each, not copied into a block per dtype
+    return pd.DataFrame(columns, copy=False)
 
 
 def _to_pandas(table: Any) -> pd.DataFrame:

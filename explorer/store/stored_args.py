@@ -13,6 +13,7 @@ the long table (`trace.table("args")`).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,12 @@ class StoredArgs(LazyArgs):
         super().__init__(whole)
         self._read_groups, self._row_groups, self._n = read_groups, row_groups, n_slices
         self._keys: tuple[np.ndarray, list[str], np.ndarray] | None = None
-        self._by_key: dict[str, ColumnArgs] = {}
+        # the keys read last, up to KEPT_KEY_BYTES: an analysis asks for the same key of
+        # several sets of slices, but holding every key a first load's derived tables read
+        # kept 0.6 GB of a 10 M-slice trace's args for nothing after
+        self._by_key: OrderedDict[str, ColumnArgs] = OrderedDict()
+        self._groups_read = 0  # row groups the key reads have decoded
+        self._group_list: list[tuple[int, int, int]] | None = None
         self._lock = threading.Lock()  # the dashboard's callbacks share a trace
 
     # --- a key of many slices ---------------------------------------------------------
@@ -65,12 +71,29 @@ class StoredArgs(LazyArgs):
         if not len(ids):
             return _NO_ARGS
         with self._lock:
-            if key not in self._by_key:
+            found = self._by_key.get(key)
+            if found is None:
                 try:
-                    self._by_key[key] = self._key_args(key)
+                    if self._groups_read >= WHOLE_AFTER_PASSES * len(self._groups()):
+                        # many keys of most slices (a first load's derived tables): one
+                        # read of every row costs less than the file again for each key
+                        self._by_key.clear()
+                        self._keys = None
+                        return self.resolved()
+                    found = self._key_args(key)
                 except StoredArgsUnreadable:
                     return self.resolved()
-            return self._by_key[key]
+                self._keep(key, found)
+            self._by_key.move_to_end(key)
+            return found
+
+    def _keep(self, key: str, rows: ColumnArgs) -> None:
+        """Keep a key's rows, letting the least recently read go past KEPT_KEY_BYTES."""
+        self._by_key[key] = rows
+        size = sum(_nbytes(kept) for kept in self._by_key.values())
+        while size > KEPT_KEY_BYTES and len(self._by_key) > 1:
+            _, dropped = self._by_key.popitem(last=False)
+            size -= _nbytes(dropped)
 
     def _key_args(self, key: str) -> ColumnArgs:
         codes, names, group_starts = self._key_codes()
@@ -98,10 +121,11 @@ class StoredArgs(LazyArgs):
         return self._keys
 
     def _groups(self) -> list[tuple[int, int, int]]:
-        groups = self._row_groups()
-        if groups is None:
-            raise StoredArgsUnreadable
-        return groups
+        if self._group_list is None:
+            self._group_list = self._row_groups()
+            if self._group_list is None:
+                raise StoredArgsUnreadable
+        return self._group_list
 
     def _rows_of(self, groups: list[int], rows: np.ndarray | None,
                  group_starts: np.ndarray | None) -> ColumnArgs:
@@ -111,6 +135,7 @@ class StoredArgs(LazyArgs):
         from neuron_explorer.store.parquet import args_from_arrow
 
         parts = []
+        self._groups_read += len(groups)
         for group in groups:
             table = self._read_groups([group], None)
             if table is None:
@@ -167,6 +192,15 @@ class StoredArgs(LazyArgs):
             if at < len(wanted) and wanted[at] <= high:
                 out.append(group)
         return out
+
+
+KEPT_KEY_BYTES = 128 << 20  # the keys' rows a trace keeps read
+WHOLE_AFTER_PASSES = 2  # key reads that have read the file this often: decode it whole
+
+
+def _nbytes(args: ColumnArgs) -> int:
+    return sum(a.nbytes for a in (args.slice_id, args.key, args.kind, args.value, args.scode)
+               if a is not None)
 
 
 # the answer for a key no slice has, or for no slices
