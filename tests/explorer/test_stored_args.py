@@ -111,3 +111,32 @@ def test_damaged_args_read_a_key_from_the_trace_again(cached: Path) -> None:
     for key in ("kernel_id", "engine", "bytes"):
         assert damaged.slice_args.column(key, ids).tolist() == \
             fresh.slice_args.column(key, ids).tolist(), key
+
+
+def test_keys_read_are_kept_within_their_budget(cached: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_explorer.store import stored_args
+
+    trace, args, whole = _stored(cached)
+    ids = np.arange(len(trace.table("slices")))
+    monkeypatch.setattr(stored_args, "KEPT_KEY_BYTES", 1)
+    monkeypatch.setattr(stored_args, "WHOLE_AFTER_PASSES", 1000)
+    for key in ("op_id", "kernel_id", "bytes"):
+        assert args.column(key, ids).tolist() == whole.column(key, ids).tolist()
+    assert list(args._by_key) == ["bytes"]  # the last read only, past the budget
+
+
+def test_many_keys_of_every_slice_decode_the_args_once(
+        cached: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the key reads have read the file's row groups WHOLE_AFTER_PASSES times over,
+    the whole args are decoded once rather than the file read again for each key."""
+    from neuron_explorer.store import stored_args
+
+    monkeypatch.setattr(stored_args, "WHOLE_AFTER_PASSES", 0.5)
+    trace, args, whole = _stored(cached)
+    ids = np.arange(len(trace.table("slices")))
+    for key in whole.names:
+        assert args.column(key, ids).tolist() == whole.column(key, ids).tolist(), key
+    assert args.decoded is not None
+    assert args._groups_read < len(args._groups())  # decoded whole, not read per key
+    assert not args._by_key  # what the key reads kept is let go
