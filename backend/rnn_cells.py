@@ -89,3 +89,15 @@ def register(lib: torch.library.Library) -> None:
     lib.impl("_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward, "PrivateUse1")
     lib.impl("_thnn_fused_gru_cell", gru_cell, "PrivateUse1")
     lib.impl("_thnn_fused_gru_cell_backward", gru_cell_backward, "PrivateUse1")
+
+
+def decompositions() -> dict[object, object]:
+    """The four ops as these functions, for compiled graphs: their ops are what the graph's
+    kernels run (costed as eager costs them), and the graph's numbers are computed on the
+    host, where the CPU has no fused cell (a compiled `nn.GRUCell` stopped with
+    NotImplementedError where eager ran)."""
+    aten = torch.ops.aten
+    return {aten._thnn_fused_lstm_cell.default: lstm_cell,
+            aten._thnn_fused_lstm_cell_backward_impl.default: lstm_cell_backward,
+            aten._thnn_fused_gru_cell.default: gru_cell,
+            aten._thnn_fused_gru_cell_backward.default: gru_cell_backward}

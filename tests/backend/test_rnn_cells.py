@@ -46,3 +46,28 @@ def test_recurrent_cells_step_as_on_the_cpu(cell) -> None:
     out_host, out_device = host(x), device(x.to("neuron"))
     first = (lambda r: r[0]) if cell is nn.LSTMCell else (lambda r: r)
     assert _max_error(first(out_host), first(out_device)) < 1e-6
+
+
+@pytest.mark.parametrize("cell", [nn.LSTMCell, nn.GRUCell])
+def test_compiled_cells_train_as_on_the_cpu_without_host_fallbacks(cell) -> None:
+    """Compiled, the fused cells are decomposed into the ops they are made of: the host,
+    which runs a graph's numbers, has no fused cell (a compiled GRUCell stopped with
+    NotImplementedError), and each op is costed on the device, none on the host."""
+    import warnings
+
+    torch.manual_seed(2)
+    host, device = cell(4, 6), cell(4, 6)
+    device.load_state_dict(host.state_dict())
+    device.to("neuron")
+    compiled = torch.compile(device, backend="neuron")
+    x = torch.randn(3, 4)
+    first = (lambda r: r[0]) if cell is nn.LSTMCell else (lambda r: r)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*has no neuron device lowering")
+        out = first(compiled(x.to("neuron")))
+        out.pow(2).sum().backward()
+    expected = first(host(x))
+    expected.pow(2).sum().backward()
+    assert _max_error(expected, out) < 1e-6
+    for p, q in zip(host.parameters(), device.parameters(), strict=True):
+        assert _max_error(p.grad, q.grad) < 1e-5
