@@ -156,12 +156,20 @@ _INTERNAL_PATHS = (os.path.dirname(os.path.abspath(__file__)),
 
 
 def _user_stacklevel() -> int:
-    """The stacklevel that points a warning at the first frame outside torch and the backend."""
+    """The stacklevel that points a warning at the first frame outside torch and this
+    package (the recorder's hooks included: under `record` a backward's warnings pointed
+    at them)."""
     frame: FrameType | None = sys._getframe(1)
     level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_PATHS):
+    while frame is not None and _internal(frame):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _internal(frame: FrameType) -> bool:
+    module = frame.f_globals.get("__name__") or ""
+    return (frame.f_code.co_filename.startswith(_INTERNAL_PATHS)
+            or module.startswith("neuron_explorer."))
 
 
 def spec_for(key: OpKey):

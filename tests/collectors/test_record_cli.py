@@ -402,3 +402,21 @@ def test_a_command_of_the_recorders_environment_runs_without_it_on_path(monkeypa
     assert program.target == shutil.which("torchrun", path=str(Path(sys.executable).parent))
     with pytest.raises(RecordingError, match="no such program: no-such-command"):
         parse_program(["no-such-command"])
+
+
+_BACKWARD_FALLBACK = """
+import torch
+bag = torch.nn.EmbeddingBag(16, 4).to("neuron")
+loss = bag(torch.randint(0, 16, (8, 3)).to("neuron")).sum()
+loss.backward()
+"""
+
+
+def test_a_warning_in_backward_points_at_the_program_not_the_recorder(record_cli, programs):
+    """A host fallback in backward warns at the program's line that ran the backward, as
+    it does without `record` (it pointed at the recorder's backward hook)."""
+    (programs / "bag_backward.py").write_text(_BACKWARD_FALLBACK)
+    proc = record_cli("-o", "bag.pftrace", "--level", "op", "bag_backward.py")
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if "_embedding_bag_backward" in x)
+    assert line.startswith("bag_backward.py:5:"), line  # as python names the script
