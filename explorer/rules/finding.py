@@ -34,7 +34,8 @@ class Finding:
     after: str = ""  # the rule whose fix must come first for this saving ("" if none)
     steps: int = 0  # the analysed steps time_lost_ns is summed over (0: not per step)
     # of time_lost_ns, what the first analysed step saves once beyond the others (an
-    # optimizer's state made in its first step): "a step" is then the others'
+    # optimizer's state made in its first step), or, below 0, saves less than they do (a
+    # fix's one-time cost there): "a step" is then the others'
     once_ns: int = 0
 
     def saving_note(self) -> str:
@@ -59,10 +60,13 @@ class Finding:
 
         if self.steps < 2:
             return ""
+        each = f"{fmt_ns((self.time_lost_ns - self.once_ns) / self.steps)} a step over " \
+            f"{self.steps} steps"
         if self.once_ns > 0:
-            return (f"{fmt_ns((self.time_lost_ns - self.once_ns) / self.steps)} a step over "
-                    f"{self.steps} steps and {fmt_ns(self.once_ns)} more in the first")
-        return f"{fmt_ns(self.time_lost_ns / self.steps)} a step over {self.steps} steps"
+            return f"{each} and {fmt_ns(self.once_ns)} more in the first"
+        if self.once_ns < 0:
+            return f"{each}, less a one-time {fmt_ns(-self.once_ns)} in the first"
+        return each
 
     def line(self) -> str:
         """The finding as one line of a text report."""
@@ -189,7 +193,7 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
     per step, such as compilation) and severity filled in. `time_lost_ns` is what fixing
     the cause would save; `symptom_ns` the symptom's own total, `saving_basis` how the
     saving was obtained, `after` the rule whose fix must come first, `once_ns` the part of
-    the saving the first analysed step makes once beyond the others."""
+    the saving the first analysed step makes once beyond the others (below 0: less)."""
     total = step_time(trace) if share_of is None else share_of
     share = min(max(time_lost_ns / total, 0.0), 1.0) if total > 0 else 0.0
     level = severity_override or severity(share)
@@ -203,7 +207,7 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
                    share_base=share_base(rule_id, bool(len(trace.steps))),
                    symptom_ns=int(max(symptom_ns, 0)), saving_basis=saving_basis, after=after,
                    steps=_steps_summed(trace, rule_id) if share_of is None else 0,
-                   once_ns=int(min(max(once_ns, 0), max(time_lost_ns, 0))))
+                   once_ns=int(min(once_ns, max(time_lost_ns, 0))))
 
 
 def _steps_summed(trace: Trace, rule_id: str) -> int:

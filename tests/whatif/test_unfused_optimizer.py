@@ -30,9 +30,17 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
     assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
     saved = _median_step(foreach) - _median_step(fused)
-    claimed = f.time_lost_ns / len(in_analysed_steps(foreach, foreach.steps))
+    steps = in_analysed_steps(foreach, foreach.steps)
+    claimed = (f.time_lost_ns - f.once_ns) / len(steps)
     assert saved > 0.05 * _median_step(foreach)  # the premise
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
+    # the first step makes Adam's state: fused=True makes each parameter's step counter
+    # on the device there, a one-time cost the total claim takes off (it claimed 2.33x
+    # the total saved over a trial's 10 steps)
+    fused_steps = fused.steps.set_index("step")["dur"]
+    total = float((steps["dur"] - fused_steps.reindex(steps["step"]).to_numpy()).sum())
+    assert f.time_lost_ns == pytest.approx(total, rel=0.08), (f.time_lost_ns, total)
+    assert f.once_ns < 0 and "less a one-time" in f.line()
     assert not [g for g in fused.bottlenecks() if g.rule_id == "unfused_optimizer"]
     # a compiled model's host-bound finding leads with the optimizer's fix and counts its
     # saving: not claimed twice
