@@ -1,7 +1,8 @@
 """A compiled CNN whose forward checks its activations for NaN (`if torch.isnan(x).any()`: a
 graph break and a sync every call), its loss and a momentum SGD eager beside the graphs:
-`guarded_cnn.py [--fixed]` (`--fixed`: the loss computed inside the compiled function and
-the optimizer fused=True, as host_bound advises)."""
+`guarded_cnn.py [--fixed] [--drawn]` (`--fixed`: the loss computed inside the compiled
+function and the optimizer fused=True, as host_bound advises; `--drawn`: each step's batch
+drawn on the device, torch.randn and torch.randint, before the model runs)."""
 
 import sys
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 FIXED = "--fixed" in sys.argv
+DRAWN = "--drawn" in sys.argv
 
 
 class Net(nn.Module):
@@ -39,6 +41,9 @@ def model_loss(x, y):
 opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, fused=True if FIXED else None)
 x, y = torch.randn(32, 3, 16, 16).to("neuron"), torch.randint(0, 10, (32,)).to("neuron")
 for _ in range(8):
+    if DRAWN:
+        x = torch.randn(32, 3, 16, 16, device="neuron")
+        y = torch.randint(0, 10, (32,), device="neuron")
     loss = model_loss(x, y) if FIXED else F.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
