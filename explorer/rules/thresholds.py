@@ -144,3 +144,9 @@ CAST_ROUND_TRIP_MIN_SHARE = 0.02
 
 # accumulation_all_reduce: early reductions whose removal saves less than this share
 ACCUMULATION_ALL_REDUCE_MIN_SHARE = 0.02
+
+# host_bound: compiling the training step (the loss with the model) is stated beside
+# compiling the model where it saves this much more: a share of the model's saving, and of
+# the analysed steps
+WHOLE_STEP_MORE = 0.25
+WHOLE_STEP_MIN_SHARE = 0.05

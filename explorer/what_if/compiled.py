@@ -107,7 +107,8 @@ class _Graph:
 
 
 def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
-            data_flow: tuple | None = None, without_reads: bool = False) -> np.ndarray:
+            data_flow: tuple | None = None, without_reads: bool = False,
+            whole_step: bool = False) -> np.ndarray:
     """Per host event: its graph label ("<step>.<call>:forward", "<step>.<call>:backward",
     a step's model calls numbered: micro-batches of gradient accumulation) or "" (eager).
     With the recording's `data_flow` (`recorded_data_flow`), a backward's in-place add
@@ -115,7 +116,9 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
     parameter's `.grad` (AccumulateGrad, which autograd runs eagerly after the compiled
     backward): eager too. `without_reads`: the reads of a device value in a loop
     (`looped_reads`) are gone, as the fix of their graph break removes them (a branch
-    made `torch.where`): they are DROPPED, and their modules compile."""
+    made `torch.where`): they are DROPPED, and their modules compile. `whole_step`: the
+    training step compiled, not the model alone: the ops outside the model from its first
+    op on (the loss, its backward, the clipping) join the graphs too."""
     ids = rows["id"].to_numpy()
     labels = np.full(len(rows), "", dtype=object)
     is_op = rows["key"].map(lambda k: k is not None).to_numpy()
@@ -130,6 +133,9 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
     in_model = (_in_compiled_module(trace, ids, allow_rnn, without_reads) if len(ranges)
                 else np.ones(len(rows), bool))
     dropped = _looped_read_rows(trace, rows) if without_reads else np.zeros(len(rows), bool)
+    # the loss and the other code beside the model (not the modules Dynamo skips in it)
+    beside_model = (_beside_model(trace, ids) if whole_step and len(ranges)
+                    else np.zeros(len(rows), bool))
     ts = rows["ts"].to_numpy(np.int64)
     step = tables.assign_steps(ts, trace.steps)
     # optimizer calls (zero_grad, step) begun before each op: one between a step's first
@@ -169,7 +175,8 @@ def _phases(trace: Trace, rows: pd.DataFrame, allow_rnn: bool = False,
             in_backward[st] = True
             phase_start[st] = i
         began[i] = phase_start.setdefault(st, i)
-        if not in_model[i] or key[0] in _EAGER_ONLY or i in beside_collectives or any(
+        compiled = in_model[i] or (whole_step and beside_model[i] and st in forward_calls)
+        if not compiled or key[0] in _EAGER_ONLY or i in beside_collectives or any(
                 n == "direction" and v != "device_to_device" for n, v in key[3]):
             continue
         if in_backward.get(st) and (i in reducer or
@@ -219,6 +226,16 @@ def _accumulates_gradient(key: tuple, row: int, phase_began: int,
         return False
     made_by = data_flow[0][row]
     return bool(made_by) and 0 <= made_by[0] < phase_began
+
+
+def _beside_model(trace: Trace, ids: np.ndarray) -> np.ndarray:
+    """Which slices run outside the model's module ranges: in no module's forward or
+    backward range, or in a loss module's (`nn.CrossEntropyLoss()`)."""
+    outer = tables.ancestor_of_kind(trace, ids, (tf.CAT_MODULE, tf.CAT_BACKWARD),
+                                    outermost=True)
+    names = trace.table("slices")["name"]
+    loss = tables.map_unique(names, lambda n: _LOSS_ROOT.fullmatch(str(n)) is not None, bool)
+    return (outer < 0) | loss[np.maximum(outer, 0)]
 
 
 def _in_compiled_module(trace: Trace, ids: np.ndarray, allow_rnn: bool = False,
@@ -386,18 +403,19 @@ def _emit_ops(b, keys: list) -> None:
 
 def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
                     max_dependencies: int | None = None, allow_rnn: bool = False,
-                    without_reads: bool = False):
+                    without_reads: bool = False, whole_step: bool = False):
     """Like `backend.replay.replay`, with each step's graphs launched as one program each;
     returns (replayed events, host shift, approximations). `max_dependencies`: see
     build_program; `allow_rnn`: RNN, GRU and LSTM modules compiled too (see
-    `_in_compiled_module`); `without_reads`: the reads in a loop gone (`_phases`)."""
+    `_in_compiled_module`); `without_reads`: the reads in a loop gone, `whole_step`: the
+    training step compiled, the loss with the model (`_phases`)."""
     from neuron_explorer.backend.hardware import DeviceTimeline
     from neuron_explorer.backend.replay import HostShift, ReplayedKernel, ReplayedOp, replay_one
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
     data_flow = recorded_data_flow(trace, rows)
-    labels = _phases(trace, rows, allow_rnn, data_flow, without_reads)
+    labels = _phases(trace, rows, allow_rnn, data_flow, without_reads, whole_step)
     graphs = _graphs(labels)
     member = {i: g for g in graphs.values() for i in g.events[1:]}
     spans = _call_spans(trace, rows, events, graphs)

@@ -219,7 +219,9 @@ PREDICTION_MAX_DEPENDENCIES = 16_000_000
 def predicted_step_ns(trace: Trace, mode: str = "compiled") -> float | None:
     """The median step time a what-if replay in `mode` predicts on the recorded preset
     ("eager", "compiled", "compiled_allow_rnn": RNN modules compiled too, or
-    "compiled_without_reads": the reads of a device value in a loop gone), without
+    "compiled_without_reads": the reads of a device value in a loop gone; any of the
+    compiled ones with "_step" after it: the training step compiled, the loss with the
+    model), without
     writing a trace (rules state it as the saving of their fix); None for a
     trace without op keys or steps, or whose compiled programs are too large to schedule
     while a report waits (`prediction_too_large`). Cached on the trace."""
@@ -270,14 +272,16 @@ def _prediction(trace: Trace, mode: str) -> tuple[float | None, bool, float | No
             return None, False, None
         rows, events = inputs
         options = ReplayOptions(trace.hardware or "trn2")
-        if mode in ("compiled", "compiled_allow_rnn", "compiled_without_reads"):
+        base = mode.removesuffix("_step")
+        if base in ("compiled", "compiled_allow_rnn", "compiled_without_reads"):
             from neuron_explorer.what_if.compiled import ProgramTooLarge, replay_compiled
 
             try:
                 replayed, shift, _ = replay_compiled(
                     trace, rows, events, options, PREDICTION_MAX_DEPENDENCIES,
-                    allow_rnn=mode == "compiled_allow_rnn",
-                    without_reads=mode == "compiled_without_reads")
+                    allow_rnn=base == "compiled_allow_rnn",
+                    without_reads=base == "compiled_without_reads",
+                    whole_step=mode.endswith("_step"))
             except ProgramTooLarge:
                 return None, True, None
         else:

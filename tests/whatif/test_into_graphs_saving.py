@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cli_runner import record_variants
 from neuron_explorer import load
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules.finding import step_time
 from neuron_explorer.rules.host_bound import INTO_GRAPHS
 
@@ -71,3 +72,27 @@ def test_a_batch_drawn_on_the_device_stays_where_it_is(tmp_path) -> None:
     assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
     assert "guarded_cnn.py:45" not in f.recommendation  # the draws' lines
     assert "guarded_cnn.py:46" not in f.recommendation
+
+
+def _median_step(trace) -> float:
+    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
+
+
+def test_compiling_the_training_step_is_stated_beside_compiling_the_model(tmp_path) -> None:
+    """A loss of many small ops beside the model: compiling the model saves part of the
+    launches, compiling the training step (the loss with it) the rest. A trial's finding
+    stated the model's saving only, and compiling its loss too saved 2.9x that."""
+    from neuron_explorer.rules.host_bound import compiled_saving_ns
+
+    program = Path(__file__).parent / "programs" / "many_op_loss.py"
+    paths = record_variants(tmp_path, program, {
+        "eager": [], "model": ["--compile", "model"], "step": ["--compile", "step"]},
+        modelled=True)
+    eager, model, step = (load(paths[name]) for name in ("eager", "model", "step"))
+    (f,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
+    steps = len(in_analysed_steps(eager, eager.steps))
+    for compiled, claimed in ((model, f.time_lost_ns),
+                              (step, compiled_saving_ns(eager, whole_step=True))):
+        saved = _median_step(eager) - _median_step(compiled)
+        assert claimed / steps == pytest.approx(saved, rel=0.1), (claimed / steps, saved)
+    assert "Compiling the training step instead" in f.explanation
