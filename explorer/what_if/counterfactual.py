@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import kept, memoised
@@ -53,6 +54,22 @@ def first_step_extra_ns(trace: Trace, cause: str) -> float:
     per_step = recorded[1] - replayed[1]
     extra = float(per_step[0] - np.median(per_step[1:]))
     return extra if extra > 0.1 * max(float(per_step.sum()), 1.0) else 0.0
+
+
+def op_host_ns(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
+    """The host time of the given op slices: each op itself and the host's time since the
+    op before it on its thread ended (the program's Python, PyTorch's front end: all of
+    an `empty`'s cost)."""
+    ops = trace.ops.sort_values(["track_id", "ts"], kind="stable")
+    ts = ops["ts"].to_numpy(np.int64)
+    # a nested op's parent ends after it: the running latest end on its thread
+    latest = (ops["ts"] + ops["dur"]).groupby(ops["track_id"].to_numpy()).cummax().to_numpy()
+    track = ops["track_id"].to_numpy()
+    before = np.zeros(len(ops), np.int64)
+    same = track[1:] == track[:-1]
+    before[1:] = np.where(same, np.maximum(ts[1:] - latest[:-1], 0), 0)
+    cost = pd.Series(ops["dur"].to_numpy(np.int64) + before, index=ops["id"].to_numpy())
+    return cost.reindex(op_ids).fillna(0).to_numpy(np.float64)
 
 
 def op_kernel_rows(trace: Trace) -> dict[int, list[int]]:

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import base_name
 from neuron_explorer.memo import memoised
 from neuron_explorer.trace import Trace
-from neuron_explorer.what_if.counterfactual import op_kernel_rows
+from neuron_explorer.what_if.counterfactual import op_host_ns, op_kernel_rows
 
 # optimizer class -> its fused op, as `fused=True` calls it
 FUSED_OPS = {"Adam": "aten::_fused_adam_", "AdamW": "aten::_fused_adamw_",
@@ -158,7 +157,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
     step_ns, replay = None, None
     # a counter is made as the recorded state is, an allocation and a zero_: at what those
     # ops took on the host, a pair apiece
-    counters_ns = counters_made * 2 * float(_host_ns(trace, np.concatenate(state_ops)).mean()) \
+    counters_ns = counters_made * 2 * float(op_host_ns(trace, np.concatenate(state_ops)).mean()) \
         if counters_made else 0.0
     if removed:
         replay = (np.concatenate(removed), lengths)
@@ -172,22 +171,6 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
     most = passes.most_common(1)[0][0]
     return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), most, len(calls),
                                 step_ns, replay, zeroed, zeroing_ns, counters_ns)
-
-
-def _host_ns(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
-    """The host time of the given op slices: each op itself and the host's time since the
-    op before it on its thread ended (the program's Python, PyTorch's front end: all of
-    an `empty`'s cost)."""
-    ops = trace.ops.sort_values(["track_id", "ts"], kind="stable")
-    ts = ops["ts"].to_numpy(np.int64)
-    # a nested op's parent ends after it: the running latest end on its thread
-    latest = (ops["ts"] + ops["dur"]).groupby(ops["track_id"].to_numpy()).cummax().to_numpy()
-    track = ops["track_id"].to_numpy()
-    before = np.zeros(len(ops), np.int64)
-    same = track[1:] == track[:-1]
-    before[1:] = np.where(same, np.maximum(ts[1:] - latest[:-1], 0), 0)
-    cost = pd.Series(ops["dur"].to_numpy(np.int64) + before, index=ops["id"].to_numpy())
-    return cost.reindex(op_ids).fillna(0).to_numpy(np.float64)
 
 
 def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: Any,

@@ -138,9 +138,10 @@ def test_batching_copies_saves_what_one_copy_and_a_split_save(small) -> None:
     trace = small["pieces"]
     (f,) = _finding(trace)
     assert "of one dtype in one copy (4 copies of one dtype a step" in f.recommendation
-    assert "one kept for the split" in f.saving_basis
+    assert "one kept as the split" in f.saving_basis
     saved = step_time(trace) - step_time(small["stacked"])
-    assert f.time_lost_ns == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
+    # the split a view op apiece, not a copy's op (the trial's two dtypes: 0.63x)
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)
     assert not _finding(small["stacked"])
 
 
