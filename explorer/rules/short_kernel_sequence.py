@@ -23,6 +23,7 @@ from neuron_explorer.rules.python_loop import backward_call_lines
 from neuron_explorer.rules.queued_idle import held_up
 from neuron_explorer.tables import map_unique
 from neuron_explorer.what_if.distributed_ops import hook_copy_op_ids
+from neuron_explorer.what_if.into_graphs import backward_seed
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -65,13 +66,21 @@ def short_windows(trace: Trace) -> pd.DataFrame:
     # compiled: a window holding one of their kernels fuses under no fix (FSDP2's copies
     # beside its blocks' matmuls were 20 of a run's sequences, all claimed)
     hooks = np.isin(launched_by, hook_copy_op_ids(trace))
+    # ... and so does autograd's seed of the backward, eager whatever is compiled (a DDP
+    # run's windows of it beside its eager loss: 1.25x what compiling the loss saved)
+    ops = trace.ops
+    hooks |= np.isin(launched_by, ops.loc[backward_seed(ops), "id"].to_numpy())
     # ... and so do a compiled module's gradient accumulation adds (AccumulateGrad, after
     # its compiled backward): a run over four micro-batches claimed 48.9 ms for windows of
     # them, beside a compiled loss and fused optimizer that saved 24.6
     if host_bound.is_compiled(trace):
         from neuron_explorer.what_if.into_graphs import eager_launches
 
-        hooks |= np.isin(launched_by, eager_launches(trace).accumulations["id"].to_numpy())
+        launches = eager_launches(trace)
+        hooks |= np.isin(launched_by, launches.accumulations["id"].to_numpy())
+        # ... and DDP's reducer scaling each gradient inside the compiled calls (a two-rank
+        # run's windows of them were claimed 2.7x what compiling its loss saved)
+        hooks |= np.isin(launched_by, launches.hooks["id"].to_numpy())
     mixed |= pd.Series(hooks, index=w.index).groupby(w["window"]).transform("any")
     w = w[~mixed.to_numpy()]
     if not len(w):
@@ -226,7 +235,8 @@ def check(trace: Trace) -> list[Finding]:
         return []
     lost, symptom, replayed = saving(trace, w)
     optimizer_share = float(w.groupby("window")["optimizer"].all().mean())
-    part_of_host_bound = host_bound.is_host_bound(trace) and optimizer_share < 0.5
+    part_of_host_bound = host_bound.is_host_bound(trace) and (
+        optimizer_share < 0.5 or _host_bound_fuses_the_optimizer(trace))
     # compiling, the fix advised, fuses these with the rest: it saves what its own replay
     # does, which may be less than these fused alone (a graph's call costs more than an op)
     compiled = host_bound.compiled_saving_ns(trace) if part_of_host_bound else None
@@ -306,6 +316,17 @@ def check(trace: Trace) -> list[Finding]:
         f"sequence{'s' if len(per_seq) > 1 else ''})", lost, items, explanation,
         _recommendation(trace, optimizer_sequence),
         symptom_ns=symptom, saving_basis=_basis(replayed, capped))]
+
+
+def _host_bound_fuses_the_optimizer(trace: Trace) -> bool:
+    """Whether the host-bound finding's fix on a compiled run makes the optimizer's step
+    fused=True too (its replay of the eager launches brought into the graphs)."""
+    if not host_bound.is_compiled(trace):
+        return False
+    from neuron_explorer.what_if.into_graphs import into_graphs_saving
+
+    into = into_graphs_saving(trace)
+    return into is not None and into.fused
 
 
 def _outside_the_model(trace: Trace, launched_by: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ def test_a_graph_break_and_a_sync_on_one_line_overlap(tmp_path) -> None:
     paths = record_variants(tmp_path, PROGRAM, {"guarded": []}, modelled=True)
     findings = {f.rule_id: f for f in load(paths["guarded"]).bottlenecks()}
     sync, graph_break = findings["sync_in_step"], findings["recompilation"]
-    line = "guarded_cnn.py:24 is also the"
+    line = "guarded_cnn.py:26 is also the"
     assert line in sync.explanation and "the recompilation finding's" in sync.explanation
     assert line in graph_break.explanation and "sync_in_step finding's" in graph_break.explanation
     assert "overlap rather than add" in sync.explanation
