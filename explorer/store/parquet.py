@@ -645,8 +645,8 @@ def args_from_arrow(table: Any, n_slices: int) -> ColumnArgs:
     def numbers(name: str, dtype: Any) -> np.ndarray:
         return table.pop(name).to_numpy().astype(dtype, copy=False)
 
-    key_codes, key_names = _dictionary_codes(table.pop("key"))
-    str_codes, str_values = _dictionary_codes(table.pop("str_value"))
+    key_codes, key_names = dictionary_codes(table.pop("key"))
+    str_codes, str_values = dictionary_codes(table.pop("str_value"))
     kind = numbers("kind", np.int8)
     slice_id = _ids(table.pop("slice_id"))
     value = _merged_values(table.pop("int_value"), table.pop("float_value"), kind)
@@ -698,7 +698,7 @@ def _merged_values(ints: Any, floats: Any, kind: np.ndarray) -> np.ndarray:
     return value
 
 
-def _dictionary_codes(column: Any) -> tuple[np.ndarray, list[Any]]:
+def dictionary_codes(column: Any) -> tuple[np.ndarray, list[Any]]:
     """A dictionary-encoded Arrow column as (codes, -1 where null; its distinct values)."""
     import pyarrow as pa
 

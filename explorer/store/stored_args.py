@@ -106,13 +106,13 @@ class StoredArgs(LazyArgs):
     def _key_codes(self) -> tuple[np.ndarray, list[str], np.ndarray]:
         """Each row's key as a code into the keys' names, and where each row group starts."""
         if self._keys is None:
-            from neuron_explorer.store.parquet import _dictionary_codes
+            from neuron_explorer.store.parquet import dictionary_codes
 
             groups = self._groups()
             table = self._read_groups(list(range(len(groups))), ["key"])
             if table is None:
                 raise StoredArgsUnreadable
-            codes, names = _dictionary_codes(table.column("key"))
+            codes, names = dictionary_codes(table.column("key"))
             del table
             small = np.uint8 if len(names) < 256 else np.uint16 if len(names) < 65536 else None
             codes = codes.astype(small) if small is not None else codes

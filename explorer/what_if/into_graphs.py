@@ -86,16 +86,14 @@ def _eager_launches(trace: Trace) -> EagerLaunches:
         tables.ancestor_of_kind(trace, ids, (tf.CAT_BACKWARD,)) >= 0)
     # inside a compiled module's calls (or their backward), eager only where a graph break
     # or Dynamo's recompile limit left them: compiling the loss or the step moves none
-    broken = ~inside & ~accumulation & (compiled_call_of(trace, ids) >= 0)
-    if broken.any() and not _breaks_of_the_users(trace):
-        # no graph break but DDPOptimizer's and no recompile: what runs eagerly inside the
-        # compiled calls is hooks' work (DDP's reducer scaling each gradient), which no
-        # change to the program compiles (a trial's DDP model was promised 1.06 ms of a
-        # 1.42 ms step for it, and fused=True saved nothing)
-        broken[:] = False
-        hooks = ~inside & ~accumulation & (compiled_call_of(trace, ids) >= 0)
-    else:
-        hooks = np.zeros(len(ids), bool)
+    in_call = ~inside & ~accumulation & (compiled_call_of(trace, ids) >= 0)
+    # with no graph break but DDPOptimizer's and no recompile, what runs eagerly inside the
+    # compiled calls is hooks' work (DDP's reducer scaling each gradient), which no change
+    # to the program compiles (a trial's DDP model was promised 1.06 ms of a 1.42 ms step
+    # for it, and fused=True saved nothing)
+    hooks = in_call if in_call.any() and not _breaks_of_the_users(trace) \
+        else np.zeros(len(ids), bool)
+    broken = in_call & ~hooks
     inputs = ~inside & _before_the_graphs(eager, ops[in_graph])
     return EagerLaunches(eager[~inside & ~accumulation & ~broken & ~inputs & ~hooks],
                          eager[inside & ~zero_grad], eager[accumulation], ops[in_graph],
