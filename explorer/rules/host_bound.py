@@ -193,10 +193,10 @@ def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
                      "the device fed would save these gaps (one-time start-up gaps left out)")
 
 
-HOOKS_ONLY = ("estimate: none, the launches beside the graphs are hooks' (DDP's reducer "
-              "scaling the gradients, the collectives), autograd's seed of the backward "
-              "and an optimizer step fused=True would not shorten: no change to the "
-              "program moves them into compiled code")
+HOOKS_ONLY = ("estimate: none, what launches beside the graphs is hooks' work (DDP's "
+              "reducer scaling the gradients, the collectives), autograd's seed of the "
+              "backward and an optimizer step that fused=True would not shorten; no change "
+              "to the program moves them into compiled code")
 
 
 def _only_hooks_beside_graphs(trace: Trace) -> bool:
