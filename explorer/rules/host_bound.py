@@ -200,15 +200,16 @@ HOOKS_ONLY = ("estimate: none, what launches beside the graphs is hooks' work (D
 
 
 def _only_hooks_beside_graphs(trace: Trace) -> bool:
-    """Whether a compiled run launches nothing beside its graphs that compiling more would
-    move (no loss or other code of the program's, nothing a graph break left eager): what
-    is left is hooks' work, autograd's seed and the optimizer's step, whose fused replay
-    is then the whole saving. A DDP model compiled with its loss was claimed 1.06 ms of a
-    1.42 ms step, its gaps, where fused=True saved nothing and no other fix was left."""
+    """Whether a compiled run's launches beside its graphs are hooks' work, and nothing
+    that compiling more would move (no loss or other code of the program's, nothing a
+    graph break left eager): what is left besides is autograd's seed and the optimizer's
+    step, whose fused replay is then the whole saving. A DDP model compiled with its loss
+    was claimed 1.06 ms of a 1.42 ms step, its gaps, where fused=True saved nothing and
+    no other fix was left."""
     from neuron_explorer.what_if.into_graphs import backward_seed, eager_launches
 
     launches = eager_launches(trace)
-    return bool(len(launches.graphs)) and not len(launches.broken) and \
+    return bool(len(launches.hooks)) and not len(launches.broken) and \
         bool(backward_seed(launches.movable).all())
 
 
