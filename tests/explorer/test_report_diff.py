@@ -229,6 +229,19 @@ def test_diff_of_a_trace_with_itself_says_the_step_time_is_unchanged(pair) -> No
     assert step_line.endswith("(unchanged)"), step_line
 
 
+def test_diff_says_the_steps_total_where_the_step_time_holds(tmp_path: Path) -> None:
+    """The same work in fewer steps (a server's requests batched) keeps the step time: a
+    trial's batching cut the run by 88% and the diff said "unchanged" only."""
+    before = scenarios.basic(steps=4).write(tmp_path, "four")
+    after = scenarios.basic(steps=2).write(tmp_path, "two")
+    d = neuron_explorer.diff(before, after)
+    s = d.summary.set_index("metric")
+    assert s.loc["step_time_ns", "ratio"] == 1.0
+    assert s.loc["total_ns", "a"] == 2 * s.loc["total_ns", "b"] > 0
+    line = next(x for x in d.to_text().splitlines() if x.startswith("analysed steps' total"))
+    assert line.endswith("40 us -> 20 us (2.00x faster)"), line
+
+
 def test_findings_of_a_trace_without_steps_are_shares_of_the_trace(real_traces_dir: Path) -> None:
     """AlexNet's PyTorch-profiler trace has no step marks: its findings' shares are of the
     whole trace, as the dashboard says, not "of step time" (report, cards, JSON alike)."""
