@@ -180,7 +180,7 @@ def _plain(v: Any) -> str:
 
 
 def _ratio_text(ratio: float) -> str:
-    if ratio is None or np.isnan(ratio):
+    if ratio is None or np.isnan(ratio) or ratio <= 0:  # no figure, or none after
         return "-"
     if ratio == 1:  # "1.00x slower" would say it changed
         return "unchanged"
