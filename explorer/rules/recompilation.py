@@ -13,7 +13,7 @@ import pandas as pd
 from neuron_explorer.analyses.compilation import compile_spans, compiling_alone
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, us
+from neuron_explorer.rules.finding import Finding, evidence, make, trains, us
 from neuron_explorer.rules.graph_break_cost import (
     MERGED_BASIS,
     READS_GONE_BASIS,
@@ -103,9 +103,10 @@ def check(trace: Trace) -> list[Finding]:
         # a step's figure beside the total's share of the recorded steps (a trial read its
         # 1.72 ms as the recorded steps' and found no figure a step to check)
         n = len(analysed_steps(trace).steps)
-        merged_note = (f" Merged into one forward and one backward graph a call, the graphs "
-                       f"the breaks split save {us(merged / max(n, 1))} in each of the "
-                       f"{n} analysed steps (counted in the saving).") if n > 1 else ""
+        one = "one forward and one backward graph" if trains(trace) else "one graph"
+        merged_note = (f" Merged into {one} a call, the graphs the breaks split save "
+                       f"{us(merged / max(n, 1))} in each of the {n} analysed steps "
+                       "(counted in the saving).") if n > 1 else ""
     # a break in a loop: Dynamo ran the whole frame eager, no graph to merge
     reads_gone = reads_gone_saving_ns(trace) if own.any() and not torchs and not merged \
         else None
@@ -140,7 +141,8 @@ def check(trace: Trace) -> list[Finding]:
                             + (f", {us(uncompiled_saving / n)} in each of the {n} analysed "
                                "steps that ran uncompiled" if n > 1 else "")
                             + " (counted in the saving).")
-    recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons)
+    recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons,
+                                     _eager_nki_lines(trace))
     if torchs:
         saving, basis = 0.0, ("estimate: none, these graph breaks and recompiles are "
                               "torch's own (the compile time itself is compile_dominates' "
@@ -392,10 +394,32 @@ def _host_reads(reasons: pd.Series) -> str:
     return " and ".join(found)
 
 
+def _eager_nki_lines(trace: Trace) -> set[str]:
+    """The lines ("file.py:40") that call an NKI kernel eagerly (an `nki::` op outside the
+    graphs): in compiled code, a kernel called through nki.jit breaks the graph there."""
+    ops = trace.ops
+    if not len(ops) or "graph_id" not in ops:
+        return set()
+    eager = ops[ops["name"].astype(str).str.startswith("nki::")
+                & (ops["graph_id"].to_numpy() < 0)]
+    return {str(s) for s in eager["source"] if s}
+
+
 def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: pd.DataFrame,
-                    reasons: list[str]) -> str:
+                    reasons: list[str], nki_lines: set[str]) -> str:
     """Advice for what happened: graph-break advice only when there are graph breaks."""
     advice = []
+    # a kernel launched through nki.jit in compiled code: Dynamo cannot enter its launch (a
+    # trial was quoted "a `lock` context manager" and told to avoid it, without the fix)
+    at_nki = breaks["source"].map(lambda s: str(s).split(" in ")[0] in nki_lines) \
+        .to_numpy(bool)
+    if at_nki.any():
+        sites = sorted({str(s).split(" in ")[0] for s in breaks["source"][at_nki]})
+        advice.append(f"the NKI kernel called at {', '.join(sites[:3])} breaks the graph: "
+                      "Dynamo cannot trace a launch through nki.jit; call it through "
+                      "nki.as_torch_op(kernel) instead, a custom op that runs inside the "
+                      "compiled graph as its kernel (docs/nki.md)")
+        breaks = breaks[~at_nki]
     if compiled_ddp_wrapper(breaks):
         advice.append(DDP_ADVICE)
     ddp_split = breaks["reason"].str.contains(DDP_SPLIT, regex=False).to_numpy(bool)
