@@ -60,6 +60,12 @@ def op_host_ns(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     """The host time of the given op slices: each op itself and the host's time since the
     op before it on its thread ended (the program's Python, PyTorch's front end: all of
     an `empty`'s cost)."""
+    cost = memoised(trace, "op_host_ns", lambda: _op_host_costs(trace))
+    return cost.reindex(op_ids).fillna(0).to_numpy(np.float64)
+
+
+def _op_host_costs(trace: Trace) -> pd.Series:
+    """`op_host_ns` of every op, by op slice id (two rules ask, one of them twice)."""
     ops = trace.ops.sort_values(["track_id", "ts"], kind="stable")
     ts = ops["ts"].to_numpy(np.int64)
     # a nested op's parent ends after it: the running latest end on its thread
@@ -68,8 +74,7 @@ def op_host_ns(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     before = np.zeros(len(ops), np.int64)
     same = track[1:] == track[:-1]
     before[1:] = np.where(same, np.maximum(ts[1:] - latest[:-1], 0), 0)
-    cost = pd.Series(ops["dur"].to_numpy(np.int64) + before, index=ops["id"].to_numpy())
-    return cost.reindex(op_ids).fillna(0).to_numpy(np.float64)
+    return pd.Series(ops["dur"].to_numpy(np.int64) + before, index=ops["id"].to_numpy())
 
 
 def op_kernel_rows(trace: Trace) -> dict[int, list[int]]:
