@@ -99,21 +99,34 @@ def _map_categories(values: pd.Categorical, function: Callable[[Any], Any],
     return results[codes]
 
 
-def slice_names(trace: Trace) -> np.ndarray:
-    """Every slice's name as an object array (index: slice id), made once per trace. The
-    column is a categorical over Arrow strings: converted whole it makes a string per row,
-    and a replay that converted it per optimizer step spent 13 s of a 2 M-slice report
-    there; this takes the distinct names once and indexes them with the codes."""
-    def make() -> np.ndarray:
+class SliceNames:
+    """Slices' names by slice id (an id or an array of ids), None where a slice has none:
+    the names asked for only. A name per slice made at once took 152 MiB of a 20 M-slice
+    trace for the few a report's rules look up; the categorical's codes index its
+    distinct names instead."""
+
+    def __init__(self, codes: np.ndarray, distinct: np.ndarray) -> None:
+        self._codes = codes
+        self._distinct = np.empty(len(distinct) + 1, object)
+        self._distinct[:-1] = distinct  # then None: what code -1 (no name) reads
+
+    def __getitem__(self, ids: Any) -> Any:
+        return self._distinct[self._codes[ids]]
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+
+def slice_names(trace: Trace) -> SliceNames:
+    """Every slice's name, by id (`SliceNames`), made once per trace. The column is a
+    categorical over Arrow strings: converted whole it makes a string per row, and a
+    replay that converted it per optimizer step spent 13 s of a 2 M-slice report there."""
+    def make() -> SliceNames:
         names = trace.table("slices")["name"]
         if not isinstance(names.dtype, pd.CategoricalDtype):
-            return names.to_numpy(dtype=object)
-        distinct = np.asarray(names.cat.categories, dtype=object)
+            return SliceNames(np.arange(len(names)), names.to_numpy(dtype=object))
         codes = names.cat.codes.to_numpy()
-        out = distinct[np.maximum(codes, 0)] if len(distinct) else \
-            np.full(len(codes), None, object)
-        out[codes < 0] = None
-        return out
+        return SliceNames(codes, np.asarray(names.cat.categories, dtype=object))
     return memoised(trace, "slice_names", make)
 
 
@@ -261,8 +274,22 @@ def _unique_steps(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _device_of_tracks(trace: Trace, track_ids: np.ndarray) -> np.ndarray:
-    dev = trace.tracks.set_index("track_id")["device"]
-    return dev.reindex(track_ids).fillna(-1).to_numpy().astype(np.int64)
+    """Each slice's device, by its track's (-1 where the track names none)."""
+    return _by_track(trace, track_ids, trace.tracks["device"].fillna(-1).to_numpy(np.int64),
+                     np.int64(-1))
+
+
+def _by_track(trace: Trace, track_ids: np.ndarray, values: np.ndarray, missing: Any
+              ) -> np.ndarray:
+    """`values` (one per row of `trace.tracks`) of each track id, `missing` for ids of no
+    track: a lookup in the few tracks, not a frame over millions of slices (an index
+    reindexed took four copies of a 16 M-instruction column)."""
+    known = trace.tracks["track_id"].to_numpy(np.int64)
+    order = np.argsort(known, kind="stable")
+    known, values = known[order], np.append(values[order], missing)
+    at = np.searchsorted(known, track_ids)
+    at[(at >= len(known)) | (known[np.minimum(at, len(known) - 1)] != track_ids)] = len(known)
+    return values[at]
 
 
 def derive_kernels(trace: Trace) -> pd.DataFrame:
@@ -270,18 +297,18 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(KERNEL_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.slice_args.column
+    args = trace.slice_args.narrowed(_KERNEL_ARGS, ids)
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].array})  # str columns kept in Arrow
-    device = number(trace, tf.ARG_DEVICE, ids, default=-1)
+    device = args.numbers(tf.ARG_DEVICE, ids, default=-1)
     track_dev = _device_of_tracks(trace, s["track_id"].to_numpy())
     out["device"] = np.where(track_dev >= 0, track_dev, device)
     out["kind"] = s["kind"].array
-    out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
-    out["sbuf_bytes"] = number(trace, tf.ARG_SBUF, ids)
-    out["psum_bytes"] = number(trace, tf.ARG_PSUM, ids)
+    out["fallback"] = flag(args.column(tf.ARG_FALLBACK, ids))
+    out["sbuf_bytes"] = args.numbers(tf.ARG_SBUF, ids)
+    out["psum_bytes"] = args.numbers(tf.ARG_PSUM, ids)
     busy = {e: np.zeros(len(s), np.int64) for e in (*tf.ENGINES, tf.ENGINE_DMA)}
-    busy_args = col(tf.ARG_ENGINE_BUSY, ids)
+    busy_args = args.column(tf.ARG_ENGINE_BUSY, ids)
     present = np.flatnonzero(np.not_equal(busy_args, None))  # type: ignore[call-overload]  # often none: skip the loop
     for i, raw in zip(present.tolist(), busy_args[present].tolist(), strict=True):
         if raw:
@@ -295,13 +322,14 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
                     busy[key][i] += int(ns)
     for e, v in busy.items():
         out[f"busy_{e}"] = v
-    out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
-    out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
-    out["flops"] = number(trace, tf.ARG_FLOPS, ids)
-    hw = number(trace, tf.ARG_HW_FLOPS, ids, default=-1)
+    out["kernel_id"] = args.numbers(tf.ARG_KERNEL_ID, ids, default=-1)
+    out["op_id"] = args.numbers(tf.ARG_OP_ID, ids, default=-1)
+    out["flops"] = args.numbers(tf.ARG_FLOPS, ids)
+    hw = args.numbers(tf.ARG_HW_FLOPS, ids, default=-1)
     out["hw_flops"] = np.where(hw >= 0, hw, out["flops"].to_numpy())
-    out["bytes"] = number(trace, tf.ARG_BYTES, ids)
-    step = _recorded_steps(trace, number(trace, tf.ARG_STEP, ids, default=-1))
+    out["bytes"] = args.numbers(tf.ARG_BYTES, ids)
+    step = _recorded_steps(trace, args.numbers(tf.ARG_STEP, ids, default=-1))
+    del args
     op_s = of_kind(trace, "op")["id"].to_numpy()
     by_op = pd.Series(op_s, index=number(trace, tf.ARG_OP_ID, op_s, default=-1))
     by_op = by_op[(by_op.index >= 0) & ~by_op.index.duplicated()]
@@ -325,6 +353,11 @@ def derive_kernels(trace: Trace) -> pd.DataFrame:
             step[missing] = assign_steps(when[missing], trace.steps)
     out["step"] = step
     return out[KERNEL_COLUMNS].sort_values("ts", ignore_index=True)
+
+
+_KERNEL_ARGS = (tf.ARG_DEVICE, tf.ARG_FALLBACK, tf.ARG_SBUF, tf.ARG_PSUM, tf.ARG_ENGINE_BUSY,
+                tf.ARG_KERNEL_ID, tf.ARG_OP_ID, tf.ARG_FLOPS, tf.ARG_HW_FLOPS, tf.ARG_BYTES,
+                tf.ARG_STEP)
 
 
 def kernel_launches(trace: Trace) -> np.ndarray:
@@ -366,19 +399,19 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     if not len(s):
         return empty(OP_COLUMNS)
     ids = s["id"].to_numpy()
-    col = trace.slice_args.column
+    args = trace.slice_args.narrowed(_OP_ARGS, ids)
     out = pd.DataFrame({"id": ids, "ts": s["ts"].to_numpy(), "dur": s["dur"].to_numpy(),
                         "name": s["name"].array, "track_id": s["track_id"].to_numpy()})
-    out["op_id"] = number(trace, tf.ARG_OP_ID, ids, default=-1)
-    out["kernel_id"] = number(trace, tf.ARG_KERNEL_ID, ids, default=-1)
-    out["flops"] = number(trace, tf.ARG_FLOPS, ids)
-    out["bytes"] = number(trace, tf.ARG_BYTES, ids)
+    out["op_id"] = args.numbers(tf.ARG_OP_ID, ids, default=-1)
+    out["kernel_id"] = args.numbers(tf.ARG_KERNEL_ID, ids, default=-1)
+    out["flops"] = args.numbers(tf.ARG_FLOPS, ids)
+    out["bytes"] = args.numbers(tf.ARG_BYTES, ids)
     for key in (tf.ARG_SHAPES, tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE):
-        out[key] = trace.slice_args.text_column(key, ids)
-    out["fallback"] = flag(col(tf.ARG_FALLBACK, ids))
-    out["step"] = number(trace, tf.ARG_STEP, ids, default=-1)
-    out["device"] = number(trace, tf.ARG_DEVICE, ids, default=-1)
-    out["graph_id"] = number(trace, tf.ARG_GRAPH_ID, ids, default=-1)
+        out[key] = args.text_column(key, ids)
+    out["fallback"] = flag(args.column(tf.ARG_FALLBACK, ids))
+    out["step"] = args.numbers(tf.ARG_STEP, ids, default=-1)
+    out["device"] = args.numbers(tf.ARG_DEVICE, ids, default=-1)
+    out["graph_id"] = args.numbers(tf.ARG_GRAPH_ID, ids, default=-1)
     if len(trace.steps):
         # Host ops belong to the step whose range holds them: setup before the first step
         # and code after the last one carry a step number but are in no step.
@@ -399,6 +432,11 @@ def derive_ops(trace: Trace) -> pd.DataFrame:
     return out[OP_COLUMNS].sort_values("ts", ignore_index=True)
 
 
+_OP_ARGS = (tf.ARG_OP_ID, tf.ARG_KERNEL_ID, tf.ARG_FLOPS, tf.ARG_BYTES, tf.ARG_SHAPES,
+            tf.ARG_DTYPES, tf.ARG_MODULE, tf.ARG_SOURCE, tf.ARG_FALLBACK, tf.ARG_STEP,
+            tf.ARG_DEVICE, tf.ARG_GRAPH_ID)
+
+
 def derive_instructions(trace: Trace) -> pd.DataFrame:
     # the most numerous slices: the columns used are taken row by row, no frame of them
     # all first, and put in time order column by column, no sorted copy of the frame
@@ -412,36 +450,85 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         ts = slices["ts"].to_numpy()[rows]
     ids = slices["id"].to_numpy()[rows]
     track = slices["track_id"].to_numpy()[rows]
-    # text columns stay codes into distinct values, fallbacks included, until categorical
-    engine, engines = trace.slice_args.text_codes(tf.ARG_ENGINE, ids)
+    engine, engines, opcode, opcodes, numbers = _instruction_args(trace, ids)
     kind = slices["kind"].array[rows]
-    missing = np.flatnonzero(_blank(engine, engines))
-    if len(missing):  # no engine arg: the engine its track is named after
-        by_track = {v: k for k, v in tf.ENGINE_TRACKS.items()}
-        track_engine = trace.tracks["name"].map(by_track)
-        track_engine = pd.Series(track_engine.to_numpy(), index=trace.tracks["track_id"])
-        # one engine per (track, dma or not): worked out once per distinct pair
-        is_dma = np.asarray(kind[missing] == tf.CAT_DMA, bool)
-        pair_codes, pairs = pd.factorize(track[missing] * 2 + is_dma)
-        named = track_engine.reindex(pairs // 2).to_numpy()
-        values = np.where(pd.isna(named), np.where(pairs % 2 == 1, "dma", ""), named)
-        engine[missing] = pair_codes + len(engines)
-        engines = [*engines, *values.tolist()]
-    opcode, opcodes = trace.slice_args.text_codes(tf.ARG_OPCODE, ids)
-    no_opcode = np.flatnonzero(_blank(opcode, opcodes))
-    if len(no_opcode):  # the slice's name instead (a missing name stays missing)
+    missing = _selected(_blank(engine, engines))
+    if missing is not None:  # no engine arg: the engine its track is named after, else a
+        # DMA's "dma": a code per track and DMA or not, looked up (the tracks are few)
+        by_name = {v: k for k, v in tf.ENGINE_TRACKS.items()}
+        named = [by_name.get(name) for name in trace.tracks["name"].tolist()]
+        n = len(named)  # then the same for DMA rows; the last of each: no such track
+        values = [*(e or "" for e in named), "", *(e or "dma" for e in named), "dma"]
+        at = _by_track(trace, track[missing], np.arange(n, dtype=np.int32), np.int32(n))
+        at[np.asarray(kind[missing] == tf.CAT_DMA, bool)] += n + 1
+        engine[missing] = at + len(engines)
+        engines = [*engines, *values]
+    no_opcode = _selected(_blank(opcode, opcodes))
+    if no_opcode is not None:  # the slice's name instead (a missing name stays missing)
         names = slices["name"].array
-        name_codes = np.asarray(names.codes, np.int64)[rows[no_opcode]]
+        name_codes = names.codes[rows[no_opcode]].astype(np.int32)
         opcode[no_opcode] = np.where(name_codes >= 0, name_codes + len(opcodes), -1)
         opcodes = [*opcodes, *names.categories.tolist()]
     return pd.DataFrame({
         # a few engines and opcodes over many rows: categorical, as the slices' texts
         "id": ids, "ts": ts, "dur": slices["dur"].to_numpy()[rows],
         "engine": categorical(engine, engines), "opcode": categorical(opcode, opcodes),
-        "bytes": number(trace, tf.ARG_BYTES, ids), "flops": number(trace, tf.ARG_FLOPS, ids),
-        "kernel_id": number(trace, tf.ARG_KERNEL_ID, ids, default=-1),
-        "device": _device_of_tracks(trace, track), "kind": kind,
+        "bytes": numbers[tf.ARG_BYTES], "flops": numbers[tf.ARG_FLOPS],
+        "kernel_id": numbers[tf.ARG_KERNEL_ID], "device": _device_of_tracks(trace, track),
+        "kind": kind,
     }, copy=False)  # fresh columns: no copy into one consolidated block (450 MB at 8 M rows)
+
+
+# args rows of the file one part of the instructions' reads holds: at 20 M slices, their
+# 32 M args rows read at once peaked 2 GB above the table being built
+INSTRUCTION_ARGS_PER_READ = 1 << 21
+
+
+def _instruction_args(trace: Trace, ids: np.ndarray
+                      ) -> tuple[np.ndarray, list[str], np.ndarray, list[str],
+                                 dict[str, np.ndarray]]:
+    """The instructions' (distinct slice ids) engine and opcode args as codes into their
+    distinct texts ('' for none), and their bytes, flops and kernel ids, the args read a
+    part at a time (`SliceArgs.in_parts`)."""
+    # where each part's slices sit among `ids`: in time order, ids mostly rise already
+    ordered = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
+    order = None if ordered else np.argsort(ids, kind="stable")
+    sorted_ids = ids if order is None else ids[order]
+    texts: dict[str, tuple[dict[str, int], np.ndarray]] = {
+        key: ({"": 0}, np.zeros(len(ids), np.int32)) for key in (tf.ARG_ENGINE, tf.ARG_OPCODE)}
+    defaults = {tf.ARG_BYTES: 0, tf.ARG_FLOPS: 0, tf.ARG_KERNEL_ID: -1}
+    numbers = {key: np.full(len(ids), default, np.int64) for key, default in defaults.items()}
+    found = {key: np.zeros(len(ids), bool) for key in (*texts, *defaults)}
+    parts = trace.slice_args.in_parts(found.keys(), ids, INSTRUCTION_ARGS_PER_READ)
+    for args, held in parts:
+        for key, seen in found.items():
+            has = held[args.holding(key, held)]
+            at = np.searchsorted(sorted_ids, has)
+            at = at if order is None else order[at]
+            first = ~seen[at]  # a key in two parts: the first part's
+            has, at = has[first], at[first]
+            seen[at] = True
+            if key in texts:
+                # text columns stay codes into distinct values, fallbacks included, until
+                # categorical; a part's codes renumbered into those of every part
+                code_of, out = texts[key]
+                codes, values = args.text_codes(key, has)
+                renumber = np.asarray([code_of.setdefault(v, len(code_of)) for v in values],
+                                      np.int32)
+                out[at] = renumber[codes]
+            else:
+                numbers[key][at] = args.numbers(key, has, default=defaults[key])
+    (engine, engines), (opcode, opcodes) = ((out, list(code_of))
+                                            for code_of, out in texts.values())
+    return engine, engines, opcode, opcodes, numbers
+
+
+def _selected(mask: np.ndarray) -> np.ndarray | slice | None:
+    """The rows a mask selects: None for none, every row as a slice (no index of millions
+    of rows, nor copies of the columns through it)."""
+    if mask.all():
+        return slice(None)
+    return np.flatnonzero(mask) if mask.any() else None
 
 
 def _blank(codes: np.ndarray, values: list[str]) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,32 @@ class SliceArgs:
         """Whether each of the given slice ids has args (-1: no)."""
         return np.asarray([d is not None for d in self.dicts_of(ids)], bool)
 
+    def narrowed(self, keys: Collection[str], ids: np.ndarray) -> SliceArgs:
+        """Args that answer for `keys` of the slices `ids` (of other keys or slices, they
+        may answer nothing): what a derived table reads of many slices. A stored trace's
+        read those rows in one pass; args in memory are themselves."""
+        return self
+
+    def in_parts(self, keys: Collection[str], ids: np.ndarray, rows: int
+                 ) -> Iterator[tuple[SliceArgs, np.ndarray]]:
+        """The args of `keys` of the slices `ids` in parts, each given with the slices it
+        holds rows of (sorted ids), so that a table of millions of slices is built without
+        holding all their args: args in memory are one part; a stored trace's, runs of
+        about `rows` rows read once in file order. A slice's keys may lie in different
+        parts; a key of a slice found in two is the first part's, as in the whole args."""
+        yield self, sorted_unique(ids)
+
+    def holding(self, key: str, ids: np.ndarray) -> np.ndarray:
+        """Which of the slices `ids` have `key`."""
+        return np.not_equal(self.column(key, ids), None)  # type: ignore[call-overload]
+
+
+def sorted_unique(ids: np.ndarray) -> np.ndarray:
+    """The distinct ids in order, by a sort: numpy's unique hashes every value (seconds
+    for millions of ids)."""
+    ids = np.sort(np.asarray(ids))
+    return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
+
 
 class DictArgs(SliceArgs):
     """Args as a list of dicts, one per slice id."""
@@ -167,7 +193,9 @@ def categorical(codes: np.ndarray, values: Any) -> pd.Categorical:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    codes = np.asarray(codes, np.int64)
+    codes = np.asarray(codes)  # in the dtype given: a copy per step of 16 M codes as
+    # int64 was most of what building the instructions table held
+    codes = codes if codes.dtype.kind == "i" else codes.astype(np.int64)
     strings = pa.array(values if isinstance(values, list) else list(values), pa.large_string())
     used = np.bincount(codes + 1, minlength=len(strings) + 1)[1:] > 0  # code -1: slot 0
     if strings.null_count:
@@ -179,11 +207,18 @@ def categorical(codes: np.ndarray, values: Any) -> pd.Categorical:
     first = np.ones(len(ordered), bool)  # the first of each run of equal strings
     if len(ordered) > 1:
         first[1:] = np.asarray(pc.not_equal(ordered[1:], ordered[:-1]))
-    remap = np.full(len(strings) + 1, -1, np.int64)  # the last slot: code -1 stays missing
+    # the last slot: code -1 stays missing; codes in the categorical's own (small) dtype
+    remap: np.ndarray = np.full(len(strings) + 1, -1, _code_dtype(int(first.sum())))
     remap[candidates[order]] = np.cumsum(first) - 1
     kept = pd.Index(pd.array(ordered.filter(pa.array(first)), dtype=STR))
     return pd.Categorical.from_codes(remap[codes],
                                      dtype=pd.CategoricalDtype(kept, ordered=False))
+
+
+def _code_dtype(categories: int) -> type:
+    """The smallest integer type that holds codes of so many categories and -1."""
+    return next(t for t in (np.int8, np.int16, np.int32, np.int64)
+                if categories <= np.iinfo(t).max)
 
 
 def categorical_of(values: Any) -> pd.Categorical:
@@ -314,6 +349,10 @@ class ColumnArgs(SliceArgs):
             hit, rows = hits
             out[hit] = self._values(rows)
         return out
+
+    def holding(self, key: str, ids: np.ndarray) -> np.ndarray:
+        hits = self._hits(key, ids)
+        return hits[0] if hits is not None else np.zeros(len(ids), bool)
 
     def _hits(self, key: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """For the given ids: which hold `key`, and the arg rows of those that do."""
@@ -481,6 +520,9 @@ class LazyArgs(SliceArgs):
 
     def has_args(self, ids: np.ndarray) -> np.ndarray:
         return self._get().has_args(ids)
+
+    def holding(self, key: str, ids: np.ndarray) -> np.ndarray:
+        return self._get().holding(key, ids)
 
 
 INT64_RANGE = (-(1 << 63), (1 << 63) - 1)

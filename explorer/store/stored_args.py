@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
-from neuron_explorer.loaders.args import ColumnArgs, LazyArgs, SliceArgs
+from neuron_explorer.loaders.args import ColumnArgs, LazyArgs, SliceArgs, sorted_unique
 
 
 class StoredArgsUnreadable(Exception):
@@ -149,6 +149,79 @@ class StoredArgs(LazyArgs):
             return _NO_ARGS
         return args_from_arrow(pa.concat_tables(parts), self._n)
 
+    # --- a few keys of many slices ----------------------------------------------------
+    def narrowed(self, keys: Collection[str], ids: np.ndarray) -> SliceArgs:
+        """The rows of `keys` of the slices `ids`, read in one pass over the row groups
+        that can hold them. A derived table asks half a dozen keys of millions of slices:
+        a key at a time read the file each time, and decoding it whole (what a first
+        load's derived tables came to) held every arg of a 20 M-slice trace at once."""
+        if self.decoded is not None:
+            return self.decoded
+        ids = np.asarray(ids, np.int64)
+        ids = ids[(ids >= 0) & (ids < self._n)]
+        if not len(ids):
+            return _NO_ARGS
+        wanted = np.zeros(self._n + 1, bool)  # the last: what a slice id past them reads
+        wanted[ids] = True
+        with self._lock:
+            try:
+                return self._matching_rows(self._groups_holding(ids), set(keys), wanted)
+            except StoredArgsUnreadable:
+                return self.resolved()
+
+    def in_parts(self, keys: Collection[str], ids: np.ndarray, rows: int
+                 ) -> Iterator[tuple[SliceArgs, np.ndarray]]:
+        """Runs of row groups of about `rows` rows of the file, each read once in file order:
+        a recording's args lie in file order, which is not the slices' (a run of slice ids
+        has rows in a dozen row groups), so parts by slice id would read each row group
+        many times."""
+        if self.decoded is not None:
+            yield self.decoded, sorted_unique(ids)
+            return
+        ids = np.asarray(ids, np.int64)
+        ids = ids[(ids >= 0) & (ids < self._n)]
+        wanted = np.zeros(self._n + 1, bool)
+        wanted[ids] = True
+        keys = set(keys)
+        try:
+            with self._lock:
+                groups = self._groups_holding(ids) if len(ids) else []
+            part: list[int] = []
+            held = 0
+            for at, group in enumerate(groups):
+                part.append(group)
+                held += self._groups()[group][0]
+                if held >= rows or at == len(groups) - 1:
+                    found = self._matching_rows(part, keys, wanted)
+                    yield found, sorted_unique(found.slice_id)
+                    part, held = [], 0
+        except StoredArgsUnreadable:  # the rest from the whole args: a part read already
+            whole = self.resolved()   # keeps its slices' keys, the first part's
+            yield whole, sorted_unique(ids)
+
+    def _matching_rows(self, groups: list[int], keys: set[str], wanted: np.ndarray
+                       ) -> ColumnArgs:
+        """ColumnArgs of the rows of `groups` whose key is in `keys` and whose slice is
+        `wanted`, read a row group at a time (its other rows let go as it is read)."""
+        import pyarrow as pa
+        from neuron_explorer.store.parquet import args_from_arrow, dictionary_codes
+
+        parts = []
+        for group in groups:
+            table = self._read_groups([group], None)
+            if table is None:
+                raise StoredArgsUnreadable
+            codes, names = dictionary_codes(table.column("key"))
+            key_wanted = np.asarray([str(name) in keys for name in names] + [False], bool)
+            sid = table.column("slice_id").to_numpy()
+            sid = np.where((sid >= 0) & (sid < self._n), sid, self._n)
+            keep = key_wanted[codes] & wanted[sid]
+            if keep.any():
+                parts.append(table.filter(pa.array(keep)))
+        if not parts:
+            return _NO_ARGS
+        return args_from_arrow(pa.concat_tables(parts), self._n)
+
     # --- a few slices' dicts ----------------------------------------------------------
     def dicts_of(self, ids: np.ndarray) -> list[dict[str, Any] | None]:
         if self.decoded is not None:
@@ -185,7 +258,7 @@ class StoredArgs(LazyArgs):
 
     def _groups_holding(self, ids: np.ndarray) -> list[int]:
         """Row groups whose slice-id range holds any of `ids`."""
-        wanted = np.unique(ids[ids >= 0])
+        wanted = np.sort(ids[ids >= 0])  # not np.unique: it hashes every id
         out = []
         for group, (_, low, high) in enumerate(self._groups()):
             at = np.searchsorted(wanted, low)

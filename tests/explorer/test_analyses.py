@@ -242,5 +242,9 @@ def test_slice_names_are_the_name_column_by_slice_id(basic_pf, load_real) -> Non
     for trace in (basic_pf, load_real("mtia_trace_single_rank__mtia_rank_0.json.gz")):
         names = slice_names(trace)
         column = trace.table("slices")["name"]
-        assert names.tolist() == column.astype(object).tolist()
+        ids = np.arange(len(column))
+        assert len(names) == len(column)
+        assert names[ids].tolist() == column.astype(object).tolist()
+        assert [names[i] for i in ids[::97].tolist()] == column.astype(object).tolist()[::97]
+        assert names[ids[::-3]].tolist() == column.astype(object).tolist()[::-3]
         assert slice_names(trace) is names

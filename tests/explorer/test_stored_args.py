@@ -9,6 +9,7 @@ from pathlib import Path
 
 import neuron_explorer
 import numpy as np
+import pandas as pd
 import pytest
 from neuron_explorer.loaders.args import ColumnArgs
 from neuron_explorer.report import render_report
@@ -140,3 +141,68 @@ def test_many_keys_of_every_slice_decode_the_args_once(
     assert args.decoded is not None
     assert args._groups_read < len(args._groups())  # decoded whole, not read per key
     assert not args._by_key  # what the key reads kept is let go
+
+
+def test_narrowed_args_answer_for_their_keys_and_slices_in_one_pass(cached: Path) -> None:
+    trace, args, whole = _stored(cached)
+    n = len(trace.table("slices"))
+    read: list[int] = []
+    reader = args._read_groups
+
+    def counting(groups: list[int], columns: list[str] | None):
+        read.extend(groups)
+        return reader(groups, columns)
+
+    args._read_groups = counting
+    ids = np.r_[np.random.default_rng(3).permutation(n)[: n // 3], n + 5, -1]
+    keys = ("bytes", "kernel_id", "engine", "no such key")
+    narrow = args.narrowed(keys, ids)
+    assert sorted(read) == sorted(set(read))  # each row group read once at most
+    for key in keys:
+        assert narrow.column(key, ids).tolist() == whole.column(key, ids).tolist(), key
+        assert np.array_equal(narrow.numbers(key, ids, -1), whole.numbers(key, ids, -1)), key
+        codes, values = narrow.text_codes(key, ids)
+        want_codes, want_values = whole.text_codes(key, ids)
+        assert [values[c] for c in codes] == [want_values[c] for c in want_codes], key
+    held = narrow.numbers("bytes", np.arange(n), -1)  # other slices: not read
+    assert (held[np.isin(np.arange(n), ids, invert=True)] == -1).all()
+    assert args.narrowed(keys, np.array([-1, n + 1])).column("bytes", ids).tolist() == [
+        None] * len(ids)
+    assert args.decoded is None
+
+
+def test_derived_tables_of_a_stored_trace_read_their_args_in_parts(
+        cached: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derived tables a stored trace computes (a first load's, built from its new
+    entry) equal those of the trace in memory: its instructions' args read in parts, each
+    row group once, the args never decoded whole."""
+    from neuron_explorer import tables
+    from neuron_explorer.loaders.args import tidy_categoricals
+
+    fresh = neuron_explorer.load(cached, cache=False)
+    trace, args, _ = _stored(cached)
+    read: list[int] = []
+    reader = args._read_groups
+
+    def counting(groups: list[int], columns: list[str] | None):
+        read.extend(groups)
+        return reader(groups, columns)
+
+    args._read_groups = counting
+    parts: list[int] = []
+    in_parts = StoredArgs.in_parts
+
+    def counted_parts(self, keys, ids, rows):
+        for part, held in in_parts(self, keys, ids, rows):
+            parts.append(len(held))
+            yield part, held
+
+    monkeypatch.setattr(StoredArgs, "in_parts", counted_parts)
+    monkeypatch.setattr(tables, "INSTRUCTION_ARGS_PER_READ", 3000)
+    got = tidy_categoricals(tables.derive_instructions(trace))
+    pd.testing.assert_frame_equal(got, fresh.instructions, obj="instructions")
+    assert len(parts) > 3 and sorted(read) == sorted(set(read))
+    for name in ("steps", "kernels", "ops", "modules"):
+        got = tidy_categoricals(getattr(tables, f"derive_{name}")(trace))
+        pd.testing.assert_frame_equal(got, getattr(fresh, name), obj=name)
+    assert args.decoded is None
