@@ -449,33 +449,45 @@ def derive_instructions(trace: Trace) -> pd.DataFrame:
         rows = rows[np.argsort(ts, kind="stable")]
         ts = slices["ts"].to_numpy()[rows]
     ids = slices["id"].to_numpy()[rows]
-    track = slices["track_id"].to_numpy()[rows]
-    engine, engines, opcode, opcodes, numbers = _instruction_args(trace, ids)
+    dur = slices["dur"].to_numpy()[rows]
     kind = slices["kind"].array[rows]
+    names = slices["name"].array
+    name_codes = names.codes[rows]  # a byte or two a row: the rows' index is let go
+    track = slices["track_id"].to_numpy()[rows]
+    device = _device_of_tracks(trace, track)
+    # each row's track as its row in trace.tracks (the last: no such track), small
+    by_name = {v: k for k, v in tf.ENGINE_TRACKS.items()}
+    named = [by_name.get(name) for name in trace.tracks["name"].tolist()]
+    n = len(named)
+    track_row = _by_track(trace, track, np.arange(n, dtype=np.int32), np.int32(n))
+    del rows, track  # 8 bytes a row each, held through the args' reads otherwise
+    engine, engines, opcode, opcodes, numbers = _instruction_args(trace, ids)
     missing = _selected(_blank(engine, engines))
     if missing is not None:  # no engine arg: the engine its track is named after, else a
-        # DMA's "dma": a code per track and DMA or not, looked up (the tracks are few)
-        by_name = {v: k for k, v in tf.ENGINE_TRACKS.items()}
-        named = [by_name.get(name) for name in trace.tracks["name"].tolist()]
-        n = len(named)  # then the same for DMA rows; the last of each: no such track
+        # DMA's "dma": a code per track and DMA or not (the tracks are few); then the same
+        # for DMA rows; the last of each: no such track
         values = [*(e or "" for e in named), "", *(e or "dma" for e in named), "dma"]
-        at = _by_track(trace, track[missing], np.arange(n, dtype=np.int32), np.int32(n))
+        at = track_row[missing]
         at[np.asarray(kind[missing] == tf.CAT_DMA, bool)] += n + 1
         engine[missing] = at + len(engines)
         engines = [*engines, *values]
+    del track_row
     no_opcode = _selected(_blank(opcode, opcodes))
     if no_opcode is not None:  # the slice's name instead (a missing name stays missing)
-        names = slices["name"].array
-        name_codes = names.codes[rows[no_opcode]].astype(np.int32)
-        opcode[no_opcode] = np.where(name_codes >= 0, name_codes + len(opcodes), -1)
+        fill = name_codes[no_opcode].astype(np.int32)
+        opcode[no_opcode] = np.where(fill >= 0, fill + len(opcodes), -1)
         opcodes = [*opcodes, *names.categories.tolist()]
+    del name_codes
+    frame = {"id": ids, "ts": ts, "dur": dur}
+    # a few engines and opcodes over many rows: categorical, as the slices' texts (each
+    # made and its codes let go in turn)
+    frame["engine"] = categorical(engine, engines)
+    del engine
+    frame["opcode"] = categorical(opcode, opcodes)
+    del opcode
     return pd.DataFrame({
-        # a few engines and opcodes over many rows: categorical, as the slices' texts
-        "id": ids, "ts": ts, "dur": slices["dur"].to_numpy()[rows],
-        "engine": categorical(engine, engines), "opcode": categorical(opcode, opcodes),
-        "bytes": numbers[tf.ARG_BYTES], "flops": numbers[tf.ARG_FLOPS],
-        "kernel_id": numbers[tf.ARG_KERNEL_ID], "device": _device_of_tracks(trace, track),
-        "kind": kind,
+        **frame, "bytes": numbers[tf.ARG_BYTES], "flops": numbers[tf.ARG_FLOPS],
+        "kernel_id": numbers[tf.ARG_KERNEL_ID], "device": device, "kind": kind,
     }, copy=False)  # fresh columns: no copy into one consolidated block (450 MB at 8 M rows)
 
 
