@@ -137,7 +137,7 @@ def naive_window(index, t0: int, t1: int) -> tuple[float, int]:
         hi = int(np.searchsorted(r.ts, t1, side="left"))
         rows.append({"row": i, "ts": r.ts[lo:hi].tolist(),
                      "dur": (r.end[lo:hi] - r.ts[lo:hi]).tolist(),
-                     "id": r.ids[lo:hi].tolist(), "name": r.names[lo:hi].tolist()})
+                     "id": r.ids[lo:hi].tolist(), "name": r.names_at(slice(lo, hi)).tolist()})
     size = len(json.dumps(rows))
     return time.perf_counter() - start, size
 

@@ -34,9 +34,20 @@ class SliceRow:
     end: np.ndarray  # int64 ns
     end_max: np.ndarray  # running max of end: lets searchsorted skip finished slices
     ids: np.ndarray  # int64 slice ids
-    names: np.ndarray  # object, slice names
-    categories: np.ndarray  # object, slice categories
-    lower_names: np.ndarray | None = None  # names in lower case, built by the first search
+    # names and categories as codes into the index's distinct values (object arrays whose
+    # last value, None, is what code -1 reads): a string per slice took 2.4 GB of 20 M
+    name_codes: np.ndarray
+    category_codes: np.ndarray
+    name_values: np.ndarray
+    category_values: np.ndarray
+
+    def names_at(self, at: slice | np.ndarray) -> np.ndarray:
+        """The names of the slices at these positions of the row (an object array)."""
+        return self.name_values[self.name_codes[at]]
+
+    def categories_at(self, at: slice | np.ndarray) -> np.ndarray:
+        """The categories of the slices at these positions of the row (an object array)."""
+        return self.category_values[self.category_codes[at]]
 
 
 @dataclass
@@ -82,10 +93,10 @@ class TimelineIndex:
         self._searches: dict[str, np.ndarray] = {}
         # The metadata instant sits at the recording's start, which can be long before the
         # first recorded step (--steps A:B): it would stretch the whole-trace view.
-        drawn = slices
+        drawn = None  # a mask, not a filtered copy of every column (1 GB at 20 M slices)
         if "category" in slices.columns and len(slices):
-            drawn = slices[slices["category"].to_numpy() != "metadata"]
-        self._build_slice_rows(drawn, tracks, fold_dma)
+            drawn = np.asarray(slices["category"] != "metadata", bool)
+        self._build_slice_rows(slices, tracks, fold_dma, drawn)
         self._build_counter_rows(counters, tracks)
         self._build_lookup(slices)  # positions into the whole slices table
         starts = [r.ts[0] for r in self.slice_rows if r.ts.size] + [
@@ -100,8 +111,9 @@ class TimelineIndex:
             self.end_ns = self.start_ns + 1
 
     # -- building ---------------------------------------------------------------
-    def _build_slice_rows(self, slices: pd.DataFrame, tracks: pd.DataFrame, fold_dma: bool) -> None:
-        if slices is None or slices.empty:
+    def _build_slice_rows(self, slices: pd.DataFrame, tracks: pd.DataFrame, fold_dma: bool,
+                          drawn: np.ndarray | None) -> None:
+        if slices is None or slices.empty or (drawn is not None and not drawn.any()):
             return
         track_id = slices["track_id"].to_numpy(dtype=np.int64)
         depth = np.minimum(slices["depth"].to_numpy(dtype=np.int64), MAX_DEPTH_ROWS - 1)
@@ -115,33 +127,50 @@ class TimelineIndex:
             depth = np.where(in_group, 0, depth)
             self.folded_dma_queues = sum(len(m) for m in folded.values())
         ts = slices["ts"].to_numpy(dtype=np.int64)
-        end = ts + slices["dur"].to_numpy(dtype=np.int64).clip(min=0)
+        dur = slices["dur"].to_numpy(dtype=np.int64)
         ids = slices["id"].to_numpy(dtype=np.int64)
-        names = slices["name"].to_numpy(dtype=object)
-        categories = slices["category"].to_numpy(dtype=object)
-        order = np.lexsort((ts, depth, track_id))
-        track_id, depth, ts, end = track_id[order], depth[order], ts[order], end[order]
-        ids, names, categories = ids[order], names[order], categories[order]
-        keys = track_id * MAX_DEPTH_ROWS + depth
-        bounds = np.flatnonzero(np.diff(keys)) + 1
+        name_codes, name_values = _codes(slices["name"])
+        category_codes, category_values = _codes(slices["category"])
+        # rows by (track, depth), each in time order: the slices come in time order as a
+        # rule, so a stable sort by one small key, and each row's columns gathered alone
+        # (sorted copies of every column at once peaked 1.5 GB above the index at 20 M)
+        keys = _ranks(track_id) * MAX_DEPTH_ROWS + depth
+        if keys.size and keys.max() < np.iinfo(np.int16).max:
+            keys = keys.astype(np.int16)  # numpy sorts 16-bit keys by radix: one pass
+        if drawn is None or drawn.all():
+            order = np.argsort(keys, kind="stable")
+        else:
+            order = np.flatnonzero(drawn)
+            order = order[np.argsort(keys[order], kind="stable")]
+        keys = keys[order]
+        bounds = np.flatnonzero(keys[1:] != keys[:-1]) + 1
         starts = np.concatenate([[0], bounds])
         stops = np.concatenate([bounds, [keys.size]])
+        del keys
         info = _track_info(tracks)
         # DataLoader workers' tracks go below the program's own threads
-        worker_tracks = set(track_id[categories == tf.CAT_DATALOADER_WORKER].tolist())
+        worker_code = _code_of(category_values, tf.CAT_DATALOADER_WORKER)
+        worker_tracks = set(track_id[order[category_codes[order] == worker_code]].tolist())
         groups = []
-        for a, b in zip(starts, stops, strict=True):
-            tid, d = int(track_id[a]), int(depth[a])
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+            at = order[a:b]
+            row_ts = ts[at]
+            if len(row_ts) > 1 and (row_ts[1:] < row_ts[:-1]).any():
+                at = at[np.argsort(row_ts, kind="stable")]
+                row_ts = ts[at]
+            tid, d = int(track_id[at[0]]), int(depth[at[0]])
             name, kind, process, device = info.get(tid, (f"track {tid}", "thread", "", -1))
             sort_key = (device, KIND_ORDER.get(kind, 5), tid in worker_tracks, process,
                         _engine_rank(name), _natural(name), tid, d)
             label = name
             if tid in folded:
                 label = f"DMA ({len(folded[tid])} queues)"
+            row_end = row_ts + dur[at].clip(min=0)
             row = SliceRow(
-                label=label, track_id=tid, kind=kind, depth=d, ts=ts[a:b], end=end[a:b],
-                end_max=np.maximum.accumulate(end[a:b]), ids=ids[a:b],
-                names=names[a:b], categories=categories[a:b],
+                label=label, track_id=tid, kind=kind, depth=d, ts=row_ts, end=row_end,
+                end_max=np.maximum.accumulate(row_end), ids=ids[at],
+                name_codes=name_codes[at], category_codes=category_codes[at],
+                name_values=name_values, category_values=category_values,
             )
             groups.append((sort_key, row))
         groups.sort(key=lambda g: g[0])
@@ -177,19 +206,21 @@ class TimelineIndex:
             pos += r.ids.size
         order = np.argsort(ids, kind="stable")
         self._sorted_ids, self._id_rows = ids[order], rows[order]
+        self._table_order: np.ndarray | None = None  # None: the table is in id order
+        self._table_ids = np.empty(0, dtype=np.int64)
         if slices is not None and not slices.empty:
             table_ids = slices["id"].to_numpy(dtype=np.int64)
-            self._table_order = np.argsort(table_ids, kind="stable")
-            self._table_ids = table_ids[self._table_order]
-        else:
-            self._table_order = self._table_ids = np.empty(0, dtype=np.int64)
+            if len(table_ids) > 1 and (table_ids[1:] <= table_ids[:-1]).any():
+                self._table_order = np.argsort(table_ids, kind="stable")
+                table_ids = table_ids[self._table_order]
+            self._table_ids = table_ids  # as a rule the table's own column: no copy
 
     # -- lookups ----------------------------------------------------------------
     @property
     def labels(self) -> list[str]:
         """Row names for the axis: a track's name on its first row; nested rows say what they hold
         (`↳ module`, `↳ op`), so a deep host stack reads without hovering."""
-        return ([_short(r.label) if r.depth == 0 else "↳ " + _contents(r.categories)
+        return ([_short(r.label) if r.depth == 0 else "↳ " + _contents(r)
                  for r in self.slice_rows]
                 + [_short(r.label) for r in self.counter_rows])
 
@@ -198,7 +229,7 @@ class TimelineIndex:
         """Every slice category drawn, in order of first appearance from the top row down."""
         seen: dict[str, None] = {}
         for r in self.slice_rows:
-            for category in pd.unique(r.categories):
+            for category in r.category_values[pd.unique(r.category_codes)]:
                 seen.setdefault(str(category), None)
         return list(seen)
 
@@ -211,9 +242,11 @@ class TimelineIndex:
             return self._searches[needle]
         found_ts, found_ids = [], []
         for r in self.slice_rows:
-            names = self._lower_names(r)
-            matches = pd.Series(names, copy=False).str.contains(needle, regex=False)
-            hit = np.flatnonzero(matches.to_numpy())
+            # the distinct names matched once; a row's slices by their codes
+            lower = pd.Series([str(v).lower() for v in r.name_values], dtype=object)
+            matched = np.flatnonzero(lower.str.contains(needle, regex=False).to_numpy())
+            codes = np.where(r.name_codes >= 0, r.name_codes, len(r.name_values) - 1)
+            hit = np.flatnonzero(np.isin(codes, matched))
             found_ts.append(r.ts[hit])
             found_ids.append(r.ids[hit])
         ts, ids = np.concatenate(found_ts), np.concatenate(found_ids)
@@ -222,13 +255,6 @@ class TimelineIndex:
             self._searches.pop(next(iter(self._searches)))
         self._searches[needle] = found
         return found
-
-    def _lower_names(self, row: SliceRow) -> np.ndarray:
-        """A row's names in lower case, computed once (most rows repeat a few names many times)."""
-        if row.lower_names is None:
-            uniques, inverse = np.unique(row.names.astype(str), return_inverse=True)
-            row.lower_names = np.char.lower(uniques.astype(str))[inverse].astype(object)
-        return row.lower_names
 
     def slice_span(self, slice_id: int) -> tuple[int, int] | None:
         """(start, end) in ns of a drawn slice, or None."""
@@ -259,7 +285,7 @@ class TimelineIndex:
             return None
         i = int(np.searchsorted(self._table_ids, slice_id))
         if i < self._table_ids.size and self._table_ids[i] == slice_id:
-            return int(self._table_order[i])
+            return i if self._table_order is None else int(self._table_order[i])
         return None
 
     # -- queries ----------------------------------------------------------------
@@ -305,8 +331,8 @@ class TimelineIndex:
         out_end = [end[big_idx]]
         out_ids = [r.ids[lo:hi][big_idx]]
         out_count = [np.ones(big_idx.size, dtype=np.int64)]
-        names = list(r.names[lo:hi][big_idx])
-        cats = list(r.categories[lo:hi][big_idx])
+        names = list(r.names_at(lo + big_idx))
+        cats = list(r.categories_at(lo + big_idx))
         if small_idx.size:
             # Runs of small slices in adjacent pixel buckets with no big slice between
             # them become one summary bar.
@@ -323,8 +349,8 @@ class TimelineIndex:
             out_end.append(e)
             out_ids.append(run_ids)
             out_count.append(counts.astype(np.int64))
-            first_names = r.names[lo:hi][first]
-            first_cats = r.categories[lo:hi][first]
+            first_names = r.names_at(lo + first)
+            first_cats = r.categories_at(lo + first)
             names += [n if one else f"{k:,} slices"
                       for n, one, k in zip(first_names, single, counts, strict=True)]
             cats += [c if one else "merged" for c, one in zip(first_cats, single, strict=True)]
@@ -348,6 +374,33 @@ def _counter_window(c: CounterRow, t0: int, t1: int, bucket: float):
         ts = np.maximum(ts[starts], t0)
         values = np.maximum.reduceat(values, starts)
     return ts, values
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's rank among the distinct values (int64), by a lookup table where the
+    values are small non-negative ids (tracks'): numpy's unique hashes every value."""
+    if values.size and values.min() >= 0 and values.max() < 1 << 24:
+        present = np.zeros(int(values.max()) + 1, bool)
+        present[values] = True
+        return (np.cumsum(present) - 1)[values]
+    return np.unique(values, return_inverse=True)[1].astype(np.int64)
+
+
+def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as (codes, -1 where missing; its distinct values then None)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, distinct = column.cat.codes.to_numpy(), column.cat.categories
+    else:
+        codes, distinct = pd.factorize(column.to_numpy(dtype=object))
+    values = np.empty(len(distinct) + 1, object)
+    values[:-1] = [str(v) for v in distinct]
+    return codes, values
+
+
+def _code_of(values: np.ndarray, text: str) -> int:
+    """The code of `text` among `_codes`' values (-2, which no row has, where absent)."""
+    found = np.flatnonzero(values[:-1] == text)
+    return int(found[0]) if len(found) else -2
 
 
 def _short(label: str, limit: int = 30) -> str:
@@ -406,11 +459,18 @@ def _is_int64(value: int) -> bool:
     return -(2**63) <= value < 2**63
 
 
-def _contents(categories: np.ndarray) -> str:
-    """What a nested row holds: its most common category, and a second one if it is common too."""
-    values, counts = np.unique(categories.astype(str), return_counts=True)
-    order = np.argsort(-counts, kind="stable")
-    names = [str(values[order[0]])]
-    if len(order) > 1 and counts[order[1]] >= 0.2 * counts[order[0]]:
-        names.append(str(values[order[1]]))
+def _contents(row: SliceRow) -> str:
+    """What a nested row holds: its most common category, and a second one if it is common too
+    (equal counts: in lexical order)."""
+    codes = np.where(row.category_codes >= 0, row.category_codes, len(row.category_values) - 1)
+    counts: dict[str, int] = {}
+    for value, n in zip(row.category_values.tolist(),
+                        np.bincount(codes, minlength=len(row.category_values)).tolist(),
+                        strict=True):
+        if n:
+            counts[str(value)] = counts.get(str(value), 0) + n
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    names = [ranked[0][0]]
+    if len(ranked) > 1 and ranked[1][1] >= 0.2 * ranked[0][1]:
+        names.append(ranked[1][0])
     return " · ".join(names)

@@ -119,3 +119,22 @@ def test_dma_queues_fold_into_one_row_per_device_unless_asked():
     assert folded.row_of(4) == 1 and folded.query(0, 100, 1000).n_bars == 4
     every = TimelineIndex(df, tracks, pd.DataFrame(), fold_dma=False)
     assert every.labels == ["main", "DMA q0", "DMA q1", "DMA q10"]
+
+
+def test_search_finds_names_in_any_case_in_time_order_across_rows():
+    df = _slices([(1, 50, 10, "aten::MatMul", "op", 1, 1), (2, 0, 100, "step 0", "step", 1, 0),
+                  (3, 5, 10, "matmul_kernel", "kernel", 2, 0), (4, 20, 10, "relu", "op", 1, 1),
+                  (5, 30, 10, None, "op", 1, 1)])
+    df["name"] = df["name"].astype("category")  # as loaded: categorical, one name missing
+    index = TimelineIndex(df, TRACKS, pd.DataFrame())
+    assert index.search("MATMUL").tolist() == [3, 1]
+    assert index.search("relu").tolist() == [4] and index.search("nothing").size == 0
+    w = index.query(0, 100, width_px=1000)
+    assert dict(zip(w.ids.tolist(), w.names, strict=True))[5] is None
+
+
+def test_a_nested_row_names_its_two_commonest_categories():
+    rows = [(i, i * 10, 5, f"s{i}", "op" if i % 3 else "module", 1, 1) for i in range(1, 10)]
+    index = TimelineIndex(_slices(rows + [(99, 0, 100, "step", "step", 1, 0)]), TRACKS,
+                          pd.DataFrame())
+    assert index.labels == ["main", "↳ op · module"]
