@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
+from neuron_explorer.loaders.args import compact
 
 # Order of track kinds from top to bottom: host first, then each device.
 KIND_ORDER = {"thread": 0, "gpu_stream": 1, "kernels": 2, "engine": 3, "dma": 4, "counter": 6}
@@ -33,7 +34,7 @@ class SliceRow:
     ts: np.ndarray  # int64 ns
     end: np.ndarray  # int64 ns
     end_max: np.ndarray  # running max of end: lets searchsorted skip finished slices
-    ids: np.ndarray  # int64 slice ids
+    ids: np.ndarray  # slice ids (int32 where every id fits)
     # names and categories as codes into the index's distinct values (object arrays whose
     # last value, None, is what code -1 reads): a string per slice took 2.4 GB of 20 M
     name_codes: np.ndarray
@@ -128,7 +129,7 @@ class TimelineIndex:
             self.folded_dma_queues = sum(len(m) for m in folded.values())
         ts = slices["ts"].to_numpy(dtype=np.int64)
         dur = slices["dur"].to_numpy(dtype=np.int64)
-        ids = slices["id"].to_numpy(dtype=np.int64)
+        ids = compact(slices["id"].to_numpy(dtype=np.int64))  # int32 where they fit
         name_codes, name_values = _codes(slices["name"])
         category_codes, category_values = _codes(slices["category"])
         # rows by (track, depth), each in time order: the slices come in time order as a
@@ -197,7 +198,7 @@ class TimelineIndex:
     def _build_lookup(self, slices: pd.DataFrame) -> None:
         """Slice id -> (row, position in the slices table) for selection and details."""
         n = sum(r.ids.size for r in self.slice_rows)
-        ids = np.empty(n, dtype=np.int64)
+        ids = np.empty(n, dtype=self.slice_rows[0].ids.dtype if self.slice_rows else np.int64)
         rows = np.empty(n, dtype=np.int32)
         pos = 0
         for i, r in enumerate(self.slice_rows):
