@@ -514,12 +514,15 @@ def _instruction_args(trace: Trace, ids: np.ndarray
     parts = trace.slice_args.in_parts(found.keys(), ids, INSTRUCTION_ARGS_PER_READ)
     for args, held in parts:
         for key, seen in found.items():
-            has = held[args.holding(key, held)]
-            at = np.searchsorted(sorted_ids, has)
-            at = at if order is None else order[at]
-            first = ~seen[at]  # a key in two parts: the first part's
-            has, at = has[first], at[first]
-            seen[at] = True
+            if held is None:  # args that answer for every slice: no lookups
+                has, at = ids, slice(None)
+            else:
+                has = held[args.holding(key, held)]
+                at = np.searchsorted(sorted_ids, has)
+                at = at if order is None else order[at]
+                first = ~seen[at]  # a key in two parts: the first part's
+                has, at = has[first], at[first]
+                seen[at] = True
             if key in texts:
                 # text columns stay codes into distinct values, fallbacks included, until
                 # categorical; a part's codes renumbered into those of every part

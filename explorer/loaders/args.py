@@ -124,13 +124,14 @@ class SliceArgs:
         return self
 
     def in_parts(self, keys: Collection[str], ids: np.ndarray, rows: int
-                 ) -> Iterator[tuple[SliceArgs, np.ndarray]]:
+                 ) -> Iterator[tuple[SliceArgs, np.ndarray | None]]:
         """The args of `keys` of the slices `ids` in parts, each given with the slices it
         holds rows of (sorted ids), so that a table of millions of slices is built without
-        holding all their args: args in memory are one part; a stored trace's, runs of
-        about `rows` rows read once in file order. A slice's keys may lie in different
-        parts; a key of a slice found in two is the first part's, as in the whole args."""
-        yield self, sorted_unique(ids)
+        holding all their args: args in memory are one part, given with None (it answers
+        for every slice); a stored trace's, runs of about `rows` rows read once in file
+        order. A slice's keys may lie in different parts; a key of a slice found in two is
+        the first part's, as in the whole args."""
+        yield self, None
 
     def holding(self, key: str, ids: np.ndarray) -> np.ndarray:
         """Which of the slices `ids` have `key`."""

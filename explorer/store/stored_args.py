@@ -170,13 +170,13 @@ class StoredArgs(LazyArgs):
                 return self.resolved()
 
     def in_parts(self, keys: Collection[str], ids: np.ndarray, rows: int
-                 ) -> Iterator[tuple[SliceArgs, np.ndarray]]:
+                 ) -> Iterator[tuple[SliceArgs, np.ndarray | None]]:
         """Runs of row groups of about `rows` rows of the file, each read once in file order:
         a recording's args lie in file order, which is not the slices' (a run of slice ids
         has rows in a dozen row groups), so parts by slice id would read each row group
         many times."""
         if self.decoded is not None:
-            yield self.decoded, sorted_unique(ids)
+            yield self.decoded, None
             return
         ids = np.asarray(ids, np.int64)
         ids = ids[(ids >= 0) & (ids < self._n)]
