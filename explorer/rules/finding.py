@@ -80,8 +80,9 @@ class Finding:
                 f"Fix: {self.recommendation}" + (f" {note}" if note else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of every field."""
-        return asdict(self)
+        """JSON-able dict of every field, and `saves_time`: a finding that saves nothing now
+        (listed apart in the text report) reads as such without comparing numbers."""
+        return {**asdict(self), "saves_time": self.saves_time}
 
     def _repr_html_(self) -> str:
         from neuron_explorer.plot.cards import finding_card

@@ -38,7 +38,9 @@ def test_findings_are_ranked_and_complete(basic_pf: neuron_explorer.Trace) -> No
         d = f.to_dict()
         assert set(d) == {"rule_id", "title", "severity", "time_lost_ns", "share_of_step",
                           "evidence", "explanation", "recommendation", "share_base",
-                          "symptom_ns", "saving_basis", "after", "steps", "once_ns"}
+                          "symptom_ns", "saving_basis", "after", "steps", "once_ns",
+                          "saves_time"}
+        assert d["saves_time"] == (f.time_lost_ns > 0)
         assert f.rule_id in RULE_IDS and f.severity in ("high", "medium", "low")
         assert 0 <= f.share_of_step <= 1 and f.recommendation and f.explanation
         for e in f.evidence:
