@@ -54,14 +54,15 @@ def _device_busy_from(trace: Trace, start: int) -> float:
 def device_paces(s: dict[str, Any]) -> bool:
     """Whether a summary's device needs clearly longer per step than its host's windows
     (its step time is then the device's: `analyses.device_pace`)."""
-    return pace.device_paces(s.get("host_step_ns"), s.get("device_paced_step_ns"))
+    return bool(s.get("device_paces"))
 
 
 def summary(trace: Trace) -> dict[str, Any]:
     """hardware, source_format, n_steps, steps_analysed (the steady state, and in words),
     step_time_ns (median over them, each as long as the run's pace makes it:
     `analyses.device_pace`), host_step_ns (the median of the host's step windows),
-    device_paced_step_ns (the device's time per step), compile_ns (on its own), total_ns,
+    device_paced_step_ns (the device's time per step), device_paces (whether that, not
+    the host's windows, sets the step time), compile_ns (on its own), total_ns,
     mfu, hfu, mbu, device_busy_share (None at --level framework), n_ops, n_kernels,
     counts of slices by kind, and how the program ended (exit_code, program_error)."""
     s = trace.table("slices")
@@ -86,6 +87,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "step_time_ns": _median(paced.tolist()) if len(trace.steps) else None,
         "host_step_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
         "device_paced_step_ns": pace.device_paced_step_ns(trace),
+        "device_paces": bool(len(trace.steps)) and pace.device_paces(trace),
         "compile_ns": int(trace.compile_summary()["totals"]["compile_ns"].iloc[0]),
         "level": recorded_level(trace),
         "total_ns": total,

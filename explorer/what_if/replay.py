@@ -320,7 +320,7 @@ def _paced_median(steps: pd.DataFrame, host: np.ndarray, recorded_ts: np.ndarray
     """The predicted median step: the host's windows `host`, or where the predicted device
     falls behind its host, the time between the ends of consecutive steps' device work
     (`analyses.device_pace`, as the predicted trace's report reads it)."""
-    from neuron_explorer.analyses.device_pace import MIN_INTERVALS, device_paces
+    from neuron_explorer.analyses.device_pace import MIN_INTERVALS, device_behind
 
     start = steps["ts"].to_numpy(np.int64)
     end = start + steps["dur"].to_numpy(np.int64)
@@ -332,9 +332,11 @@ def _paced_median(steps: pd.DataFrame, host: np.ndarray, recorded_ts: np.ndarray
         if at >= 0 and recorded_ts[i] < end[at]:
             device_end[at] = np.fmax(device_end[at], max(k.end_ns for k in op.kernels))
     number = steps["step"].to_numpy(np.int64)
-    consecutive = np.diff(number) == 1
-    intervals = np.diff(device_end)[consecutive]
-    intervals = intervals[~np.isnan(intervals)]
+    # each step's interval from the step before's device work (NaN: not a step after it)
+    intervals = np.full(len(steps), np.nan)
+    intervals[1:] = np.where(np.diff(number) == 1, np.diff(device_end), np.nan)
+    known = intervals[~np.isnan(intervals)]
     host_median = float(np.median(host))
-    paced = float(np.median(intervals)) if len(intervals) >= MIN_INTERVALS else None
-    return paced if paced is not None and device_paces(host_median, paced) else host_median
+    if len(known) < MIN_INTERVALS or not device_behind(np.asarray(host), intervals):
+        return host_median
+    return float(np.median(known))

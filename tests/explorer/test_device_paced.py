@@ -50,3 +50,23 @@ def test_a_device_that_keeps_up_adds_no_line(tmp_path) -> None:
     text = render_report(trace, "text")
     assert "host's step windows" not in text and "device's pace" not in text
     assert "Critical path (what sets the step's length" in text
+
+
+def test_windows_that_alternate_are_not_read_as_a_device_behind(tmp_path) -> None:
+    """A rank that waits for another every other step: its windows alternate 3 and 9 us and
+    its device work ends with each window. The medians of the windows (6 us, between the
+    two) and of the device's intervals (9 us) fall on different steps; step by step the
+    device keeps up."""
+    sc = Scenario()
+    start = 0
+    for n, length in enumerate([3_000, 9_000] * 4):
+        sc.b.slice(sc.host, start, length, f"step {n}", "step", {"step": n})
+        sc.op(start, 200, "aten::mm", n + 1, n, kernel=(start + length - 1_000, 900),
+              busy={"tensor": 900}, flops=1_000_000, nbytes=1000, instructions=False)
+        start += length
+    trace = neuron_explorer.load(sc.write(tmp_path, "alternating"))
+    s = trace.summary()
+    assert s["host_step_ns"] == 6_000 and s["device_paced_step_ns"] == 9_000
+    assert not s["device_paces"] and s["step_time_ns"] == 6_000
+    text = render_report(trace, "text")
+    assert "device's pace" not in text and "host's step windows" not in text
