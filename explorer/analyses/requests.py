@@ -5,9 +5,10 @@ A request is what `neuron_explorer.request(id)` (or a list of ids, one per batch
 marks: a model call serves the requests of every range it starts in. Its first call reads
 its prompt and gives its first token; each later call one more. A token is ready when the
 kernels its call launched end (the call's end without kernels). The first range naming a
-request is its arrival: when that range holds no call of it (a mark entered as the request
-came in), the time until its first call is its queueing, and the time to first token counts
-it; otherwise the request arrives with its first call.
+request is its arrival (the work in it before the call, such as the input's upload, is
+part of its latency): when that range holds no call of it (a mark entered as the request
+came in), the time until its first call is its queueing. It is done when its last token is
+ready or, where later, when the last range naming it ends (a read of its result there).
 
 Without marks, each row of a generation's batch (`phases.generations`) is a request: they
 arrive together with the prefill step and share its figures.
@@ -122,7 +123,8 @@ def requests(trace: Trace) -> pd.DataFrame:
     before its first call), prompt_tokens (as its first call saw them, NaN where unknown),
     tokens (output tokens: one per call, per sequence it holds), first_step, last_step,
     ttft_ns (arrival to first token), tpot_median_ns and tpot_p90_ns (between its
-    consecutive tokens), e2e_ns (arrival to last token)."""
+    consecutive tokens), e2e_ns (arrival to its answer: its last token, or the end of the
+    last range naming it where later, as a read of the result in it ends it)."""
     served_requests = marked_requests(trace)
     if not served_requests:
         return _by_batch_row(trace)
@@ -135,7 +137,7 @@ def requests(trace: Trace) -> pd.DataFrame:
             "last_step": r.last_step, "ttft_ns": int(r.times[0] - r.arrival),
             "tpot_median_ns": float(np.median(gaps)) if len(gaps) else np.nan,
             "tpot_p90_ns": float(np.percentile(gaps, 90)) if len(gaps) else np.nan,
-            "e2e_ns": int(r.times[-1] - r.arrival)})
+            "e2e_ns": int(r.done - r.arrival)})
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(
         "arrival_ns", kind="stable", ignore_index=True)
 
@@ -149,6 +151,7 @@ class Served:
     arrival: int
     queue_ns: float  # NaN: no arrival shown before its first call
     times: np.ndarray  # when each call serving it was done: a token (per sequence) each
+    done: int  # when its answer was the host's: its last token, or its last range's end
     prompt_tokens: float
     tokens: int
     first_step: int
@@ -178,19 +181,27 @@ def _marked_requests(trace: Trace) -> list[Served]:
         for i in ids:
             per.setdefault(i, []).append((c, int(rows)))
     first_mark: dict[Any, tuple[int, int]] = {}
+    last_end: dict[Any, int] = {}
     for a, b, ids in marks:
         for i in ids:
             first_mark.setdefault(i, (a, b))
+            last_end[i] = max(last_end.get(i, b), b)
     out = []
     for rid, served_in in per.items():
         first, last = served_in[0][0], served_in[-1][0]
         a, b = first_mark[rid]
         # an earlier range with none of its calls: its arrival, and then it waited
         queued = not a <= starts[first] < b
+        times = ready[[c for c, _ in served_in]]
         out.append(Served(
-            id=rid, arrival=a if queued else int(starts[first]),
+            # it arrives as its first range begins: the work in it before the model call
+            # (the input's upload, tokenizing) is part of its latency
+            id=rid, arrival=a,
             queue_ns=float(starts[first] - a) if queued else np.nan,
-            times=ready[[c for c, _ in served_in]],
+            times=times,
+            # its answer is the host's once its last range ends (a read of the result
+            # inside it: `.cpu()`, `.item()`), not when the device's last kernel does
+            done=max(int(times[-1]), last_end[rid]),
             prompt_tokens=float(new[first] * served_in[0][1]) if new[first] > 0 else np.nan,
             tokens=sum(n for _, n in served_in), first_step=int(steps[first]),
             last_step=int(steps[last])))

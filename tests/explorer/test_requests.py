@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from cli_runner import run_cli
-from neuron_explorer.analyses.requests import call_phases, served
+from neuron_explorer.analyses.requests import call_phases, request_marks, served
 from neuron_explorer.render import fmt_ns
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -200,6 +200,16 @@ def test_requests_each_answered_by_one_call_are_no_generation(tmp_path: Path) ->
     trace = neuron_explorer.load(out)
     assert set(trace.phases()["phase"]) == {"eval"}
     assert not len(trace.serving())
+    # each request's latency is its whole range: the input's upload before the model call
+    # and the read of its answer after it (they were left out: every request read 346 us
+    # of a 532 us range)
+    marks: dict[int, tuple[int, int]] = {}  # a range split at a step boundary: pieces
+    for a, b, ids in request_marks(trace):
+        first, last = marks.get(ids[0], (a, b))
+        marks[ids[0]] = (min(first, a), max(last, b))
+    rq = trace.requests().set_index("request")
+    assert rq["arrival_ns"].to_dict() == {i: a for i, (a, _) in marks.items()}
+    assert rq["e2e_ns"].to_dict() == {i: b - a for i, (a, b) in marks.items()}
     report = _cli("report", str(out), cwd=tmp_path)
     assert "Requests (6 marked" in report and "end to end" in report
     assert "time to first token" not in report and "Serving" not in report
@@ -212,7 +222,7 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
 with torch.no_grad():
     for i in range(6):
         with neuron_explorer.request(i):
-            print(int(model(torch.randn(1, 32, device="neuron")).argmax()))
+            print(int(model(torch.randn(1, 32).to("neuron")).argmax()))
 """
 
 
