@@ -3,8 +3,11 @@ scenarios.basic for the timeline)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import neuron_explorer
 import numpy as np
+import pandas as pd
 import pytest
 from neuron_explorer.analyses.idle import idle_summary
 
@@ -64,6 +67,32 @@ def test_engine_utilisation(basic_trace: neuron_explorer.Trace) -> None:
     assert busy["tensor"] == pytest.approx(3000) and busy["vector"] == pytest.approx(3400)
     first = util[(util["engine"] == "tensor")].iloc[0]
     assert first["ts"] == 2500 and first["utilisation"] == 1.0
+
+
+def test_engine_utilisation_of_dma_queues_and_devices_is_per_engine_family(tmp_path) -> None:
+    """Every DMA queue is one `dma` engine; each device's engines apart: as the frame of
+    each device's and engine's instructions gives (what it was computed from before)."""
+    from neuron_explorer.analyses.engine_utilisation import engine_family
+    from neuron_explorer.common.intervals import Union
+
+    path = Path(__file__).parents[2] / "sample_traces" / "nki_kernels.pftrace"
+    trace = neuron_explorer.load(path, cache=False)
+    ins = trace.instructions
+    ins = pd.concat([ins, ins.assign(device=7, ts=ins["ts"] + 5)], ignore_index=True)
+    trace.__dict__["instructions"] = ins  # a second device, shifted
+    util = trace.engine_utilisation(bin_ns=10_000)
+    assert "dma" in set(util["engine"]) and set(util["device"]) == {0, 7}
+    lo, hi = int(ins["ts"].min()), int((ins["ts"] + ins["dur"]).max())
+    starts = np.arange(lo, hi, 10_000, dtype=np.int64)
+    for (device, engine), part in util.groupby(["device", "engine"], sort=False):
+        mine = ins[(ins["device"] == device)
+                   & (engine_family(ins["engine"]) == engine)]
+        covered = Union(mine["ts"].to_numpy(), (mine["ts"] + mine["dur"]).to_numpy())
+        want = covered.covered(starts, starts + 10_000) / 10_000
+        np.testing.assert_allclose(part["utilisation"].to_numpy(), want)
+    order = util.drop_duplicates(["device", "engine"])
+    for device, engines in order.groupby("device")["engine"]:
+        assert engines.tolist() == sorted(engines), device  # each device's by name
 
 
 def test_engine_utilisation_from_kernels(clean_trace: neuron_explorer.Trace) -> None:
