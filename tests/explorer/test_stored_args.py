@@ -143,9 +143,8 @@ def test_many_keys_of_every_slice_decode_the_args_once(
     assert not args._by_key  # what the key reads kept is let go
 
 
-def test_narrowed_args_answer_for_their_keys_and_slices_in_one_pass(cached: Path) -> None:
-    trace, args, whole = _stored(cached)
-    n = len(trace.table("slices"))
+def _reads_counted(args: StoredArgs) -> list[int]:
+    """The row groups `args` reads from now on, as a list filled as it reads them."""
     read: list[int] = []
     reader = args._read_groups
 
@@ -153,7 +152,14 @@ def test_narrowed_args_answer_for_their_keys_and_slices_in_one_pass(cached: Path
         read.extend(groups)
         return reader(groups, columns)
 
-    args._read_groups = counting
+    args._read_groups = counting  # type: ignore[method-assign]
+    return read
+
+
+def test_narrowed_args_answer_for_their_keys_and_slices_in_one_pass(cached: Path) -> None:
+    trace, args, whole = _stored(cached)
+    n = len(trace.table("slices"))
+    read = _reads_counted(args)
     ids = np.r_[np.random.default_rng(3).permutation(n)[: n // 3], n + 5, -1]
     keys = ("bytes", "kernel_id", "engine", "no such key")
     narrow = args.narrowed(keys, ids)
@@ -181,14 +187,7 @@ def test_derived_tables_of_a_stored_trace_read_their_args_in_parts(
 
     fresh = neuron_explorer.load(cached, cache=False)
     trace, args, _ = _stored(cached)
-    read: list[int] = []
-    reader = args._read_groups
-
-    def counting(groups: list[int], columns: list[str] | None):
-        read.extend(groups)
-        return reader(groups, columns)
-
-    args._read_groups = counting
+    read = _reads_counted(args)
     parts: list[int] = []
     in_parts = StoredArgs.in_parts
 
