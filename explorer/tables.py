@@ -285,6 +285,8 @@ def _by_track(trace: Trace, track_ids: np.ndarray, values: np.ndarray, missing: 
     track: a lookup in the few tracks, not a frame over millions of slices (an index
     reindexed took four copies of a 16 M-instruction column)."""
     known = trace.tracks["track_id"].to_numpy(np.int64)
+    if not len(known):
+        return np.full(len(track_ids), missing)
     order = np.argsort(known, kind="stable")
     known, values = known[order], np.append(values[order], missing)
     at = np.searchsorted(known, track_ids)

@@ -189,6 +189,7 @@ def test_instructions_without_engine_or_opcode_args(tmp_path: Path, fmt: str) ->
     assert ins[["engine", "opcode"]].values.tolist() == [
         ["scalar", "ACT"], ["vector", "ADD"], ["dma", "DMA_IN"], ["", "MUL"],
         ["vector", "SUB"]]
+    assert ins["device"].tolist() == [0] * 5  # their tracks' device
     for column in ("engine", "opcode"):  # categories: the values used, in lexical order
         categories = ins[column].cat.categories.tolist()
         assert categories == sorted(set(ins[column]))
