@@ -127,3 +127,11 @@ def record_variants(folder: Path, program: Path, variants: dict[str, list[str]],
                 modelled=modelled)
         paths[name] = path
     return paths
+
+
+def median_step(trace) -> float:
+    """A recording's median analysed step (the host's windows): what a finding's claimed
+    saving a step is compared with, between a script and its fixed variant."""
+    from neuron_explorer.analyses.steady_state import in_analysed_steps
+
+    return float(in_analysed_steps(trace, trace.steps)["dur"].median())

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
-from neuron_explorer.analyses.steady_state import in_analysed_steps
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "cnn_serve.py"
 
-
-def _median_step(trace) -> float:
-    return float(np.median(in_analysed_steps(trace, trace.steps)["dur"]))
 
 
 def test_converting_on_the_host_saves_what_the_finding_claims(tmp_path) -> None:
@@ -28,7 +23,7 @@ def test_converting_on_the_host_saves_what_the_finding_claims(tmp_path) -> None:
     (f,) = [f for f in on_device.bottlenecks() if f.rule_id == "converted_uploads"]
     assert f.title == "Uploads converted on the device (float64 -> float32)"
     assert "cnn_serve.py:" in f.recommendation and "np.float32" in f.recommendation
-    saved = _median_step(on_device) - _median_step(on_host)
+    saved = median_step(on_device) - median_step(on_host)
     assert saved > 0
     assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.15)
     assert not [f for f in on_host.bottlenecks() if f.rule_id == "converted_uploads"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.common import trace_format as tf
@@ -14,9 +14,6 @@ from neuron_explorer.common import trace_format as tf
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "permuted_matmul.py"
 
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_a_permuted_matmul_input_claims_what_keeping_its_layout_saves(tmp_path) -> None:
@@ -32,8 +29,8 @@ def test_a_permuted_matmul_input_claims_what_keeping_its_layout_saves(tmp_path) 
                 if "h = torch.matmul(x.permute(1, 0, 2), self.w)" in text)
     assert f"permuted_matmul.py:{line}" in f.explanation
     assert "the two savings overlap rather than add" in f.explanation  # compiling folds them
-    saved = _median_step(permuted) - _median_step(fixed)
-    assert saved > 0.03 * _median_step(permuted)  # the premise
+    saved = median_step(permuted) - median_step(fixed)
+    assert saved > 0.03 * median_step(permuted)  # the premise
     claimed = f.time_lost_ns / len(in_analysed_steps(permuted, permuted.steps))
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
     assert not [g for g in fixed.bottlenecks() if g.rule_id == "layout_copies"]
@@ -57,7 +54,7 @@ def test_copies_inside_pytorchs_own_modules_are_not_claimed(tmp_path) -> None:
     own, allocations = layout_copies(permuted, own=True)
     assert len(own) == 8 and len(every) == 72  # the user's one a step, the module's seven
     assert set(own["module"].astype(str)) == {"model"}
-    saved = _median_step(permuted) - _median_step(fixed)
+    saved = median_step(permuted) - median_step(fixed)
     steps = len(in_analysed_steps(permuted, permuted.steps))
     claimed = removal_saving_ns(permuted, np.concatenate([own["id"].to_numpy(), allocations]),
                                 "test") / steps

@@ -7,16 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
-from neuron_explorer.analyses.steady_state import analysed_steps, in_analysed_steps
+from neuron_explorer.analyses.steady_state import analysed_steps
 
 pytestmark = pytest.mark.slow  # two recordings of a compiled model
 PROGRAM = Path(__file__).parent / "programs" / "nki_in_compiled.py"
 
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_an_nki_kernel_breaking_the_graph_is_told_to_be_a_custom_op(tmp_path) -> None:
@@ -31,6 +28,6 @@ def test_an_nki_kernel_breaking_the_graph_is_told_to_be_a_custom_op(tmp_path) ->
     # an inference model: one graph a call, not a forward and a backward
     assert "Merged into one graph a call" in f.explanation
     claimed = f.time_lost_ns / len(analysed_steps(jit).steps)
-    saved = _median_step(jit) - _median_step(op)
+    saved = median_step(jit) - median_step(op)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
     assert not [g for g in op.bottlenecks() if g.rule_id == "recompilation"]

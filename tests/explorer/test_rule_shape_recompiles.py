@@ -12,11 +12,10 @@ from pathlib import Path
 
 import neuron_explorer
 import pytest
-from cli_runner import record_variants, run_command
+from cli_runner import median_step, record_variants, run_command
 from neuron_explorer.analyses.steady_state import (
     analysed_steps,
     compiling_steps,
-    in_analysed_steps,
 )
 from neuron_explorer.rules import thresholds as th
 from scenarios import Scenario
@@ -214,8 +213,8 @@ def test_past_the_recompile_limit_the_saving_counts_the_steps_run_uncompiled(tmp
     (f,) = _findings(shapes, "shape_recompiles")
     assert "the function ran uncompiled after 8 compiles" in f.explanation
     assert "counted in the saving" in f.explanation
-    saved = _median_step(shapes) - _median_step(cache)
-    assert saved > 0.5 * _median_step(shapes)  # the premise: uncompiled steps cost much
+    saved = median_step(shapes) - median_step(cache)
+    assert saved > 0.5 * median_step(shapes)  # the premise: uncompiled steps cost much
     claimed = f.time_lost_ns / len(analysed_steps(shapes).steps)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
     # host_bound sees the same eager launches: it says where they come from, and an
@@ -228,9 +227,6 @@ def test_past_the_recompile_limit_the_saving_counts_the_steps_run_uncompiled(tmp
     # (a user who compiled one as advised recorded a single step)
     assert "mark each request with neuron_explorer.step()" in host.recommendation
 
-
-def _median_step(trace: neuron_explorer.Trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_a_cache_that_was_none_at_the_prompt_is_an_input_guard() -> None:
@@ -288,8 +284,8 @@ def test_a_python_int_recompiling_past_the_limit_is_priced_and_named(tmp_path) -
     assert _findings(storm, "shape_recompiles") == []
     claimed = f.time_lost_ns / len(analysed_steps(storm).steps)
     for fixed in (tensor, dynamic):
-        saved = _median_step(storm) - _median_step(fixed)
-        assert saved > 0.5 * _median_step(storm)  # the premise: uncompiled calls cost much
+        saved = median_step(storm) - median_step(fixed)
+        assert saved > 0.5 * median_step(storm)  # the premise: uncompiled calls cost much
         assert claimed == pytest.approx(saved, rel=0.2), (claimed, saved)
     # fixed, no recompile is left to name
     assert not [g for g in _findings(dynamic, "recompilation") if g.time_lost_ns]

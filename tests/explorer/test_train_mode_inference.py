@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
-from neuron_explorer.analyses.steady_state import in_analysed_steps
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "cnn_serve.py"
@@ -23,14 +21,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     return {name: load(path) for name, path in paths.items()}
 
 
-def _median_step(trace) -> float:
-    return float(np.median(in_analysed_steps(trace, trace.steps)["dur"]))
-
 
 def test_the_finding_claims_what_eval_mode_saves(recorded) -> None:
     trace = recorded["train_mode"]
     (f,) = [f for f in trace.bottlenecks() if f.rule_id == "train_mode_inference"]
-    saved = _median_step(trace) - _median_step(recorded["eval"])
+    saved = median_step(trace) - median_step(recorded["eval"])
     assert saved > 0
     assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.15)
     assert "model.eval()" in f.recommendation and "inference_mode" in f.recommendation

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import median_step, run_cli
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 
@@ -106,7 +106,7 @@ def test_ddps_gradient_scaling_is_no_work_a_fix_moves(runs) -> None:
     (host,) = [f for f in findings if f.rule_id == "host_bound"]
     assert "fused=True" in host.saving_basis
     claimed = host.time_lost_ns / len(in_analysed_steps(trace, trace.steps))
-    saved = _median_step(trace) - _median_step(fused)
+    saved = median_step(trace) - median_step(fused)
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
     windows = short_windows(trace)  # the optimizer's passes, none of DDP's scaling
     launched_by = trace.kernels.set_index("id")["op_slice_id"].reindex(windows["id"])
@@ -116,7 +116,3 @@ def test_ddps_gradient_scaling_is_no_work_a_fix_moves(runs) -> None:
     (host,) = [f for f in fused.bottlenecks() if f.rule_id == "host_bound"]
     assert host.time_lost_ns == 0 and host.saving_basis == HOOKS_ONLY
     assert not [f for f in fused.bottlenecks() if f.after == "host_bound"]
-
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 
@@ -38,9 +38,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     return {name: load(path) for name, path in paths.items()}
 
 
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
-
 
 def test_the_compiled_prediction_is_the_compiled_recording_on_the_modelled_clock(
         recorded) -> None:
@@ -49,8 +46,8 @@ def test_the_compiled_prediction_is_the_compiled_recording_on_the_modelled_clock
     eager, compiled = recorded["modelled_eager"], recorded["modelled_compiled"]
     predicted = predicted_step_ns(eager)
     assert predicted is not None
-    assert predicted < 0.5 * _median_step(eager), "compiling this host-bound MLP helps"
-    assert predicted == pytest.approx(_median_step(compiled), rel=0.02)
+    assert predicted < 0.5 * median_step(eager), "compiling this host-bound MLP helps"
+    assert predicted == pytest.approx(median_step(compiled), rel=0.02)
 
 
 def test_the_measured_prediction_keeps_what_a_compiled_run_keeps(recorded, tmp_path) -> None:
@@ -59,7 +56,7 @@ def test_the_measured_prediction_keeps_what_a_compiled_run_keeps(recorded, tmp_p
     eager = recorded["eager"]
     predicted = predicted_step_ns(eager)
     assert predicted is not None
-    assert predicted < 0.9 * _median_step(eager), "compiling this host-bound MLP helps"
+    assert predicted < 0.9 * median_step(eager), "compiling this host-bound MLP helps"
     # a graph's op slice is its launch, as in a compiled recording: torch.compile's own
     # work is the host's Python around it, not op dispatch
     trace = whatif(eager, mode="compiled", output=tmp_path / "p.pftrace")
@@ -105,6 +102,6 @@ def test_compiling_saves_more_than_the_launch_gaps_where_fusion_shortens_the_dev
     (f,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
     # 10.4 ms over the analysed steps where the launch gaps are 8.1 ms (modelled clock)
     assert f.saving_basis.startswith("replay") and f.time_lost_ns > f.symptom_ns
-    per_step = _median_step(eager) - _median_step(compiled)
+    per_step = median_step(eager) - median_step(compiled)
     analysed = len(in_analysed_steps(eager, eager.steps))
     assert f.time_lost_ns == pytest.approx(per_step * analysed, rel=0.1)

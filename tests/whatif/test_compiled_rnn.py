@@ -11,17 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
-from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.what_if.replay import WhatIfError, predicted_step_ns, whatif
 
 pytestmark = pytest.mark.slow  # three recordings of a small GRU model
 PROGRAM = Path(__file__).parent / "programs" / "small_gru.py"
 
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_a_gru_stays_eager_compiled_unless_dynamo_is_allowed_to_trace_it(tmp_path) -> None:
@@ -30,18 +26,18 @@ def test_a_gru_stays_eager_compiled_unless_dynamo_is_allowed_to_trace_it(tmp_pat
         modelled=True)
     eager, compiled, allowed = (load(paths[n]) for n in ("eager", "compiled", "allowed"))
     # compiled as is, the GRU's kernels still launch one by one
-    assert _median_step(compiled) > 0.5 * _median_step(eager)
-    assert predicted_step_ns(eager, "compiled") == pytest.approx(_median_step(compiled),
+    assert median_step(compiled) > 0.5 * median_step(eager)
+    assert predicted_step_ns(eager, "compiled") == pytest.approx(median_step(compiled),
                                                                  rel=0.1)
     assert predicted_step_ns(eager, "compiled_allow_rnn") == pytest.approx(
-        _median_step(allowed), rel=0.05)
+        median_step(allowed), rel=0.05)
     (finding,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
     assert "torch._dynamo.config.allow_rnn = True" in finding.recommendation
     assert "`model.rnn` would run eager" in finding.recommendation
     assert "--mode compiled --allow-rnn" in finding.recommendation
     predicted = whatif(eager, mode="compiled", allow_rnn=True,
                        output=tmp_path / "allowed.pftrace")
-    assert predicted.summary()["step_time_ns"] == pytest.approx(_median_step(allowed), rel=0.05)
+    assert predicted.summary()["step_time_ns"] == pytest.approx(median_step(allowed), rel=0.05)
 
     # the run compiled as is: Dynamo gave up the model's frame, which ran eager. Its report
     # said "the model is already compiled" (a compile span of no graph) and named no

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
-from neuron_explorer.analyses.steady_state import analysed_steps, in_analysed_steps
+from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.rules.finding import us
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def test_a_graph_break_saves_what_one_graph_a_call_saves(tmp_path) -> None:
     (f,) = [f for f in broken.bottlenecks() if f.rule_id == "recompilation"]
     assert "graph break" in f.title and "merged" in f.saving_basis
     # per step: the break's recompile leaves one more warm-up step out of the analysis
-    saved = _median_step(broken) - _median_step(fixed)
+    saved = median_step(broken) - median_step(fixed)
     assert saved > 0  # the premise
     claimed = f.time_lost_ns / len(analysed_steps(broken).steps)
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
@@ -34,9 +34,6 @@ def test_a_graph_break_saves_what_one_graph_a_call_saves(tmp_path) -> None:
     assert f"save {us(claimed)} in each of the {len(analysed_steps(broken).steps)} " \
         "analysed steps" in f.explanation
 
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_a_printed_value_saves_what_the_code_it_left_eager_costs(tmp_path) -> None:
@@ -50,8 +47,8 @@ def test_a_printed_value_saves_what_the_code_it_left_eager_costs(tmp_path) -> No
                             modelled=True)
     printed, removed = load(paths["print"]), load(paths["removed"])
     (f,) = [f for f in printed.bottlenecks() if f.rule_id == "recompilation"]
-    saved = _median_step(printed) - _median_step(removed)
-    assert saved > 0.3 * _median_step(printed)  # the premise: the eager rest costs much
+    saved = median_step(printed) - median_step(removed)
+    assert saved > 0.3 * median_step(printed)  # the premise: the eager rest costs much
     claimed = f.time_lost_ns / len(analysed_steps(printed).steps)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
     # its advice names the print it quotes, not only Dynamo's hints
@@ -80,8 +77,8 @@ def test_a_break_in_a_compiled_loss_function_saves_what_one_graph_saves(tmp_path
     broken, fixed = load(paths["break"]), load(paths["fixed"])
     (f,) = [f for f in broken.bottlenecks() if f.rule_id == "recompilation"]
     assert f.saving_basis.startswith("replay: the run replayed with each model call's graphs")
-    saved = _median_step(broken) - _median_step(fixed)
-    assert saved > 0.3 * _median_step(broken)  # the premise
+    saved = median_step(broken) - median_step(fixed)
+    assert saved > 0.3 * median_step(broken)  # the premise
     claimed = f.time_lost_ns / len(analysed_steps(broken).steps)
     # the launches and the break's ops are replayed gone; the kernels a single graph would
     # fuse across the break are not (0.65-0.8 of the saving: claimed 0 before)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.rules.finding import Finding, step_time
@@ -72,9 +72,6 @@ def test_a_batch_drawn_on_the_device_stays_where_it_is(tmp_path) -> None:
     assert "guarded_cnn.py:46" not in f.recommendation
 
 
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
-
 
 def test_compiling_the_training_step_is_stated_beside_compiling_the_model(tmp_path) -> None:
     """A loss of many small ops beside the model: compiling the model saves part of the
@@ -91,6 +88,6 @@ def test_compiling_the_training_step_is_stated_beside_compiling_the_model(tmp_pa
     steps = len(in_analysed_steps(eager, eager.steps))
     for compiled, claimed in ((model, f.time_lost_ns),
                               (step, compiled_saving_ns(eager, whole_step=True))):
-        saved = _median_step(eager) - _median_step(compiled)
+        saved = median_step(eager) - median_step(compiled)
         assert claimed / steps == pytest.approx(saved, rel=0.1), (claimed / steps, saved)
     assert "Compiling the training step instead" in f.explanation

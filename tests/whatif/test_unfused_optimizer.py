@@ -8,16 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import record_variants
+from cli_runner import median_step, record_variants
 from neuron_explorer import load
 from neuron_explorer.analyses.steady_state import in_analysed_steps
 
 pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "small_mlp.py"
 
-
-def _median_step(trace) -> float:
-    return float(in_analysed_steps(trace, trace.steps)["dur"].median())
 
 
 def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
@@ -29,10 +26,10 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     assert f.title == "Adam's step runs unfused: 7 passes a step"
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
     assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
-    saved = _median_step(foreach) - _median_step(fused)
+    saved = median_step(foreach) - median_step(fused)
     steps = in_analysed_steps(foreach, foreach.steps)
     claimed = (f.time_lost_ns - f.once_ns) / len(steps)
-    assert saved > 0.05 * _median_step(foreach)  # the premise
+    assert saved > 0.05 * median_step(foreach)  # the premise
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
     # the first step makes Adam's state: fused=True makes each parameter's step counter
     # on the device there, a one-time cost the total claim takes off (it claimed 2.33x
@@ -64,7 +61,7 @@ def test_sgds_first_step_momentum_copies_are_said_apart(tmp_path) -> None:
     assert f.once_ns > 0 and "more in the first" in f.line()
     steps = in_analysed_steps(foreach, foreach.steps)
     claimed = (f.time_lost_ns - f.once_ns) / len(steps)
-    saved = _median_step(foreach) - _median_step(fused)
+    saved = median_step(foreach) - median_step(fused)
     assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
     total = float(steps["dur"].sum() - in_analysed_steps(fused, fused.steps)["dur"].sum())
     assert f.time_lost_ns == pytest.approx(total, rel=0.15), (f.time_lost_ns, total)
@@ -81,7 +78,7 @@ def test_fusing_also_zeroes_in_place_gradients_in_one_op(tmp_path) -> None:
     (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
     assert "also zeroes the 8 gradients in one op" in f.explanation
     steps = len(in_analysed_steps(foreach, foreach.steps))
-    saved = _median_step(foreach) - _median_step(fused)
+    saved = median_step(foreach) - median_step(fused)
     assert f.time_lost_ns / steps == pytest.approx(saved, rel=0.15), (f.time_lost_ns, saved)
 
 
@@ -92,8 +89,8 @@ def test_a_saving_of_a_few_percent_is_stated(tmp_path) -> None:
         "foreach": ["16", "--optimizer", "adam"], "fused": ["16", "--optimizer", "adam-fused"]},
         modelled=True)
     foreach, fused = load(paths["foreach"]), load(paths["fused"])
-    saved = _median_step(foreach) - _median_step(fused)
-    assert 0.02 < saved / _median_step(foreach) < 0.05  # the premise
+    saved = median_step(foreach) - median_step(fused)
+    assert 0.02 < saved / median_step(foreach) < 0.05  # the premise
     (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
     claimed = f.time_lost_ns / len(in_analysed_steps(foreach, foreach.steps))
     assert claimed == pytest.approx(saved, rel=0.1), (claimed, saved)
