@@ -78,7 +78,7 @@ def engine_utilisation(trace: Trace, bin_ns: int | None = None) -> pd.DataFrame:
     ends = starts + width
     frames = []
     device_of = source["device"].to_numpy()
-    devices = sorted(set(pd.unique(device_of).tolist()))
+    devices = sorted(pd.unique(device_of).tolist())
     if len(ins):
         # columns and index arrays, no frame per device and engine: copies of the
         # instructions' every column took 1.9 GB of a 20 M-slice trace's engines page
