@@ -23,7 +23,7 @@ from neuron_explorer.analyses.steady_state import (
     compiling_steps,
     in_analysed_steps,
 )
-from neuron_explorer.analyses.summary import device_paces
+from neuron_explorer.analyses.summary import summary_device_paced
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
@@ -79,7 +79,7 @@ def report_dict(trace: Trace) -> dict[str, Any]:
 
 def _host_windows_text(s: dict[str, Any]) -> str:
     """The host's step windows, where the device paces the run instead."""
-    if not device_paces(s):
+    if not summary_device_paced(s):
         return ""
     host, paced = s["host_step_ns"], s["device_paced_step_ns"]
     return (f"{fmt_ns(host)}: the device needs {fmt_ns(paced - host)} a step more than its "
@@ -120,7 +120,7 @@ def report_sections(trace: Trace) -> list[Section]:
         **({"host clock": MODELLED_CLOCK} if modelled_host_clock(trace) else {}),
         "steps": s["n_steps"], "steps analysed": s["steps_analysed_text"],
         "step time (median)": fmt_ns(s["step_time_ns"])
-        + (" (the device's pace)" if device_paces(s) else ""),
+        + (" (the device's pace)" if summary_device_paced(s) else ""),
         **({"host's step windows": host} if (host := _host_windows_text(s)) else {}),
         "time analysed": fmt_ns(s["total_ns"]), "MFU": device_share(s["mfu"]),
         "HFU": device_share(s["hfu"]), "MBU": device_share(s["mbu"]),
@@ -429,7 +429,7 @@ def _no_ops_counted(trace: Trace) -> str:
 
 def _critical_title(s: dict[str, Any]) -> str:
     where = _steps_label(s) if s["steps_analysed"] else "the whole trace"
-    if device_paces(s):  # the host's windows are not what paces the run
+    if summary_device_paced(s):  # the host's windows are not what paces the run
         return (f"Critical path (of the host's step windows, mean per step, {where}; the "
                 "device paces the run: see the step time)")
     return f"Critical path (what sets the step's length, mean per step, {where})"

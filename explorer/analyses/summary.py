@@ -51,7 +51,7 @@ def _device_busy_from(trace: Trace, start: int) -> float:
     return float(Union(ts, end).total)
 
 
-def device_paces(s: dict[str, Any]) -> bool:
+def summary_device_paced(s: dict[str, Any]) -> bool:
     """Whether a summary's device needs clearly longer per step than its host's windows
     (its step time is then the device's: `analyses.device_pace`)."""
     return bool(s.get("device_paces"))

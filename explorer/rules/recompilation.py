@@ -411,10 +411,10 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
     advice = []
     # a kernel launched through nki.jit in compiled code: Dynamo cannot enter its launch (a
     # trial was quoted "a `lock` context manager" and told to avoid it, without the fix)
-    at_nki = breaks["source"].map(lambda s: str(s).split(" in ")[0] in nki_lines) \
-        .to_numpy(bool)
+    lines = breaks["source"].map(lambda s: str(s).split(" in ")[0])  # "file:line in fn"
+    at_nki = lines.isin(nki_lines).to_numpy(bool)
     if at_nki.any():
-        sites = sorted({str(s).split(" in ")[0] for s in breaks["source"][at_nki]})
+        sites = sorted(set(lines[at_nki]))
         advice.append(f"the NKI kernel called at {', '.join(sites[:3])} breaks the graph: "
                       "Dynamo cannot trace a launch through nki.jit; call it through "
                       "nki.as_torch_op(kernel) instead, a custom op that runs inside the "

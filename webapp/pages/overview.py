@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.analyses.summary import device_paces
+from neuron_explorer.analyses.summary import summary_device_paced
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.rules.finding import NO_SAVING_TITLE, Finding
 from neuron_explorer.webapp import formatting as fmt
@@ -52,7 +52,7 @@ def _metrics(s: dict) -> list[html.Div]:
                f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
         metric("step time", fmt.duration(s.get("step_time_ns")),
                f"the device's pace; the host's windows {fmt.duration(s['host_step_ns'])}"
-               if device_paces(s) else "median per step"),
+               if summary_device_paced(s) else "median per step"),
         # total_ns covers the analysed steps only (the trace may span seconds of setup more)
         metric("time analysed", fmt.duration(s.get("total_ns")),
                "the analysed steps" if analysed else "the whole trace"),
@@ -66,7 +66,8 @@ def _breakdown_subtitle(s: dict) -> str:
     """Which steps the mean is over: the warm-up and compile steps are often left out."""
     if not s.get("steps_analysed"):
         return "Time on the device and on the host over the whole trace (it has no steps)"
-    windows = " (the host's step windows: the device paces the run)" if device_paces(s) else ""
+    windows = (" (the host's step windows: the device paces the run)"
+               if summary_device_paced(s) else "")
     return (f"Mean time per step on the device and on the host, over "
             f"{s.get('steps_analysed_text')}{windows}")
 
