@@ -71,6 +71,26 @@ def _run_delay(fd: int) -> int:
     return int(data[first:data.index(b" ", first)])
 
 
+class ThreadRunDelay:
+    """The calling thread's run delay so far, in ns (0 where the system does not keep
+    it): for a process outside the clock (a DataLoader worker) to time its own work
+    load-free, as the clock times the program's. Made on the thread it reads."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+        except OSError:
+            self.fd = -1
+
+    def read(self) -> int:
+        if self.fd < 0:
+            return 0
+        try:
+            return _run_delay(self.fd)
+        except (OSError, ValueError):
+            return 0
+
+
 class _ThreadDelay(threading.local):
     """Per thread: its schedstat file, the run delay read last, the last clock read."""
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from neuron_explorer.backend.clock import ThreadRunDelay
 from neuron_explorer.common.trace_format import (
     ARG_BATCH,
     ARG_SAMPLES,
@@ -60,7 +61,8 @@ LOG_DIR_ENV = "NEURON_EXPLORER_WORKER_LOGS"
 
 
 class _BatchLog:
-    """One worker's batches, a line each: idx worker got collate_start collate_end sent samples."""
+    """One worker's batches, a line each: idx worker got collate_start collate_end sent
+    samples run_delay (the time the worker was ready to run but waited for a core)."""
 
     def __init__(self, path: str, worker_id: int) -> None:
         self.worker_id = worker_id
@@ -70,10 +72,13 @@ class _BatchLog:
         self.idx: int | None = None
         self.got = self.collate_start = self.collate_end = -1
         self.samples = -1
+        self.run_delay = ThreadRunDelay()
+        self.delay_at_got = 0
 
     def task(self, r: Any) -> None:
         if isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], int):
             self.idx, self.got = r[0], _mono_ns()
+            self.delay_at_got = self.run_delay.read()
             self.collate_start = self.collate_end = -1
             self.samples = len(r[1]) if hasattr(r[1], "__len__") else 1
 
@@ -81,8 +86,10 @@ class _BatchLog:
         if (self.fd is None or self.idx is None or not isinstance(item, tuple)
                 or item[0] != self.idx):
             return
+        sent = _mono_ns()
+        delay = self.run_delay.read() - self.delay_at_got
         line = (f"{self.idx} {self.worker_id} {self.got} {self.collate_start} "
-                f"{self.collate_end} {_mono_ns()} {self.samples}\n")
+                f"{self.collate_end} {sent} {self.samples} {delay}\n")
         self.idx = None
         try:
             os.write(self.fd, line.encode())
@@ -188,6 +195,12 @@ class WorkerBatch:
     collate_end: int
     sent: int
     samples: int
+    run_delay: int = 0  # of the time between got and sent: the worker waited for a core
+
+    @property
+    def took(self) -> int:
+        """What the batch took the worker, load-free as the host clock (ns, at least 1)."""
+        return max(self.sent - self.got - max(self.run_delay, 0), 1)
 
     @classmethod
     def parse(cls, line: bytes) -> WorkerBatch | None:
@@ -199,12 +212,16 @@ class WorkerBatch:
 
 @dataclass
 class Receipt:
-    """What a `DataLoader.__next__` got: the batch index, its worker, the flow to it."""
+    """What a `DataLoader.__next__` got: the batch index, its worker, the flow to it, and
+    when the batch is ready on the host clock (`ready`) and was sent (`sent`, monotonic)
+    where its worker's log had it."""
 
     batch: int | None
     worker_id: int | None
     worker_pid: int | None
     flow: int | None
+    ready: int | None = None
+    sent: int | None = None
 
 
 class _WorkerLog:
@@ -217,6 +234,7 @@ class _WorkerLog:
         self.pending: list[WorkerBatch] = []
         self.track: int | None = None
         self.last_end = 0  # host time the last batch written ended
+        self.written = 0  # batches written
 
     def read_new(self) -> None:
         try:
@@ -242,6 +260,8 @@ class WorkerTracks:
         self._hosts: list[int] = []
         self._logs: dict[int, _WorkerLog] = {}  # worker pid -> its log
         self._next_flow = 0
+        self._tasks_sent: dict[tuple[int, int], int] = {}  # (worker pid, batch) -> host time
+        self._sent_in_wait: list[tuple[int, int]] | None = None  # during a __next__
 
     # -- set-up --------------------------------------------------------------------
 
@@ -287,6 +307,35 @@ class WorkerTracks:
         return h0 + (h1 - h0) * (mono - w0) // (w1 - w0)
 
     # -- batches -----------------------------------------------------------------------
+    #
+    # A worker's batches are laid on the host clock as a worker would run them beside the
+    # program on the real host: each starts when its task was sent or the worker's batch
+    # before ended, whichever is later, and lasts what it took the worker (load-free).
+    # Their own monotonic times would not do: the host clock leaves out the device's
+    # emulation and the recording, during which the workers kept running, so batches
+    # would look ready far sooner than they could be (a step of 3 ms fed by 2 workers of
+    # 50 ms batches showed steps of 6 ms instead of 25). A wait then lasts until its batch
+    # is ready on the host clock, plus what receiving it took the main process.
+
+    def task_sent(self, iterator: Any, batch: int, host: int) -> None:
+        """The iterator sent `batch`'s task to its worker at `host` (inside a wait: when
+        the wait ends, since that is when the program would send it)."""
+        with contextlib.suppress(AttributeError, IndexError, KeyError, TypeError):
+            worker_id = iterator._task_info[batch][0]
+            key = (int(iterator._workers[worker_id].pid), batch)
+            self._tasks_sent[key] = host
+            if self._sent_in_wait is not None:
+                self._sent_in_wait.append(key)
+
+    def wait_started(self) -> None:
+        self._sent_in_wait = []
+
+    def wait_ended(self, host: int) -> None:
+        """The wait ends at `host`: the tasks it sent leave then."""
+        for key in self._sent_in_wait or ():
+            if key in self._tasks_sent:
+                self._tasks_sent[key] = max(self._tasks_sent[key], host)
+        self._sent_in_wait = None
 
     def received(self, iterator: Any, batch: int | None, worker_id: int | None) -> Receipt:
         """The main thread got `batch` from `worker_id`: write that worker's batches so far,
@@ -300,21 +349,21 @@ class WorkerTracks:
         if log is None:
             log = self._logs[pid] = _WorkerLog(os.path.join(self.dir, f"{pid}.log"))
         log.read_new()
-        flow = None
         for i, b in enumerate(log.pending):
             if b.idx == batch:
                 flow = _FLOW_WORKER_BATCH | self._next_flow
                 self._next_flow += 1
                 self._write(pid, log, log.pending[:i], None)
-                self._write(pid, log, [b], flow)
+                ready = self._write(pid, log, [b], flow)
                 del log.pending[: i + 1]
-                break
-        return Receipt(batch, worker_id, pid, flow)
+                return Receipt(batch, worker_id, pid, flow, ready, b.sent)
+        return Receipt(batch, worker_id, pid, None)
 
     def _write(self, pid: int, log: _WorkerLog, batches: list[WorkerBatch],
-               flow: int | None) -> None:
+               flow: int | None) -> int | None:
+        """Write `batches` on the worker's track; the host time the last one ends."""
         if not batches or not self._walls:
-            return
+            return None
         writer = self.rec.writer
         if log.track is None:
             label = f"DataLoader worker {batches[0].worker_id}"
@@ -324,12 +373,12 @@ class WorkerTracks:
         for b in batches:
             args = {ARG_BATCH: b.idx, ARG_WORKER: b.worker_id, ARG_WORKER_PID: pid,
                     ARG_SAMPLES: b.samples, ARG_STEP: step}
-            # The batch ends where the main process could have it (its send time on the
-            # host clock) and lasts what it took the worker, unless that would overlap the
-            # worker's batch before (the host clock left out time the worker ran in).
-            end = self.to_host(b.sent)
-            start = max(end - (b.sent - b.got), log.last_end, 0)
-            scale = (end - start) / max(b.sent - b.got, 1)
+            sent = self._tasks_sent.pop((pid, b.idx), None)
+            start = max(sent if sent is not None else self.to_host(b.got), log.last_end, 0)
+            if not log.written:  # not before the worker had started (its first task)
+                start = max(start, self.to_host(b.got))
+            end = start + b.took
+            scale = b.took / max(b.sent - b.got, 1)
 
             def at(mono: int, b: WorkerBatch = b, start: int = start, scale: float = scale) -> int:
                 return start + int((mono - b.got) * scale)
@@ -343,6 +392,8 @@ class WorkerTracks:
                 writer.end(track, at(b.collate_end))
             writer.end(track, end)
             log.last_end = end
+            log.written += 1
+        return log.last_end
 
     def close(self, mono: int, host: int, write: bool = True) -> None:
         """The recording ends: write the batches no wait received, remove the log folder."""

@@ -176,6 +176,8 @@ class FrameworkHooks:
         self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(dataloader._MultiProcessingDataLoaderIter, "__init__",
                     self._wrap_workers_start)
+        self._patch(dataloader._MultiProcessingDataLoaderIter, "_try_put_index",
+                    self._wrap_put_index)
         from torch.utils.data._utils import worker
 
         self._patch(worker, "_worker_loop", dataloader_workers.wrap_worker_loop)
@@ -446,7 +448,9 @@ class FrameworkHooks:
         fetched it, with a flow from that worker's track (`dataloader_workers`)."""
         rec = self.rec
         t0, ts = _stamp()
-        rec.workers.anchor(dataloader_workers.mono_ns(), ts)
+        mono_start = dataloader_workers.mono_ns()
+        rec.workers.anchor(mono_start, ts)
+        rec.workers.wait_started()
         batch, worker = dataloader_workers.batch_and_worker(iterator)
         clock.exclude(_perf_ns() - t0)
         got = False
@@ -456,11 +460,19 @@ class FrameworkHooks:
             return result
         finally:
             t1, end = _stamp()
+            mono_end = dataloader_workers.mono_ns()
+            waited = end  # where the wait ends on the host clock
             try:
-                rec.workers.anchor(dataloader_workers.mono_ns(), end)
                 if batch is not None and getattr(iterator, "_rcvd_idx", None) != batch + 1:
                     batch = worker = None  # it skipped to another batch (a worker ended)
                 receipt = rec.workers.received(iterator, batch if got else None, worker)
+                if receipt.ready is not None and receipt.sent is not None:
+                    # until the batch is ready as its worker would have it beside the
+                    # program, then what receiving it took (unpickling, the queue)
+                    receiving = min(max(mono_end - max(mono_start, receipt.sent), 0), end - ts)
+                    waited = max(ts, receipt.ready) + receiving
+                rec.workers.anchor(mono_end, waited)
+                rec.workers.wait_ended(waited)
                 args = {ARG_STEP: rec.step}
                 if receipt.batch is not None:
                     args[ARG_BATCH] = receipt.batch
@@ -469,12 +481,26 @@ class FrameworkHooks:
                 if receipt.worker_pid is not None:
                     args[ARG_WORKER_PID] = receipt.worker_pid
                 rec.ensure_step(ts=ts)
-                rec.writer.slice(rec.thread().track, ts, end - ts, "DataLoader.__next__",
+                rec.writer.slice(rec.thread().track, ts, waited - ts, "DataLoader.__next__",
                                  CAT_DATALOADER, args,
                                  flow_in=(receipt.flow,) if receipt.flow is not None else ())
             except RecordingError as exc:
                 rec.fail(exc)
             clock.exclude(_perf_ns() - t1)
+            clock.charge(waited - end)  # the program waits that much longer (or less)
+
+    def _wrap_put_index(self, original: Callable) -> Callable:
+        hooks = self
+
+        def _try_put_index(self_: Any) -> None:
+            rec = hooks.rec
+            batch = getattr(self_, "_send_idx", None)
+            original(self_)
+            if (rec.recording and rec.workers.follows(self_) and batch is not None
+                    and getattr(self_, "_send_idx", None) != batch):
+                rec.workers.task_sent(self_, batch, clock.now())
+
+        return _try_put_index
 
     def _wrap_workers_start(self, original: Callable) -> Callable:
         hooks = self

@@ -3,6 +3,7 @@ on a track of its own, on the recording's clock, and each wait naming the worker
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -77,6 +78,30 @@ def test_each_worker_has_a_track_with_its_batches_linked_to_the_waits(
     # program's Dataset sleeps in __getitem__, its collate is torch's default
     stall = next(f for f in loaded.bottlenecks() if f.rule_id == "dataloader_stall")
     assert "fetching samples (the Dataset's __getitem__) takes" in stall.explanation
+
+
+def test_workers_slower_than_the_step_set_its_pace(record_cli, programs: Path) -> None:
+    """Two workers take 40 ms a batch (four samples of a 10 ms sleep); a step's own host
+    time is a few ms, and its matmuls' emulation takes longer than a batch. The workers'
+    batches were laid where they were sent on the host clock, which leaves out that
+    emulation: 6 ms batches, steps of 2.7 ms, an input-bound loop shown as host-bound. A
+    batch keeps its length, a worker's batches follow each other, and each wait lasts
+    until its batch is ready: a batch every 20 ms."""
+    proc = record_cli("-o", "pace.pftrace", "dataloader_pace.py", "12")
+    assert proc.returncode == 0, proc.stderr
+    trace = parse(programs / "pace.pftrace")
+    batches = [s for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0]
+    batch_ns = sorted(b.dur for b in batches)[len(batches) // 2]
+    assert batch_ns >= 40_000_000  # the samples' sleeps: nothing to leave out
+    for track in {b.track for b in batches}:
+        own = sorted((b.ts, b.ts + b.dur) for b in batches if b.track == track)
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(own))
+    waits = sorted((s for s in trace.by_category(CAT_DATALOADER) if "batch" in s.args),
+                   key=lambda s: s.ts)
+    assert len(waits) == 13  # the loop takes a 13th batch, then stops
+    steady = waits[2:]  # after the workers' start and the batches they had ready
+    per_batch = (steady[-1].ts + steady[-1].dur - steady[0].ts) / (len(steady) - 1)
+    assert per_batch >= 0.8 * batch_ns / 2, (per_batch, batch_ns)
 
 
 def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
