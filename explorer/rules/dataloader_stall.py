@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.steady_state import in_analysed_steps
 from neuron_explorer.analyses.step_breakdown import host_slices
 from neuron_explorer.common.trace_format import (
     ARG_WORKER,
@@ -89,13 +91,16 @@ def check(trace: Trace) -> list[Finding]:
                       + (f" from DataLoader worker {r.worker}" if r.worker >= 0 else ""))
              for r in top(dl).itertuples()]
     phase, phase_advice = _slow_phase(trace)
-    saving, basis = _saving(trace, dl)
     workers = len(set(dl["worker"].tolist()) - {-1})  # the waits name the workers they met
+    pace = _loader_pace(trace, dl, workers)
+    suggested = None if workers else _workers_to_suggest(trace, pace)
+    saving, basis = _saving(trace, dl, pace, suggested)
     pinned = device_terms(trace.metadata).pinned_memory
     if workers:  # the loader has workers already: more of the same is no sure cure
-        advice = (f"The loader's worker processes (the waits met {workers}) do not keep up, and "
-                  "more of them help only while the machine has idle cores (each is a process "
-                  "competing with the training loop): make each batch cheaper"
+        advice = (f"The loader's worker processes (the waits met {workers}) do not keep up"
+                  + (f" (about {pace.needed()} would: {pace.said()})" if pace else "")
+                  + ", and more of them help only while the machine has idle cores (each is a "
+                  "process competing with the training loop): make each batch cheaper"
                   + (phase_advice or "; when the samples are already in memory (a "
                      "TensorDataset), index whole batches at once (a __getitem__ taking a list "
                      "of indices, with DataLoader(..., batch_size=None, "
@@ -104,8 +109,8 @@ def check(trace: Trace) -> list[Finding]:
         basis += "; the saving assumes batches ready in time, which more workers may not give"
     else:
         advice = ("Load batches in parallel with the step: give your DataLoader "
-                  + _workers_to_try(trace) + ", persistent_workers=True and prefetch_factor=2 "
-                  "or more"
+                  + _workers_to_try(trace, pace, suggested)
+                  + ", persistent_workers=True and prefetch_factor=2 or more"
                   + (", pin_memory=True" if pinned else "") + phase_advice)
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", saving, items,
@@ -115,34 +120,125 @@ def check(trace: Trace) -> list[Finding]:
         "into the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
 
 
-SUGGESTED_WORKERS = 4  # where the machine has the cores for them
+SUGGESTED_WORKERS = 4  # at least, where the machine has the cores for them
+MOST_WORKERS = 64  # no more are suggested, whatever a step's pace asks
 
 
-def _workers_to_try(trace: Trace) -> str:
-    """How many workers to start with: four, or the cores of the machine the run was recorded
-    on where it has fewer (each worker is a process: more of them than cores compete with the
-    training loop; PyTorch's DataLoader warns past that count too)."""
+@dataclass(frozen=True)
+class LoaderPace:
+    """How fast the loader must be: what one batch takes to load (the main process's wait
+    for it without workers, a worker's batch with them) against a step's own time."""
+
+    batch_ns: float
+    step_ns: float  # a step's time besides its waits for batches
+    batches_per_step: float
+
+    def needed(self) -> int:
+        """Workers that load a step's batches within the step's own time."""
+        load = self.batches_per_step * self.batch_ns
+        return int(min(max(np.ceil(load / max(self.step_ns, 1.0)), 1), MOST_WORKERS))
+
+    def wait_with(self, workers: int) -> float:
+        """A step's wait for its batches with `workers` loading them in parallel."""
+        return max(self.batches_per_step * self.batch_ns / workers - self.step_ns, 0.0)
+
+    def said(self) -> str:
+        each = "a batch takes" if self.batches_per_step <= 1 else \
+            f"each of a step's {self.batches_per_step:.3g} batches takes"
+        return f"{each} {us(self.batch_ns)} to load, a step {us(self.step_ns)} without its waits"
+
+
+def _loader_pace(trace: Trace, waits: pd.DataFrame, workers: int) -> LoaderPace | None:
+    """The loader's pace over the analysed steps: the main process's waits where it loads
+    its own batches; the workers' batches (their tracks) where it has workers."""
+    steps = in_analysed_steps(trace, trace.steps).sort_values("ts")
+    if not len(steps):
+        return None
+    starts = steps["ts"].to_numpy(np.int64)
+    ends = starts + steps["dur"].to_numpy(np.int64)
+
+    def within(frame: pd.DataFrame) -> pd.DataFrame:
+        ts = frame["ts"].to_numpy(np.int64)
+        i = np.searchsorted(starts, ts, side="right") - 1
+        inside = (i >= 0) & (ts < ends[np.maximum(i, 0)])
+        return frame[inside]
+
+    own = within(waits)
+    if not len(own):
+        return None
+    if workers:
+        sl = trace.table("slices")
+        batches = within(sl[(sl["category"] == CAT_DATALOADER_WORKER)
+                            & sl["name"].astype(str).str.startswith("batch ")])
+        if not len(batches):
+            return None
+        batch_ns = float(batches["dur"].mean())
+    else:
+        batch_ns = float(own["dur"].mean())
+    step_ns = float((ends - starts).sum() - own["dur"].sum()) / len(steps)
+    return LoaderPace(batch_ns, step_ns, len(own) / len(steps))
+
+
+def _workers_to_suggest(trace: Trace, pace: LoaderPace | None) -> int:
+    """As many workers as keep up with the steps, at least four, but no more than the
+    cores of the machine the run was recorded on (each worker is a process: more of them
+    than cores compete with the training loop; PyTorch's DataLoader warns past that count
+    too)."""
+    wanted = max(SUGGESTED_WORKERS, pace.needed() if pace else 0)
     cpus = trace.metadata.get(META_HOST_CPUS)
-    if not isinstance(cpus, int) or cpus <= 0 or cpus >= SUGGESTED_WORKERS:
-        return f"num_workers={SUGGESTED_WORKERS} or more"
-    return (f"num_workers={cpus} (the machine it ran on has {cpus} core"
-            f"{'s' if cpus != 1 else ''}: more workers than cores compete with the training "
-            "loop)")
+    if isinstance(cpus, int) and cpus > 0:
+        return min(wanted, cpus)
+    return wanted
 
 
-def _saving(trace: Trace, waits: pd.DataFrame) -> tuple[float, str]:
-    """What the steps would save if no step waited for its batch (workers that keep up):
-    by replay where the trace allows, else the waits on the analysed steps' critical
-    path."""
+def _workers_to_try(trace: Trace, pace: LoaderPace | None, suggested: int | None) -> str:
+    """The suggested worker count, with why it is not more."""
+    count = suggested or SUGGESTED_WORKERS
+    needed = pace.needed() if pace else 0
+    cpus = trace.metadata.get(META_HOST_CPUS)
+    said = f"num_workers={count}"
+    if isinstance(cpus, int) and 0 < cpus == count < max(SUGGESTED_WORKERS, needed):
+        said += (f" (the machine it ran on has {cpus} core{'s' if cpus != 1 else ''}: more "
+                 "workers than cores compete with the training loop")
+        if pace is not None and needed > cpus:
+            said += (f"; keeping up needs about {needed}: {pace.said()}; with {cpus}, steps "
+                     f"still wait {us(pace.wait_with(cpus))} each")
+        return said + ")"
+    if pace is not None and needed > SUGGESTED_WORKERS:
+        return said + f" (that many keep up: {pace.said()})"
+    return said + " or more"
+
+
+def _saving(trace: Trace, waits: pd.DataFrame, pace: LoaderPace | None,
+            workers: int | None) -> tuple[float, str]:
+    """What the steps would save with `workers` loading batches in parallel (each wait cut
+    to what is left of it, `LoaderPace.wait_with`), or, where the loader has workers
+    already (None), if no step waited for its batch: by replay where the trace allows, else
+    the waits on the analysed steps' critical path."""
     from neuron_explorer.analyses.path_share import time_on_path
     from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
+    ts = waits["ts"].to_numpy(np.int64)
+    ends = ts + waits["dur"].to_numpy(np.int64)
+    if workers is not None and pace is not None:
+        left = int(pace.wait_with(workers) / max(pace.batches_per_step, 1e-9))
+        cut = ends - ts > left
+        starts, ends = ts[cut] + left, ends[cut]
+        said = (f"each wait cut to {us(left)}, what {workers} workers leave of it ({pace.said()};"
+                " the workers' batches loaded in parallel, each as long as the main process "
+                "took)" if left else f"{workers} workers keep up ({pace.said()})")
+        replayed = removal_saving_ns(trace, np.zeros(0, np.int64), f"{RULE_ID}:{workers}",
+                                     host_cut=(starts, ends))
+        if replayed is not None:
+            return replayed, (f"replay: the run replayed with {said}; a wait while the device "
+                              "still runs queued work saves nothing")
+        return time_on_path(trace, starts, ends, "host"), (
+            f"critical path: the waits' time on the analysed steps' critical path, {said}")
     replayed = removal_saving_ns(trace, waits["id"].to_numpy(np.int64), RULE_ID)
     if replayed is not None:
         return replayed, ("replay: the run replayed without the waits for batches (workers "
                           "that keep up; a wait while the device still runs queued work "
                           "saves nothing)")
-    ts = waits["ts"].to_numpy()
-    return time_on_path(trace, ts, ts + waits["dur"].to_numpy(), "host"), (
+    return time_on_path(trace, ts, ends, "host"), (
         "critical path: the waits for batches where they set the steps' length (a wait "
         "while the device still runs queued work saves nothing)")

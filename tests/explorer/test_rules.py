@@ -659,6 +659,34 @@ def test_worker_advice_fits_the_cores_of_the_machine_recorded_on(tmp_path: Path)
         assert "num_workers=4 or more" in f.recommendation
 
 
+def test_worker_count_and_saving_follow_the_loaders_pace(tmp_path: Path) -> None:
+    """A user's step of 3.4 ms waited 52.5 ms for each batch, loaded by the main process.
+    The finding said num_workers=2 (the machine's cores) and claimed the whole wait; two
+    workers load a batch every 26 ms at best. Here a batch takes 9 us to load and a step
+    1 us besides: 9 workers keep up; 2 leave 9 / 2 - 1 = 3.5 us of each wait."""
+    def slow_loader(cpus: int | None) -> scenarios.Scenario:
+        sc = scenarios.Scenario()
+        if cpus is not None:
+            sc.b.metadata(sc.host, {"host_cpus": cpus})
+        for n in range(4):
+            t = sc.step(n)
+            sc.b.slice(sc.host, t, 9000, "DataLoader.__next__", "dataloader", {"step": n})
+            sc.op(t + 9000, 300, "aten::mm", n + 1, n, kernel=(t + 9400, 500),
+                  busy={"tensor": 500}, flops=900_000, nbytes=100_000, instructions=False)
+        return sc
+
+    (two,) = _rule(_load(slow_loader(2), tmp_path, "slow2"), "dataloader_stall")
+    (enough,) = _rule(_load(slow_loader(None), tmp_path, "slow"), "dataloader_stall")
+    assert "num_workers=9 (that many keep up: a batch takes 9 us to load, a step 1 us " \
+           "without its waits)" in enough.recommendation
+    assert "num_workers=2 (the machine it ran on has 2 cores" in two.recommendation
+    assert "keeping up needs about 9" in two.recommendation
+    assert "with 2, steps still wait 3.5 us each" in two.recommendation
+    assert "each wait cut to 3.5 us, what 2 workers leave of it" in two.saving_basis
+    assert enough.time_lost_ns == pytest.approx(4 * 9000, rel=0.01)  # every wait
+    assert two.time_lost_ns == pytest.approx(4 * (9000 - 3500), rel=0.01)
+
+
 def _worker_batches(sc: scenarios.Scenario, fetch: int, collate: int) -> None:
     """Worker 1's batches as the recorder writes them: fetching, then collating."""
     track = sc.b.thread(pid=200, tid=200, name="DataLoader worker 1",
