@@ -92,9 +92,9 @@ def device_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) ->
     if host_added_ns and saved < NEAR_ALL * device_ns:
         return DeviceSaving(
             saved, "",
-            f" {us(device_ns)} less device time shortens the steps by {us(saved)} only: the "
-            f"fix also adds {us(host_added_ns)} of host work, and past that the host's own "
-            "work sets their length.",
+            f" {us(device_ns)} less device time over the analysed steps shortens them by "
+            f"{us(saved)} only: the fix also adds {us(host_added_ns)} of host work over "
+            "them, and past that the host's own work sets their length.",
             "critical path: the steps shorten only down to the host's own time, grown by the "
             "host work the fix adds")
     if saved >= NEAR_ALL * device_ns:
@@ -102,8 +102,8 @@ def device_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) ->
                                            "length, so device time saved is step time saved")
     return DeviceSaving(
         saved, "",
-        f" {us(device_ns)} less device time shortens the steps by {us(saved)} only: past "
-        "that, the host's own work sets their length.",
+        f" {us(device_ns)} less device time over the analysed steps shortens them by "
+        f"{us(saved)} only: past that, the host's own work sets their length.",
         "critical path: the steps shorten only down to the host's own time (the device's "
         "lead over the host, and the host's waits on it, are what it can save)")
 

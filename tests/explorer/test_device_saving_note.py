@@ -15,6 +15,7 @@ def test_a_capped_saving_says_where_it_stops_not_that_the_host_sets_the_step(
     capped = host_bound.device_saving(object(), 30_000_000)
     assert capped.time_lost_ns == 21_710_000
     assert "sets most of each step" not in capped.note
-    assert "shortens the steps by 21.7 ms only: past that, the host's own work" in capped.note
+    assert "over the analysed steps shortens them by 21.7 ms only: past that, the host's own " \
+           "work" in capped.note
     whole = host_bound.device_saving(object(), 6_000_000)
     assert whole.note == "" and "the device sets the steps' length" in whole.basis

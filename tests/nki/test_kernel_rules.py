@@ -48,7 +48,8 @@ def test_the_single_buffers_saving_is_the_pipelined_kernels_length(findings):
     diff = runs["serial"] - runs["pipelined"]
     # the kernel's saving; where the host sets the steps, the step saves only part of it
     # (its critical path), and the finding says both
-    part = re.search(r"([\d.]+) (us|ms) less device time shortens the steps by", f.explanation)
+    part = re.search(r"([\d.]+) (us|ms) less device time over the analysed steps shortens",
+                     f.explanation)
     device = (float(part.group(1)) * (1e3 if part.group(2) == "us" else 1e6) if part
               else f.time_lost_ns)
     assert device == pytest.approx(diff, abs=2000)
