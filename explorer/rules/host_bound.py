@@ -185,7 +185,8 @@ def fix_saving(trace: Trace, gaps_ns: float) -> tuple[float, str]:
             # the gaps were claimed: 0.5-1.7x what compiling the loss and fusing saved
             return into.saving_ns, (
                 INTO_GRAPHS + ": the loss and other eager ops launching beside the graphs "
-                "brought into them (their host launches gone, their device work kept)"
+                "brought into them (their host launches gone, the ops that join each "
+                "graph run after it as one program fused along their data flow)"
                 + (", the optimizer's step fused=True" if into.fused else ""))
     if hooks_only:
         return 0.0, HOOKS_ONLY
@@ -573,16 +574,20 @@ def _mostly_eager(trace: Trace) -> bool:
 
 
 def _eager_beside_graphs(trace: Trace, optimizer_told: bool) -> str:
-    """Advice for a compiled run whose launches are mostly eager ops outside its graphs
-    (the loss, gradient clipping, the optimizer's step), naming where they are: told to
-    increase the batch size, a compiled LM's step stayed 2.06 ms; compiling its loss,
-    clipping and optimizer step saved 845 us of the 854 claimed. Gradient accumulation's
-    adds are named apart: compiling the loss or the step leaves them eager."""
+    """Advice for a compiled run whose launches are mostly eager ops outside its graphs:
+    told to increase the batch size, a compiled LM's step stayed 2.06 ms; compiling its
+    loss, clipping and optimizer step saved 845 us of the 854 claimed."""
+    return into_graphs_advice(trace, optimizer_told) if _mostly_eager(trace) else ""
+
+
+def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
+    """Bring the eager ops beside a compiled run's graphs (the loss, gradient clipping,
+    the optimizer's step) into compiled code, naming where they are. Gradient
+    accumulation's adds are named apart: compiling the loss or the step leaves them
+    eager."""
     import pandas as pd
     from neuron_explorer.what_if.into_graphs import eager_launches
 
-    if not _mostly_eager(trace):
-        return ""
     launches = eager_launches(trace)
     steps = max(launches.graphs["step"].nunique(), 1)
     eager = pd.concat([launches.movable, launches.optimizer])

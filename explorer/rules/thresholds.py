@@ -25,6 +25,10 @@ FALLBACK_MIN_OPS = 1
 COPY_MIN_STEP_FRACTION = 0.5  # in at least half of the steps
 COPY_MIN_SHARE = 0.01
 
+# eager_beside_graphs: a compiled run the device paces, with ops launched eagerly beside its
+# graphs whose work fused into the graphs saves at least this share
+EAGER_BESIDE_GRAPHS_MIN_SHARE = 0.02
+
 # dataloader_stall: the step waits for its next batch.
 DATALOADER_MIN_SHARE = 0.05
 
