@@ -86,6 +86,9 @@ class _BatchLog:
         if (self.fd is None or self.idx is None or not isinstance(item, tuple)
                 or item[0] != self.idx):
             return
+        if len(item) > 1 and type(item[1]).__name__ == "_IterableDatasetStopIteration":
+            self.idx = None  # an iterable dataset's end, not a batch
+            return
         sent = _mono_ns()
         delay = self.run_delay.read() - self.delay_at_got
         line = (f"{self.idx} {self.worker_id} {self.got} {self.collate_start} "

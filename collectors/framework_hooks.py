@@ -469,7 +469,10 @@ class FrameworkHooks:
                 if receipt.ready is not None and receipt.sent is not None:
                     # until the batch is ready as its worker would have it beside the
                     # program, then what receiving it took (unpickling, the queue)
-                    receiving = min(max(mono_end - max(mono_start, receipt.sent), 0), end - ts)
+                    # (on the host clock: what the wait lasted once the batch was sent,
+                    # its time waiting for a core left out, as the clock leaves it out)
+                    receiving = min(max(end - ts - max(receipt.sent - mono_start, 0), 0),
+                                    end - ts)
                     waited = max(ts, receipt.ready) + receiving
                 rec.workers.anchor(mono_end, waited)
                 rec.workers.wait_ended(waited)

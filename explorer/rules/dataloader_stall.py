@@ -33,7 +33,10 @@ RULE_ID = "dataloader_stall"
 ONE_WORKER_SHARE = 0.6  # a worker behind this much of the wait is named as the slow one
 
 
-def _worker_share(waits: pd.DataFrame) -> str:
+SLOW_WORKER_RATIO = 1.25  # a worker whose batches take this much longer is the slow one
+
+
+def _worker_share(trace: Trace, waits: pd.DataFrame) -> str:
     """Which worker the waits were on, when the recording followed the workers."""
     known = waits[waits["worker"] >= 0]
     if not len(known):
@@ -41,11 +44,36 @@ def _worker_share(waits: pd.DataFrame) -> str:
     by_worker = known.groupby("worker")["dur"].sum().sort_values(ascending=False)
     worst, share = int(by_worker.index[0]), float(by_worker.iloc[0] / by_worker.sum())
     if len(by_worker) > 1 and share >= ONE_WORKER_SHARE:
+        slower = _batch_ratio(trace, worst)
+        if slower is not None and slower < SLOW_WORKER_RATIO:
+            # workers that start together finish together: the first of each round is
+            # the one waited on (a trial's 2 and 4 workers of equal batches all named
+            # worker 0 as the slow one)
+            return (f" The waits fall on worker {worst} ({share:.0%} of them), whose batches "
+                    "take no longer than the others': the workers fetch in step, worker "
+                    f"{worst} first in each round, and together fetch batches slower than "
+                    "the step uses them.")
         return (f" Worker {worst} is behind {share:.0%} of the wait: its batches take longer "
                 "than the others' (its row in the timeline shows each batch).")
     return (f" The waits are spread over {len(by_worker)} worker"
             f"{'s' if len(by_worker) != 1 else ''}: together they fetch batches slower than "
             "the step uses them.")
+
+
+def _batch_ratio(trace: Trace, worker: int) -> float | None:
+    """A worker's median batch over the other workers' (their tracks' `batch N` slices);
+    None where the recording has no worker tracks."""
+    sl = trace.table("slices")
+    batches = sl[(sl["category"] == CAT_DATALOADER_WORKER)
+                 & sl["name"].astype(str).str.startswith("batch ")]
+    if not len(batches):
+        return None
+    owner = trace.slice_args.numbers(ARG_WORKER, batches["id"].to_numpy(), default=-1)
+    dur = batches["dur"].to_numpy(np.float64)
+    own, others = dur[owner == worker], dur[(owner >= 0) & (owner != worker)]
+    if not len(own) or not len(others):
+        return None
+    return float(np.median(own) / max(float(np.median(others)), 1.0))
 
 
 # What the recorder names the two parts of a worker's batch, and where each comes from.
@@ -115,7 +143,7 @@ def check(trace: Trace) -> list[Finding]:
     return [make(
         trace, RULE_ID, "Steps wait for the data loader", saving, items,
         f"The {loop_name(trace)} spent {us(lost)} waiting for batches; the device has nothing to "
-        "do while the host prepares data." + _worker_share(dl) + phase,
+        "do while the host prepares data." + _worker_share(trace, dl) + phase,
         advice + "; move heavy preprocessing (decoding, tokenisation, augmentation) offline or "
         "into the workers' Dataset code.", symptom_ns=lost, saving_basis=basis)]
 

@@ -104,6 +104,17 @@ def test_workers_slower_than_the_step_set_its_pace(record_cli, programs: Path) -
     assert per_batch >= 0.8 * batch_ns / 2, (per_batch, batch_ns)
 
 
+def test_an_iterable_datasets_end_is_no_batch(record_cli, programs: Path) -> None:
+    """Each worker of an IterableDataset sends a marker once its data ends; it showed as a
+    batch of the requested samples, a few microseconds long, one per worker."""
+    proc = record_cli("-o", "iterable.pftrace", "dataloader_iterable.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("step ") == 6
+    trace = parse(programs / "iterable.pftrace")
+    batches = [s for s in trace.by_category(CAT_DATALOADER_WORKER) if s.depth == 0]
+    assert sorted(b.args["batch"] for b in batches) == list(range(6))
+
+
 def test_a_worker_that_dies_loses_nothing_already_recorded(record_cli, programs: Path) -> None:
     proc = record_cli("-o", "dies.pftrace", "dataloader_workers.py", str(STEPS), "fork", "die")
     # torch's own error, either way: it notices the dead worker, or (when the worker died

@@ -687,6 +687,25 @@ def test_worker_count_and_saving_follow_the_loaders_pace(tmp_path: Path) -> None
     assert two.time_lost_ns == pytest.approx(4 * (9000 - 3500), rel=0.01)
 
 
+@pytest.mark.parametrize(("first_worker_batch", "blamed"), [(3000, False), (6000, True)])
+def test_the_first_worker_of_each_round_is_not_blamed_for_batches_as_long_as_the_others(
+        tmp_path: Path, first_worker_batch: int, blamed: bool) -> None:
+    """Two workers of equal batches start together and finish together: the waits fall
+    on worker 0, first in each round. A trial's 12 traces of 2 and 4 such workers all
+    named worker 0 as the slow one; it is only where its batches take longer."""
+    sc = _waits_on_workers([0, 0, 0, 1])
+    for worker, length in ((0, first_worker_batch), (1, 3000)):
+        pid = 200 + worker
+        track = sc.b.thread(pid=pid, tid=pid, name=f"DataLoader worker {worker}",
+                            process=f"DataLoader worker {worker} (pid {pid})")
+        for n in range(4):
+            sc.b.slice(track, n * scenarios.STEP, length, f"batch {2 * n + worker}",
+                       "dataloader_worker", {"batch": 2 * n + worker, "worker": worker})
+    (f,) = _rule(_load(sc, tmp_path, f"rounds_{first_worker_batch}"), "dataloader_stall")
+    assert ("Worker 0 is behind 75% of the wait" in f.explanation) == blamed
+    assert ("whose batches take no longer than the others'" in f.explanation) == (not blamed)
+
+
 def _worker_batches(sc: scenarios.Scenario, fetch: int, collate: int) -> None:
     """Worker 1's batches as the recorder writes them: fetching, then collating."""
     track = sc.b.thread(pid=200, tid=200, name="DataLoader worker 1",
