@@ -638,25 +638,28 @@ def test_worker_advice_fits_the_cores_of_the_machine_recorded_on(tmp_path: Path)
     17.5 ms claimed and more of them compete with the training loop. The recording names its
     cores; the advice asks for as many workers as that, and four where the machine has
     them."""
-    def loader_without_workers(cpus: int | None) -> scenarios.Scenario:
-        sc = scenarios.Scenario()
-        if cpus is not None:
-            sc.b.metadata(sc.host, {"host_cpus": cpus})
-        for n in range(4):
-            t = sc.step(n)
-            sc.b.slice(sc.host, t, 4000, "DataLoader.__next__", "dataloader", {"step": n})
-            sc.op(t + 4000, 500, "aten::mm", n + 1, n, kernel=(t + 4600, 5000),
-                  busy={"tensor": 5000}, flops=900_000_000, nbytes=100_000,
-                  instructions=False)
-        return sc
-
-    (two,) = _rule(_load(loader_without_workers(2), tmp_path, "cpus2"), "dataloader_stall")
+    (two,) = _rule(_load(_loader_without_workers(2, 4000), tmp_path, "cpus2"),
+                   "dataloader_stall")
     assert "num_workers=2 (the machine it ran on has 2 cores" in two.recommendation
     assert "num_workers=4" not in two.recommendation
     for cpus in (16, None):  # enough cores, or a recording that does not say
-        (f,) = _rule(_load(loader_without_workers(cpus), tmp_path, f"cpus{cpus}"),
+        (f,) = _rule(_load(_loader_without_workers(cpus, 4000), tmp_path, f"cpus{cpus}"),
                      "dataloader_stall")
         assert "num_workers=4 or more" in f.recommendation
+
+
+def _loader_without_workers(cpus: int | None, wait: int) -> scenarios.Scenario:
+    """Steps that each wait `wait` ns for a batch the main process loads, then run a
+    matmul (`host_cpus`: the cores the recording names, where not None)."""
+    sc = scenarios.Scenario()
+    if cpus is not None:
+        sc.b.metadata(sc.host, {"host_cpus": cpus})
+    for n in range(4):
+        t = sc.step(n)
+        sc.b.slice(sc.host, t, wait, "DataLoader.__next__", "dataloader", {"step": n})
+        sc.op(t + wait, 300, "aten::mm", n + 1, n, kernel=(t + wait + 400, 500),
+              busy={"tensor": 500}, flops=900_000, nbytes=100_000, instructions=False)
+    return sc
 
 
 def test_worker_count_and_saving_follow_the_loaders_pace(tmp_path: Path) -> None:
@@ -664,19 +667,10 @@ def test_worker_count_and_saving_follow_the_loaders_pace(tmp_path: Path) -> None
     The finding said num_workers=2 (the machine's cores) and claimed the whole wait; two
     workers load a batch every 26 ms at best. Here a batch takes 9 us to load and a step
     1 us besides: 9 workers keep up; 2 leave 9 / 2 - 1 = 3.5 us of each wait."""
-    def slow_loader(cpus: int | None) -> scenarios.Scenario:
-        sc = scenarios.Scenario()
-        if cpus is not None:
-            sc.b.metadata(sc.host, {"host_cpus": cpus})
-        for n in range(4):
-            t = sc.step(n)
-            sc.b.slice(sc.host, t, 9000, "DataLoader.__next__", "dataloader", {"step": n})
-            sc.op(t + 9000, 300, "aten::mm", n + 1, n, kernel=(t + 9400, 500),
-                  busy={"tensor": 500}, flops=900_000, nbytes=100_000, instructions=False)
-        return sc
-
-    (two,) = _rule(_load(slow_loader(2), tmp_path, "slow2"), "dataloader_stall")
-    (enough,) = _rule(_load(slow_loader(None), tmp_path, "slow"), "dataloader_stall")
+    (two,) = _rule(_load(_loader_without_workers(2, 9000), tmp_path, "slow2"),
+                   "dataloader_stall")
+    (enough,) = _rule(_load(_loader_without_workers(None, 9000), tmp_path, "slow"),
+                      "dataloader_stall")
     assert "num_workers=9 (that many keep up: a batch takes 9 us to load, a step 1 us " \
            "without its waits)" in enough.recommendation
     assert "num_workers=2 (the machine it ran on has 2 cores" in two.recommendation
