@@ -468,9 +468,8 @@ class FrameworkHooks:
                 receipt = rec.workers.received(iterator, batch if got else None, worker)
                 if receipt.ready is not None and receipt.sent is not None:
                     # until the batch is ready as its worker would have it beside the
-                    # program, then what receiving it took (unpickling, the queue)
-                    # (on the host clock: what the wait lasted once the batch was sent,
-                    # its time waiting for a core left out, as the clock leaves it out)
+                    # program, then what receiving it took (unpickling, the queue: what
+                    # the wait lasted on the host clock once the batch was sent)
                     receiving = min(max(end - ts - max(receipt.sent - mono_start, 0), 0),
                                     end - ts)
                     waited = max(ts, receipt.ready) + receiving
