@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_explorer.backend.clock import ThreadRunDelay
 from neuron_explorer.common.trace_format import (
     ARG_BATCH,
+    ARG_RAISED,
     ARG_SAMPLES,
     ARG_STEP,
     ARG_WORKER,
@@ -62,7 +63,8 @@ LOG_DIR_ENV = "NEURON_EXPLORER_WORKER_LOGS"
 
 class _BatchLog:
     """One worker's batches, a line each: idx worker got collate_start collate_end sent
-    samples run_delay (the time the worker was ready to run but waited for a core)."""
+    samples run_delay (the time the worker was ready to run but waited for a core), and
+    the type of the exception the batch raised, where it did."""
 
     def __init__(self, path: str, worker_id: int) -> None:
         self.worker_id = worker_id
@@ -91,8 +93,11 @@ class _BatchLog:
             return
         sent = _mono_ns()
         delay = self.run_delay.read() - self.delay_at_got
+        # torch sends what a batch raised as an ExceptionWrapper, naming its type
+        raised = getattr(item[1], "exc_type", None) if len(item) > 1 else None
         line = (f"{self.idx} {self.worker_id} {self.got} {self.collate_start} "
-                f"{self.collate_end} {sent} {self.samples} {delay}\n")
+                f"{self.collate_end} {sent} {self.samples} {delay}"
+                + (f" {raised.__name__}" if isinstance(raised, type) else "") + "\n")
         self.idx = None
         try:
             os.write(self.fd, line.encode())
@@ -199,6 +204,7 @@ class WorkerBatch:
     sent: int
     samples: int
     run_delay: int = 0  # of the time between got and sent: the worker waited for a core
+    raised: str = ""  # the type of the exception the batch raised, where it did
 
     @property
     def took(self) -> int:
@@ -207,10 +213,17 @@ class WorkerBatch:
 
     @classmethod
     def parse(cls, line: bytes) -> WorkerBatch | None:
+        fields = line.split()
         try:
-            return cls(*map(int, line.split()))
-        except (TypeError, ValueError):
+            numbers = [int(f) for f in fields[:8]]
+        except ValueError:
             return None
+        if len(numbers) != 8:
+            return None
+        idx, worker_id, got, collate_start, collate_end, sent, samples, delay = numbers
+        raised = fields[8].decode(errors="replace") if len(fields) > 8 else ""
+        return cls(idx, worker_id, got, collate_start, collate_end, sent, samples, delay,
+                   raised)
 
 
 @dataclass
@@ -374,8 +387,11 @@ class WorkerTracks:
             log.track = writer.thread(pid, pid, label)
         track, step = log.track, self.rec.step
         for b in batches:
-            args = {ARG_BATCH: b.idx, ARG_WORKER: b.worker_id, ARG_WORKER_PID: pid,
-                    ARG_SAMPLES: b.samples, ARG_STEP: step}
+            args: dict[str, int | str] = {ARG_BATCH: b.idx, ARG_WORKER: b.worker_id,
+                                          ARG_WORKER_PID: pid, ARG_SAMPLES: b.samples,
+                                          ARG_STEP: step}
+            if b.raised:
+                args[ARG_RAISED] = b.raised
             sent = self._tasks_sent.pop((pid, b.idx), None)
             start = max(sent if sent is not None else self.to_host(b.got), log.last_end, 0)
             if not log.written:  # not before the worker had started (its first task)
@@ -386,7 +402,8 @@ class WorkerTracks:
             def at(mono: int, b: WorkerBatch = b, start: int = start, scale: float = scale) -> int:
                 return start + int((mono - b.got) * scale)
 
-            writer.begin(track, start, f"batch {b.idx}", CAT_DATALOADER_WORKER, args,
+            name = f"batch {b.idx}" + (f" (raised {b.raised})" if b.raised else "")
+            writer.begin(track, start, name, CAT_DATALOADER_WORKER, args,
                          flow_out=(flow,) if flow is not None else ())
             if b.got <= b.collate_start <= b.collate_end <= b.sent:
                 writer.begin(track, start, "fetch samples", CAT_DATALOADER_WORKER)

@@ -88,6 +88,7 @@ ARG_BATCH = "batch"  # int, DataLoader waits and worker batches: the batch index
 ARG_WORKER = "worker"  # int, ... the DataLoader worker id (0..num_workers-1)
 ARG_WORKER_PID = "worker_pid"  # int, ... the worker's process id
 ARG_SAMPLES = "samples"  # int, on worker batches: samples fetched
+ARG_RAISED = "raised"  # str, on a worker batch that raised: the exception's type
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).

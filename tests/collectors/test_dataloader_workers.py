@@ -104,6 +104,21 @@ def test_workers_slower_than_the_step_set_its_pace(record_cli, programs: Path) -
     assert per_batch >= 0.8 * batch_ns / 2, (per_batch, batch_ns)
 
 
+def test_a_batch_that_raised_says_so(record_cli, programs: Path) -> None:
+    """A worker's __getitem__ raises at sample 13 (batch 3): the program fails with
+    torch's error, and the trace keeps what was recorded. The failed batch looked like any
+    other; it names the exception it raised."""
+    proc = record_cli("-o", "raises.pftrace", "dataloader_workers.py", str(STEPS), "fork",
+                      "raise")
+    assert proc.returncode == 1 and "ValueError: sample 13 is corrupt" in proc.stderr
+    trace = parse(programs / "raises.pftrace")
+    batches = {s.args["batch"]: s for s in trace.by_category(CAT_DATALOADER_WORKER)
+               if s.depth == 0}
+    assert batches[3].name == "batch 3 (raised ValueError)"
+    assert batches[3].args["raised"] == "ValueError"
+    assert all("raised" not in b.args for n, b in batches.items() if n != 3)
+
+
 def test_an_iterable_datasets_end_is_no_batch(record_cli, programs: Path) -> None:
     """Each worker of an IterableDataset sends a marker once its data ends; it showed as a
     batch of the requested samples, a few microseconds long, one per worker."""
