@@ -23,7 +23,7 @@ from neuron_explorer.analyses.steady_state import (
     compiling_steps,
     in_analysed_steps,
 )
-from neuron_explorer.analyses.summary import summary_device_paced
+from neuron_explorer.analyses.summary import mean_step_apart, summary_device_paced
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.kernel_report import kernel_dict, kernel_sections
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render
@@ -88,19 +88,10 @@ def _host_windows_text(s: dict[str, Any]) -> str:
             "are the device's; the breakdown and critical path read the host's windows)")
 
 
-# a mean step this far from the median is said beside it
-MEAN_STEP_APART = 0.10
-
-
 def _mean_step_text(s: dict[str, Any]) -> str:
-    """The analysed steps' mean, where it is far from their median: steps that alternate
-    (DataLoader workers fetching in step: 3 and 38 ms, a median of 17 ms and a mean of
-    21) make the median no measure of the time a finding's fix saves a step."""
-    steps, median = len(s["steps_analysed"]), s["step_time_ns"]
-    if not steps or not median or not s["total_ns"]:
-        return ""
-    mean = s["total_ns"] / steps
-    if abs(mean - median) <= MEAN_STEP_APART * median:
+    """The analysed steps' mean, where it is far from their median."""
+    mean = mean_step_apart(s)
+    if mean is None:
         return ""
     return (f"{fmt_ns(mean)} (the steps' lengths vary: a finding's time a step is of this "
             "mean, its total over the analysed steps)")

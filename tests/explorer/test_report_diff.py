@@ -302,3 +302,7 @@ def test_a_mean_step_far_from_the_median_is_said_beside_it(tmp_path: Path, lengt
         analysed = trace.summary()
         mean = analysed["total_ns"] / len(analysed["steps_analysed"])
         assert f"{mean / 1000:.4g} us" in line[0], (line, mean)
+    from neuron_explorer.webapp.pages.overview import _metrics  # the dashboard says it too
+
+    step_metric = str(_metrics(trace.summary())[2])
+    assert ("the steps vary" in step_metric) == shown, step_metric

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import dash
 from dash import Input, Output, dcc, html
 from dash.exceptions import PreventUpdate
-from neuron_explorer.analyses.summary import summary_device_paced
+from neuron_explorer.analyses.summary import mean_step_apart, summary_device_paced
 from neuron_explorer.plot.figures import breakdown_figure
 from neuron_explorer.rules.finding import NO_SAVING_TITLE, Finding
 from neuron_explorer.webapp import formatting as fmt
@@ -51,8 +51,10 @@ def _metrics(s: dict) -> list[html.Div]:
         metric("steps", fmt.count(n_steps) if n_steps is not None else "–",
                f"{len(analysed)} analysed" if analysed and len(analysed) != n_steps else None),
         metric("step time", fmt.duration(s.get("step_time_ns")),
-               f"the device's pace; the host's windows {fmt.duration(s['host_step_ns'])}"
-               if summary_device_paced(s) else "median per step"),
+               (f"the device's pace; the host's windows {fmt.duration(s['host_step_ns'])}"
+                if summary_device_paced(s) else "median per step")
+               + (f"; mean {fmt.duration(mean)}: the steps vary"
+                  if (mean := mean_step_apart(s)) is not None else "")),
         # total_ns covers the analysed steps only (the trace may span seconds of setup more)
         metric("time analysed", fmt.duration(s.get("total_ns")),
                "the analysed steps" if analysed else "the whole trace"),
