@@ -255,6 +255,10 @@ def _saving(trace: Trace, waits: pd.DataFrame, pace: LoaderPace | None,
         said = (f"each wait cut to {us(left)}, what {workers} workers leave of it ({pace.said()};"
                 " the workers' batches loaded in parallel, each as long as the main process "
                 "took)" if left else f"{workers} workers keep up ({pace.said()})")
+        # a trial's loader that kept up still waited about 1 ms a batch to receive it
+        said += ("; not counted: the main process's own time to receive each batch from a "
+                 "worker (the queue, unpickling, its tensors' shared memory), which a "
+                 "recording with workers shows in each wait")
         replayed = removal_saving_ns(trace, np.zeros(0, np.int64), f"{RULE_ID}:{workers}",
                                      host_cut=(starts, ends))
         if replayed is not None:
