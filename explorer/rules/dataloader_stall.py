@@ -60,12 +60,17 @@ def _worker_share(trace: Trace, waits: pd.DataFrame) -> str:
             "the step uses them.")
 
 
+def _worker_batches(trace: Trace) -> pd.DataFrame:
+    """The `batch N` slices on the workers' tracks (none where the recording has none)."""
+    sl = trace.table("slices")
+    return sl[(sl["category"] == CAT_DATALOADER_WORKER)
+              & sl["name"].astype(str).str.startswith("batch ")]
+
+
 def _batch_ratio(trace: Trace, worker: int) -> float | None:
     """A worker's median batch over the other workers' (their tracks' `batch N` slices);
     None where the recording has no worker tracks."""
-    sl = trace.table("slices")
-    batches = sl[(sl["category"] == CAT_DATALOADER_WORKER)
-                 & sl["name"].astype(str).str.startswith("batch ")]
+    batches = _worker_batches(trace)
     if not len(batches):
         return None
     owner = trace.slice_args.numbers(ARG_WORKER, batches["id"].to_numpy(), default=-1)
@@ -195,9 +200,7 @@ def _loader_pace(trace: Trace, waits: pd.DataFrame, workers: int) -> LoaderPace 
     if not len(own):
         return None
     if workers:
-        sl = trace.table("slices")
-        batches = within(sl[(sl["category"] == CAT_DATALOADER_WORKER)
-                            & sl["name"].astype(str).str.startswith("batch ")])
+        batches = within(_worker_batches(trace))
         if not len(batches):
             return None
         batch_ns = float(batches["dur"].mean())
