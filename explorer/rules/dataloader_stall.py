@@ -25,6 +25,7 @@ from neuron_explorer.rules.finding import (
     top,
     us,
 )
+from neuron_explorer.tables import assign_steps
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -184,17 +185,12 @@ class LoaderPace:
 def _loader_pace(trace: Trace, waits: pd.DataFrame, workers: int) -> LoaderPace | None:
     """The loader's pace over the analysed steps: the main process's waits where it loads
     its own batches; the workers' batches (their tracks) where it has workers."""
-    steps = in_analysed_steps(trace, trace.steps).sort_values("ts")
+    steps = in_analysed_steps(trace, trace.steps)
     if not len(steps):
         return None
-    starts = steps["ts"].to_numpy(np.int64)
-    ends = starts + steps["dur"].to_numpy(np.int64)
 
     def within(frame: pd.DataFrame) -> pd.DataFrame:
-        ts = frame["ts"].to_numpy(np.int64)
-        i = np.searchsorted(starts, ts, side="right") - 1
-        inside = (i >= 0) & (ts < ends[np.maximum(i, 0)])
-        return frame[inside]
+        return frame[assign_steps(frame["ts"].to_numpy(np.int64), steps) >= 0]
 
     own = within(waits)
     if not len(own):
@@ -206,7 +202,7 @@ def _loader_pace(trace: Trace, waits: pd.DataFrame, workers: int) -> LoaderPace 
         batch_ns = float(batches["dur"].mean())
     else:
         batch_ns = float(own["dur"].mean())
-    step_ns = float((ends - starts).sum() - own["dur"].sum()) / len(steps)
+    step_ns = float(steps["dur"].sum() - own["dur"].sum()) / len(steps)
     return LoaderPace(batch_ns, step_ns, len(own) / len(steps))
 
 
