@@ -38,6 +38,7 @@ from neuron_explorer.common.trace_format import (
     ARG_RAISED,
     ARG_SAMPLES,
     ARG_STEP,
+    ARG_WAITED_FOR_CORE,
     ARG_WORKER,
     ARG_WORKER_PID,
     CAT_DATALOADER_WORKER,
@@ -390,6 +391,8 @@ class WorkerTracks:
             args: dict[str, int | str] = {ARG_BATCH: b.idx, ARG_WORKER: b.worker_id,
                                           ARG_WORKER_PID: pid, ARG_SAMPLES: b.samples,
                                           ARG_STEP: step}
+            if b.run_delay > 0:  # left out of its length, as the host clock leaves it out
+                args[ARG_WAITED_FOR_CORE] = b.run_delay
             if b.raised:
                 args[ARG_RAISED] = b.raised
             sent = self._tasks_sent.pop((pid, b.idx), None)

@@ -89,6 +89,8 @@ ARG_WORKER = "worker"  # int, ... the DataLoader worker id (0..num_workers-1)
 ARG_WORKER_PID = "worker_pid"  # int, ... the worker's process id
 ARG_SAMPLES = "samples"  # int, on worker batches: samples fetched
 ARG_RAISED = "raised"  # str, on a worker batch that raised: the exception's type
+# int, on worker batches: ns the worker waited for a core, left out of the batch's length
+ARG_WAITED_FOR_CORE = "waited_for_core_ns"
 
 # Track names. Host threads are named by their thread; device tracks live in one
 # process per device named DEVICE_PROCESS.format(index=..., preset=...).
