@@ -64,8 +64,9 @@ LOG_DIR_ENV = "NEURON_EXPLORER_WORKER_LOGS"
 
 class _BatchLog:
     """One worker's batches, a line each: idx worker got collate_start collate_end sent
-    samples run_delay (the time the worker was ready to run but waited for a core), and
-    the type of the exception the batch raised, where it did."""
+    samples run_delay (the time the worker was ready to run but waited for a core)
+    delay_before (its run delay from its start to got), and the type of the exception
+    the batch raised, where it did."""
 
     def __init__(self, path: str, worker_id: int) -> None:
         self.worker_id = worker_id
@@ -97,7 +98,7 @@ class _BatchLog:
         # torch sends what a batch raised as an ExceptionWrapper, naming its type
         raised = getattr(item[1], "exc_type", None) if len(item) > 1 else None
         line = (f"{self.idx} {self.worker_id} {self.got} {self.collate_start} "
-                f"{self.collate_end} {sent} {self.samples} {delay}"
+                f"{self.collate_end} {sent} {self.samples} {delay} {self.delay_at_got}"
                 + (f" {raised.__name__}" if isinstance(raised, type) else "") + "\n")
         self.idx = None
         try:
@@ -205,6 +206,7 @@ class WorkerBatch:
     sent: int
     samples: int
     run_delay: int = 0  # of the time between got and sent: the worker waited for a core
+    delay_before: int = 0  # of the time from the worker's start to got: waited for a core
     raised: str = ""  # the type of the exception the batch raised, where it did
 
     @property
@@ -216,15 +218,13 @@ class WorkerBatch:
     def parse(cls, line: bytes) -> WorkerBatch | None:
         fields = line.split()
         try:
-            numbers = [int(f) for f in fields[:8]]
+            numbers = [int(f) for f in fields[:9]]
         except ValueError:
             return None
-        if len(numbers) != 8:
+        if len(numbers) != 9:
             return None
-        idx, worker_id, got, collate_start, collate_end, sent, samples, delay = numbers
-        raised = fields[8].decode(errors="replace") if len(fields) > 8 else ""
-        return cls(idx, worker_id, got, collate_start, collate_end, sent, samples, delay,
-                   raised)
+        raised = fields[9].decode(errors="replace") if len(fields) > 9 else ""
+        return cls(*numbers, raised=raised)
 
 
 @dataclass
@@ -397,8 +397,10 @@ class WorkerTracks:
                 args[ARG_RAISED] = b.raised
             sent = self._tasks_sent.pop((pid, b.idx), None)
             start = max(sent if sent is not None else self.to_host(b.got), log.last_end, 0)
-            if not log.written:  # not before the worker had started (its first task)
-                start = max(start, self.to_host(b.got))
+            if not log.written:
+                # not before the worker had started (its first task), its start-up timed
+                # load-free: under load, waiting for a core at start-up moved every batch
+                start = max(start, self.to_host(b.got) - max(b.delay_before, 0))
             end = start + b.took
             scale = b.took / max(b.sent - b.got, 1)
 
