@@ -223,8 +223,10 @@ class WorkerBatch:
             return None
         if len(numbers) != 9:
             return None
+        idx, worker_id, got, collate_start, collate_end, sent, samples, delay, before = numbers
         raised = fields[9].decode(errors="replace") if len(fields) > 9 else ""
-        return cls(*numbers, raised=raised)
+        return cls(idx, worker_id, got, collate_start, collate_end, sent, samples, delay,
+                   before, raised)
 
 
 @dataclass
