@@ -309,14 +309,17 @@ def _attrs(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     return tuple(out)
 
 
-def _data_flow(op_id: int, made_by: list, args: tuple, result, mutating: bool
-               ) -> tuple[int, ...]:
-    """Per tensor input, how many op ids back the op that made it was (0: none recorded).
+def _data_flow(op_id: int, made_by: list, args: tuple, result, mutating: bool,
+               writes_out: bool = False) -> tuple[int, ...]:
+    """Per tensor input (then per out= tensor), how many op ids back the op that made it
+    was (0: none recorded).
     A result's new memory names its op as it is allocated (`allocator.attach`); an op that
-    writes in place (self, `out=`, a foreach op's first list) marks what it wrote here."""
+    writes in place (self, a foreach op's first list, or its out= tensors: `writes_out`,
+    as `cat.out` writes `out`, not its first list) marks what it wrote here."""
     producers = tuple([op_id - m if m else 0 for m in made_by])
     if mutating:
-        written = args[0] if args and type(args[0]) in (list, tuple) else result
+        written = args[0] if args and type(args[0]) in (list, tuple) and not writes_out \
+            else result
         for t in written if isinstance(written, (list, tuple)) else (written,):
             block = getattr(t.untyped_storage(), "_neuron_block", None) \
                 if isinstance(t, _Tensor) else None
@@ -439,11 +442,16 @@ def run_op(op, args: tuple, kwargs: dict):
     tensor = conv.tensor
     host_args = [tensor(a) if isinstance(a, _Tensor) else conv.value(a) for a in args]
     if kwargs:
-        skip = info.none_defaults
+        skip, outs = info.none_defaults, info.out_args
         host_kwargs = {k: conv.value(v) for k, v in kwargs.items()
-                       if v is not None or k not in skip}
+                       if (v is not None or k not in skip) and k not in outs}
+        n_inputs = len(conv.sig)
+        for k in outs:  # converted last: the signature's out= tensors follow its inputs
+            if k in kwargs:
+                host_kwargs[k] = conv.value(kwargs[k])
     else:
         host_kwargs = {}
+        n_inputs = len(conv.sig)
     if conv.index < 0:
         device = _device_from_kwargs(kwargs)
         if "device" in host_kwargs:
@@ -477,9 +485,17 @@ def run_op(op, args: tuple, kwargs: dict):
         if info.may_set_math_bits:
             _settle_math_bits(result)
         result = _map_back(result, conv, device)
-        # what it writes: self, or a `_foreach_*_`'s or fused optimizer's whole first list
-        first = args[0] if args else None
-        out_sig = tuple(conv.sig[:len(first) if isinstance(first, (list, tuple)) else 1])
+        if n_inputs < len(conv.sig):
+            # an out= op writes its out= tensors, as the functional op it stands for
+            # returns them (the eager `amax` and `topk` run as `amax.out`, `topk.values`);
+            # the data flow keeps what last wrote them, after the inputs' producers (DDP's
+            # reducer copies each gradient into the bucket the copy before it wrote)
+            out_sig = tuple(conv.sig[n_inputs:])
+            del conv.sig[n_inputs:]
+        else:
+            # what it writes: self, or a `_foreach_*_`'s or fused optimizer's first list
+            first = args[0] if args else None
+            out_sig = tuple(conv.sig[:len(first) if isinstance(first, (list, tuple)) else 1])
     elif isinstance(result, _Tensor):  # the common case, without the two helpers
         out_sig = ((result.shape, result.dtype),)
         result = to_device(result, device)
@@ -490,7 +506,8 @@ def run_op(op, args: tuple, kwargs: dict):
     if _state.accounting:
         key = (info.name, tuple(conv.sig), out_sig, _attrs(info, args, kwargs))
         _record(device, key, real_start, host_start, op_id,
-                _data_flow(op_id, conv.made_by, args, result, info.kind == MUTATING)
+                _data_flow(op_id, conv.made_by, args, result, info.kind == MUTATING,
+                           n_inputs < len(conv.made_by))
                 if _hub.active else ())
         if not isinstance(result, (_Tensor, list, tuple)) and result is not None:
             runtime.synchronize(device.index, "item")  # the host read device data

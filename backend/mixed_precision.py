@@ -142,7 +142,9 @@ class _Propagation:
 
     def _source(self, i: int, j: int) -> int:
         made_by = self.producers[i]
-        if len(made_by) != len(self.keys[i][1]):  # type: ignore[index]
+        # (an out= op's data flow goes on past its inputs, with what last wrote its out=
+        # tensors)
+        if len(made_by) < len(self.keys[i][1]):  # type: ignore[index]
             return -1  # a data flow that does not line up with the key: nothing known
         return made_by[j]
 
