@@ -53,5 +53,6 @@ def check(trace: Trace) -> list[Finding]:
         host_bound.into_graphs_advice(trace, optimizer_told=False),
         symptom_ns=device, saving_basis=(
             f"{host_bound.INTO_GRAPHS}, the ops that join each graph as one program fused "
-            "along their recorded data flow, run after it (inside the graph some of it "
-            "would overlap the graph's own work: a bound)"))]
+            "along their recorded data flow, run after it: an estimate either way (inside "
+            "the graph some of it would overlap the graph's own work; the compiler may "
+            "fuse it otherwise, as a cast taken into the graph's last matmul)"))]
