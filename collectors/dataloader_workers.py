@@ -350,10 +350,13 @@ class WorkerTracks:
         self._sent_in_wait = []
 
     def wait_ended(self, host: int) -> None:
-        """The wait ends at `host`: the tasks it sent leave then."""
+        """The wait ends at `host`: the tasks it sent leave then. (Not later: the host clock
+        ran on while the program was blocked in the wait, which ends earlier where its
+        batch was ready sooner; under load, tasks stamped so started their batches up to
+        100 ms late.)"""
         for key in self._sent_in_wait or ():
             if key in self._tasks_sent:
-                self._tasks_sent[key] = max(self._tasks_sent[key], host)
+                self._tasks_sent[key] = host
         self._sent_in_wait = None
 
     def received(self, iterator: Any, batch: int | None, worker_id: int | None) -> Receipt:

@@ -193,3 +193,28 @@ def test_a_workers_start_up_counts_without_its_wait_for_a_core(tmp_path: Path) -
     tracks.task_sent(loader, 0, 520 * ms)
     receipt = tracks.received(loader, 0, 0)
     assert receipt.ready == (700 - 150 + 10) * ms
+
+
+def test_a_task_sent_in_a_wait_leaves_when_the_wait_ends(tmp_path: Path) -> None:
+    """The iterator sends the next task while it waits (on receiving a batch). The host
+    clock runs on while the program is blocked there, and the wait then ends where its
+    batch was ready: under load 100 ms sooner than the clock had run. The task stamped
+    as the clock read started its batch that much late, and every batch of its worker
+    after it (a 2-worker run's mean step moved 1.7x where the script's CPU time moved
+    1.1x)."""
+    from neuron_explorer.collectors.dataloader_workers import WorkerTracks
+
+    ms = 1_000_000
+    recorder = SimpleNamespace(modelled=False, writer=_Writer(), step=0)
+    tracks = WorkerTracks(recorder)  # type: ignore[arg-type]
+    tracks.dir = str(tmp_path)
+    tracks.anchor(1000 * ms, 500 * ms)
+    loader = SimpleNamespace(_workers=[SimpleNamespace(pid=4242)], _task_info={4: (0,)})
+    tracks.wait_started()
+    tracks.task_sent(loader, 4, 620 * ms)  # the clock ran on in the wait
+    tracks.wait_ended(530 * ms)  # where the batch it received was ready
+    tracks.anchor(3000 * ms, 2500 * ms)
+    # the worker got task 4 at monotonic 1020 ms (host 520 ms) and took 10 ms
+    (tmp_path / "4242.log").write_text(f"4 0 {1020 * ms} -1 -1 {1030 * ms} 4 0 0\n")
+    receipt = tracks.received(loader, 4, 0)
+    assert receipt.ready == (530 + 10) * ms
