@@ -1,4 +1,4 @@
-"""Op families: which aten ops are matmuls, convolutions and attention, in one table.
+"""Op families: which aten ops are matmuls, convolutions, attention and losses, in one table.
 
 The backend's lowering, compiler, numerics and what-if replay and the explorer's rules
 and analyses read it. Ops are named by their overload packet (`mm`, `conv2d`,
@@ -48,6 +48,20 @@ FAMILIES: dict[str, frozenset[str]] = {
 GEMM = frozenset({"mm", "bmm", "addmm", "baddbmm"})
 # Matmuls whose first operand is the input added to the product (input + A @ B).
 ADDS_INPUT = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
+
+# Loss functions as aten runs them (cross_entropy as log_softmax and nll_loss), forward and
+# backward: eager ones beside compiled graphs are a loss left out of the compiled function.
+LOSSES = frozenset({
+    "mse_loss", "mse_loss_backward", "l1_loss", "smooth_l1_loss", "smooth_l1_loss_backward",
+    "huber_loss", "huber_loss_backward", "nll_loss", "nll_loss_forward", "nll_loss_backward",
+    "nll_loss2d", "nll_loss2d_forward", "nll_loss2d_backward", "nll_loss_nd",
+    "cross_entropy_loss", "binary_cross_entropy", "binary_cross_entropy_backward",
+    "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss",
+    "soft_margin_loss_backward", "multi_margin_loss", "multi_margin_loss_backward",
+    "multilabel_margin_loss_forward", "multilabel_margin_loss_backward",
+    "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
+    "poisson_nll_loss", "triplet_margin_loss", "ctc_loss", "_ctc_loss", "_ctc_loss_backward",
+})
 
 # Ops whose products run on the Tensor Engine in their operands' dtype.
 MATMUL_LIKE = FAMILIES[MATMUL] | FAMILIES[CONVOLUTION] | FAMILIES[ATTENTION]

@@ -607,15 +607,23 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
                 "recompilation or shape_recompiles finding says which, and counts them); "
                 "fix that first: compiled code that calls the model breaks there too.")
     training = trains(trace)
+    if not training:
+        what = (" Move the work on the model's outputs (sampling, argmax, metric math) into "
+                "the compiled function (and mark each request with neuron_explorer.step(): "
+                "the model's return, which ends a step in the recording, is then inside "
+                "compiled code)")
+    elif _loss_is_eager(launches.movable):
+        what = " Compute the loss inside the compiled function"
+    else:
+        # the loss is compiled: what runs beside the graphs works on the model's outputs
+        what = (" The loss is compiled already: compute the metrics on the model's outputs "
+                "(argmax, softmax, running sums) inside the compiled function too, and "
+                "return them detached (an output returned for metrics with its gradient "
+                "tracked gets a zero gradient filled in each backward)")
     return (f"The model is already compiled, but {per_step:.0f} ops a step still launch one "
             "by one outside its graphs" + (f" ({named})" if named else "")
             + ": bring them into compiled code (the saving counts all of them brought in: "
-            "a fix that brings in some saves their part)." + left
-            + (" Compute the loss inside the compiled function" if training else
-               " Move the work on the model's outputs (sampling, argmax, metric math) into "
-               "the compiled function (and mark each request with neuron_explorer.step(): "
-               "the model's return, which ends a step in the recording, is then inside "
-               "compiled code)")
+            "a fix that brings in some saves their part)." + left + what
             + ((", and" if optimizer_told or fused_optimizer(trace) else
                 " and construct the optimizer with fused=True, or")
                + " compile the whole training step (loss, backward, clipping, "
@@ -623,6 +631,24 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
                "compiled call holds them)" if training else "")
             + "; then keep Python work (logging, metric math) out of the hot loop."
             + _accumulations(launches.accumulations, steps))
+
+
+def _loss_is_eager(ops) -> bool:
+    """Whether a loss is among `ops` (rows of `trace.ops` beside the graphs): a loss
+    function, or any op at the `backward()` line but the gradient it starts from and the
+    zero gradients AOTAutograd fills in for outputs the loss did not use. A hand-written
+    loss has no loss function, and eager, its backward runs at that line too; metrics on
+    the model's outputs have no backward."""
+    from neuron_explorer.common.op_families import LOSSES, base_name
+    from neuron_explorer.what_if.into_graphs import backward_seed
+
+    names = ops["name"].astype(str)
+    if names.map(lambda n: base_name(n) in LOSSES).any():
+        return True
+    seed = backward_seed(ops)
+    lines = set(ops["source"].astype(str)[seed])
+    return bool((ops["source"].astype(str).isin(lines) & ~seed
+                 & (names != "aten::zero_")).any())
 
 
 # eager ops inside the compiled model's calls, from this share of those beside its graphs,

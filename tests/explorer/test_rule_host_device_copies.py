@@ -17,11 +17,12 @@ COPY_OP_NS = 40_000
 
 
 def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0,
-           optimizer_op: str = "aten::_foreach_add_") -> neuron_explorer.Trace:
+           optimizer_op: str = "aten::_foreach_add_",
+           eager_op: str = "aten::mse_loss") -> neuron_explorer.Trace:
     """Per 1 ms step: `uploads` 40 us aten::_to_copy ops, each launching a 1 us
     copy_host_to_device, then `graphs` compiled graphs' 40 us launches of a 20 us kernel,
-    then `eager` eager ops of a 2 us kernel each (half at train.py:55, half inside the
-    optimizer's step); no sync, so the host's ops set the step and the device waits on
+    then `eager` eager ops of a 2 us kernel each (half `eager_op` at train.py:55, half
+    inside the optimizer's step); no sync, so the host's ops set the step and the device waits on
     them."""
     sc = Scenario()
     for n in range(STEPS):
@@ -31,7 +32,7 @@ def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0,
                 {"direction": "host_to_device"})] * uploads
         ops += [("graph:1", "graph_1_forward", 20_000, {"graph_id": 1})] * graphs
         if eager:
-            ops += [("aten::mul_", "mul_f32", 2_000, {"source": "train.py:55"})] * (eager // 2)
+            ops += [(eager_op, "eager_f32", 2_000, {"source": "train.py:55"})] * (eager // 2)
             first = t + 100_000 + COPY_OP_NS * len(ops)
             sc.b.slice(sc.host, first, COPY_OP_NS * (eager - eager // 2) + 1_000,
                        "AdamW.step", "optimizer", {"step": n})
@@ -45,7 +46,7 @@ def _trace(tmp: Path, uploads: int, graphs: int = 1, eager: int = 0,
                        flow_out=[op_id])
             sc.b.slice(sc.kernels, op0 + COPY_OP_NS + 5_000, kernel_ns, kernel, "kernel",
                        {"kernel_id": kid, "op_id": op_id, "step": n}, flow_in=[op_id])
-    return neuron_explorer.load(sc.write(tmp, f"uploads_{uploads}_{graphs}"))
+    return neuron_explorer.load(sc.write(tmp, f"uploads_{uploads}_{graphs}_{eager_op[6:]}"))
 
 
 def _analysed(trace: neuron_explorer.Trace) -> int:
@@ -119,3 +120,15 @@ def test_host_bound_on_a_compiled_run_names_the_eager_ops_beside_its_graphs(tmp_
     few = _trace(tmp_path, 0, graphs=2, eager=2)  # fewer eager launches than 2x the graphs'
     (f,) = host_bound.check(few)
     assert "outside its graphs" not in f.recommendation
+
+
+def test_eager_metrics_beside_a_compiled_loss_are_named_so(tmp_path):
+    """Where no loss op runs eagerly, what runs beside the graphs is work on the model's
+    outputs (a compiled loss, eager accuracy and confidence): the advice said to compute
+    the loss inside the compiled function, which it was."""
+    trace = _trace(tmp_path, 0, graphs=2, eager=8, eager_op="aten::argmax")
+    (f,) = host_bound.check(trace)
+    assert "Compute the loss" not in f.recommendation
+    assert ("The loss is compiled already: compute the metrics on the model's outputs "
+            "(argmax, softmax, running sums) inside the compiled function too, and return "
+            "them detached") in f.recommendation
