@@ -172,27 +172,36 @@ class _Writer:
         pass
 
 
-def test_a_workers_start_up_counts_without_its_wait_for_a_core(tmp_path: Path) -> None:
-    """A worker's first batch starts no earlier than the worker had started. Under load,
-    its start-up waited for a core (a busy machine moved a 2-worker run's mean step 1.6x,
-    the plain script's CPU time 1.3x): that wait, logged as its run delay before its
-    first task, is left out, as the host clock leaves it out of the program's time."""
+MS = 1_000_000
+
+
+def _tracks(tmp_path: Path, batch: int):
+    """Worker tracks reading the logs in `tmp_path`, the host clock 500 ms behind the
+    monotonic one, and a loader that gives `batch` to its worker 0 (pid 4242)."""
     from neuron_explorer.collectors.dataloader_workers import WorkerTracks
 
-    ms = 1_000_000
     recorder = SimpleNamespace(modelled=False, writer=_Writer(), step=0)
     tracks = WorkerTracks(recorder)  # type: ignore[arg-type]
     tracks.dir = str(tmp_path)
-    tracks.anchor(1000 * ms, 500 * ms)
-    tracks.anchor(3000 * ms, 2500 * ms)
+    tracks.anchor(1000 * MS, 500 * MS)
+    tracks.anchor(3000 * MS, 2500 * MS)
+    loader = SimpleNamespace(_workers=[SimpleNamespace(pid=4242)], _task_info={batch: (0,)})
+    return tracks, loader
+
+
+def test_a_workers_start_up_counts_without_its_wait_for_a_core(tmp_path: Path) -> None:
+    """A worker's first batch starts no earlier than the worker had started. Under load,
+    its start-up waits for a core, which moved that first batch and every batch after
+    it: that wait, logged as its run delay before its first task, is left out, as the
+    host clock leaves it out of the program's time."""
+    tracks, loader = _tracks(tmp_path, 0)
     # batch 0 of worker 0: its task sent at host 520 ms; the worker got it at monotonic
     # 1200 ms (host 700 ms) after a start-up that waited 150 ms for a core; it took 10 ms
-    got, sent, delay_before = 1200 * ms, 1210 * ms, 150 * ms
+    got, sent, delay_before = 1200 * MS, 1210 * MS, 150 * MS
     (tmp_path / "4242.log").write_text(f"0 0 {got} -1 -1 {sent} 4 0 {delay_before}\n")
-    loader = SimpleNamespace(_workers=[SimpleNamespace(pid=4242)], _task_info={0: (0,)})
-    tracks.task_sent(loader, 0, 520 * ms)
+    tracks.task_sent(loader, 0, 520 * MS)
     receipt = tracks.received(loader, 0, 0)
-    assert receipt.ready == (700 - 150 + 10) * ms
+    assert receipt.ready == (700 - 150 + 10) * MS
 
 
 def test_a_task_sent_in_a_wait_leaves_when_the_wait_ends(tmp_path: Path) -> None:
@@ -202,19 +211,11 @@ def test_a_task_sent_in_a_wait_leaves_when_the_wait_ends(tmp_path: Path) -> None
     as the clock read started its batch that much late, and every batch of its worker
     after it (a 2-worker run's mean step moved 1.7x where the script's CPU time moved
     1.1x)."""
-    from neuron_explorer.collectors.dataloader_workers import WorkerTracks
-
-    ms = 1_000_000
-    recorder = SimpleNamespace(modelled=False, writer=_Writer(), step=0)
-    tracks = WorkerTracks(recorder)  # type: ignore[arg-type]
-    tracks.dir = str(tmp_path)
-    tracks.anchor(1000 * ms, 500 * ms)
-    loader = SimpleNamespace(_workers=[SimpleNamespace(pid=4242)], _task_info={4: (0,)})
+    tracks, loader = _tracks(tmp_path, 4)
     tracks.wait_started()
-    tracks.task_sent(loader, 4, 620 * ms)  # the clock ran on in the wait
-    tracks.wait_ended(530 * ms)  # where the batch it received was ready
-    tracks.anchor(3000 * ms, 2500 * ms)
+    tracks.task_sent(loader, 4, 620 * MS)  # the clock ran on in the wait
+    tracks.wait_ended(530 * MS)  # where the batch it received was ready
     # the worker got task 4 at monotonic 1020 ms (host 520 ms) and took 10 ms
-    (tmp_path / "4242.log").write_text(f"4 0 {1020 * ms} -1 -1 {1030 * ms} 4 0 0\n")
+    (tmp_path / "4242.log").write_text(f"4 0 {1020 * MS} -1 -1 {1030 * MS} 4 0 0\n")
     receipt = tracks.received(loader, 4, 0)
-    assert receipt.ready == (530 + 10) * ms
+    assert receipt.ready == (530 + 10) * MS
