@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
-from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
+from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, trains, us
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -41,7 +41,7 @@ def check(trace: Trace) -> list[Finding]:
                       "device, a kernel of its own")
              for r in top(movable.fillna({"device_dur": 0}), "device_dur").itertuples()]
     explanation = (
-        f"{len(movable) / steps:.0f} ops a step (the loss and other code beside the model; "
+        f"{len(movable) / steps:.0f} ops a step ({_what(trace, movable)}; "
         "the optimizer's step left to its own finding) run as kernels of their own beside "
         f"the compiled graphs, {us(device / steps)} of device time a step, on a run the "
         "device paces: each loads its inputs from HBM and stores its results back. "
@@ -56,3 +56,13 @@ def check(trace: Trace) -> list[Finding]:
             "along their recorded data flow, run after it: an estimate either way (inside "
             "the graph some of it would overlap the graph's own work; the compiler may "
             "fuse it otherwise, as a cast taken into the graph's last matmul)"))]
+
+
+def _what(trace: Trace, movable) -> str:
+    """What the eager ops are: an inference run's code beside its model, a training run's
+    loss (where it runs eagerly) or the work on its model's outputs."""
+    if not trains(trace):
+        return "code beside the model"
+    if host_bound.loss_is_eager(movable):
+        return "the loss and other code beside the model"
+    return "work on the model's outputs beside it, the loss compiled with it"

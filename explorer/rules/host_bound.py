@@ -612,7 +612,7 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
                 "the compiled function (and mark each request with neuron_explorer.step(): "
                 "the model's return, which ends a step in the recording, is then inside "
                 "compiled code)")
-    elif _loss_is_eager(launches.movable):
+    elif loss_is_eager(launches.movable):
         what = " Compute the loss inside the compiled function"
     else:
         # the loss is compiled: what runs beside the graphs works on the model's outputs
@@ -633,7 +633,7 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
             + _accumulations(launches.accumulations, steps))
 
 
-def _loss_is_eager(ops) -> bool:
+def loss_is_eager(ops: pd.DataFrame) -> bool:
     """Whether a loss is among `ops` (rows of `trace.ops` beside the graphs): a loss
     function, or any op at the `backward()` line but the gradient it starts from and the
     zero gradients AOTAutograd fills in for outputs the loss did not use. A hand-written

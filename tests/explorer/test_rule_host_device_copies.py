@@ -132,3 +132,17 @@ def test_eager_metrics_beside_a_compiled_loss_are_named_so(tmp_path):
     assert ("The loss is compiled already: compute the metrics on the model's outputs "
             "(argmax, softmax, running sums) inside the compiled function too, and return "
             "them detached") in f.recommendation
+
+
+def test_eager_ops_beside_a_compiled_loss_are_not_called_the_loss(tmp_path):
+    """eager_beside_graphs called every training run's eager ops "the loss and other
+    code beside the model", also where they were metrics beside a compiled loss."""
+    from neuron_explorer.rules.eager_beside_graphs import _what
+    from neuron_explorer.what_if.into_graphs import eager_launches
+
+    for op, said in (("aten::mse_loss", "the loss and other code beside the model"),
+                     ("aten::argmax", ("work on the model's outputs beside it, the loss "
+                                       "compiled with it"))):
+        (tmp_path / op[6:]).mkdir()
+        trace = _trace(tmp_path / op[6:], 0, graphs=2, eager=8, eager_op=op)
+        assert _what(trace, eager_launches(trace).movable) == said
