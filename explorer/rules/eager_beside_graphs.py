@@ -53,9 +53,11 @@ def check(trace: Trace) -> list[Finding]:
         host_bound.into_graphs_advice(trace, optimizer_told=False),
         symptom_ns=device, saving_basis=(
             f"{host_bound.INTO_GRAPHS}, the ops that join each graph as one program fused "
-            "along their recorded data flow, run after it: an estimate either way (inside "
-            "the graph some of it would overlap the graph's own work; the compiler may "
-            "fuse it otherwise, as a cast taken into the graph's last matmul)"))]
+            "along their recorded data flow, run after it, and the zero gradients filled "
+            "in for outputs returned with their gradient tracked left out, with the "
+            "backward graph's read of them: an estimate either way (inside the graph some "
+            "of it would overlap the graph's own work; the compiler may fuse it "
+            "otherwise, as a cast taken into the graph's last matmul)"))]
 
 
 def _what(trace: Trace, movable) -> str:

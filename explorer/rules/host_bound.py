@@ -586,7 +586,7 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
     accumulation's adds are named apart: compiling the loss or the step leaves them
     eager."""
     import pandas as pd
-    from neuron_explorer.what_if.into_graphs import eager_launches
+    from neuron_explorer.what_if.into_graphs import eager_launches, zero_tangents
 
     launches = eager_launches(trace)
     steps = max(launches.graphs["step"].nunique(), 1)
@@ -613,7 +613,10 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
                 "the model's return, which ends a step in the recording, is then inside "
                 "compiled code)")
     elif loss_is_eager(launches.movable):
-        what = " Compute the loss inside the compiled function"
+        what = " Compute the loss inside the compiled function" + (
+            " and return its other outputs detached (an output returned with its gradient "
+            "tracked that the loss does not use gets a zero gradient filled in each "
+            "backward)" if zero_tangents(launches.movable).any() else "")
     else:
         # the loss is compiled: what runs beside the graphs works on the model's outputs
         what = (" The loss is compiled already: compute the metrics on the model's outputs "
@@ -640,15 +643,14 @@ def loss_is_eager(ops: pd.DataFrame) -> bool:
     loss has no loss function, and eager, its backward runs at that line too; metrics on
     the model's outputs have no backward."""
     from neuron_explorer.common.op_families import LOSSES, base_name
-    from neuron_explorer.what_if.into_graphs import backward_seed
+    from neuron_explorer.what_if.into_graphs import backward_seed, zero_tangents
 
     names = ops["name"].astype(str)
     if names.map(lambda n: base_name(n) in LOSSES).any():
         return True
     seed = backward_seed(ops)
     lines = set(ops["source"].astype(str)[seed])
-    return bool((ops["source"].astype(str).isin(lines) & ~seed
-                 & (names != "aten::zero_")).any())
+    return bool((ops["source"].astype(str).isin(lines) & ~seed & ~zero_tangents(ops)).any())
 
 
 # eager ops inside the compiled model's calls, from this share of those beside its graphs,
