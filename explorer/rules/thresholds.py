@@ -129,7 +129,8 @@ CONVERTED_UPLOADS_MIN_SHARE = 0.02
 
 # python_loop: a loop whose vectorising saves less than this share of the step
 PYTHON_LOOP_MIN_SHARE = 0.05
-# parameter_loop: a loop over the parameters whose foreach form saves less than this share
+# parameter_loop: a loop over the parameters whose fix (its foreach form, or compiled) saves
+# less than this share
 PARAMETER_LOOP_MIN_SHARE = 0.02
 # unbatched_calls: batching the calls saves less than this share of the analysed steps
 UNBATCHED_CALLS_MIN_SHARE = 0.05

@@ -301,11 +301,11 @@ def _joined(trace: Trace, graphs: pd.DataFrame, ops: pd.DataFrame) -> dict[int, 
         for graph in dict.fromkeys(target.tolist()):
             members = mine[target == graph]
             joined[int(graph)] = Joined(float(members["device_dur"].fillna(0).sum()),
-                                        _fused_ns(trace, members, programs))
+                                        fused_ns(trace, members, programs))
     return joined
 
 
-def _fused_ns(trace: Trace, ops: pd.DataFrame, programs: dict[tuple, float | None]
+def fused_ns(trace: Trace, ops: pd.DataFrame, programs: dict[tuple, float | None]
               ) -> float | None:
     """The length of `ops` as one program fused along their recorded data flow (what an op
     outside them made, or reads, goes through HBM); None where the trace holds no op keys

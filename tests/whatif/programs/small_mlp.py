@@ -29,7 +29,9 @@ updated after each optimizer step, a Python loop over the parameters.
 zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
 gradients clipped with `clip_grad_norm_` before each optimizer step; `--clip-loop`: the same
 clipping as a Python loop over the parameters. `--ema-foreach`: the average of `--ema` with
-`torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors. `--groups`: Adam's
+`torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors; `--ema-lerp`: the
+same average with one `torch._foreach_lerp_`; `--ema-compiled`: the loop of `--ema` in a
+compiled function. `--groups`: Adam's
 parameters in two groups (weight decay on the matrices only). `--grad-noise loop|foreach`:
 noise drawn per gradient (`randn_like`) and added in a loop, or with foreach ops."""
 
@@ -83,6 +85,15 @@ opt = new_optimizer()
 EMA = "--ema" in sys.argv
 ema = [p.detach().clone() for p in model.parameters()]
 fwd = torch.compile(model, backend="neuron") if COMPILE else model
+
+
+@torch.compile(backend="neuron")
+def compiled_ema() -> None:
+    with torch.no_grad():
+        for mean, weight in zip(ema, model.parameters(), strict=True):
+            mean.mul_(0.999).add_(weight, alpha=0.001)
+
+
 COMPILE_LOSS = "--compile-loss" in sys.argv
 compiled_loss = torch.compile(lambda x: model(x).square().mean() / ACCUMULATE, backend="neuron")
 host_x = torch.randn(BATCH, WIDTH)
@@ -161,6 +172,11 @@ for step in range(12):
         with torch.no_grad():
             torch._foreach_mul_(ema, 0.999)
             torch._foreach_add_(ema, list(model.parameters()), alpha=0.001)
+    if "--ema-lerp" in sys.argv:  # the same average, one pass over each tensor
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, list(model.parameters()), 0.001)
+    if "--ema-compiled" in sys.argv:  # the loop of --ema, compiled
+        compiled_ema()
     if ITEM:
         losses.append(loss.item())
     if PREDICTIONS == "every-step":
