@@ -63,6 +63,13 @@ LOSSES = frozenset({
     "poisson_nll_loss", "triplet_margin_loss", "ctc_loss", "_ctc_loss", "_ctc_loss_backward",
 })
 
+# Ops whose output's size depends on the values read: Dynamo breaks the graph at each unless
+# `torch._dynamo.config.capture_dynamic_output_shape_ops` is set.
+DATA_DEPENDENT_SHAPES = frozenset({
+    "nonzero", "argwhere", "masked_select", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "unique_dim_consecutive",
+})
+
 # Ops whose products run on the Tensor Engine in their operands' dtype.
 MATMUL_LIKE = FAMILIES[MATMUL] | FAMILIES[CONVOLUTION] | FAMILIES[ATTENTION]
 # Whole layers PyTorch runs as one op at inference (nn.TransformerEncoderLayer's and
