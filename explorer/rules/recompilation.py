@@ -216,6 +216,9 @@ def _compiled_steps_saving(trace: Trace, recompiles: pd.DataFrame,
 
 # a guard on an optimizer's learning rate, a Python float an LR scheduler changes every step
 _LR_GUARD = re.compile(r"param_groups\[\d+\]\['lr'\] == ")
+# ... and on its momentum, which OneCycleLR and CyclicLR cycle too (Adam's `betas[0]`, SGD's
+# `momentum`) unless built with cycle_momentum=False
+_MOMENTUM_GUARD = re.compile(r"param_groups\[\d+\]\[(?:'betas'\]\[0|'momentum')\] == ")
 
 
 def _torchs_own(breaks: pd.DataFrame, recompiles: pd.DataFrame) -> bool:
@@ -228,8 +231,9 @@ def _torchs_own(breaks: pd.DataFrame, recompiles: pd.DataFrame) -> bool:
     own = reason.str.contains(DDP_SPLIT, regex=False) | within.str.contains("torch/optim/",
                                                                            regex=False)
     optimizer = recompiles["source"].astype(str).str.contains("torch/optim/", regex=False)
-    lr = recompiles["reason"].astype(str).str.contains(_LR_GUARD)
-    return bool(own.all()) and bool(optimizer.all()) and not bool(lr.any())
+    reasons = recompiles["reason"].astype(str)
+    scheduled = reasons.str.contains(_LR_GUARD) | reasons.str.contains(_MOMENTUM_GUARD)
+    return bool(own.all()) and bool(optimizer.all()) and not bool(scheduled.any())
 
 
 # a guard on an input tensor: "tensor 'idx' size mismatch at index 1", "tensor 'ids'
@@ -460,15 +464,29 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
         where = f" at {', '.join(sites[:3])}" if sites else ""
         grad_mode = bool(reasons) and all("grad_mode" in r for r in reasons)
         learning_rate = any(_LR_GUARD.search(g) for g in guards)
+        momentum = any(_MOMENTUM_GUARD.search(g) for g in guards)
         optimizer_state = bool(sites) and all("torch/optim/" in s for s in sites)
+        scheduled = []  # guards on what a scheduler changes every step
         if learning_rate:
-            advice.append(f"the recompiles{where} follow the optimizer's learning rate, a "
-                          "Python float an LR scheduler changes every step: the compiled "
-                          "optimizer step is compiled again for each value (its guard "
-                          "`param_groups[0]['lr'] == ...`) until Dynamo's recompile limit, "
-                          "and then runs uncompiled; give the optimizer a tensor learning "
-                          "rate (torch.optim.AdamW(params, lr=torch.tensor(1e-3))), which "
-                          "the compiled step reads instead of compiling in")
+            scheduled.append(f"the recompiles{where} follow the optimizer's learning rate, a "
+                             "Python float an LR scheduler changes every step: the compiled "
+                             "optimizer step is compiled again for each value (its guard "
+                             "`param_groups[0]['lr'] == ...`) until Dynamo's recompile limit, "
+                             "and then runs uncompiled; give the optimizer a tensor learning "
+                             "rate (torch.optim.AdamW(params, lr=torch.tensor(1e-3))), which "
+                             "the compiled step reads instead of compiling in (OneCycleLR "
+                             "and CyclicLR change the momentum too, a guard Dynamo reports "
+                             "once the rate's passes: construct them with "
+                             "cycle_momentum=False as well)")
+        if momentum:
+            # told only of the learning rate, a trial's tensor rate left the storm going
+            # on `betas[0]` and made the step 3.2 ms slower
+            scheduled.append(f"the recompiles{where} follow the optimizer's momentum "
+                             "(`param_groups[0]['betas'][0]` or `['momentum']`), a Python float "
+                             "OneCycleLR and CyclicLR change every step as they do the learning "
+                             "rate: construct the scheduler with cycle_momentum=False")
+        if scheduled:
+            advice += scheduled
         elif optimizer_state:
             advice.append(f"the recompile{where} is the optimizer's: its state is made on "
                           "its first step, and the next step's guards see it; once, nothing "
