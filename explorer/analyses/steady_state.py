@@ -13,6 +13,9 @@ million times. So breakdowns, MFU/MBU, op statistics and `diff` use:
   which steps a mark ended), unless nothing else is left, and without a PyTorch
   profiler's last step where the profile stopped just into it (a fragment, under
   FRAGMENT_SHARE of the others' median);
+- without a first step of set-up alone: uploads, no model call (a loop calling
+  `neuron_explorer.step()` at the top of each iteration ends a step of the set-up with
+  its first call);
 - and, in a recording cut short (killed, or damaged part-way: the loader warned), only
   the steps that end before its ops or kernels stop (or, when none does, the step they
   stop in): the trace lost the later steps' device events, which would read as a device
@@ -212,6 +215,9 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
         # the one that mark ended are pieces of the first iteration, not steps
         candidates = tuple(s for s in candidates if s >= before)
         notes.append(f"{_ranges(tuple(range(before)))} end before the first step mark")
+    if _setup_before_the_marks(trace, candidates):
+        notes.append(f"step {candidates[0]} is the set-up before the first step mark")
+        candidates = candidates[1:]
     window = trace.metadata.get("steps")
     if isinstance(window, list) and window:
         stop = window[1] if len(window) > 1 and window[1] is not None else ""
@@ -243,6 +249,26 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
         candidates = candidates[len(warm):]
         notes.insert(0, f"after the warm-up, {_ranges(warm)}")
     return StepSelection(candidates, recorded, "; ".join(notes), len(warm))
+
+
+# what a step of the program's loop runs (the recorder opens a step at its first such event)
+_ACTIVITY = (tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_DATALOADER,
+             tf.CAT_COMPILE, tf.CAT_ANNOTATION)
+
+
+def _setup_before_the_marks(trace: Trace, candidates: tuple[int, ...]) -> bool:
+    """Whether the first of `candidates` is the set-up before a loop that calls
+    `neuron_explorer.step()` at the top of each iteration: the first mark ended a step of
+    uploads alone (`model.to`, the inputs), with no model call, backward, optimizer step or
+    annotation in it, where every later step has them. A decoding loop's 3.3 ms of copies
+    was analysed as its first step, tagged "eval", and entered every per-step claim."""
+    if (trace.metadata.get("step_boundary") != "explicit" or len(candidates) < 2
+            or candidates[0] != int(trace.steps["step"].iloc[0])):
+        return False
+    s = trace.table("slices")
+    ev = s[s["kind"].isin(_ACTIVITY)]
+    active = set(assign_steps(ev["ts"].to_numpy(np.int64), trace.steps).tolist())
+    return candidates[0] not in active and all(c in active for c in candidates[1:])
 
 
 def analysed_steps(trace: Trace) -> StepSelection:

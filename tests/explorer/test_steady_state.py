@@ -270,3 +270,39 @@ def test_the_runs_first_step_analysed_alone_leaves_its_first_launches_out(real_t
     from neuron_explorer.analyses.startup import analyses_the_start
 
     assert analyses_the_start(t) and not analyses_the_start(mid_run)
+
+
+MARKS_AT_THE_TOP = '''
+import sys
+import neuron_explorer
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to("neuron").eval()
+x = torch.randn(16, 64).to("neuron")
+with torch.no_grad():
+    for _ in range(6):
+        if "--top" in sys.argv:
+            neuron_explorer.step()
+        y = model(x)
+        if "--top" not in sys.argv:
+            neuron_explorer.step()
+print(float(y.sum()))
+'''
+
+
+def test_a_step_of_set_up_before_the_first_mark_is_left_out(tmp_path: Path) -> None:
+    """`neuron_explorer.step()` called at the top of each iteration ends a step of the set-up
+    (`model.to`, the input's upload) with its first call: a decoding loop's 3.3 ms of copies
+    was analysed as its first step. Called at the end of each iteration, the first step is
+    the first iteration's, and stays."""
+    from cli_runner import record_variants
+
+    program = tmp_path / "marks.py"
+    program.write_text(MARKS_AT_THE_TOP)
+    paths = record_variants(tmp_path, program, {"top": ["--top"], "end": []}, modelled=True)
+    top, end = neuron_explorer.load(paths["top"]), neuron_explorer.load(paths["end"])
+    chosen = analysed_steps(top)
+    assert chosen.steps[0] == 1 and 0 in chosen.recorded
+    assert "step 0 is the set-up before the first step mark" in chosen.describe()
+    assert "set-up" not in analysed_steps(end).describe()
