@@ -4,9 +4,10 @@ the device every step, by `.contiguous()`, `reshape` or an op that needs contigu
 and the device runs; computed in the layout the tensor has, neither happens.
 
 The copies are the device-to-device copies our recordings mark as reading a strided view
-(`layout_copy`), with the allocation made for each just before it. What keeping the layout
-saves is the run replayed without both. A trial's attention block made five such copies a
-step, 6% of it, and no finding named them.
+(`layout_copy`), with the allocation made for each just before it; one with no allocation
+before it writes into memory already there (a static KV cache's slice, a buffer) and is
+none. What keeping the layout saves is the run replayed without both. A trial's attention
+block made five such copies a step, 6% of it, and no finding named them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def layout_copies(trace: Trace, own: bool = False) -> tuple[pd.DataFrame, np.nda
     before = by_op.reindex(copies["op_id"].to_numpy(np.int64) - 1)
     made = before["name"].astype(str).isin(ALLOCATIONS).to_numpy() & (
         before["step"].to_numpy() == copies["step"].to_numpy())
-    return copies, before["id"].to_numpy()[made].astype(np.int64)
+    # a copy into memory that was there before (`cache[:, :, pos] = k`, `buf.copy_(x)`)
+    # writes where the program keeps its data: no layout to keep instead (a decoder's
+    # static KV cache was told to stop writing into itself)
+    return copies[made], before["id"].to_numpy()[made].astype(np.int64)
 
 
 def in_library_modules(trace: Trace, copies: pd.DataFrame) -> np.ndarray:

@@ -2,9 +2,11 @@
 then `torch.matmul`, which makes the strided view contiguous (a copy on the device in the
 forward). `--fixed`: the same math in the layout the tensor has (`x @ w`, the mean over
 its own time dim). `--attention`: an nn.MultiheadAttention beside it, which makes layout
-copies of its own (its heads' transposes), whatever the layer does.
+copies of its own (its heads' transposes), whatever the layer does. `--cache-write`: each
+call also writes the permuted input into a slice of a buffer made before the loop (as a
+decoder's static KV cache does): a copy of a strided view into memory already there.
 
-    python permuted_matmul.py [--fixed] [--compile] [--attention]
+    python permuted_matmul.py [--fixed] [--compile] [--attention] [--cache-write]
 """
 
 import sys
@@ -24,8 +26,13 @@ class Layer(nn.Module):
         self.head = nn.Linear(D, 8)
         self.attention = nn.MultiheadAttention(D, 4, batch_first=True) \
             if "--attention" in sys.argv else None
+        self.register_buffer("cache", torch.zeros(2, T, B, D))
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "--cache-write" in sys.argv:
+            self.cache[self.calls % 2] = x.permute(1, 0, 2)  # a write, not a layout to keep
+            self.calls += 1
         if FIXED:
             out = self.head(torch.relu(x @ self.w)).mean(1)
         else:
