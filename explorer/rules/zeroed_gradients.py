@@ -56,20 +56,41 @@ def zeroing(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def first_accumulations(trace: Trace, zeroes: pd.DataFrame) -> pd.DataFrame:
-    """For each gradient `zeroes` zeroed, the first in-place add of its shape later in the
-    same step, outside the optimizer (AccumulateGrad's, in the backward)."""
+    """For each gradient `zeroes` zeroed, the first in-place add of its shape after the
+    zeroing and before the next, outside the optimizer (AccumulateGrad's, in the backward):
+    in the same step where zero_grad comes first in it, in the next where it comes last
+    (after the optimizer's step), and then in the first analysed step also before its own
+    zeroing (after the step before's, not analysed). Looked for in the same step alone, a
+    loop zeroing at the end of its steps was claimed 0.43x what set_to_none=True saved."""
     ops = in_analysed_work(trace, trace.ops)
     adds = ops[ops["name"].astype(str) == ACCUMULATE]
-    if not len(adds):
-        return adds
+    if not len(adds) or not len(zeroes):
+        return adds.iloc[:0]
     # not the optimizer's own; a compiled backward's are under no module's backward slice
     adds = adds[tables.ancestor_of_kind(trace, adds["id"].to_numpy(np.int64),
-                                        (tf.CAT_OPTIMIZER,)) < 0]
+                                        (tf.CAT_OPTIMIZER,)) < 0].sort_values("ts")
+    groups = [zs for _, zs in zeroes.groupby("step")]
+    ends = [int(zs["ts"].max()) for zs in groups]
+    starts = [int(zs["ts"].min()) for zs in groups]
+    # (the shapes zeroed, the window their first adds fall in)
+    windows: list[tuple[pd.DataFrame, int | None, int | None]] = [
+        (zs, ends[i], starts[i + 1] if i + 1 < len(groups) else None)
+        for i, zs in enumerate(groups)]
+    first = groups[0]
+    windows.insert(0, (first, None, starts[0]))  # the first step's adds before its zeroing
+    ts = adds["ts"].to_numpy(np.int64)
     chosen: list[int] = []
-    for step, zs in zeroes.groupby("step"):
+    for zs, after, before in windows:
         wanted = Counter(shape for text in zs["shapes"].astype(str) for shape in _shapes(text))
-        later = adds[(adds["step"] == step) & (adds["ts"] > zs["ts"].max())].sort_values("ts")
-        for op_id, text in zip(later["id"], later["shapes"].astype(str), strict=True):
+        inside = np.ones(len(adds), bool)
+        if after is not None:
+            inside &= ts > after
+        if before is not None:
+            inside &= ts < before
+        if after is None:  # before the first zeroing: within its step alone
+            inside &= adds["step"].to_numpy() == zs["step"].iloc[0]
+        mine = adds[inside]
+        for op_id, text in zip(mine["id"], mine["shapes"].astype(str), strict=True):
             shapes = _shapes(text)
             if len(shapes) == 2 and shapes[0] == shapes[1] and wanted[shapes[0]] > 0:
                 wanted[shapes[0]] -= 1

@@ -14,13 +14,16 @@ pytestmark = pytest.mark.slow
 PROGRAM = Path(__file__).parent / "programs" / "small_mlp.py"
 
 
-@pytest.mark.parametrize("script", [["--accumulate", "4"], ["--compile"]],
-                         ids=["eager-accumulating", "compiled"])
+@pytest.mark.parametrize("script", [["--accumulate", "4"], ["--compile"],
+                                    ["--accumulate", "4", "--zero-grad-last"]],
+                         ids=["eager-accumulating", "compiled", "zeroed-last"])
 def test_setting_gradients_to_none_saves_what_the_finding_says(tmp_path, script) -> None:
     """The zeroing ops go, and so does the first accumulation into each zeroed gradient
     (the backward stores it as it is): 4 micro-batches a step lost 8.9% of their steps to
     both, and nothing said so. A compiled backward's accumulations are under no module's
-    backward slice, and count too."""
+    backward slice, and count too. Zeroed at the end of each step, after the optimizer's,
+    the first accumulations come in the next step: a trial's loop was claimed 0.43x what
+    set_to_none=True saved, its zeroing alone."""
     base = ["2", "--width", "256", "--optimizer", "adam", *script]
     paths = record_variants(tmp_path, PROGRAM, {"zeros": [*base, "--zero-grad", "zeros"],
                                                 "none": base}, modelled=True)

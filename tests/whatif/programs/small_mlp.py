@@ -26,7 +26,9 @@ updated after each optimizer step, a Python loop over the parameters.
 `sgd-momentum-fused`, `adam` (PyTorch's default, foreach), `adam-fused`
 (`fused=True`), `adam-loop` (`foreach=False`), `adamw` or `adamw-fused`; with
 `--optimizer-per-step`, constructed anew at the start of every step. `--zero-grad
-zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place. `--clip`: the
+zeros`: `zero_grad(set_to_none=False)`, the gradients zeroed in place; `--zero-grad-last`
+(with `--accumulate`): zero_grad after the optimizer's step, at the end of each step
+(marked with `neuron_explorer.step()` after it). `--clip`: the
 gradients clipped with `clip_grad_norm_` before each optimizer step; `--clip-loop`: the same
 clipping as a Python loop over the parameters. `--ema-foreach`: the average of `--ema` with
 `torch._foreach_mul_` and `torch._foreach_add_` over the list of tensors; `--ema-lerp`: the
@@ -37,6 +39,7 @@ noise drawn per gradient (`randn_like`) and added in a loop, or with foreach ops
 
 import sys
 
+import neuron_explorer
 import torch
 from torch import nn
 
@@ -57,6 +60,7 @@ ACCUMULATE = _option("--accumulate", 1)
 INPUT = sys.argv[sys.argv.index("--input") + 1] if "--input" in sys.argv else "once"
 ZERO_GRAD = sys.argv[sys.argv.index("--zero-grad") + 1] if "--zero-grad" in sys.argv else "none"
 SET_TO_NONE = ZERO_GRAD != "zeros"
+ZERO_LAST = "--zero-grad-last" in sys.argv
 torch.manual_seed(0)
 layers: list[nn.Module] = []
 for _ in range(LAYERS):
@@ -128,11 +132,15 @@ for step in range(12):
     if "--labels" in sys.argv:
         labels = torch.randint(0, 2, (2,)).to("neuron")
     if ACCUMULATE > 1:  # zero_grad, then a forward and backward per micro-batch, one step
-        opt.zero_grad(set_to_none=SET_TO_NONE)
+        if not ZERO_LAST:
+            opt.zero_grad(set_to_none=SET_TO_NONE)
         for _ in range(ACCUMULATE):
             loss = compiled_loss(x) if COMPILE_LOSS else fwd(x).square().mean() / ACCUMULATE
             loss.backward()
         opt.step()
+        if ZERO_LAST:
+            opt.zero_grad(set_to_none=SET_TO_NONE)
+            neuron_explorer.step()  # the step ends here, after the zeroing
         continue
     if COMPILE_LOSS:  # the loss inside the compiled function
         loss = compiled_loss(x)
