@@ -332,6 +332,35 @@ def _python_values(guards: list[str]) -> dict[str, list[str]]:
     return values
 
 
+# a guard on the length of a container the compiled code changes: "len(self.log) == 3"
+_LENGTH_GUARD = re.compile(r"^len\(([A-Za-z_][\w.\[\]']*)\) == \d+$")
+# where Dynamo quotes the source line a guard came from: "... # ckpt.py:48 in forward"
+_QUOTED_LINE = re.compile(r"#\s*([^#\s]+\.py:\d+) in \w+\s*$")
+
+
+def _growing_containers(reasons: list[str]) -> dict[str, str]:
+    """Container -> the line its length guard quotes, for guards on the length of a list or
+    dict the compiled code grows every call (a log appended to in the forward)."""
+    found: dict[str, str] = {}
+    for reason in reasons:
+        m = _LENGTH_GUARD.match(_guard(reason))
+        if m:
+            line = _QUOTED_LINE.search(_one_line(reason))
+            found.setdefault(m.group(1), line.group(1) if line else "")
+    return found
+
+
+def _growing_containers_advice(containers: dict[str, str]) -> str:
+    # a module's log appended to in its compiled forward was told to "pass them as tensors
+    # rather than Python numbers", at the line of the checkpoint call
+    named = ", ".join(f"`{name}`" + (f" (grown at {line})" if line else "")
+                      for name, line in containers.items())
+    return (f"the recompiles follow the length of {named}, which the compiled code grows "
+            "every call: Dynamo guards on the length it traced and compiles again for each; "
+            "return the value from the compiled function and append it outside, or write it "
+            "into a tensor made before the loop")
+
+
 def _python_values_advice(where: str, values: dict[str, list[str]]) -> str:
     # a decoder given its position as an int under dynamic=False: a compile per position,
     # then uncompiled past the limit; dynamic left to Dynamo saved 532 us of a 716 us step,
@@ -496,6 +525,8 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
                           "ran under torch.no_grad() or inference_mode() after training, "
                           "or back): Dynamo keeps both graphs, so it happens once per "
                           "mode, not per step; nothing to fix unless it repeats")
+        elif growing := _growing_containers(reasons):
+            advice.append(_growing_containers_advice(growing))
         else:
             if values:
                 advice.append(_python_values_advice(where, values))

@@ -244,6 +244,19 @@ def test_a_cache_that_was_none_at_the_prompt_is_an_input_guard() -> None:
     assert not _each_input_guard_once(pd.DataFrame({"reason": value}))
 
 
+def test_a_list_the_compiled_forward_grows_is_named_with_its_line(tmp_path) -> None:
+    """A module appending a log to a list in its compiled forward: Dynamo guards on the
+    list's length and compiles again each call. A trial was told to "pass them as tensors
+    rather than Python numbers", at the line of the forward's first call."""
+    reasons = ["0/0: not self.norm_log    # self.norm_log.append(n)  # ckpt.py:48 in forward",
+               *(f"0/{i}: len(self.norm_log) == {i}    # self.norm_log.append(n)  # "
+                 "ckpt.py:48 in forward" for i in range(1, 5))]
+    (f,) = _findings(_trace(tmp_path, reasons), "recompilation")
+    assert "the length of `self.norm_log` (grown at ckpt.py:48)" in f.recommendation
+    assert "append it outside" in f.recommendation
+    assert "rather than Python numbers" not in f.recommendation
+
+
 def test_a_reason_is_one_line_of_the_finding(tmp_path) -> None:
     """Dynamo appends the user's stack to a guard's reason and aligns the source it quotes
     with spaces: pasted whole, a finding read "ks is None        # x, k, v = ...  User stack
