@@ -111,11 +111,11 @@ class CompiledGraph:
 
     @property
     def fallback_ops(self) -> list[str]:
-        """The graph's ops with no device lowering (they run on the host)."""
+        """The graph's ops with no device lowering (they run on the host), each as often as
+        the graph runs it (a router's `nonzero` once per expert)."""
         launch = self.static_launch or next(iter(self._launches.values()), None)
-        found = (name for k in (launch.kernels if launch else ())
-                 for name in getattr(k, "host_fallbacks", ()))
-        return list(dict.fromkeys(found))
+        return [name for k in (launch.kernels if launch else ())
+                for name in getattr(k, "host_fallbacks", ())]
 
     @property
     def section_names(self) -> list[str]:

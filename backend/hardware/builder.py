@@ -511,7 +511,7 @@ class KernelBuilder:
             section=np.asarray(self._section, dtype=np.int32).reshape(n)
             if self.sections else None,
             sections=self.sections,
-            host_fallbacks=tuple(dict.fromkeys(self.host_fallbacks)),
+            host_fallbacks=tuple(self.host_fallbacks),  # each one: a graph may run several
         )
 
     def length_with(self, deps: list[tuple[int, ...]]) -> int:

@@ -9,6 +9,7 @@ import warnings
 import neuron_explorer
 import torch
 import torch.nn.functional as F
+from neuron_explorer.analyses.phases import in_analysed_work
 
 
 def test_a_fallback_inside_a_compiled_graph_reaches_the_finding(tmp_path):
@@ -34,6 +35,32 @@ def test_a_fallback_inside_a_compiled_graph_reaches_the_finding(tmp_path):
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_fallback"]
     assert "aten::_unsafe_index" in finding.explanation
     assert any("inside graph:" in e["description"] for e in finding.evidence)
+
+
+def test_each_fallback_a_graph_runs_is_counted(tmp_path):
+    """A graph running an op with no lowering twice a call, called 3 times: 6 ran on the
+    host. A trial's router ran `nonzero` once per expert, 72 times in 9 calls, and the
+    finding said "(9x)": each graph's ops were listed once."""
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1).to("neuron")
+
+    def f(x):  # each nearest upsampling decomposes to one aten::_unsafe_index
+        up = F.interpolate(x, scale_factor=2, mode="nearest")
+        return conv(F.interpolate(up, scale_factor=2, mode="nearest")).sum()
+
+    g = torch.compile(f, backend="neuron")
+    path = tmp_path / "twice.pftrace"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with neuron_explorer.record(path, level="op", quiet=True):
+            x = torch.randn(1, 4, 8, 8).to("neuron")
+            for _ in range(4):
+                g(x).item()
+                neuron_explorer.step()
+    trace = neuron_explorer.load(path)
+    (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_fallback"]
+    launches = int(in_analysed_work(trace, trace.ops)["name"].str.startswith("graph:").sum())
+    assert f"aten::_unsafe_index ({2 * launches}x)" in finding.explanation, (
+        launches, finding.explanation)
 
 
 def test_a_dtype_cast_left_by_a_decomposition_runs_on_the_device():
