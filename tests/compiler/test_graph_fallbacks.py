@@ -25,15 +25,7 @@ def test_a_fallback_inside_a_compiled_graph_reaches_the_finding(tmp_path):
     def f(x):  # nearest upsampling decomposes to aten::_unsafe_index, which has no lowering
         return conv(F.interpolate(x, scale_factor=2, mode="nearest")).sum()
 
-    g = torch.compile(f, backend="neuron")
-    path = tmp_path / "fallback.pftrace"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with neuron_explorer.record(path, level="op", quiet=True):
-            x = torch.randn(1, 4, 8, 8).to("neuron")
-            for _ in range(3):
-                g(x).item()
-                neuron_explorer.step()
+    path, caught = _record_compiled(f, tmp_path / "fallback.pftrace", calls=3)
     assert any("aten::_unsafe_index has no neuron device lowering" in str(w.message)
                for w in caught)
     trace = neuron_explorer.load(path)
@@ -54,20 +46,26 @@ def test_each_fallback_a_graph_runs_is_counted(tmp_path):
         up = F.interpolate(x, scale_factor=2, mode="nearest")
         return conv(F.interpolate(up, scale_factor=2, mode="nearest")).sum()
 
-    g = torch.compile(f, backend="neuron")
-    path = tmp_path / "twice.pftrace"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with neuron_explorer.record(path, level="op", quiet=True):
-            x = torch.randn(1, 4, 8, 8).to("neuron")
-            for _ in range(4):
-                g(x).item()
-                neuron_explorer.step()
+    path, _ = _record_compiled(f, tmp_path / "twice.pftrace", calls=4)
     trace = neuron_explorer.load(path)
     (finding,) = [f for f in trace.bottlenecks() if f.rule_id == "host_fallback"]
     launches = int(in_analysed_work(trace, trace.ops)["name"].str.startswith("graph:").sum())
     assert f"aten::_unsafe_index ({2 * launches}x)" in finding.explanation, (
         launches, finding.explanation)
+
+
+def _record_compiled(f, path, calls: int) -> tuple:
+    """`f` compiled, called `calls` times on a 1x4x8x8 input (a step each) while recorded
+    into `path`: (path, the warnings caught)."""
+    g = torch.compile(f, backend="neuron")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with neuron_explorer.record(path, level="op", quiet=True):
+            x = torch.randn(1, 4, 8, 8).to("neuron")
+            for _ in range(calls):
+                g(x).item()
+                neuron_explorer.step()
+    return path, caught
 
 
 def test_a_dtype_cast_left_by_a_decomposition_runs_on_the_device():
