@@ -68,6 +68,7 @@ from neuron_explorer.common.trace_format import (
     ARG_SYNC_KIND,
     ARG_TRANSFER_NS,
     ARG_WAIT_NS,
+    ARG_WHOLE_BF16_NS,
     CAT_COLLECTIVE,
     CAT_COMPILE,
     CAT_DMA,
@@ -108,7 +109,7 @@ _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "st
 # two buffers of different lengths, and the batch unwritable)
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
                "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections",
-               "flows")
+               "whole_bf16", "flows")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
@@ -337,7 +338,8 @@ class DeviceSink(EventSink):
                                   rec.step, index, ev.name, ev.engine_busy_ns, ev.model_flops,
                                   ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
                                   ev.fallback, _sections_json(ev.kernel) if rec.engine else "",
-                                  flow_out))
+                                  getattr(ev.kernel, "whole_bf16_ns", None) if rec.engine
+                                  else None, flow_out))
             if len(self._kernels) >= _KERNEL_BATCH * len(_KERNEL_ROW):
                 self._flush_kernels()
         except RecordingError as exc:
@@ -634,7 +636,7 @@ class DeviceSink(EventSink):
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
-        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections = key
+        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections, bf16 = key
         args = {
             ARG_FLOPS: model_flops,
             ARG_HW_FLOPS: flops,
@@ -646,6 +648,8 @@ class DeviceSink(EventSink):
         }
         if sections:
             args[ARG_SECTIONS] = sections
+        if bf16 is not None:
+            args[ARG_WHOLE_BF16_NS] = bf16
         return name, args
 
     def _forget_signatures(self) -> None:
@@ -682,7 +686,7 @@ class DeviceSink(EventSink):
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
                         c["bytes"], c["sbuf"], c["psum"], c["fallback"], c["sections"],
-                        strict=True))
+                        c["whole_bf16"], strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
         for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):

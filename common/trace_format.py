@@ -59,6 +59,9 @@ ARG_SECTION = "section"  # str, ... and the fused group they belong to ("fused_a
 # matmul dtype], ...]: what the user's code called ("LayerNorm", "F.gelu") and the dtype
 # of the section's matmul ("float32"), once per program rather than on every instruction
 ARG_SECTIONS = "sections"
+# int ns, on a compiled program's kernel slices when its matmuls ran in float32: the
+# program's length with the model cast whole to bfloat16 (every float32 tensor of the graph)
+ARG_WHOLE_BF16_NS = "whole_bf16_ns"
 ARG_GRAPH_ID = "graph_id"
 ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
 # int ns, on an NKI kernel's compile span: the kernel's scheduled length, and its length

@@ -11,6 +11,7 @@ token, the time per output token and tokens/s.
     python examples/generate.py --compile --dynamic        # mark_dynamic on the cache's length
     python examples/generate.py --compile --static-shapes  # dynamic=False: a compile per length
     python examples/generate.py --no-cache                 # each call reads the whole sequence
+    python examples/generate.py --bf16                     # the model and its cache in bfloat16
 
 The cache grows by one position a call, so a compiled decode step sees new sizes every
 call. Dynamo makes the length symbolic after its first change (or at once with
@@ -95,7 +96,9 @@ class Decoder(nn.Module):
         """Keys and values of every layer, allocated once for `length` positions."""
         d = self.head.in_features
         shape = (batch, self.heads, length, d // self.heads)
-        return [[torch.zeros(shape, device=device) for _ in range(2)] for _ in self.blocks]
+        dtype = self.head.weight.dtype
+        return [[torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
+                for _ in self.blocks]
 
 
 def main() -> None:
@@ -116,10 +119,14 @@ def main() -> None:
                         help="torch.compile(..., dynamic=False): every size is fixed")
     shapes.add_argument("--no-cache", action="store_true",
                         help="no KV cache: each call feeds the whole sequence so far")
+    parser.add_argument("--bf16", action="store_true",
+                        help="the model (and so its cache) in bfloat16, model.to(torch.bfloat16)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = Decoder().to(args.device).eval()
+    if args.bf16:
+        model = model.to(torch.bfloat16)
     if args.prompt + args.new_tokens > model.max_len:
         parser.error(f"--prompt plus --new-tokens must be at most {model.max_len}")
     step = model

@@ -10,6 +10,7 @@ at run time, so a call with new sizes is timed at them without compiling again.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from neuron_explorer.backend.compiler.shapes import (
     is_symbolic,
     unbacked_sizes,
 )
+from neuron_explorer.backend.compiler.whole_model_dtype import whole_model_ns
 from neuron_explorer.common.errors import NeuronExplorerError
 from torch import fx
 
@@ -124,8 +126,12 @@ class CompiledGraph:
         return [s.name for k in launch.kernels for s in k.sections] if launch else []
 
     def _plan_launch(self, binding: dict | None) -> GraphLaunch:
-        program = build_program(self.groups, self.device, f"graph_{self.graph_id}_{self.phase}",
-                                binding)
+        name = f"graph_{self.graph_id}_{self.phase}"
+        program = build_program(self.groups, self.device, name, binding)
+        if program is not None and any(s.matmul_dtype == "float32" for s in program.sections):
+            # what the FP32-matmul finding claims, built when a recording asks for it
+            program.whole_bf16_later(
+                functools.partial(whole_model_ns, self.groups, self.device, name, binding))
         kernels = (program,) if program is not None else ()
         shapes, dtypes = [], []
         for i in self._tensor_inputs:

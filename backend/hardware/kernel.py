@@ -7,8 +7,13 @@ called, i.e. when engine-level recording wants them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from neuron_explorer.common.trace_format import ENGINE_DMA, ENGINES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Queues a kernel spreads its transfers over: 4 on each of the 16 DMA engines, the first
 # half for loads and the second for stores, so a store waiting for compute never holds
@@ -35,6 +40,7 @@ class Kernel:
         "_opcodes",
         "_section",
         "_start",
+        "_whole_bf16",
         "duration_ns",
         "engine_busy_ns",
         "fallback",
@@ -94,6 +100,9 @@ class Kernel:
         self._section = section
         # ops of a compiled program that had no device lowering and ran on the host
         self.host_fallbacks = host_fallbacks
+        # a compiled program with float32 matmuls: its length with the model cast whole to
+        # bfloat16, or how to build that (`whole_bf16_ns`)
+        self._whole_bf16: int | Callable[[], int | None] | None = None
         for array in (engine, opcode, start, dur, nbytes, iflops) + (
                 () if section is None else (section,)):
             array.flags.writeable = False  # kernels are cached and shared
@@ -110,6 +119,19 @@ class Kernel:
 
     def __len__(self) -> int:
         return len(self._start)
+
+    def whole_bf16_later(self, build: Callable[[], int | None]) -> None:
+        """`build` times this program with the model cast whole to bfloat16 when a
+        recording first asks (compiler/whole_model_dtype.py): only recordings pay for it."""
+        self._whole_bf16 = build
+
+    @property
+    def whole_bf16_ns(self) -> int | None:
+        """This program's length with the model cast whole to bfloat16; None when it has
+        no float32 matmul (or is not a compiled program)."""
+        if callable(self._whole_bf16):
+            self._whole_bf16 = self._whole_bf16()
+        return self._whole_bf16
 
     def __repr__(self) -> str:
         return (

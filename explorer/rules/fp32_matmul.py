@@ -18,12 +18,13 @@ from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.common.op_families import runs_matmuls
+from neuron_explorer.common.trace_format import ARG_WHOLE_BF16_NS
 from neuron_explorer.device_terms import device_terms
 from neuron_explorer.peaks import peak_flops
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, trains, us
 from neuron_explorer.rules.host_bound import device_saving
-from neuron_explorer.tables import map_unique
+from neuron_explorer.tables import map_unique, number
 from neuron_explorer.what_if.lower_precision import autocast_cast_count, predicted_bf16_saving_ns
 
 if TYPE_CHECKING:
@@ -36,20 +37,32 @@ LOW_PRECISION = ("bfloat16", "float16")
 _SHOWN = ["id", "ts", "dur", "name", "module", "source", "device_dur", "graph"]
 
 
-def _compiled_saving_ns(trace: Trace, inside: pd.DataFrame, slowdown: float) -> float:
-    """What running the FP32 matmul sections `inside` compiled graphs (`compiled_matmuls`
-    rows) at the BF16 rate saves: per graph run, their Tensor Engine time cut by the
-    slowdown, but the program shortens only down to the busiest of its other engines
-    (DMA, Vector, Scalar, GpSimd) or its Tensor Engine's new time. A DMA-bound program
-    (a compiled CNN whose casts autocast fuses into the ops before each convolution) once
-    claimed 5.6x what bf16 saved it."""
+def _compiled_saving_ns(trace: Trace, inside: pd.DataFrame, slowdown: float,
+                        cast_whole: bool) -> tuple[float, int]:
+    """What casting the model whole to bfloat16 saves the compiled graphs whose FP32
+    matmul sections are `inside` (`compiled_matmuls` rows), over their runs, and how many
+    of those runs the backend timed (the rest are estimated; all of them, unless
+    `cast_whole`).
+
+    The backend builds each such program again with every float32 tensor in bfloat16
+    (`whole_bf16_ns` on its kernel slices): its matmuls at the BF16 rate and half the
+    bytes moved. Counting the Tensor Engine alone claimed 0.06x of what a memory-bound
+    decode saved. A recording without it (older ones) gets the estimate: per run, the
+    Tensor Engine time cut by the slowdown, the program shortening only down to the
+    busiest of its other engines (DMA, Vector, Scalar, GpSimd) or its Tensor Engine's new
+    time (a DMA-bound compiled CNN once claimed 5.6x what bf16 saved it)."""
     if not len(inside):
-        return 0.0
+        return 0.0, 0
     k = trace.kernels.set_index("id")
     fp32 = inside.groupby("id")["device_dur"].sum()
     fp32 = fp32[fp32.index.isin(k.index)]
+    runs = k.loc[fp32.index]
     cut = fp32.to_numpy(np.float64) * (1 - 1 / slowdown)
-    return float(shortened_by_tensor_cut(k.loc[fp32.index], cut).sum())
+    saved = shortened_by_tensor_cut(runs, cut)
+    whole = number(trace, ARG_WHOLE_BF16_NS, fp32.index.to_numpy(np.int64), default=-1)
+    timed = (whole >= 0) & cast_whole
+    saved[timed] = np.maximum(runs["dur"].to_numpy(np.float64)[timed] - whole[timed], 0.0)
+    return float(saved.sum()), int(timed.sum())
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -72,8 +85,14 @@ def check(trace: Trace) -> list[Finding]:
     bf16, f32 = peak_flops(figs, "bfloat16"), peak_flops(figs, "float32")
     slowdown = bf16 / f32 if bf16 and f32 and f32 < bf16 else th.FP32_SLOWDOWN_DEFAULT
     fp32_ns = float(mm["device_dur"].sum())
-    lost = float(eager["device_dur"].sum()) * (1 - 1 / slowdown) + _compiled_saving_ns(
-        trace, inside, slowdown)
+    low = is_mm & timed & map_unique(ops["dtypes"], lambda d: main_dtype(d) in LOW_PRECISION,
+                                     bool)
+    mixed = bool(low.any()) or bool(compiled["dtype"].isin(LOW_PRECISION).any())
+    # beside bf16 matmuls the fix is to move these into autocast, not to cast the model
+    compiled_ns, timed_runs = _compiled_saving_ns(trace, inside, slowdown, not mixed)
+    lost = float(eager["device_dur"].sum()) * (1 - 1 / slowdown) + compiled_ns
+    # every graph run rebuilt by the backend, no eager matmul to estimate
+    rebuilt = not len(eager) and timed_runs == inside["id"].nunique()
     device_ns = float(in_analysed_work(trace, trace.kernels)["dur"].sum())
     device_share = fp32_ns / device_ns if device_ns else 0.0
     matmul_ns = (float(ops.loc[is_mm & timed, "device_dur"].sum())
@@ -88,15 +107,18 @@ def check(trace: Trace) -> list[Finding]:
                       + (f" ({r.module})" if r.module else "")
                       + (f" at {r.source}" if r.source else ""))
              for r in top(mm, "device_dur").itertuples()]
-    low = is_mm & timed & map_unique(ops["dtypes"], lambda d: main_dtype(d) in LOW_PRECISION,
-                                     bool)
-    mixed = bool(low.any()) or bool(compiled["dtype"].isin(LOW_PRECISION).any())
     explanation = (f"{len(mm)} FP32 matmuls take {us(fp32_ns)} of device time "
                    f"({device_share:.0%} of the device's busy time, "
                    f"{fp32_ns / matmul_ns:.0%} of matmul time); FP32 runs {slowdown:g}x slower "
-                   "than BF16 on the Tensor Engine, and the estimate assumes they would run at "
-                   "the BF16 rate.")
-    if len(inside):
+                   "than BF16 on the Tensor Engine"
+                   + ("." if rebuilt else
+                      ", and the estimate assumes they would run at the BF16 rate."))
+    if timed_runs:
+        explanation += (f" For the compiled graphs the backend built each program again "
+                        f"with the model cast whole to bfloat16 (every float32 tensor of the "
+                        f"graph: matmuls at the BF16 rate, half the bytes moved): their runs "
+                        f"take {us(compiled_ns)} less device time.")
+    elif len(inside):
         explanation += (" Inside a compiled graph a faster Tensor Engine shortens the program "
                         "only down to its other engines' busy time (its DMA queues, the "
                         "Vector Engine that also runs autocast's casts): the estimate is "
@@ -183,7 +205,7 @@ def check(trace: Trace) -> list[Finding]:
                           f"{master}.")
     return [make(trace, RULE_ID, f"{len(mm)} matmuls run in FP32", saving.time_lost_ns, items,
                  explanation, recommendation, symptom_ns=lost,
-                 saving_basis=("replay: " if predicted is not None else "estimate: ")
+                 saving_basis=("replay: " if predicted is not None or rebuilt else "estimate: ")
                  + saving.basis, after=saving.after)]
 
 
