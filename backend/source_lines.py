@@ -79,6 +79,21 @@ class SourceLocator:
             frame = frame.f_back
         return None
 
+    def torch_call(self, skip: int = 1) -> str:
+        """The torch function the innermost user frame called to get here, as
+        "torch/distributions/categorical.py:70 in Categorical.__init__" (torch's outermost
+        frame inside the user's); "" when the user's code reached here through no torch
+        code."""
+        frame: FrameType | None = sys._getframe(skip)
+        outermost = None
+        while frame is not None and self.is_internal(frame.f_code.co_filename):
+            path = frame.f_code.co_filename.replace("\\", "/")
+            at = path.rfind("/torch/")
+            if at >= 0:
+                outermost = (path[at + 1:], frame.f_lineno, frame.f_code.co_qualname)
+            frame = frame.f_back
+        return f"{outermost[0]}:{outermost[1]} in {outermost[2]}" if outermost else ""
+
     def locate(self, skip: int = 1) -> str:
         """"file:line" of the first frame outside torch, this project and the stdlib."""
         frame: FrameType | None = sys._getframe(skip)

@@ -69,6 +69,7 @@ from neuron_explorer.common.trace_format import (
     ARG_TRANSFER_NS,
     ARG_WAIT_NS,
     ARG_WHOLE_BF16_NS,
+    ARG_WITHIN,
     CAT_COLLECTIVE,
     CAT_COMPILE,
     CAT_DMA,
@@ -365,6 +366,9 @@ class DeviceSink(EventSink):
             rec.ensure_step(activity=False, ts=ev.host_start_ns)
             args = {ARG_SYNC_KIND: ev.kind, ARG_SOURCE: self.source.locate(),
                     ARG_DEVICE: ev.device, ARG_STEP: rec.step}
+            within = self.source.torch_call()  # a check inside a torch API reads on the host
+            if within:
+                args[ARG_WITHIN] = within
             track = rec.thread().track
             rec.write_host_slice(ev.host_start_ns, lambda: self.writer.slice(
                 track, ev.host_start_ns, ev.host_end_ns - ev.host_start_ns,

@@ -329,6 +329,10 @@ class Recorder:
                 # ended a step: this first mark ends that step too, not an empty one of its own
                 self.step_boundary = "explicit"
                 return
+            if first_mark and self.step_boundary == "optimizer" and self.steps_completed:
+                # optimizer steps ended steps before it: those and the one it ends are
+                # pieces of the first iteration (a GAN's two optimizers split it in three)
+                self.steps_before_marks = self.step + 1
             by = "explicit"
         elif self.explicit_steps:
             return  # explicit step marks override optimizer steps

@@ -69,8 +69,9 @@ ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's 
 ARG_KERNEL_DURATION = "duration_ns"
 ARG_KERNEL_ROTATED = "rotated_ns"
 ARG_REASON = "reason"  # graph break / recompile reason
-# str, on a graph break raised inside torch's own code: where ("torch/optim/optimizer.py:
-# 85 in _use_grad"); `source` is still the user's line that led there
+# str, on a graph break raised inside torch's own code, and on a sync inside a torch
+# function the user called: where ("torch/optim/optimizer.py:85 in _use_grad", "torch/
+# distributions/categorical.py:70 in __init__"); `source` is still the user's line
 ARG_WITHIN = "within"
 ARG_HINT = "hint"  # str, on a graph break: Dynamo's hint for it ("" when it gave none)
 ARG_SYNC_KIND = "kind"  # item | cpu | tolist | print | synchronize

@@ -25,6 +25,7 @@ from neuron_explorer.analyses.steady_state import (
     cut_short,
     select_steps,
 )
+from neuron_explorer.analyses.step_breakdown import counted_steps
 from neuron_explorer.render import Section, fmt_ns, fmt_share, render, to_text
 from neuron_explorer.report import mean_breakdown
 from neuron_explorer.trace import Trace, load
@@ -189,7 +190,7 @@ def _ratio_text(ratio: float) -> str:
 
 def _per_step(trace: Trace) -> int:
     """The number of steps the per-step figures divide by: the analysed ones."""
-    return max(len(analysed_steps(trace).steps), 1)
+    return max(counted_steps(trace), 1)
 
 
 def _outer(a: pd.DataFrame, b: pd.DataFrame, keys: list[str], value_cols: dict[str, str]

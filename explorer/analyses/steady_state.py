@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.memo import memoised
-from neuron_explorer.tables import assign_steps
+from neuron_explorer.tables import assign_steps, kind_mask
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -117,6 +117,24 @@ def compiling_steps(trace: Trace) -> set[int]:
     starts = assign_steps(ts, trace.steps)
     ends = assign_steps(ts + np.maximum(ev["dur"].to_numpy(np.int64) - 1, 0), trace.steps)
     return {int(x) for x in np.r_[starts, ends] if x >= 0}
+
+
+def training_steps(trace: Trace) -> set[int]:
+    """Steps holding a backward or an optimizer step."""
+    s = trace.table("slices")
+    mask = kind_mask(trace, (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER))
+    found = assign_steps(s["ts"].to_numpy(np.int64)[mask], trace.steps)
+    return {int(x) for x in found if x >= 0}
+
+
+def _compiles_that_matter(trace: Trace) -> set[int]:
+    """The compiling steps that end a warm-up: in a run that trains, the training steps'
+    (the per-step figures are theirs). A model sampled after training recompiles for
+    `model.eval()` in its first sampling step; analysed after that, a train-then-sample
+    run had no training step left and an empty report."""
+    compiling = compiling_steps(trace)
+    training = training_steps(trace) if compiling else set()
+    return compiling & training if training else compiling
 
 
 def completed_steps(trace: Trace) -> pd.DataFrame:
@@ -210,7 +228,8 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
     if fragment:
         notes.append(fragment)
     before = trace.metadata.get("steps_before_marks")
-    if isinstance(before, int) and 0 < before < len(candidates):
+    if isinstance(before, int) and 0 < before < len(candidates) and \
+            not _marks_begin_another_phase(trace, before):
         # the model's returns ended steps until the first neuron_explorer.step(): those and
         # the one that mark ended are pieces of the first iteration, not steps
         candidates = tuple(s for s in candidates if s >= before)
@@ -223,7 +242,7 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
         stop = window[1] if len(window) > 1 and window[1] is not None else ""
         return StepSelection(candidates, recorded, "; ".join(
             [f"the recorded window --steps {window[0]}:{stop}", *notes]))
-    compiling = compiling_steps(trace)
+    compiling = _compiles_that_matter(trace)
     last = max((s for s in compiling if s in candidates), default=None)
     if last is not None:
         after = tuple(s for s in candidates if s > last)
@@ -254,6 +273,14 @@ def select_steps(trace: Trace, warm_up: int | None = None) -> StepSelection:
 # what a step of the program's loop runs (the recorder opens a step at its first such event)
 _ACTIVITY = (tf.CAT_MODULE, tf.CAT_BACKWARD, tf.CAT_OPTIMIZER, tf.CAT_DATALOADER,
              tf.CAT_COMPILE, tf.CAT_ANNOTATION)
+
+
+def _marks_begin_another_phase(trace: Trace, before: int) -> bool:
+    """Whether the steps ended before the first step mark (`before` of them) trained and
+    the marked ones do not: a loop that samples after training marks its own steps, and
+    the training steps before are steps, not pieces of its first iteration."""
+    training = training_steps(trace)
+    return any(s < before for s in training) and not any(s >= before for s in training)
 
 
 def _setup_before_the_marks(trace: Trace, candidates: tuple[int, ...]) -> bool:

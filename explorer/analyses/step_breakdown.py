@@ -45,6 +45,14 @@ def step_windows(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame({"step": [-1], "ts": [lo], "dur": [hi - lo]})
 
 
+def counted_steps(trace: Trace) -> int:
+    """How many steps the per-step figures divide by: the analysed windows (`step_windows`),
+    in a run that also evaluates or samples its training steps alone; 0 without steps.
+    Counting the sampling steps too, a diffusion run's findings divided 9 training steps'
+    time by 17."""
+    return len(step_windows(trace)) if len(trace.steps) else 0
+
+
 def _spans(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     ts = frame["ts"].to_numpy(np.int64)
     return ts, ts + frame["dur"].to_numpy(np.int64)

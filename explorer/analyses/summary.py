@@ -65,7 +65,7 @@ def mean_step_apart(s: dict[str, Any]) -> float | None:
     """A summary's mean analysed step where it is far from their median, else None: steps
     that alternate (DataLoader workers fetching in step: 3 and 38 ms, a median of 17 ms and
     a mean of 21) make the median no measure of the time a finding's fix saves a step."""
-    steps, median = len(s.get("steps_analysed") or ()), s.get("step_time_ns")
+    steps, median = s.get("steps_counted", 0), s.get("step_time_ns")
     if not steps or not median or not s.get("total_ns"):
         return None
     mean = s["total_ns"] / steps
@@ -99,6 +99,8 @@ def summary(trace: Trace) -> dict[str, Any]:
         "n_steps": len(trace.steps),
         "steps_analysed": list(selection.steps),
         "steps_analysed_text": selection.describe(),
+        # what the per-step figures divide by: the analysed training steps, where others ran
+        "steps_counted": len(win) if len(trace.steps) else 0,
         "step_time_ns": _median(paced.tolist()) if len(trace.steps) else None,
         "host_step_ns": _median(win["dur"].tolist()) if len(trace.steps) else None,
         "device_paced_step_ns": pace.device_paced_step_ns(trace),

@@ -214,11 +214,11 @@ def make(trace: Trace, rule_id: str, title: str, time_lost_ns: float,
 def _steps_summed(trace: Trace, rule_id: str) -> int:
     """How many analysed steps a finding's time is summed over (0 where its share is of
     the whole run, as compiling's)."""
-    from neuron_explorer.analyses.steady_state import analysed_steps
+    from neuron_explorer.analyses.step_breakdown import counted_steps
 
     if not len(trace.steps) or share_base(rule_id, True) != "the analysed steps":
         return 0
-    return len(analysed_steps(trace).steps)
+    return counted_steps(trace)
 
 
 def is_inference(trace: Trace) -> bool:

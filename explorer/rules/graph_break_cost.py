@@ -196,7 +196,7 @@ def reads_gone_saving_ns(trace: Trace) -> float | None:
     h.abs().max() > 50` in a layer loop was claimed nothing where torch.where saved 84% of
     the step. The replay's median step against the recorded one, over the analysed steps;
     None where no such read is found, a graph of that module ran, or no replay applies."""
-    from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.analyses.step_breakdown import counted_steps
     from neuron_explorer.what_if.compiled import looped_reads
     from neuron_explorer.what_if.replay import predicted_step_ns
 
@@ -206,10 +206,10 @@ def reads_gone_saving_ns(trace: Trace) -> float | None:
         return None
     predicted = predicted_step_ns(trace, "compiled_without_reads")
     recorded = predicted_step_ns(trace, "eager")
-    steps = in_analysed_steps(trace, trace.steps)
-    if predicted is None or recorded is None or not len(steps):
+    steps = counted_steps(trace)
+    if predicted is None or recorded is None or not steps:
         return None
-    return max(recorded - predicted, 0.0) * len(steps)
+    return max(recorded - predicted, 0.0) * steps
 
 
 UNCOMPILED_BASIS = ("replay: the calls of the compiled module that ran uncompiled replayed "

@@ -222,6 +222,7 @@ def compiled_saving_ns(trace: Trace, whole_step: bool = False) -> float | None:
     import numpy as np
     from neuron_explorer.analyses.device_pace import paced_durations
     from neuron_explorer.analyses.steady_state import in_analysed_steps
+    from neuron_explorer.analyses.step_breakdown import counted_steps
     from neuron_explorer.what_if.compiled import advised_compile_mode
     from neuron_explorer.what_if.replay import predicted_step_ns
 
@@ -240,7 +241,7 @@ def compiled_saving_ns(trace: Trace, whole_step: bool = False) -> float | None:
         # of a 2.9 ms step of its own work. Compared with its own eager replay instead.
         eager = predicted_step_ns(trace, "eager")
         recorded = min(recorded, eager) if eager is not None else recorded
-    return max(recorded - predicted, 0.0) * len(steps)
+    return max(recorded - predicted, 0.0) * counted_steps(trace)
 
 
 def _whole_step_saving(trace: Trace, model_saving: float) -> float:
@@ -437,13 +438,13 @@ def _optimizer_classes(trace: Trace) -> set[str]:
 
 def _fused_step_saving(trace: Trace) -> str:
     """What fused=True saves a step, host and device, by replay (where the trace allows)."""
-    from neuron_explorer.analyses.steady_state import analysed_steps
+    from neuron_explorer.analyses.step_breakdown import counted_steps
     from neuron_explorer.what_if.fused_optimizer import fused_optimizer_saving
 
     fused = fused_optimizer_saving(trace)
     if fused is None or not fused.step_ns:
         return ""
-    per_step = fused.step_ns / max(len(analysed_steps(trace).steps), 1)
+    per_step = fused.step_ns / max(counted_steps(trace), 1)
     return f": replayed so, each step takes {us(per_step)} less"
 
 

@@ -96,13 +96,13 @@ def check(trace: Trace) -> list[Finding]:
     merged = merged_graphs_saving_ns(trace) if own.any() and not torchs else None
     merged_note = ""
     if merged:
-        from neuron_explorer.analyses.steady_state import analysed_steps
+        from neuron_explorer.analyses.step_breakdown import counted_steps
 
         saving += merged
         basis = "; ".join(b for b in (basis, MERGED_BASIS) if b)
         # a step's figure beside the total's share of the recorded steps (a trial read its
         # 1.72 ms as the recorded steps' and found no figure a step to check)
-        n = len(analysed_steps(trace).steps)
+        n = counted_steps(trace)
         one = "one forward and one backward graph" if trains(trace) else "one graph"
         merged_note = (f" Merged into {one} a call, the graphs the breaks split save "
                        f"{us(merged / max(n, 1))} in each of the {n} analysed steps "

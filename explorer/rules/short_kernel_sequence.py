@@ -12,7 +12,7 @@ from neuron_explorer.analyses.kernel_sequences import WINDOW_COLUMNS, sequence_w
 from neuron_explorer.analyses.launch_stats import launch_outliers
 from neuron_explorer.analyses.path_share import time_on_path
 from neuron_explorer.analyses.phases import without_eval
-from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.analyses.step_breakdown import step_windows
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.intervals import Union
 from neuron_explorer.device_terms import device_terms
@@ -22,6 +22,7 @@ from neuron_explorer.rules.finding import Finding, evidence, make, step_time, tr
 from neuron_explorer.rules.python_loop import backward_call_lines
 from neuron_explorer.rules.queued_idle import held_up
 from neuron_explorer.tables import map_unique
+from neuron_explorer.what_if.compiled import advised_compile_mode
 from neuron_explorer.what_if.distributed_ops import hook_copy_op_ids
 from neuron_explorer.what_if.into_graphs import backward_seed
 
@@ -107,7 +108,9 @@ def short_windows(trace: Trace) -> pd.DataFrame:
     w = w.assign(step=w.groupby("window")["step"].transform("first"))
     steps = 0
     if len(trace.steps):
-        wanted = analysed_steps(trace).steps
+        # the analysed steps the per-step figures count (a sampling step after training
+        # runs sequences of its own)
+        wanted = tuple(int(x) for x in step_windows(trace)["step"].tolist())
         w = w[w["step"].isin(wanted)]
         steps = len(wanted)
         # the first recorded step lacks what a loop runs after its optimizer step (an EMA
@@ -426,6 +429,11 @@ def _recommendation(trace: Trace, optimizer_sequence: bool) -> str:
     # parts, and a user's attention rewritten to it ran 9% slower
     advice = (f"Fuse each sequence into one kernel: {where}, so its elementwise chain becomes "
               "one kernel.")
+    if advised_compile_mode(trace) == "compiled_allow_rnn":
+        # compiled as told without it, a user's LSTM language model ran as before
+        advice += (" Set `torch._dynamo.config.allow_rnn = True` before compiling: by default "
+                   "Dynamo does not trace nn.RNN, nn.GRU or nn.LSTM, and the sequences they "
+                   "launch stay eager.")
     if optimizer_sequence:
         advice += (" The optimizer's step runs these kernels (foreach passes, or with "
                    "foreach=False one per parameter): construct the optimizer with fused=True "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 from neuron_explorer.analyses.phases import in_analysed_work
-from neuron_explorer.analyses.step_breakdown import host_slices
+from neuron_explorer.analyses.step_breakdown import counted_steps, host_slices
 from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
@@ -80,9 +80,11 @@ def check(trace: Trace) -> list[Finding]:
              for r, w in zip(syncs.iloc[longest].itertuples(), where[longest], strict=True)]
     top_site = per_site.index[0][0]
     waited = float(syncs["dur"].sum())
+    checks = _argument_checks(trace, ids, where)
     # every site the saving counts (the first few, by time): one named alone read as if
     # removing it saved the whole figure
-    at = _sites_named(list(dict.fromkeys(site for site, _ in per_site.index)))
+    at = _sites_named([site for site in dict.fromkeys(s for s, _ in per_site.index)
+                       if site not in checks] or list(checks))
     kept = "losses and metrics" if trains(trace) else "results"
     inside = "inside the step" if len(trace.steps) else "during the trace"
     looped = _in_a_loop(trace, source)
@@ -141,6 +143,16 @@ def check(trace: Trace) -> list[Finding]:
                else ": keep results on the device and read them once, after the work")
             + "; avoid data-dependent Python control flow on device values."
             + _deferred_math(trace, read, removed, replayed))
+    if checks:
+        others = set(where.tolist()) - set(checks)
+        recommendation = (
+            f"The reads at {', '.join(list(checks)[:SITES_NAMED])} are torch.distributions' "
+            f"checks of their arguments ({', '.join(sorted(set(checks.values()))[:3])}), "
+            "each a device value read on the host: construct the distributions with "
+            "validate_args=False, or call torch.distributions.Distribution."
+            "set_default_validate_args(False) once before the loop (torch.compile turns the "
+            "checks off for the whole process)."
+            + (" For the other reads: " + recommendation if others else ""))
     # the device had finished: the reads cost, not the waits (a title of waits beside sites
     # that waited 0 ns read as a contradiction)
     reads_cost = replayed is not None and float(syncs["dur"].sum()) < 0.5 * lost
@@ -165,6 +177,22 @@ def check(trace: Trace) -> list[Finding]:
             "replay: the run replayed without the syncs and the reads that make them (the "
             "host's wait, the copy it waited for, and the ops that made what it read for "
             "that read only)"))]
+
+
+def _argument_checks(trace: Trace, ids: np.ndarray, where: np.ndarray) -> dict[str, str]:
+    """Sync sites whose reads torch.distributions makes, validating its arguments (a
+    `Categorical(logits=...)`, a `log_prob`): site -> the torch function
+    ("Categorical.__init__"). A policy's rollout was told to read its metrics every N
+    steps at the lines that built its distribution."""
+    within = text(trace.slice_args.column(tf.ARG_WITHIN, ids))
+    found: dict[str, str] = {}
+    for site, inside in zip(where.tolist(), within.tolist(), strict=True):
+        if inside.startswith(_DISTRIBUTIONS) and site not in found:
+            found[site] = inside.partition(" in ")[2]
+    return found
+
+
+_DISTRIBUTIONS = "torch/distributions/"
 
 
 def _syncs(n: int) -> str:
@@ -270,8 +298,6 @@ def _one_read_per_step(trace: Trace, syncs: pd.DataFrame) -> bool:
     a step, at one line. Told to read after the loop, a server would hold every answer to
     the end (a user's requests, each answered with `int(p.argmax()), float(p.max())`, were
     told so: the steps looked shorter, and the last answer came no sooner)."""
-    from neuron_explorer.analyses.steady_state import analysed_steps
-
     if trains(trace) or not len(trace.steps):
         return False
     ids = syncs["id"].to_numpy()
@@ -279,7 +305,7 @@ def _one_read_per_step(trace: Trace, syncs: pd.DataFrame) -> bool:
     # a result is read after the model returns it: a read inside its forward (a branch on
     # a device value) is the model's control flow, which once read as the step's answer
     outside = bool((ancestor_of_kind(trace, ids, (tf.CAT_MODULE,)) < 0).all())
-    return (outside and len(syncs) <= RESULT_READS * len(analysed_steps(trace).steps)
+    return (outside and len(syncs) <= RESULT_READS * counted_steps(trace)
             and len(sources) <= 1)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.analyses.step_breakdown import counted_steps
 from neuron_explorer.rules import host_bound, optimizer_recreated
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, top, us
@@ -56,7 +56,7 @@ def check(trace: Trace) -> list[Finding]:
         return []
     names = "/".join(fused.optimizers)
     saved = float(fused.step_ns or 0)
-    steps = max(len(analysed_steps(trace).steps), 1)
+    steps = max(counted_steps(trace), 1)
     # the first step makes the optimizer's state (SGD's momentum buffers copied from the
     # gradients): fused=True does that in its kernel, a saving made once
     once = first_step_extra_ns(trace, "fused optimizer") - fused.state_steps_ns

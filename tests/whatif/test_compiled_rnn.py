@@ -33,6 +33,9 @@ def test_a_gru_stays_eager_compiled_unless_dynamo_is_allowed_to_trace_it(tmp_pat
         median_step(allowed), rel=0.05)
     (finding,) = [f for f in eager.bottlenecks() if f.rule_id == "host_bound"]
     assert "torch._dynamo.config.allow_rnn = True" in finding.recommendation
+    # the sequences' advice too: compiled as it said, a trial's LSTM ran as before
+    (sequences,) = [f for f in eager.bottlenecks() if f.rule_id == "short_kernel_sequence"]
+    assert "torch._dynamo.config.allow_rnn = True" in sequences.recommendation
     assert "`model.rnn` would run eager" in finding.recommendation
     assert "--mode compiled --allow-rnn" in finding.recommendation
     predicted = whatif(eager, mode="compiled", allow_rnn=True,
