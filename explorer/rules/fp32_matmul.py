@@ -59,8 +59,10 @@ def _compiled_saving_ns(trace: Trace, inside: pd.DataFrame, slowdown: float,
     runs = k.loc[fp32.index]
     cut = fp32.to_numpy(np.float64) * (1 - 1 / slowdown)
     saved = shortened_by_tensor_cut(runs, cut)
+    if not cast_whole:
+        return float(saved.sum()), 0
     whole = number(trace, ARG_WHOLE_BF16_NS, fp32.index.to_numpy(np.int64), default=-1)
-    timed = (whole >= 0) & cast_whole
+    timed = whole >= 0
     saved[timed] = np.maximum(runs["dur"].to_numpy(np.float64)[timed] - whole[timed], 0.0)
     return float(saved.sum()), int(timed.sum())
 

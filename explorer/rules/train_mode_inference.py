@@ -44,7 +44,7 @@ BATCH_NORM_OPS = frozenset({"aten::native_batch_norm", "aten::_native_batch_norm
 _GRAPH_TRAINING_OPS = r"native_dropout|native_batch_norm_legit_functional|batch_norm_with_update"
 
 
-def _batch_norms_training(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
+def batch_norms_training(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     """The batch-norm ops that computed batch statistics (their key says training)."""
     bn = ops[ops["name"].astype(str).isin(BATCH_NORM_OPS)]
     if not len(bn):
@@ -63,7 +63,7 @@ def _trains(name: str, shapes: str, dtypes: str, key: str) -> bool:
         return False
 
 
-def _counts(ops: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFrame:
+def norm_step_counts(ops: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFrame:
     """Each training batch norm's `num_batches_tracked += 1`: an in-place add to an int64
     scalar in the same module and step."""
     if not len(norms):
@@ -96,11 +96,11 @@ def check(trace: Trace) -> list[Finding]:
     if not len(calls) or not len(ops):
         return []
     dropouts = ops[ops["name"].astype(str).isin(DROPOUT_OPS)]
-    norms = _batch_norms_training(trace, ops)
+    norms = batch_norms_training(trace, ops)
     sections = _graph_sections(trace)
     if not len(dropouts) and not len(norms) and not len(sections):
         return []
-    counts = _counts(ops, norms)
+    counts = norm_step_counts(ops, norms)
     removed = np.concatenate([dropouts["id"].to_numpy(np.int64),
                               counts["id"].to_numpy(np.int64)])
     saving = removal_saving_ns(trace, removed, RULE_ID) if len(removed) else 0.0

@@ -62,6 +62,20 @@ def test_a_frozen_teachers_forward_is_part_of_the_students_step(traces) -> None:
     assert 0.8 < ratio < 1.0, ratio  # the teacher's dropout is all eval mode saves
 
 
+def test_a_frozen_teacher_in_training_mode_is_named_with_what_eval_saves(traces) -> None:
+    """The teacher's dropout ran in every step (its outputs random, 9% of the step) and no
+    finding said so; the replay without it once left out each op's front end, which its
+    Dropout module holds alone (0.72x of what `.eval()` saved)."""
+    plain, in_eval = traces["distill"], traces["distill_eval"]
+    (f,) = [f for f in plain.bottlenecks() if f.rule_id == "frozen_train_mode"]
+    assert "beside_training.py:59" in f.title
+    assert "dropout zeroes values at random (4 a step)" in f.explanation
+    assert f.recommendation.startswith("Call .eval() on it once")
+    assert not [f for f in in_eval.bottlenecks() if f.rule_id == "frozen_train_mode"]
+    saved = plain.summary()["total_ns"] - in_eval.summary()["total_ns"]
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)
+
+
 def test_two_optimizers_before_the_first_mark_are_one_iteration(traces) -> None:
     """A GAN marks its iterations after both optimizer steps: before the first mark its
     two `step()` calls split iteration 0 in three steps, all analysed (14 steps for 12
