@@ -254,6 +254,18 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
                              "uncompiled calls as one launch", lengths)
 
 
+def _compile_wrappers(trace: Trace) -> set[str]:
+    """The module calls that are torch.compile's wrappers (`OptimizedModule`, whose
+    submodules are named `<it>._orig_mod.<...>`), whether or not any graph of theirs ran:
+    a wrapper past Dynamo's recompile limit runs none."""
+    mods = trace.modules
+    if not len(mods):
+        return set()
+    names = pd.Series(mods["module"].astype(str).unique())
+    return set(names[names.str.contains("._orig_mod", regex=False)]
+               .str.split("._orig_mod", regex=False).str[0])
+
+
 def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     """For each op slice, the outermost module call holding it where that module is one
     whose calls launch compiled graphs, or else the outermost backward slice of such a
@@ -267,7 +279,7 @@ def compiled_call_of(trace: Trace, op_ids: np.ndarray) -> np.ndarray:
     graphs = ops[ops["graph_id"].to_numpy() >= 0]
     launched = tables.ancestor_of_kind(trace, graphs["id"].to_numpy(), (tf.CAT_MODULE,),
                                        outermost=True)
-    compiled = list({str(names[c]) for c in launched[launched >= 0]})
+    compiled = list({str(names[c]) for c in launched[launched >= 0]} | _compile_wrappers(trace))
     op_ids = np.asarray(op_ids, np.int64)
     call = tables.ancestor_of_kind(trace, op_ids, (tf.CAT_MODULE,), outermost=True)
     inside = (call >= 0) & np.isin(names[np.maximum(call, 0)].astype(str), compiled)

@@ -40,13 +40,20 @@ def check(trace: Trace) -> list[Finding]:
     # breaks in the tool's own code are none of the user's to fix (traces recorded while
     # Dynamo still compiled the device's kernels after a break of the user's)
     breaks = breaks[~breaks["source"].map(_in_the_tool).astype(bool)]
+    # Dynamo reports its recompile limit as a graph break: what follows is the recompiles'
+    # (calls that needed another graph ran uncompiled), not a break in the user's code
+    at_limit = breaks["reason"].astype(str).str.contains(LIMIT_BREAK, regex=False)
+    limit_step = int(breaks["step"][at_limit].min()) if at_limit.any() else -1
+    breaks = breaks[~at_limit.to_numpy(bool)]
     recompiles = cs["recompiles"]
     # recompiles for each new size of one dimension are shape_recompiles' finding
     per_size = repeated_size_recompiles(trace)
     recompiles = recompiles[~recompiles["id"].isin(per_size["id"])]
     in_step_breaks = breaks[breaks["step"] >= 0] if len(trace.steps) else breaks
     in_step_rec = recompiles[recompiles["step"] >= 0] if len(trace.steps) else recompiles
-    storm = len(recompiles) >= th.RECOMPILE_STORM
+    # graphs the run needs, each compiled once (a module each, a grad mode each): no storm
+    needed = _needed_graphs(list(recompiles["reason"])) if len(recompiles) else None
+    storm = len(recompiles) >= th.RECOMPILE_STORM and needed is None
     if not len(in_step_breaks) and not len(in_step_rec) and not storm:
         return []
     spans = compile_spans(trace)
@@ -73,10 +80,10 @@ def check(trace: Trace) -> list[Finding]:
     counted = [_plural(len(in_step_breaks), "graph break"), _plural(len(in_step_rec), "recompile")]
     title = (f"Recompilation storm: {len(recompiles)} recompiles" if storm else
              " and ".join(c for c in counted if c) + " in steps")
-    # a switch of grad mode (training, then evaluation) recompiles once per mode: its time
-    # is real, but there is nothing to fix, so it does not rank with the ones to fix
-    mode_switch = (not len(in_step_breaks) and not storm and 0 < len(in_step_rec) <= 2
-                   and bool(reasons) and all("grad_mode" in r for r in reasons))
+    # a switch of grad mode (training, then evaluation), another module through one
+    # compiled wrapper, an input detached in one call: a graph the run needs, compiled once.
+    # Nothing to fix, so nothing saved, and it does not rank with the ones to fix
+    needed_once = not len(in_step_breaks) and len(in_step_rec) > 0 and needed is not None
     # in a generation's decode steps, each input guard failing once as decoding starts: the
     # prompt's length giving way to one token at a time (and token ids made under
     # inference_mode), a cache that grows, after which Dynamo compiles the dim as dynamic.
@@ -123,9 +130,17 @@ def check(trace: Trace) -> list[Finding]:
                       f"compiled; without the read it compiles whole, {us(reads_gone)} "
                       "less (counted in the saving).")
     uncompiled_note, uncompiled = _past_the_limit(trace, recompiles, set(per_size["frame"]))
+    frames_past = bool(uncompiled)
+    if limit_step >= 0 and len(recompiles):
+        # ten compiled modules of other structures: the last two ran uncompiled, 2.97x the
+        # step time, and the finding claimed nothing
+        uncompiled_note += (f" Dynamo's recompile limit was reached in step {limit_step}: "
+                            "from then on, calls that needed another graph ran uncompiled.")
+        uncompiled = sorted(set(uncompiled) | {int(s) for s in trace.steps["step"]
+                                               if s >= limit_step})
     uncompiled_saving = uncompiled_calls_saving_ns(trace, uncompiled) if uncompiled else None
     uncompiled_basis = UNCOMPILED_BASIS
-    if uncompiled and not uncompiled_saving:
+    if frames_past and not uncompiled_saving:
         # a compiled function, no module's calls: its steps compiled against those after
         uncompiled_saving = _compiled_steps_saving(trace, in_step_rec, uncompiled)
         uncompiled_basis = COMPILED_STEPS_BASIS
@@ -142,11 +157,16 @@ def check(trace: Trace) -> list[Finding]:
                                "steps that ran uncompiled" if n > 1 else "")
                             + " (counted in the saving).")
     recommendation = _recommendation(breaks, in_step_breaks, in_step_rec, reasons,
-                                     _eager_nki_lines(trace))
+                                     _eager_nki_lines(trace), limit_step >= 0)
     if torchs:
         saving, basis = 0.0, ("estimate: none, these graph breaks and recompiles are "
                               "torch's own (the compile time itself is compile_dominates' "
                               "finding)")
+    if needed_once:
+        saving, basis = uncompiled_saving or 0.0, (
+            uncompiled_basis if uncompiled_saving else
+            "estimate: none, each recompile builds a graph the run needs (another grad mode, "
+            "module or input), once (the compile time itself is compile_dominates' finding)")
     if decoding:
         saving, basis = 0.0, ("estimate: none, each input guard fails once as decoding "
                               "starts (the compile time itself is compile_dominates' finding)")
@@ -163,7 +183,8 @@ def check(trace: Trace) -> list[Finding]:
                  _explanation(in_step_breaks, recompiles, reasons) + merged_note
                  + uncompiled_note + reads_note,
                  recommendation,
-                 severity_override="low" if mode_switch or decoding or torchs else None,
+                 severity_override="low" if (needed_once and not uncompiled_saving) or decoding
+                 or torchs else None,
                  share_of=steps_ns or None, symptom_ns=lost, saving_basis=basis)]
 
 
@@ -234,6 +255,81 @@ def _torchs_own(breaks: pd.DataFrame, recompiles: pd.DataFrame) -> bool:
     reasons = recompiles["reason"].astype(str)
     scheduled = reasons.str.contains(_LR_GUARD) | reasons.str.contains(_MOMENTUM_GUARD)
     return bool(own.all()) and bool(optimizer.all()) and not bool(scheduled.any())
+
+
+# guards that fail once for each graph a run needs: on which module a compiled call runs
+# (torch.compile(module) calls every module through one function, whose guards name it
+# `fn`: "len(fn._modules) != 7", "___check_type_id(fn._modules['1'], ...)"), on an input
+# that requires grad in one call and not another, on the grad mode
+_NEEDED_GRAPH_GUARDS = {
+    "module": re.compile(r"(?<![\w.])fn(?:\._modules|\.|\[|,|\))"),
+    "requires_grad": re.compile(r"requires_grad mismatch"),
+    "grad_mode": re.compile(r"grad_mode"),
+}
+# a guard on an input's size at a dim: "tensor 'tok' size mismatch at index 1"
+_SIZE_GUARD = re.compile(r"tensor '([^']+)' size mismatch at index (\d+)")
+
+
+def _needed_graphs(reasons: list[str]) -> list[str] | None:
+    """The kinds of `_NEEDED_GRAPH_GUARDS` of these recompiles' guards, in order; None when
+    any guard is of another kind (or no reason was recorded)."""
+    kinds = [_needed_graph_kind(r) for r in reasons]
+    if not kinds or None in kinds:
+        return None
+    return [k for k in dict.fromkeys(kinds) if k]
+
+
+def _needed_graph_kind(reason: str) -> str | None:
+    guard = _guard(str(reason))
+    return next((k for k, p in _NEEDED_GRAPH_GUARDS.items() if p.search(guard)), None)
+
+
+_MODULES_UNDER_LIMIT = ("once per module, nothing to fix, but every compiled module counts "
+                        "against that one function's recompile limit "
+                        "(torch._dynamo.config.recompile_limit, 8 by default), past which "
+                        "further modules run uncompiled")
+_MODULES_PAST_LIMIT = ("here more modules were compiled apart than that one function's "
+                       "recompile limit allows (torch._dynamo.config.recompile_limit, 8 by "
+                       "default), and the modules past it ran uncompiled: raise it above the "
+                       "number of modules compiled apart before their first call "
+                       "(torch._dynamo.config.recompile_limit = 16, say)")
+_NEEDED_GRAPH_ADVICE = {
+    # two compiled nn.Sequential models (a GAN's generator and discriminator) were told to
+    # keep their "guarded values" constant; 10 compiled modules of other structures ran the
+    # last 2 uncompiled, Dynamo's recompile limit reached
+    "module": ("the recompile{s}{where} follow{v} which module the compiled call runs (Dynamo's "
+               "guard on `fn`, the module: its submodules' number or types): "
+               "torch.compile(module) calls every compiled module through one function, "
+               "whose cache keeps a graph for each module of another structure, made on its "
+               "first call; {limit}"),
+    "requires_grad": ("the recompile{s}{where} follow{v} an input that requires grad in one "
+                      "call and not in another (a model called on `x` and on `x.detach()`, "
+                      "as a GAN's discriminator is on its fake batch): a graph for each, "
+                      "compiled once; nothing to fix"),
+    "grad_mode": ("the recompile{s}{where} follow{v} a change of grad mode (the model ran "
+                  "under torch.no_grad() or inference_mode() after training, or back): "
+                  "Dynamo keeps both graphs, so it happens once per mode, not per step; "
+                  "nothing to fix unless it repeats"),
+}
+
+
+def _each_size_once(guards: list[str]) -> bool:
+    """Whether every guard is on an input's size at a dim, each dim once: Dynamo compiled
+    the dim as dynamic after it changed, so no later size recompiles."""
+    dims = [m.groups() for m in map(_SIZE_GUARD.search, guards) if m]
+    return len(dims) == len(guards) > 0 and len(set(dims)) == len(dims)
+
+
+# a variable-length batch was told to "pad or bucket" its shapes: bucketed, it still
+# recompiled once and ran 26 us a step slower
+def _size_once_advice(where: str, many: bool) -> str:
+    return (f"the recompile{'s' if many else ''}{where} follow{'' if many else 's'} an "
+            "input's size changing at a dim for the first "
+            "time: Dynamo compiled that dim as dynamic then, so later sizes reuse the graph "
+            "and nothing recompiles again; to save the one recompile, mark the dim dynamic "
+            "from the first call (torch._dynamo.mark_dynamic(x, dim)) or, for a smaller last "
+            "batch, drop it (DataLoader(..., drop_last=True)); padding or bucketing to fixed "
+            "sizes adds work to every step")
 
 
 # a guard on an input tensor: "tensor 'idx' size mismatch at index 1", "tensor 'ids'
@@ -392,6 +488,10 @@ def _one_line(reason: str) -> str:
     return re.sub(r"\s{2,}#", " #", first[0]) if first else ""
 
 
+# the graph break Dynamo reports when a function reaches its recompile limit
+LIMIT_BREAK = "Dynamo recompile limit exceeded"
+
+
 # torch.compile(DDP(model)): Dynamo skips DDP's forward, so nothing of the model compiles
 DDP_SKIPPED = "DistributedDataParallel._inside_ddp_forward"
 DDP_ADVICE = ("compile the module DDP wraps, not the wrapper: torch.compile(DDP(model)) ran "
@@ -439,7 +539,7 @@ def _eager_nki_lines(trace: Trace) -> set[str]:
 
 
 def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: pd.DataFrame,
-                    reasons: list[str], nki_lines: set[str]) -> str:
+                    reasons: list[str], nki_lines: set[str], limit_reached: bool) -> str:
     """Advice for what happened: graph-break advice only when there are graph breaks."""
     advice = []
     # a kernel launched through nki.jit in compiled code: Dynamo cannot enter its launch (a
@@ -491,7 +591,7 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
         values = _python_values(guards)
         sites = sorted({s for s in recompiles["source"] if s})
         where = f" at {', '.join(sites[:3])}" if sites else ""
-        grad_mode = bool(reasons) and all("grad_mode" in r for r in reasons)
+        needed = _needed_graphs(reasons)
         learning_rate = any(_LR_GUARD.search(g) for g in guards)
         momentum = any(_MOMENTUM_GUARD.search(g) for g in guards)
         optimizer_state = bool(sites) and all("torch/optim/" in s for s in sites)
@@ -520,11 +620,16 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
             advice.append(f"the recompile{where} is the optimizer's: its state is made on "
                           "its first step, and the next step's guards see it; once, nothing "
                           "to fix")
-        elif grad_mode:
-            advice.append(f"the recompile{where} follows a change of grad mode (the model "
-                          "ran under torch.no_grad() or inference_mode() after training, "
-                          "or back): Dynamo keeps both graphs, so it happens once per "
-                          "mode, not per step; nothing to fix unless it repeats")
+        elif needed:
+            kinds = recompiles["reason"].map(_needed_graph_kind)
+            for kind in sorted(needed, key=lambda k: k != "module"):  # the limit's first
+                of_kind = recompiles[(kinds == kind).to_numpy(bool)]
+                at = sorted({s for s in of_kind["source"] if s})
+                many = len(of_kind) > 1
+                advice.append(_NEEDED_GRAPH_ADVICE[kind].format(
+                    s="s" if many else "", v="" if many else "s",
+                    where=f" at {', '.join(at[:3])}" if at else "",
+                    limit=_MODULES_PAST_LIMIT if limit_reached else _MODULES_UNDER_LIMIT))
         elif growing := _growing_containers(reasons):
             advice.append(_growing_containers_advice(growing))
         else:
@@ -532,7 +637,9 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
                 advice.append(_python_values_advice(where, values))
             # with value guards, a size guard failing once or twice (a cache's first
             # length) is no storm of its own
-            if (shapes and (not values or sum(map(_is_shape, guards)) >= th.RECOMPILE_STORM)
+            if not values and _each_size_once(guards):
+                advice.append(_size_once_advice(where, len(recompiles) > 1))
+            elif (shapes and (not values or sum(map(_is_shape, guards)) >= th.RECOMPILE_STORM)
                     or not reasons):
                 advice.append(f"the recompiles{where} follow changing input shapes: pad or "
                               "bucket them to a few fixed sizes, or mark the varying dim with "

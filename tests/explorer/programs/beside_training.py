@@ -2,7 +2,7 @@
 
     beside_training.py sample [--compile]  # train, then sample in eval mode (no_grad)
     beside_training.py distill [--teacher-eval]  # a frozen teacher under no_grad
-    beside_training.py gan                 # two models, two optimizers, one step mark
+    beside_training.py gan [--compile]     # two models, two optimizers, one step mark
     beside_training.py policy [--no-validation]  # a policy's Categorical each step
 
 `sample` trains a denoiser for STEPS steps and then runs SAMPLES sampling steps; compiled,
@@ -66,6 +66,8 @@ def distill() -> None:
 
 def gan() -> None:
     gen, disc = mlp(64), nn.Sequential(mlp(64), nn.Linear(64, 1)).to("neuron")
+    if "--compile" in sys.argv:
+        gen, disc = torch.compile(gen, backend="neuron"), torch.compile(disc, backend="neuron")
     opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4)
     opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4)
     real = torch.randn(32, 64).to("neuron")
