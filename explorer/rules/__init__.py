@@ -24,6 +24,7 @@ from neuron_explorer.rules import (
     host_bound,
     host_device_copies,
     host_fallback,
+    joined_calls,
     kernel_dma_not_pipelined,
     kernel_matmul_tile_shape,
     kernel_memory_pressure,
@@ -61,7 +62,7 @@ RULES = (host_bound, sync_in_step, host_fallback, host_device_copies, dataloader
          kernel_small_dma, checkpoint_recompute, zeroed_gradients, accumulation_all_reduce,
          optimizer_recreated, python_loop, parameter_loop, unfused_optimizer, train_mode_inference,
          frozen_train_mode, converted_uploads, layout_copies, cast_round_trip, unbatched_calls,
-         eager_beside_graphs)
+         joined_calls, eager_beside_graphs)
 RULE_IDS = tuple(rule.RULE_ID for rule in RULES)
 # rules whose share of time is not of the steps (compile time), as each declares it
 SHARE_BASES = {rule.RULE_ID: rule.SHARE_BASE for rule in RULES if hasattr(rule, "SHARE_BASE")}

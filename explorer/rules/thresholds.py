@@ -134,6 +134,8 @@ PYTHON_LOOP_MIN_SHARE = 0.05
 PARAMETER_LOOP_MIN_SHARE = 0.02
 # unbatched_calls: batching the calls saves less than this share of the analysed steps
 UNBATCHED_CALLS_MIN_SHARE = 0.05
+# joined_calls: joining a step's independent calls of the model saves less than this share
+JOINED_CALLS_MIN_SHARE = 0.05
 
 # optimizer_recreated: state made anew whose removal saves less than this share
 OPTIMIZER_RECREATED_MIN_SHARE = 0.02

@@ -20,9 +20,11 @@ padding that batching inputs of different lengths needs.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 from neuron_explorer.analyses.phases import model_calls
 from neuron_explorer.analyses.steady_state import analysed_steps
 from neuron_explorer.common import trace_format as tf
@@ -42,7 +44,6 @@ def batched_saving_ns(trace: Trace, k: int) -> float | None:
 
 
 def _saving(trace: Trace, k: int) -> float | None:
-    from neuron_explorer.backend.replay import ReplayOptions, lower_key
     from neuron_explorer.rules.finding import trains
 
     steps = analysed_steps(trace).steps
@@ -58,11 +59,8 @@ def _saving(trace: Trace, k: int) -> float | None:
     alike = [c for c, sig in zip(calls, signature, strict=True) if sig == common]
     if len(alike) < len(calls) - 2:
         return None
-    preset = ReplayOptions(trace.hardware or "trn2").preset()
-    kernel_rows = op_kernel_rows(trace)
-    durations = trace.kernels["dur"].to_numpy(np.int64)
-    removed: list[int] = []
-    lengths: dict[int, int] = {}
+    if _chained(trace, steps[-2:]):
+        return None
     # the removed calls' host time inside the model's call goes with them; the Python
     # around it (a request's own preparation) stays, as it would for a batch
     model = model_calls(trace)
@@ -70,28 +68,148 @@ def _saving(trace: Trace, k: int) -> float | None:
     for step, ts, end in zip(model["step"].tolist(), model["ts"].tolist(),
                              model["end"].tolist(), strict=True):
         windows.setdefault(int(step), []).append((int(ts), int(end)))
-    by_op_id = trace.ops.sort_values("op_id", kind="stable")
-    cut_from: list[int] = []
-    cut_to: list[int] = []
+    groups = []
     for first in range(0, len(calls), k):
         group = calls[first:first + k]
-        for other in group[1:]:
-            removed += other["id"].tolist()
-            for ts, end in windows.get(int(other["step"].iloc[0]), []):
-                cut_from.append(ts)
-                cut_to.append(end)
+        cut = [w for other in group[1:] for w in windows.get(int(other["step"].iloc[0]), [])]
         # a result a step reads was made in the call before it: an analysed call, never the
         # model's upload just before the first (its weights would grow with the batch)
         since = int(calls[first - 1]["op_id"].min()) if first else int(group[0]["op_id"].min())
-        scaled = _scaled_lengths(trace, by_op_id, group[0], len(group), since, preset,
-                                 lower_key, kernel_rows, durations)
+        groups.append(Joined(group, since, cut))
+    return _joined_saving(trace, groups, f"batched_calls:{k}")
+
+
+def _chained(trace: Trace, steps: tuple[int, ...] | list[int]) -> bool:
+    """Whether the model's call in the second of two steps reads, through any ops, a result
+    of its call in the first: a sampler's steps (x from the last update), one chain, not
+    requests (a guided sampler was told to serve 8 of its steps as one). A step's read of
+    the call before's answer (it lands in the next step) is no input of the model."""
+    from neuron_explorer.analyses.data_flow import reads_results_of
+
+    if len(steps) < 2:
+        return False
+    ops = trace.ops.sort_values("ts", kind="stable")
+    ts = ops["ts"].to_numpy(np.int64)
+    calls = model_calls(trace)
+    inside = [np.concatenate([ops["op_id"].to_numpy(np.int64)[
+        np.searchsorted(ts, r.ts):np.searchsorted(ts, r.end)]
+        for r in calls[calls["step"] == s].itertuples()] or [np.zeros(0, np.int64)])
+        for s in steps[:2]]
+    return bool(reads_results_of(trace, inside[0], inside[1]))
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Calls replayed as their first over all of their rows: the calls' ops (the first
+    kept), the op id from which a kernel's result is an activation, the host windows cut."""
+
+    calls: list[pd.DataFrame]
+    since: int
+    cut: list[tuple[int, int]]
+    # leading ops of each other call kept: stand-ins for the ops that stack their inputs
+    kept: int = 0
+
+
+def _joined_saving(trace: Trace, groups: list[Joined], cause: str) -> float | None:
+    """ns the analysed steps save with each group's calls run as its first call over all
+    of their rows, the others' ops, launches and host windows gone (None: not replayable)."""
+    from neuron_explorer.backend.replay import ReplayOptions, lower_key
+
+    preset = ReplayOptions(trace.hardware or "trn2").preset()
+    kernel_rows = op_kernel_rows(trace)
+    durations = trace.kernels["dur"].to_numpy(np.int64)
+    by_op_id = trace.ops.sort_values("op_id", kind="stable")
+    removed: list[int] = []
+    lengths: dict[int, int] = {}
+    cut = [w for g in groups for w in g.cut]
+    for group in groups:
+        for other in group.calls[1:]:
+            removed += other["id"].iloc[group.kept:].tolist()
+        scaled = _scaled_lengths(trace, by_op_id, group.calls[0], len(group.calls),
+                                 group.since, preset, lower_key, kernel_rows, durations)
         if scaled is None:
             return None
         lengths.update(scaled)
     if not removed:
         return None
-    return removal_saving_ns(trace, np.array(removed, np.int64), f"batched_calls:{k}", lengths,
-                             (np.array(cut_from, np.int64), np.array(cut_to, np.int64)))
+    return removal_saving_ns(trace, np.array(removed, np.int64), cause, lengths,
+                             (np.array([w[0] for w in cut], np.int64),
+                              np.array([w[1] for w in cut], np.int64)))
+
+
+def joined_calls_saving_ns(trace: Trace) -> tuple[float, int] | None:
+    """ns the analysed steps save with the model's calls in each step that read none of each
+    other's results (classifier-free guidance's two passes) run as one call over their
+    rows, and the number of calls a step joined; None where no step has such calls, the
+    run trains or cannot be replayed."""
+    return memoised(trace, "joined_calls", lambda: _joined_calls(trace))
+
+
+def _joined_calls(trace: Trace) -> tuple[float, int] | None:
+    from neuron_explorer.analyses.data_flow import reads_results_of
+    from neuron_explorer.rules.finding import trains
+
+    steps = analysed_steps(trace).steps
+    if not steps or trains(trace) or not replayable(trace):
+        return None
+    calls = model_calls(trace)
+    calls = calls[calls["step"].isin(steps)]
+    ops = trace.ops.sort_values("ts", kind="stable")
+    ts = ops["ts"].to_numpy(np.int64)
+    groups: list[Joined] = []
+    for _, in_step in calls.groupby("step", sort=True):
+        # each call's ops and host window
+        found = [(ops.iloc[np.searchsorted(ts, r.ts):np.searchsorted(ts, r.end)],
+                  (int(r.ts), int(r.end))) for r in in_step.itertuples()]
+        found = [(frame, window) for frame, window in found if len(frame)]
+        if len(found) < 2:
+            continue
+        # the calls running the first's ops that read no result of the calls joined before
+        # them (a corrector's second pass reads the first's: it stays)
+        first_ops = tuple(found[0][0]["name"].astype(str))
+        joined = [found[0]]
+        for frame, window in found[1:]:
+            if tuple(frame["name"].astype(str)) != first_ops:
+                continue
+            before = np.concatenate([f["op_id"].to_numpy(np.int64) for f, _ in joined])
+            if reads_results_of(trace, before, frame["op_id"].to_numpy(np.int64)) is False:
+                joined.append((frame, window))
+        if len(joined) > 1:
+            # torch.cat of each input the calls differ in and the split of the result: an
+            # op each a call, on its rows, as the call's first ops are (the embedding of a
+            # label, the add of it to x)
+            stacked = _row_inputs(trace, found[0][0])
+            if stacked is None:
+                return None
+            stacked += 1  # and the split of its result (.chunk)
+            # the host time of the ops kept stays: cut from the first op removed on
+            cut = [(int(f["ts"].iloc[stacked]) if stacked < len(f) else end, end)
+                   for f, (_, end) in joined[1:]]
+            groups.append(Joined([f for f, _ in joined], int(found[0][0]["op_id"].min()),
+                                 cut, kept=stacked))
+    if not groups:
+        return None
+    saving = _joined_saving(trace, groups, "joined_calls")
+    return (saving, max(len(g.calls) for g in groups)) if saving else None
+
+
+def _row_inputs(trace: Trace, call: pd.DataFrame) -> int | None:
+    """How many tensors made outside the call (by another op) of the call's rows it reads:
+    what joining it with another call stacks (its parameters are not of its rows)."""
+    ids = call["id"].to_numpy(np.int64)
+    keys = op_keys(trace, ids)
+    if keys is None:
+        return None
+    rows = _rows(call, keys)
+    inside = set(call["op_id"].astype(int).tolist())
+    made = trace.slice_args.column(tf.ARG_PRODUCERS, ids)
+    outside: set[int] = set()
+    for op_id, key, backs in zip(call["op_id"].astype(int).tolist(), keys, made, strict=True):
+        offsets = json.loads(backs) if isinstance(backs, str) else (backs or [])
+        for back, (shape, _) in zip(offsets, key[1], strict=False):
+            if back > 0 and op_id - back not in inside and shape and shape[0] == rows:
+                outside.add(op_id - back)
+    return len(outside)
 
 
 def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lower_key,
