@@ -33,12 +33,12 @@ def kept(owner: Any, key: str) -> Any:
 def _copy(value: Any) -> Any:
     """A copy that shares no mutable container with `value`: frames copied shallowly
     (pandas copies on write, so a change to either leaves the other as it was), lists,
-    tuples and dicts rebuilt with their items copied the same way."""
+    sets, tuples and dicts rebuilt with their items copied the same way."""
     if isinstance(value, (pd.DataFrame, pd.Series)):
         return value.copy(deep=False)
     if isinstance(value, dict):
         return type(value)((k, _copy(v)) for k, v in value.items())
-    if isinstance(value, list):
+    if isinstance(value, (list, set)):
         return type(value)(_copy(v) for v in value)
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_copy(v) for v in value)

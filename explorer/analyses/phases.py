@@ -101,6 +101,10 @@ def model_name(trace: Trace) -> str:
     trains, one called with grad: a frozen teacher's longer forwards under no_grad, in
     eval mode, read as eval passes and were taken out of every training step (a student's
     step read 1.38x faster); "model" where none ran."""
+    return memoised(trace, "model_name", lambda: _model_name(trace))
+
+
+def _model_name(trace: Trace) -> str:
     calls = _top_level_calls(trace)
     if not len(calls):
         return "model"

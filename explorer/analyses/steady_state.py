@@ -121,6 +121,10 @@ def compiling_steps(trace: Trace) -> set[int]:
 
 def training_steps(trace: Trace) -> set[int]:
     """Steps holding a backward or an optimizer step."""
+    return memoised(trace, "training_steps", lambda: _training_steps(trace))
+
+
+def _training_steps(trace: Trace) -> set[int]:
     s = trace.table("slices")
     mask = kind_mask(trace, (tf.CAT_BACKWARD, tf.CAT_OPTIMIZER))
     found = assign_steps(s["ts"].to_numpy(np.int64)[mask], trace.steps)
