@@ -1,8 +1,8 @@
 """Training loops with other work in each iteration, as users write them:
 
     beside_training.py sample [--compile]  # train, then sample in eval mode (no_grad)
-    beside_training.py distill [--teacher-eval]  # a frozen teacher under no_grad
-    beside_training.py gan [--compile]     # two models, two optimizers, one step mark
+    beside_training.py distill [--teacher-eval] [--compile-step]  # a frozen teacher
+    beside_training.py gan [--compile | --compile-step]  # two models, two optimizers
     beside_training.py policy [--no-validation]  # a policy's Categorical each step
 
 `sample` trains a denoiser for STEPS steps and then runs SAMPLES sampling steps; compiled,
@@ -54,10 +54,16 @@ def distill() -> None:
         teacher.eval()
     opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
     x = torch.randn(64, 256).to("neuron")
-    for _ in range(STEPS):
+
+    def distill_loss(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             target = teacher(x)
-        loss = (student(x) - target).pow(2).mean()
+        return (student(x) - target).pow(2).mean()
+
+    if "--compile-step" in sys.argv:  # both forwards and the loss
+        distill_loss = torch.compile(distill_loss, backend="neuron")
+    for _ in range(STEPS):
+        loss = distill_loss(x)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -73,13 +79,23 @@ def gan() -> None:
     real = torch.randn(32, 64).to("neuron")
     bce = nn.functional.binary_cross_entropy_with_logits
     ones, zeros = torch.ones(32, 1).to("neuron"), torch.zeros(32, 1).to("neuron")
+
+    def d_loss(fake: torch.Tensor) -> torch.Tensor:
+        return bce(disc(real), ones) + bce(disc(fake.detach()), zeros)
+
+    def g_loss(fake: torch.Tensor) -> torch.Tensor:
+        return bce(disc(fake), ones)
+
+    if "--compile-step" in sys.argv:  # the models and their losses: the step's forwards
+        gen = torch.compile(gen, backend="neuron")
+        d_loss, g_loss = (torch.compile(f, backend="neuron") for f in (d_loss, g_loss))
     for _ in range(STEPS):
         fake = gen(torch.randn(32, 64).to("neuron"))
-        loss_d = bce(disc(real), ones) + bce(disc(fake.detach()), zeros)
+        loss_d = d_loss(fake)
         opt_d.zero_grad()
         loss_d.backward()
         opt_d.step()
-        loss_g = bce(disc(fake), ones)
+        loss_g = g_loss(fake)
         opt_g.zero_grad()
         loss_g.backward()
         opt_g.step()
