@@ -133,9 +133,11 @@ def check(trace: Trace) -> list[Finding]:
     frames_past = bool(uncompiled)
     if limit_step >= 0 and len(recompiles):
         # ten compiled modules of other structures: the last two ran uncompiled, 2.97x the
-        # step time, and the finding claimed nothing
-        uncompiled_note += (f" Dynamo's recompile limit was reached in step {limit_step}: "
-                            "from then on, calls that needed another graph ran uncompiled.")
+        # step time, and the finding claimed nothing (a frame that stopped compiling has
+        # its own note)
+        uncompiled_note += "" if frames_past else (
+            f" Dynamo's recompile limit was reached in step {limit_step}: from then on, "
+            "calls that needed another graph ran uncompiled.")
         uncompiled = sorted(set(uncompiled) | {int(s) for s in trace.steps["step"]
                                                if s >= limit_step})
     uncompiled_saving = uncompiled_calls_saving_ns(trace, uncompiled) if uncompiled else None
