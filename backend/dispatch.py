@@ -18,6 +18,7 @@ import torch
 from neuron_explorer.backend import devices, matmul_numerics, result_size, runtime
 from neuron_explorer.backend.allocator import adopt, attach, block_of
 from neuron_explorer.backend.clock import clock
+from neuron_explorer.common.errors import NeuronExplorerError
 from torch._C import DispatchKey, DispatchKeySet
 
 _perf_ns = clock.real_ns
@@ -524,8 +525,28 @@ def _from_the_op(error: BaseException) -> BaseException:
     return error.with_traceback(None)
 
 
+class NestedTensorError(NeuronExplorerError, NotImplementedError):
+    """A nested tensor on the device, which holds dense tensors only."""
+
+
+def _nested_error(op) -> NestedTensorError | None:
+    """A clear error for an op that makes or takes a nested tensor: in eval mode under
+    no_grad, nn.TransformerEncoder given a padding mask takes its fast path, which packs the
+    batch into one (a trial's server crashed with "NestedTensorImpl doesn't support
+    sizes" once told to call model.eval())."""
+    name = op.name()
+    if "nested" not in name.partition("::")[2].split(".")[0]:
+        return None
+    return NestedTensorError(
+        f"{name}: nested tensors are not supported on the neuron device. "
+        "nn.TransformerEncoder makes one in eval mode from a padding mask (its fast path): "
+        "construct it with enable_nested_tensor=False, or pass no src_key_padding_mask")
+
+
 def fallback(op, *args, **kwargs):
     """Boxed PrivateUse1 fallback."""
+    if (refused := _nested_error(op)) is not None:
+        raise refused  # the traceback ends at the user's call, as an op's own error does
     try:
         return run_op(op, args, kwargs)
     except BaseException as error:

@@ -529,6 +529,38 @@ def _host_reads(reasons: pd.Series) -> str:
     return " and ".join(found)
 
 
+# a frame of torch's own modules ("torch/nn/modules/transformer.py:1245 in ...")
+_TORCH_CODE = re.compile(r"(?:^|[/\\])torch[/\\]nn[/\\]")
+# torch functions that read a device value on the host, and what spares the read: an
+# nn.Transformer's causal mask checked by reading it was told to remove "a debugging line
+# left in" at the user's call; tgt_is_causal=True saved what the finding claimed
+_TORCH_READ_FIXES = {
+    "_detect_is_causal_mask": ("nn.Transformer checks whether the mask it was given is "
+                               "causal by reading it: pass is_causal=True with a causal "
+                               "mask (tgt_is_causal=True to nn.Transformer and "
+                               "TransformerDecoder, is_causal=True to TransformerEncoder), "
+                               "and it reads nothing"),
+}
+
+
+def _torch_reads_advice(breaks: pd.DataFrame) -> str:
+    """What to do about graph breaks at host reads inside torch's own modules: no line of
+    the user's reads; what spares the read, where it is known."""
+    said = []
+    for within, source in zip(breaks["within"].astype(str), breaks["source"].astype(str),
+                              strict=True):
+        function = within.rpartition(" in ")[2]
+        fix = _TORCH_READ_FIXES.get(function, "pass what it computes as an argument, where "
+                                              "the module takes one, or set "
+                                              "torch._dynamo.config.capture_scalar_outputs "
+                                              "= True")
+        said.append(f"the break{' called' if source else ''}"
+                    + (f" at {source}" if source else "")
+                    + f" is inside torch's own `{function}` ({within.partition(' in ')[0]}), "
+                    f"no line of yours: {fix}")
+    return "; ".join(dict.fromkeys(said))
+
+
 def _eager_nki_lines(trace: Trace) -> set[str]:
     """The lines ("file.py:40") that call an NKI kernel eagerly (an `nki::` op outside the
     graphs): in compiled code, a kernel called through nki.jit breaks the graph there."""
@@ -568,13 +600,17 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
     break_sites = sorted({s for s in breaks["source"][~in_optimizer] if s})
     if (~in_optimizer).any():
         hints = list(dict.fromkeys(h for h in breaks["hint"][~in_optimizer] if h))
-        reads = _host_reads(breaks["reason"][~in_optimizer])
+        # a read inside torch's own code is no line of the user's to remove
+        in_torch = breaks["within"].astype(str).str.contains(_TORCH_CODE).to_numpy(bool)
+        reads = _host_reads(breaks["reason"][~in_optimizer & ~in_torch])
+        torch_reads = _torch_reads_advice(breaks[~in_optimizer & in_torch])
         advice.append("fix the graph breaks" + (f" at {', '.join(break_sites[:3])}"
                                                 if break_sites else "")
                       + " (torch._dynamo.explain(model)(inputs) lists them)"
                       + (f": among them {reads} in the compiled code (often a debugging "
                          "line left in): remove it, or keep the value on the device and read "
                          "it outside the compiled function" if reads else "")
+                      + (f"; {torch_reads}" if torch_reads else "")
                       + "".join(f"; Dynamo's hint: {h.rstrip('.')}" for h in hints[:2]))
     if in_optimizer.any():
         sites = sorted({s for s in breaks["source"][in_optimizer] if s})

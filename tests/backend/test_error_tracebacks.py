@@ -47,3 +47,24 @@ def test_out_of_memory_ends_at_the_users_call() -> None:
     with pytest.raises(torch.OutOfMemoryError) as caught:  # the size rule, before the host op
         torch.ones(1, device="neuron").expand(capacity) + 1  # a view: no memory
     assert len(_backend_frames(caught.value)) <= 1, _backend_frames(caught.value)
+
+
+def test_a_nested_tensor_says_what_makes_it_and_the_fix() -> None:
+    """In eval mode under no_grad, nn.TransformerEncoder given a padding mask packs the
+    batch into a nested tensor (its fast path): a trial's server crashed with "Internal
+    error: NestedTensorImpl doesn't support sizes" once told to call model.eval()."""
+    torch.manual_seed(0)
+    ids = torch.randn(2, 5, 16).to("neuron")
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2]).to("neuron")
+
+    def encoder(nested: bool) -> torch.nn.Module:
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+        return torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=nested).to(
+            "neuron").eval()
+
+    with torch.no_grad():
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False") as raised:
+            encoder(True)(ids, src_key_padding_mask=pad)
+        assert len(_backend_frames(raised.value)) <= 1, _backend_frames(raised.value)
+        out = encoder(False)(ids, src_key_padding_mask=pad)  # the fix runs
+    assert out.shape == (2, 5, 16)

@@ -420,6 +420,23 @@ def test_the_programs_own_ops_inside_a_compile_are_not_compile_time(tmp_path: Pa
     assert int(trace.compile_summary()["totals"]["compile_ns"].iloc[0]) == compiling
 
 
+def test_a_read_inside_torchs_transformer_is_no_debugging_line_of_the_users(
+        tmp_path: Path) -> None:
+    """nn.Transformer reads its mask to check it is causal: compiled, a trial's seq2seq
+    model broke there and was told to remove "a debugging line left in" at its call of the
+    model; passing tgt_is_causal=True removed the break and saved what was claimed."""
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {"graph_id": 2})
+    sc.b.instant(sc.host, 15_050, "graph_break", "graph_break", {
+        "reason": "Unsupported Tensor.item() call with capture_scalar_outputs=False",
+        "source": "seq2seq.py:15 in forward",
+        "within": "torch/nn/modules/transformer.py:1245 in _detect_is_causal_mask"})
+    (f,) = _rule(_load(sc, tmp_path, "torch_read"), "recompilation")
+    assert "debugging line" not in f.recommendation, f.recommendation
+    assert "inside torch's own `_detect_is_causal_mask`" in f.recommendation
+    assert "tgt_is_causal=True" in f.recommendation
+
+
 def test_a_compiled_optimizer_steps_own_breaks_are_not_the_users_to_fix(tmp_path: Path) -> None:
     """torch's Optimizer.step breaks the graph around its update on purpose, and its state,
     made on the first step, recompiles the second once: a compiled optimizer step has them
