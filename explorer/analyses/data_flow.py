@@ -36,3 +36,24 @@ def reads_results_of(trace: Trace, sources: np.ndarray, readers: np.ndarray) -> 
         if any(k > 0 and op_id - k in reached for k in offsets):
             reached.add(op_id)
     return bool(reached & {int(r) for r in readers})
+
+
+def model_call_reads_last(trace: Trace, step: int, last: int) -> bool | None:
+    """Whether the model's call in `step` reads, through any ops, a result of its call in
+    step `last`: a sampler's or a generation's next step (x from the last update, the
+    sequence and its new token), not a request of its own. A step's read of the call
+    before's answer (it lands in the next step) is no input of the model. None where the
+    trace records no data flow."""
+    from neuron_explorer.analyses.phases import model_calls
+
+    ops = trace.ops.sort_values("ts", kind="stable")
+    ts = ops["ts"].to_numpy(np.int64)
+    op_ids = ops["op_id"].to_numpy(np.int64)
+    calls = model_calls(trace)
+
+    def inside(s: int) -> np.ndarray:
+        found = [op_ids[np.searchsorted(ts, r.ts):np.searchsorted(ts, r.end)]
+                 for r in calls[calls["step"] == s].itertuples()]
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+    return reads_results_of(trace, inside(last), inside(step))

@@ -28,10 +28,12 @@ otherwise.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from neuron_explorer.analyses.data_flow import model_call_reads_last
 from neuron_explorer.analyses.levels import recorded_level
 from neuron_explorer.analyses.steady_state import (
     completed_steps,
@@ -160,7 +162,7 @@ def _phases(trace: Trace) -> pd.DataFrame:
                      "tokens": tokens, "batch": -1 if first is None else int(first["batch"]),
                      "new": -1 if first is None else int(first["new"]),
                      "anchor": start if first is None else int(first["ts"])})
-    _mark_generation(rows)
+    _mark_generation(rows, lambda step, last: model_call_reads_last(trace, step, last))
     _apply_requests(rows, trace, calls)
     _apply_marks(rows, _marks(trace))
     out = pd.DataFrame(rows)
@@ -221,9 +223,13 @@ def _train_rows(step: int, start: int, end: int, own: pd.DataFrame,
     return rows
 
 
-def _mark_generation(rows: list[dict[str, Any]]) -> None:
+def _mark_generation(rows: list[dict[str, Any]],
+                     reads_last: Callable[[int, int], bool | None]) -> None:
     """Inference steps that add one token per sequence to the one before are `decode`;
-    the step that starts such a run (the prompt) is `prefill`."""
+    the step that starts such a run (the prompt) is `prefill`. A call one token longer
+    than the last that reads none of its results (`reads_last(step, last step)`: False)
+    is a request of its own: a server's padded batches, 38 then 39 tokens long, read as a
+    prompt and its decode step."""
     previous: dict[str, Any] | None = None
     for row in rows:
         if row["phase"] == TRAIN:
@@ -232,7 +238,8 @@ def _mark_generation(rows: list[dict[str, Any]]) -> None:
         if _no_call(row):
             continue  # a piece of the iteration before it (below)
         if previous is not None and row["batch"] > 0 and row["batch"] == previous["batch"] \
-                and (row["new"] == 1 or row["new"] == previous["new"] + 1):
+                and (row["new"] == 1 or row["new"] == previous["new"] + 1
+                     and reads_last(row["step"], previous["step"]) is not False):
             if previous["phase"] == EVAL:
                 previous["phase"] = PREFILL
             row["phase"] = DECODE

@@ -59,7 +59,11 @@ def _saving(trace: Trace, k: int) -> float | None:
     alike = [c for c, sig in zip(calls, signature, strict=True) if sig == common]
     if len(alike) < len(calls) - 2:
         return None
-    if _chained(trace, steps[-2:]):
+    # steps that read the step before's results (a sampler's: x from the last update) are
+    # one chain, not requests: a guided sampler was told to serve 8 of its steps as one
+    from neuron_explorer.analyses.data_flow import model_call_reads_last
+
+    if model_call_reads_last(trace, steps[-1], steps[-2]):
         return None
     # the removed calls' host time inside the model's call goes with them; the Python
     # around it (a request's own preparation) stays, as it would for a batch
@@ -77,25 +81,6 @@ def _saving(trace: Trace, k: int) -> float | None:
         since = int(calls[first - 1]["op_id"].min()) if first else int(group[0]["op_id"].min())
         groups.append(Joined(group, since, cut))
     return _joined_saving(trace, groups, f"batched_calls:{k}")
-
-
-def _chained(trace: Trace, steps: tuple[int, ...] | list[int]) -> bool:
-    """Whether the model's call in the second of two steps reads, through any ops, a result
-    of its call in the first: a sampler's steps (x from the last update), one chain, not
-    requests (a guided sampler was told to serve 8 of its steps as one). A step's read of
-    the call before's answer (it lands in the next step) is no input of the model."""
-    from neuron_explorer.analyses.data_flow import reads_results_of
-
-    if len(steps) < 2:
-        return False
-    ops = trace.ops.sort_values("ts", kind="stable")
-    ts = ops["ts"].to_numpy(np.int64)
-    calls = model_calls(trace)
-    inside = [np.concatenate([ops["op_id"].to_numpy(np.int64)[
-        np.searchsorted(ts, r.ts):np.searchsorted(ts, r.end)]
-        for r in calls[calls["step"] == s].itertuples()] or [np.zeros(0, np.int64)])
-        for s in steps[:2]]
-    return bool(reads_results_of(trace, inside[0], inside[1]))
 
 
 @dataclass(frozen=True)

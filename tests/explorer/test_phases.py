@@ -264,16 +264,25 @@ def _rows(shapes: list[tuple[int, int]]) -> list[dict]:
             for i, (b, t) in enumerate(shapes)]
 
 
-def test_generation_without_a_cache_grows_by_one_token_a_call() -> None:
+@pytest.mark.parametrize("reads_last", [True, None])  # the data flow says so, or is unknown
+def test_generation_without_a_cache_grows_by_one_token_a_call(reads_last) -> None:
     rows = _rows([(2, 10), (2, 11), (2, 12), (2, 13)])
-    _mark_generation(rows)
+    _mark_generation(rows, lambda step, last: reads_last)
     assert [r["phase"] for r in rows] == ["prefill", "decode", "decode", "decode"]
     assert [r["tokens"] for r in rows] == [20, 2, 2, 2]
 
 
 def test_requests_of_other_lengths_are_eval_passes_not_generation() -> None:
     rows = _rows([(2, 8), (2, 12), (2, 16), (3, 1)])  # infer_loop.py's requests
-    _mark_generation(rows)
+    _mark_generation(rows, lambda step, last: None)
+    assert {r["phase"] for r in rows} == {"eval"}
+
+
+def test_a_padded_batch_one_token_longer_than_the_last_is_no_decode_step() -> None:
+    """A server's padded batches, 38 then 39 tokens long, each uploaded from the host: the
+    second reads nothing the first computed, and was taken for its decode step."""
+    rows = _rows([(32, 38), (32, 39), (32, 39), (32, 38), (32, 39)])
+    _mark_generation(rows, lambda step, last: False)
     assert {r["phase"] for r in rows} == {"eval"}
 
 
