@@ -223,8 +223,6 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
     first kernel runs all of the call's device work, its other ops go. A decoder past the
     limit ran 3.89 ms steps that compiled took 0.20 ms; this replay gives 3.44 of the 3.69
     saved (the compiled graphs' fusion is left out). None where no such call is found."""
-    from neuron_explorer.what_if.counterfactual import removal_saving_ns
-
     ops, k = trace.ops, trace.kernels
     if not len(ops) or not len(k) or "graph_id" not in ops:
         return None
@@ -234,13 +232,26 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
     mine = call >= 0
     if not mine.any():
         return None
-    eager = eager[mine].assign(call=call[mine]).sort_values("ts", kind="stable")
+    eager = eager[mine].assign(call=call[mine])
+    return calls_as_one_launch_ns(trace, eager, "uncompiled calls as one launch")
+
+
+def calls_as_one_launch_ns(trace: Trace, ops: pd.DataFrame, cause: str,
+                           also_removed: np.ndarray | None = None) -> float | None:
+    """ns the analysed steps save with the ops of each call (`ops`' `call` column) issued as
+    one launch: the first op's first kernel runs all of the call's device work, the other
+    ops go; `also_removed` (op slices) go too. None where nothing goes, or no replay."""
+    from neuron_explorer.what_if.counterfactual import removal_saving_ns
+
+    k = trace.kernels
     kernel_op = k["op_slice_id"].to_numpy(np.int64)
     dur = k["dur"].to_numpy(np.int64)
-    removed: list[int] = []
+    gone_too = set() if also_removed is None else {int(i) for i in also_removed}
+    removed: list[int] = sorted(gone_too)
     lengths: dict[int, int] = {}
-    for _, ops_of_call in eager.groupby("call"):
+    for _, ops_of_call in ops.sort_values("ts", kind="stable").groupby("call"):
         ids = ops_of_call["id"].to_numpy(np.int64)
+        ids = ids[~np.isin(ids, list(gone_too))] if gone_too else ids
         rows = np.flatnonzero(np.isin(kernel_op, ids))
         if not len(rows):
             continue
@@ -250,8 +261,7 @@ def uncompiled_calls_saving_ns(trace: Trace, steps: list[int]) -> float | None:
         removed += gone.tolist()
     if not removed:
         return None
-    return removal_saving_ns(trace, np.array(removed, np.int64),
-                             "uncompiled calls as one launch", lengths)
+    return removal_saving_ns(trace, np.array(removed, np.int64), cause, lengths)
 
 
 def _compile_wrappers(trace: Trace) -> set[str]:

@@ -27,8 +27,9 @@ from neuron_explorer.analyses.phases import (
     training_steps,
 )
 from neuron_explorer.common import trace_format as tf
-from neuron_explorer.common.op_key_codec import OpKeyError, decode
+from neuron_explorer.common.op_key_codec import OpKeyError, decode, parse_shapes
 from neuron_explorer.rules.finding import Finding, evidence, make, top, us
+from neuron_explorer.rules.graph_break_cost import calls_as_one_launch_ns
 from neuron_explorer.what_if.counterfactual import removal_saving_ns
 
 if TYPE_CHECKING:
@@ -103,7 +104,14 @@ def check(trace: Trace) -> list[Finding]:
     counts = norm_step_counts(ops, norms)
     removed = np.concatenate([dropouts["id"].to_numpy(np.int64),
                               counts["id"].to_numpy(np.int64)])
-    saving = removal_saving_ns(trace, removed, RULE_ID) if len(removed) else 0.0
+    # without grad, eval mode also sends each nn.TransformerEncoderLayer down torch's fast
+    # path: one fused op a layer. A server told dropout's 0.5 ms a step saved 4.4 by eval
+    grad_on = bool((calls["grad"] == 1).any())
+    layers = pd.DataFrame() if grad_on else encoder_layer_ops(trace, ops)
+    if len(layers):
+        saving = calls_as_one_launch_ns(trace, layers, f"{RULE_ID}: fast path", removed)
+    else:
+        saving = removal_saving_ns(trace, removed, RULE_ID) if len(removed) else 0.0
     if saving is None:
         return []
     shown = pd.concat([dropouts, norms, counts])
@@ -118,7 +126,11 @@ def check(trace: Trace) -> list[Finding]:
     if normed:
         parts.append("batch norm normalises each batch by its own statistics and updates its "
                      f"running ones ({normed} a step)")
-    grad_on = bool((calls["grad"] == 1).any())
+    n_layers = int(layers["call"].nunique()) // n_steps if len(layers) else 0
+    fast_path = (f" Without grad, eval mode also sends each nn.TransformerEncoderLayer ({n_layers} "
+                 "a step) down torch's fast path: one fused op a layer "
+                 "(aten::_transformer_encoder_layer_fwd) instead of its "
+                 f"{len(layers) // max(n_layers * n_steps, 1)} ops (counted)." if n_layers else "")
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} in {r.module}: {us(r.dur)} on the host, "
                       f"{us(r.device_dur)} on the device")
              for r in top(shown, "dur").itertuples()]
@@ -136,15 +148,68 @@ def check(trace: Trace) -> list[Finding]:
         "and the device runs ops that eval mode leaves out."
         + (" In its compiled graph they are sections of one program, whose device time the "
            "recording does not split by op: not counted." if len(in_graphs) else "")
+        + fast_path
         + (" Autograd also records every pass (grad mode is on): its bookkeeping is in each "
            "op's host time and is not counted here." if grad_on else ""),
         f"Call {model}.eval() before serving"
         + (", and serve under torch.inference_mode() (or torch.no_grad())" if grad_on else "")
         + ": dropout then passes values through and batch norm uses the statistics it "
         "learned. (Dropout kept on at inference on purpose, Monte Carlo dropout, is the "
-        "exception.)",
+        "exception.)"
+        + (" Given a padding mask, the fast path packs the batch into a nested tensor, which "
+           "this device does not hold: construct nn.TransformerEncoder with "
+           "enable_nested_tensor=False." if n_layers else ""),
         symptom_ns=float(shown["dur"].sum()),
         saving_basis="replay: the run replayed without dropout and batch norm's step count; "
-                     "batch norm's kernels keep their recorded length" if len(removed) else
+                     "batch norm's kernels keep their recorded length"
+                     + ("; each encoder layer's call one launch, its device work kept "
+                        "(unfused)" if n_layers else "") if len(removed) or n_layers else
                      "estimate: inside compiled graphs, not counted")]
+
+
+# nn.TransformerEncoderLayer's submodules, as the recording names them
+_ENCODER_LAYER_PARTS = frozenset({"self_attn", "linear1", "linear2", "norm1", "norm2"})
+
+
+def encoder_layer_ops(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
+    """The eager ops of `ops` inside calls of nn.TransformerEncoderLayer modules (known by
+    their submodules), with the call's slice id as `call`."""
+    modules = trace.modules
+    if not len(modules) or "graph_id" not in ops:
+        return ops.iloc[:0]
+    children: dict[str, set[str]] = {}
+    for name in modules["module"].astype(str).unique().tolist():
+        parent, _, leaf = name.rpartition(".")
+        children.setdefault(parent, set()).add(leaf)
+    layers = {name for name, parts in children.items() if parts >= _ENCODER_LAYER_PARTS}
+    calls = modules[modules["module"].astype(str).isin(layers)
+                    & (modules["phase"] == "forward")].sort_values("ts")
+    eager = ops[ops["graph_id"].to_numpy() < 0]
+    if not len(calls) or not len(eager):
+        return ops.iloc[:0]
+    starts = calls["ts"].to_numpy(np.int64)
+    ends = starts + calls["dur"].to_numpy(np.int64)
+    at = np.searchsorted(starts, eager["ts"].to_numpy(np.int64), side="right") - 1
+    inside = (at >= 0) & (eager["ts"].to_numpy(np.int64) < ends[np.maximum(at, 0)])
+    found = eager[inside].assign(call=calls["id"].to_numpy(np.int64)[at[inside]])
+    return found[found["call"].isin(_batch_first_calls(trace, found))]
+
+
+def _batch_first_calls(trace: Trace, ops: pd.DataFrame) -> set[int]:
+    """The encoder layer calls whose input is batch-first (B, T, D), B the model call's
+    batch: torch's fast path needs batch_first=True, and nn.TransformerEncoderLayer's
+    default, False, takes (T, B, D) and never takes it. A call whose layout cannot be told
+    (no token ids seen, B equal to T) is left out."""
+    batch = model_calls(trace).groupby("step")["batch"].max().to_dict()
+    kept = set()
+    for call, group in ops.sort_values("ts", kind="stable").groupby("call"):
+        first = group.iloc[0]
+        try:
+            shapes = parse_shapes(str(first["shapes"]))
+        except ValueError:
+            continue
+        b = batch.get(int(first["step"]), -1)
+        if shapes and len(shapes[0]) == 3 and b > 0 and shapes[0][0] == b != shapes[0][1]:
+            kept.add(int(call))
+    return kept
 
