@@ -41,6 +41,10 @@ def _package_folder(name: str) -> str:
     return locations[0] if locations else ""
 
 
+# where nn.Module's __call__ runs hooks and forward: plumbing around every module's call
+_MODULE_CALLS = "/torch/nn/modules/module.py"
+
+
 class SourceLocator:
     """Finds "file:line" of the innermost user frame, caching per file name."""
 
@@ -89,7 +93,9 @@ class SourceLocator:
         while frame is not None and self.is_internal(frame.f_code.co_filename):
             path = frame.f_code.co_filename.replace("\\", "/")
             at = path.rfind("/torch/")
-            if at >= 0:
+            # not nn.Module's call plumbing: the module's own forward says what read
+            # (`Transformer.forward`, not `Module._wrapped_call_impl`)
+            if at >= 0 and not path.endswith(_MODULE_CALLS):
                 outermost = (path[at + 1:], frame.f_lineno, frame.f_code.co_qualname)
             frame = frame.f_back
         return f"{outermost[0]}:{outermost[1]} in {outermost[2]}" if outermost else ""
