@@ -14,7 +14,12 @@ call's upload of its request, or where it has the call's rows (a batch made befo
 Only runs that train nothing and whose analysed calls run the same ops (all but two) are
 replayed (None otherwise, or where an op cannot be lowered again). Not modelled: a layout
 whose batch is not the first dim (sequence-first tensors grow along the sequence), and the
-padding that batching inputs of different lengths needs.
+padding that batching inputs of different lengths needs. Steps whose model call reads the
+last one's results (a sampler's) are one chain, not requests: not replayed.
+
+The same replay joins the model's calls within a step that read none of each other's
+results (classifier-free guidance's two passes: `joined_calls_saving_ns`), keeping of each
+other call an op for each input stacked and one for the split of the result.
 """
 
 from __future__ import annotations
