@@ -698,8 +698,8 @@ def _predicted_compile(trace: Trace) -> str:
 def _forward_reads_sentence(trace: Trace) -> str:
     """For a model whose forward reads device values on the host (not inside a loop:
     `_looped_read_sentence`'s): the prediction compiles the forward whole, and Dynamo
-    breaks its graph at each read. A trial's nn.Transformer, predicted 18.3 ms a step
-    compiled, saved 2% of that until its causal-mask check stopped reading the mask."""
+    breaks its graph at each read. A trial's nn.Transformer, claimed 128 ms a step by
+    compiling, saved 2.6 until its causal-mask check stopped reading the mask."""
     import numpy as np
     from neuron_explorer.analyses.phases import in_analysed_work, model_calls
     from neuron_explorer.analyses.step_breakdown import counted_steps
