@@ -545,12 +545,13 @@ def _nested_error(op) -> NestedTensorError | None:
 
 def fallback(op, *args, **kwargs):
     """Boxed PrivateUse1 fallback."""
-    if (refused := _nested_error(op)) is not None:
-        raise refused  # the traceback ends at the user's call, as an op's own error does
     try:
         return run_op(op, args, kwargs)
     except BaseException as error:
         runtime.abandon_op()
+        # checked only once an op failed: the name is not looked at on the per-op path
+        if (refused := _nested_error(op)) is not None:
+            raise refused from None  # the traceback ends at the user's call
         if getattr(error, _OP_ERROR, False):
             raise _from_the_op(error) from error.__cause__
         raise

@@ -704,6 +704,7 @@ def _forward_reads_sentence(trace: Trace) -> str:
     from neuron_explorer.analyses.phases import in_analysed_work, model_calls
     from neuron_explorer.analyses.step_breakdown import counted_steps
     from neuron_explorer.common import trace_format as tf
+    from neuron_explorer.rules.recompilation import CAUSAL_MASK_FIX
     from neuron_explorer.tables import assign_steps, kind_mask
     from neuron_explorer.what_if.compiled import looped_reads
 
@@ -731,10 +732,8 @@ def _forward_reads_sentence(trace: Trace) -> str:
         f", inside torch's `{torch_call.iloc[0].rpartition(' in ')[2]}`" if len(torch_call)
         else "")
     causal = bool(len(torch_call)) and "torch/nn/modules/transformer.py" in torch_call.iloc[0]
-    fix = ("nn.Transformer reads its mask to check that it is causal: pass is_causal=True "
-           "with a causal mask (tgt_is_causal=True to nn.Transformer and TransformerDecoder)"
-           if causal else "remove the read, keep the value on the device, or set "
-           "torch._dynamo.config.capture_scalar_outputs = True")
+    fix = (CAUSAL_MASK_FIX if causal else "remove the read, keep the value on the device, or "
+           "set torch._dynamo.config.capture_scalar_outputs = True")
     per_step = inside.sum() / max(counted_steps(trace), 1)
     return (f" That is with the forward compiled whole: it reads a device value on the host "
             f"({per_step:.3g} a step{said}), and Dynamo breaks the graph at each read, "

@@ -534,13 +534,11 @@ _TORCH_CODE = re.compile(r"(?:^|[/\\])torch[/\\]nn[/\\]")
 # torch functions that read a device value on the host, and what spares the read: an
 # nn.Transformer's causal mask checked by reading it was told to remove "a debugging line
 # left in" at the user's call; tgt_is_causal=True saved what the finding claimed
-_TORCH_READ_FIXES = {
-    "_detect_is_causal_mask": ("nn.Transformer checks whether the mask it was given is "
-                               "causal by reading it: pass is_causal=True with a causal "
-                               "mask (tgt_is_causal=True to nn.Transformer and "
-                               "TransformerDecoder, is_causal=True to TransformerEncoder), "
-                               "and it reads nothing"),
-}
+CAUSAL_MASK_FIX = ("nn.Transformer checks whether the mask it was given is causal by reading "
+                   "it: pass is_causal=True with a causal mask (tgt_is_causal=True to "
+                   "nn.Transformer and TransformerDecoder, is_causal=True to "
+                   "TransformerEncoder), and it reads nothing")
+_TORCH_READ_FIXES = {"_detect_is_causal_mask": CAUSAL_MASK_FIX}
 
 
 def _torch_reads_advice(breaks: pd.DataFrame) -> str:
