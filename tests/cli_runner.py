@@ -4,8 +4,8 @@ reports through the command line share this one runner.
 `record`, `report` and `diff` run in processes forked from a server that has made the
 command's imports already (cli_server.py: torch and the backend for a recording, 2-3 s of
 CPU; pandas and the analyses for a report, 0.7 s), where a fresh process would be after
-them; any other command, and one whose environment differs from its server's in more than
-what is read as the command runs, in a fresh process."""
+them (a server for each environment, as it differs in what is read on import); any other
+command in a fresh process."""
 
 from __future__ import annotations
 
@@ -29,28 +29,25 @@ RUNTIME_ENV = ("NEURON_HOST_CLOCK", "NEURON_HARDWARE", "PYTEST_CURRENT_TEST")
 
 
 class CommandServer:
-    """cli_server.py for one command, started on its first run asked for (one per test
-    process); one command at a time (a test may ask from several threads)."""
+    """cli_server.py for one command and one environment (what it reads on import), started
+    on its first run asked for; one command at a time (a test may ask from several
+    threads)."""
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, env: dict[str, str]) -> None:
         self.command = command
+        self.env = env
         self.proc: subprocess.Popen | None = None
-        self.env: dict[str, str] = {}
         self.lock = threading.Lock()
 
     def run(self, args: tuple[str, ...], cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess | None:
-        """The command run in a child of the server; None where `env` differs from the
-        server's in what the command reads on import."""
+            timeout: float) -> subprocess.CompletedProcess:
+        """The command run in a child of the server, with `env` (which may differ from the
+        server's in what the command reads as it runs)."""
         with self.lock:
             if self.proc is None:
-                self.env = _static(env)
                 self.proc = subprocess.Popen([sys.executable, str(SERVER), self.command],
                                              env=self.env, stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, text=True)
-                atexit.register(self.close)
-            elif _static(env) != self.env:
-                return None
             return self._run(args, cwd, env, timeout)
 
     def _run(self, args: tuple[str, ...], cwd: Path, env: dict[str, str],
@@ -73,19 +70,44 @@ class CommandServer:
                                                err.read_text())
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.stdin is not None:
-            self.proc.stdin.close()  # the server's loop ends, and it with it
-            self.proc.wait(timeout=60)
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            self.proc = None
+        with self.lock:  # after the command it runs, if any
+            if self.proc is not None and self.proc.stdin is not None:
+                self.proc.stdin.close()  # the server's loop ends, and it with it
+                self.proc.wait(timeout=60)
+                if self.proc.stdout is not None:
+                    self.proc.stdout.close()
+                self.proc = None
 
 
 def _static(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in RUNTIME_ENV}
 
 
-_servers = {command: CommandServer(command) for command in SERVED}
+# A server per command and environment, the last few used kept: a test that changes what
+# is read on import (OMP_WAIT_POLICY, say) gets its own, and the tests after it, back in
+# the usual environment, find theirs still running (one server for whatever environment
+# came first sent every later recording of a worker to a fresh process: 4-7 s more each).
+SERVERS_KEPT = 2
+_servers: dict[tuple[str, frozenset], CommandServer] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(command: str, env: dict[str, str]) -> CommandServer:
+    static = _static(env)
+    key = (command, frozenset(static.items()))
+    with _servers_lock:
+        server = _servers.pop(key, None) or CommandServer(command, static)
+        _servers[key] = server  # the most recently used last
+        ours = [k for k in _servers if k[0] == command]
+        for old in ours[:-SERVERS_KEPT]:
+            _servers.pop(old).close()
+    return server
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in list(_servers.values()):
+        server.close()
 
 
 def run_command(*args: str, cwd: Path, env: dict[str, str],
@@ -93,10 +115,8 @@ def run_command(*args: str, cwd: Path, env: dict[str, str],
     """`neuron-explorer ARGS` in `cwd` with the environment `env`, its output captured: a
     `record`, `report` or `diff` in a process forked from its server, where its
     environment allows."""
-    server = _servers.get(args[0]) if args else None
-    done = server.run(args, cwd, env, timeout) if server is not None else None
-    if done is not None:
-        return done
+    if args and args[0] in SERVED:
+        return _server(args[0], env).run(args, cwd, env, timeout)
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=timeout, check=False)
 
