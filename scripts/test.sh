@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/install_browser.sh
+# Each Python process the suite starts (test workers, recordings, torchrun ranks, fresh
+# `neuron-explorer` runs) imports the project: from source, that is 2 s of compiling a
+# process. Bytecode is written once, here, and read by every process after (git ignores it).
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q -j 0 backend collectors common explorer webapp workloads \
+    tests > /dev/null
 .venv/bin/python -m ruff check .
 .venv/bin/python scripts/typecheck.py
 # One worker per core (pytest-xdist); each file runs whole on one worker, so its module
