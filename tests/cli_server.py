@@ -32,6 +32,12 @@ COMMAND = sys.argv[1]
 # As `record` does before it imports torch (libgomp reads it as torch loads it).
 PASSIVE = COMMAND == "record" and thread_pool_wait.wait_asleep()
 neuron_explorer.cli.build_parser(COMMAND)  # the command's own module
+# what the findings' what-if replays import as a report runs them: torch and the backend's
+# compiler, cost model and numerics (3 s of CPU a report)
+REPLAYS = ("torch", "neuron_explorer.rules", "neuron_explorer.backend.compiler.program",
+           "neuron_explorer.backend.replay", "neuron_explorer.backend.mixed_precision",
+           "neuron_explorer.what_if.compiled", "neuron_explorer.what_if.fused_program",
+           "neuron_explorer.what_if.lower_precision", "neuron_explorer.what_if.fused_optimizer")
 PREPARED = {
     # and what programs import after that: Dynamo as they make an optimizer (1.7 s of
     # CPU), AOTAutograd as they compile (0.3 s)
@@ -39,9 +45,9 @@ PREPARED = {
                "neuron_explorer.collectors.session",
                "neuron_explorer.collectors.program", "neuron_explorer.collectors.device_sink",
                "neuron_explorer.collectors.framework_hooks"),  # as a recording starts
-    "report": ("neuron_explorer.trace", "neuron_explorer.report"),
+    "report": ("neuron_explorer.trace", "neuron_explorer.report", *REPLAYS),
     "diff": ("neuron_explorer.trace", "neuron_explorer.report", "neuron_explorer.render",
-             "neuron_explorer.trace_diff"),
+             "neuron_explorer.trace_diff", *REPLAYS),
 }
 for _module in PREPARED[COMMAND]:
     importlib.import_module(_module)
