@@ -113,8 +113,7 @@ def _close_servers() -> None:
 def run_command(*args: str, cwd: Path, env: dict[str, str],
                 timeout: float = 300) -> subprocess.CompletedProcess:
     """`neuron-explorer ARGS` in `cwd` with the environment `env`, its output captured: a
-    `record`, `report` or `diff` in a process forked from its server, where its
-    environment allows."""
+    `record`, `report` or `diff` in a process forked from the server of its environment."""
     if args and args[0] in SERVED:
         return _server(args[0], env).run(args, cwd, env, timeout)
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, env=env,

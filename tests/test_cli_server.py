@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import cli_runner
 from cli_runner import CLI, run_command
 
 PROGRAM = Path(__file__).parent / "collectors" / "programs" / "train_small.py"
@@ -58,3 +59,25 @@ def test_a_forked_diff_is_a_fresh_processs(repo_root) -> None:
     assert fresh.returncode == 0 and len(fresh.stdout) > 500, fresh.stderr
     assert (forked.returncode, forked.stdout, forked.stderr) == \
         (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+def test_each_import_time_environment_has_its_server_and_the_usual_one_is_kept(
+        monkeypatch) -> None:
+    """A test that runs a command with a variable read on import (OMP_WAIT_POLICY) gets
+    a server of its own; the tests after it, in the usual environment, find the usual
+    server still there (once, the first environment's server was the only one, and every
+    later recording of that worker ran in a fresh process). Variables read as the command
+    runs share a server. No server process starts until a command runs."""
+    monkeypatch.setattr(cli_runner, "_servers", {})
+    usual = dict(os.environ, PYTHONUNBUFFERED="1")
+    first = cli_runner._server("report", usual)
+    assert cli_runner._server("report", dict(usual, NEURON_HOST_CLOCK="modelled")) is first
+    odd = cli_runner._server("report", dict(usual, OMP_WAIT_POLICY="ACTIVE"))
+    assert odd is not first
+    assert cli_runner._server("report", usual) is first
+    assert cli_runner._server("record", usual) is not first  # a server per command
+    # the least recently used beyond SERVERS_KEPT per command goes
+    for policy in ("PASSIVE", "ACTIVE"):
+        cli_runner._server("report", dict(usual, OMP_WAIT_POLICY=policy))
+    assert [k[0] for k in cli_runner._servers].count("report") == cli_runner.SERVERS_KEPT
+    assert first not in cli_runner._servers.values()
