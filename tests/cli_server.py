@@ -1,7 +1,7 @@
 """`neuron-explorer COMMAND ...` run in processes forked from one that has imported what
 the command imports before it does its work (for `record`: torch, the backend, the
 recorder, up to where the program starts; for `report` and `diff`: the loaders, the
-analyses and pandas):
+analyses, pandas, and torch and the backend for the findings' what-if replays):
 
     python cli_server.py COMMAND   # one request a line, JSON: [ARGV, CWD, ENV, STDOUT, STDERR]
 
