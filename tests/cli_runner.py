@@ -71,12 +71,19 @@ class CommandServer:
 
     def close(self) -> None:
         with self.lock:  # after the command it runs, if any
-            if self.proc is not None and self.proc.stdin is not None:
-                self.proc.stdin.close()  # the server's loop ends, and it with it
-                self.proc.wait(timeout=60)
-                if self.proc.stdout is not None:
-                    self.proc.stdout.close()
+            if self.proc is not None:
+                stop_server(self.proc)
                 self.proc = None
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """End a server that reads requests from its stdin, one a line: its stdin closed, its
+    loop ends, and it with it."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    proc.wait(timeout=60)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _static(env: dict[str, str]) -> dict[str, str]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import stop_server
 
 WORKLOADS = Path(__file__).with_name("workloads.py")
 
@@ -47,11 +48,8 @@ class Recorder:
                                f"{output[-4000:]}")
 
     def close(self) -> None:
-        if self.server is not None and self.server.stdin is not None:
-            self.server.stdin.close()  # the server's loop ends, and it with it
-            self.server.wait(timeout=60)
-            if self.server.stdout is not None:
-                self.server.stdout.close()
+        if self.server is not None:
+            stop_server(self.server)
             self.server = None
 
 
