@@ -123,6 +123,12 @@ class _InnerMatmuls(TorchDispatchMode):
     `Fp32Accumulate`, a fused layer inside it (the attention of an encoder layer) into
     its CPU kernel with this mode still on, anything else as it is."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch wraps a mode's __torch_dispatch__ to keep Dynamo out of it, which imports
+        # Dynamo on the first call (1.3 s of an eager run's CPU); nothing here is compiled
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._schema.name
