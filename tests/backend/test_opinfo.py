@@ -180,5 +180,6 @@ def test_opinfo_every_sample_matches_the_cpu(opinfo_runs):
     _check(opinfo_runs[0], expected)
 
 
+@pytest.mark.slow  # its fixture runs the first sample of every op in a child: 13-19 s
 def test_opinfo_samples_match_the_cpu(opinfo_runs):
     _check(opinfo_runs[SAMPLES_PER_OP], known_failures("sampled"))

@@ -110,6 +110,7 @@ def small_runs(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # small_runs records five runs: 13-17 s
 def test_two_modelled_recordings_are_byte_identical(small_runs) -> None:
     assert (small_runs / "m1.pftrace").read_bytes() == (small_runs / "m2.pftrace").read_bytes()
     trace = neuron_explorer.load(str(small_runs / "m1.pftrace"))
@@ -334,6 +335,7 @@ def test_run_delay_between_recordings_is_not_taken_off_the_next_one() -> None:
         clock.use(WALL)
 
 
+@pytest.mark.slow  # small_runs records five runs: 13-17 s
 def test_a_faster_chip_never_diffs_as_a_slower_step(small_runs) -> None:
     # The same host-bound script on trn2 then trn3: the device got faster, the host did
     # not change, so the step time must not grow (a loaded machine once made it 1.56x)
@@ -497,6 +499,7 @@ def test_a_modelled_recording_after_device_work_starts_with_an_idle_device(
     assert trace.kernels["ts"].min() < steps["dur"].min()  # the device starts at once
 
 
+@pytest.mark.slow  # small_runs records five runs: 13-17 s
 def test_a_sync_after_the_optimizer_step_stays_inside_its_step(small_runs) -> None:
     """A step begins where the one before ended; a `synchronize()` right after the
     optimizer step was written before that begin, at its time, and so held the next step:

@@ -98,6 +98,7 @@ def _parsed_once(read: Any) -> Any:
     return parse
 
 
+@pytest.mark.slow  # the large samples: 10-13 s each
 @pytest.mark.parametrize("path", CASES)
 def test_the_cache_gives_what_a_fresh_parse_gives(path: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,6 +43,7 @@ def _stored(path: Path) -> tuple[neuron_explorer.Trace, StoredArgs, ColumnArgs]:
     return trace, args, whole
 
 
+@pytest.mark.slow  # 15-20 s in a CI run
 def test_a_cached_report_decodes_only_the_keys_it_reads(cached: Path) -> None:
     fresh = neuron_explorer.load(cached, cache=False)
     trace, args, _ = _stored(cached)
@@ -177,6 +178,7 @@ def test_narrowed_args_answer_for_their_keys_and_slices_in_one_pass(cached: Path
     assert args.decoded is None
 
 
+@pytest.mark.slow  # 15-20 s in a CI run
 def test_derived_tables_of_a_stored_trace_read_their_args_in_parts(
         cached: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The derived tables a stored trace computes (a first load's, built from its new

@@ -13,6 +13,7 @@ from trace_files import load_trace, write_synthetic
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # a browser and a served dashboard: 65 s for the file in a CI run
     pytest.mark.skipif(not browser_available(),
                        reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
 ]

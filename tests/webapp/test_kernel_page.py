@@ -69,6 +69,7 @@ def test_a_trace_without_nki_kernels_says_how_to_get_them(context):
     assert "No NKI kernel in this trace" in text and "--level engine" in text
 
 
+@pytest.mark.slow  # a browser: 10 s in a CI run
 @pytest.mark.browser
 @pytest.mark.skipif(not browser_available(), reason="needs chromium and chromedriver")
 def test_picking_a_kernel_in_the_browser(context):
