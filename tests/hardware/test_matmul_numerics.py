@@ -149,12 +149,13 @@ def test_a_fused_layers_matmuls_are_computed_in_fp32_and_rounded_once(neuron, la
     cpu = run(module, x)
     ref32 = run(module.float(), x.float())
     module = module.to(torch.bfloat16).to(neuron)
-    widened = []  # (op, the dtype of the operands its kernel was called with)
+    widened = []  # (op, the dtypes of the tensors its kernel was called with)
     accumulate = matmul_numerics.Fp32Accumulate.__call__
 
     def spy(self, *args, **kwargs):
         def called(*wide, **wide_kwargs):
-            widened.append((self.name, wide[-1].dtype))
+            tensors = [a for a in (*wide, *wide_kwargs.values()) if isinstance(a, torch.Tensor)]
+            widened.append((self.name, {t.dtype for t in tensors}))
             return call(*wide, **wide_kwargs)
 
         call, self.call = self.call, called
@@ -168,7 +169,7 @@ def test_a_fused_layers_matmuls_are_computed_in_fp32_and_rounded_once(neuron, la
     assert dev.dtype == torch.bfloat16
     inner = {"aten::bmm", "aten::addmm" if layer == "attention" else "aten::_addmm_activation"}
     assert inner <= {name for name, _ in widened}, widened
-    assert all(dtype == torch.float32 for _, dtype in widened), widened
+    assert all(dtypes == {torch.float32} for _, dtypes in widened), widened
     # within bf16's rounding of the fp32 result, as close as CPU bf16's own
     torch.testing.assert_close(dev.float(), ref32, rtol=2 ** -6, atol=3e-2)
     torch.testing.assert_close(dev.float(), cpu.float(), rtol=1.6e-2, atol=5e-2)
