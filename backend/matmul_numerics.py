@@ -148,6 +148,8 @@ class _InnerMatmuls(TorchDispatchMode):
         # an out= matmul (the attention's bmm): the functional one, then copied into `out`
         result = Fp32Accumulate(name, functional)(
             *args, **{k: v for k, v in kwargs.items() if k != "out"})
+        if out.shape != result.shape:  # out= resizes its tensor, as PyTorch's kernels do
+            out.resize_(result.shape)
         return out.copy_(result)
 
 

@@ -186,3 +186,16 @@ def test_a_fused_layer_in_fp32_runs_its_cpu_kernel_as_it_is():
     assert isinstance(kernel, matmul_numerics.FusedLayerMatmuls)
     kernel(torch.ones(2, 2))
     assert calls == [torch.float32]
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (2, 3, 5)])
+def test_an_out_matmul_inside_a_fused_layer_writes_its_out_tensor(out_shape):
+    """The attention inside a fused layer calls `bmm(..., out=)`. Its product goes through
+    the functional bmm in fp32 and is copied into `out` (resized as out= does): widening
+    `out` itself would leave it unwritten (a first version of the mode did that)."""
+    a, b = _operands(torch.bfloat16, (2, 3, 4), (2, 4, 5))
+    out = torch.full(out_shape, 7.0, dtype=torch.bfloat16)
+    with matmul_numerics._InnerMatmuls():
+        result = torch.bmm(a, b, out=out)
+    assert result is out
+    assert torch.equal(out, (a.float() @ b.float()).to(torch.bfloat16))
