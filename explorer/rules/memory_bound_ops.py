@@ -16,6 +16,7 @@ from neuron_explorer.rules.finding import Finding, evidence, make, step_time, to
 from neuron_explorer.rules.host_bound import (
     compiled_device_saving_ns,
     compiled_saving_ns,
+    counts_the_fused_optimizer,
     device_saving,
     is_compiled,
     is_host_bound,
@@ -129,8 +130,12 @@ def _replayed_fixes(trace: Trace) -> list[_Fix] | None:
                if steps is not None else ""),
             "the steps replayed compiled", compiles=True))
     fused = fused_optimizer_saving(trace)
-    if unfused_optimizer.states_the_saving(trace) is not None:
-        fused = None  # that finding states fused=True's saving: not claimed twice
+    if unfused_optimizer.states_the_saving(trace) is not None or \
+            counts_the_fused_optimizer(trace):
+        # that finding states fused=True's saving, or the host-bound one counts it (a
+        # compiled MLP's host-bound fix was fused=True, and this finding claimed 1.98 ms
+        # more for it "after" that fix, where it then saved nothing): not claimed twice
+        fused = None
     if fused is not None and fused.device_ns > 0:
         names = "/".join(fused.optimizers)
         passes = f"{fused.passes} pass" + ("es" if fused.passes != 1 else "")

@@ -82,7 +82,11 @@ def check(trace: Trace) -> list[Finding]:
         + (f" With zero_grad(set_to_none=False), fused=True also zeroes the {fused.zeroed} "
            f"gradients in one op instead of one op each: {us(fused.zeroing_step_ns / steps)} "
            "a step of the saving (set_to_none=True drops that zeroing instead)."
-           if fused.zeroed else ""),
+           if fused.zeroed else "")
+        + (" This is part of the host-bound finding's saving, not beside it: that finding's "
+           "replay fuses the optimizer's step too, with the eager ops it brings into the "
+           "graphs, so the two savings overlap rather than add."
+           if host_bound.counts_the_fused_optimizer(trace) else ""),
         f"Construct the optimizer with fused=True ({names}(params, ..., fused=True)); or "
         "compile its step (mark each step with neuron_explorer.step() then: a compiled "
         "optimizer step ends no step in the recording).",
