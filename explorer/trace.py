@@ -277,6 +277,15 @@ class Trace:
 
         return memoised(self, "summary", lambda: summary(self))
 
+    def step_times(self) -> pd.DataFrame:
+        """The analysed steps as the report times them: step, ts, host_dur (the host's
+        window, as `steps` has it) and dur (as the run's pace sets it: where the device
+        falls behind its host, the time between the ends of consecutive steps' device
+        work). The step time is their median, `summary()["total_ns"]` their sum."""
+        from neuron_explorer.analyses.device_pace import step_times
+
+        return step_times(self)
+
     def phases(self) -> pd.DataFrame:
         """The run's steps by phase (train, eval, prefill, decode): phase, step, ts, dur,
         tokens; an eval pass inside a training step is its own row, not part of the step."""

@@ -85,6 +85,18 @@ def paced_durations(trace: Trace) -> np.ndarray:
     return memoised(trace, "paced_durations", lambda: _paced(trace)).copy()
 
 
+def step_times(trace: Trace) -> pd.DataFrame:
+    """The analysed steps as the report times them: step, ts, host_dur (the host's window,
+    `trace.steps`' dur) and dur (`paced_durations`: the step time's and total's parts).
+    Where the device paces the run, savings worked out from the windows read a compiled
+    CNN's 696 us steps as 628."""
+    windows = step_windows(trace)
+    return pd.DataFrame({"step": windows["step"].to_numpy(np.int64),
+                         "ts": windows["ts"].to_numpy(np.int64),
+                         "host_dur": windows["dur"].to_numpy(np.int64),
+                         "dur": np.rint(paced_durations(trace)).astype(np.int64)})
+
+
 def _paced(trace: Trace) -> np.ndarray:
     windows = step_windows(trace)
     host = windows["dur"].to_numpy(np.float64)

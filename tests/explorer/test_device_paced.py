@@ -34,6 +34,11 @@ def test_a_device_behind_its_host_paces_the_run(tmp_path) -> None:
     assert s["device_busy_share"] == 5 * 13_000 / s["total_ns"]
     eff = trace.efficiency()
     assert eff["dur"].tolist() == [13_100] + [13_000] * 4  # MFU and MBU per paced step
+    # the steps as timed, beside the host's windows `steps` holds
+    times = trace.step_times()
+    assert times["dur"].tolist() == [13_100] + [13_000] * 4
+    assert times["host_dur"].tolist() == trace.steps["dur"].tolist() == [STEP] * 5
+    assert times["dur"].sum() == s["total_ns"]
     text = render_report(trace, "text")
     assert "13 us (the device's pace)" in text
     line = next(x for x in text.splitlines() if x.startswith("host's step windows"))
@@ -47,6 +52,7 @@ def test_a_device_that_keeps_up_adds_no_line(tmp_path) -> None:
     assert s["device_paced_step_ns"] == STEP  # each step's work ends a step apart
     assert s["step_time_ns"] == s["host_step_ns"] == STEP
     assert s["total_ns"] == 5 * STEP
+    assert trace.step_times()["dur"].tolist() == [STEP] * 5
     text = render_report(trace, "text")
     assert "host's step windows" not in text and "device's pace" not in text
     assert "Critical path (what sets the step's length" in text

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword")
 
 FRAMES = ("breakdown", "idle_reasons", "op_stats", "module_stats", "kernel_stats",
           "engine_utilisation", "efficiency", "roofline", "memory_timeline",
-          "memory_at_peak", "critical_path")
+          "memory_at_peak", "critical_path", "step_times")
 
 
 @pytest.mark.parametrize("method", FRAMES)
