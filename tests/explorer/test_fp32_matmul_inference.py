@@ -25,6 +25,7 @@ def test_a_served_fp32_model_is_told_what_casting_it_whole_saves(tmp_path) -> No
     (f,) = [f for f in fp32.bottlenecks() if f.rule_id == "fp32_matmul"]
     assert f.recommendation.startswith("Cast the model to bfloat16 whole")
     assert "needs no FP32 copy of its weights" in f.recommendation
+    assert "Cast the inputs on the host" in f.recommendation
     assert "At inference the model and its inputs can be cast to bfloat16 whole" \
         in f.explanation
     # over the analysed steps, as the finding counts it: step 0's first-run device work
