@@ -98,9 +98,9 @@ def _mean_step_text(s: dict[str, Any]) -> str:
 
 
 # what a modelled host clock leaves out, said where its figures are read
-MODELLED_CLOCK = ("modelled (the ops' modelled costs only: data loading, sleeps, I/O and "
-                  "compiling count nothing; record without NEURON_HOST_CLOCK=modelled to "
-                  "see them)")
+MODELLED_CLOCK = ("modelled (the ops' modelled costs only: data loading, sleeps, I/O, "
+                  "Python work between ops and compiling count nothing; record without "
+                  "NEURON_HOST_CLOCK=modelled to see them)")
 
 
 def _program_ended_text(trace: Trace) -> str:

@@ -40,6 +40,6 @@ def not_recorded(trace: Trace) -> str:
 
 def modelled_host_clock(trace: Trace) -> bool:
     """Whether the host's times are the ops' modelled costs (`NEURON_HOST_CLOCK=modelled`):
-    data loading, sleeps, I/O and compiling count nothing there."""
+    data loading, sleeps, I/O, Python work between ops and compiling count nothing there."""
     clock = trace.metadata.get(tf.META_HOST_CLOCK)
     return isinstance(clock, dict) and clock.get("source") == "modelled"

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from neuron_explorer import tables
 from neuron_explorer.analyses import communication as comm
+from neuron_explorer.analyses.levels import modelled_host_clock
 from neuron_explorer.rules.finding import Finding
 from neuron_explorer.runs.files import distributed_info
 
@@ -48,6 +49,8 @@ class RankDigest:
     # what the analysed steps save with the small collectives issued as one host call a
     # step of each kind (`what_if.merged_collectives`; None: none to merge, or no replay)
     merged_collectives_ns: float | None = None
+    # the host's times are the ops' modelled costs (`NEURON_HOST_CLOCK=modelled`)
+    modelled_host_clock: bool = False
 
     def store_file(self, table: str) -> str | None:
         """The Parquet file of one of the rank's tables, if its store holds it."""
@@ -83,8 +86,8 @@ def digest_file(path: str, cache: bool | None = None) -> RankDigest:
 # and only for the same store build and package version.
 DIGEST_FILE = "digest.pickle"
 # raised whenever a digest's tables or findings change (16: collectives in the step that
-# launched them)
-DIGEST_SCHEMA = 16
+# launched them; 17: whether the host clock is modelled)
+DIGEST_SCHEMA = 17
 
 
 def _digest_key(folder: str) -> str | None:
@@ -147,7 +150,8 @@ def digest_trace(trace: Any) -> RankDigest:
         collectives=coll, communication=communication, syncs=syncs,
         kernel_types=comm.kernel_types(trace), findings=list(trace.bottlenecks()),
         warnings=list(trace.warnings), store=trace.store_folder,
-        merged_collectives_ns=merged_collectives_saving(trace, SMALL_COLLECTIVE_BYTES))
+        merged_collectives_ns=merged_collectives_saving(trace, SMALL_COLLECTIVE_BYTES),
+        modelled_host_clock=modelled_host_clock(trace))
 
 
 def _with_host_sync(trace: Any) -> pd.DataFrame:

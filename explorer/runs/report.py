@@ -37,6 +37,15 @@ def run_report_sections(run: Run) -> list[Section]:
     """The run report as titled sections."""
     ranks = run.rank_summary()
     head: dict[str, Any] = {"run": run.path or "-", "ranks": len(run)}
+    modelled = [r for r, d in run.digests.items() if d.modelled_host_clock]
+    if modelled:
+        from neuron_explorer.report import MODELLED_CLOCK
+
+        # a rank its sleeps or Python slow is no straggler on this clock: a trial's rank
+        # that slept 8 ms a step ran as fast as the others, and nothing said why
+        head["host clock"] = (("" if len(modelled) == len(run.digests) else
+                               f"ranks {', '.join(map(str, modelled))}: ") + MODELLED_CLOCK
+                              + "; a rank that such work slows is no straggler here")
     medians = ranks.dropna(subset=["step_time_ns"]) if len(ranks) else ranks
     if len(medians):
         head["step time (median over ranks)"] = fmt_ns(run.step_time_ns())

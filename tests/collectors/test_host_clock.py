@@ -124,7 +124,8 @@ def test_two_modelled_recordings_are_byte_identical(small_runs) -> None:
     from neuron_explorer.report import report_sections
 
     head = report_sections(trace)[0].content
-    assert "data loading, sleeps, I/O and compiling count nothing" in head["host clock"]
+    assert "data loading, sleeps, I/O, Python work between ops and compiling count nothing" \
+        in head["host clock"]
 
 
 def test_modelled_json_recordings_of_a_compiled_model_are_byte_identical(programs) -> None:

@@ -39,6 +39,13 @@ def test_no_sync_saves_what_the_finding_says(tmp_path) -> None:
     assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
     assert not [g for g in no_sync.bottlenecks() if g.rule_id == "accumulation_all_reduce"]
     found = {g.rule_id: g for g in runs["every"].bottlenecks()}  # the run's findings too
+    # the run's report says what its modelled clock leaves out (a trial's rank that slept
+    # 8 ms a step ran as fast as the others, and nothing said why)
+    from neuron_explorer.runs.report import run_report_sections
+
+    head = run_report_sections(runs["every"])[0].content
+    assert isinstance(head, dict) and head["host clock"].startswith("modelled (")
+    assert "a rank that such work slows is no straggler here" in head["host clock"]
     assert "accumulation_all_reduce" in found
     # two models' backwards in a step each reduce their own gradients: nothing to skip
     assert not [g for g in runs["two-models"][0].bottlenecks()
