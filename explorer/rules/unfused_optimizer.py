@@ -65,12 +65,19 @@ def check(trace: Trace) -> list[Finding]:
                       f"passes over the parameters, {us(r.dur)} of host time")
              for r in top(calls, "dur").itertuples()]
     return [make(
-        trace, RULE_ID, f"{names}'s step runs unfused: {fused.passes} passes a step",
+        trace, RULE_ID, f"{names}'s step runs unfused: {fused.passes} passes a step"
+        + (f", one op per parameter in each ({fused.passes * fused.parameters} ops)"
+           if fused.single_tensor else ""),
         saved, items,
-        f"Each {names}.step runs {fused.passes} passes over the parameters (the foreach "
-        "implementation, PyTorch's default: a kernel per formula term; with foreach=False, "
-        "one per term and parameter; each a launch the host issues and a read and write of "
-        "the parameters on the device). "
+        f"Each {names}.step runs {fused.passes} passes over the parameters ("
+        + (f"one op per term and each of its {fused.parameters} parameters: the single-tensor "
+           "implementation, which foreach=False selects, and so does fused=False passed "
+           "explicitly, as it turns PyTorch's default of foreach off; "
+           if fused.single_tensor else
+           "the foreach implementation, PyTorch's default: a kernel per formula term; with "
+           "foreach=False, one per term and parameter; ")
+        + "each a launch the host issues and a read and write of the parameters on the "
+        "device). "
         f"fused=True runs the update as one kernel: replayed so, the analysed steps take "
         f"{us(saved)} less, {us((saved - once) / steps)} a step"
         + (f" and {us(once)} more in the first, where the optimizer's state is made"

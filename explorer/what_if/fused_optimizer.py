@@ -62,6 +62,11 @@ class FusedOptimizerSaving:
     # already): fused=True makes each parameter's step counter on the device there, an
     # `empty` and a `zero_` apiece (a foreach Adam keeps them on the host)
     state_steps_ns: float = 0.0
+    # the recorded steps ran each pass one op per parameter (the single-tensor step, which
+    # foreach=False selects, or fused=False passed, which turns PyTorch's foreach default
+    # off), over this many parameters
+    single_tensor: bool = False
+    parameters: int = 0
 
 
 def fused_optimizer_saving(trace: Trace) -> FusedOptimizerSaving | None:
@@ -86,7 +91,8 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
     owner = tables.ancestor_in(trace, op_ids, is_call)
     device_dur = trace.ops.set_index("id")["device_dur"].reindex(op_ids).fillna(0).to_numpy()
     fused_ns: dict[tuple, float] = {}
-    saved, passes, names = 0.0, Counter[int](), set()
+    saved, names = 0.0, set()
+    passes = Counter[tuple[int, bool, int]]()  # (passes, single-tensor, parameters) a step
     kernel_rows = op_kernel_rows(trace)
     fused_alone_ns: dict[tuple, float] = {}  # the fused kernel without the increments
     removed: list[np.ndarray] = []  # every op of a replayed step but the one kept
@@ -120,7 +126,7 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
         if increments and making:
             counters_made += len(params)  # this step makes the state
             state_ops.append(op_ids[mine[making]])
-        passes[per_parameter] += 1
+        passes[per_parameter, len(over_parameters) > per_parameter, len(params)] += 1
         names.add(cls)
         # the step as fused=True runs it: its passes over the parameters one op (a pass
         # that ran on the device stands in for it, its host time for the fused op's)
@@ -168,9 +174,10 @@ def _saving(trace: Trace) -> FusedOptimizerSaving | None:
             # pays in full (a trial's AdamW of 28 parameters: step 0 1.7 ms slower fused)
             step_ns -= counters_ns
     # the passes of most steps (SGD's first also copies each gradient into its momentum)
-    most = passes.most_common(1)[0][0]
+    most, single, parameters = passes.most_common(1)[0][0]
     return FusedOptimizerSaving(max(saved, 0.0), tuple(sorted(names)), most, len(calls),
-                                step_ns, replay, zeroed, zeroing_ns, counters_ns)
+                                step_ns, replay, zeroed, zeroing_ns, counters_ns, single,
+                                parameters)
 
 
 def _zero_grads_in_one_op(trace: Trace, classes: set[str], preset: Any,

@@ -77,6 +77,8 @@ def test_the_fused_optimizers_saving_is_what_fused_true_saves(tmp_path) -> None:
         replayed = fused_optimizer_saving(trace)
         assert replayed is not None and replayed.device_ns == pytest.approx(saved, rel=0.01), (
             unfused, replayed, saved)
+        # foreach=False runs each pass one op per parameter (two layers: four)
+        assert (replayed.single_tensor, replayed.parameters) == (unfused == "adam-loop", 4)
 
 
 def test_foreach_adamws_two_multiplies_are_one_pass_each_over_every_parameter(

@@ -20,10 +20,12 @@ PROGRAM = Path(__file__).parent / "programs" / "small_mlp.py"
 def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     paths = record_variants(tmp_path, PROGRAM, {
         "foreach": ["4", "--optimizer", "adam"], "fused": ["4", "--optimizer", "adam-fused"],
-        "compiled": ["3", "--compile", "--optimizer", "adam"]}, modelled=True)
+        "compiled": ["3", "--compile", "--optimizer", "adam"],
+        "loop": ["4", "--optimizer", "adam-loop"]}, modelled=True)
     foreach, fused = load(paths["foreach"]), load(paths["fused"])
     (f,) = [f for f in foreach.bottlenecks() if f.rule_id == "unfused_optimizer"]
     assert f.title == "Adam's step runs unfused: 7 passes a step"
+    assert "the foreach implementation, PyTorch's default" in f.explanation
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
     assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
     saved = median_step(foreach) - median_step(fused)
@@ -45,6 +47,12 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     (host,) = [g for g in compiled.bottlenecks() if g.rule_id == "host_bound"]
     assert "construct the optimizer with fused=True" in host.recommendation
     assert not [g for g in compiled.bottlenecks() if g.rule_id == "unfused_optimizer"]
+    # foreach=False (or fused=False passed, which turns the foreach default off): a trial's
+    # run was told of "the foreach implementation" where it launched an op per parameter
+    (loop,) = [g for g in load(paths["loop"]).bottlenecks() if g.rule_id == "unfused_optimizer"]
+    assert loop.title == ("Adam's step runs unfused: 7 passes a step, one op per parameter "
+                          "in each (56 ops)")
+    assert "the single-tensor implementation, which foreach=False selects" in loop.explanation
 
 
 def test_sgds_first_step_momentum_copies_are_said_apart(tmp_path) -> None:
