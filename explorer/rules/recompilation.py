@@ -459,6 +459,38 @@ def _growing_containers_advice(containers: dict[str, str]) -> str:
             "into a tensor made before the loop")
 
 
+# "tensor 'ids' dispatch key set mismatch. expected DispatchKeySet(PrivateUse1, ...),
+# actual DispatchKeySet(PrivateUse1, BackendSelect)"
+_DISPATCH_KEY_GUARD = re.compile(r"tensor '([^']+)' dispatch key set mismatch\. expected "
+                                 r"DispatchKeySet\(([^)]*)\), actual DispatchKeySet\(([^)]*)\)")
+
+
+def _dispatch_key_guards(reasons: list[str]) -> dict[str, tuple[set[str], set[str]]]:
+    """Input -> (its keys as compiled, as called), for guards on an input's dispatch keys
+    (empty unless every reason is one)."""
+    found = [_DISPATCH_KEY_GUARD.search(_one_line(r)) for r in reasons]
+    if not found or not all(found):
+        return {}
+    return {m.group(1): ({k.strip() for k in m.group(2).split(",")},
+                         {k.strip() for k in m.group(3).split(",")}) for m in found if m}
+
+
+def _dispatch_keys_advice(where: str, keys: dict[str, tuple[set[str], set[str]]]) -> str:
+    # a decoder's prompt made outside torch.inference_mode() and its tokens inside it: the
+    # recompile was told to keep "guarded values" constant, or pass tensors for numbers
+    named = ", ".join(f"`{name}`" for name in keys)
+    if all(("ADInplaceOrView" in a) != ("ADInplaceOrView" in b) for a, b in keys.values()):
+        return (f"the recompile{where} follows how {named} was made: in one call outside "
+                "torch.inference_mode() and in another inside it (an inference tensor lacks "
+                "the ADInplaceOrView dispatch key, which Dynamo guards on); make it on the "
+                "same side every call: inside inference_mode too where the loop runs there "
+                "(the prompt's tensor as well), or clone it there (x.clone())")
+    changed = sorted(set().union(*(a ^ b for a, b in keys.values())))
+    return (f"the recompile{where} follows the dispatch keys of {named} "
+            f"({', '.join(changed)}), which change with how a tensor is made (its device, "
+            "inference mode, autograd): make it the same way every call")
+
+
 def _python_values_advice(where: str, values: dict[str, list[str]]) -> str:
     # a decoder given its position as an int under dynamic=False: a compile per position,
     # then uncompiled past the limit; dynamic left to Dynamo saved 532 us of a 716 us step,
@@ -668,6 +700,8 @@ def _recommendation(all_breaks: pd.DataFrame, breaks: pd.DataFrame, recompiles: 
                     limit=_MODULES_PAST_LIMIT if limit_reached else _MODULES_UNDER_LIMIT))
         elif growing := _growing_containers(reasons):
             advice.append(_growing_containers_advice(growing))
+        elif keys := _dispatch_key_guards(reasons):
+            advice.append(_dispatch_keys_advice(where, keys))
         else:
             if values:
                 advice.append(_python_values_advice(where, values))

@@ -763,6 +763,26 @@ def test_recompile_without_graph_breaks_does_not_say_fix_the_graph_breaks(tmp_pa
     assert f.title == "1 recompile in steps"
 
 
+def test_an_input_made_outside_inference_mode_is_named_as_the_recompiles_cause(
+        tmp_path) -> None:
+    """A prompt made before `with torch.inference_mode():` and the calls after it inside:
+    Dynamo's guard on the input's dispatch keys fails (an inference tensor lacks
+    ADInplaceOrView). The advice was to keep "guarded values" constant, or pass tensors
+    for Python numbers."""
+    sc = scenarios.basic()
+    sc.b.slice(sc.host, 15_100, 400, "dynamo", "compile", {"graph_id": 2})
+    sc.b.instant(sc.host, 15_150, "recompile", "recompile", {
+        "reason": "0/0: tensor 'ids' dispatch key set mismatch. expected "
+                  "DispatchKeySet(PrivateUse1, BackendSelect, ADInplaceOrView), actual "
+                  "DispatchKeySet(PrivateUse1, BackendSelect)",
+        "source": "gen.py:24 in forward"})
+    (f,) = _rule(_load(sc, tmp_path, "inference_mode"), "recompilation")
+    assert f.recommendation.startswith("The recompile at gen.py:24 in forward follows how "
+                                       "`ids` was made: in one call outside "
+                                       "torch.inference_mode() and in another inside it")
+    assert "guarded values" not in f.recommendation
+
+
 def test_decodings_first_new_sizes_recompile_once_and_are_nothing_to_fix(
         tmp_path, monkeypatch) -> None:
     """A compiled decoder: the prompt's 16 tokens give way to one a step (idx), then the
