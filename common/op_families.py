@@ -46,6 +46,8 @@ FAMILIES: dict[str, frozenset[str]] = {
 # Within the matmul family: the GEMMs, one (batched) product of two matrices, plus an
 # added input for addmm and baddbmm; what the other matmuls become in a compiled graph.
 GEMM = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+# The GEMMs over a batch of matrices (attention's per-head products).
+BATCHED_GEMM = frozenset({"bmm", "baddbmm"})
 # Matmuls whose first operand is the input added to the product (input + A @ B).
 ADDS_INPUT = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
 

@@ -120,7 +120,7 @@ def feeds_head_matmul(trace: Trace, copies: pd.DataFrame) -> np.ndarray:
 
 
 def _is_batched_matmul(name: str) -> bool:
-    return op_families.base_name(name) in ("bmm", "baddbmm")
+    return op_families.base_name(name) in op_families.BATCHED_GEMM
 
 
 def _four_dimensional(shapes: str) -> bool:

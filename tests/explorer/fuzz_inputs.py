@@ -119,8 +119,8 @@ ANALYSES = ("annotations", "bottlenecks", "breakdown", "collectives", "communica
             "idle_reasons", "kernel_sequences", "kernel_stats", "kernel_types", "kv_cache",
             "launch_stats", "memory_at_peak", "memory_timeline", "module_stats", "op_kernels",
             "op_stats", "phases", "queue_length", "queue_length_summary", "requests",
-            "roofline", "serving", "stream_idle", "summary", "temporal_breakdown",
-            "token_times")
+            "roofline", "serving", "step_times", "stream_idle", "summary",
+            "temporal_breakdown", "token_times")
 
 
 def check_load(path: Path, **kw: Any) -> neuron_explorer.Trace | None:
