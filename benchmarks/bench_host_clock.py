@@ -42,6 +42,10 @@ time before it) in a tight loop of tiny adds, against what the same op costs in
 plain torch on the CPU (best of the rounds), and the parts of the charge.
 
     python benchmarks/bench_host_clock.py [--rounds 3] [--workloads mlp,gpt] [--wall]
+    python benchmarks/bench_host_clock.py --script "my_train.py --steps 40" ...
+
+A script of your own is recorded as it is, and run in plain PyTorch with `--device cpu`
+appended to its arguments: it must take that option.
 
 Other work on a shared machine loads both runs of a pair alike; the busy processes
 come on top of it.
@@ -52,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,6 +69,7 @@ WORKLOADS = {
     "mlp": [os.path.join(ROOT, "examples", "mlp_eager.py")],
     "gpt": [os.path.join(ROOT, "examples", "gpt.py")],
     "gpt-compiled": [os.path.join(ROOT, "examples", "gpt.py"), "--compile", "--steps", "8"],
+    "cnn": [os.path.join(HERE, "workloads", "cnn_dataloader.py")],
 }
 PROBE = r'''
 import os, time
@@ -282,6 +288,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workloads", default="mlp,gpt", help=f"of {', '.join(WORKLOADS)}")
+    parser.add_argument("--script", default="",
+                        help="a script of yours and its arguments, instead of --workloads "
+                             "(it must take --device cpu)")
     parser.add_argument("--busy-per-core", type=int, default=2)
     parser.add_argument("--busy-seconds", type=float, default=120.0,
                         help="each busy process ends itself after this long at the latest")
@@ -294,9 +303,11 @@ def main() -> None:
     busy = args.busy_per_core * (os.cpu_count() or 1)
     clocks = ["measured", "wall"] if args.wall else ["measured"]
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.workloads.split(",") if args.rounds > 0 else []:
+        workloads = ({args.script: shlex.split(args.script)} if args.script else
+                     {name: WORKLOADS[name] for name in args.workloads.split(",")})
+        for name, argv in workloads.items() if args.rounds > 0 else ():
             for clock in clocks:
-                rounds = [pair(WORKLOADS[name], folder, clock, busy, args.busy_seconds,
+                rounds = [pair(argv, folder, clock, busy, args.busy_seconds,
                                loaded_first=index % 2 == 1) for index in range(args.rounds)]
                 print(json.dumps({"workload": name, "clock": clock, "rounds": rounds}))
                 print(f"{name}, host clock {clock}, {busy} busy processes: step time "
