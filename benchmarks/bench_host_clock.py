@@ -69,7 +69,7 @@ WORKLOADS = {
     "mlp": [os.path.join(ROOT, "examples", "mlp_eager.py")],
     "gpt": [os.path.join(ROOT, "examples", "gpt.py")],
     "gpt-compiled": [os.path.join(ROOT, "examples", "gpt.py"), "--compile", "--steps", "8"],
-    "cnn": [os.path.join(HERE, "workloads", "cnn_dataloader.py")],
+    "cnn": [os.path.join(HERE, "programs", "cnn_dataloader.py")],
 }
 PROBE = r'''
 import os, time

@@ -2,7 +2,7 @@
 `.item()` every step: a host-bound eager loop whose batches are collated on the same
 thread that launches the ops (the host clock's case of a DataLoader under machine load).
 
-    python benchmarks/workloads/cnn_dataloader.py [--steps 40] [--device neuron]
+    python benchmarks/programs/cnn_dataloader.py [--steps 40] [--device neuron]
 """
 
 import argparse
