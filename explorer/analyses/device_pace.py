@@ -102,10 +102,19 @@ def _paced(trace: Trace) -> np.ndarray:
     host = windows["dur"].to_numpy(np.float64)
     if not len(host) or not device_paces(trace):
         return host
-    intervals = device_intervals(trace).to_numpy(np.float64)
-    # a step without an interval (the first) lasts until its own device work is done
     ends = _device_ends(trace).reindex(windows["step"].astype(np.int64).to_numpy())
     own = ends.to_numpy(np.float64) - windows["ts"].to_numpy(np.float64)
+    return paced_lengths(host, device_intervals(trace).to_numpy(np.float64), own)
+
+
+def paced_lengths(host: np.ndarray, intervals: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Steps' lengths as the run's pace sets them, from each step's host window, its device
+    interval (NaN: unknown) and the time from its window's start to the end of its own
+    device work: the windows, or where the device is behind (`device_behind`) the
+    intervals; a step without an interval (the first) lasts until its own device work is
+    done. A replay times the run it makes with this, as the report times a recording."""
+    if not len(host) or not device_behind(host, intervals):
+        return host
     first = np.fmax(host, own)  # fmax: a step that ran no kernel keeps its window
     return np.where(np.isnan(intervals), first, intervals)
 
