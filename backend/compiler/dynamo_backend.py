@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from neuron_explorer.backend import rnn_cells
+from neuron_explorer.backend import fast_path_layers, rnn_cells
 from neuron_explorer.backend.compiler import compile_events
 from neuron_explorer.backend.compiler.graph_compiler import compile_graph, device_index_of
 from neuron_explorer.backend.matmul_numerics import attention_in_input_dtype
@@ -57,7 +57,7 @@ def neuron_backend(gm: fx.GraphModule, example_inputs: Sequence[object], **kwarg
         # Input mutations (optimizer updates, running stats) stay inside the graph, so
         # they run in its kernels rather than as extra eager copies.
         keep_inference_input_mutations=True,
-        decompositions=rnn_cells.decompositions(),
+        decompositions={**rnn_cells.decompositions(), **fast_path_layers.decompositions()},
     )
     with compile_events.span("aot_autograd", f"aot_autograd {compile_id}",
                              {"compile_id": compile_id, "dynamo_ops": ops, "source": source}), \
