@@ -22,7 +22,7 @@ from neuron_explorer.tables import (
     slice_names,
     text,
 )
-from neuron_explorer.what_if.counterfactual import removal_saving_ns
+from neuron_explorer.what_if.counterfactual import first_step_extra_ns, removal_saving_ns
 
 if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
@@ -170,6 +170,7 @@ def check(trace: Trace) -> list[Finding]:
            "that made what it read for it alone), not the waits: the device had finished."
            if reads_cost else ""),
         recommendation, symptom_ns=symptom,
+        once_ns=0.0 if replayed is None else first_step_extra_ns(trace, RULE_ID),
         saving_basis=(
             "critical path: without a sync the host would have queued its next work as "
             "much earlier as it waited, so each sync costs the device idle after it or the "

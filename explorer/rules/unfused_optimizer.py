@@ -58,8 +58,9 @@ def check(trace: Trace) -> list[Finding]:
     saved = float(fused.step_ns or 0)
     steps = max(counted_steps(trace), 1)
     # the first step makes the optimizer's state (SGD's momentum buffers copied from the
-    # gradients): fused=True does that in its kernel, a saving made once
-    once = first_step_extra_ns(trace, "fused optimizer") - fused.state_steps_ns
+    # gradients): fused=True does that in its kernel, a saving made once; what it costs
+    # once more is the step counters' (the text names them as its cause)
+    once = max(first_step_extra_ns(trace, "fused optimizer"), 0.0) - fused.state_steps_ns
     calls = optimizer_steps(trace)  # not None: the saving was replayed over them
     items = [evidence(r.ts, r.dur, [r.id], f"{r.name} (step {r.step}): {fused.passes} "
                       f"passes over the parameters, {us(r.dur)} of host time")

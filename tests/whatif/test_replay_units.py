@@ -126,3 +126,25 @@ def test_a_replay_of_nothing_removed_times_the_steps_as_the_report_does(name: st
     trace = neuron_explorer.load(SAMPLES / f"{name}.pftrace")
     replayed = _replayed_span(trace, "as recorded", np.zeros(0, np.int64))
     assert replayed == trace.summary()["total_ns"]
+
+
+@pytest.mark.parametrize(("saved", "expected"), [
+    ([300, 200, 200, 200], 100),  # the first step saves 100 more: a state made once
+    ([-300, 200, 200, 200], -500),  # 500 less: it had no wait from the step before
+    ([210, 200, 200, 195], 0),  # under a tenth of the saving apart: steps alike
+])
+def test_the_first_steps_difference_is_told_either_way(saved: list[int],
+                                                       expected: int) -> None:
+    """Of a replay's per-step savings, what the first analysed step saves more or less
+    than the others. Only more was told: a compiled LSTM's first step after its compile
+    had no `.item()` wait from the step before, and the syncs were claimed 57 us a step
+    where each later step saved 138."""
+    from neuron_explorer.memo import memoised
+    from neuron_explorer.what_if.counterfactual import first_step_extra_ns
+
+    trace = neuron_explorer.load(SAMPLES / "mlp_eager.pftrace")
+    recorded = np.full(4, 1000.0)
+    memoised(trace, "counterfactual:as recorded", lambda: (recorded.sum(), recorded))
+    steps = recorded - np.asarray(saved, np.float64)  # each step's replayed length
+    memoised(trace, "counterfactual:cause", lambda: (steps.sum(), steps))
+    assert first_step_extra_ns(trace, "cause") == expected
