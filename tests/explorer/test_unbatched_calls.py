@@ -67,3 +67,24 @@ def _span_ns(trace) -> int:
     steps, kernels = trace.steps, trace.kernels
     end = max(int((steps["ts"] + steps["dur"]).max()), int((kernels["ts"] + kernels["dur"]).max()))
     return end - int(steps["ts"].min())
+
+
+def test_requests_of_one_row_among_the_others_still_batch(tmp_path) -> None:
+    """A request of one row skips an op or two (its batch-first transposes are copies of
+    nothing): three of them among 15 calls once refused the replay, which wanted all but
+    two calls alike, and a ViT server whose requests 4x faster batched was told nothing of
+    batching (`programs/served_patches.py`: 16 requests, three of one image)."""
+    program = Path(__file__).parent / "programs" / "served_patches.py"
+    sizes = "8,8,8,1,8,8,8,1,8,8,8,8,1,8,8,8"
+    common = ["--eval", "--no-fast-path", "--sizes", sizes]
+    paths = record_variants(tmp_path, program, {"one": common,
+                                                "eight": [*common, "--group", "8"]},
+                            modelled=True)
+    one, eight = load(paths["one"]), load(paths["eight"])
+    (f,) = [f for f in one.bottlenecks() if f.rule_id == "unbatched_calls"]
+    assert "(8 of today's calls)" in f.recommendation, f.recommendation
+    calls = len(in_analysed_steps(one, one.steps))
+    # the analysed calls served eight a call, each as long as the batched server's
+    batched = calls / 8 * float(in_analysed_steps(eight, eight.steps)["dur"].median())
+    saved = _analysed_ns(one) - batched
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)

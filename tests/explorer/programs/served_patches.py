@@ -2,10 +2,12 @@
 in training mode: no token ids, so the model's batch is not known from its inputs.
 
     served_patches.py [--eval] [--seq-first] [--compile] [--no-fast-path]
+                      [--sizes N,N,...] [--group K]
 
 --eval calls model.eval(); --seq-first builds its layers with batch_first=False (inputs
 (T, B, D), which never take torch's fast path); --compile compiles the model;
---no-fast-path turns torch's fast path for the encoder layers off."""
+--no-fast-path turns torch's fast path for the encoder layers off; --sizes serves one
+request of each size (six of 8 images otherwise); --group serves K requests a call."""
 
 import sys
 
@@ -39,9 +41,16 @@ model = PatchClassifier().to("neuron")
 if "--eval" in sys.argv:
     model.eval()
 served = torch.compile(model, backend="neuron") if "--compile" in sys.argv else model
-requests = torch.Generator().manual_seed(0)
-for _ in range(6):
-    images = torch.randn(BATCH, 3, 32, 32, generator=requests)
+def option(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+sizes = [int(n) for n in option("--sizes", ",".join([str(BATCH)] * 6)).split(",")]
+group = int(option("--group", "1"))
+pixels = torch.Generator().manual_seed(0)
+requests = [torch.randn(n, 3, 32, 32, generator=pixels) for n in sizes]
+for first in range(0, len(requests), group):
+    images = torch.cat(requests[first:first + group])
     with torch.no_grad():
         logits = served(images.to("neuron"))
     print(logits.argmax(-1).tolist())
