@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import neuron_explorer
 import numpy as np
 import pytest
-import neuron_explorer
 import torch
 from neuron_explorer import whatif
 from neuron_explorer.backend import devices, runtime
