@@ -59,3 +59,14 @@ def test_a_compiled_graphs_roofline_dtype_is_its_matmuls_mix(recorded) -> None:
     bf16 = neuron_explorer.load(recorded["bf16"]).roofline()
     graphs = bf16[bf16["name"].str.startswith("graph:")]
     assert "bfloat16" in set(graphs["dtype"]) and "float32" not in set(graphs["dtype"])
+
+
+def test_a_token_model_is_not_told_to_cast_its_inputs(repo_root) -> None:
+    """Every upload of the compiled GPT's steps is of token ids, which a model cast to
+    bfloat16 takes as they are: a compiled LSTM's advice said to cast them too. The CNN's
+    images (float) are told to be cast on the host (`test_fp32_matmul_autocast.py`)."""
+    gpt = neuron_explorer.load(repo_root / "sample_traces" / "gpt_compiled.pftrace")
+    (f,) = [f for f in gpt.bottlenecks() if f.rule_id == "fp32_matmul"]
+    assert f.recommendation.startswith("Cast the model to bfloat16 whole")
+    assert "integer ids" in f.recommendation and "with its inputs" not in f.recommendation
+    assert "Cast the inputs on the host" not in f.recommendation
