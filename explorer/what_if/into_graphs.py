@@ -229,6 +229,17 @@ def backward_seed(ops: pd.DataFrame) -> np.ndarray:
             & (ops["shapes"].astype(str) == "[[]]")).to_numpy()
 
 
+def accumulating_adds(ops: pd.DataFrame) -> np.ndarray:
+    """Per op: whether it is autograd's AccumulateGrad adding a micro-batch's gradient into
+    `.grad` at `backward()` (gradient accumulation): an `aten::add_` at the line of the
+    gradient `backward()` starts from. Where the compiled function is no module (the model
+    and its loss compiled together), no backward range holds them."""
+    seed = backward_seed(ops)
+    lines = set(ops["source"].astype(str)[seed])
+    return (ops["source"].astype(str).isin(lines)
+            & (ops["name"].astype(str) == ACCUMULATE)).to_numpy()
+
+
 def zero_tangents(ops: pd.DataFrame) -> np.ndarray:
     """Per op: whether it is a zero gradient AOTAutograd fills in at `backward()` for an
     output of a compiled function the loss did not use (logits returned for metrics with

@@ -34,3 +34,23 @@ def test_micro_batches_compile_into_a_forward_and_a_backward_each(tmp_path) -> N
     assert len(adds) == 3 * 4  # three micro-batches accumulate into four .grad, eagerly
     measured = float(steps["dur"].median())
     assert predicted_step_ns(eager) == pytest.approx(measured, rel=0.03)
+
+
+def test_accumulation_beside_a_compiled_loss_is_told_compiled_autograd(tmp_path) -> None:
+    """The model and its loss compiled as one function: no backward range holds autograd's
+    adds into `.grad` at `backward()`, which host_bound's replay brings into the graphs. A
+    trial's were told to compute the loss inside the compiled function (done already);
+    compiled autograd and fused=True saved what the finding claims."""
+    args = ["4", "--accumulate", "4", "--compile", "--compile-loss"]
+    paths = record_variants(tmp_path, PROGRAM, {
+        "eager_adds": [*args, "--optimizer", "adamw"],
+        "fixed": [*args, "--optimizer", "adamw-fused", "--compiled-autograd"]}, modelled=True)
+    adds, fixed = load(paths["eager_adds"]), load(paths["fixed"])
+    (f,) = [f for f in adds.bottlenecks() if f.rule_id == "host_bound"]
+    assert "Compute the loss inside" not in f.recommendation
+    assert "The loss is compiled already" in f.recommendation
+    assert "compiled_autograd._enable(" in f.recommendation
+    assert "gradient accumulation), counted in the saving" in f.recommendation
+    saved = (in_analysed_steps(adds, adds.steps)["dur"].sum()
+             - in_analysed_steps(fixed, fixed.steps)["dur"].sum())
+    assert f.time_lost_ns == pytest.approx(saved, rel=0.05), (f.time_lost_ns, saved)

@@ -19,6 +19,8 @@ dataset uploaded once before the loop, its batch indexed on the device), `sliced
 dataset of five batches, the last smaller, sliced and uploaded every step: an epoch every
 five steps) or `sliced-on-device` (that dataset uploaded once, sliced on the device).
 `--compile-loss`: the model and its loss compiled as one function (with `--compile`).
+`--compiled-autograd`: each micro-batch's backward (with `--accumulate`) under compiled
+autograd, which takes the adds into `.grad` into its graph.
 `--labels`: two random 0/1 labels uploaded every step beside the input (they repeat by
 chance, a quarter of the time). `--ema`: an exponential moving average of the weights
 updated after each optimizer step, a Python loop over the parameters.
@@ -136,7 +138,11 @@ for step in range(12):
             opt.zero_grad(set_to_none=SET_TO_NONE)
         for _ in range(ACCUMULATE):
             loss = compiled_loss(x) if COMPILE_LOSS else fwd(x).square().mean() / ACCUMULATE
-            loss.backward()
+            if "--compiled-autograd" in sys.argv:
+                with torch._dynamo.compiled_autograd._enable(torch.compile(backend="neuron")):
+                    loss.backward()
+            else:
+                loss.backward()
         opt.step()
         if ZERO_LAST:
             opt.zero_grad(set_to_none=SET_TO_NONE)
