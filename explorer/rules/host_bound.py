@@ -676,8 +676,9 @@ def _accumulating_at_backward(movable, steps: int) -> str:
     if not adds:
         return ""
     return (f" Of them, {adds / steps:.0f} a step at the backward() line are autograd adding "
-            "each micro-batch's gradients into .grad (gradient accumulation), counted in "
-            f"the saving. {COMPILED_AUTOGRAD}; fewer, larger micro-batches make fewer of them.")
+            "each gradient into the .grad already there (gradient accumulation, or "
+            "gradients zeroed in place), counted in the saving. "
+            f"{COMPILED_AUTOGRAD}; fewer, larger micro-batches make fewer of them.")
 
 
 def loss_is_eager(ops: pd.DataFrame) -> bool:

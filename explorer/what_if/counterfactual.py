@@ -200,6 +200,7 @@ def _span(trace: Trace, removed: np.ndarray, steps: pd.DataFrame,
     # a run that also evaluates is timed by its windows, as the report times it
     kernel_step = trace.kernels["step"].to_numpy(np.int64)
     ran = retimed.end >= 0
+    ran &= kernel_step >= 0  # work outside every step (before the first) starts none
     device_ends = pd.Series(retimed.end[ran]).groupby(kernel_step[ran]).max()
     numbers = steps["step"].to_numpy(np.int64)
     mine = device_ends.reindex(numbers).to_numpy(np.float64)

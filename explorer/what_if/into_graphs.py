@@ -230,10 +230,11 @@ def backward_seed(ops: pd.DataFrame) -> np.ndarray:
 
 
 def accumulating_adds(ops: pd.DataFrame) -> np.ndarray:
-    """Per op: whether it is autograd's AccumulateGrad adding a micro-batch's gradient into
-    `.grad` at `backward()` (gradient accumulation): an `aten::add_` at the line of the
-    gradient `backward()` starts from. Where the compiled function is no module (the model
-    and its loss compiled together), no backward range holds them."""
+    """Per op: whether it is autograd's AccumulateGrad adding a gradient into the `.grad`
+    already there at `backward()` (gradient accumulation over micro-batches, or gradients
+    zeroed in place): an `aten::add_` at the line of the gradient `backward()` starts
+    from. Where the compiled function is no module (the model and its loss compiled
+    together), no backward range holds them."""
     seed = backward_seed(ops)
     lines = set(ops["source"].astype(str)[seed])
     return (ops["source"].astype(str).isin(lines)
