@@ -78,15 +78,20 @@ def test_eval_mode_claims_the_encoder_layers_fast_path_where_it_is_taken(tmp_pat
     step and saved 4.4 ms. Layers built seq-first (the default) never take it: their claim
     is dropout's alone. Both claims are what eval mode saved (`programs/served_encoder.py`,
     modelled clock)."""
-    program = Path(__file__).parent / "programs" / "served_encoder.py"
-    paths = record_variants(tmp_path, program, {"train": layout,
-                                                "eval": [*layout, "--eval"]}, modelled=True)
-    train, in_eval = load(paths["train"]), load(paths["eval"])
-    (f,) = [f for f in train.bottlenecks() if f.rule_id == "train_mode_inference"]
+    f, saved = _claimed_and_saved(tmp_path, "served_encoder.py", layout)
     assert ("fast path" in f.explanation) == (not layout), f.explanation
     assert "enable_nested_tensor=False" in f.recommendation or layout
-    saved = median_step(train) - median_step(in_eval)
     assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
+
+
+def _claimed_and_saved(folder: Path, program: str, layout: list[str]):
+    """A served program recorded in training mode and with --eval: train mode's finding,
+    and the median step eval mode saved."""
+    paths = record_variants(folder, Path(__file__).parent / "programs" / program,
+                            {"train": layout, "eval": [*layout, "--eval"]}, modelled=True)
+    train, in_eval = load(paths["train"]), load(paths["eval"])
+    (f,) = [f for f in train.bottlenecks() if f.rule_id == "train_mode_inference"]
+    return f, median_step(train) - median_step(in_eval)
 
 
 @pytest.mark.parametrize("layout", [[], ["--seq-first"]])
@@ -95,13 +100,8 @@ def test_an_image_models_fast_path_is_told_by_its_attention(tmp_path, layout) ->
     batch_first attention turning (B, T, D) into (T, B, D). A trial's ViT server was
     claimed dropout's 0.5 ms a step where eval mode saved 4.1 (`programs/served_patches.py`,
     modelled clock)."""
-    program = Path(__file__).parent / "programs" / "served_patches.py"
-    paths = record_variants(tmp_path, program, {"train": layout,
-                                                "eval": [*layout, "--eval"]}, modelled=True)
-    train, in_eval = load(paths["train"]), load(paths["eval"])
-    (f,) = [f for f in train.bottlenecks() if f.rule_id == "train_mode_inference"]
+    f, saved = _claimed_and_saved(tmp_path, "served_patches.py", layout)
     assert ("fast path" in f.explanation) == (not layout), f.explanation
-    saved = median_step(train) - median_step(in_eval)
     assert f.time_lost_ns / f.steps == pytest.approx(saved, rel=0.1), (f.time_lost_ns, saved)
 
 
