@@ -690,6 +690,7 @@ def loss_is_eager(ops: pd.DataFrame) -> bool:
     from neuron_explorer.common.op_families import LOSSES, base_name
     from neuron_explorer.what_if.into_graphs import (
         accumulating_adds,
+        at_backward_line,
         backward_seed,
         zero_tangents,
     )
@@ -697,9 +698,7 @@ def loss_is_eager(ops: pd.DataFrame) -> bool:
     names = ops["name"].astype(str)
     if names.map(lambda n: base_name(n) in LOSSES).any():
         return True
-    seed = backward_seed(ops)
-    lines = set(ops["source"].astype(str)[seed])
-    return bool((ops["source"].astype(str).isin(lines) & ~seed & ~zero_tangents(ops)
+    return bool((at_backward_line(ops) & ~backward_seed(ops) & ~zero_tangents(ops)
                  & ~accumulating_adds(ops)).any())
 
 

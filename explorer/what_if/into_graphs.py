@@ -235,10 +235,13 @@ def accumulating_adds(ops: pd.DataFrame) -> np.ndarray:
     zeroed in place): an `aten::add_` at the line of the gradient `backward()` starts
     from. Where the compiled function is no module (the model and its loss compiled
     together), no backward range holds them."""
-    seed = backward_seed(ops)
-    lines = set(ops["source"].astype(str)[seed])
-    return (ops["source"].astype(str).isin(lines)
-            & (ops["name"].astype(str) == ACCUMULATE)).to_numpy()
+    return at_backward_line(ops) & (ops["name"].astype(str) == ACCUMULATE).to_numpy()
+
+
+def at_backward_line(ops: pd.DataFrame) -> np.ndarray:
+    """Per op: whether it runs at a line where `backward()` starts (the seed's line)."""
+    lines = set(ops["source"].astype(str)[backward_seed(ops)])
+    return ops["source"].astype(str).isin(lines).to_numpy()
 
 
 def zero_tangents(ops: pd.DataFrame) -> np.ndarray:
@@ -246,10 +249,8 @@ def zero_tangents(ops: pd.DataFrame) -> np.ndarray:
     output of a compiled function the loss did not use (logits returned for metrics with
     their gradient tracked): an `aten::zero_` of a tensor, not a scalar, at the line of
     the gradient `backward()` starts from. The backward graph reads it in."""
-    seed = backward_seed(ops)
-    lines = set(ops["source"].astype(str)[seed])
-    return (ops["source"].astype(str).isin(lines) & (ops["name"].astype(str) == "aten::zero_")
-            & (ops["shapes"].astype(str) != "[[]]")).to_numpy()
+    return at_backward_line(ops) & ((ops["name"].astype(str) == "aten::zero_")
+                                    & (ops["shapes"].astype(str) != "[[]]")).to_numpy()
 
 
 def _tangents_read(graphs: pd.DataFrame, tangents: pd.DataFrame) -> dict[int, float]:
