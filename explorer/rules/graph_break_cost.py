@@ -194,17 +194,40 @@ def reads_gone_saving_ns(trace: Trace) -> float | None:
     runs a frame whose loop breaks wholly eager, so no graph of it ran, and the fix (the
     branch made `torch.where`, the read gone) compiles it whole. A user's `if
     h.abs().max() > 50` in a layer loop was claimed nothing where torch.where saved 84% of
-    the step. The replay's median step against the recorded one, over the analysed steps;
-    None where no such read is found, a graph of that module ran, or no replay applies."""
-    from neuron_explorer.analyses.step_breakdown import counted_steps
+    the step. None where no such read is found, a graph of that module ran, or no replay
+    applies."""
     from neuron_explorer.what_if.compiled import looped_reads
+
+    return _compiled_whole_saving_ns(trace, "compiled_without_reads") \
+        if looped_reads(trace) else None
+
+
+RNN_TRACED_BASIS = ("replay: the run replayed compiled with its RNN, GRU and LSTM modules "
+                    "traced, as `torch._dynamo.config.allow_rnn = True` has them")
+
+
+def rnn_traced_saving_ns(trace: Trace) -> float | None:
+    """ns the analysed steps save with `torch._dynamo.config.allow_rnn = True` set before
+    compiling: Dynamo breaks its graph at an nn.RNN, nn.GRU or nn.LSTM and runs the frame
+    eager, and the setting compiles it whole. A compiled LSTM language model's break was
+    "no time to save now" where the setting saved 215 ms of its 218 ms step. None where no
+    such module was skipped, a graph of the model ran, or no replay applies."""
+    from neuron_explorer.what_if.compiled import compile_skipped_modules
+
+    return _compiled_whole_saving_ns(trace, "compiled_allow_rnn") \
+        if "rnn" in compile_skipped_modules(trace).values() else None
+
+
+def _compiled_whole_saving_ns(trace: Trace, mode: str) -> float | None:
+    """The run's analysed steps, where no graph ran, replayed eager against replayed in
+    the compiled what-if `mode`: their medians' difference, times the steps."""
+    from neuron_explorer.analyses.step_breakdown import counted_steps
     from neuron_explorer.what_if.replay import predicted_step_ns
 
-    looped = looped_reads(trace)
     ops = in_analysed_work(trace, trace.ops)
-    if not looped or not len(ops) or (ops["graph_id"].to_numpy() >= 0).any():
+    if not len(ops) or (ops["graph_id"].to_numpy() >= 0).any():
         return None
-    predicted = predicted_step_ns(trace, "compiled_without_reads")
+    predicted = predicted_step_ns(trace, mode)
     recorded = predicted_step_ns(trace, "eager")
     steps = counted_steps(trace)
     if predicted is None or recorded is None or not steps:

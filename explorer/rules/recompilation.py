@@ -17,9 +17,11 @@ from neuron_explorer.rules.finding import Finding, evidence, make, trains, us
 from neuron_explorer.rules.graph_break_cost import (
     MERGED_BASIS,
     READS_GONE_BASIS,
+    RNN_TRACED_BASIS,
     UNCOMPILED_BASIS,
     merged_graphs_saving_ns,
     reads_gone_saving_ns,
+    rnn_traced_saving_ns,
     uncompiled_calls_saving_ns,
 )
 from neuron_explorer.rules.shape_recompiles import ran_uncompiled_after, repeated_size_recompiles
@@ -129,6 +131,22 @@ def check(trace: Trace) -> list[Finding]:
                       "Dynamo runs a frame whose loop breaks wholly eager, so none of it ran "
                       f"compiled; without the read it compiles whole, {us(reads_gone)} "
                       "less (counted in the saving).")
+    # a break at an nn.LSTM: Dynamo ran the frame eager, allow_rnn compiles it whole
+    rnn_note = ""
+    rnn_traced = rnn_traced_saving_ns(trace) if own.any() and not torchs and not merged \
+        and not reads_gone and _rnn_break(in_step_breaks) else None
+    if rnn_traced:
+        saving += rnn_traced
+        basis = "; ".join(b for b in (basis, RNN_TRACED_BASIS) if b)
+        from neuron_explorer.analyses.step_breakdown import counted_steps
+
+        n = counted_steps(trace)
+        rnn_note = (" Dynamo ran the model's frame eager from the break at its RNN "
+                    "module; with `torch._dynamo.config.allow_rnn = True` set before "
+                    f"compiling it compiles whole, {us(rnn_traced / max(n, 1))} less in "
+                    f"each of the {n} analysed steps (counted in the saving; the "
+                    "host-bound finding's compiled replay is the same change, so the two "
+                    "savings are one).")
     uncompiled_note, uncompiled = _past_the_limit(trace, recompiles, set(per_size["frame"]))
     frames_past = bool(uncompiled)
     if limit_step >= 0 and len(recompiles):
@@ -183,7 +201,7 @@ def check(trace: Trace) -> list[Finding]:
     # compile time is not per step: its share is of the recorded steps, warm-up included
     return [make(trace, RULE_ID, title, saving, items,
                  _explanation(in_step_breaks, recompiles, reasons) + merged_note
-                 + uncompiled_note + reads_note,
+                 + uncompiled_note + reads_note + rnn_note,
                  recommendation,
                  severity_override="low" if (needed_once and not uncompiled_saving) or decoding
                  or torchs else None,
@@ -524,6 +542,12 @@ def _one_line(reason: str) -> str:
 
 # the graph break Dynamo reports when a function reaches its recompile limit
 LIMIT_BREAK = "Dynamo recompile limit exceeded"
+# the graph break Dynamo reports at an nn.RNN, nn.GRU or nn.LSTM without allow_rnn
+RNN_BREAK = "Attempted to wrap RNN"
+
+
+def _rnn_break(breaks: pd.DataFrame) -> bool:
+    return bool(breaks["reason"].astype(str).str.contains(RNN_BREAK, regex=False).any())
 
 
 # torch.compile(DDP(model)): Dynamo skips DDP's forward, so nothing of the model compiles
