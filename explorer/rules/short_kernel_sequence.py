@@ -252,7 +252,7 @@ def check(trace: Trace) -> list[Finding]:
     fused_step = _fused_optimizer_step_ns(trace) if optimizer_share == 1.0 else None
     by_fused_step = fused_step is not None and fused_step < lost and not capped
     fused_alone = lost
-    if by_fused_step:
+    if fused_step is not None and by_fused_step:
         lost = fused_step
     if lost < th.FUSION_MIN_SHARE * step_time(trace):
         return []
