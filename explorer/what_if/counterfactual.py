@@ -34,7 +34,7 @@ def removal_saving_ns(trace: Trace, op_ids: np.ndarray, cause: str,
     host time `host_cut` (starts, ends) went too, by replay; None where the trace cannot
     be replayed."""
     base = _replayed_span(trace, "as recorded", np.zeros(0, np.int64))
-    if base is None or not (len(op_ids) or host_cut is not None):
+    if base is None or not (len(op_ids) or host_cut is not None or lengths):
         return None
     without = _replayed_span(trace, cause, np.asarray(op_ids, np.int64), lengths, host_cut)
     if without is None:

@@ -122,8 +122,10 @@ def test_a_compiled_cnn_is_told_to_cast_the_model_whole(tmp_path) -> None:
 def test_a_compiled_run_its_host_still_paces_is_claimed_what_casting_saves(tmp_path) -> None:
     """Its loss compiled with the model, its optimizer fused, a loss read every step: the
     host still sets the step, with nothing left to compile. Casting the model whole saved
-    77.5 us a step; the finding claims the device time it saves (69.3 us). The part of it
-    the critical path keeps today was 37.2 us, under half."""
+    77.6 us a step: the fused AdamW's kernel, which the next step's loss read waits on,
+    not the graphs (the host launches the optimizer at the same time either way). The
+    graphs' device time (69.3 us) was claimed before, right by chance; the critical path
+    kept 37.2 us. The run replayed cast whole, the optimizer's kernel too, gives 77.6."""
     program = PROGRAM.parent / "compiled_host_bound.py"
     paths = record_variants(tmp_path, program, {"fp32": [], "whole": ["--whole-bf16"]},
                             modelled=True)
@@ -131,7 +133,8 @@ def test_a_compiled_run_its_host_still_paces_is_claimed_what_casting_saves(tmp_p
     (f,) = [f for f in fp32.bottlenecks() if f.rule_id == "fp32_matmul"]
     claimed = f.time_lost_ns / f.steps
     saved = fp32.summary()["step_time_ns"] - whole.summary()["step_time_ns"]
-    assert claimed == pytest.approx(saved, rel=0.15), (claimed, saved)
+    assert claimed == pytest.approx(saved, rel=0.02), (claimed, saved)
+    assert f.saving_basis.startswith("replay: the run replayed with the model cast whole")
 
 
 def _rebuilt_ns(trace, phase: str) -> float:

@@ -40,7 +40,11 @@ def test_a_compiled_attention_bmm_kept_in_fp32_is_flagged(recorded) -> None:
     assert re.search(r"Run aten::bmm at \S*compiled_attention_autocast\.py:24 in bfloat16: it "
                      r"ran outside autocast",
                      finding["recommendation"]), finding["recommendation"]
-    assert finding["time_lost_ns"] > 0
+    # each step's host work (hundreds of us of Python on the measured clock) sets its
+    # length, around 41 us of graph: the run replayed with the bmm in bf16 saves nothing,
+    # and the finding says so rather than claiming the device time "after" a larger batch
+    assert finding["time_lost_ns"] == 0
+    assert "the host's own work sets their length" in finding["explanation"]
 
 
 def test_the_same_graph_with_its_bmm_in_bf16_is_not_flagged(recorded) -> None:

@@ -37,7 +37,8 @@ clipping as a Python loop over the parameters. `--ema-foreach`: the average of `
 same average with one `torch._foreach_lerp_`; `--ema-compiled`: the loop of `--ema` in a
 compiled function. `--groups`: Adam's
 parameters in two groups (weight decay on the matrices only). `--grad-noise loop|foreach`:
-noise drawn per gradient (`randn_like`) and added in a loop, or with foreach ops."""
+noise drawn per gradient (`randn_like`) and added in a loop, or with foreach ops.
+`--bf16`: the model cast whole to bfloat16, its input cast on the host (`--input once`)."""
 
 import sys
 
@@ -68,6 +69,8 @@ layers: list[nn.Module] = []
 for _ in range(LAYERS):
     layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
 model = nn.Sequential(*layers).to("neuron")
+DTYPE = torch.bfloat16 if "--bf16" in sys.argv else torch.float32
+model.to(DTYPE)
 OPTIMIZER = sys.argv[sys.argv.index("--optimizer") + 1] if "--optimizer" in sys.argv else "sgd"
 PER_STEP = "--optimizer-per-step" in sys.argv
 
@@ -102,7 +105,7 @@ def compiled_ema() -> None:
 
 COMPILE_LOSS = "--compile-loss" in sys.argv
 compiled_loss = torch.compile(lambda x: model(x).square().mean() / ACCUMULATE, backend="neuron")
-host_x = torch.randn(BATCH, WIDTH)
+host_x = torch.randn(BATCH, WIDTH).to(DTYPE)
 x = host_x.to("neuron")
 dataset = torch.randn(4, BATCH, WIDTH)
 if INPUT == "cycled-on-device":
