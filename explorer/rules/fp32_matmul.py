@@ -17,6 +17,7 @@ from neuron_explorer.analyses.engine_utilisation import shortened_by_tensor_cut
 from neuron_explorer.analyses.phases import in_analysed_work
 from neuron_explorer.analyses.roofline import main_dtype
 from neuron_explorer.analyses.step_breakdown import step_windows
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.common.op_families import runs_matmuls
 from neuron_explorer.common.trace_format import ARG_WHOLE_BF16_NS
 from neuron_explorer.device_terms import device_terms
@@ -109,24 +110,27 @@ def _eager_cast_whole_lengths(trace: Trace) -> dict[int, int]:
     from neuron_explorer.what_if.counterfactual import op_kernel_rows
     from neuron_explorer.what_if.replay import op_keys
 
-    ops = trace.ops
-    ops = ops[ops["graph_id"].to_numpy() < 0]
     kernel_rows = op_kernel_rows(trace)
+    ops = trace.ops
+    ids = np.array([i for i in ops.loc[ops["graph_id"].to_numpy() < 0, "id"].tolist()
+                    if len(kernel_rows.get(int(i), ())) == 1], np.int64)
+    if len(ids):
+        ids = ids[np.array([k is not None for k in
+                            trace.slice_args.column(tf.ARG_OP_KEY, ids)], bool)]
+    keys = op_keys(trace, ids)
+    if keys is None:  # none, or one damaged
+        return {}
     preset = ReplayOptions(trace.hardware or "trn2").preset()
     lengths: dict[int, int] = {}
     lowered: dict[tuple, int | None] = {}
-    for op in ops["id"].tolist():
-        rows = kernel_rows.get(int(op), [])
-        keys = op_keys(trace, np.array([op], np.int64)) if len(rows) == 1 else None
-        if keys is None:
-            continue
-        key = cast_whole(keys[0], "bf16")
+    for op, recorded in zip(ids.tolist(), keys, strict=True):
+        key = cast_whole(recorded, "bf16")
         if key not in lowered:
             kernel, on_host = lower_key(key, preset)
             lowered[key] = None if kernel is None or on_host else int(kernel.duration_ns)
         length = lowered[key]
         if length is not None:
-            lengths[rows[0]] = length
+            lengths[kernel_rows[op][0]] = length
     return lengths
 
 

@@ -84,9 +84,10 @@ def only_a_larger_batch(trace: Trace) -> bool:
     fix first. A larger batch changes the workload, so a device fix's step saving cannot
     wait on it: a compiled recommender told that casting to bfloat16 saves 92 us a step
     "after the host-bound fix" ran the same step cast (566 us), 93 us less device time."""
-    return (is_compiled(trace) and not len(trace.compile_summary()["graph_breaks"])
-            and not _mostly_eager(trace) and not _optimizer_first(trace)
-            and not _copies_first(trace))
+    return memoised(trace, "host_only_a_larger_batch", lambda: (
+        is_compiled(trace) and not len(trace.compile_summary()["graph_breaks"])
+        and not _mostly_eager(trace) and not _optimizer_first(trace)
+        and not _copies_first(trace)))
 
 
 def device_saving(trace: Trace, device_ns: float, host_added_ns: float = 0.0) -> DeviceSaving:
