@@ -368,8 +368,10 @@ def record_eager(device: devices.NeuronDevice, key: OpKey, real_start_ns: int,
 
 def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
                    input_shapes: Sequence[Sequence[int]], input_dtypes: Sequence[str],
-                   flops: int, hbm_bytes: int, graph_id: int | None = None) -> int:
-    """Launch a compiled graph's kernels as one op; return its op id (see module doc)."""
+                   flops: int, hbm_bytes: int, graph_id: int | None = None,
+                   made_by: Sequence[int] = ()) -> int:
+    """Launch a compiled graph's kernels as one op; return its op id (see module doc).
+    `made_by`: per tensor input, the op id that made it (0: none recorded)."""
     real_start, host_start = clock.stamp()
     # Eager work a policy still holds was issued before this graph: it launches first.
     queued_ns = state.policy.flush(host_start)
@@ -386,6 +388,7 @@ def launch_kernels(device_index: int, kernels: Sequence, op_name: str,
             op_id, op_name, device.index, host_start, host_end,
             tuple(tuple(s) for s in input_shapes), tuple(str(d) for d in input_dtypes),
             int(flops), int(hbm_bytes), fallback, kernel_ids, threading.get_ident(), graph_id,
+            producers=tuple([op_id - m if m else 0 for m in made_by]),
         ))
     clock.exclude(_perf_ns() - real_start - queued_ns - overhead)
     if host_costs.per_launch_ns:

@@ -34,6 +34,7 @@ from neuron_explorer.collectors.trace_writer import RecordingError
 from neuron_explorer.common import op_key_codec
 from neuron_explorer.common.trace_format import (
     ARG_ALGORITHM,
+    ARG_BATCHED_NS,
     ARG_BYTES,
     ARG_COLLECTIVE,
     ARG_DEVICE,
@@ -110,7 +111,7 @@ _OP_ROW = ("track", "start", "dur", "op_id", "first_kernel", "kernel_count", "st
 # two buffers of different lengths, and the batch unwritable)
 _KERNEL_ROW = ("device", "start", "end", "kernel_id", "op_id", "step", "index", "name",
                "busy", "model_flops", "flops", "bytes", "sbuf", "psum", "fallback", "sections",
-               "whole_bf16", "flows")
+               "whole_bf16", "batched", "flows")
 _OP_BUFFER = _OP_BATCH * len(_OP_ROW)
 _COUNTER_ROW = ("track", "ts", "value")
 
@@ -340,6 +341,8 @@ class DeviceSink(EventSink):
                                   ev.flops, ev.hbm_bytes, ev.sbuf_bytes, ev.psum_bytes,
                                   ev.fallback, _sections_json(ev.kernel) if rec.engine else "",
                                   getattr(ev.kernel, "whole_bf16_ns", None) if rec.engine
+                                  else None,
+                                  getattr(ev.kernel, "batched_ns", None) if rec.engine
                                   else None, flow_out))
             if len(self._kernels) >= _KERNEL_BATCH * len(_KERNEL_ROW):
                 self._flush_kernels()
@@ -640,7 +643,8 @@ class DeviceSink(EventSink):
         return name, args
 
     def _kernel_args(self, key: tuple) -> tuple[str, dict]:
-        busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections, bf16 = key
+        (busy_id, name, model_flops, flops, nbytes, sbuf, psum, fallback, sections, bf16,
+         batched) = key
         args = {
             ARG_FLOPS: model_flops,
             ARG_HW_FLOPS: flops,
@@ -654,6 +658,8 @@ class DeviceSink(EventSink):
             args[ARG_SECTIONS] = sections
         if bf16 is not None:
             args[ARG_WHOLE_BF16_NS] = bf16
+        if batched is not None:
+            args[ARG_BATCHED_NS] = batched
         return name, args
 
     def _forget_signatures(self) -> None:
@@ -690,7 +696,7 @@ class DeviceSink(EventSink):
             busy_maps.setdefault(id(busy), busy)
         keys = list(zip(map(id, c["busy"]), c["name"], c["model_flops"], c["flops"],
                         c["bytes"], c["sbuf"], c["psum"], c["fallback"], c["sections"],
-                        c["whole_bf16"], strict=True))
+                        c["whole_bf16"], c["batched"], strict=True))
         signatures = self._signature_values(keys, self._kernel_signatures, self._kernel_args)
         lanes = []  # in launch order: lanes fill as kernels arrive
         for device, start, end in zip(c["device"], c["start"], c["end"], strict=True):

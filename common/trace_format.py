@@ -62,6 +62,11 @@ ARG_SECTIONS = "sections"
 # int ns, on a compiled program's kernel slices when its matmuls ran in float32: the
 # program's length with the model cast whole to bfloat16 (every float32 tensor of the graph)
 ARG_WHOLE_BF16_NS = "whole_bf16_ns"
+# int ns, on an inference program's kernel slices: the program's length over
+# BATCHED_CALLS times its requests' rows (backend/compiler/batched_program.py), what one
+# call serving that many calls' requests would run
+ARG_BATCHED_NS = "batched_ns"
+BATCHED_CALLS = 8
 ARG_GRAPH_ID = "graph_id"
 ARG_NKI_KERNEL = "kernel"  # str, on an NKI kernel's compile span: the kernel's name
 # int ns, on an NKI kernel's compile span: the kernel's scheduled length, and its length

@@ -15,11 +15,12 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from neuron_explorer.backend.clock import clock
 from neuron_explorer.backend.compiler import compile_events
+from neuron_explorer.backend.compiler.batched_program import batched_ns, request_inputs
 from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
 from neuron_explorer.backend.compiler.graph_kernels import can_fuse
 from neuron_explorer.backend.compiler.host_graph import HostRunner
@@ -95,6 +96,9 @@ class CompiledGraph:
         self._binder = ShapeBinder(gm) if is_symbolic(gm) or self._unbacked else None
         self._launches: dict[tuple, GraphLaunch] = {}
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # an inference graph's requests: what the unbatched-calls finding batches
+        self._requests = [self._placeholders[i] for i in request_inputs(example_inputs)] \
+            if phase == "inference" else []
         self._launch = runtime.launch_kernels
         self._suspended = runtime.device_accounting_suspended
         self.static_launch: GraphLaunch | None = None
@@ -132,6 +136,9 @@ class CompiledGraph:
             # what the FP32-matmul finding claims, built when a recording asks for it
             program.whole_bf16_later(
                 functools.partial(whole_model_ns, self.groups, self.device, name, binding))
+        if program is not None and self._requests:
+            program.batched_later(functools.partial(batched_ns, self.groups, self.device,
+                                                    name, binding, self._requests))
         kernels = (program,) if program is not None else ()
         shapes, dtypes = [], []
         for i in self._tensor_inputs:
@@ -180,6 +187,7 @@ class CompiledGraph:
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = cast(list, call_args[0]) if boxed else list(call_args)
         launch = None if self._unbacked else self._launch_for(args)
+        inputs = [_block(args[i]) for i in self._tensor_inputs]
         with self._suspended():
             outputs = self.runner(args)
         if launch is None:
@@ -187,9 +195,24 @@ class CompiledGraph:
         if boxed:
             args.clear()
         # The runtime launches eager work a policy still holds before the graph.
-        self._launch(self.device_index, launch.kernels, self.name, launch.input_shapes,
-                     launch.input_dtypes, launch.flops, launch.hbm_bytes, self.graph_id)
+        op_id = self._launch(self.device_index, launch.kernels, self.name, launch.input_shapes,
+                             launch.input_dtypes, launch.flops, launch.hbm_bytes,
+                             self.graph_id, [b.made_by if b is not None else 0 for b in inputs])
+        # its fresh results name the launch as the op that made them, as an eager op's do:
+        # the data flow runs through compiled calls (a compiled generation's next call
+        # reads its last one's token, which tells it from a server's requests)
+        held = {id(b) for b in inputs if b is not None}
+        for out in outputs:
+            block = _block(out)
+            if block is not None and id(block) not in held:
+                block.made_by = op_id
         return outputs
+
+
+def _block(value: object) -> Any:
+    """The allocator's record of a neuron tensor's memory (None: not a neuron tensor)."""
+    return getattr(value.untyped_storage(), "_neuron_block", None) \
+        if isinstance(value, torch.Tensor) else None
 
 
 class EagerGraph:

@@ -32,6 +32,7 @@ class Kernel:
     """One kernel: what it costs and, per instruction, when each engine runs what."""
 
     __slots__ = (
+        "_batched",
         "_bytes",
         "_dur",
         "_engine",
@@ -103,6 +104,9 @@ class Kernel:
         # a compiled program with float32 matmuls: its length with the model cast whole to
         # bfloat16, or how to build that (`whole_bf16_ns`)
         self._whole_bf16: int | Callable[[], int | None] | None = None
+        # an inference program: its length over BATCHED_CALLS times its requests' rows,
+        # or how to build that (`batched_ns`)
+        self._batched: int | Callable[[], int | None] | None = None
         for array in (engine, opcode, start, dur, nbytes, iflops) + (
                 () if section is None else (section,)):
             array.flags.writeable = False  # kernels are cached and shared
@@ -132,6 +136,19 @@ class Kernel:
         if callable(self._whole_bf16):
             self._whole_bf16 = self._whole_bf16()
         return self._whole_bf16
+
+    def batched_later(self, build: Callable[[], int | None]) -> None:
+        """`build` times this program over more rows when a recording first asks
+        (compiler/batched_program.py)."""
+        self._batched = build
+
+    @property
+    def batched_ns(self) -> int | None:
+        """This inference program's length over `BATCHED_CALLS` times its requests' rows;
+        None where it was not built (a training graph, no request input, an eager op)."""
+        if callable(self._batched):
+            self._batched = self._batched()
+        return self._batched
 
     def __repr__(self) -> str:
         return (

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from neuron_explorer.analyses.phases import EVAL, model_calls
 from neuron_explorer.analyses.steady_state import analysed_steps
+from neuron_explorer.common import trace_format as tf
 from neuron_explorer.rules import host_bound
 from neuron_explorer.rules import thresholds as th
 from neuron_explorer.rules.finding import Finding, evidence, make, step_time, trains, us
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from neuron_explorer.trace import Trace
 
 RULE_ID = "unbatched_calls"
-BATCH = 8  # calls batched into one in the replay: a batch a server fills from its queue
+# calls batched into one in the replay: a batch a server fills from its queue (a compiled
+# program is built that much larger as it is recorded)
+BATCH = tf.BATCHED_CALLS
 
 
 def check(trace: Trace) -> list[Finding]:
@@ -47,14 +50,27 @@ def check(trace: Trace) -> list[Finding]:
     batch = (f"batches of up to {k} requests" if single else
              f"calls of up to {k * rows} rows ({k} of today's calls)" if rows else
              f"calls of {k} times today's rows")
-    overlap = (" Compiling (the host-bound finding's fix) and reading results less often cut "
-               "some of the same launches and reads: those savings overlap with this one "
-               "rather than add." if host_bound.is_host_bound(trace) else "")
     title = (f"Requests served a model call each ({len(steps)} calls)" if single else
              f"Model calls of {rows} rows each ({len(steps)} calls)" if rows else
              f"Model calls served one at a time ({len(steps)} calls)")
     calls = model_calls(trace)
     calls = calls[calls["step"].isin(steps)]
+    ops = trace.ops
+    compiled = bool((ops.loc[ops["step"].isin(steps), "graph_id"].to_numpy() >= 0).any())
+    lowered = ("each op lowered again at the larger shapes, each compiled graph's program "
+               "built again by the backend over them" if compiled else
+               "each op lowered again at the larger shapes")
+    dynamic = (" A compiled model meets a new batch size with a recompile: pad each batch "
+               "to one size, or mark its batch dim dynamic "
+               "(torch._dynamo.mark_dynamic(x, 0)) so one graph serves every size."
+               if compiled else "")
+    overlap = "" if not host_bound.is_host_bound(trace) else (
+        " The host-bound finding's advice for this compiled model is this batching: this is "
+        "its saving, replayed (its own figure counts the device's idle gaps only)."
+        if compiled else
+        " Compiling (the host-bound finding's fix) and reading results less often cut "
+        "some of the same launches and reads: those savings overlap with this one "
+        "rather than add.")
     items = [evidence(int(r.ts), int(r.end - r.ts), [int(r.id)],
                       f"the model's call in step {int(r.step)}, one of {len(steps)}")
              for r in calls.head(th.MAX_EVIDENCE).itertuples()]
@@ -63,8 +79,8 @@ def check(trace: Trace) -> list[Finding]:
         f"Each of the {len(steps)} analysed calls runs every op of the model for "
         + ("its own request" if single else f"{rows} rows" if rows else "its own rows")
         + ": the host launches each op once a call, and the device runs kernels sized for "
-        f"one call. Replayed with {k} calls at a time as one call over their rows (each op "
-        "lowered again at the larger shapes; the other calls' launches, host time inside the "
+        f"one call. Replayed with {k} calls at a time as one call over their rows ({lowered}; "
+        "the other calls' launches, host time inside the "
         f"model and reads of results gone), the calls take {us(saving)} less, "
         f"{us(saving / len(steps))} a call today." + overlap,
         f"Serve {batch}: stack the queued requests' inputs (torch.stack or torch.cat; "
@@ -72,6 +88,6 @@ def check(trace: Trace) -> list[Finding]:
         "requests of one length batched together) and call the model once, then read the "
         "results once a batch (outputs.argmax(-1).tolist()). Requests that arrive over time "
         f"wait for their batch: take what is queued, up to {k} calls' worth or a latency "
-        "bound (dynamic batching).",
+        "bound (dynamic batching)." + dynamic,
         saving_basis=f"replay: the run replayed with {k} calls at a time as one call over "
-                     "their rows, each op lowered at the larger shapes")]
+                     f"their rows, {lowered}")]

@@ -83,15 +83,57 @@ def _saving(trace: Trace, k: int) -> float | None:
     for step, ts, end in zip(model["step"].tolist(), model["ts"].tolist(),
                              model["end"].tolist(), strict=True):
         windows.setdefault(int(step), []).append((int(ts), int(end)))
+    units = _call_units(trace, [s for s in steps if s in by_step], by_step, windows)
     groups = []
-    for first in range(0, len(calls), k):
-        group = calls[first:first + k]
-        cut = [w for other in group[1:] for w in windows.get(int(other["step"].iloc[0]), [])]
-        # a result a step reads was made in the call before it: an analysed call, never the
-        # model's upload just before the first (its weights would grow with the batch)
-        since = int(calls[first - 1]["op_id"].min()) if first else int(group[0]["op_id"].min())
-        groups.append(Joined(group, since, cut))
+    for first in range(0, len(units), k):
+        group = units[first:first + k]
+        cut = [w for unit in group[1:] for w in windows.get(unit.step, [])]
+        groups.append(Joined([u.ops for u in group], int(group[0].ops["op_id"].min()), cut,
+                             syncs=tuple(i for u in group[1:] for i in u.syncs)))
     return _joined_saving(trace, groups, f"batched_calls:{k}")
+
+
+@dataclass(frozen=True)
+class CallUnit:
+    """One model call and what reads its result: the ops of its step from its request's
+    upload on, and the ops and syncs up to the next step's last read before its own call
+    (a server that reads each answer as the next request arrives reads it there)."""
+
+    step: int
+    ops: pd.DataFrame
+    syncs: tuple[int, ...]
+
+
+def _call_units(trace: Trace, steps: list[int], by_step: dict[int, pd.DataFrame],
+                windows: dict[int, list[tuple[int, int]]]) -> list[CallUnit]:
+    """Each analysed step's call with its reads: a batch replayed keeps the first call's
+    reads (a batch is read once, after its program, from a result `k` times the rows) and
+    drops the others'. Cut at the step boundary instead, a compiled server's batch was read
+    at the next batch's step, and its reads kept waited for the batch before the read ops
+    that ran while its program did (490 us a batch of 8 replayed, 323 recorded)."""
+    from neuron_explorer.tables import assign_steps, of_kind
+
+    syncs = of_kind(trace, tf.CAT_SYNC)
+    sync_ts = syncs["ts"].to_numpy(np.int64)
+    sync_end = sync_ts + syncs["dur"].to_numpy(np.int64)
+    sync_step = assign_steps(sync_ts, trace.steps)
+    sync_ids = syncs["id"].to_numpy(np.int64)
+    parts = []  # per step: (ops and syncs reading the call before, its own ops and syncs)
+    for step in steps:
+        ops = by_step[step]
+        call_at = min((w[0] for w in windows.get(step, [])), default=np.iinfo(np.int64).max)
+        mine = sync_step == step
+        before = mine & (sync_ts < call_at)
+        cut = int(sync_end[before].max()) if before.any() else np.iinfo(np.int64).min
+        early = ops["ts"].to_numpy(np.int64) < cut
+        parts.append(((ops[early], tuple(sync_ids[before].tolist())),
+                      (ops[~early], tuple(sync_ids[mine & ~before].tolist()))))
+    units = []
+    for i, step in enumerate(steps):
+        own_ops, own_syncs = parts[i][1]
+        read_ops, read_syncs = parts[i + 1][0] if i + 1 < len(parts) else (own_ops[:0], ())
+        units.append(CallUnit(step, pd.concat([own_ops, read_ops]), own_syncs + read_syncs))
+    return units
 
 
 @dataclass(frozen=True)
@@ -104,6 +146,7 @@ class Joined:
     cut: list[tuple[int, int]]
     # leading ops of each other call kept: stand-ins for the ops that stack their inputs
     kept: int = 0
+    syncs: tuple[int, ...] = ()  # the other calls' reads of the device (sync slices)
 
 
 def _joined_saving(trace: Trace, groups: list[Joined], cause: str) -> float | None:
@@ -121,6 +164,7 @@ def _joined_saving(trace: Trace, groups: list[Joined], cause: str) -> float | No
     for group in groups:
         for other in group.calls[1:]:
             removed += other["id"].iloc[group.kept:].tolist()
+        removed += group.syncs
         scaled = _scaled_lengths(trace, by_op_id, group.calls[0], len(group.calls),
                                  group.since, preset, lower_key, kernel_rows, durations)
         if scaled is None:
@@ -211,7 +255,20 @@ def _row_inputs(trace: Trace, call: pd.DataFrame) -> int | None:
 def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lower_key,
                     kernel_rows, durations) -> dict[int, int] | None:
     """Kernel row -> length for one call's ops run over `k` times its rows: each op's
-    recorded kernels stretched by how much longer its lowering is at the larger shapes."""
+    recorded kernels stretched by how much longer its lowering is at the larger shapes, a
+    compiled program's as long as the backend's build of it over that many rows (a graph
+    op has no key to lower)."""
+    programs = _batched_programs(trace, k, durations)
+    lengths: dict[int, int] = {}
+    built = np.zeros(len(call), bool)
+    for i, op_id in enumerate(call["id"].astype(int).tolist()):
+        rows = kernel_rows.get(op_id, [])
+        if rows and all(row in programs for row in rows):
+            lengths.update((row, programs[row]) for row in rows)
+            built[i] = True
+    call = call[~built]
+    if not len(call):
+        return lengths
     ids = call["id"].to_numpy(np.int64)
     keys = op_keys(trace, ids)
     if keys is None:
@@ -220,7 +277,6 @@ def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lo
     # an input of the call's rows is the call's data too, made before the call (a batch
     # prepared on the device)
     rows_of_call = _rows(call, keys)
-    lengths: dict[int, int] = {}
     for op_id, key, inputs_made in zip(ids.tolist(), keys, made_here, strict=True):
         rows = kernel_rows.get(op_id, [])
         if not rows:
@@ -238,6 +294,26 @@ def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lo
     return lengths
 
 
+def _batched_programs(trace: Trace, k: int, durations: np.ndarray) -> dict[int, int]:
+    """Row of `trace.kernels` -> its length over `k` calls' rows, for the compiled inference
+    programs the backend also built over `tf.BATCHED_CALLS` calls' rows (`batched_ns`):
+    between the two sizes a program's length grows in step with its rows, as its tiles
+    do."""
+    def compute() -> pd.Series:
+        from neuron_explorer.tables import number
+
+        ids = trace.kernels["id"].to_numpy(np.int64)
+        batched = number(trace, tf.ARG_BATCHED_NS, ids, default=-1)
+        return pd.Series(batched, np.arange(len(ids)))[batched >= 0]
+
+    built = memoised(trace, "batched_calls:programs", compute)
+    rows = built.index.to_numpy(np.int64)
+    recorded = durations[rows].astype(np.float64)
+    share = (k - 1) / (tf.BATCHED_CALLS - 1)
+    grown = recorded + (built.to_numpy(np.float64) - recorded) * share
+    return dict(zip(rows.tolist(), np.round(grown).astype(np.int64).tolist(), strict=True))
+
+
 def _rows(call, keys: list) -> int | None:
     """The call's rows: the first dim of the first result a kernel of it computes."""
     launched = call["kernel_count"].to_numpy() > 0
@@ -251,6 +327,7 @@ def call_rows(trace: Trace) -> int | None:
     if not steps:
         return None
     call = trace.ops[trace.ops["step"] == steps[-1]].sort_values("ts", kind="stable")
+    call = call[call["graph_id"].to_numpy() < 0]  # a compiled graph's op has no key
     keys = op_keys(trace, call["id"].to_numpy(np.int64)) if len(call) else None
     return _rows(call, keys) if keys is not None else None
 

@@ -244,6 +244,15 @@ def test_a_decoder_without_a_cache_shows_no_kv_cache(recorded, loaded, reported)
     assert row.split()[-2:] == ["none", "none"], row
 
 
+def test_a_compiled_decoder_without_a_cache_is_generation_not_requests(loaded) -> None:
+    """A compiled call is one op, whose data flow stopped at it: each call of a compiled
+    decoder seemed a request of its own, its steps eval passes, and it was told to serve
+    8 of its decode steps as one call, each of which needs the last one's token."""
+    trace = loaded(*GENERATE, "--no-cache", "--compile")
+    assert trace.phases()["phase"].tolist() == ["prefill"] + ["decode"] * 15
+    assert not [f for f in trace.bottlenecks() if f.rule_id == "unbatched_calls"]
+
+
 def test_without_marks_each_batch_row_is_a_request(recorded, loaded, reported) -> None:
     path = recorded(*GENERATE)
     trace = loaded(*GENERATE)

@@ -1,9 +1,9 @@
 """A classifier serving 16 queued requests of one row each, `--per-call N` of them in each
 call of the model (1 unless given): its rows stacked, the answers read once a call.
 `--width W --rows R`: layers W wide (512) and requests of R rows (1): a large model whose
-calls keep the device busy.
+calls keep the device busy. `--compile`: the model compiled.
 
-    python served_classifier.py [--per-call N] [--width W --rows R]
+    python served_classifier.py [--per-call N] [--width W --rows R] [--compile]
 """
 
 import sys
@@ -21,6 +21,8 @@ PER_CALL, WIDTH, ROWS = _option("--per-call", 1), _option("--width", 512), _opti
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH), nn.GELU(),
                       nn.Linear(WIDTH, 10)).to("neuron").eval()
+if "--compile" in sys.argv:
+    model = torch.compile(model, backend="neuron")
 requests = [torch.randn(ROWS, 256) for _ in range(16)]  # queued on the host
 answers: list[int] = []
 with torch.no_grad():
