@@ -13,7 +13,9 @@ default: one host tensor uploaded before the loop), `every-step` (the same host 
 uploaded in every step), `rebuilt` (a new host tensor of the same values uploaded every
 step), `fresh` (a new host tensor uploaded every step), `on-device` (a new one made on
 the device), `pieces` (the sum of four new host tensors, each uploaded), `stacked` (the
-same four uploaded in one copy and unbound on the device), `cycled` (a host dataset of
+same four uploaded in one copy and unbound on the device), `paired` (four inputs and
+four row weights, each uploaded), `paired-batched` (the eight in one flat copy, sliced
+and unbound on the device), `cycled` (a host dataset of
 four batches, batch `step % 4` of it uploaded every step), `cycled-on-device` (that
 dataset uploaded once before the loop, its batch indexed on the device), `sliced` (a host
 dataset of five batches, the last smaller, sliced and uploaded every step: an epoch every
@@ -132,6 +134,16 @@ for step in range(12):
         x = sum(piece.to("neuron") for piece in torch.randn(4, BATCH, WIDTH).unbind(0))
     elif INPUT == "stacked":
         x = sum(torch.randn(4, BATCH, WIDTH).to("neuron").unbind(0))
+    elif INPUT == "paired":  # four micro-batches' inputs and their row weights
+        xs, ws = torch.randn(4, BATCH, WIDTH), torch.randn(4, BATCH)
+        x = sum(a.to("neuron") * w.to("neuron")[:, None]
+                for a, w in zip(xs.unbind(0), ws.unbind(0), strict=True))
+    elif INPUT == "paired-batched":  # the same, in one flat buffer split on the device
+        xs, ws = torch.randn(4, BATCH, WIDTH), torch.randn(4, BATCH)
+        flat = torch.cat([xs.flatten(), ws.flatten()]).to("neuron")
+        a_all = flat[:xs.numel()].view(4, BATCH, WIDTH).unbind(0)
+        w_all = flat[xs.numel():].view(4, BATCH).unbind(0)
+        x = sum(a * w[:, None] for a, w in zip(a_all, w_all, strict=True))
     elif INPUT == "on-device":
         x = torch.randn(BATCH, WIDTH, device="neuron")
     if "--labels" in sys.argv:
