@@ -11,11 +11,13 @@ import subprocess
 from pathlib import Path
 
 import cli_runner
+import pytest
 from cli_runner import CLI, run_command
 
 PROGRAM = Path(__file__).parent / "collectors" / "programs" / "train_small.py"
 
 
+@pytest.mark.slow  # 10-14 s in a CI run
 def test_a_forked_recording_is_a_fresh_processs_byte_for_byte(tmp_path) -> None:
     """The same modelled recording (a program that fails at its second step: its exit
     status and traceback too) in a fresh process and forked from the server: the same

@@ -128,6 +128,7 @@ def test_two_modelled_recordings_are_byte_identical(small_runs) -> None:
         in head["host clock"]
 
 
+@pytest.mark.slow  # 10-14 s in a CI run
 def test_modelled_json_recordings_of_a_compiled_model_are_byte_identical(programs) -> None:
     for proc in _modelled(programs, ("c1.json", "compiled_block.py"),
                           ("c2.json", "compiled_block.py")):
@@ -151,6 +152,7 @@ def _diff(*args: str) -> subprocess.CompletedProcess:
     return run_command("diff", *args, cwd=ROOT, env=cli_env(), timeout=120)
 
 
+@pytest.mark.slow  # 10-14 s in a CI run
 def test_diff_fail_above_exit_codes() -> None:
     eager = str(ROOT / "sample_traces" / "gpt_eager.pftrace")
     compiled = str(ROOT / "sample_traces" / "gpt_compiled.pftrace")

@@ -452,6 +452,7 @@ def test_one_rank_alone_reports_its_exposed_communication(run):
     assert [f.rule_id for f in run.bottlenecks()].count("exposed_communication") == 1
 
 
+@pytest.mark.slow  # 10-14 s in a CI run
 def test_the_recorded_straggler_run_names_its_slow_rank(repo_root):
     """sample_traces/straggler.run: rank 2 of 3 adds host work each step (examples/)."""
     run = neuron_explorer.load(repo_root / "sample_traces" / "straggler.run")

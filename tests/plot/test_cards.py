@@ -54,6 +54,7 @@ def test_a_diff_renders_its_sections_as_tables():
     assert html.count("<table") >= 3
 
 
+@pytest.mark.slow  # 10-14 s in a CI run
 def test_a_run_renders_its_ranks():
     import neuron_explorer
 

@@ -10,6 +10,7 @@ from trace_files import load_trace
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # its one test: 11-12 s in a CI run
     pytest.mark.skipif(not browser_available(),
                        reason="needs chromium and chromedriver (scripts/install_browser.sh)"),
 ]
