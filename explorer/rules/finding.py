@@ -65,7 +65,8 @@ class Finding:
         if self.once_ns > 0:
             return f"{each} and {fmt_ns(self.once_ns)} more in the first"
         if self.once_ns < 0:
-            return f"{each}, less a one-time {fmt_ns(-self.once_ns)} in the first"
+            # "less a one-time X in the first" read as the first step growing slower
+            return f"{each}; the first of them saves {fmt_ns(-self.once_ns)} less than the others"
         return each
 
     def line(self) -> str:

@@ -83,7 +83,7 @@ def check(trace: Trace) -> list[Finding]:
         f"{us(saved)} less, {us((saved - once) / steps)} a step"
         + (f" and {us(once)} more in the first, where the optimizer's state is made"
            if once > 0 else "")
-        + (f", less a one-time {us(-once)} in the first, where fused=True makes each "
+        + (f", the first of them {us(-once)} less: there fused=True makes each "
            "parameter's step counter on the device (an empty and a zero_ apiece: a foreach "
            "step keeps them on the host)" if once < 0 else "")
         + f", {us(fused.device_ns / steps)} a step of it device time."
