@@ -118,16 +118,17 @@ def _call_units(trace: Trace, steps: list[int], by_step: dict[int, pd.DataFrame]
     sync_end = sync_ts + syncs["dur"].to_numpy(np.int64)
     sync_step = assign_steps(sync_ts, trace.steps)
     sync_ids = syncs["id"].to_numpy(np.int64)
+    of_step = pd.Series(np.arange(len(syncs))).groupby(sync_step).indices  # step -> rows
     parts = []  # per step: (ops and syncs reading the call before, its own ops and syncs)
     for step in steps:
         ops = by_step[step]
         call_at = min((w[0] for w in windows.get(step, [])), default=np.iinfo(np.int64).max)
-        mine = sync_step == step
-        before = mine & (sync_ts < call_at)
-        cut = int(sync_end[before].max()) if before.any() else np.iinfo(np.int64).min
+        mine = of_step.get(step, np.zeros(0, np.int64))
+        before = mine[sync_ts[mine] < call_at]
+        cut = int(sync_end[before].max()) if len(before) else np.iinfo(np.int64).min
         early = ops["ts"].to_numpy(np.int64) < cut
         parts.append(((ops[early], tuple(sync_ids[before].tolist())),
-                      (ops[~early], tuple(sync_ids[mine & ~before].tolist()))))
+                      (ops[~early], tuple(sync_ids[np.setdiff1d(mine, before)].tolist()))))
     units = []
     for i, step in enumerate(steps):
         own_ops, own_syncs = parts[i][1]
@@ -299,19 +300,18 @@ def _batched_programs(trace: Trace, k: int, durations: np.ndarray) -> dict[int, 
     programs the backend also built over `tf.BATCHED_CALLS` calls' rows (`batched_ns`):
     between the two sizes a program's length grows in step with its rows, as its tiles
     do."""
-    def compute() -> pd.Series:
+    def compute() -> dict[int, int]:  # once per trace and k: every group asks
         from neuron_explorer.tables import number
 
-        ids = trace.kernels["id"].to_numpy(np.int64)
-        batched = number(trace, tf.ARG_BATCHED_NS, ids, default=-1)
-        return pd.Series(batched, np.arange(len(ids)))[batched >= 0]
+        batched = number(trace, tf.ARG_BATCHED_NS, trace.kernels["id"].to_numpy(np.int64),
+                         default=-1)
+        rows = np.flatnonzero(batched >= 0)
+        recorded = durations[rows].astype(np.float64)
+        share = (k - 1) / (tf.BATCHED_CALLS - 1)
+        grown = recorded + (batched[rows].astype(np.float64) - recorded) * share
+        return dict(zip(rows.tolist(), np.round(grown).astype(np.int64).tolist(), strict=True))
 
-    built = memoised(trace, "batched_calls:programs", compute)
-    rows = built.index.to_numpy(np.int64)
-    recorded = durations[rows].astype(np.float64)
-    share = (k - 1) / (tf.BATCHED_CALLS - 1)
-    grown = recorded + (built.to_numpy(np.float64) - recorded) * share
-    return dict(zip(rows.tolist(), np.round(grown).astype(np.int64).tolist(), strict=True))
+    return memoised(trace, f"batched_calls:programs:{k}", compute)
 
 
 def _rows(call, keys: list) -> int | None:
@@ -327,7 +327,8 @@ def call_rows(trace: Trace) -> int | None:
     if not steps:
         return None
     call = trace.ops[trace.ops["step"] == steps[-1]].sort_values("ts", kind="stable")
-    call = call[call["graph_id"].to_numpy() < 0]  # a compiled graph's op has no key
+    if "graph_id" in call:
+        call = call[call["graph_id"].to_numpy() < 0]  # a compiled graph's op has no key
     keys = op_keys(trace, call["id"].to_numpy(np.int64)) if len(call) else None
     return _rows(call, keys) if keys is not None else None
 
