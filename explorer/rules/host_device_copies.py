@@ -327,8 +327,8 @@ def _removed(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.nda
         splits = _split_ops(group, _shapes(trace, issued[rows]))
         cut, added = _split_cut(trace, issued[rows[nth == 1]], splits[nth == 1], cut)
         says.append("each step's copies of one dtype batched into one (the others' ops gone, "
-                    "one kept as the split that hands out the pieces: a view, and an unbind "
-                    "and a slice for each shape of them)")
+                    "one kept as the split that hands out the pieces: a select each, and a "
+                    "slice and a view for each shape where they differ)")
     elif fresh.any():
         parts += [c["id"].to_numpy(np.int64)[fresh & transfer], issued[fresh & ~transfer]]
         says.append("the data new every step no longer crossing the link (the ops that "
