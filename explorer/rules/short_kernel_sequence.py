@@ -190,8 +190,10 @@ def fused_replay_saving(trace: Trace, w: pd.DataFrame) -> float | None:
     runs = list(w.sort_values(["run", "ts"]).drop_duplicates("id").groupby("run"))
     after_graph = _graph_read_first(trace, [op for op in (int(op_of[run["row"].iloc[0]])
                                                           for _, run in runs) if op >= 0])
-    no_kernel = trace.ops.loc[trace.ops["kernel_count"].to_numpy() == 0,
-                              ["id", "ts", "track_id"]].sort_values("ts")
+    no_kernel = {track: (frame["ts"].to_numpy(np.int64), frame["id"].to_numpy(np.int64))
+                 for track, frame in trace.ops.loc[trace.ops["kernel_count"].to_numpy() == 0,
+                                                   ["id", "ts", "track_id"]]
+                 .sort_values("ts").groupby("track_id")}
     slices = trace.table("slices")
     for _, run in runs:
         first, *later = run[["row", "graph"]].itertuples(index=False)
@@ -228,10 +230,9 @@ def fused_replay_saving(trace: Trace, w: pd.DataFrame) -> float | None:
             gone = np.fromiter(list(removed_ops)[before:], np.int64)
             start = int(slices["ts"].iat[graph_op] + slices["dur"].iat[graph_op])
             end = int(slices["ts"].to_numpy(np.int64)[gone].max())
-            track = slices["track_id"].iat[graph_op]
-            between = no_kernel[(no_kernel["ts"] > start) & (no_kernel["ts"] < end)
-                                & (no_kernel["track_id"] == track)]
-            removed_ops.update(dict.fromkeys(between["id"].astype(int).tolist()))
+            ts, ids = no_kernel.get(slices["track_id"].iat[graph_op], (np.zeros(0, np.int64),) * 2)
+            inside = ids[np.searchsorted(ts, start, "right"):np.searchsorted(ts, end, "left")]
+            removed_ops.update(dict.fromkeys(inside.tolist()))
     if not removed_ops:
         return None
     return removal_saving_ns(trace, np.array(list(removed_ops), np.int64), RULE_ID, lengths)
@@ -246,7 +247,7 @@ def _graph_read_first(trace: Trace, first_ops: list[int]) -> dict[int, int]:
     ops = trace.ops
     if not first_ops or "graph_id" not in ops or not (ops["graph_id"] >= 0).any():
         return {}
-    by_op_id = ops.set_index("op_id")
+    by_op_id = ops.drop_duplicates("op_id").set_index("op_id")
     slice_of = by_op_id["id"]
     graph_of = by_op_id["graph_id"]
     op_ids = ops.set_index("id")["op_id"].reindex(first_ops).to_numpy()
