@@ -51,15 +51,20 @@ def batched_ns(groups: Sequence[FusionGroup], device: NeuronDevice, name: str,
     if not isinstance(first, torch.Tensor) or not first.dim():
         return None
     batch = first.shape[0]
-    if isinstance(batch, torch.SymInt):
-        symbol = batch.node.expr
-        if not isinstance(symbol, sympy.Symbol) or binding is None or symbol not in binding:
-            return None
-        program = build_program(groups, device, name, {**binding, symbol: binding[symbol]
-                                                       * factor})
-    else:
-        with _grown(groups, requests, int(batch), factor):
-            program = build_program(groups, device, name, binding)
+    try:
+        if isinstance(batch, torch.SymInt):
+            symbol = batch.node.expr
+            if not isinstance(symbol, sympy.Symbol) or binding is None or symbol not in binding:
+                return None
+            program = build_program(groups, device, name, {**binding, symbol: binding[symbol]
+                                                           * factor})
+        else:
+            with _grown(groups, requests, int(batch), factor):
+                program = build_program(groups, device, name, binding)
+    except Exception:  # noqa: BLE001 - a user's NKI kernel in the graph, run at shapes it
+        # was not written for, may raise anything (an empty slice of a row loop): the
+        # recording goes on without the batched length, and the finding without a replay
+        return None
     return None if program is None else program.duration_ns
 
 

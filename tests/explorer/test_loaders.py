@@ -301,6 +301,7 @@ CORRUPT_ANNOTATION = Path(__file__).parents[1] / "data" / "fuzz_corpus" / \
     "corrupt_annotation.pftrace"
 
 
+@pytest.mark.slow  # 10-12 s a trace in a CI run
 @pytest.mark.parametrize("path", [SAMPLES / "nki_kernels.pftrace",
                                   SAMPLES / "gpt_compiled.pftrace", CORRUPT_ANNOTATION],
                          ids=lambda p: p.name)

@@ -158,6 +158,7 @@ def test_a_cpu_only_trace_draws_what_it_has(real_traces_dir):
         assert isinstance(figure, go.Figure)  # empty with a note, never an error
 
 
+@pytest.mark.slow  # 10-11 s in a CI run
 def test_run_plot_step_times_communication_and_collectives():
     import neuron_explorer
 
