@@ -27,8 +27,12 @@ def whole_model_ns(groups: Sequence[FusionGroup], device: NeuronDevice, name: st
                    binding: dict | None, dtype: torch.dtype = torch.bfloat16) -> int | None:
     """The length of the graph's program with its float32 tensors in `dtype` (None when
     the graph does no device work)."""
-    with _float32_as(groups, dtype):
-        program = build_program(groups, device, name, binding)
+    try:
+        with _float32_as(groups, dtype):
+            program = build_program(groups, device, name, binding)
+    except Exception:  # noqa: BLE001 - a user's NKI kernel in the graph, run in a dtype
+        # it was not written for, may raise anything: the recording goes on without it
+        return None
     return None if program is None else program.duration_ns
 
 
