@@ -681,9 +681,13 @@ def into_graphs_advice(trace: Trace, optimizer_told: bool) -> str:
             "a fix that brings in some saves their part)." + left + what
             + ((", and" if optimizer_told or fused_optimizer(trace) else
                 " and construct the optimizer with fused=True, or")
-               + " compile the whole training step (loss, backward, clipping, "
-               "optimizer step; mark each step with neuron_explorer.step(), as one "
-               "compiled call holds them)" if training else "")
+               + " compile the rest of the step beside the model and its loss: what "
+               "follows loss.backward() (gradient clipping, the optimizer step) as a "
+               "function of its own, torch.compile'd (give clip_grad_norm_ a list of the "
+               "parameters made once: a generator breaks the graph). Dynamo breaks a graph "
+               "at backward(), so one "
+               "compiled function holding the whole step runs as several graphs with eager "
+               "work between; mark each step with neuron_explorer.step()" if training else "")
             + "; then keep Python work (logging, metric math) out of the hot loop."
             + _accumulations(launches.accumulations, steps)
             + _accumulating_at_backward(launches.movable, steps))

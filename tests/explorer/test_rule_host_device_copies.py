@@ -109,7 +109,8 @@ def test_host_bound_on_a_compiled_run_names_the_eager_ops_beside_its_graphs(tmp_
             "outside its graphs (4 at train.py:55, 4 in the optimizer's step): bring them "
             "into compiled code (the saving counts all of them brought in: a fix that "
             "brings in some saves their part). Compute the loss inside the compiled "
-            "function, and compile the whole training step") in f.recommendation
+            "function, and compile the rest of the step beside the model and its loss") \
+        in f.recommendation
     assert f.recommendation.count("fused=True") == 1
     assert "increase the batch size" not in f.recommendation
     (tmp_path / "fused").mkdir()
