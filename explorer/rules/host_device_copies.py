@@ -318,13 +318,13 @@ def _removed(trace: Trace, c: pd.DataFrame, issued: np.ndarray, constant: np.nda
         # for the split, its transfer gone
         rows = np.flatnonzero(fresh)
         group = pd.Series(list(zip(c["step"].to_numpy()[rows].tolist(),
-                                   _dtypes(trace, issued[rows]), strict=True)))
+                                   _issued_as(trace, issued[rows], "dtypes"), strict=True)))
         nth = group.groupby(group).cumcount().to_numpy()  # rows are in time order
         parts += [issued[rows[nth >= 2]], c["id"].to_numpy(np.int64)[rows[(nth == 1)
                                                                          & transfer[rows]]]]
         lengths = _batched_transfers(trace, c, rows[transfer[rows]],
                                      group[transfer[rows]].to_numpy())
-        splits = _split_ops(group, _shapes(trace, issued[rows]))
+        splits = _split_ops(group, _issued_as(trace, issued[rows], "shapes"))
         cut, added = _split_cut(trace, issued[rows[nth == 1]], splits[nth == 1], cut)
         says.append("each step's copies of one dtype batched into one (the others' ops gone, "
                     "one kept as the split that hands out the pieces: a select each, and a "
@@ -351,13 +351,6 @@ def _split_ops(group: pd.Series, shapes: list[str]) -> np.ndarray:
     kinds = per_group["kinds"].to_numpy()
     ops = per_group["pieces"] + np.where(kinds > 1, 2 * kinds, 0)
     return ops.reindex(frame["group"]).to_numpy()
-
-
-def _shapes(trace: Trace, issued: np.ndarray) -> list[str]:
-    """Each copy's shapes, as its issuing op's `shapes` ("" where unknown)."""
-    ops = trace.ops
-    known = ops.set_index("id")["shapes"] if "shapes" in ops else pd.Series(dtype=object)
-    return [str(d) if isinstance(d, str) else "" for d in known.reindex(issued).tolist()]
 
 
 def _split_cut(trace: Trace, kept: np.ndarray, pieces: np.ndarray,
@@ -397,10 +390,11 @@ def _batched_transfers(trace: Trace, c: pd.DataFrame, rows: np.ndarray,
     return {int(r): int(d) for r, d in zip(batches["row"], batches["dur"], strict=True)}
 
 
-def _dtypes(trace: Trace, issued: np.ndarray) -> list[str]:
-    """Each copy's dtype, as its issuing op's `dtypes` ("" where unknown)."""
+def _issued_as(trace: Trace, issued: np.ndarray, column: str) -> list[str]:
+    """Each copy's `column` of its issuing op (its `dtypes`, its `shapes`; "" where
+    unknown)."""
     ops = trace.ops
-    known = ops.set_index("id")["dtypes"] if "dtypes" in ops else pd.Series(dtype=object)
+    known = ops.set_index("id")[column] if column in ops else pd.Series(dtype=object)
     return [str(d) if isinstance(d, str) else "" for d in known.reindex(issued).tolist()]
 
 
@@ -413,7 +407,7 @@ def batched_per_step(trace: Trace, c: pd.DataFrame, issued: np.ndarray,
     if not fresh.any():
         return 0.0
     groups = pd.DataFrame({"step": c["step"].to_numpy()[fresh],
-                           "dtype": _dtypes(trace, issued[fresh])})
+                           "dtype": _issued_as(trace, issued[fresh], "dtypes")})
     return float(groups.groupby(["step", "dtype"]).size().groupby(level=0).max().median())
 
 

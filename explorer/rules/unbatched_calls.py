@@ -55,9 +55,7 @@ def check(trace: Trace) -> list[Finding]:
              f"Model calls served one at a time ({len(steps)} calls)")
     calls = model_calls(trace)
     calls = calls[calls["step"].isin(steps)]
-    ops = trace.ops
-    compiled = "graph_id" in ops and bool(
-        (ops.loc[ops["step"].isin(steps), "graph_id"].to_numpy() >= 0).any())
+    compiled = host_bound.is_compiled(trace)
     lowered = ("each op lowered again at the larger shapes, each compiled graph's program "
                "built again by the backend over them" if compiled else
                "each op lowered again at the larger shapes")

@@ -259,7 +259,7 @@ def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lo
     recorded kernels stretched by how much longer its lowering is at the larger shapes, a
     compiled program's as long as the backend's build of it over that many rows (a graph
     op has no key to lower)."""
-    programs = _batched_programs(trace, k, durations)
+    programs = _batched_programs(trace, k)
     lengths: dict[int, int] = {}
     built = np.zeros(len(call), bool)
     for i, op_id in enumerate(call["id"].astype(int).tolist()):
@@ -295,7 +295,7 @@ def _scaled_lengths(trace: Trace, by_op_id, call, k: int, since: int, preset, lo
     return lengths
 
 
-def _batched_programs(trace: Trace, k: int, durations: np.ndarray) -> dict[int, int]:
+def _batched_programs(trace: Trace, k: int) -> dict[int, int]:
     """Row of `trace.kernels` -> its length over `k` calls' rows, for the compiled inference
     programs the backend also built over `tf.BATCHED_CALLS` calls' rows (`batched_ns`):
     between the two sizes a program's length grows in step with its rows, as its tiles
@@ -306,7 +306,7 @@ def _batched_programs(trace: Trace, k: int, durations: np.ndarray) -> dict[int, 
         batched = number(trace, tf.ARG_BATCHED_NS, trace.kernels["id"].to_numpy(np.int64),
                          default=-1)
         rows = np.flatnonzero(batched >= 0)
-        recorded = durations[rows].astype(np.float64)
+        recorded = trace.kernels["dur"].to_numpy(np.float64)[rows]
         share = (k - 1) / (tf.BATCHED_CALLS - 1)
         grown = recorded + (batched[rows].astype(np.float64) - recorded) * share
         return dict(zip(rows.tolist(), np.round(grown).astype(np.int64).tolist(), strict=True))
