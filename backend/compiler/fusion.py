@@ -151,6 +151,13 @@ def _kind_of(overloads: list) -> OpKind:
     return OpKind.OPAQUE
 
 
+def is_write_back(node: fx.Node) -> bool:
+    """A `copy_` into a graph input, as AOTAutograd ends a graph that mutates its inputs
+    (an optimizer's parameters, BatchNorm's running stats): it stores its value to that
+    input's memory, read or not by anything after it."""
+    return node.target is aten.copy_.default
+
+
 def is_batched_matmul(node: fx.Node) -> bool:
     return node.target in _BATCHED_MATMULS
 
@@ -258,6 +265,38 @@ def _numel(node: fx.Node) -> int | None:
     return None
 
 
+def one_iteration_space(size: int | None, read: list[int | None], spans: list[int | None],
+                        sizes: list[int | None]) -> bool:
+    """Whether an elementwise op or reduction passing over `size` elements may join a
+    stream group (`_Planner._one_iteration_space`): `read`, the sizes of the values it
+    reads from the group; `spans` and `sizes`, the most elements each member passes over
+    and its result's (None: not known)."""
+    if size is None or size in read or None in read:
+        return True
+    known = [s for s in spans if s is not None]
+    if len(known) < len(spans) or size == max(known):
+        return True
+    return all(s in (0, 1) for s in sizes)
+
+
+def _static_numel(node: fx.Node) -> int | None:
+    """A node's tensor's element count; None when not a tensor or symbolic (reading a
+    symbolic size here would add guards to the graph)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape):
+        return val.numel()
+    return None
+
+
+def _touched(node: fx.Node) -> int | None:
+    """The most elements a node's op passes over: its result's, or its largest input's
+    (a reduction's)."""
+    sizes = [_static_numel(n) for n in [node, *node.all_input_nodes]]
+    if _static_numel(node) is None:
+        return None
+    return max(s for s in sizes if s is not None)
+
+
 class _Planner:
     """Greedy fusion over the graph in topological order."""
 
@@ -285,10 +324,12 @@ class _Planner:
         self.reads: dict[int, set[int]] = {}
 
     def sources(self, node: fx.Node) -> list[fx.Node]:
-        """The compute ops (or graph inputs) whose values `node` reads, through views."""
+        """The compute ops (or graph inputs) whose values `node` reads, through views: a
+        write-back reads what it writes, not the memory it overwrites."""
         found: list[fx.Node] = []
         for arg in node.all_input_nodes:
-            found.extend(self._through_views(arg))
+            if not (is_write_back(node) and arg is node.args[0]):
+                found.extend(self._through_views(arg))
         return list(dict.fromkeys(found))
 
     def _through_views(self, node: fx.Node) -> list[fx.Node]:
@@ -322,11 +363,26 @@ class _Planner:
             size, anchor_size = _numel(node), _numel(group.nodes[0])
             if size is not None and anchor_size is not None and size > anchor_size:
                 return False
+        elif not self._one_iteration_space(node, group):
+            return False
         # Joining must not make the group read from a group that reads from it.
         for other in producer_groups - {group.group_id}:
             if self._reaches(other, group.group_id):
                 return False
         return True
+
+    def _one_iteration_space(self, node: fx.Node, group: FusionGroup) -> bool:
+        """Whether a stream group and `node` pass over the same elements: `node` reads a
+        value of its own size from the group (a chain), or spans the group's elements (a
+        softmax's subtraction of its row maxima), or takes a scalar chain's result as
+        its operand. Not a tensor scaled by a scalar the group also scales another
+        tensor by (clipping's per-parameter multiplies): each tile of one stream would
+        run every parameter's step, for parameters of other sizes, so each stays a pass
+        of its own over its own memory. Sizes not known (symbolic) do not block."""
+        read = [_static_numel(s) for s in self.sources(node) if self.group_of.get(s) is group]
+        return one_iteration_space(_touched(node), read,
+                                   [_touched(m) for m in group.nodes],
+                                   [_static_numel(m) for m in group.nodes])
 
     def _fits_region(self, node: fx.Node, group: FusionGroup) -> bool:
         """An attention region takes batched work no larger than what it holds, while
@@ -395,7 +451,8 @@ class _Planner:
             owner = self.group_of.get(node)
             if owner is None:
                 continue
-            if any(r.op == "output" or self.group_of.get(r) is not owner for r in readers):
+            if is_write_back(node) or any(r.op == "output" or self.group_of.get(r) is not owner
+                                          for r in readers):
                 owner.outputs.append(node)
 
     def _readers(self, node: fx.Node) -> list[fx.Node]:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 from neuron_explorer.backend.clock import clock
-from neuron_explorer.backend.compiler import compile_events
+from neuron_explorer.backend.compiler import compile_events, foreach_ops
 from neuron_explorer.backend.compiler.batched_program import batched_ns, request_inputs
 from neuron_explorer.backend.compiler.fusion import FusionGroup, plan_fusion
 from neuron_explorer.backend.compiler.graph_kernels import can_fuse
@@ -86,10 +86,13 @@ class CompiledGraph:
         self.name = f"graph:{graph_id}"
         self.device_index = device_index
         self.device = devices.get(device_index)
-        self.groups: list[FusionGroup] = plan_fusion(gm, can_fuse=can_fuse)
         # data-dependent sizes (a mask's selection): bound from the run, planned after it
         self._unbacked = unbacked_sizes(gm)
+        # the numbers come from the graph as traced (a copy: its foreach ops kept whole,
+        # one host kernel each); the program from its foreach ops as per-tensor ops
         self.runner = HostRunner(gm, device_index, [(n, d) for n, d, _ in self._unbacked])
+        foreach_ops.expand(gm)
+        self.groups: list[FusionGroup] = plan_fusion(gm, can_fuse=can_fuse)
         self.op_count = op_count(gm)
         self._tensor_inputs = [i for i, a in enumerate(example_inputs)
                                if isinstance(a, torch.Tensor)]

@@ -1,0 +1,169 @@
+"""`torch._foreach_*` ops in compiled graphs, as one op per tensor.
+
+An optimizer's step and `clip_grad_norm_` run as foreach ops: each passes over every
+tensor of its lists once. Kept whole in a graph, each would be a kernel of its own that
+loads all of its inputs from HBM and stores all of its results back, so a compiled SGD
+step ran slower than its eager foreach kernels (the write-backs of the updated
+parameters on top). A compiler for the chip, like Inductor's foreach lowering, sees
+through them: rewritten as their per-tensor ops, each parameter's chain (the momentum's
+multiply and add, the parameter's add, their write-backs) fuses into one pass over that
+parameter's memory. The values are the same: ATen's own slow path for a foreach op
+loops over these per-tensor ops (and the host still runs the graph as traced).
+
+The graph is rewritten after AOTAutograd has traced it (`expand`), not through its
+decomposition table: traced per tensor, a float learning rate would stay symbolic where
+the foreach op specializes it, and Dynamo would stop recompiling the optimizer step for
+each value as it does with PyTorch's own compilers.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+
+def _norm(tensor: torch.Tensor, ord: float = 2, dtype: torch.dtype | None = None) -> torch.Tensor:
+    # `_foreach_norm`'s third argument is the dtype, `linalg_vector_norm`'s the dims
+    return aten.linalg_vector_norm(tensor, ord, dtype=dtype)
+
+
+# foreach ops whose per-tensor op has another name, and is called another way
+_RENAMED = {"norm": "linalg_vector_norm"}
+_PER_TENSOR = {"norm": _norm}
+# overloads with a scalar where the per-tensor op takes tensors only
+_SCALAR_FORMS = {"_foreach_maximum": aten.clamp_min, "_foreach_minimum": aten.clamp_max}
+# overloads whose per-tensor form needs a value read from a tensor (`scalars[i]` as a
+# Scalar), or a foreach op with no per-tensor op: kept whole
+_KEPT = {"_foreach_addcmul.Tensor", "_foreach_addcdiv.Tensor", "_foreach_powsum"}
+
+
+def expand(gm: fx.GraphModule) -> int:
+    """Rewrite each foreach op of `gm`'s graph (static shapes) as its per-tensor ops, in
+    place; returns how many were rewritten."""
+    table = decompositions()
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        decomposed = table.get(node.target) if node.op == "call_function" else None
+        if decomposed is None or not _expandable(node):
+            continue
+        tensors, rebuild = _tensor_leaves(node)
+        traced = make_fx(lambda *ts, d=decomposed, r=rebuild: d(*r(ts)[0], **r(ts)[1]))(
+            *[t.meta["val"] for t in tensors])
+        placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+        with gm.graph.inserting_before(node):
+            results = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, tensors,
+                                                                 strict=True)))
+        assert isinstance(results, (list, tuple))  # a value per tensor
+        for user in list(node.users):
+            user.replace_all_uses_with(results[int(user.args[1])])
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
+
+
+def _expandable(node: fx.Node) -> bool:
+    """Read only through `getitem`, every value static in shape."""
+    if any(u.target is not operator.getitem for u in node.users):
+        return False
+    values = [a.meta.get("val") for a in node.all_input_nodes]
+    return all(isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape)
+               for v in values)
+
+
+def _tensor_leaves(node: fx.Node) -> tuple[list[fx.Node], Callable]:
+    """The nodes among a node's arguments (lists flattened), and a function that puts
+    values for them back in the arguments' places: (args, kwargs)."""
+    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, fx.Node)]
+
+    def rebuild(values: Sequence[object]) -> tuple:
+        filled = list(leaves)
+        for i, value in zip(where, values, strict=True):
+            filled[i] = value
+        return pytree.tree_unflatten(filled, spec)
+
+    return [leaves[i] for i in where], rebuild
+
+
+@cache
+def decompositions() -> dict[object, Callable]:
+    """Every functional foreach overload with a per-tensor op, as that op per tensor."""
+    out: dict[object, Callable] = {}
+    for name in sorted(_foreach_names()):
+        base = name[len("_foreach_"):]
+        per_tensor = _PER_TENSOR.get(base) or getattr(aten, base, None)
+        if per_tensor is None or name in _KEPT:
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if op._schema.is_mutable or f"{name}.{overload}" in _KEPT:
+                continue
+            scalar_form = _SCALAR_FORMS.get(name) if overload.startswith("Scalar") else None
+            out[op] = _per_tensor(scalar_form or per_tensor)
+    return out
+
+
+def per_tensor_name(name: str) -> str | None:
+    """The op a recorded foreach op ("aten::_foreach_mul_") runs as per tensor in a
+    compiled graph ("aten::mul_"); None for an op this module keeps whole or no foreach
+    op. The what-if replay fuses a recorded foreach op's work as the compile path does."""
+    prefix, _, op = name.rpartition("::")
+    if not op.startswith("_foreach_") or op.rstrip("_") in _KEPT:
+        return None
+    base = op[len("_foreach_"):]
+    functional = base.rstrip("_")
+    if functional in _RENAMED:
+        base = _RENAMED[functional]
+    elif not hasattr(aten, functional):
+        return None
+    return f"{prefix}::{base}" if prefix else base
+
+
+def _foreach_names() -> set[str]:
+    """The functional foreach ops this build of PyTorch has ("_foreach_add", ...)."""
+    return {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
+            if s.name.startswith("aten::_foreach_") and not s.name.endswith("_")}
+
+
+def _per_tensor(op: Callable) -> Callable:
+    """A foreach op as `op` once per tensor: every argument that is a list as long as
+    the first list (tensors, or a scalar per tensor) is indexed, the others shared; an
+    argument the foreach op takes by position and `op` by keyword only (`addcmul`'s
+    value) passed by its name."""
+    positional, keyword_only = _parameters(op)
+
+    def decomposed(*args: object, **kwargs: object) -> list:
+        n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+        out = []
+        for i in range(n):
+            mine = [a[i] if isinstance(a, (list, tuple)) and len(a) == n else a for a in args]
+            named = dict(zip(keyword_only, mine[positional:], strict=False))
+            out.append(op(*mine[:positional], **named, **kwargs))
+        return out
+
+    return decomposed
+
+
+def _parameters(op: Callable) -> tuple[int, list[str]]:
+    """How many arguments `op` takes by position (the most of any overload), and the
+    names of those it takes by keyword only (but `out`)."""
+    overloads = [getattr(op, o) for o in getattr(op, "overloads", list)()]
+    if not overloads:  # a function of this module
+        return 3, []
+    positional = max(sum(not a.kwarg_only for a in o._schema.arguments) for o in overloads)
+    keyword_only = [a.name for a in overloads[0]._schema.arguments
+                    if a.kwarg_only and a.name != "out"]
+    return positional, keyword_only
