@@ -415,6 +415,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
     data_flow = recorded_data_flow(trace, rows)
+    makers = recorded_makers(trace, rows)
     labels = _phases(trace, rows, allow_rnn, data_flow, without_reads, whole_step)
     graphs = _graphs(labels)
     member = {i: g for g in graphs.values() for i in g.events[1:]}
@@ -465,7 +466,7 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
         if data_flow is not None:
             from neuron_explorer.what_if.fused_program import program_flow
 
-            flow = program_flow(graph.events, *data_flow)
+            flow = program_flow(graph.events, *data_flow, makers)
         ops = (tuple(keys), flow)
         if ops not in programs:
             programs[ops] = build_program(keys, preset, graph.name, max_dependencies, flow)
@@ -498,6 +499,26 @@ def recorded_data_flow(trace: Trace, rows: pd.DataFrame
     """Per row of the op stream `rows`: the rows that made its tensor inputs (-1: none
     recorded), and per row the rows that read its results; None for a recording without
     its data flow (`producers`, recorded since it was added)."""
+    makers = recorded_makers(trace, rows)
+    if makers is None:
+        return None
+    op_ids = tables.number(trace, tf.ARG_OP_ID, rows["id"].to_numpy(np.int64), default=-1)
+    row_of = {int(o): i for i, o in enumerate(op_ids.tolist()) if o >= 0}
+    producers: list[tuple[int, ...]] = []
+    readers: dict[int, set[int]] = {}
+    for i, made_by in enumerate(makers):
+        made = tuple(row_of.get(m, -1) if m >= 0 else -1 for m in made_by)
+        producers.append(made)
+        for p in made:
+            if p >= 0:
+                readers.setdefault(p, set()).add(i)
+    return producers, readers
+
+
+def recorded_makers(trace: Trace, rows: pd.DataFrame) -> list[tuple[int, ...]] | None:
+    """Per row of the op stream `rows`, per tensor input, the op id of the op that made it
+    (-1: none recorded), in `rows` or not: two ops' inputs made by one op outside them,
+    of one shape, are one tensor; None for a recording without its data flow."""
     import json
 
     ids = rows["id"].to_numpy(np.int64)
@@ -505,17 +526,9 @@ def recorded_data_flow(trace: Trace, rows: pd.DataFrame
     if all(t is None for t in texts):
         return None
     op_ids = tables.number(trace, tf.ARG_OP_ID, ids, default=-1)
-    row_of = {int(o): i for i, o in enumerate(op_ids.tolist()) if o >= 0}
-    producers: list[tuple[int, ...]] = []
-    readers: dict[int, set[int]] = {}
-    for i, (op_id, text) in enumerate(zip(op_ids.tolist(), texts, strict=True)):
-        made = tuple(row_of.get(op_id - d, -1) if d else -1
-                     for d in (json.loads(text) if text else ()))
-        producers.append(made)
-        for p in made:
-            if p >= 0:
-                readers.setdefault(p, set()).add(i)
-    return producers, readers
+    return [tuple(op_id - d if d and op_id >= 0 else -1
+                  for d in (json.loads(text) if text else ()))
+            for op_id, text in zip(op_ids.tolist(), texts, strict=True)]
 
 
 def _named(kernel: Kernel | None, name: str) -> Kernel | None:

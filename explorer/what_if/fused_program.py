@@ -39,6 +39,10 @@ class DataFlow:
 
     producers: tuple[tuple[int, ...], ...]
     read_outside: tuple[bool, ...]
+    # per op, per tensor input made outside the program, which of the ops outside made it
+    # (numbered in the program's order; -1: made inside, or by nothing recorded): inputs
+    # of one shape made by one op are one tensor, loaded once
+    made_outside: tuple[tuple[int, ...], ...] = ()
 
     @cached_property
     def readers(self) -> dict[int, list[int]]:
@@ -52,14 +56,23 @@ class DataFlow:
 
 
 def program_flow(events: Sequence[int], producer_rows: Sequence[tuple[int, ...]],
-                 readers: dict[int, set[int]]) -> DataFlow:
+                 readers: dict[int, set[int]],
+                 makers: Sequence[tuple[int, ...]] | None = None) -> DataFlow:
     """The data flow of the program of host events `events` (row indices): each row's
-    producer rows (-1: none) and each row's readers (rows)."""
+    producer rows (-1: none) and each row's readers (rows); `makers`, per row the op id
+    that made each input (`compiled.recorded_makers`)."""
     position = {row: i for i, row in enumerate(events)}
     producers = tuple(tuple(position.get(p, -1) for p in producer_rows[row]) for row in events)
     outside = tuple(not readers.get(row) or any(r not in position for r in readers[row])
                     for row in events)
-    return DataFlow(producers, outside)
+    made_outside: tuple[tuple[int, ...], ...] = ()
+    if makers is not None:
+        number: dict[int, int] = {}  # op id -> its number: alike in every step's program
+        made_outside = tuple(
+            tuple(number.setdefault(m, len(number)) if m >= 0 and p not in position else -1
+                  for p, m in zip(producer_rows[row], makers[row], strict=False))
+            for row in events)
+    return DataFlow(producers, outside, made_outside)
 
 
 @dataclass
@@ -82,7 +95,7 @@ def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tu
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK
     from neuron_explorer.backend.replay import spec_of
 
-    specs = [spec_of(key) for key in keys]
+    specs, flow = per_tensor([spec_of(key) for key in keys], flow)
     work = [not (base_name(s.name) in NO_DEVICE_WORK
                  or (s.outputs and all(t.numel == 0 for t in s.outputs))) for s in specs]
     groups = _groups(specs, work, flow)
@@ -103,6 +116,56 @@ def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tu
         b = new_builder()
     sections = _emit_groups(b, specs, groups, group_of, flow, nothing_to_load, _LoadAhead(0))
     return b, sections
+
+
+def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow]:
+    """Each foreach op as its op once per tensor, as the compile path hands them to the
+    compiler (backend/compiler/foreach_ops.py), with the data flow between the pieces: a
+    piece reads the pieces of its inputs' foreach ops at its own place in their lists
+    (an optimizer's lists are in one order), an op that reads a list (a `stack` of
+    norms) each piece at its place in its inputs."""
+    from neuron_explorer.backend.compiler.foreach_ops import per_tensor_name
+    from neuron_explorer.backend.hardware.specs import OpSpec
+
+    pieces: list[list[int]] = []  # per op, its positions in the new program
+    out_specs: list = []
+    producers: list[tuple[int, ...]] = []
+    outside: list[bool] = []
+    made_outside: list[tuple[int, ...]] = []
+
+    def made_by(p: int, place: int) -> int:
+        return -1 if p < 0 else pieces[p][min(place, len(pieces[p]) - 1)]
+
+    for i, spec in enumerate(specs):
+        name = per_tensor_name(spec.name)
+        n = len(spec.outputs)
+        lists = len(spec.inputs) // n if n else 0
+        shared = spec.inputs[lists * n:]
+        made = flow.producers[i]
+        makers = flow.made_outside[i] if flow.made_outside else ()
+        if (name is None or not lists
+                or (shared and base_name(spec.name) in _PER_VALUE_FROM_TENSOR)):
+            pieces.append([len(out_specs)])
+            out_specs.append(spec)
+            producers.append(tuple(made_by(p, k) for k, p in enumerate(made)))
+            outside.append(flow.read_outside[i])
+            made_outside.append(makers)
+            continue
+        pieces.append([])
+        for j in range(n):
+            ks = [li * n + j for li in range(lists)] + list(range(lists * n, len(spec.inputs)))
+            pieces[i].append(len(out_specs))
+            out_specs.append(OpSpec(name, tuple(spec.inputs[k] for k in ks),
+                                    (spec.outputs[j],), spec.attrs))
+            producers.append(tuple(made_by(made[k], j) if k < len(made) else -1 for k in ks))
+            outside.append(flow.read_outside[i])
+            made_outside.append(tuple(makers[k] if k < len(makers) else -1 for k in ks))
+    return out_specs, DataFlow(tuple(producers), tuple(outside),
+                               tuple(made_outside) if flow.made_outside else ())
+
+
+# foreach ops whose per-tensor value comes from a tensor (`scalars[i]`): kept whole
+_PER_VALUE_FROM_TENSOR = frozenset({"_foreach_addcmul", "_foreach_addcdiv"})
 
 
 def _emit_groups(b, specs: list, groups: list[_Group], group_of: dict[int, int],
@@ -137,6 +200,7 @@ class _LoadAhead:
 
         self.budget = PREFETCH_SHARE * sbuf_bytes
         self.loaded: set[tuple[int, int]] = set()  # (member, input index) in SBUF
+        self.tensors: dict[tuple, list[int]] = {}  # a tensor made outside -> its load
         self.held: list[tuple[int, int]] = []  # (group, bytes) per load
         self.most_held = 0  # the most bytes loaded ahead held at once
 
@@ -157,13 +221,31 @@ class _LoadAhead:
             if made_by >= 0 or (group.kind == "gemm" and m == group.members[0] and k == 0
                                 and base_name(specs[m].name) in ADDS_INPUT):
                 continue  # made in the program, or a GEMM's bias (added leaving PSUM)
+            tensor = _tensor_made_outside(flow, m, k, t)
+            if tensor in self.tensors:  # loaded for an earlier op: kept in SBUF since
+                waits.extend(self.tensors[tensor])
+                self.loaded.add((m, k))
+                continue
             if t.nbytes > 0 and held + t.nbytes <= self.budget:
-                waits.extend(b.dma_load(t.nbytes))
+                load = b.dma_load(t.nbytes)
+                waits.extend(load)
+                if tensor is not None:
+                    self.tensors[tensor] = list(load)
                 held += t.nbytes
                 self.held.append((g, t.nbytes))
                 self.loaded.add((m, k))
                 self.most_held = max(self.most_held, held)
         return waits
+
+
+def _tensor_made_outside(flow: DataFlow, member: int, k: int, t) -> tuple | None:
+    """What names input `k` of `member` among the program's inputs from outside: the op
+    that made it, its shape and dtype (as the compile path keeps one graph input loaded
+    ahead for every op that reads it); None where the recording does not say."""
+    makers = flow.made_outside[member] if flow.made_outside else ()
+    if k >= len(makers) or makers[k] < 0:
+        return None
+    return makers[k], tuple(t.shape), t.dtype
 
 
 def _reads_on_chip(specs: list, group: _Group) -> bool:
@@ -195,7 +277,8 @@ def _groups(specs: list, work: list[bool], flow: DataFlow) -> list[_Group]:
         target = None
         if kind in ("elementwise", "reduction", "attention"):
             target = next((g for g in producers
-                           if _can_join(spec, kind, specs, groups, g, producers)), None)
+                           if _can_join(spec, kind, specs, groups, g, producers,
+                                        flow.producers[i])), None)
         if target is None:
             target = len(groups)
             groups.append(_Group("stream" if kind in ("elementwise", "reduction") else kind))
@@ -232,8 +315,14 @@ def _kind(spec, steps) -> str:
 
 
 def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
-              producers: list[int]) -> bool:
-    from neuron_explorer.backend.compiler.fusion import ATTENTION_SBUF_SHARE, SBUF_BYTES, reaches
+              producers: list[int], made_by: tuple[int, ...]) -> bool:
+    """Whether op `spec` (its inputs made by the ops `made_by`) may join group `g`."""
+    from neuron_explorer.backend.compiler.fusion import (
+        ATTENTION_SBUF_SHARE,
+        SBUF_BYTES,
+        one_iteration_space,
+        reaches,
+    )
 
     group = groups[g]
     if len(group.members) >= MAX_GROUP_OPS or group.kind == "single":
@@ -252,6 +341,11 @@ def _can_join(spec, kind: str, specs: list, groups: list[_Group], g: int,
     elif group.kind == "gemm" and (kind != "elementwise"
                                    or _numel(spec) > _numel(specs[group.members[0]])):
         return False  # an epilogue is elementwise work on the GEMM's result, no larger
+    elif group.kind == "stream" and not one_iteration_space(
+            _touched(spec), [_numel(specs[p]) for p in made_by if p in group.members],
+            [_touched(specs[m]) for m in group.members],
+            [_numel(specs[m]) for m in group.members]):
+        return False  # one stream passes over one set of elements
     # joining must not make the group read from a group that reads from it
     return not any(reaches(other, g, lambda i: groups[i].reads)
                    for other in producers if other != g)
@@ -294,6 +388,11 @@ def _steps(spec, steps_for):
 
 def _numel(spec) -> int:
     return max([t.numel for t in spec.outputs] + [1])
+
+
+def _touched(spec) -> int:
+    """The most elements an op passes over: its result's, or its largest input's."""
+    return max([t.numel for t in (*spec.inputs, *spec.outputs)] + [1])
 
 
 def _section_name(specs: list, group: _Group) -> object:

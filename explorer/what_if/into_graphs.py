@@ -341,6 +341,7 @@ def fused_ns(trace: Trace, ops: pd.DataFrame, programs: dict[tuple, float | None
         ProgramTooLarge,
         build_program,
         recorded_data_flow,
+        recorded_makers,
     )
     from neuron_explorer.what_if.fused_program import program_flow
     from neuron_explorer.what_if.replay import PREDICTION_MAX_DEPENDENCIES, op_keys
@@ -349,7 +350,7 @@ def fused_ns(trace: Trace, ops: pd.DataFrame, programs: dict[tuple, float | None
     data_flow = recorded_data_flow(trace, ops)
     if keys is None or data_flow is None:
         return None
-    flow = program_flow(range(len(ops)), *data_flow)
+    flow = program_flow(range(len(ops)), *data_flow, recorded_makers(trace, ops))
     key = (tuple(keys), flow)
     if key not in programs:
         preset = ReplayOptions(trace.hardware or "trn2").preset()
