@@ -62,6 +62,7 @@ def assert_same_results(a: dict, b: dict) -> None:
             assert value == b[key], key
 
 
+@pytest.mark.slow  # 10.8 s in a fresh-clone CI run: sixteen ranks loaded (the first test)
 def test_run_sql_reads_every_ranks_parquet(run_dir: Path, cache_dir: Path, plain,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     plain, expected = plain
