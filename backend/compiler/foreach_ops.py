@@ -25,7 +25,7 @@ from functools import cache
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -54,14 +54,17 @@ def expand(gm: fx.GraphModule) -> int:
         decomposed = table.get(node.target) if node.op == "call_function" else None
         if decomposed is None or not _expandable(node):
             continue
-        tensors, rebuild = _tensor_leaves(node)
-        traced = make_fx(lambda *ts, d=decomposed, r=rebuild: d(*r(ts)[0], **r(ts)[1]))(
-            *[t.meta["val"] for t in tensors])
-        placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+        calls = _per_tensor_calls(node, decomposed)
+        if calls is None:
+            continue
         with gm.graph.inserting_before(node):
-            results = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, tensors,
-                                                                 strict=True)))
-        assert isinstance(results, (list, tuple))  # a value per tensor
+            results = []
+            for op, args, kwargs, value in calls:
+                piece = gm.graph.call_function(op, args, kwargs)
+                # its source line and module too; its own value
+                piece.meta = {**{k: v for k, v in node.meta.items() if k != "tensor_meta"},
+                              "val": value}
+                results.append(piece)
         for user in list(node.users):
             user.replace_all_uses_with(results[int(user.args[1])])
             gm.graph.erase_node(user)
@@ -71,6 +74,41 @@ def expand(gm: fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return rewritten
+
+
+class _TopLevelCalls(TorchDispatchMode):
+    """Keeps the ops called on the values it sees, not what they run inside (a fake
+    tensor's op may run as its reference decomposition: `lerp` as a `sub`, a `full_like`
+    and an `addcmul`, where the chip runs one lerp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        value = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs, value))
+        return value
+
+
+def _per_tensor_calls(node: fx.Node, decomposed: Callable) -> list[tuple] | None:
+    """(op, args, kwargs, value) of each per-tensor op of foreach `node`, its arguments
+    the graph's nodes; None where a piece reads a value that is not one of them."""
+    tensors, rebuild = _tensor_leaves(node)
+    node_of = {id(t.meta["val"]): t for t in tensors}
+    args, kwargs = rebuild([t.meta["val"] for t in tensors])
+    with _TopLevelCalls() as seen:
+        decomposed(*args, **kwargs)
+    calls = []
+    for op, op_args, op_kwargs, value in seen.calls:
+        leaves, spec = pytree.tree_flatten((op_args, op_kwargs))
+        if any(isinstance(v, torch.Tensor) and id(v) not in node_of for v in leaves):
+            return None
+        mapped = [node_of[id(v)] if isinstance(v, torch.Tensor) else v for v in leaves]
+        new_args, new_kwargs = pytree.tree_unflatten(mapped, spec)
+        calls.append((op, new_args, new_kwargs, value))
+    return calls
 
 
 def _expandable(node: fx.Node) -> bool:
