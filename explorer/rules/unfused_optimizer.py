@@ -95,9 +95,8 @@ def check(trace: Trace) -> list[Finding]:
            "replay fuses the optimizer's step too, with the eager ops it brings into the "
            "graphs, so the two savings overlap rather than add."
            if host_bound.counts_the_fused_optimizer(trace) else ""),
-        f"Construct the optimizer with fused=True ({names}(params, ..., fused=True)); or "
-        "compile its step (mark each step with neuron_explorer.step() then: a compiled "
-        "optimizer step ends no step in the recording).",
+        f"Construct the optimizer with fused=True ({names}(params, ..., fused=True)). "
+        + host_bound.COMPILED_STEP_CAVEAT,
         symptom_ns=saved, once_ns=once,
         saving_basis="replay: the run replayed with each optimizer step one launch of the "
                      "fused kernel")]

@@ -27,6 +27,10 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     assert f.title == "Adam's step runs unfused: 7 passes a step"
     assert "the foreach implementation, PyTorch's default" in f.explanation
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
+    # compiling the step is no like fix on the device: the saving is said to be the fused
+    # kernel's (a GPT's compiled AdamW step ran 15% longer on the device than foreach)
+    assert "may save less device time" in f.recommendation
+    assert f.recommendation.endswith("the saving is the fused kernel's.")
     assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
     saved = median_step(foreach) - median_step(fused)
     steps = in_analysed_steps(foreach, foreach.steps)
