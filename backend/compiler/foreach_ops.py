@@ -24,6 +24,7 @@ from functools import cache
 
 import torch
 import torch.utils._pytree as pytree
+from neuron_explorer.backend.compiler.fusion import FOREACH_PIECE
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -59,11 +60,11 @@ def expand(gm: fx.GraphModule) -> int:
             continue
         with gm.graph.inserting_before(node):
             results = []
-            for op, args, kwargs, value in calls:
+            for place, (op, args, kwargs, value) in enumerate(calls):
                 piece = gm.graph.call_function(op, args, kwargs)
-                # its source line and module too; its own value
+                # its source line and module too; its own value; whose piece it is
                 piece.meta = {**{k: v for k, v in node.meta.items() if k != "tensor_meta"},
-                              "val": value}
+                              "val": value, FOREACH_PIECE: (node.name, place)}
                 results.append(piece)
         for user in list(node.users):
             user.replace_all_uses_with(results[int(user.args[1])])

@@ -28,6 +28,11 @@ aten = torch.ops.aten
 MAX_GROUP_OPS = 48
 
 
+# the meta key `foreach_ops.expand` marks a foreach op's per-tensor pieces with:
+# (the foreach node's name, the piece's place in its lists)
+FOREACH_PIECE = "foreach_piece"
+
+
 class OpKind(enum.Enum):
     """How an op takes part in fusion."""
 
@@ -105,6 +110,22 @@ def reaches(start: int, target: int, reads: Callable[[int], Iterable[int]]) -> b
             seen.add(g)
             stack.extend(reads(g))
     return False
+
+
+def independent(groups: Iterable[int], reads: Callable[[int], Iterable[int]]) -> bool:
+    """Whether none of `groups` reads another of them, directly or not (one walk from
+    each: a few hundred parameters' pieces are checked in linear time, not in pairs)."""
+    members = set(groups)
+    for start in members:
+        stack, seen = list(reads(start)), set()
+        while stack:
+            g = stack.pop()
+            if g in members:
+                return False
+            if g not in seen:
+                seen.add(g)
+                stack.extend(reads(g))
+    return True
 
 
 def dependency_order(reads: dict[int, Iterable[int]]) -> list[int]:
@@ -197,6 +218,9 @@ class FusionGroup:
     inputs: list[fx.Node] = field(default_factory=list)  # values loaded from HBM
     outputs: list[fx.Node] = field(default_factory=list)  # values stored to HBM
     reads: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # member -> values it reads
+    # pieces of the same foreach ops side by side (`_Planner._side_by_side`): one stream
+    # over all of their elements, each piece's chain of ops in `nodes` in turn
+    chains: list[list[fx.Node]] = field(default_factory=list)
 
     def inputs_of(self, members: list[fx.Node]) -> list[fx.Node]:
         """The values `members` read from outside the group (HBM loads)."""
@@ -219,6 +243,9 @@ class FusionGroup:
     @property
     def name(self) -> str:
         """A kernel name that says what was fused, e.g. "fused_mm_add_gelu"."""
+        if self.chains:
+            parts = [_short_name(n) for n in self.chains[0]]
+            return f"foreach_{'_'.join(parts[:6])}_x{len(self.chains)}"
         parts = [_short_name(n) for n in self.nodes]
         if len(parts) == 1:
             return parts[0]
@@ -263,6 +290,22 @@ def _numel(node: fx.Node) -> int | None:
     if isinstance(val, torch.Tensor):
         return val.numel()
     return None
+
+
+def _pieces_signature(group: FusionGroup) -> tuple | None:
+    """What a stream of foreach pieces runs: per member, its op and the foreach op it is
+    a piece of (a write-back, the `copy_` of a piece's value); None for any other group."""
+    if group.kind is not OpKind.ELEMENTWISE or group.chains:
+        return None
+    signature = []
+    for node in group.nodes:
+        origin = node.meta.get(FOREACH_PIECE)
+        if origin is None and not is_write_back(node):
+            return None
+        signature.append((node.target, origin[0] if origin else None))
+    if all(origin is None for _, origin in signature):
+        return None
+    return tuple(signature)
 
 
 def one_iteration_space(size: int | None, read: list[int | None], spans: list[int | None],
@@ -421,9 +464,41 @@ class _Planner:
                                                       + (_bytes(node) or 0))
             self.group_of[node] = target
             self.reads[target.group_id] |= producer_ids - {target.group_id}
+        self._side_by_side()
         self._sort_groups()
         self._fill_boundaries()
         return self.groups
+
+    def _side_by_side(self) -> None:
+        """Merge the streams that run the same foreach ops' pieces, one a tensor
+        (`foreach_ops.expand` marks them), into one stream over all their tensors, as a
+        foreach kernel (and Inductor's combo kernels) does: an optimizer's update of each
+        parameter is a short stream of its own, and thirty of them, some of a few hundred
+        elements, each paid a stream's latency where the foreach kernels spread every
+        tensor over the DMA queues at once. Groups where one reads another stay apart."""
+        by_chain: dict[tuple, list[FusionGroup]] = {}
+        for group in self.groups:
+            signature = _pieces_signature(group)
+            if signature is not None:
+                by_chain.setdefault(signature, []).append(group)
+        for siblings in by_chain.values():
+            if len(siblings) < 2 or not independent(
+                    [g.group_id for g in siblings], lambda g: self.reads.get(g, ())):
+                continue
+            first, merged = siblings[0], {g.group_id for g in siblings[1:]}
+            first.chains = [list(g.nodes) for g in siblings]
+            for group in siblings[1:]:
+                first.nodes.extend(group.nodes)
+                for node in group.nodes:
+                    self.group_of[node] = first
+                self.reads[first.group_id] |= self.reads.pop(group.group_id)
+            self.reads[first.group_id] -= merged | {first.group_id}
+            self.groups = [g for g in self.groups if g.group_id not in merged]
+            for reads in self.reads.values():
+                if reads & merged:
+                    reads -= merged
+                    reads.add(first.group_id)
+            self.reads[first.group_id].discard(first.group_id)
 
     def _sort_groups(self) -> None:
         """Order groups so each runs after the groups it reads (a node that joined an

@@ -13,6 +13,7 @@ kernels' boundaries (and so their DMA traffic) differ.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import zip_longest
 from typing import TYPE_CHECKING
 
 import torch
@@ -112,7 +113,9 @@ class GroupKernels:
     def emit(self, b: KernelBuilder, group: FusionGroup,
              enter: Callable[[fx.Node], None] | None = None) -> None:
         reads_on_chip = any(v in self.on_chip for v in group.inputs)
-        if group.kind is OpKind.ATTENTION:
+        if group.chains:
+            self._side_by_side(b, group)
+        elif group.kind is OpKind.ATTENTION:
             emit_region(b, FxRegion(group, self.binding), enter, self.on_chip)
         elif len(group.nodes) == 1 and (base_name(op_name(group.nodes[0])) in _CONCATS
                                         or not (reads_on_chip
@@ -223,6 +226,21 @@ class GroupKernels:
                inputs=full_in, outputs=full_out, small_inputs=small_in,
                small_outputs=small_out, deps=tuple(deps),
                resident_inputs=len(resident | (self.on_chip & set(group.inputs))))
+
+    def _side_by_side(self, b: KernelBuilder, group: FusionGroup) -> None:
+        """Foreach pieces side by side: one stream over every chain's elements, each of
+        its inputs and results one tensor of all the chains' bytes (a foreach kernel's
+        lists, laid end to end), the steps the first chain's."""
+        chains = [(chain, self._elements(group, chain)) for chain in group.chains]
+        io = [self._stream_io(group, chain, elements, set()) for chain, elements in chains]
+        full_in, small_in, full_out, small_out = (
+            [sum(col) for col in zip_longest(*(c[k] for c in io), fillvalue=0)]
+            if k in (0, 2) else [x for c in io for x in c[k]] for k in range(4))
+        first, elements = chains[0]
+        stream(b, sum(e for _, e in chains), _dtype_of(first[-1]), self._steps(first, elements),
+               inputs=full_in, outputs=full_out, small_inputs=small_in,
+               small_outputs=small_out,
+               resident_inputs=len(self.on_chip & set(group.inputs_of(first))))
 
     def _matmul_with_epilogue(self, b: KernelBuilder, group: FusionGroup) -> None:
         anchor, epilogue = group.nodes[0], group.nodes[1:]

@@ -39,15 +39,16 @@ def _traced(fn, foreach_ops: int, *shapes):
     return gm
 
 
-def test_each_parameters_momentum_update_is_one_group_storing_its_two_write_backs():
+def test_each_parameters_momentum_update_is_one_chain_and_the_chains_run_side_by_side():
     gm = _traced(_sgd, 3, (64, 32), (50,), (64, 32), (50,), (64, 32), (50,))
-    groups = plan_fusion(gm)
+    (group,) = plan_fusion(gm)
     p1, p2, g1, g2, b1, b2 = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    assert len(groups) == 2
-    for group, reads in zip(groups, [{p1, g1, b1}, {p2, g2, b2}], strict=True):
-        assert set(group.inputs) == reads  # each read once: a write-back loads nothing
-        assert [n.target for n in group.outputs] == [aten.copy_.default] * 2
-        assert [n.target for n in group.nodes if n.target is not aten.copy_.default] == [
+    assert group.name == "foreach_mul_add_add_copy_copy_x2"
+    for chain, reads in zip(group.chains, [{p1, g1, b1}, {p2, g2, b2}], strict=True):
+        # each read once (a write-back loads nothing), its two write-backs stored
+        assert set(group.inputs_of(chain)) == reads
+        assert [n.target for n in chain if n in group.outputs] == [aten.copy_.default] * 2
+        assert [n.target for n in chain if n.target is not aten.copy_.default] == [
             aten.mul.Tensor, aten.add.Tensor, aten.add.Tensor]
 
 
@@ -108,19 +109,23 @@ def _step_device_ns(recorder, step) -> tuple[int, int]:
     return len(recorder.kernels), sum(k.end_ns - k.start_ns for k in recorder.kernels)
 
 
-def _model_and_optimizer():
+def _model_and_optimizer(optimizer):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 64)).to("neuron")
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, optimizer(model.parameters())
+
+
+def _sgd_momentum(params):
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
 def test_a_compiled_sgd_step_runs_faster_than_its_eager_foreach_kernels(recorder):
-    eager_model, eager_opt = _model_and_optimizer()
+    eager_model, eager_opt = _model_and_optimizer(_sgd_momentum)
     eager_kernels, eager_ns = _step_device_ns(recorder, eager_opt.step)
-    model, opt = _model_and_optimizer()
+    model, opt = _model_and_optimizer(_sgd_momentum)
     graph_kernels, graph_ns = _step_device_ns(recorder, torch.compile(opt.step, backend="neuron"))
 
     assert eager_kernels == 3  # the momentum's multiply and add, the parameters' add
@@ -130,3 +135,27 @@ def test_a_compiled_sgd_step_runs_faster_than_its_eager_foreach_kernels(recorder
     assert graph_ns < 0.8 * eager_ns, (graph_ns, eager_ns)
     for p, q in zip(model.parameters(), eager_model.parameters(), strict=True):
         assert torch.equal(p.detach().cpu(), q.detach().cpu())
+
+
+def test_a_compiled_adamw_step_over_many_small_parameters_beats_its_foreach_kernels(
+        recorder):
+    """Thirty parameters, most a few hundred elements (a small transformer's norms and
+    biases): compiled, AdamW computes its bias corrections per parameter on the device,
+    a chain of scalar ops each. Each parameter's chains streams of their own, the
+    program took 0.64 of the foreach kernels' time (a 2-layer GPT's 1.15); side by side,
+    as the foreach kernels run every tensor, 0.35."""
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(64, 2, 128, dropout=0.0, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, 2).to("neuron")
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    _, eager_opt = model_and_optimizer()
+    _, eager_ns = _step_device_ns(recorder, eager_opt.step)
+    model, opt = model_and_optimizer()
+    assert len(list(model.parameters())) >= 24
+    compiled = torch.compile(opt.step, backend="neuron")
+    _, graph_ns = _step_device_ns(recorder, compiled)
+    assert graph_ns < 0.5 * eager_ns, (graph_ns, eager_ns)
