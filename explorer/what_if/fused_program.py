@@ -81,6 +81,7 @@ class _Group:
     members: list[int] = field(default_factory=list)
     reads: set[int] = field(default_factory=set)  # the groups it reads from
     held: int = 0  # an attention group's bytes in SBUF
+    chains: list[list[int]] = field(default_factory=list)  # foreach pieces side by side
 
 
 def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tuple[Any, list]:
@@ -95,10 +96,10 @@ def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tu
     from neuron_explorer.backend.hardware.optable import NO_DEVICE_WORK
     from neuron_explorer.backend.replay import spec_of
 
-    specs, flow = per_tensor([spec_of(key) for key in keys], flow)
+    specs, flow, origin = per_tensor([spec_of(key) for key in keys], flow)
     work = [not (base_name(s.name) in NO_DEVICE_WORK
                  or (s.outputs and all(t.numel == 0 for t in s.outputs))) for s in specs]
-    groups = _groups(specs, work, flow)
+    groups = _side_by_side(_groups(specs, work, flow), specs, origin, flow)
     group_of = {m: g for g, group in enumerate(groups) for m in group.members}
     # the memory an op with no device work made (an `empty` a `cat(out=)` fills) holds
     # nothing to load
@@ -118,12 +119,13 @@ def emit_fused(new_builder: Callable[[], Any], keys: list, flow: DataFlow) -> tu
     return b, sections
 
 
-def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow]:
+def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow, list[int]]:
     """Each foreach op as its op once per tensor, as the compile path hands them to the
     compiler (backend/compiler/foreach_ops.py), with the data flow between the pieces: a
     piece reads the pieces of its inputs' foreach ops at its own place in their lists
     (an optimizer's lists are in one order), an op that reads a list (a `stack` of
-    norms) each piece at its place in its inputs."""
+    norms) each piece at its place in its inputs. Also returns, per op of the new
+    program, the position of the foreach op it is a piece of (-1: none)."""
     from neuron_explorer.backend.compiler.foreach_ops import per_tensor_name
     from neuron_explorer.backend.hardware.specs import OpSpec
 
@@ -132,6 +134,7 @@ def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow]:
     producers: list[tuple[int, ...]] = []
     outside: list[bool] = []
     made_outside: list[tuple[int, ...]] = []
+    origin: list[int] = []
 
     def made_by(p: int, place: int) -> int:
         return -1 if p < 0 else pieces[p][min(place, len(pieces[p]) - 1)]
@@ -150,6 +153,7 @@ def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow]:
             producers.append(tuple(made_by(p, k) for k, p in enumerate(made)))
             outside.append(flow.read_outside[i])
             made_outside.append(makers)
+            origin.append(-1)
             continue
         pieces.append([])
         for j in range(n):
@@ -160,8 +164,9 @@ def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow]:
             producers.append(tuple(made_by(made[k], j) if k < len(made) else -1 for k in ks))
             outside.append(flow.read_outside[i])
             made_outside.append(tuple(makers[k] if k < len(makers) else -1 for k in ks))
+            origin.append(i)
     return out_specs, DataFlow(tuple(producers), tuple(outside),
-                               tuple(made_outside) if flow.made_outside else ())
+                               tuple(made_outside) if flow.made_outside else ()), origin
 
 
 # foreach ops whose per-tensor value comes from a tensor (`scalars[i]`): kept whole
@@ -291,6 +296,45 @@ def _groups(specs: list, work: list[bool], flow: DataFlow) -> list[_Group]:
     return _in_dependency_order(groups)
 
 
+def _side_by_side(groups: list[_Group], specs: list, origin: list[int],
+                  flow: DataFlow) -> list[_Group]:
+    """The streams of the same foreach ops' pieces, one a tensor, merged into one stream
+    over all their tensors, as the compile path merges them
+    (backend/compiler/fusion.py `_Planner._side_by_side`); groups where one reads another
+    stay apart."""
+    from neuron_explorer.backend.compiler.fusion import independent
+
+    group_of = {m: g for g, group in enumerate(groups) for m in group.members}
+    for g, group in enumerate(groups):  # in this order's numbers
+        group.reads = {group_of[p] for m in group.members for p in flow.producers[m]
+                       if p in group_of and group_of[p] != g}
+    by_chain: dict[tuple, list[int]] = {}
+    for g, group in enumerate(groups):
+        if group.kind == "stream" and all(origin[m] >= 0 for m in group.members):
+            signature = tuple((specs[m].name, origin[m]) for m in group.members)
+            by_chain.setdefault(signature, []).append(g)
+    gone: dict[int, int] = {}  # a merged group -> the group it joined
+    for siblings in by_chain.values():
+        if len(siblings) < 2 or not independent(siblings, lambda i: groups[i].reads):
+            continue
+        first = groups[siblings[0]]
+        first.chains = [list(groups[g].members) for g in siblings]
+        for g in siblings[1:]:
+            first.members.extend(groups[g].members)
+            first.reads |= groups[g].reads
+            gone[g] = siblings[0]
+        first.reads -= set(siblings)
+    if not gone:
+        return groups
+    for group in groups:
+        group.reads = {gone.get(r, r) for r in group.reads}
+    kept = [g for g in range(len(groups)) if g not in gone]
+    number = {g: i for i, g in enumerate(kept)}
+    for g in kept:
+        groups[g].reads = {number[r] for r in groups[g].reads if r != g}
+    return _in_dependency_order([groups[g] for g in kept])
+
+
 def _kind(spec, steps) -> str:
     """How an op takes part in fusion, as `fusion.classify` says of a graph's node: an op the
     compile path keeps apart (a pooling, a loss: neither pointwise nor a reduction) keeps its
@@ -411,6 +455,9 @@ def _emit_group(b, specs: list, group: _Group, flow: DataFlow, on_chip: frozense
     from neuron_explorer.backend.hardware import emit_gemm
 
     members = group.members
+    if group.chains:
+        _side_by_side_stream(b, specs, group, flow, on_chip, frozenset(loaded))
+        return
     resident = [[p in on_chip or (m, k) in loaded for k, p in enumerate(flow.producers[m])]
                 for m in members]
     spec = specs[members[0]]
@@ -524,6 +571,47 @@ def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Seque
     dtype = specs[biggest].outputs[0].dtype if specs[biggest].outputs else "float32"
     stream(b, elements, dtype, steps, inputs=full_in, outputs=full_out, small_inputs=small_in,
            small_outputs=small_out, deps=tuple(deps), resident_inputs=resident)
+
+
+def _side_by_side_stream(b, specs: list, group: _Group, flow: DataFlow,
+                         on_chip: frozenset[int], loaded: frozenset) -> None:
+    """Foreach pieces side by side (backend/compiler/graph_kernels.py `_side_by_side`):
+    one stream over every chain's elements, each of its inputs and results one tensor of
+    all the chains' bytes, the steps the first chain's."""
+    from itertools import zip_longest
+
+    from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
+    from neuron_explorer.backend.hardware.streaming import stream
+
+    io = []
+    resident = 0  # the first chain's inputs in SBUF already
+    for chain in group.chains:
+        elements = _elements(specs, chain, flow, group.members)
+        full_in: list[int] = []
+        small_in: list[int] = []
+        full_out: list[int] = []
+        small_out: list[int] = []
+        for t, made_by, m, k in _external_inputs(specs, chain, flow, group.members):
+            if not (made_by in on_chip or (m, k) in loaded):
+                (full_in if t.numel == elements else small_in).append(t.nbytes)
+            elif chain is group.chains[0]:
+                resident += 1
+        for m in chain:
+            if _read_elsewhere(m, group.members, flow):
+                for t in specs[m].outputs:
+                    (full_out if t.numel == elements else small_out).append(t.nbytes)
+        io.append((elements, full_in, small_in, full_out, small_out))
+    first = group.chains[0]
+    steps = []
+    for m in first:
+        touched = max([_numel(specs[m])] + [t.numel for t in specs[m].inputs])
+        steps.extend(scaled(_steps(specs[m], steps_for) or [], touched / max(io[0][0], 1)))
+    dtype = specs[first[-1]].outputs[0].dtype if specs[first[-1]].outputs else "float32"
+    stream(b, sum(c[0] for c in io), dtype, steps,
+           inputs=[sum(col) for col in zip_longest(*(c[1] for c in io), fillvalue=0)],
+           outputs=[sum(col) for col in zip_longest(*(c[3] for c in io), fillvalue=0)],
+           small_inputs=[x for c in io for x in c[2]],
+           small_outputs=[x for c in io for x in c[4]], resident_inputs=resident)
 
 
 def _gemm(spec, store: bool = True, on_chip: Sequence[bool] = ()):
