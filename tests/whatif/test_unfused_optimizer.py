@@ -28,7 +28,7 @@ def test_an_unfused_adam_saves_what_fused_true_saves(tmp_path) -> None:
     assert "the foreach implementation, PyTorch's default" in f.explanation
     assert f.recommendation.startswith("Construct the optimizer with fused=True")
     # compiling the step is no like fix on the device: the saving is said to be the fused
-    # kernel's (a GPT's compiled AdamW step ran 15% longer on the device than foreach)
+    # kernel's (a GPT's AdamW step: 505 us of foreach passes, 303 compiled, 164 fused)
     assert "may save less device time" in f.recommendation
     assert f.recommendation.endswith("the saving is the fused kernel's.")
     assert f.evidence and all("Adam.step" in e["description"] for e in f.evidence)
