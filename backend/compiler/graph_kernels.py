@@ -36,6 +36,21 @@ if TYPE_CHECKING:
 _CONCATS = {"cat", "stack"}
 
 
+def laid_end_to_end(chains: Sequence[tuple[list[int], list[int], list[int], list[int]]]
+                    ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """One stream's operands for chains run side by side, from each chain's (full-size
+    inputs, small inputs, full-size outputs, small outputs) in bytes: the chains' k-th
+    full-size operands one tensor of all their bytes, their small ones each loaded or
+    stored once."""
+    def summed(k: int) -> list[int]:
+        return [sum(column) for column in zip_longest(*(c[k] for c in chains), fillvalue=0)]
+
+    def listed(k: int) -> list[int]:
+        return [nbytes for c in chains for nbytes in c[k]]
+
+    return summed(0), listed(1), summed(2), listed(3)
+
+
 def op_steps(node: fx.Node) -> list[Step] | None:
     """The per-tile steps of a node's op; None if it cannot share a stream."""
     if not isinstance(node.target, torch._ops.OpOverload):
@@ -232,10 +247,8 @@ class GroupKernels:
         its inputs and results one tensor of all the chains' bytes (a foreach kernel's
         lists, laid end to end), the steps the first chain's."""
         chains = [(chain, self._elements(group, chain)) for chain in group.chains]
-        io = [self._stream_io(group, chain, elements, set()) for chain, elements in chains]
-        full_in, small_in, full_out, small_out = (
-            [sum(col) for col in zip_longest(*(c[k] for c in io), fillvalue=0)]
-            if k in (0, 2) else [x for c in io for x in c[k]] for k in range(4))
+        full_in, small_in, full_out, small_out = laid_end_to_end(
+            [self._stream_io(group, chain, elements, set()) for chain, elements in chains])
         first, elements = chains[0]
         stream(b, sum(e for _, e in chains), _dtype_of(first[-1]), self._steps(first, elements),
                inputs=full_in, outputs=full_out, small_inputs=small_in,

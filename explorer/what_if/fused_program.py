@@ -578,12 +578,12 @@ def _side_by_side_stream(b, specs: list, group: _Group, flow: DataFlow,
     """Foreach pieces side by side (backend/compiler/graph_kernels.py `_side_by_side`):
     one stream over every chain's elements, each of its inputs and results one tensor of
     all the chains' bytes, the steps the first chain's."""
-    from itertools import zip_longest
-
+    from neuron_explorer.backend.compiler.graph_kernels import laid_end_to_end
     from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
     from neuron_explorer.backend.hardware.streaming import stream
 
     io = []
+    sizes = []  # each chain's elements
     resident = 0  # the first chain's inputs in SBUF already
     for chain in group.chains:
         elements = _elements(specs, chain, flow, group.members)
@@ -600,18 +600,17 @@ def _side_by_side_stream(b, specs: list, group: _Group, flow: DataFlow,
             if _read_elsewhere(m, group.members, flow):
                 for t in specs[m].outputs:
                     (full_out if t.numel == elements else small_out).append(t.nbytes)
-        io.append((elements, full_in, small_in, full_out, small_out))
+        io.append((full_in, small_in, full_out, small_out))
+        sizes.append(elements)
     first = group.chains[0]
     steps = []
     for m in first:
         touched = max([_numel(specs[m])] + [t.numel for t in specs[m].inputs])
-        steps.extend(scaled(_steps(specs[m], steps_for) or [], touched / max(io[0][0], 1)))
+        steps.extend(scaled(_steps(specs[m], steps_for) or [], touched / max(sizes[0], 1)))
     dtype = specs[first[-1]].outputs[0].dtype if specs[first[-1]].outputs else "float32"
-    stream(b, sum(c[0] for c in io), dtype, steps,
-           inputs=[sum(col) for col in zip_longest(*(c[1] for c in io), fillvalue=0)],
-           outputs=[sum(col) for col in zip_longest(*(c[3] for c in io), fillvalue=0)],
-           small_inputs=[x for c in io for x in c[2]],
-           small_outputs=[x for c in io for x in c[4]], resident_inputs=resident)
+    full_in, small_in, full_out, small_out = laid_end_to_end(io)
+    stream(b, sum(sizes), dtype, steps, inputs=full_in, outputs=full_out,
+           small_inputs=small_in, small_outputs=small_out, resident_inputs=resident)
 
 
 def _gemm(spec, store: bool = True, on_chip: Sequence[bool] = ()):
