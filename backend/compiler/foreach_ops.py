@@ -155,18 +155,23 @@ def decompositions() -> dict[object, Callable]:
     return out
 
 
-def per_tensor_name(name: str) -> str | None:
+def per_tensor_name(name: str, shared: Sequence[object] = ()) -> str | None:
     """The op a recorded foreach op ("aten::_foreach_mul_") runs as per tensor in a
     compiled graph ("aten::mul_"); None for an op this module keeps whole or no foreach
-    op. The what-if replay fuses a recorded foreach op's work as the compile path does."""
+    op. `shared`: the inputs it takes besides its lists (`_foreach_mul_`'s scalar
+    tensor; `_foreach_addcmul_`'s tensor of a value per tensor, its `.Tensor` overload,
+    kept whole). The what-if replay fuses a recorded foreach op's work as the compile
+    path does."""
     prefix, _, op = name.rpartition("::")
-    if not op.startswith("_foreach_") or op.rstrip("_") in _KEPT:
+    functional = op.rstrip("_")
+    if (not op.startswith("_foreach_") or functional in _KEPT
+            or (shared and f"{functional}.Tensor" in _KEPT)):
         return None
     base = op[len("_foreach_"):]
-    functional = base.rstrip("_")
-    if functional in _RENAMED:
-        base = _RENAMED[functional]
-    elif not hasattr(aten, functional):
+    per_tensor = base.rstrip("_")
+    if per_tensor in _RENAMED:
+        base = _RENAMED[per_tensor]
+    elif not hasattr(aten, per_tensor):
         return None
     return f"{prefix}::{base}" if prefix else base
 

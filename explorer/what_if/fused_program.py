@@ -140,14 +140,13 @@ def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow, list[int]]:
         return -1 if p < 0 else pieces[p][min(place, len(pieces[p]) - 1)]
 
     for i, spec in enumerate(specs):
-        name = per_tensor_name(spec.name)
         n = len(spec.outputs)
         lists = len(spec.inputs) // n if n else 0
         shared = spec.inputs[lists * n:]
+        name = per_tensor_name(spec.name, shared)
         made = flow.producers[i]
         makers = flow.made_outside[i] if flow.made_outside else ()
-        if (name is None or not lists
-                or (shared and base_name(spec.name) in _PER_VALUE_FROM_TENSOR)):
+        if name is None or not lists:
             pieces.append([len(out_specs)])
             out_specs.append(spec)
             producers.append(tuple(made_by(p, k) for k, p in enumerate(made)))
@@ -168,9 +167,6 @@ def per_tensor(specs: list, flow: DataFlow) -> tuple[list, DataFlow, list[int]]:
     return out_specs, DataFlow(tuple(producers), tuple(outside),
                                tuple(made_outside) if flow.made_outside else ()), origin
 
-
-# foreach ops whose per-tensor value comes from a tensor (`scalars[i]`): kept whole
-_PER_VALUE_FROM_TENSOR = frozenset({"_foreach_addcmul", "_foreach_addcdiv"})
 
 
 def _emit_groups(b, specs: list, groups: list[_Group], group_of: dict[int, int],
@@ -546,31 +542,49 @@ def _stream(b, specs: list, members: Sequence[int], flow: DataFlow, group: Seque
             on_chip: frozenset[int] = frozenset(), loaded: frozenset = frozenset()) -> None:
     """Emit `members` as one stream; inputs made by ops in `on_chip`, and the inputs
     (member, index) in `loaded`, are read in SBUF."""
-    from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
     from neuron_explorer.backend.hardware.streaming import stream
+
+    full_in, small_in, full_out, small_out, in_sbuf = _stream_operands(
+        specs, members, flow, group, elements, on_chip, loaded)
+    biggest = max(members, key=lambda m: _numel(specs[m]))
+    dtype = specs[biggest].outputs[0].dtype if specs[biggest].outputs else "float32"
+    stream(b, elements, dtype, _stream_steps(specs, members, elements), inputs=full_in,
+           outputs=full_out, small_inputs=small_in, small_outputs=small_out,
+           deps=tuple(deps), resident_inputs=resident + in_sbuf)
+
+
+def _stream_steps(specs: list, members: Sequence[int], elements: int) -> list:
+    """The members' steps on a tile of a stream over `elements` elements."""
+    from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
 
     steps = []
     for m in members:
         spec = specs[m]
         touched = max([_numel(spec)] + [t.numel for t in spec.inputs])
         steps.extend(scaled(_steps(spec, steps_for) or [], touched / max(elements, 1)))
+    return steps
+
+
+def _stream_operands(specs: list, members: Sequence[int], flow: DataFlow,
+                     group: Sequence[int], elements: int, on_chip: frozenset[int],
+                     loaded: frozenset) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """A stream's HBM operands in bytes (full-size inputs, small inputs, full-size
+    outputs, small outputs) and how many of its inputs are in SBUF already."""
     full_in: list[int] = []
     small_in: list[int] = []
     full_out: list[int] = []
     small_out: list[int] = []
+    in_sbuf = 0
     for t, made_by, m, k in _external_inputs(specs, members, flow, group):
         if made_by in on_chip or (m, k) in loaded:
-            resident += 1
+            in_sbuf += 1
         else:
             (full_in if t.numel == elements else small_in).append(t.nbytes)
     for m in members:
         if _read_elsewhere(m, group, flow):
             for t in specs[m].outputs:
                 (full_out if t.numel == elements else small_out).append(t.nbytes)
-    biggest = max(members, key=lambda m: _numel(specs[m]))
-    dtype = specs[biggest].outputs[0].dtype if specs[biggest].outputs else "float32"
-    stream(b, elements, dtype, steps, inputs=full_in, outputs=full_out, small_inputs=small_in,
-           small_outputs=small_out, deps=tuple(deps), resident_inputs=resident)
+    return full_in, small_in, full_out, small_out, in_sbuf
 
 
 def _side_by_side_stream(b, specs: list, group: _Group, flow: DataFlow,
@@ -579,38 +593,17 @@ def _side_by_side_stream(b, specs: list, group: _Group, flow: DataFlow,
     one stream over every chain's elements, each of its inputs and results one tensor of
     all the chains' bytes, the steps the first chain's."""
     from neuron_explorer.backend.compiler.graph_kernels import laid_end_to_end
-    from neuron_explorer.backend.compiler.stream_steps import scaled, steps_for
     from neuron_explorer.backend.hardware.streaming import stream
 
-    io = []
-    sizes = []  # each chain's elements
-    resident = 0  # the first chain's inputs in SBUF already
-    for chain in group.chains:
-        elements = _elements(specs, chain, flow, group.members)
-        full_in: list[int] = []
-        small_in: list[int] = []
-        full_out: list[int] = []
-        small_out: list[int] = []
-        for t, made_by, m, k in _external_inputs(specs, chain, flow, group.members):
-            if not (made_by in on_chip or (m, k) in loaded):
-                (full_in if t.numel == elements else small_in).append(t.nbytes)
-            elif chain is group.chains[0]:
-                resident += 1
-        for m in chain:
-            if _read_elsewhere(m, group.members, flow):
-                for t in specs[m].outputs:
-                    (full_out if t.numel == elements else small_out).append(t.nbytes)
-        io.append((full_in, small_in, full_out, small_out))
-        sizes.append(elements)
+    sizes = [_elements(specs, chain, flow, group.members) for chain in group.chains]
+    operands = [_stream_operands(specs, chain, flow, group.members, elements, on_chip, loaded)
+                for chain, elements in zip(group.chains, sizes, strict=True)]
+    full_in, small_in, full_out, small_out = laid_end_to_end([o[:4] for o in operands])
     first = group.chains[0]
-    steps = []
-    for m in first:
-        touched = max([_numel(specs[m])] + [t.numel for t in specs[m].inputs])
-        steps.extend(scaled(_steps(specs[m], steps_for) or [], touched / max(sizes[0], 1)))
     dtype = specs[first[-1]].outputs[0].dtype if specs[first[-1]].outputs else "float32"
-    full_in, small_in, full_out, small_out = laid_end_to_end(io)
-    stream(b, sum(sizes), dtype, steps, inputs=full_in, outputs=full_out,
-           small_inputs=small_in, small_outputs=small_out, resident_inputs=resident)
+    stream(b, sum(sizes), dtype, _stream_steps(specs, first, sizes[0]), inputs=full_in,
+           outputs=full_out, small_inputs=small_in, small_outputs=small_out,
+           resident_inputs=operands[0][4])
 
 
 def _gemm(spec, store: bool = True, on_chip: Sequence[bool] = ()):
