@@ -334,10 +334,11 @@ def _static_numel(node: fx.Node) -> int | None:
 def _touched(node: fx.Node) -> int | None:
     """The most elements a node's op passes over: its result's, or its largest input's
     (a reduction's)."""
-    sizes = [_static_numel(n) for n in [node, *node.all_input_nodes]]
-    if _static_numel(node) is None:
+    own = _static_numel(node)
+    if own is None:
         return None
-    return max(s for s in sizes if s is not None)
+    inputs = (_static_numel(n) for n in node.all_input_nodes)
+    return max([own, *(s for s in inputs if s is not None)])
 
 
 class _Planner:
@@ -494,11 +495,10 @@ class _Planner:
                 self.reads[first.group_id] |= self.reads.pop(group.group_id)
             self.reads[first.group_id] -= merged | {first.group_id}
             self.groups = [g for g in self.groups if g.group_id not in merged]
-            for reads in self.reads.values():
+            for reads in self.reads.values():  # (the first's own hold none of them now)
                 if reads & merged:
                     reads -= merged
                     reads.add(first.group_id)
-            self.reads[first.group_id].discard(first.group_id)
 
     def _sort_groups(self) -> None:
         """Order groups so each runs after the groups it reads (a node that joined an

@@ -414,8 +414,8 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
 
     preset = options.preset()
     overhead = preset.host_launch_overhead_ns
-    data_flow = recorded_data_flow(trace, rows)
     makers = recorded_makers(trace, rows)
+    data_flow = recorded_data_flow(trace, rows, makers)
     labels = _phases(trace, rows, allow_rnn, data_flow, without_reads, whole_step)
     graphs = _graphs(labels)
     member = {i: g for g in graphs.values() for i in g.events[1:]}
@@ -494,12 +494,14 @@ def replay_compiled(trace: Trace, rows: pd.DataFrame, events: list, options,
     return out, host_shift, approximations
 
 
-def recorded_data_flow(trace: Trace, rows: pd.DataFrame
+def recorded_data_flow(trace: Trace, rows: pd.DataFrame,
+                       makers: list[tuple[int, ...]] | None = None
                        ) -> tuple[list[tuple[int, ...]], dict[int, set[int]]] | None:
     """Per row of the op stream `rows`: the rows that made its tensor inputs (-1: none
     recorded), and per row the rows that read its results; None for a recording without
-    its data flow (`producers`, recorded since it was added)."""
-    makers = recorded_makers(trace, rows)
+    its data flow (`producers`, recorded since it was added). `makers`: the rows'
+    `recorded_makers`, where the caller has them already."""
+    makers = recorded_makers(trace, rows) if makers is None else makers
     if makers is None:
         return None
     op_ids = tables.number(trace, tf.ARG_OP_ID, rows["id"].to_numpy(np.int64), default=-1)

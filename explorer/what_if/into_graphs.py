@@ -347,10 +347,11 @@ def fused_ns(trace: Trace, ops: pd.DataFrame, programs: dict[tuple, float | None
     from neuron_explorer.what_if.replay import PREDICTION_MAX_DEPENDENCIES, op_keys
 
     keys = op_keys(trace, ops["id"].to_numpy(np.int64))
-    data_flow = recorded_data_flow(trace, ops)
+    makers = recorded_makers(trace, ops)
+    data_flow = recorded_data_flow(trace, ops, makers)
     if keys is None or data_flow is None:
         return None
-    flow = program_flow(range(len(ops)), *data_flow, recorded_makers(trace, ops))
+    flow = program_flow(range(len(ops)), *data_flow, makers)
     key = (tuple(keys), flow)
     if key not in programs:
         preset = ReplayOptions(trace.hardware or "trn2").preset()
